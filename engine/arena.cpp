@@ -1,0 +1,74 @@
+#include "engine/arena.h"
+
+#include "engine/device.h"
+
+namespace ul {
+
+static size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+
+Arena::Arena(Device dev, size_t block_bytes) : dev_(dev), block_bytes_(block_bytes) {}
+
+Arena::~Arena() {
+  for (auto& b : blocks_) device_free(dev_, b.base);
+}
+
+void* Arena::alloc(size_t bytes) {
+  bytes = align64(bytes ? bytes : 1);
+  // Walk forward to the first block (current or later) with room; make one if none has.
+  while (cur_ < blocks_.size() && off_ + bytes > blocks_[cur_].size) {
+    used_ += blocks_[cur_].size - off_;  // the tail of a skipped block counts as used until reset
+    cur_++;
+    off_ = 0;
+  }
+  if (cur_ == blocks_.size()) {
+    size_t sz = bytes > block_bytes_ ? bytes : block_bytes_;
+    blocks_.push_back({static_cast<char*>(device_alloc(dev_, sz)), sz});
+    off_ = 0;
+  }
+  void* p = blocks_[cur_].base + off_;
+  off_ += bytes;
+  used_ += bytes;
+  if (used_ > peak_) peak_ = used_;
+  return p;
+}
+
+void* Arena::alloc_zero(size_t bytes) {
+  void* p = alloc(bytes);
+  device_zero(dev_, p, bytes);
+  return p;
+}
+
+Tensor Arena::tensor(Shape s, DType t) {
+  Tensor x;
+  x.shape = s;
+  x.dtype = t;
+  x.device = dev_;
+  x.ptr = alloc(x.nbytes());
+  return x;
+}
+
+Tensor Arena::zeros(Shape s, DType t) {
+  Tensor x = tensor(s, t);
+  device_zero(dev_, x.ptr, x.nbytes());
+  return x;
+}
+
+void Arena::release(const Mark& m) {
+  cur_ = m.block;
+  off_ = m.offset;
+  used_ = m.used;
+}
+
+void Arena::reset() {
+  cur_ = 0;
+  off_ = 0;
+  used_ = 0;
+}
+
+size_t Arena::reserved() const {
+  size_t n = 0;
+  for (auto& b : blocks_) n += b.size;
+  return n;
+}
+
+}  // namespace ul

@@ -1,0 +1,52 @@
+// The autograd tape, micrograd-sized. An op computes its forward; if the tape is recording and an
+// input needs a gradient, the op gives its output a gradient slot and pushes a node: a closure that
+// holds what the backward needs and reads grad(output), adding into grad(inputs).
+// backward() walks the nodes in reverse. Every backward kernel ACCUMULATES (+=) into its input
+// gradients, so fan-out (the residual stream), shared weights (tied embeddings) and gradient
+// accumulation over micro-batches need nothing else. Gradient buffers of activations come from the
+// arena, zeroed, on first use; parameter slots point into the model's gradient buffer and persist.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "engine/arena.h"
+#include "engine/tensor.h"
+
+namespace ul {
+
+class Tape {
+ public:
+  explicit Tape(Arena& arena) : arena_(arena) {}
+
+  bool recording = false;
+
+  // A persistent slot whose gradient buffer is `grad` (the parameter gradient buffer).
+  int param_slot(void* grad);
+  // Give t a fresh activation gradient slot (allocated lazily) and return t.
+  Tensor track(Tensor t);
+  // The gradient buffer of t, allocated and zeroed on first use. t must have a slot.
+  void* grad(const Tensor& t);
+  float* gradf(const Tensor& t) { return static_cast<float*>(grad(t)); }
+  // nullptr when nothing has written a gradient for t yet (its consumers never ran backward).
+  void* grad_if_any(const Tensor& t) const;
+
+  void push(const char* name, std::function<void()> backward);
+  size_t size() const { return nodes_.size(); }
+
+  // Walk the nodes in reverse, then drop them and every activation slot.
+  void backward();
+  // Drop nodes and activation slots without running them (eval, or after an error).
+  void clear();
+  // Forget parameter slots too (a new model on this tape).
+  void clear_params();
+
+ private:
+  struct Slot { void* grad; size_t bytes; };
+  struct Node { const char* name; std::function<void()> fn; };
+  Arena& arena_;
+  std::vector<Slot> slots_;
+  size_t n_param_slots_ = 0;
+  std::vector<Node> nodes_;
+};
+
+}  // namespace ul

@@ -1,0 +1,97 @@
+#include "layers/layernorm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+
+template <class T>
+void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const T* xr = x + size_t(n) * C;
+    T* yr = y + size_t(n) * C;
+    T m = 0;
+    for (int c = 0; c < C; c++) m += xr[c];
+    m /= C;
+    T v = 0;
+    for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+    v /= C;
+    T s = T(1) / std::sqrt(v + T(kLayerNormEps));
+    for (int c = 0; c < C; c++) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <class T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean,
+                        const T* rstd, int N, int C) {
+#pragma omp parallel
+  {
+    // dw, db are sums over rows: each thread keeps its own partial sums, then adds them in.
+    std::vector<T> dw_part(C, T(0)), db_part(C, T(0));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      const T* xr = x + size_t(n) * C;
+      const T* dyr = dy + size_t(n) * C;
+      T* dxr = dx + size_t(n) * C;
+      T m = mean[n], s = rstd[n];
+      T g_mean = 0, gx_mean = 0;
+      for (int c = 0; c < C; c++) {
+        T xhat = (xr[c] - m) * s;
+        T g = dyr[c] * w[c];
+        g_mean += g;
+        gx_mean += g * xhat;
+      }
+      g_mean /= C;
+      gx_mean /= C;
+      for (int c = 0; c < C; c++) {
+        T xhat = (xr[c] - m) * s;
+        T g = dyr[c] * w[c];
+        dxr[c] += s * (g - g_mean - xhat * gx_mean);
+        dw_part[c] += dyr[c] * xhat;
+        db_part[c] += dyr[c];
+      }
+    }
+#pragma omp critical
+    for (int c = 0; c < C; c++) {
+      dw[c] += dw_part[c];
+      db[c] += db_part[c];
+    }
+  }
+}
+
+template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int, int);
+template void layernorm_forward<double>(double*, double*, double*, const double*, const double*, const double*, int, int);
+template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
+                                        const float*, const float*, int, int);
+template void layernorm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
+                                         const double*, const double*, int, int);
+}  // namespace cpu
+
+Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b) {
+  require_cpu_f32(x, "layernorm");
+  const int C = last_dim(x), N = rows(x);
+  check_shape(w, {C}, "layernorm weight");
+  check_shape(b, {C}, "layernorm bias");
+  Context& c = ctx();
+  Tensor y = c.empty(x.shape);
+  Tensor mean = c.empty({N}), rstd = c.empty({N});
+  cpu::layernorm_forward(y.f32(), mean.f32(), rstd.f32(), x.f32(), w.f32(), b.f32(), N, C);
+  if (needs_grad({&x, &w, &b})) {
+    y = c.tape.track(y);
+    c.tape.push("layernorm", [=] {
+      const float* dy = static_cast<const float*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cpu::layernorm_backward(grad_or_scratch(x), grad_or_scratch(w), grad_or_scratch(b), dy, x.f32(),
+                              w.f32(), mean.f32(), rstd.f32(), N, C);
+    });
+  }
+  return y;
+}
+
+}  // namespace ul
