@@ -1,0 +1,28 @@
+// Causal self-attention with grouped-query heads, flash style: O(T) memory, no T x T buffer.
+// qkv: (B, T, Hq + 2*Hkv, D) packed as [q heads | k heads | v heads] per token;
+// query head h reads key/value head h / (Hq / Hkv).
+//   S = q k^T / sqrt(D) (causal: key t' <= query t, and, when doc is given, doc[t'] == doc[t])
+//   out = softmax(S) v,  lse[t] = log sum_t' exp(S[t, t'])   (kept for the backward)
+// Forward walks key tiles with an online softmax (running max and sum); backward recomputes the
+// probabilities tile by tile from q, k and lse:
+//   P = exp(S - lse),  dv += P^T dout,  dP = dout v^T,  dS = P (dP - rowsum(dout * out)),
+//   dq += dS k / sqrt(D),  dk += dS^T q / sqrt(D)
+#pragma once
+#include <cstdint>
+
+#include "engine/tensor.h"
+
+namespace ul {
+namespace cpu {
+// out: (B, T, Hq, D); lse: (B, Hq, T); doc: (B, T) document ids or nullptr (no document mask)
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D);
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
+                        int B, int Tn, int Hq, int Hkv, int D);
+}  // namespace cpu
+
+// qkv: (B, T, Hq + 2*Hkv, D), doc: i32 (B, T) or undefined -> (B, T, Hq, D)
+Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc);
+
+}  // namespace ul

@@ -1,0 +1,16 @@
+// GELU, tanh approximation (GPT-2):  y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// Backward: dx += dy * dy/dx, the derivative computed from x (nothing else is kept).
+#pragma once
+#include <cstdint>
+
+#include "engine/tensor.h"
+
+namespace ul {
+namespace cpu {
+template <class T> void gelu_forward(T* y, const T* x, int64_t n);
+template <class T> void gelu_backward(T* dx, const T* dy, const T* x, int64_t n);
+}  // namespace cpu
+
+Tensor gelu(const Tensor& x);  // any shape
+
+}  // namespace ul

@@ -1,0 +1,15 @@
+// SwiGLU (Llama MLP gate).  x: (N, 2F) holding [gate | up] per row  ->  y: (N, F)
+//   y = silu(gate) * up,  silu(g) = g * sigmoid(g)
+// Backward: dgate += dy * up * sigmoid(g) * (1 + g (1 - sigmoid(g))),  dup += dy * silu(g)
+#pragma once
+#include "engine/tensor.h"
+
+namespace ul {
+namespace cpu {
+template <class T> void swiglu_forward(T* y, const T* x, int N, int F);
+template <class T> void swiglu_backward(T* dx, const T* dy, const T* x, int N, int F);
+}  // namespace cpu
+
+Tensor swiglu(const Tensor& x);  // (..., 2F) -> (..., F)
+
+}  // namespace ul
