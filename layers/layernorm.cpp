@@ -73,7 +73,42 @@ template void layernorm_backward<double>(double*, double*, double*, const double
                                          const double*, const double*, int, int);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors; mean and rstd are f32 either way.
+static Tensor layernorm_cuda(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int C = last_dim(x), N = rows(x);
+  check_shape(w, {C}, "layernorm weight");
+  check_shape(b, {C}, "layernorm bias");
+  Tensor y;
+  dispatch_cuda(x, {&w, &b}, "layernorm", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    y = c.empty(x.shape, x.dtype);
+    Tensor mean = c.empty({N}), rstd = c.empty({N});
+    cuda::layernorm_forward(y.as<T>(), mean.f32(), rstd.f32(), x.as<T>(), w.as<T>(), b.as<T>(), N, C, op_stream());
+    if (!needs_grad({&x, &w, &b})) return;
+    y = c.tape.track(y);
+    c.tape.push("layernorm", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      // Gradient buffers first: one allocated lazily inside the scratch scope would be released with it.
+      T* dx = grad_or_scratch_as<T>(x);
+      T* dw = grad_or_scratch_as<T>(w);
+      T* db = grad_or_scratch_as<T>(b);
+      ArenaScope scope(ctx().arena);
+      float* scratch = static_cast<float*>(ctx().arena.alloc(cuda::layernorm_backward_scratch_bytes(N, C)));
+      cuda::layernorm_backward(dx, dw, db, dy, x.as<T>(), w.as<T>(), mean.f32(), rstd.f32(), scratch, N, C,
+                               op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
 Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) return layernorm_cuda(x, w, b);
+#endif
   require_cpu_f32(x, "layernorm");
   const int C = last_dim(x), N = rows(x);
   check_shape(w, {C}, "layernorm weight");

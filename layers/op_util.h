@@ -4,6 +4,9 @@
 #include <string>
 
 #include "engine/context.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 
@@ -15,6 +18,14 @@ inline float* grad_or_scratch(const Tensor& t) {
   return static_cast<float*>(c.arena.alloc_zero(t.nbytes()));
 }
 
+// The same for any element type (a bf16 tensor's gradient is bf16).
+template <class T>
+inline T* grad_or_scratch_as(const Tensor& t) {
+  Context& c = ctx();
+  if (t.requires_grad()) return static_cast<T*>(c.tape.grad(t));
+  return static_cast<T*>(c.arena.alloc_zero(t.nbytes()));
+}
+
 // The CPU backend runs f32 tensors in host memory; other devices dispatch to their backend.
 inline void require_cpu_f32(const Tensor& t, const char* op) {
   if (t.device != Device::cpu)
@@ -22,6 +33,31 @@ inline void require_cpu_f32(const Tensor& t, const char* op) {
   if (t.dtype != DType::f32)
     throw std::runtime_error(std::string(op) + ": CPU backend expects f32, got " + dtype_name(t.dtype));
 }
+
+#if ULYSSES_HAVE_CUDA
+// The stream ops launch on: the legacy default stream, which the synchronous cudaMemcpy of the
+// device layer (engine/cuda_runtime.cu) is ordered with.
+inline cudaStream_t op_stream() { return nullptr; }
+
+// The CUDA path of an op: checks that x and `others` share x's device and dtype and that the
+// context is a CUDA one (its arena holds the outputs), then calls f with a value of the element
+// type, float or __nv_bfloat16, so the op writes its launches once for both:
+//   dispatch_cuda(x, {&w, &b}, "layernorm", [&](auto tag) { using T = decltype(tag); ... });
+template <class F>
+void dispatch_cuda(const Tensor& x, std::initializer_list<const Tensor*> others, const char* op, F&& f) {
+  if (ctx().device != x.device)
+    throw std::runtime_error(std::string(op) + ": input on " + device_name(x.device) + " but the context is on " +
+                             device_name(ctx().device));
+  for (const Tensor* t : others)
+    if (t->device != x.device || t->dtype != x.dtype)
+      throw std::runtime_error(std::string(op) + ": expected every input like " + x.str() + ", got " + t->str());
+  switch (x.dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    default: throw std::runtime_error(std::string(op) + ": CUDA backend expects f32 or bf16, got " + dtype_name(x.dtype));
+  }
+}
+#endif
 
 inline int last_dim(const Tensor& t) { return int(t.size(-1)); }
 inline int rows(const Tensor& t) { return int(t.numel() / t.size(-1)); }

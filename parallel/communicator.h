@@ -22,6 +22,14 @@ struct CommError : std::runtime_error {
 };
 
 // Bytes this rank sent to other ranks, by collective (the step log and the scaling tests read it).
+// Every backend counts the volume of the standard algorithm, whatever it really does internally,
+// so numbers compare across backends. With P = size(), e = dtype_size(t), per call:
+//   all_to_all(count)      count * (P - 1) * e        (P - 1 of my P chunks leave)
+//   all_gather(count)      count * (P - 1) * e        (ring: my chunk, then P - 2 forwarded ones)
+//   reduce_scatter(count)  count * (P - 1) * e        (ring)
+//   all_reduce(count)      2 * count * (P - 1) / P * e  (ring: reduce-scatter + all-gather)
+//   broadcast(count)       count * e on the root, 0 elsewhere (and 0 when P = 1)
+// (integer arithmetic, the division last; parallel/comm_util.h has them as functions.)
 struct CommStats {
   uint64_t all_reduce = 0, all_to_all = 0, all_gather = 0, reduce_scatter = 0, broadcast = 0;
   uint64_t total() const { return all_reduce + all_to_all + all_gather + reduce_scatter + broadcast; }

@@ -1,0 +1,59 @@
+# The CUDA backend: the *.cu files in engine/, layers/ and parallel/, built one of two ways.
+#   ULYSSES_CUDA            nvcc for sm_90 (Hopper), linked with cudart and cuBLASLt.
+#   ULYSSES_CUDA_EMULATION  the same files compiled as C++ with engine/cuda_emu/cuda_emu.h
+#                           force-included; their kernels run on the CPU, so CI executes them.
+# Both define ULYSSES_HAVE_CUDA=1 for everything that links the engine; the emulation also defines
+# ULYSSES_CUDA_EMULATED=1. Neither is on by default: the default build is the CPU engine alone.
+option(ULYSSES_CUDA "Build the CUDA backend with nvcc (sm_90)" OFF)
+option(ULYSSES_CUDA_EMULATION "Build the CUDA backend as C++ and run its kernels on the CPU" OFF)
+
+if(ULYSSES_CUDA AND ULYSSES_CUDA_EMULATION)
+  message(FATAL_ERROR "ULYSSES_CUDA and ULYSSES_CUDA_EMULATION are mutually exclusive: "
+                      "choose nvcc for a GPU, or the emulator for the CPU")
+endif()
+if(NOT ULYSSES_CUDA AND NOT ULYSSES_CUDA_EMULATION)
+  return()
+endif()
+
+file(GLOB ULYSSES_CUDA_SOURCES CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/engine/*.cu ${PROJECT_SOURCE_DIR}/layers/*.cu ${PROJECT_SOURCE_DIR}/parallel/*.cu)
+
+if(ULYSSES_CUDA_EMULATION)
+  file(GLOB ULYSSES_EMU_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/engine/cuda_emu/*.cpp)
+  # LANGUAGE CXX makes CMake (policy CMP0119) compile them with -x c++.
+  set_source_files_properties(${ULYSSES_CUDA_SOURCES} PROPERTIES
+    LANGUAGE CXX
+    COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/engine/cuda_emu/cuda_emu.h")
+  target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES} ${ULYSSES_EMU_SOURCES})
+  target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1 ULYSSES_CUDA_EMULATED=1)
+  message(STATUS "ulysses: CUDA backend emulated on the CPU (${CMAKE_CXX_COMPILER_ID})")
+  return()
+endif()
+
+# ---- real CUDA ----------------------------------------------------------------------------------
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90)
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+# The library was made before CUDA was enabled, so it did not pick up the CUDA defaults: set them.
+set_target_properties(ulysses PROPERTIES
+  CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+
+# The directory-wide flags (-Wall, -march=native, sanitizers) are g++ flags that nvcc rejects: keep
+# them on the C++ sources of the engine only.
+get_target_property(ULYSSES_CXX_OPTIONS ulysses COMPILE_OPTIONS)
+if(ULYSSES_CXX_OPTIONS)
+  set(wrapped "")
+  foreach(opt IN LISTS ULYSSES_CXX_OPTIONS)
+    list(APPEND wrapped "$<$<COMPILE_LANGUAGE:CXX>:${opt}>")
+  endforeach()
+  set_property(TARGET ulysses PROPERTY COMPILE_OPTIONS ${wrapped})
+endif()
+
+target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES})
+# Every nvcc warning in the project's kernels is an error; -lineinfo lets profilers map to source.
+target_compile_options(ulysses PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -lineinfo>)
+target_link_libraries(ulysses PUBLIC CUDA::cudart CUDA::cublasLt)
+target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1)
+message(STATUS "ulysses: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")

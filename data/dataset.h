@@ -1,0 +1,32 @@
+// Dataset: where training and eval sequences come from. Every source is random access — sequence i
+// is a pure function of (files, seed, i) — so each rank fetches exactly its own sequences without
+// coordination, and resuming a run needs nothing but the sequence counter.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ul {
+
+enum class Split { train, val };
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int vocab() const = 0;                   // every token id is < vocab()
+  virtual int64_t num_sequences(int T) const = 0;  // per epoch at length T; -1 = unlimited (synthetic)
+  // inputs[0..T), targets[0..T): targets[t] is the token that follows inputs[t], or -1 (ignored).
+  // Indices past one epoch wrap into the next epoch (reshuffled where the source shuffles).
+  virtual void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const = 0;
+  virtual bool synthetic() const { return false; }  // evals report exact-match accuracy when true
+  virtual std::string describe() const = 0;         // one line for the log
+};
+
+// spec: "recall" | "passkey" | "text:FILE" | "shards:GLOB".
+// model_vocab: the model's vocabulary; a token id >= it is an error naming the file (and, for
+// shards, the offset). model_vocab <= 0 means "use the dataset's own vocab()".
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, Split split, uint64_t seed, int model_vocab);
+
+const char* split_name(Split s);
+
+}  // namespace ul

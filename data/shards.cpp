@@ -1,0 +1,190 @@
+#include "data/shards.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "data/rng.h"
+
+namespace ul {
+
+namespace {
+
+constexpr int32_t kMagicGpt2 = 20240520, kMagicLlama3 = 20240801;
+constexpr int kDefaultVocabGpt2 = 50257, kDefaultVocabLlama3 = 128256;
+
+std::runtime_error shard_error(const std::string& path, const std::string& what) {
+  return std::runtime_error(path + ": " + what);
+}
+
+std::string basename_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t seed, int model_vocab)
+    : glob_(pattern), split_(split), seed_(seed) {
+  glob_t g{};
+  int rc = glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> train_files, val_files;
+  if (rc == 0)
+    for (size_t k = 0; k < g.gl_pathc; k++) {
+      std::string p = g.gl_pathv[k];
+      (basename_of(p).find("val") != std::string::npos ? val_files : train_files).push_back(p);
+    }
+  globfree(&g);
+  if (train_files.empty() && val_files.empty()) throw std::runtime_error("shards:" + pattern + ": no file matches");
+  holdout_ = val_files.empty();
+  const auto& files = (split == Split::val && !holdout_) ? val_files : train_files;
+  if (files.empty())
+    throw std::runtime_error("shards:" + pattern + ": no train file (every match has \"val\" in its name)");
+
+  int default_vocab = 0;
+  try {
+    for (const std::string& path : files) {
+      Shard s;
+      s.path = path;
+      int fd = ::open(path.c_str(), O_RDONLY);
+      if (fd < 0) throw shard_error(path, std::string("cannot open shard: ") + std::strerror(errno));
+      struct stat st{};
+      fstat(fd, &st);
+      const int64_t size = st.st_size;
+      int32_t header[256];
+      if (size < 1024 || ::pread(fd, header, 1024, 0) != 1024) {
+        ::close(fd);
+        throw shard_error(path, "truncated shard: " + std::to_string(size) + " bytes, shorter than the 1024-byte header");
+      }
+      auto fail = [&](const std::string& what) {
+        ::close(fd);
+        return shard_error(path, what);
+      };
+      if (header[0] == kMagicGpt2) {
+        if (header[1] != 1) throw fail("unsupported version " + std::to_string(header[1]) + " (magic 20240520 needs version 1)");
+        s.width = 2;
+        default_vocab = std::max(default_vocab, kDefaultVocabGpt2);
+      } else if (header[0] == kMagicLlama3) {
+        if (header[1] != 7 && header[1] != 2)
+          throw fail("unsupported version " + std::to_string(header[1]) + " (magic 20240801 needs version 7 or 2)");
+        s.width = 4;
+        default_vocab = std::max(default_vocab, kDefaultVocabLlama3);
+      } else {
+        throw fail("bad magic " + std::to_string(header[0]) +
+                   " (expected 20240520 or 20240801, an llm.c token shard)");
+      }
+      s.count = header[2];
+      if (s.count <= 0) throw fail("header token count " + std::to_string(s.count) + " (must be > 0)");
+      const int64_t want = 1024 + s.count * s.width;
+      if (size != want)
+        throw fail(std::string(size < want ? "truncated shard" : "trailing bytes") + ": " + std::to_string(size) +
+                   " bytes, but the header's " + std::to_string(s.count) + " tokens need " + std::to_string(want));
+      s.map_len = size_t(size);
+      s.map = mmap(nullptr, s.map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+      ::close(fd);
+      if (s.map == MAP_FAILED) throw shard_error(path, std::string("mmap failed: ") + std::strerror(errno));
+      shards_.push_back(s);
+    }
+  } catch (...) {
+    for (Shard& s : shards_) munmap(s.map, s.map_len);  // the destructor will not run
+    throw;
+  }
+  vocab_ = model_vocab > 0 ? model_vocab : default_vocab;
+}
+
+ShardDataset::~ShardDataset() {
+  for (Shard& s : shards_) munmap(s.map, s.map_len);
+}
+
+void ShardDataset::layout(int T, int64_t& first, int64_t& n) const {
+  if (T < 1) throw std::runtime_error("shards:" + glob_ + ": sequence length must be >= 1");
+  int64_t total = 0;
+  for (const Shard& s : shards_) total += (s.count - 1) / T;
+  first = 0;
+  n = total;
+  if (holdout_) {
+    const int64_t val = std::min(total, std::max<int64_t>(1, total / 10));
+    if (split_ == Split::val) first = total - val, n = val;
+    else n = total - val;
+  }
+  if (n < 1)
+    throw std::runtime_error("shards:" + glob_ + ": the " + split_name(split_) + " split has no sequence of length " +
+                             std::to_string(T) + " (" + std::to_string(total) + " in its files" +
+                             (holdout_ ? ", 10% held out as val" : "") + ")");
+}
+
+int64_t ShardDataset::num_sequences(int T) const {
+  int64_t first, n;
+  layout(T, first, n);
+  return n;
+}
+
+int64_t ShardDataset::permute(int64_t j, int64_t n, uint64_t key) {
+  if (n <= 1) return 0;
+  // Feistel network on 2h bits (2^2h >= n, < 4n); cycle walking maps it onto [0, n).
+  int bits = 0;
+  while ((int64_t(1) << bits) < n) bits++;
+  const int h = (bits + 1) / 2;
+  const uint64_t mask = (uint64_t(1) << h) - 1;
+  uint64_t x = uint64_t(j);
+  do {
+    uint64_t l = x >> h, r = x & mask;
+    for (int round = 0; round < 4; round++) {
+      uint64_t f = mix64(r ^ mix64(key + uint64_t(round))) & mask;
+      uint64_t nl = r;
+      r = l ^ f;
+      l = nl;
+    }
+    x = (l << h) | r;
+  } while (x >= uint64_t(n));
+  return int64_t(x);
+}
+
+void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
+  int64_t first, n;
+  layout(T, first, n);
+  int64_t j = i % n;
+  if (split_ == Split::train) j = permute(j, n, mix64(seed_) ^ mix64(uint64_t(i / n) + 0x5eed));
+  int64_t g = first + j;
+  for (const Shard& s : shards_) {
+    const int64_t ns = (s.count - 1) / T;
+    if (g >= ns) {
+      g -= ns;
+      continue;
+    }
+    const int64_t off = g * T;
+    for (int t = 0; t <= T; t++) {
+      uint32_t id;
+      if (s.width == 2) {
+        uint16_t v;
+        std::memcpy(&v, s.tokens() + (off + t) * 2, 2);
+        id = v;
+      } else {
+        std::memcpy(&id, s.tokens() + (off + t) * 4, 4);
+      }
+      if (id >= uint32_t(vocab_))
+        throw shard_error(s.path, "token id " + std::to_string(id) + " at token offset " + std::to_string(off + t) +
+                                      " is >= the model vocab " + std::to_string(vocab_));
+      if (t < T) inputs[t] = int32_t(id);
+      if (t > 0) targets[t - 1] = int32_t(id);
+    }
+    return;
+  }
+}
+
+std::string ShardDataset::describe() const {
+  int64_t tokens = 0;
+  for (const Shard& s : shards_) tokens += s.count;
+  return "shards:" + glob_ + " (" + split_name(split_) + (holdout_ ? ", last 10% of train held out" : "") + "): " +
+         std::to_string(shards_.size()) + " file(s), " + std::to_string(tokens) + " tokens, vocab " +
+         std::to_string(vocab_);
+}
+
+}  // namespace ul

@@ -1,0 +1,57 @@
+// "shards:GLOB": llm.c token shards. Each file: a header of 256 int32 [magic, version, token count,
+// 0...], then the tokens — magic 20240520 / version 1: uint16 (GPT-2); magic 20240801 / version 7
+// (llm.c's llama-3 writer) or 2: uint32. Every file is validated when opened and memory-mapped.
+//
+// Split: files whose name contains "val" are the val split, the others train; with no val file,
+// the last 10% (at least 1) of the train sequences are held out as val.
+// Sequences never cross a shard boundary (shards are independent document collections, as in
+// llm.c): shard k gives (count_k - 1) / T sequences of T inputs + T shifted targets, and the
+// split's sequences are those of its shards in sorted file order.
+// Train order is shuffled per epoch: index i -> epoch e = i / n, position i % n, mapped through a
+// permutation of [0, n) seeded by (seed, e). The permutation is a keyed Feistel network with cycle
+// walking: O(1) per lookup and no table, so any rank can map any index. Val is read in order.
+#pragma once
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace ul {
+
+class ShardDataset : public Dataset {
+ public:
+  // model_vocab <= 0: the format's tokenizer vocab (50257 for uint16 GPT-2 shards, 128256 for
+  // uint32 llama-3 shards). A token id >= vocab() is an error naming the file and offset when read.
+  ShardDataset(const std::string& glob, Split split, uint64_t seed, int model_vocab);
+  ~ShardDataset() override;
+  ShardDataset(const ShardDataset&) = delete;
+  ShardDataset& operator=(const ShardDataset&) = delete;
+
+  int vocab() const override { return vocab_; }
+  int64_t num_sequences(int T) const override;  // throws naming the glob when it is 0
+  void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
+  std::string describe() const override;
+
+  // A permutation of [0, n) keyed by key: exposed for tests.
+  static int64_t permute(int64_t j, int64_t n, uint64_t key);
+
+ private:
+  struct Shard {
+    std::string path;
+    int width = 2;  // bytes per token
+    int64_t count = 0;
+    void* map = nullptr;
+    size_t map_len = 0;
+    const uint8_t* tokens() const { return static_cast<const uint8_t*>(map) + 1024; }
+  };
+  // Sequences of all shards (in order) and the range [first, first + n) this split uses.
+  void layout(int T, int64_t& first, int64_t& n) const;
+
+  std::string glob_;
+  Split split_;
+  uint64_t seed_;
+  int vocab_ = 0;
+  bool holdout_ = false;  // no val files: both splits come from the train files
+  std::vector<Shard> shards_;
+};
+
+}  // namespace ul

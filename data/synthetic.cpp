@@ -1,0 +1,144 @@
+#include "data/synthetic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "data/rng.h"
+
+namespace ul {
+
+namespace {
+
+// Each (task, split) pair draws from its own stream, so val never replays train sequences.
+uint64_t stream_id(uint64_t task, Split split) { return task * 2 + (split == Split::val ? 1 : 0); }
+
+// s: T+1 tokens; scored[t]: whether input position t is scored (its target is s[t+1]).
+void emit(const std::vector<int32_t>& s, const std::vector<char>& scored, int T, int32_t* inputs,
+          int32_t* targets) {
+  for (int t = 0; t < T; t++) {
+    inputs[t] = s[t];
+    targets[t] = scored[t] ? s[t + 1] : -1;
+  }
+}
+
+}  // namespace
+
+// ---- recall ----
+
+RecallDataset::RecallDataset(Split split, uint64_t seed, RecallConfig cfg)
+    : split_(split), seed_(seed), cfg_(cfg) {
+  if (getenv("UL_EXP_PAIRS")) cfg_.pairs = atoi(getenv("UL_EXP_PAIRS"));
+  if (getenv("UL_EXP_GAP")) cfg_.gap = atoi(getenv("UL_EXP_GAP"));
+  if (getenv("UL_EXP_Q")) cfg_.queries = atoi(getenv("UL_EXP_Q"));
+  if (cfg_.num_keys < 1 || cfg_.num_values < 2 || cfg_.pairs < 1)
+    throw std::runtime_error("recall: need num_keys >= 1, num_values >= 2, pairs >= 1 (got " +
+                             std::to_string(cfg_.num_keys) + ", " + std::to_string(cfg_.num_values) +
+                             ", " + std::to_string(cfg_.pairs) + ")");
+}
+
+int RecallDataset::pairs_at(int T) const {
+  // T+1 tokens hold BOS + 2P (pairs) + QUERY + 2P (queries) at the least.
+  int fit = (T + 1 - 2) / 4;
+  return std::min({cfg_.pairs, cfg_.num_keys, fit});
+}
+
+void RecallDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
+  const int P = pairs_at(T);
+  if (P < 1) throw std::runtime_error("recall: sequence length " + std::to_string(T) + " is too short (need T >= 5)");
+  DataRng rng(seed_, stream_id(1, split_), uint64_t(i));
+  const int L = T + 1;
+  std::vector<int32_t> s(L, FILL);
+  std::vector<char> scored(L, 0);
+
+  // P distinct keys: a partial Fisher-Yates shuffle of all keys.
+  std::vector<int> keys(cfg_.num_keys);
+  for (int k = 0; k < cfg_.num_keys; k++) keys[k] = k;
+  for (int k = 0; k < P; k++) std::swap(keys[k], keys[k + rng.below(uint32_t(cfg_.num_keys - k))]);
+  std::vector<int> vals(P);
+  for (int k = 0; k < P; k++) vals[k] = int(rng.below(uint32_t(cfg_.num_values)));
+
+  int pos = 0;
+  s[pos++] = BOS;
+  for (int k = 0; k < P; k++) {
+    s[pos++] = key_token(keys[k]);
+    s[pos++] = value_token(vals[k]);
+  }
+  // Room after the pairs: the QUERY marker, then the gap, then Q query/answer pairs.
+  const int room = L - pos - 1;
+  int gap = cfg_.gap < 0 ? 0 : std::min(cfg_.gap, room - 2 * P);
+  int Q = (room - gap) / 2;  // queries = -1: as many as fit
+  if (cfg_.queries > 0) Q = std::max(P, std::min(cfg_.queries, Q));
+  if (cfg_.gap < 0) gap = room - 2 * Q;  // all spare room before the queries: they end the sequence
+  pos += gap;
+  s[pos++] = QUERY;
+  // Rounds of every key once, each round in a fresh random order: the first round can only be
+  // answered from the pairs at the start; later rounds also from earlier queries.
+  std::vector<int> order(P);
+  for (int q = 0; q < Q; q++) {
+    if (q % P == 0) {
+      for (int k = 0; k < P; k++) order[k] = k;
+      for (int k = P - 1; k > 0; k--) std::swap(order[k], order[rng.below(uint32_t(k + 1))]);
+    }
+    const int k = order[q % P];
+    scored[pos] = 1;  // the query key's target is its value
+    s[pos++] = key_token(keys[k]);
+    s[pos++] = value_token(vals[k]);
+  }
+  emit(s, scored, T, inputs, targets);
+}
+
+std::string RecallDataset::describe() const {
+  return std::string("recall (") + split_name(split_) + "): " + std::to_string(cfg_.pairs) +
+         " key/value pairs, " + std::to_string(cfg_.num_keys) + " keys, " + std::to_string(cfg_.num_values) +
+         " values, gap " + (cfg_.gap < 0 ? std::string("to the end") : std::to_string(cfg_.gap)) +
+         ", vocab " + std::to_string(vocab());
+}
+
+// ---- passkey ----
+
+PasskeyDataset::PasskeyDataset(Split split, uint64_t seed, PasskeyConfig cfg)
+    : split_(split), seed_(seed), cfg_(cfg) {
+  if (cfg_.digits < 1 || cfg_.filler_words < 1 || cfg_.depth > 1.0)
+    throw std::runtime_error("passkey: need digits >= 1, filler_words >= 1, depth <= 1 (or < 0 for random)");
+}
+
+void PasskeyDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
+  const int n = cfg_.digits, L = T + 1;
+  const int filler = L - (2 * n + 3);  // BOS, KEY, n digits, QUERY, n digits
+  if (filler < 0)
+    throw std::runtime_error("passkey: sequence length " + std::to_string(T) + " is too short for " +
+                             std::to_string(n) + " digits (need T >= " + std::to_string(2 * n + 2) + ")");
+  DataRng rng(seed_, stream_id(2, split_), uint64_t(i));
+  std::vector<int32_t> s(L);
+  std::vector<char> scored(L, 0);
+  std::vector<int32_t> key(n);
+  for (int d = 0; d < n; d++) key[d] = DIGIT0 + int(rng.below(10));
+  const double depth = cfg_.depth < 0 ? rng.uniform() : cfg_.depth;
+  const int before = std::min(filler, int(std::lround(depth * filler)));
+
+  int pos = 0;
+  s[pos++] = BOS;
+  auto words = [&](int count) {
+    for (int w = 0; w < count; w++) s[pos++] = FILLER0 + int(rng.below(uint32_t(cfg_.filler_words)));
+  };
+  words(before);
+  s[pos++] = KEY;
+  for (int d = 0; d < n; d++) s[pos++] = key[d];
+  words(filler - before);
+  scored[pos] = 1;  // QUERY predicts the first digit ...
+  s[pos++] = QUERY;
+  for (int d = 0; d < n; d++) {
+    if (d + 1 < n) scored[pos] = 1;  // ... and each digit but the last predicts the next
+    s[pos++] = key[d];
+  }
+  emit(s, scored, T, inputs, targets);
+}
+
+std::string PasskeyDataset::describe() const {
+  return std::string("passkey (") + split_name(split_) + "): " + std::to_string(cfg_.digits) + " digits, depth " +
+         (cfg_.depth < 0 ? std::string("random") : std::to_string(cfg_.depth)) + ", " +
+         std::to_string(cfg_.filler_words) + " filler words, vocab " + std::to_string(vocab());
+}
+
+}  // namespace ul

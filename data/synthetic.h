@@ -1,0 +1,84 @@
+// Synthetic long-context tasks: generated from (seed, split, i), unlimited, with only the answer
+// tokens scored (every other target is -1), so accuracy on them measures long-range retrieval.
+//
+// recall — multi-query associative recall. One sequence of T+1 tokens (inputs = the first T,
+// targets = the next token where scored):
+//
+//   BOS  k1 v1  k2 v2 ... kP vP   FILL x gap   QUERY  q1 a1  q2 a2 ... qP aP   FILL ...
+//   |<-- P pairs, distinct keys -->|            |<-- every key once, shuffled -->|
+//
+// Scored: the input position of each query key q_j, whose target is its value a_j (the value that
+// followed q_j among the pairs). With gap = -1 the queries end the sequence, so each answer sits
+// roughly T - 4P tokens back. Vocabulary: BOS=0, FILL=1, QUERY=2, keys [3, 3+K), values [3+K, 3+K+V).
+// Solving it needs an induction circuit (value tokens remember their key; the query key finds the
+// position after its earlier copy), which a 2-layer transformer learns quickly.
+//
+// passkey — passkey retrieval. T+1 tokens:
+//
+//   BOS  w w w ... KEY d1 .. dn  w w w ...  QUERY d1 .. dn
+//
+// w are random filler words, d the passkey digits. Scored: the targets of QUERY and of d1..d(n-1)
+// in the final query, i.e. the n digits. The needle's depth is configurable (fraction of the
+// filler before it); by default it is uniform random per sequence. Vocabulary: BOS=0, KEY=1,
+// QUERY=2, digits [3, 13), filler words [13, 13+W).
+#pragma once
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace ul {
+
+struct RecallConfig {
+  int num_keys = 32;    // key tokens; a sequence uses min(pairs, num_keys) distinct ones
+  int num_values = 29;  // value tokens: chance accuracy is 1/num_values (defaults: vocab 64)
+  int pairs = 24;       // key/value pairs at the start (fewer when T cannot hold them)
+  int gap = -1;         // filler between the pairs and the queries; -1: queries end the sequence
+  int queries = -1;     // query/answer pairs (>= pairs); -1: as many as fit after the gap
+};
+
+struct PasskeyConfig {
+  int digits = 5;         // passkey length
+  double depth = -1.0;    // needle position in [0, 1] of the filler; < 0: uniform random per sequence
+  int filler_words = 19;  // distinct filler tokens (defaults: vocab 32)
+};
+
+// Both tasks: val uses a different random stream than train, so no val sequence is a train one.
+class RecallDataset : public Dataset {
+ public:
+  RecallDataset(Split split, uint64_t seed, RecallConfig cfg = {});
+  int vocab() const override { return 3 + cfg_.num_keys + cfg_.num_values; }
+  int64_t num_sequences(int) const override { return -1; }
+  void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
+  bool synthetic() const override { return true; }
+  std::string describe() const override;
+
+  static constexpr int BOS = 0, FILL = 1, QUERY = 2;
+  int key_token(int k) const { return 3 + k; }
+  int value_token(int v) const { return 3 + cfg_.num_keys + v; }
+  // Pairs actually used at length T (the config, clipped so that pairs + queries fit).
+  int pairs_at(int T) const;
+
+ private:
+  Split split_;
+  uint64_t seed_;
+  RecallConfig cfg_;
+};
+
+class PasskeyDataset : public Dataset {
+ public:
+  PasskeyDataset(Split split, uint64_t seed, PasskeyConfig cfg = {});
+  int vocab() const override { return 13 + cfg_.filler_words; }
+  int64_t num_sequences(int) const override { return -1; }
+  void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
+  bool synthetic() const override { return true; }
+  std::string describe() const override;
+
+  static constexpr int BOS = 0, KEY = 1, QUERY = 2, DIGIT0 = 3, FILLER0 = 13;
+
+ private:
+  Split split_;
+  uint64_t seed_;
+  PasskeyConfig cfg_;
+};
+
+}  // namespace ul

@@ -1,0 +1,52 @@
+#include "data/text.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace ul {
+
+TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) : path_(path), split_(split) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open text file");
+  bytes_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  if (bytes_.empty()) throw std::runtime_error(path + ": text file is empty");
+  if (model_vocab > 0 && model_vocab < 256) {
+    vocab_ = model_vocab;
+    for (size_t k = 0; k < bytes_.size(); k++)
+      if (bytes_[k] >= model_vocab)
+        throw std::runtime_error(path + ": byte " + std::to_string(bytes_[k]) + " at offset " + std::to_string(k) +
+                                 " is >= the model vocab " + std::to_string(model_vocab));
+  }
+}
+
+int64_t TextDataset::num_sequences(int T) const {
+  if (T < 1) throw std::runtime_error(path_ + ": sequence length must be >= 1");
+  const int64_t total = (int64_t(bytes_.size()) - 1) / T;
+  const int64_t val = std::max<int64_t>(1, total / 10);
+  const int64_t n = split_ == Split::val ? std::min(val, total) : total - val;
+  if (n < 1)
+    throw std::runtime_error(path_ + ": too short for sequence length " + std::to_string(T) + ": " +
+                             std::to_string(bytes_.size()) + " bytes give " + std::to_string(total) +
+                             " sequence(s), and the " + split_name(split_) + " split gets none (need " +
+                             std::to_string(2 * int64_t(T) + 1) + " bytes for one train and one val)");
+  return n;
+}
+
+void TextDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
+  const int64_t n = num_sequences(T);
+  const int64_t total = (int64_t(bytes_.size()) - 1) / T;
+  const int64_t first = split_ == Split::val ? total - n : 0;
+  const uint8_t* p = bytes_.data() + (first + i % n) * int64_t(T);
+  for (int t = 0; t < T; t++) {
+    inputs[t] = p[t];
+    targets[t] = p[t + 1];
+  }
+}
+
+std::string TextDataset::describe() const {
+  return "text " + path_ + " (" + split_name(split_) + "): " + std::to_string(bytes_.size()) + " bytes, vocab " + std::to_string(vocab_);
+}
+
+}  // namespace ul

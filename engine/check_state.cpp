@@ -1,0 +1,125 @@
+#include "engine/check_state.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/context.h"
+#include "engine/device.h"
+#include "engine/llmc_format.h"
+#include "layers/linear.h"
+#include "layers/transformer.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
+#include "parallel/grid.h"
+#include "parallel/ulysses.h"
+
+namespace ul {
+
+int check_state_rank(const Options& o, Comm& world) {
+  const bool lead = world.rank() == 0;
+  int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, o.ranks));
+  omp_set_num_threads(threads);
+  Grid g(world, o.sp);
+  Context c(Device::cpu);
+  ContextGuard guard(c);
+
+  std::vector<float> weights;
+  LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, weights);
+  DebugState st = read_debug_state(o.check_state, lc);
+  const int B = st.B, T = st.T, V = lc.vocab, C = lc.channels;
+  if (T > lc.max_seq) throw std::runtime_error(o.check_state + ": T " + std::to_string(T) + " exceeds the model's max_seq");
+  if (B % g.dp)
+    throw std::runtime_error("--check-state: the state's batch " + std::to_string(B) + " is not divisible by dp " + std::to_string(g.dp));
+  ModelConfig cfg;
+  cfg.arch = "gpt2";
+  cfg.layers = lc.layers; cfg.dim = C; cfg.heads = lc.heads; cfg.kv_heads = lc.heads;
+  cfg.vocab = V; cfg.padded_vocab = lc.padded_vocab; cfg.max_seq = lc.max_seq;
+  check_ulysses_config(cfg.heads, cfg.kv_heads, T, g.sp);
+  Transformer model(cfg);
+  copy_from_host(Tensor{model.params.data(), {int64_t(weights.size())}, DType::f32, c.device}, weights.data());
+
+  // This rank's rows and columns of the state: sequences [b0, b0 + Bl), tokens [t0, t0 + Tl).
+  const int Bl = B / g.dp, Tl = T / g.sp, b0 = g.dp_rank * Bl, t0 = g.sp_rank * Tl;
+  std::vector<int32_t> idx(size_t(Bl) * Tl), tgt(size_t(Bl) * Tl), pos(size_t(Bl) * Tl), pos_full(size_t(Bl) * T);
+  int64_t valid_local = 0;
+  for (int b = 0; b < Bl; b++) {
+    for (int t = 0; t < Tl; t++) {
+      size_t k = size_t(b) * Tl + t, src = size_t(b0 + b) * T + t0 + t;
+      idx[k] = st.inputs[src];
+      tgt[k] = st.targets[src];
+      pos[k] = t0 + t;
+      valid_local += tgt[k] >= 0;
+    }
+    for (int t = 0; t < T; t++) pos_full[size_t(b) * T + t] = t;
+  }
+  double count = double(valid_local);
+  world.all_reduce(&count, 1, DType::f64, ReduceOp::sum);
+
+  auto dev = [&](const std::vector<int32_t>& v, Shape s) {
+    Tensor t = c.empty(s, DType::i32);
+    copy_from_host(t, v.data());
+    return t;
+  };
+  ModelInputs in;
+  in.idx = dev(idx, {Bl, Tl});
+  in.targets = dev(tgt, {Bl, Tl});
+  in.pos = dev(pos, {Bl, Tl});
+  in.pos_full = dev(pos_full, {Bl, T});
+  model.params.zero_grad();
+  CrossEntropyStats s;
+  {
+    Recording rec(true);
+    s = model.forward(in, float(1.0 / count), g.sp_group.get());
+    c.tape.backward();
+  }
+  // Logits of this rank's tokens over the unpadded vocabulary: (Bl * Tl, V) = hidden wte[:V]^T.
+  std::vector<float> hidden(size_t(Bl) * Tl * C), logits(size_t(Bl) * Tl * V);
+  copy_to_host(hidden.data(), model.last_hidden);
+  std::vector<float> wte(size_t(V) * C);
+  device_copy(wte.data(), Device::cpu, model.params.get("wte").ptr, c.device, wte.size() * sizeof(float));
+  cpu::linear_forward<float>(logits.data(), hidden.data(), wte.data(), nullptr, Bl * Tl, C, V);
+  double logit_stats[2] = {0, 0};  // max |diff|, max |ref|
+  for (int b = 0; b < Bl; b++)
+    for (int t = 0; t < Tl; t++)
+      for (int v = 0; v < V; v++) {
+        double ours = logits[(size_t(b) * Tl + t) * V + v];
+        double ref = st.logits[(size_t(b0 + b) * T + t0 + t) * V + v];
+        logit_stats[0] = std::max(logit_stats[0], std::fabs(ours - ref));
+        logit_stats[1] = std::max(logit_stats[1], std::fabs(ref));
+      }
+  world.all_reduce(logit_stats, 2, DType::f64, ReduceOp::max);
+  double loss_sum = s.loss_sum;
+  world.all_reduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
+  all_reduce_gradients(world, model.params.grad(), model.params.numel());
+  if (!lead) return 0;
+
+  std::vector<float> grads(model.params.numel());
+  device_copy(grads.data(), Device::cpu, model.params.grad(), c.device, grads.size() * sizeof(float));
+  bool pass = true;
+  auto report = [&](const std::string& name, double diff, double ref) {
+    bool ok = diff <= o.check_tol * std::max(ref, 1e-6) && std::isfinite(diff);
+    pass = pass && ok;
+    std::printf("%-10s max_abs_diff %.3e max_abs_ref %.3e%s\n", name.c_str(), diff, ref, ok ? "" : "  <-- FAIL");
+  };
+  report("logits", logit_stats[0], logit_stats[1]);
+  double loss = loss_sum / count;
+  report("loss", std::fabs(loss - st.loss), std::fabs(st.loss));
+  for (const ParamSpec& p : model.params.specs()) {
+    double diff = 0, ref = 0;
+    for (size_t i = p.offset; i < p.offset + size_t(p.shape.numel()); i++) {
+      diff = std::max(diff, double(std::fabs(grads[i] - st.grads[i])));
+      ref = std::max(ref, double(std::fabs(st.grads[i])));
+    }
+    report(p.name, diff, ref);
+  }
+  std::printf("check-state: %s (loss %.6f, reference %.6f, dp %d x sp %d, tolerance %.1e relative)\n",
+              pass ? "PASS" : "FAIL", loss, st.loss, g.dp, g.sp, o.check_tol);
+  return pass ? 0 : 1;
+}
+
+}  // namespace ul

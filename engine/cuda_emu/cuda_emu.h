@@ -1,0 +1,179 @@
+// SIMT emulation, the kernel side: with ULYSSES_CUDA_EMULATION=ON every .cu file is compiled as
+// C++ with this header force-included, and its kernels run on the CPU (engine/cuda_emu/executor.cpp).
+//
+// The model, in short:
+//   - each CUDA thread of a block is a fiber; the block's fibers run round-robin on ONE OS thread,
+//     switching only at a barrier or a warp collective, and blocks are spread over OpenMP threads;
+//   - threadIdx/blockIdx/blockDim/gridDim are thread_local variables that the scheduler sets before
+//     resuming a fiber, so they always describe the fiber that runs;
+//   - __shared__ is `static thread_local`: one copy per OS thread, which is one copy per block in
+//     flight, since an OS thread runs one block at a time from its first fiber to its last;
+//   - __syncthreads() parks the fiber until every thread of the block has arrived; a barrier that
+//     only part of the block can reach is reported as an error, not a hang;
+//   - warp collectives (shuffles, __syncwarp, votes) park each lane until all lanes named in the
+//     mask (that still run) have arrived, then compute every lane's result at once, as the hardware
+//     exchanges registers in one step.
+// Only what the project's kernels use is here; nvcc compiles the same files for the real GPU.
+#pragma once
+#include <math.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "engine/cuda_emu/runtime.h"
+
+// ---- qualifiers ---------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+// Dynamic shared memory, spelled the same on both paths (see engine/cuda_launch.h for nvcc's).
+#define UL_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::ul_emu::dynamic_smem())
+
+constexpr int warpSize = 32;
+
+// ---- the running fiber's coordinates (set by the scheduler) --------------------------------------
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+namespace ul_emu {
+
+enum class Collective : int { none, sync, ballot, shfl_idx, shfl_up, shfl_down, shfl_xor };
+
+void syncthreads();
+// Parks the calling lane until every running lane of `mask` has arrived with the same op, mask
+// and width; returns this lane's result bits (the shuffled value, or the ballot in the low 32 bits
+// with the participating lanes in the high 32).
+uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width);
+void* dynamic_smem();  // this block's dynamic shared memory (nullptr when the launch asked for none)
+
+// Runs body once per thread of every block; throws std::runtime_error naming the kernel, the block
+// and the misuse (bad configuration, partial barrier, deadlock, or the kernel's own exception).
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
+
+template <class... P, class... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,
+            A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
+  // Converted once, as a <<<>>> call would; every fiber then gets its own copies (by-value params).
+  const auto params = std::tuple<P...>(std::forward<A>(args)...);
+  run_grid(name, grid, block, smem_bytes, [&] { std::apply(kernel, params); });
+}
+
+template <class T>
+T shuffle(Collective op, unsigned mask, T var, int arg, int width) {
+  static_assert(std::is_arithmetic<T>::value || std::is_same<T, __nv_bfloat16>::value,
+                "CUDA shuffles take arithmetic types and __nv_bfloat16");
+  static_assert(sizeof(T) <= 8, "at most 64 bits per shuffle");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &var, sizeof(T));
+  bits = warp_collective(op, mask, bits, arg, width);
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+
+}  // namespace ul_emu
+
+// ---- barriers and warp collectives ---------------------------------------------------------------
+inline void __syncthreads() { ul_emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ul_emu::warp_collective(ul_emu::Collective::sync, mask, 0, 0, 32); }
+
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+  return ul_emu::shuffle(ul_emu::Collective::shfl_idx, mask, var, src_lane, width);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+  return ul_emu::shuffle(ul_emu::Collective::shfl_up, mask, var, int(delta), width);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+  return ul_emu::shuffle(ul_emu::Collective::shfl_down, mask, var, int(delta), width);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+  return ul_emu::shuffle(ul_emu::Collective::shfl_xor, mask, var, lane_mask, width);
+}
+
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return unsigned(ul_emu::warp_collective(ul_emu::Collective::ballot, mask, pred != 0, 0, 32));
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) {
+  uint64_t r = ul_emu::warp_collective(ul_emu::Collective::ballot, mask, pred != 0, 0, 32);
+  return uint32_t(r) == uint32_t(r >> 32);
+}
+
+// Blocks of a grid run concurrently on OpenMP threads; fences order their memory like on a GPU.
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// ---- atomics: real ones, since blocks run on several OS threads ----------------------------------
+inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+  return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
+}
+namespace ul_emu {
+template <class T, class F>
+T atomic_update(T* a, F f) {  // compare-and-swap loop; returns the old value like CUDA's atomics
+  T old;
+  __atomic_load(a, &old, __ATOMIC_RELAXED);
+  T next = f(old);
+  while (!__atomic_compare_exchange(a, &old, &next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) next = f(old);
+  return old;
+}
+}  // namespace ul_emu
+inline float atomicAdd(float* a, float v) { return ul_emu::atomic_update(a, [v](float o) { return o + v; }); }
+inline double atomicAdd(double* a, double v) { return ul_emu::atomic_update(a, [v](double o) { return o + v; }); }
+inline int atomicMax(int* a, int v) { return ul_emu::atomic_update(a, [v](int o) { return o > v ? o : v; }); }
+inline int atomicMin(int* a, int v) { return ul_emu::atomic_update(a, [v](int o) { return o < v ? o : v; }); }
+inline unsigned atomicMax(unsigned* a, unsigned v) {
+  return ul_emu::atomic_update(a, [v](unsigned o) { return o > v ? o : v; });
+}
+inline int atomicExch(int* a, int v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
+inline float atomicExch(float* a, float v) {
+  float old;
+  __atomic_exchange(a, &v, &old, __ATOMIC_RELAXED);
+  return old;
+}
+inline int atomicCAS(int* a, int expected, int desired) {
+  __atomic_compare_exchange_n(a, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return expected;  // the old value, whether or not the swap happened
+}
+
+// ---- math: libm where CUDA's name exists there, the fast intrinsics as their exact versions ------
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+
+// CUDA declares integer and float min/max at global scope for device code.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }

@@ -1,0 +1,360 @@
+// The SIMT executor: runs a grid's blocks on OpenMP threads, and each block's threads as fibers
+// (ucontext) on one OS thread. A fiber runs until it parks at a barrier or a warp collective, or
+// exits; the scheduler then resumes the next runnable fiber of the block, round-robin. When a pass
+// over the block finds nothing runnable and some fiber has not exited, the block is deadlocked and
+// the launch fails with a description of who waits where.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "engine/cuda_emu/cuda_emu.h"
+
+namespace ul_emu {
+namespace {
+
+constexpr int kMaxThreads = 1024;            // per block, as on every GPU since Fermi
+constexpr int kMaxWarps = kMaxThreads / 32;
+constexpr size_t kStackBytes = 64 << 10;     // per fiber; kernels keep little on the stack
+constexpr size_t kMaxDynamicSmem = 227 << 10;  // sm_90's opt-in limit (over 48 KiB needs
+                                               // cudaFuncSetAttribute on the GPU)
+
+enum class Wait : uint8_t { ready, barrier, warp, exited };
+
+struct Fiber {
+  ucontext_t ctx;
+  uint3 tid;
+  Wait wait;
+};
+
+struct Warp {
+  Collective op = Collective::none;  // the collective in flight, if any
+  unsigned mask = 0;
+  int width = 32;
+  unsigned arrived = 0;              // lanes parked in it
+  unsigned live = 0;                 // lanes that exist in this block and have not exited
+  uint64_t in[32];
+  int arg[32];
+  uint64_t out[32];
+};
+
+const char* op_name(Collective op) {
+  switch (op) {
+    case Collective::none: return "nothing";
+    case Collective::sync: return "__syncwarp";
+    case Collective::ballot: return "__ballot_sync/__any_sync/__all_sync";
+    case Collective::shfl_idx: return "__shfl_sync";
+    case Collective::shfl_up: return "__shfl_up_sync";
+    case Collective::shfl_down: return "__shfl_down_sync";
+    case Collective::shfl_xor: return "__shfl_xor_sync";
+  }
+  return "?";
+}
+
+std::string hex(unsigned v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", v);
+  return b;
+}
+
+std::string coord(uint3 v) {
+  return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
+}
+
+// One per OS thread, reused by every block and launch that thread runs: the fiber contexts and
+// stacks are made once and only re-pointed at the kernel for each block.
+struct Worker {
+  std::unique_ptr<Fiber[]> fibers{new Fiber[kMaxThreads]};
+  Warp warps[kMaxWarps];
+  ucontext_t sched;
+  char* stacks = nullptr;  // n_stacks * (guard page + kStackBytes), one mapping
+  int n_stacks = 0;
+  size_t page = size_t(sysconf(_SC_PAGESIZE));
+  unsigned char* smem = nullptr;
+  size_t smem_cap = 0;
+
+  // The block in flight.
+  bool in_block = false;
+  const std::function<void()>* body = nullptr;
+  size_t smem_bytes = 0;
+  int n = 0;           // threads per block
+  int cur = -1;        // the running fiber
+  int at_barrier = 0;
+  int exited = 0;
+  std::exception_ptr error;
+
+  ~Worker() {
+    if (stacks) munmap(stacks, size_t(n_stacks) * (page + kStackBytes));
+    std::free(smem);
+  }
+
+  char* stack(int i) { return stacks + size_t(i) * (page + kStackBytes) + page; }
+
+  // Stacks for n fibers, each above a PROT_NONE guard page so an overflow faults at once instead
+  // of corrupting the neighbouring fiber.
+  void reserve_stacks(int count) {
+    if (count <= n_stacks) return;
+    if (stacks) munmap(stacks, size_t(n_stacks) * (page + kStackBytes));
+    size_t bytes = size_t(count) * (page + kStackBytes);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("cuda_emu: cannot map fiber stacks");
+    stacks = static_cast<char*>(p);
+    for (int i = n_stacks; i < count; i++) getcontext(&fibers[i].ctx);
+    n_stacks = count;
+    for (int i = 0; i < count; i++) mprotect(stack(i) - page, page, PROT_NONE);
+  }
+
+  void reserve_smem(size_t bytes) {
+    if (bytes <= smem_cap) return;
+    std::free(smem);
+    smem_cap = (bytes + 127) / 128 * 128;
+    smem = static_cast<unsigned char*>(std::aligned_alloc(128, smem_cap));
+    if (!smem) throw std::runtime_error("cuda_emu: out of memory for dynamic shared memory");
+  }
+};
+
+thread_local Worker t_worker;
+
+Worker& in_kernel(const char* what) {
+  Worker& w = t_worker;
+  if (!w.in_block) throw std::runtime_error(std::string(what) + " called outside a kernel");
+  return w;
+}
+
+void park(Worker& w, Wait why) {
+  Fiber& f = w.fibers[w.cur];
+  f.wait = why;
+  swapcontext(&f.ctx, &w.sched);
+}
+
+// Completes the warp's collective once every running lane of its mask has arrived: computes each
+// lane's result (PTX shfl.sync semantics) and makes the parked lanes runnable again.
+bool try_complete(Worker& w, int warp) {
+  Warp& wp = w.warps[warp];
+  const unsigned need = wp.mask & wp.live;
+  if (wp.op == Collective::none || (wp.arrived & need) != need) return false;
+  const unsigned seg = ~unsigned(wp.width - 1) & 31u;  // lane bits that name the segment
+  unsigned ballot = 0;
+  if (wp.op == Collective::ballot)
+    for (int l = 0; l < 32; l++)
+      if ((wp.arrived >> l & 1) && wp.in[l]) ballot |= 1u << l;
+  for (int lane = 0; lane < 32; lane++) {
+    if (!(wp.arrived >> lane & 1)) continue;
+    const int b = wp.arg[lane] & 31;
+    const int lo = lane & int(seg), hi = lo | (wp.width - 1);
+    int j = lane;
+    bool ok = true;
+    switch (wp.op) {
+      case Collective::shfl_idx: j = lo | (b & (wp.width - 1)); break;
+      case Collective::shfl_up: j = lane - b; ok = j >= lo; break;
+      case Collective::shfl_down: j = lane + b; ok = j <= hi; break;
+      case Collective::shfl_xor: j = lane ^ b; ok = j <= hi; break;
+      default: break;
+    }
+    // Out of the segment: the lane keeps its own value (CUDA's rule). Reading a lane that is not
+    // taking part is undefined on the GPU; here it also yields the lane's own value.
+    if (!ok || !(wp.arrived >> j & 1)) j = lane;
+    if (wp.op == Collective::ballot) wp.out[lane] = ballot | (uint64_t(wp.arrived) << 32);
+    else wp.out[lane] = wp.in[j];
+  }
+  for (int lane = 0; lane < 32; lane++)
+    if (wp.arrived >> lane & 1) w.fibers[warp * 32 + lane].wait = Wait::ready;
+  wp.op = Collective::none;
+  wp.arrived = 0;
+  return true;
+}
+
+void fiber_exit(Worker& w) {
+  Fiber& f = w.fibers[w.cur];
+  f.wait = Wait::exited;
+  w.exited++;
+  const int warp = w.cur / 32;
+  w.warps[warp].live &= ~(1u << (w.cur % 32));
+  if (w.at_barrier > 0 && !w.error)
+    w.error = std::make_exception_ptr(std::runtime_error(
+        "thread " + coord(f.tid) + " exited while " + std::to_string(w.at_barrier) +
+        " threads wait at __syncthreads(): a barrier must be reached by every thread of the block"));
+  try_complete(w, warp);  // the lanes still in a collective may no longer wait for this one
+}
+
+void fiber_main() {
+  Worker& w = t_worker;
+  try {
+    (*w.body)();
+  } catch (...) {
+    if (!w.error) w.error = std::current_exception();
+  }
+  fiber_exit(w);
+  // Returning resumes uc_link: the scheduler.
+}
+
+std::string deadlock_report(Worker& w) {
+  std::string s = "deadlock: " + std::to_string(w.at_barrier) + " threads wait at __syncthreads(), " +
+                  std::to_string(w.exited) + " exited";
+  for (int k = 0; k < (w.n + 31) / 32; k++) {
+    const Warp& wp = w.warps[k];
+    if (wp.op == Collective::none) continue;
+    s += "; warp " + std::to_string(k) + ": lanes " + hex(wp.arrived) + " wait in " + op_name(wp.op) +
+         " (mask " + hex(wp.mask) + ") for lanes " + hex(wp.mask & wp.live & ~wp.arrived);
+  }
+  return s + " (a barrier or warp collective that part of the block or warp never reaches)";
+}
+
+void run_block(Worker& w, uint3 block_idx) {
+  blockIdx = block_idx;
+  w.at_barrier = 0;
+  w.exited = 0;
+  w.error = nullptr;
+  for (int k = 0; k < (w.n + 31) / 32; k++) {
+    Warp& wp = w.warps[k];
+    wp.op = Collective::none;
+    wp.arrived = 0;
+    const int lanes = w.n - k * 32 < 32 ? w.n - k * 32 : 32;
+    wp.live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+  }
+  // Shared memory starts as garbage on a GPU; NaN bits make a read-before-write show.
+  if (w.smem_bytes) std::memset(w.smem, 0xff, w.smem_bytes);
+  const unsigned bx = blockDim.x, by = blockDim.y;
+  for (int i = 0; i < w.n; i++) {
+    Fiber& f = w.fibers[i];
+    f.tid = {i % bx, (i / bx) % by, i / (bx * by)};
+    f.wait = Wait::ready;
+    f.ctx.uc_stack.ss_sp = w.stack(i);
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = &w.sched;
+    makecontext(&f.ctx, fiber_main, 0);
+  }
+  for (;;) {
+    bool ran = false;
+    for (int i = 0; i < w.n; i++) {
+      if (w.fibers[i].wait != Wait::ready) continue;
+      w.cur = i;
+      threadIdx = w.fibers[i].tid;
+      swapcontext(&w.sched, &w.fibers[i].ctx);
+      ran = true;
+      // The other fibers are abandoned mid-kernel; their stacks are reused by the next block.
+      if (w.error) std::rethrow_exception(w.error);
+    }
+    if (w.exited == w.n) return;
+    if (!ran) throw std::runtime_error(deadlock_report(w));
+  }
+}
+
+void check_config(const char* name, dim3 grid, dim3 block, size_t smem) {
+  auto bad = [&](const std::string& why) {
+    throw std::runtime_error(std::string("kernel '") + name + "': invalid configuration argument: " + why);
+  };
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreads || block.z > 64)
+    bad("block " + coord({block.x, block.y, block.z}) + " (1 to 1024 threads, z at most 64)");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
+    bad("grid " + coord({grid.x, grid.y, grid.z}));
+  if (smem > kMaxDynamicSmem) bad(std::to_string(smem) + " bytes of dynamic shared memory");
+}
+
+}  // namespace
+
+void syncthreads() {
+  Worker& w = in_kernel("__syncthreads()");
+  if (w.exited > 0)
+    throw std::runtime_error("__syncthreads() reached by thread " + coord(w.fibers[w.cur].tid) + " after " +
+                             std::to_string(w.exited) + " of the block's " + std::to_string(w.n) +
+                             " threads exited: a barrier must be reached by every thread of the block");
+  if (++w.at_barrier == w.n) {
+    for (int i = 0; i < w.n; i++)
+      if (w.fibers[i].wait == Wait::barrier) w.fibers[i].wait = Wait::ready;
+    w.at_barrier = 0;
+    return;
+  }
+  park(w, Wait::barrier);
+}
+
+uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width) {
+  Worker& w = in_kernel(op_name(op));
+  const int lane = w.cur % 32, warp = w.cur / 32;
+  Warp& wp = w.warps[warp];
+  auto who = [&] { return "lane " + std::to_string(lane) + " of warp " + std::to_string(warp); };
+  if (!(mask >> lane & 1))
+    throw std::runtime_error(who() + " called " + op_name(op) + " with mask " + hex(mask) + ", which leaves it out");
+  if (width < 1 || width > 32 || (width & (width - 1)))
+    throw std::runtime_error(who() + " called " + op_name(op) + " with width " + std::to_string(width) +
+                             " (a power of two from 1 to 32)");
+  if (wp.op == Collective::none) {
+    wp.op = op;
+    wp.mask = mask;
+    wp.width = width;
+  } else if (wp.op != op || wp.mask != mask || wp.width != width) {
+    throw std::runtime_error(who() + " called " + op_name(op) + " (mask " + hex(mask) + ") while lanes " +
+                             hex(wp.arrived) + " wait in " + op_name(wp.op) + " (mask " + hex(wp.mask) +
+                             "): the lanes of a warp must meet at the same collective");
+  }
+  wp.in[lane] = value;
+  wp.arg[lane] = arg;
+  wp.arrived |= 1u << lane;
+  if (!try_complete(w, warp)) park(w, Wait::warp);
+  return wp.out[lane];
+}
+
+void* dynamic_smem() {
+  Worker& w = in_kernel("dynamic shared memory");
+  return w.smem_bytes ? w.smem : nullptr;
+}
+
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  if (t_worker.in_block)
+    throw std::runtime_error(std::string("kernel '") + name + "' launched from inside a kernel");
+  check_config(name, grid, block, smem_bytes);
+  const long long gx = grid.x, gy = grid.y;
+  const long long blocks = gx * gy * grid.z;
+  std::atomic<bool> failed{false};
+  std::string message;
+#pragma omp parallel
+  {
+    Worker& w = t_worker;
+    bool ready = true;
+    try {
+      w.reserve_stacks(int(block.x * block.y * block.z));
+      w.reserve_smem(smem_bytes);
+    } catch (const std::exception& e) {
+      ready = false;
+#pragma omp critical(ul_emu_error)
+      if (message.empty()) message = e.what();
+      failed = true;
+    }
+    blockDim = block;
+    gridDim = grid;
+    w.n = int(block.x * block.y * block.z);
+    w.smem_bytes = smem_bytes;
+    w.body = &body;
+    w.in_block = true;
+#pragma omp for schedule(dynamic, 1)
+    for (long long b = 0; b < blocks; b++) {
+      if (!ready || failed.load(std::memory_order_relaxed)) continue;
+      const uint3 idx = {unsigned(b % gx), unsigned(b / gx % gy), unsigned(b / (gx * gy))};
+      try {
+        run_block(w, idx);
+      } catch (const std::exception& e) {
+#pragma omp critical(ul_emu_error)
+        if (message.empty()) message = "block " + coord(idx) + ": " + e.what();
+        failed = true;
+      } catch (...) {
+#pragma omp critical(ul_emu_error)
+        if (message.empty()) message = "block " + coord(idx) + ": unknown exception";
+        failed = true;
+      }
+    }
+    w.in_block = false;
+    w.body = nullptr;
+    w.error = nullptr;
+  }
+  if (failed) throw std::runtime_error(std::string("emulated kernel '") + name + "' failed in " + message);
+}
+
+}  // namespace ul_emu

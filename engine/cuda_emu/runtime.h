@@ -1,0 +1,122 @@
+// The host side of the CUDA emulation: the runtime API subset the engine calls (memory, copies,
+// streams, events, errors, devices) on host memory, and the __nv_bfloat16 type. Plain C++: any
+// file may include it (engine/cuda_runtime.h does, under ULYSSES_CUDA_EMULATED). The kernel side
+// (threadIdx, __shared__, barriers, shuffles, launch) is in cuda_emu.h.
+//
+// Everything is synchronous: a kernel has finished when its launch returns, so streams only carry
+// identity and the *Async calls are their blocking twins. Names and values follow the real API so
+// that code written against it compiles unchanged.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+// ---- errors -----------------------------------------------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorCudartUnloading = 4,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorLaunchFailure = 719,
+};
+typedef cudaError_t cudaError;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+// ---- launch geometry (shared with the kernel side) ---------------------------------------------
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+
+// ---- streams and events -------------------------------------------------------------------------
+struct CUstream_st;  // opaque: streams only carry identity here
+struct CUevent_st;   // holds the host time of its last record
+typedef CUstream_st* cudaStream_t;
+typedef CUevent_st* cudaEvent_t;
+
+// ---- the runtime calls (engine/cuda_emu/runtime.cpp) ---------------------------------------------
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
+
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetLastError();   // returns and clears the calling thread's last error
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetDeviceCount(int* n);  // one emulated device
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDevice(int* d);
+
+// Typed overloads, as the real cuda_runtime.h has them: cudaMalloc(&float_ptr, bytes).
+template <class T>
+inline cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(p), bytes); }
+template <class T>
+inline cudaError_t cudaMallocHost(T** p, size_t bytes) { return cudaMallocHost(reinterpret_cast<void**>(p), bytes); }
+
+// ---- bfloat16 -----------------------------------------------------------------------------------
+// Only the raw bits and the explicit conversions: no implicit float <-> bf16 conversions or
+// arithmetic, so kernel code that compiles here uses nothing the real header might lack.
+struct __nv_bfloat16 {
+  unsigned short __x;
+};
+static_assert(sizeof(__nv_bfloat16) == 2, "bf16 is two bytes");
+
+// Round to nearest, ties to even; NaN stays a (quiet) NaN.
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  __nv_bfloat16 r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.__x = static_cast<unsigned short>((u >> 16) | 0x40u);
+    return r;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  r.__x = static_cast<unsigned short>(u >> 16);
+  return r;
+}
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+// Round toward zero: drop the low 16 bits.
+inline __nv_bfloat16 __float2bfloat16_rz(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  __nv_bfloat16 r;
+  r.__x = static_cast<unsigned short>(u >> 16);
+  if ((u & 0x7fffffffu) > 0x7f800000u) r.__x |= 0x40u;  // keep a NaN whose payload was only low bits
+  return r;
+}
+inline float __bfloat162float(__nv_bfloat16 h) {
+  uint32_t u = uint32_t(h.__x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}

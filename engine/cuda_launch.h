@@ -1,0 +1,87 @@
+// What every .cu file includes: the one kernel-launch helper, the runtime-call check, dynamic
+// shared memory spelled the same on both paths, and the element helpers the kernels share.
+//
+//   ul::launch("layernorm_forward", layernorm_forward_kernel<T>, grid, block, smem_bytes, stream, args...);
+//
+// is kernel<<<grid, block, smem_bytes, stream>>>(args...) plus a checked cudaGetLastError() under
+// nvcc, and the SIMT emulator (engine/cuda_emu) under ULYSSES_CUDA_EMULATION. Either way a bad
+// launch throws std::runtime_error naming the kernel. The name is passed explicitly because
+// neither path can recover a readable name from a function pointer.
+#pragma once
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "engine/cuda_runtime.h"
+#if ULYSSES_CUDA_EMULATED
+#include "engine/cuda_emu/cuda_emu.h"
+#endif
+
+// Throws std::runtime_error naming the call, where it was made, and the runtime's message.
+#define UL_CUDA_CHECK(call) ::ul::cuda_check((call), #call, __FILE__, __LINE__)
+
+namespace ul {
+
+inline void cuda_check(cudaError_t e, const char* call, const char* file, int line) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("CUDA error: ") + call + " at " + file + ":" + std::to_string(line) +
+                             ": " + cudaGetErrorString(e));
+}
+
+inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1) / b); }
+
+}  // namespace ul
+
+// The kernel side exists only where kernels are compiled: nvcc, or C++ under the emulator.
+#if defined(__CUDACC__) || ULYSSES_CUDA_EMULATED
+
+#ifndef UL_DYNAMIC_SMEM
+// One byte array viewed as T: declaring `extern __shared__ T name[]` with a different T in each
+// template instance would be a conflicting redeclaration.
+#define UL_DYNAMIC_SMEM(T, name)                                  \
+  extern __shared__ __align__(16) unsigned char ul_dynamic_smem_[]; \
+  T* name = reinterpret_cast<T*>(ul_dynamic_smem_)
+#endif
+
+namespace ul {
+
+template <class... P, class... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
+            cudaStream_t stream, A&&... args) {
+#if ULYSSES_CUDA_EMULATED
+  ul_emu::launch(name, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+#else
+  kernel<<<grid, block, smem_bytes, stream>>>(std::forward<A>(args)...);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("launching kernel '") + name + "' (grid " + std::to_string(grid.x) +
+                             "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", block " +
+                             std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
+                             std::to_string(block.z) + ", " + std::to_string(smem_bytes) +
+                             " bytes shared): " + cudaGetErrorString(e));
+#endif
+}
+
+namespace cuda {
+
+// Kernels load and store T (float or __nv_bfloat16) and compute in float.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+
+// Sum over the 32 lanes of a full warp; every lane gets the total (butterfly: same order on every
+// lane, so every lane gets the same bits).
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+}  // namespace cuda
+}  // namespace ul
+
+#endif  // __CUDACC__ || ULYSSES_CUDA_EMULATED

@@ -1,0 +1,62 @@
+// The CUDA backend's DeviceOps: device memory through the CUDA runtime, every call checked.
+// Compiled by nvcc (ULYSSES_CUDA) or as C++ over the emulated runtime (ULYSSES_CUDA_EMULATION).
+#include "engine/cuda_runtime.h"
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "engine/cuda_launch.h"
+#include "engine/device.h"
+
+namespace ul {
+namespace {
+
+// Plain cudaMalloc, never managed memory: a stray host access to device memory must fail loudly.
+void* cuda_alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess)
+    throw std::runtime_error("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e));
+  return p;
+}
+
+void cuda_free(void* p) {
+  const cudaError_t e = cudaFree(p);
+  // Buffers freed by static destructors at exit may outlive the runtime; nothing is lost then.
+  if (e == cudaErrorCudartUnloading) return;
+  UL_CUDA_CHECK(e);
+}
+
+void cuda_zero(void* p, size_t bytes) {
+  if (bytes) UL_CUDA_CHECK(cudaMemset(p, 0, bytes));
+}
+
+// cudaMemcpy on the legacy default stream: ordered after every kernel launched before it, which is
+// what the engine's synchronous copies (tests, checkpoints, logging) rely on.
+void cuda_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void cuda_from_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void cuda_within(void* dst, const void* src, size_t bytes) {
+  if (bytes) UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
+void cuda_sync() { UL_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace
+
+void init_cuda_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int n = 0;
+    UL_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (n == 0) throw std::runtime_error("init_cuda_backend: no CUDA device is visible");
+    register_device_ops(Device::cuda,
+                        {cuda_alloc, cuda_free, cuda_zero, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
+  });
+}
+
+}  // namespace ul

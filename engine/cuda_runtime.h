@@ -1,0 +1,25 @@
+// The CUDA runtime as the engine sees it, on both CUDA paths: the runtime API and __nv_bfloat16
+// (the toolkit's headers under nvcc/ULYSSES_CUDA, the emulator's under ULYSSES_CUDA_EMULATION),
+// and the switch that turns the CUDA backend on. Light enough for any .cpp: no kernel-side names.
+#pragma once
+#if !ULYSSES_HAVE_CUDA
+#error "engine/cuda_runtime.h needs a CUDA build (-DULYSSES_CUDA=ON or -DULYSSES_CUDA_EMULATION=ON)"
+#endif
+
+#if ULYSSES_CUDA_EMULATED
+#include "engine/cuda_emu/runtime.h"
+#else
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace ul {
+
+// Registers the DeviceOps of Device::cuda (cudaMalloc, cudaFree, cudaMemset, cudaMemcpy,
+// cudaDeviceSynchronize; every call checked). Call it once before the first Context(Device::cuda);
+// later calls do nothing, and it is safe from several threads. Throws when no device is visible.
+// It is an explicit call rather than a static initialiser on purpose: the engine is a static
+// library, and the linker drops an object file that nothing references, initialiser and all.
+void init_cuda_backend();
+
+}  // namespace ul

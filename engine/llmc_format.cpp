@@ -1,0 +1,189 @@
+#include "engine/llmc_format.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace ul {
+
+namespace {
+
+constexpr int32_t kCheckpointMagic = 20240326, kStateMagic = 20240327;
+constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+
+std::runtime_error file_error(const std::string& path, const std::string& what) {
+  return std::runtime_error(path + ": " + what);
+}
+
+// The whole file, or an error naming it (missing / unreadable / shorter than a header).
+std::vector<char> read_file(const std::string& path, const char* kind) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (bytes.size() < kHeaderBytes)
+    throw file_error(path, "truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
+                               std::to_string(kHeaderBytes) + "-byte header of " + kind);
+  return bytes;
+}
+
+void check_size(const std::string& path, size_t have, size_t want, const std::string& layout) {
+  if (have == want) return;
+  throw file_error(path, std::string(have < want ? "truncated" : "trailing bytes") + ": " + std::to_string(have) +
+                             " bytes, but " + layout + " needs exactly " + std::to_string(want));
+}
+
+float bf16_to_f32(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+void validate_llmc_config(const LlmcConfig& c, const std::string& where) {
+  const std::pair<const char*, int> fields[] = {{"maxT", c.max_seq}, {"V", c.vocab},  {"Vp", c.padded_vocab},
+                                                {"L", c.layers},     {"H", c.heads}, {"C", c.channels}};
+  for (auto& [name, v] : fields)
+    if (v <= 0) throw std::runtime_error(where + ": header value " + name + " = " + std::to_string(v) + " (must be > 0)");
+  if (c.vocab > c.padded_vocab)
+    throw std::runtime_error(where + ": vocab V = " + std::to_string(c.vocab) + " exceeds the padded vocab Vp = " +
+                             std::to_string(c.padded_vocab));
+  if (c.channels % c.heads != 0)
+    throw std::runtime_error(where + ": channels C = " + std::to_string(c.channels) + " is not divisible by heads H = " +
+                             std::to_string(c.heads));
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> llmc_gpt2_param_shapes(const LlmcConfig& c) {
+  const int64_t L = c.layers, C = c.channels;
+  return {{"wte", {c.padded_vocab, C}}, {"wpe", {c.max_seq, C}},   {"ln1w", {L, C}},
+          {"ln1b", {L, C}},             {"qkvw", {L, 3 * C, C}},   {"qkvb", {L, 3 * C}},
+          {"attprojw", {L, C, C}},      {"attprojb", {L, C}},      {"ln2w", {L, C}},
+          {"ln2b", {L, C}},             {"fcw", {L, 4 * C, C}},    {"fcb", {L, 4 * C}},
+          {"fcprojw", {L, C, 4 * C}},   {"fcprojb", {L, C}},       {"lnfw", {C}},
+          {"lnfb", {C}}};
+}
+
+size_t llmc_gpt2_num_params(const LlmcConfig& c) {
+  size_t n = 0;
+  for (auto& [name, shape] : llmc_gpt2_param_shapes(c)) {
+    size_t k = 1;
+    for (int64_t d : shape) k *= size_t(d);
+    n += k;
+  }
+  return n;
+}
+
+LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params) {
+  std::vector<char> bytes = read_file(path, "an llm.c GPT-2 checkpoint");
+  int32_t h[256];
+  std::memcpy(h, bytes.data(), kHeaderBytes);
+  if (h[0] != kCheckpointMagic)
+    throw file_error(path, "bad magic " + std::to_string(h[0]) + " (expected 20240326, an llm.c GPT-2 checkpoint)");
+  if (h[1] != 3 && h[1] != 5)
+    throw file_error(path, "unsupported checkpoint version " + std::to_string(h[1]) + " (expected 3 = fp32 or 5 = bf16)");
+  LlmcConfig c{h[2], h[3], h[7], h[4], h[5], h[6]};
+  validate_llmc_config(c, path);
+  const size_t n = llmc_gpt2_num_params(c), width = h[1] == 3 ? 4 : 2;
+  check_size(path, bytes.size(), kHeaderBytes + n * width,
+             "a version " + std::to_string(h[1]) + " header with " + std::to_string(n) + " parameters");
+  params.resize(n);
+  const char* p = bytes.data() + kHeaderBytes;
+  if (width == 4) {
+    std::memcpy(params.data(), p, n * 4);
+  } else {
+    for (size_t k = 0; k < n; k++) {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * k, 2);
+      params[k] = bf16_to_f32(v);
+    }
+  }
+  return c;
+}
+
+void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const float* params) {
+  validate_llmc_config(c, path);
+  int32_t h[256] = {};
+  h[0] = kCheckpointMagic;
+  h[1] = 3;
+  h[2] = c.max_seq, h[3] = c.vocab, h[4] = c.layers, h[5] = c.heads, h[6] = c.channels, h[7] = c.padded_vocab;
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw file_error(tmp, std::string("cannot create checkpoint: ") + std::strerror(errno));
+  auto put = [&](const void* data, size_t len) {
+    const char* q = static_cast<const char*>(data);
+    while (len > 0) {
+      ssize_t w = ::write(fd, q, len);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      q += w, len -= size_t(w);
+    }
+    return true;
+  };
+  const bool ok = put(h, sizeof h) && put(params, llmc_gpt2_num_params(c) * sizeof(float)) && ::fsync(fd) == 0;
+  const int err = errno;
+  if (::close(fd) != 0 || !ok) {
+    ::unlink(tmp.c_str());
+    throw file_error(tmp, std::string("writing checkpoint failed: ") + std::strerror(ok ? errno : err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw file_error(path, std::string("cannot rename the temporary checkpoint into place: ") + std::strerror(e));
+  }
+  // Make the rename itself durable.
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+DebugState read_debug_state(const std::string& path, const LlmcConfig& cfg) {
+  validate_llmc_config(cfg, path + " (model config)");
+  std::vector<char> bytes = read_file(path, "an llm.c debug state");
+  int32_t h[256];
+  std::memcpy(h, bytes.data(), kHeaderBytes);
+  if (h[0] != kStateMagic)
+    throw file_error(path, "bad magic " + std::to_string(h[0]) + " (expected 20240327, an llm.c debug state)");
+  if (h[1] != 2) throw file_error(path, "unsupported debug state version " + std::to_string(h[1]) + " (expected 2)");
+  DebugState s;
+  s.B = h[2], s.T = h[3];
+  if (s.B <= 0 || s.T <= 0)
+    throw file_error(path, "header B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + " (must be > 0)");
+  if (s.T > cfg.max_seq)
+    throw file_error(path, "T = " + std::to_string(s.T) + " exceeds the model's maxT = " + std::to_string(cfg.max_seq));
+  const size_t BT = size_t(s.B) * size_t(s.T), V = size_t(cfg.vocab), n = llmc_gpt2_num_params(cfg);
+  check_size(path, bytes.size(), kHeaderBytes + 4 * (2 * BT + BT * V + 1 + n),
+             "B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + ", V = " + std::to_string(V) + " and " +
+                 std::to_string(n) + " gradients");
+  const char* p = bytes.data() + kHeaderBytes;
+  auto take = [&](void* dst, size_t len) {
+    std::memcpy(dst, p, len);
+    p += len;
+  };
+  s.inputs.resize(BT), s.targets.resize(BT), s.logits.resize(BT * V), s.grads.resize(n);
+  take(s.inputs.data(), BT * 4);
+  take(s.targets.data(), BT * 4);
+  take(s.logits.data(), BT * V * 4);
+  take(&s.loss, 4);
+  take(s.grads.data(), n * 4);
+  for (size_t k = 0; k < BT; k++) {
+    if (s.inputs[k] < 0 || size_t(s.inputs[k]) >= V)
+      throw file_error(path, "input token " + std::to_string(s.inputs[k]) + " at position " + std::to_string(k) +
+                                 " is outside [0, " + std::to_string(V) + ")");
+    if (s.targets[k] < -1 || (s.targets[k] >= 0 && size_t(s.targets[k]) >= V))
+      throw file_error(path, "target token " + std::to_string(s.targets[k]) + " at position " + std::to_string(k) +
+                                 " is outside [0, " + std::to_string(V) + ") and not -1");
+  }
+  return s;
+}
+
+}  // namespace ul

@@ -1,0 +1,166 @@
+#include "engine/options.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <stdexcept>
+
+namespace ul {
+
+const char* usage() {
+  return R"(usage: train [flags]          (no flags: the tiny model on the associative-recall task)
+
+model
+  --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
+  --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
+                      override the preset (vocab defaults to the data's)
+  --checkpoint FILE   start from an llm.c GPT-2 checkpoint (magic 20240326, version 3)
+data and loop
+  --data SPEC         recall | passkey | text:FILE | shards:GLOB                           [recall]
+  --batch N           sequences per rank per micro-batch                                  [8]
+  --seq N             sequence length T                                                   [256]
+  --steps N           optimizer steps                                                     [300]
+  --grad-accum N      micro-batches per optimizer step                                    [1]
+  --lr X              peak learning rate                                                  [3e-3]
+  --warmup N          linear warmup steps, then cosine decay to lr * final-lr-frac        [20]
+  --final-lr-frac X                                                                       [0.1]
+  --weight-decay X    AdamW decoupled decay on 2-D weights                                [0.1]
+  --grad-clip X       clip the gradient global norm (0: off)                              [1.0]
+  --seed N                                                                                [1337]
+  --threads N         OpenMP threads per rank (0: all cores / ranks)                      [0]
+  --eval-every N      validation every N steps (and at the end; 0: only at the end)       [100]
+  --eval-batches N    validation micro-batches per eval                                   [8]
+parallelism
+  --sp P              Ulysses sequence-parallel degree (dp = world / P)                   [1]
+  --comm local|mpi    local: ranks are threads of this process; mpi: under mpirun         [local]
+  --ranks N           world size for --comm local                                         [1]
+verification
+  --check-state FILE  run one forward/backward on an llm.c debug state (needs --checkpoint),
+                      print per-tensor differences and PASS/FAIL
+  --check-tol X       relative tolerance of --check-state                                 [1e-5]
+  --quiet             only the final summary
+  --help
+)";
+}
+
+bool Options::set_by_user(const std::string& flag) const {
+  return std::find(given.begin(), given.end(), flag) != given.end();
+}
+
+namespace {
+
+long parse_int(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end) throw std::runtime_error(flag + ": expected an integer, got '" + v + "'");
+  return x;
+}
+
+double parse_float(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end) throw std::runtime_error(flag + ": expected a number, got '" + v + "'");
+  return x;
+}
+
+}  // namespace
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  using Setter = std::function<void(const std::string&, const std::string&)>;
+  auto I = [](int& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = int(parse_int(f, v)); }; };
+  auto F = [](float& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = float(parse_float(f, v)); }; };
+  auto S = [](std::string& x) -> Setter { return [&x](const std::string&, const std::string& v) { x = v; }; };
+  std::map<std::string, Setter> with_value = {
+      {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
+      {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
+      {"--rope-theta", F(o.rope_theta)}, {"--data", S(o.data)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
+      {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
+      {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
+      {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
+      {"--seed", [&o](const std::string& f, const std::string& v) { o.seed = uint64_t(parse_int(f, v)); }},
+      {"--threads", I(o.threads)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
+      {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
+      {"--check-state", S(o.check_state)},
+      {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
+  };
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i], v;
+    size_t eq = a.find('=');
+    bool inline_value = a.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      v = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    if (a == "--help" || a == "-h") { o.help = true; continue; }
+    if (a == "--quiet") { o.quiet = true; continue; }
+    auto it = with_value.find(a);
+    if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
+    if (!inline_value) {
+      if (i + 1 >= argc) throw std::runtime_error(a + ": missing value");
+      v = argv[++i];
+    }
+    it->second(a, v);
+    o.given.push_back(a);
+  }
+  auto positive = [](const char* flag, long v) {
+    if (v < 1) throw std::runtime_error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
+  };
+  positive("--batch", o.batch);
+  positive("--seq", o.seq);
+  positive("--grad-accum", o.grad_accum);
+  positive("--sp", o.sp);
+  positive("--ranks", o.ranks);
+  positive("--eval-batches", o.eval_batches);
+  if (o.steps < 0) throw std::runtime_error("--steps must be >= 0");
+  if (o.warmup < 0) throw std::runtime_error("--warmup must be >= 0");
+  if (o.eval_every < 0) throw std::runtime_error("--eval-every must be >= 0");
+  if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
+  if (!(o.lr > 0)) throw std::runtime_error("--lr must be > 0");
+  if (o.comm != "local" && o.comm != "mpi") throw std::runtime_error("--comm: expected local or mpi, got '" + o.comm + "'");
+  if (!o.check_state.empty() && o.checkpoint.empty())
+    throw std::runtime_error("--check-state needs --checkpoint (the llm.c model the state was made with)");
+  return o;
+}
+
+ModelConfig model_config(const Options& o, int data_vocab) {
+  ModelConfig c;
+  const std::string& m = o.model;
+  if (m == "tiny" || m == "gpt2") {
+    c.arch = "gpt2"; c.layers = 2; c.dim = 128; c.heads = 4; c.kv_heads = 4; c.max_seq = 1024;
+  } else if (m == "llama" || m == "llama-tiny") {
+    c.arch = "llama"; c.layers = 2; c.dim = 128; c.heads = 4; c.kv_heads = 2; c.max_seq = 1 << 20;
+  } else if (m == "gpt2-124M") {
+    c.arch = "gpt2"; c.layers = 12; c.dim = 768; c.heads = 12; c.kv_heads = 12; c.max_seq = 1024; c.vocab = 50257;
+  } else if (m == "gpt2-350M") {
+    c.arch = "gpt2"; c.layers = 24; c.dim = 1024; c.heads = 16; c.kv_heads = 16; c.max_seq = 1024; c.vocab = 50257;
+  } else if (m == "llama-1B") {  // TinyLlama-1.1B's shape
+    c.arch = "llama"; c.layers = 22; c.dim = 2048; c.heads = 32; c.kv_heads = 4; c.ffn = 5632;
+    c.max_seq = 1 << 20; c.vocab = 32000;
+  } else {
+    throw std::runtime_error("--model: unknown model '" + m +
+                             "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B)");
+  }
+  bool preset_vocab = m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B";
+  if (!preset_vocab) c.vocab = data_vocab;
+  if (o.layers > 0) c.layers = o.layers;
+  if (o.dim > 0) c.dim = o.dim;
+  if (o.heads > 0) c.heads = o.heads;
+  if (o.kv_heads > 0) c.kv_heads = o.kv_heads;
+  else if (c.arch == "gpt2") c.kv_heads = c.heads;
+  if (o.vocab > 0) c.vocab = o.vocab;
+  if (o.max_seq > 0) c.max_seq = o.max_seq;
+  if (o.ffn > 0) c.ffn = o.ffn;
+  c.rope_theta = o.rope_theta;
+  if (c.arch == "gpt2" && o.max_seq <= 0 && c.max_seq < o.seq) c.max_seq = o.seq;
+  // llm.c pads the vocabulary to a multiple of 128 for GEMM-friendly shapes; the pad rows are never scored.
+  c.padded_vocab = round_up(c.vocab, 128);
+  if (c.vocab < data_vocab)
+    throw std::runtime_error("--vocab " + std::to_string(c.vocab) + " is smaller than the data's vocabulary (" +
+                             std::to_string(data_vocab) + ")");
+  c.validate();
+  return c;
+}
+
+}  // namespace ul

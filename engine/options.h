@@ -1,0 +1,45 @@
+// Everything `train` can be told, its defaults, and the checks that refuse a bad combination
+// before any work starts.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layers/transformer.h"
+
+namespace ul {
+
+struct Options {
+  // model: --model is an architecture (gpt2, llama: tiny sizes) or a preset (tiny, gpt2-124M, ...)
+  std::string model = "tiny";
+  int layers = -1, dim = -1, heads = -1, kv_heads = -1, vocab = -1, max_seq = -1, ffn = -1;
+  float rope_theta = 10000.0f;
+  // data and loop
+  std::string data = "recall";
+  int batch = 8, seq = 256, steps = 300, grad_accum = 1;
+  float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
+  int warmup = 20;
+  uint64_t seed = 1337;
+  int threads = 0;            // 0: all cores
+  int eval_every = 100, eval_batches = 8;
+  // parallelism
+  int sp = 1, ranks = 1;
+  std::string comm = "local";
+  // files
+  std::string checkpoint, check_state;
+  double check_tol = 1e-5;
+  bool help = false;
+  bool quiet = false;
+
+  bool set_by_user(const std::string& flag) const;
+  std::vector<std::string> given;  // flags given on the command line, for presets and checks
+};
+
+// Parses argv; throws std::runtime_error naming the flag on an unknown flag or bad value.
+Options parse_options(int argc, char** argv);
+const char* usage();
+
+// The model configuration: preset, then flag overrides; vocab from the data when not given.
+ModelConfig model_config(const Options& o, int data_vocab);
+
+}  // namespace ul

@@ -1,0 +1,275 @@
+#include "layers/attention.h"
+
+// GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+namespace {
+
+constexpr int kTile = 64;  // query and key tile size (rows); the same for both keeps causal tile skipping simple
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using Tile = Eigen::Map<Mat<T>>;  // per-thread scratch, contiguous
+// n consecutive tokens of one head inside a packed tensor: rows of D, `stride` elements apart.
+template <class T>
+using HeadRows = Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using ConstHeadRows = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
+
+// Index arithmetic for the packed layouts.
+struct Layout {
+  int B, Tn, Hq, Hkv, D, group;
+  int64_t qkv_row() const { return int64_t(Hq + 2 * Hkv) * D; }  // stride between tokens in qkv
+  int64_t out_row() const { return int64_t(Hq) * D; }             // stride between tokens in out
+  // offset of token t, packed head `head` (q: h, k: Hq + g, v: Hq + Hkv + g) in qkv
+  int64_t qkv(int b, int t, int head) const { return (int64_t(b) * Tn + t) * qkv_row() + int64_t(head) * D; }
+  int64_t out(int b, int t, int h) const { return (int64_t(b) * Tn + t) * out_row() + int64_t(h) * D; }
+  int64_t lse(int b, int h, int t) const { return (int64_t(b) * Hq + h) * Tn + t; }
+  int ntiles() const { return (Tn + kTile - 1) / kTile; }
+  int tile_len(int i) const { return std::min(kTile, Tn - i * kTile); }
+};
+
+template <class T>
+ConstHeadRows<T> rows(const T* base, int64_t off, int n, int D, int64_t stride) {
+  return ConstHeadRows<T>(base + off, n, D, Eigen::OuterStride<>(stride));
+}
+template <class T>
+HeadRows<T> rows(T* base, int64_t off, int n, int D, int64_t stride) {
+  return HeadRows<T>(base + off, n, D, Eigen::OuterStride<>(stride));
+}
+
+// Per-thread scratch whose start is 64-byte aligned. Eigen handles an unaligned head of a row with
+// scalar code (another exp, another summation order), so a buffer wherever malloc put it would make
+// results depend on addresses; aligned, they depend only on the shapes (deterministic).
+template <class T>
+struct Scratch {
+  explicit Scratch(size_t n) : buf(n + 64 / sizeof(T)) {
+    void* p = buf.data();
+    size_t space = buf.size() * sizeof(T);
+    data = static_cast<T*>(std::align(64, n * sizeof(T), p, space));
+  }
+  std::vector<T> buf;
+  T* data;
+};
+
+enum class Mask { none, partial, all };
+
+// How the (query tile qt, key tile kt) block of S is masked. doc: this sequence's ids or nullptr.
+// Disjoint id ranges mean no query-key pair shares a document, so the block is skipped entirely.
+Mask tile_mask(int qt, int kt, const Layout& L, const int32_t* doc) {
+  if (kt > qt) return Mask::all;
+  bool partial = kt == qt;
+  if (doc) {
+    const int q0 = qt * kTile, k0 = kt * kTile;
+    auto qr = std::minmax_element(doc + q0, doc + q0 + L.tile_len(qt));
+    auto kr = std::minmax_element(doc + k0, doc + k0 + L.tile_len(kt));
+    if (*qr.second < *kr.first || *kr.second < *qr.first) return Mask::all;
+    if (!(*qr.first == *qr.second && *kr.first == *kr.second)) partial = true;
+  }
+  return partial ? Mask::partial : Mask::none;
+}
+
+// Writes `value` into the masked entries of a partial S block (nq x nk) at tiles (qt, kt).
+template <class T>
+void apply_mask(Tile<T>& S, int qt, int kt, const int32_t* doc, T value) {
+  const int q0 = qt * kTile, k0 = kt * kTile;
+  for (int i = 0; i < S.rows(); i++)
+    for (int j = 0; j < S.cols(); j++)
+      if (k0 + j > q0 + i || (doc && doc[k0 + j] != doc[q0 + i])) S(i, j) = value;
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D) {
+  const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
+  const T scale = T(1) / std::sqrt(T(D)), ninf = -std::numeric_limits<T>::infinity();
+  const int nt = L.ntiles();
+#pragma omp parallel
+  {
+    Scratch<T> s_buf(kTile * kTile), acc_buf(size_t(kTile) * D);
+    std::vector<T> m(kTile), l(kTile);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < int64_t(B) * Hq * nt; task++) {
+      // Later query tiles have more key tiles to walk: hand them out first.
+      const int qt = nt - 1 - int(task % nt), h = int(task / nt % Hq), b = int(task / nt / Hq);
+      const int g = h / L.group, q0 = qt * kTile, nq = L.tile_len(qt);
+      const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
+      auto Q = rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
+      Tile<T> acc(acc_buf.data, nq, D);  // (nq, D) unnormalised output
+      acc.setZero();
+      std::fill(m.begin(), m.end(), ninf);  // running row max of S
+      std::fill(l.begin(), l.end(), T(0));  // running row sum of exp(S - m)
+      for (int kt = 0; kt <= qt; kt++) {
+        const Mask mk = tile_mask(qt, kt, L, docb);
+        if (mk == Mask::all) continue;
+        const int k0 = kt * kTile, nk = L.tile_len(kt);
+        auto K = rows(qkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row());
+        auto V = rows(qkv, L.qkv(b, k0, Hq + Hkv + g), nk, D, L.qkv_row());
+        Tile<T> S(s_buf.data, nq, nk);  // (nq, nk) scores, then probabilities
+        S.noalias() = Q * K.transpose();
+        S *= scale;
+        if (mk == Mask::partial) apply_mask(S, qt, kt, docb, ninf);
+        for (int i = 0; i < nq; i++) {
+          const T m_new = std::max(m[i], S.row(i).maxCoeff());
+          if (m_new == ninf) {  // nothing visible in this row yet
+            S.row(i).setZero();
+            continue;
+          }
+          const T alpha = std::exp(m[i] - m_new);  // rescales what was summed under the old max
+          S.row(i) = (S.row(i).array() - m_new).exp();
+          m[i] = m_new;
+          l[i] = l[i] * alpha + S.row(i).sum();
+          acc.row(i) *= alpha;
+        }
+        if (mk == Mask::partial) apply_mask(S, qt, kt, docb, T(0));  // exp(-inf) is not exactly 0 in Eigen
+        acc.noalias() += S * V;
+      }
+      // Every query sees at least itself, so l > 0.
+      auto O = rows(out, L.out(b, q0, h), nq, D, L.out_row());
+      for (int i = 0; i < nq; i++) {
+        O.row(i) = acc.row(i) / l[i];
+        lse[L.lse(b, h, q0 + i)] = float(m[i] + std::log(l[i]));
+      }
+    }
+  }
+}
+
+namespace {
+// For query tile qt of head h against key tile kt of kv head g: recompute P = exp(S - lse) into S,
+// and dS = P * (dP - Di) into dS (dP = dout v^T). Both (nq, nk).
+template <class T>
+void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, const float* lse, const T* Di,
+                       const int32_t* docb, const Layout& L, int b, int h, int qt, int kt, Mask mk, T scale) {
+  const int q0 = qt * kTile, k0 = kt * kTile, nq = S.rows(), nk = S.cols(), D = L.D, g = h / L.group;
+  auto Q = rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
+  auto K = rows(qkv, L.qkv(b, k0, L.Hq + g), nk, D, L.qkv_row());
+  auto V = rows(qkv, L.qkv(b, k0, L.Hq + L.Hkv + g), nk, D, L.qkv_row());
+  auto dO = rows(dout, L.out(b, q0, h), nq, D, L.out_row());
+  S.noalias() = Q * K.transpose();
+  for (int i = 0; i < nq; i++) S.row(i) = (S.row(i).array() * scale - T(lse[L.lse(b, h, q0 + i)])).exp();
+  if (mk == Mask::partial) apply_mask(S, qt, kt, docb, T(0));
+  dS.noalias() = dO * V.transpose();
+  for (int i = 0; i < nq; i++) dS.row(i) = S.row(i).array() * (dS.row(i).array() - Di[L.lse(b, h, q0 + i)]);
+}
+}  // namespace
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
+                        int B, int Tn, int Hq, int Hkv, int D) {
+  const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
+  const T scale = T(1) / std::sqrt(T(D));
+  const int nt = L.ntiles();
+  // Di = rowsum(dout * out) per (b, h, t), laid out like lse: O(T) memory.
+  std::vector<T> Di(size_t(B) * Hq * Tn);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < Tn; t++)
+      for (int h = 0; h < Hq; h++) {
+        const T* o = out + L.out(b, t, h);
+        const T* d = dout + L.out(b, t, h);
+        T s = 0;
+        for (int c = 0; c < D; c++) s += o[c] * d[c];
+        Di[L.lse(b, h, t)] = s;
+      }
+
+#pragma omp parallel
+  {
+    Scratch<T> s_buf(kTile * kTile), ds_buf(kTile * kTile), a_buf(size_t(kTile) * D), b_buf(size_t(kTile) * D);
+    // Pass 1: dk, dv. One task owns one key tile of one kv head, so it alone writes those rows of
+    // dqkv; it walks every query tile at or after it, for every query head of the group.
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t task = 0; task < int64_t(B) * Hkv * nt; task++) {
+      const int kt = int(task % nt), g = int(task / nt % Hkv), b = int(task / nt / Hkv);
+      const int k0 = kt * kTile, nk = L.tile_len(kt);
+      const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
+      Tile<T> dK(a_buf.data, nk, D), dV(b_buf.data, nk, D);  // (nk, D)
+      dK.setZero();
+      dV.setZero();
+      for (int h = g * L.group; h < (g + 1) * L.group; h++)
+        for (int qt = kt; qt < nt; qt++) {
+          const Mask mk = tile_mask(qt, kt, L, docb);
+          if (mk == Mask::all) continue;
+          const int q0 = qt * kTile, nq = L.tile_len(qt);
+          Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
+          probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, L, b, h, qt, kt, mk, scale);
+          dV.noalias() += S.transpose() * rows(dout, L.out(b, q0, h), nq, D, L.out_row());
+          dK.noalias() += dS.transpose() * rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
+        }
+      rows(dqkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row()) += dK * scale;
+      rows(dqkv, L.qkv(b, k0, Hq + Hkv + g), nk, D, L.qkv_row()) += dV;
+    }
+    // Pass 2: dq. One task owns one query tile of one query head (disjoint from pass 1's rows, so
+    // no barrier is needed between the passes).
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < int64_t(B) * Hq * nt; task++) {
+      const int qt = nt - 1 - int(task % nt), h = int(task / nt % Hq), b = int(task / nt / Hq);
+      const int q0 = qt * kTile, nq = L.tile_len(qt), g = h / L.group;
+      const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
+      Tile<T> dQ(a_buf.data, nq, D);  // (nq, D)
+      dQ.setZero();
+      for (int kt = 0; kt <= qt; kt++) {
+        const Mask mk = tile_mask(qt, kt, L, docb);
+        if (mk == Mask::all) continue;
+        const int k0 = kt * kTile, nk = L.tile_len(kt);
+        Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
+        probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, L, b, h, qt, kt, mk, scale);
+        dQ.noalias() += dS * rows(qkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row());
+      }
+      rows(dqkv, L.qkv(b, q0, h), nq, D, L.qkv_row()) += dQ * scale;
+    }
+  }
+}
+
+template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int);
+template void attention_forward<double>(double*, float*, const double*, const int32_t*, int, int, int, int, int);
+template void attention_backward<float>(float*, const float*, const float*, const float*, const float*,
+                                        const int32_t*, int, int, int, int, int);
+template void attention_backward<double>(double*, const double*, const double*, const float*, const double*,
+                                         const int32_t*, int, int, int, int, int);
+}  // namespace cpu
+
+Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+  require_cpu_f32(qkv, "attention");
+  if (qkv.ndim() != 4) throw std::runtime_error("attention: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
+  if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    throw std::runtime_error("attention: query heads (" + std::to_string(Hq) + ") must be a positive multiple of kv heads (" +
+                             std::to_string(Hkv) + ")");
+  const int B = int(qkv.size(0)), Tn = int(qkv.size(1)), D = int(qkv.size(3));
+  if (qkv.size(2) != Hq + 2 * Hkv)
+    throw std::runtime_error("attention: qkv " + qkv.shape.str() + " needs dim 2 = Hq + 2*Hkv = " +
+                             std::to_string(Hq + 2 * Hkv));
+  const int32_t* docp = nullptr;
+  if (doc.defined()) {
+    check_shape(doc, {B, Tn}, "attention doc ids");
+    docp = doc.i32();
+  }
+  Context& c = ctx();
+  Tensor out = c.empty({B, Tn, Hq, D});
+  Tensor lse = c.empty({B, Hq, Tn});
+  cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), docp, B, Tn, Hq, Hkv, D);
+  if (needs_grad({&qkv})) {
+    out = c.tape.track(out);
+    c.tape.push("attention", [=] {
+      const float* dout = static_cast<const float*>(ctx().tape.grad_if_any(out));
+      if (!dout) return;
+      cpu::attention_backward(grad_or_scratch(qkv), dout, out.f32(), lse.f32(), qkv.f32(), docp, B, Tn, Hq, Hkv, D);
+    });
+  }
+  return out;
+}
+
+}  // namespace ul

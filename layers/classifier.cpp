@@ -1,0 +1,175 @@
+#include "layers/classifier.h"
+
+// GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "layers/linear.h"
+#include "layers/op_util.h"
+
+namespace ul {
+namespace {
+
+// Throws on a target outside [-1, V); returns the number of valid (!= -1) targets.
+int64_t check_targets(const int32_t* targets, int N, int V) {
+  int64_t n_valid = 0;
+  for (int n = 0; n < N; n++) {
+    const int32_t t = targets[n];
+    if (t < -1 || t >= V)
+      throw std::runtime_error("classifier_cross_entropy: target " + std::to_string(t) + " at index " +
+                               std::to_string(n) + " is outside [-1, V) with V = " + std::to_string(V));
+    n_valid += t >= 0;
+  }
+  return n_valid;
+}
+
+// Scratch elements for chunks of up to R rows: the logits (R, V), plus the gathered x rows and
+// their dx (R, C each) for chunks whose valid rows are not contiguous.
+size_t scratch_elems(int R, int C, int V) { return size_t(R) * V + 2 * size_t(R) * C; }
+
+// Softmax + cross-entropy over the rows of one chunk, in place: on entry L holds the logits
+// (R, V); on exit, when `grad`, it holds dlogits = (p - onehot(target)) * grad_scale.
+// tg: the R targets, all valid. Adds each row's loss and hit into the stats.
+template <class T>
+void softmax_xent_rows(T* L, const int32_t* tg, int R, int V, T grad_scale, bool grad, CrossEntropyStats& st) {
+  // Per-row results, summed serially afterwards: the loss does not depend on the thread count.
+  std::vector<double> loss(R);
+  std::vector<char> hit(R);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < R; r++) {
+    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> row(L + size_t(r) * V, V);
+    const int t = tg[r];
+    const T mx = row.maxCoeff();
+    // argmax: the first index holding mx. A scalar scan would cost twice the rest of this loop, so
+    // find the first block of 256 whose (vectorised) max is mx, then scan only that block.
+    int arg = 0;
+    while (arg + 256 < V && row.segment(arg, 256).maxCoeff() != mx) arg += 256;
+    while (arg < V - 1 && row[arg] != mx) arg++;
+    const T lt = row[t];
+    row = (row - mx).exp();
+    // Sum the V exponentials (each in (0, 1]) in blocks: vectorised sums of 4096 terms, combined
+    // in double, so a 50k vocabulary loses no precision in the normaliser.
+    double sum = 0;
+    for (int j = 0; j < V; j += 4096) sum += double(row.segment(j, std::min(4096, V - j)).sum());
+    loss[r] = std::log(sum) - double(lt - mx);
+    hit[r] = arg == t;
+    if (grad) {
+      row *= T(double(grad_scale) / sum);
+      row[t] -= grad_scale;
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    st.loss_sum += loss[r];
+    st.n_correct += hit[r];
+  }
+}
+
+// The chunked algorithm behind both the CPU function and the op. Ignored rows are left out of
+// every GEMM: the rows with a valid target are taken chunk_rows at a time; a chunk whose rows are
+// contiguous in x is used in place, another one is gathered into scratch (and its dx scattered back).
+// scratch: scratch_elems(chunk_rows, C, V) elements. dx (N, C) and dw (>= V, C) may be null.
+template <class T>
+CrossEntropyStats classifier_chunks(T* scratch, T* dx, T* dw, const T* x, const T* w, const int32_t* targets, int N,
+                                    int C, int V, T grad_scale, int chunk_rows) {
+  CrossEntropyStats st;
+  std::vector<int> rows_v;  // indices of the valid rows
+  std::vector<int32_t> tg;  // their targets
+  rows_v.reserve(N);
+  for (int n = 0; n < N; n++)
+    if (targets[n] >= 0) rows_v.push_back(n), tg.push_back(targets[n]);
+  const int NV = int(rows_v.size());
+  st.n_valid = NV;
+  const bool grad = dx || dw;
+  chunk_rows = std::max(1, chunk_rows);
+  T* logits = scratch;
+  T* xg = scratch + size_t(chunk_rows) * V;
+  T* dxg = xg + size_t(chunk_rows) * C;
+
+  for (int k0 = 0; k0 < NV; k0 += chunk_rows) {
+    const int R = std::min(chunk_rows, NV - k0);
+    const int first = rows_v[k0];
+    const bool contiguous = rows_v[k0 + R - 1] - first == R - 1;
+    const T* xc = x + size_t(first) * C;
+    if (!contiguous) {
+      for (int i = 0; i < R; i++) std::copy_n(x + size_t(rows_v[k0 + i]) * C, C, xg + size_t(i) * C);
+      xc = xg;
+    }
+    // The GEMMs are those of a linear layer without bias: x (R, C) -> logits (R, V) with weight w[0:V].
+    cpu::linear_forward<T>(logits, xc, w, nullptr, R, C, V);  // (R, C)(C, V)
+    softmax_xent_rows(logits, tg.data() + k0, R, V, grad_scale, grad, st);
+    if (!grad) continue;
+    // dx (R, C) += dlogits w[0:V], straight into dx when the rows are contiguous; dw[0:V] += dlogits^T x.
+    T* dxc = !dx ? nullptr : contiguous ? dx + size_t(first) * C : dxg;
+    if (dx && !contiguous) std::fill_n(dxg, size_t(R) * C, T(0));
+    cpu::linear_backward<T>(dxc, dw, nullptr, logits, xc, w, R, C, V);
+    if (dx && !contiguous)
+      for (int i = 0; i < R; i++) {
+        T* dst = dx + size_t(rows_v[k0 + i]) * C;
+        const T* src = dxg + size_t(i) * C;
+        for (int c = 0; c < C; c++) dst[c] += src[c];
+      }
+  }
+  return st;
+}
+
+// Rows per chunk for the op: a chunk's logits take about 32 MiB of f32 (8M elements) — large
+// enough that the (V, R)(R, C) weight-gradient GEMM has a deep inner dimension, small enough that
+// the arena never holds more than one chunk. Rounded down to a multiple of 16 rows.
+int op_chunk_rows(int V, int64_t n_valid) {
+  int r = std::max(1, int((int64_t(8) << 20) / V));
+  if (r > 16) r -= r % 16;
+  return int(std::max<int64_t>(1, std::min<int64_t>(r, n_valid)));
+}
+
+}  // namespace
+
+namespace cpu {
+
+template <class T>
+CrossEntropyStats classifier_forward_backward(T* dx, T* dw, const T* x, const T* w, const int32_t* targets, int N,
+                                              int C, int V, T grad_scale, int chunk_rows) {
+  check_targets(targets, N, V);
+  chunk_rows = std::max(1, std::min(chunk_rows, N));
+  std::vector<T> scratch(scratch_elems(chunk_rows, C, V));
+  return classifier_chunks(scratch.data(), dx, dw, x, w, targets, N, C, V, grad_scale, chunk_rows);
+}
+
+template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
+                                                              const int32_t*, int, int, int, float, int);
+template CrossEntropyStats classifier_forward_backward<double>(double*, double*, const double*, const double*,
+                                                               const int32_t*, int, int, int, double, int);
+}  // namespace cpu
+
+CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
+                                           float grad_scale) {
+  require_cpu_f32(x, "classifier_cross_entropy");
+  require_cpu_f32(w, "classifier_cross_entropy weight");
+  if (targets.device != Device::cpu || targets.dtype != DType::i32)
+    throw std::runtime_error("classifier_cross_entropy: targets must be i32 on the cpu, got " +
+                             std::string(dtype_name(targets.dtype)) + " on " + device_name(targets.device));
+  const int C = last_dim(x), N = rows(x);
+  if (w.ndim() != 2 || w.size(1) != C || V < 1 || w.size(0) < V)
+    throw std::runtime_error("classifier_cross_entropy: weight must be (Vp >= V = " + std::to_string(V) + ", " +
+                             std::to_string(C) + "), got " + w.shape.str());
+  if (targets.numel() != N)
+    throw std::runtime_error("classifier_cross_entropy: " + std::to_string(targets.numel()) + " targets for " +
+                             std::to_string(N) + " rows of " + x.shape.str());
+  const int64_t n_valid = check_targets(targets.i32(), N, V);
+
+  Context& c = ctx();
+  const bool grad = c.tape.recording && (x.requires_grad() || w.requires_grad());
+  // The gradient slots first: allocated on first use from the arena, they must outlive the scope.
+  float* dx = grad && x.requires_grad() ? c.tape.gradf(x) : nullptr;
+  float* dw = grad && w.requires_grad() ? c.tape.gradf(w) : nullptr;
+  const int R = op_chunk_rows(V, n_valid);
+  ArenaScope scope(c.arena);  // one chunk of scratch, released on return
+  float* scratch = static_cast<float*>(c.arena.alloc(scratch_elems(R, C, V) * sizeof(float)));
+  return classifier_chunks(scratch, dx, dw, x.f32(), w.f32(), targets.i32(), N, C, V, grad_scale, R);
+}
+
+}  // namespace ul

@@ -1,0 +1,63 @@
+#include "layers/gelu.h"
+
+#include <cmath>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+
+namespace {
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+}  // namespace
+
+// x, y: (n)
+template <class T>
+void gelu_forward(T* y, const T* x, int64_t n) {
+  const T k = T(kGeluScale), a = T(kGeluCubic);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const T v = x[i];
+    y[i] = T(0.5) * v * (T(1) + std::tanh(k * (v + a * v * v * v)));
+  }
+}
+
+// With u = k (x + a x^3) and t = tanh(u):
+//   dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+template <class T>
+void gelu_backward(T* dx, const T* dy, const T* x, int64_t n) {
+  const T k = T(kGeluScale), a = T(kGeluCubic);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const T v = x[i];
+    const T t = std::tanh(k * (v + a * v * v * v));
+    const T d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * k * (T(1) + T(3) * a * v * v);
+    dx[i] += dy[i] * d;
+  }
+}
+
+template void gelu_forward<float>(float*, const float*, int64_t);
+template void gelu_forward<double>(double*, const double*, int64_t);
+template void gelu_backward<float>(float*, const float*, const float*, int64_t);
+template void gelu_backward<double>(double*, const double*, const double*, int64_t);
+}  // namespace cpu
+
+Tensor gelu(const Tensor& x) {
+  require_cpu_f32(x, "gelu");
+  const int64_t n = x.numel();
+  Context& c = ctx();
+  Tensor y = c.empty(x.shape);
+  cpu::gelu_forward(y.f32(), x.f32(), n);
+  if (needs_grad({&x})) {
+    y = c.tape.track(y);
+    c.tape.push("gelu", [=] {
+      const float* dy = static_cast<const float*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cpu::gelu_backward(grad_or_scratch(x), dy, x.f32(), n);
+    });
+  }
+  return y;
+}
+
+}  // namespace ul

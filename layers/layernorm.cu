@@ -1,0 +1,167 @@
+// LayerNorm on CUDA (the math is in layernorm.h; the CPU loop it must match is in layernorm.cpp).
+// T is float or __nv_bfloat16; mean, rstd and every sum are float.
+//
+// forward      one warp per row: three passes over the row (mean, then variance of x - mean,
+//              then y), each lane striding over the columns, warp_sum for the two reductions.
+// backward dx  the same layout: per row, mean_c(g) and mean_c(g * xhat), then dx += ...
+// backward dw, db   sums over rows, done without atomics so that they are deterministic:
+//              (1) a 2-D grid of (32 columns) x (a chunk of rows) blocks writes per-chunk partial
+//                  sums to scratch, summing in a fixed order;
+//              (2) one thread per column adds its chunks' partials, in chunk order, into dw, db.
+//              This reads x and dy a second time; what it buys is bitwise-reproducible gradients.
+#include "engine/cuda_launch.h"
+#include "layers/layernorm.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
+constexpr int kColTile = 32;        // columns per block in the dw/db partial kernel
+constexpr int kRowLanes = 8;        // row strands per column in that kernel (block 32 x 8)
+constexpr int kMinChunkRows = 64;   // a chunk is at least this many rows ...
+constexpr int kMaxChunks = 512;     // ... and there are at most this many (bounds the scratch)
+
+int num_chunks(int N) { return N < kMinChunkRows * kMaxChunks ? int(ceil_div(N, kMinChunkRows)) : kMaxChunks; }
+
+// y, x: (N, C); w, b: (C); mean, rstd: (N)
+template <class T>
+__global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
+                                         const T* __restrict__ x, const T* __restrict__ w,
+                                         const T* __restrict__ b, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= N) return;  // whole warps leave together, so no lane is missing from a shuffle below
+  const T* xr = x + size_t(row) * C;
+  T* yr = y + size_t(row) * C;
+
+  float sum = 0.f;
+  for (int c = lane; c < C; c += 32) sum += to_float(xr[c]);
+  const float m = warp_sum(sum) / C;
+  float var = 0.f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = to_float(xr[c]) - m;
+    var += d * d;
+  }
+  const float s = rsqrtf(warp_sum(var) / C + float(kLayerNormEps));
+  for (int c = lane; c < C; c += 32)
+    yr[c] = from_float<T>((to_float(xr[c]) - m) * s * to_float(w[c]) + to_float(b[c]));
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),  g = dy * w.  dx, dy, x: (N, C)
+template <class T>
+__global__ void layernorm_backward_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                             const T* __restrict__ w, const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= N) return;
+  const size_t off = size_t(row) * C;
+  const float m = mean[row], s = rstd[row];
+
+  float g_sum = 0.f, gx_sum = 0.f;
+  for (int c = lane; c < C; c += 32) {
+    const float g = to_float(dy[off + c]) * to_float(w[c]);
+    g_sum += g;
+    gx_sum += g * (to_float(x[off + c]) - m) * s;
+  }
+  const float g_mean = warp_sum(g_sum) / C, gx_mean = warp_sum(gx_sum) / C;
+  for (int c = lane; c < C; c += 32) {
+    const float g = to_float(dy[off + c]) * to_float(w[c]);
+    const float xhat = (to_float(x[off + c]) - m) * s;
+    dx[off + c] = from_float<T>(to_float(dx[off + c]) + s * (g - g_mean - xhat * gx_mean));
+  }
+}
+
+// Block (32, 8), grid (ceil(C / 32), chunks). partial: (2, chunks, C) — dw sums, then db sums.
+// Thread (tx, ty) sums rows ty, ty + 8, ... of its chunk for column c; the block then adds the
+// 8 strands in order.
+template <class T>
+__global__ void layernorm_backward_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy,
+                                                  const T* __restrict__ x, const float* __restrict__ mean,
+                                                  const float* __restrict__ rstd, int N, int C, int chunk_rows) {
+  __shared__ float s_dw[kRowLanes][kColTile];
+  __shared__ float s_db[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int c = blockIdx.x * kColTile + tx;
+  const int chunk = blockIdx.y, chunks = gridDim.y;
+  const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
+
+  float dw = 0.f, db = 0.f;
+  if (c < C) {
+    for (int n = r0 + ty; n < r1; n += kRowLanes) {
+      const float g = to_float(dy[size_t(n) * C + c]);
+      dw += g * (to_float(x[size_t(n) * C + c]) - mean[n]) * rstd[n];
+      db += g;
+    }
+  }
+  s_dw[ty][tx] = dw;
+  s_db[ty][tx] = db;
+  __syncthreads();  // every thread gets here: the out-of-range columns only skipped the loop
+  if (ty == 0 && c < C) {
+    float sw = 0.f, sb = 0.f;
+    for (int k = 0; k < kRowLanes; k++) {
+      sw += s_dw[k][tx];
+      sb += s_db[k][tx];
+    }
+    partial[size_t(chunk) * C + c] = sw;
+    partial[size_t(chunks + chunk) * C + c] = sb;
+  }
+}
+
+// dw[c] += sum_k partial[0][k][c],  db[c] += sum_k partial[1][k][c]
+template <class T>
+__global__ void layernorm_backward_reduce_kernel(T* __restrict__ dw, T* __restrict__ db,
+                                                 const float* __restrict__ partial, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f, sb = 0.f;
+  for (int k = 0; k < chunks; k++) {
+    sw += partial[size_t(k) * C + c];
+    sb += partial[size_t(chunks + k) * C + c];
+  }
+  dw[c] = from_float<T>(to_float(dw[c]) + sw);
+  db[c] = from_float<T>(to_float(db[c]) + sb);
+}
+
+}  // namespace
+
+size_t layernorm_backward_scratch_bytes(int N, int C) { return size_t(2) * num_chunks(N) * C * sizeof(float); }
+
+template <class T>
+void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int N, int C,
+                       cudaStream_t s) {
+  if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
+  launch("layernorm_forward", layernorm_forward_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s, y,
+         mean, rstd, x, w, b, N, C);
+}
+
+template <class T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const float* mean,
+                        const float* rstd, float* scratch, int N, int C, cudaStream_t s) {
+  if (N == 0 || C == 0) return;
+  launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0,
+         s, dx, dy, x, w, mean, rstd, N, C);
+  const int chunks = num_chunks(N), chunk_rows = int(ceil_div(N, chunks));
+  launch("layernorm_backward_partial", layernorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
+         dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, mean, rstd, N, C, chunk_rows);
+  launch("layernorm_backward_reduce", layernorm_backward_reduce_kernel<T>, dim3(ceil_div(C, 256)), dim3(256), 0, s,
+         dw, db, scratch, chunks, C);
+}
+
+template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int, int,
+                                       cudaStream_t);
+template void layernorm_forward<__nv_bfloat16>(__nv_bfloat16*, float*, float*, const __nv_bfloat16*,
+                                               const __nv_bfloat16*, const __nv_bfloat16*, int, int, cudaStream_t);
+template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
+                                        const float*, const float*, float*, int, int, cudaStream_t);
+template void layernorm_backward<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*,
+                                                const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                const float*, const float*, float*, int, int, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

@@ -1,0 +1,122 @@
+#include "layers/linear.h"
+
+// GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+
+// Row-major maps, so the (N, C) buffers read as the matrices the math names.
+template <class T> using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T> using MapM = Eigen::Map<RowMat<T>>;
+template <class T> using MapCM = Eigen::Map<const RowMat<T>>;
+template <class T> using MapRowV = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+template <class T> using MapCRowV = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+
+namespace {
+
+// dst += a b, multi-threaded by splitting dst into one block of rows (or of columns, whichever
+// dimension is longer) per OpenMP thread, each a single-threaded Eigen GEMM (Eigen runs serially
+// inside a parallel region). Why not Eigen's own OpenMP GEMM: its threads share packed panels and
+// spin-wait on each other at every panel, so when the cores are also busy with anything else
+// (another rank's thread, a compile) one preempted thread stalls the other, and the rate drops
+// severalfold; independent blocks meet once, at the end. Each thread packs the whole of the operand
+// that is not split, which costs ~threads / (split length) of the work: under 1% at these shapes.
+// Called inside a parallel region, it runs serially.
+template <class Dst, class A, class B> void gemm_add(Dst dst, const A& a, const B& b) {
+  const int64_t M = dst.rows(), N = dst.cols(), K = a.cols();
+  const bool by_rows = M >= N;
+  const int64_t len = by_rows ? M : N;
+  // Column blocks start at multiples of 16 floats (a cache line); rows are any split.
+  const int64_t unit = by_rows ? 1 : 16;
+  // At least ~4M multiply-adds (~0.1 ms of one core) per thread, so small GEMMs stay serial.
+  int64_t threads = std::min<int64_t>({int64_t(omp_get_max_threads()), M * N * K / (int64_t(1) << 22), len / unit});
+  if (threads <= 1 || omp_in_parallel()) {
+    dst.noalias() += a * b;
+    return;
+  }
+#pragma omp parallel num_threads(int(threads))
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t i0 = len * t / nt / unit * unit, i1 = t + 1 == nt ? len : len * (t + 1) / nt / unit * unit;
+    if (i1 > i0) {
+      if (by_rows)
+        dst.middleRows(i0, i1 - i0).noalias() += a.middleRows(i0, i1 - i0) * b;
+      else
+        dst.middleCols(i0, i1 - i0).noalias() += a * b.middleCols(i0, i1 - i0);
+    }
+  }
+}
+
+}  // namespace
+
+template <class T> void linear_forward(T* y, const T* x, const T* w, const T* b, int N, int C, int OC) {
+  MapM<T> Y(y, N, OC);                 // (N, OC)
+  MapCM<T> X(x, N, C), W(w, OC, C);    // (N, C), (OC, C)
+  // Eigen's GEMM accumulates into its destination (an `=` first zero-fills it), so starting from the
+  // broadcast bias and adding the product costs no extra pass over y.
+  if (b)
+    Y.rowwise() = MapCRowV<T>(b, OC);
+  else
+    Y.setZero();
+  gemm_add(Y, X, W.transpose());       // (N, C)(C, OC)
+}
+
+// Any of dx, dw, db may be null: that gradient is not wanted and its GEMM is skipped.
+template <class T>
+void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, int N, int C, int OC) {
+  MapCM<T> DY(dy, N, OC), X(x, N, C), W(w, OC, C);
+  if (dx) gemm_add(MapM<T>(dx, N, C), DY, W);               // (N, OC)(OC, C)
+  if (dw) gemm_add(MapM<T>(dw, OC, C), DY.transpose(), X);  // (OC, N)(N, C)
+  if (db) MapRowV<T>(db, OC) += DY.colwise().sum();         // (OC): a vectorised sum of rows
+}
+
+template void linear_forward<float>(float*, const float*, const float*, const float*, int, int, int);
+template void linear_forward<double>(double*, const double*, const double*, const double*, int, int, int);
+template void linear_backward<float>(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+template void linear_backward<double>(double*, double*, double*, const double*, const double*, const double*, int,
+                                      int, int);
+}  // namespace cpu
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  require_cpu_f32(x, "linear");
+  require_cpu_f32(w, "linear weight");
+  const int C = last_dim(x), N = rows(x);
+  if (w.ndim() != 2 || w.size(1) != C)
+    throw std::runtime_error("linear: weight must be (OC, " + std::to_string(C) + ") for input " + x.shape.str() +
+                             ", got " + w.shape.str());
+  const int OC = int(w.size(0));
+  if (b.defined()) {
+    require_cpu_f32(b, "linear bias");
+    check_shape(b, {OC}, "linear bias");
+  }
+  Context& c = ctx();
+  Shape ys = x.shape;
+  ys.d[ys.ndim - 1] = OC;
+  Tensor y = c.empty(ys);
+  cpu::linear_forward(y.f32(), x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, N, C, OC);
+  if (needs_grad({&x, &w, &b})) {
+    y = c.tape.track(y);
+    c.tape.push("linear", [=] {
+      Tape& tape = ctx().tape;
+      const float* dy = static_cast<const float*>(tape.grad_if_any(y));
+      if (!dy) return;
+      // Only the gradients someone needs: each skipped one saves a GEMM as large as the forward.
+      float* dx = x.requires_grad() ? tape.gradf(x) : nullptr;
+      float* dw = w.requires_grad() ? tape.gradf(w) : nullptr;
+      float* db = b.defined() && b.requires_grad() ? tape.gradf(b) : nullptr;
+      cpu::linear_backward(dx, dw, db, dy, x.f32(), w.f32(), N, C, OC);
+    });
+  }
+  return y;
+}
+
+}  // namespace ul

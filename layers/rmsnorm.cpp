@@ -1,0 +1,79 @@
+#include "layers/rmsnorm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+
+// x, y: (N, C), w: (C), rrms: (N) kept for the backward
+template <class T>
+void rmsnorm_forward(T* y, T* rrms, const T* x, const T* w, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const T* xr = x + size_t(n) * C;
+    T* yr = y + size_t(n) * C;
+    T ss = 0;
+    for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
+    T r = T(1) / std::sqrt(ss / C + T(kRMSNormEps));
+    for (int c = 0; c < C; c++) yr[c] = xr[c] * r * w[c];
+    rrms[n] = r;
+  }
+}
+
+template <class T>
+void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rrms, int N, int C) {
+#pragma omp parallel
+  {
+    // dw is a sum over rows: per-thread partial sums, added in at the end.
+    std::vector<T> dw_part(C, T(0));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      const T* xr = x + size_t(n) * C;
+      const T* dyr = dy + size_t(n) * C;
+      T* dxr = dx + size_t(n) * C;
+      const T r = rrms[n];
+      T gx_mean = 0;  // mean_c(g * x), g = dy * w
+      for (int c = 0; c < C; c++) gx_mean += dyr[c] * w[c] * xr[c];
+      gx_mean /= C;
+      const T k = r * r * gx_mean;
+      for (int c = 0; c < C; c++) {
+        dxr[c] += r * (dyr[c] * w[c] - xr[c] * k);
+        dw_part[c] += dyr[c] * xr[c] * r;
+      }
+    }
+#pragma omp critical
+    for (int c = 0; c < C; c++) dw[c] += dw_part[c];
+  }
+}
+
+template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int);
+template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int, int);
+template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, int, int);
+template void rmsnorm_backward<double>(double*, double*, const double*, const double*, const double*, const double*,
+                                       int, int);
+}  // namespace cpu
+
+Tensor rmsnorm(const Tensor& x, const Tensor& w) {
+  require_cpu_f32(x, "rmsnorm");
+  require_cpu_f32(w, "rmsnorm weight");
+  const int C = last_dim(x), N = rows(x);
+  check_shape(w, {C}, "rmsnorm weight");
+  Context& c = ctx();
+  Tensor y = c.empty(x.shape);
+  Tensor rrms = c.empty({N});
+  cpu::rmsnorm_forward(y.f32(), rrms.f32(), x.f32(), w.f32(), N, C);
+  if (needs_grad({&x, &w})) {
+    y = c.tape.track(y);
+    c.tape.push("rmsnorm", [=] {
+      const float* dy = static_cast<const float*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cpu::rmsnorm_backward(grad_or_scratch(x), grad_or_scratch(w), dy, x.f32(), w.f32(), rrms.f32(), N, C);
+    });
+  }
+  return y;
+}
+
+}  // namespace ul

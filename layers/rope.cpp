@@ -1,0 +1,117 @@
+#include "layers/rope.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+
+namespace {
+// freq_i = theta^(-2i/D), i < D/2, kept in double: the angle pos * freq_i then keeps double precision
+// even at positions in the millions, and is rounded to T only as its cos and sin.
+std::vector<double> rope_freqs(int D, float theta) {
+  std::vector<double> f(D / 2);
+  for (int i = 0; i < D / 2; i++) f[i] = std::pow(double(theta), -2.0 * i / D);
+  return f;
+}
+
+// Rotates the Hq + Hkv query/key heads of one token by angle sign * pos * freq_i and copies (or,
+// when accumulating, adds) the Hkv value heads. src, dst: (Hq + 2*Hkv, D). cs: scratch for the
+// D/2 cosines then the D/2 sines of this token.
+template <class T>
+void rotate_token(T* dst, const T* src, int pos, int Hq, int Hkv, int D, const double* freq, double sign,
+                  bool accumulate, std::vector<T>& cs) {
+  const int half = D / 2;
+  for (int i = 0; i < half; i++) {
+    const double a = sign * double(pos) * freq[i];
+    cs[i] = T(std::cos(a));
+    cs[half + i] = T(std::sin(a));
+  }
+  for (int h = 0; h < Hq + Hkv; h++) {
+    const T* x = src + size_t(h) * D;
+    T* y = dst + size_t(h) * D;
+    for (int i = 0; i < half; i++) {
+      const T x1 = x[i], x2 = x[i + half], c = cs[i], s = cs[half + i];
+      const T y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+      if (accumulate) {
+        y[i] += y1;
+        y[i + half] += y2;
+      } else {
+        y[i] = y1;
+        y[i + half] = y2;
+      }
+    }
+  }
+  const size_t v0 = size_t(Hq + Hkv) * D, nv = size_t(Hkv) * D;
+  for (size_t j = v0; j < v0 + nv; j++) dst[j] = accumulate ? dst[j] + src[j] : src[j];
+}
+}  // namespace
+
+// qkv, y: (N, Hq + 2*Hkv, D); pos: (N). y may alias qkv (each pair is read before it is written).
+template <class T>
+void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
+  const size_t row = size_t(Hq + 2 * Hkv) * D;
+  const std::vector<double> freq = rope_freqs(D, theta);
+#pragma omp parallel
+  {
+    std::vector<T> cs(D);
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++)
+      rotate_token(y + n * row, qkv + n * row, pos[n], Hq, Hkv, D, freq.data(), 1.0, false, cs);
+  }
+}
+
+// A rotation is orthogonal, so its transpose (the backward) is the rotation by -a.
+template <class T>
+void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
+  const size_t row = size_t(Hq + 2 * Hkv) * D;
+  const std::vector<double> freq = rope_freqs(D, theta);
+#pragma omp parallel
+  {
+    std::vector<T> cs(D);
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++)
+      rotate_token(dqkv + n * row, dy + n * row, pos[n], Hq, Hkv, D, freq.data(), -1.0, true, cs);
+  }
+}
+
+template void rope_forward<float>(float*, const float*, const int32_t*, int, int, int, int, float);
+template void rope_forward<double>(double*, const double*, const int32_t*, int, int, int, int, float);
+template void rope_backward<float>(float*, const float*, const int32_t*, int, int, int, int, float);
+template void rope_backward<double>(double*, const double*, const int32_t*, int, int, int, int, float);
+}  // namespace cpu
+
+Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) {
+  require_cpu_f32(qkv, "rope");
+  if (qkv.ndim() != 4) throw std::runtime_error("rope: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  const int D = int(qkv.size(3));
+  if (Hq <= 0 || Hkv <= 0 || qkv.size(2) != Hq + 2 * Hkv)
+    throw std::runtime_error("rope: qkv " + qkv.shape.str() + " does not hold Hq + 2*Hkv heads for Hq = " +
+                             std::to_string(Hq) + ", Hkv = " + std::to_string(Hkv));
+  if (D % 2 != 0) throw std::runtime_error("rope: head dim must be even, got " + std::to_string(D));
+  if (!(theta > 0)) throw std::runtime_error("rope: theta must be positive, got " + std::to_string(theta));
+  if (pos.device != Device::cpu || pos.dtype != DType::i32)
+    throw std::runtime_error("rope: positions must be i32 on the cpu, got " + pos.str());
+  check_shape(pos, {B, T}, "rope positions");
+  const int N = int(B * T);
+
+  Context& c = ctx();
+  Tensor y = c.empty(qkv.shape);
+  cpu::rope_forward(y.f32(), qkv.f32(), pos.i32(), N, Hq, Hkv, D, theta);
+  if (needs_grad({&qkv})) {
+    y = c.tape.track(y);
+    c.tape.push("rope", [=] {
+      const float* dy = static_cast<const float*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cpu::rope_backward(grad_or_scratch(qkv), dy, pos.i32(), N, Hq, Hkv, D, theta);
+    });
+  }
+  return y;
+}
+
+}  // namespace ul

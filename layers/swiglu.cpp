@@ -1,0 +1,74 @@
+#include "layers/swiglu.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "layers/op_util.h"
+
+namespace ul {
+namespace cpu {
+
+namespace {
+template <class T> T sigmoid(T g) { return T(1) / (T(1) + std::exp(-g)); }
+}  // namespace
+
+// x: (N, 2F) rows [gate | up],  y: (N, F)
+template <class T>
+void swiglu_forward(T* y, const T* x, int N, int F) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const T* gate = x + size_t(n) * 2 * F;
+    const T* up = gate + F;
+    T* yr = y + size_t(n) * F;
+    for (int f = 0; f < F; f++) yr[f] = gate[f] * sigmoid(gate[f]) * up[f];
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dx, const T* dy, const T* x, int N, int F) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const T* gate = x + size_t(n) * 2 * F;
+    const T* up = gate + F;
+    const T* dyr = dy + size_t(n) * F;
+    T* dgate = dx + size_t(n) * 2 * F;
+    T* dup = dgate + F;
+    for (int f = 0; f < F; f++) {
+      const T g = gate[f], s = sigmoid(g);
+      dgate[f] += dyr[f] * up[f] * s * (T(1) + g * (T(1) - s));
+      dup[f] += dyr[f] * g * s;
+    }
+  }
+}
+
+template void swiglu_forward<float>(float*, const float*, int, int);
+template void swiglu_forward<double>(double*, const double*, int, int);
+template void swiglu_backward<float>(float*, const float*, const float*, int, int);
+template void swiglu_backward<double>(double*, const double*, const double*, int, int);
+}  // namespace cpu
+
+Tensor swiglu(const Tensor& x) {
+  require_cpu_f32(x, "swiglu");
+  const int C = last_dim(x), N = rows(x);
+  if (C % 2 != 0)
+    throw std::runtime_error("swiglu: last dim must hold [gate | up] of equal width, got odd size " +
+                             std::to_string(C) + " in " + x.shape.str());
+  const int F = C / 2;
+  Shape ys = x.shape;
+  ys.d[ys.ndim - 1] = F;
+  Context& c = ctx();
+  Tensor y = c.empty(ys);
+  cpu::swiglu_forward(y.f32(), x.f32(), N, F);
+  if (needs_grad({&x})) {
+    y = c.tape.track(y);
+    c.tape.push("swiglu", [=] {
+      const float* dy = static_cast<const float*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cpu::swiglu_backward(grad_or_scratch(x), dy, x.f32(), N, F);
+    });
+  }
+  return y;
+}
+
+}  // namespace ul

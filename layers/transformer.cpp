@@ -1,0 +1,159 @@
+#include "layers/transformer.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/context.h"
+#include "engine/device.h"
+#include "engine/rng.h"
+#include "layers/attention.h"
+#include "layers/embedding.h"
+#include "layers/gelu.h"
+#include "layers/layernorm.h"
+#include "layers/linear.h"
+#include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
+#include "parallel/communicator.h"
+#include "parallel/ulysses.h"
+
+namespace ul {
+
+int ModelConfig::ffn_dim() const {
+  if (!is_llama()) return 4 * dim;
+  return ffn > 0 ? ffn : round_up(8 * dim / 3, 64);
+}
+
+void ModelConfig::validate() const {
+  auto bad = [](const std::string& m) { throw std::runtime_error(m); };
+  if (arch != "gpt2" && arch != "llama") bad("--model: unknown architecture '" + arch + "' (gpt2 or llama)");
+  if (layers < 1) bad("--layers must be >= 1");
+  if (dim < 1 || heads < 1) bad("--dim and --heads must be >= 1");
+  if (dim % heads) bad("--dim " + std::to_string(dim) + " is not divisible by --heads " + std::to_string(heads));
+  if (kv_heads < 1 || heads % kv_heads)
+    bad("--kv-heads " + std::to_string(kv_heads) + " must divide --heads " + std::to_string(heads));
+  if (!is_llama() && kv_heads != heads) bad("--kv-heads: gpt2 has no grouped-query attention (use --model llama)");
+  if (is_llama() && head_dim() % 2) bad("llama: head dim (dim / heads) must be even for RoPE");
+  if (vocab < 2) bad("--vocab must be >= 2");
+  if (padded_vocab < vocab) bad("padded vocab smaller than vocab");
+  if (max_seq < 1) bad("--max-seq must be >= 1");
+}
+
+std::string ModelConfig::describe() const {
+  std::ostringstream s;
+  s << arch << " layers=" << layers << " dim=" << dim << " heads=" << heads;
+  if (is_llama()) s << " kv_heads=" << kv_heads << " ffn=" << ffn_dim() << " rope_theta=" << rope_theta;
+  s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;
+  return s.str();
+}
+
+Transformer::Transformer(const ModelConfig& c) : cfg(c) {
+  cfg.validate();
+  const int64_t L = cfg.layers, C = cfg.dim, Vp = cfg.padded_vocab, D = cfg.head_dim();
+  const int64_t QKV = (cfg.heads + 2 * cfg.kv_heads) * D, F = cfg.ffn_dim();
+  Params& p = params;
+  if (!cfg.is_llama()) {  // llm.c's order and shapes, so checkpoints map byte for byte
+    p.add("wte", {Vp, C}, false, true);
+    p.add("wpe", {cfg.max_seq, C}, false, true);
+    p.add("ln1w", {L, C}, true, false);
+    p.add("ln1b", {L, C}, true, false);
+    p.add("qkvw", {L, QKV, C}, true, true);
+    p.add("qkvb", {L, QKV}, true, false);
+    p.add("attprojw", {L, C, C}, true, true);
+    p.add("attprojb", {L, C}, true, false);
+    p.add("ln2w", {L, C}, true, false);
+    p.add("ln2b", {L, C}, true, false);
+    p.add("fcw", {L, F, C}, true, true);
+    p.add("fcb", {L, F}, true, false);
+    p.add("fcprojw", {L, C, F}, true, true);
+    p.add("fcprojb", {L, C}, true, false);
+    p.add("lnfw", {C}, false, false);
+    p.add("lnfb", {C}, false, false);
+  } else {
+    p.add("wte", {Vp, C}, false, true);
+    p.add("ln1w", {L, C}, true, false);
+    p.add("qkvw", {L, QKV, C}, true, true);
+    p.add("attprojw", {L, C, C}, true, true);
+    p.add("ln2w", {L, C}, true, false);
+    p.add("fcw", {L, 2 * F, C}, true, true);  // rows: [gate (F) | up (F)]
+    p.add("fcprojw", {L, C, F}, true, true);
+    p.add("lnfw", {C}, false, false);
+    p.add("lm_head", {Vp, C}, false, true);
+  }
+  p.allocate(ctx().device, ctx().tape);
+}
+
+void Transformer::init_weights(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> host(params.numel(), 0.0f);
+  const double std0 = 0.02, std_res = 0.02 / std::sqrt(2.0 * cfg.layers);
+  for (const ParamSpec& s : params.specs()) {
+    float* w = host.data() + s.offset;
+    size_t n = size_t(s.shape.numel());
+    bool norm_weight = s.name == "ln1w" || s.name == "ln2w" || s.name == "lnfw";
+    bool bias = !s.decay && !norm_weight;
+    if (norm_weight) {
+      for (size_t i = 0; i < n; i++) w[i] = 1.0f;
+    } else if (!bias) {
+      double sd = (s.name == "attprojw" || s.name == "fcprojw") ? std_res : std0;
+      for (size_t i = 0; i < n; i++) w[i] = float(sd * rng.normal());
+    }
+    if (s.name == "wte" || s.name == "lm_head")  // vocabulary padding rows stay zero, as in llm.c
+      for (size_t i = size_t(cfg.vocab) * cfg.dim; i < n; i++) w[i] = 0.0f;
+  }
+  device_copy(params.data(), params.device(), host.data(), Device::cpu, host.size() * sizeof(float));
+}
+
+Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp) {
+  const int64_t B = h.size(0), Tl = h.size(1);
+  const int D = cfg.head_dim();
+  int Hq = cfg.heads, Hkv = cfg.kv_heads;
+  Tensor bias = cfg.is_llama() ? Tensor{} : params.get("qkvb", l);
+  Tensor qkv = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
+  if (sp && sp->size() > 1) {
+    // (B, Tl, Hq + 2 Hkv, D) -> (B, T, Hq/P + 2 KVl, D): every token, this rank's heads
+    qkv = ulysses_scatter_heads(qkv, Hq, Hkv, *sp);
+    Hkv = Hkv >= sp->size() ? Hkv / sp->size() : 1;
+    Hq = Hq / sp->size();
+  }
+  if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope_theta);
+  Tensor att = attention(qkv, Hq, Hkv, in.doc_full);  // (B, T, Hq_local, D)
+  if (sp && sp->size() > 1) att = ulysses_gather_heads(att, cfg.heads, *sp);  // (B, Tl, H, D)
+  att = att.view({B, Tl, int64_t(cfg.dim)});
+  Tensor pb = cfg.is_llama() ? Tensor{} : params.get("attprojb", l);
+  return linear(att, params.get("attprojw", l), pb);
+}
+
+Tensor Transformer::mlp_block(const Tensor& h, int l) {
+  if (cfg.is_llama()) return linear(swiglu(linear(h, params.get("fcw", l), Tensor{})), params.get("fcprojw", l), Tensor{});
+  Tensor u = gelu(linear(h, params.get("fcw", l), params.get("fcb", l)));
+  return linear(u, params.get("fcprojw", l), params.get("fcprojb", l));
+}
+
+Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
+  auto norm = [&](const Tensor& t, const char* w, const char* b) {
+    return cfg.is_llama() ? rmsnorm(t, params.get(w, l)) : layernorm(t, params.get(w, l), params.get(b, l));
+  };
+  Tensor x1 = add(x, attention_block(norm(x, "ln1w", "ln1b"), l, in, sp));
+  return add(x1, mlp_block(norm(x1, "ln2w", "ln2b"), l));
+}
+
+CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, Comm* sp) {
+  const int64_t B = in.idx.size(0), Tl = in.idx.size(1);
+  const int64_t T = sp ? Tl * sp->size() : Tl;
+  if (T > cfg.max_seq && !cfg.is_llama())
+    throw std::runtime_error("sequence length " + std::to_string(T) + " exceeds --max-seq " +
+                             std::to_string(cfg.max_seq) + " (gpt2 has learned positions up to max-seq)");
+  Tensor wpe = cfg.is_llama() ? Tensor{} : params.get("wpe");
+  Tensor x = embedding(in.idx, in.pos, params.get("wte"), wpe);  // (B, Tl, C)
+  for (int l = 0; l < cfg.layers; l++) x = block(x, l, in, sp);
+  x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw")) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
+  last_hidden = x;
+  const Tensor& head = cfg.is_llama() ? params.get("lm_head") : params.get("wte");
+  (void)B;
+  return classifier_cross_entropy(x, head, in.targets, cfg.vocab, grad_scale);
+}
+
+}  // namespace ul

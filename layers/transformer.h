@@ -1,0 +1,70 @@
+// GPT-2 and Llama-style decoder-only transformers assembled from the ops in layers/.
+//
+// gpt2  (llm.c compatible): x = wte[idx] + wpe[pos]; per layer
+//         x += attnproj(attention(qkv(ln1(x))));  x += fcproj(gelu(fc(ln2(x))))
+//       logits = lnf(x) wte^T  (tied embeddings); LayerNorm, biases everywhere.
+// llama: x = wte[idx]; per layer
+//         x += attnproj(attention(rope(qkv(rms1(x)))));  x += fcproj(swiglu(fc(rms2(x))))
+//       logits = rmsf(x) lm_head^T; RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases.
+//
+// Under Ulysses sequence parallelism (sp group of P ranks) the block sees this rank's T/P tokens;
+// around attention, ulysses_scatter_heads trades "my tokens, all heads" for "all tokens, my heads"
+// and ulysses_gather_heads trades back (parallel/ulysses.h). Everything else is per token.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/params.h"
+#include "layers/classifier.h"
+
+namespace ul {
+
+class Comm;
+
+struct ModelConfig {
+  std::string arch = "gpt2";  // gpt2 | llama
+  int layers = 2, dim = 128, heads = 4, kv_heads = 4;
+  int vocab = 64, padded_vocab = 128, max_seq = 256;
+  int ffn = 0;                // llama SwiGLU hidden size (0: derived from dim)
+  float rope_theta = 10000.0f;
+
+  int head_dim() const { return dim / heads; }
+  int ffn_dim() const;        // gpt2: 4 * dim; llama: ffn or round_up(8 * dim / 3, 64)
+  bool is_llama() const { return arch == "llama"; }
+  void validate() const;      // throws with a message naming the bad flag
+  std::string describe() const;
+};
+
+// Round v up to a multiple of m.
+inline int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+// What one rank feeds the model for one micro-batch. Tl = T / P under sequence parallelism.
+struct ModelInputs {
+  Tensor idx;       // i32 (B, Tl) this rank's tokens
+  Tensor targets;   // i32 (B, Tl) next tokens, -1 = ignored
+  Tensor pos;       // i32 (B, Tl) global positions of this rank's tokens (restart per document when packing)
+  Tensor pos_full;  // i32 (B, T)  positions of the whole sequence (RoPE runs after the scatter)
+  Tensor doc_full;  // i32 (B, T)  document ids of the whole sequence, or undefined: no document mask
+};
+
+class Transformer {
+ public:
+  // Builds the parameter list (llm.c order for gpt2) and allocates it on the current context.
+  explicit Transformer(const ModelConfig& cfg);
+  void init_weights(uint64_t seed);  // GPT-2 init: N(0, 0.02), residual projections / sqrt(2L)
+
+  // One forward of this rank's micro-batch; when the tape records, the classifier adds the loss
+  // gradient (scaled by grad_scale) and the tape holds the rest of the backward.
+  CrossEntropyStats forward(const ModelInputs& in, float grad_scale, Comm* sp = nullptr);
+
+  ModelConfig cfg;
+  Params params;
+  Tensor last_hidden;  // (B, Tl, C): the final norm's output of the last forward (for --check-state)
+
+ private:
+  Tensor block(const Tensor& x, int l, const ModelInputs& in, Comm* sp);
+  Tensor attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp);
+  Tensor mlp_block(const Tensor& h, int l);
+};
+
+}  // namespace ul

@@ -1,0 +1,31 @@
+// The MPI communicator: ranks are processes (launched by mpirun), collectives are the MPI ones.
+// Only compiled when CMake finds MPI (ULYSSES_HAVE_MPI=1). Buffers on a device other than the
+// host are staged through host memory (a GPU build uses NCCL between GPUs instead).
+// Errors: the communicators return MPI errors (MPI_ERRORS_RETURN), which become CommError with
+// MPI's message. A dead peer usually makes mpirun end the whole job, so nobody hangs.
+#pragma once
+#include <memory>
+
+#include "parallel/communicator.h"
+
+namespace ul {
+
+// MPI_Init_thread (MPI_THREAD_FUNNELED: only the thread that made it calls MPI) for the lifetime of
+// this object, MPI_Finalize at its end. If MPI is already initialised (e.g. by a test's main), it
+// does neither.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc = nullptr, char*** argv = nullptr);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+ private:
+  bool owns_ = false;
+};
+
+// All processes: a duplicate of MPI_COMM_WORLD (so its error handler is ours). MPI must be
+// initialised. device: where the buffers handed to the collectives live.
+std::unique_ptr<Comm> mpi_world(Device device = Device::cpu);
+
+}  // namespace ul

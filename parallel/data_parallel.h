@@ -1,0 +1,19 @@
+// Data parallelism (and the sequence-parallel half of the loss): every rank holds all parameters,
+// so after backward each parameter gradient is SUMMED over the whole world (dp x sp ranks: the sp
+// ranks saw different tokens of the same sequences, the dp ranks different sequences). The loss is
+// a mean over the valid targets of the whole step, so the valid count is summed over the world too.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "parallel/communicator.h"
+
+namespace ul {
+
+// grads: the whole contiguous f32 gradient buffer (n elements); one all-reduce (sum) over world.
+void all_reduce_gradients(Comm& world, float* grads, size_t n);
+
+// The sum over the world of each rank's `local` count (e.g. valid targets). Exact up to 2^53.
+int64_t global_count(Comm& world, int64_t local);
+
+}  // namespace ul

@@ -1,0 +1,26 @@
+#include "parallel/grid.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ul {
+
+Grid::Grid(Comm& w, int sp_size) : world(w) {
+  const int n = w.size();
+  if (sp_size < 1 || n % sp_size != 0) {
+    std::string valid;
+    for (int s = 1; s <= n; s++)
+      if (n % s == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(s);
+    throw std::runtime_error("grid: sequence-parallel size " + std::to_string(sp_size) +
+                             " does not divide the world size " + std::to_string(n) + " (world = dp x sp); valid sp: " +
+                             valid);
+  }
+  sp = sp_size;
+  dp = n / sp;
+  dp_rank = w.rank() / sp;
+  sp_rank = w.rank() % sp;
+  sp_group = w.split(/*color=*/dp_rank, /*key=*/sp_rank);
+  dp_group = w.split(/*color=*/sp_rank, /*key=*/dp_rank);
+}
+
+}  // namespace ul

@@ -1,0 +1,327 @@
+// The local communicator (one thread per rank): every collective against hand-computed values,
+// split / Grid with concurrent group collectives, the byte accounting, failures that must not hang,
+// and the Ulysses configuration checks.
+// Catch2 assertions are not thread-safe, so rank threads only record what they saw; the checks run
+// on the main thread after run_local returns.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "parallel/comm_local.h"
+#include "parallel/comm_util.h"
+#include "parallel/data_parallel.h"
+#include "parallel/grid.h"
+#include "parallel/ulysses.h"
+
+using namespace ul;
+using Catch::Matchers::Contains;
+
+namespace {
+
+using Rows = std::vector<std::vector<double>>;  // per rank: the values it received
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Host values of type t <-> doubles (all test values are small integers, exact in every dtype).
+std::vector<char> encode(const std::vector<double>& v, DType t) {
+  std::vector<char> out(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); i++) {
+    char* p = out.data() + i * dtype_size(t);
+    if (t == DType::f32) { float x = float(v[i]); std::memcpy(p, &x, 4); }
+    if (t == DType::f64) std::memcpy(p, &v[i], 8);
+    if (t == DType::i32) { int32_t x = int32_t(v[i]); std::memcpy(p, &x, 4); }
+    if (t == DType::bf16) { uint16_t x = f32_to_bf16(float(v[i])); std::memcpy(p, &x, 2); }
+  }
+  return out;
+}
+std::vector<double> decode(const std::vector<char>& b, DType t) {
+  std::vector<double> v(b.size() / dtype_size(t));
+  for (size_t i = 0; i < v.size(); i++) {
+    const char* p = b.data() + i * dtype_size(t);
+    if (t == DType::f32) { float x; std::memcpy(&x, p, 4); v[i] = x; }
+    if (t == DType::f64) std::memcpy(&v[i], p, 8);
+    if (t == DType::i32) { int32_t x; std::memcpy(&x, p, 4); v[i] = x; }
+    if (t == DType::bf16) { uint16_t x; std::memcpy(&x, p, 2); v[i] = bf16_to_f32(x); }
+  }
+  return v;
+}
+
+const DType kTypes[] = {DType::f32, DType::f64, DType::i32, DType::bf16};
+
+}  // namespace
+
+TEST_CASE("local all_reduce: sum and max at P = 1..4, every dtype, counts 0, 1, 7", "[comm][local]") {
+  for (int P = 1; P <= 4; P++)
+    for (DType t : kTypes)
+      for (size_t n : {size_t(0), size_t(1), size_t(7)})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+          Rows got(P);
+          run_local(P, [&](Comm& c) {
+            std::vector<double> v(n);
+            for (size_t i = 0; i < n; i++) v[i] = double((c.rank() * 5 + int(i) * 3) % 11) - 4;  // rank-dependent, signed
+            auto buf = encode(v, t);
+            c.all_reduce(buf.data(), n, t, op);
+            got[c.rank()] = decode(buf, t);
+          });
+          for (size_t i = 0; i < n; i++) {
+            double want = op == ReduceOp::sum ? 0 : -1e9;
+            for (int r = 0; r < P; r++) {
+              double x = double((r * 5 + int(i) * 3) % 11) - 4;
+              want = op == ReduceOp::sum ? want + x : std::max(want, x);
+            }
+            for (int r = 0; r < P; r++) {
+              INFO("P " << P << " " << dtype_name(t) << " n " << n << " op " << int(op) << " rank " << r << " i " << i);
+              CHECK(got[r][i] == want);
+            }
+          }
+        }
+}
+
+TEST_CASE("local all_to_all, all_gather, reduce_scatter, broadcast at P = 1..4", "[comm][local]") {
+  for (int P = 1; P <= 4; P++)
+    for (size_t n : {size_t(0), size_t(1), size_t(5)}) {
+      INFO("P " << P << " count " << n);
+      Rows a2a(P), ag(P), rs(P), bc(P * P);
+      run_local(P, [&](Comm& c) {
+        const int r = c.rank();
+        std::vector<float> send(P * n), recv(P * n);
+        // all_to_all: element k of chunk j on rank r is 100 r + 10 j + k.
+        for (int j = 0; j < P; j++)
+          for (size_t k = 0; k < n; k++) send[j * n + k] = 100.f * r + 10.f * j + k;
+        c.all_to_all(send.data(), recv.data(), n, DType::f32);
+        a2a[r].assign(recv.begin(), recv.end());
+        // all_gather: element k on rank r is 10 r + k.
+        std::vector<float> mine(n);
+        for (size_t k = 0; k < n; k++) mine[k] = 10.f * r + k;
+        c.all_gather(mine.data(), recv.data(), n, DType::f32);
+        ag[r].assign(recv.begin(), recv.end());
+        // reduce_scatter: element k of chunk j on rank r is r + 10 j + 100 k.
+        for (int j = 0; j < P; j++)
+          for (size_t k = 0; k < n; k++) send[j * n + k] = r + 10.f * j + 100.f * k;
+        std::vector<float> out(n, -1.f);
+        c.reduce_scatter(send.data(), out.data(), n, DType::f32, ReduceOp::sum);
+        rs[r].assign(out.begin(), out.end());
+        // broadcast from every root in turn: the root holds 7 root + k, the others garbage.
+        for (int root = 0; root < P; root++) {
+          std::vector<int32_t> b(n, -99);
+          if (r == root)
+            for (size_t k = 0; k < n; k++) b[k] = 7 * root + int(k);
+          c.broadcast(b.data(), n, DType::i32, root);
+          bc[root * P + r].assign(b.begin(), b.end());
+        }
+        c.barrier();
+      });
+      for (int r = 0; r < P; r++)
+        for (int j = 0; j < P; j++)
+          for (size_t k = 0; k < n; k++) {
+            CHECK(a2a[r][j * n + k] == 100.0 * j + 10.0 * r + k);  // chunk j came from rank j
+            CHECK(ag[r][j * n + k] == 10.0 * j + k);
+          }
+      for (int r = 0; r < P; r++)
+        for (size_t k = 0; k < n; k++) {
+          double want = 0;
+          for (int q = 0; q < P; q++) want += q + 10.0 * r + 100.0 * k;
+          CHECK(rs[r][k] == want);
+          for (int root = 0; root < P; root++) CHECK(bc[root * P + r][k] == 7.0 * root + k);
+        }
+    }
+}
+
+TEST_CASE("local split orders by key then rank; negative color gets no communicator", "[comm][local]") {
+  const int P = 4;
+  std::vector<int> size(P), rank(P), null(P);
+  Rows members(P);
+  run_local(P, [&](Comm& c) {
+    const int r = c.rank();
+    // color: r % 2 ({0, 2} and {1, 3}); key: -r, so the group is ordered by descending world rank.
+    auto g = c.split(r % 2, -r);
+    size[r] = g->size();
+    rank[r] = g->rank();
+    std::vector<int32_t> all(g->size());
+    int32_t me = r;
+    g->all_gather(&me, all.data(), 1, DType::i32);
+    members[r].assign(all.begin(), all.end());
+    auto h = c.split(r == 3 ? -1 : 0, 0);  // equal keys: ordered by old rank
+    null[r] = h == nullptr;
+    if (h) h->barrier();
+  });
+  CHECK(size == std::vector<int>{2, 2, 2, 2});
+  CHECK(rank == std::vector<int>{1, 1, 0, 0});
+  CHECK(members[0] == std::vector<double>{2, 0});
+  CHECK(members[3] == std::vector<double>{3, 1});
+  CHECK(null == std::vector<int>{0, 0, 0, 1});
+}
+
+TEST_CASE("grid 2 x 2: consecutive sp groups, strided dp groups, concurrent group collectives", "[comm][local][grid]") {
+  const int P = 4;
+  Rows sp_members(P), dp_members(P), sp_sum(P), dp_sum(P);
+  std::vector<int> coords(4 * P);
+  run_local(P, [&](Comm& world) {
+    Grid g(world, 2);
+    const int r = world.rank();
+    coords[4 * r + 0] = g.dp, coords[4 * r + 1] = g.sp, coords[4 * r + 2] = g.dp_rank, coords[4 * r + 3] = g.sp_rank;
+    int32_t me = r, all[2];
+    g.sp_group->all_gather(&me, all, 1, DType::i32);
+    sp_members[r] = {double(all[0]), double(all[1])};
+    g.dp_group->all_gather(&me, all, 1, DType::i32);
+    dp_members[r] = {double(all[0]), double(all[1])};
+    // Many collectives in both groups, interleaved differently on different ranks, so the sp and
+    // dp rendezvous of different groups run at the same time.
+    double s = 0, d = 0;
+    for (int it = 0; it < 200; it++) {
+      double x = r + it, y = 10 * r + it;
+      if (r % 2) {
+        g.sp_group->all_reduce(&x, 1, DType::f64, ReduceOp::sum);
+        g.dp_group->all_reduce(&y, 1, DType::f64, ReduceOp::sum);
+      } else {
+        g.sp_group->all_reduce(&x, 1, DType::f64, ReduceOp::sum);
+        std::this_thread::yield();
+        g.dp_group->all_reduce(&y, 1, DType::f64, ReduceOp::sum);
+      }
+      s += x, d += y;
+    }
+    sp_sum[r] = {s};
+    dp_sum[r] = {d};
+  });
+  for (int r = 0; r < P; r++) {
+    const int dp_rank = r / 2, sp_rank = r % 2;
+    CHECK(coords[4 * r] == 2);
+    CHECK(coords[4 * r + 1] == 2);
+    CHECK(coords[4 * r + 2] == dp_rank);
+    CHECK(coords[4 * r + 3] == sp_rank);
+    CHECK(sp_members[r] == std::vector<double>{2.0 * dp_rank, 2.0 * dp_rank + 1});
+    CHECK(dp_members[r] == std::vector<double>{double(sp_rank), double(sp_rank + 2)});
+    double s = 0, d = 0;
+    for (int it = 0; it < 200; it++) {
+      s += (2 * dp_rank + it) + (2 * dp_rank + 1 + it);
+      d += (10 * sp_rank + it) + (10 * (sp_rank + 2) + it);
+    }
+    CHECK(sp_sum[r][0] == s);
+    CHECK(dp_sum[r][0] == d);
+  }
+}
+
+TEST_CASE("grid refuses a world size that sp does not divide", "[comm][local][grid]") {
+  REQUIRE_THROWS_WITH(run_local(4, [](Comm& w) { Grid g(w, 3); }),
+                      Contains("does not divide the world size 4") && Contains("valid sp: 1, 2, 4"));
+}
+
+TEST_CASE("data parallel: gradient all-reduce and global count", "[comm][local]") {
+  const int P = 3;
+  Rows grads(P);
+  std::vector<int64_t> counts(P);
+  run_local(P, [&](Comm& w) {
+    std::vector<float> g(10);
+    for (int i = 0; i < 10; i++) g[i] = float(w.rank() + i);
+    all_reduce_gradients(w, g.data(), g.size());
+    grads[w.rank()].assign(g.begin(), g.end());
+    counts[w.rank()] = global_count(w, int64_t(w.rank()) * 1000000000LL + 7);
+  });
+  for (int r = 0; r < P; r++) {
+    for (int i = 0; i < 10; i++) CHECK(grads[r][i] == 3.0 * i + 3);
+    CHECK(counts[r] == 3000000000LL + 21);
+  }
+}
+
+TEST_CASE("stats count the bytes sent to other ranks by the standard algorithms", "[comm][local]") {
+  for (int P : {1, 2, 3, 4}) {
+    std::vector<CommStats> st(P);
+    const size_t n = 5;
+    run_local(P, [&](Comm& c) {
+      std::vector<float> a(P * n, 1.f), b(P * n);
+      c.all_to_all(a.data(), b.data(), n, DType::f32);
+      c.all_gather(a.data(), b.data(), n, DType::f32);
+      c.reduce_scatter(a.data(), b.data(), n, DType::f32, ReduceOp::sum);
+      c.all_reduce(a.data(), n, DType::f32, ReduceOp::sum);
+      c.broadcast(a.data(), n, DType::f32, P - 1);
+      c.all_reduce(a.data(), 3, DType::bf16, ReduceOp::sum);
+      st[c.rank()] = c.stats;
+    });
+    for (int r = 0; r < P; r++) {
+      INFO("P " << P << " rank " << r);
+      CHECK(st[r].all_to_all == n * (P - 1) * 4);
+      CHECK(st[r].all_gather == n * (P - 1) * 4);
+      CHECK(st[r].reduce_scatter == n * (P - 1) * 4);
+      CHECK(st[r].all_reduce == 2 * n * (P - 1) * 4 / P + 2 * 3 * (P - 1) * 2 / P);
+      CHECK(st[r].broadcast == (r == P - 1 && P > 1 ? n * 4 : 0));
+    }
+  }
+}
+
+TEST_CASE("a throwing rank makes the others throw CommError quickly", "[comm][local][failure]") {
+  for (int P : {2, 4}) {
+    std::vector<std::string> seen(P);
+    auto t0 = std::chrono::steady_clock::now();
+    REQUIRE_THROWS_WITH(run_local(P, [&](Comm& w) {
+      Grid g(w, 2);
+      w.barrier();
+      if (w.rank() == P - 1) throw std::runtime_error("boom");
+      try {
+        // Rank 0 waits in the world, the others in their dp / sp group: all must be woken.
+        for (int i = 0; i < 3; i++) (w.rank() == 0 ? w : *g.dp_group).barrier();
+        g.sp_group->barrier();
+      } catch (const CommError& e) {
+        seen[w.rank()] = e.what();
+        throw;
+      }
+    }), "boom");
+    CHECK(seconds_since(t0) < 5);
+    for (int r = 0; r < P - 1; r++) CHECK_THAT(seen[r], Contains("rank " + std::to_string(P - 1) + " failed: boom"));
+  }
+}
+
+TEST_CASE("a wait longer than the timeout throws CommError naming the collective", "[comm][local][failure]") {
+  LocalOptions opt;
+  opt.timeout_s = 0.2;
+  std::string seen;
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_AS(run_local(2, [&](Comm& c) {
+    float x = 1;
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    try {
+      c.all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+    } catch (const CommError& e) {
+      if (c.rank() == 0) seen = e.what();
+      throw;
+    }
+  }, opt), CommError);
+  CHECK(seconds_since(t0) < 5);
+  CHECK_THAT(seen, Contains("all_reduce timed out") && Contains("waiting for rank(s) 1"));
+}
+
+TEST_CASE("mismatched or missing collectives throw instead of corrupting or hanging", "[comm][local][failure]") {
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(run_local(2, [](Comm& c) {
+    float x[8] = {};
+    c.all_reduce(x, c.rank() == 0 ? 4 : 5, DType::f32, ReduceOp::sum);
+  }), Contains("ranks disagree on the collective"));
+  REQUIRE_THROWS_WITH(run_local(3, [](Comm& c) {
+    if (c.rank() != 2) c.barrier();
+  }), Contains("rank 2 returned without joining barrier"));
+  CHECK(seconds_since(t0) < 5);
+}
+
+TEST_CASE("check_ulysses_config refuses what cannot be split and says what would work", "[ulysses][config]") {
+  CHECK_NOTHROW(check_ulysses_config(8, 8, 64, 4));
+  CHECK_NOTHROW(check_ulysses_config(8, 4, 64, 2));
+  CHECK_NOTHROW(check_ulysses_config(8, 2, 64, 4));  // kv heads replicated on 2 ranks each
+  CHECK_NOTHROW(check_ulysses_config(8, 1, 64, 8));
+  CHECK_THROWS_WITH(check_ulysses_config(12, 12, 1200, 8),
+                    Contains("query heads are not divisible by sp") && Contains("work for this model and sequence: 1, 2, 3, 4, 6, 12"));
+  CHECK_THROWS_WITH(check_ulysses_config(12, 6, 48, 4),
+                    Contains("kv heads are not divisible by sp") && Contains(": 1, 2, 3, 6, 12"));
+  CHECK_THROWS_WITH(check_ulysses_config(12, 4, 24, 6),
+                    Contains("sp is not a multiple of the kv heads") && Contains(": 1, 2, 4, 12"));
+  CHECK_THROWS_WITH(check_ulysses_config(8, 8, 100, 8),
+                    Contains("sequence length is not divisible by sp") && Contains(": 1, 2, 4"));
+  CHECK_THROWS_WITH(check_ulysses_config(8, 3, 64, 2), Contains("multiple of the kv heads"));
+  CHECK_THROWS_WITH(check_ulysses_config(8, 8, 64, 0), Contains("must all be positive"));
+}

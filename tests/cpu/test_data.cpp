@@ -1,0 +1,299 @@
+// Data sources: the synthetic tasks' layout and determinism, text and llm.c shard round trips,
+// the epoch shuffle, the splits, and every bad-input path naming the file and the problem.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/shards.h"
+#include "data/synthetic.h"
+
+namespace fs = std::filesystem;
+using Seq = std::vector<int32_t>;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / ("ulysses_test_data_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+}
+
+// An llm.c shard; count < 0 writes the true count, extra appends junk bytes, drop truncates.
+void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, int width = 2, int32_t magic = 20240520,
+                 int32_t version = 1, int extra = 0, int drop = 0) {
+  int32_t h[256] = {magic, version, int32_t(tokens.size())};
+  std::vector<uint8_t> b(1024);
+  std::memcpy(b.data(), h, 1024);
+  for (uint32_t t : tokens) {
+    uint8_t le[4] = {uint8_t(t), uint8_t(t >> 8), uint8_t(t >> 16), uint8_t(t >> 24)};
+    b.insert(b.end(), le, le + width);
+  }
+  b.resize(b.size() + size_t(extra) - size_t(drop));
+  write_bytes(path, b);
+}
+
+std::pair<Seq, Seq> get(const ul::Dataset& d, int64_t i, int T) {
+  Seq x(T), y(T);
+  d.sequence(i, T, x.data(), y.data());
+  return {x, y};
+}
+
+// Runs f, which must throw a message containing every one of `parts`.
+template <class F>
+void require_error(F&& f, std::vector<std::string> parts) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    INFO("message: " << msg);
+    for (auto& p : parts) CHECK(msg.find(p) != std::string::npos);
+    return;
+  }
+  FAIL("no exception; expected one mentioning " << parts[0]);
+}
+
+}  // namespace
+
+TEST_CASE("synthetic tasks are pure functions of (seed, split, i)", "[data]") {
+  for (const char* spec : {"recall", "passkey"}) {
+    auto a = ul::open_dataset(spec, ul::Split::train, 1, 0), a2 = ul::open_dataset(spec, ul::Split::train, 1, 0);
+    auto b = ul::open_dataset(spec, ul::Split::train, 2, 0), v = ul::open_dataset(spec, ul::Split::val, 1, 0);
+    CHECK(a->synthetic());
+    CHECK(a->num_sequences(256) == -1);
+    CHECK(get(*a, 7, 256) == get(*a2, 7, 256));
+    CHECK(get(*a, 7, 256) == get(*a, 7, 256));
+    CHECK(get(*a, 7, 256).first != get(*a, 8, 256).first);
+    CHECK(get(*a, 7, 256).first != get(*b, 7, 256).first);
+    CHECK(get(*a, 7, 256).first != get(*v, 7, 256).first);
+  }
+}
+
+TEST_CASE("recall scores only the query keys, whose values sit far back", "[data]") {
+  for (int T : {256, 64, 16}) {
+    ul::RecallDataset d(ul::Split::train, 3);
+    const int P = d.pairs_at(T);
+    REQUIRE(P >= 1);
+    for (int64_t i = 0; i < 20; i++) {
+      auto [x, y] = get(d, i, T);
+      CHECK(x[0] == ul::RecallDataset::BOS);
+      int scored = 0;
+      for (int t = 0; t < T; t++) {
+        CHECK(x[t] >= 0);
+        CHECK(x[t] < d.vocab());
+        if (y[t] < 0) continue;
+        scored++;
+        // Scored: a query key after the QUERY marker; the target is the value paired with it.
+        CHECK(t > 2 * P);
+        int p = 1;
+        while (p < 1 + 2 * P && x[p] != x[t]) p += 2;
+        REQUIRE(p < 1 + 2 * P);
+        CHECK(x[p + 1] == y[t]);
+        CHECK(y[t] >= d.value_token(0));
+        if (T == 256) CHECK(t - p >= T - 4 * P - 2);  // the gap goes between pairs and queries
+      }
+      CHECK(scored == P);
+    }
+  }
+  // With gap = 0 the queries follow the pairs directly and filler ends the sequence.
+  ul::RecallConfig cfg;
+  cfg.gap = 0;
+  cfg.pairs = 8;
+  ul::RecallDataset d(ul::Split::val, 3, cfg);
+  auto [x, y] = get(d, 0, 128);
+  CHECK(x[17] == ul::RecallDataset::QUERY);
+  CHECK(y[18] >= 0);
+  CHECK(x[127] == ul::RecallDataset::FILL);
+}
+
+TEST_CASE("passkey scores exactly the digits of the key", "[data]") {
+  for (double depth : {0.0, 0.5, 1.0, -1.0}) {
+    ul::PasskeyConfig cfg;
+    cfg.depth = depth;
+    ul::PasskeyDataset d(ul::Split::train, 5, cfg);
+    for (int64_t i = 0; i < 10; i++) {
+      const int T = 100;
+      auto [x, y] = get(d, i, T);
+      int key = 0;
+      while (key < T && x[key] != ul::PasskeyDataset::KEY) key++;
+      REQUIRE(key < T);
+      if (depth == 0.0) CHECK(key == 1);
+      if (depth == 1.0) CHECK(x[key + cfg.digits + 1] == ul::PasskeyDataset::QUERY);
+      std::vector<int32_t> want(x.begin() + key + 1, x.begin() + key + 1 + cfg.digits), got;
+      for (int t = 0; t < T; t++) {
+        CHECK(x[t] < d.vocab());
+        if (y[t] >= 0) got.push_back(y[t]);
+      }
+      CHECK(got == want);
+      CHECK(x[T - cfg.digits] == ul::PasskeyDataset::QUERY);
+    }
+  }
+}
+
+TEST_CASE("open_dataset rejects unknown specs and too small a model vocab", "[data]") {
+  require_error([] { ul::open_dataset("recal", ul::Split::train, 0, 0); },
+                {"recal", "recall", "passkey", "text:FILE", "shards:GLOB"});
+  require_error([] { ul::open_dataset("text:", ul::Split::train, 0, 0); }, {"text:FILE"});
+  require_error([] { ul::open_dataset("recall", ul::Split::train, 0, 32); }, {"recall", "64", "32"});
+}
+
+TEST_CASE("text: bytes are tokens, sequences tile the stream, the last 10% are val", "[data]") {
+  TempDir dir;
+  std::vector<uint8_t> bytes(1001);
+  for (size_t k = 0; k < bytes.size(); k++) bytes[k] = uint8_t((k * 37 + k / 256) % 256);
+  const std::string path = dir.file("t.txt");
+  write_bytes(path, bytes);
+  auto tr = ul::open_dataset("text:" + path, ul::Split::train, 0, 0);
+  auto va = ul::open_dataset("text:" + path, ul::Split::val, 0, 0);
+  const int T = 10;  // 100 sequences: 90 train, 10 val
+  CHECK(tr->vocab() == 256);
+  CHECK(tr->num_sequences(T) == 90);
+  CHECK(va->num_sequences(T) == 10);
+  for (int64_t i = 0; i < 100; i++) {
+    auto [x, y] = i < 90 ? get(*tr, i, T) : get(*va, i - 90, T);
+    for (int t = 0; t < T; t++) {
+      CHECK(x[t] == bytes[i * T + t]);
+      CHECK(y[t] == bytes[i * T + t + 1]);  // the last target is the next sequence's first input
+    }
+  }
+  CHECK(get(*tr, 90, T) == get(*tr, 0, T));  // the next epoch starts over
+  CHECK(get(*va, 13, T) == get(*va, 3, T));
+}
+
+TEST_CASE("text: missing, empty, too short and out-of-vocab files are errors naming the file", "[data]") {
+  TempDir dir;
+  const std::string missing = dir.file("missing.txt"), empty = dir.file("empty.txt"), tiny = dir.file("tiny.txt");
+  write_bytes(empty, {});
+  write_bytes(tiny, {1, 2, 3, 200});
+  require_error([&] { ul::open_dataset("text:" + missing, ul::Split::train, 0, 0); }, {missing, "cannot open"});
+  require_error([&] { ul::open_dataset("text:" + empty, ul::Split::train, 0, 0); }, {empty, "empty"});
+  auto d = ul::open_dataset("text:" + tiny, ul::Split::train, 0, 0);
+  require_error([&] { d->num_sequences(8); }, {tiny, "too short"});
+  require_error([&] { ul::open_dataset("text:" + tiny, ul::Split::train, 0, 128); }, {tiny, "200", "offset 3"});
+}
+
+TEST_CASE("shard permutation is a bijection of [0, n)", "[data]") {
+  for (int64_t n : {1, 2, 3, 5, 17, 64, 100, 1000}) {
+    std::set<int64_t> seen;
+    for (int64_t j = 0; j < n; j++) {
+      int64_t p = ul::ShardDataset::permute(j, n, 42);
+      CHECK(p >= 0);
+      CHECK(p < n);
+      seen.insert(p);
+    }
+    CHECK(int64_t(seen.size()) == n);
+  }
+}
+
+TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split", "[data]") {
+  TempDir dir;
+  const int T = 8;
+  // Token = base + shard * 1000 + position, so each sequence reveals where it came from.
+  for (int width : {2, 4}) {
+    const uint32_t base = width == 2 ? 0 : 70000;
+    const int32_t magic = width == 2 ? 20240520 : 20240801, version = width == 2 ? 1 : 7;
+    const std::string sub = dir.file("w" + std::to_string(width));
+    fs::create_directories(sub);
+    const int sizes[3] = {81, 45, 33};  // 10 + 5 + 4 = 19 sequences of T = 8
+    for (int s = 0; s < 3; s++) {
+      std::vector<uint32_t> tok(sizes[s]);
+      for (int k = 0; k < sizes[s]; k++) tok[k] = base + uint32_t(s * 1000 + k);
+      write_shard(sub + "/train_00" + std::to_string(s) + ".bin", tok, width, magic, version);
+    }
+    const int vocab = int(base) + 3000;
+    auto tr = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::train, 9, vocab);
+    auto va = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::val, 9, vocab);
+    REQUIRE(tr->num_sequences(T) == 18);  // no val file: the last 10% (1 sequence) is held out
+    REQUIRE(va->num_sequences(T) == 1);
+    auto [vx, vy] = get(*va, 0, T);
+    CHECK(vx[0] == int32_t(base + 2000 + 24));  // the last sequence of the last shard
+    std::set<int32_t> starts;
+    Seq order0, order1;
+    for (int64_t i = 0; i < 36; i++) {
+      auto [x, y] = get(*tr, i, T);
+      const int32_t pos = (x[0] - int32_t(base)) % 1000;
+      CHECK(pos % T == 0);
+      for (int t = 0; t < T; t++) {
+        CHECK(x[t] == x[0] + t);
+        CHECK(y[t] == x[0] + t + 1);
+      }
+      CHECK(x[0] != vx[0]);
+      (i < 18 ? order0 : order1).push_back(x[0]);
+      if (i < 18) starts.insert(x[0]);
+    }
+    CHECK(starts.size() == 18);  // epoch 0 visits every train sequence once
+    CHECK(std::set<int32_t>(order1.begin(), order1.end()) == starts);
+    CHECK(order0 != order1);  // each epoch has its own order
+    auto other = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::train, 10, vocab);
+    Seq order_other;
+    for (int64_t i = 0; i < 18; i++) order_other.push_back(get(*other, i, T).first[0]);
+    CHECK(order_other != order0);
+  }
+  // A file named *val* is the val split, the rest train.
+  const std::string sub = dir.file("split");
+  fs::create_directories(sub);
+  write_shard(sub + "/fineweb_train_000.bin", std::vector<uint32_t>(17, 5));
+  write_shard(sub + "/fineweb_val_000.bin", std::vector<uint32_t>(25, 7));
+  auto tr = ul::open_dataset("shards:" + sub + "/fineweb_*.bin", ul::Split::train, 0, 50257);
+  auto va = ul::open_dataset("shards:" + sub + "/fineweb_*.bin", ul::Split::val, 0, 50257);
+  CHECK(tr->num_sequences(T) == 2);
+  CHECK(va->num_sequences(T) == 3);
+  CHECK(get(*tr, 1, T).first[0] == 5);
+  CHECK(get(*va, 2, T).first[0] == 7);
+  CHECK(ul::open_dataset("shards:" + sub + "/*val*", ul::Split::val, 0, 0)->vocab() == 50257);
+}
+
+TEST_CASE("shards: bad files are errors naming the file and the problem", "[data]") {
+  TempDir dir;
+  std::vector<uint32_t> tok(40, 3);
+  auto open = [&](const std::string& path) { return ul::open_dataset("shards:" + path, ul::Split::train, 0, 100); };
+  const std::string magic = dir.file("magic.bin"), version = dir.file("version.bin"), trunc = dir.file("trunc.bin"),
+                    trail = dir.file("trail.bin"), hdr = dir.file("hdr.bin"), big = dir.file("big.bin");
+  write_shard(magic, tok, 2, 12345);
+  write_shard(version, tok, 2, 20240520, 3);
+  write_shard(trunc, tok, 2, 20240520, 1, 0, 3);
+  write_shard(trail, tok, 2, 20240520, 1, 2);
+  write_bytes(hdr, std::vector<uint8_t>(100, 0));
+  tok[21] = 100;
+  write_shard(big, tok);
+  require_error([&] { open(magic); }, {magic, "bad magic 12345"});
+  require_error([&] { open(version); }, {version, "version 3"});
+  require_error([&] { open(trunc); }, {trunc, "truncated"});
+  require_error([&] { open(trail); }, {trail, "trailing bytes"});
+  require_error([&] { open(hdr); }, {hdr, "truncated", "header"});
+  require_error([&] { open(dir.file("none_*.bin")); }, {"none_*.bin", "no file matches"});
+  auto d = open(big);
+  get(*d, 0, 8);  // tokens 0..8 are fine; the bad one is read by the sequence holding offset 21
+  bool thrown = false;
+  for (int64_t i = 0; i < 4 && !thrown; i++) {
+    try {
+      get(*d, i, 8);
+    } catch (const std::exception& e) {
+      thrown = true;
+      std::string msg = e.what();
+      INFO(msg);
+      CHECK(msg.find(big) != std::string::npos);
+      CHECK(msg.find("token id 100") != std::string::npos);
+      CHECK(msg.find("offset 21") != std::string::npos);
+    }
+  }
+  CHECK(thrown);
+}

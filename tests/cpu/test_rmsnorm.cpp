@@ -1,0 +1,81 @@
+#include "layers/rmsnorm.h"
+
+#include <cmath>
+
+#include "engine/context.h"
+#include "gradcheck.h"
+
+using namespace ul_test;
+
+TEST_CASE("rmsnorm backward matches float64 central differences", "[rmsnorm]") {
+  for (auto [N, C] : {std::pair{3, 8}, std::pair{5, 33}, std::pair{7, 1}}) {
+    Vec x = randn(N * C, 1), w = randn(C, 2), rrms(N);
+    gradcheck("rmsnorm", {&x, &w},
+        [&](Vec& y) { y.resize(N * C); ul::cpu::rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C); },
+        [&](const Vec& dy, std::vector<Vec>& d) {
+          Vec y(N * C);
+          ul::cpu::rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C);
+          ul::cpu::rmsnorm_backward(d[0].data(), d[1].data(), dy.data(), x.data(), w.data(), rrms.data(), N, C);
+        });
+  }
+}
+
+TEST_CASE("rmsnorm forward matches a hand loop", "[rmsnorm]") {
+  const int N = 6, C = 37;
+  Vec x = randn(N * C, 4, 3.0), w = randn(C, 5);
+  Vec y(N * C), rrms(N);
+  ul::cpu::rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C);
+  std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), yf(N * C), rf(N);
+  ul::cpu::rmsnorm_forward(yf.data(), rf.data(), xf.data(), wf.data(), N, C);
+  for (int n = 0; n < N; n++) {
+    double ms = 0;
+    for (int c = 0; c < C; c++) ms += x[n * C + c] * x[n * C + c] / C;
+    const double r = 1.0 / std::sqrt(ms + 1e-5);
+    CHECK(rrms[n] == Approx(r).epsilon(1e-12));
+    for (int c = 0; c < C; c++) {
+      const double want = x[n * C + c] * r * w[c];
+      CHECK(y[n * C + c] == Approx(want).epsilon(1e-12).margin(1e-12));
+      CHECK(yf[n * C + c] == Approx(want).epsilon(1e-5).margin(1e-5));
+    }
+  }
+  // With w = 1 each output row has root-mean-square 1 (up to eps).
+  Vec ones(C, 1.0);
+  ul::cpu::rmsnorm_forward(y.data(), rrms.data(), x.data(), ones.data(), N, C);
+  double ms = 0;
+  for (int c = 0; c < C; c++) ms += y[c] * y[c] / C;
+  CHECK(std::sqrt(ms) == Approx(1.0).epsilon(1e-4));
+}
+
+TEST_CASE("rmsnorm op records a backward that accumulates", "[rmsnorm]") {
+  ul::Context c;
+  ul::ContextGuard g(c);
+  ul::Recording rec(true);
+  const int N = 4, C = 16;
+  auto xv = randn_f(N * C, 7), wv = randn_f(C, 8), dyv = randn_f(N * C, 9);
+  ul::Tensor x = c.tape.track(c.empty({2, 2, C})), w = c.tape.track(c.empty({C}));
+  std::copy(xv.begin(), xv.end(), x.f32());
+  std::copy(wv.begin(), wv.end(), w.f32());
+  ul::Tensor y = ul::rmsnorm(x, w);
+  REQUIRE(y.requires_grad());
+  REQUIRE(y.shape == x.shape);
+  std::copy(dyv.begin(), dyv.end(), c.tape.gradf(y));
+  float* dx = c.tape.gradf(x);
+  float* dw = c.tape.gradf(w);
+  for (int i = 0; i < N * C; i++) dx[i] = 2.f;   // pre-existing gradients must be kept (+=)
+  for (int i = 0; i < C; i++) dw[i] = -3.f;
+  c.tape.backward();
+
+  // The same backward run into zeroed buffers, for reference.
+  std::vector<float> yr(N * C), rr(N), dx0(N * C, 0.f), dw0(C, 0.f);
+  ul::cpu::rmsnorm_forward(yr.data(), rr.data(), xv.data(), wv.data(), N, C);
+  ul::cpu::rmsnorm_backward(dx0.data(), dw0.data(), dyv.data(), xv.data(), wv.data(), rr.data(), N, C);
+  for (int i = 0; i < N * C; i++) CHECK(dx[i] == Approx(2.f + dx0[i]));
+  for (int i = 0; i < C; i++) CHECK(dw[i] == Approx(-3.f + dw0[i]));
+}
+
+TEST_CASE("rmsnorm op rejects a weight of the wrong size", "[rmsnorm]") {
+  ul::Context c;
+  ul::ContextGuard g(c);
+  ul::Tensor x = c.zeros({3, 8}), w = c.zeros({7});
+  REQUIRE_THROWS_WITH(ul::rmsnorm(x, w), "rmsnorm weight: expected shape (8), got (7)");
+}

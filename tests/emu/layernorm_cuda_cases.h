@@ -1,0 +1,243 @@
+// LayerNorm: the CUDA kernels and the op on Device::cuda against the CPU backend. Written only
+// against the CUDA runtime API and the engine, so the same cases run emulated (tests/emu, in CI)
+// and on a real GPU (tests/gpu); the including file picks the Catch2 tag.
+//   - outputs are poisoned (NaN) before each kernel, so an element it fails to write fails;
+//   - gradients start from random values, so a kernel that overwrites instead of adding fails;
+//   - shapes include C below, at and above a warp, not a multiple of 32, and N not a multiple of
+//     the 8 rows a block handles, with several row chunks in the dw/db reduction;
+//   - f32 is held to 1e-5 relative, bf16 to its rounding (2^-8 relative) on bf16-rounded inputs.
+#pragma once
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/cuda_launch.h"
+#include "engine/device.h"
+#include "gradcheck.h"
+#include "layers/layernorm.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including layernorm_cuda_cases.h"
+#endif
+
+namespace ln_cases {
+
+using ul_test::randn_f;
+
+const std::pair<int, int> kShapes[] = {{1, 1}, {3, 32}, {7, 33}, {13, 100}, {9, 768}, {257, 48}, {300, 5}};
+
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    UL_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    UL_CUDA_CHECK(cudaMemset(p, 0xff, n * sizeof(T)));  // NaN in f32 and bf16
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(p); }
+  void set(const std::vector<T>& h) { UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> get() const {
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> h(n);
+    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+inline std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// Host float <-> the kernel's element type.
+template <class T> std::vector<T> to_elem(const std::vector<float>& v);
+template <> inline std::vector<float> to_elem<float>(const std::vector<float>& v) { return v; }
+template <> inline std::vector<__nv_bfloat16> to_elem<__nv_bfloat16>(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> r(v.size());
+  for (size_t i = 0; i < v.size(); i++) r[i] = __float2bfloat16(v[i]);
+  return r;
+}
+inline std::vector<float> to_f32(const std::vector<float>& v) { return v; }
+inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(v[i]);
+  return r;
+}
+
+// Inputs as the element type sees them: bf16 runs get bf16-representable values, so the CPU
+// reference in float sees exactly what the kernel reads.
+template <class T>
+std::vector<float> inputs(size_t n, uint64_t seed, float scale = 1.f) {
+  std::vector<float> v = randn_f(n, seed, scale);
+  return std::is_same<T, float>::value ? v : rounded(v);
+}
+
+// Checks |got - want| <= rel * |want| + abs_tol for every element; reports the worst one.
+inline void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                         double rel, double abs_tol) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0, worst_i = 0;
+  double worst = -1;
+  for (size_t i = 0; i < got.size(); i++) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    const double tol = rel * std::fabs(double(want[i])) + abs_tol;
+    const bool ok = err <= tol;  // false for NaN: an unwritten element fails here
+    if (!ok) bad++;
+    const double score = ok ? err / tol : 1e300;
+    if (score > worst) worst = score, worst_i = i;
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst at " << worst_i << ": got "
+            << got[worst_i] << ", want " << want[worst_i]);
+  CHECK(bad == 0);
+}
+
+inline double max_abs(const std::vector<float>& v) { return ul_test::max_abs(v.data(), v.size()); }
+
+template <class T>
+void check_kernels(int N, int C) {
+  const bool bf = !std::is_same<T, float>::value;
+  // f32: 1e-5 relative (of the element, or of the tensor's scale where sums can cancel).
+  // bf16: the final rounding to bf16 (2^-9 relative), with margin.
+  const double rel = bf ? 1.0 / 256 : 1e-5;
+  INFO((bf ? "bf16" : "f32") << " N=" << N << " C=" << C);
+  const size_t NC = size_t(N) * C;
+  const std::vector<float> x = inputs<T>(NC, 1 + N, 2.f), w = inputs<T>(C, 2 + C), b = inputs<T>(C, 3 + C),
+                           dy = inputs<T>(NC, 4 + N), dx0 = inputs<T>(NC, 5), dw0 = inputs<T>(C, 6),
+                           db0 = inputs<T>(C, 7);
+
+  // CPU reference (float, on the same values the kernels read).
+  std::vector<float> y_ref(NC), mean_ref(N), rstd_ref(N), dx_ref = dx0, dw_ref = dw0, db_ref = db0;
+  ul::cpu::layernorm_forward(y_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), w.data(), b.data(), N, C);
+  ul::cpu::layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), dy.data(), x.data(), w.data(),
+                              mean_ref.data(), rstd_ref.data(), N, C);
+
+  DeviceBuffer<T> d_x(NC), d_w(C), d_b(C), d_y(NC), d_dy(NC), d_dx(NC), d_dw(C), d_db(C);
+  DeviceBuffer<float> d_mean(N), d_rstd(N);
+  DeviceBuffer<float> scratch(ul::cuda::layernorm_backward_scratch_bytes(N, C) / sizeof(float));
+  d_x.set(to_elem<T>(x));
+  d_w.set(to_elem<T>(w));
+  d_b.set(to_elem<T>(b));
+  ul::cuda::layernorm_forward(d_y.p, d_mean.p, d_rstd.p, d_x.p, d_w.p, d_b.p, N, C, nullptr);
+  expect_close("y", to_f32(d_y.get()), y_ref, rel, bf ? 1e-4 : 1e-5);
+  expect_close("mean", d_mean.get(), mean_ref, 1e-5, 1e-6);
+  expect_close("rstd", d_rstd.get(), rstd_ref, 1e-5, 0);
+
+  // Backward from the reference statistics, so it is checked on its own.
+  d_mean.set(mean_ref);
+  d_rstd.set(rstd_ref);
+  d_dy.set(to_elem<T>(dy));
+  auto run_backward = [&] {
+    d_dx.set(to_elem<T>(dx0));
+    d_dw.set(to_elem<T>(dw0));
+    d_db.set(to_elem<T>(db0));
+    ul::cuda::layernorm_backward(d_dx.p, d_dw.p, d_db.p, d_dy.p, d_x.p, d_w.p, d_mean.p, d_rstd.p, scratch.p, N, C,
+                                 nullptr);
+  };
+  run_backward();
+  const std::vector<T> dw1 = d_dw.get(), db1 = d_db.get();
+  expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, 1e-5 * std::max(1.0, max_abs(dx_ref)));
+  expect_close("dw", to_f32(dw1), dw_ref, rel, 1e-5 * std::max(1.0, max_abs(dw_ref)));
+  expect_close("db", to_f32(db1), db_ref, rel, 1e-5 * std::max(1.0, max_abs(db_ref)));
+
+  // dw and db are reduced in a fixed order: a second run gives the same bits.
+  run_backward();
+  const std::vector<T> dw2 = d_dw.get(), db2 = d_db.get();
+  CHECK(std::memcmp(dw1.data(), dw2.data(), C * sizeof(T)) == 0);
+  CHECK(std::memcmp(db1.data(), db2.data(), C * sizeof(T)) == 0);
+}
+
+struct OpResult {
+  std::vector<float> y, dx, dw, db;
+};
+
+// y = layernorm(x, w, b), then backward from dy, on one device and dtype; everything read back as float.
+inline OpResult run_op(ul::Device dev, ul::DType dt, int N, int C, const std::vector<float>& x,
+                       const std::vector<float>& w, const std::vector<float>& b, const std::vector<float>& dy) {
+  ul::Context c(dev);
+  ul::ContextGuard guard(c);
+  ul::Recording rec(true);
+  auto make = [&](ul::Shape s, const std::vector<float>& v) {
+    ul::Tensor t = c.tape.track(c.empty(s, dt));
+    if (dt == ul::DType::bf16) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
+    else ul::copy_from_host(t, v.data());
+    return t;
+  };
+  auto read = [&](const void* p, size_t n) {
+    std::vector<float> r(n);
+    if (dt == ul::DType::bf16) {
+      std::vector<__nv_bfloat16> h(n);
+      ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * 2);
+      r = to_f32(h);
+    } else {
+      ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * 4);
+    }
+    return r;
+  };
+  ul::Tensor tx = make({N, C}, x), tw = make({C}, w), tb = make({C}, b);
+  ul::Tensor y = ul::layernorm(tx, tw, tb);
+  REQUIRE(y.device == dev);
+  REQUIRE(y.dtype == dt);
+  REQUIRE(y.requires_grad());
+  // Gradient buffers are taken (zeroed) before backward; the tape forgets activation slots after it.
+  void* gy = c.tape.grad(y);
+  if (dt == ul::DType::bf16) ul::device_copy(gy, dev, to_elem<__nv_bfloat16>(dy).data(), ul::Device::cpu, y.nbytes());
+  else ul::device_copy(gy, dev, dy.data(), ul::Device::cpu, y.nbytes());
+  void* gx = c.tape.grad(tx);
+  void* gw = c.tape.grad(tw);
+  void* gb = c.tape.grad(tb);
+  c.tape.backward();
+  const size_t NC = size_t(N) * C;
+  return {read(y.ptr, NC), read(gx, NC), read(gw, C), read(gb, C)};
+}
+
+}  // namespace ln_cases
+
+TEST_CASE("layernorm CUDA kernels match the CPU backend (f32)", UL_CUDA_TEST_TAG "[layernorm]") {
+  for (auto [N, C] : ln_cases::kShapes) ln_cases::check_kernels<float>(N, C);
+}
+
+TEST_CASE("layernorm CUDA kernels match the CPU backend (bf16)", UL_CUDA_TEST_TAG "[layernorm]") {
+  for (auto [N, C] : ln_cases::kShapes) ln_cases::check_kernels<__nv_bfloat16>(N, C);
+}
+
+TEST_CASE("layernorm op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[layernorm]") {
+  ul::init_cuda_backend();
+  const int N = 37, C = 80;
+  for (ul::DType dt : {ul::DType::f32, ul::DType::bf16}) {
+    const bool bf = dt == ul::DType::bf16;
+    INFO(ul::dtype_name(dt));
+    auto in = [&](size_t n, uint64_t seed) {
+      std::vector<float> v = ul_test::randn_f(n, seed);
+      return bf ? ln_cases::rounded(v) : v;
+    };
+    const std::vector<float> x = in(size_t(N) * C, 11), w = in(C, 12), b = in(C, 13), dy = in(size_t(N) * C, 14);
+    const ln_cases::OpResult ref = ln_cases::run_op(ul::Device::cpu, ul::DType::f32, N, C, x, w, b, dy);
+    const ln_cases::OpResult got = ln_cases::run_op(ul::Device::cuda, dt, N, C, x, w, b, dy);
+    const double rel = bf ? 1.0 / 128 : 1e-5;  // bf16: the op also rounds dy and y's stored gradient
+    ln_cases::expect_close("y", got.y, ref.y, rel, bf ? 1e-3 : 1e-5);
+    ln_cases::expect_close("dx", got.dx, ref.dx, rel, 1e-5 * std::max(1.0, ln_cases::max_abs(ref.dx)));
+    ln_cases::expect_close("dw", got.dw, ref.dw, rel, 1e-5 * std::max(1.0, ln_cases::max_abs(ref.dw)));
+    ln_cases::expect_close("db", got.db, ref.db, rel, 1e-5 * std::max(1.0, ln_cases::max_abs(ref.db)));
+  }
+}
+
+TEST_CASE("layernorm op refuses mixed devices and dtypes", UL_CUDA_TEST_TAG "[layernorm]") {
+  ul::init_cuda_backend();
+  ul::Context c(ul::Device::cuda);
+  ul::ContextGuard guard(c);
+  ul::Tensor x = c.zeros({4, 8}), w = c.zeros({8}), b16 = c.zeros({8}, ul::DType::bf16);
+  CHECK_THROWS_WITH(ul::layernorm(x, w, b16), Catch::Contains("layernorm") && Catch::Contains("bf16"));
+  ul::Context host;
+  ul::Tensor wh = host.zeros({8});
+  CHECK_THROWS_WITH(ul::layernorm(x, wh, w), Catch::Contains("layernorm") && Catch::Contains("cpu"));
+  CHECK_THROWS_WITH(ul::layernorm(x, w, c.zeros({7})), Catch::Contains("layernorm bias"));
+}

@@ -1,0 +1,375 @@
+// The SIMT emulator against CUDA's documented semantics: indices, shared memory and barriers,
+// dynamic shared memory, every shuffle variant, votes, atomics across blocks, the runtime calls,
+// and the misuse that must be reported rather than hang. The kernels are written as in a .cu file.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "engine/cuda_launch.h"
+
+namespace {
+
+// ---- helpers ------------------------------------------------------------------------------------
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n;
+  explicit DeviceBuffer(size_t count, int fill_byte = 0xff) : n(count) {
+    UL_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    UL_CUDA_CHECK(cudaMemset(p, fill_byte, n * sizeof(T)));
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void set(const std::vector<T>& h) { UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+};
+
+// ---- kernels --------------------------------------------------------------------------------------
+// One record of 8 ints per thread, at its global linear index.
+__global__ void indices_kernel(int* out) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int bid = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int per_block = blockDim.x * blockDim.y * blockDim.z;
+  int* r = out + 8 * (bid * per_block + tid);
+  r[0] = threadIdx.x, r[1] = threadIdx.y, r[2] = threadIdx.z;
+  r[3] = blockIdx.x, r[4] = blockIdx.y, r[5] = blockIdx.z;
+  r[6] = blockDim.x * 100 + blockDim.y * 10 + blockDim.z;
+  r[7] = gridDim.x * 100 + gridDim.y * 10 + gridDim.z;
+}
+
+// Tree reduction of 256 values per block in static shared memory.
+__global__ void block_sum_kernel(int* out, const int* in) {
+  __shared__ int s[256];
+  const int t = threadIdx.x;
+  s[t] = in[blockIdx.x * 256 + t];
+  __syncthreads();
+  for (int stride = 128; stride > 0; stride >>= 1) {
+    if (t < stride) s[t] += s[t + stride];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = s[0];
+}
+
+// Reverses each block's slice `rounds` times through shared memory (an even count restores it),
+// and checks the shared slot that thread 0 fills with the block index: a block that saw another
+// block's shared memory would fail one or the other.
+__global__ void reverse_kernel(int* data, int* owner_ok, int rounds) {
+  __shared__ int s[128];
+  __shared__ int owner;
+  const int t = threadIdx.x, n = blockDim.x;
+  int* d = data + blockIdx.x * n;
+  if (t == 0) owner = blockIdx.x;
+  for (int r = 0; r < rounds; r++) {
+    s[t] = d[t];
+    __syncthreads();
+    d[t] = s[n - 1 - t];
+    __syncthreads();
+  }
+  owner_ok[blockIdx.x * n + t] = owner == int(blockIdx.x);
+}
+
+// Inclusive prefix sum of each block's slice (Hillis-Steele), double-buffered in dynamic shared memory.
+__global__ void scan_kernel(float* out, const float* in) {
+  UL_DYNAMIC_SMEM(float, buf);
+  const int t = threadIdx.x, n = blockDim.x;
+  float* a = buf;
+  float* b = buf + n;
+  a[t] = in[blockIdx.x * n + t];
+  __syncthreads();
+  for (int offset = 1; offset < n; offset <<= 1) {
+    b[t] = a[t] + (t >= offset ? a[t - offset] : 0.f);
+    __syncthreads();
+    float* tmp = a;
+    a = b;
+    b = tmp;
+  }
+  out[blockIdx.x * n + t] = a[t];
+}
+
+enum ShflOp { kIdx, kUp, kDown, kXor };
+
+// Two warps per block; lane l of warp w holds 1000 * w + l. Each lane shuffles with its argument.
+__global__ void shuffle_kernel(int* out, int op, int arg, int width, int per_lane_src) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int v = 1000 * warp + lane;
+  int r = 0;
+  if (op == kIdx) r = __shfl_sync(0xffffffffu, v, per_lane_src ? (lane + arg) % 32 : arg, width);
+  if (op == kUp) r = __shfl_up_sync(0xffffffffu, v, arg, width);
+  if (op == kDown) r = __shfl_down_sync(0xffffffffu, v, arg, width);
+  if (op == kXor) r = __shfl_xor_sync(0xffffffffu, v, arg, width);
+  out[threadIdx.x] = r;
+}
+
+// Other element types and a partial mask: lanes 0-15 shuffle among themselves while 16-31 leave.
+__global__ void shuffle_types_kernel(double* d_out, float* b_out, int* half_out) {
+  const int lane = threadIdx.x;
+  d_out[lane] = __shfl_down_sync(0xffffffffu, 1e10 + lane, 1);
+  const __nv_bfloat16 h = __float2bfloat16(float(lane) * 0.5f);
+  b_out[lane] = __bfloat162float(__shfl_xor_sync(0xffffffffu, h, 1));
+  if (lane >= 16) return;
+  half_out[lane] = __shfl_sync(0x0000ffffu, lane * 3, 15 - lane, 16);
+}
+
+__global__ void vote_kernel(unsigned* ballot, int* any, int* all) {
+  const int lane = threadIdx.x;
+  ballot[lane] = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  any[lane] = __any_sync(0xffffffffu, lane == 7) + 2 * __any_sync(0xffffffffu, 0);
+  all[lane] = __all_sync(0xffffffffu, lane < 32) + 2 * __all_sync(0xffffffffu, lane != 5);
+  __syncwarp();
+}
+
+__global__ void warp_sum_kernel(float* out) {
+  out[threadIdx.x] = ul::cuda::warp_sum(float(threadIdx.x % 32) + 0.25f);
+}
+
+__global__ void atomics_kernel(int* count, float* fsum, unsigned long long* big, int* maxv) {
+  const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  atomicAdd(count, 1);
+  atomicAdd(fsum, 0.5f);
+  atomicAdd(big, 1ull << 33);
+  atomicMax(maxv, gid);
+}
+
+// Misuse.
+__global__ void early_exit_barrier_kernel(int* out) {
+  if (threadIdx.x < 16) return;  // these never reach the barrier below
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void lone_barrier_kernel(int* out) {
+  if (threadIdx.x == 0) __syncthreads();  // the others exit while thread 0 waits
+  out[threadIdx.x] = 1;
+}
+__global__ void split_warp_kernel(int* out) {
+  if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
+  else __syncthreads();
+}
+__global__ void bad_mask_kernel(int* out) { out[threadIdx.x] = __shfl_sync(0x1u, 1, 0); }
+__global__ void big_block_kernel(int* barrier_passes) {
+  __syncthreads();
+  atomicAdd(barrier_passes, 1);
+  __syncthreads();
+}
+
+}  // namespace
+
+TEST_CASE("emu: thread and block indices over a multi-block 2-D grid", "[emu]") {
+  const dim3 grid(3, 2), block(8, 4, 2);
+  const int per_block = 64, blocks = 6;
+  DeviceBuffer<int> out(8 * per_block * blocks);
+  ul::launch("indices", indices_kernel, grid, block, 0, nullptr, out.p);
+  const std::vector<int> h = out.get();
+  int bad = 0;
+  for (int bz = 0; bz < 1; bz++)
+    for (int by = 0; by < 2; by++)
+      for (int bx = 0; bx < 3; bx++)
+        for (int tz = 0; tz < 2; tz++)
+          for (int ty = 0; ty < 4; ty++)
+            for (int tx = 0; tx < 8; tx++) {
+              const int bid = bx + 3 * by, tid = tx + 8 * (ty + 4 * tz);
+              const int* r = &h[8 * (bid * per_block + tid)];
+              const int want[8] = {tx, ty, tz, bx, by, bz, 842, 321};
+              for (int k = 0; k < 8; k++) bad += r[k] != want[k];
+            }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("emu: shared memory and __syncthreads give a block reduction", "[emu]") {
+  const int blocks = 37;
+  std::vector<int> in(blocks * 256);
+  std::iota(in.begin(), in.end(), -1000);
+  DeviceBuffer<int> d_in(in.size()), d_out(blocks);
+  d_in.set(in);
+  ul::launch("block_sum", block_sum_kernel, dim3(blocks), dim3(256), 0, nullptr, d_out.p, d_in.p);
+  const std::vector<int> out = d_out.get();
+  for (int b = 0; b < blocks; b++) {
+    const int want = std::accumulate(in.begin() + b * 256, in.begin() + (b + 1) * 256, 0);
+    CHECK(out[b] == want);
+  }
+}
+
+TEST_CASE("emu: __shared__ is private to each block, also with blocks on several OS threads", "[emu]") {
+  const int blocks = 96, n = 128;
+  std::vector<int> in(blocks * n);
+  std::iota(in.begin(), in.end(), 0);
+  DeviceBuffer<int> d(in.size()), ok(in.size());
+  d.set(in);
+  ul::launch("reverse", reverse_kernel, dim3(blocks), dim3(n), 0, nullptr, d.p, ok.p, 1);
+  std::vector<int> once = d.get();
+  for (int b = 0; b < blocks; b++)
+    for (int t = 0; t < n; t++) REQUIRE(once[b * n + t] == in[b * n + n - 1 - t]);
+  ul::launch("reverse", reverse_kernel, dim3(blocks), dim3(n), 0, nullptr, d.p, ok.p, 9);  // odd: back to in
+  CHECK(d.get() == in);
+  const std::vector<int> owner_ok = ok.get();
+  CHECK(std::count(owner_ok.begin(), owner_ok.end(), 1) == blocks * n);
+}
+
+TEST_CASE("emu: dynamic shared memory", "[emu]") {
+  const int blocks = 5, n = 64;
+  std::vector<float> in(blocks * n);
+  for (size_t i = 0; i < in.size(); i++) in[i] = float(i % 7) - 2.f;
+  DeviceBuffer<float> d_in(in.size()), d_out(in.size());
+  d_in.set(in);
+  ul::launch("scan", scan_kernel, dim3(blocks), dim3(n), 2 * n * sizeof(float), nullptr, d_out.p, d_in.p);
+  const std::vector<float> out = d_out.get();
+  for (int b = 0; b < blocks; b++) {
+    float run = 0.f;
+    for (int t = 0; t < n; t++) {
+      run += in[b * n + t];
+      REQUIRE(out[b * n + t] == run);  // small integers: exact in any order
+    }
+  }
+}
+
+TEST_CASE("emu: warp shuffles follow the CUDA semantics", "[emu]") {
+  // Expected values straight from the CUDA C++ Programming Guide, per lane l of a warp holding
+  // value(l), with groups of `width` lanes:
+  //   __shfl_sync:      value(group start + src % width)
+  //   __shfl_up_sync:   value(l - d) if l % width >= d, else value(l)
+  //   __shfl_down_sync: value(l + d) if l % width + d < width, else value(l)
+  //   __shfl_xor_sync:  value(l ^ m) unless l ^ m lies in a later group, then value(l)
+  struct Case { int op, arg, width, per_lane_src; };
+  const Case cases[] = {{kIdx, 3, 32, 0},  {kIdx, 37, 32, 0}, {kIdx, 5, 8, 0},    {kIdx, 1, 32, 1},
+                        {kIdx, 13, 16, 0}, {kUp, 1, 32, 0},   {kUp, 3, 8, 0},     {kUp, 16, 16, 0},
+                        {kDown, 1, 32, 0}, {kDown, 5, 8, 0},  {kDown, 31, 32, 0}, {kXor, 1, 32, 0},
+                        {kXor, 16, 32, 0}, {kXor, 5, 8, 0},   {kXor, 16, 8, 0},   {kXor, 3, 4, 0}};
+  DeviceBuffer<int> out(64);
+  for (const Case& c : cases) {
+    ul::launch("shuffle", shuffle_kernel, dim3(1), dim3(64), 0, nullptr, out.p, c.op, c.arg, c.width, c.per_lane_src);
+    const std::vector<int> h = out.get();
+    for (int t = 0; t < 64; t++) {
+      const int warp = t / 32, l = t % 32, start = l / c.width * c.width;
+      int src = l;
+      if (c.op == kIdx) src = start + (c.per_lane_src ? (l + c.arg) % 32 : c.arg) % c.width;
+      if (c.op == kUp && l % c.width >= c.arg) src = l - c.arg;
+      if (c.op == kDown && l % c.width + c.arg < c.width) src = l + c.arg;
+      if (c.op == kXor && (l ^ c.arg) / c.width <= l / c.width) src = l ^ c.arg;
+      INFO("op " << c.op << " arg " << c.arg << " width " << c.width << " thread " << t);
+      REQUIRE(h[t] == 1000 * warp + src);
+    }
+  }
+}
+
+TEST_CASE("emu: shuffles of double and bf16, and a partial mask", "[emu]") {
+  DeviceBuffer<double> d(32);
+  DeviceBuffer<float> b(32);
+  DeviceBuffer<int> half(16);
+  ul::launch("shuffle_types", shuffle_types_kernel, dim3(1), dim3(32), 0, nullptr, d.p, b.p, half.p);
+  const auto hd = d.get();
+  const auto hb = b.get();
+  const auto hh = half.get();
+  for (int l = 0; l < 32; l++) {
+    CHECK(hd[l] == 1e10 + (l < 31 ? l + 1 : l));
+    CHECK(hb[l] == float(l ^ 1) * 0.5f);
+  }
+  for (int l = 0; l < 16; l++) CHECK(hh[l] == (15 - l) * 3);
+}
+
+TEST_CASE("emu: votes and warp_sum", "[emu]") {
+  DeviceBuffer<unsigned> ballot(32);
+  DeviceBuffer<int> any(32), all(32);
+  ul::launch("vote", vote_kernel, dim3(1), dim3(32), 0, nullptr, ballot.p, any.p, all.p);
+  unsigned want = 0;
+  for (int l = 0; l < 32; l += 3) want |= 1u << l;
+  for (unsigned v : ballot.get()) CHECK(v == want);
+  for (int v : any.get()) CHECK(v == 1);
+  for (int v : all.get()) CHECK(v == 1);
+
+  DeviceBuffer<float> sums(96);
+  ul::launch("warp_sum", warp_sum_kernel, dim3(1), dim3(96), 0, nullptr, sums.p);
+  for (float v : sums.get()) CHECK(v == 31.f * 32.f / 2.f + 8.f);
+}
+
+TEST_CASE("emu: atomics add up across blocks", "[emu]") {
+  const int blocks = 100, threads = 128, total = blocks * threads;
+  DeviceBuffer<int> count(1, 0), maxv(1, 0);
+  DeviceBuffer<float> fsum(1, 0);
+  DeviceBuffer<unsigned long long> big(1, 0);
+  ul::launch("atomics", atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, count.p, fsum.p, big.p, maxv.p);
+  CHECK(count.get()[0] == total);
+  CHECK(fsum.get()[0] == 0.5f * total);  // exact: multiples of 0.5 below 2^23
+  CHECK(big.get()[0] == (unsigned long long)total << 33);
+  CHECK(maxv.get()[0] == total - 1);
+}
+
+TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
+  DeviceBuffer<int> out(64);
+  CHECK_THROWS_WITH(ul::launch("early_exit", early_exit_barrier_kernel, dim3(2), dim3(64), 0, nullptr, out.p),
+                    Catch::Contains("early_exit") && Catch::Contains("__syncthreads") &&
+                        Catch::Contains("every thread of the block"));
+  CHECK_THROWS_WITH(ul::launch("lone_barrier", lone_barrier_kernel, dim3(1), dim3(64), 0, nullptr, out.p),
+                    Catch::Contains("exited while") && Catch::Contains("__syncthreads"));
+  CHECK_THROWS_WITH(ul::launch("split_warp", split_warp_kernel, dim3(1), dim3(32), 0, nullptr, out.p),
+                    Catch::Contains("deadlock") && Catch::Contains("__shfl_sync"));
+  CHECK_THROWS_WITH(ul::launch("bad_mask", bad_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.p),
+                    Catch::Contains("leaves it out"));
+  CHECK_THROWS_WITH(ul::launch("too_big", big_block_kernel, dim3(1), dim3(2048), 0, nullptr, out.p),
+                    Catch::Contains("invalid configuration"));
+  CHECK_THROWS_WITH(ul::launch("no_blocks", big_block_kernel, dim3(0), dim3(32), 0, nullptr, out.p),
+                    Catch::Contains("invalid configuration"));
+  CHECK_THROWS_WITH(__syncthreads(), Catch::Contains("outside a kernel"));
+
+  // The executor recovers: a full 1024-thread block with barriers runs after the failures.
+  DeviceBuffer<int> passes(1, 0);
+  ul::launch("big_block", big_block_kernel, dim3(3), dim3(1024), 0, nullptr, passes.p);
+  CHECK(passes.get()[0] == 3 * 1024);
+}
+
+TEST_CASE("emu: runtime calls on host memory", "[emu]") {
+  float* p = nullptr;
+  REQUIRE(cudaMalloc(&p, 16 * sizeof(float)) == cudaSuccess);
+  float poison;
+  REQUIRE(cudaMemcpy(&poison, p, sizeof poison, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(poison != poison);  // fresh device memory reads as NaN
+  std::vector<float> h(16, 2.5f), back(16, 0.f);
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(p, h.data(), 16 * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(cudaMemcpy(back.data(), p, 16 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(back == h);
+  CHECK(cudaMemsetAsync(p, 0, 16 * sizeof(float), s) == cudaSuccess);
+  CHECK(cudaMemcpy(back.data(), p, 16 * sizeof(float), cudaMemcpyDefault) == cudaSuccess);
+  CHECK(back == std::vector<float>(16, 0.f));
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+  CHECK(cudaFree(p) == cudaSuccess);
+
+  cudaEvent_t a, b;
+  REQUIRE(cudaEventCreate(&a) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&b) == cudaSuccess);
+  float ms = -1.f;
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorInvalidResourceHandle);  // not recorded yet
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+  CHECK(cudaGetLastError() == cudaSuccess);  // reading the error cleared it
+  CHECK(cudaEventRecord(a) == cudaSuccess);
+  CHECK(cudaEventRecord(b) == cudaSuccess);
+  CHECK(cudaEventSynchronize(b) == cudaSuccess);
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess);
+  CHECK(ms >= 0.f);
+  CHECK(cudaEventDestroy(a) == cudaSuccess);
+  CHECK(cudaEventDestroy(b) == cudaSuccess);
+
+  int n = 0;
+  CHECK(cudaGetDeviceCount(&n) == cudaSuccess);
+  CHECK(n == 1);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK_THROWS_WITH(UL_CUDA_CHECK(cudaSetDevice(3)),
+                    Catch::Contains("cudaSetDevice(3)") && Catch::Contains("invalid device ordinal") &&
+                        Catch::Contains("test_emu_core.cpp:"));
+  cudaGetLastError();
+
+  // Round to nearest even, and toward zero.
+  CHECK(__bfloat162float(__float2bfloat16(1.00390625f)) == 1.f);          // halfway, even below
+  CHECK(__bfloat162float(__float2bfloat16(1.01171875f)) == 1.015625f);    // halfway, even above
+  CHECK(__bfloat162float(__float2bfloat16(1.0058594f)) == 1.0078125f);    // above halfway
+  CHECK(__bfloat162float(__float2bfloat16_rz(1.0058594f)) == 1.f);
+  CHECK(__bfloat162float(__float2bfloat16(-3.f)) == -3.f);
+  const float nan = __bfloat162float(__float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
+  CHECK(nan != nan);
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One entry point that sets up what it needs on a fresh Debian 12 machine, builds, and runs.
+#   tools/run.sh train [train flags...]   build (Release) and run train (no flags: the default job)
+#   tools/run.sh test                     build and run every test ctest knows here
+#   tools/run.sh build                    just build
+# Environment: BUILD_DIR (default build), CMAKE_ARGS (extra configure flags), JOBS (default: nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v cmake >/dev/null || need_pkgs+=(cmake)
+command -v g++ >/dev/null || need_pkgs+=(g++)
+command -v make >/dev/null || need_pkgs+=(make)
+[ -f /usr/include/eigen3/Eigen/Core ] || need_pkgs+=(libeigen3-dev)
+[ -f /usr/include/catch2/catch.hpp ] || need_pkgs+=(catch2)
+command -v mpicxx >/dev/null || need_pkgs+=(libopenmpi-dev)
+command -v mpirun >/dev/null || need_pkgs+=(openmpi-bin)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "installing: ${need_pkgs[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+# Open MPI refuses to run as root without these; ctest's MPI tests and mpirun need them in containers.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"
+
+what=${1:-train}
+shift || true
+case "$what" in
+  train) exec "$BUILD_DIR/train" "$@" ;;
+  test) cd "$BUILD_DIR" && exec ctest --output-on-failure -j "$JOBS" "$@" ;;
+  build) ;;
+  *) echo "usage: tools/run.sh train|test|build [args]" >&2; exit 2 ;;
+esac
