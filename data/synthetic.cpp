@@ -28,9 +28,6 @@ void emit(const std::vector<int32_t>& s, const std::vector<char>& scored, int T,
 
 RecallDataset::RecallDataset(Split split, uint64_t seed, RecallConfig cfg)
     : split_(split), seed_(seed), cfg_(cfg) {
-  if (getenv("UL_EXP_PAIRS")) cfg_.pairs = atoi(getenv("UL_EXP_PAIRS"));
-  if (getenv("UL_EXP_GAP")) cfg_.gap = atoi(getenv("UL_EXP_GAP"));
-  if (getenv("UL_EXP_Q")) cfg_.queries = atoi(getenv("UL_EXP_Q"));
   if (cfg_.num_keys < 1 || cfg_.num_values < 2 || cfg_.pairs < 1)
     throw std::runtime_error("recall: need num_keys >= 1, num_values >= 2, pairs >= 1 (got " +
                              std::to_string(cfg_.num_keys) + ", " + std::to_string(cfg_.num_values) +
@@ -91,7 +88,8 @@ void RecallDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets
 std::string RecallDataset::describe() const {
   return std::string("recall (") + split_name(split_) + "): " + std::to_string(cfg_.pairs) +
          " key/value pairs, " + std::to_string(cfg_.num_keys) + " keys, " + std::to_string(cfg_.num_values) +
-         " values, gap " + (cfg_.gap < 0 ? std::string("to the end") : std::to_string(cfg_.gap)) +
+         " values, gap " + (cfg_.gap < 0 ? std::string("to the end") : std::to_string(cfg_.gap)) + ", " +
+         (cfg_.queries < 0 ? std::string("queries fill the rest") : std::to_string(cfg_.queries) + " queries") +
          ", vocab " + std::to_string(vocab());
 }
 

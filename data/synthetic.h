@@ -4,14 +4,17 @@
 // recall — multi-query associative recall. One sequence of T+1 tokens (inputs = the first T,
 // targets = the next token where scored):
 //
-//   BOS  k1 v1  k2 v2 ... kP vP   FILL x gap   QUERY  q1 a1  q2 a2 ... qP aP   FILL ...
-//   |<-- P pairs, distinct keys -->|            |<-- every key once, shuffled -->|
+//   BOS  k1 v1  k2 v2 ... kP vP   FILL x gap   QUERY  q1 a1  q2 a2 ... qQ aQ   [FILL]
+//   |<-- P pairs, distinct keys -->|                  |<- rounds of every key once, each shuffled ->|
 //
 // Scored: the input position of each query key q_j, whose target is its value a_j (the value that
-// followed q_j among the pairs). With gap = -1 the queries end the sequence, so each answer sits
-// roughly T - 4P tokens back. Vocabulary: BOS=0, FILL=1, QUERY=2, keys [3, 3+K), values [3+K, 3+K+V).
+// followed q_j among the pairs). The first round of queries can only be answered from the pairs,
+// at least `gap` tokens back; later rounds could also copy an earlier query's answer. With
+// queries = -1 they fill the sequence after the gap (many scored targets per sequence); with
+// gap = -1 all spare room goes into the gap, so the queries end the sequence.
+// Vocabulary: BOS=0, FILL=1, QUERY=2, keys [3, 3+K), values [3+K, 3+K+V).
 // Solving it needs an induction circuit (value tokens remember their key; the query key finds the
-// position after its earlier copy), which a 2-layer transformer learns quickly.
+// position after its earlier copy), which a 2-layer transformer can learn.
 //
 // passkey — passkey retrieval. T+1 tokens:
 //
@@ -31,9 +34,10 @@ namespace ul {
 struct RecallConfig {
   int num_keys = 32;    // key tokens; a sequence uses min(pairs, num_keys) distinct ones
   int num_values = 29;  // value tokens: chance accuracy is 1/num_values (defaults: vocab 64)
-  int pairs = 24;       // key/value pairs at the start (fewer when T cannot hold them)
-  int gap = -1;         // filler between the pairs and the queries; -1: queries end the sequence
-  int queries = -1;     // query/answer pairs (>= pairs); -1: as many as fit after the gap
+  int pairs = 16;       // key/value pairs at the start (fewer when T cannot hold them)
+  int gap = 64;         // filler between the pairs and the queries (clipped to fit one round);
+                        // -1: all spare room, so that the queries end the sequence
+  int queries = -1;     // query/answer pairs (at least one round of every key); -1: fill the rest
 };
 
 struct PasskeyConfig {

@@ -2,22 +2,16 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <memory>
 #include <stdexcept>
 #include <thread>
 
-#include "data/dataset.h"
-#include "engine/context.h"
 #include "engine/device.h"
 #include "engine/llmc_format.h"
-#include "engine/optimizer.h"
-#include "layers/transformer.h"
-#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
-#include "parallel/grid.h"
 #include "parallel/ulysses.h"
 
 namespace ul {
@@ -48,6 +42,12 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
   }
 }
 
+int threads_per_rank(const Options& o) {
+  if (o.threads > 0) return o.threads;
+  int ranks_here = o.comm == "local" ? o.ranks : 1;
+  return std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, ranks_here));
+}
+
 namespace {
 
 Tensor to_device(Context& c, const std::vector<int32_t>& v, Shape s) {
@@ -70,145 +70,178 @@ double now_ms() {
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
-double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+CommStats minus(const CommStats& a, const CommStats& b) {
+  return {a.all_reduce - b.all_reduce, a.all_to_all - b.all_to_all, a.all_gather - b.all_gather,
+          a.reduce_scatter - b.reduce_scatter, a.broadcast - b.broadcast};
+}
 
-struct EvalResult { double loss; double acc; int64_t count; };
+// Bytes this rank sent in the step: the world's collectives plus the sp and dp groups'.
+CommStats total_sent(Grid& g) {
+  CommStats s = g.world.stats;
+  for (Comm* c : {g.sp_group.get(), g.dp_group.get()}) {
+    if (!c) continue;
+    s.all_reduce += c->stats.all_reduce;
+    s.all_to_all += c->stats.all_to_all;
+    s.all_gather += c->stats.all_gather;
+    s.reduce_scatter += c->stats.reduce_scatter;
+    s.broadcast += c->stats.broadcast;
+  }
+  return s;
+}
 
-// Validation: eval_batches micro-batches of the val split, no tape, summed over the world.
-EvalResult evaluate(const Options& o, Transformer& model, const Dataset& val, Grid& g, Context& c, int eval_index) {
+ModelConfig config_for(const Options& o, const Dataset& data, std::vector<float>& ckpt) {
+  if (o.checkpoint.empty()) return model_config(o, data.vocab());
+  LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, ckpt);
+  ModelConfig cfg;
+  cfg.arch = "gpt2";
+  cfg.layers = lc.layers;
+  cfg.dim = lc.channels;
+  cfg.heads = cfg.kv_heads = lc.heads;
+  cfg.vocab = lc.vocab;
+  cfg.padded_vocab = lc.padded_vocab;
+  cfg.max_seq = lc.max_seq;
+  cfg.validate();
+  if (data.vocab() > cfg.vocab)
+    throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +
+                             ") is smaller than the data's (" + std::to_string(data.vocab()) + ")");
+  return cfg;
+}
+
+}  // namespace
+
+Trainer::Trainer(const Options& o, Comm& world) : o_(o), grid_(world, o.sp), ctx_(Device::cpu), guard_(ctx_) {
+  omp_set_num_threads(threads_per_rank(o));
+  // Data first: its vocabulary sizes the model unless --vocab says otherwise.
+  train_ = open_dataset(o.data, Split::train, o.seed, o.vocab);
+  val_ = open_dataset(o.data, Split::val, o.seed, o.vocab);
+  std::vector<float> ckpt;
+  ModelConfig cfg = config_for(o, *train_, ckpt);
+  check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
+  if (!cfg.is_llama() && o.seq > cfg.max_seq)
+    throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
+                             std::to_string(cfg.max_seq) + " (learned positions)");
+  model_ = std::make_unique<Transformer>(cfg);
+  if (!ckpt.empty()) device_copy(model_->params.data(), ctx_.device, ckpt.data(), Device::cpu, ckpt.size() * 4);
+  else model_->init_weights(o.seed);
+  AdamWConfig ac;
+  ac.weight_decay = o.weight_decay;
+  opt_ = std::make_unique<AdamW>(model_->params, ac);
+  micro_.resize(o.grad_accum);
+}
+
+StepResult Trainer::step() {
+  Grid& g = grid_;
+  const int A = o_.grad_accum;
+  double t0 = now_ms();
+  CommStats before = total_sent(g);
+  // Every micro-batch of the step is loaded first, so the loss can be normalised by the number of
+  // valid targets of the whole step, over the whole world, before any backward runs.
+  int64_t local_valid = 0;
+  for (int m = 0; m < A; m++) {
+    int64_t first = ((int64_t(step_) * A + m) * g.dp + g.dp_rank) * o_.batch;
+    load_batch(*train_, first, o_.batch, o_.seq, g.sp, g.sp_rank, micro_[m]);
+    local_valid += micro_[m].valid;
+  }
+  const int64_t count = global_count(g.world, local_valid);
+  if (count == 0) throw std::runtime_error("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch");
+  const float scale = float(1.0 / double(count));
+
+  StepResult r;
+  model_->params.zero_grad();
+  double loss_sum = 0;
+  for (int m = 0; m < A; m++) {
+    ctx_.arena.reset();
+    ctx_.arena.reset_high_water();
+    Recording rec(true);
+    CrossEntropyStats s = model_->forward(device_inputs(ctx_, micro_[m]), scale, g.sp_group.get());
+    ctx_.tape.backward();
+    loss_sum += s.loss_sum;
+    r.act_bytes = std::max(r.act_bytes, ctx_.arena.high_water());
+  }
+  all_reduce_gradients(g.world, model_->params.grad(), model_->params.numel());
+  g.world.all_reduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
+  r.loss = loss_sum / double(count);
+  r.grad_norm = grad_global_norm(model_->params);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+    throw std::runtime_error("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +
+                             std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr");
+  r.lr = lr_at(step_, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac);
+  opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
+  step_++;
+  r.ms = now_ms() - t0;
+  r.sent = minus(total_sent(g), before);
+  return r;
+}
+
+EvalResult Trainer::evaluate() {
+  Grid& g = grid_;
   Recording off(false);
   double sums[3] = {0, 0, 0};  // loss_sum, valid, correct
   HostBatch hb;
-  for (int e = 0; e < o.eval_batches; e++) {
-    c.arena.reset();
-    // Each eval looks at the same held-out sequences, so successive val losses are comparable.
-    int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o.batch;
-    (void)eval_index;
-    load_batch(val, first, o.batch, o.seq, g.sp, g.sp_rank, hb);
-    CrossEntropyStats s = model.forward(device_inputs(c, hb), 0.0f, g.sp_group.get());
+  for (int e = 0; e < o_.eval_batches; e++) {
+    ctx_.arena.reset();
+    // Every eval reads the same held-out sequences, so successive val losses are comparable.
+    int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
+    load_batch(*val_, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb);
+    CrossEntropyStats s = model_->forward(device_inputs(ctx_, hb), 0.0f, g.sp_group.get());
     sums[0] += s.loss_sum;
     sums[1] += double(s.n_valid);
     sums[2] += double(s.n_correct);
   }
   g.world.all_reduce(sums, 3, DType::f64, ReduceOp::sum);
-  EvalResult r{sums[1] > 0 ? sums[0] / sums[1] : 0.0, sums[1] > 0 ? sums[2] / sums[1] : 0.0, int64_t(sums[1])};
+  EvalResult r;
+  r.answers = int64_t(sums[1]);
+  if (sums[1] > 0) {
+    r.loss = sums[0] / sums[1];
+    r.accuracy = sums[2] / sums[1];
+  }
   return r;
 }
-
-}  // namespace
 
 int train_rank(const Options& o, Comm& world) {
   const bool lead = world.rank() == 0;
   auto say = [&](const char* fmt, auto... args) {
-    if (lead && !o.quiet) { std::printf(fmt, args...); std::fflush(stdout); }
+    if (lead && !o.quiet) {
+      std::printf(fmt, args...);
+      std::fflush(stdout);
+    }
   };
-  int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, o.comm == "local" ? o.ranks : 1));
-  omp_set_num_threads(threads);
-
-  Grid g(world, o.sp);
-  Context c(Device::cpu);
-  ContextGuard guard(c);
-
-  // Data first: its vocabulary sizes the model unless --vocab says otherwise.
-  auto train_data = open_dataset(o.data, Split::train, o.seed, o.vocab);
-  auto val_data = open_dataset(o.data, Split::val, o.seed, o.vocab);
-
-  ModelConfig cfg;
-  std::vector<float> ckpt;
-  if (!o.checkpoint.empty()) {
-    LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, ckpt);
-    cfg.arch = "gpt2";
-    cfg.layers = lc.layers; cfg.dim = lc.channels; cfg.heads = lc.heads; cfg.kv_heads = lc.heads;
-    cfg.vocab = lc.vocab; cfg.padded_vocab = lc.padded_vocab; cfg.max_seq = lc.max_seq;
-    cfg.validate();
-    if (train_data->vocab() > cfg.vocab)
-      throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +
-                               ") is smaller than the data's (" + std::to_string(train_data->vocab()) + ")");
-  } else {
-    cfg = model_config(o, train_data->vocab());
-  }
-  check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
-  if (!cfg.is_llama() && o.seq > cfg.max_seq)
-    throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
-                             std::to_string(cfg.max_seq) + " (learned positions)");
-
-  Transformer model(cfg);
-  if (!ckpt.empty()) copy_from_host(Tensor{model.params.data(), {int64_t(ckpt.size())}}, ckpt.data());
-  else model.init_weights(o.seed);
-  AdamWConfig ac;
-  ac.weight_decay = o.weight_decay;
-  AdamW opt(model.params, ac);
-
-  say("ulysses | %s | %.2fM parameters\n", cfg.describe().c_str(), model.params.numel() / 1e6);
-  say("data    | %s\n", train_data->describe().c_str());
+  Trainer tr(o, world);
+  Grid& g = tr.grid();
+  Transformer& model = tr.model();
+  const bool synthetic = tr.train_data().synthetic();
+  say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
+  say("data    | %s\n", tr.train_data().describe().c_str());
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
-      world.size(), g.dp, g.sp, world.backend(), threads, o.batch, o.seq, o.grad_accum);
+      world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o), o.batch, o.seq, o.grad_accum);
 
-  const int A = o.grad_accum;
-  std::vector<HostBatch> micro(A);
-  double first_loss = -1, last_loss = -1;
-  EvalResult last_eval{0, 0, 0};
+  double first_loss = 0, last_loss = 0;
+  EvalResult ev;
   bool have_eval = false;
-  for (int step = 0; step < o.steps; step++) {
-    double t0 = now_ms();
-    CommStats before = g.world.stats;
-    // Every micro-batch of the step is loaded first, so the loss can be normalised by the number
-    // of valid targets of the whole step, over the whole world, before any backward runs.
-    double count = 0;
-    for (int m = 0; m < A; m++) {
-      int64_t first = ((int64_t(step) * A + m) * g.dp + g.dp_rank) * o.batch;
-      load_batch(*train_data, first, o.batch, o.seq, g.sp, g.sp_rank, micro[m]);
-      count += double(micro[m].valid);
-    }
-    world.all_reduce(&count, 1, DType::f64, ReduceOp::sum);
-    if (count == 0) throw std::runtime_error("step " + std::to_string(step) + ": no valid targets in the whole batch");
-    const float scale = float(1.0 / count);
-
-    model.params.zero_grad();
-    double loss_sum = 0;
-    size_t act_peak = 0;
-    for (int m = 0; m < A; m++) {
-      c.arena.reset();
-      c.arena.reset_high_water();
-      Recording rec(true);
-      CrossEntropyStats s = model.forward(device_inputs(c, micro[m]), scale, g.sp_group.get());
-      c.tape.backward();
-      loss_sum += s.loss_sum;
-      act_peak = std::max(act_peak, c.arena.high_water());
-    }
-    all_reduce_gradients(world, model.params.grad(), model.params.numel());
-    world.all_reduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
-    double loss = loss_sum / count;
-    double norm = grad_global_norm(model.params);
-    if (!std::isfinite(loss) || !std::isfinite(norm))
-      throw std::runtime_error("step " + std::to_string(step) + ": loss or gradient norm is not finite (loss " +
-                               std::to_string(loss) + ", norm " + std::to_string(norm) + "); try a lower --lr");
-    float lr = lr_at(step, o.steps, o.warmup, o.lr, o.final_lr_frac);
-    opt.step(lr, clip_factor(norm, o.grad_clip));
-    double ms = now_ms() - t0;
-    uint64_t sent = g.world.stats.total() - before.total();
-    if (first_loss < 0) first_loss = loss;
-    last_loss = loss;
-    double tokens = double(g.dp) * o.batch * o.seq * A;
-    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | sent %.2f MiB\n",
-        step + 1, o.steps, loss, norm, lr, ms, tokens / (ms / 1000.0), mib(double(act_peak)), mib(double(sent)));
-
-    bool last = step + 1 == o.steps;
-    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
-      last_eval = evaluate(o, model, *val_data, g, c, step);
+  const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
+  for (int s = 0; s < o.steps; s++) {
+    StepResult r = tr.step();
+    if (s == 0) first_loss = r.loss;
+    last_loss = r.loss;
+    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB\n",
+        s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
+        r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0);
+    bool last = s + 1 == o.steps;
+    if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) {
+      ev = tr.evaluate();
       have_eval = true;
-      if (train_data->synthetic())
-        say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", step + 1, last_eval.loss,
-            100.0 * last_eval.acc, (long long)last_eval.count);
+      if (synthetic)
+        say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", s + 1, ev.loss, 100.0 * ev.accuracy,
+            (long long)ev.answers);
       else
-        say("eval  %5d | val loss %.4f\n", step + 1, last_eval.loss);
+        say("eval  %5d | val loss %.4f\n", s + 1, ev.loss);
     }
   }
   if (lead && o.steps > 0) {
     std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
     if (have_eval) {
-      std::printf(" | val loss %.4f", last_eval.loss);
-      if (train_data->synthetic()) std::printf(" | val accuracy %.2f%%", 100.0 * last_eval.acc);
+      std::printf(" | val loss %.4f", ev.loss);
+      if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
     }
     std::printf("\n");
   }

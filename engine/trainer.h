@@ -1,16 +1,21 @@
 // The training loop of one rank: batches from the dataset under the dp × sp grid, forward and
 // backward per micro-batch, the world-wide loss normalisation and gradient sum, AdamW, logs, evals.
+// Trainer is the loop as an object (tests and benchmarks drive it step by step); train_rank() is
+// the loop `train` runs, with its logs.
 #pragma once
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "data/dataset.h"
+#include "engine/context.h"
+#include "engine/optimizer.h"
 #include "engine/options.h"
+#include "layers/transformer.h"
+#include "parallel/communicator.h"
+#include "parallel/grid.h"
 
 namespace ul {
-
-class Comm;
-class Dataset;
-class Transformer;
-struct Grid;
 
 // One micro-batch of one rank, on the host: the rank's slice of B sequences.
 struct HostBatch {
@@ -23,8 +28,50 @@ struct HostBatch {
 // Fill `hb` with sequences [first, first + B) of `data`, sliced for sp rank `sp_rank` of `sp`.
 void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp_rank, HostBatch& hb);
 
-// Runs the whole job on this rank (world == nullptr: one process, no communicator).
-// Returns the process exit code. Only rank 0 prints.
+struct StepResult {
+  double loss = 0;        // mean over the valid targets of the step, whole world
+  double grad_norm = 0;   // before clipping
+  float lr = 0;
+  double ms = 0;
+  size_t act_bytes = 0;   // arena high-water of the step's largest micro-batch (this rank)
+  CommStats sent;         // bytes this rank sent during the step, by collective
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t answers = 0;    // valid targets evaluated (world)
+};
+
+class Trainer {
+ public:
+  // Must be constructed on the thread that will run it (it installs its Context there).
+  Trainer(const Options& o, Comm& world);
+  StepResult step();      // one optimizer step: micro-batches [step * A, step * A + A)
+  EvalResult evaluate();  // eval_batches micro-batches of the val split, no tape
+  int steps_done() const { return step_; }
+
+  const Options& options() const { return o_; }
+  Grid& grid() { return grid_; }
+  Context& context() { return ctx_; }
+  Transformer& model() { return *model_; }
+  const Dataset& train_data() const { return *train_; }
+
+ private:
+  Options o_;
+  Grid grid_;
+  Context ctx_;
+  ContextGuard guard_;
+  std::unique_ptr<Dataset> train_, val_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::vector<HostBatch> micro_;
+  int step_ = 0;
+};
+
+// The whole job on this rank, with logs (only rank 0 prints). Returns the exit code.
 int train_rank(const Options& o, Comm& world);
+
+// Threads per rank: --threads, or the cores divided among the ranks of this process.
+int threads_per_rank(const Options& o);
 
 }  // namespace ul

@@ -9,7 +9,8 @@
 namespace ul {
 namespace cpu {
 template <class T> void linear_forward(T* y, const T* x, const T* w, const T* b, int N, int C, int OC);
-// b may be null (no bias): then db is ignored.
+// b may be null (no bias): then db is ignored. dx, dw or db may be null: that gradient (and its
+// GEMM) is skipped.
 template <class T>
 void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, int N, int C, int OC);
 }  // namespace cpu
