@@ -1,7 +1,5 @@
 #include "layers/attention.h"
 
-// GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>

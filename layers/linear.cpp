@@ -1,7 +1,5 @@
 #include "layers/linear.h"
 
-// GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <omp.h>
 
 #include <Eigen/Core>
