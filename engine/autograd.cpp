@@ -12,9 +12,11 @@ int Tape::param_slot(void* grad) {
   return int(n_param_slots_++);
 }
 
-Tensor Tape::track(Tensor t) {
+Tensor Tape::track(Tensor t) { return track(t, t.dtype); }
+
+Tensor Tape::track(Tensor t, DType grad_dtype) {
   t.gid = int(slots_.size());
-  slots_.push_back({nullptr, t.nbytes()});
+  slots_.push_back({nullptr, size_t(t.numel()) * dtype_size(grad_dtype)});
   return t;
 }
 

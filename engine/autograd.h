@@ -22,8 +22,11 @@ class Tape {
 
   // A persistent slot whose gradient buffer is `grad` (the parameter gradient buffer).
   int param_slot(void* grad);
-  // Give t a fresh activation gradient slot (allocated lazily) and return t.
+  // Give t a fresh activation gradient slot (allocated lazily) and return t. The gradient has t's
+  // dtype, unless grad_dtype says otherwise (a bf16 weight made outside Params has an f32 gradient,
+  // like every parameter gradient).
   Tensor track(Tensor t);
+  Tensor track(Tensor t, DType grad_dtype);
   // The gradient buffer of t, allocated and zeroed on first use. t must have a slot.
   void* grad(const Tensor& t);
   float* gradf(const Tensor& t) { return static_cast<float*>(grad(t)); }

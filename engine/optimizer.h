@@ -5,9 +5,13 @@
 //   p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "engine/params.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 
@@ -20,6 +24,28 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
                   float eps, float weight_decay, float grad_scale, int t);
 double sum_squares(const float* x, size_t n);
 }  // namespace cpu
+
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// The update of cpu::adamw_update on n device elements, fp32 math on the master weights, which are
+// `master` (fp32) when Tp is __nv_bfloat16, or `params` themselves when Tp is float (master must
+// then be null). For bf16, params = master rounded STOCHASTICALLY: away from zero with probability
+// (distance to the bf16 nearer zero) / (bf16 spacing), so the rounding is unbiased and updates
+// smaller than a bf16 ulp are not lost on average. The random bits are a hash of (seed, t, i), i the element index: the same seed and
+// step give the same bits (a rerun is bitwise identical); give each parameter tensor its own seed.
+template <class Tp>
+void adamw_update(Tp* params, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed, cudaStream_t s);
+
+// sum_i x[i]^2 (the squared global gradient norm), in two fixed-order stages (deterministic):
+// per-block partial sums into scratch, then one block adds them in order and writes *out (a
+// device float; sum_squares_scratch_bytes(n) bytes of scratch hold the partials).
+void sum_squares(float* out, const float* x, size_t n, float* scratch, cudaStream_t s);
+size_t sum_squares_scratch_bytes(size_t n);
+// The same, returned to the host (allocates its scratch and waits for the result).
+double sum_squares(const float* x, size_t n, cudaStream_t s);
+}  // namespace cuda
+#endif
 
 class AdamW {
  public:

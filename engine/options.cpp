@@ -35,6 +35,13 @@ parallelism
   --sp P              Ulysses sequence-parallel degree (dp = world / P)                   [1]
   --comm local|mpi    local: ranks are threads of this process; mpi: under mpirun         [local]
   --ranks N           world size for --comm local                                         [1]
+checkpoints and logs
+  --save-dir DIR      save resumable checkpoints in DIR/step_NNNNNNNN (and at the last step)
+  --save-every N      also save every N steps                                             [0: end only]
+  --keep K            keep only the K newest checkpoints                                  [0: all]
+  --resume            continue from the newest complete checkpoint in --save-dir
+  --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
+                                                         [DIR/log.jsonl with --save-dir, else none]
 verification
   --check-state FILE  run one forward/backward on an llm.c debug state (needs --checkpoint),
                       print per-tensor differences and PASS/FAIL
@@ -82,7 +89,8 @@ Options parse_options(int argc, char** argv) {
       {"--seed", [&o](const std::string& f, const std::string& v) { o.seed = uint64_t(parse_int(f, v)); }},
       {"--threads", I(o.threads)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
-      {"--check-state", S(o.check_state)},
+      {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
+      {"--keep", I(o.keep)}, {"--log", S(o.log)},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
   };
   for (int i = 1; i < argc; i++) {
@@ -95,6 +103,7 @@ Options parse_options(int argc, char** argv) {
     }
     if (a == "--help" || a == "-h") { o.help = true; continue; }
     if (a == "--quiet") { o.quiet = true; continue; }
+    if (a == "--resume") { o.resume = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
@@ -119,6 +128,12 @@ Options parse_options(int argc, char** argv) {
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (!(o.lr > 0)) throw std::runtime_error("--lr must be > 0");
   if (o.comm != "local" && o.comm != "mpi") throw std::runtime_error("--comm: expected local or mpi, got '" + o.comm + "'");
+  if (o.save_every < 0) throw std::runtime_error("--save-every must be >= 0");
+  if (o.keep < 0) throw std::runtime_error("--keep must be >= 0");
+  for (const char* f : {"--save-every", "--keep", "--resume"})
+    if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
+  if (o.set_by_user("--save-dir") && o.save_dir.empty()) throw std::runtime_error("--save-dir: empty path");
+  if (o.set_by_user("--log") && o.log.empty()) throw std::runtime_error("--log: empty path");
   if (!o.check_state.empty() && o.checkpoint.empty())
     throw std::runtime_error("--check-state needs --checkpoint (the llm.c model the state was made with)");
   return o;

@@ -28,6 +28,10 @@ struct Options {
   // files
   std::string checkpoint, check_state;
   double check_tol = 1e-5;
+  // checkpoints and logs (engine/checkpoint.h, engine/run_log.h)
+  std::string save_dir, log;  // log: "" = save_dir/log.jsonl when saving, else no log
+  int save_every = 0, keep = 0;  // 0: save only at the end / keep every checkpoint
+  bool resume = false;
   bool help = false;
   bool quiet = false;
 

@@ -9,8 +9,11 @@
 #include <stdexcept>
 #include <thread>
 
+#include "engine/checkpoint.h"
 #include "engine/device.h"
 #include "engine/llmc_format.h"
+#include "engine/loss_plot.h"
+#include "engine/run_log.h"
 #include "parallel/data_parallel.h"
 #include "parallel/ulysses.h"
 
@@ -215,14 +218,25 @@ int train_rank(const Options& o, Comm& world) {
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
       world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o), o.batch, o.seq, o.grad_accum);
 
+  // Where this run starts: step 0, or the newest complete checkpoint under --resume.
+  int start = 0;
+  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume);
+  if (o.resume)
+    say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
+        o.steps);
+  const std::string log_path = !o.log.empty() ? o.log : o.save_dir.empty() ? "" : o.save_dir + "/log.jsonl";
+  std::unique_ptr<RunLog> log;
+  if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1);
+
   double first_loss = 0, last_loss = 0;
   EvalResult ev;
   bool have_eval = false;
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
-  for (int s = 0; s < o.steps; s++) {
+  for (int s = start; s < o.steps; s++) {
     StepResult r = tr.step();
-    if (s == 0) first_loss = r.loss;
+    if (s == start) first_loss = r.loss;
     last_loss = r.loss;
+    if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0));
     say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB\n",
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
         r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0);
@@ -235,9 +249,22 @@ int train_rank(const Options& o, Comm& world) {
             (long long)ev.answers);
       else
         say("eval  %5d | val loss %.4f\n", s + 1, ev.loss);
+      if (log) log->eval(s + 1, ev);
+    }
+    if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
+      const double t0 = now_ms();
+      save_checkpoint(tr, o.save_dir, o.keep);
+      say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
     }
   }
-  if (lead && o.steps > 0) {
+  if (log) {
+    log.reset();  // closed: the plot reads it back
+    const std::string svg = plot_path_for_log(log_path);
+    if (write_loss_plot(log_path, svg)) say("plot    | %s\n", svg.c_str());
+  }
+  if (lead && start >= o.steps && o.steps > 0)
+    std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
+  if (lead && o.steps > start) {
     std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);

@@ -49,6 +49,10 @@ class Trainer {
   StepResult step();      // one optimizer step: micro-batches [step * A, step * A + A)
   EvalResult evaluate();  // eval_batches micro-batches of the val split, no tape
   int steps_done() const { return step_; }
+  // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its batches and
+  // learning rate; the caller restores the parameters and the optimizer state that go with it.
+  void set_steps_done(int s) { step_ = s; }
+  AdamW& optimizer() { return *opt_; }
 
   const Options& options() const { return o_; }
   Grid& grid() { return grid_; }

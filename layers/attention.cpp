@@ -240,7 +240,55 @@ template void attention_backward<double>(double*, const double*, const double*, 
                                          const int32_t*, int, int, int, int, int);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+  if (qkv.ndim() != 4) throw std::runtime_error("attention: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
+  if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    throw std::runtime_error("attention: query heads (" + std::to_string(Hq) + ") must be a positive multiple of kv heads (" +
+                             std::to_string(Hkv) + ")");
+  const int B = int(qkv.size(0)), Tn = int(qkv.size(1)), D = int(qkv.size(3));
+  if (qkv.size(2) != Hq + 2 * Hkv)
+    throw std::runtime_error("attention: qkv " + qkv.shape.str() + " needs dim 2 = Hq + 2*Hkv = " +
+                             std::to_string(Hq + 2 * Hkv));
+  if (!cuda::attention_supports_head_dim(D))
+    throw std::runtime_error("attention: the CUDA backend supports head dim D = 32, 64 or 128, got D = " +
+                             std::to_string(D) + " (qkv " + qkv.shape.str() + ")");
+  const int32_t* docp = nullptr;
+  if (doc.defined()) {
+    check_shape(doc, {B, Tn}, "attention doc ids");
+    if (doc.device != qkv.device)
+      throw std::runtime_error(std::string("attention: doc ids on ") + device_name(doc.device) + " but qkv on " +
+                               device_name(qkv.device));
+    docp = doc.i32();
+  }
+  Tensor out;
+  dispatch_cuda(qkv, {}, "attention", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    out = c.empty({B, Tn, Hq, D}, qkv.dtype);
+    Tensor lse = c.empty({B, Hq, Tn});
+    cuda::attention_forward(out.as<T>(), lse.f32(), qkv.as<T>(), docp, B, Tn, Hq, Hkv, D, op_stream());
+    if (!needs_grad({&qkv})) return;
+    out = c.tape.track(out);
+    c.tape.push("attention", [=] {
+      const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
+      if (!dout) return;
+      // The gradient buffer first: one allocated lazily inside the scratch scope would be released with it.
+      T* dqkv = grad_or_scratch_as<T>(qkv);
+      ArenaScope scope(ctx().arena);
+      float* scratch = static_cast<float*>(ctx().arena.alloc(cuda::attention_backward_scratch_bytes(B, Tn, Hq)));
+      cuda::attention_backward(dqkv, dout, out.as<T>(), lse.f32(), qkv.as<T>(), docp, scratch, B, Tn, Hq, Hkv, D,
+                               op_stream());
+    });
+  });
+  return out;
+}
+#endif
+
 Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+#if ULYSSES_HAVE_CUDA
+  if (qkv.device == Device::cuda) return attention_cuda(qkv, Hq, Hkv, doc);
+#endif
   require_cpu_f32(qkv, "attention");
   if (qkv.ndim() != 4) throw std::runtime_error("attention: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
   if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)

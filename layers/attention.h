@@ -11,6 +11,9 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 namespace cpu {
@@ -21,6 +24,25 @@ template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
                         int B, int Tn, int Hq, int Hkv, int D);
 }  // namespace cpu
+
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// The same contract as the CPU kernels, on device memory; T is float or __nv_bfloat16, lse and all
+// accumulation are float. D must be one of 32, 64, 128 (attention_supports_head_dim); other head
+// dims throw std::invalid_argument naming D. doc: device (B, T) ids or nullptr.
+bool attention_supports_head_dim(int D);
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,
+                       cudaStream_t s);
+// Adds into dqkv (every row of it: q rows get dq, k rows dk, v rows dv). scratch:
+// attention_backward_scratch_bytes(B, Tn, Hq) bytes of device memory (rowsum(dout * out)).
+// Deterministic: every element of dqkv is written by one thread, summing in a fixed order.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
+                        float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s);
+size_t attention_backward_scratch_bytes(int B, int Tn, int Hq);
+}  // namespace cuda
+#endif
 
 // qkv: (B, T, Hq + 2*Hkv, D), doc: i32 (B, T) or undefined -> (B, T, Hq, D)
 Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/device.h"
 #include "layers/linear.h"
 #include "layers/op_util.h"
 
@@ -143,8 +144,55 @@ template CrossEntropyStats classifier_forward_backward<double>(double*, double*,
                                                                const int32_t*, int, int, int, double, int);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 x and w; dw is f32 either way. targets: i32 on
+// the cuda device (or on the cpu: then uploaded). The targets are read on the host too: they are
+// checked there, and they decide which rows the chunks cover.
+static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
+                                                       float grad_scale) {
+  if (targets.dtype != DType::i32)
+    throw std::runtime_error("classifier_cross_entropy: targets must be i32, got " +
+                             std::string(dtype_name(targets.dtype)));
+  const int C = last_dim(x), N = rows(x);
+  if (w.ndim() != 2 || w.size(1) != C || V < 1 || w.size(0) < V)
+    throw std::runtime_error("classifier_cross_entropy: weight must be (Vp >= V = " + std::to_string(V) + ", " +
+                             std::to_string(C) + "), got " + w.shape.str());
+  if (targets.numel() != N)
+    throw std::runtime_error("classifier_cross_entropy: " + std::to_string(targets.numel()) + " targets for " +
+                             std::to_string(N) + " rows of " + x.shape.str());
+  std::vector<int32_t> tg(N);
+  copy_to_host(tg.data(), targets);
+  check_targets(tg.data(), N, V);
+  CrossEntropyStats st;
+  dispatch_cuda(x, {&w}, "classifier_cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    const bool grad = c.tape.recording && (x.requires_grad() || w.requires_grad());
+    // The gradient slots first: allocated on first use from the arena, they must outlive the scope.
+    T* dx = grad && x.requires_grad() ? grad_or_scratch_as<T>(x) : nullptr;
+    float* dw = grad && w.requires_grad() ? weight_grad_or_scratch(w) : nullptr;
+    // The chunks run over all rows (trimmed to valid targets), so the row count caps their size.
+    const int R = op_chunk_rows(V, N);
+    ArenaScope scope(c.arena);  // one chunk of scratch, released on return
+    const int32_t* tg_dev = targets.device == Device::cuda ? targets.i32() : nullptr;
+    if (!tg_dev) {
+      int32_t* up = static_cast<int32_t*>(c.arena.alloc(size_t(N) * sizeof(int32_t)));
+      device_copy(up, Device::cuda, tg.data(), Device::cpu, size_t(N) * sizeof(int32_t));
+      tg_dev = up;
+    }
+    void* scratch = c.arena.alloc(cuda::classifier_scratch_bytes(N, V, R, x.dtype));
+    st = cuda::classifier_forward_backward<T>(dx, dw, x.as<T>(), w.as<T>(), tg_dev, tg.data(), N, C, V, grad_scale,
+                                              R, scratch, op_stream());
+  });
+  return st;
+}
+#endif
+
 CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
                                            float grad_scale) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) return classifier_cross_entropy_cuda(x, w, targets, V, grad_scale);
+#endif
   require_cpu_f32(x, "classifier_cross_entropy");
   require_cpu_f32(w, "classifier_cross_entropy weight");
   if (targets.device != Device::cpu || targets.dtype != DType::i32)

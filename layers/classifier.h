@@ -7,9 +7,13 @@
 // never scored. grad_scale is 1 / (valid targets of the whole optimizer step, over all ranks):
 // the normalisation of DESIGN.md "Loss and gradients across ranks".
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/tensor.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 
@@ -25,6 +29,33 @@ template <class T>
 CrossEntropyStats classifier_forward_backward(T* dx, T* dw, const T* x, const T* w, const int32_t* targets,
                                               int N, int C, int V, T grad_scale, int chunk_rows);
 }  // namespace cpu
+
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// One block per row of logits (R, V) (fp32, the GEMM's output), target t = targets[r]:
+//   loss[r] = logsumexp(logits[r]) - logits[r][t],  hit[r] = (first argmax == t),
+//   dlogits[r] = (softmax(logits[r]) - onehot(t)) * grad_scale    (when dlogits is not null)
+// A row with t = -1 gets loss 0, hit 0 and a zero dlogits row. dlogits may be the logits buffer
+// itself when T is float (each element is read before the same thread overwrites it).
+template <class T>
+void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* logits, const int32_t* targets, int R,
+                           int V, float grad_scale, cudaStream_t s);
+
+// The chunked classifier of cpu::classifier_forward_backward on device buffers: for each chunk of
+// up to chunk_rows rows (trimmed to its first and last valid target, skipped when it has none), the
+// fp32 logits by GEMM, softmax_cross_entropy, then dx (N, C) += dlogits w[0:V] and
+// dw (>= V, C) (fp32) += dlogits^T x by GEMM. dx and/or dw may be null (no gradient wanted).
+// targets: device copy (N); targets_host: the same values on the host, already checked to be in
+// [-1, V) (it decides the chunks and n_valid). scratch: classifier_scratch_bytes(...) bytes.
+// The per-row losses and hits are summed on the host in row order: deterministic.
+template <class T>
+CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, const T* w, const int32_t* targets,
+                                              const int32_t* targets_host, int N, int C, int V, float grad_scale,
+                                              int chunk_rows, void* scratch, cudaStream_t s);
+// dtype: f32 or bf16 (the T above).
+size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype);
+}  // namespace cuda
+#endif
 
 // x: (..., C), w: (Vp, C) with Vp >= V, targets: i32 (...) with values in [-1, V).
 // When the tape records and x or w needs a gradient, dx and dw are added now (scaled by

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/device.h"
 #include "layers/op_util.h"
 
 namespace ul {
@@ -62,39 +63,111 @@ void require_cpu_i32(const Tensor& t, const char* what) {
     throw std::runtime_error(std::string(what) + ": expected i32, got " + dtype_name(t.dtype));
 }
 
-// Every v[n] must lie in [0, limit); the error names the value, its index and the range.
+// The error for v[n] = value outside [0, limit): it names the value, its index and the range.
+[[noreturn]] void range_error(int32_t value, int n, int64_t limit, const char* kind, const char* table) {
+  throw std::runtime_error("embedding: " + std::string(kind) + " " + std::to_string(value) + " at index " +
+                           std::to_string(n) + " is outside the " + table + " [0, " + std::to_string(limit) + ")");
+}
+
+// Every v[n] must lie in [0, limit).
 void check_range(const int32_t* v, int N, int64_t limit, const char* kind, const char* table) {
   for (int n = 0; n < N; n++)
-    if (v[n] < 0 || v[n] >= limit)
-      throw std::runtime_error("embedding: " + std::string(kind) + " " + std::to_string(v[n]) + " at index " +
-                               std::to_string(n) + " is outside the " + table + " [0, " + std::to_string(limit) +
-                               ")");
+    if (v[n] < 0 || v[n] >= limit) range_error(v[n], n, limit, kind, table);
+}
+
+// The shapes both backends check; dtypes and devices are each backend's business.
+struct Dims {
+  int64_t B, T, V;
+  int C, N;
+  bool has_wpe;
+};
+Dims check_dims(const Tensor& idx, const Tensor& pos, const Tensor& wte, const Tensor& wpe) {
+  if (idx.ndim() != 2) throw std::runtime_error("embedding: token ids must be (B, T), got " + idx.shape.str());
+  if (wte.ndim() != 2) throw std::runtime_error("embedding: wte must be (V, C), got " + wte.shape.str());
+  Dims d{idx.size(0), idx.size(1), wte.size(0), int(wte.size(1)), int(idx.size(0) * idx.size(1)), wpe.defined()};
+  if (d.has_wpe) {
+    if (wpe.ndim() != 2 || wpe.size(1) != d.C)
+      throw std::runtime_error("embedding: wpe must be (maxT, " + std::to_string(d.C) + "), got " + wpe.shape.str());
+    if (!pos.defined()) throw std::runtime_error("embedding: wpe is given but positions are not");
+  }
+  if (pos.defined()) check_shape(pos, idx.shape, "embedding positions");
+  return d;
 }
 }  // namespace
 
+#if ULYSSES_HAVE_CUDA
+namespace {
+void require_cuda_i32(const Tensor& t, const char* what) {
+  if (t.device != Device::cuda || t.dtype != DType::i32)
+    throw std::runtime_error(std::string(what) + ": expected i32 on cuda, got " + t.str());
+}
+
+// The CPU's range check, on device: a kernel finds the first value out of range, and the host
+// reads that one value back to name it in the same message as the CPU op.
+void check_range_cuda(const int32_t* v, int N, int64_t limit, const char* kind, const char* table) {
+  int first = 0;
+  {
+    ArenaScope scope(ctx().arena);
+    int* scratch = static_cast<int*>(ctx().arena.alloc(sizeof(int)));
+    first = cuda::embedding_first_out_of_range(v, N, limit, scratch, op_stream());
+  }
+  if (first < 0) return;
+  int32_t value = 0;
+  device_copy(&value, Device::cpu, v + first, Device::cuda, sizeof(value));
+  range_error(value, first, limit, kind, table);
+}
+}  // namespace
+
+// The same op on the CUDA backend, for f32 and bf16 tables; table gradients are f32 either way.
+static Tensor embedding_cuda(const Tensor& idx, const Tensor& pos, const Tensor& wte, const Tensor& wpe) {
+  const Dims d = check_dims(idx, pos, wte, wpe);
+  require_cuda_i32(idx, "embedding token ids");
+  if (pos.defined()) require_cuda_i32(pos, "embedding positions");
+  const bool has_wpe = d.has_wpe;
+  const int N = d.N, C = d.C;
+  Tensor y;
+  dispatch_cuda(wte, {has_wpe ? &wpe : &wte}, "embedding", [&](auto tag) {
+    using T = decltype(tag);
+    check_range_cuda(idx.as<int32_t>(), N, d.V, "token id", "vocabulary");
+    if (has_wpe) check_range_cuda(pos.as<int32_t>(), N, wpe.size(0), "position", "position table");
+    Context& c = ctx();
+    y = c.empty({d.B, d.T, C}, wte.dtype);
+    const int32_t* pos_p = has_wpe ? pos.as<int32_t>() : nullptr;
+    const T* wpe_p = has_wpe ? wpe.as<T>() : nullptr;
+    cuda::embedding_forward(y.as<T>(), idx.as<int32_t>(), pos_p, wte.as<T>(), wpe_p, N, C, op_stream());
+    if (!needs_grad({&wte, &wpe})) return;  // idx and pos are integers: no gradient flows to them
+    y = c.tape.track(y);
+    c.tape.push("embedding", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      // Gradient buffers first: one allocated lazily inside the scratch scope would be released with it.
+      float* dwte = weight_grad_or_scratch(wte);  // parameter gradients are f32 whatever T is
+      float* dwpe = has_wpe ? weight_grad_or_scratch(wpe) : nullptr;
+      ArenaScope scope(ctx().arena);
+      void* scratch = ctx().arena.alloc(cuda::embedding_backward_scratch_bytes(N));
+      cuda::embedding_backward(dwte, dwpe, dy, idx.as<int32_t>(), pos_p, scratch, N, C, op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
 Tensor embedding(const Tensor& idx, const Tensor& pos, const Tensor& wte, const Tensor& wpe) {
+#if ULYSSES_HAVE_CUDA
+  if (wte.device == Device::cuda) return embedding_cuda(idx, pos, wte, wpe);
+#endif
   require_cpu_i32(idx, "embedding token ids");
   require_cpu_f32(wte, "embedding wte");
-  if (idx.ndim() != 2) throw std::runtime_error("embedding: token ids must be (B, T), got " + idx.shape.str());
-  if (wte.ndim() != 2) throw std::runtime_error("embedding: wte must be (V, C), got " + wte.shape.str());
-  const int64_t B = idx.size(0), T = idx.size(1), V = wte.size(0);
-  const int C = int(wte.size(1)), N = int(B * T);
-  const bool has_wpe = wpe.defined();
-  if (has_wpe) {
-    require_cpu_f32(wpe, "embedding wpe");
-    if (wpe.ndim() != 2 || wpe.size(1) != C)
-      throw std::runtime_error("embedding: wpe must be (maxT, " + std::to_string(C) + "), got " + wpe.shape.str());
-    if (!pos.defined()) throw std::runtime_error("embedding: wpe is given but positions are not");
-  }
-  if (pos.defined()) {
-    require_cpu_i32(pos, "embedding positions");
-    check_shape(pos, idx.shape, "embedding positions");
-  }
-  check_range(idx.i32(), N, V, "token id", "vocabulary");
+  if (wpe.defined()) require_cpu_f32(wpe, "embedding wpe");
+  if (pos.defined()) require_cpu_i32(pos, "embedding positions");
+  const Dims d = check_dims(idx, pos, wte, wpe);
+  const bool has_wpe = d.has_wpe;
+  const int C = d.C, N = d.N;
+  check_range(idx.i32(), N, d.V, "token id", "vocabulary");
   if (has_wpe) check_range(pos.i32(), N, wpe.size(0), "position", "position table");
 
   Context& c = ctx();
-  Tensor y = c.empty({B, T, C});
+  Tensor y = c.empty({d.B, d.T, C});
   const int32_t* pos_p = has_wpe ? pos.i32() : nullptr;
   cpu::embedding_forward(y.f32(), idx.i32(), pos_p, wte.f32(), has_wpe ? wpe.f32() : nullptr, N, C);
   if (needs_grad({&wte, &wpe})) {  // idx and pos are integers: no gradient flows to them

@@ -8,6 +8,9 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 namespace cpu {
@@ -16,6 +19,26 @@ void embedding_forward(T* y, const int32_t* idx, const int32_t* pos, const T* wt
 template <class T>
 void embedding_backward(T* dwte, T* dwpe, const T* dy, const int32_t* idx, const int32_t* pos, int N, int C);
 }  // namespace cpu
+
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// T is float or __nv_bfloat16 (y, wte, wpe, dy); the table gradients are float (parameter
+// gradients are f32). Pointers are device memory; wpe / dwpe nullptr: no position table.
+template <class T>
+void embedding_forward(T* y, const int32_t* idx, const int32_t* pos, const T* wte, const T* wpe, int N, int C,
+                       cudaStream_t s);
+// Adds into dwte and dwpe, deterministically and without atomics: rows n are sorted by table row
+// (then n) and each table row sums its dy rows in order of n, as the CPU loop does.
+// scratch: embedding_backward_scratch_bytes(N) bytes of device memory for the sort keys.
+template <class T>
+void embedding_backward(float* dwte, float* dwpe, const T* dy, const int32_t* idx, const int32_t* pos, void* scratch,
+                        int N, int C, cudaStream_t s);
+size_t embedding_backward_scratch_bytes(int N);
+// The smallest n with v[n] outside [0, limit), or -1 when every value is in range. scratch: one
+// int of device memory. Waits for the stream (the answer is read back to the host).
+int embedding_first_out_of_range(const int32_t* v, int N, int64_t limit, int* scratch, cudaStream_t s);
+}  // namespace cuda
+#endif
 
 // idx, pos: i32 (B, T);  wte: (V, C);  wpe: (maxT, C) or an undefined Tensor (Llama: no wpe)
 // -> (B, T, C)

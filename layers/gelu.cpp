@@ -43,7 +43,32 @@ template void gelu_backward<float>(float*, const float*, const float*, int64_t);
 template void gelu_backward<double>(double*, const double*, const double*, int64_t);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors.
+static Tensor gelu_cuda(const Tensor& x) {
+  const int64_t n = x.numel();
+  Tensor y;
+  dispatch_cuda(x, {}, "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    y = c.empty(x.shape, x.dtype);
+    cuda::gelu_forward(y.as<T>(), x.as<T>(), n, op_stream());
+    if (!needs_grad({&x})) return;
+    y = c.tape.track(y);
+    c.tape.push("gelu", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cuda::gelu_backward(grad_or_scratch_as<T>(x), dy, x.as<T>(), n, op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
 Tensor gelu(const Tensor& x) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) return gelu_cuda(x);
+#endif
   require_cpu_f32(x, "gelu");
   const int64_t n = x.numel();
   Context& c = ctx();

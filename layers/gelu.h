@@ -4,12 +4,23 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 namespace cpu {
 template <class T> void gelu_forward(T* y, const T* x, int64_t n);
 template <class T> void gelu_backward(T* dx, const T* dy, const T* x, int64_t n);
 }  // namespace cpu
+
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// T is float or __nv_bfloat16, math in float. Pointers are device memory; backward adds into dx.
+template <class T> void gelu_forward(T* y, const T* x, int64_t n, cudaStream_t s);
+template <class T> void gelu_backward(T* dx, const T* dy, const T* x, int64_t n, cudaStream_t s);
+}  // namespace cuda
+#endif
 
 Tensor gelu(const Tensor& x);  // any shape
 

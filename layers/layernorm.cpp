@@ -93,8 +93,8 @@ static Tensor layernorm_cuda(const Tensor& x, const Tensor& w, const Tensor& b) 
       if (!dy) return;
       // Gradient buffers first: one allocated lazily inside the scratch scope would be released with it.
       T* dx = grad_or_scratch_as<T>(x);
-      T* dw = grad_or_scratch_as<T>(w);
-      T* db = grad_or_scratch_as<T>(b);
+      float* dw = weight_grad_or_scratch(w);  // parameter gradients are f32 whatever T is
+      float* db = weight_grad_or_scratch(b);
       ArenaScope scope(ctx().arena);
       float* scratch = static_cast<float*>(ctx().arena.alloc(cuda::layernorm_backward_scratch_bytes(N, C)));
       cuda::layernorm_backward(dx, dw, db, dy, x.as<T>(), w.as<T>(), mean.f32(), rstd.f32(), scratch, N, C,

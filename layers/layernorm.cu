@@ -1,5 +1,5 @@
 // LayerNorm on CUDA (the math is in layernorm.h; the CPU loop it must match is in layernorm.cpp).
-// T is float or __nv_bfloat16; mean, rstd and every sum are float.
+// T is float or __nv_bfloat16; mean, rstd, every sum and the parameter gradients dw, db are float.
 //
 // forward      one warp per row: three passes over the row (mean, then variance of x - mean,
 //              then y), each lane striding over the columns, warp_sum for the two reductions.
@@ -113,9 +113,8 @@ __global__ void layernorm_backward_partial_kernel(float* __restrict__ partial, c
   }
 }
 
-// dw[c] += sum_k partial[0][k][c],  db[c] += sum_k partial[1][k][c]
-template <class T>
-__global__ void layernorm_backward_reduce_kernel(T* __restrict__ dw, T* __restrict__ db,
+// dw[c] += sum_k partial[0][k][c],  db[c] += sum_k partial[1][k][c]  (f32 parameter gradients)
+__global__ void layernorm_backward_reduce_kernel(float* __restrict__ dw, float* __restrict__ db,
                                                  const float* __restrict__ partial, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -124,8 +123,8 @@ __global__ void layernorm_backward_reduce_kernel(T* __restrict__ dw, T* __restri
     sw += partial[size_t(k) * C + c];
     sb += partial[size_t(chunks + k) * C + c];
   }
-  dw[c] = from_float<T>(to_float(dw[c]) + sw);
-  db[c] = from_float<T>(to_float(db[c]) + sb);
+  dw[c] += sw;
+  db[c] += sb;
 }
 
 }  // namespace
@@ -141,7 +140,7 @@ void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const T* w, c
 }
 
 template <class T>
-void layernorm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const float* mean,
+void layernorm_backward(T* dx, float* dw, float* db, const T* dy, const T* x, const T* w, const float* mean,
                         const float* rstd, float* scratch, int N, int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;
   launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0,
@@ -149,7 +148,7 @@ void layernorm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w
   const int chunks = num_chunks(N), chunk_rows = int(ceil_div(N, chunks));
   launch("layernorm_backward_partial", layernorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
          dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, mean, rstd, N, C, chunk_rows);
-  launch("layernorm_backward_reduce", layernorm_backward_reduce_kernel<T>, dim3(ceil_div(C, 256)), dim3(256), 0, s,
+  launch("layernorm_backward_reduce", layernorm_backward_reduce_kernel, dim3(ceil_div(C, 256)), dim3(256), 0, s,
          dw, db, scratch, chunks, C);
 }
 
@@ -159,9 +158,9 @@ template void layernorm_forward<__nv_bfloat16>(__nv_bfloat16*, float*, float*, c
                                                const __nv_bfloat16*, const __nv_bfloat16*, int, int, cudaStream_t);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
                                         const float*, const float*, float*, int, int, cudaStream_t);
-template void layernorm_backward<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*,
-                                                const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                const float*, const float*, float*, int, int, cudaStream_t);
+template void layernorm_backward<__nv_bfloat16>(__nv_bfloat16*, float*, float*, const __nv_bfloat16*,
+                                                const __nv_bfloat16*, const __nv_bfloat16*, const float*, const float*,
+                                                float*, int, int, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ul

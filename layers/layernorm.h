@@ -30,10 +30,11 @@ namespace cuda {
 template <class T>
 void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int N, int C,
                        cudaStream_t s);
-// Adds into dx, dw, db. scratch: layernorm_backward_scratch_bytes(N, C) bytes of device memory for
-// the per-chunk partial sums of dw and db, which are reduced in a fixed order (deterministic).
+// Adds into dx (T), dw and db (float: parameter gradients are f32 whatever T is).
+// scratch: layernorm_backward_scratch_bytes(N, C) bytes of device memory for the per-chunk partial
+// sums of dw and db, which are reduced in a fixed order (deterministic).
 template <class T>
-void layernorm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const float* mean,
+void layernorm_backward(T* dx, float* dw, float* db, const T* dy, const T* x, const T* w, const float* mean,
                         const float* rstd, float* scratch, int N, int C, cudaStream_t s);
 size_t layernorm_backward_scratch_bytes(int N, int C);
 }  // namespace cuda

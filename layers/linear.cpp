@@ -84,7 +84,51 @@ template void linear_backward<double>(double*, double*, double*, const double*, 
                                       int, int);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors; dw and db are f32 either way.
+static Tensor linear_cuda(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int C = last_dim(x), N = rows(x);
+  if (w.ndim() != 2 || w.size(1) != C)
+    throw std::runtime_error("linear: weight must be (OC, " + std::to_string(C) + ") for input " + x.shape.str() +
+                             ", got " + w.shape.str());
+  const int OC = int(w.size(0));
+  if (b.defined()) check_shape(b, {OC}, "linear bias");
+  Tensor y;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    Shape ys = x.shape;
+    ys.d[ys.ndim - 1] = OC;
+    y = c.empty(ys, x.dtype);
+    cuda::linear_forward(y.as<T>(), x.as<T>(), w.as<T>(), b.defined() ? b.as<T>() : nullptr, N, C, OC, op_stream());
+    if (!needs_grad({&x, &w, &b})) return;
+    y = c.tape.track(y);
+    c.tape.push("linear", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      // Only the gradients someone needs, fetched before the scratch scope (a gradient allocated
+      // lazily inside it would be released with it).
+      T* dx = x.requires_grad() ? grad_or_scratch_as<T>(x) : nullptr;
+      float* dw = w.requires_grad() ? weight_grad_or_scratch(w) : nullptr;
+      float* db = b.defined() && b.requires_grad() ? weight_grad_or_scratch(b) : nullptr;
+      ArenaScope scope(ctx().arena);
+      float* scratch =
+          db ? static_cast<float*>(ctx().arena.alloc(cuda::linear_backward_scratch_bytes(N, OC))) : nullptr;
+      cuda::linear_backward(dx, dw, db, dy, x.as<T>(), w.as<T>(), scratch, N, C, OC, op_stream());
+    });
+  };
+  if (b.defined())
+    dispatch_cuda(x, {&w, &b}, "linear", run);
+  else
+    dispatch_cuda(x, {&w}, "linear", run);
+  return y;
+}
+#endif
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) return linear_cuda(x, w, b);
+#endif
   require_cpu_f32(x, "linear");
   require_cpu_f32(w, "linear weight");
   const int C = last_dim(x), N = rows(x);

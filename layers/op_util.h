@@ -26,6 +26,14 @@ inline T* grad_or_scratch_as(const Tensor& t) {
   return static_cast<T*>(c.arena.alloc_zero(t.nbytes()));
 }
 
+// Parameter gradients are f32 whatever the parameters' dtype (bf16 training keeps f32 gradients
+// and f32 master weights): the buffer a weight's gradient is added into, or f32 scratch.
+inline float* weight_grad_or_scratch(const Tensor& w) {
+  Context& c = ctx();
+  if (w.requires_grad()) return c.tape.gradf(w);
+  return static_cast<float*>(c.arena.alloc_zero(size_t(w.numel()) * sizeof(float)));
+}
+
 // The CPU backend runs f32 tensors in host memory; other devices dispatch to their backend.
 inline void require_cpu_f32(const Tensor& t, const char* op) {
   if (t.device != Device::cpu)

@@ -30,12 +30,47 @@ template void residual_backward<float>(float*, float*, const float*, int64_t);
 template void residual_backward<double>(double*, double*, const double*, int64_t);
 }  // namespace cpu
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  require_cpu_f32(a, "add");
-  require_cpu_f32(b, "add");
+namespace {
+void check_same_shape(const Tensor& a, const Tensor& b) {
   if (a.shape != b.shape)
     throw std::runtime_error("add: operands must have the same shape, got " + a.shape.str() + " and " +
                              b.shape.str());
+}
+}  // namespace
+
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors.
+static Tensor add_cuda(const Tensor& a, const Tensor& b) {
+  check_same_shape(a, b);
+  const int64_t n = a.numel();
+  Tensor y;
+  dispatch_cuda(a, {&b}, "add", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    y = c.empty(a.shape, a.dtype);
+    cuda::residual_forward(y.as<T>(), a.as<T>(), b.as<T>(), n, op_stream());
+    if (!needs_grad({&a, &b})) return;
+    y = c.tape.track(y);
+    c.tape.push("add", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      // For a + a both are the same buffer, which the kernel allows (it gets 2 dy).
+      T* da = grad_or_scratch_as<T>(a);
+      T* db = grad_or_scratch_as<T>(b);
+      cuda::residual_backward(da, db, dy, n, op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
+Tensor add(const Tensor& a, const Tensor& b) {
+#if ULYSSES_HAVE_CUDA
+  if (a.device == Device::cuda) return add_cuda(a, b);
+#endif
+  require_cpu_f32(a, "add");
+  require_cpu_f32(b, "add");
+  check_same_shape(a, b);
   const int64_t n = a.numel();
   Context& c = ctx();
   Tensor y = c.empty(a.shape);

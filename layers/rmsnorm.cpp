@@ -56,7 +56,39 @@ template void rmsnorm_backward<double>(double*, double*, const double*, const do
                                        int, int);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors; rrms is f32 either way.
+static Tensor rmsnorm_cuda(const Tensor& x, const Tensor& w) {
+  const int C = last_dim(x), N = rows(x);
+  check_shape(w, {C}, "rmsnorm weight");
+  Tensor y;
+  dispatch_cuda(x, {&w}, "rmsnorm", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    y = c.empty(x.shape, x.dtype);
+    Tensor rrms = c.empty({N});
+    cuda::rmsnorm_forward(y.as<T>(), rrms.f32(), x.as<T>(), w.as<T>(), N, C, op_stream());
+    if (!needs_grad({&x, &w})) return;
+    y = c.tape.track(y);
+    c.tape.push("rmsnorm", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      // Gradient buffers first: one allocated lazily inside the scratch scope would be released with it.
+      T* dx = grad_or_scratch_as<T>(x);
+      float* dw = weight_grad_or_scratch(w);  // parameter gradients are f32 whatever T is
+      ArenaScope scope(ctx().arena);
+      float* scratch = static_cast<float*>(ctx().arena.alloc(cuda::rmsnorm_backward_scratch_bytes(N, C)));
+      cuda::rmsnorm_backward(dx, dw, dy, x.as<T>(), w.as<T>(), rrms.f32(), scratch, N, C, op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
 Tensor rmsnorm(const Tensor& x, const Tensor& w) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) return rmsnorm_cuda(x, w);
+#endif
   require_cpu_f32(x, "rmsnorm");
   require_cpu_f32(w, "rmsnorm weight");
   const int C = last_dim(x), N = rows(x);

@@ -85,16 +85,53 @@ template void rope_backward<float>(float*, const float*, const int32_t*, int, in
 template void rope_backward<double>(double*, const double*, const int32_t*, int, int, int, int, float);
 }  // namespace cpu
 
-Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) {
-  require_cpu_f32(qkv, "rope");
+namespace {
+// The checks both backends make on qkv (B, T, Hq + 2*Hkv, D), the head counts and theta; returns D.
+int check_rope(const Tensor& qkv, int Hq, int Hkv, float theta) {
   if (qkv.ndim() != 4) throw std::runtime_error("rope: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
-  const int64_t B = qkv.size(0), T = qkv.size(1);
   const int D = int(qkv.size(3));
   if (Hq <= 0 || Hkv <= 0 || qkv.size(2) != Hq + 2 * Hkv)
     throw std::runtime_error("rope: qkv " + qkv.shape.str() + " does not hold Hq + 2*Hkv heads for Hq = " +
                              std::to_string(Hq) + ", Hkv = " + std::to_string(Hkv));
   if (D % 2 != 0) throw std::runtime_error("rope: head dim must be even, got " + std::to_string(D));
   if (!(theta > 0)) throw std::runtime_error("rope: theta must be positive, got " + std::to_string(theta));
+  return D;
+}
+}  // namespace
+
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors; positions are i32 on the device.
+static Tensor rope_cuda(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) {
+  const int D = check_rope(qkv, Hq, Hkv, theta);
+  if (pos.device != Device::cuda || pos.dtype != DType::i32)
+    throw std::runtime_error("rope: positions must be i32 on cuda, got " + pos.str());
+  check_shape(pos, {qkv.size(0), qkv.size(1)}, "rope positions");
+  const int N = int(qkv.size(0) * qkv.size(1));
+  Tensor y;
+  dispatch_cuda(qkv, {}, "rope", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    y = c.empty(qkv.shape, qkv.dtype);
+    cuda::rope_forward(y.as<T>(), qkv.as<T>(), pos.as<int32_t>(), N, Hq, Hkv, D, theta, op_stream());
+    if (!needs_grad({&qkv})) return;
+    y = c.tape.track(y);
+    c.tape.push("rope", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cuda::rope_backward(grad_or_scratch_as<T>(qkv), dy, pos.as<int32_t>(), N, Hq, Hkv, D, theta, op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
+Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) {
+#if ULYSSES_HAVE_CUDA
+  if (qkv.device == Device::cuda) return rope_cuda(qkv, pos, Hq, Hkv, theta);
+#endif
+  require_cpu_f32(qkv, "rope");
+  const int D = check_rope(qkv, Hq, Hkv, theta);
+  const int64_t B = qkv.size(0), T = qkv.size(1);
   if (pos.device != Device::cpu || pos.dtype != DType::i32)
     throw std::runtime_error("rope: positions must be i32 on the cpu, got " + pos.str());
   check_shape(pos, {B, T}, "rope positions");

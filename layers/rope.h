@@ -9,6 +9,9 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 namespace cpu {
@@ -18,6 +21,19 @@ void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv
 template <class T>
 void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta);
 }  // namespace cpu
+
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// T is float or __nv_bfloat16; pointers are device memory. Angles are computed in double (exact
+// enough at positions in the millions), their cos and sin rounded to float, the rotation in float.
+// Forward writes y (which may alias qkv); backward adds into dqkv.
+template <class T>
+void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta, cudaStream_t s);
+template <class T>
+void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta,
+                   cudaStream_t s);
+}  // namespace cuda
+#endif
 
 // qkv: (B, T, Hq + 2*Hkv, D), pos: i32 (B, T) -> same shape as qkv
 Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta);

@@ -48,15 +48,49 @@ template void swiglu_backward<float>(float*, const float*, const float*, int, in
 template void swiglu_backward<double>(double*, const double*, const double*, int, int);
 }  // namespace cpu
 
-Tensor swiglu(const Tensor& x) {
-  require_cpu_f32(x, "swiglu");
-  const int C = last_dim(x), N = rows(x);
+namespace {
+// The output shape (..., F) of x: (..., 2F); refuses an odd last dim.
+Shape swiglu_out_shape(const Tensor& x) {
+  const int C = last_dim(x);
   if (C % 2 != 0)
     throw std::runtime_error("swiglu: last dim must hold [gate | up] of equal width, got odd size " +
                              std::to_string(C) + " in " + x.shape.str());
-  const int F = C / 2;
   Shape ys = x.shape;
-  ys.d[ys.ndim - 1] = F;
+  ys.d[ys.ndim - 1] = C / 2;
+  return ys;
+}
+}  // namespace
+
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 tensors.
+static Tensor swiglu_cuda(const Tensor& x) {
+  const Shape ys = swiglu_out_shape(x);
+  const int N = rows(x), F = last_dim(x) / 2;
+  Tensor y;
+  dispatch_cuda(x, {}, "swiglu", [&](auto tag) {
+    using T = decltype(tag);
+    Context& c = ctx();
+    y = c.empty(ys, x.dtype);
+    cuda::swiglu_forward(y.as<T>(), x.as<T>(), N, F, op_stream());
+    if (!needs_grad({&x})) return;
+    y = c.tape.track(y);
+    c.tape.push("swiglu", [=] {
+      const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
+      if (!dy) return;
+      cuda::swiglu_backward(grad_or_scratch_as<T>(x), dy, x.as<T>(), N, F, op_stream());
+    });
+  });
+  return y;
+}
+#endif
+
+Tensor swiglu(const Tensor& x) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) return swiglu_cuda(x);
+#endif
+  require_cpu_f32(x, "swiglu");
+  const Shape ys = swiglu_out_shape(x);
+  const int N = rows(x), F = last_dim(x) / 2;
   Context& c = ctx();
   Tensor y = c.empty(ys);
   cpu::swiglu_forward(y.f32(), x.f32(), N, F);

@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include "engine/device.h"
 #include "layers/op_util.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_launch.h"
+#endif
 
 namespace ul {
 namespace cpu {
@@ -112,90 +117,162 @@ void check_ulysses_config(int heads, int kv_heads, int seq, int sp) {
 namespace {
 
 void check_comm(const Tensor& x, const Comm& comm, const char* op) {
+#if ULYSSES_HAVE_CUDA
+  if (x.device == Device::cuda) {
+    if (x.dtype != DType::f32 && x.dtype != DType::bf16)
+      throw std::runtime_error(std::string(op) + ": CUDA backend expects f32 or bf16, got " + dtype_name(x.dtype));
+    if (ctx().device != Device::cuda)
+      throw std::runtime_error(std::string(op) + ": input on cuda but the context is on " + device_name(ctx().device));
+  } else {
+    require_cpu_f32(x, op);
+  }
+#else
   require_cpu_f32(x, op);
+#endif
   if (x.ndim() != 4) throw std::runtime_error(std::string(op) + ": expected a 4-d tensor, got " + x.str());
   if (comm.device() != x.device)
     throw std::runtime_error(std::string(op) + ": the communicator is for " + device_name(comm.device()) +
                              " buffers, the tensor is on " + device_name(x.device));
 }
 
-// One all_to_all of P chunks of `chunk` floats, through scratch from the arena.
-// pack(send) fills the send buffer; unpack(recv) reads the received one.
-template <class Pack, class Unpack>
+// The permutes of the tensors' backend, element type T: cpu:: on f32 host buffers, cuda:: on f32
+// or bf16 device buffers (launched on op_stream()).
+template <class T>
+struct Permutes {
+  Device dev;
+  void heads_to_chunks(T* send, const T* src, const HeadSplit& hs, int B, int Tl, int D) const {
+#if ULYSSES_HAVE_CUDA
+    if (dev == Device::cuda) return cuda::heads_to_chunks(send, src, hs, B, Tl, D, op_stream());
+#endif
+    if constexpr (std::is_same<T, float>::value) cpu::heads_to_chunks(send, src, hs, B, Tl, D);
+  }
+  void chunks_to_heads(T* dst, const T* recv, const HeadSplit& hs, int B, int Tl, int D, bool acc) const {
+#if ULYSSES_HAVE_CUDA
+    if (dev == Device::cuda) return cuda::chunks_to_heads(dst, recv, hs, B, Tl, D, acc, op_stream());
+#endif
+    if constexpr (std::is_same<T, float>::value) cpu::chunks_to_heads(dst, recv, hs, B, Tl, D, acc);
+  }
+  void chunks_to_sequence(T* dst, const T* recv, int P, int B, int Tl, int R, bool acc) const {
+#if ULYSSES_HAVE_CUDA
+    if (dev == Device::cuda) return cuda::chunks_to_sequence(dst, recv, P, B, Tl, R, acc, op_stream());
+#endif
+    if constexpr (std::is_same<T, float>::value) cpu::chunks_to_sequence(dst, recv, P, B, Tl, R, acc);
+  }
+  void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R) const {
+#if ULYSSES_HAVE_CUDA
+    if (dev == Device::cuda) return cuda::sequence_to_chunks(send, src, P, B, Tl, R, op_stream());
+#endif
+    if constexpr (std::is_same<T, float>::value) cpu::sequence_to_chunks(send, src, P, B, Tl, R);
+  }
+};
+
+template <class T> constexpr DType dtype_of() { return DType::f32; }
+#if ULYSSES_HAVE_CUDA
+template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
+#endif
+
+// One all_to_all of P chunks of `chunk` elements of T, through scratch from the arena (on the
+// context's device). pack(send) fills the send buffer; unpack(recv) reads the received one.
+template <class T, class Pack, class Unpack>
 void exchange(Comm& comm, size_t chunk, Pack pack, Unpack unpack) {
   Arena& arena = ctx().arena;
   ArenaScope scratch(arena);
-  const size_t bytes = size_t(comm.size()) * chunk * sizeof(float);
-  float* send = static_cast<float*>(arena.alloc(bytes));
-  float* recv = static_cast<float*>(arena.alloc(bytes));
+  const size_t bytes = size_t(comm.size()) * chunk * sizeof(T);
+  T* send = static_cast<T*>(arena.alloc(bytes));
+  T* recv = static_cast<T*>(arena.alloc(bytes));
   pack(send);
-  comm.all_to_all(send, recv, chunk, DType::f32);
+#if ULYSSES_HAVE_CUDA
+  // The communicator reads send from its own thread (local, MPI) or stream: the pack kernel must
+  // have finished. (NCCL on op_stream() would be ordered already; one sync per all-to-all is cheap.)
+  if (comm.device() == Device::cuda) UL_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+#endif
+  comm.all_to_all(send, recv, chunk, dtype_of<T>());
   unpack(recv);
+}
+
+template <class T>
+Tensor scatter_heads(const Tensor& qkv, const HeadSplit& hs, Comm& comm) {
+  const int P = comm.size(), B = int(qkv.size(0)), Tl = int(qkv.size(1)), D = int(qkv.size(3));
+  const int W = hs.width();
+  const size_t chunk = size_t(B) * Tl * W * D;
+  const Permutes<T> k{qkv.device};
+  Context& c = ctx();
+  Tensor out = c.empty({B, int64_t(Tl) * P, W, D}, qkv.dtype);
+  exchange<T>(comm, chunk, [&](T* send) { k.heads_to_chunks(send, qkv.as<T>(), hs, B, Tl, D); },
+              [&](const T* recv) { k.chunks_to_sequence(out.as<T>(), recv, P, B, Tl, W * D, false); });
+  if (needs_grad({&qkv})) {
+    out = c.tape.track(out);
+    Comm* cm = &comm;  // must outlive backward
+    c.tape.push("ulysses_scatter_heads", [=] {
+      // Every rank runs the all_to_all, gradient or not, so the collectives stay matched.
+      const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
+      T* dqkv = grad_or_scratch_as<T>(qkv);
+      exchange<T>(*cm, chunk,
+                  [&](T* send) {
+                    if (dout) k.sequence_to_chunks(send, dout, P, B, Tl, W * D);
+                    else device_zero(k.dev, send, P * chunk * sizeof(T));
+                  },
+                  [&](const T* recv) { k.chunks_to_heads(dqkv, recv, hs, B, Tl, D, true); });
+    });
+  }
+  return out;
+}
+
+template <class T>
+Tensor gather_heads(const Tensor& y, const HeadSplit& hs, Comm& comm) {
+  const int P = comm.size(), B = int(y.size(0)), T_ = int(y.size(1)), Hl = int(y.size(2)), D = int(y.size(3));
+  const int Tl = T_ / P;
+  const size_t chunk = size_t(B) * Tl * Hl * D;
+  const Permutes<T> k{y.device};
+  Context& c = ctx();
+  Tensor out = c.empty({B, Tl, hs.Hq, D}, y.dtype);
+  exchange<T>(comm, chunk, [&](T* send) { k.sequence_to_chunks(send, y.as<T>(), P, B, Tl, Hl * D); },
+              [&](const T* recv) { k.chunks_to_heads(out.as<T>(), recv, hs, B, Tl, D, false); });
+  if (needs_grad({&y})) {
+    out = c.tape.track(out);
+    Comm* cm = &comm;
+    c.tape.push("ulysses_gather_heads", [=] {
+      const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
+      T* dy = grad_or_scratch_as<T>(y);
+      exchange<T>(*cm, chunk,
+                  [&](T* send) {
+                    if (dout) k.heads_to_chunks(send, dout, hs, B, Tl, D);
+                    else device_zero(k.dev, send, P * chunk * sizeof(T));
+                  },
+                  [&](const T* recv) { k.chunks_to_sequence(dy, recv, P, B, Tl, Hl * D, true); });
+    });
+  }
+  return out;
 }
 
 }  // namespace
 
 Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& comm) {
   check_comm(qkv, comm, "ulysses_scatter_heads");
-  const int P = comm.size(), B = int(qkv.size(0)), Tl = int(qkv.size(1)), D = int(qkv.size(3));
+  const int P = comm.size(), Tl = int(qkv.size(1));
   if (qkv.size(2) != Hq + 2 * Hkv)
     throw std::runtime_error("ulysses_scatter_heads: qkv " + qkv.str() + " does not hold " + std::to_string(Hq) +
                              " + 2*" + std::to_string(Hkv) + " heads");
   check_ulysses_config(Hq, Hkv, Tl * P, P);
   const HeadSplit hs{Hq, Hkv, P};
-  const int W = hs.width();
-  const size_t chunk = size_t(B) * Tl * W * D;
-  Context& c = ctx();
-  Tensor out = c.empty({B, int64_t(Tl) * P, W, D});
-  exchange(comm, chunk, [&](float* send) { cpu::heads_to_chunks(send, qkv.f32(), hs, B, Tl, D); },
-           [&](const float* recv) { cpu::chunks_to_sequence(out.f32(), recv, P, B, Tl, W * D, false); });
-  if (needs_grad({&qkv})) {
-    out = c.tape.track(out);
-    Comm* cm = &comm;  // must outlive backward
-    c.tape.push("ulysses_scatter_heads", [=] {
-      // Every rank runs the all_to_all, gradient or not, so the collectives stay matched.
-      const float* dout = static_cast<const float*>(ctx().tape.grad_if_any(out));
-      float* dqkv = grad_or_scratch(qkv);
-      exchange(*cm, chunk,
-               [&](float* send) {
-                 if (dout) cpu::sequence_to_chunks(send, dout, P, B, Tl, W * D);
-                 else std::fill(send, send + P * chunk, 0.f);
-               },
-               [&](const float* recv) { cpu::chunks_to_heads(dqkv, recv, hs, B, Tl, D, true); });
-    });
-  }
-  return out;
+#if ULYSSES_HAVE_CUDA
+  if (qkv.dtype == DType::bf16) return scatter_heads<__nv_bfloat16>(qkv, hs, comm);
+#endif
+  return scatter_heads<float>(qkv, hs, comm);
 }
 
 Tensor ulysses_gather_heads(const Tensor& y, int Hq, Comm& comm) {
   check_comm(y, comm, "ulysses_gather_heads");
-  const int P = comm.size(), B = int(y.size(0)), T = int(y.size(1)), Hl = int(y.size(2)), D = int(y.size(3));
+  const int P = comm.size(), T = int(y.size(1)), Hl = int(y.size(2));
   check_ulysses_config(Hq, Hq, T, P);
   if (Hl * P != Hq)
     throw std::runtime_error("ulysses_gather_heads: y " + y.str() + " should hold " + std::to_string(Hq) + " / " +
                              std::to_string(P) + " heads per rank");
-  const int Tl = T / P;
   const HeadSplit hs{Hq, 0, P};
-  const size_t chunk = size_t(B) * Tl * Hl * D;
-  Context& c = ctx();
-  Tensor out = c.empty({B, Tl, Hq, D});
-  exchange(comm, chunk, [&](float* send) { cpu::sequence_to_chunks(send, y.f32(), P, B, Tl, Hl * D); },
-           [&](const float* recv) { cpu::chunks_to_heads(out.f32(), recv, hs, B, Tl, D, false); });
-  if (needs_grad({&y})) {
-    out = c.tape.track(out);
-    Comm* cm = &comm;
-    c.tape.push("ulysses_gather_heads", [=] {
-      const float* dout = static_cast<const float*>(ctx().tape.grad_if_any(out));
-      float* dy = grad_or_scratch(y);
-      exchange(*cm, chunk,
-               [&](float* send) {
-                 if (dout) cpu::heads_to_chunks(send, dout, hs, B, Tl, D);
-                 else std::fill(send, send + P * chunk, 0.f);
-               },
-               [&](const float* recv) { cpu::chunks_to_sequence(dy, recv, P, B, Tl, Hl * D, true); });
-    });
-  }
-  return out;
+#if ULYSSES_HAVE_CUDA
+  if (y.dtype == DType::bf16) return gather_heads<__nv_bfloat16>(y, hs, comm);
+#endif
+  return gather_heads<float>(y, hs, comm);
 }
 
 }  // namespace ul

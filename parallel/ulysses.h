@@ -15,6 +15,9 @@
 #pragma once
 #include "engine/tensor.h"
 #include "parallel/communicator.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 
 namespace ul {
 
@@ -49,10 +52,29 @@ template <class T>
 void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R);
 }  // namespace cpu
 
+#if ULYSSES_HAVE_CUDA
+namespace cuda {
+// The same four permutes on device buffers, T = float or __nv_bfloat16, same shapes and semantics
+// as cpu:: above. One thread per element of the output, so nothing races: chunks_to_heads sums a
+// replicated kv head's P/Hkv copies in rank order (in fp32, rounded once), as the CPU loop does.
+template <class T>
+void heads_to_chunks(T* send, const T* src, const HeadSplit& hs, int B, int Tl, int D, cudaStream_t s);
+template <class T>
+void chunks_to_heads(T* dst, const T* recv, const HeadSplit& hs, int B, int Tl, int D, bool accumulate,
+                     cudaStream_t s);
+template <class T>
+void chunks_to_sequence(T* dst, const T* recv, int P, int B, int Tl, int R, bool accumulate, cudaStream_t s);
+template <class T>
+void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R, cudaStream_t s);
+}  // namespace cuda
+#endif
+
 // Refuses (std::runtime_error, before any work) heads % sp, kv_heads % sp when kv_heads >= sp,
 // sp % kv_heads when kv_heads < sp, seq % sp; the message lists the sp values that would work.
 void check_ulysses_config(int heads, int kv_heads, int seq, int sp);
 
+// On the cpu the tensors are f32; on cuda f32 or bf16 (the comm gets device buffers, so it must be
+// made for Device::cuda).
 // qkv: (B, Tl, Hq + 2*Hkv, D) -> (B, Tl*P, Hq/P + 2*KVl, D)
 Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& sp);
 // y: (B, Tl*P, Hq/P, D) -> (B, Tl, Hq, D)

@@ -4,11 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "data/dataset.h"
@@ -95,33 +97,50 @@ TEST_CASE("recall scores only the query keys, whose values sit far back", "[data
     for (int64_t i = 0; i < 20; i++) {
       auto [x, y] = get(d, i, T);
       CHECK(x[0] == ul::RecallDataset::BOS);
+      int marker = 0;
+      while (marker < T && x[marker] != ul::RecallDataset::QUERY) marker++;
+      REQUIRE(marker < T);
+      if (T == 256) CHECK(marker == 1 + 2 * P + 64);  // the default gap fits
+      std::vector<int> first_round;
       int scored = 0;
       for (int t = 0; t < T; t++) {
         CHECK(x[t] >= 0);
         CHECK(x[t] < d.vocab());
         if (y[t] < 0) continue;
-        scored++;
         // Scored: a query key after the QUERY marker; the target is the value paired with it.
-        CHECK(t > 2 * P);
+        CHECK(t > marker);
+        CHECK((t - marker) % 2 == 1);
         int p = 1;
         while (p < 1 + 2 * P && x[p] != x[t]) p += 2;
         REQUIRE(p < 1 + 2 * P);
         CHECK(x[p + 1] == y[t]);
         CHECK(y[t] >= d.value_token(0));
-        if (T == 256) CHECK(t - p >= T - 4 * P - 2);  // the gap goes between pairs and queries
+        if (scored++ < P) {
+          first_round.push_back(x[t]);
+          if (T == 256) CHECK(t - p > 64);  // answered from the pairs, across the gap
+        }
       }
-      CHECK(scored == P);
+      CHECK(scored == (T - marker) / 2);  // queries fill the rest
+      std::sort(first_round.begin(), first_round.end());
+      CHECK(std::unique(first_round.begin(), first_round.end()) == first_round.end());  // every key once
+      CHECK(int(first_round.size()) == P);
     }
   }
-  // With gap = 0 the queries follow the pairs directly and filler ends the sequence.
+  // gap = -1 with one round of queries: they end the sequence, as far from the pairs as T allows.
   ul::RecallConfig cfg;
-  cfg.gap = 0;
   cfg.pairs = 8;
-  ul::RecallDataset d(ul::Split::val, 3, cfg);
-  auto [x, y] = get(d, 0, 128);
+  cfg.gap = -1;
+  cfg.queries = 8;
+  auto [x, y] = get(ul::RecallDataset(ul::Split::val, 3, cfg), 0, 128);
+  CHECK(x[128 - 16] == ul::RecallDataset::QUERY);
+  CHECK(y[127] >= 0);
+  // gap = 0 with one round: the queries follow the pairs and filler ends the sequence.
+  cfg.gap = 0;
+  std::tie(x, y) = get(ul::RecallDataset(ul::Split::val, 3, cfg), 0, 128);
   CHECK(x[17] == ul::RecallDataset::QUERY);
   CHECK(y[18] >= 0);
   CHECK(x[127] == ul::RecallDataset::FILL);
+  CHECK(y[127] == -1);
 }
 
 TEST_CASE("passkey scores exactly the digits of the key", "[data]") {
@@ -190,7 +209,7 @@ TEST_CASE("text: missing, empty, too short and out-of-vocab files are errors nam
   require_error([&] { ul::open_dataset("text:" + tiny, ul::Split::train, 0, 128); }, {tiny, "200", "offset 3"});
 }
 
-TEST_CASE("shard permutation is a bijection of [0, n)", "[data]") {
+TEST_CASE("shard permutation is a bijection of 0..n-1", "[data]") {
   for (int64_t n : {1, 2, 3, 5, 17, 64, 100, 1000}) {
     std::set<int64_t> seen;
     for (int64_t j = 0; j < n; j++) {

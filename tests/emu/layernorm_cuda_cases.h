@@ -5,7 +5,8 @@
 //   - gradients start from random values, so a kernel that overwrites instead of adding fails;
 //   - shapes include C below, at and above a warp, not a multiple of 32, and N not a multiple of
 //     the 8 rows a block handles, with several row chunks in the dw/db reduction;
-//   - f32 is held to 1e-5 relative, bf16 to its rounding (2^-8 relative) on bf16-rounded inputs.
+//   - f32 is held to 1e-5 relative, bf16 to its rounding (2^-8 relative) on bf16-rounded inputs;
+//   - dw and db are f32 (parameter gradients) for bf16 too, and held to f32 accuracy there.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -17,10 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "emu/cuda_cases.h"
 #include "engine/context.h"
-#include "engine/cuda_launch.h"
 #include "engine/device.h"
-#include "gradcheck.h"
 #include "layers/layernorm.h"
 
 #ifndef UL_CUDA_TEST_TAG
@@ -29,78 +29,9 @@
 
 namespace ln_cases {
 
-using ul_test::randn_f;
+using namespace cuda_cases;
 
 const std::pair<int, int> kShapes[] = {{1, 1}, {3, 32}, {7, 33}, {13, 100}, {9, 768}, {257, 48}, {300, 5}};
-
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  size_t n;
-  explicit DeviceBuffer(size_t count) : n(count) {
-    UL_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-    UL_CUDA_CHECK(cudaMemset(p, 0xff, n * sizeof(T)));  // NaN in f32 and bf16
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(p); }
-  void set(const std::vector<T>& h) { UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> get() const {
-    UL_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<T> h(n);
-    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
-inline std::vector<float> rounded(std::vector<float> v) {
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
-
-// Host float <-> the kernel's element type.
-template <class T> std::vector<T> to_elem(const std::vector<float>& v);
-template <> inline std::vector<float> to_elem<float>(const std::vector<float>& v) { return v; }
-template <> inline std::vector<__nv_bfloat16> to_elem<__nv_bfloat16>(const std::vector<float>& v) {
-  std::vector<__nv_bfloat16> r(v.size());
-  for (size_t i = 0; i < v.size(); i++) r[i] = __float2bfloat16(v[i]);
-  return r;
-}
-inline std::vector<float> to_f32(const std::vector<float>& v) { return v; }
-inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& v) {
-  std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(v[i]);
-  return r;
-}
-
-// Inputs as the element type sees them: bf16 runs get bf16-representable values, so the CPU
-// reference in float sees exactly what the kernel reads.
-template <class T>
-std::vector<float> inputs(size_t n, uint64_t seed, float scale = 1.f) {
-  std::vector<float> v = randn_f(n, seed, scale);
-  return std::is_same<T, float>::value ? v : rounded(v);
-}
-
-// Checks |got - want| <= rel * |want| + abs_tol for every element; reports the worst one.
-inline void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
-                         double rel, double abs_tol) {
-  REQUIRE(got.size() == want.size());
-  size_t bad = 0, worst_i = 0;
-  double worst = -1;
-  for (size_t i = 0; i < got.size(); i++) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    const double tol = rel * std::fabs(double(want[i])) + abs_tol;
-    const bool ok = err <= tol;  // false for NaN: an unwritten element fails here
-    if (!ok) bad++;
-    const double score = ok ? err / tol : 1e300;
-    if (score > worst) worst = score, worst_i = i;
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst at " << worst_i << ": got "
-            << got[worst_i] << ", want " << want[worst_i]);
-  CHECK(bad == 0);
-}
-
-inline double max_abs(const std::vector<float>& v) { return ul_test::max_abs(v.data(), v.size()); }
 
 template <class T>
 void check_kernels(int N, int C) {
@@ -111,8 +42,8 @@ void check_kernels(int N, int C) {
   INFO((bf ? "bf16" : "f32") << " N=" << N << " C=" << C);
   const size_t NC = size_t(N) * C;
   const std::vector<float> x = inputs<T>(NC, 1 + N, 2.f), w = inputs<T>(C, 2 + C), b = inputs<T>(C, 3 + C),
-                           dy = inputs<T>(NC, 4 + N), dx0 = inputs<T>(NC, 5), dw0 = inputs<T>(C, 6),
-                           db0 = inputs<T>(C, 7);
+                           dy = inputs<T>(NC, 4 + N), dx0 = inputs<T>(NC, 5), dw0 = randn_f(C, 6),
+                           db0 = randn_f(C, 7);
 
   // CPU reference (float, on the same values the kernels read).
   std::vector<float> y_ref(NC), mean_ref(N), rstd_ref(N), dx_ref = dx0, dw_ref = dw0, db_ref = db0;
@@ -120,8 +51,8 @@ void check_kernels(int N, int C) {
   ul::cpu::layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), dy.data(), x.data(), w.data(),
                               mean_ref.data(), rstd_ref.data(), N, C);
 
-  DeviceBuffer<T> d_x(NC), d_w(C), d_b(C), d_y(NC), d_dy(NC), d_dx(NC), d_dw(C), d_db(C);
-  DeviceBuffer<float> d_mean(N), d_rstd(N);
+  DeviceBuffer<T> d_x(NC), d_w(C), d_b(C), d_y(NC), d_dy(NC), d_dx(NC);
+  DeviceBuffer<float> d_dw(C), d_db(C), d_mean(N), d_rstd(N);  // parameter gradients are f32
   DeviceBuffer<float> scratch(ul::cuda::layernorm_backward_scratch_bytes(N, C) / sizeof(float));
   d_x.set(to_elem<T>(x));
   d_w.set(to_elem<T>(w));
@@ -137,22 +68,23 @@ void check_kernels(int N, int C) {
   d_dy.set(to_elem<T>(dy));
   auto run_backward = [&] {
     d_dx.set(to_elem<T>(dx0));
-    d_dw.set(to_elem<T>(dw0));
-    d_db.set(to_elem<T>(db0));
+    d_dw.set(dw0);
+    d_db.set(db0);
     ul::cuda::layernorm_backward(d_dx.p, d_dw.p, d_db.p, d_dy.p, d_x.p, d_w.p, d_mean.p, d_rstd.p, scratch.p, N, C,
                                  nullptr);
   };
   run_backward();
-  const std::vector<T> dw1 = d_dw.get(), db1 = d_db.get();
+  const std::vector<float> dw1 = d_dw.get(), db1 = d_db.get();
   expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, 1e-5 * std::max(1.0, max_abs(dx_ref)));
-  expect_close("dw", to_f32(dw1), dw_ref, rel, 1e-5 * std::max(1.0, max_abs(dw_ref)));
-  expect_close("db", to_f32(db1), db_ref, rel, 1e-5 * std::max(1.0, max_abs(db_ref)));
+  // f32 sums of the same products in another order, whatever T: no bf16 rounding allowed here.
+  expect_close("dw", dw1, dw_ref, 1e-5, 1e-5 * std::max(1.0, max_abs(dw_ref)));
+  expect_close("db", db1, db_ref, 1e-5, 1e-5 * std::max(1.0, max_abs(db_ref)));
 
   // dw and db are reduced in a fixed order: a second run gives the same bits.
   run_backward();
-  const std::vector<T> dw2 = d_dw.get(), db2 = d_db.get();
-  CHECK(std::memcmp(dw1.data(), dw2.data(), C * sizeof(T)) == 0);
-  CHECK(std::memcmp(db1.data(), db2.data(), C * sizeof(T)) == 0);
+  const std::vector<float> dw2 = d_dw.get(), db2 = d_db.get();
+  CHECK(std::memcmp(dw1.data(), dw2.data(), C * sizeof(float)) == 0);
+  CHECK(std::memcmp(db1.data(), db2.data(), C * sizeof(float)) == 0);
 }
 
 struct OpResult {
@@ -165,15 +97,16 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int N, int C, const std::ve
   ul::Context c(dev);
   ul::ContextGuard guard(c);
   ul::Recording rec(true);
-  auto make = [&](ul::Shape s, const std::vector<float>& v) {
-    ul::Tensor t = c.tape.track(c.empty(s, dt));
+  // Weights made by hand (not through Params) get an f32 gradient slot, as every parameter has.
+  auto make = [&](ul::Shape s, const std::vector<float>& v, ul::DType grad_dt) {
+    ul::Tensor t = c.tape.track(c.empty(s, dt), grad_dt);
     if (dt == ul::DType::bf16) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
     else ul::copy_from_host(t, v.data());
     return t;
   };
-  auto read = [&](const void* p, size_t n) {
+  auto read = [&](const void* p, size_t n, ul::DType as) {
     std::vector<float> r(n);
-    if (dt == ul::DType::bf16) {
+    if (as == ul::DType::bf16) {
       std::vector<__nv_bfloat16> h(n);
       ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * 2);
       r = to_f32(h);
@@ -182,7 +115,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int N, int C, const std::ve
     }
     return r;
   };
-  ul::Tensor tx = make({N, C}, x), tw = make({C}, w), tb = make({C}, b);
+  ul::Tensor tx = make({N, C}, x, dt), tw = make({C}, w, ul::DType::f32), tb = make({C}, b, ul::DType::f32);
   ul::Tensor y = ul::layernorm(tx, tw, tb);
   REQUIRE(y.device == dev);
   REQUIRE(y.dtype == dt);
@@ -196,7 +129,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int N, int C, const std::ve
   void* gb = c.tape.grad(tb);
   c.tape.backward();
   const size_t NC = size_t(N) * C;
-  return {read(y.ptr, NC), read(gx, NC), read(gw, C), read(gb, C)};
+  return {read(y.ptr, NC, dt), read(gx, NC, dt), read(gw, C, ul::DType::f32), read(gb, C, ul::DType::f32)};
 }
 
 }  // namespace ln_cases

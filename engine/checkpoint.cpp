@@ -1,0 +1,198 @@
+#include "engine/checkpoint.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+#include "engine/checkpoint_files.h"
+#include "engine/device.h"
+#include "engine/file_io.h"
+#include "engine/trainer.h"
+
+namespace ul {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kComplete = "COMPLETE";
+
+// The step of a directory named step_<digits>, or -1.
+int parse_step_dir(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return -1;
+  if (name.size() > 5 + 9) return -1;  // more digits than an int holds
+  int step = 0;
+  for (size_t i = 5; i < name.size(); i++) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// Every step directory under root, with whether it is complete.
+std::vector<std::pair<int, bool>> list_step_dirs(const std::string& root) {
+  std::vector<std::pair<int, bool>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    int step = parse_step_dir(it->path().filename().string());
+    if (step < 0 || !it->is_directory()) continue;
+    out.push_back({step, fs::exists(it->path() / kComplete)});
+  }
+  if (ec) throw std::runtime_error(root + ": cannot list the save directory: " + ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// COMPLETE goes first (and durably), so the directory stops being a checkpoint before any of its
+// files disappear.
+void remove_step_dir(const std::string& root, int step) {
+  const fs::path dir = fs::path(root) / step_dir_name(step);
+  std::error_code ec;
+  if (fs::remove(dir / kComplete, ec)) fsync_dir(dir.string());
+  fs::remove_all(dir, ec);
+  if (ec) throw std::runtime_error(dir.string() + ": cannot remove: " + ec.message());
+  fsync_dir(root);
+}
+
+int crash_hook_save() {
+  const char* v = std::getenv("ULYSSES_TEST_CRASH_IN_SAVE");
+  return v ? std::atoi(v) : 0;
+}
+
+std::vector<float> to_host(const float* p, Device d, size_t n) {
+  std::vector<float> h(n);
+  device_copy(h.data(), Device::cpu, p, d, n * sizeof(float));
+  return h;
+}
+
+}  // namespace
+
+std::string step_dir_name(int step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08d", step);
+  return buf;
+}
+
+std::vector<int> complete_steps(const std::string& root) {
+  std::vector<int> steps;
+  for (auto& [step, complete] : list_step_dirs(root))
+    if (complete) steps.push_back(step);
+  return steps;
+}
+
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume) {
+  Comm& world = tr.grid().world;
+  int newest = -1;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
+    for (auto& [step, complete] : list_step_dirs(root)) {
+      if (!complete) remove_step_dir(root, step);  // a save that crashed
+      else newest = step;
+    }
+  }
+  // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
+  world.broadcast(&newest, 1, DType::i32, 0);
+  if (!resume) {
+    if (newest >= 0)
+      throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
+                               "); pass --resume to continue that run, or choose another --save-dir");
+    return 0;
+  }
+  if (newest < 0)
+    throw std::runtime_error(root + ": no complete checkpoint to resume from (--resume); run without --resume to start "
+                                    "fresh");
+  load_checkpoint(tr, root, newest);
+  world.barrier();
+  return newest;
+}
+
+void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
+  Grid& g = tr.grid();
+  const int rank = g.world.rank(), step = tr.steps_done();
+  const std::string dir = root + "/" + step_dir_name(step);
+  if (rank == 0) {
+    // A directory for this step can only be the leftover of an attempt that crashed.
+    if (fs::exists(dir)) remove_step_dir(root, step);
+    std::error_code ec;
+    fs::create_directory(dir, ec);
+    if (ec) throw std::runtime_error(dir + ": cannot create the checkpoint directory: " + ec.message());
+    fsync_dir(root);
+  }
+  g.world.barrier();
+
+  Params& params = tr.model().params;
+  const size_t n = params.numel();
+  if (rank == 0) {
+    static std::atomic<int> saves{0};  // this process's saves, for the test hook
+    const int nth = ++saves;
+    std::vector<float> host = to_host(params.data(), params.device(), n);
+    if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
+    write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n);
+  }
+  // Every rank holds the whole optimizer state today, so rank 0 writes it as one shard; ZeRO-1
+  // will have each dp rank write its own slice (optim_rank_R.bin) here.
+  if (rank == 0) {
+    AdamW& opt = tr.optimizer();
+    OptimShard s;
+    s.t = opt.t(), s.numel = n, s.offset = 0, s.count = n, s.shard = 0, s.shards = 1;
+    s.m = to_host(opt.m(), params.device(), n);
+    s.v = to_host(opt.v(), params.device(), n);
+    write_optim_file(dir + "/" + optim_file_name(0, 1), s);
+  }
+  write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g,
+                  run_fields(tr.options(), tr.model().cfg, g));
+  g.world.barrier();  // every rank's files are durable: only now may the directory count
+
+  if (rank == 0) {
+    write_file_atomic(dir + "/" + kComplete, "step " + std::to_string(step) + "\n");
+    fsync_dir(root);
+    if (keep > 0) {
+      std::vector<int> steps = complete_steps(root);
+      for (size_t i = 0; i + size_t(keep) < steps.size(); i++) remove_step_dir(root, steps[i]);
+    }
+  }
+}
+
+void load_checkpoint(Trainer& tr, const std::string& root, int step) {
+  Grid& g = tr.grid();
+  const int rank = g.world.rank();
+  const std::string dir = root + "/" + step_dir_name(step);
+  Params& params = tr.model().params;
+  const size_t n = params.numel();
+
+  check_rank_file(dir + "/" + rank_file_name(rank), step, rank, g, run_fields(tr.options(), tr.model().cfg, g));
+
+  const std::string model_path = dir + "/model.bin";
+  std::vector<float> p;
+  check_model_config(model_path, read_model_file(model_path, p), tr.model().cfg);
+  if (p.size() != n)
+    throw std::runtime_error(model_path + ": holds " + std::to_string(p.size()) + " parameters but this model has " +
+                             std::to_string(n));
+
+  const std::string optim_path = dir + "/" + optim_file_name(0, 1);
+  OptimShard s = read_optim_file(optim_path);
+  if (s.numel != n || s.shards != 1 || s.offset != 0 || s.count != n)
+    throw std::runtime_error(optim_path + ": holds elements [" + std::to_string(s.offset) + ", " +
+                             std::to_string(s.offset + s.count) + ") of " + std::to_string(s.numel) + " (shard " +
+                             std::to_string(s.shard) + " of " + std::to_string(s.shards) +
+                             "), but this run needs the whole state of " + std::to_string(n) + " parameters");
+  if (s.t > step)
+    throw std::runtime_error(optim_path + ": AdamW step count t = " + std::to_string(s.t) + " exceeds the checkpoint's step " +
+                             std::to_string(step));
+
+  // Every check passed: only now does the trainer change.
+  const Device d = params.device();
+  device_copy(params.data(), d, p.data(), Device::cpu, n * sizeof(float));
+  AdamW& opt = tr.optimizer();
+  device_copy(opt.m(), d, s.m.data(), Device::cpu, n * sizeof(float));
+  device_copy(opt.v(), d, s.v.data(), Device::cpu, n * sizeof(float));
+  opt.set_t(int(s.t));
+  tr.set_steps_done(step);
+}
+
+}  // namespace ul

@@ -1,0 +1,49 @@
+// Resumable checkpoints: train --save-dir DIR [--save-every N] [--keep K] [--resume].
+//
+// Layout: DIR/step_00000100/ holds model.bin, optim.bin, rank_R.json for every rank, and COMPLETE
+// (engine/checkpoint_files.h has the formats). A save is collective over the world:
+//   1. rank 0 (re)creates the step directory; barrier;
+//   2. rank 0 writes model.bin, the owner of each optimizer shard its optim file (today: rank 0,
+//      optim.bin), every rank its rank_R.json — each atomically (NAME.tmp, fsync, rename, fsync dir);
+//   3. barrier on the world: every rank's files are durable;
+//   4. rank 0 writes COMPLETE (atomically), fsyncs DIR, then deletes the oldest complete
+//      checkpoints beyond --keep.
+// Only a directory with COMPLETE is a checkpoint. One without (a save that crashed) is ignored and
+// removed at the next start. Deleting a checkpoint removes COMPLETE first, so a crash while
+// deleting leaves an ignored directory, never a damaged "complete" one.
+//
+// Resume is bit-exact: parameters, AdamW m, v and t, and the step counter are restored; everything
+// else a step reads (its batches, its learning rate) is a function of the step and of options that
+// are checked to match (engine/checkpoint_files.h: run_fields) — or, for --steps and --lr, the
+// user's deliberate choice.
+//
+// TEST HOOK: the environment variable ULYSSES_TEST_CRASH_IN_SAVE=N makes the N-th save of this
+// process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety
+// tests use it to kill a run in the middle of a save. Unset (or 0) in normal use.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ul {
+
+class Trainer;
+
+std::string step_dir_name(int step);                       // "step_00000100"
+std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
+
+// Collective. Prepares `root` for this run: creates it and removes incomplete step directories
+// (rank 0). With resume: loads the newest complete checkpoint into `tr` and returns its step, or
+// throws when there is none. Without: throws when `root` already holds a complete checkpoint (a
+// fresh run must not mix with an old one), else returns 0.
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume);
+
+// Collective: saves tr's state after tr.steps_done() steps into root/step_NNNNNNNN; keep > 0
+// then leaves only the `keep` newest complete checkpoints.
+void save_checkpoint(Trainer& tr, const std::string& root, int keep);
+
+// This rank only: checks root/step_NNNNNNNN against the run (options, model shape, file integrity)
+// and loads it into tr. Throws std::runtime_error naming the file and the problem; tr is changed
+// only once every file has passed its checks.
+void load_checkpoint(Trainer& tr, const std::string& root, int step);
+
+}  // namespace ul

@@ -1,0 +1,256 @@
+#include "engine/checkpoint_files.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+#include "parallel/grid.h"
+
+namespace ul {
+
+namespace {
+
+// Fixed little-endian layouts with no padding (static_asserts below): the file is the struct.
+struct ModelHeader {
+  char magic[8];
+  uint32_t version, crc;
+  char arch[16];
+  int32_t layers, dim, heads, kv_heads, vocab, padded_vocab, max_seq, ffn;
+  float rope_theta;
+  uint32_t reserved;
+  uint64_t numel;
+};
+static_assert(sizeof(ModelHeader) == 80, "model.bin header layout");
+
+struct OptimHeader {
+  char magic[8];
+  uint32_t version, crc;
+  int64_t t;
+  uint64_t numel, offset, count;
+  int32_t shard, shards;
+};
+static_assert(sizeof(OptimHeader) == 56, "optimizer file header layout");
+
+constexpr char kModelMagic[8] = {'U', 'L', 'Y', 'S', 'M', 'O', 'D', 'L'};
+constexpr char kOptimMagic[8] = {'U', 'L', 'Y', 'S', 'O', 'P', 'T', 'M'};
+constexpr uint32_t kVersion = 1;
+
+std::runtime_error file_error(const std::string& path, const std::string& what) {
+  return std::runtime_error(path + ": " + what);
+}
+
+template <class H>
+uint32_t checksum(H h, const float* payload, uint64_t n) {
+  h.crc = 0;
+  return crc32(crc32(0, &h, sizeof h), payload, n * sizeof(float));
+}
+
+// Reads header and payload, checking (in this order) size >= header, magic, version, exact size
+// and checksum. floats_of(header) is the payload length the header promises.
+template <class H, class F>
+H read_checked(const std::string& path, const char* kind, const char (&magic)[8], std::vector<float>& payload,
+               F floats_of) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(f.tellg());
+  f.seekg(0);
+  if (size < sizeof(H))
+    throw file_error(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                               std::to_string(sizeof(H)) + "-byte header of " + kind);
+  H h;
+  f.read(reinterpret_cast<char*>(&h), sizeof h);
+  if (std::memcmp(h.magic, magic, 8) != 0) {
+    std::string got(h.magic, 8);
+    for (char& c : got)
+      if (c < 32 || c > 126) c = '?';
+    throw file_error(path, "bad magic '" + got + "' (expected '" + std::string(magic, 8) + "', " + kind + ")");
+  }
+  if (h.version != kVersion)
+    throw file_error(path, "unsupported version " + std::to_string(h.version) + " (expected " +
+                               std::to_string(kVersion) + ")");
+  const uint64_t n = floats_of(h), body = size - sizeof(H);
+  if (n > body / sizeof(float) || body != n * sizeof(float))
+    throw file_error(path, std::string(n > body / sizeof(float) ? "truncated" : "trailing bytes") + ": " +
+                               std::to_string(size) + " bytes, but its header promises " + std::to_string(n) +
+                               " floats after the " + std::to_string(sizeof(H)) + "-byte header");
+  payload.resize(n);
+  f.read(reinterpret_cast<char*>(payload.data()), std::streamsize(n * sizeof(float)));
+  if (!f) throw file_error(path, "read failed");
+  const uint32_t crc = checksum(h, payload.data(), n);
+  if (crc != h.crc) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "checksum mismatch (stored %08x, computed %08x): the file is corrupt", h.crc, crc);
+    throw file_error(path, buf);
+  }
+  return h;
+}
+
+ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t numel) {
+  ModelHeader h;
+  std::memset(&h, 0, sizeof h);
+  std::memcpy(h.magic, kModelMagic, 8);
+  h.version = kVersion;
+  std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
+  h.layers = cfg.layers, h.dim = cfg.dim, h.heads = cfg.heads, h.kv_heads = cfg.kv_heads;
+  h.vocab = cfg.vocab, h.padded_vocab = cfg.padded_vocab, h.max_seq = cfg.max_seq, h.ffn = cfg.ffn;
+  h.rope_theta = cfg.rope_theta;
+  h.numel = numel;
+  h.crc = checksum(h, params, numel);
+  return h;
+}
+
+std::string json_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);  // 9 digits: every float survives the round trip
+  return buf;
+}
+
+}  // namespace
+
+void write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
+  ModelHeader h = model_header(cfg, params, numel);
+  AtomicFile f(path);
+  f.write(&h, sizeof h);
+  f.write(params, numel * sizeof(float));
+  f.commit();
+}
+
+void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
+  ModelHeader h = model_header(cfg, params, numel);
+  AtomicFile f(path);
+  f.write(&h, sizeof h);
+  f.write(params, numel * sizeof(float) / 2);
+  std::fprintf(stderr, "ULYSSES_TEST_CRASH_IN_SAVE: aborting halfway through %s.tmp\n", path.c_str());
+  std::abort();
+}
+
+ModelConfig read_model_file(const std::string& path, std::vector<float>& params) {
+  ModelHeader h = read_checked<ModelHeader>(path, "a ulysses model file", kModelMagic, params,
+                                            [](const ModelHeader& x) { return x.numel; });
+  ModelConfig c;
+  c.arch = std::string(h.arch, strnlen(h.arch, sizeof h.arch));
+  c.layers = h.layers, c.dim = h.dim, c.heads = h.heads, c.kv_heads = h.kv_heads;
+  c.vocab = h.vocab, c.padded_vocab = h.padded_vocab, c.max_seq = h.max_seq, c.ffn = h.ffn;
+  c.rope_theta = h.rope_theta;
+  return c;
+}
+
+void check_model_config(const std::string& path, const ModelConfig& a, const ModelConfig& b) {
+  auto differ = [&](const char* field, const std::string& x, const std::string& y, const char* flag) {
+    if (x != y)
+      throw file_error(path, std::string(field) + " is " + x + " in the checkpoint but " + y + " in this run (" + flag + ")");
+  };
+  auto s = [](int v) { return std::to_string(v); };
+  differ("arch", a.arch, b.arch, "--model");
+  differ("layers", s(a.layers), s(b.layers), "--layers");
+  differ("dim", s(a.dim), s(b.dim), "--dim");
+  differ("heads", s(a.heads), s(b.heads), "--heads");
+  differ("kv_heads", s(a.kv_heads), s(b.kv_heads), "--kv-heads");
+  differ("vocab", s(a.vocab), s(b.vocab), "--vocab");
+  differ("padded_vocab", s(a.padded_vocab), s(b.padded_vocab), "--vocab");
+  differ("max_seq", s(a.max_seq), s(b.max_seq), "--max-seq");
+  differ("ffn", s(a.ffn), s(b.ffn), "--ffn");
+  differ("rope_theta", json_number(a.rope_theta), json_number(b.rope_theta), "--rope-theta");
+}
+
+std::string optim_file_name(int shard, int shards) {
+  return shards == 1 ? "optim.bin" : "optim_rank_" + std::to_string(shard) + ".bin";
+}
+
+void write_optim_file(const std::string& path, const OptimShard& s) {
+  OptimHeader h;
+  std::memset(&h, 0, sizeof h);
+  std::memcpy(h.magic, kOptimMagic, 8);
+  h.version = kVersion;
+  h.t = s.t, h.numel = s.numel, h.offset = s.offset, h.count = s.count, h.shard = s.shard, h.shards = s.shards;
+  h.crc = crc32(crc32(crc32(0, &h, sizeof h), s.m.data(), s.count * 4), s.v.data(), s.count * 4);
+  AtomicFile f(path);
+  f.write(&h, sizeof h);
+  f.write(s.m.data(), s.count * sizeof(float));
+  f.write(s.v.data(), s.count * sizeof(float));
+  f.commit();
+}
+
+OptimShard read_optim_file(const std::string& path) {
+  std::vector<float> mv;
+  OptimHeader h = read_checked<OptimHeader>(path, "a ulysses optimizer file", kOptimMagic, mv, [&](const OptimHeader& x) {
+    if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
+    return 2 * x.count;
+  });
+  if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.offset + h.count > h.numel || h.t < 0)
+    throw file_error(path, "inconsistent header: shard " + std::to_string(h.shard) + " of " + std::to_string(h.shards) +
+                               ", elements [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
+                               ") of " + std::to_string(h.numel) + ", t " + std::to_string(h.t));
+  OptimShard s;
+  s.t = h.t, s.numel = h.numel, s.offset = h.offset, s.count = h.count, s.shard = h.shard, s.shards = h.shards;
+  s.m.assign(mv.begin(), mv.begin() + h.count);
+  s.v.assign(mv.begin() + h.count, mv.end());
+  return s;
+}
+
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const Grid& g) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  return {{"arch", json_quote(c.arch), "--model"},
+          {"layers", n(c.layers), "--layers"},
+          {"dim", n(c.dim), "--dim"},
+          {"heads", n(c.heads), "--heads"},
+          {"kv_heads", n(c.kv_heads), "--kv-heads"},
+          {"vocab", n(c.vocab), "--vocab"},
+          {"padded_vocab", n(c.padded_vocab), "--vocab"},
+          {"max_seq", n(c.max_seq), "--max-seq"},
+          {"ffn", n(c.ffn), "--ffn"},
+          {"rope_theta", json_number(c.rope_theta), "--rope-theta"},
+          {"batch", n(o.batch), "--batch"},
+          {"seq", n(o.seq), "--seq"},
+          {"grad_accum", n(o.grad_accum), "--grad-accum"},
+          {"dp", n(g.dp), "--ranks / --sp"},
+          {"sp", n(g.sp), "--sp"},
+          {"data", json_quote(o.data), "--data"},
+          {"seed", std::to_string(o.seed), "--seed"}};
+}
+
+std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
+
+void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields) {
+  JsonLine j;
+  j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
+  j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
+  // Every dataset is random access, so where the data stands is just the optimizer steps done.
+  j.add("data_position", step);
+  for (const RunField& f : fields) j.add_raw(f.key, f.json);
+  write_file_atomic(path, j.str() + "\n");
+}
+
+void check_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields) {
+  auto have = parse_flat_json(read_whole_file(path), path);
+  auto field = [&](const std::string& key) -> const std::string& {
+    auto it = have.find(key);
+    if (it == have.end()) throw file_error(path, "field '" + key + "' is missing");
+    return it->second;
+  };
+  if (field("format") != "ulysses-rank") throw file_error(path, "format is '" + field("format") + "', not ulysses-rank");
+  auto expect = [&](const char* key, int want, const char* what) {
+    if (field(key) != std::to_string(want))
+      throw file_error(path, std::string(key) + " is " + field(key) + " but " + what + " is " + std::to_string(want));
+  };
+  // The options first: a different --sp also moves this rank in the grid, and the option is what
+  // the user has to change.
+  JsonLine want_line;
+  for (const RunField& f : fields) want_line.add_raw(f.key, f.json);
+  auto want = parse_flat_json(want_line.str(), "run options");
+  for (const RunField& f : fields)
+    if (field(f.key) != want[f.key])
+      throw file_error(path, f.key + " is " + field(f.key) + " in the checkpoint but " + want[f.key] +
+                                 " in this run (" + f.flag + ")");
+  expect("step", step, "the directory's step");
+  expect("data_position", step, "the directory's step");
+  expect("rank", rank, "this rank");
+  expect("dp_rank", g.dp_rank, "this rank's dp rank");
+  expect("sp_rank", g.sp_rank, "this rank's sp rank");
+}
+
+}  // namespace ul

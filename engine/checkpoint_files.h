@@ -1,0 +1,58 @@
+// The files of one checkpoint directory (engine/checkpoint.h says when they are written):
+//
+// model.bin — every parameter, fp32, little-endian:
+//   char magic[8] "ULYSMODL" | u32 version 1 | u32 crc32 | char arch[16] | i32 layers, dim, heads,
+//   kv_heads, vocab, padded_vocab, max_seq, ffn | f32 rope_theta | u32 0 | u64 numel  (80 bytes)
+//   then numel fp32 in the Params buffer order.
+// optim.bin / optim_rank_R.bin — AdamW state of one shard of the parameter buffer:
+//   char magic[8] "ULYSOPTM" | u32 version 1 | u32 crc32 | i64 t | u64 numel (whole buffer) |
+//   u64 offset | u64 count | i32 shard | i32 shards  (56 bytes), then m[count], v[count] fp32.
+//   Today one shard holds everything (optim.bin, written by rank 0); a ZeRO-1 optimizer writes
+//   optim_rank_R.bin per shard and the loader gathers them by the (offset, count) in each header.
+// rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_position and every
+//   option that must be equal on resume (run_fields below).
+//
+// The crc32 covers the header (with the crc field zero) and the payload. Every reader checks
+// magic, version, exact size and checksum and throws std::runtime_error naming the file.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/options.h"
+#include "layers/transformer.h"
+
+namespace ul {
+
+struct Grid;
+
+void write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
+// Test hook (engine/checkpoint.h): writes half of path.tmp, then abort()s.
+void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
+ModelConfig read_model_file(const std::string& path, std::vector<float>& params);
+// Throws "PATH: FIELD is X in the checkpoint but Y in this run (--FLAG)" at the first difference.
+void check_model_config(const std::string& path, const ModelConfig& in_file, const ModelConfig& in_run);
+
+struct OptimShard {
+  int64_t t = 0;           // AdamW updates taken (bias correction)
+  uint64_t numel = 0;      // the whole parameter buffer
+  uint64_t offset = 0, count = 0;
+  int shard = 0, shards = 1;
+  std::vector<float> m, v;  // count each
+};
+std::string optim_file_name(int shard, int shards);  // "optim.bin" when shards == 1
+void write_optim_file(const std::string& path, const OptimShard& s);
+OptimShard read_optim_file(const std::string& path);
+
+// What must match between a checkpoint and the run resuming it.
+struct RunField {
+  std::string key, json, flag;  // json: the value as JSON text; flag: what the user would change
+};
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const Grid& g);
+
+std::string rank_file_name(int rank);  // "rank_R.json"
+void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields);
+// Checks the step, the rank's place in the grid and every field; throws naming the file and field.
+void check_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields);
+
+}  // namespace ul

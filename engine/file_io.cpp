@@ -1,0 +1,216 @@
+#include "engine/file_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace ul {
+
+namespace {
+
+std::runtime_error sys_error(const std::string& path, const std::string& what) {
+  return std::runtime_error(path + ": " + what + ": " + std::strerror(errno));
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd_ < 0) throw sys_error(tmp_, "cannot create");
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t w = ::write(fd_, p, bytes);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw sys_error(tmp_, "write failed");
+    p += w;
+    bytes -= size_t(w);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) throw sys_error(tmp_, "fsync failed");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    ::unlink(tmp_.c_str());
+    throw sys_error(tmp_, "close failed");
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    std::runtime_error e = sys_error(path_, "cannot rename the temporary file into place");
+    ::unlink(tmp_.c_str());
+    throw e;
+  }
+  fsync_dir(parent_dir(path_));
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw sys_error(dir, "cannot open directory");
+  // Some file systems refuse fsync on a directory (EINVAL); they order metadata anyway.
+  const bool ok = ::fsync(fd) == 0 || errno == EINVAL;
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  if (!ok) throw sys_error(dir, "fsync of the directory failed");
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw sys_error(path, "cannot open");
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+uint32_t crc32(uint32_t crc, const void* data, size_t bytes) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; i++) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < bytes; i++) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+// ---- JSON ----
+
+std::string json_quote(const std::string& s) {
+  std::string q = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      q += '\\';
+      q += char(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      q += buf;
+    } else {
+      q += char(c);
+    }
+  }
+  return q + "\"";
+}
+
+JsonLine& JsonLine::add_raw(const std::string& key, const std::string& text) {
+  if (body_.size() > 1) body_ += ",";
+  body_ += json_quote(key) + ":" + text;
+  return *this;
+}
+
+JsonLine& JsonLine::add(const std::string& key, const std::string& value) { return add_raw(key, json_quote(value)); }
+JsonLine& JsonLine::add(const std::string& key, int64_t value) { return add_raw(key, std::to_string(value)); }
+JsonLine& JsonLine::add(const std::string& key, uint64_t value) { return add_raw(key, std::to_string(value)); }
+
+JsonLine& JsonLine::add(const std::string& key, double value, int digits) {
+  if (!std::isfinite(value)) return add_raw(key, "null");
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, value);
+  return add_raw(key, buf);
+}
+
+std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& where) {
+  size_t i = 0;
+  auto fail = [&](const std::string& what) -> std::runtime_error {
+    return std::runtime_error(where + ": " + what + " at character " + std::to_string(i + 1));
+  };
+  auto skip_ws = [&] { while (i < text.size() && text[i] && std::strchr(" \t\r\n", text[i])) i++; };
+  auto string_at = [&]() {
+    if (i >= text.size() || text[i] != '"') throw fail("expected a string");
+    std::string s;
+    for (i++; i < text.size() && text[i] != '"'; i++) {
+      if (text[i] != '\\') { s += text[i]; continue; }
+      if (++i >= text.size()) break;
+      char e = text[i];
+      if (e == 'u') {  // only the \u00XX escapes JsonLine writes (control characters)
+        if (i + 4 >= text.size()) throw fail("truncated \\u escape");
+        unsigned v = 0;
+        for (int k = 1; k <= 4; k++) {
+          const char* hex = "0123456789abcdef";
+          const char* d = text[i + k] ? std::strchr(hex, std::tolower((unsigned char)text[i + k])) : nullptr;
+          if (!d) throw fail("bad \\u escape");
+          v = v * 16 + unsigned(d - hex);
+        }
+        if (v > 0x7F) throw fail("unsupported \\u escape");
+        s += char(v);
+        i += 4;
+      } else {
+        const char* from = "\"\\/bfnrt";
+        const char* to = "\"\\/\b\f\n\r\t";
+        const char* k = std::strchr(from, e);
+        if (!k || !e) throw fail("bad escape");
+        s += to[k - from];
+      }
+    }
+    if (i >= text.size()) throw fail("unterminated string");
+    i++;
+    return s;
+  };
+  std::map<std::string, std::string> out;
+  skip_ws();
+  if (i >= text.size() || text[i] != '{') throw fail("expected '{'");
+  i++;
+  skip_ws();
+  if (i < text.size() && text[i] == '}') i++;
+  else {
+    for (;;) {
+      skip_ws();
+      std::string key = string_at();
+      skip_ws();
+      if (i >= text.size() || text[i] != ':') throw fail("expected ':'");
+      i++;
+      skip_ws();
+      if (i < text.size() && text[i] == '"') {
+        out[key] = string_at();
+      } else {
+        size_t start = i;
+        while (i < text.size() && (std::isalnum((unsigned char)text[i]) || (text[i] && std::strchr("+-.", text[i])))) i++;
+        if (i == start) throw fail("expected a string or a number for '" + key + "'");
+        out[key] = text.substr(start, i - start);
+      }
+      skip_ws();
+      if (i < text.size() && text[i] == ',') { i++; continue; }
+      if (i < text.size() && text[i] == '}') { i++; break; }
+      throw fail("expected ',' or '}'");
+    }
+  }
+  skip_ws();
+  if (i != text.size()) throw fail("trailing characters");
+  return out;
+}
+
+}  // namespace ul

@@ -1,0 +1,70 @@
+// Durable files and the two small text formats that checkpoints and run logs share.
+//
+// AtomicFile: every file a checkpoint or log plot holds is written as NAME.tmp, fsynced, renamed
+// over NAME, and the directory fsynced — so after a crash NAME is either the old file or the whole
+// new one, never a torn mix.
+// crc32: the checksum of the binary checkpoint files (IEEE 802.3, as zlib; "123456789" ->
+// 0xCBF43926), so a flipped byte is refused instead of silently trained on.
+// JsonLine / parse_flat_json: one flat JSON object per line (string and number values only),
+// enough for per-rank checkpoint metadata and the jsonl run log, with no library.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace ul {
+
+class AtomicFile {
+ public:
+  // Creates (truncates) path + ".tmp". Throws std::runtime_error naming the file.
+  explicit AtomicFile(const std::string& path);
+  ~AtomicFile();  // not committed: closes and removes the temporary file
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t bytes);
+  // fsync, close, rename over the final name, fsync the directory. Throws on any failure.
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// The whole of `text` into `path`, atomically.
+void write_file_atomic(const std::string& path, const std::string& text);
+// Makes the entries of a directory (creations, renames, removals) durable.
+void fsync_dir(const std::string& dir);
+// The whole file as bytes; throws naming the file when it cannot be read.
+std::string read_whole_file(const std::string& path);
+
+// Continues a CRC-32 over `bytes` more bytes: crc32(crc32(0, a), b) == crc32 of a followed by b.
+uint32_t crc32(uint32_t crc, const void* data, size_t bytes);
+
+// Builds one JSON object: {"key":value,...}. Doubles keep every bit with the default precision
+// (17 significant digits), so a value read back compares equal; non-finite numbers become null.
+class JsonLine {
+ public:
+  JsonLine& add(const std::string& key, const std::string& value);
+  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  JsonLine& add(const std::string& key, int64_t value);
+  JsonLine& add(const std::string& key, int value) { return add(key, int64_t(value)); }
+  JsonLine& add(const std::string& key, uint64_t value);
+  JsonLine& add(const std::string& key, double value, int digits = 17);
+  JsonLine& add_raw(const std::string& key, const std::string& json_text);  // text is already JSON
+  std::string str() const { return body_ + "}"; }
+
+ private:
+  std::string body_ = "{";
+};
+
+// A JSON string literal for s (quotes, backslashes and control characters escaped).
+std::string json_quote(const std::string& s);
+
+// Parses one flat JSON object. Values map to their text: strings unescaped, numbers / true / false
+// / null as written (so a uint64 seed or a double keeps its exact digits). Nested objects and
+// arrays are refused. Throws std::runtime_error prefixed with `where`.
+std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& where);
+
+}  // namespace ul

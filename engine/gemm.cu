@@ -1,0 +1,227 @@
+// The GEMM through cuBLASLt (the contract is in engine/gemm.h; the emulated build's twin is
+// engine/gemm.cpp, and this file is empty there: cuBLASLt cannot run on the CPU).
+//
+// cuBLASLt is column-major; a row-major (R, C) buffer is the column-major (C, R) matrix, its
+// transpose. So the row-major D = op(A) op(B) is computed as the column-major
+//   D^T (N, M) = op(B)^T (N, K) · op(A)^T (K, M):
+// cuBLASLt's first operand is our B, its second our A, each transposed exactly when ours is.
+// The bias is added per row of that column-major D^T, i.e. per column of our row-major D.
+//
+// Per host thread and device: one handle and one 32 MiB workspace (made on first use, released at
+// thread exit), and a cache of the heuristic's choice per problem (shapes, types, transposes,
+// epilogue, pointer alignments), so a training step asks the heuristic once per distinct GEMM.
+#if !ULYSSES_CUDA_EMULATED
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "engine/cuda_launch.h"
+#include "engine/gemm.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+template <class T> constexpr cudaDataType_t data_type();
+template <> constexpr cudaDataType_t data_type<float>() { return CUDA_R_32F; }
+template <> constexpr cudaDataType_t data_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+std::string problem(const char* op, int M, int N, int K, bool ta, bool tb) {
+  return std::string(op) + ": gemm " + (ta ? "A^T" : "A") + " x " + (tb ? "B^T" : "B") + ", (" + std::to_string(M) +
+         ", " + std::to_string(K) + ") x (" + std::to_string(K) + ", " + std::to_string(N) + ")";
+}
+
+void check_lt(cublasStatus_t st, const char* call, const std::string& what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(what + ": " + call + " failed: " + cublasLtGetStatusString(st));
+}
+
+// Largest power of two (<= 256, cuBLASLt's default assumption) that divides the address.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al) al >>= 1;
+  return al;
+}
+
+struct Algo {
+  cublasLtMatmulAlgo_t algo;
+  bool epilogue_bias = false;  // false for a bias: cuBLASLt had none with the BIAS epilogue
+};
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  // The heuristic's choice per problem (see `key` in gemm()), and whether it takes the bias.
+  std::map<std::array<int64_t, 12>, Algo> algos;
+  Lt() = default;
+  Lt(const Lt&) = delete;
+  Lt& operator=(const Lt&) = delete;
+  ~Lt() {
+    // At process exit the runtime may already be unloading: nothing is lost by ignoring errors.
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+// The calling thread's handle and workspace for the current device.
+Lt& lt_for_current_device() {
+  thread_local std::map<int, Lt> per_device;
+  int dev = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&dev));
+  Lt& lt = per_device[dev];
+  if (!lt.handle) {
+    check_lt(cublasLtCreate(&lt.handle), "cublasLtCreate", "gemm");
+    UL_CUDA_CHECK(cudaMalloc(&lt.workspace, kWorkspaceBytes));
+  }
+  return lt;
+}
+
+// D (M, N) = (accumulate ? D : 0) + bias on every row: the bias when the product is empty (K = 0)
+// or when cuBLASLt offers no algorithm with the BIAS epilogue; the GEMM then accumulates onto it.
+template <class TD>
+__global__ void bias_rows_kernel(TD* __restrict__ d, const TD* __restrict__ bias, int M, int N, bool accumulate) {
+  const size_t total = size_t(M) * N;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    const float base = accumulate ? to_float(d[i]) : 0.f;
+    d[i] = from_float<TD>(base + (bias ? to_float(bias[i % N]) : 0.f));
+  }
+}
+
+template <class TD>
+void bias_rows(TD* d, const TD* bias, int M, int N, bool accumulate, cudaStream_t s) {
+  const unsigned blocks = unsigned(std::min<long long>(ceil_div(size_t(M) * N, 256), 4096));
+  launch("gemm_bias_rows", bias_rows_kernel<TD>, dim3(blocks), dim3(256), 0, s, d, bias, M, N, accumulate);
+}
+
+// RAII for the per-call descriptors.
+struct Desc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Desc() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+template <class TA, class TD>
+void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
+          bool accumulate, const char* op, cudaStream_t s) {
+  static_assert(std::is_same<TD, TA>::value || std::is_same<TD, float>::value, "D is A's type or float");
+  const std::string what = problem(op, M, N, K, trans_a, trans_b);
+  if (M < 0 || N < 0 || K < 0 || (M > 0 && N > 0 && (!d || (K > 0 && (!a || !b)))))
+    throw std::runtime_error(what + ": a negative size or a null buffer");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // no product: D = (accumulate ? D : 0) + bias
+    bias_rows<TD>(d, bias, M, N, accumulate, s);
+    return;
+  }
+  Lt& lt = lt_for_current_device();
+  const cudaDataType_t ta = data_type<TA>(), td = data_type<TD>();
+
+  // Column-major view (see the top of the file): first operand our B, second our A, output D^T (N, M).
+  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  Desc desc;
+  check_lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", what);
+  check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
+           "set TRANSA", what);
+  check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+           "set TRANSB", what);
+  // Stored column-major shapes: our B is (K, N) row-major = (N, K) col-major, or (K, N) col-major when trans_b.
+  check_lt(cublasLtMatrixLayoutCreate(&desc.a, ta, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N),
+           "cublasLtMatrixLayoutCreate(B)", what);
+  check_lt(cublasLtMatrixLayoutCreate(&desc.b, ta, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K),
+           "cublasLtMatrixLayoutCreate(A)", what);
+  check_lt(cublasLtMatrixLayoutCreate(&desc.d, td, N, M, N), "cublasLtMatrixLayoutCreate(D)", what);
+
+  // The bias through the epilogue, unless the heuristic has nothing for it (then bias_rows first).
+  const uint32_t al_first = alignment(b), al_second = alignment(a), al_d = alignment(d);
+  const std::array<int64_t, 12> key{M, N, K, trans_a, trans_b, accumulate, int64_t(ta), int64_t(td),
+                                    al_first, al_second, al_d, bias ? int64_t(alignment(bias)) : -1};
+  auto set_epilogue = [&](bool with_bias) {
+    const cublasLtEpilogue_t epi = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+             "set EPILOGUE", what);
+    if (!with_bias) return;
+    const int32_t bias_type = int32_t(td);
+    check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+             "set BIAS_POINTER", what);
+    check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                            sizeof(bias_type)),
+             "set BIAS_DATA_TYPE", what);
+  };
+
+  auto found = lt.algos.find(key);
+  if (found == lt.algos.end()) {
+    check_lt(cublasLtMatmulPreferenceCreate(&desc.pref), "cublasLtMatmulPreferenceCreate", what);
+    const uint64_t ws = kWorkspaceBytes;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+             "set MAX_WORKSPACE_BYTES", what);
+    // The operands' real alignments: chunked callers pass row offsets that are not 256-byte aligned.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_first},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_second},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
+    for (const auto& [attr, value] : aligns)
+      check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &value, sizeof(value)), "set MIN_ALIGNMENT",
+               what);
+    cublasLtMatmulHeuristicResult_t result{};
+    auto ask = [&](bool with_bias) {
+      set_epilogue(with_bias);
+      int n_results = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt.handle, desc.op, desc.a, desc.b, desc.d, desc.d,
+                                                               desc.pref, 1, &result, &n_results);
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);
+      return st == CUBLAS_STATUS_SUCCESS && n_results > 0;
+    };
+    Algo chosen;
+    chosen.epilogue_bias = bias != nullptr && ask(true);
+    if (!chosen.epilogue_bias && !ask(false))
+      throw std::runtime_error(what + ": cuBLASLt offers no algorithm (types " + std::to_string(int(ta)) + " in, " +
+                               std::to_string(int(td)) + " out; alignments " + std::to_string(al_first) + ", " +
+                               std::to_string(al_second) + ", " + std::to_string(al_d) + " bytes)");
+    chosen.algo = result.algo;
+    found = lt.algos.emplace(key, chosen).first;
+  } else {
+    set_epilogue(found->second.epilogue_bias);
+  }
+
+  float beta = accumulate ? 1.f : 0.f;
+  if (bias && !found->second.epilogue_bias) {
+    bias_rows<TD>(d, bias, M, N, accumulate, s);
+    beta = 1.f;
+  }
+  const float alpha = 1.f;
+  check_lt(cublasLtMatmul(lt.handle, desc.op, &alpha, b, desc.a, a, desc.b, &beta, d, desc.d, d, desc.d,
+                          &found->second.algo, lt.workspace, kWorkspaceBytes, s),
+           "cublasLtMatmul", what);
+}
+
+template void gemm<float, float>(float*, const float*, const float*, const float*, int, int, int, bool, bool, bool,
+                                 const char*, cudaStream_t);
+template void gemm<__nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                 const __nv_bfloat16*, int, int, int, bool, bool, bool, const char*,
+                                                 cudaStream_t);
+template void gemm<__nv_bfloat16, float>(float*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, int, int,
+                                         int, bool, bool, bool, const char*, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul
+#endif  // !ULYSSES_CUDA_EMULATED

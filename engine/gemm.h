@@ -1,0 +1,30 @@
+// The one matrix multiply of the CUDA backend, over row-major buffers in device memory:
+//   D (M, N) = op(A) (M, K) · op(B) (K, N)   [+ D, when accumulate]   [+ bias (N) on every row]
+// A is stored (M, K), or (K, M) when trans_a; B is stored (K, N), or (N, K) when trans_b.
+// What the layers ask of it (linear, classifier; x: (N, C), w: (OC, C), y: (N, OC)):
+//   forward      y  = x w^T + b     gemm(y, x, w, b, N, OC, C, false, true, false)
+//   input grad   dx += dy w         gemm(dx, dy, w, null, N, C, OC, false, false, true)
+//   weight grad  dw += dy^T x       gemm(dw, dy, x, null, OC, C, N, true, false, true)  (dw: fp32)
+// Types: TA (A and B) is float or __nv_bfloat16; TD (D and the bias) is TA, or float for bf16
+// inputs (fp32 parameter gradients, fp32 logits). Products are summed in fp32, and D is rounded to
+// TD once, after the bias and the previous D are added. fp32 inputs use plain fp32 (no TF32), so
+// the f32 backend matches the CPU to fp32 rounding.
+//
+// Under ULYSSES_CUDA: cuBLASLt (engine/gemm.cu), one handle and one 32 MiB workspace per device
+// and host thread, created on first use; the bias is cuBLASLt's BIAS epilogue. Under
+// ULYSSES_CUDA_EMULATION: the portable twin (engine/gemm.cpp), Eigen's GEMM on the (host-memory)
+// device buffers. Both throw std::runtime_error naming `op` and the shapes on any failure.
+#pragma once
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+
+namespace ul {
+namespace cuda {
+
+template <class TA, class TD>
+void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
+          bool accumulate, const char* op, cudaStream_t s);
+
+}  // namespace cuda
+}  // namespace ul
+#endif

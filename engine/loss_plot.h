@@ -1,0 +1,23 @@
+// The loss plot written at the end of a run that keeps a log: hand-written SVG (no library) with
+// the train loss of every step (a light line), the val loss of every eval (a line with markers),
+// both against the step, with ticked and labelled axes and a legend. It is drawn from the log
+// read back (engine/run_log.h), so a resumed run's plot covers the whole run.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "engine/run_log.h"
+
+namespace ul {
+
+// "<log without .jsonl>.svg": DIR/log.jsonl -> DIR/log.svg; other names get ".svg" appended.
+std::string plot_path_for_log(const std::string& log_path);
+
+// The SVG of a run's records as text; throws when there is no step record to draw.
+std::string loss_plot_svg(const std::vector<LogRecord>& records);
+
+// Reads the log, draws it and writes svg_path atomically; false (and nothing written) when the
+// log holds no step to draw.
+bool write_loss_plot(const std::string& log_path, const std::string& svg_path);
+
+}  // namespace ul

@@ -1,0 +1,166 @@
+// AdamW and the gradient norm on CUDA (the math is in optimizer.h; the CPU loops it must match are
+// in optimizer.cpp).
+//
+// adamw_update   one thread per element (grid-stride), the CPU's arithmetic in the CPU's order on
+//                the fp32 master; for bf16 parameters the master is then rounded stochastically,
+//                with 16 random bits from a counter-based hash of (seed, t, i).
+// sum_squares    (1) a fixed number of blocks, chosen from n alone, each summing a fixed strided
+//                    subset and writing one partial; (2) one block adds the partials in order.
+//                No atomics: the same gradient gives the same bits on every run.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "engine/cuda_launch.h"
+#include "engine/optimizer.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxUpdateBlocks = 2048;  // enough to fill a GPU; more only adds scheduling
+constexpr size_t kNormPerBlock = 8192;       // elements per partial of sum_squares, at least ...
+constexpr size_t kMaxNormBlocks = 1024;      // ... and at most this many partials
+
+// A 64-bit mixing function (the finalizer of splitmix64): every input bit affects every output bit.
+__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// bf16 of x, rounded away from zero with probability (low 16 bits of x) / 2^16: adding 16 random
+// bits to the bits that bf16 drops carries into the kept ones with exactly that probability.
+// (A carry out of the largest finite exponent gives infinity, as rounding up there should.)
+__device__ __forceinline__ __nv_bfloat16 round_stochastic(float x, uint32_t random16) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // inf, NaN: nothing to round
+  // The sum has zero low bits, so the truncating conversion is exact.
+  return __float2bfloat16_rz(__uint_as_float((u + (random16 & 0xffffu)) & 0xffff0000u));
+}
+
+// params, master, grad, m, v: (n). step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+template <class Tp>
+__global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master, const float* __restrict__ grad,
+                             float* __restrict__ m, float* __restrict__ v, size_t n, float lr, float beta1,
+                             float beta2, float eps, float weight_decay, float grad_scale, float step_size,
+                             float inv_sqrt_bc2, uint64_t step_seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float gi = grad[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float p;
+    if constexpr (std::is_same<Tp, float>::value) p = params[i];
+    else p = master[i];
+    p = p - lr * weight_decay * p;
+    p = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    if constexpr (std::is_same<Tp, float>::value) {
+      params[i] = p;
+    } else {
+      master[i] = p;
+      // The counter (element index) through the mixer, keyed by the step's seed.
+      const uint64_t bits = mix64(step_seed + (i + 1) * 0x9e3779b97f4a7c15ull);
+      params[i] = round_stochastic(p, uint32_t(bits >> 48));
+    }
+  }
+}
+
+// Sum of the block's values, the same order every run; the total is valid in thread 0.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float s_warp[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) s_warp[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  if (threadIdx.x == 0)
+    for (int k = 0; k < int(blockDim.x / 32); k++) total += s_warp[k];
+  return total;
+}
+
+// Grid (blocks), block (kThreads): partial[b] = sum of x[i]^2 over i = b*kThreads + tid (+ grid stride).
+__global__ void sum_squares_partial_kernel(float* __restrict__ partial, const float* __restrict__ x, size_t n) {
+  float s = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    s += x[i] * x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block: *out = sum of partial[0 .. count), each thread a strided subset, then block_sum.
+__global__ void sum_squares_final_kernel(float* __restrict__ out, const float* __restrict__ partial, int count) {
+  float s = 0.f;
+  for (int k = threadIdx.x; k < count; k += blockDim.x) s += partial[k];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+size_t norm_blocks(size_t n) {
+  const size_t b = (n + kNormPerBlock - 1) / kNormPerBlock;
+  return b < 1 ? 1 : (b > kMaxNormBlocks ? kMaxNormBlocks : b);
+}
+
+}  // namespace
+
+template <class Tp>
+void adamw_update(Tp* params, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed,
+                  cudaStream_t s) {
+  constexpr bool f32 = std::is_same<Tp, float>::value;
+  if (f32 != (master == nullptr))
+    throw std::runtime_error(std::string("adamw_update: ") +
+                             (f32 ? "f32 parameters are their own master weights: pass master = null"
+                                  : "bf16 parameters need f32 master weights"));
+  if (n == 0) return;
+  // The step constants exactly as cpu::adamw_update computes them.
+  const float bc1 = 1.0f - std::pow(beta1, float(t));
+  const float bc2 = 1.0f - std::pow(beta2, float(t));
+  const float step_size = lr / bc1;
+  const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));
+  const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
+  launch("adamw_update", adamw_kernel<Tp>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n, lr,
+         beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed);
+}
+
+size_t sum_squares_scratch_bytes(size_t n) { return norm_blocks(n) * sizeof(float); }
+
+void sum_squares(float* out, const float* x, size_t n, float* scratch, cudaStream_t s) {
+  if (n == 0) {
+    UL_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), s));
+    return;
+  }
+  const size_t blocks = norm_blocks(n);
+  launch("sum_squares_partial", sum_squares_partial_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, s, scratch,
+         x, n);
+  launch("sum_squares_final", sum_squares_final_kernel, dim3(1), dim3(kThreads), 0, s, out, scratch, int(blocks));
+}
+
+double sum_squares(const float* x, size_t n, cudaStream_t s) {
+  float* scratch = nullptr;
+  UL_CUDA_CHECK(cudaMalloc(&scratch, sum_squares_scratch_bytes(n) + sizeof(float)));
+  float result = 0.f;
+  try {
+    float* out = scratch + norm_blocks(n);
+    sum_squares(out, x, n, scratch, s);
+    UL_CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof(float), cudaMemcpyDeviceToHost, s));
+    UL_CUDA_CHECK(cudaStreamSynchronize(s));
+  } catch (...) {
+    cudaFree(scratch);
+    throw;
+  }
+  UL_CUDA_CHECK(cudaFree(scratch));
+  return result;
+}
+
+template void adamw_update<float>(float*, float*, const float*, float*, float*, size_t, float, float, float, float,
+                                  float, float, int, uint64_t, cudaStream_t);
+template void adamw_update<__nv_bfloat16>(__nv_bfloat16*, float*, const float*, float*, float*, size_t, float, float,
+                                          float, float, float, float, int, uint64_t, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

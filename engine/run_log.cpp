@@ -1,0 +1,93 @@
+#include "engine/run_log.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+
+namespace ul {
+
+namespace {
+
+bool ends_without_newline(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f || f.tellg() <= 0) return false;
+  f.seekg(-1, std::ios::end);
+  char c = 0;
+  f.get(c);
+  return c != '\n';
+}
+
+}  // namespace
+
+RunLog::RunLog(const std::string& path, int resume_step) : path_(path) {
+  const bool torn = resume_step >= 0 && ends_without_newline(path);
+  f_ = std::fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
+  if (!f_) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
+  if (torn) std::fputc('\n', f_);
+  if (resume_step >= 0) line(JsonLine().add("type", "resume").add("step", resume_step).str());
+}
+
+RunLog::~RunLog() {
+  if (f_) std::fclose(f_);
+}
+
+void RunLog::line(const std::string& json) {
+  // Flushed per line: whoever tails the log (or reads it after a crash) sees every finished step.
+  if (std::fputs((json + "\n").c_str(), f_) < 0 || std::fflush(f_) != 0)
+    throw std::runtime_error(path_ + ": writing the run log failed: " + std::strerror(errno));
+}
+
+void RunLog::step(int step, const StepResult& r, double tok_per_s) {
+  const double MiB = 1048576.0;
+  JsonLine j;
+  j.add("type", "step").add("step", step).add("loss", r.loss).add("grad_norm", r.grad_norm);
+  j.add("lr", double(r.lr)).add("ms", r.ms, 6).add("tok_per_s", tok_per_s, 6);
+  j.add("act_mib", r.act_bytes / MiB, 6).add("a2a_mib", r.sent.all_to_all / MiB, 6);
+  j.add("ar_mib", r.sent.all_reduce / MiB, 6);
+  line(j.str());
+}
+
+void RunLog::eval(int step, const EvalResult& e) {
+  line(JsonLine().add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy).str());
+}
+
+std::vector<LogRecord> read_run_log(const std::string& path, int* skipped) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
+  std::vector<LogRecord> out;
+  int bad = 0;
+  std::string text;
+  for (int line_no = 1; std::getline(f, text); line_no++) {
+    if (text.empty()) continue;
+    LogRecord r;
+    try {
+      r = parse_flat_json(text, path + ":" + std::to_string(line_no));
+    } catch (const std::runtime_error&) {
+      bad++;
+      continue;
+    }
+    auto type = r.find("type"), step = r.find("step");
+    if (type == r.end() || step == r.end()) {
+      bad++;
+      continue;
+    }
+    if (type->second == "resume") {
+      // The resumed run continues from this step: what an earlier attempt logged after it is void.
+      const long resumed = std::atol(step->second.c_str());
+      std::vector<LogRecord> kept;
+      for (LogRecord& x : out)
+        if (std::atol(x["step"].c_str()) <= resumed) kept.push_back(std::move(x));
+      out.swap(kept);
+      continue;
+    }
+    out.push_back(std::move(r));
+  }
+  if (skipped) *skipped = bad;
+  return out;
+}
+
+}  // namespace ul

@@ -1,0 +1,48 @@
+// The machine-readable run log (--log FILE, default DIR/log.jsonl under --save-dir): one JSON
+// object per line, written by rank 0 only and flushed per line, so the log of a killed run is
+// whole up to its last step.
+//   {"type":"step","step":12,"loss":..,"grad_norm":..,"lr":..,"ms":..,"tok_per_s":..,
+//    "act_mib":..,"a2a_mib":..,"ar_mib":..}
+//   {"type":"eval","step":100,"val_loss":..,"accuracy":..}
+//   {"type":"resume","step":300}
+// A resumed run appends to the log after a resume record. Records past step 300 written before
+// it came from an attempt that died after its last checkpoint; readers drop them, so the log read
+// back is the history of the run that continues.
+// loss, grad_norm, lr, val_loss and accuracy keep all 17 digits: a resumed run can be compared
+// bit for bit with an uninterrupted one.
+#pragma once
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/trainer.h"
+
+namespace ul {
+
+class RunLog {
+ public:
+  // resume_step < 0: a fresh run, the file is truncated. Else the file is appended to (after a
+  // newline if a killed run left its last line unfinished), starting with a resume record.
+  RunLog(const std::string& path, int resume_step);
+  ~RunLog();
+  RunLog(const RunLog&) = delete;
+  RunLog& operator=(const RunLog&) = delete;
+
+  void step(int step, const StepResult& r, double tok_per_s);
+  void eval(int step, const EvalResult& e);
+  const std::string& path() const { return path_; }
+
+ private:
+  void line(const std::string& json);
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
+using LogRecord = std::map<std::string, std::string>;  // field -> value text (parse_flat_json)
+
+// The records of the run as it stands (resume records applied, then dropped). Lines that do not
+// parse — the torn last line of a killed run — are skipped and counted in *skipped.
+std::vector<LogRecord> read_run_log(const std::string& path, int* skipped = nullptr);
+
+}  // namespace ul

@@ -1,0 +1,201 @@
+// The fused classifier + cross-entropy on CUDA (the algorithm is in classifier.h; the CPU code it
+// must match is classifier.cpp). T is float or __nv_bfloat16 (x, w, dx, dlogits); the logits, the
+// losses and dw are fp32.
+//
+// per chunk of rows   logits (R, V) = x w[0:V]^T by GEMM (fp32 output);
+//                     softmax_cross_entropy: one block per row, two passes over the row —
+//                       (1) an online max / sum of exp / first argmax, each thread over a strided
+//                           slice, combined across the block in a fixed order;
+//                       (2) dlogits = (exp(l - max) / sum - onehot) * grad_scale;
+//                     dx += dlogits w[0:V] and dw[0:V] += dlogits^T x by GEMM.
+// The losses go to a per-row buffer, summed on the host in row order (no atomics: deterministic).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine/cuda_launch.h"
+#include "engine/gemm.h"
+#include "layers/classifier.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+
+// Softmax statistics of a set of logits: the max m, sum of exp(l - m), and the first index of m.
+struct RowStats {
+  float m, s;
+  int arg;
+};
+
+// Symmetric to the bit: the operands are ordered by (max, index) before any arithmetic.
+__device__ __forceinline__ RowStats combine(RowStats a, RowStats b) {
+  if (b.m > a.m || (b.m == a.m && b.arg < a.arg)) {
+    RowStats t = a;
+    a = b;
+    b = t;
+  }
+  // a holds the larger max (or the same max at the smaller index). A -inf max means an empty set.
+  if (b.m == -INFINITY) return a;
+  return {a.m, a.s + b.s * expf(b.m - a.m), a.arg};
+}
+
+__device__ __forceinline__ RowStats warp_combine(RowStats v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    RowStats o{__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset),
+               __shfl_xor_sync(0xffffffffu, v.arg, offset)};
+    v = combine(v, o);  // combine is symmetric (bitwise), so every lane ends with the same bits
+  }
+  return v;
+}
+
+// Grid (R), block (a multiple of 32, <= 1024). logits: (R, V) fp32; dlogits: (R, V) T or null.
+// No __restrict__ on logits / dlogits: they may be one buffer (T = float).
+template <class T>
+__global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ loss, int32_t* __restrict__ hit,
+                                             const float* logits, const int32_t* __restrict__ targets, int V,
+                                             float grad_scale) {
+  __shared__ RowStats s_warp[kMaxThreads / 32];
+  const int row = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int t = targets[row];
+  const float* lr = logits + size_t(row) * V;
+  T* dr = dlogits ? dlogits + size_t(row) * V : nullptr;
+  if (t < 0) {  // ignored: the whole block leaves together, before any barrier
+    if (dr)
+      for (int i = tid; i < V; i += blockDim.x) dr[i] = from_float<T>(0.f);
+    if (tid == 0) loss[row] = 0.f, hit[row] = 0;
+    return;
+  }
+  const float lt = lr[t];  // read before the barriers below, so before anything overwrites it
+
+  RowStats st{-INFINITY, 0.f, V};
+  for (int i = tid; i < V; i += blockDim.x) {
+    const float v = lr[i];
+    if (v > st.m) {
+      st.s = st.s * expf(st.m - v) + 1.f;  // exp(-inf) = 0 for the first element
+      st.m = v;
+      st.arg = i;
+    } else if (v != -INFINITY) {  // exp(-inf) adds nothing (and -inf - -inf would be NaN)
+      st.s += expf(v - st.m);
+    }
+  }
+  st = warp_combine(st);
+  if (lane == 0) s_warp[warp] = st;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    st = lane < warps ? s_warp[lane] : RowStats{-INFINITY, 0.f, V};
+    st = warp_combine(st);
+    if (lane == 0) s_warp[0] = st;
+  }
+  __syncthreads();
+  st = s_warp[0];
+
+  if (tid == 0) {
+    loss[row] = logf(st.s) - (lt - st.m);
+    hit[row] = st.arg == t;
+  }
+  if (dr) {
+    const float scale = grad_scale / st.s;
+    for (int i = tid; i < V; i += blockDim.x) {
+      const float p = expf(lr[i] - st.m) * scale;
+      dr[i] = from_float<T>(i == t ? p - grad_scale : p);
+    }
+  }
+}
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+template <class T>
+void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* logits, const int32_t* targets, int R,
+                           int V, float grad_scale, cudaStream_t s) {
+  if (R == 0) return;
+  if (V < 1) throw std::runtime_error("softmax_cross_entropy: V = " + std::to_string(V) + " (need at least 1)");
+  // ~16 elements per thread, in whole warps: small vocabularies do not park idle threads at the barriers.
+  const int threads = int(std::min<long long>(kMaxThreads, std::max<long long>(32, ceil_div(V, 16 * 32) * 32)));
+  launch("softmax_cross_entropy", softmax_cross_entropy_kernel<T>, dim3(R), dim3(threads), 0, s, dlogits, loss, hit,
+         logits, targets, V, grad_scale);
+}
+
+size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype) {
+  const size_t R = size_t(std::max(1, std::min(chunk_rows, std::max(N, 1))));
+  const size_t dlogits = dtype == DType::f32 ? 0 : align256(R * V * dtype_size(dtype));
+  return align256(R * V * sizeof(float)) + dlogits + 2 * align256(size_t(N) * 4);
+}
+
+template <class T>
+CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, const T* w, const int32_t* targets,
+                                              const int32_t* targets_host, int N, int C, int V, float grad_scale,
+                                              int chunk_rows, void* scratch, cudaStream_t s) {
+  CrossEntropyStats st;
+  if (N == 0) return st;
+  const bool bf = !std::is_same<T, float>::value;
+  chunk_rows = std::max(1, std::min(chunk_rows, N));
+  // Scratch: logits (chunk_rows, V) fp32 | dlogits (chunk_rows, V) T, bf16 only (f32 reuses the
+  // logits) | loss (N) fp32 | hit (N) i32; each region 256-byte aligned.
+  char* p = static_cast<char*>(scratch);
+  float* logits = reinterpret_cast<float*>(p);
+  p += align256(size_t(chunk_rows) * V * sizeof(float));
+  T* dlogits = reinterpret_cast<T*>(logits);
+  if (bf) {
+    dlogits = reinterpret_cast<T*>(p);
+    p += align256(size_t(chunk_rows) * V * sizeof(T));
+  }
+  float* loss = reinterpret_cast<float*>(p);
+  int32_t* hit = reinterpret_cast<int32_t*>(p + align256(size_t(N) * 4));
+  // Rows never scored (whole chunks of ignored targets) read as zero loss and no hit.
+  UL_CUDA_CHECK(cudaMemsetAsync(loss, 0, size_t(N) * 4, s));
+  UL_CUDA_CHECK(cudaMemsetAsync(hit, 0, size_t(N) * 4, s));
+  const bool grad = dx || dw;
+
+  for (int r0 = 0; r0 < N; r0 += chunk_rows) {
+    // Trim the chunk to its first and last valid target: a run of ignored rows costs no GEMM.
+    int a = r0, b = std::min(N, r0 + chunk_rows);
+    while (a < b && targets_host[a] < 0) a++;
+    while (b > a && targets_host[b - 1] < 0) b--;
+    if (a == b) continue;
+    const int R = b - a;
+    const T* xc = x + size_t(a) * C;
+    // logits (R, V) = x (R, C) · w[0:V]^T (C, V): the padded rows of w are never read.
+    gemm<T, float>(logits, xc, w, nullptr, R, V, C, false, true, false, "classifier logits", s);
+    softmax_cross_entropy<T>(grad ? dlogits : nullptr, loss + a, hit + a, logits, targets + a, R, V, grad_scale, s);
+    if (!grad) continue;
+    // dx (R, C) += dlogits (R, V) · w[0:V] (V, C)
+    if (dx) gemm<T, T>(dx + size_t(a) * C, dlogits, w, nullptr, R, C, V, false, false, true, "classifier dx", s);
+    // dw[0:V] (V, C) += dlogits^T (V, R) · x (R, C), in fp32
+    if (dw) gemm<T, float>(dw, dlogits, xc, nullptr, V, C, R, true, false, true, "classifier dw", s);
+  }
+
+  std::vector<float> loss_h(N);
+  std::vector<int32_t> hit_h(N);
+  UL_CUDA_CHECK(cudaMemcpyAsync(loss_h.data(), loss, size_t(N) * 4, cudaMemcpyDeviceToHost, s));
+  UL_CUDA_CHECK(cudaMemcpyAsync(hit_h.data(), hit, size_t(N) * 4, cudaMemcpyDeviceToHost, s));
+  UL_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (int n = 0; n < N; n++) {
+    st.loss_sum += loss_h[n];
+    st.n_correct += hit_h[n];
+    st.n_valid += targets_host[n] >= 0;
+  }
+  return st;
+}
+
+template void softmax_cross_entropy<float>(float*, float*, int32_t*, const float*, const int32_t*, int, int, float,
+                                           cudaStream_t);
+template void softmax_cross_entropy<__nv_bfloat16>(__nv_bfloat16*, float*, int32_t*, const float*, const int32_t*,
+                                                   int, int, float, cudaStream_t);
+template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
+                                                              const int32_t*, const int32_t*, int, int, int, float,
+                                                              int, void*, cudaStream_t);
+template CrossEntropyStats classifier_forward_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*,
+                                                                      const __nv_bfloat16*, const int32_t*,
+                                                                      const int32_t*, int, int, int, float, int,
+                                                                      void*, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

@@ -1,0 +1,90 @@
+// GELU on CUDA (the math is in gelu.h; the CPU loop it must match is in gelu.cpp).
+// T is float or __nv_bfloat16; every value is computed in float and rounded to T once.
+//
+// forward, backward   grid-stride loops over 16-byte packs (V = 4 floats or 8 bf16 per access)
+//                     when every pointer is 16-byte aligned, then a scalar loop over the last
+//                     n % V elements; unaligned pointers take the scalar path (V = 1) throughout.
+#include "engine/cuda_launch.h"
+#include "layers/elementwise.cuh"
+#include "layers/gelu.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+constexpr float kScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kCubic = 0.044715f;
+
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.f + tanhf(kScale * (x + kCubic * x * x * x)));
+}
+
+// d gelu / dx with u = k (x + a x^3), t = tanh(u):  0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float t = tanhf(kScale * (x + kCubic * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kScale * (1.f + 3.f * kCubic * x * x);
+}
+
+// y, x: (n)
+template <class T, int V>
+__global__ void gelu_forward_kernel(T* __restrict__ y, const T* __restrict__ x, int64_t n) {
+  const int64_t packs = n / V;
+  for (int64_t p = grid_first(); p < packs; p += grid_stride()) {
+    const Pack<T, V> xv = load_pack<V>(x + p * V);
+    Pack<T, V> yv;
+    for (int k = 0; k < V; k++) yv.v[k] = from_float<T>(gelu(to_float(xv.v[k])));
+    store_pack<V>(y + p * V, yv);
+  }
+  for (int64_t i = packs * V + grid_first(); i < n; i += grid_stride()) y[i] = from_float<T>(gelu(to_float(x[i])));
+}
+
+// dx += dy * gelu'(x).  dx, dy, x: (n)
+template <class T, int V>
+__global__ void gelu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                     int64_t n) {
+  const int64_t packs = n / V;
+  for (int64_t p = grid_first(); p < packs; p += grid_stride()) {
+    const Pack<T, V> xv = load_pack<V>(x + p * V), dyv = load_pack<V>(dy + p * V);
+    Pack<T, V> dxv = load_pack<V>(dx + p * V);
+    for (int k = 0; k < V; k++)
+      dxv.v[k] = from_float<T>(to_float(dxv.v[k]) + to_float(dyv.v[k]) * gelu_grad(to_float(xv.v[k])));
+    store_pack<V>(dx + p * V, dxv);
+  }
+  for (int64_t i = packs * V + grid_first(); i < n; i += grid_stride())
+    dx[i] = from_float<T>(to_float(dx[i]) + to_float(dy[i]) * gelu_grad(to_float(x[i])));
+}
+
+}  // namespace
+
+template <class T>
+void gelu_forward(T* y, const T* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return;  // a grid of no blocks is an invalid launch
+  constexpr int V = kPackElems<T>;
+  if (pack_aligned({y, x}))
+    launch("gelu_forward", gelu_forward_kernel<T, V>, dim3(elementwise_blocks(n / V)), dim3(kElementwiseThreads), 0,
+           s, y, x, n);
+  else
+    launch("gelu_forward", gelu_forward_kernel<T, 1>, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, s,
+           y, x, n);
+}
+
+template <class T>
+void gelu_backward(T* dx, const T* dy, const T* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  constexpr int V = kPackElems<T>;
+  if (pack_aligned({dx, dy, x}))
+    launch("gelu_backward", gelu_backward_kernel<T, V>, dim3(elementwise_blocks(n / V)), dim3(kElementwiseThreads), 0,
+           s, dx, dy, x, n);
+  else
+    launch("gelu_backward", gelu_backward_kernel<T, 1>, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, s,
+           dx, dy, x, n);
+}
+
+template void gelu_forward<float>(float*, const float*, int64_t, cudaStream_t);
+template void gelu_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int64_t, cudaStream_t);
+template void gelu_backward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
+template void gelu_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int64_t,
+                                           cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

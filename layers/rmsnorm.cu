@@ -1,0 +1,133 @@
+// RMSNorm on CUDA (the math is in rmsnorm.h; the CPU loop it must match is in rmsnorm.cpp).
+// T is float or __nv_bfloat16; rrms, every sum and the parameter gradient dw are float.
+//
+// forward      one warp per row: sum of squares (lanes stride over the columns, warp_sum), then y.
+// backward dx  the same layout: per row, mean_c(dy * w * x), then dx += ...
+// backward dw  a sum over rows, done without atomics so that it is deterministic:
+//              (1) a 2-D grid of (32 columns) x (a chunk of rows) blocks writes per-chunk partial
+//                  sums of dy * x * rrms to scratch, summing in a fixed order;
+//              (2) one thread per column adds its chunks' partials, in chunk order, into dw.
+#include "engine/cuda_launch.h"
+#include "layers/rmsnorm.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
+constexpr int kColTile = 32;        // columns per block in the dw partial kernel
+constexpr int kRowLanes = 8;        // row strands per column in that kernel (block 32 x 8)
+constexpr int kMinChunkRows = 64;   // a chunk is at least this many rows ...
+constexpr int kMaxChunks = 512;     // ... and there are at most this many (bounds the scratch)
+
+int num_chunks(int N) { return N < kMinChunkRows * kMaxChunks ? int(ceil_div(N, kMinChunkRows)) : kMaxChunks; }
+
+// y, x: (N, C); w: (C); rrms: (N)
+template <class T>
+__global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rrms, const T* __restrict__ x,
+                                       const T* __restrict__ w, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= N) return;  // whole warps leave together, so no lane is missing from a shuffle below
+  const T* xr = x + size_t(row) * C;
+  T* yr = y + size_t(row) * C;
+
+  float ss = 0.f;
+  for (int c = lane; c < C; c += 32) {
+    const float v = to_float(xr[c]);
+    ss += v * v;
+  }
+  const float r = rsqrtf(warp_sum(ss) / C + float(kRMSNormEps));
+  for (int c = lane; c < C; c += 32) yr[c] = from_float<T>(to_float(xr[c]) * r * to_float(w[c]));
+  if (lane == 0) rrms[row] = r;
+}
+
+// dx += rrms * (g - x * rrms^2 * mean_c(g * x)),  g = dy * w.  dx, dy, x: (N, C)
+template <class T>
+__global__ void rmsnorm_backward_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                           const T* __restrict__ w, const float* __restrict__ rrms, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= N) return;
+  const size_t off = size_t(row) * C;
+  const float r = rrms[row];
+
+  float gx_sum = 0.f;
+  for (int c = lane; c < C; c += 32) gx_sum += to_float(dy[off + c]) * to_float(w[c]) * to_float(x[off + c]);
+  const float k = r * r * (warp_sum(gx_sum) / C);
+  for (int c = lane; c < C; c += 32) {
+    const float g = to_float(dy[off + c]) * to_float(w[c]);
+    dx[off + c] = from_float<T>(to_float(dx[off + c]) + r * (g - to_float(x[off + c]) * k));
+  }
+}
+
+// Block (32, 8), grid (ceil(C / 32), chunks). partial: (chunks, C) sums of dy * x * rrms.
+// Thread (tx, ty) sums rows ty, ty + 8, ... of its chunk for column c; the block then adds the
+// 8 strands in order.
+template <class T>
+__global__ void rmsnorm_backward_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy,
+                                                const T* __restrict__ x, const float* __restrict__ rrms, int N, int C,
+                                                int chunk_rows) {
+  __shared__ float s_dw[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int c = blockIdx.x * kColTile + tx;
+  const int chunk = blockIdx.y;
+  const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
+
+  float dw = 0.f;
+  if (c < C)
+    for (int n = r0 + ty; n < r1; n += kRowLanes)
+      dw += to_float(dy[size_t(n) * C + c]) * to_float(x[size_t(n) * C + c]) * rrms[n];
+  s_dw[ty][tx] = dw;
+  __syncthreads();  // every thread gets here: the out-of-range columns only skipped the loop
+  if (ty == 0 && c < C) {
+    float sum = 0.f;
+    for (int k = 0; k < kRowLanes; k++) sum += s_dw[k][tx];
+    partial[size_t(chunk) * C + c] = sum;
+  }
+}
+
+// dw[c] += sum_k partial[k][c]  (f32 parameter gradient)
+__global__ void rmsnorm_backward_reduce_kernel(float* __restrict__ dw, const float* __restrict__ partial, int chunks,
+                                               int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sum = 0.f;
+  for (int k = 0; k < chunks; k++) sum += partial[size_t(k) * C + c];
+  dw[c] += sum;
+}
+
+}  // namespace
+
+size_t rmsnorm_backward_scratch_bytes(int N, int C) { return size_t(num_chunks(N)) * C * sizeof(float); }
+
+template <class T>
+void rmsnorm_forward(T* y, float* rrms, const T* x, const T* w, int N, int C, cudaStream_t s) {
+  if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
+  launch("rmsnorm_forward", rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s, y, rrms,
+         x, w, N, C);
+}
+
+template <class T>
+void rmsnorm_backward(T* dx, float* dw, const T* dy, const T* x, const T* w, const float* rrms, float* scratch, int N,
+                      int C, cudaStream_t s) {
+  if (N == 0 || C == 0) return;
+  launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s,
+         dx, dy, x, w, rrms, N, C);
+  const int chunks = num_chunks(N), chunk_rows = int(ceil_div(N, chunks));
+  launch("rmsnorm_backward_partial", rmsnorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
+         dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, rrms, N, C, chunk_rows);
+  launch("rmsnorm_backward_reduce", rmsnorm_backward_reduce_kernel, dim3(ceil_div(C, 256)), dim3(256), 0, s, dw,
+         scratch, chunks, C);
+}
+
+template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, cudaStream_t);
+template void rmsnorm_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const __nv_bfloat16*, int,
+                                             int, cudaStream_t);
+template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, float*,
+                                      int, int, cudaStream_t);
+template void rmsnorm_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                              const __nv_bfloat16*, const float*, float*, int, int, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

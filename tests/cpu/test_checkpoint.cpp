@@ -1,0 +1,248 @@
+// Checkpoints, the run log and the loss plot, through the train binary: resume is bit-exact
+// (1 rank, 2 ranks x sp 2, gpt2 and llama), a crash in the middle of a save leaves the previous
+// checkpoint usable, --keep prunes, damaged or mismatched checkpoints are refused naming the file,
+// the log has a record per step and eval, and the plot has both series.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <functional>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/checkpoint.h"
+#include "engine/file_io.h"
+#include "engine/loss_plot.h"
+#include "engine/run_log.h"
+#include "run_cmd.h"
+
+using namespace ul_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Tiny and quick: six steps, a checkpoint every three, an eval every two.
+const std::string kArgs =
+    "--dim 32 --heads 2 --layers 1 --seq 16 --batch 2 --steps 6 --eval-every 2 --eval-batches 1 --threads 1 --quiet";
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("ulysses_ckpt_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// env: "NAME=VALUE" for the crash hook; that run aborts, so no core file is wanted.
+CmdResult train(const std::string& args, const std::string& env = "") {
+  CmdResult r = run_cmd((env.empty() ? "" : "ulimit -c 0; " + env + " ") + train_cmd(args));
+  INFO("train " << args << "\n" << r.out);
+  return r;
+}
+
+// The log read back, without the timing fields (which differ between runs).
+std::vector<std::string> history(const fs::path& log) {
+  std::vector<std::string> h;
+  for (const ul::LogRecord& r : ul::read_run_log(log.string())) {
+    std::string line;
+    for (auto& [k, v] : r)
+      if (k != "ms" && k != "tok_per_s") line += k + "=" + v + " ";
+    h.push_back(line);
+  }
+  return h;
+}
+
+std::string bytes_of(const fs::path& p) { return ul::read_whole_file(p.string()); }
+
+void expect_refused(const std::string& args, const std::string& needle) {
+  CmdResult r = run_cmd(train_cmd(args));
+  INFO("train " << args << "\n" << r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("train: error: ") != std::string::npos);
+  CHECK(r.out.find(needle) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[checkpoint]") {
+  const std::vector<std::pair<std::string, std::string>> setups = {
+      {"gpt2", "--model gpt2"},
+      {"gpt2_sp2", "--model gpt2 --ranks 2 --sp 2"},
+      {"llama", "--model llama --kv-heads 1"},
+      {"llama_sp2", "--model llama --kv-heads 1 --ranks 2 --sp 2"},
+  };
+  for (auto& [name, model] : setups) {
+    DYNAMIC_SECTION(name) {
+      fs::path d = fresh_dir("resume_" + name);
+      const std::string args = kArgs + " " + model + " --save-every 3 --save-dir ";
+      REQUIRE(train(args + (d / "full").string()).code == 0);
+      // The interrupted run: it saves step 3, trains on, and dies while saving step 6.
+      CHECK(train(args + (d / "part").string(), "ULYSSES_TEST_CRASH_IN_SAVE=2").code != 0);
+      CHECK(ul::complete_steps((d / "part").string()) == std::vector<int>{3});
+      CmdResult r = train(args + (d / "part").string() + " --resume");
+      REQUIRE(r.code == 0);
+      // Losses, gradient norms, learning rates, val losses: the same to the last bit.
+      std::vector<std::string> full = history(d / "full" / "log.jsonl"), part = history(d / "part" / "log.jsonl");
+      CHECK(full.size() == 9);
+      CHECK(part == full);
+      // And so is everything the run ends with: parameters, AdamW state, rank metadata.
+      for (const auto& f : fs::directory_iterator(d / "full" / "step_00000006")) {
+        INFO(f.path().filename());
+        CHECK(bytes_of(f.path()) == bytes_of(d / "part" / "step_00000006" / f.path().filename()));
+      }
+      fs::remove_all(d);
+    }
+  }
+}
+
+TEST_CASE("a crash in the middle of a save leaves the previous checkpoint loadable", "[checkpoint]") {
+  fs::path d = fresh_dir("crash"), dir = d / "run";
+  const std::string args = kArgs + " --save-every 3 --save-dir " + dir.string();
+  CmdResult crashed = train(args, "ULYSSES_TEST_CRASH_IN_SAVE=2");
+  CHECK(crashed.code != 0);
+  CHECK(crashed.out.find("ULYSSES_TEST_CRASH_IN_SAVE") != std::string::npos);
+  // The torn save: half a temporary model file, no COMPLETE, so not a checkpoint.
+  CHECK(fs::exists(dir / "step_00000006" / "model.bin.tmp"));
+  CHECK(fs::file_size(dir / "step_00000006" / "model.bin.tmp") < fs::file_size(dir / "step_00000003" / "model.bin"));
+  CHECK_FALSE(fs::exists(dir / "step_00000006" / "COMPLETE"));
+  CHECK(ul::complete_steps(dir.string()) == std::vector<int>{3});
+
+  CmdResult resumed = train(args + " --resume");
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.out.find("done | train loss") != std::string::npos);
+  CHECK(ul::complete_steps(dir.string()) == std::vector<int>{3, 6});
+  CHECK_FALSE(fs::exists(dir / "step_00000006" / "model.bin.tmp"));
+  // The log holds both attempts; read back, it is one run of six steps.
+  std::vector<std::string> h = history(dir / "log.jsonl");
+  REQUIRE(h.size() == 9);
+  CHECK(h.back().find("step=6") != std::string::npos);
+  // A crash in the very first save leaves nothing to resume: refused, not started fresh.
+  fs::path first = d / "first";
+  CHECK(train(kArgs + " --save-every 3 --save-dir " + first.string(), "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
+  expect_refused(kArgs + " --save-dir " + first.string() + " --resume", "no complete checkpoint to resume from");
+  fs::remove_all(d);
+}
+
+TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoint]") {
+  fs::path d = fresh_dir("keep");
+  REQUIRE(train(kArgs + " --save-every 1 --keep 2 --save-dir " + d.string()).code == 0);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{5, 6});
+  int dirs = 0;
+  for (const auto& e : fs::directory_iterator(d)) dirs += e.is_directory();
+  CHECK(dirs == 2);
+  // Resuming and saving more keeps the count.
+  REQUIRE(train(kArgs + " --steps 8 --save-every 1 --keep 2 --resume --save-dir " + d.string()).code == 0);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{7, 8});
+  fs::remove_all(d);
+}
+
+TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "[checkpoint]") {
+  fs::path d = fresh_dir("corrupt"), good = d / "good";
+  REQUIRE(train(kArgs + " --steps 3 --save-dir " + good.string()).code == 0);
+  auto damaged = [&](const std::string& name, const std::function<void(const fs::path& step_dir)>& harm) {
+    fs::path dir = d / name;
+    fs::copy(good, dir, fs::copy_options::recursive);
+    harm(dir / "step_00000003");
+    return dir;
+  };
+  auto poke = [](const fs::path& file, size_t at, char c) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(at));
+    f.put(c);
+  };
+  const std::string resume = kArgs + " --resume --save-dir ";
+
+  fs::path t = damaged("truncated", [](const fs::path& s) { fs::resize_file(s / "model.bin", fs::file_size(s / "model.bin") / 2); });
+  expect_refused(resume + t.string(), "model.bin: truncated");
+  fs::path flip = damaged("flipped", [&](const fs::path& s) { poke(s / "model.bin", 1000, 'x'); });
+  expect_refused(resume + flip.string(), "model.bin: checksum mismatch");
+  fs::path magic = damaged("magic", [&](const fs::path& s) { poke(s / "model.bin", 0, 'X'); });
+  expect_refused(resume + magic.string(), "model.bin: bad magic 'XLYSMODL'");
+  fs::path opt = damaged("optim", [&](const fs::path& s) { poke(s / "optim.bin", 500, 'x'); });
+  expect_refused(resume + opt.string(), "optim.bin: checksum mismatch");
+  fs::path json = damaged("json", [](const fs::path& s) { std::ofstream(s / "rank_0.json") << "{\"step\": 3,"; });
+  expect_refused(resume + json.string(), "rank_0.json");
+  expect_refused(resume + good.string() + " --seq 32", "rank_0.json: seq is 16 in the checkpoint but 32 in this run (--seq)");
+  expect_refused(resume + good.string() + " --dim 64", "rank_0.json: dim is 32 in the checkpoint but 64 in this run (--dim)");
+  expect_refused(resume + good.string() + " --model llama", "arch is gpt2 in the checkpoint but llama in this run (--model)");
+  expect_refused(kArgs + " --save-dir " + good.string(), "already holds checkpoints");
+  expect_refused(resume + (d / "empty").string(), "no complete checkpoint to resume from");
+  expect_refused(kArgs + " --resume", "--resume needs --save-dir");
+
+  // Refusing touched nothing: the good checkpoint and its log are as they were.
+  CHECK(ul::complete_steps(good.string()) == std::vector<int>{3});
+  CHECK(history(good / "log.jsonl").size() == 5);  // 3 steps, evals at 2 and 3
+  REQUIRE(train(resume + good.string()).code == 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("the run log has a record per step and eval; the plot has both series", "[log]") {
+  fs::path d = fresh_dir("log");
+  REQUIRE(train(kArgs + " --log " + (d / "run.jsonl").string()).code == 0);
+  std::ifstream f(d / "run.jsonl");
+  int steps = 0, evals = 0;
+  for (std::string line; std::getline(f, line);) {
+    auto r = ul::parse_flat_json(line, "run.jsonl");
+    if (r["type"] == "step") {
+      steps++;
+      CHECK(r["step"] == std::to_string(steps));
+      for (const char* k : {"loss", "grad_norm", "lr", "ms", "tok_per_s", "act_mib", "a2a_mib", "ar_mib"})
+        CHECK(r.count(k) == 1);
+    } else {
+      REQUIRE(r["type"] == "eval");
+      evals++;
+      CHECK(r["step"] == std::to_string(2 * evals));
+      CHECK(r.count("val_loss") == 1);
+      CHECK(r.count("accuracy") == 1);
+    }
+  }
+  CHECK(steps == 6);
+  CHECK(evals == 3);
+  std::string svg = bytes_of(d / "run.svg");
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("<polyline id=\"train-loss\"") != std::string::npos);
+  CHECK(svg.find("<polyline id=\"val-loss\"") != std::string::npos);
+  CHECK(svg.find(">step</text>") != std::string::npos);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "run.svg.tmp"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
+  CHECK(ul::crc32(0, "123456789", 9) == 0xCBF43926u);
+  CHECK(ul::crc32(ul::crc32(0, "1234", 4), "56789", 5) == 0xCBF43926u);
+  const double x = 0.1 + 0.2;
+  std::string line = ul::JsonLine().add("s", "a\"b\\c\n").add("x", x).add("n", int64_t(-7)).str();
+  auto r = ul::parse_flat_json(line, "line");
+  CHECK(r["s"] == "a\"b\\c\n");
+  CHECK(std::strtod(r["x"].c_str(), nullptr) == x);
+  CHECK(r["n"] == "-7");
+  for (const char* bad : {"", "{", "{\"a\"}", "{\"a\":1,}", "{\"a\":[1]}", "{\"a\":1} x"})
+    CHECK_THROWS_WITH(ul::parse_flat_json(bad, "where"), Catch::Contains("where"));
+
+  fs::path d = fresh_dir("torn");
+  const std::string log = (d / "log.jsonl").string();
+  std::ofstream(log) << "{\"type\":\"step\",\"step\":1,\"loss\":2}\n{\"type\":\"step\",\"step\":2,\"loss\":1}\n"
+                     << "{\"type\":\"step\",\"step\":3,\"lo";
+  {
+    ul::RunLog resumed(log, 1);  // the torn line is closed off, then: resume at 1
+  }
+  int skipped = 0;
+  auto recs = ul::read_run_log(log, &skipped);
+  CHECK(skipped == 1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0]["step"] == "1");
+  CHECK(ul::plot_path_for_log(log) == (d / "log.svg").string());
+  CHECK(ul::plot_path_for_log("run.txt") == "run.txt.svg");
+  fs::remove_all(d);
+}
+
+TEST_CASE("checkpoint and log flags: listed in --help, bad values refused", "[checkpoint][cli]") {
+  CmdResult help = run_cmd(train_cmd("--help"));
+  CHECK(help.code == 0);
+  for (const char* f : {"--save-dir", "--save-every", "--keep", "--resume", "--log"})
+    CHECK(help.out.find(f) != std::string::npos);
+  expect_refused("--save-every 2", "--save-every needs --save-dir");
+  expect_refused("--keep 2", "--keep needs --save-dir");
+  expect_refused("--save-dir x --keep -1", "--keep must be >= 0");
+  expect_refused("--save-dir x --save-every y", "--save-every: expected an integer");
+}

@@ -1,0 +1,133 @@
+// The whole model: AdamW steps against the independent PyTorch float64 reference, the parameter
+// layout against llm.c's, and activation memory linear in T.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "engine/context.h"
+#include "engine/device.h"
+#include "engine/llmc_format.h"
+#include "engine/optimizer.h"
+#include "layers/transformer.h"
+#include "run_cmd.h"
+
+using namespace ul;
+using namespace ul_test;
+
+namespace {
+
+ModelConfig gpt2_config(const LlmcConfig& lc) {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.layers = lc.layers;
+  c.dim = lc.channels;
+  c.heads = c.kv_heads = lc.heads;
+  c.vocab = lc.vocab;
+  c.padded_vocab = lc.padded_vocab;
+  c.max_seq = lc.max_seq;
+  return c;
+}
+
+Tensor ints(Context& c, const std::vector<int32_t>& v, Shape s) {
+  Tensor t = c.empty(s, DType::i32);
+  copy_from_host(t, v.data());
+  return t;
+}
+
+ModelInputs inputs_for(Context& c, const std::vector<int32_t>& idx, const std::vector<int32_t>& tgt, int B, int T) {
+  std::vector<int32_t> pos(size_t(B) * T);
+  for (size_t i = 0; i < pos.size(); i++) pos[i] = int32_t(i % T);
+  return {ints(c, idx, {B, T}), ints(c, tgt, {B, T}), ints(c, pos, {B, T}), ints(c, pos, {B, T}), Tensor{}};
+}
+
+}  // namespace
+
+TEST_CASE("the gpt2 parameter layout is llm.c's", "[model]") {
+  LlmcConfig lc{16, 50, 64, 2, 4, 32};
+  Context c;
+  ContextGuard g(c);
+  Transformer m(gpt2_config(lc));
+  auto shapes = llmc_gpt2_param_shapes(lc);
+  REQUIRE(m.params.specs().size() == shapes.size());
+  for (size_t i = 0; i < shapes.size(); i++) {
+    const ParamSpec& s = m.params.specs()[i];
+    CHECK(s.name == shapes[i].first);
+    REQUIRE(s.shape.ndim == int(shapes[i].second.size()));
+    for (int d = 0; d < s.shape.ndim; d++) CHECK(s.shape[d] == shapes[i].second[d]);
+  }
+  CHECK(m.params.numel() == llmc_gpt2_num_params(lc));
+}
+
+TEST_CASE("five AdamW steps follow the PyTorch float64 reference", "[model][reference]") {
+  std::vector<float> w;
+  LlmcConfig lc = read_llmc_checkpoint(source_path("tests/data/gpt2_tiny_model.bin"), w);
+  DebugState st = read_debug_state(source_path("tests/data/gpt2_tiny_state.bin"), lc);
+  std::vector<double> ref;
+  {
+    std::ifstream f(source_path("tests/data/gpt2_tiny_steps.txt"));
+    std::string line;
+    while (std::getline(f, line))
+      if (!line.empty() && line[0] != '#') ref.push_back(std::stod(line));
+  }
+  REQUIRE(ref.size() == 5);
+  Context c;
+  ContextGuard g(c);
+  Transformer m(gpt2_config(lc));
+  copy_from_host(Tensor{m.params.data(), {int64_t(w.size())}}, w.data());
+  AdamWConfig ac;  // betas 0.9 / 0.95, eps 1e-8, weight decay 0.1 on 2-D weights, as the reference
+  AdamW opt(m.params, ac);
+  int64_t valid = 0;
+  for (int32_t t : st.targets) valid += t >= 0;
+  for (size_t s = 0; s < ref.size(); s++) {
+    c.arena.reset();
+    m.params.zero_grad();
+    CrossEntropyStats cs;
+    {
+      Recording rec(true);
+      cs = m.forward(inputs_for(c, st.inputs, st.targets, st.B, st.T), float(1.0 / double(valid)));
+      c.tape.backward();
+    }
+    double loss = cs.loss_sum / double(cs.n_valid);
+    INFO("step " << s << ": ours " << loss << ", reference " << ref[s]);
+    CHECK(std::fabs(loss - ref[s]) <= 1e-5 * std::fabs(ref[s]));
+    opt.step(1e-3f, 1.0f);
+  }
+}
+
+// Arena high-water of one forward + backward of the tiny gpt2 at batch 1 and sequence T.
+static size_t activation_bytes(const std::string& arch, int T) {
+  ModelConfig cfg;
+  cfg.arch = arch;
+  cfg.layers = 2;
+  cfg.dim = 64;
+  cfg.heads = 4;
+  cfg.kv_heads = arch == "llama" ? 2 : 4;
+  cfg.vocab = 256;
+  cfg.padded_vocab = 256;
+  cfg.max_seq = T;
+  Context c;
+  ContextGuard g(c);
+  Transformer m(cfg);
+  m.init_weights(3);
+  std::vector<int32_t> idx(T), tgt(T);
+  for (int t = 0; t < T; t++) {
+    idx[t] = (t * 7) % 256;
+    tgt[t] = (t * 13) % 256;
+  }
+  c.arena.reset_high_water();
+  Recording rec(true);
+  m.forward(inputs_for(c, idx, tgt, 1, T), 1.0f / T);
+  c.tape.backward();
+  return c.arena.high_water();
+}
+
+TEST_CASE("activation memory is linear in T: T = 2048 takes at most 2.2x T = 1024", "[model][memory]") {
+  for (const char* arch : {"gpt2", "llama"}) {
+    size_t m1 = activation_bytes(arch, 1024), m2 = activation_bytes(arch, 2048);
+    INFO(arch << ": T=1024 " << m1 << " bytes, T=2048 " << m2 << " bytes, ratio " << double(m2) / double(m1));
+    CHECK(double(m2) / double(m1) <= 2.2);
+    CHECK(m2 > m1);
+  }
+}

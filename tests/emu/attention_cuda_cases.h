@@ -1,0 +1,286 @@
+// Attention: the CUDA kernels and the op on Device::cuda against the CPU backend. Written only
+// against the CUDA runtime API and the engine, so the same cases run emulated (tests/emu, in CI)
+// and on a real GPU (tests/gpu); the including file picks the Catch2 tag.
+//   - out and lse are poisoned (NaN) before the forward, so an element it fails to write fails;
+//   - dqkv starts from random values, so a backward that overwrites instead of adding fails, and
+//     the backward runs twice to show it is bitwise deterministic;
+//   - T is 1, 17, 65, 70, 130: below, at and across the 64-row tiles, never a multiple of them;
+//     MHA, GQA (Hq = 2 Hkv) and MQA (Hkv = 1); with and without a document mask (non-monotonic
+//     ids, so a query sees an earlier stretch of its document across another one); D 32, 64, 128;
+//   - f32 is held to 1e-5 relative; bf16 (see kBf16Rel) to 2^-7 relative of the element plus 2^-7
+//     of the tensor's largest gradient or output: the kernels round P and dS to bf16 for the
+//     tensor cores (2^-9 each) and the results to bf16 (2^-9), on bf16-rounded inputs.
+// Emulated kernels run a fiber switch per barrier and two per tensor-core call, so the shapes are small.
+#pragma once
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/cuda_launch.h"
+#include "engine/device.h"
+#include "gradcheck.h"
+#include "layers/attention.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including attention_cuda_cases.h"
+#endif
+
+namespace attn_cases {
+
+struct Case {
+  int B, Tn, Hq, Hkv, D;
+  bool doc;
+};
+
+const Case kCases[] = {
+    {1, 1, 1, 1, 32, false},    // one token
+    {2, 17, 2, 2, 64, false},   // MHA, one partial tile, two sequences
+    {1, 70, 4, 2, 32, false},   // GQA, a full tile and a partial one
+    {1, 130, 2, 1, 64, true},   // MQA across three tiles, document mask
+    {1, 65, 2, 2, 32, true},    // one row past a tile, document mask
+    {1, 70, 2, 1, 128, false},  // the widest head
+};
+
+constexpr double kBf16Rel = 1.0 / 128;
+
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    UL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    UL_CUDA_CHECK(cudaMemset(p, 0xff, n * sizeof(T)));  // NaN in f32 and bf16
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(p); }
+  void set(const std::vector<T>& h) { UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> get() const {
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> h(n);
+    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+inline std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+template <class T> std::vector<T> to_elem(const std::vector<float>& v);
+template <> inline std::vector<float> to_elem<float>(const std::vector<float>& v) { return v; }
+template <> inline std::vector<__nv_bfloat16> to_elem<__nv_bfloat16>(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> r(v.size());
+  for (size_t i = 0; i < v.size(); i++) r[i] = __float2bfloat16(v[i]);
+  return r;
+}
+inline std::vector<float> to_f32(const std::vector<float>& v) { return v; }
+inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(v[i]);
+  return r;
+}
+
+// Inputs as the element type sees them (bf16-representable for bf16), so the CPU reference in
+// float sees exactly what the kernels read.
+template <class T>
+std::vector<float> inputs(size_t n, uint64_t seed, float scale = 1.f) {
+  std::vector<float> v = ul_test::randn_f(n, seed, scale);
+  return std::is_same<T, float>::value ? v : rounded(v);
+}
+
+// Document ids (B, T): stretches of 1 to 23 tokens cycling through 3 ids, so a document resumes
+// after another one; different per sequence.
+inline std::vector<int32_t> doc_ids(int B, int Tn, uint64_t seed) {
+  std::vector<float> r = ul_test::randn_f(size_t(B) * Tn, seed);
+  std::vector<int32_t> d(size_t(B) * Tn);
+  for (int b = 0; b < B; b++) {
+    int id = b, left = 0;
+    for (int t = 0; t < Tn; t++) {
+      if (left == 0) {
+        id = (id + 1) % 3;
+        left = 1 + int(std::fabs(r[size_t(b) * Tn + t]) * 11) % 23;
+      }
+      d[size_t(b) * Tn + t] = id;
+      left--;
+    }
+  }
+  return d;
+}
+
+inline double max_abs(const std::vector<float>& v) { return ul_test::max_abs(v.data(), v.size()); }
+
+// Checks |got - want| <= rel * |want| + abs_tol for every element; reports the worst one.
+inline void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                         double rel, double abs_tol) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0, worst_i = 0;
+  double worst = -1;
+  for (size_t i = 0; i < got.size(); i++) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    const double tol = rel * std::fabs(double(want[i])) + abs_tol;
+    const bool ok = err <= tol;  // false for NaN: an unwritten element fails here
+    if (!ok) bad++;
+    const double score = ok ? err / tol : 1e300;
+    if (score > worst) worst = score, worst_i = i;
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst at " << worst_i << ": got "
+            << got[worst_i] << ", want " << want[worst_i] << " (" << worst << " of the tolerance)");
+  CHECK(bad == 0);
+}
+
+// Tolerance floor for a gradient added onto `start`: a fraction of the gradient's own scale.
+inline double grad_scale(const std::vector<float>& with, const std::vector<float>& start) {
+  double m = 0;
+  for (size_t i = 0; i < with.size(); i++) m = std::max(m, std::fabs(double(with[i]) - double(start[i])));
+  return std::max(m, 1e-3);
+}
+
+template <class T>
+void check_kernels(const Case& c) {
+  const bool bf = !std::is_same<T, float>::value;
+  INFO((bf ? "bf16" : "f32") << " B=" << c.B << " T=" << c.Tn << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
+                             << (c.doc ? " doc" : ""));
+  const double rel = bf ? kBf16Rel : 1e-5;
+  const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D,
+               nlse = size_t(c.B) * c.Hq * c.Tn;
+  const uint64_t seed = 100 * uint64_t(c.Tn) + 10 * c.D + c.Hq;
+  const std::vector<float> qkv = inputs<T>(nqkv, seed), dout = inputs<T>(nout, seed + 1),
+                           dqkv0 = inputs<T>(nqkv, seed + 2);
+  const std::vector<int32_t> doc = c.doc ? doc_ids(c.B, c.Tn, seed + 3) : std::vector<int32_t>();
+  const int32_t* docp = c.doc ? doc.data() : nullptr;
+
+  // CPU reference (float, on the values the kernels read). The backward gets the forward's output
+  // as T stores it, as the kernels do.
+  std::vector<float> out_ref(nout), lse_ref(nlse);
+  ul::cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), docp, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+  const std::vector<float> out_stored = bf ? rounded(out_ref) : out_ref;
+  std::vector<float> dqkv_ref = dqkv0;
+  ul::cpu::attention_backward(dqkv_ref.data(), dout.data(), out_stored.data(), lse_ref.data(), qkv.data(), docp, c.B,
+                              c.Tn, c.Hq, c.Hkv, c.D);
+
+  DeviceBuffer<T> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
+  DeviceBuffer<float> d_lse(nlse), scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq) / sizeof(float));
+  DeviceBuffer<int32_t> d_doc(doc.size());
+  if (c.doc) d_doc.set(doc);
+  const int32_t* d_docp = c.doc ? d_doc.p : nullptr;
+  d_qkv.set(to_elem<T>(qkv));
+  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
+  expect_close("out", to_f32(d_out.get()), out_ref, rel, bf ? kBf16Rel * max_abs(out_ref) : 1e-6);
+  expect_close("lse", d_lse.get(), lse_ref, 1e-5, bf ? 1e-4 : 1e-5);
+
+  // Backward from the reference forward, so it is checked on its own.
+  d_out.set(to_elem<T>(out_stored));
+  d_lse.set(lse_ref);
+  d_dout.set(to_elem<T>(dout));
+  auto run_backward = [&] {
+    d_dqkv.set(to_elem<T>(dqkv0));
+    ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, d_docp, scratch.p, c.B, c.Tn, c.Hq,
+                                 c.Hkv, c.D, nullptr);
+    return d_dqkv.get();
+  };
+  const std::vector<T> g1 = run_backward();
+  const double gs = grad_scale(dqkv_ref, dqkv0);
+  expect_close("dqkv", to_f32(g1), dqkv_ref, rel, (bf ? kBf16Rel : 1e-5) * gs);
+  const std::vector<T> g2 = run_backward();
+  CHECK(std::memcmp(g1.data(), g2.data(), nqkv * sizeof(T)) == 0);
+}
+
+struct OpResult {
+  std::vector<float> out, dqkv;
+};
+
+// out = attention(qkv, Hq, Hkv, doc), then backward from dout, on one device and dtype; read back as float.
+inline OpResult run_op(ul::Device dev, ul::DType dt, const Case& c, const std::vector<float>& qkv,
+                       const std::vector<int32_t>& doc, const std::vector<float>& dout) {
+  ul::Context ctx(dev);
+  ul::ContextGuard guard(ctx);
+  ul::Recording rec(true);
+  auto put = [&](void* dst, const std::vector<float>& v, size_t bytes) {
+    if (dt == ul::DType::bf16) ul::device_copy(dst, dev, to_elem<__nv_bfloat16>(v).data(), ul::Device::cpu, bytes);
+    else ul::device_copy(dst, dev, v.data(), ul::Device::cpu, bytes);
+  };
+  auto read = [&](const void* p, size_t n) {
+    std::vector<float> r(n);
+    if (dt == ul::DType::bf16) {
+      std::vector<__nv_bfloat16> h(n);
+      ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * 2);
+      r = to_f32(h);
+    } else {
+      ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * 4);
+    }
+    return r;
+  };
+  ul::Tensor tq = ctx.tape.track(ctx.empty({c.B, c.Tn, c.Hq + 2 * c.Hkv, c.D}, dt));
+  put(tq.ptr, qkv, tq.nbytes());
+  ul::Tensor tdoc;
+  if (c.doc) {
+    tdoc = ctx.empty({c.B, c.Tn}, ul::DType::i32);
+    ul::copy_from_host(tdoc, doc.data());
+  }
+  ul::Tensor out = ul::attention(tq, c.Hq, c.Hkv, tdoc);
+  REQUIRE(out.device == dev);
+  REQUIRE(out.dtype == dt);
+  REQUIRE(out.requires_grad());
+  void* gout = ctx.tape.grad(out);
+  put(gout, dout, out.nbytes());
+  void* gq = ctx.tape.grad(tq);
+  ctx.tape.backward();
+  return {read(out.ptr, size_t(out.numel())), read(gq, size_t(tq.numel()))};
+}
+
+}  // namespace attn_cases
+
+TEST_CASE("attention CUDA kernels match the CPU backend (f32)", UL_CUDA_TEST_TAG "[attention]") {
+  for (const attn_cases::Case& c : attn_cases::kCases) attn_cases::check_kernels<float>(c);
+}
+
+TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores)", UL_CUDA_TEST_TAG "[attention]") {
+  for (const attn_cases::Case& c : attn_cases::kCases) attn_cases::check_kernels<__nv_bfloat16>(c);
+}
+
+TEST_CASE("attention op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[attention]") {
+  ul::init_cuda_backend();
+  const attn_cases::Case c{2, 70, 4, 2, 32, true};
+  for (ul::DType dt : {ul::DType::f32, ul::DType::bf16}) {
+    const bool bf = dt == ul::DType::bf16;
+    INFO(ul::dtype_name(dt));
+    auto in = [&](size_t n, uint64_t seed) {
+      std::vector<float> v = ul_test::randn_f(n, seed);
+      return bf ? attn_cases::rounded(v) : v;
+    };
+    const std::vector<float> qkv = in(size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, 21),
+                             dout = in(size_t(c.B) * c.Tn * c.Hq * c.D, 22);
+    const std::vector<int32_t> doc = attn_cases::doc_ids(c.B, c.Tn, 23);
+    const attn_cases::OpResult ref = attn_cases::run_op(ul::Device::cpu, ul::DType::f32, c, qkv, doc, dout);
+    const attn_cases::OpResult got = attn_cases::run_op(ul::Device::cuda, dt, c, qkv, doc, dout);
+    // bf16: the op also backpropagates through its own bf16 output (Di = rowsum(dout * out)).
+    const double rel = bf ? 2 * attn_cases::kBf16Rel : 1e-5;
+    attn_cases::expect_close("out", got.out, ref.out, rel, bf ? rel * attn_cases::max_abs(ref.out) : 1e-6);
+    const std::vector<float> zero(ref.dqkv.size(), 0.f);
+    attn_cases::expect_close("dqkv", got.dqkv, ref.dqkv, rel, rel * attn_cases::grad_scale(ref.dqkv, zero));
+  }
+}
+
+TEST_CASE("attention op on Device::cuda refuses unsupported head dims and misplaced doc ids",
+          UL_CUDA_TEST_TAG "[attention]") {
+  ul::init_cuda_backend();
+  ul::Context c(ul::Device::cuda);
+  ul::ContextGuard guard(c);
+  CHECK_THROWS_WITH(ul::attention(c.zeros({1, 4, 3, 48}), 1, 1, ul::Tensor()),
+                    Catch::Contains("attention") && Catch::Contains("D = 48"));
+  CHECK_THROWS_WITH(ul::attention(c.zeros({1, 4, 3, 32}, ul::DType::i32), 1, 1, ul::Tensor()),
+                    Catch::Contains("attention") && Catch::Contains("i32"));
+  ul::Context host;
+  ul::Tensor doc_on_host = host.zeros({1, 4}, ul::DType::i32);
+  CHECK_THROWS_WITH(ul::attention(c.zeros({1, 4, 3, 32}), 1, 1, doc_on_host),
+                    Catch::Contains("doc ids") && Catch::Contains("cpu"));
+  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, 1, 4, 1, 1, 96, nullptr),
+                    Catch::Contains("D = 96"));
+}

@@ -1,0 +1,245 @@
+// The fused classifier + cross-entropy on CUDA against the CPU backend: the softmax kernel alone
+// against float64, the chunked kernels against cpu::classifier_forward_backward, and the op on
+// Device::cuda against the op on the CPU. The same cases run emulated (tests/emu) and on a GPU
+// (tests/gpu); the including file picks the Catch2 tag.
+//   - dlogits, losses and hits are poisoned before the softmax kernel: unwritten elements fail;
+//   - dx and dw start from random values, so `=` instead of `+=` fails; padded vocabulary rows of w
+//     are NaN (a read of them poisons the loss) and their dw rows must stay as they were;
+//   - ignored targets (-1) are scattered, and fill whole chunks, so chunks are trimmed and skipped;
+//   - V below, at and above a warp, not a multiple of 32, and large enough for many threads a row;
+//   - f32 within 1e-5 relative; bf16 (x, w, dx, dlogits in bf16, logits, losses, dw in fp32) within
+//     1e-2 relative of the gradients' scale (dlogits are rounded to bf16 before the dx/dw GEMMs).
+#pragma once
+#include "emu/cuda_cases_util.h"
+#include "engine/context.h"
+#include "engine/device.h"
+#include "layers/classifier.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including classifier_cuda_cases.h"
+#endif
+
+namespace classifier_cases {
+using namespace cuda_cases;
+
+// Targets in [0, V), with about `ignored` of them -1, and rows [lo, hi) all -1 (a whole chunk).
+inline std::vector<int32_t> make_targets(int N, int V, uint64_t seed, double ignored, int lo = 0, int hi = 0) {
+  std::vector<double> r = ul_test::randn(size_t(N) * 2, seed);
+  std::vector<int32_t> t(N);
+  for (int n = 0; n < N; n++) {
+    const double u = 0.5 * (1 + std::erf(r[2 * n] / std::sqrt(2.0)));  // uniform in (0, 1)
+    const double k = 0.5 * (1 + std::erf(r[2 * n + 1] / std::sqrt(2.0)));
+    t[n] = u < ignored || (n >= lo && n < hi) ? -1 : std::min(V - 1, int(k * V));
+  }
+  return t;
+}
+
+// The softmax kernel on R rows of V logits against float64.
+template <class T>
+void check_softmax(int R, int V, bool grad) {
+  INFO(type_name<T>() << " softmax R=" << R << " V=" << V << (grad ? " grad" : " no grad"));
+  const std::vector<float> logits = ul_test::randn_f(size_t(R) * V, 100 + V, 3.f);
+  const std::vector<int32_t> tg = make_targets(R, V, 200 + R, 0.25);
+  const float grad_scale = 0.37f;
+  std::vector<float> loss_ref(R, 0.f), d_ref(size_t(R) * V, 0.f);
+  std::vector<int32_t> hit_ref(R, 0);
+  for (int r = 0; r < R; r++) {
+    if (tg[r] < 0) continue;
+    const float* l = &logits[size_t(r) * V];
+    int arg = 0;
+    for (int i = 1; i < V; i++)
+      if (l[i] > l[arg]) arg = i;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += std::exp(double(l[i]) - l[arg]);
+    loss_ref[r] = float(std::log(sum) - (double(l[tg[r]]) - l[arg]));
+    hit_ref[r] = arg == tg[r];
+    for (int i = 0; i < V; i++)
+      d_ref[size_t(r) * V + i] = float((std::exp(double(l[i]) - l[arg]) / sum - (i == tg[r])) * grad_scale);
+  }
+  DeviceBuffer<float> d_logits(size_t(R) * V), d_loss(R);
+  DeviceBuffer<T> d_dl(size_t(R) * V);
+  DeviceBuffer<int32_t> d_hit(R), d_tg(R);
+  d_logits.set(logits);
+  d_tg.set(tg);
+  ul::cuda::softmax_cross_entropy<T>(grad ? d_dl.p : nullptr, d_loss.p, d_hit.p, d_logits.p, d_tg.p, R, V, grad_scale,
+                                     nullptr);
+  expect_close("loss", d_loss.get(), loss_ref, 1e-5, 1e-5);
+  CHECK(d_hit.get() == hit_ref);
+  if (grad) expect_close("dlogits", to_f32(d_dl.get()), d_ref, is_bf16<T>() ? 1.0 / 256 : 1e-5, 1e-7);
+  else CHECK(std::isnan(to_f32(d_dl.get())[0]));  // no gradient asked: dlogits untouched
+}
+
+struct Case {
+  int N, C, V, Vp, chunk_rows;
+};
+const Case kCases[] = {{1, 1, 1, 1, 1}, {5, 3, 7, 8, 2}, {23, 17, 33, 40, 6}, {40, 24, 100, 100, 7},
+                       {12, 8, 1500, 1536, 5}};
+
+template <class T>
+void check_chunks(const Case& k) {
+  const int N = k.N, C = k.C, V = k.V, Vp = k.Vp;
+  const bool bf = is_bf16<T>();
+  INFO(type_name<T>() << " N=" << N << " C=" << C << " V=" << V << " Vp=" << Vp << " chunk_rows=" << k.chunk_rows);
+  const std::vector<float> x = inputs<T>(size_t(N) * C, 1 + N), dx0 = inputs<T>(size_t(N) * C, 3),
+                           dw0 = ul_test::randn_f(size_t(Vp) * C, 4);
+  std::vector<float> w = inputs<T>(size_t(Vp) * C, 2 + V);
+  // A chunk's worth of ignored rows in the middle (when there is room), and scattered ones.
+  const std::vector<int32_t> tg = make_targets(N, V, 5 + N, 0.2, N / 3, N / 3 + k.chunk_rows + 1);
+  const float grad_scale = 1.f / 3;
+
+  std::vector<float> dx_ref = dx0, dw_ref = dw0;
+  const ul::CrossEntropyStats ref = ul::cpu::classifier_forward_backward<float>(
+      dx_ref.data(), dw_ref.data(), x.data(), w.data(), tg.data(), N, C, V, grad_scale, k.chunk_rows);
+  for (size_t i = size_t(V) * C; i < w.size(); i++) w[i] = NAN;  // padding rows: never read
+
+  DeviceBuffer<T> d_x(size_t(N) * C), d_w(size_t(Vp) * C), d_dx(size_t(N) * C);
+  DeviceBuffer<float> d_dw(size_t(Vp) * C);
+  DeviceBuffer<int32_t> d_tg(N);
+  DeviceBuffer<char> scratch(
+      ul::cuda::classifier_scratch_bytes(N, V, k.chunk_rows, bf ? ul::DType::bf16 : ul::DType::f32));
+  d_x.set(to_elem<T>(x));
+  d_w.set(to_elem<T>(w));
+  d_tg.set(tg);
+  auto run = [&](bool grad) {
+    d_dx.set(to_elem<T>(dx0));
+    d_dw.set(dw0);
+    scratch.poison();
+    return ul::cuda::classifier_forward_backward<T>(grad ? d_dx.p : nullptr, grad ? d_dw.p : nullptr, d_x.p, d_w.p,
+                                                    d_tg.p, tg.data(), N, C, V, grad_scale, k.chunk_rows, scratch.p,
+                                                    nullptr);
+  };
+  const ul::CrossEntropyStats got = run(true);
+  CHECK(got.n_valid == ref.n_valid);
+  CHECK(got.n_correct == ref.n_correct);
+  CHECK(std::fabs(got.loss_sum - ref.loss_sum) <= 1e-5 * std::max(1.0, std::fabs(ref.loss_sum)));
+  const std::vector<float> dw1 = d_dw.get();
+  // dx sums V terms of |dlogits w| (dlogits summing to at most 2 grad_scale per row), dw sums N of |dlogits x|.
+  const double rel = bf ? 1e-2 : 1e-5;
+  const double w_max = max_abs(std::vector<float>(w.begin(), w.begin() + size_t(V) * C));
+  expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, rel * grad_scale * std::max(1.0, w_max));
+  expect_close("dw", dw1, dw_ref, rel, rel * grad_scale * std::max(1.0, max_abs(x)));
+  for (size_t i = size_t(V) * C; i < dw1.size(); i++)
+    if (dw1[i] != dw0[i]) FAIL("dw padding row element " << i << " changed");
+
+  // Deterministic: the same loss and dw bits again.
+  const ul::CrossEntropyStats again = run(true);
+  CHECK(again.loss_sum == got.loss_sum);
+  CHECK(same_bits(d_dw.get(), dw1));
+  // Without gradients: the same stats, dx and dw untouched.
+  const ul::CrossEntropyStats nograd = run(false);
+  CHECK(nograd.loss_sum == got.loss_sum);
+  CHECK(nograd.n_correct == got.n_correct);
+  CHECK(same_bits(to_f32(d_dx.get()), to_f32(to_elem<T>(dx0))));
+  CHECK(same_bits(d_dw.get(), dw0));
+}
+
+struct OpResult {
+  ul::CrossEntropyStats st;
+  std::vector<float> dx, dw;
+};
+
+// The op on one device and dtype, gradients read back as float (w tracked with an f32 gradient).
+inline OpResult run_op(ul::Device dev, ul::DType dt, int B, int T, int C, int V, int Vp, const std::vector<float>& x,
+                       const std::vector<float>& w, const std::vector<int32_t>& tg, float grad_scale) {
+  ul::Context c(dev);
+  ul::ContextGuard guard(c);
+  ul::Recording rec(true);
+  const bool bf = dt == ul::DType::bf16;
+  auto make = [&](ul::Shape s, const std::vector<float>& v, bool param) {
+    ul::Tensor t = c.empty(s, dt);
+    if (bf) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
+    else ul::copy_from_host(t, v.data());
+    return param ? c.tape.track(t, ul::DType::f32) : c.tape.track(t);
+  };
+  ul::Tensor tx = make({B, T, C}, x, false), tw = make({Vp, C}, w, true);
+  ul::Tensor tt = c.empty({B, T}, ul::DType::i32);
+  ul::copy_from_host(tt, tg.data());
+  OpResult r;
+  r.st = ul::classifier_cross_entropy(tx, tw, tt, V, grad_scale);
+  const size_t nx = size_t(B) * T * C, nw = size_t(Vp) * C;
+  r.dx.resize(nx);
+  r.dw.resize(nw);
+  if (bf) {
+    std::vector<__nv_bfloat16> h(nx);
+    ul::device_copy(h.data(), ul::Device::cpu, c.tape.grad(tx), dev, nx * 2);
+    r.dx = to_f32(h);
+  } else {
+    ul::device_copy(r.dx.data(), ul::Device::cpu, c.tape.grad(tx), dev, nx * 4);
+  }
+  ul::device_copy(r.dw.data(), ul::Device::cpu, c.tape.grad(tw), dev, nw * 4);
+  return r;
+}
+
+}  // namespace classifier_cases
+
+TEST_CASE("classifier softmax kernel matches float64: loss, first argmax, dlogits, ignored rows",
+          UL_CUDA_TEST_TAG "[classifier]") {
+  for (int V : {1, 5, 32, 77, 1000, 4099})
+    for (bool grad : {true, false}) {
+      classifier_cases::check_softmax<float>(9, V, grad);
+      classifier_cases::check_softmax<__nv_bfloat16>(9, V, grad);
+    }
+}
+
+TEST_CASE("classifier argmax on CUDA is the first maximum", UL_CUDA_TEST_TAG "[classifier]") {
+  using namespace cuda_cases;
+  const int V = 300;
+  std::vector<float> logits(size_t(2) * V, 0.f);
+  logits[250] = logits[40] = logits[290] = 2.f;  // row 0: ties, the first is 40 (not the first thread's)
+  logits[V + 299] = logits[V + 33] = 1.f;        // row 1: ties at 33 and 299
+  DeviceBuffer<float> d_logits(logits.size()), d_loss(2);
+  DeviceBuffer<int32_t> d_hit(2), d_tg(2);
+  d_logits.set(logits);
+  d_tg.set({40, 299});
+  ul::cuda::softmax_cross_entropy<float>(nullptr, d_loss.p, d_hit.p, d_logits.p, d_tg.p, 2, V, 1.f, nullptr);
+  CHECK(d_hit.get() == std::vector<int32_t>{1, 0});
+}
+
+TEST_CASE("classifier CUDA chunks match the CPU backend (f32)", UL_CUDA_TEST_TAG "[classifier]") {
+  for (const auto& k : classifier_cases::kCases) classifier_cases::check_chunks<float>(k);
+}
+
+TEST_CASE("classifier CUDA chunks match the CPU backend (bf16, fp32 dw)", UL_CUDA_TEST_TAG "[classifier]") {
+  for (const auto& k : classifier_cases::kCases) classifier_cases::check_chunks<__nv_bfloat16>(k);
+}
+
+TEST_CASE("classifier op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[classifier]") {
+  using namespace cuda_cases;
+  ul::init_cuda_backend();
+  const int B = 3, T = 11, C = 16, V = 50, Vp = 64;
+  const std::vector<int32_t> tg = classifier_cases::make_targets(B * T, V, 77, 0.3);
+  const float grad_scale = 0.05f;
+  for (ul::DType dt : {ul::DType::f32, ul::DType::bf16}) {
+    const bool bf = dt == ul::DType::bf16;
+    INFO(ul::dtype_name(dt));
+    auto in = [&](size_t n, uint64_t seed) {
+      std::vector<float> v = ul_test::randn_f(n, seed);
+      return bf ? rounded(v) : v;
+    };
+    const std::vector<float> x = in(size_t(B) * T * C, 21), w = in(size_t(Vp) * C, 22);
+    const auto ref = classifier_cases::run_op(ul::Device::cpu, ul::DType::f32, B, T, C, V, Vp, x, w, tg, grad_scale);
+    const auto got = classifier_cases::run_op(ul::Device::cuda, dt, B, T, C, V, Vp, x, w, tg, grad_scale);
+    CHECK(got.st.n_valid == ref.st.n_valid);
+    CHECK(got.st.n_correct == ref.st.n_correct);
+    CHECK(std::fabs(got.st.loss_sum - ref.st.loss_sum) <= 1e-5 * std::fabs(ref.st.loss_sum));
+    const double rel = bf ? 1e-2 : 1e-5;
+    expect_close("dx", got.dx, ref.dx, rel, rel * grad_scale * max_abs(w));
+    expect_close("dw", got.dw, ref.dw, rel, rel * grad_scale * max_abs(x));
+  }
+}
+
+TEST_CASE("classifier op on Device::cuda rejects bad targets and shapes", UL_CUDA_TEST_TAG "[classifier]") {
+  ul::init_cuda_backend();
+  ul::Context c(ul::Device::cuda);
+  ul::ContextGuard guard(c);
+  ul::Tensor x = c.zeros({4, 8}), w = c.zeros({10, 8}), tg = c.zeros({4}, ul::DType::i32);
+  const std::vector<int32_t> bad{0, 3, 10, -1};
+  ul::copy_from_host(tg, bad.data());
+  CHECK_THROWS_WITH(ul::classifier_cross_entropy(x, w, tg, 10, 1.f), Catch::Contains("target 10 at index 2"));
+  CHECK_THROWS_WITH(ul::classifier_cross_entropy(x, w, tg, 11, 1.f), Catch::Contains("weight must be"));
+  CHECK_THROWS_WITH(ul::classifier_cross_entropy(x, w, c.zeros({3}, ul::DType::i32), 10, 1.f),
+                    Catch::Contains("3 targets for 4 rows"));
+  ul::Tensor tg0 = c.zeros({4}, ul::DType::i32), w16 = c.zeros({10, 8}, ul::DType::bf16);
+  CHECK_THROWS_WITH(ul::classifier_cross_entropy(x, w16, tg0, 10, 1.f),
+                    Catch::Contains("classifier_cross_entropy") && Catch::Contains("bf16"));
+}

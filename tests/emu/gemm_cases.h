@@ -1,0 +1,123 @@
+// ul::cuda::gemm against a float64 loop, for every combination the layers use: types (f32 -> f32,
+// bf16 -> bf16, bf16 -> f32), all four transpose pairs, with and without the bias epilogue, with
+// and without accumulation, sizes that are not multiples of any tile, and operands at offsets
+// that are not 16-byte aligned (chunked callers pass such row offsets). Emulated (tests/emu:
+// the Eigen twin) and on a GPU (tests/gpu/test_cublaslt_gpu.cpp: cuBLASLt).
+//   - D is poisoned (NaN) when not accumulating, so an unwritten element fails; when accumulating
+//     it starts from random values, so `=` instead of `+=` fails;
+//   - tolerance: 1e-5 of sum_k |a b| (+ |bias| + |D0|) for fp32 accumulation; bf16 outputs add
+//     their final rounding, 2^-8 of |D|.
+#pragma once
+#include "emu/cuda_cases_util.h"
+#include "engine/gemm.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including gemm_cases.h"
+#endif
+
+namespace gemm_cases {
+using namespace cuda_cases;
+
+struct Dims {
+  int M, N, K;
+};
+const Dims kDims[] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 40}, {64, 48, 32}, {37, 129, 65}};
+
+template <class TA, class TD>
+void check(Dims dm, bool ta, bool tb, bool with_bias, bool accumulate, size_t offset) {
+  const int M = dm.M, N = dm.N, K = dm.K;
+  INFO(type_name<TA>() << " -> " << type_name<TD>() << " M=" << M << " N=" << N << " K=" << K << (ta ? " A^T" : "")
+                       << (tb ? " B^T" : "") << (with_bias ? " +bias" : "") << (accumulate ? " +=" : "")
+                       << " offset " << offset);
+  const size_t nA = size_t(M) * K, nB = size_t(K) * N, nD = size_t(M) * N;
+  const std::vector<float> a = inputs<TA>(nA, 10 + M + K), b = inputs<TA>(nB, 20 + N + K),
+                           bias = inputs<TD>(N, 30 + N), d0 = inputs<TD>(nD, 40 + M);
+  // Reference in double: want = (acc ? d0 : 0) + bias + sum_k A'[m][k] B'[k][n], and the scale of the terms.
+  std::vector<float> want(nD);
+  std::vector<double> scale(nD);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      double s = accumulate ? d0[size_t(m) * N + n] : 0.0, mag = std::fabs(s);
+      if (with_bias) s += bias[n], mag += std::fabs(bias[n]);
+      for (int k = 0; k < K; k++) {
+        const double x = ta ? a[size_t(k) * M + m] : a[size_t(m) * K + k];
+        const double y = tb ? b[size_t(n) * K + k] : b[size_t(k) * N + n];
+        s += x * y;
+        mag += std::fabs(x * y);
+      }
+      want[size_t(m) * N + n] = float(s);
+      scale[size_t(m) * N + n] = mag;
+    }
+
+  // Each operand at `offset` elements into its buffer, so its address is only offset*sizeof aligned.
+  DeviceBuffer<TA> d_a(nA + offset), d_b(nB + offset);
+  DeviceBuffer<TD> d_bias(N + offset), d_d(nD + offset);
+  auto place = [&](auto& buf, const auto& host) {
+    using E = typename std::decay_t<decltype(host)>::value_type;
+    std::vector<E> full = buf.get();  // keep the poisoned head
+    std::copy(host.begin(), host.end(), full.begin() + offset);
+    buf.set(full);
+  };
+  place(d_a, to_elem<TA>(a));
+  place(d_b, to_elem<TA>(b));
+  place(d_bias, to_elem<TD>(bias));
+  if (accumulate) place(d_d, to_elem<TD>(d0));
+  ul::cuda::gemm<TA, TD>(d_d.p + offset, d_a.p + offset, d_b.p + offset, with_bias ? d_bias.p + offset : nullptr, M,
+                         N, K, ta, tb, accumulate, "gemm test", nullptr);
+  const std::vector<TD> out_full = d_d.get();
+  const std::vector<TD> out(out_full.begin() + offset, out_full.end());
+  const std::vector<float> got = to_f32(out);
+  const bool bf_out = is_bf16<TD>();
+  size_t bad = 0, worst = 0;
+  double worst_ratio = -1;
+  for (size_t i = 0; i < nD; i++) {
+    const double tol = 1e-5 * scale[i] + (bf_out ? std::fabs(double(want[i])) / 256 : 0.0) + 1e-30;
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    const double ratio = err <= tol ? err / tol : 1e300;  // NaN lands here
+    if (!(err <= tol)) bad++;
+    if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+  }
+  INFO(bad << " of " << nD << " out of tolerance; worst at " << worst << ": got " << got[worst] << ", want "
+           << want[worst]);
+  CHECK(bad == 0);
+  // The head before D is not written.
+  if (offset) CHECK(std::isnan(to_f32(std::vector<TD>(out_full.begin(), out_full.begin() + offset))[0]));
+}
+
+template <class TA, class TD>
+void check_all(bool bias_allowed) {
+  for (const Dims& dm : kDims)
+    for (int tr = 0; tr < 4; tr++)
+      for (int acc = 0; acc < 2; acc++)
+        for (int bias = 0; bias < (bias_allowed ? 2 : 1); bias++)
+          check<TA, TD>(dm, tr & 1, tr & 2, bias, acc, (dm.M + tr) % 2 ? 1 : 0);
+}
+
+}  // namespace gemm_cases
+
+TEST_CASE("gemm f32 -> f32 matches float64: transposes, bias, accumulation, odd sizes", UL_CUDA_TEST_TAG "[gemm]") {
+  gemm_cases::check_all<float, float>(true);
+}
+
+TEST_CASE("gemm bf16 -> bf16 matches float64: transposes, bias, accumulation, odd sizes", UL_CUDA_TEST_TAG "[gemm]") {
+  gemm_cases::check_all<__nv_bfloat16, __nv_bfloat16>(true);
+}
+
+TEST_CASE("gemm bf16 -> f32 (parameter gradients, logits) matches float64", UL_CUDA_TEST_TAG "[gemm]") {
+  gemm_cases::check_all<__nv_bfloat16, float>(true);
+}
+
+TEST_CASE("gemm with K = 0 or an empty output, and bad arguments", UL_CUDA_TEST_TAG "[gemm]") {
+  using namespace cuda_cases;
+  DeviceBuffer<float> d(6), bias(3);
+  bias.set({1.f, 2.f, 3.f});
+  // K = 0: D = bias on every row (the product is empty), and nothing is read from A or B.
+  ul::cuda::gemm<float, float>(d.p, nullptr, nullptr, bias.p, 2, 3, 0, false, true, false, "gemm test", nullptr);
+  CHECK(d.get() == std::vector<float>{1.f, 2.f, 3.f, 1.f, 2.f, 3.f});
+  ul::cuda::gemm<float, float>(d.p, nullptr, nullptr, bias.p, 2, 3, 0, false, true, true, "gemm test", nullptr);
+  CHECK(d.get() == std::vector<float>{2.f, 4.f, 6.f, 2.f, 4.f, 6.f});
+  ul::cuda::gemm<float, float>(nullptr, nullptr, nullptr, nullptr, 0, 3, 5, false, false, false, "gemm test", nullptr);
+  CHECK_THROWS_WITH(
+      ul::cuda::gemm<float, float>(d.p, nullptr, d.p, nullptr, 2, 3, 1, false, false, false, "my op", nullptr),
+      Catch::Contains("my op"));
+}
