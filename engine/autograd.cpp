@@ -1,5 +1,6 @@
 #include "engine/autograd.h"
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -37,10 +38,57 @@ void Tape::push(const char* name, std::function<void()> backward) {
   nodes_.push_back({name, std::move(backward)});
 }
 
+Tensor Tape::rows(const Tensor& t, int64_t r0, int64_t r1) {
+  const int64_t C = t.size(-1), n = t.numel() / C;
+  if (r0 < 0 || r1 > n || r0 >= r1)
+    throw std::runtime_error("autograd: rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") of " + t.str());
+  Tensor v = t;
+  v.shape = Shape{r1 - r0, C};
+  v.ptr = static_cast<char*>(t.ptr) + size_t(r0 * C) * dtype_size(t.dtype);
+  v.gid = -1;
+  if (!t.requires_grad()) return v;
+  const Slot& parent = slots_[t.gid];
+  char* g = static_cast<char*>(grad(t));
+  // The gradient's dtype may differ from t's; a parameter slot (bytes 0) has an f32 gradient.
+  const size_t row_bytes = parent.bytes ? parent.bytes / size_t(n) : size_t(C) * sizeof(float);
+  v.gid = int(slots_.size());
+  slots_.push_back({g + size_t(r0) * row_bytes, size_t(r1 - r0) * row_bytes});
+  return v;
+}
+
+void Tape::replay(const std::function<Tensor()>& forward, void* dout) {
+  std::vector<Node> outer;
+  outer.swap(nodes_);
+  const size_t n_slots = slots_.size();
+  const bool was_recording = recording;
+  auto restore = [&] {
+    nodes_.swap(outer);
+    slots_.resize(n_slots);
+    recording = was_recording;
+  };
+  try {
+    recording = true;
+    Tensor y = forward();
+    recording = was_recording;
+    if (!y.requires_grad()) throw std::runtime_error("autograd: the replayed forward recorded no gradient for its output");
+    slots_[y.gid].grad = dout;
+    for (size_t i = nodes_.size(); i-- > 0;) {
+      std::function<void()> fn = std::move(nodes_[i].fn);
+      fn();
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 void Tape::backward() {
-  // Nodes may push nothing during backward; a recompute node runs its own sub-walk (see recompute).
+  // A node may replay a sub-tape (recompute, tiled MLP), which swaps nodes_ out and back: the
+  // closure is moved out first so it never runs from inside a vector that is being swapped.
   for (size_t i = nodes_.size(); i-- > 0;) {
-    nodes_[i].fn();
+    std::function<void()> fn = std::move(nodes_[i].fn);
+    fn();
   }
   clear();
 }

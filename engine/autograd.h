@@ -36,6 +36,19 @@ class Tape {
   void push(const char* name, std::function<void()> backward);
   size_t size() const { return nodes_.size(); }
 
+  // Rows [r0, r1) of t seen as (rows, last dim): the same memory, and, when t has a gradient slot,
+  // a slot that IS t's gradient at those rows. Backward kernels add into their input gradients, so
+  // a slice's gradient lands in its parent's with no copy and no op (tiled MLP). Allocates t's
+  // gradient now if it has none yet.
+  Tensor rows(const Tensor& t, int64_t r0, int64_t r1);
+
+  // Recompute: runs forward() with recording on into a fresh node list, gives its output the
+  // gradient buffer `dout` (the saved gradient of the output the un-recorded forward made), walks
+  // those nodes in reverse, then restores the node list and forgets the replay's slots. The caller
+  // fetches every gradient that must outlive the replay (its inputs') and brackets the call with an
+  // arena mark/release, so the replayed activations live only during this call.
+  void replay(const std::function<Tensor()>& forward, void* dout);
+
   // Walk the nodes in reverse, then drop them and every activation slot.
   void backward();
   // Drop nodes and activation slots without running them (eval, or after an error).

@@ -1,6 +1,8 @@
 #include "engine/options.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -9,7 +11,7 @@
 namespace ul {
 
 const char* usage() {
-  return R"(usage: train [flags]          (no flags: the tiny model on the associative-recall task)
+  return R"(usage: train [flags]          (no flags: the tiny model on the passkey-retrieval task)
 
 model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
@@ -17,10 +19,10 @@ model
                       override the preset (vocab defaults to the data's)
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (magic 20240326, version 3)
 data and loop
-  --data SPEC         recall | passkey | text:FILE | shards:GLOB                           [recall]
+  --data SPEC         passkey | recall | text:FILE | shards:GLOB                          [passkey]
   --batch N           sequences per rank per micro-batch                                  [8]
   --seq N             sequence length T                                                   [256]
-  --steps N           optimizer steps                                                     [300]
+  --steps N           optimizer steps                                                     [1500]
   --grad-accum N      micro-batches per optimizer step                                    [1]
   --lr X              peak learning rate                                                  [3e-3]
   --warmup N          linear warmup steps, then cosine decay to lr * final-lr-frac        [20]
@@ -29,12 +31,18 @@ data and loop
   --grad-clip X       clip the gradient global norm (0: off)                              [1.0]
   --seed N                                                                                [1337]
   --threads N         OpenMP threads per rank (0: all cores / ranks)                      [0]
-  --eval-every N      validation every N steps (and at the end; 0: only at the end)       [100]
+  --eval-every N      validation every N steps (and at the end; 0: only at the end)       [250]
   --eval-batches N    validation micro-batches per eval                                   [8]
 parallelism
   --sp P              Ulysses sequence-parallel degree (dp = world / P)                   [1]
   --comm local|mpi    local: ranks are threads of this process; mpi: under mpirun         [local]
   --ranks N           world size for --comm local                                         [1]
+long-context memory (README: "Long context")
+  --recompute         keep only each block's input; replay the block in backward
+  --mlp-chunks N      run the MLP over N slices of the tokens (forward and backward)     [1]
+  --zero 0|1          1: shard AdamW state over the world (reduce-scatter, all-gather)  [0]
+  --plan              print per-rank memory and communication for these flags; no run
+  --memory SIZE       with --plan: the longest --seq that fits SIZE per rank (e.g. 24G)
 checkpoints and logs
   --save-dir DIR      save resumable checkpoints in DIR/step_NNNNNNNN (and at the last step)
   --save-every N      also save every N steps                                             [0: end only]
@@ -71,6 +79,20 @@ double parse_float(const std::string& flag, const std::string& v) {
   return x;
 }
 
+// "24G", "512M", "1.5T", "1000000": bytes, binary units (K = 1024).
+double parse_bytes(const std::string& flag, const std::string& v) {
+  std::string num = v;
+  double unit = 1;
+  const std::string units = "KMGT";
+  if (!num.empty() && units.find(char(std::toupper(num.back()))) != std::string::npos) {
+    unit = std::pow(1024.0, double(units.find(char(std::toupper(num.back()))) + 1));
+    num.pop_back();
+  }
+  double x = parse_float(flag, num) * unit;
+  if (!(x > 0)) throw std::runtime_error(flag + ": expected a positive size like 24G, got '" + v + "'");
+  return x;
+}
+
 }  // namespace
 
 Options parse_options(int argc, char** argv) {
@@ -90,7 +112,8 @@ Options parse_options(int argc, char** argv) {
       {"--threads", I(o.threads)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
       {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
-      {"--keep", I(o.keep)}, {"--log", S(o.log)},
+      {"--keep", I(o.keep)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
+      {"--memory", [&o](const std::string& f, const std::string& v) { o.memory = parse_bytes(f, v); }},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
   };
   for (int i = 1; i < argc; i++) {
@@ -104,6 +127,8 @@ Options parse_options(int argc, char** argv) {
     if (a == "--help" || a == "-h") { o.help = true; continue; }
     if (a == "--quiet") { o.quiet = true; continue; }
     if (a == "--resume") { o.resume = true; o.given.push_back(a); continue; }
+    if (a == "--recompute") { o.recompute = true; o.given.push_back(a); continue; }
+    if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
@@ -128,6 +153,9 @@ Options parse_options(int argc, char** argv) {
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (!(o.lr > 0)) throw std::runtime_error("--lr must be > 0");
   if (o.comm != "local" && o.comm != "mpi") throw std::runtime_error("--comm: expected local or mpi, got '" + o.comm + "'");
+  positive("--mlp-chunks", o.mlp_chunks);
+  if (o.zero != 0 && o.zero != 1) throw std::runtime_error("--zero: expected 0 or 1, got " + std::to_string(o.zero));
+  if (o.set_by_user("--memory") && !o.plan) throw std::runtime_error("--memory needs --plan");
   if (o.save_every < 0) throw std::runtime_error("--save-every must be >= 0");
   if (o.keep < 0) throw std::runtime_error("--keep must be >= 0");
   for (const char* f : {"--save-every", "--keep", "--resume"})
@@ -143,9 +171,9 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   ModelConfig c;
   const std::string& m = o.model;
   if (m == "tiny" || m == "gpt2") {
-    c.arch = "gpt2"; c.layers = 2; c.dim = 128; c.heads = 4; c.kv_heads = 4; c.max_seq = 1024;
+    c.arch = "gpt2"; c.layers = 2; c.dim = 64; c.heads = 4; c.kv_heads = 4; c.max_seq = 1024;
   } else if (m == "llama" || m == "llama-tiny") {
-    c.arch = "llama"; c.layers = 2; c.dim = 128; c.heads = 4; c.kv_heads = 2; c.max_seq = 1 << 20;
+    c.arch = "llama"; c.layers = 2; c.dim = 64; c.heads = 4; c.kv_heads = 2; c.max_seq = 1 << 20;
   } else if (m == "gpt2-124M") {
     c.arch = "gpt2"; c.layers = 12; c.dim = 768; c.heads = 12; c.kv_heads = 12; c.max_seq = 1024; c.vocab = 50257;
   } else if (m == "gpt2-350M") {

@@ -15,13 +15,13 @@ struct Options {
   int layers = -1, dim = -1, heads = -1, kv_heads = -1, vocab = -1, max_seq = -1, ffn = -1;
   float rope_theta = 10000.0f;
   // data and loop
-  std::string data = "recall";
-  int batch = 8, seq = 256, steps = 300, grad_accum = 1;
+  std::string data = "passkey";
+  int batch = 8, seq = 256, steps = 1500, grad_accum = 1;
   float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
   int warmup = 20;
   uint64_t seed = 1337;
   int threads = 0;            // 0: all cores
-  int eval_every = 100, eval_batches = 8;
+  int eval_every = 250, eval_batches = 8;
   // parallelism
   int sp = 1, ranks = 1;
   std::string comm = "local";
@@ -32,6 +32,12 @@ struct Options {
   std::string save_dir, log;  // log: "" = save_dir/log.jsonl when saving, else no log
   int save_every = 0, keep = 0;  // 0: save only at the end / keep every checkpoint
   bool resume = false;
+  // long-context memory (engine/planner.h): recompute, tiled MLP, ZeRO-1, and the memory planner
+  bool recompute = false;
+  int mlp_chunks = 1;
+  int zero = 0;               // 0: every rank keeps all AdamW state; 1: sharded over the world
+  bool plan = false;          // print the memory plan and exit, allocating nothing
+  double memory = 0;          // bytes per rank the plan searches the longest T for (0: none)
   bool help = false;
   bool quiet = false;
 

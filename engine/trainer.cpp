@@ -124,6 +124,8 @@ Trainer::Trainer(const Options& o, Comm& world) : o_(o), grid_(world, o.sp), ctx
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
                              std::to_string(cfg.max_seq) + " (learned positions)");
   model_ = std::make_unique<Transformer>(cfg);
+  model_->recompute = o.recompute;
+  model_->mlp_chunks = o.mlp_chunks;
   if (!ckpt.empty()) device_copy(model_->params.data(), ctx_.device, ckpt.data(), Device::cpu, ckpt.size() * 4);
   else model_->init_weights(o.seed);
   AdamWConfig ac;

@@ -35,6 +35,14 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+// Loops over per-thread arrays (fragments, accumulators, rows) are unrolled so that the arrays can
+// live in registers; the emulator runs them as written.
+#if defined(__CUDACC__)
+#define UL_UNROLL _Pragma("unroll")
+#else
+#define UL_UNROLL
+#endif
+
 constexpr int kTile = 64;     // query rows per block and keys per tile (the CPU's tile too)
 constexpr int kWarps = 4;     // bf16 kernels: 4 warps x 16 rows = one tile
 constexpr int kFmaRows = 32;  // f32 kernels: rows of the other side staged per step
@@ -48,7 +56,9 @@ struct Geometry {
   __host__ __device__ int64_t qkv(int b, int t, int head) const {
     return (int64_t(b) * Tn + t) * qkv_stride() + int64_t(head) * D;
   }
-  __host__ __device__ int64_t out(int b, int t, int h) const { return (int64_t(b) * Tn + t) * out_stride() + int64_t(h) * D; }
+  __host__ __device__ int64_t out(int b, int t, int h) const {
+    return (int64_t(b) * Tn + t) * out_stride() + int64_t(h) * D;
+  }
   __host__ __device__ int64_t lse(int b, int h, int t) const { return (int64_t(b) * Hq + h) * Tn + t; }
 };
 
@@ -141,7 +151,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float ninf = -INFINITY;
 
   uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
-  for (int kk = 0; kk < D / 16; kk++)
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
     load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
 
   float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
@@ -154,41 +164,41 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
 
     float s[8][4] = {};  // S = Q K^T, (16, 64)
-    for (int kk = 0; kk < D / 16; kk++)
-      for (int j = 0; j < 8; j++) {
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
+      UL_UNROLL for (int j = 0; j < 8; j++) {
         uint32_t bk[2];
         load_b_frag_col(bk, Ks + j * 8 * LD + kk * 16, LD);
         mma_m16n8k16_bf16(s[j], qf[kk], bk);
       }
     float mx[2] = {ninf, ninf};
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) {
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
         const int k = k0 + j * 8 + 2 * t + (e & 1);
         s[j][e] = visible(rows[e / 2], k, G.Tn, docb) ? s[j][e] * scale : ninf;
         mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
       }
     float alpha[2], sum[2] = {0.f, 0.f};
-    for (int r = 0; r < 2; r++) {
+    UL_UNROLL for (int r = 0; r < 2; r++) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m[r], mx[r]);
       alpha[r] = m_new == ninf ? 1.f : __expf(m[r] - m_new);  // nothing visible yet: nothing to rescale
       m[r] = m_new;
     }
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) {
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2;
         s[j][e] = m[r] == ninf ? 0.f : __expf(s[j][e] - m[r]);  // masked: exp(-inf) = 0
         sum[r] += s[j][e];
       }
-    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-    for (int n = 0; n < D / 8; n++)
-      for (int e = 0; e < 4; e++) o[n][e] *= alpha[e / 2];
+    UL_UNROLL for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+    UL_UNROLL for (int n = 0; n < D / 8; n++)
+      UL_UNROLL for (int e = 0; e < 4; e++) o[n][e] *= alpha[e / 2];
 
-    for (int kk = 0; kk < kTile / 16; kk++) {  // O += P V: P (16, 64) in registers, V (64, D) staged
+    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // O += P V: P (16, 64) in registers, V (64, D) staged
       uint32_t ap[4];
       scores_as_a(ap, s, kk);
-      for (int n = 0; n < D / 8; n++) {
+      UL_UNROLL for (int n = 0; n < D / 8; n++) {
         uint32_t bv[2];
         load_b_frag_row(bv, Vs + kk * 16 * LD + n * 8, LD);
         mma_m16n8k16_bf16(o[n], ap, bv);
@@ -196,14 +206,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
-  for (int r = 0; r < 2; r++) {
+  UL_UNROLL for (int r = 0; r < 2; r++) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int q = rows[r];
     if (q >= G.Tn) continue;
     // Every query sees at least itself, so l > 0.
     bf16* orow = out + G.out(b, q, h);
-    for (int n = 0; n < D / 8; n++) store_bf16x2(orow + n * 8 + 2 * t, o[n][2 * r] / l[r], o[n][2 * r + 1] / l[r]);
+    UL_UNROLL for (int n = 0; n < D / 8; n++)
+      store_bf16x2(orow + n * 8 + 2 * t, o[n][2 * r] / l[r], o[n][2 * r + 1] / l[r]);
     if (t == 0) lse[G.lse(b, h, q)] = m[r] + logf(l[r]);
   }
 }
@@ -222,7 +233,7 @@ __global__ void __launch_bounds__(kTile)
   const float ninf = -INFINITY;
 
   float qr[D], acc[D];
-  for (int c = 0; c < D; c++) {
+  UL_UNROLL for (int c = 0; c < D; c++) {
     qr[c] = q < G.Tn ? qkv[G.qkv(b, q, h) + c] : 0.f;
     acc[c] = 0.f;
   }
@@ -238,11 +249,11 @@ __global__ void __launch_bounds__(kTile)
     }
     __syncthreads();
     float s[kFmaRows], mx = ninf;
-    for (int j = 0; j < kFmaRows; j++) {
+    UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
       s[j] = ninf;
       if (!visible(q, k0 + j, G.Tn, docb)) continue;
       float dot = 0.f;
-      for (int c = 0; c < D; c++) dot += qr[c] * Ks[j * D + c];
+      UL_UNROLL for (int c = 0; c < D; c++) dot += qr[c] * Ks[j * D + c];
       s[j] = dot * scale;
       mx = fmaxf(mx, s[j]);
     }
@@ -251,16 +262,16 @@ __global__ void __launch_bounds__(kTile)
     const float alpha = expf(m - m_new);
     m = m_new;
     l *= alpha;
-    for (int c = 0; c < D; c++) acc[c] *= alpha;
-    for (int j = 0; j < kFmaRows; j++) {
+    UL_UNROLL for (int c = 0; c < D; c++) acc[c] *= alpha;
+    UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
       if (s[j] == ninf) continue;
       const float p = expf(s[j] - m);
       l += p;
-      for (int c = 0; c < D; c++) acc[c] += p * Vs[j * D + c];
+      UL_UNROLL for (int c = 0; c < D; c++) acc[c] += p * Vs[j * D + c];
     }
   }
   if (q >= G.Tn) return;
-  for (int c = 0; c < D; c++) out[G.out(b, q, h) + c] = acc[c] / l;
+  UL_UNROLL for (int c = 0; c < D; c++) out[G.out(b, q, h) + c] = acc[c] / l;
   lse[G.lse(b, h, q)] = m + logf(l);
 }
 
@@ -301,7 +312,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
   uint32_t kf[D / 16][4], vf[D / 16][4];  // K and V rows of the warp, (16, D) each, as A fragments
-  for (int kk = 0; kk < D / 16; kk++) {
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
     load_a_rows(kf[kk], qkv + G.qkv(b, 0, G.Hq + kvh), G.qkv_stride(), k0 + warp * 16, G.Tn, kk * 16);
     load_a_rows(vf[kk], qkv + G.qkv(b, 0, G.Hq + G.Hkv + kvh), G.qkv_stride(), k0 + warp * 16, G.Tn, kk * 16);
   }
@@ -319,26 +330,26 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();
 
       float pt[8][4] = {}, dst[8][4] = {};  // S^T = K Q^T and dP^T = V dout^T, (16 keys, 64 queries)
-      for (int kk = 0; kk < D / 16; kk++)
-        for (int j = 0; j < 8; j++) {
+      UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
+        UL_UNROLL for (int j = 0; j < 8; j++) {
           uint32_t bq[2], bo[2];
           load_b_frag_col(bq, Qs + j * 8 * LD + kk * 16, LD);
           mma_m16n8k16_bf16(pt[j], kf[kk], bq);
           load_b_frag_col(bo, dOs + j * 8 * LD + kk * 16, LD);
           mma_m16n8k16_bf16(dst[j], vf[kk], bo);
         }
-      for (int j = 0; j < 8; j++)
-        for (int e = 0; e < 4; e++) {
+      UL_UNROLL for (int j = 0; j < 8; j++)
+        UL_UNROLL for (int e = 0; e < 4; e++) {
           const int qi = j * 8 + 2 * t + (e & 1);
           const float p = visible(q0 + qi, keys[e / 2], G.Tn, docb) ? __expf(pt[j][e] * scale - lse_s[qi]) : 0.f;
           pt[j][e] = p;                             // P^T
           dst[j][e] = p * (dst[j][e] - Di_s[qi]);   // dS^T
         }
-      for (int kk = 0; kk < kTile / 16; kk++) {  // dV += P^T dout, dK += dS^T Q (over queries)
+      UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dV += P^T dout, dK += dS^T Q (over queries)
         uint32_t ap[4], ads[4];
         scores_as_a(ap, pt, kk);
         scores_as_a(ads, dst, kk);
-        for (int n = 0; n < D / 8; n++) {
+        UL_UNROLL for (int n = 0; n < D / 8; n++) {
           uint32_t bo[2], bq[2];
           load_b_frag_row(bo, dOs + kk * 16 * LD + n * 8, LD);
           mma_m16n8k16_bf16(dv[n], ap, bo);
@@ -348,11 +359,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-  for (int r = 0; r < 2; r++) {
+  UL_UNROLL for (int r = 0; r < 2; r++) {
     if (keys[r] >= G.Tn) continue;
     bf16* dkrow = dqkv + G.qkv(b, keys[r], G.Hq + kvh);
     bf16* dvrow = dqkv + G.qkv(b, keys[r], G.Hq + G.Hkv + kvh);
-    for (int n = 0; n < D / 8; n++) {
+    UL_UNROLL for (int n = 0; n < D / 8; n++) {
       add_bf16x2(dkrow + n * 8 + 2 * t, dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
       add_bf16x2(dvrow + n * 8 + 2 * t, dv[n][2 * r], dv[n][2 * r + 1]);
     }
@@ -378,12 +389,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
   uint32_t qf[D / 16][4], of[D / 16][4];  // Q and dout rows of the warp, (16, D) each
-  for (int kk = 0; kk < D / 16; kk++) {
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
     load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
     load_a_rows(of[kk], dout + G.out(b, 0, h), G.out_stride(), q0 + warp * 16, G.Tn, kk * 16);
   }
   float lse_r[2], Di_r[2];
-  for (int r = 0; r < 2; r++) {
+  UL_UNROLL for (int r = 0; r < 2; r++) {
     lse_r[r] = rows[r] < G.Tn ? lse[G.lse(b, h, rows[r])] : 0.f;
     Di_r[r] = rows[r] < G.Tn ? Di[G.lse(b, h, rows[r])] : 0.f;
   }
@@ -396,34 +407,35 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
 
     float s[8][4] = {}, dp[8][4] = {};  // S = Q K^T, dP = dout V^T, (16, 64)
-    for (int kk = 0; kk < D / 16; kk++)
-      for (int j = 0; j < 8; j++) {
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
+      UL_UNROLL for (int j = 0; j < 8; j++) {
         uint32_t bk[2], bv[2];
         load_b_frag_col(bk, Ks + j * 8 * LD + kk * 16, LD);
         mma_m16n8k16_bf16(s[j], qf[kk], bk);
         load_b_frag_col(bv, Vs + j * 8 * LD + kk * 16, LD);
         mma_m16n8k16_bf16(dp[j], of[kk], bv);
       }
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) {
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
         const float p = visible(rows[r], k, G.Tn, docb) ? __expf(s[j][e] * scale - lse_r[r]) : 0.f;
         s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
       }
-    for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)
+    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)
       uint32_t ads[4];
       scores_as_a(ads, s, kk);
-      for (int n = 0; n < D / 8; n++) {
+      UL_UNROLL for (int n = 0; n < D / 8; n++) {
         uint32_t bk[2];
         load_b_frag_row(bk, Ks + kk * 16 * LD + n * 8, LD);
         mma_m16n8k16_bf16(dq[n], ads, bk);
       }
     }
   }
-  for (int r = 0; r < 2; r++) {
+  UL_UNROLL for (int r = 0; r < 2; r++) {
     if (rows[r] >= G.Tn) continue;
     bf16* dqrow = dqkv + G.qkv(b, rows[r], h);
-    for (int n = 0; n < D / 8; n++) add_bf16x2(dqrow + n * 8 + 2 * t, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
+    UL_UNROLL for (int n = 0; n < D / 8; n++)
+      add_bf16x2(dqrow + n * 8 + 2 * t, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
   }
 }
 
@@ -445,7 +457,7 @@ __global__ void __launch_bounds__(kTile)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
   float kr[D], vr[D], dk[D], dv[D];
-  for (int c = 0; c < D; c++) {
+  UL_UNROLL for (int c = 0; c < D; c++) {
     kr[c] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + kvh) + c] : 0.f;
     vr[c] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + G.Hkv + kvh) + c] : 0.f;
     dk[c] = dv[c] = 0.f;
@@ -469,13 +481,13 @@ __global__ void __launch_bounds__(kTile)
         const float* qi = Qs + i * D;
         const float* oi = dOs + i * D;
         float s = 0.f, dp = 0.f;
-        for (int c = 0; c < D; c++) {
+        UL_UNROLL for (int c = 0; c < D; c++) {
           s += kr[c] * qi[c];
           dp += vr[c] * oi[c];
         }
         const float p = expf(s * scale - lse_s[i]);
         const float ds = p * (dp - Di_s[i]);
-        for (int c = 0; c < D; c++) {
+        UL_UNROLL for (int c = 0; c < D; c++) {
           dv[c] += p * oi[c];
           dk[c] += ds * qi[c];
         }
@@ -484,7 +496,7 @@ __global__ void __launch_bounds__(kTile)
   if (key >= G.Tn) return;
   float* dkrow = dqkv + G.qkv(b, key, G.Hq + kvh);
   float* dvrow = dqkv + G.qkv(b, key, G.Hq + G.Hkv + kvh);
-  for (int c = 0; c < D; c++) {
+  UL_UNROLL for (int c = 0; c < D; c++) {
     dkrow[c] += dk[c] * scale;
     dvrow[c] += dv[c];
   }
@@ -505,7 +517,7 @@ __global__ void __launch_bounds__(kTile)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
   float qr[D], orow[D], dq[D];
-  for (int c = 0; c < D; c++) {
+  UL_UNROLL for (int c = 0; c < D; c++) {
     qr[c] = q < G.Tn ? qkv[G.qkv(b, q, h) + c] : 0.f;
     orow[c] = q < G.Tn ? dout[G.out(b, q, h) + c] : 0.f;
     dq[c] = 0.f;
@@ -526,17 +538,17 @@ __global__ void __launch_bounds__(kTile)
       const float* kj = Ks + j * D;
       const float* vj = Vs + j * D;
       float s = 0.f, dp = 0.f;
-      for (int c = 0; c < D; c++) {
+      UL_UNROLL for (int c = 0; c < D; c++) {
         s += qr[c] * kj[c];
         dp += orow[c] * vj[c];
       }
       const float ds = expf(s * scale - lse_q) * (dp - Di_q);
-      for (int c = 0; c < D; c++) dq[c] += ds * kj[c];
+      UL_UNROLL for (int c = 0; c < D; c++) dq[c] += ds * kj[c];
     }
   }
   if (q >= G.Tn) return;
   float* dqrow = dqkv + G.qkv(b, q, h);
-  for (int c = 0; c < D; c++) dqrow[c] += dq[c] * scale;
+  UL_UNROLL for (int c = 0; c < D; c++) dqrow[c] += dq[c] * scale;
 }
 
 // ---- host side -----------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ __global__ void embedding_backward_runs_kernel(float* __restrict__ dtable, const
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float* g = dtable + size_t(row) * C + c;
-  float sum = *g;
+  float sum = 0.f;
   for (int r = j; r < N && uint32_t(keys[r] >> 32) == row; r++) {
     const uint32_t n = uint32_t(keys[r]);
     sum += to_float(dy[size_t(n) * C + c]);

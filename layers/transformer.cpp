@@ -1,5 +1,6 @@
 #include "layers/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -126,18 +127,78 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
   return linear(att, params.get("attprojw", l), pb);
 }
 
-Tensor Transformer::mlp_block(const Tensor& h, int l) {
+Tensor Transformer::mlp_ops(const Tensor& h, int l) {
   if (cfg.is_llama()) return linear(swiglu(linear(h, params.get("fcw", l), Tensor{})), params.get("fcprojw", l), Tensor{});
   Tensor u = gelu(linear(h, params.get("fcw", l), params.get("fcb", l)));
   return linear(u, params.get("fcprojw", l), params.get("fcprojb", l));
 }
 
-Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
+// Tiled MLP. Forward: each slice of rows goes through fc -> act -> proj unrecorded, inside an arena
+// scope, and only its C-wide output is kept. Backward: each slice is replayed on the tape (its rows
+// view shares h's gradient, so nothing is copied back) and walked at once. The MLP is per row, so
+// the result is the untiled one; the F-wide intermediate exists for one slice at a time.
+Tensor Transformer::mlp_block(const Tensor& h, int l) {
+  const int64_t C = h.size(-1), N = h.numel() / C;
+  const int64_t chunks = std::min<int64_t>(mlp_chunks, N);
+  if (chunks <= 1) return mlp_ops(h, l);
+  const int64_t R = (N + chunks - 1) / chunks;
+  Context& c = ctx();
+  Tensor y = c.empty(h.shape, h.dtype);
+  const size_t row_bytes = size_t(C) * dtype_size(h.dtype);
+  {
+    Recording off(false);
+    Tensor hv = h;
+    hv.gid = -1;  // a plain view: no gradient slot while nothing records
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+      ArenaScope scope(c.arena);
+      Tensor yc = mlp_ops(c.tape.rows(hv, r0, std::min(N, r0 + R)), l);
+      device_copy(static_cast<char*>(y.ptr) + size_t(r0) * row_bytes, y.device, yc.ptr, yc.device, yc.nbytes());
+    }
+  }
+  if (!c.tape.recording) return y;
+  y = c.tape.track(y);
+  c.tape.push("tiled_mlp", [=] {
+    Tape& tape = ctx().tape;
+    char* dy = static_cast<char*>(tape.grad(y));
+    if (h.requires_grad()) tape.grad(h);  // before the scopes: it outlives every replay
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+      ArenaScope scope(ctx().arena);
+      tape.replay([&] { return mlp_ops(tape.rows(h, r0, std::min(N, r0 + R)), l); }, dy + size_t(r0) * row_bytes);
+    }
+  });
+  return y;
+}
+
+Tensor Transformer::block_ops(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
   auto norm = [&](const Tensor& t, const char* w, const char* b) {
     return cfg.is_llama() ? rmsnorm(t, params.get(w, l)) : layernorm(t, params.get(w, l), params.get(b, l));
   };
   Tensor x1 = add(x, attention_block(norm(x, "ln1w", "ln1b"), l, in, sp));
   return add(x1, mlp_block(norm(x1, "ln2w", "ln2b"), l));
+}
+
+// Recompute (activation checkpointing) through the tape: the block runs unrecorded inside an arena
+// scope, so of its activations only the output survives the forward (copied below the scope), and
+// ONE node replays it in backward. The all-to-alls inside run again on every sp rank, in order.
+Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
+  Context& c = ctx();
+  if (!recompute || !c.tape.recording || !x.requires_grad()) return block_ops(x, l, in, sp);
+  Tensor y = c.empty(x.shape, x.dtype);
+  {
+    ArenaScope scope(c.arena);
+    Recording off(false);
+    Tensor t = block_ops(x, l, in, sp);
+    device_copy(y.ptr, y.device, t.ptr, t.device, t.nbytes());
+  }
+  y = c.tape.track(y);
+  c.tape.push("recompute", [=] {
+    Tape& tape = ctx().tape;
+    void* dy = tape.grad(y);
+    tape.grad(x);  // before the scope: x's gradient outlives the replay
+    ArenaScope scope(ctx().arena);
+    tape.replay([&] { return block_ops(x, l, in, sp); }, dy);
+  });
+  return y;
 }
 
 CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, Comm* sp) {

@@ -59,12 +59,19 @@ class Transformer {
 
   ModelConfig cfg;
   Params params;
+  // Long-context memory (README, "Long context"). recompute: keep only each block's input and
+  // replay the block in backward. mlp_chunks > 1: run the MLP over that many slices of the rows,
+  // so its F-wide intermediate exists for one slice at a time (forward and backward).
+  bool recompute = false;
+  int mlp_chunks = 1;
   Tensor last_hidden;  // (B, Tl, C): the final norm's output of the last forward (for --check-state)
 
  private:
-  Tensor block(const Tensor& x, int l, const ModelInputs& in, Comm* sp);
+  Tensor block(const Tensor& x, int l, const ModelInputs& in, Comm* sp);       // with recompute
+  Tensor block_ops(const Tensor& x, int l, const ModelInputs& in, Comm* sp);   // the block itself
   Tensor attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp);
-  Tensor mlp_block(const Tensor& h, int l);
+  Tensor mlp_block(const Tensor& h, int l);  // tiled over rows when mlp_chunks > 1
+  Tensor mlp_ops(const Tensor& h, int l);
 };
 
 }  // namespace ul

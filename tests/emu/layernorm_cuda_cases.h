@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "emu/cuda_cases.h"
+#include "emu/cuda_cases_util.h"
 #include "engine/context.h"
 #include "engine/device.h"
 #include "layers/layernorm.h"
@@ -30,6 +30,7 @@
 namespace ln_cases {
 
 using namespace cuda_cases;
+using ul_test::randn_f;
 
 const std::pair<int, int> kShapes[] = {{1, 1}, {3, 32}, {7, 33}, {13, 100}, {9, 768}, {257, 48}, {300, 5}};
 

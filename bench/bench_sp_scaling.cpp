@@ -1,0 +1,160 @@
+// Ulysses sequence parallelism on one machine, with the local communicator (ranks are threads):
+// one long sequence, sp = 1, 2, 4, and per configuration
+//   - activation memory per rank: the arena high-water of a step (expected ~1/P of sp = 1);
+//   - the process's peak RSS (VmHWM): each configuration runs in its own child process, so the
+//     peak is that configuration's; with threads it is the WHOLE process, i.e. P ranks' activations
+//     plus P copies of the parameters, gradients and AdamW state, so it does not fall as 1/P;
+//   - all-to-all bytes sent per rank per step, against the formula from parallel/ulysses.cpp;
+//   - all-reduce bytes per rank per step (the gradient and two scalars, ring accounting);
+//   - step time (the second step; the first warms up), one OpenMP thread per rank.
+// Ratios are against the sp = 1 run.
+//   bench_sp_scaling [--seq T] [--dim C] [--layers L] [--heads H] [--batch B] [--sp 1,2,4]
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/options.h"
+#include "engine/trainer.h"
+#include "parallel/comm_local.h"
+
+using namespace ul;
+
+namespace {
+
+struct Config {
+  int seq = 8192, dim = 256, layers = 4, heads = 8, batch = 1;
+  std::vector<int> sps = {1, 2, 4};
+};
+
+struct Result {
+  int sp = 0;
+  double act_mib = 0, rss_mib = 0, ms = 0;
+  unsigned long long a2a = 0, ar = 0;
+};
+
+long vm_hwm_kib() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  return -1;
+}
+
+// Child: one configuration, printed as one RESULT line.
+int child(const Config& c, int sp) {
+  std::ostringstream args;
+  args << "train --model gpt2 --dim " << c.dim << " --layers " << c.layers << " --heads " << c.heads << " --seq " << c.seq
+       << " --batch " << c.batch << " --sp " << sp << " --ranks " << sp << " --threads 1 --steps 2 --warmup 1"
+       << " --eval-every 0 --quiet";
+  std::vector<std::string> words;
+  std::istringstream in(args.str());
+  for (std::string w; in >> w;) words.push_back(w);
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(&w[0]);
+  Options o = parse_options(int(argv.size()), argv.data());
+  std::vector<StepResult> last(sp);
+  run_local(sp, [&](Comm& world) {
+    Trainer tr(o, world);
+    tr.step();
+    last[world.rank()] = tr.step();
+  });
+  size_t act = 0;
+  double ms = 0;
+  for (const StepResult& r : last) act = std::max(act, r.act_bytes), ms = std::max(ms, r.ms);
+  std::printf("RESULT %d %.3f %.3f %.3f %llu %llu\n", sp, act / 1048576.0, vm_hwm_kib() / 1024.0, ms,
+              (unsigned long long)last[0].sent.all_to_all, (unsigned long long)last[0].sent.all_reduce);
+  return 0;
+}
+
+// Runs this program again with --child SP and parses its RESULT line.
+bool run_child(const Config& c, int sp, const char* self, Result& out) {
+  std::ostringstream cmd;
+  cmd << self << " --child " << sp << " --seq " << c.seq << " --dim " << c.dim << " --layers " << c.layers
+      << " --heads " << c.heads << " --batch " << c.batch;
+  FILE* p = popen(cmd.str().c_str(), "r");
+  if (!p) return false;
+  char line[512];
+  bool ok = false;
+  while (std::fgets(line, sizeof line, p)) {
+    if (std::strncmp(line, "RESULT ", 7) == 0)
+      ok = std::sscanf(line + 7, "%d %lf %lf %lf %llu %llu", &out.sp, &out.act_mib, &out.rss_mib, &out.ms, &out.a2a,
+                       &out.ar) == 6;
+    else
+      std::fputs(line, stderr);
+  }
+  return pclose(p) == 0 && ok;
+}
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  for (std::string x; std::getline(in, x, ',');) v.push_back(std::atoi(x.c_str()));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  int child_sp = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string f = argv[i];
+    const char* v = argv[i + 1];
+    if (f == "--seq") c.seq = std::atoi(v);
+    else if (f == "--dim") c.dim = std::atoi(v);
+    else if (f == "--layers") c.layers = std::atoi(v);
+    else if (f == "--heads") c.heads = std::atoi(v);
+    else if (f == "--batch") c.batch = std::atoi(v);
+    else if (f == "--sp") c.sps = parse_list(v);
+    else if (f == "--child") child_sp = std::atoi(v);
+    else {
+      std::fprintf(stderr, "bench_sp_scaling: unknown flag %s\n", f.c_str());
+      return 2;
+    }
+  }
+  try {
+    if (child_sp > 0) return child(c, child_sp);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sp_scaling: sp %d: %s\n", child_sp, e.what());
+    return 1;
+  }
+
+  std::printf("gpt2 dim %d, %d layers, %d heads; batch %d x seq %d; local communicator, 1 thread per rank, 2 steps "
+              "(the second is reported)\n\n",
+              c.dim, c.layers, c.heads, c.batch, c.seq);
+  std::printf("| sp | act MiB / rank | vs sp 1 | process peak RSS MiB | a2a MiB / rank / step | formula MiB | "
+              "all-reduce MiB / rank / step | step s | vs sp 1 |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  // This program's path, for the children (popen runs a shell, whose /proc/self/exe is the shell).
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    std::perror("bench_sp_scaling: readlink /proc/self/exe");
+    return 1;
+  }
+  self[n] = 0;
+  Result base;
+  bool have_base = false;
+  for (int sp : c.sps) {
+    Result r;
+    if (!run_child(c, sp, self, r)) {
+      std::printf("| %d | failed (see stderr) |\n", sp);
+      continue;
+    }
+    if (!have_base) base = r, have_base = true;
+    // Per layer, forward: scatter_heads sends B*Tl*(3H/P)*D, gather_heads B*Tl*(H/P)*D elements per
+    // chunk, (P - 1) chunks leave; the backward repeats both: 2 * 4 * B * T * C * (P - 1) / P^2 per layer.
+    const double P = sp, formula = double(c.layers) * 2 * 4 * c.batch * double(c.seq) * c.dim * (P - 1) / (P * P) * 4;
+    std::printf("| %d | %.1f | %.3f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", sp, r.act_mib, r.act_mib / base.act_mib,
+                r.rss_mib, r.a2a / 1048576.0, formula / 1048576.0, r.ar / 1048576.0, r.ms / 1000.0, r.ms / base.ms);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,297 @@
+#include "engine/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "data/dataset.h"
+#include "engine/options.h"
+
+#include "parallel/comm_util.h"
+
+namespace ul {
+namespace {
+
+// The arena's allocator without memory: engine/arena.cpp, line for line (64-byte rounding, 64 MiB
+// blocks, a block's skipped tail counted as used, a request above the block size gets its own).
+struct SimArena {
+  size_t block_bytes = size_t(64) << 20;
+  std::vector<size_t> blocks;
+  size_t cur = 0, off = 0, used = 0, peak = 0;
+  struct Mark { size_t cur, off, used; };
+
+  void alloc(size_t bytes) {
+    bytes = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+    while (cur < blocks.size() && off + bytes > blocks[cur]) {
+      used += blocks[cur] - off;
+      cur++;
+      off = 0;
+    }
+    if (cur == blocks.size()) {
+      blocks.push_back(std::max(bytes, block_bytes));
+      off = 0;
+    }
+    off += bytes;
+    used += bytes;
+    peak = std::max(peak, used);
+  }
+  Mark mark() const { return {cur, off, used}; }
+  void release(const Mark& m) { cur = m.cur, off = m.off, used = m.used; }
+};
+
+// Elements of the parameter buffer: layers/transformer.cpp's constructor, shape by shape.
+size_t param_count(const ModelConfig& m) {
+  const size_t L = m.layers, C = m.dim, Vp = m.padded_vocab, F = m.ffn_dim();
+  const size_t QKV = size_t(m.heads + 2 * m.kv_heads) * m.head_dim();
+  if (!m.is_llama())
+    return Vp * C + size_t(m.max_seq) * C + 2 * C +
+           L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C);
+  return 2 * Vp * C + C + L * (C + QKV * C + C * C + C + 2 * F * C + C * F);
+}
+
+// The classifier's rows per chunk: layers/classifier.cpp, op_chunk_rows.
+int64_t classifier_rows(int64_t V, int64_t valid) {
+  int64_t r = std::max<int64_t>(1, (int64_t(8) << 20) / V);
+  if (r > 16) r -= r % 16;
+  return std::max<int64_t>(1, std::min(r, valid));
+}
+
+// One rank's micro-batch, op by op, in the order layers/transformer.cpp runs it. Sizes in bytes:
+// a = activation element (f32 on cpu, bf16 on cuda); statistics (mean, rstd, lse) are f32.
+struct Walk {
+  const PlanConfig& c;
+  SimArena A;
+  int64_t B, T, P, Tl, N, C, F, F1, D, QKV, Hql, W, a;
+  bool llama, cuda;
+  size_t kept = 0;
+
+  explicit Walk(const PlanConfig& pc) : c(pc) {
+    const ModelConfig& m = c.model;
+    B = c.batch, T = c.seq, P = c.sp, Tl = T / P, N = B * Tl, C = m.dim, D = m.head_dim();
+    llama = m.is_llama(), cuda = c.device == Device::cuda;
+    F = m.ffn_dim(), F1 = llama ? 2 * F : F;
+    QKV = int64_t(m.heads + 2 * m.kv_heads) * D;
+    Hql = m.heads / P;
+    const int64_t kvl = m.kv_heads >= P ? m.kv_heads / P : 1;  // kv heads replicated when fewer than P
+    W = P > 1 ? Hql + 2 * kvl : m.heads + 2 * m.kv_heads;      // heads wide after the scatter
+    a = cuda ? 2 : 4;
+  }
+  void act(int64_t elems) { A.alloc(size_t(elems) * a); }
+  void f32(int64_t elems) { A.alloc(size_t(elems) * 4); }
+  void norm(int64_t rows) { act(rows * C), f32(rows), llama ? void() : f32(rows); }  // y, rrms | mean, rstd
+  void exchange(int64_t elems) {  // parallel/ulysses.cpp: send + recv in a scope
+    auto m = A.mark();
+    act(elems), act(elems);
+    A.release(m);
+  }
+  // The MLP on `rows` rows, forward: fc, act, proj outputs.
+  void mlp_fwd(int64_t rows) { act(rows * F1), act(rows * F), act(rows * C); }
+  // Its backward when the output gradient exists: d(act), d(fc); d(input) only when `dx`.
+  void mlp_bwd(int64_t rows, bool dx) { act(rows * F), act(rows * F1), dx ? act(rows * C) : void(); }
+  int64_t chunk_rows() const { return (N + std::min<int64_t>(c.mlp_chunks, N) - 1) / std::min<int64_t>(c.mlp_chunks, N); }
+  bool tiled() const { return std::min<int64_t>(c.mlp_chunks, N) > 1; }
+
+  void block_fwd() {
+    norm(N);
+    act(N * QKV);
+    if (P > 1) act(B * T * W * D), exchange(B * T * W * D);
+    if (llama) act(P > 1 ? B * T * W * D : N * QKV);   // rope
+    act(B * T * Hql * D), f32(B * Hql * T);            // attention out, lse
+    if (P > 1) act(N * C), exchange(N * C);            // gather
+    act(N * C), act(N * C);                            // attproj, residual
+    norm(N);
+    if (!tiled()) {
+      mlp_fwd(N);
+    } else {
+      act(N * C);
+      for (int64_t r0 = 0; r0 < N; r0 += chunk_rows()) {
+        auto m = A.mark();
+        mlp_fwd(std::min(N - r0, chunk_rows()));
+        A.release(m);
+      }
+    }
+    act(N * C);  // residual
+  }
+
+  // The block's backward nodes in reverse; the output's gradient exists, the input's when x_grad.
+  void block_bwd(bool x_grad) {
+    act(N * C), act(N * C);  // residual 2: d(x1), d(mlp out)
+    if (!tiled()) {
+      mlp_bwd(N, true);
+    } else {
+      act(N * C);  // d(h), before the slices
+      for (int64_t r0 = 0; r0 < N; r0 += chunk_rows()) {
+        auto m = A.mark();
+        const int64_t r = std::min(N - r0, chunk_rows());
+        mlp_fwd(r);
+        mlp_bwd(r, false);  // the slice's input gradient is h's, no allocation
+        A.release(m);
+      }
+    }
+    if (!x_grad) act(N * C);
+    act(N * C);  // residual 1: d(x), d(attproj out)
+    act(N * C);  // attproj: d(att)
+    if (P > 1) act(B * T * Hql * D), exchange(N * C);
+    act(P > 1 ? B * T * W * D : N * QKV);                        // attention: d(qkv as it saw it)
+    if (cuda) { auto m = A.mark(); f32(B * T * Hql); A.release(m); }  // its cuda scratch
+    if (llama) act(P > 1 ? B * T * W * D : N * QKV);             // rope
+    if (P > 1) act(N * QKV), exchange(B * T * W * D);           // scatter
+    act(N * C);                                                  // qkv linear: d(norm1 out)
+  }
+
+  void step() {
+    f32(N), f32(N), f32(N), f32(B * T);  // idx, targets, pos, pos_full (i32)
+    act(N * C);                          // embedding
+    for (int l = 0; l < c.model.layers; l++) {
+      if (!c.recompute) { block_fwd(); continue; }
+      act(N * C);  // the kept output; the block runs in a scope
+      auto m = A.mark();
+      block_fwd();
+      A.release(m);
+    }
+    norm(N);
+    act(N * C);  // d(final norm out), before the classifier's scope
+    kept = A.used;
+    {
+      auto m = A.mark();
+      const int64_t V = c.model.vocab, R = classifier_rows(V, c.valid_rows >= 0 ? c.valid_rows : N);
+      if (cuda) A.alloc(size_t(R) * V * 4 + size_t(R) * V * 2 + 2 * size_t(N) * 4);
+      else f32(R * V + 2 * R * C);
+      A.release(m);
+    }
+    act(N * C);  // final norm backward: d(last block out)
+    for (int l = c.model.layers - 1; l >= 0; l--) {
+      if (!c.recompute) { block_bwd(false); continue; }
+      act(N * C);  // d(x), before the replay's scope
+      auto m = A.mark();
+      block_fwd();
+      block_bwd(true);
+      A.release(m);
+    }
+  }
+};
+
+}  // namespace
+
+MemoryPlan plan_memory(const PlanConfig& c) {
+  MemoryPlan p;
+  const ModelConfig& m = c.model;
+  const bool cuda = c.device == Device::cuda;
+  const size_t n = param_count(m), world = size_t(c.world);
+  const size_t shard = c.zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
+  p.params = n * (cuda ? 2 : 4);
+  p.grads = n * 4;
+  p.optim = shard * (cuda ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16)
+  Walk w(c);
+  w.step();
+  p.kept = w.kept;
+  p.arena_peak = w.A.peak;
+  p.transient = p.arena_peak - p.kept;
+  if (!cuda) p.workspace = size_t(c.batch) * w.Hql * c.seq * 4;  // attention backward's row sums
+  if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? n * 4 : 0;
+  p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
+
+  // Bytes sent per step (Trainer::step and parallel/ulysses.cpp, with communicator.h's formulas).
+  const DType adt = cuda ? DType::bf16 : DType::f32;
+  const int P = c.sp, W = c.world;
+  if (P > 1) {
+    const size_t scatter = size_t(w.B) * w.Tl * w.W * w.D, gather = size_t(w.B) * w.Tl * w.Hql * w.D;
+    p.a2a_layer_fwd = comm_volume::all_to_all(scatter, adt, P) + comm_volume::all_to_all(gather, adt, P);
+    // forward, backward, and with recompute the replayed forward: per layer, per micro-batch
+    p.sent.all_to_all = p.a2a_layer_fwd * (c.recompute ? 3 : 2) * m.layers * c.grad_accum;
+  }
+  if (W > 1) {
+    p.sent.all_reduce = 2 * comm_volume::all_reduce(1, DType::f64, W);  // valid count, loss
+    if (!c.zero) {
+      p.sent.all_reduce += comm_volume::all_reduce(n, DType::f32, W);
+    } else {  // parallel/zero.h: equal shards by reduce-scatter / all-gather, the tail by the world
+      const size_t s = n / world, tail = n - s * world;
+      p.sent.reduce_scatter = comm_volume::reduce_scatter(s, DType::f32, W);
+      p.sent.all_gather = comm_volume::all_gather(s, cuda ? DType::bf16 : DType::f32, W);
+      p.sent.all_reduce += comm_volume::all_reduce(1, DType::f64, W);  // the squared gradient norm
+      if (tail) p.sent.all_reduce += comm_volume::all_reduce(tail, DType::f32, W);
+      if (tail) p.sent.broadcast = comm_volume::broadcast(tail, cuda ? DType::bf16 : DType::f32, W, false);
+    }
+  }
+  return p;
+}
+
+int64_t longest_seq(PlanConfig c, double budget) {
+  const int64_t unit = 64 * int64_t(c.sp);
+  auto fits = [&](int64_t T) {
+    PlanConfig x = c;
+    x.seq = int(T);
+    // gpt2's learned positions grow with T (train sets --max-seq to --seq when it is not given)
+    if (!x.model.is_llama() && x.model.max_seq < T) x.model.max_seq = int(T);
+    return double(plan_memory(x).total) <= budget;
+  };
+  if (!fits(unit)) return 0;
+  int64_t lo = 1, hi = 2;  // in units: lo fits
+  while (hi * unit < (int64_t(1) << 30) && fits(hi * unit)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    int64_t mid = (lo + hi) / 2;
+    (fits(mid * unit) ? lo : hi) = mid;
+  }
+  return lo * unit;
+}
+
+namespace {
+std::string mib(double b) {
+  char buf[32];
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%9.2f GiB", b / (1024.0 * 1024 * 1024));
+  else std::snprintf(buf, sizeof buf, "%9.1f MiB", b / (1024.0 * 1024));
+  return buf;
+}
+}  // namespace
+
+PlanConfig plan_config(const Options& o) {
+  PlanConfig c;
+  const bool preset_vocab = o.model == "gpt2-124M" || o.model == "gpt2-350M" || o.model == "llama-1B";
+  int data_vocab = o.vocab;  // the data is opened only when it sizes the model
+  if (!preset_vocab && data_vocab <= 0) data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
+  c.model = model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab);
+  c.batch = o.batch, c.seq = o.seq, c.grad_accum = o.grad_accum;
+  c.sp = o.sp, c.world = o.ranks;
+  c.recompute = o.recompute, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
+  c.local_comm = o.comm == "local";
+  return c;
+}
+
+std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget) {
+  std::ostringstream s;
+  s << "plan | " << c.model.describe() << "\n";
+  s << "plan | per rank: batch " << c.batch << " x seq " << c.seq << " (" << c.seq / c.sp << " tokens here) | world "
+    << c.world << " = dp " << c.world / c.sp << " x sp " << c.sp << " | " << device_name(c.device)
+    << (c.recompute ? " | recompute" : "") << (c.mlp_chunks > 1 ? " | mlp chunks " + std::to_string(c.mlp_chunks) : "")
+    << (c.zero ? " | zero 1" : "") << "\n";
+  auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
+  row("parameters         ", p.params, "");
+  row("gradients          ", p.grads, "fp32");
+  row("optimizer state    ", p.optim, c.zero ? "AdamW m, v: this rank's shard" : "AdamW m, v");
+  row("kept activations   ", p.kept, "alive when backward starts (arena)");
+  row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
+  row("workspace          ", p.workspace, "outside the arena (attention backward row sums)");
+  row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : c.world > 1 && c.local_comm ? "local all-reduce copy" : "");
+  row("total              ", p.total, "(+ the process itself: code, threads, data)");
+  s << "plan | bytes sent per step by this rank:";
+  s << " all-to-all " << mib(double(p.sent.all_to_all)) << " (" << mib(double(p.a2a_layer_fwd)) << " per layer per direction)";
+  s << " | all-reduce " << mib(double(p.sent.all_reduce));
+  if (c.zero) s << " | reduce-scatter " << mib(double(p.sent.reduce_scatter)) << " | all-gather " << mib(double(p.sent.all_gather));
+  s << "\n";
+  if (budget > 0) {
+    const int64_t T = longest_seq(c, budget);
+    s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
+    if (T == 0) s << " (not even " << 64 * c.sp << ": try --recompute, --mlp-chunks, --zero 1, a larger --sp)";
+    s << "\n";
+  }
+  return s.str();
+}
+
+int plan_main(const Options& o) {
+  PlanConfig c = plan_config(o);
+  std::fputs(format_plan(c, plan_memory(c), o.memory).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace ul

@@ -1,0 +1,60 @@
+// The memory planner: what one rank of a run holds, before the run. `train --plan` prints it (with
+// the same flags as the run) and allocates nothing.
+//
+// Activation memory is not estimated from a formula: the planner walks the model op by op in the
+// order the real code runs it (forward, the classifier, backward with gradients allocated lazily,
+// recompute replays, tiled MLP slices, the all-to-all scratch scopes) and feeds every allocation to
+// a twin of the arena's bump allocator (same 64-byte rounding, same blocks, same skipped tails).
+// Its high-water mark is what Arena::high_water() reports for the step; the CPU tests hold the two
+// together. Static memory (parameters, gradients, AdamW state, ZeRO shards) and bytes communicated
+// per step follow the Trainer's code and communicator.h's byte formulas.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "engine/tensor.h"
+#include "layers/transformer.h"
+#include "parallel/communicator.h"
+
+namespace ul {
+
+struct Options;
+
+struct PlanConfig {
+  ModelConfig model;
+  int batch = 1, seq = 256, grad_accum = 1;  // per rank per micro-batch, as the flags
+  int sp = 1, world = 1;                      // dp = world / sp
+  bool recompute = false;
+  int mlp_chunks = 1;
+  int zero = 0;
+  Device device = Device::cpu;                // cpu: f32 everywhere; cuda: bf16 activations and weights
+  bool local_comm = true;                     // the local communicator copies an all-reduce's buffer
+  int64_t valid_rows = -1;                    // rows with a valid target (sizes the classifier chunk); -1: all
+};
+
+struct MemoryPlan {
+  // bytes on one rank
+  size_t params = 0, grads = 0, optim = 0;    // optim: AdamW m, v (+ fp32 master weights on cuda)
+  size_t kept = 0;       // activations alive at the end of the forward (arena in use then)
+  size_t arena_peak = 0; // arena high-water of the step: kept + activation gradients + transients
+  size_t transient = 0;  // arena_peak - kept
+  size_t workspace = 0;  // heap scratch outside the arena (CPU attention backward)
+  size_t comm = 0;       // communication buffers (local all-reduce copy, ZeRO shard buffer)
+  size_t total = 0;
+  // bytes this rank sends per step, by collective
+  CommStats sent;
+  uint64_t a2a_layer_fwd = 0;  // all-to-all bytes per layer per direction (scatter + gather)
+};
+
+MemoryPlan plan_memory(const PlanConfig& c);
+
+// The longest sequence (a multiple of 64 * sp) whose plan fits `budget` bytes per rank, or 0.
+int64_t longest_seq(PlanConfig c, double budget);
+
+// The plan for these options (what `train --plan` prints), and the printing itself.
+PlanConfig plan_config(const Options& o);
+std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget);
+int plan_main(const Options& o);  // prints; returns the exit code
+
+}  // namespace ul

@@ -1,0 +1,173 @@
+// AdamW and the gradient norm on CUDA against the CPU backend. Written only against the CUDA
+// runtime API and the engine, so the same cases run emulated (tests/emu) and on a GPU (tests/gpu).
+//   - f32: params, m, v equal cpu::adamw_update within 1e-6 relative over several steps, with
+//     weight decay, a clipping scale and n no multiple of a block;
+//   - bf16: the fp32 master equals the CPU update within 1e-6; every parameter is the master
+//     rounded down or up to a neighbouring bf16 (within one bf16 ulp); the rounding is unbiased
+//     (the mean of many roundings of one value is that value, within 5 standard errors, where
+//     round-to-nearest would be off by 100) and the same seed gives the same bits;
+//   - sum_squares: within 1e-5 relative of the CPU's float64 sum, and the same bits on a rerun.
+#pragma once
+#include "emu/cuda_cases_util.h"
+#include "engine/optimizer.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including adamw_cuda_cases.h"
+#endif
+
+namespace adamw_cases {
+using namespace cuda_cases;
+
+constexpr float kLr = 3e-3f, kB1 = 0.9f, kB2 = 0.95f, kEps = 1e-8f, kWd = 0.1f, kScale = 0.7f;
+
+// The two bf16 values around x (x itself twice when it is one): toward zero, and away from it.
+inline std::pair<float, float> bf16_neighbours(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t lo = u & 0xffff0000u, hi = (u & 0xffffu) ? lo + 0x10000u : lo;
+  float a, b;
+  std::memcpy(&a, &lo, 4);
+  std::memcpy(&b, &hi, 4);
+  return {a, b};
+}
+
+inline void check_f32(size_t n) {
+  INFO("f32 n=" << n);
+  std::vector<float> p = ul_test::randn_f(n, 1), m(n, 0.f), v(n, 0.f);
+  DeviceBuffer<float> d_p(n), d_g(n), d_m(n), d_v(n);
+  d_p.set(p);
+  d_m.set(m);
+  d_v.set(v);
+  for (int t = 1; t <= 3; t++) {
+    INFO("step " << t);
+    const std::vector<float> g = ul_test::randn_f(n, 10 + t, 0.5f);
+    d_g.set(g);
+    ul::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, kLr, kB1, kB2, kEps, kWd, kScale, t);
+    ul::cuda::adamw_update<float>(d_p.p, nullptr, d_g.p, d_m.p, d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale, t, 42,
+                                  nullptr);
+    expect_close("params", d_p.get(), p, 1e-6, 1e-9);
+    expect_close("m", d_m.get(), m, 1e-6, 1e-9);
+    expect_close("v", d_v.get(), v, 1e-6, 1e-12);
+  }
+}
+
+inline void check_bf16(size_t n) {
+  INFO("bf16 n=" << n);
+  std::vector<float> master = ul_test::randn_f(n, 2), m(n, 0.f), v(n, 0.f);
+  DeviceBuffer<__nv_bfloat16> d_p(n);
+  DeviceBuffer<float> d_master(n), d_g(n), d_m(n), d_v(n);
+  d_p.set(to_elem<__nv_bfloat16>(master));
+  d_master.set(master);
+  d_m.set(m);
+  d_v.set(v);
+  for (int t = 1; t <= 3; t++) {
+    INFO("step " << t);
+    const std::vector<float> g = ul_test::randn_f(n, 20 + t, 0.5f);
+    d_g.set(g);
+    ul::cpu::adamw_update(master.data(), g.data(), m.data(), v.data(), n, kLr, kB1, kB2, kEps, kWd, kScale, t);
+    d_p.poison();
+    ul::cuda::adamw_update<__nv_bfloat16>(d_p.p, d_master.p, d_g.p, d_m.p, d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale,
+                                          t, 7, nullptr);
+    const std::vector<float> got_master = d_master.get();
+    expect_close("master", got_master, master, 1e-6, 1e-9);
+    expect_close("m", d_m.get(), m, 1e-6, 1e-9);
+    const std::vector<float> got = to_f32(d_p.get());
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+      const auto [lo, hi] = bf16_neighbours(got_master[i]);
+      if (!(got[i] == lo || got[i] == hi)) bad++;  // NaN (unwritten) fails too
+    }
+    INFO(bad << " of " << n << " parameters are not a bf16 neighbour of their master weight");
+    CHECK(bad == 0);
+  }
+}
+
+// lr = 0 leaves each master weight as it is, so the parameters are pure roundings of it.
+inline std::vector<__nv_bfloat16> round_only(float value, size_t n, uint64_t seed, int t) {
+  DeviceBuffer<__nv_bfloat16> d_p(n);
+  DeviceBuffer<float> d_master(n), d_g(n), d_m(n), d_v(n);
+  d_master.set(std::vector<float>(n, value));
+  d_g.set(std::vector<float>(n, 0.f));
+  d_m.set(std::vector<float>(n, 0.f));
+  d_v.set(std::vector<float>(n, 0.f));
+  ul::cuda::adamw_update<__nv_bfloat16>(d_p.p, d_master.p, d_g.p, d_m.p, d_v.p, n, 0.f, kB1, kB2, kEps, kWd, 1.f, t,
+                                        seed, nullptr);
+  CHECK(same_bits(d_master.get(), std::vector<float>(n, value)));
+  return d_p.get();
+}
+
+}  // namespace adamw_cases
+
+TEST_CASE("adamw_update f32 matches the CPU update", UL_CUDA_TEST_TAG "[adamw]") {
+  for (size_t n : {size_t(1), size_t(255), size_t(1237), size_t(70001)}) adamw_cases::check_f32(n);
+}
+
+TEST_CASE("adamw_update bf16: master matches the CPU, parameters are a neighbouring bf16", UL_CUDA_TEST_TAG "[adamw]") {
+  for (size_t n : {size_t(1), size_t(300), size_t(5003)}) adamw_cases::check_bf16(n);
+}
+
+TEST_CASE("adamw_update bf16 rounding is stochastic, unbiased and deterministic per seed", UL_CUDA_TEST_TAG "[adamw]") {
+  using namespace cuda_cases;
+  const size_t n = 100000;
+  // 1 + 2^-10 and -(3 + 5 * 2^-9): 1/8 and 5/8 of the way from the bf16 nearer zero to the next.
+  for (float value : {1.0f + 0x1p-10f, -(3.0f + 5 * 0x1p-9f)}) {
+    INFO("value " << value);
+    const auto [lo, hi] = adamw_cases::bf16_neighbours(value);
+    const double frac = (double(value) - lo) / (double(hi) - lo), ulp = std::fabs(double(hi) - lo);
+    const std::vector<__nv_bfloat16> r = adamw_cases::round_only(value, n, 1234, 5);
+    double sum = 0;
+    size_t up = 0, other = 0;
+    for (const auto& b : r) {
+      const float f = __bfloat162float(b);
+      other += !(f == lo || f == hi);
+      sum += f;
+      up += f == hi;
+    }
+    REQUIRE(other == 0);
+    const double mean = sum / n, sigma = ulp * std::sqrt(frac * (1 - frac) / n);
+    CHECK(std::fabs(mean - value) < 5 * sigma);
+    CHECK(std::fabs(double(up) / n - frac) < 5 * std::sqrt(frac * (1 - frac) / n));
+    // Deterministic: the same (seed, step) gives the same bits; another seed or step other bits.
+    CHECK(same_bits(adamw_cases::round_only(value, n, 1234, 5), r));
+    CHECK(!same_bits(adamw_cases::round_only(value, n, 1235, 5), r));
+    CHECK(!same_bits(adamw_cases::round_only(value, n, 1234, 6), r));
+  }
+  // A value that is a bf16 already stays exactly that.
+  const std::vector<__nv_bfloat16> exact = adamw_cases::round_only(1.5f, 300, 1, 1);
+  CHECK(std::all_of(exact.begin(), exact.end(), [](__nv_bfloat16 b) { return __bfloat162float(b) == 1.5f; }));
+}
+
+TEST_CASE("adamw_update refuses a master buffer that does not fit the parameter type", UL_CUDA_TEST_TAG "[adamw]") {
+  using namespace cuda_cases;
+  DeviceBuffer<float> buf(4);
+  DeviceBuffer<__nv_bfloat16> p16(4);
+  auto f32_with_master = [&] {
+    ul::cuda::adamw_update<float>(buf.p, buf.p, buf.p, buf.p, buf.p, 4, 1.f, .9f, .95f, 1e-8f, 0.f, 1.f, 1, 0, nullptr);
+  };
+  auto bf16_without = [&] {
+    ul::cuda::adamw_update<__nv_bfloat16>(p16.p, nullptr, buf.p, buf.p, buf.p, 4, 1.f, .9f, .95f, 1e-8f, 0.f, 1.f, 1,
+                                          0, nullptr);
+  };
+  CHECK_THROWS_WITH(f32_with_master(), Catch::Contains("master = null"));
+  CHECK_THROWS_WITH(bf16_without(), Catch::Contains("need f32 master"));
+}
+
+TEST_CASE("sum_squares matches the CPU and is deterministic", UL_CUDA_TEST_TAG "[adamw][norm]") {
+  using namespace cuda_cases;
+  for (size_t n : {size_t(0), size_t(1), size_t(255), size_t(8193), size_t(100003)}) {
+    INFO("n=" << n);
+    const std::vector<float> x = ul_test::randn_f(n, 5 + n, 0.3f);
+    const double want = ul::cpu::sum_squares(x.data(), n);
+    DeviceBuffer<float> d_x(n), scratch(ul::cuda::sum_squares_scratch_bytes(n) / sizeof(float)), out(1);
+    d_x.set(x);
+    const double got = ul::cuda::sum_squares(d_x.p, n, nullptr);
+    CHECK(std::fabs(got - want) <= 1e-5 * want);
+    ul::cuda::sum_squares(out.p, d_x.p, n, scratch.p, nullptr);
+    const std::vector<float> a = out.get();
+    CHECK(std::fabs(a[0] - want) <= 1e-5 * want);
+    out.poison();
+    ul::cuda::sum_squares(out.p, d_x.p, n, scratch.p, nullptr);
+    CHECK(same_bits(out.get(), a));
+    CHECK(float(got) == a[0]);
+  }
+}

@@ -1,0 +1,4 @@
+// The embedding's CUDA kernels and op, run by the SIMT emulator and compared with the CPU backend.
+// The cases are shared with the real-GPU test (tests/gpu/test_embedding_gpu.cpp).
+#define UL_CUDA_TEST_TAG "[emu]"
+#include "emu/embedding_cuda_cases.h"
