@@ -7,6 +7,7 @@
 
 #include "engine/check_state.h"
 #include "engine/options.h"
+#include "engine/planner.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
 #if ULYSSES_HAVE_MPI
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
       std::fputs(usage(), stdout);
       return 0;
     }
+    if (o.plan) return plan_main(o);  // prints what the run would hold; starts nothing
     if (o.comm == "mpi") {
 #if ULYSSES_HAVE_MPI
       MpiRuntime mpi(&argc, &argv);

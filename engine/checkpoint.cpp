@@ -1,10 +1,13 @@
 #include "engine/checkpoint.h"
 
 #include <algorithm>
+#include <fstream>
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include "engine/checkpoint_files.h"
@@ -134,15 +137,18 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
     write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n);
   }
-  // Every rank holds the whole optimizer state today, so rank 0 writes it as one shard; ZeRO-1
-  // will have each dp rank write its own slice (optim_rank_R.bin) here.
-  if (rank == 0) {
-    AdamW& opt = tr.optimizer();
+  // The owner of each optimizer shard writes it: rank 0 the whole state, or (ZeRO-1) every rank
+  // its own slice, optim_rank_R.bin.
+  AdamW& opt = tr.optimizer();
+  const bool sharded = opt.hi() - opt.lo() != n;
+  if (rank == 0 || sharded) {
     OptimShard s;
-    s.t = opt.t(), s.numel = n, s.offset = 0, s.count = n, s.shard = 0, s.shards = 1;
-    s.m = to_host(opt.m(), params.device(), n);
-    s.v = to_host(opt.v(), params.device(), n);
-    write_optim_file(dir + "/" + optim_file_name(0, 1), s);
+    const size_t count = opt.hi() - opt.lo();
+    s.t = opt.t(), s.numel = n, s.offset = opt.lo(), s.count = count;
+    s.shard = sharded ? rank : 0, s.shards = sharded ? g.world.size() : 1;
+    s.m = to_host(opt.m(), params.device(), count);
+    s.v = to_host(opt.v(), params.device(), count);
+    write_optim_file(dir + "/" + optim_file_name(s.shard, s.shards), s);
   }
   write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g,
                   run_fields(tr.options(), tr.model().cfg, g));
@@ -174,24 +180,42 @@ void load_checkpoint(Trainer& tr, const std::string& root, int step) {
     throw std::runtime_error(model_path + ": holds " + std::to_string(p.size()) + " parameters but this model has " +
                              std::to_string(n));
 
-  const std::string optim_path = dir + "/" + optim_file_name(0, 1);
-  OptimShard s = read_optim_file(optim_path);
-  if (s.numel != n || s.shards != 1 || s.offset != 0 || s.count != n)
-    throw std::runtime_error(optim_path + ": holds elements [" + std::to_string(s.offset) + ", " +
-                             std::to_string(s.offset + s.count) + ") of " + std::to_string(s.numel) + " (shard " +
-                             std::to_string(s.shard) + " of " + std::to_string(s.shards) +
-                             "), but this run needs the whole state of " + std::to_string(n) + " parameters");
-  if (s.t > step)
-    throw std::runtime_error(optim_path + ": AdamW step count t = " + std::to_string(s.t) + " exceeds the checkpoint's step " +
-                             std::to_string(step));
+  // The optimizer state: optim.bin (one shard) or optim_rank_R.bin (ZeRO-1, any world size); this
+  // rank takes the part of each file that falls in its own range [lo, hi).
+  AdamW& opt = tr.optimizer();
+  const size_t lo = opt.lo(), hi = opt.hi();
+  std::vector<float> m(hi - lo), v(hi - lo);
+  size_t covered = 0;
+  int64_t t = -1;
+  const bool whole = std::ifstream(dir + "/" + optim_file_name(0, 1)).good();
+  for (int k = 0, shards = 1; k < shards; k++) {
+    // optim_file_name(k, any shards > 1) is optim_rank_k.bin; the count comes from shard 0's header
+    const std::string path = dir + "/" + optim_file_name(whole ? 0 : k, whole ? 1 : 2);
+    OptimShard s = read_optim_file(path);
+    if (!whole && k == 0) shards = s.shards;
+    if (s.numel != n || s.shard != k || s.shards != (whole ? 1 : shards))
+      throw std::runtime_error(path + ": holds shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards) +
+                               " of " + std::to_string(s.numel) + " parameters; expected shard " + std::to_string(k) +
+                               " of " + std::to_string(n));
+    if (s.t > step)
+      throw std::runtime_error(path + ": AdamW step count t = " + std::to_string(s.t) + " exceeds the checkpoint's step " +
+                               std::to_string(step));
+    if (t >= 0 && s.t != t) throw std::runtime_error(path + ": AdamW step count differs between the shards");
+    t = s.t;
+    const size_t a = std::max<size_t>(lo, s.offset), b = std::min<size_t>(hi, s.offset + s.count);
+    for (size_t i = a; i < b; i++) m[i - lo] = s.m[i - s.offset], v[i - lo] = s.v[i - s.offset];
+    covered += b > a ? b - a : 0;
+  }
+  if (covered != hi - lo)
+    throw std::runtime_error(dir + ": the optimizer files cover " + std::to_string(covered) + " of this rank's " +
+                             std::to_string(hi - lo) + " elements");
 
   // Every check passed: only now does the trainer change.
   const Device d = params.device();
   device_copy(params.data(), d, p.data(), Device::cpu, n * sizeof(float));
-  AdamW& opt = tr.optimizer();
-  device_copy(opt.m(), d, s.m.data(), Device::cpu, n * sizeof(float));
-  device_copy(opt.v(), d, s.v.data(), Device::cpu, n * sizeof(float));
-  opt.set_t(int(s.t));
+  device_copy(opt.m(), d, m.data(), Device::cpu, m.size() * sizeof(float));
+  device_copy(opt.v(), d, v.data(), Device::cpu, v.size() * sizeof(float));
+  opt.set_t(int(t));
   tr.set_steps_done(step);
 }
 

@@ -52,7 +52,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     acc = MapCM(as_float(d, size_t(M) * N, d_keep), M, N);
   else
     acc.setZero();
-  if (bias && M > 1) {
+  if (bias) {
     std::vector<float> bias_keep;
     const float* bias_f = as_float(bias, size_t(N), bias_keep);
     acc.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_f, N);

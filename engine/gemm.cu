@@ -183,20 +183,25 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
       check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &value, sizeof(value)), "set MIN_ALIGNMENT",
                what);
     cublasLtMatmulHeuristicResult_t result{};
+    // Returns the heuristic's status; n_results says whether it found an algorithm.
+    int n_results = 0;
     auto ask = [&](bool with_bias) {
       set_epilogue(with_bias);
-      int n_results = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt.handle, desc.op, desc.a, desc.b, desc.d, desc.d,
-                                                               desc.pref, 1, &result, &n_results);
-      if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);
-      return st == CUBLAS_STATUS_SUCCESS && n_results > 0;
+      n_results = 0;
+      return cublasLtMatmulAlgoGetHeuristic(lt.handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result,
+                                            &n_results);
     };
     Algo chosen;
-    chosen.epilogue_bias = bias != nullptr && ask(true);
-    if (!chosen.epilogue_bias && !ask(false))
-      throw std::runtime_error(what + ": cuBLASLt offers no algorithm (types " + std::to_string(int(ta)) + " in, " +
-                               std::to_string(int(td)) + " out; alignments " + std::to_string(al_first) + ", " +
-                               std::to_string(al_second) + ", " + std::to_string(al_d) + " bytes)");
+    // Any refusal of the epilogue (not supported, or invalid for these types) falls back to bias_rows.
+    chosen.epilogue_bias = bias != nullptr && ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
+    if (!chosen.epilogue_bias) {
+      const cublasStatus_t st = ask(false);
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);
+      if (n_results == 0)
+        throw std::runtime_error(what + ": cuBLASLt offers no algorithm (types " + std::to_string(int(ta)) + " in, " +
+                                 std::to_string(int(td)) + " out; alignments " + std::to_string(al_first) + ", " +
+                                 std::to_string(al_second) + ", " + std::to_string(al_d) + " bytes)");
+    }
     chosen.algo = result.algo;
     found = lt.algos.emplace(key, chosen).first;
   } else {

@@ -1,5 +1,6 @@
 #include "engine/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/device.h"
@@ -34,8 +35,10 @@ double sum_squares(const float* x, size_t n) {
 
 }  // namespace cpu
 
-AdamW::AdamW(Params& params, AdamWConfig cfg) : params_(params), cfg_(cfg) {
-  size_t bytes = params.numel() * sizeof(float);
+AdamW::AdamW(Params& params, AdamWConfig cfg, size_t lo, size_t hi) : params_(params), cfg_(cfg) {
+  lo_ = std::min(lo, params.numel());
+  hi_ = std::max(lo_, std::min(hi, params.numel()));
+  size_t bytes = (hi_ - lo_) * sizeof(float);
   m_ = static_cast<float*>(device_alloc(params.device(), bytes));
   v_ = static_cast<float*>(device_alloc(params.device(), bytes));
   device_zero(params.device(), m_, bytes);
@@ -50,9 +53,11 @@ AdamW::~AdamW() {
 void AdamW::step(float lr, float grad_scale) {
   t_++;
   for (const ParamSpec& s : params_.specs()) {
-    size_t off = s.offset, n = size_t(s.shape.numel());
+    // This parameter's elements that lie in [lo, hi): a shard boundary may cut a parameter.
+    size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
+    if (a >= b) continue;
     float wd = s.decay ? cfg_.weight_decay : 0.0f;
-    cpu::adamw_update(params_.data() + off, params_.grad() + off, m_ + off, v_ + off, n, lr, cfg_.beta1,
+    cpu::adamw_update(params_.data() + a, params_.grad() + a, m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1,
                       cfg_.beta2, cfg_.eps, wd, grad_scale, t_);
   }
 }

@@ -94,7 +94,7 @@ __global__ void sum_squares_partial_kernel(float* __restrict__ partial, const fl
 // One block: *out = sum of partial[0 .. count), each thread a strided subset, then block_sum.
 __global__ void sum_squares_final_kernel(float* __restrict__ out, const float* __restrict__ partial, int count) {
   float s = 0.f;
-  for (int k = threadIdx.x; k < count - 1; k += blockDim.x) s += partial[k];
+  for (int k = threadIdx.x; k < count; k += blockDim.x) s += partial[k];
   s = block_sum(s);
   if (threadIdx.x == 0) *out = s;
 }

@@ -31,8 +31,9 @@ namespace cuda {
 // `master` (fp32) when Tp is __nv_bfloat16, or `params` themselves when Tp is float (master must
 // then be null). For bf16, params = master rounded STOCHASTICALLY: away from zero with probability
 // (distance to the bf16 nearer zero) / (bf16 spacing), so the rounding is unbiased and updates
-// smaller than a bf16 ulp are not lost on average. The random bits are a hash of (seed, t, i), i the element index: the same seed and
-// step give the same bits (a rerun is bitwise identical); give each parameter tensor its own seed.
+// smaller than a bf16 ulp are not lost on average. The random bits are a hash of (seed, t, i), i
+// the element index: the same seed and step give the same bits (a rerun is bitwise identical);
+// give each parameter tensor its own seed (e.g. a base seed plus its offset in the buffer).
 template <class Tp>
 void adamw_update(Tp* params, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed, cudaStream_t s);
@@ -49,7 +50,9 @@ double sum_squares(const float* x, size_t n, cudaStream_t s);
 
 class AdamW {
  public:
-  AdamW(Params& params, AdamWConfig cfg);
+  // The state covers elements [lo, hi) of the parameter buffer (ZeRO-1: this rank's shard; by
+  // default all of it); step() updates only those, with each parameter's decay rule.
+  AdamW(Params& params, AdamWConfig cfg, size_t lo = 0, size_t hi = SIZE_MAX);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -58,14 +61,17 @@ class AdamW {
   void step(float lr, float grad_scale);
   int t() const { return t_; }
   void set_t(int t) { t_ = t; }
-  float* m() const { return m_; }
+  float* m() const { return m_; }  // hi() - lo() elements: m[i] is element lo() + i's
   float* v() const { return v_; }
+  size_t lo() const { return lo_; }
+  size_t hi() const { return hi_; }
 
  private:
   Params& params_;
   AdamWConfig cfg_;
   float* m_ = nullptr;
   float* v_ = nullptr;
+  size_t lo_ = 0, hi_ = 0;
   int t_ = 0;
 };
 

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "data/dataset.h"
 #include "engine/options.h"
+#include "parallel/ulysses.h"
 
 #include "parallel/comm_util.h"
 
@@ -255,6 +257,8 @@ PlanConfig plan_config(const Options& o) {
   c.sp = o.sp, c.world = o.ranks;
   c.recompute = o.recompute, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
   c.local_comm = o.comm == "local";
+  if (c.world % c.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(c.world) + " is not a multiple of --sp");
+  check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;
 }
 

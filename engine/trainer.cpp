@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "engine/run_log.h"
 #include "parallel/data_parallel.h"
 #include "parallel/ulysses.h"
+#include "parallel/zero.h"
 
 namespace ul {
 
@@ -43,6 +45,13 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
     }
     for (int t = 0; t < T; t++) hb.pos_full[size_t(b) * T + t] = t;
   }
+}
+
+size_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return size_t(std::stoull(line.substr(6))) * 1024;  // "VmHWM:  123 kB"
+  return 0;
 }
 
 int threads_per_rank(const Options& o) {
@@ -130,7 +139,14 @@ Trainer::Trainer(const Options& o, Comm& world) : o_(o), grid_(world, o.sp), ctx
   else model_->init_weights(o.seed);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;
-  opt_ = std::make_unique<AdamW>(model_->params, ac);
+  if (o.zero) {  // ZeRO-1: this rank's AdamW state covers only its shard of the buffer
+    const size_t n = model_->params.numel();
+    ZeroShard z = zero_shard(n, world.size(), world.rank());
+    opt_ = std::make_unique<AdamW>(model_->params, ac, z.lo, z.hi);
+    zero_scratch_.resize(zero_scratch_elems(n, world.size()));
+  } else {
+    opt_ = std::make_unique<AdamW>(model_->params, ac);
+  }
   micro_.resize(o.grad_accum);
 }
 
@@ -163,15 +179,24 @@ StepResult Trainer::step() {
     loss_sum += s.loss_sum;
     r.act_bytes = std::max(r.act_bytes, ctx_.arena.high_water());
   }
-  all_reduce_gradients(g.world, model_->params.grad(), model_->params.numel());
+  Params& P = model_->params;
+  if (o_.zero) zero_reduce_gradients(g.world, P.grad(), P.numel(), zero_scratch_.data());
+  else all_reduce_gradients(g.world, P.grad(), P.numel());
   g.world.all_reduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
   r.loss = loss_sum / double(count);
-  r.grad_norm = grad_global_norm(model_->params);
+  if (o_.zero) {  // the global norm from the shards: each rank holds the world sum of its own
+    double ss = cpu::sum_squares(P.grad() + opt_->lo(), opt_->hi() - opt_->lo());
+    g.world.all_reduce(&ss, 1, DType::f64, ReduceOp::sum);
+    r.grad_norm = std::sqrt(ss);
+  } else {
+    r.grad_norm = grad_global_norm(P);
+  }
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     throw std::runtime_error("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +
                              std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr");
   r.lr = lr_at(step_, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac);
   opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
+  if (o_.zero) zero_gather_params(g.world, P.data(), P.numel(), zero_scratch_.data());
   step_++;
   r.ms = now_ms() - t0;
   r.sent = minus(total_sent(g), before);
@@ -231,12 +256,14 @@ int train_rank(const Options& o, Comm& world) {
   if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1);
 
   double first_loss = 0, last_loss = 0;
+  size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)
   EvalResult ev;
   bool have_eval = false;
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   for (int s = start; s < o.steps; s++) {
     StepResult r = tr.step();
     if (s == start) first_loss = r.loss;
+    peak_act = std::max(peak_act, r.act_bytes);
     last_loss = r.loss;
     if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0));
     say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB\n",
@@ -264,6 +291,9 @@ int train_rank(const Options& o, Comm& world) {
     const std::string svg = plot_path_for_log(log_path);
     if (write_loss_plot(log_path, svg)) say("plot    | %s\n", svg.c_str());
   }
+  if (o.steps > start)
+    say("memory  | arena high-water %.1f MiB | peak RSS %.1f MiB (this process)\n", peak_act / 1048576.0,
+        peak_rss_bytes() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
   if (lead && o.steps > start) {

@@ -68,12 +68,16 @@ class Trainer {
   std::unique_ptr<Dataset> train_, val_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<AdamW> opt_;
+  std::vector<float> zero_scratch_;  // --zero 1: the shard buffer of parallel/zero.h
   std::vector<HostBatch> micro_;
   int step_ = 0;
 };
 
 // The whole job on this rank, with logs (only rank 0 prints). Returns the exit code.
 int train_rank(const Options& o, Comm& world);
+
+// The peak resident memory of this process (VmHWM), 0 where /proc is not there.
+size_t peak_rss_bytes();
 
 // Threads per rank: --threads, or the cores divided among the ranks of this process.
 int threads_per_rank(const Options& o);

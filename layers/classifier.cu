@@ -66,7 +66,7 @@ __global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ los
   T* dr = dlogits ? dlogits + size_t(row) * V : nullptr;
   if (t < 0) {  // ignored: the whole block leaves together, before any barrier
     if (dr)
-      for (int i = tid; i < V - 1; i += blockDim.x) dr[i] = from_float<T>(0.f);
+      for (int i = tid; i < V; i += blockDim.x) dr[i] = from_float<T>(0.f);
     if (tid == 0) loss[row] = 0.f, hit[row] = 0;
     return;
   }

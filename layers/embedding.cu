@@ -122,7 +122,7 @@ __global__ void embedding_backward_runs_kernel(float* __restrict__ dtable, const
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float* g = dtable + size_t(row) * C + c;
-  float sum = 0.f;
+  float sum = *g;
   for (int r = j; r < N && uint32_t(keys[r] >> 32) == row; r++) {
     const uint32_t n = uint32_t(keys[r]);
     sum += to_float(dy[size_t(n) * C + c]);
@@ -140,10 +140,24 @@ __global__ void embedding_check_kernel(int* __restrict__ first_bad, const int32_
 // Sorts keys for `ids` and adds the runs of dy into dtable.
 template <class T>
 void backward_table(float* dtable, const T* dy, const int32_t* ids, uint64_t* keys, int N, int C, cudaStream_t s) {
+  embedding_sort_keys(keys, ids, N, s);
+  const int threads = row_threads(C);
+  launch("embedding_backward_runs", embedding_backward_runs_kernel<T>, dim3(unsigned(N), ceil_div(C, threads)),
+         dim3(threads), 0, s, dtable, dy, static_cast<const uint64_t*>(keys), N, C);
+}
+
+}  // namespace
+
+size_t embedding_backward_scratch_bytes(int N) { return size_t(sort_size(N)) * sizeof(uint64_t); }
+
+void embedding_sort_keys(uint64_t* keys, const int32_t* ids, int N, cudaStream_t s) {
+  if (N == 0) return;
   const int64_t P = sort_size(N);
   const int tile = int(P < kSortTile ? P : kSortTile);
   launch("embedding_keys", embedding_keys_kernel, dim3(elementwise_blocks(P)), dim3(kElementwiseThreads), 0, s, keys,
          ids, N, P);
+  // Merge stages k <= tile: within each tile. Larger k: the strides j >= tile across tiles, one
+  // pass each, then the strides below a tile in shared memory again.
   launch("embedding_sort_tile", embedding_sort_tile_kernel, dim3(unsigned(P / tile)), dim3(tile / 2), 0, s, keys,
          int64_t(2), int64_t(tile));
   for (int64_t k = 2 * int64_t(tile); k <= P; k <<= 1) {
@@ -153,14 +167,7 @@ void backward_table(float* dtable, const T* dy, const int32_t* ids, uint64_t* ke
     launch("embedding_sort_tile", embedding_sort_tile_kernel, dim3(unsigned(P / tile)), dim3(tile / 2), 0, s, keys, k,
            k);
   }
-  const int threads = row_threads(C);
-  launch("embedding_backward_runs", embedding_backward_runs_kernel<T>, dim3(unsigned(N), ceil_div(C, threads)),
-         dim3(threads), 0, s, dtable, dy, static_cast<const uint64_t*>(keys), N, C);
 }
-
-}  // namespace
-
-size_t embedding_backward_scratch_bytes(int N) { return size_t(sort_size(N)) * sizeof(uint64_t); }
 
 template <class T>
 void embedding_forward(T* y, const int32_t* idx, const int32_t* pos, const T* wte, const T* wpe, int N, int C,

@@ -34,6 +34,10 @@ template <class T>
 void embedding_backward(float* dwte, float* dwpe, const T* dy, const int32_t* idx, const int32_t* pos, void* scratch,
                         int N, int C, cudaStream_t s);
 size_t embedding_backward_scratch_bytes(int N);
+// The backward's first step, on its own for its test: keys[n] = (ids[n] << 32) | n for n < N,
+// sorted ascending (by table row, then n). keys: embedding_backward_scratch_bytes(N) bytes; the
+// first N hold the result, the rest are padding.
+void embedding_sort_keys(uint64_t* keys, const int32_t* ids, int N, cudaStream_t s);
 // The smallest n with v[n] outside [0, limit), or -1 when every value is in range. scratch: one
 // int of device memory. Waits for the stream (the answer is read back to the host).
 int embedding_first_out_of_range(const int32_t* v, int N, int64_t limit, int* scratch, cudaStream_t s);

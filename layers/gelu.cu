@@ -35,7 +35,7 @@ __global__ void gelu_forward_kernel(T* __restrict__ y, const T* __restrict__ x, 
     for (int k = 0; k < V; k++) yv.v[k] = from_float<T>(gelu(to_float(xv.v[k])));
     store_pack<V>(y + p * V, yv);
   }
-  for (int64_t i = packs * V + grid_first(); i < 0; i += grid_stride()) y[i] = from_float<T>(gelu(to_float(x[i])));
+  for (int64_t i = packs * V + grid_first(); i < n; i += grid_stride()) y[i] = from_float<T>(gelu(to_float(x[i])));
 }
 
 // dx += dy * gelu'(x).  dx, dy, x: (n)

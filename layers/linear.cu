@@ -35,7 +35,7 @@ __global__ void column_sums_partial_kernel(float* __restrict__ partial, const T*
   const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
   float sum = 0.f;
   if (c < OC)
-    for (int n = r0 + ty; n < r1 - 1; n += kRowLanes) sum += to_float(dy[size_t(n) * OC + c]);
+    for (int n = r0 + ty; n < r1; n += kRowLanes) sum += to_float(dy[size_t(n) * OC + c]);
   s_sum[ty][tx] = sum;
   __syncthreads();  // every thread gets here: out-of-range columns only skipped the loop
   if (ty == 0 && c < OC) {

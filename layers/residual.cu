@@ -36,10 +36,9 @@ __global__ void residual_backward_kernel(T* da, T* db, const T* __restrict__ dy,
   for (int64_t p = grid_first(); p < packs; p += grid_stride()) {
     const Pack<T, V> dyv = load_pack<V>(dy + p * V);
     Pack<T, V> v = load_pack<V>(da + p * V);
-    const Pack<T, V> early = load_pack<V>(db + p * V);
     for (int k = 0; k < V; k++) v.v[k] = from_float<T>(to_float(v.v[k]) + to_float(dyv.v[k]));
     store_pack<V>(da + p * V, v);
-    v = early;
+    v = load_pack<V>(db + p * V);  // after the store: sees it when db is da
     for (int k = 0; k < V; k++) v.v[k] = from_float<T>(to_float(v.v[k]) + to_float(dyv.v[k]));
     store_pack<V>(db + p * V, v);
   }

@@ -94,7 +94,7 @@ __global__ void rmsnorm_backward_reduce_kernel(float* __restrict__ dw, const flo
   if (c >= C) return;
   float sum = 0.f;
   for (int k = 0; k < chunks; k++) sum += partial[size_t(k) * C + c];
-  dw[c] = sum;
+  dw[c] += sum;
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ __global__ void rope_kernel(T* dst, const T* src, const int32_t* __restrict__ po
     const int i = int(t % half);
     // Double throughout, as the CPU: freq exactly as std::pow gives it there, then the angle.
     const double freq = pow(theta, -2.0 * i / D);
-    const double a = double((kBackward ? -1.f : 1.f) * float(pos[n]) * float(freq));
+    const double a = (kBackward ? -1.0 : 1.0) * double(pos[n]) * freq;
     const float c = float(cos(a)), s = float(sin(a));
     const size_t row = size_t(n) * (Hq + 2 * Hkv) * D;
     for (int h = 0; h < Hq + Hkv; h++) {

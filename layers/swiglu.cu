@@ -21,7 +21,7 @@ __global__ void swiglu_forward_kernel(T* __restrict__ y, const T* __restrict__ x
   const int64_t packs_per_row = F / V, packs = int64_t(N) * packs_per_row;
   for (int64_t p = grid_first(); p < packs; p += grid_stride()) {
     const int64_t n = p / packs_per_row, f = (p % packs_per_row) * V;
-    const Pack<T, V> gv = load_pack<V>(x + n * 2 * F + f), uv = load_pack<V>(x + n * 2 * F + F + f - (V > 1 ? 1 : 0) * 0 + (V > 1 && f > 0 ? -V : 0));
+    const Pack<T, V> gv = load_pack<V>(x + n * 2 * F + f), uv = load_pack<V>(x + n * 2 * F + F + f);
     Pack<T, V> yv;
     for (int k = 0; k < V; k++) {
       const float g = to_float(gv.v[k]);

@@ -56,7 +56,7 @@ __global__ void heads_to_chunks_kernel(T* __restrict__ send, const T* __restrict
     r /= W;  // (j, b, t)
     const size_t bt = r % (size_t(B) * Tl);
     const int j = int(r / (size_t(B) * Tl));
-    if (i + 1 < total) send[i] = src[(bt * H + hs.source(j, s)) * D + d];
+    send[i] = src[(bt * H + hs.source(j, s)) * D + d];
   }
 }
 

@@ -13,7 +13,6 @@
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -153,7 +152,7 @@ void check_uneven_targets(const std::vector<RankRun>& runs, int sp) {
 
 }  // namespace
 
-TEST_CASE("SP = 2, 4 give the loss and gradient of SP = 1: gpt2", "[parallel][sp]") {
+TEST_CASE("SP 2 and 4 give the loss and gradient of SP 1: gpt2", "[parallel][sp]") {
   for (int sp : {2, 4}) {
     RankRun run = check_sp_gradients("--model gpt2 --heads 4 --batch 2", sp);
     // The key bias's gradient is zero in exact arithmetic (softmax ignores the per-query shift
@@ -296,7 +295,7 @@ TEST_CASE("bytes per step: the Ulysses all-to-alls and the gradient all-reduce",
   }
 }
 
-TEST_CASE("train refuses layouts that cannot work, and says what would", "[parallel][cli]") {
+TEST_CASE("train refuses layouts that cannot work and says what would", "[parallel][cli]") {
   using namespace ul_test;
   struct Case {
     std::string args, problem, fix;

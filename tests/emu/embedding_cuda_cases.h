@@ -5,6 +5,7 @@
 //   - table gradients start from random values, so a kernel that overwrites instead of adding fails;
 //   - ids repeat (V much smaller than N), so rows must be summed; N = 1100 and 2500 take the sort
 //     past one 1024-key tile (its global merge passes), and the other N are not powers of two;
+//     the sort is also checked key by key on its own;
 //   - C below and above a warp, multiples of the 16-byte pack or not, and buffers one element off
 //     alignment: the forward's vector and scalar paths;
 //   - the forward is a plain sum, and the backward adds the same dy rows in the CPU's order onto
@@ -12,6 +13,8 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -99,6 +102,28 @@ TEST_CASE("embedding CUDA kernels match the CPU backend bit for bit", UL_CUDA_TE
       emb_cases::check_kernels<float>(sh, offset);
       emb_cases::check_kernels<__nv_bfloat16>(sh, offset);
     }
+}
+
+TEST_CASE("embedding backward sorts rows by table row, then position in the batch", UL_CUDA_TEST_TAG "[embedding]") {
+  // ids in order of n already leave a half-done sort looking right to the backward (each row's n
+  // stay increasing), so the sort is checked on its own: every key in place, for one tile
+  // (N <= 1024) and for one, two and three merge passes across tiles.
+  for (int N : {1, 2, 5, 1024, 1100, 2500, 5000}) {
+    for (int V : {1, 7, 1000}) {
+      INFO("N=" << N << " V=" << V);
+      const std::vector<int32_t> ids = emb_cases::random_ids(N, V, 85 + N + V);
+      std::vector<uint64_t> want(N);
+      for (int n = 0; n < N; n++) want[n] = uint64_t(ids[n]) << 32 | uint64_t(n);
+      std::sort(want.begin(), want.end());
+      cuda_cases::DeviceBuffer<int32_t> d_ids(N);
+      cuda_cases::DeviceBuffer<uint64_t> keys(ul::cuda::embedding_backward_scratch_bytes(N) / sizeof(uint64_t));
+      d_ids.set(ids);
+      ul::cuda::embedding_sort_keys(keys.p, d_ids.p, N, nullptr);
+      std::vector<uint64_t> got = keys.get();
+      got.resize(N);
+      CHECK(got == want);
+    }
+  }
 }
 
 TEST_CASE("embedding range check finds the first id out of range", UL_CUDA_TEST_TAG "[embedding]") {

@@ -117,6 +117,8 @@ TEST_CASE("gemm with K = 0 or an empty output, and bad arguments", UL_CUDA_TEST_
   ul::cuda::gemm<float, float>(d.p, nullptr, nullptr, bias.p, 2, 3, 0, false, true, true, "gemm test", nullptr);
   CHECK(d.get() == std::vector<float>{2.f, 4.f, 6.f, 2.f, 4.f, 6.f});
   ul::cuda::gemm<float, float>(nullptr, nullptr, nullptr, nullptr, 0, 3, 5, false, false, false, "gemm test", nullptr);
-  auto null_a = [&] { ul::cuda::gemm<float, float>(d.p, nullptr, d.p, nullptr, 2, 3, 1, false, false, false, "my op", nullptr); };
+  auto null_a = [&] {
+    ul::cuda::gemm<float, float>(d.p, nullptr, d.p, nullptr, 2, 3, 1, false, false, false, "my op", nullptr);
+  };
   CHECK_THROWS_WITH(null_a(), Catch::Contains("my op"));
 }

@@ -23,7 +23,8 @@
 namespace ulysses_cases {
 using namespace cuda_cases;
 
-const ul::HeadSplit kSplits[] = {{4, 4, 2}, {8, 4, 4}, {8, 2, 4}, {8, 1, 4}, {6, 3, 3}, {6, 1, 3}, {6, 0, 3}, {4, 0, 1}};
+const ul::HeadSplit kSplits[] = {{4, 4, 2}, {8, 4, 4}, {8, 2, 4}, {8, 1, 4},
+                                 {6, 3, 3}, {6, 1, 3}, {6, 0, 3}, {4, 0, 1}};
 const int B = 2, Tl = 3, D = 5;
 
 // Reference of an accumulating permute for T: the CPU's float result, rounded once for bf16.

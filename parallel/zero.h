@@ -1,0 +1,30 @@
+// ZeRO stage 1 over the world: the AdamW state is sharded, each rank updates only its shard of the
+// flat parameter buffer, and the updated shards are gathered back. Every rank still holds all
+// parameters and the whole gradient buffer (stage 1), but m and v shrink to 1/world.
+//
+// Shards are contiguous: with s = n / world, rank k owns [k s, (k+1) s), and the last rank also
+// owns the tail [world s, n) (fewer than `world` elements). So no buffer needs padding:
+//   gradients: reduce_scatter of the first world * s elements (sum), all_reduce of the tail;
+//   parameters: all_gather of the shards, broadcast of the tail from the last rank.
+// The bytes sent are those of one all-reduce (reduce-scatter + all-gather) plus the tail.
+#pragma once
+#include <cstddef>
+
+#include "parallel/communicator.h"
+
+namespace ul {
+
+struct ZeroShard {
+  size_t lo = 0, hi = 0;  // this rank's elements [lo, hi)
+};
+
+ZeroShard zero_shard(size_t n, int world, int rank);
+// Scratch both calls need: n / world elements, on the buffers' device.
+size_t zero_scratch_elems(size_t n, int world);
+
+// Collective. After it, grad[lo, hi) of this rank's shard holds the world sum (the rest is stale).
+void zero_reduce_gradients(Comm& world, float* grad, size_t n, float* scratch);
+// Collective. After it, every rank's params hold every rank's shard.
+void zero_gather_params(Comm& world, float* params, size_t n, float* scratch);
+
+}  // namespace ul

@@ -1,0 +1,205 @@
+// The long-context memory features (README, "Long context"), through the real Trainer under the
+// local communicator:
+//   - recompute and tiled MLP change no gradient (gpt2 and llama, sp 1 and 2);
+//   - recompute keeps at most 2 C floats per token per layer (measured arena use after forward);
+//   - ZeRO-1 follows plain data parallelism step for step (world 2, 4, and dp 2 x sp 2);
+//   - the planner's arena high-water, kept activations and bytes per collective against the
+//     measured ones, and its total against the train binary's peak RSS.
+// Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "engine/device.h"
+#include "engine/options.h"
+#include "engine/planner.h"
+#include "engine/trainer.h"
+#include "parallel/comm_local.h"
+#include "run_cmd.h"
+
+using namespace ul;
+
+namespace {
+
+const char* kCommon = "--threads 1 --grad-clip 0 --eval-every 0 --quiet --seq 64 --batch 2 --layers 2 --dim 64";
+
+Options options(const std::string& args) {
+  std::istringstream in(args);
+  std::vector<std::string> words{"train"};
+  for (std::string w; in >> w;) words.push_back(w);
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(&w[0]);
+  return parse_options(int(argv.size()), argv.data());
+}
+
+struct RankRun {
+  std::vector<double> losses, norms;
+  std::vector<float> grad, params;  // after the last step (grad: the world-summed gradient)
+  std::vector<StepResult> steps;
+  int64_t valid = 0;                // valid targets of this rank's step-0 micro-batch
+};
+
+Options full_options(const std::string& args, int ranks) {
+  return options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
+}
+
+std::vector<RankRun> train(const std::string& args, int ranks, int steps, std::vector<ParamSpec>* specs = nullptr) {
+  Options o = full_options(args, ranks);
+  std::vector<RankRun> out(ranks);
+  run_local(ranks, [&](Comm& world) {
+    Trainer tr(o, world);
+    RankRun& r = out[world.rank()];
+    Grid& g = tr.grid();
+    HostBatch hb;
+    load_batch(tr.train_data(), int64_t(g.dp_rank) * o.batch, o.batch, o.seq, g.sp, g.sp_rank, hb);
+    r.valid = hb.valid;
+    for (int s = 0; s < steps; s++) {
+      StepResult sr = tr.step();
+      r.losses.push_back(sr.loss);
+      r.norms.push_back(sr.grad_norm);
+      r.steps.push_back(sr);
+    }
+    const Params& p = tr.model().params;
+    r.grad.assign(p.grad(), p.grad() + p.numel());
+    r.params.assign(p.data(), p.data() + p.numel());
+    if (specs && world.rank() == 0) *specs = p.specs();
+  });
+  return out;
+}
+
+// max |a - b| over each parameter tensor, relative to that tensor's max |a|.
+void check_close(const std::vector<float>& a, const std::vector<float>& b, const std::vector<ParamSpec>& specs,
+                 double tol, const std::string& what) {
+  REQUIRE(a.size() == b.size());
+  for (const ParamSpec& s : specs) {
+    double diff = 0, scale = 0;
+    for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
+      diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      scale = std::max(scale, double(std::fabs(a[i])));
+    }
+    INFO(what << ": " << s.name << " differs by " << diff << " (scale " << scale << ")");
+    CHECK(diff <= tol * std::max(scale, 1e-30));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("recompute and tiled MLP leave every gradient unchanged", "[memory]") {
+  for (const char* model : {"gpt2", "llama"}) {
+    for (int sp : {1, 2}) {
+      const std::string base = std::string("--model ") + model + " --sp " + std::to_string(sp);
+      std::vector<ParamSpec> specs;
+      RankRun ref = train(base, sp, 1, &specs)[0];
+      for (const char* feature : {"--recompute", "--mlp-chunks 3", "--recompute --mlp-chunks 5"}) {
+        RankRun r = train(base + " " + feature, sp, 1)[0];
+        INFO(base << " " << feature);
+        CHECK(std::fabs(r.losses[0] - ref.losses[0]) <= 1e-6 * std::fabs(ref.losses[0]));
+        check_close(ref.grad, r.grad, specs, 1e-6, base + " " + feature);
+      }
+    }
+  }
+}
+
+TEST_CASE("recompute keeps at most 2 C floats per token per layer", "[memory]") {
+  for (const char* model : {"gpt2", "llama"}) {
+    // The arena in use after forward, at 2 and 4 layers: the difference is what one layer keeps.
+    auto kept = [&](int layers, const char* flags) {
+      Options o = full_options(std::string("--model ") + model + " --layers " + std::to_string(layers) + " " + flags, 1);
+      size_t used = 0, planned = 0;
+      run_local(1, [&](Comm& world) {
+        Trainer tr(o, world);
+        Context& c = tr.context();
+        HostBatch hb;
+        load_batch(tr.train_data(), 0, o.batch, o.seq, 1, 0, hb);
+        auto ints = [&](const std::vector<int32_t>& v, Shape s) {
+          Tensor t = c.empty(s, DType::i32);
+          copy_from_host(t, v.data());
+          return t;
+        };
+        ModelInputs in{ints(hb.idx, {o.batch, o.seq}), ints(hb.targets, {o.batch, o.seq}), ints(hb.pos, {o.batch, o.seq}),
+                       ints(hb.pos_full, {o.batch, o.seq}), Tensor{}};
+        Recording rec(true);
+        tr.model().forward(in, 1.0f, nullptr);
+        used = c.arena.used();
+        c.tape.backward();
+        PlanConfig pc = plan_config(o);
+        pc.valid_rows = hb.valid;
+        planned = plan_memory(pc).kept;
+      });
+      CHECK(planned == used);  // the planner walks the same allocations
+      return double(used);
+    };
+    const double tokens = 2 * 64, C = 64;
+    const double per_layer = (kept(4, "--recompute") - kept(2, "--recompute")) / 2 / tokens;
+    const double without = (kept(4, "") - kept(2, "")) / 2 / tokens;
+    INFO(model << ": kept bytes per token per layer " << per_layer << " with recompute, " << without << " without");
+    CHECK(per_layer <= 2 * C * 4);
+    CHECK(without > 4 * per_layer);
+  }
+}
+
+TEST_CASE("ZeRO-1 matches plain data parallelism after 10 steps", "[memory][zero]") {
+  const std::vector<std::pair<std::string, int>> layouts = {
+      {"", 2}, {"", 4}, {"--sp 2", 4}, {"--sp 2 --model llama", 4}};
+  for (const auto& [layout, ranks] : layouts) {
+    const std::string base = "--grad-clip 1 --lr 1e-2 " + layout;  // clipping: the global norm from shards
+    std::vector<ParamSpec> specs;
+    std::vector<RankRun> dp = train(base, ranks, 10, &specs), z = train(base + " --zero 1", ranks, 10);
+    INFO(layout << " on " << ranks << " ranks");
+    for (int s = 0; s < 10; s++) {
+      CHECK(std::fabs(z[0].losses[s] - dp[0].losses[s]) <= 1e-9 * std::fabs(dp[0].losses[s]));
+      CHECK(std::fabs(z[0].norms[s] - dp[0].norms[s]) <= 1e-6 * dp[0].norms[s]);
+    }
+    check_close(dp[0].params, z[0].params, specs, 1e-6, layout);
+    for (int r = 1; r < ranks; r++) CHECK(z[r].params == z[0].params);  // every rank gathered every shard
+    CHECK(z[0].steps[0].sent.all_reduce < dp[0].steps[0].sent.all_reduce / 100);
+    CHECK(z[0].steps[0].sent.reduce_scatter > 0);
+  }
+}
+
+TEST_CASE("the planner matches the measured arena high-water and bytes per collective", "[memory][planner]") {
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"--model gpt2", 1},
+      {"--model gpt2 --recompute --seq 128", 1},
+      {"--model llama --mlp-chunks 4 --batch 3", 1},
+      {"--model llama --sp 2 --recompute --mlp-chunks 3", 2},
+      {"--model gpt2 --sp 4 --seq 128 --mlp-chunks 2", 4},
+      {"--model gpt2 --sp 2 --zero 1 --recompute", 4},
+  };
+  for (const auto& [args, ranks] : runs) {
+    std::vector<RankRun> got = train(args, ranks, 1);
+    Options o = full_options(args, ranks);
+    for (int r = 0; r < ranks; r++) {
+      PlanConfig pc = plan_config(o);
+      pc.valid_rows = got[r].valid;
+      MemoryPlan p = plan_memory(pc);
+      const StepResult& sr = got[r].steps[0];
+      INFO(args << " rank " << r << ": planned " << p.arena_peak << " measured " << sr.act_bytes);
+      CHECK(std::fabs(double(p.arena_peak) - double(sr.act_bytes)) <= 0.10 * double(sr.act_bytes));
+      CHECK(p.sent.all_to_all == sr.sent.all_to_all);
+      CHECK(p.sent.all_reduce == sr.sent.all_reduce);
+      CHECK(p.sent.reduce_scatter == sr.sent.reduce_scatter);
+      CHECK(p.sent.all_gather == sr.sent.all_gather);
+    }
+  }
+}
+
+TEST_CASE("the planner's total is the train binary's peak RSS within 10%", "[memory][planner]") {
+  // Large enough that the process itself (code, libraries, thread stacks) is a few percent.
+  for (const std::string args : {"--model gpt2 --layers 4 --dim 256 --seq 1024 --batch 2 --mlp-chunks 4",
+                                 "--model llama --layers 2 --dim 256 --seq 2048 --batch 2 --recompute"}) {
+    const std::string flags = args + " --steps 1 --threads 2 --eval-batches 1 --eval-every 0";
+    ul_test::CmdResult res = ul_test::run_cmd(ul_test::train_cmd(flags));
+    REQUIRE(res.code == 0);
+    const size_t at = res.out.find("peak RSS ");
+    REQUIRE(at != std::string::npos);
+    const double rss = std::stod(res.out.substr(at + 9)) * 1048576.0;
+    const double plan = double(plan_memory(plan_config(options(flags))).total);
+    INFO(args << ": planned " << plan / 1048576.0 << " MiB, peak RSS " << rss / 1048576.0 << " MiB");
+    CHECK(std::fabs(rss - plan) <= 0.10 * plan);
+  }
+}
