@@ -1,10 +1,15 @@
 // train: the command-line front of ulysses. Flags -> world -> one training job per rank.
-//   ./build/train                       the default job (tiny model, associative recall)
+//   ./build/train                       the default job (tiny model, passkey retrieval)
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
+//   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <exception>
+#include <string>
 
+#include "data/prepare.h"
 #include "engine/check_state.h"
 #include "engine/options.h"
 #include "engine/planner.h"
@@ -13,6 +18,11 @@
 #if ULYSSES_HAVE_MPI
 #include "parallel/comm_mpi.h"
 #endif
+#if ULYSSES_HAVE_NCCL
+#include <cuda_runtime.h>
+
+#include "parallel/comm_nccl.h"
+#endif
 
 using namespace ul;
 
@@ -20,14 +30,54 @@ static int run(const Options& o, Comm& world) {
   return o.check_state.empty() ? train_rank(o, world) : check_state_rank(o, world);
 }
 
+// An integer from the first of these environment variables that is set, else `fallback`.
+static int env_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n)) return std::atoi(v);
+  return fallback;
+}
+
+#if ULYSSES_HAVE_NCCL
+// One GPU per process: the process's rank within its node picks the device.
+static int run_nccl(const Options& o, int* argc, char*** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    throw std::runtime_error("--comm nccl: no CUDA device is visible");
+  const int local = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}, 0);
+  if (o.nccl_id_file.empty()) {
+#if ULYSSES_HAVE_MPI
+    MpiRuntime mpi(argc, argv);
+    auto boot = mpi_world();
+    auto world = nccl_world_from(*boot, local % devices);
+    return run(o, *world);
+#else
+    throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
+#endif
+  }
+  const int rank = env_int({"RANK", "SLURM_PROCID"}, -1), size = env_int({"WORLD_SIZE", "SLURM_NTASKS"}, -1);
+  if (rank < 0 || size < 1) throw std::runtime_error("--nccl-id-file: set RANK and WORLD_SIZE (or run under srun)");
+  auto world = nccl_world_from_file(o.nccl_id_file, rank, size, local % devices);
+  return run(o, *world);
+}
+#endif
+
 int main(int argc, char** argv) {
   try {
+    // `train prepare ...`: text files -> byte-level llm.c shards (data/prepare.h), no training.
+    if (argc > 1 && std::string(argv[1]) == "prepare") return prepare_main(argc - 1, argv + 1);
     Options o = parse_options(argc, argv);
     if (o.help) {
       std::fputs(usage(), stdout);
       return 0;
     }
     if (o.plan) return plan_main(o);  // prints what the run would hold; starts nothing
+    if (o.comm == "nccl") {
+#if ULYSSES_HAVE_NCCL
+      return run_nccl(o, &argc, &argv);
+#else
+      throw std::runtime_error("--comm nccl: this build has no NCCL (configure with -DULYSSES_CUDA=ON where NCCL is installed)");
+#endif
+    }
     if (o.comm == "mpi") {
 #if ULYSSES_HAVE_MPI
       MpiRuntime mpi(&argc, &argv);

@@ -55,5 +55,18 @@ target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES})
 # Every nvcc warning in the project's kernels is an error; -lineinfo lets profilers map to source.
 target_compile_options(ulysses PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -lineinfo>)
 target_link_libraries(ulysses PUBLIC CUDA::cudart CUDA::cublasLt)
+
+# NCCL (shipped with the CUDA toolkit here, or a separate package): the GPU communicator.
+find_library(ULYSSES_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+find_path(ULYSSES_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+if(ULYSSES_NCCL_LIBRARY AND ULYSSES_NCCL_INCLUDE)
+  target_sources(ulysses PRIVATE ${PROJECT_SOURCE_DIR}/parallel/comm_nccl.cpp)
+  target_include_directories(ulysses PUBLIC ${ULYSSES_NCCL_INCLUDE})
+  target_link_libraries(ulysses PUBLIC ${ULYSSES_NCCL_LIBRARY})
+  target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_NCCL=1)
+  message(STATUS "ulysses: NCCL communicator (${ULYSSES_NCCL_LIBRARY})")
+else()
+  message(STATUS "ulysses: NCCL not found: no nccl communicator")
+endif()
 target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1)
 message(STATUS "ulysses: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")

@@ -12,14 +12,19 @@ namespace ul {
 
 const char* usage() {
   return R"(usage: train [flags]          (no flags: the tiny model on the passkey-retrieval task)
+       train prepare --out DIR FILES...   text files -> byte-level shards (train prepare --help)
 
 model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
                       override the preset (vocab defaults to the data's)
-  --checkpoint FILE   start from an llm.c GPT-2 checkpoint (magic 20240326, version 3)
+  --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), or a Hugging Face
+                      FILE.safetensors (gpt2 or llama; config from its metadata or config.json)
 data and loop
   --data SPEC         passkey | recall | text:FILE | shards:GLOB                          [passkey]
+  --doc-mask          packed documents: attention stays within each document, positions
+                      restart at each; a document starts at each end-of-text token
+  --eot N             that token's id                  [shards: 50256 (GPT-2) / 128000 (llama-3)]
   --batch N           sequences per rank per micro-batch                                  [8]
   --seq N             sequence length T                                                   [256]
   --steps N           optimizer steps                                                     [1500]
@@ -35,7 +40,9 @@ data and loop
   --eval-batches N    validation micro-batches per eval                                   [8]
 parallelism
   --sp P              Ulysses sequence-parallel degree (dp = world / P)                   [1]
-  --comm local|mpi    local: ranks are threads of this process; mpi: under mpirun         [local]
+  --comm local|mpi|nccl  local: threads of this process; mpi: processes under mpirun;
+                      nccl: GPUs (id bootstrapped over MPI, or --nccl-id-file)          [local]
+  --nccl-id-file F    NCCL bootstrap without MPI: rank/size from RANK/WORLD_SIZE or SLURM_*
   --ranks N           world size for --comm local                                         [1]
 long-context memory (README: "Long context")
   --recompute         keep only each block's input; replay the block in backward
@@ -50,6 +57,17 @@ checkpoints and logs
   --resume            continue from the newest complete checkpoint in --save-dir
   --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
                                                          [DIR/log.jsonl with --save-dir, else none]
+export and sampling (after the last step, or with --steps 0 from --checkpoint)
+  --export-llmc FILE  write an llm.c GPT-2 checkpoint (gpt2 only)
+  --export-llmc-version 3|5   3 = fp32, 5 = bf16 (round to nearest even)               [3]
+  --export-safetensors DIR/model.safetensors
+                      write Hugging Face names and layouts + DIR/config.json
+  --export-dtype f32|bf16     dtype of --export-safetensors                           [f32]
+  --sample N          generate N tokens with a KV cache and print them
+  --prompt TEXT       its bytes (or tokens, with --tokenizer), or ids:1,2,3
+  --temperature X     0 = greedy                                                        [1.0]
+  --top-k K           sample among the K most likely tokens (0: all)                    [0]
+  --tokenizer FILE    llm.c tokenizer (gpt2_tokenizer.bin) to encode the prompt and decode
 verification
   --check-state FILE  run one forward/backward on an llm.c debug state (needs --checkpoint),
                       print per-tensor differences and PASS/FAIL
@@ -104,17 +122,21 @@ Options parse_options(int argc, char** argv) {
   std::map<std::string, Setter> with_value = {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
-      {"--rope-theta", F(o.rope_theta)}, {"--data", S(o.data)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
+      {"--rope-theta", F(o.rope_theta)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
       {"--seed", [&o](const std::string& f, const std::string& v) { o.seed = uint64_t(parse_int(f, v)); }},
       {"--threads", I(o.threads)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
-      {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
+      {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--nccl-id-file", S(o.nccl_id_file)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
       {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
       {"--keep", I(o.keep)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
       {"--memory", [&o](const std::string& f, const std::string& v) { o.memory = parse_bytes(f, v); }},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
+      {"--export-llmc", S(o.export_llmc)}, {"--export-llmc-version", I(o.export_llmc_version)},
+      {"--export-safetensors", S(o.export_safetensors)}, {"--export-dtype", S(o.export_dtype)},
+      {"--sample", I(o.sample)}, {"--prompt", S(o.prompt)}, {"--temperature", F(o.temperature)},
+      {"--top-k", I(o.top_k)}, {"--tokenizer", S(o.tokenizer)},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i], v;
@@ -129,6 +151,7 @@ Options parse_options(int argc, char** argv) {
     if (a == "--resume") { o.resume = true; o.given.push_back(a); continue; }
     if (a == "--recompute") { o.recompute = true; o.given.push_back(a); continue; }
     if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
+    if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
@@ -152,7 +175,8 @@ Options parse_options(int argc, char** argv) {
   if (o.eval_every < 0) throw std::runtime_error("--eval-every must be >= 0");
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (!(o.lr > 0)) throw std::runtime_error("--lr must be > 0");
-  if (o.comm != "local" && o.comm != "mpi") throw std::runtime_error("--comm: expected local or mpi, got '" + o.comm + "'");
+  if (o.comm != "local" && o.comm != "mpi" && o.comm != "nccl")
+    throw std::runtime_error("--comm: expected local, mpi or nccl, got '" + o.comm + "'");
   positive("--mlp-chunks", o.mlp_chunks);
   if (o.zero != 0 && o.zero != 1) throw std::runtime_error("--zero: expected 0 or 1, got " + std::to_string(o.zero));
   if (o.set_by_user("--memory") && !o.plan) throw std::runtime_error("--memory needs --plan");
@@ -162,6 +186,33 @@ Options parse_options(int argc, char** argv) {
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
   if (o.set_by_user("--save-dir") && o.save_dir.empty()) throw std::runtime_error("--save-dir: empty path");
   if (o.set_by_user("--log") && o.log.empty()) throw std::runtime_error("--log: empty path");
+  if (o.set_by_user("--eot") && !o.doc_mask) throw std::runtime_error("--eot needs --doc-mask");
+  if (o.set_by_user("--eot") && o.eot < 0) throw std::runtime_error("--eot must be >= 0, got " + std::to_string(o.eot));
+  if (o.doc_mask && (o.data == "passkey" || o.data == "recall"))
+    throw std::runtime_error("--doc-mask: the synthetic task " + o.data + " has no documents (use text:FILE or shards:GLOB)");
+  if (o.doc_mask && o.data.rfind("text:", 0) == 0 && !o.set_by_user("--eot"))
+    throw std::runtime_error("--doc-mask with text data needs --eot BYTE (plain text has no end-of-text token)");
+  if (o.doc_mask && !o.check_state.empty())
+    throw std::runtime_error("--doc-mask cannot be used with --check-state (llm.c's reference state has no document mask)");
+  if (o.export_llmc_version != 3 && o.export_llmc_version != 5)
+    throw std::runtime_error("--export-llmc-version: expected 3 (fp32) or 5 (bf16), got " + std::to_string(o.export_llmc_version));
+  if (o.export_dtype != "f32" && o.export_dtype != "bf16")
+    throw std::runtime_error("--export-dtype: expected f32 or bf16, got '" + o.export_dtype + "'");
+  const std::pair<const char*, const std::string*> paths[] = {
+      {"--export-llmc", &o.export_llmc}, {"--export-safetensors", &o.export_safetensors}, {"--tokenizer", &o.tokenizer}};
+  for (const auto& [flag, path] : paths)
+    if (o.set_by_user(flag) && path->empty()) throw std::runtime_error(std::string(flag) + ": empty path");
+  const std::string ext = ".safetensors";  // --checkpoint tells the formats apart by this name
+  const std::string& st = o.export_safetensors;
+  if (!st.empty() && (st.size() <= ext.size() || st.compare(st.size() - ext.size(), ext.size(), ext) != 0))
+    throw std::runtime_error("--export-safetensors: the file name must end in .safetensors (e.g. DIR/model.safetensors)");
+  if (o.set_by_user("--export-llmc-version") && o.export_llmc.empty()) throw std::runtime_error("--export-llmc-version needs --export-llmc");
+  if (o.set_by_user("--export-dtype") && o.export_safetensors.empty()) throw std::runtime_error("--export-dtype needs --export-safetensors");
+  if (o.sample < 0) throw std::runtime_error("--sample must be >= 0");
+  if (o.top_k < 0) throw std::runtime_error("--top-k must be >= 0");
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be >= 0");
+  for (const char* f : {"--prompt", "--temperature", "--top-k", "--tokenizer"})
+    if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   if (!o.check_state.empty() && o.checkpoint.empty())
     throw std::runtime_error("--check-state needs --checkpoint (the llm.c model the state was made with)");
   return o;

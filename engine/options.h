@@ -16,6 +16,8 @@ struct Options {
   float rope_theta = 10000.0f;
   // data and loop
   std::string data = "passkey";
+  bool doc_mask = false;      // --doc-mask: attention and positions stay within each document
+  int eot = -1;               // the id that starts each document (-1: the data's own, data/packing.h)
   int batch = 8, seq = 256, steps = 1500, grad_accum = 1;
   float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
   int warmup = 20;
@@ -25,9 +27,15 @@ struct Options {
   // parallelism
   int sp = 1, ranks = 1;
   std::string comm = "local";
+  std::string nccl_id_file;   // --comm nccl without MPI: where rank 0 leaves the NCCL unique id
   // files
   std::string checkpoint, check_state;
   double check_tol = 1e-5;
+  // interop and sampling after the run (engine/export.h): README "Interop", "Sampling"
+  std::string export_llmc, export_safetensors, export_dtype = "f32", tokenizer, prompt;
+  int export_llmc_version = 3;
+  int sample = 0, top_k = 0;  // sample: new tokens to generate; top_k 0: the whole vocabulary
+  float temperature = 1.0f;   // 0: greedy
   // checkpoints and logs (engine/checkpoint.h, engine/run_log.h)
   std::string save_dir, log;  // log: "" = save_dir/log.jsonl when saving, else no log
   int save_every = 0, keep = 0;  // 0: save only at the end / keep every checkpoint

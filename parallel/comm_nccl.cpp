@@ -1,0 +1,205 @@
+#include "parallel/comm_nccl.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "parallel/comm_util.h"
+
+namespace ul {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw CommError(std::string("nccl: ") + what + ": " + ncclGetErrorString(r));
+}
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CommError(std::string("nccl: ") + what + ": " + cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::f64: return ncclFloat64;
+  }
+  throw CommError("nccl: unsupported dtype");
+}
+
+bool on_device(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // plain host memory on old drivers reports an error: clear it
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+class NcclComm : public Comm {
+ public:
+  NcclComm(ncclComm_t c, int device, double timeout_s) : Comm(Device::cuda), comm_(c), device_(device), timeout_(timeout_s) {
+    check_nccl(ncclCommUserRank(c, &rank_), "rank");
+    check_nccl(ncclCommCount(c, &size_), "size");
+  }
+  ~NcclComm() override {
+    if (staging_) cudaFree(staging_);
+    if (comm_) ncclCommDestroy(comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+
+  void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    Staged s(*this, buf, count * dtype_size(t), true);
+    check_nccl(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+               "all_reduce");
+    finish("all_reduce");
+    s.back();
+    stats.all_reduce += comm_volume::all_reduce(count, t, size_);
+  }
+  void all_to_all(const void* send, void* recv, size_t count, DType t) override {
+    // NCCL >= 2.28 has ncclAlltoAll; older ones get the classic grouped send/recv.
+#if NCCL_VERSION_CODE >= 22800
+    check_nccl(ncclAlltoAll(send, recv, count, nccl_type(t), comm_, nullptr), "all_to_all");
+#else
+    const size_t bytes = count * dtype_size(t);
+    check_nccl(ncclGroupStart(), "group");
+    for (int j = 0; j < size_; j++) {
+      check_nccl(ncclSend(static_cast<const char*>(send) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "send");
+      check_nccl(ncclRecv(static_cast<char*>(recv) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "recv");
+    }
+    check_nccl(ncclGroupEnd(), "group");
+#endif
+    finish("all_to_all");
+    stats.all_to_all += comm_volume::all_to_all(count, t, size_);
+  }
+  void all_gather(const void* send, void* recv, size_t count, DType t) override {
+    check_nccl(ncclAllGather(send, recv, count, nccl_type(t), comm_, nullptr), "all_gather");
+    finish("all_gather");
+    stats.all_gather += comm_volume::all_gather(count, t, size_);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
+    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+               "reduce_scatter");
+    finish("reduce_scatter");
+    stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size_);
+  }
+  void broadcast(void* buf, size_t count, DType t, int root) override {
+    Staged s(*this, buf, count * dtype_size(t), rank_ == root);
+    check_nccl(ncclBroadcast(s.ptr, s.ptr, count, nccl_type(t), root, comm_, nullptr), "broadcast");
+    finish("broadcast");
+    s.back();
+    stats.broadcast += comm_volume::broadcast(count, t, size_, rank_ == root);
+  }
+  void barrier() override {
+    float x = 0;
+    all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+  }
+  std::unique_ptr<Comm> split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "split");
+    if (!sub) return nullptr;
+    return std::make_unique<NcclComm>(sub, device_, timeout_);
+  }
+
+ private:
+  // A host buffer goes through a device staging buffer; a device buffer is used as it is.
+  struct Staged {
+    Staged(NcclComm& c, void* user, size_t bytes, bool copy_in) : c(c), user(user), bytes(bytes) {
+      if (bytes == 0 || on_device(user)) { ptr = user; return; }
+      ptr = c.staging(bytes);
+      if (copy_in) check_cuda(cudaMemcpy(ptr, user, bytes, cudaMemcpyHostToDevice), "stage in");
+    }
+    void back() {
+      if (ptr != user) check_cuda(cudaMemcpy(user, ptr, bytes, cudaMemcpyDeviceToHost), "stage out");
+    }
+    NcclComm& c;
+    void* user;
+    size_t bytes;
+    void* ptr = nullptr;
+  };
+
+  void* staging(size_t bytes) {
+    if (bytes > staging_bytes_) {
+      if (staging_) cudaFree(staging_);
+      check_cuda(cudaMalloc(&staging_, bytes), "staging buffer");
+      staging_bytes_ = bytes;
+    }
+    return staging_;
+  }
+
+  // Waits for the enqueued collective with a deadline, watching NCCL's asynchronous errors.
+  void finish(const char* what) {
+    auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      cudaError_t q = cudaStreamQuery(nullptr);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, what);
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_, &async), what);
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (async != ncclSuccess || waited > timeout_) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        throw CommError(std::string("nccl: ") + what + (async != ncclSuccess ? std::string(" failed: ") + ncclGetErrorString(async)
+                                                                          : " timed out (a peer died or hangs)"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  ncclComm_t comm_;
+  int device_, rank_ = 0, size_ = 1;
+  double timeout_;
+  void* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+};
+
+std::unique_ptr<Comm> make(const ncclUniqueId& id, int rank, int size, int device, double timeout_s) {
+  check_cuda(cudaSetDevice(device), "set device");
+  ncclComm_t c = nullptr;
+  check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
+  return std::make_unique<NcclComm>(c, device, timeout_s);
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> nccl_world_from(Comm& bootstrap, int device, double timeout_s) {
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
+  static_assert(sizeof(ncclUniqueId) % 4 == 0, "the id travels as int32 words");
+  bootstrap.broadcast(&id, sizeof id / 4, DType::i32, 0);
+  return make(id, bootstrap.rank(), bootstrap.size(), device, timeout_s);
+}
+
+std::unique_ptr<Comm> nccl_world_from_file(const std::string& id_file, int rank, int size, int device,
+                                           double timeout_s) {
+  ncclUniqueId id{};
+  if (rank == 0) {
+    check_nccl(ncclGetUniqueId(&id), "unique id");
+    std::string tmp = id_file + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(&id), sizeof id);
+      if (!f) throw CommError("nccl: cannot write the id file " + tmp);
+    }
+    if (std::rename(tmp.c_str(), id_file.c_str()) != 0) throw CommError("nccl: cannot rename " + tmp + " to " + id_file);
+  } else {
+    auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      std::ifstream f(id_file, std::ios::binary);
+      if (f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
+        throw CommError("nccl: no id file " + id_file + " from rank 0 after " + std::to_string(timeout_s) + " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  return make(id, rank, size, device, timeout_s);
+}
+
+}  // namespace ul
