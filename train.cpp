@@ -81,17 +81,24 @@ int main(int argc, char** argv) {
     if (o.comm == "mpi") {
 #if ULYSSES_HAVE_MPI
       MpiRuntime mpi(&argc, &argv);
-      auto world = mpi_world();
+      auto world = mpi_world(run_device(o));  // device buffers are staged through the host
       return run(o, *world);
 #else
       throw std::runtime_error("--comm mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
     }
+    LocalOptions local;
+    local.device = run_device(o);
+#if ULYSSES_HAVE_CUDA && !ULYSSES_CUDA_EMULATED
+    // The local communicator copies with the host: real device memory needs NCCL between ranks.
+    if (local.device == Device::cuda && o.ranks > 1)
+      throw std::runtime_error("--device cuda with --ranks > 1 needs --comm nccl (or mpi): --comm local moves host memory");
+#endif
     int code = 0;
     run_local(o.ranks, [&](Comm& world) {
       int c = run(o, world);
       if (world.rank() == 0) code = c;
-    });
+    }, local);
     return code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());

@@ -19,6 +19,8 @@ class Dataset {
   // Indices past one epoch wrap into the next epoch (reshuffled where the source shuffles).
   virtual void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const = 0;
   virtual bool synthetic() const { return false; }  // evals report exact-match accuracy when true
+  // The id that starts each document in the token stream (--doc-mask's default --eot), -1: none known.
+  virtual int32_t eot() const { return -1; }
   virtual std::string describe() const = 0;         // one line for the log
 };
 

@@ -120,6 +120,12 @@ void ShardDataset::layout(int T, int64_t& first, int64_t& n) const {
                              (holdout_ ? ", 10% held out as val" : "") + ")");
 }
 
+int32_t ShardDataset::eot() const {
+  int widths = 0;  // bit 0: uint16 files seen, bit 1: uint32 files seen
+  for (const Shard& s : shards_) widths |= s.width == 2 ? 1 : 2;
+  return widths == 1 ? 50256 : widths == 2 ? 128000 : -1;
+}
+
 int64_t ShardDataset::num_sequences(int T) const {
   int64_t first, n;
   layout(T, first, n);

@@ -27,6 +27,9 @@ class ShardDataset : public Dataset {
   ShardDataset& operator=(const ShardDataset&) = delete;
 
   int vocab() const override { return vocab_; }
+  // llm.c's writers start every document with one token: 50256 <|endoftext|> in uint16 GPT-2
+  // shards, 128000 <|begin_of_text|> in uint32 llama-3 shards; -1 when the files mix the two.
+  int32_t eot() const override;
   int64_t num_sequences(int T) const override;  // throws naming the glob when it is 0
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   std::string describe() const override;

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
@@ -19,13 +21,28 @@
 #include "parallel/ulysses.h"
 
 namespace ul {
+namespace {
+
+// t (f32 or bf16, any device) as f32 values on the host.
+void hidden_to_host(float* dst, const Tensor& t) {
+  if (t.dtype == DType::f32) return copy_to_host(dst, t);
+  if (t.dtype != DType::bf16) throw std::runtime_error(std::string("check-state: hidden state of dtype ") + dtype_name(t.dtype));
+  std::vector<uint16_t> h(size_t(t.numel()));
+  copy_to_host(h.data(), t);
+  for (size_t i = 0; i < h.size(); i++) {
+    const uint32_t u = uint32_t(h[i]) << 16;  // bf16 is the top half of an f32
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+}  // namespace
 
 int check_state_rank(const Options& o, Comm& world) {
   const bool lead = world.rank() == 0;
   int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, o.ranks));
   omp_set_num_threads(threads);
   Grid g(world, o.sp);
-  Context c(Device::cpu);
+  Context c(run_device(o));
   ContextGuard guard(c);
 
   std::vector<float> weights;
@@ -40,8 +57,11 @@ int check_state_rank(const Options& o, Comm& world) {
   cfg.layers = lc.layers; cfg.dim = C; cfg.heads = lc.heads; cfg.kv_heads = lc.heads;
   cfg.vocab = V; cfg.padded_vocab = lc.padded_vocab; cfg.max_seq = lc.max_seq;
   check_ulysses_config(cfg.heads, cfg.kv_heads, T, g.sp);
-  Transformer model(cfg);
-  copy_from_host(Tensor{model.params.data(), {int64_t(weights.size())}, DType::f32, c.device}, weights.data());
+  Transformer model(cfg, param_dtype(o));
+  if (weights.size() != model.params.numel())
+    throw std::runtime_error(o.checkpoint + ": holds " + std::to_string(weights.size()) + " parameters, the model " +
+                             std::to_string(model.params.numel()));
+  model.params.load_host(weights.data());
 
   // This rank's rows and columns of the state: sequences [b0, b0 + Bl), tokens [t0, t0 + Tl).
   const int Bl = B / g.dp, Tl = T / g.sp, b0 = g.dp_rank * Bl, t0 = g.sp_rank * Tl;
@@ -79,9 +99,11 @@ int check_state_rank(const Options& o, Comm& world) {
   }
   // Logits of this rank's tokens over the unpadded vocabulary: (Bl * Tl, V) = hidden wte[:V]^T.
   std::vector<float> hidden(size_t(Bl) * Tl * C), logits(size_t(Bl) * Tl * V);
-  copy_to_host(hidden.data(), model.last_hidden);
+  hidden_to_host(hidden.data(), model.last_hidden);
+  // wte's f32 values (a bf16 model's master copy; the forward used their bf16 rounding).
   std::vector<float> wte(size_t(V) * C);
-  device_copy(wte.data(), Device::cpu, model.params.get("wte").ptr, c.device, wte.size() * sizeof(float));
+  device_copy(wte.data(), Device::cpu, model.params.master() + model.params.spec("wte").offset, c.device,
+              wte.size() * sizeof(float));
   cpu::linear_forward<float>(logits.data(), hidden.data(), wte.data(), nullptr, Bl * Tl, C, V);
   double logit_stats[2] = {0, 0};  // max |diff|, max |ref|
   for (int b = 0; b < Bl; b++)

@@ -14,6 +14,7 @@
 #include "engine/device.h"
 #include "engine/file_io.h"
 #include "engine/trainer.h"
+#include "parallel/zero.h"
 
 namespace ul {
 
@@ -133,7 +134,8 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   if (rank == 0) {
     static std::atomic<int> saves{0};  // this process's saves, for the test hook
     const int nth = ++saves;
-    std::vector<float> host = to_host(params.data(), params.device(), n);
+    // The f32 values on the host (a bf16 model's master weights, not their bf16 rounding).
+    std::vector<float> host = params.to_host();
     if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
     write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n);
   }
@@ -212,10 +214,20 @@ void load_checkpoint(Trainer& tr, const std::string& root, int step) {
 
   // Every check passed: only now does the trainer change.
   const Device d = params.device();
-  device_copy(params.data(), d, p.data(), Device::cpu, n * sizeof(float));
+  params.load_host(p.data());  // f32 -> master (bf16: and the rounded bf16 parameters)
   device_copy(opt.m(), d, m.data(), Device::cpu, m.size() * sizeof(float));
   device_copy(opt.v(), d, v.data(), Device::cpu, v.size() * sizeof(float));
   opt.set_t(int(t));
+  // bf16: the weights as the run rounded them at step t (the file holds only the masters); every
+  // rank rounds every shard, each with the slicing of the AdamW that owns it.
+  if (opt.hi() - opt.lo() == n) {
+    opt.round_params(0, n);
+  } else {
+    for (int k = 0; k < g.world.size(); k++) {
+      const ZeroShard z = zero_shard(n, g.world.size(), k);
+      opt.round_params(z.lo, z.hi);
+    }
+  }
   tr.set_steps_done(step);
 }
 

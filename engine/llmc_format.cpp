@@ -9,6 +9,8 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "engine/safetensors.h"
+
 namespace ul {
 
 namespace {
@@ -35,13 +37,6 @@ void check_size(const std::string& path, size_t have, size_t want, const std::st
   if (have == want) return;
   throw file_error(path, std::string(have < want ? "truncated" : "trailing bytes") + ": " + std::to_string(have) +
                              " bytes, but " + layout + " needs exactly " + std::to_string(want));
-}
-
-float bf16_to_f32(uint16_t h) {
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 }  // namespace
@@ -100,17 +95,25 @@ LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& par
     for (size_t k = 0; k < n; k++) {
       uint16_t v;
       std::memcpy(&v, p + 2 * k, 2);
-      params[k] = bf16_to_f32(v);
+      params[k] = f32_from_bf16(v);
     }
   }
   return c;
 }
 
-void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const float* params) {
+void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const float* params, int version) {
   validate_llmc_config(c, path);
+  if (version != 3 && version != 5)
+    throw file_error(path, "cannot write checkpoint version " + std::to_string(version) + " (3 = fp32 or 5 = bf16)");
+  const size_t n = llmc_gpt2_num_params(c);
+  std::vector<uint16_t> half;
+  if (version == 5) {
+    half.resize(n);
+    for (size_t k = 0; k < n; k++) half[k] = bf16_from_f32(params[k]);
+  }
   int32_t h[256] = {};
   h[0] = kCheckpointMagic;
-  h[1] = 3;
+  h[1] = version;
   h[2] = c.max_seq, h[3] = c.vocab, h[4] = c.layers, h[5] = c.heads, h[6] = c.channels, h[7] = c.padded_vocab;
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -125,7 +128,8 @@ void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const f
     }
     return true;
   };
-  const bool ok = put(h, sizeof h) && put(params, llmc_gpt2_num_params(c) * sizeof(float)) && ::fsync(fd) == 0;
+  const bool ok = put(h, sizeof h) && (version == 3 ? put(params, n * sizeof(float)) : put(half.data(), n * 2)) &&
+                  ::fsync(fd) == 0;
   const int err = errno;
   if (::close(fd) != 0 || !ok) {
     ::unlink(tmp.c_str());

@@ -2,8 +2,8 @@
 // the whole model can be tested against an external reference state.
 //
 // GPT-2 checkpoint: header 256 x int32 = [20240326, version, maxT, V, L, H, C, Vp, 0...], then every
-// parameter, in the order of llmc_gpt2_param_shapes: version 3 = fp32, version 5 = bf16 (read only,
-// converted to fp32). Vp >= V is the vocab padded for efficient GEMMs; the pad rows of wte are zero.
+// parameter, in the order of llmc_gpt2_param_shapes: version 3 = fp32, version 5 = bf16 (read and
+// written; read converts to fp32, write rounds to nearest even). Vp >= V is the vocab padded for efficient GEMMs; the pad rows of wte are zero.
 //
 // Debug state: header 256 x int32 = [20240327, 2, B, T, 0...], then inputs (B*T int32), targets
 // (B*T int32, -1 = ignored), logits (B*T*V fp32, the UNPADDED vocab), loss (1 fp32, the mean over
@@ -35,8 +35,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llmc_gpt2_param_shapes
 
 // params is resized to llmc_gpt2_num_params(config).
 LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params);
-// Writes version 3 (fp32) atomically: path.tmp, fsync, rename — a crash never leaves a damaged file.
-void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const float* params);
+// Writes version 3 (fp32) or 5 (bf16, round-to-nearest-even) atomically: path.tmp, fsync, rename —
+// a crash never leaves a damaged file.
+void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const float* params, int version = 3);
 
 struct DebugState {
   int B, T;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "engine/device.h"
 
@@ -57,13 +59,55 @@ void AdamW::step(float lr, float grad_scale) {
     size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
     if (a >= b) continue;
     float wd = s.decay ? cfg_.weight_decay : 0.0f;
-    cpu::adamw_update(params_.data() + a, params_.grad() + a, m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1,
-                      cfg_.beta2, cfg_.eps, wd, grad_scale, t_);
+    if (params_.device() == Device::cpu) {
+      cpu::adamw_update(params_.data() + a, params_.grad() + a, m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1,
+                        cfg_.beta2, cfg_.eps, wd, grad_scale, t_);
+      continue;
+    }
+#if ULYSSES_HAVE_CUDA
+    // Each slice its own rounding stream: the run seed plus the slice's offset in the buffer.
+    const uint64_t seed = cfg_.seed + a;
+    if (params_.dtype() == DType::bf16)
+      cuda::adamw_update(static_cast<__nv_bfloat16*>(params_.raw()) + a, params_.master() + a, params_.grad() + a,
+                         m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, grad_scale,
+                         t_, seed, nullptr);
+    else
+      cuda::adamw_update(params_.data() + a, static_cast<float*>(nullptr), params_.grad() + a, m_ + (a - lo_),
+                         v_ + (a - lo_), b - a, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, grad_scale, t_, seed,
+                         nullptr);
+#else
+    throw std::runtime_error(std::string("AdamW: parameters on ") + device_name(params_.device()) +
+                             " but this build has no CUDA backend");
+#endif
   }
 }
 
+void AdamW::round_params(size_t lo, size_t hi) const {
+  if (params_.dtype() != DType::bf16 || t_ == 0) return;  // t 0: the nearest rounding of the init stands
+#if ULYSSES_HAVE_CUDA
+  for (const ParamSpec& s : params_.specs()) {
+    // The slices of step(): the same [a, b) and seed give the same random bits.
+    size_t a = std::max(s.offset, lo), b = std::min(s.offset + size_t(s.shape.numel()), hi);
+    if (a >= b) continue;
+    cuda::round_master(static_cast<__nv_bfloat16*>(params_.raw()) + a, params_.master() + a, b - a, t_, cfg_.seed + a,
+                       nullptr);
+  }
+#else
+  (void)lo, (void)hi;
+#endif
+}
+
+double sum_squares_on(Device d, const float* x, size_t n) {
+  if (d == Device::cpu) return cpu::sum_squares(x, n);
+#if ULYSSES_HAVE_CUDA
+  return cuda::sum_squares(x, n, nullptr);  // the legacy default stream, as the ops (layers/op_util.h)
+#else
+  throw std::runtime_error(std::string("sum_squares: buffer on ") + device_name(d) + " but this build has no CUDA backend");
+#endif
+}
+
 double grad_global_norm(const Params& params) {
-  return std::sqrt(cpu::sum_squares(params.grad(), params.numel()));
+  return std::sqrt(sum_squares_on(params.device(), params.grad(), params.numel()));
 }
 
 float clip_factor(double norm, float max_norm) {

@@ -69,6 +69,16 @@ __global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master
   }
 }
 
+// params (n) = master (n) rounded stochastically with the bits adamw_kernel<bf16> draws at the
+// same step: the bf16 weights a resumed run had before it stopped (checkpoints keep the master).
+__global__ void round_master_kernel(__nv_bfloat16* __restrict__ params, const float* __restrict__ master, size_t n,
+                                    uint64_t step_seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint64_t bits = mix64(step_seed + (i + 1) * 0x9e3779b97f4a7c15ull);
+    params[i] = round_stochastic(master[i], uint32_t(bits >> 48));
+  }
+}
+
 // Sum of the block's values, the same order every run; the total is valid in thread 0.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float s_warp[kThreads / 32];
@@ -125,6 +135,13 @@ void adamw_update(Tp* params, float* master, const float* grad, float* m, float*
   const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
   launch("adamw_update", adamw_kernel<Tp>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n, lr,
          beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed);
+}
+
+void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s) {
+  if (n == 0) return;
+  const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));  // as adamw_update
+  const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
+  launch("round_master", round_master_kernel, dim3(blocks), dim3(kThreads), 0, s, params, master, n, step_seed);
 }
 
 size_t sum_squares_scratch_bytes(size_t n) { return norm_blocks(n) * sizeof(float); }

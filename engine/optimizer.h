@@ -17,6 +17,7 @@ namespace ul {
 
 struct AdamWConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  uint64_t seed = 0;  // bf16 on cuda: the stochastic rounding's random bits derive from it (the run seed)
 };
 
 namespace cpu {
@@ -38,6 +39,11 @@ template <class Tp>
 void adamw_update(Tp* params, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed, cudaStream_t s);
 
+// params = master rounded stochastically with exactly the random bits adamw_update<bf16> used at
+// step t with this seed (so, after a checkpoint restores the masters, the bf16 weights are the ones
+// the run had).
+void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s);
+
 // sum_i x[i]^2 (the squared global gradient norm), in two fixed-order stages (deterministic):
 // per-block partial sums into scratch, then one block adds them in order and writes *out (a
 // device float; sum_squares_scratch_bytes(n) bytes of scratch hold the partials).
@@ -57,10 +63,16 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
   // One update of every parameter from params.grad(); grad_scale multiplies the gradients first
-  // (the clipping factor). Increments the step count t used for bias correction.
+  // (the clipping factor). Increments the step count t used for bias correction. On cuda the
+  // update is cuda::adamw_update on the device buffers (m and v live on the params' device); a bf16
+  // model is updated in its f32 master copy (Params::master) and rounded stochastically.
   void step(float lr, float grad_scale);
   int t() const { return t_; }
   void set_t(int t) { t_ = t; }
+  // A bf16 model (t() > 0): re-rounds the bf16 weights of elements [lo, hi) from their masters
+  // with the random bits step() drew for them at step t(), slicing [lo, hi) as an AdamW over
+  // [lo, hi) does; after a checkpoint load the weights are then bitwise the run's. No-op for f32.
+  void round_params(size_t lo, size_t hi) const;
   float* m() const { return m_; }  // hi() - lo() elements: m[i] is element lo() + i's
   float* v() const { return v_; }
   size_t lo() const { return lo_; }
@@ -75,6 +87,8 @@ class AdamW {
   int t_ = 0;
 };
 
+// sum of x[i]^2 over n f32 elements on device d (cpu::sum_squares, or the CUDA reduction).
+double sum_squares_on(Device d, const float* x, size_t n);
 // L2 norm of the whole gradient buffer.
 double grad_global_norm(const Params& params);
 // min(1, max_norm / norm): the factor that clips the gradient to max_norm (max_norm <= 0: no clip).

@@ -8,6 +8,10 @@
 #include <map>
 #include <stdexcept>
 
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
+
 namespace ul {
 
 const char* usage() {
@@ -36,6 +40,10 @@ data and loop
   --grad-clip X       clip the gradient global norm (0: off)                              [1.0]
   --seed N                                                                                [1337]
   --threads N         OpenMP threads per rank (0: all cores / ranks)                      [0]
+  --device cpu|cuda   where the model runs (cuda: a build with -DULYSSES_CUDA=ON, or the
+                      emulated device of -DULYSSES_CUDA_EMULATION=ON)                     [cpu]
+  --precision fp32|bf16  parameter and activation dtype; bf16 keeps f32 gradients and f32
+                      master weights (cuda only)                  [bf16 on cuda, fp32 on cpu]
   --eval-every N      validation every N steps (and at the end; 0: only at the end)       [250]
   --eval-batches N    validation micro-batches per eval                                   [8]
 parallelism
@@ -127,7 +135,7 @@ Options parse_options(int argc, char** argv) {
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
       {"--seed", [&o](const std::string& f, const std::string& v) { o.seed = uint64_t(parse_int(f, v)); }},
-      {"--threads", I(o.threads)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
+      {"--threads", I(o.threads)}, {"--device", S(o.device)}, {"--precision", S(o.precision)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--nccl-id-file", S(o.nccl_id_file)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
       {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
       {"--keep", I(o.keep)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
@@ -175,6 +183,18 @@ Options parse_options(int argc, char** argv) {
   if (o.eval_every < 0) throw std::runtime_error("--eval-every must be >= 0");
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (!(o.lr > 0)) throw std::runtime_error("--lr must be > 0");
+  if (o.device != "cpu" && o.device != "cuda")
+    throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
+#if !ULYSSES_HAVE_CUDA
+  if (o.device == "cuda")
+    throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DULYSSES_CUDA=ON, or "
+                             "-DULYSSES_CUDA_EMULATION=ON for the emulated device)");
+#endif
+  if (o.precision.empty()) o.precision = o.device == "cuda" ? "bf16" : "fp32";
+  if (o.precision != "fp32" && o.precision != "bf16")
+    throw std::runtime_error("--precision: expected fp32 or bf16, got '" + o.precision + "'");
+  if (o.precision == "bf16" && o.device == "cpu")
+    throw std::runtime_error("--precision bf16: the CPU backend runs fp32 only (use --device cuda, or --precision fp32)");
   if (o.comm != "local" && o.comm != "mpi" && o.comm != "nccl")
     throw std::runtime_error("--comm: expected local, mpi or nccl, got '" + o.comm + "'");
   positive("--mlp-chunks", o.mlp_chunks);
@@ -217,6 +237,18 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--check-state needs --checkpoint (the llm.c model the state was made with)");
   return o;
 }
+
+Device run_device(const Options& o) {
+  if (o.device != "cuda") return Device::cpu;
+#if ULYSSES_HAVE_CUDA
+  init_cuda_backend();
+  return Device::cuda;
+#else
+  throw std::runtime_error("--device cuda: this build has no CUDA backend");
+#endif
+}
+
+DType param_dtype(const Options& o) { return o.precision == "bf16" ? DType::bf16 : DType::f32; }
 
 ModelConfig model_config(const Options& o, int data_vocab) {
   ModelConfig c;

@@ -23,6 +23,8 @@ struct Options {
   int warmup = 20;
   uint64_t seed = 1337;
   int threads = 0;            // 0: all cores
+  // backend: --device cpu|cuda; --precision fp32|bf16 ("" until parsed: bf16 on cuda, fp32 on cpu)
+  std::string device = "cpu", precision;
   int eval_every = 250, eval_batches = 8;
   // parallelism
   int sp = 1, ranks = 1;
@@ -56,6 +58,11 @@ struct Options {
 // Parses argv; throws std::runtime_error naming the flag on an unknown flag or bad value.
 Options parse_options(int argc, char** argv);
 const char* usage();
+
+// The device of --device (registering the CUDA backend first when it is cuda), and the parameters'
+// dtype of --precision (bf16 or f32).
+Device run_device(const Options& o);
+DType param_dtype(const Options& o);
 
 // The model configuration: preset, then flag overrides; vocab from the data when not given.
 ModelConfig model_config(const Options& o, int data_vocab);

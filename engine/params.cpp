@@ -1,14 +1,53 @@
 #include "engine/params.h"
 
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 
 #include "engine/device.h"
 
 namespace ul {
 
+namespace {
+
+// f32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
+uint16_t bf16_bits_nearest(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+}  // namespace
+
 Params::~Params() {
   if (data_) device_free(dev_, data_);
+  if (master_) device_free(dev_, master_);
   if (grad_) device_free(dev_, grad_);
+}
+
+float* Params::data() const {
+  if (dtype_ != DType::f32)
+    throw std::runtime_error(std::string("params: data() is the f32 view, but the parameters are ") + dtype_name(dtype_) +
+                             " (use raw(), or master() for the f32 values)");
+  return static_cast<float*>(data_);
+}
+
+float* Params::master() const { return dtype_ == DType::f32 ? static_cast<float*>(data_) : master_; }
+
+void Params::load_host(const float* host) {
+  device_copy(master(), dev_, host, Device::cpu, numel_ * sizeof(float));
+  if (dtype_ != DType::bf16) return;
+  std::vector<uint16_t> h(numel_);
+  for (size_t i = 0; i < numel_; i++) h[i] = bf16_bits_nearest(host[i]);
+  device_copy(data_, dev_, h.data(), Device::cpu, numel_ * sizeof(uint16_t));
+}
+
+std::vector<float> Params::to_host() const {
+  std::vector<float> h(numel_);
+  device_copy(h.data(), Device::cpu, master(), dev_, numel_ * sizeof(float));
+  return h;
 }
 
 void Params::add(const std::string& name, Shape shape, bool stacked, bool decay) {
@@ -18,13 +57,21 @@ void Params::add(const std::string& name, Shape shape, bool stacked, bool decay)
   specs_.push_back(s);
 }
 
-void Params::allocate(Device dev, Tape& tape) {
+void Params::allocate(Device dev, Tape& tape, DType dtype) {
+  if (data_) throw std::runtime_error("params: allocated twice");
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    throw std::runtime_error(std::string("params: parameters are f32 or bf16, not ") + dtype_name(dtype));
   dev_ = dev;
-  size_t bytes = numel_ * sizeof(float);
-  data_ = static_cast<float*>(device_alloc(dev, bytes));
+  dtype_ = dtype;
+  const size_t bytes = numel_ * sizeof(float), pbytes = numel_ * dtype_size(dtype);
+  data_ = device_alloc(dev, pbytes);
   grad_ = static_cast<float*>(device_alloc(dev, bytes));
-  device_zero(dev, data_, bytes);
+  device_zero(dev, data_, pbytes);
   device_zero(dev, grad_, bytes);
+  if (dtype == DType::bf16) {
+    master_ = static_cast<float*>(device_alloc(dev, bytes));
+    device_zero(dev, master_, bytes);
+  }
   parts_.clear();
   for (const ParamSpec& s : specs_) {
     std::vector<Tensor> parts;
@@ -38,8 +85,9 @@ void Params::allocate(Device dev, Tape& tape) {
     size_t each = size_t(one.numel());
     for (int l = 0; l < n; l++) {
       Tensor t;
-      t.ptr = data_ + s.offset + l * each;
+      t.ptr = static_cast<char*>(data_) + (s.offset + l * each) * dtype_size(dtype);
       t.shape = one;
+      t.dtype = dtype;
       t.device = dev;
       t.gid = tape.param_slot(grad_ + s.offset + l * each);
       parts.push_back(t);

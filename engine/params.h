@@ -27,16 +27,23 @@ class Params {
   Params& operator=(const Params&) = delete;
 
   void add(const std::string& name, Shape shape, bool stacked, bool decay);
-  // Allocates both buffers (zeroed) on `dev` and gives each tensor a gradient slot on `tape`.
-  void allocate(Device dev, Tape& tape);
+  // Allocates the buffers (zeroed) on `dev`, the parameters in `dtype` (f32 or bf16), and gives
+  // each tensor a gradient slot on `tape`.
+  void allocate(Device dev, Tape& tape, DType dtype = DType::f32);
 
   // The tensor of `name` (layer `l` of a stacked parameter).
   const Tensor& get(const std::string& name, int l = -1) const;
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec& spec(const std::string& name) const;
 
-  float* data() const { return data_; }
-  float* grad() const { return grad_; }
+  DType dtype() const { return dtype_; }
+  void* raw() const { return data_; }     // the parameter buffer, numel() elements of dtype()
+  float* data() const;                    // the same as f32; throws for a bf16 model
+  float* master() const;                  // the f32 values: data() for f32, the master copy for bf16
+  float* grad() const { return grad_; }   // always f32
+  // numel() host f32 values -> master() (and, bf16, the buffer rounded to nearest even), or back.
+  void load_host(const float* host);
+  std::vector<float> to_host() const;
   size_t numel() const { return numel_; }
   Device device() const { return dev_; }
   void zero_grad();
@@ -44,8 +51,10 @@ class Params {
  private:
   std::vector<ParamSpec> specs_;
   std::vector<std::vector<Tensor>> parts_;  // per spec: one tensor, or one per layer
-  float* data_ = nullptr;
+  void* data_ = nullptr;
+  float* master_ = nullptr;  // bf16 only
   float* grad_ = nullptr;
+  DType dtype_ = DType::f32;
   size_t numel_ = 0;
   Device dev_ = Device::cpu;
 };

@@ -79,7 +79,7 @@ struct Walk {
     W = P > 1 ? Hql + 2 * kvl : m.heads + 2 * m.kv_heads;      // heads wide after the scatter
     a = cuda ? 2 : 4;
   }
-  void act(int64_t elems) { A.alloc(size_t(elems) * a); }
+  void act(int64_t elems) { A.alloc(size_t(elems) * a); }  // an activation (or its gradient)
   void f32(int64_t elems) { A.alloc(size_t(elems) * 4); }
   void norm(int64_t rows) { act(rows * C), f32(rows), llama ? void() : f32(rows); }  // y, rrms | mean, rstd
   void exchange(int64_t elems) {  // parallel/ulysses.cpp: send + recv in a scope
@@ -97,7 +97,7 @@ struct Walk {
   void block_fwd() {
     norm(N);
     act(N * QKV);
-    if (P > 1) act(B * T * W * D), exchange(B * T * W * D);
+    if (P > 1) act(B * T * W * D), exchange(B * T * W * D);  // scatter
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);   // rope
     act(B * T * Hql * D), f32(B * Hql * T);            // attention out, lse
     if (P > 1) act(N * C), exchange(N * C);            // gather
@@ -182,13 +182,11 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   const bool cuda = c.device == Device::cuda;
   const size_t n = param_count(m), world = size_t(c.world);
   const size_t shard = c.zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
-  p.params = n * (cuda ? 2 : 4);
-  p.grads = n * 4;
+  p.params = n * (cuda ? 2 : 4), p.grads = n * 4;
   p.optim = shard * (cuda ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16)
   Walk w(c);
   w.step();
-  p.kept = w.kept;
-  p.arena_peak = w.A.peak;
+  p.kept = w.kept, p.arena_peak = w.A.peak;
   p.transient = p.arena_peak - p.kept;
   if (!cuda) p.workspace = size_t(c.batch) * w.Hql * c.seq * 4;  // attention backward's row sums
   if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? n * 4 : 0;
@@ -239,7 +237,7 @@ int64_t longest_seq(PlanConfig c, double budget) {
 }
 
 namespace {
-std::string mib(double b) {
+std::string mib(double b) {  // "   12.5 MiB" or "    1.23 GiB"
   char buf[32];
   if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%9.2f GiB", b / (1024.0 * 1024 * 1024));
   else std::snprintf(buf, sizeof buf, "%9.1f MiB", b / (1024.0 * 1024));

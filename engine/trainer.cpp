@@ -10,8 +10,11 @@
 #include <stdexcept>
 #include <thread>
 
+#include "data/packing.h"
 #include "engine/checkpoint.h"
 #include "engine/device.h"
+#include "engine/export.h"
+#include "engine/hf_format.h"
 #include "engine/llmc_format.h"
 #include "engine/loss_plot.h"
 #include "engine/run_log.h"
@@ -21,7 +24,7 @@
 
 namespace ul {
 
-void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp_rank, HostBatch& hb) {
+void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp_rank, HostBatch& hb, int32_t eot) {
   hb.B = B;
   hb.T = T;
   hb.Tl = T / sp;
@@ -30,21 +33,36 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
   hb.targets.resize(size_t(B) * Tl);
   hb.pos.resize(size_t(B) * Tl);
   hb.pos_full.resize(size_t(B) * T);
+  hb.doc_full.resize(eot >= 0 ? size_t(B) * T : 0);
   hb.valid = 0;
-  std::vector<int32_t> in(T), tg(T);
+  std::vector<int32_t> in(T), tg(T), doc(T), pos(T);
   for (int b = 0; b < B; b++) {
     // Targets are shifted over the WHOLE sequence before it is sliced: no target is lost at a
     // slice boundary (DESIGN.md, "Loss and gradients across ranks").
     data.sequence(first + b, T, in.data(), tg.data());
+    // Every rank reads the whole sequence, so each knows the document layout of all T tokens.
+    document_layout(in.data(), T, eot, doc.data(), pos.data());
     for (int t = 0; t < Tl; t++) {
       size_t k = size_t(b) * Tl + t;
       hb.idx[k] = in[t0 + t];
       hb.targets[k] = tg[t0 + t];
-      hb.pos[k] = t0 + t;
+      hb.pos[k] = pos[t0 + t];
       hb.valid += tg[t0 + t] >= 0;
     }
-    for (int t = 0; t < T; t++) hb.pos_full[size_t(b) * T + t] = t;
+    std::copy(pos.begin(), pos.end(), hb.pos_full.begin() + size_t(b) * T);
+    if (eot >= 0) std::copy(doc.begin(), doc.end(), hb.doc_full.begin() + size_t(b) * T);
   }
+}
+
+int32_t doc_mask_eot(const Options& o, const Dataset& data, int model_vocab) {
+  if (!o.doc_mask) return -1;
+  const int32_t eot = o.eot >= 0 ? o.eot : data.eot();
+  if (eot < 0)
+    throw std::runtime_error("--doc-mask: " + data.describe() + " has no end-of-text token of its own; give --eot N");
+  if (eot >= model_vocab)
+    throw std::runtime_error("--doc-mask: the end-of-text id " + std::to_string(eot) + " is outside the model vocab " +
+                             std::to_string(model_vocab) + " (no token could split documents); give --eot N");
+  return eot;
 }
 
 size_t peak_rss_bytes() {
@@ -68,13 +86,18 @@ Tensor to_device(Context& c, const std::vector<int32_t>& v, Shape s) {
   return t;
 }
 
-ModelInputs device_inputs(Context& c, const HostBatch& hb) {
-  ModelInputs in;
-  in.idx = to_device(c, hb.idx, {hb.B, hb.Tl});
-  in.targets = to_device(c, hb.targets, {hb.B, hb.Tl});
-  in.pos = to_device(c, hb.pos, {hb.B, hb.Tl});
-  in.pos_full = to_device(c, hb.pos_full, {hb.B, hb.T});
-  return in;
+// zero_gather_params for a bf16 buffer of n elements (2 bytes each) with the same shards:
+// rank k's [k s, (k+1) s), s = n / world, and the last rank's tail. scratch: s bf16 or more.
+void zero_gather_bf16(Comm& world, void* params, size_t n, void* scratch) {
+  const int W = world.size(), k = world.rank();
+  const size_t s = n / size_t(W), tail = n - s * size_t(W), e = dtype_size(DType::bf16);
+  if (W == 1) return;
+  char* p = static_cast<char*>(params);
+  if (s > 0) {
+    device_copy(scratch, world.device(), p + size_t(k) * s * e, world.device(), s * e);
+    world.all_gather(scratch, p, s, DType::bf16);
+  }
+  if (tail) world.broadcast(p + s * size_t(W) * e, tail, DType::bf16, W - 1);
 }
 
 double now_ms() {
@@ -103,6 +126,7 @@ CommStats total_sent(Grid& g) {
 
 ModelConfig config_for(const Options& o, const Dataset& data, std::vector<float>& ckpt) {
   if (o.checkpoint.empty()) return model_config(o, data.vocab());
+  if (is_safetensors_path(o.checkpoint)) return hf_checkpoint_config(o.checkpoint, data.vocab());
   LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, ckpt);
   ModelConfig cfg;
   cfg.arch = "gpt2";
@@ -121,7 +145,18 @@ ModelConfig config_for(const Options& o, const Dataset& data, std::vector<float>
 
 }  // namespace
 
-Trainer::Trainer(const Options& o, Comm& world) : o_(o), grid_(world, o.sp), ctx_(Device::cpu), guard_(ctx_) {
+ModelInputs device_inputs(Context& c, const HostBatch& hb) {
+  ModelInputs in;
+  in.idx = to_device(c, hb.idx, {hb.B, hb.Tl});
+  in.targets = to_device(c, hb.targets, {hb.B, hb.Tl});
+  in.pos = to_device(c, hb.pos, {hb.B, hb.Tl});
+  in.pos_full = to_device(c, hb.pos_full, {hb.B, hb.T});
+  if (!hb.doc_full.empty()) in.doc_full = to_device(c, hb.doc_full, {hb.B, hb.T});
+  return in;
+}
+
+Trainer::Trainer(const Options& o, Comm& world)
+    : o_(o), grid_(world, o.sp), ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_per_rank(o));
   // Data first: its vocabulary sizes the model unless --vocab says otherwise.
   train_ = open_dataset(o.data, Split::train, o.seed, o.vocab);
@@ -132,23 +167,28 @@ Trainer::Trainer(const Options& o, Comm& world) : o_(o), grid_(world, o.sp), ctx
   if (!cfg.is_llama() && o.seq > cfg.max_seq)
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
                              std::to_string(cfg.max_seq) + " (learned positions)");
-  model_ = std::make_unique<Transformer>(cfg);
+  model_ = std::make_unique<Transformer>(cfg, param_dtype(o));
+  eot_ = doc_mask_eot(o, *train_, cfg.vocab);
   model_->recompute = o.recompute;
   model_->mlp_chunks = o.mlp_chunks;
-  if (!ckpt.empty()) device_copy(model_->params.data(), ctx_.device, ckpt.data(), Device::cpu, ckpt.size() * 4);
+  if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
+  else if (is_safetensors_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_);
   else model_->init_weights(o.seed);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;
+  ac.seed = o.seed;
   if (o.zero) {  // ZeRO-1: this rank's AdamW state covers only its shard of the buffer
     const size_t n = model_->params.numel();
     ZeroShard z = zero_shard(n, world.size(), world.rank());
     opt_ = std::make_unique<AdamW>(model_->params, ac, z.lo, z.hi);
-    zero_scratch_.resize(zero_scratch_elems(n, world.size()));
+    zero_scratch_ = static_cast<float*>(device_alloc(ctx_.device, zero_scratch_elems(n, world.size()) * sizeof(float)));
   } else {
     opt_ = std::make_unique<AdamW>(model_->params, ac);
   }
   micro_.resize(o.grad_accum);
 }
+
+Trainer::~Trainer() { device_free(ctx_.device, zero_scratch_); }
 
 StepResult Trainer::step() {
   Grid& g = grid_;
@@ -160,7 +200,7 @@ StepResult Trainer::step() {
   int64_t local_valid = 0;
   for (int m = 0; m < A; m++) {
     int64_t first = ((int64_t(step_) * A + m) * g.dp + g.dp_rank) * o_.batch;
-    load_batch(*train_, first, o_.batch, o_.seq, g.sp, g.sp_rank, micro_[m]);
+    load_batch(*train_, first, o_.batch, o_.seq, g.sp, g.sp_rank, micro_[m], eot_);
     local_valid += micro_[m].valid;
   }
   const int64_t count = global_count(g.world, local_valid);
@@ -180,12 +220,12 @@ StepResult Trainer::step() {
     r.act_bytes = std::max(r.act_bytes, ctx_.arena.high_water());
   }
   Params& P = model_->params;
-  if (o_.zero) zero_reduce_gradients(g.world, P.grad(), P.numel(), zero_scratch_.data());
+  if (o_.zero) zero_reduce_gradients(g.world, P.grad(), P.numel(), zero_scratch_);
   else all_reduce_gradients(g.world, P.grad(), P.numel());
   g.world.all_reduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
   r.loss = loss_sum / double(count);
   if (o_.zero) {  // the global norm from the shards: each rank holds the world sum of its own
-    double ss = cpu::sum_squares(P.grad() + opt_->lo(), opt_->hi() - opt_->lo());
+    double ss = sum_squares_on(P.device(), P.grad() + opt_->lo(), opt_->hi() - opt_->lo());
     g.world.all_reduce(&ss, 1, DType::f64, ReduceOp::sum);
     r.grad_norm = std::sqrt(ss);
   } else {
@@ -196,7 +236,12 @@ StepResult Trainer::step() {
                              std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr");
   r.lr = lr_at(step_, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac);
   opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
-  if (o_.zero) zero_gather_params(g.world, P.data(), P.numel(), zero_scratch_.data());
+  if (o_.zero) {
+    // The f32 values (a bf16 model's master) of every shard; a bf16 model also takes each owner's
+    // rounded bf16 shard as it is, so the replicas stay bitwise equal.
+    zero_gather_params(g.world, P.master(), P.numel(), zero_scratch_);
+    if (P.dtype() == DType::bf16) zero_gather_bf16(g.world, P.raw(), P.numel(), zero_scratch_);
+  }
   step_++;
   r.ms = now_ms() - t0;
   r.sent = minus(total_sent(g), before);
@@ -212,7 +257,7 @@ EvalResult Trainer::evaluate() {
     ctx_.arena.reset();
     // Every eval reads the same held-out sequences, so successive val losses are comparable.
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
-    load_batch(*val_, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb);
+    load_batch(*val_, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb, eot_);
     CrossEntropyStats s = model_->forward(device_inputs(ctx_, hb), 0.0f, g.sp_group.get());
     sums[0] += s.loss_sum;
     sums[1] += double(s.n_valid);
@@ -237,6 +282,7 @@ int train_rank(const Options& o, Comm& world) {
     }
   };
   Trainer tr(o, world);
+  const RunOutputs outputs(o, tr.model().cfg);  // refuses bad export / sample flags before any step
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.train_data().synthetic();
@@ -304,6 +350,7 @@ int train_rank(const Options& o, Comm& world) {
     }
     std::printf("\n");
   }
+  if (lead) outputs.finish(model);
   return 0;
 }
 

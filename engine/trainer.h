@@ -22,11 +22,20 @@ struct HostBatch {
   int B = 0, T = 0, Tl = 0;               // T: full sequence, Tl = T / sp: this rank's slice
   std::vector<int32_t> idx, targets, pos; // (B, Tl)
   std::vector<int32_t> pos_full;          // (B, T)
+  std::vector<int32_t> doc_full;          // (B, T) document ids; empty: no document mask
   int64_t valid = 0;                      // targets != -1 in this slice
 };
 
 // Fill `hb` with sequences [first, first + B) of `data`, sliced for sp rank `sp_rank` of `sp`.
-void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp_rank, HostBatch& hb);
+// eot >= 0 (--doc-mask): document ids and per-document positions from the EOT tokens of each
+// whole sequence (data/packing.h), so every sp rank knows the full layout; eot < 0: pos = t.
+void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp_rank, HostBatch& hb,
+                int32_t eot = -1);
+// The batch on the context's device; doc_full stays undefined when hb has no document ids.
+ModelInputs device_inputs(Context& c, const HostBatch& hb);
+// The EOT id --doc-mask uses with this data (--eot, else the data's own), -1 without --doc-mask.
+// Throws when there is none or it is outside the model's vocabulary.
+int32_t doc_mask_eot(const Options& o, const Dataset& data, int model_vocab);
 
 struct StepResult {
   double loss = 0;        // mean over the valid targets of the step, whole world
@@ -46,6 +55,9 @@ class Trainer {
  public:
   // Must be constructed on the thread that will run it (it installs its Context there).
   Trainer(const Options& o, Comm& world);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
   StepResult step();      // one optimizer step: micro-batches [step * A, step * A + A)
   EvalResult evaluate();  // eval_batches micro-batches of the val split, no tape
   int steps_done() const { return step_; }
@@ -68,8 +80,9 @@ class Trainer {
   std::unique_ptr<Dataset> train_, val_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<AdamW> opt_;
-  std::vector<float> zero_scratch_;  // --zero 1: the shard buffer of parallel/zero.h
+  float* zero_scratch_ = nullptr;  // --zero 1: the shard buffer of parallel/zero.h, on the context's device
   std::vector<HostBatch> micro_;
+  int32_t eot_ = -1;  // --doc-mask: the end-of-text id that splits documents; -1: no mask
   int step_ = 0;
 };
 

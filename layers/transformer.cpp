@@ -50,7 +50,7 @@ std::string ModelConfig::describe() const {
   return s.str();
 }
 
-Transformer::Transformer(const ModelConfig& c) : cfg(c) {
+Transformer::Transformer(const ModelConfig& c, DType dtype) : cfg(c) {
   cfg.validate();
   const int64_t L = cfg.layers, C = cfg.dim, Vp = cfg.padded_vocab, D = cfg.head_dim();
   const int64_t QKV = (cfg.heads + 2 * cfg.kv_heads) * D, F = cfg.ffn_dim();
@@ -83,7 +83,7 @@ Transformer::Transformer(const ModelConfig& c) : cfg(c) {
     p.add("lnfw", {C}, false, false);
     p.add("lm_head", {Vp, C}, false, true);
   }
-  p.allocate(ctx().device, ctx().tape);
+  p.allocate(ctx().device, ctx().tape, dtype);
 }
 
 void Transformer::init_weights(uint64_t seed) {
@@ -104,7 +104,7 @@ void Transformer::init_weights(uint64_t seed) {
     if (s.name == "wte" || s.name == "lm_head")  // vocabulary padding rows stay zero, as in llm.c
       for (size_t i = size_t(cfg.vocab) * cfg.dim; i < n; i++) w[i] = 0.0f;
   }
-  device_copy(params.data(), params.device(), host.data(), Device::cpu, host.size() * sizeof(float));
+  params.load_host(host.data());
 }
 
 Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp) {
@@ -182,7 +182,10 @@ Tensor Transformer::block_ops(const Tensor& x, int l, const ModelInputs& in, Com
 // ONE node replays it in backward. The all-to-alls inside run again on every sp rank, in order.
 Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
   Context& c = ctx();
-  if (!recompute || !c.tape.recording || !x.requires_grad()) return block_ops(x, l, in, sp);
+  // Nothing records (eval): the same scoped run, so an eval holds one block's activations at a
+  // time instead of every layer's.
+  const bool scoped = !c.tape.recording || (recompute && x.requires_grad());
+  if (!scoped) return block_ops(x, l, in, sp);
   Tensor y = c.empty(x.shape, x.dtype);
   {
     ArenaScope scope(c.arena);
@@ -190,6 +193,7 @@ Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* s
     Tensor t = block_ops(x, l, in, sp);
     device_copy(y.ptr, y.device, t.ptr, t.device, t.nbytes());
   }
+  if (!c.tape.recording) return y;
   y = c.tape.track(y);
   c.tape.push("recompute", [=] {
     Tape& tape = ctx().tape;

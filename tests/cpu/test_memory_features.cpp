@@ -8,8 +8,10 @@
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -202,4 +204,21 @@ TEST_CASE("the planner's total is the train binary's peak RSS within 10%", "[mem
     INFO(args << ": planned " << plan / 1048576.0 << " MiB, peak RSS " << rss / 1048576.0 << " MiB");
     CHECK(std::fabs(rss - plan) <= 0.10 * plan);
   }
+}
+
+TEST_CASE("a ZeRO-1 run resumes from its per-rank optimizer shards", "[memory][zero]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("ulysses-zero-resume-" + std::to_string(::getpid()))).string();
+  const std::string flags = " --model gpt2 --layers 2 --dim 64 --seq 64 --batch 2 --threads 1 --eval-batches 1 "
+                            "--eval-every 0 --ranks 4 --sp 2 --zero 1 --steps 4";
+  auto last_loss = [](const std::string& out) { return out.substr(out.rfind("step     4/4 | loss"), 26); };
+  ul_test::CmdResult straight = ul_test::run_cmd(ul_test::train_cmd(flags));
+  ul_test::CmdResult first = ul_test::run_cmd("rm -rf " + dir + " && " + ul_test::train_cmd(flags + " --save-dir " + dir + " --save-every 2"));
+  ul_test::CmdResult again = ul_test::run_cmd("rm -rf " + dir + "/step_00000004 && " + ul_test::train_cmd(flags + " --save-dir " + dir + " --resume"));
+  ul_test::run_cmd("rm -rf " + dir);
+  REQUIRE(straight.code == 0);
+  REQUIRE(first.code == 0);
+  INFO(again.out);
+  REQUIRE(again.code == 0);
+  CHECK(again.out.find("continuing after step 2") != std::string::npos);
+  CHECK(last_loss(again.out) == last_loss(straight.out));
 }

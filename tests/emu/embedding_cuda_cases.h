@@ -3,8 +3,8 @@
 // (tests/emu, in CI) and on a real GPU (tests/gpu); the including file picks the Catch2 tag.
 //   - outputs are poisoned (NaN) before each kernel, so an element it fails to write fails;
 //   - table gradients start from random values, so a kernel that overwrites instead of adding fails;
-//   - ids repeat (V much smaller than N), so rows must be summed; N = 1100 and 2500 take the sort
-//     past one 1024-key tile (its global merge passes), and the other N are not powers of two;
+//   - ids repeat (V much smaller than N), so rows must be summed; N = 1100 takes the sort past one
+//     1024-key tile (a global merge pass), and the other N are not powers of two;
 //     the sort is also checked key by key on its own;
 //   - C below and above a warp, multiples of the 16-byte pack or not, and buffers one element off
 //     alignment: the forward's vector and scalar paths;
@@ -44,9 +44,10 @@ inline std::vector<int32_t> random_ids(int n, int limit, uint64_t seed) {
 struct Shape {
   int N, C, V, maxT;  // maxT = 0: no position table
 };
-const Shape kShapes[] = {{1, 1, 1, 1},     {7, 33, 5, 0},    {64, 8, 3, 4},    {37, 64, 1000, 40},
-                         {300, 48, 50, 0}, {1100, 12, 7, 9}, {2500, 16, 300, 2500}};
+const Shape kShapes[] = {{1, 1, 1, 1},     {7, 33, 5, 0},    {64, 8, 3, 4},
+                         {37, 64, 1000, 40}, {300, 48, 50, 0}, {1100, 12, 7, 1100}};
 
+// offset 1 puts the forward's buffers off 16-byte alignment; the backward (no packs) then is skipped.
 template <class T>
 void check_kernels(const Shape& sh, int offset) {
   const auto [N, C, V, maxT] = sh;
@@ -77,6 +78,7 @@ void check_kernels(const Shape& sh, int offset) {
   // One rounding of an exact f32 sum: f32 is bitwise the CPU's; bf16 within half an ulp of it.
   expect_close("y", to_f32(d_y.get()), y_ref, is_bf16<T>() ? 1.0 / 256 : 0, 0);
 
+  if (offset != 0) return;
   d_dy.set(to_elem<T>(dy));
   auto run_backward = [&] {
     d_dwte.set(dwte0);
@@ -107,9 +109,9 @@ TEST_CASE("embedding CUDA kernels match the CPU backend bit for bit", UL_CUDA_TE
 TEST_CASE("embedding backward sorts rows by table row, then position in the batch", UL_CUDA_TEST_TAG "[embedding]") {
   // ids in order of n already leave a half-done sort looking right to the backward (each row's n
   // stay increasing), so the sort is checked on its own: every key in place, for one tile
-  // (N <= 1024) and for one, two and three merge passes across tiles.
-  for (int N : {1, 2, 5, 1024, 1100, 2500, 5000}) {
-    for (int V : {1, 7, 1000}) {
+  // (N <= 1024) and for one (N = 1100) and three (N = 5000) levels of merges across tiles.
+  for (int N : {1, 5, 1024, 1100, 5000}) {
+    for (int V : {7, 1000}) {
       INFO("N=" << N << " V=" << V);
       const std::vector<int32_t> ids = emb_cases::random_ids(N, V, 85 + N + V);
       std::vector<uint64_t> want(N);

@@ -1,0 +1,83 @@
+// The planner's answers for long-context training (bench/RESULTS.md, "Long context on the CPU"):
+//   1. activation memory per rank: sp = 4 against sp = 1 at equal T (target: <= 1 / 3.5), and the
+//      activations recompute keeps per token per layer (target: <= 2 C bytes-per-element);
+//   2. the longest T that fits this kind of machine (24 GiB, shared by the ranks of one host), for
+//      GPT-2 124M and a llama ~1B shape, at sp = 1, 2, 4;
+//   3. the longest T on H200s (141 GB each, bf16): 1 GPU, 8 GPUs (one node), 32 GPUs (4 nodes).
+// The planner walks the same allocations as the run (held byte-exact to the CPU arena by
+// tests/cpu/test_memory_features.cpp); it allocates nothing, so this runs in a second.
+//   ./build/bench_long_context [memory per host, e.g. 24G]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "engine/options.h"
+#include "engine/planner.h"
+
+using namespace ul;
+
+namespace {
+
+ModelConfig preset(const char* name) {
+  Options o;
+  o.model = name;
+  return model_config(o, 2);
+}
+
+PlanConfig config(const char* model, int T, int sp, int world, bool rc, int chunks, int zero, Device d) {
+  PlanConfig c;
+  c.model = preset(model);
+  c.batch = 1, c.seq = T, c.sp = sp, c.world = world;
+  c.recompute = rc, c.mlp_chunks = chunks, c.zero = zero, c.device = d;
+  c.local_comm = false;  // mpirun / NCCL: no copy of the gradient buffer
+  if (!c.model.is_llama() && c.model.max_seq < T) c.model.max_seq = T;
+  return c;
+}
+
+double gib(double b) { return b / (1024.0 * 1024 * 1024); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double host = argc > 1 ? std::atof(argv[1]) * 1024.0 * 1024 * 1024 : 24.0 * 1024 * 1024 * 1024;
+  const char* models[] = {"gpt2-124M", "llama-1B"};
+
+  std::printf("## activation memory per rank at T = 16384 (cpu, f32, batch 1)\n");
+  std::printf("| model | recompute | sp 1 arena | sp 4 arena | sp4 / sp1 | kept per token per layer (x C*4 B) |\n|---|---|---|---|---|---|\n");
+  for (const char* m : models)
+    for (bool rc : {false, true}) {
+      MemoryPlan a = plan_memory(config(m, 16384, 1, 1, rc, rc ? 8 : 1, 0, Device::cpu));
+      MemoryPlan b = plan_memory(config(m, 16384, 4, 4, rc, rc ? 8 : 1, 0, Device::cpu));
+      // kept per layer: the difference between L and L + 1 layers, per token
+      PlanConfig k0 = config(m, 16384, 1, 1, rc, 8, 0, Device::cpu), k1 = k0;
+      k1.model.layers += 1;
+      const double per = double(plan_memory(k1).kept - plan_memory(k0).kept) / 16384 / (k0.model.dim * 4.0);
+      std::printf("| %s | %s | %.2f GiB | %.2f GiB | 1/%.2f | %.2f |\n", m, rc ? "yes, mlp chunks 8" : "no",
+                  gib(a.arena_peak), gib(b.arena_peak), double(a.arena_peak) / double(b.arena_peak), per);
+    }
+
+  std::printf("\n## longest T on one %.0f GiB host (cpu, f32, batch 1; the host's memory split among its ranks)\n", gib(host));
+  std::printf("| model | sp (ranks) | plain | recompute + mlp chunks 8 | + zero 1 |\n|---|---|---|---|---|\n");
+  for (const char* m : models)
+    for (int sp : {1, 2, 4}) {
+      const double budget = host / sp;
+      std::printf("| %s | %d | %lld | %lld | %lld |\n", m, sp,
+                  (long long)longest_seq(config(m, 64, sp, sp, false, 1, 0, Device::cpu), budget),
+                  (long long)longest_seq(config(m, 64, sp, sp, true, 8, 0, Device::cpu), budget),
+                  (long long)longest_seq(config(m, 64, sp, sp, true, 8, 1, Device::cpu), budget));
+    }
+
+  std::printf("\n## longest T on H200s (141 GB = 131.3 GiB each, bf16 weights and activations, batch 1 per dp rank)\n");
+  std::printf("| model | GPUs | sp x dp | plain | recompute + mlp chunks 8 + zero 1 |\n|---|---|---|---|---|\n");
+  const double h200 = 141e9;
+  struct Layout { int gpus, sp; };
+  for (const char* m : models) {
+    const bool gpt2 = std::string(m) == "gpt2-124M";  // 12 heads: sp must divide 12
+    for (Layout l : {Layout{1, 1}, Layout{8, gpt2 ? 4 : 8}, Layout{32, gpt2 ? 4 : 32}}) {
+      std::printf("| %s | %d | %d x %d | %lld | %lld |\n", m, l.gpus, l.sp, l.gpus / l.sp,
+                  (long long)longest_seq(config(m, 64, l.sp, l.gpus, false, 1, 0, Device::cuda), h200),
+                  (long long)longest_seq(config(m, 64, l.sp, l.gpus, true, 8, 1, Device::cuda), h200));
+    }
+  }
+  return 0;
+}

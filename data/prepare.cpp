@@ -1,0 +1,197 @@
+#include "data/prepare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+
+namespace fs = std::filesystem;
+
+namespace ul {
+
+const char* prepare_usage() {
+  return R"(usage: train prepare --out DIR [flags] FILES...
+  Text files -> llm.c shards of byte tokens (uint16, magic 20240520): each file is one document,
+  written as the end-of-text id then its bytes. Vocabulary: 256 bytes + the EOT (257 by default).
+  --out DIR           where the shards go (created; must not hold text_*.bin shards yet)
+  --val-frac X        the last X of the tokens form DIR/text_val_*.bin (0: no val shard)   [0.1]
+  --shard-tokens N    tokens per shard at most                                       [100000000]
+  --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
+Train on the result with
+  train --data 'shards:DIR/text_*.bin' --vocab 257 --doc-mask --eot 256 ...
+)";
+}
+
+PrepareOptions parse_prepare_options(int argc, char** argv) {
+  PrepareOptions o;
+  auto number = [](const std::string& flag, const std::string& v) {
+    char* end = nullptr;
+    double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected a number, got '" + v + "'");
+    return x;
+  };
+  auto integer = [](const std::string& flag, const std::string& v) {
+    char* end = nullptr;
+    long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected an integer, got '" + v + "'");
+    return int64_t(x);
+  };
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) {
+      o.files.push_back(a);
+      continue;
+    }
+    if (i + 1 >= argc) throw std::runtime_error("prepare: " + a + ": missing value");
+    const std::string v = argv[++i];
+    if (a == "--out") o.out = v;
+    else if (a == "--val-frac") o.val_frac = number(a, v);
+    else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);
+    else if (a == "--eot") {
+      const int64_t e = integer(a, v);
+      if (e < 0 || e > 65535) throw std::runtime_error("prepare: --eot must be in [0, 65535] (uint16 tokens)");
+      o.eot = int(e);
+    }
+    else throw std::runtime_error("prepare: unknown flag '" + a + "' (train prepare --help lists the flags)");
+  }
+  if (o.out.empty()) throw std::runtime_error("prepare: --out DIR is required");
+  if (o.files.empty()) throw std::runtime_error("prepare: no input files");
+  if (!(o.val_frac >= 0 && o.val_frac < 1)) throw std::runtime_error("prepare: --val-frac must be in [0, 1)");
+  // The header's token count is an int32.
+  if (o.shard_tokens < 1 || o.shard_tokens > INT32_MAX)
+    throw std::runtime_error("prepare: --shard-tokens must be in [1, 2^31 - 1]");
+  return o;
+}
+
+namespace {
+
+// Writes one split as shards of at most `per_shard` tokens, all kept as NAME.tmp until commit().
+class ShardWriter {
+ public:
+  ShardWriter(const std::string& dir, const std::string& split, int64_t total, int64_t per_shard)
+      : dir_(dir), split_(split), left_(total), per_shard_(per_shard) {}
+  void push(uint16_t token) {
+    if (in_shard_ == 0) open_next();
+    buf_.push_back(token);
+    if (buf_.size() == 65536) flush();
+    if (--in_shard_ == 0) flush();
+  }
+  // Renames every shard into place once all of them are complete.
+  void commit(std::vector<std::string>& written) {
+    for (auto& f : files_) f->commit();
+    written.insert(written.end(), names_.begin(), names_.end());
+    if (!files_.empty()) fsync_dir(dir_);
+  }
+
+ private:
+  void open_next() {
+    char name[64];
+    std::snprintf(name, sizeof name, "text_%s_%06d.bin", split_.c_str(), int(files_.size()));
+    names_.push_back((fs::path(dir_) / name).string());
+    files_.push_back(std::make_unique<AtomicFile>(names_.back()));
+    in_shard_ = std::min(left_, per_shard_);
+    left_ -= in_shard_;
+    int32_t header[256] = {20240520, 1, int32_t(in_shard_)};
+    files_.back()->write(header, sizeof header);
+  }
+  void flush() {
+    // Little-endian on disk, as llm.c writes them, whatever this machine is.
+    std::vector<uint8_t> le(buf_.size() * 2);
+    for (size_t k = 0; k < buf_.size(); k++) le[2 * k] = uint8_t(buf_[k]), le[2 * k + 1] = uint8_t(buf_[k] >> 8);
+    files_.back()->write(le.data(), le.size());
+    buf_.clear();
+  }
+  std::string dir_, split_;
+  int64_t left_, per_shard_, in_shard_ = 0;
+  std::vector<uint16_t> buf_;
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<AtomicFile>> files_;
+};
+
+}  // namespace
+
+PrepareResult prepare_shards(const PrepareOptions& o) {
+  // Check every input before anything is written: present, readable, and free of a byte-valued EOT.
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (const std::string& path : o.files) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f || !fs::is_regular_file(path)) throw std::runtime_error(path + ": cannot open input file");
+    std::vector<char> chunk(1 << 20);
+    int64_t size = 0;
+    while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
+      const size_t n = size_t(f.gcount());
+      if (o.eot < 256)
+        if (const void* hit = std::memchr(chunk.data(), o.eot, n))
+          throw std::runtime_error(path + ": byte " + std::to_string(o.eot) + " at offset " +
+                                   std::to_string(size + (static_cast<const char*>(hit) - chunk.data())) +
+                                   " is the end-of-text id (--eot " + std::to_string(o.eot) +
+                                   "); use the default --eot 256, which no byte can collide with");
+      size += int64_t(n);
+    }
+    sizes.push_back(size);
+    total += size + 1;  // the document's EOT
+  }
+  const int64_t val = std::llround(o.val_frac * double(total)), train = total - val;
+  if (train < 2 || (o.val_frac > 0 && val < 2))
+    throw std::runtime_error("prepare: " + std::to_string(total) + " tokens are too few for a train split" +
+                             (o.val_frac > 0 ? " and a val split of " + std::to_string(o.val_frac) : "") +
+                             " (each needs >= 2 tokens)");
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (!fs::is_directory(o.out)) throw std::runtime_error(o.out + ": cannot create the output directory");
+  for (const auto& e : fs::directory_iterator(o.out)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("text_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0)
+      throw std::runtime_error(o.out + ": already holds shard " + name + " (remove the old shards or pick another --out)");
+  }
+
+  ShardWriter train_w(o.out, "train", train, o.shard_tokens), val_w(o.out, "val", val, o.shard_tokens);
+  int64_t k = 0;  // tokens of the stream so far: the first `train` go to the train split
+  auto push = [&](uint16_t t) { (k++ < train ? train_w : val_w).push(t); };
+  for (size_t i = 0; i < o.files.size(); i++) {
+    std::ifstream f(o.files[i], std::ios::binary);
+    push(uint16_t(o.eot));
+    std::vector<char> chunk(1 << 20);
+    int64_t size = 0;
+    while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
+      for (std::streamsize j = 0; j < f.gcount(); j++) push(uint8_t(chunk[size_t(j)]));
+      size += f.gcount();
+    }
+    if (!f.eof() || size != sizes[i])
+      throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(sizes[i]) + " bytes, then " +
+                               std::to_string(size) + ")");
+  }
+  PrepareResult r;
+  r.train_tokens = train;
+  r.val_tokens = val;
+  r.vocab = std::max(256, o.eot + 1);
+  train_w.commit(r.shards);
+  val_w.commit(r.shards);
+  return r;
+}
+
+int prepare_main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(prepare_usage(), stdout);
+      return 0;
+    }
+  const PrepareOptions o = parse_prepare_options(argc, argv);
+  const PrepareResult r = prepare_shards(o);
+  std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (vocab %d, EOT %d)\n",
+              o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
+              r.vocab, o.eot);
+  std::printf("train with: train --data 'shards:%s/text_*.bin' --vocab %d --doc-mask --eot %d\n", o.out.c_str(),
+              r.vocab, o.eot);
+  return 0;
+}
+
+}  // namespace ul

@@ -1,0 +1,46 @@
+// `train prepare`: text files -> llm.c token shards (magic 20240520, version 1, uint16 tokens), so a
+// corpus of plain files trains through shards:GLOB with the shuffle, the val split and --doc-mask.
+//
+// Tokens are bytes (0..255) plus one end-of-text id, EOT = 256 by default: vocab 257. Each file is
+// one document written as EOT then its bytes — llm.c's layout, where <|endoftext|> opens every
+// document (data/packing.h). An EOT outside the byte range is the clean choice: any file (binary,
+// any encoding, NUL bytes included) is taken as is and the EOT can never be confused with text;
+// the price is one embedding row. `--eot B` with B < 256 is allowed (e.g. to match text:FILE runs
+// with `--eot 0`), and then a file containing byte B is refused, naming the file and offset.
+//
+// The stream of all files, in the order given, is cut once: the last --val-frac of its tokens go
+// to DIR/text_val_NNNNNN.bin, the rest to DIR/text_train_NNNNNN.bin, each split in shards of at
+// most --shard-tokens tokens. Every shard is written atomically (NAME.tmp, fsync, rename), and
+// nothing is written before every input has been checked. A DIR that already holds text_*.bin
+// shards is refused, so that stale shards of an earlier run can never mix into the glob.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ul {
+
+struct PrepareOptions {
+  std::string out;
+  double val_frac = 0.1;
+  int64_t shard_tokens = 100000000;  // llm.c's shard size
+  int eot = 256;
+  std::vector<std::string> files;
+};
+
+// Parses `prepare [flags] FILES...` (argv[0] is "prepare"); throws naming the flag.
+PrepareOptions parse_prepare_options(int argc, char** argv);
+const char* prepare_usage();
+
+struct PrepareResult {
+  int64_t train_tokens = 0, val_tokens = 0;
+  std::vector<std::string> shards;  // the files written, train then val
+  int vocab = 257;                  // max(256, eot + 1)
+};
+// Throws std::runtime_error naming the file and the problem; on error no shard has been written.
+PrepareResult prepare_shards(const PrepareOptions& o);
+
+// The `train prepare` subcommand: prints what it wrote and how to train on it. Returns the exit code.
+int prepare_main(int argc, char** argv);
+
+}  // namespace ul

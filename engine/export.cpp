@@ -1,0 +1,125 @@
+#include "engine/export.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+#include "engine/device.h"
+#include "engine/hf_format.h"
+#include "engine/llmc_format.h"
+#include "engine/safetensors.h"
+#include "engine/sample.h"
+
+namespace ul {
+
+ModelConfig hf_checkpoint_config(const std::string& path, int data_vocab) {
+  SafetensorsFile f(path);
+  ModelConfig cfg = hf_read_config(f);
+  if (data_vocab > cfg.vocab)
+    throw std::runtime_error(path + ": the model's vocabulary (" + std::to_string(cfg.vocab) + ") is smaller than the data's (" +
+                             std::to_string(data_vocab) + ")");
+  return cfg;
+}
+
+void load_hf_checkpoint(const std::string& path, Transformer& model) {
+  SafetensorsFile f(path);
+  std::vector<float> host(model.params.numel());
+  hf_import(f, model.cfg, model.params.specs(), host.data());
+  model.params.load_host(host.data());  // the f32 values (a bf16 model's master copy, and its rounding)
+}
+
+std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenizer* tok) {
+  std::vector<int> ids;
+  if (text.rfind("ids:", 0) == 0) {
+    size_t at = 4;
+    while (at <= text.size()) {
+      const size_t comma = std::min(text.find(',', at), text.size());
+      const std::string item = text.substr(at, comma - at);
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end) throw std::runtime_error("--prompt: '" + item + "' is not a token id (ids:1,2,3)");
+      ids.push_back(int(std::max(-1L, std::min(v, long(1) << 30))));
+      at = comma + 1;
+    }
+  } else if (tok) {
+    ids = tok->encode(text);
+  } else {
+    for (unsigned char c : text) ids.push_back(int(c));
+  }
+  for (int id : ids)
+    if (id < 0 || id >= vocab)
+      throw std::runtime_error("--prompt: token " + std::to_string(id) + " is outside the model's vocab of " +
+                               std::to_string(vocab) + (tok || text.rfind("ids:", 0) == 0 ? "" : " (text is read as bytes; give ids:1,2,3)"));
+  return ids;
+}
+
+RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg) : o_(o), cfg_(cfg) {
+  // The export directories are made now, so that a path that cannot be written fails before training.
+  for (const std::string& path : {o.export_llmc, o.export_safetensors}) {
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    if (path.empty() || dir.empty()) continue;
+    std::error_code ec;  // ranks race to make it: success is that it exists afterwards
+    std::filesystem::create_directories(dir, ec);
+    if (!std::filesystem::is_directory(dir))
+      throw std::runtime_error(path + ": cannot create the directory " + dir.string() + (ec ? ": " + ec.message() : ""));
+  }
+  if (!o.export_llmc.empty() && cfg.is_llama())
+    throw std::runtime_error("--export-llmc: llm.c's checkpoint format holds gpt2 models only; use --export-safetensors");
+  if (o.sample <= 0) return;
+  if (!o.tokenizer.empty()) {
+    tok_ = std::make_unique<Tokenizer>(o.tokenizer);
+    if (tok_->vocab() < cfg.vocab)
+      throw std::runtime_error(o.tokenizer + ": the tokenizer has " + std::to_string(tok_->vocab()) +
+                               " tokens, fewer than the model's vocab of " + std::to_string(cfg.vocab));
+  }
+  if (!o.prompt.empty()) prompt_ = parse_prompt(o.prompt, cfg.vocab, tok_.get());
+  else if (tok_ && tok_->eot() >= 0 && tok_->eot() < cfg.vocab) prompt_ = {tok_->eot()};  // llm.c starts from <|endoftext|>
+  else throw std::runtime_error("--sample needs --prompt (text, or ids:1,2,3)");
+  const int64_t need = int64_t(prompt_.size()) + o.sample;
+  if (!cfg.is_llama() && need > cfg.max_seq)
+    throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
+                             std::to_string(o.sample) + " new tokens exceed the model's max sequence " + std::to_string(cfg.max_seq));
+}
+
+std::string RunOutputs::decode(const std::vector<int>& ids) const {
+  std::string s;
+  if (tok_) {
+    for (int id : ids) s += tok_->decode(id);
+  } else if (cfg_.vocab == 256) {  // byte-level data (text:FILE): a token is a byte
+    for (int id : ids) s += char(id);
+  } else {
+    for (int id : ids) s += (s.empty() ? "ids: " : " ") + std::to_string(id);
+  }
+  return s;
+}
+
+void RunOutputs::finish(const Transformer& model) const {
+  const bool say = !o_.quiet;
+  const Params& P = model.params;
+  const std::vector<float> host = P.to_host();  // the f32 values, whatever the training dtype
+  if (!o_.export_llmc.empty()) {
+    const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
+    write_llmc_checkpoint(o_.export_llmc, lc, host.data(), o_.export_llmc_version);
+    if (say) std::printf("export  | %s (llm.c GPT-2 checkpoint version %d, %s)\n", o_.export_llmc.c_str(),
+                         o_.export_llmc_version, o_.export_llmc_version == 5 ? "bf16" : "fp32");
+  }
+  if (!o_.export_safetensors.empty()) {
+    const std::string dtype = o_.export_dtype == "bf16" ? "BF16" : "F32";
+    export_safetensors(o_.export_safetensors, cfg_, P.specs(), host.data(), dtype);
+    if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
+                         dtype.c_str());
+  }
+  if (o_.sample > 0) {
+    SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed};
+    KvDecoder dec(cfg_, P.specs(), host.data(), int(prompt_.size()) + o_.sample);
+    const std::vector<int> out = generate(dec, prompt_, s);
+    if (say) std::printf("sample  | %zu prompt + %d new tokens | temperature %g | top-k %d | seed %llu\n", prompt_.size(),
+                         o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed);
+    std::printf("%s%s%s\n", decode(prompt_).c_str(), tok_ || cfg_.vocab == 256 ? "" : " | ", decode(out).c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace ul

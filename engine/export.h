@@ -1,0 +1,41 @@
+// What `train` does with the model besides training it: load a Hugging Face safetensors checkpoint
+// (--checkpoint FILE.safetensors), and at the end of the run write it out (--export-llmc,
+// --export-safetensors) and sample from it (--sample). README: "Interop: llm.c and Hugging Face",
+// "Sampling".
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/options.h"
+#include "engine/tokenizer.h"
+#include "layers/transformer.h"
+
+namespace ul {
+
+// --checkpoint FILE.safetensors: the model config (our __metadata__ or config.json beside the file),
+// checked against the data's vocabulary; then the weights into an already built model.
+ModelConfig hf_checkpoint_config(const std::string& path, int data_vocab);
+void load_hf_checkpoint(const std::string& path, Transformer& model);
+
+// Built on every rank before training, so that a bad flag combination, tokenizer file or prompt
+// fails before any work; finish() runs on rank 0 after the last step.
+class RunOutputs {
+ public:
+  RunOutputs(const Options& o, const ModelConfig& cfg);
+  // Writes the exports (atomically) and prints the sample. Returns nothing: errors throw.
+  void finish(const Transformer& model) const;
+
+ private:
+  std::string decode(const std::vector<int>& ids) const;
+  Options o_;
+  ModelConfig cfg_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::vector<int> prompt_;
+};
+
+// "ids:1,2,3" -> those ids; any other text -> its bytes as ids (or, with a tokenizer, its encoding).
+// Every id must be < vocab. Throws naming --prompt.
+std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenizer* tok);
+
+}  // namespace ul

@@ -1,0 +1,157 @@
+// The model configuration side of Hugging Face interop (engine/hf_format.h): our __metadata__ keys,
+// the config.json that AutoModelForCausalLM reads, and reading either back into a ModelConfig.
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+#include "engine/hf_format.h"
+#include "engine/json.h"
+
+namespace ul {
+
+std::string hf_dir_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+std::map<std::string, std::string> hf_metadata(const ModelConfig& c) {
+  char theta[32];
+  std::snprintf(theta, sizeof theta, "%.9g", double(c.rope_theta));  // 9 digits: any float exactly
+  return {{"format", "pt"},
+          {"arch", c.arch},
+          {"layers", std::to_string(c.layers)},
+          {"dim", std::to_string(c.dim)},
+          {"heads", std::to_string(c.heads)},
+          {"kv_heads", std::to_string(c.kv_heads)},
+          {"vocab", std::to_string(c.vocab)},
+          {"max_seq", std::to_string(c.max_seq)},
+          {"ffn", std::to_string(c.ffn_dim())},
+          {"rope_theta", theta},
+          {"norm_eps", "1e-05"}};
+}
+
+std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype) {
+  JsonLine j;
+  if (!c.is_llama()) {
+    j.add_raw("architectures", "[\"GPT2LMHeadModel\"]").add("model_type", "gpt2").add("vocab_size", c.vocab);
+    j.add("n_positions", c.max_seq).add("n_ctx", c.max_seq).add("n_embd", c.dim).add("n_layer", c.layers);
+    j.add("n_head", c.heads).add_raw("n_inner", "null").add("activation_function", "gelu_new");  // tanh GELU
+    j.add_raw("layer_norm_epsilon", "1e-05").add_raw("tie_word_embeddings", "true");
+    for (const char* p : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) j.add_raw(p, "0.0");
+    // HF's defaults (50256) name GPT-2's <|endoftext|>: right only for GPT-2's own vocabulary.
+    if (c.vocab != 50257) j.add_raw("bos_token_id", "null").add_raw("eos_token_id", "null");
+  } else {
+    j.add_raw("architectures", "[\"LlamaForCausalLM\"]").add("model_type", "llama").add("vocab_size", c.vocab);
+    j.add("hidden_size", c.dim).add("intermediate_size", c.ffn_dim()).add("num_hidden_layers", c.layers);
+    j.add("num_attention_heads", c.heads).add("num_key_value_heads", c.kv_heads).add("head_dim", c.head_dim());
+    j.add("hidden_act", "silu").add("max_position_embeddings", c.max_seq).add_raw("rms_norm_eps", "1e-05");
+    // rope_theta for transformers 4.x, rope_parameters for 5.x (each ignores the other's key)
+    j.add("rope_theta", double(c.rope_theta), 9).add_raw("rope_scaling", "null");
+    j.add_raw("rope_parameters", JsonLine().add("rope_type", "default").add("rope_theta", double(c.rope_theta), 9).str());
+    j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false").add_raw("tie_word_embeddings", "false");
+  }
+  j.add("torch_dtype", torch_dtype);
+  return j.str() + "\n";
+}
+
+JsonValue hf_sibling_config(const SafetensorsFile& f) {
+  const std::string cfg_path = hf_dir_of(f.path()) + "/config.json";
+  std::string text;
+  try {
+    text = read_whole_file(cfg_path);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(f.path() + ": no model config: the file has no ulysses __metadata__ and " + e.what());
+  }
+  JsonValue v = parse_json(text, cfg_path);
+  if (!v.is(JsonValue::Kind::object)) throw std::runtime_error(cfg_path + ": not a JSON object");
+  return v;
+}
+
+namespace {
+
+ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
+  auto get = [&](const char* key) -> const JsonValue& {
+    const JsonValue* v = j.find(key);
+    if (!v) throw std::runtime_error(where + ": missing \"" + key + "\"");
+    return *v;
+  };
+  auto num = [&](const char* key) { return int(get(key).as_int(where + ": " + key)); };
+  auto refuse_unless = [&](bool ok, const std::string& what) {
+    if (!ok) throw std::runtime_error(where + ": " + what + " (ulysses cannot run this model exactly)");
+  };
+  auto eps_ok = [&](const char* key) {
+    const JsonValue* v = j.find(key);
+    refuse_unless(!v || std::fabs(v->as_double(where + ": " + key) - 1e-5) < 1e-12, std::string(key) + " is not 1e-5");
+  };
+  const std::string type = get("model_type").as_string(where + ": model_type");
+  ModelConfig c;
+  if (type == "gpt2") {
+    c.arch = "gpt2";
+    c.dim = num("n_embd"), c.layers = num("n_layer"), c.heads = c.kv_heads = num("n_head");
+    c.max_seq = num("n_positions"), c.vocab = num("vocab_size");
+    const JsonValue* act = j.find("activation_function");
+    refuse_unless(!act || act->text == "gelu_new" || act->text == "gelu_pytorch_tanh", "activation_function is not tanh GELU");
+    const JsonValue* inner = j.find("n_inner");
+    refuse_unless(!inner || inner->is(JsonValue::Kind::null) || inner->as_int(where) == 4 * c.dim, "n_inner is not 4 * n_embd");
+    eps_ok("layer_norm_epsilon");
+  } else if (type == "llama") {
+    c.arch = "llama";
+    c.dim = num("hidden_size"), c.layers = num("num_hidden_layers"), c.heads = num("num_attention_heads");
+    c.kv_heads = j.find("num_key_value_heads") ? num("num_key_value_heads") : c.heads;
+    c.ffn = num("intermediate_size"), c.vocab = num("vocab_size");
+    c.max_seq = j.find("max_position_embeddings") ? num("max_position_embeddings") : 2048;
+    if (const JsonValue* t = j.find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_theta"));
+    const JsonValue *act = j.find("hidden_act"), *sc = j.find("rope_scaling"), *hd = j.find("head_dim");
+    if (const JsonValue* rp = j.find("rope_parameters"); rp && !rp->is(JsonValue::Kind::null)) {  // transformers 5.x
+      const JsonValue *type = rp->find("rope_type"), *t = rp->find("rope_theta");
+      refuse_unless(!type || type->text == "default", "rope_parameters.rope_type is not default");
+      if (t) c.rope_theta = float(t->as_double(where + ": rope_parameters.rope_theta"));
+    }
+    refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
+    refuse_unless(!sc || sc->is(JsonValue::Kind::null), "rope_scaling is set");
+    refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),
+                  "head_dim is not hidden_size / num_attention_heads");
+    for (const char* b : {"attention_bias", "mlp_bias"})
+      refuse_unless(!j.find(b) || !j.find(b)->b, std::string(b) + " is true");
+    eps_ok("rms_norm_eps");
+  } else {
+    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2 and llama)");
+  }
+  return c;
+}
+
+int meta_int(const SafetensorsFile& f, const char* key) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) throw std::runtime_error(f.path() + ": __metadata__ has no '" + key + "'");
+  return int(parse_json(it->second, f.path() + ": __metadata__ " + key).as_int(f.path() + ": __metadata__ " + key));
+}
+
+}  // namespace
+
+ModelConfig hf_read_config(const SafetensorsFile& f) {
+  ModelConfig c;
+  auto arch = f.metadata().find("arch");
+  if (arch != f.metadata().end()) {
+    c.arch = arch->second;
+    c.layers = meta_int(f, "layers"), c.dim = meta_int(f, "dim"), c.heads = meta_int(f, "heads");
+    c.kv_heads = meta_int(f, "kv_heads"), c.vocab = meta_int(f, "vocab"), c.max_seq = meta_int(f, "max_seq");
+    c.ffn = meta_int(f, "ffn");
+    auto t = f.metadata().find("rope_theta");
+    if (t != f.metadata().end()) c.rope_theta = float(parse_json(t->second, f.path()).as_double(f.path() + ": rope_theta"));
+  } else {
+    c = config_from_hf_json(hf_sibling_config(f), hf_dir_of(f.path()) + "/config.json");
+  }
+  if (c.vocab < 1) throw std::runtime_error(f.path() + ": vocab " + std::to_string(c.vocab) + " (must be >= 1)");
+  c.padded_vocab = round_up(c.vocab, 128);  // as model_config pads: GEMM-friendly, pad rows never scored
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(f.path() + ": model config: " + e.what());
+  }
+  if (!c.is_llama() && c.ffn > 0 && c.ffn != 4 * c.dim)
+    throw std::runtime_error(f.path() + ": gpt2 ffn " + std::to_string(c.ffn) + " is not 4 * dim");
+  return c;
+}
+
+}  // namespace ul

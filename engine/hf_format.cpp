@@ -1,0 +1,167 @@
+#include "engine/hf_format.h"
+
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+#include "engine/json.h"
+
+namespace ul {
+
+namespace {
+
+// One HF tensor = rows [r0, r1) of layer `layer` of our parameter `ours`, viewed as a matrix
+// (rows, cols) — or a vector when the per-layer slice is 1-D — and transposed for HF's Conv1D.
+struct Map {
+  std::string hf, ours;
+  int layer;  // -1: not stacked
+  int64_t r0, r1;
+  bool transpose;
+};
+
+std::vector<Map> hf_map(const ModelConfig& c) {
+  const int64_t C = c.dim, V = c.vocab, F = c.ffn_dim(), D = c.head_dim();
+  const int64_t HD = c.heads * D, KD = c.kv_heads * D;
+  std::vector<Map> m;
+  if (!c.is_llama()) {
+    m.push_back({"transformer.wte.weight", "wte", -1, 0, V, false});
+    m.push_back({"transformer.wpe.weight", "wpe", -1, 0, c.max_seq, false});
+    for (int l = 0; l < c.layers; l++) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      m.push_back({p + "ln_1.weight", "ln1w", l, 0, C, false});
+      m.push_back({p + "ln_1.bias", "ln1b", l, 0, C, false});
+      m.push_back({p + "attn.c_attn.weight", "qkvw", l, 0, 3 * C, true});
+      m.push_back({p + "attn.c_attn.bias", "qkvb", l, 0, 3 * C, false});
+      m.push_back({p + "attn.c_proj.weight", "attprojw", l, 0, C, true});
+      m.push_back({p + "attn.c_proj.bias", "attprojb", l, 0, C, false});
+      m.push_back({p + "ln_2.weight", "ln2w", l, 0, C, false});
+      m.push_back({p + "ln_2.bias", "ln2b", l, 0, C, false});
+      m.push_back({p + "mlp.c_fc.weight", "fcw", l, 0, F, true});
+      m.push_back({p + "mlp.c_fc.bias", "fcb", l, 0, F, false});
+      m.push_back({p + "mlp.c_proj.weight", "fcprojw", l, 0, C, true});
+      m.push_back({p + "mlp.c_proj.bias", "fcprojb", l, 0, C, false});
+    }
+    m.push_back({"transformer.ln_f.weight", "lnfw", -1, 0, C, false});
+    m.push_back({"transformer.ln_f.bias", "lnfb", -1, 0, C, false});
+    return m;
+  }
+  m.push_back({"model.embed_tokens.weight", "wte", -1, 0, V, false});
+  for (int l = 0; l < c.layers; l++) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    m.push_back({p + "input_layernorm.weight", "ln1w", l, 0, C, false});
+    m.push_back({p + "self_attn.q_proj.weight", "qkvw", l, 0, HD, false});
+    m.push_back({p + "self_attn.k_proj.weight", "qkvw", l, HD, HD + KD, false});
+    m.push_back({p + "self_attn.v_proj.weight", "qkvw", l, HD + KD, HD + 2 * KD, false});
+    m.push_back({p + "self_attn.o_proj.weight", "attprojw", l, 0, C, false});
+    m.push_back({p + "post_attention_layernorm.weight", "ln2w", l, 0, C, false});
+    m.push_back({p + "mlp.gate_proj.weight", "fcw", l, 0, F, false});
+    m.push_back({p + "mlp.up_proj.weight", "fcw", l, F, 2 * F, false});
+    m.push_back({p + "mlp.down_proj.weight", "fcprojw", l, 0, C, false});
+  }
+  m.push_back({"model.norm.weight", "lnfw", -1, 0, C, false});
+  m.push_back({"lm_head.weight", "lm_head", -1, 0, V, false});
+  return m;
+}
+
+// Where the mapped slice lives in our buffer, and its HF shape.
+struct Slice {
+  size_t base;   // element offset of row r0 of the per-layer matrix (row 0 when transposed)
+  int64_t rows, cols;
+  bool vector;
+};
+
+Slice locate(const Map& m, const std::vector<ParamSpec>& specs) {
+  for (const ParamSpec& s : specs) {
+    if (s.name != m.ours) continue;
+    const int first = s.stacked ? 1 : 0;
+    const bool vector = s.shape.ndim - first == 1;
+    const int64_t cols = vector ? 1 : s.shape.numel() / (s.stacked ? s.shape[0] : 1) / s.shape[first];
+    const size_t layer = s.stacked ? size_t(s.shape.numel() / s.shape[0]) * size_t(m.layer) : 0;
+    return {s.offset + layer, m.r1 - m.r0, cols, vector};
+  }
+  throw std::runtime_error("interop: the model has no parameter '" + m.ours + "'");
+}
+
+std::vector<int64_t> hf_shape(const Slice& s, bool transpose) {
+  if (s.vector) return {s.rows};
+  return transpose ? std::vector<int64_t>{s.cols, s.rows} : std::vector<int64_t>{s.rows, s.cols};
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); i++) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + ")";
+}
+
+bool skippable(const std::string& name) {  // HF buffers that some checkpoints carry: not weights
+  for (const char* end : {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"}) {
+    const std::string e = end;
+    if (name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* data) {
+  std::vector<SafeTensorOut> out;
+  for (const Map& m : hf_map(cfg)) {
+    const Slice s = locate(m, specs);
+    SafeTensorOut t{m.hf, hf_shape(s, m.transpose), std::vector<float>(size_t(s.rows * s.cols))};
+    const float* src = data + s.base + size_t(m.r0 * s.cols);
+    for (int64_t i = 0; i < s.rows; i++)
+      for (int64_t j = 0; j < s.cols; j++)
+        t.data[size_t(m.transpose ? j * s.rows + i : i * s.cols + j)] = src[i * s.cols + j];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void export_safetensors(const std::string& path, const ModelConfig& cfg, const std::vector<ParamSpec>& specs,
+                        const float* data, const std::string& dtype) {
+  write_safetensors(path, hf_tensors(cfg, specs, data), hf_metadata(cfg), dtype);
+  write_file_atomic(hf_dir_of(path) + "/config.json", hf_config_json(cfg, dtype == "BF16" ? "bfloat16" : "float32"));
+}
+
+void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data) {
+  size_t total = 0;
+  for (const ParamSpec& s : specs) total = std::max(total, s.offset + size_t(s.shape.numel()));
+  std::fill(data, data + total, 0.0f);  // the vocabulary pad rows stay zero
+  std::set<std::string> used;
+  auto lookup = [&](const std::string& name) -> const SafeTensorInfo* {
+    const SafeTensorInfo* t = f.find(name);
+    const std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : "";
+    if (!t && !bare.empty()) t = f.find(bare);  // HF's own gpt2 files name the base model's tensors bare
+    if (t) used.insert(t->name);
+    return t;
+  };
+  for (const Map& m : hf_map(cfg)) {
+    const Slice s = locate(m, specs);
+    const SafeTensorInfo* t = lookup(m.hf);
+    if (!t && m.hf == "lm_head.weight") {  // a tied llama: the head is the embedding
+      const JsonValue* tie = f.metadata().count("arch") ? nullptr : hf_sibling_config(f).find("tie_word_embeddings");
+      if (tie && tie->b) t = lookup("model.embed_tokens.weight");
+    }
+    if (!t) throw std::runtime_error(f.path() + ": missing tensor '" + m.hf + "'");
+    const std::vector<int64_t> want = hf_shape(s, m.transpose);
+    if (t->shape != want)
+      throw std::runtime_error(f.path() + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) + ", expected " +
+                               shape_str(want) + " for this config");
+    const std::vector<float> v = f.to_f32(*t);
+    float* dst = data + s.base + size_t(m.r0 * s.cols);
+    for (int64_t i = 0; i < s.rows; i++)
+      for (int64_t j = 0; j < s.cols; j++) dst[i * s.cols + j] = v[size_t(m.transpose ? j * s.rows + i : i * s.cols + j)];
+  }
+  for (const SafeTensorInfo& t : f.tensors()) {
+    if (used.count(t.name) || skippable(t.name)) continue;
+    if (!cfg.is_llama() && t.name == "lm_head.weight") {  // gpt2 ties it: accept only a copy of wte
+      const SafeTensorInfo* wte = lookup("transformer.wte.weight");
+      if (wte && t.shape == wte->shape && f.to_f32(t) == f.to_f32(*wte)) continue;
+      throw std::runtime_error(f.path() + ": lm_head.weight differs from wte (gpt2 ties them; an untied head cannot load)");
+    }
+    throw std::runtime_error(f.path() + ": unexpected tensor '" + t.name + "' for a " + cfg.arch + " model");
+  }
+}
+
+}  // namespace ul

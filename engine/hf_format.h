@@ -1,0 +1,62 @@
+// Hugging Face transformers interop: our parameters <-> the tensor names and layouts of
+// GPT2LMHeadModel and LlamaForCausalLM, in a safetensors file with a config.json beside it.
+//
+// gpt2 (tied head: no lm_head.weight is written, as save_pretrained does for tied models; HF ties it):
+//   transformer.wte.weight (V,C)  rows [0, V) of wte      transformer.wpe.weight (maxT,C)
+//   transformer.h.{l}.ln_1.weight / .bias                 transformer.h.{l}.ln_2.weight / .bias
+//   transformer.h.{l}.attn.c_attn.weight (C,3C) = qkvw^T  .attn.c_attn.bias (3C)
+//   transformer.h.{l}.attn.c_proj.weight (C,C) = attprojw^T, .attn.c_proj.bias
+//   transformer.h.{l}.mlp.c_fc.weight (C,4C) = fcw^T, .bias   .mlp.c_proj.weight (4C,C) = fcprojw^T, .bias
+//   transformer.ln_f.weight / .bias
+//   (HF's Conv1D computes x W + b, so its weights are our x W^T matrices transposed.)
+// llama (HF's rotary embedding is rotate-half on q/k as stored — ours — so nothing is permuted):
+//   model.embed_tokens.weight (V,C)          model.layers.{l}.input_layernorm.weight
+//   model.layers.{l}.self_attn.q_proj / k_proj / v_proj.weight = qkvw rows [q | k | v]
+//   model.layers.{l}.self_attn.o_proj.weight = attprojw
+//   model.layers.{l}.post_attention_layernorm.weight
+//   model.layers.{l}.mlp.gate_proj / up_proj.weight = fcw rows [gate | up], mlp.down_proj.weight = fcprojw
+//   model.norm.weight                        lm_head.weight (V,C) rows [0, V) of lm_head
+//
+// The file's __metadata__ holds format=pt (transformers requires it) and our config (arch, layers,
+// dim, heads, kv_heads, vocab, max_seq, ffn, rope_theta, norm_eps), so the file alone reloads here.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/json.h"
+#include "engine/params.h"
+#include "engine/safetensors.h"
+#include "layers/transformer.h"
+
+namespace ul {
+
+inline bool is_safetensors_path(const std::string& p) {
+  const std::string ext = ".safetensors";
+  return p.size() >= ext.size() && p.compare(p.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+// The HF tensors of a model whose parameters (our layout, `specs` offsets) are in host memory.
+std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* data);
+std::map<std::string, std::string> hf_metadata(const ModelConfig& cfg);
+// config.json text for AutoModelForCausalLM; torch_dtype "float32" or "bfloat16".
+std::string hf_config_json(const ModelConfig& cfg, const std::string& torch_dtype);
+
+// Writes `path` (dtype "F32" or "BF16") and config.json in the same directory, both atomically.
+// Name the file DIR/model.safetensors so that from_pretrained(DIR) finds it.
+void export_safetensors(const std::string& path, const ModelConfig& cfg, const std::vector<ParamSpec>& specs,
+                        const float* data, const std::string& dtype);
+
+// The model configuration of a safetensors file: from our __metadata__, else from the config.json
+// beside it (HF keys, model_type gpt2 or llama). Throws naming the file on anything we cannot run.
+ModelConfig hf_read_config(const SafetensorsFile& f);
+// Fills `data` (our layout; vocabulary pad rows zeroed) from the HF tensors of `f`. Every expected
+// tensor must be there with the expected shape; an unexpected tensor is an error (HF's buffers
+// attn.bias / attn.masked_bias / rotary_emb.inv_freq are skipped; a gpt2 lm_head.weight must equal wte).
+void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data);
+
+// The parsed config.json beside f (throws naming both when it is missing or malformed).
+JsonValue hf_sibling_config(const SafetensorsFile& f);
+std::string hf_dir_of(const std::string& path);  // "." for a bare file name
+
+}  // namespace ul

@@ -1,0 +1,34 @@
+// A small JSON value and a strict parser, for the two JSON documents that interop reads: the header
+// of a safetensors file and a Hugging Face config.json. Both nest (objects of objects, arrays of
+// numbers), which the flat parser in engine/file_io.h refuses on purpose.
+//
+// Strict means: one value, then only whitespace; no trailing commas, no comments, no duplicate keys,
+// no control characters inside strings, \u escapes (with surrogate pairs) decoded to UTF-8. Numbers
+// keep their text so that an int64 offset is not rounded through a double.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ul {
+
+struct JsonValue {
+  enum class Kind { null, boolean, number, string, array, object } kind = Kind::null;
+  bool b = false;
+  std::string text;                        // number: as written; string: decoded
+  std::vector<JsonValue> items;            // array
+  std::map<std::string, JsonValue> fields; // object
+
+  bool is(Kind k) const { return kind == k; }
+  const JsonValue* find(const std::string& key) const;  // object field or nullptr
+  // Throw std::runtime_error prefixed with `where` unless the value has the right form.
+  int64_t as_int(const std::string& where) const;  // a number that is an exact integer
+  double as_double(const std::string& where) const;
+  const std::string& as_string(const std::string& where) const;
+};
+
+// Throws std::runtime_error "WHERE: invalid JSON at byte N: ..." on any malformed input.
+JsonValue parse_json(const std::string& text, const std::string& where);
+
+}  // namespace ul

@@ -1,0 +1,197 @@
+#include "engine/safetensors.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+#include "engine/json.h"
+
+namespace ul {
+
+namespace {
+
+// The reference implementation refuses headers over 100 MB; a header that size is an attack or
+// corruption, not a model.
+constexpr uint64_t kMaxHeader = 100u << 20;
+
+std::runtime_error st_error(const std::string& path, const std::string& what) {
+  return std::runtime_error(path + ": safetensors: " + what);
+}
+
+float f32_from_f16(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, u;
+  if (exp == 0x1F) {
+    u = sign | 0x7F800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;  // +-0
+  } else {     // subnormal: shift until the implicit bit appears
+    exp = 113;
+    while (!(man & 0x400u)) man <<= 1, exp--;
+    u = sign | (exp << 23) | ((man & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+size_t safetensors_dtype_size(const std::string& d) {
+  static const std::map<std::string, size_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2},
+      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4},     {"F32", 4},     {"I64", 8}, {"U64", 8}, {"F64", 8}};
+  auto it = sizes.find(d);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+int64_t SafeTensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(read_whole_file(path)) {
+  if (bytes_.size() < 8) throw st_error(path, "truncated: " + std::to_string(bytes_.size()) + " bytes, no 8-byte header length");
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; k--) n = (n << 8) | static_cast<unsigned char>(bytes_[size_t(k)]);
+  if (n > kMaxHeader) throw st_error(path, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
+  if (n > bytes_.size() - 8)
+    throw st_error(path, "truncated: the header claims " + std::to_string(n) + " bytes but the file has " +
+                             std::to_string(bytes_.size() - 8) + " after the length");
+  data0_ = 8 + size_t(n);
+  const size_t data_bytes = bytes_.size() - data0_;
+  const std::string header = bytes_.substr(8, size_t(n));
+  if (header.empty() || header[0] != '{') throw st_error(path, "the header is not a JSON object");
+  const JsonValue root = parse_json(header, path + ": safetensors header");
+  if (!root.is(JsonValue::Kind::object)) throw st_error(path, "the header is not a JSON object");
+
+  for (const auto& [name, v] : root.fields) {
+    if (name == "__metadata__") {
+      if (!v.is(JsonValue::Kind::object)) throw st_error(path, "__metadata__ is not an object");
+      for (const auto& [k, s] : v.fields) {
+        if (!s.is(JsonValue::Kind::string)) throw st_error(path, "__metadata__ value of '" + k + "' is not a string");
+        metadata_[k] = s.text;
+      }
+      continue;
+    }
+    const std::string where = path + ": safetensors: tensor '" + name + "'";
+    if (!v.is(JsonValue::Kind::object)) throw st_error(path, "tensor '" + name + "' is not an object");
+    for (const auto& [k, unused] : v.fields)
+      if (k != "dtype" && k != "shape" && k != "data_offsets") throw st_error(path, "tensor '" + name + "': unknown field '" + k + "'");
+    const JsonValue *dt = v.find("dtype"), *sh = v.find("shape"), *off = v.find("data_offsets");
+    if (!dt || !sh || !off) throw st_error(path, "tensor '" + name + "' needs dtype, shape and data_offsets");
+    SafeTensorInfo t;
+    t.name = name;
+    t.dtype = dt->as_string(where + " dtype");
+    const size_t esize = safetensors_dtype_size(t.dtype);
+    if (esize == 0) throw st_error(path, "tensor '" + name + "': unknown dtype '" + t.dtype + "'");
+    if (!sh->is(JsonValue::Kind::array)) throw st_error(path, "tensor '" + name + "': shape is not an array");
+    uint64_t numel = 1;
+    for (const JsonValue& d : sh->items) {
+      const int64_t x = d.as_int(where + " shape");
+      if (x < 0) throw st_error(path, "tensor '" + name + "': negative dimension " + std::to_string(x));
+      t.shape.push_back(x);
+      // Every partial product stays below the file size (or hits a zero), so it cannot overflow.
+      if (uint64_t(x) != 0 && numel > (uint64_t(1) << 62) / uint64_t(x))
+        throw st_error(path, "tensor '" + name + "': shape is absurdly large");
+      numel *= uint64_t(x);
+    }
+    if (!off->is(JsonValue::Kind::array) || off->items.size() != 2)
+      throw st_error(path, "tensor '" + name + "': data_offsets must be [begin, end]");
+    const int64_t b = off->items[0].as_int(where + " data_offsets"), e = off->items[1].as_int(where + " data_offsets");
+    if (b < 0 || e < b || uint64_t(e) > data_bytes)
+      throw st_error(path, "tensor '" + name + "': data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                               "] outside the " + std::to_string(data_bytes) + " data bytes");
+    t.begin = size_t(b), t.end = size_t(e);
+    if (numel * esize != t.end - t.begin)
+      throw st_error(path, "tensor '" + name + "': shape x " + t.dtype + " is " + std::to_string(numel * esize) +
+                               " bytes but data_offsets span " + std::to_string(t.end - t.begin));
+    tensors_.push_back(std::move(t));
+  }
+  // The tensors must tile the data section exactly: no overlap, no hole, nothing after the last.
+  std::sort(tensors_.begin(), tensors_.end(),
+            [](const SafeTensorInfo& a, const SafeTensorInfo& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+  size_t at = 0;
+  for (const SafeTensorInfo& t : tensors_) {
+    if (t.begin < at) throw st_error(path, "tensor '" + t.name + "' overlaps the tensor before it (data_offsets " +
+                                               std::to_string(t.begin) + " < " + std::to_string(at) + ")");
+    if (t.begin > at) throw st_error(path, "unused bytes [" + std::to_string(at) + ", " + std::to_string(t.begin) +
+                                               ") before tensor '" + t.name + "'");
+    at = t.end;
+  }
+  if (at != data_bytes)
+    throw st_error(path, std::to_string(data_bytes - at) + " trailing bytes after the last tensor");
+}
+
+const SafeTensorInfo* SafetensorsFile::find(const std::string& name) const {
+  for (const SafeTensorInfo& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::vector<float> SafetensorsFile::to_f32(const SafeTensorInfo& t) const {
+  const char* p = bytes_.data() + data0_ + t.begin;
+  const size_t n = size_t(t.numel());
+  std::vector<float> out(n);
+  if (t.dtype == "F32") {
+    std::memcpy(out.data(), p, n * 4);
+  } else if (t.dtype == "BF16" || t.dtype == "F16") {
+    const bool bf = t.dtype == "BF16";
+    for (size_t k = 0; k < n; k++) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * k, 2);
+      out[k] = bf ? f32_from_bf16(h) : f32_from_f16(h);
+    }
+  } else {
+    throw st_error(path_, "tensor '" + t.name + "' has dtype " + t.dtype + "; only F32, BF16 and F16 can be loaded");
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>& tensors,
+                       const std::map<std::string, std::string>& metadata, const std::string& dtype) {
+  if (dtype != "F32" && dtype != "BF16") throw st_error(path, "can only write F32 or BF16, not " + dtype);
+  const size_t esize = safetensors_dtype_size(dtype);
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) header += (first ? "" : ",") + json_quote(k) + ":" + json_quote(v), first = false;
+    header += "}";
+  }
+  size_t at = 0;
+  for (const SafeTensorOut& t : tensors) {
+    int64_t n = 1;
+    std::string shape;
+    for (int64_t d : t.shape) n *= d, shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    if (size_t(n) != t.data.size())
+      throw st_error(path, "tensor '" + t.name + "': shape holds " + std::to_string(n) + " values, data has " +
+                               std::to_string(t.data.size()));
+    const size_t end = at + size_t(n) * esize;
+    header += std::string(header.size() > 1 ? "," : "") + json_quote(t.name) + ":{\"dtype\":\"" + dtype + "\",\"shape\":[" +
+              shape + "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
+    at = end;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');  // aligns the data section to 8 bytes
+  unsigned char len[8];
+  for (int k = 0; k < 8; k++) len[k] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * k));
+  AtomicFile f(path);
+  f.write(len, 8);
+  f.write(header.data(), header.size());
+  for (const SafeTensorOut& t : tensors) {
+    if (dtype == "F32") {
+      f.write(t.data.data(), t.data.size() * 4);
+      continue;
+    }
+    std::vector<uint16_t> h(t.data.size());
+    for (size_t k = 0; k < h.size(); k++) h[k] = bf16_from_f32(t.data[k]);
+    f.write(h.data(), h.size() * 2);
+  }
+  f.commit();
+}
+
+}  // namespace ul

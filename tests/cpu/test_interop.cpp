@@ -1,0 +1,258 @@
+// Hugging Face interop: the name / shape / transposition mapping for gpt2 and llama, export ->
+// import round trips, HF's own file variants and the refusals, and the train flags that write and
+// read these files (llm.c and safetensors). The file format itself: test_safetensors.cpp.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/context.h"
+#include "engine/device.h"
+#include "engine/file_io.h"
+#include "engine/hf_format.h"
+#include "engine/json.h"
+#include "engine/rng.h"
+#include "engine/safetensors.h"
+#include "layers/transformer.h"
+#include "run_cmd.h"
+
+using namespace ul;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("ul_interop_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+ModelConfig small(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch, c.layers = 2, c.dim = 32, c.heads = 4, c.kv_heads = arch == "llama" ? 2 : 4;
+  c.vocab = 50, c.padded_vocab = 128, c.max_seq = 16, c.ffn = arch == "llama" ? 48 : 0, c.rope_theta = 5000.0f;
+  return c;
+}
+
+// Every parameter random (biases and norms too, so each mapping is visible); pad rows zero.
+std::vector<float> random_params(const Transformer& m, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> h(m.params.numel());
+  for (float& v : h) v = float(rng.normal());
+  for (const ParamSpec& s : m.params.specs())
+    if (s.name == "wte" || s.name == "lm_head")
+      std::fill(h.begin() + long(s.offset) + long(m.cfg.vocab) * m.cfg.dim, h.begin() + long(s.offset + s.shape.numel()), 0.0f);
+  return h;
+}
+
+const float* at(const Transformer& m, const std::vector<float>& h, const std::string& name, int l) {
+  const ParamSpec& s = m.params.spec(name);
+  return h.data() + s.offset + (s.stacked ? size_t(l) * size_t(s.shape.numel() / s.shape[0]) : 0);
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+}  // namespace
+
+TEST_CASE("gpt2 exports with Hugging Face names, Conv1D transposes and an unpadded vocab", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  Transformer m(small("gpt2"));
+  const std::vector<float> h = random_params(m, 1);
+  TempDir d;
+  export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "F32");
+  SafetensorsFile f(d / "model.safetensors");
+  const int C = 32, V = 50;
+  CHECK(f.tensors().size() == 2 + 12 * 2 + 2);
+  CHECK(!f.find("lm_head.weight"));  // tied to wte, as save_pretrained leaves it
+  CHECK(f.metadata().at("format") == "pt");
+  CHECK(f.metadata().at("arch") == "gpt2");
+  auto T = [&](const std::string& n) { REQUIRE(f.find(n)); return f.to_f32(*f.find(n)); };
+  auto shape = [&](const std::string& n) { return f.find(n)->shape; };
+  CHECK(shape("transformer.wte.weight") == std::vector<int64_t>{V, C});
+  CHECK(T("transformer.wte.weight") == std::vector<float>(h.begin(), h.begin() + V * C));
+  CHECK(shape("transformer.wpe.weight") == std::vector<int64_t>{16, C});
+  for (int l = 0; l < 2; l++) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    struct { const char* hf; const char* ours; int64_t rows, cols; } mats[] = {
+        {"attn.c_attn.weight", "qkvw", 3 * C, C}, {"attn.c_proj.weight", "attprojw", C, C},
+        {"mlp.c_fc.weight", "fcw", 4 * C, C},     {"mlp.c_proj.weight", "fcprojw", C, 4 * C}};
+    for (auto& mm : mats) {  // HF Conv1D weight[i][j] == our weight[j][i]
+      CAPTURE(mm.hf, l);
+      CHECK(shape(p + mm.hf) == std::vector<int64_t>{mm.cols, mm.rows});
+      const std::vector<float> w = T(p + mm.hf);
+      const float* ours = at(m, h, mm.ours, l);
+      for (int64_t i = 0; i < mm.cols; i++)
+        for (int64_t j = 0; j < mm.rows; j++) REQUIRE(w[size_t(i * mm.rows + j)] == ours[j * mm.cols + i]);
+    }
+    const std::pair<const char*, const char*> vecs[] = {{"ln_1.weight", "ln1w"}, {"ln_1.bias", "ln1b"}, {"attn.c_attn.bias", "qkvb"},
+                                                        {"attn.c_proj.bias", "attprojb"}, {"ln_2.weight", "ln2w"},
+                                                        {"ln_2.bias", "ln2b"}, {"mlp.c_fc.bias", "fcb"}, {"mlp.c_proj.bias", "fcprojb"}};
+    for (auto& [hf, ours] : vecs) {
+      const std::vector<float> v = T(p + hf);
+      CHECK(v == std::vector<float>(at(m, h, ours, l), at(m, h, ours, l) + v.size()));
+    }
+  }
+  CHECK(T("transformer.ln_f.bias") == std::vector<float>(at(m, h, "lnfb", -1), at(m, h, "lnfb", -1) + C));
+  const JsonValue cfg = parse_json(read_whole_file(d / "config.json"), "config.json");
+  CHECK(cfg.find("model_type")->text == "gpt2");
+  CHECK(cfg.find("n_embd")->as_int("") == C);
+  CHECK(cfg.find("vocab_size")->as_int("") == V);
+  CHECK(cfg.find("activation_function")->text == "gelu_new");
+}
+
+TEST_CASE("llama exports q/k/v and gate/up as row slices, lm_head unpadded, nothing permuted", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  Transformer m(small("llama"));
+  const std::vector<float> h = random_params(m, 2);
+  TempDir d;
+  export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "F32");
+  SafetensorsFile f(d / "model.safetensors");
+  const int C = 32, D = 8, H = 4, KV = 2, F = 48, V = 50;
+  CHECK(f.tensors().size() == 1 + 9 * 2 + 2);
+  auto rows = [&](const std::string& n, const float* src, int64_t r, int64_t c) {
+    CAPTURE(n);
+    REQUIRE(f.find(n));
+    CHECK(f.find(n)->shape == std::vector<int64_t>{r, c});
+    CHECK(f.to_f32(*f.find(n)) == std::vector<float>(src, src + r * c));
+  };
+  rows("model.embed_tokens.weight", at(m, h, "wte", -1), V, C);
+  rows("lm_head.weight", at(m, h, "lm_head", -1), V, C);
+  for (int l = 0; l < 2; l++) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const float* qkv = at(m, h, "qkvw", l);
+    rows(p + "self_attn.q_proj.weight", qkv, H * D, C);
+    rows(p + "self_attn.k_proj.weight", qkv + H * D * C, KV * D, C);
+    rows(p + "self_attn.v_proj.weight", qkv + (H + KV) * D * C, KV * D, C);
+    rows(p + "self_attn.o_proj.weight", at(m, h, "attprojw", l), C, C);
+    rows(p + "mlp.gate_proj.weight", at(m, h, "fcw", l), F, C);
+    rows(p + "mlp.up_proj.weight", at(m, h, "fcw", l) + F * C, F, C);
+    rows(p + "mlp.down_proj.weight", at(m, h, "fcprojw", l), C, F);
+    CHECK(f.to_f32(*f.find(p + "input_layernorm.weight")) == std::vector<float>(at(m, h, "ln1w", l), at(m, h, "ln1w", l) + C));
+    CHECK(f.to_f32(*f.find(p + "post_attention_layernorm.weight")) == std::vector<float>(at(m, h, "ln2w", l), at(m, h, "ln2w", l) + C));
+  }
+  const JsonValue cfg = parse_json(read_whole_file(d / "config.json"), "config.json");
+  CHECK(cfg.find("model_type")->text == "llama");
+  CHECK(cfg.find("num_key_value_heads")->as_int("") == KV);
+  CHECK(cfg.find("intermediate_size")->as_int("") == F);
+  CHECK(cfg.find("rope_theta")->as_double("") == 5000.0);
+  CHECK(!cfg.find("tie_word_embeddings")->b);
+}
+
+TEST_CASE("export then import round-trips bit-exactly, config from metadata or config.json", "[interop]") {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    CAPTURE(arch);
+    Context ctx;
+    ContextGuard g(ctx);
+    Transformer m(small(arch));
+    const std::vector<float> h = random_params(m, 3);
+    TempDir d;
+    export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "F32");
+    for (bool with_meta : {true, false}) {
+      CAPTURE(with_meta);
+      if (!with_meta)  // an HF-written file: only format=pt; the config comes from config.json
+        write_safetensors(d / "model.safetensors", hf_tensors(m.cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
+      SafetensorsFile f(d / "model.safetensors");
+      const ModelConfig c = hf_read_config(f);
+      CHECK(c.describe() == m.cfg.describe());
+      if (arch == "llama") CHECK(c.rope_theta == m.cfg.rope_theta);
+      Transformer back(c);
+      std::vector<float> got(back.params.numel(), 42.0f);
+      hf_import(f, c, back.params.specs(), got.data());
+      REQUIRE(got.size() == h.size());
+      CHECK(std::memcmp(got.data(), h.data(), h.size() * 4) == 0);
+    }
+    export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "BF16");
+    SafetensorsFile f(d / "model.safetensors");
+    std::vector<float> got(h.size());
+    hf_import(f, m.cfg, m.params.specs(), got.data());
+    bool all_rounded = true;
+    for (size_t i = 0; i < h.size(); i++) all_rounded &= got[i] == f32_from_bf16(bf16_from_f32(h[i]));
+    CHECK(all_rounded);
+  }
+}
+
+TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  Transformer m(small("gpt2"));
+  const std::vector<float> h = random_params(m, 4);
+  std::vector<SafeTensorOut> ts = hf_tensors(m.cfg, m.params.specs(), h.data());
+  TempDir d;
+  const std::string p = d / "model.safetensors";
+  const std::map<std::string, std::string> meta = hf_metadata(m.cfg);
+  std::vector<float> got(h.size());
+  auto import = [&](const std::vector<SafeTensorOut>& t) {
+    write_safetensors(p, t, meta, "F32");
+    SafetensorsFile f(p);
+    hf_import(f, m.cfg, m.params.specs(), got.data());
+  };
+  // Bare names (HF's own gpt2 files), the causal-mask buffers, and a tied lm_head copy all load.
+  std::vector<SafeTensorOut> bare = ts;
+  for (SafeTensorOut& t : bare) t.name = t.name.substr(12);
+  bare.push_back({"h.0.attn.bias", {1, 1, 4, 4}, std::vector<float>(16, 1.0f)});
+  bare.push_back({"lm_head.weight", ts[0].shape, ts[0].data});
+  import(bare);
+  CHECK(got == h);
+  std::vector<SafeTensorOut> bad = ts;
+  bad.push_back({"lm_head.weight", ts[0].shape, std::vector<float>(ts[0].data.size(), 0.5f)});
+  CHECK_THROWS_WITH(import(bad), Catch::Contains(p) && Catch::Contains("differs from wte"));
+  bad = ts;
+  bad.push_back({"transformer.h.9.mlp.c_fc.weight", {1}, {0}});
+  CHECK_THROWS_WITH(import(bad), Catch::Contains("unexpected tensor 'transformer.h.9.mlp.c_fc.weight'"));
+  bad = ts;
+  bad.erase(bad.begin() + 5);
+  CHECK_THROWS_WITH(import(bad), Catch::Contains("missing tensor '" + ts[5].name + "'"));
+  bad = ts;
+  std::swap(bad[4].shape[0], bad[4].shape[1]);  // c_attn.weight stored untransposed
+  CHECK_THROWS_WITH(import(bad), Catch::Contains("'" + ts[4].name + "' has shape (96, 32), expected (32, 96)"));
+  // No metadata and no config.json: the error says where the config should have come from.
+  write_safetensors(p, ts, {{"format", "pt"}}, "F32");
+  CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains(p) && Catch::Contains("config.json"));
+  write_bytes(d / "config.json", R"({"model_type":"gpt2","n_embd":32,"n_layer":2,"n_head":4,"n_positions":16,"vocab_size":50,"activation_function":"relu"})");
+  CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("activation_function"));
+  write_bytes(d / "config.json", R"({"model_type":"bert"})");
+  CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("model_type 'bert'"));
+}
+
+TEST_CASE("train exports llm.c and safetensors files that load back to the same model", "[interop][cli]") {
+  using namespace ul_test;
+  TempDir d;
+  write_bytes(d / "t.txt", std::string(4000, 'a') + "the quick brown fox jumps over the lazy dog. " + std::string(2000, 'b'));
+  const std::string common = " --data text:" + d / "t.txt" + " --seq 32 --batch 2 --threads 1 --eval-batches 1";
+  const std::string sample = " --sample 12 --prompt 'the q' --temperature 0";
+  for (const std::string arch : {"gpt2", "llama"}) {
+    CAPTURE(arch);
+    const std::string st = d / (arch + "/model.safetensors"), llmc = d / (arch + ".bin");
+    CmdResult r = run_cmd(train_cmd("--model " + arch + common + " --steps 2 --export-safetensors " + st + sample +
+                                    (arch == "gpt2" ? " --export-llmc " + llmc + " --export-llmc-version 3" : "")));
+    REQUIRE(r.code == 0);
+    const std::string text = r.out.substr(r.out.rfind("\n", r.out.size() - 2) + 1);  // the sampled line
+    CHECK(text.rfind("the q", 0) == 0);
+    CHECK(fs::exists(d / (arch + "/config.json")));
+    std::vector<std::string> ckpts = {st};
+    if (arch == "gpt2") ckpts.push_back(llmc);
+    for (const std::string& ck : ckpts) {
+      CmdResult again = run_cmd(train_cmd(common + " --steps 0 --checkpoint " + ck + sample));
+      REQUIRE(again.code == 0);
+      CHECK(again.out.substr(again.out.rfind("\n", again.out.size() - 2) + 1) == text);  // same weights, same greedy text
+    }
+  }
+  // Refused before any step: llama has no llm.c format; bad version, name or dependent flags.
+  for (const std::string& bad : std::vector<std::string>{"--model llama --export-llmc " + d / "x.bin", "--export-llmc x.bin --export-llmc-version 4",
+                                "--export-safetensors " + d / "x.bin", "--prompt hi", "--export-dtype bf16",
+                                "--sample 4 --prompt 'caf\xc3\xa9' --vocab 128"}) {
+    CAPTURE(bad);
+    CmdResult r = run_cmd(train_cmd(common + " --steps 1 " + bad));
+    CHECK(r.code != 0);
+    CHECK(r.out.find("step ") == std::string::npos);
+  }
+}

@@ -1,0 +1,165 @@
+// `train prepare` (data/prepare.h): text files -> llm.c shards that shards:GLOB loads back.
+//   - the shards hold exactly EOT + bytes per file, in order, split into train then val, each
+//     shard at most --shard-tokens, headers as llm.c writes them, no .tmp file left behind;
+//   - shards:GLOB reads them: the val split in order, every train sequence a window of the stream;
+//   - training on them with --doc-mask runs;
+//   - bad input (missing file, an EOT byte inside a file, stale shards, bad flags) is refused,
+//     naming the problem, with nothing written.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "data/dataset.h"
+#include "run_cmd.h"
+
+namespace fs = std::filesystem;
+using ul_test::run_cmd;
+using ul_test::train_cmd;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / ("ulysses_test_prepare_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// The tokens of one shard, after checking its llm.c header against its size.
+std::vector<int32_t> shard_tokens(const std::string& path) {
+  const std::string b = bytes_of(path);
+  REQUIRE(b.size() >= 1024);
+  int32_t h[3];
+  std::memcpy(h, b.data(), sizeof h);
+  CHECK(h[0] == 20240520);
+  CHECK(h[1] == 1);
+  REQUIRE(b.size() == 1024 + size_t(h[2]) * 2);
+  std::vector<int32_t> t(static_cast<size_t>(h[2]));
+  for (size_t k = 0; k < t.size(); k++) t[k] = uint8_t(b[1024 + 2 * k]) | uint8_t(b[1025 + 2 * k]) << 8;
+  return t;
+}
+
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte for byte", "[prepare]") {
+  TempDir d;
+  std::string a, b;
+  for (int i = 0; i < 300; i++) a += "alpha " + std::to_string(i * 31 % 97) + (i % 5 ? " " : "\n");
+  for (int i = 0; i < 256; i++) b += char(i);  // every byte value, NUL included: EOT 256 collides with none
+  std::ofstream(d.file("a.txt"), std::ios::binary) << a;
+  std::ofstream(d.file("b.bin"), std::ios::binary) << b;
+  const std::string out = d.file("shards");
+  auto r = run_cmd(train_cmd("prepare --out " + out + " --val-frac 0.2 --shard-tokens 500 " + d.file("a.txt") + " " +
+                             d.file("b.bin")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("--vocab 257 --doc-mask --eot 256") != std::string::npos);
+
+  // The stream: EOT, a, EOT, b; its last 20% (rounded) is val.
+  std::vector<int32_t> stream{256};
+  for (char c : a) stream.push_back(uint8_t(c));
+  stream.push_back(256);
+  for (char c : b) stream.push_back(uint8_t(c));
+  const size_t val = size_t(std::llround(0.2 * double(stream.size()))), train = stream.size() - val;
+
+  std::vector<std::string> names = listing(out);
+  std::vector<int32_t> got_train, got_val;
+  size_t train_shards = 0;
+  for (const std::string& n : names) {
+    INFO(n);
+    REQUIRE(n.rfind("text_", 0) == 0);  // nothing else, no .tmp left
+    std::vector<int32_t> t = shard_tokens(out + "/" + n);
+    CHECK(t.size() <= 500);
+    bool is_val = n.find("_val_") != std::string::npos;
+    train_shards += !is_val;
+    (is_val ? got_val : got_train).insert((is_val ? got_val : got_train).end(), t.begin(), t.end());
+  }
+  CHECK(train_shards == (train + 499) / 500);
+  CHECK(names.size() - train_shards == (val + 499) / 500);
+  CHECK(got_train == std::vector<int32_t>(stream.begin(), stream.begin() + long(train)));
+  CHECK(got_val == std::vector<int32_t>(stream.begin() + long(train), stream.end()));
+
+  // shards:GLOB: val in order; each train sequence a window of its shard (train order is shuffled).
+  const int T = 16;
+  auto vds = ul::open_dataset("shards:" + out + "/text_*.bin", ul::Split::val, 1, 257);
+  auto tds = ul::open_dataset("shards:" + out + "/text_*.bin", ul::Split::train, 1, 257);
+  CHECK(vds->vocab() == 257);
+  std::vector<int32_t> x(T), y(T);
+  vds->sequence(0, T, x.data(), y.data());
+  CHECK(x == std::vector<int32_t>(got_val.begin(), got_val.begin() + T));
+  CHECK(y == std::vector<int32_t>(got_val.begin() + 1, got_val.begin() + T + 1));
+  for (int64_t i = 0; i < tds->num_sequences(T); i++) {
+    tds->sequence(i, T, x.data(), y.data());
+    CHECK(std::equal(x.begin() + 1, x.end(), y.begin()));  // targets are the inputs shifted
+    std::vector<int32_t> window(x);
+    window.push_back(y.back());
+    CHECK(std::search(got_train.begin(), got_train.end(), window.begin(), window.end()) != got_train.end());
+  }
+
+  // And they train, packed with the document mask.
+  r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --vocab 257 --doc-mask --eot 256 --seq 32 --batch 2 "
+                        "--steps 2 --eval-batches 1 --threads 1 --quiet"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("done |") != std::string::npos);
+}
+
+TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
+  TempDir d;
+  std::ofstream(d.file("ok.txt")) << "some text for a shard, long enough for both splits\n";
+  std::ofstream(d.file("nul.txt"), std::ios::binary) << std::string("ab\0cd", 5);
+  const std::string out = d.file("out");
+  struct Case {
+    std::string args, message;
+  };
+  const Case cases[] = {
+      {"--out " + out + " " + d.file("missing.txt") + " " + d.file("ok.txt"), "missing.txt: cannot open input file"},
+      {"--out " + out + " " + d.path.string(), "cannot open input file"},  // a directory
+      {"--out " + out + " --eot 0 " + d.file("ok.txt") + " " + d.file("nul.txt"), "nul.txt: byte 0 at offset 2"},
+      {"--out " + out + " --val-frac 1 " + d.file("ok.txt"), "--val-frac must be in [0, 1)"},
+      {"--out " + out + " --shard-tokens 0 " + d.file("ok.txt"), "--shard-tokens must be"},
+      {"--out " + out + " --eot 70000 " + d.file("ok.txt"), "--eot must be in [0, 65535]"},
+      {"--out " + out + " --bogus 1 " + d.file("ok.txt"), "unknown flag '--bogus'"},
+      {"--out " + out, "no input files"},
+      {d.file("ok.txt"), "--out DIR is required"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_cmd(train_cmd("prepare " + c.args));
+    INFO(c.args << "\n" << r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find(c.message) != std::string::npos);
+    CHECK((!fs::exists(out) || fs::is_empty(out)));
+  }
+  // A byte EOT is fine when no file contains it; a second run into the same directory is refused.
+  auto r = run_cmd(train_cmd("prepare --out " + out + " --eot 0 --val-frac 0 " + d.file("ok.txt")));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(listing(out) == std::vector<std::string>{"text_train_000000.bin"});
+  CHECK(shard_tokens(out + "/text_train_000000.bin").front() == 0);
+  r = run_cmd(train_cmd("prepare --out " + out + " " + d.file("ok.txt")));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("already holds shard text_train_000000.bin") != std::string::npos);
+  CHECK(run_cmd(train_cmd("prepare --help")).out.find("usage: train prepare") != std::string::npos);
+}

@@ -1,0 +1,123 @@
+// The safetensors file format (reader, writer, and every refusal of a corrupt file) and the bf16
+// rounding that it and llm.c's version 5 checkpoints share.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/llmc_format.h"
+#include "engine/rng.h"
+#include "engine/safetensors.h"
+
+using namespace ul;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("ul_safetensors_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// A raw safetensors file from a header text and a data section.
+std::string raw_file(const std::string& header, const std::string& data) {
+  std::string s(8, '\0');
+  for (int k = 0; k < 8; k++) s[size_t(k)] = char((uint64_t(header.size()) >> (8 * k)) & 0xFF);
+  return s + header + data;
+}
+
+void check_refused(const std::string& path, const std::string& bytes, const std::string& words) {
+  write_bytes(path, bytes);
+  CAPTURE(words);
+  REQUIRE_THROWS_WITH(SafetensorsFile(path), Catch::Contains(path) && Catch::Contains(words));
+}
+
+}  // namespace
+
+TEST_CASE("safetensors round-trips F32 exactly and BF16 with round-to-nearest-even", "[interop]") {
+  TempDir d;
+  const float tie_down = 1.0f + 0x1.0p-8f, tie_up = 1.0f + 3 * 0x1.0p-8f;  // exactly halfway: ties go to even
+  std::vector<SafeTensorOut> ts = {{"a", {2, 3}, {1, -2, 3.5f, tie_down, tie_up, 1e-20f}}, {"s", {}, {7}}, {"e", {0}, {}}};
+  write_safetensors(d / "f.safetensors", ts, {{"format", "pt"}, {"k\"ey", "v\\al\n"}}, "F32");
+  SafetensorsFile f(d / "f.safetensors");
+  CHECK(f.metadata().at("k\"ey") == "v\\al\n");
+  REQUIRE(f.find("a"));
+  CHECK(f.find("a")->shape == std::vector<int64_t>{2, 3});
+  CHECK(f.to_f32(*f.find("a")) == ts[0].data);
+  CHECK(f.to_f32(*f.find("s")) == std::vector<float>{7});
+  CHECK(f.find("e")->numel() == 0);
+  write_safetensors(d / "b.safetensors", ts, {}, "BF16");
+  SafetensorsFile b(d / "b.safetensors");
+  CHECK(b.find("a")->dtype == "BF16");
+  const std::vector<float> r = b.to_f32(*b.find("a"));
+  CHECK(r[0] == 1.0f);
+  CHECK(r[3] == 1.0f);                    // 1 + 2^-8 -> 1 (even)
+  CHECK(r[4] == 1.0f + 0x1.0p-6f);        // 1 + 3 * 2^-8 -> 1 + 2^-6 (even)
+  CHECK(bf16_from_f32(-0.0f) == 0x8000);
+  CHECK(std::isnan(f32_from_bf16(bf16_from_f32(NAN))));
+  CHECK(fs::file_size(d / "b.safetensors") % 2 == 0);  // 8-byte length + space-padded header (multiple of 8) + 2-byte data
+}
+
+TEST_CASE("safetensors refuses corrupt files naming the file and the problem", "[interop]") {
+  TempDir d;
+  const std::string p = d / "bad.safetensors", z8(8, '\0');
+  auto one = [](const std::string& name, const std::string& dtype, const std::string& shape, const std::string& offs) {
+    return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" + offs + "]}";
+  };
+  const std::string ok = "{" + one("t", "F32", "2", "0,8") + "}";
+  write_bytes(p, raw_file(ok, z8));
+  CHECK_NOTHROW(SafetensorsFile(p));
+  std::string huge = raw_file(ok, z8);
+  huge[6] = 1;  // a header length of 2^48 bytes
+  const std::pair<std::string, std::string> bad[] = {
+      {"abc", "truncated"},
+      {raw_file(ok, "").substr(0, 20), "truncated"},
+      {huge, "100 MB"},
+      {raw_file(ok, std::string(4, '\0')), "outside"},
+      {raw_file(ok, std::string(12, '\0')), "trailing"},
+      {raw_file("{" + one("t", "F32", "2", "0,8") + ",}", z8), "invalid JSON"},
+      {raw_file(ok + " x", z8), "invalid JSON"},
+      {raw_file("[1]", ""), "not a JSON object"},
+      {raw_file("{" + one("t", "Q7", "2", "0,8") + "}", z8), "unknown dtype"},
+      {raw_file("{" + one("t", "F32", "3", "0,8") + "}", z8), "span"},
+      {raw_file("{" + one("t", "F32", "-2", "0,8") + "}", z8), "negative"},
+      {raw_file("{" + one("t", "F32", "2.5", "0,8") + "}", z8), "expected an integer"},
+      {raw_file("{" + one("t", "F32", "2", "8,0") + "}", z8), "outside"},
+      {raw_file(R"({"t":{"dtype":"F32","shape":[2]}})", z8), "data_offsets"},
+      {raw_file("{" + one("t", "F32", "2", "0,8") + "," + one("u", "F32", "1", "4,8") + "}", z8), "overlaps"},
+      {raw_file("{" + one("t", "F32", "1", "4,8") + "}", z8), "unused bytes"},
+      {raw_file("{" + one("t", "F32", "2", "0,8") + "," + one("t", "F32", "2", "0,8") + "}", z8), "duplicate key"},
+      {raw_file(R"({"__metadata__":{"a":1}})", ""), "not a string"},
+  };
+  for (const auto& [bytes, words] : bad) check_refused(p, bytes, words);
+}
+
+TEST_CASE("llm.c checkpoints export as version 5 (bf16, nearest even) and read back", "[interop]") {
+  const LlmcConfig lc{16, 50, 64, 2, 4, 32};
+  std::vector<float> p(llmc_gpt2_num_params(lc));
+  Rng rng(5);
+  for (float& v : p) v = float(rng.normal());
+  TempDir d;
+  write_llmc_checkpoint(d / "m5.bin", lc, p.data(), 5);
+  CHECK(fs::file_size(d / "m5.bin") == 1024 + 2 * p.size());
+  std::vector<float> back;
+  read_llmc_checkpoint(d / "m5.bin", back);
+  bool all_rounded = back.size() == p.size();
+  for (size_t i = 0; all_rounded && i < p.size(); i++) all_rounded = back[i] == f32_from_bf16(bf16_from_f32(p[i]));
+  CHECK(all_rounded);
+  write_llmc_checkpoint(d / "m3.bin", lc, p.data(), 3);
+  read_llmc_checkpoint(d / "m3.bin", back);
+  CHECK(back == p);
+  CHECK_THROWS_WITH(write_llmc_checkpoint(d / "m4.bin", lc, p.data(), 4), Catch::Contains("version 4"));
+}
+

@@ -1,0 +1,217 @@
+// Sampling: the KV-cache decoder against the full forward (every position's logits), greedy and
+// top-k 1 agreement and determinism, the token sampler's rules, prompts, and the llm.c tokenizer
+// reader (including every way its file can be wrong).
+#include <catch2/catch.hpp>
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "engine/context.h"
+#include "engine/device.h"
+#include "engine/export.h"
+#include "engine/rng.h"
+#include "engine/sample.h"
+#include "engine/tokenizer.h"
+#include "layers/linear.h"
+#include "layers/transformer.h"
+#include "run_cmd.h"
+
+using namespace ul;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelConfig small(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch, c.layers = 2, c.dim = 32, c.heads = 4, c.kv_heads = arch == "llama" ? 2 : 4;
+  c.vocab = 50, c.padded_vocab = 128, c.max_seq = 24, c.ffn = arch == "llama" ? 48 : 0;
+  return c;
+}
+
+// Random weights large enough that the attention is far from uniform and the logits spread out.
+std::vector<float> host_params(Transformer& m, uint64_t seed) {
+  m.init_weights(seed);
+  std::vector<float> h = m.params.to_host();
+  Rng rng(seed + 1);
+  for (const ParamSpec& s : m.params.specs())
+    if (s.name != "wte" && s.name != "lm_head")  // norms and biases off their defaults too
+      for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) h[i] += float(0.1 * rng.normal());
+  m.params.load_host(h.data());
+  return h;
+}
+
+// The full forward's logits (T, V) of one sequence: the model's final hidden state times the head.
+std::vector<float> full_logits(Transformer& m, const std::vector<int32_t>& idx) {
+  Context& c = ctx();
+  Recording off(false);
+  const int T = int(idx.size());
+  std::vector<int32_t> pos(idx.size()), tgt(idx.size(), 0);
+  for (int t = 0; t < T; t++) pos[size_t(t)] = t;
+  auto ints = [&](const std::vector<int32_t>& v) {
+    Tensor t = c.empty({1, T}, DType::i32);
+    copy_from_host(t, v.data());
+    return t;
+  };
+  m.forward({ints(idx), ints(tgt), ints(pos), ints(pos), Tensor{}}, 0.0f, nullptr);
+  const int C = m.cfg.dim, V = m.cfg.vocab;
+  std::vector<float> logits(size_t(T) * V);
+  const float* head = m.params.get(m.cfg.is_llama() ? "lm_head" : "wte").f32();
+  cpu::linear_forward(logits.data(), m.last_hidden.f32(), head, static_cast<const float*>(nullptr), T, C, V);
+  return logits;
+}
+
+std::string tok_file(uint32_t magic, uint32_t version, uint32_t vocab, uint32_t eot, const std::vector<std::string>& toks) {
+  std::string s(1024, '\0');
+  const uint32_t h[4] = {magic, version, vocab, eot};
+  std::memcpy(&s[0], h, sizeof h);
+  for (const std::string& t : toks) s += char(t.size()) + t;
+  return s;
+}
+
+struct TempFile {
+  std::string path = (fs::temp_directory_path() / ("ul_sample_" + std::to_string(::getpid()) + ".bin")).string();
+  ~TempFile() { fs::remove(path); }
+  const std::string& write(const std::string& bytes) {
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the KV-cache logits equal the full forward's at every position", "[sample]") {
+  // One thread: a one-token step is too small to share, and on a busy CI machine every OpenMP
+  // region of a one-row kernel would wait for a whole team.
+  omp_set_num_threads(1);
+  for (const std::string arch : {"gpt2", "llama"}) {
+    CAPTURE(arch);
+    Context c;
+    ContextGuard g(c);
+    Transformer m(small(arch));
+    const std::vector<float> h = host_params(m, 11);
+    // A prompt, then what greedy decoding generates from it: the cache is checked on its own output.
+    KvDecoder dec(m.cfg, m.params.specs(), h.data(), 20);
+    const std::vector<int> prompt = {3, 14, 15, 9, 26};
+    std::vector<int> gen = generate(dec, prompt, {15, 0.0f, 0, 1});
+    std::vector<int32_t> seq(prompt.begin(), prompt.end());
+    seq.insert(seq.end(), gen.begin(), gen.end());
+    const std::vector<float> full = full_logits(m, seq);
+    dec.reset();
+    const int V = m.cfg.vocab;
+    double worst = 0;
+    for (size_t t = 0; t < seq.size(); t++) {
+      const std::vector<float>& kv = dec.step(seq[t]);
+      for (int v = 0; v < V; v++) {
+        const double ref = full[t * size_t(V) + size_t(v)];
+        worst = std::max(worst, std::fabs(kv[size_t(v)] - ref) / std::max(1.0, std::fabs(ref)));
+      }
+      // Greedy picked the argmax of these logits at every generated position.
+      if (t + 1 >= prompt.size() && t + 1 < seq.size()) CHECK(sample_token(kv, 0.0f, 0, *std::make_unique<Rng>(0)) == seq[t + 1]);
+    }
+    CHECK(worst < 1e-5);
+    CHECK(dec.position() == int(seq.size()));
+    CHECK_THROWS_WITH(dec.step(0), Catch::Contains("KV cache is full"));
+  }
+}
+
+TEST_CASE("greedy is deterministic, top-k 1 is greedy, sampling is seeded", "[sample]") {
+  Context c;
+  ContextGuard g(c);
+  omp_set_num_threads(1);
+  Transformer m(small("llama"));
+  const std::vector<float> h = host_params(m, 12);
+  KvDecoder dec(m.cfg, m.params.specs(), h.data(), 24);
+  const std::vector<int> prompt = {1, 2, 3};
+  const std::vector<int> greedy = generate(dec, prompt, {20, 0.0f, 0, 1});
+  CHECK(generate(dec, prompt, {20, 0.0f, 0, 99}) == greedy);
+  CHECK(generate(dec, prompt, {20, 1.0f, 1, 7}) == greedy);
+  const std::vector<int> s1 = generate(dec, prompt, {20, 1.5f, 0, 5});
+  CHECK(generate(dec, prompt, {20, 1.5f, 0, 5}) == s1);
+  CHECK(generate(dec, prompt, {20, 1.5f, 0, 6}) != s1);
+  CHECK_THROWS_WITH(generate(dec, prompt, {30, 1.0f, 0, 1}), Catch::Contains("KV cache is full"));
+  CHECK_THROWS_WITH(generate(dec, {}, {3, 1.0f, 0, 1}), Catch::Contains("prompt is empty"));
+  CHECK_THROWS_WITH(generate(dec, {50}, {3, 1.0f, 0, 1}), Catch::Contains("outside the vocab"));
+}
+
+TEST_CASE("the token sampler: argmax, ties, top-k, temperature", "[sample]") {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, -3.0f};
+  Rng rng(3);
+  CHECK(sample_token(logits, 0.0f, 0, rng) == 1);  // ties: the lower id
+  CHECK(sample_token(logits, 2.0f, 1, rng) == 1);
+  std::set<int> seen;
+  for (int i = 0; i < 2000; i++) seen.insert(sample_token(logits, 1.0f, 3, rng));
+  CHECK(seen == std::set<int>{1, 3, 4});
+  int ones = 0;  // a tiny temperature is (almost) greedy; a huge one (almost) uniform
+  for (int i = 0; i < 1000; i++) ones += sample_token(logits, 1e-3f, 0, rng) == 1;
+  CHECK(ones > 400);
+  CHECK(ones < 600);  // ids 1 and 3 tie: each about half
+  seen.clear();
+  for (int i = 0; i < 2000; i++) seen.insert(sample_token(logits, 1e3f, 0, rng));
+  CHECK(seen.size() == logits.size());
+}
+
+TEST_CASE("prompts: bytes, ids:, tokenizer encoding, range checks", "[sample]") {
+  CHECK(parse_prompt("ab", 256, nullptr) == std::vector<int>{97, 98});
+  CHECK(parse_prompt("ids:1,2,30", 31, nullptr) == std::vector<int>{1, 2, 30});
+  CHECK_THROWS_WITH(parse_prompt("ids:1,,2", 31, nullptr), Catch::Contains("not a token id"));
+  CHECK_THROWS_WITH(parse_prompt("ids:31", 31, nullptr), Catch::Contains("outside the model's vocab of 31"));
+  CHECK_THROWS_WITH(parse_prompt("a", 64, nullptr), Catch::Contains("ids:1,2,3"));
+  TempFile f;
+  Tokenizer tok(f.write(tok_file(20240328, 2, 5, 4, {"a", "b", "ab", "abc", "<|eot|>"})));
+  CHECK(tok.vocab() == 5);
+  CHECK(tok.eot() == 4);
+  CHECK(tok.decode(3) == "abc");
+  CHECK(tok.encode("abcabba") == std::vector<int>{3, 2, 1, 0});  // longest match first
+  CHECK(parse_prompt("aab", 5, &tok) == std::vector<int>{0, 2});
+  CHECK_THROWS_WITH(tok.encode("abz"), Catch::Contains("at byte 2"));
+  CHECK_THROWS_WITH(tok.decode(5), Catch::Contains("outside the tokenizer's vocab"));
+  CHECK(Tokenizer(f.write(tok_file(20240328, 1, 2, 0, {"x", "y"}))).eot() == -1);
+}
+
+TEST_CASE("the llm.c tokenizer reader refuses bad files, naming the file and the problem", "[sample]") {
+  TempFile f;
+  const std::vector<std::string> two = {"x", "yz"};
+  const std::pair<std::string, std::string> bad[] = {
+      {tok_file(20240327, 2, 2, 0, two), "bad magic"},
+      {tok_file(20240328, 3, 2, 0, two), "unsupported version 3"},
+      {tok_file(20240328, 2, 2, 0, two).substr(0, 1000), "truncated"},
+      {tok_file(20240328, 2, 0, 0, two), "vocab_size 0"},
+      {tok_file(20240328, 2, 3, 0, two), "vocab_size 3"},
+      {tok_file(20240328, 2, 2, 2, two), "eot_token 2"},
+      {tok_file(20240328, 2, 2, 0, {"x", "yz"}).substr(0, 1024 + 4), "runs past the end"},
+      {tok_file(20240328, 2, 2, 0, {"x", ""}) + "abc", "length 0"},
+      {tok_file(20240328, 2, 2, 0, {"x", "yz", "w"}), "trailing bytes"},
+  };
+  for (const auto& [bytes, words] : bad) {
+    CAPTURE(words);
+    CHECK_THROWS_WITH(Tokenizer(f.write(bytes)), Catch::Contains(f.path) && Catch::Contains(words));
+  }
+  CHECK_THROWS_WITH(Tokenizer(f.path + ".missing"), Catch::Contains(".missing"));
+}
+
+TEST_CASE("train --sample prints the prompt and its continuation; bad tokenizers fail first", "[sample][cli]") {
+  using namespace ul_test;
+  TempFile text, tok;
+  text.path += ".txt";
+  text.write(std::string(3000, 'x') + "hello world " + std::string(1000, 'y'));
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; b++) bytes.push_back(std::string(1, char(b)));
+  tok.write(tok_file(20240328, 1, 256, 0, bytes));
+  const std::string common = "--data text:" + text.path + " --seq 32 --batch 2 --threads 1 --eval-batches 1 --steps 1";
+  CmdResult r = run_cmd(train_cmd(common + " --sample 6 --prompt 'hello' --top-k 3 --tokenizer " + tok.path));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("sample  | 5 prompt + 6 new tokens") != std::string::npos);
+  CHECK(r.out.find("\nhello") != std::string::npos);
+  tok.write(tok_file(20240328, 1, 300, 0, bytes));
+  r = run_cmd(train_cmd(common + " --sample 6 --prompt 'hello' --tokenizer " + tok.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find(tok.path + ": llm.c tokenizer: vocab_size 300") != std::string::npos);
+  CHECK(r.out.find("step ") == std::string::npos);
+  r = run_cmd(train_cmd(common + " --model gpt2 --max-seq 32 --sample 40 --prompt 'hello'"));
+  CHECK(r.out.find("exceed the model's max sequence 32") != std::string::npos);
+}

@@ -1,0 +1,238 @@
+// `train --device cuda` end to end against `--device cpu`: the real Trainer (data, model, loss
+// normalisation, AdamW, ZeRO, checkpoints) on the CUDA backend. Written only against the engine, so
+// the same cases run emulated (tests/emu, in CI) and on a real GPU (tests/gpu); the including file
+// picks the Catch2 tag. Shapes are tiny (1 layer, dim 32, 2 heads, seq 16, batch 2): emulated
+// kernels run a fiber per CUDA thread.
+//   - fp32: the first step's loss within 1e-5 relative of the CPU's, every gradient tensor within
+//     1e-5 of its largest element, and the parameters after a few AdamW steps within 1e-4 (Adam
+//     divides by sqrt(v), so a last-bit gradient difference may move a weight by more than 1e-5 of
+//     the tensor's scale over steps, but never far);
+//   - bf16: the master weights start as the f32 init itself and the bf16 weights as its nearest
+//     rounding; the loss within 2e-2 relative (the forward runs on bf16 weights and activations);
+//     the f32 gradients within 5e-2 in relative L2 norm; the stochastic rounding is seeded, so two
+//     runs are bitwise equal; a checkpoint's model.bin holds the f32 master values.
+#pragma once
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_files.h"
+#include "engine/device.h"
+#include "engine/options.h"
+#include "engine/trainer.h"
+#include "parallel/comm_local.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including train_cuda_cases.h"
+#endif
+
+namespace train_cases {
+
+using namespace ul;
+
+// The tiny job every case runs; --model and the backend flags come from the case.
+inline std::string common() {
+  return "--threads 1 --grad-clip 0 --eval-every 0 --quiet --layers 1 --dim 32 --heads 2 --seq 16 --max-seq 16 "
+         "--batch 2 --warmup 0 --lr 1e-2";
+}
+
+inline Options options(const std::string& args) {
+  std::istringstream in(common() + " " + args);
+  std::vector<std::string> words{"train"};
+  for (std::string w; in >> w;) words.push_back(w);
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(&w[0]);
+  return parse_options(int(argv.size()), argv.data());
+}
+
+// What rank 0 saw, on the host. params: the f32 values (a bf16 model's master weights).
+struct Run {
+  std::vector<double> losses;
+  std::vector<float> params0;  // before the first step
+  std::vector<uint16_t> bf16_0;  // bf16 runs: the bf16 parameter buffer before the first step
+  std::vector<float> grad, params;  // after the last step: its (world-summed) gradient, the weights
+  std::vector<uint16_t> bf16;       // bf16 runs: the bf16 parameter buffer after the last step
+  std::vector<ParamSpec> specs;
+};
+
+inline std::vector<uint16_t> bf16_buffer(const Params& p) {
+  std::vector<uint16_t> h(p.numel());
+  device_copy(h.data(), Device::cpu, p.raw(), p.device(), h.size() * 2);
+  return h;
+}
+
+// `steps` steps of `args` on `ranks` local ranks; the communicator moves buffers of the run's device.
+// after(tr): called on every rank after the steps (e.g. to save a checkpoint).
+inline Run train(const std::string& args, int ranks, int steps, const std::function<void(Trainer&)>& after = {}) {
+  Options o = options(args + " --ranks " + std::to_string(ranks));
+  LocalOptions lo;
+  lo.device = run_device(o);
+  Run r;
+  run_local(ranks, [&](Comm& world) {
+    Trainer tr(o, world);
+    const Params& p = tr.model().params;
+    const bool lead = world.rank() == 0;
+    if (lead) {
+      r.params0 = p.to_host();
+      if (p.dtype() == DType::bf16) r.bf16_0 = bf16_buffer(p);
+    }
+    for (int s = 0; s < steps; s++) {
+      StepResult sr = tr.step();
+      if (lead) r.losses.push_back(sr.loss);
+    }
+    if (after) after(tr);
+    if (!lead) return;
+    r.specs = p.specs();
+    r.grad.resize(p.numel());
+    device_copy(r.grad.data(), Device::cpu, p.grad(), p.device(), r.grad.size() * sizeof(float));
+    r.params = p.to_host();
+    if (p.dtype() == DType::bf16) r.bf16 = bf16_buffer(p);
+  }, lo);
+  return r;
+}
+
+// Per tensor: max |got - want| over the tensor's max |want|; the worst tensor's value and name.
+inline double worst_rel(const std::vector<ParamSpec>& specs, const std::vector<float>& got, const std::vector<float>& want,
+                        std::string& name) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (const ParamSpec& s : specs) {
+    double diff = 0, ref = 0;
+    for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
+      const double d = std::fabs(double(got[i]) - double(want[i]));
+      diff = std::isnan(d) ? INFINITY : std::max(diff, d);
+      ref = std::max(ref, std::fabs(double(want[i])));
+    }
+    const double rel = ref > 0 ? diff / ref : (diff > 0 ? INFINITY : 0.0);
+    if (rel >= worst) worst = rel, name = s.name;
+  }
+  return worst;
+}
+
+// ||got - want|| / ||want|| over the whole buffer.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < want.size(); i++) {
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return std::sqrt(d / std::max(w, 1e-300));
+}
+
+inline double rel_diff(double got, double want) { return std::fabs(got - want) / std::max(std::fabs(want), 1e-30); }
+
+inline uint16_t nearest_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+const char* const kArchs[] = {"gpt2", "llama"};
+
+TEST_CASE("train --device cuda --precision fp32 matches --device cpu", UL_CUDA_TEST_TAG) {
+  for (const char* arch : kArchs) {
+    INFO("--model " << arch);
+    const std::string m = std::string("--model ") + arch;
+    // One step: the same init, the same batch, so the same loss and gradient.
+    Run cpu1 = train(m + " --device cpu", 1, 1), gpu1 = train(m + " --device cuda --precision fp32", 1, 1);
+    REQUIRE(gpu1.params0 == cpu1.params0);
+    CHECK(rel_diff(gpu1.losses[0], cpu1.losses[0]) < 1e-5);
+    std::string name;
+    const double g = worst_rel(cpu1.specs, gpu1.grad, cpu1.grad, name);
+    INFO("gradient, worst tensor " << name << ": " << g);
+    CHECK(g < 1e-5);
+    // A few AdamW steps on the device kernels: every loss and the weights stay with the CPU's.
+    Run cpu3 = train(m + " --device cpu", 1, 3), gpu3 = train(m + " --device cuda --precision fp32", 1, 3);
+    for (size_t s = 0; s < cpu3.losses.size(); s++) {
+      INFO("step " << s + 1 << ": cuda " << gpu3.losses[s] << " cpu " << cpu3.losses[s]);
+      CHECK(rel_diff(gpu3.losses[s], cpu3.losses[s]) < 1e-5);
+    }
+    const double p = worst_rel(cpu3.specs, gpu3.params, cpu3.params, name);
+    INFO("parameters after 3 steps, worst tensor " << name << ": " << p);
+    CHECK(p < 1e-4);
+    CHECK(gpu3.params != gpu3.params0);  // the steps did move the weights
+  }
+}
+
+TEST_CASE("train --device cuda --precision bf16: f32 masters, bf16 weights, close to fp32", UL_CUDA_TEST_TAG) {
+  for (const char* arch : kArchs) {
+    INFO("--model " << arch);
+    const std::string m = std::string("--model ") + arch;
+    Run cpu = train(m + " --device cpu", 1, 2), bf = train(m + " --device cuda --precision bf16", 1, 2);
+    // The master weights are the f32 init itself, the bf16 weights its nearest rounding.
+    REQUIRE(bf.params0 == cpu.params0);
+    REQUIRE(bf.bf16_0.size() == cpu.params0.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < cpu.params0.size(); i++) bad += bf.bf16_0[i] != nearest_bf16(cpu.params0[i]);
+    CHECK(bad == 0);
+    CHECK(rel_diff(bf.losses[0], cpu.losses[0]) < 2e-2);
+    CHECK(rel_diff(bf.losses[1], cpu.losses[1]) < 2e-2);
+    const double g = rel_l2(bf.grad, cpu.grad);
+    INFO("step 2 gradient, relative L2 difference " << g);
+    CHECK(g < 5e-2);
+    // After the steps each bf16 weight is one of the two bf16 neighbours of its f32 master (the
+    // stochastic rounding), and the masters kept what bf16 cannot hold.
+    size_t off = 0, finer = 0;
+    for (size_t i = 0; i < bf.params.size(); i++) {
+      const float w = bf16_value(bf.bf16[i]), p = bf.params[i];
+      off += std::fabs(double(w) - p) > std::ldexp(std::fabs(double(p)), -7) + 1e-30;
+      finer += bf16_value(nearest_bf16(p)) != p;
+    }
+    CHECK(off == 0);
+    CHECK(finer > bf.params.size() / 2);
+    // The rounding's random bits come from the run seed: a rerun is bitwise the same.
+    Run again = train(m + " --device cuda --precision bf16", 1, 2);
+    CHECK(again.bf16 == bf.bf16);
+    CHECK(again.params == bf.params);
+    CHECK(again.losses == bf.losses);
+  }
+}
+
+TEST_CASE("a bf16 checkpoint holds the f32 master weights, and resumes from them", UL_CUDA_TEST_TAG) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ulysses_train_cuda_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string args = "--model llama --device cuda --precision bf16 --steps 3";
+  Run saved = train(args, 1, 2, [&](Trainer& tr) { save_checkpoint(tr, dir.string(), 0); });
+  std::vector<float> file;
+  read_model_file((dir / step_dir_name(2) / "model.bin").string(), file);
+  CHECK(file == saved.params);
+  // Resumed from it, step 3 is the step an unbroken run takes.
+  Run whole = train(args, 1, 3);
+  Run resumed;
+  {
+    Options o = options(args + " --ranks 1 --save-dir " + dir.string() + " --resume");
+    LocalOptions lo;
+    lo.device = run_device(o);
+    run_local(1, [&](Comm& world) {
+      Trainer tr(o, world);
+      REQUIRE(start_from_save_dir(tr, o.save_dir, true) == 2);
+      resumed.losses.push_back(tr.step().loss);
+      resumed.params = tr.model().params.to_host();
+      resumed.bf16 = bf16_buffer(tr.model().params);
+    }, lo);
+  }
+  CHECK(resumed.losses[0] == whole.losses[2]);
+  CHECK(resumed.params == whole.params);
+  CHECK(resumed.bf16 == whole.bf16);
+  fs::remove_all(dir);
+}
+
+}  // namespace train_cases

@@ -1,0 +1,50 @@
+// Shared by the libFuzzer targets (tests/fuzz/run.sh builds and runs them).
+// The parsers under test read paths, so each input is written to one scratch file per process
+// first. A parser may reject an input by throwing std::exception — that is a clean refusal; a
+// crash, a sanitizer report, a hang, a blown memory limit or a failed FUZZ_CHECK is a finding.
+#pragma once
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "engine/llmc_format.h"
+
+// Aborts (a finding) when a parser accepted an input but broke a promise of its header.
+#define FUZZ_CHECK(cond)                                                                 \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+      std::abort();                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace fuzz {
+
+// The scratch file of this process (removed at exit), holding exactly `data`.
+inline const std::string& input_file(const uint8_t* data, size_t size, const char* name) {
+  static const std::string path = [&] {
+    std::string p = (std::filesystem::temp_directory_path() /
+                     ("ulysses_fuzz_" + std::to_string(getpid()) + "_" + name)).string();
+    static std::string keep = p;
+    std::atexit([] { std::remove(keep.c_str()); });
+    return p;
+  }();
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) std::abort();  // the scratch directory itself failed: not the parser's fault, but stop
+  if (size && std::fwrite(data, 1, size, f) != size) std::abort();
+  std::fclose(f);
+  return path;
+}
+
+// The model the debug-state target reads states for (make_seeds.cpp writes a matching seed).
+inline ul::LlmcConfig tiny_llmc_config() {
+  ul::LlmcConfig c;
+  c.max_seq = 4, c.vocab = 5, c.padded_vocab = 8, c.layers = 1, c.heads = 1, c.channels = 2;
+  return c;
+}
+
+}  // namespace fuzz

@@ -1,0 +1,110 @@
+// Writes small valid inputs of every parsed format into DIR/TARGET/ — the seed corpora of the fuzz
+// targets (run.sh). Seeds come from the project's own writers where one exists, so the fuzzer
+// starts from files the readers accept and mutates its way into the corners.
+//   make_seeds DIR
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_files.h"
+#include "engine/file_io.h"
+#include "engine/llmc_format.h"
+#include "engine/safetensors.h"
+#include "fuzz_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string root;
+
+std::string seed(const std::string& target, const std::string& name) {
+  fs::create_directories(fs::path(root) / target);
+  return (fs::path(root) / target / name).string();
+}
+
+void write(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+template <class T>
+void put(std::string& s, const T& v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+std::string header(std::vector<int32_t> words) {
+  words.resize(256, 0);
+  return std::string(reinterpret_cast<const char*>(words.data()), 1024);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds DIR\n");
+    return 2;
+  }
+  root = argv[1];
+  const ul::LlmcConfig c = fuzz::tiny_llmc_config();
+  const size_t n = ul::llmc_gpt2_num_params(c);
+  std::vector<float> params(n);
+  for (size_t i = 0; i < n; i++) params[i] = 0.01f * float(i % 17) - 0.05f;
+
+  // llm.c checkpoints: version 3 (fp32) and 5 (bf16).
+  ul::write_llmc_checkpoint(seed("llmc_checkpoint", "v3.bin"), c, params.data(), 3);
+  ul::write_llmc_checkpoint(seed("llmc_checkpoint", "v5.bin"), c, params.data(), 5);
+
+  // llm.c debug state for the same model: B = 1, T = 2.
+  const int B = 1, T = 2;
+  std::string st = header({20240327, 2, B, T});
+  for (int32_t x : {1, 2}) put(st, x);
+  for (int32_t y : {2, -1}) put(st, y);
+  for (int i = 0; i < B * T * c.vocab; i++) put(st, 0.1f * float(i));
+  put(st, 1.5f);
+  for (float p : params) put(st, p);
+  write(seed("llmc_state", "state.bin"), st);
+
+  // Token shards: uint16 GPT-2 and uint32 llama-3.
+  std::string s16 = header({20240520, 1, 9}), s32 = header({20240801, 7, 9});
+  for (uint32_t t : {50256u, 1u, 2u, 3u, 50256u, 4u, 5u, 6u, 7u}) put(s16, uint16_t(t)), put(s32, t + 70000u);
+  write(seed("shards", "gpt2.bin"), s16);
+  write(seed("shards", "llama3.bin"), s32);
+
+  // Our checkpoint files.
+  ul::ModelConfig mc;
+  mc.arch = "llama", mc.layers = 1, mc.dim = 8, mc.heads = 2, mc.kv_heads = 1, mc.vocab = 5, mc.padded_vocab = 8;
+  ul::write_model_file(seed("model_file", "model.bin"), mc, params.data(), 12);
+  ul::OptimShard os;
+  os.t = 3, os.numel = 10, os.offset = 4, os.count = 3, os.shard = 1, os.shards = 2;
+  os.m = {0.1f, 0.2f, 0.3f}, os.v = {1e-3f, 2e-3f, 3e-3f};
+  ul::write_optim_file(seed("optim_file", "optim_rank_1.bin"), os);
+  ul::JsonLine j;
+  j.add("format", "ulysses-rank").add("version", 1).add("step", 20).add("data", "shards:a \"b\"\\c\n");
+  j.add("rope_theta", 10000.0).add_raw("seed", "18446744073709551615");
+  write(seed("rank_json", "rank_0.json"), j.str() + "\n");
+
+  // Command lines, NUL-separated.
+  auto cli = [](std::vector<std::string> words) {
+    std::string s;
+    for (size_t i = 0; i < words.size(); i++) s += (i ? std::string(1, '\0') : "") + words[i];
+    return s;
+  };
+  write(seed("cli", "train.txt"), cli({"--model", "llama", "--seq", "128", "--sp", "2", "--data", "text:a.txt",
+                                       "--doc-mask", "--eot=10", "--memory", "24G", "--plan", "--lr", "1e-3"}));
+  write(seed("cli", "prepare.txt"), cli({"--out", "dir", "--val-frac", "0.1", "--shard-tokens", "1000", "--eot", "0",
+                                         "a.txt", "b.txt"}));
+
+  // llm.c tokenizer, version 2: tokens "a", "bc", "<|e|>" (the EOT, id 2).
+  std::string tok = header({20240328, 2, 3, 2});
+  for (std::string t : {"a", "bc", "<|e|>"}) tok += char(t.size()) + t;
+  write(seed("tokenizer", "tokenizer.bin"), tok);
+
+  // safetensors: F32 and BF16, with metadata.
+  std::vector<ul::SafeTensorOut> ts = {{"w", {2, 2}, {1, 2, 3, 4}}, {"b", {3}, {0.5f, -1, 2}}};
+  ul::write_safetensors(seed("safetensors", "f32.safetensors"), ts, {{"format", "pt"}}, "F32");
+  ul::write_safetensors(seed("safetensors", "bf16.safetensors"), ts, {}, "BF16");
+  return 0;
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Checks ulysses' Hugging Face interop against transformers itself. A tool, not a CI test: it needs
+torch and transformers (pip install torch transformers safetensors), which CI does not have.
+
+usage: python3 tools/check_hf_interop.py [--train build/train] [--keep DIR]
+
+ulysses -> HF, for gpt2 and llama: train a tiny model for a few steps on a text file, export it with
+  --export-safetensors DIR/model.safetensors, load DIR with AutoModelForCausalLM.from_pretrained and
+  1. greedy continuation: ulysses' --sample (KV cache) must equal argmax over HF's full-forward logits;
+  2. gpt2: logits, loss and every gradient: HF computes them on a batch and writes an llm.c debug state,
+     which `train --checkpoint (the same run's --export-llmc file) --check-state` compares (PASS/FAIL).
+HF -> ulysses, for gpt2 and llama: a randomly initialised HF model saved with save_pretrained loads with
+  `train --checkpoint DIR/model.safetensors` (its config.json read, no ulysses metadata), and greedy
+  continuations agree.
+Exit code 0 when every check passes.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+PROMPT = [104, 101, 108, 108, 111, 32, 116, 104]  # "hello th"
+NEW = 24
+
+
+def run(train, args):
+    r = subprocess.run([train, "--threads", "1", "--quiet"] + args, capture_output=True)
+    if r.returncode != 0:
+        sys.exit("train failed: " + " ".join(args) + "\n" + r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace"))
+    return r.stdout
+
+
+def ours_greedy(train, data, ckpt):
+    out = run(train, ["--data", "text:" + data, "--steps", "0", "--seq", "32", "--batch", "1", "--checkpoint", ckpt, "--sample", str(NEW),
+                      "--prompt", "ids:" + ",".join(map(str, PROMPT)), "--temperature", "0"])
+    # vocab 256 prints one byte per token: the prompt, the continuation, a newline (at the very end)
+    tail = list(out[-(len(PROMPT) + NEW + 1):-1])
+    assert tail[:len(PROMPT)] == PROMPT, out
+    return tail
+
+
+def hf_greedy(model):
+    ids, gaps = list(PROMPT), []
+    with torch.no_grad():
+        for _ in range(NEW):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            gaps.append(float(top[0] - top[1]))
+            ids.append(int(logits.argmax()))
+    return ids, min(gaps)
+
+
+def compare_greedy(name, train, data, ckpt, model):
+    ref, gap = hf_greedy(model)
+    got = ours_greedy(train, data, ckpt)
+    ok = got == ref
+    print(f"{name}: greedy {NEW} tokens {'EQUAL' if ok else 'DIFFER'} (smallest top-2 logit gap {gap:.2e})")
+    if not ok:
+        print("  ulysses:", got, "\n  HF:     ", ref)
+    return ok
+
+
+def gpt2_debug_state(model, path, B=2, T=16, seed=0):
+    """An llm.c debug state (DESIGN.md: check-state) computed by HF: logits, loss, grads."""
+    cfg = model.config
+    V, C, L = cfg.vocab_size, cfg.n_embd, cfg.n_layer
+    Vp = (V + 127) // 128 * 128
+    g = np.random.default_rng(seed)
+    toks = g.integers(0, V, size=(B, T + 1))
+    x, y = torch.tensor(toks[:, :T]), torch.tensor(toks[:, 1:])
+    model.zero_grad()
+    logits = model(x).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+    loss.backward()
+    p = dict(model.named_parameters())
+
+    def grad(n, transpose=False):
+        t = p["transformer." + n].grad
+        return (t.T if transpose else t).detach().numpy()
+
+    def stack(n, transpose=False):
+        return np.stack([grad(f"h.{l}.{n}", transpose) for l in range(L)])
+
+    wte = np.zeros((Vp, C), np.float32)
+    wte[:V] = grad("wte.weight")
+    grads = [wte, grad("wpe.weight"), stack("ln_1.weight"), stack("ln_1.bias"), stack("attn.c_attn.weight", True),
+             stack("attn.c_attn.bias"), stack("attn.c_proj.weight", True), stack("attn.c_proj.bias"), stack("ln_2.weight"),
+             stack("ln_2.bias"), stack("mlp.c_fc.weight", True), stack("mlp.c_fc.bias"), stack("mlp.c_proj.weight", True),
+             stack("mlp.c_proj.bias"), grad("ln_f.weight"), grad("ln_f.bias")]
+    header = np.zeros(256, np.int32)
+    header[:4] = [20240327, 2, B, T]
+    with open(path, "wb") as f:
+        for a in [header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), logits.detach().numpy().astype(np.float32),
+                  np.array([loss.item()], np.float32)] + grads:
+            f.write(np.ascontiguousarray(a, dtype=a.dtype if a.dtype == np.int32 else np.float32).tobytes())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", default=os.path.join(ROOT, "build", "train"))
+    ap.add_argument("--keep", help="work in this directory and keep it")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    work = a.keep or tempfile.mkdtemp(prefix="ul_hf_")
+    os.makedirs(work, exist_ok=True)
+    data = os.path.join(work, "text.txt")
+    with open(data, "w") as f:
+        f.write("hello there, the quick brown fox jumps over the lazy dog. " * 400)
+    ok = True
+    for arch in ("gpt2", "llama"):  # ulysses -> HF
+        d = os.path.join(work, "ours_" + arch)
+        # a non-default rope theta: a config key that HF ignored would show up as different tokens
+        extra = ["--export-llmc", os.path.join(d, "model.bin")] if arch == "gpt2" else ["--rope-theta", "500"]
+        run(a.train, ["--model", arch, "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
+                      "--lr", "1e-2", "--eval-batches", "1", "--export-safetensors", os.path.join(d, "model.safetensors")] + extra)
+        model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()
+        print(f"ulysses -> HF {arch}: loaded as {type(model).__name__}")
+        ok &= compare_greedy(f"ulysses -> HF {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)
+        if arch == "gpt2":
+            state = os.path.join(d, "state.bin")
+            gpt2_debug_state(model, state)
+            r = subprocess.run([a.train, "--threads", "1", "--data", "text:" + data, "--checkpoint", os.path.join(d, "model.bin"),
+                                "--check-state", state, "--check-tol", "1e-4"], capture_output=True, text=True)
+            print("ulysses -> HF gpt2: logits / loss / gradients vs HF (llm.c debug state, rel tol 1e-4):")
+            print("  " + "\n  ".join(r.stdout.strip().splitlines()[-6:]))
+            ok &= r.returncode == 0 and "PASS" in r.stdout
+    for arch in ("gpt2", "llama"):  # HF -> ulysses
+        d = os.path.join(work, "hf_" + arch)
+        if arch == "gpt2":
+            cfg = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.2,
+                             bos_token_id=None, eos_token_id=None)
+        else:
+            cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500.0,
+                              initializer_range=0.2, tie_word_embeddings=False)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+        model.save_pretrained(d)
+        ok &= compare_greedy(f"HF -> ulysses {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)
+    print("ALL PASS" if ok else "SOME CHECKS FAILED", "| work dir:", work)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
