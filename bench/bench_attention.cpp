@@ -1,0 +1,117 @@
+// Causal attention forward + backward throughput through the op (so the same code runs the CPU
+// kernels or, in a CUDA build with --device cuda, the flash kernels). Prints TFLOP/s for each T
+// and head dim, counting the causal half of 4·T²·D per head forward and 2.5× that backward
+// (the convention of flash-attention papers). bench/sdpa_reference.py measures PyTorch's
+// scaled_dot_product_attention on the same shapes; bench/gpu_check.sh prints the ratio.
+//   ./build/bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,4096] [--dims 64,128]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/device.h"
+#include "engine/rng.h"
+#include "layers/attention.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
+
+using namespace ul;
+
+static std::vector<int> ints(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ',')) v.push_back(std::atoi(x.c_str()));
+  return v;
+}
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+int main(int argc, char** argv) {
+  std::string device = "cpu", dtype = "f32";
+  int H = 16, reps = 3;
+  std::vector<int> seqs = {1024, 2048}, dims = {64};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--device") device = v;
+    else if (a == "--dtype") dtype = v;
+    else if (a == "--heads") H = std::atoi(v.c_str());
+    else if (a == "--seqs") seqs = ints(v);
+    else if (a == "--dims") dims = ints(v);
+    else if (a == "--reps") reps = std::atoi(v.c_str());
+    else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
+  }
+  Device dev = Device::cpu;
+  if (device == "cuda") {
+#if ULYSSES_HAVE_CUDA
+    init_cuda_backend();
+    dev = Device::cuda;
+#else
+    std::fprintf(stderr, "this build has no CUDA backend\n");
+    return 2;
+#endif
+  }
+  const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
+  std::printf("%-6s %-5s %8s %5s %12s %12s %10s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms", "TFLOP/s");
+  for (int D : dims)
+    for (int T : seqs) {
+      Context c(dev);
+      ContextGuard g(c);
+      const int64_t n = int64_t(T) * 3 * H * D;
+      Rng rng(1);
+      std::vector<float> host(n);
+      for (auto& x : host) x = float(rng.normal());
+      // Outside the arena: the arena is reset between repetitions, qkv must survive them.
+      Tensor qkv;
+      qkv.shape = {1, T, 3 * H, D};
+      qkv.dtype = dt;
+      qkv.device = dev;
+      qkv.ptr = device_alloc(dev, qkv.nbytes());
+      if (dt == DType::bf16) {
+        std::vector<uint16_t> h16(n);
+        for (int64_t i = 0; i < n; i++) h16[i] = to_bf16(host[i]);
+        copy_from_host(qkv, h16.data());
+      } else {
+        copy_from_host(qkv, host.data());
+      }
+      qkv = c.tape.track(qkv);
+      double best_f = 1e30, best_fb = 1e30;
+      for (int r = 0; r < reps + 1; r++) {
+        auto t0 = std::chrono::steady_clock::now();
+        Tensor out;
+        {
+          Recording rec(true);
+          out = attention(qkv, H, H, Tensor{});
+        }
+        device_ops(dev).sync();
+        auto t1 = std::chrono::steady_clock::now();
+        device_zero(dev, c.tape.grad(out), out.nbytes());
+        c.tape.backward();
+        device_ops(dev).sync();
+        auto t2 = std::chrono::steady_clock::now();
+        if (r > 0) {  // the first run warms up
+          best_f = std::min(best_f, std::chrono::duration<double, std::milli>(t1 - t0).count());
+          best_fb = std::min(best_fb, std::chrono::duration<double, std::milli>(t2 - t0).count());
+        }
+        c.arena.reset();
+        qkv = c.tape.track(qkv);
+      }
+      const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0;  // causal: half the square
+      const double total = fwd_flops * 3.5;                         // forward + backward (2.5x)
+      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f\n", device.c_str(), dtype.c_str(), T, D, best_f, best_fb,
+                  total / (best_fb / 1000.0) / 1e12);
+      device_free(dev, qkv.ptr);
+    }
+  return 0;
+}

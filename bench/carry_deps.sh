@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Copies the header-only dependencies (Eigen, Catch2) and their CMake package files into .carry/
+# (ignored by git), for a GPU machine that has CUDA but no apt: bench/gpu_check.sh builds with
+# CMAKE_PREFIX_PATH=.carry. Run it here, where the Debian packages are installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .carry && mkdir -p .carry/include .carry/share .carry/lib/cmake
+cp -r /usr/include/eigen3 .carry/include/
+cp -r /usr/share/eigen3 .carry/share/
+cp -r /usr/include/catch2 .carry/include/
+cp -r /usr/lib/cmake/Catch2 .carry/lib/cmake/
+du -sh .carry

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU check: one command for a machine with one NVIDIA GPU (CUDA 13, cuBLAS, PyTorch; no MPI,
+# no apt — Eigen and Catch2 come from .carry/, made by bench/carry_deps.sh). Within ~8 minutes:
+#   1. build with real CUDA (sm_90);
+#   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
+#      a training step against the CPU);
+#   3. SP on one GPU: the local communicator with 2 ranks against 1 rank;
+#   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU; attention forward + backward TFLOP/s against
+#      PyTorch's scaled_dot_product_attention at T = 4K, 16K, 64K, head dims 64 and 128, causal;
+# and prints one short table last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_check_out}
+mkdir -p "$OUT"
+export PATH="$PATH:/usr/local/cuda/bin"
+row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/table.txt"; }
+: > "$OUT/table.txt"
+
+echo "== build"
+if cmake -S . -B build-gpu -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$PWD/.carry" \
+     > "$OUT/configure.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+  row "build (nvcc, sm_90)" "ok"
+else
+  row "build (nvcc, sm_90)" "FAILED (see $OUT/build.log)"; tail -30 "$OUT/build.log"; cat "$OUT/table.txt"; exit 1
+fi
+
+echo "== tests labelled gpu"
+(cd build-gpu && timeout 240 ctest -L gpu --output-on-failure -j 4) > "$OUT/ctest_gpu.log" 2>&1
+row "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1)"
+
+echo "== SP on one GPU (local communicator)"
+common="--device cuda --precision fp32 --steps 5 --seq 256 --batch 2 --eval-every 0 --eval-batches 1"
+./build-gpu/train $common --ranks 1 > "$OUT/sp1.log" 2>&1
+./build-gpu/train $common --ranks 2 --sp 2 > "$OUT/sp2.log" 2>&1
+l1=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$OUT/sp1.log"); l2=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$OUT/sp2.log")
+row "sp 2 vs sp 1 losses (fp32)" "${l2:-failed} | ${l1:-failed}"
+
+echo "== GPT-2 124M, bf16, T = 1024"
+timeout 120 ./build-gpu/bench_gpt2_step --device cuda --precision bf16 --batch 8 --seq 1024 --steps 10 \
+  > "$OUT/gpt2.log" 2>&1
+row "GPT-2 124M bf16 T=1024 tokens/s" "$(grep -o 'tokens/s [0-9.]*' "$OUT/gpt2.log" | tail -1)"
+row "GPT-2 124M bf16 MFU (989 TFLOP/s peak)" "$(grep -o 'MFU [0-9.]*%' "$OUT/gpt2.log" | tail -1)"
+
+echo "== attention vs PyTorch SDPA"
+timeout 150 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 4096,16384,65536 \
+  --dims 64,128 > "$OUT/attn_ours.log" 2>&1
+timeout 150 python3 bench/sdpa_reference.py --seqs 4096,16384,65536 --dims 64,128 --heads 16 \
+  > "$OUT/attn_sdpa.log" 2>&1
+while read -r dev dt T D f fb tf; do
+  [ "$dev" = cuda ] || continue
+  ref=$(awk -v T="$T" -v D="$D" '$1 == T && $2 == D {print $5}' "$OUT/attn_sdpa.log")
+  ratio=$(awk -v a="$tf" -v b="${ref:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+  row "attention T=$T D=$D TFLOP/s (ours | SDPA)" "$tf | ${ref:-n/a} | ratio $ratio"
+done < "$OUT/attn_ours.log"
+
+echo
+echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F))"
+cat "$OUT/table.txt"
