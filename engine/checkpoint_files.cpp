@@ -181,7 +181,9 @@ OptimShard read_optim_file(const std::string& path) {
     if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
     return 2 * x.count;
   });
-  if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.offset + h.count > h.numel || h.t < 0)
+  // offset > numel first: offset + count could wrap around past 2^64 and look small.
+  if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.offset > h.numel || h.count > h.numel - h.offset ||
+      h.t < 0)
     throw file_error(path, "inconsistent header: shard " + std::to_string(h.shard) + " of " + std::to_string(h.shards) +
                                ", elements [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
                                ") of " + std::to_string(h.numel) + ", t " + std::to_string(h.t));

@@ -288,6 +288,8 @@ int train_rank(const Options& o, Comm& world) {
   const bool synthetic = tr.train_data().synthetic();
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   say("data    | %s\n", tr.train_data().describe().c_str());
+  say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
+      o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
       world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o), o.batch, o.seq, o.grad_accum);
 

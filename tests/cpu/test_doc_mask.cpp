@@ -256,7 +256,7 @@ TEST_CASE("the Trainer with --doc-mask: sp 2 equals sp 1, and an absent EOT chan
   }
 }
 
-TEST_CASE("--doc-mask and --eot: defaults per data source, and refusals", "[doc_mask]") {
+TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]") {
   TempDir dir;
   auto shard = [&](const std::string& name, int32_t magic, int32_t version, int width) {
     int32_t h[256] = {magic, version, 8};

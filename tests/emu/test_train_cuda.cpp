@@ -3,15 +3,20 @@
 // local communicator can move only where device memory is host memory (the emulation):
 //   - Ulysses sp 2 vs sp 1 on one sequence batch: the loss and the world-summed gradient, fp32,
 //     within 1e-5 (of each tensor's largest element);
-//   - dp 2 vs one process on the same sequences: every step's loss and the weights after 3 steps,
-//     fp32, within 1e-5;
+//   - dp 2 vs one process on the same sequences, fp32: every step's loss and world-summed gradient
+//     within 1e-5, the weights after 3 steps within 1e-4 (Adam and eps: see train_cuda_cases.h);
 //   - ZeRO-1 over dp 2: fp32 bitwise equal to plain dp 2; bf16 keeps every rank's bf16 weights and
 //     masters bitwise equal (each shard's owner rounds, the others take its bits);
-//   - --check-state on llm.c's tiny GPT-2 reference state passes in fp32, sp 1 and sp 2.
+//   - --check-state passes in fp32, sp 1 and sp 2, on a GPT-2 debug state with a head dim the CUDA
+//     attention runs (llm.c's tiny reference has head dim 8; see write_reference).
 #define UL_CUDA_TEST_TAG "[emu]"
 #include "emu/train_cuda_cases.h"
 
+#include <fstream>
+
 #include "engine/check_state.h"
+#include "engine/llmc_format.h"
+#include "layers/linear.h"
 
 namespace train_cases {
 
@@ -33,14 +38,17 @@ TEST_CASE("train --device cuda: dp 2 equals one process on the same sequences (e
     INFO("--model " << arch);
     const std::string a = std::string("--model ") + arch + " --device cuda --precision fp32";
     Run one = train(a + " --batch 2", 1, 3), dp = train(a + " --batch 1", 2, 3);
-    for (size_t s = 0; s < one.losses.size(); s++) {
-      INFO("step " << s + 1 << ": dp 2 " << dp.losses[s] << " one " << one.losses[s]);
-      CHECK(rel_diff(dp.losses[s], one.losses[s]) < 1e-5);
-    }
     std::string name;
-    const double p = worst_rel(one.specs, dp.params, one.params, name);
+    for (size_t s = 0; s < one.losses.size(); s++) {
+      const double g = worst_rel(one.specs, dp.grads[s], one.grads[s], name);
+      INFO("step " << s + 1 << ": dp 2 " << dp.losses[s] << " one " << one.losses[s] << "; gradient, worst tensor "
+                   << name << ": " << g);
+      CHECK(rel_diff(dp.losses[s], one.losses[s]) < 1e-5);
+      CHECK(g < 1e-5);
+    }
+    const double p = worst_rel(one.specs, dp.params, one.params, name, true);
     INFO("parameters after 3 steps, worst tensor " << name << ": " << p);
-    CHECK(p < 1e-5);
+    CHECK(p < 1e-4);
   }
 }
 
@@ -70,28 +78,80 @@ TEST_CASE("train --device cuda --zero 1 (emulated): fp32 as without, bf16 replic
   CHECK(masters[0] != bf.params0);
 }
 
-TEST_CASE("train --device cuda --check-state passes on llm.c's tiny GPT-2 (emulated)", "[emu]") {
-  for (int sp : {1, 2}) {
-    INFO("--sp " << sp);
-    const std::string args = "train --checkpoint " + std::string(ULYSSES_SOURCE_DIR) + "/tests/data/gpt2_tiny_model.bin" +
-                             " --check-state " + std::string(ULYSSES_SOURCE_DIR) + "/tests/data/gpt2_tiny_state.bin" +
-                             " --device cuda --precision fp32 --threads 1 --sp " + std::to_string(sp) + " --ranks " +
-                             std::to_string(sp);
-    std::istringstream in(args);
-    std::vector<std::string> words;
-    for (std::string w; in >> w;) words.push_back(w);
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(&w[0]);
-    Options o = parse_options(int(argv.size()), argv.data());
-    LocalOptions lo;
-    lo.device = run_device(o);
-    int code = -1;
-    run_local(sp, [&](Comm& world) {
-      const int c = check_state_rank(o, world);
-      if (world.rank() == 0) code = c;
-    }, lo);
-    CHECK(code == 0);
+// An llm.c debug state (format of engine/llmc_format.h) for a GPT-2 the CUDA attention can run:
+// llm.c's own tiny reference (tests/data) has head dim 8, and the CUDA kernels are built for head
+// dims 32, 64 and 128. Its logits, loss and gradients come from the CPU backend, which the CPU
+// tests hold to llm.c's reference; here the device must reproduce them through --check-state.
+void write_reference(const std::string& model_path, const std::string& state_path) {
+  const LlmcConfig lc{16, 50, 128, 1, 2, 64};  // max_seq, vocab, padded vocab, layers, heads, channels
+  ModelConfig cfg;
+  cfg.arch = "gpt2";
+  cfg.layers = lc.layers, cfg.dim = lc.channels, cfg.heads = cfg.kv_heads = lc.heads;
+  cfg.vocab = lc.vocab, cfg.padded_vocab = lc.padded_vocab, cfg.max_seq = lc.max_seq;
+  const int B = 2, T = 16, V = lc.vocab, C = lc.channels;
+  Context c(Device::cpu);
+  ContextGuard guard(c);
+  Transformer model(cfg);
+  model.init_weights(7);
+  const std::vector<float> w = model.params.to_host();
+  write_llmc_checkpoint(model_path, lc, w.data());
+  std::vector<int32_t> idx(B * T), tgt(B * T), pos(B * T);
+  for (int k = 0; k < B * T; k++) idx[k] = (k * 7 + 3) % V, tgt[k] = (k * 11 + 5) % V, pos[k] = k % T;
+  auto dev = [&](const std::vector<int32_t>& v) {
+    Tensor t = c.empty({B, T}, DType::i32);
+    copy_from_host(t, v.data());
+    return t;
+  };
+  ModelInputs in{dev(idx), dev(tgt), dev(pos), dev(pos), Tensor{}};
+  model.params.zero_grad();
+  CrossEntropyStats st;
+  {
+    Recording rec(true);
+    st = model.forward(in, 1.0f / float(B * T));
+    c.tape.backward();
   }
+  std::vector<float> logits(size_t(B) * T * V);
+  cpu::linear_forward<float>(logits.data(), model.last_hidden.f32(), w.data() + model.params.spec("wte").offset, nullptr,
+                             B * T, C, V);
+  const float loss = float(st.loss_sum / (B * T));
+  int32_t h[256] = {20240327, 2, B, T};
+  std::ofstream f(state_path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(h), sizeof h);
+  f.write(reinterpret_cast<const char*>(idx.data()), idx.size() * 4);
+  f.write(reinterpret_cast<const char*>(tgt.data()), tgt.size() * 4);
+  f.write(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
+  f.write(reinterpret_cast<const char*>(&loss), 4);
+  f.write(reinterpret_cast<const char*>(model.params.grad()), model.params.numel() * 4);
+  REQUIRE(f.good());
+}
+
+TEST_CASE("train --device cuda --check-state passes in fp32, sp 1 and sp 2 (emulated)", "[emu]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ulysses_check_state_cuda_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string model = (dir / "model.bin").string(), state = (dir / "state.bin").string();
+  write_reference(model, state);
+  for (const char* device : {"cpu", "cuda"})
+    for (int sp : {1, 2}) {
+      INFO("--device " << device << " --sp " << sp);
+      const std::string args = "train --checkpoint " + model + " --check-state " + state + " --device " + device +
+                               " --precision fp32 --threads 1 --sp " + std::to_string(sp) + " --ranks " + std::to_string(sp);
+      std::istringstream in(args);
+      std::vector<std::string> words;
+      for (std::string w; in >> w;) words.push_back(w);
+      std::vector<char*> argv;
+      for (auto& w : words) argv.push_back(&w[0]);
+      Options o = parse_options(int(argv.size()), argv.data());
+      LocalOptions lo;
+      lo.device = run_device(o);
+      int code = -1;
+      run_local(sp, [&](Comm& world) {
+        const int c = check_state_rank(o, world);
+        if (world.rank() == 0) code = c;
+      }, lo);
+      CHECK(code == 0);
+    }
+  fs::remove_all(dir);
 }
 
 }  // namespace train_cases

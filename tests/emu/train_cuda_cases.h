@@ -1,12 +1,15 @@
 // `train --device cuda` end to end against `--device cpu`: the real Trainer (data, model, loss
 // normalisation, AdamW, ZeRO, checkpoints) on the CUDA backend. Written only against the engine, so
 // the same cases run emulated (tests/emu, in CI) and on a real GPU (tests/gpu); the including file
-// picks the Catch2 tag. Shapes are tiny (1 layer, dim 32, 2 heads, seq 16, batch 2): emulated
+// picks the Catch2 tag. Shapes are tiny (1 layer, dim 64, 2 heads of 32 (the smallest head dim the
+// CUDA attention is built for), seq 16, batch 2): emulated
 // kernels run a fiber per CUDA thread.
-//   - fp32: the first step's loss within 1e-5 relative of the CPU's, every gradient tensor within
-//     1e-5 of its largest element, and the parameters after a few AdamW steps within 1e-4 (Adam
-//     divides by sqrt(v), so a last-bit gradient difference may move a weight by more than 1e-5 of
-//     the tensor's scale over steps, but never far);
+//   - fp32: over 3 AdamW steps every loss within 1e-5 relative of the CPU's; the first step's
+//     gradient (same weights, same batch) within 1e-5 of each tensor's largest element, the later
+//     steps' within 1e-4 (their weights already differ slightly); the weights after them within 1e-4
+//     of each tensor's largest (but gpt2's key bias, see key_bias): Adam's step is g / (|g| + eps)
+//     per element, so an element whose gradient is near eps = 1e-8 moves by a fraction of lr that
+//     depends on its last bits (measured: up to 7e-5 of max |param| at lr 3e-4 after 3 steps);
 //   - bf16: the master weights start as the f32 init itself and the bf16 weights as its nearest
 //     rounding; the loss within 2e-2 relative (the forward runs on bf16 weights and activations);
 //     the f32 gradients within 5e-2 in relative L2 norm; the stochastic rounding is seeded, so two
@@ -23,6 +26,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
@@ -41,8 +46,8 @@ using namespace ul;
 
 // The tiny job every case runs; --model and the backend flags come from the case.
 inline std::string common() {
-  return "--threads 1 --grad-clip 0 --eval-every 0 --quiet --layers 1 --dim 32 --heads 2 --seq 16 --max-seq 16 "
-         "--batch 2 --warmup 0 --lr 1e-2";
+  return "--threads 1 --grad-clip 0 --eval-every 0 --quiet --layers 1 --dim 64 --heads 2 --seq 16 --max-seq 16 "
+         "--batch 2 --warmup 2 --lr 3e-4";
 }
 
 inline Options options(const std::string& args) {
@@ -59,6 +64,7 @@ struct Run {
   std::vector<double> losses;
   std::vector<float> params0;  // before the first step
   std::vector<uint16_t> bf16_0;  // bf16 runs: the bf16 parameter buffer before the first step
+  std::vector<std::vector<float>> grads;  // every step's world-summed gradient (what AdamW is fed)
   std::vector<float> grad, params;  // after the last step: its (world-summed) gradient, the weights
   std::vector<uint16_t> bf16;       // bf16 runs: the bf16 parameter buffer after the last step
   std::vector<ParamSpec> specs;
@@ -87,7 +93,10 @@ inline Run train(const std::string& args, int ranks, int steps, const std::funct
     }
     for (int s = 0; s < steps; s++) {
       StepResult sr = tr.step();
-      if (lead) r.losses.push_back(sr.loss);
+      if (!lead) continue;
+      r.losses.push_back(sr.loss);
+      r.grads.emplace_back(p.numel());
+      device_copy(r.grads.back().data(), Device::cpu, p.grad(), p.device(), p.numel() * sizeof(float));
     }
     if (after) after(tr);
     if (!lead) return;
@@ -100,14 +109,26 @@ inline Run train(const std::string& args, int ranks, int steps, const std::funct
   return r;
 }
 
+// gpt2's key bias (qkvb rows [C, 2C) of each layer, C = 64 here) has an exactly zero gradient:
+// q.(k + b) shifts every score of a query by the same q.b, which softmax ignores. Its computed
+// gradient is rounding noise, which Adam normalises into steps of up to lr, so it walks differently
+// in any two differently-rounded runs: parameter comparisons leave it out (as the CPU's
+// tests/cpu/test_parallel_equivalence.cpp does).
+inline bool key_bias(const ParamSpec& s, size_t i) {
+  const size_t C = 64;
+  return s.name == "qkvb" && i % (3 * C) >= C && i % (3 * C) < 2 * C;
+}
+
 // Per tensor: max |got - want| over the tensor's max |want|; the worst tensor's value and name.
+// skip_key_bias: leave out key_bias elements (parameters after steps; gradients keep them).
 inline double worst_rel(const std::vector<ParamSpec>& specs, const std::vector<float>& got, const std::vector<float>& want,
-                        std::string& name) {
+                        std::string& name, bool skip_key_bias = false) {
   REQUIRE(got.size() == want.size());
   double worst = 0;
   for (const ParamSpec& s : specs) {
     double diff = 0, ref = 0;
     for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
+      if (skip_key_bias && key_bias(s, i - s.offset)) continue;
       const double d = std::fabs(double(got[i]) - double(want[i]));
       diff = std::isnan(d) ? INFINITY : std::max(diff, d);
       ref = std::max(ref, std::fabs(double(want[i])));
@@ -150,21 +171,18 @@ TEST_CASE("train --device cuda --precision fp32 matches --device cpu", UL_CUDA_T
   for (const char* arch : kArchs) {
     INFO("--model " << arch);
     const std::string m = std::string("--model ") + arch;
-    // One step: the same init, the same batch, so the same loss and gradient.
-    Run cpu1 = train(m + " --device cpu", 1, 1), gpu1 = train(m + " --device cuda --precision fp32", 1, 1);
-    REQUIRE(gpu1.params0 == cpu1.params0);
-    CHECK(rel_diff(gpu1.losses[0], cpu1.losses[0]) < 1e-5);
-    std::string name;
-    const double g = worst_rel(cpu1.specs, gpu1.grad, cpu1.grad, name);
-    INFO("gradient, worst tensor " << name << ": " << g);
-    CHECK(g < 1e-5);
-    // A few AdamW steps on the device kernels: every loss and the weights stay with the CPU's.
+    // The same init and batches: the same losses and gradients, step by step, on the device kernels.
     Run cpu3 = train(m + " --device cpu", 1, 3), gpu3 = train(m + " --device cuda --precision fp32", 1, 3);
+    REQUIRE(gpu3.params0 == cpu3.params0);
+    std::string name;
     for (size_t s = 0; s < cpu3.losses.size(); s++) {
-      INFO("step " << s + 1 << ": cuda " << gpu3.losses[s] << " cpu " << cpu3.losses[s]);
+      const double g = worst_rel(cpu3.specs, gpu3.grads[s], cpu3.grads[s], name);
+      INFO("step " << s + 1 << ": cuda " << gpu3.losses[s] << " cpu " << cpu3.losses[s] << "; gradient, worst tensor "
+                   << name << ": " << g);
       CHECK(rel_diff(gpu3.losses[s], cpu3.losses[s]) < 1e-5);
+      CHECK(g < (s == 0 ? 1e-5 : 1e-4));  // later steps: the weights already differ (see above)
     }
-    const double p = worst_rel(cpu3.specs, gpu3.params, cpu3.params, name);
+    const double p = worst_rel(cpu3.specs, gpu3.params, cpu3.params, name, true);
     INFO("parameters after 3 steps, worst tensor " << name << ": " << p);
     CHECK(p < 1e-4);
     CHECK(gpu3.params != gpu3.params0);  // the steps did move the weights
@@ -209,6 +227,7 @@ TEST_CASE("a bf16 checkpoint holds the f32 master weights, and resumes from them
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("ulysses_train_cuda_" + std::to_string(::getpid()));
   fs::remove_all(dir);
+  fs::create_directories(dir);
   const std::string args = "--model llama --device cuda --precision bf16 --steps 3";
   Run saved = train(args, 1, 2, [&](Trainer& tr) { save_checkpoint(tr, dir.string(), 0); });
   std::vector<float> file;

@@ -4,10 +4,16 @@
 #include "engine/checkpoint_files.h"
 #include "fuzz_util.h"
 
+#include <cstring>
 #include <stdexcept>
+#include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& path = fuzz::input_file(data, size, "optim.bin");
+  // Without a matching crc32 nearly every mutation would stop at the checksum; the header and
+  // size checks behind it are what a corrupt file must not get past, so fix the crc first.
+  std::vector<uint8_t> bytes(data, data + size);
+  fuzz::fix_crc(bytes, 56);
+  const std::string& path = fuzz::input_file(bytes.data(), bytes.size(), "optim.bin");
   try {
     ul::OptimShard s = ul::read_optim_file(path);
     FUZZ_CHECK(s.m.size() == s.count && s.v.size() == s.count);

@@ -11,6 +11,10 @@
 #include <filesystem>
 #include <string>
 
+#include <cstring>
+#include <vector>
+
+#include "engine/file_io.h"
 #include "engine/llmc_format.h"
 
 // Aborts (a finding) when a parser accepted an input but broke a promise of its header.
@@ -38,6 +42,15 @@ inline const std::string& input_file(const uint8_t* data, size_t size, const cha
   if (size && std::fwrite(data, 1, size, f) != size) std::abort();
   std::fclose(f);
   return path;
+}
+
+// Our checkpoint files (engine/checkpoint_files.h) store at bytes [12, 16) the crc32 of the
+// header (with that field zero) and the payload: recompute it so the input gets past the checksum.
+inline void fix_crc(std::vector<uint8_t>& b, size_t header_bytes) {
+  if (b.size() < header_bytes) return;
+  std::memset(b.data() + 12, 0, 4);
+  const uint32_t crc = ul::crc32(0, b.data(), b.size());
+  std::memcpy(b.data() + 12, &crc, 4);
 }
 
 // The model the debug-state target reads states for (make_seeds.cpp writes a matching seed).

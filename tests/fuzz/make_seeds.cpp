@@ -1,6 +1,7 @@
 // Writes small valid inputs of every parsed format into DIR/TARGET/ — the seed corpora of the fuzz
 // targets (run.sh). Seeds come from the project's own writers where one exists, so the fuzzer
-// starts from files the readers accept and mutates its way into the corners.
+// starts from files the readers accept and mutates its way into the corners. DIR/regressions/
+// TARGET/ holds inputs of bugs found before, each run once by run.sh (too big or too rare to seed).
 //   make_seeds DIR
 #include <cstdio>
 #include <cstring>
@@ -25,6 +26,7 @@ std::string seed(const std::string& target, const std::string& name) {
   fs::create_directories(fs::path(root) / target);
   return (fs::path(root) / target / name).string();
 }
+std::string regression(const std::string& target, const std::string& name) { return seed("regressions/" + target, name); }
 
 void write(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -56,6 +58,11 @@ int main(int argc, char** argv) {
   // llm.c checkpoints: version 3 (fp32) and 5 (bf16).
   ul::write_llmc_checkpoint(seed("llmc_checkpoint", "v3.bin"), c, params.data(), 3);
   ul::write_llmc_checkpoint(seed("llmc_checkpoint", "v5.bin"), c, params.data(), 5);
+  // Regression: L = 2^30, C = 8937 * 2^17, Vp = 1789089121 made the size_t parameter count wrap
+  // around 2^64 to 2^19, which this 1 MiB file matched: the reader accepted a model of ~2^66 weights.
+  std::string wrap = header({20240326, 5, 1, 1, 1 << 30, 1, 8937 << 17, 1789089121});
+  wrap.resize(wrap.size() + (size_t(1) << 20));
+  write(regression("llmc_checkpoint", "count_wraps.bin"), wrap);
 
   // llm.c debug state for the same model: B = 1, T = 2.
   const int B = 1, T = 2;
@@ -81,6 +88,9 @@ int main(int argc, char** argv) {
   os.t = 3, os.numel = 10, os.offset = 4, os.count = 3, os.shard = 1, os.shards = 2;
   os.m = {0.1f, 0.2f, 0.3f}, os.v = {1e-3f, 2e-3f, 3e-3f};
   ul::write_optim_file(seed("optim_file", "optim_rank_1.bin"), os);
+  // Regression: offset 2^64 - 1 made offset + count wrap to 2, and the reader accepted the header.
+  os.offset = ~uint64_t(0);
+  ul::write_optim_file(regression("optim_file", "offset_wraps.bin"), os);
   ul::JsonLine j;
   j.add("format", "ulysses-rank").add("version", 1).add("step", 20).add("data", "shards:a \"b\"\\c\n");
   j.add("rope_theta", 10000.0).add_raw("seed", "18446744073709551615");
