@@ -30,6 +30,7 @@ static int run(const Options& o, Comm& world) {
   return o.check_state.empty() ? train_rank(o, world) : check_state_rank(o, world);
 }
 
+#if ULYSSES_HAVE_NCCL
 // An integer from the first of these environment variables that is set, else `fallback`.
 static int env_int(std::initializer_list<const char*> names, int fallback) {
   for (const char* n : names)
@@ -37,7 +38,6 @@ static int env_int(std::initializer_list<const char*> names, int fallback) {
   return fallback;
 }
 
-#if ULYSSES_HAVE_NCCL
 // One GPU per process: the process's rank within its node picks the device.
 static int run_nccl(const Options& o, int* argc, char*** argv) {
   int devices = 0;
