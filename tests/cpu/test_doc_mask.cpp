@@ -8,6 +8,7 @@
 //     gives bit-for-bit the unmasked run through the real Trainer;
 //   - the Trainer with --doc-mask at sp 2 equals sp 1; flag combinations that cannot work are refused.
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
+#include "options_from.h"
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -207,14 +208,7 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-Options options(const std::string& args) {
-  std::istringstream in(args);
-  std::vector<std::string> words{"train"};
-  for (std::string w; in >> w;) words.push_back(w);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(&w[0]);
-  return parse_options(int(argv.size()), argv.data());
-}
+using ul_test::options;
 
 // One Trainer step on `ranks` local ranks: the loss and rank 0's world-summed gradient.
 Result trainer_step(const std::string& args, int ranks) {

@@ -6,6 +6,7 @@
 //   - the planner's arena high-water, kept activations and bytes per collective against the
 //     measured ones, and its total against the train binary's peak RSS.
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
+#include "options_from.h"
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -29,14 +30,7 @@ namespace {
 
 const char* kCommon = "--threads 1 --grad-clip 0 --eval-every 0 --quiet --seq 64 --batch 2 --layers 2 --dim 64";
 
-Options options(const std::string& args) {
-  std::istringstream in(args);
-  std::vector<std::string> words{"train"};
-  for (std::string w; in >> w;) words.push_back(w);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(&w[0]);
-  return parse_options(int(argv.size()), argv.data());
-}
+using ul_test::options;
 
 struct RankRun {
   std::vector<double> losses, norms;

@@ -11,6 +11,7 @@
 //     the communicator's accounting (communicator.h);
 //   - layouts the train binary must refuse, with a message that says what would work.
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
+#include "options_from.h"
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -32,14 +33,7 @@ namespace {
 // Small enough that a whole file of cases runs in seconds on two cores.
 const char* kCommon = "--threads 1 --grad-clip 0 --eval-every 0 --quiet --seq 64 --layers 2 --dim 64";
 
-Options options(const std::string& args) {
-  std::istringstream in(args);
-  std::vector<std::string> words{"train"};
-  for (std::string w; in >> w;) words.push_back(w);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(&w[0]);
-  return parse_options(int(argv.size()), argv.data());
-}
+using ul_test::options;
 
 // What one rank saw, recorded by its thread.
 struct RankRun {

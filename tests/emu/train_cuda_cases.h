@@ -15,6 +15,7 @@
 //     the f32 gradients within 5e-2 in relative L2 norm; the stochastic rounding is seeded, so two
 //     runs are bitwise equal; a checkpoint's model.bin holds the f32 master values.
 #pragma once
+#include "options_from.h"
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -50,14 +51,7 @@ inline std::string common() {
          "--batch 2 --warmup 2 --lr 3e-4";
 }
 
-inline Options options(const std::string& args) {
-  std::istringstream in(common() + " " + args);
-  std::vector<std::string> words{"train"};
-  for (std::string w; in >> w;) words.push_back(w);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(&w[0]);
-  return parse_options(int(argv.size()), argv.data());
-}
+inline Options options(const std::string& args) { return ul_test::options(common() + " " + args); }
 
 // What rank 0 saw, on the host. params: the f32 values (a bf16 model's master weights).
 struct Run {

@@ -6,6 +6,7 @@
 // One thread per rank (--threads 1): four processes share the machine's cores.
 // Checks use CHECK, not REQUIRE: a rank that stopped a test case early would leave the other ranks
 // waiting in its remaining collectives.
+#include "options_from.h"
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -31,14 +32,7 @@ Comm& world() {
 
 const char* kCommon = "--threads 1 --grad-clip 0 --eval-every 0 --quiet --seq 64 --layers 2 --dim 64 --steps 5 --warmup 2";
 
-Options options(const std::string& args) {
-  std::istringstream in(args);
-  std::vector<std::string> words{"train"};
-  for (std::string w; in >> w;) words.push_back(w);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(&w[0]);
-  return parse_options(int(argv.size()), argv.data());
-}
+using ul_test::options;
 
 struct Run {
   std::vector<double> losses;
