@@ -1,5 +1,7 @@
 #include "data/dataset.h"
 
+#include <cstdlib>
+#include <map>
 #include <stdexcept>
 
 #include "data/shards.h"
@@ -10,23 +12,89 @@ namespace ul {
 
 const char* split_name(Split s) { return s == Split::train ? "train" : "val"; }
 
+namespace {
+
+// "key=value,key=value" after a task's name (e.g. "passkey:depth=0.9,digits=7") into numbers,
+// refusing unknown keys and malformed values with the spec in the message.
+std::map<std::string, double> task_args(const std::string& spec, const std::string& list,
+                                        std::initializer_list<const char*> allowed) {
+  std::map<std::string, double> out;
+  size_t at = 0;
+  while (at < list.size()) {
+    size_t comma = list.find(',', at);
+    std::string item = list.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? list.size() : comma + 1;
+    size_t eq = item.find('=');
+    std::string key = item.substr(0, eq);
+    bool known = false;
+    std::string valid;
+    for (const char* a : allowed) {
+      known = known || key == a;
+      valid += std::string(valid.empty() ? "" : ", ") + a;
+    }
+    if (!known) throw std::runtime_error("--data " + spec + ": unknown setting '" + key + "' (valid: " + valid + ")");
+    char* end = nullptr;
+    const char* v = eq == std::string::npos ? "" : item.c_str() + eq + 1;
+    double x = std::strtod(v, &end);
+    if (!*v || *end) throw std::runtime_error("--data " + spec + ": '" + key + "' needs a number, got '" + v + "'");
+    out[key] = x;
+  }
+  return out;
+}
+
+void require(bool ok, const std::string& spec, const std::string& what) {
+  if (!ok) throw std::runtime_error("--data " + spec + ": " + what);
+}
+
+RecallConfig recall_config(const std::string& spec, const std::string& list) {
+  RecallConfig c;
+  for (auto& [k, v] : task_args(spec, list, {"pairs", "gap", "queries", "keys", "values"})) {
+    int n = int(v);
+    require(double(n) == v, spec, k + " must be an integer");
+    if (k == "pairs") c.pairs = n;
+    if (k == "gap") c.gap = n;
+    if (k == "queries") c.queries = n;
+    if (k == "keys") c.num_keys = n;
+    if (k == "values") c.num_values = n;
+  }
+  require(c.pairs >= 1 && c.num_keys >= 1 && c.num_values >= 2, spec, "pairs, keys >= 1 and values >= 2");
+  require(c.gap >= -1 && c.queries >= -1, spec, "gap and queries are >= 0 (or -1: fill)");
+  return c;
+}
+
+PasskeyConfig passkey_config(const std::string& spec, const std::string& list) {
+  PasskeyConfig c;
+  for (auto& [k, v] : task_args(spec, list, {"digits", "depth", "filler"})) {
+    if (k == "depth") c.depth = v;
+    if (k == "digits") c.digits = int(v);
+    if (k == "filler") c.filler_words = int(v);
+  }
+  require(c.digits >= 1, spec, "digits must be >= 1");
+  require(c.filler_words >= 1, spec, "filler must be >= 1");
+  require(c.depth < 0 || c.depth <= 1, spec, "depth is a fraction in [0, 1] (or -1: random per sequence)");
+  return c;
+}
+
+}  // namespace
+
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, Split split, uint64_t seed, int model_vocab) {
   std::unique_ptr<Dataset> ds;
   auto arg = [&](const char* prefix) -> const char* {
     size_t n = std::char_traits<char>::length(prefix);
     return spec.compare(0, n, prefix) == 0 ? spec.c_str() + n : nullptr;
   };
-  if (spec == "recall") {
-    ds = std::make_unique<RecallDataset>(split, seed);
-  } else if (spec == "passkey") {
-    ds = std::make_unique<PasskeyDataset>(split, seed);
+  if (spec == "recall" || arg("recall:")) {
+    ds = std::make_unique<RecallDataset>(split, seed, recall_config(spec, spec.size() > 7 ? spec.substr(7) : ""));
+  } else if (spec == "passkey" || arg("passkey:")) {
+    ds = std::make_unique<PasskeyDataset>(split, seed, passkey_config(spec, spec.size() > 8 ? spec.substr(8) : ""));
   } else if (const char* file = arg("text:"); file && *file) {
     return std::make_unique<TextDataset>(file, split, model_vocab);  // checks its bytes itself
   } else if (const char* pattern = arg("shards:"); pattern && *pattern) {
     return std::make_unique<ShardDataset>(pattern, split, seed, model_vocab);  // checks ids when read
   } else {
     throw std::runtime_error("unknown dataset \"" + spec +
-                             "\": expected one of recall, passkey, text:FILE, shards:GLOB");
+                             "\": expected one of passkey[:digits=N,depth=X,filler=N], recall[:pairs=N,gap=N,queries=N,keys=N,values=N], "
+                             "text:FILE, shards:GLOB");
   }
   // Synthetic tasks use their whole vocabulary, so the model must cover it.
   if (model_vocab > 0 && ds->vocab() > model_vocab)

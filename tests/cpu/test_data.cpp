@@ -316,3 +316,24 @@ TEST_CASE("shards: bad files are errors naming the file and the problem", "[data
   }
   CHECK(thrown);
 }
+
+TEST_CASE("task settings in the data spec reach the generator", "[data]") {
+  // depth 0: the needle right after BOS; depth 1: right before the query. Recall: 4 pairs.
+  auto near = ul::open_dataset("passkey:depth=0,digits=3", ul::Split::train, 1, -1);
+  auto far = ul::open_dataset("passkey:depth=1,digits=3", ul::Split::train, 1, -1);
+  const int T = 128;
+  std::vector<int32_t> in(T), tg(T);
+  auto key_at = [&](const ul::Dataset& d) {
+    d.sequence(0, T, in.data(), tg.data());
+    for (int t = 0; t < T; t++)
+      if (in[t] == ul::PasskeyDataset::KEY) return t;
+    return -1;
+  };
+  int a = key_at(*near), b = key_at(*far);
+  CHECK(a >= 0);
+  CHECK(b > a + T / 2);
+  int scored = 0;
+  near->sequence(0, T, in.data(), tg.data());
+  for (int t = 0; t < T; t++) scored += tg[t] >= 0;
+  CHECK(scored == 3);  // digits=3 reached the generator
+}

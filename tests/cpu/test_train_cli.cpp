@@ -26,6 +26,9 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--dim 100 --heads 3", "not divisible by --heads");
   expect_refused("--check-state x.bin", "--check-state needs --checkpoint");
   expect_refused("--data nonsense", "nonsense");
+  expect_refused("--data passkey:depth=2", "depth is a fraction in [0, 1]");
+  expect_refused("--data recall:gap=x", "'gap' needs a number");
+  expect_refused("--data recall:foo=1", "unknown setting 'foo'");
   expect_refused("--comm carrier-pigeon", "--comm");
 }
 
