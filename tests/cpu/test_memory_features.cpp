@@ -185,6 +185,12 @@ TEST_CASE("the planner matches the measured arena high-water and bytes per colle
 }
 
 TEST_CASE("the planner's total is the train binary's peak RSS within 10%", "[memory][planner]") {
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only
+  // means something in the normal build, where it runs.
+  WARN("skipped under AddressSanitizer: RSS includes the sanitizer's shadow memory");
+  return;
+#endif
   // Large enough that the process itself (code, libraries, thread stacks) is a few percent.
   for (const std::string args : {"--model gpt2 --layers 4 --dim 256 --seq 1024 --batch 2 --mlp-chunks 4",
                                  "--model llama --layers 2 --dim 256 --seq 2048 --batch 2 --recompute"}) {
