@@ -1,5 +1,7 @@
 #include "engine/planner.h"
 
+#include "layers/classifier.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -52,12 +54,8 @@ size_t param_count(const ModelConfig& m) {
   return 2 * Vp * C + C + L * (C + QKV * C + C * C + C + 2 * F * C + C * F);
 }
 
-// The classifier's rows per chunk: layers/classifier.cpp, op_chunk_rows.
-int64_t classifier_rows(int64_t V, int64_t valid) {
-  int64_t r = std::max<int64_t>(1, (int64_t(8) << 20) / V);
-  if (r > 16) r -= r % 16;
-  return std::max<int64_t>(1, std::min(r, valid));
-}
+// The classifier's rows per chunk: the op's own rule.
+int64_t classifier_rows(int64_t V, int64_t valid) { return classifier_chunk_rows(int(V), valid); }
 
 // One rank's micro-batch, op by op, in the order layers/transformer.cpp runs it. Sizes in bytes:
 // a = activation element (f32 on cpu, bf16 on cuda); statistics (mean, rstd, lse) are f32.
