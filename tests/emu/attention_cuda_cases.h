@@ -23,6 +23,7 @@
 
 #include "engine/context.h"
 #include "engine/cuda_launch.h"
+#include "cuda_cases_util.h"
 #include "engine/device.h"
 #include "gradcheck.h"
 #include "layers/attention.h"
@@ -49,43 +50,11 @@ const Case kCases[] = {
 
 constexpr double kBf16Rel = 1.0 / 128;
 
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  size_t n;
-  explicit DeviceBuffer(size_t count) : n(count) {
-    UL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-    UL_CUDA_CHECK(cudaMemset(p, 0xff, n * sizeof(T)));  // NaN in f32 and bf16
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(p); }
-  void set(const std::vector<T>& h) { UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> get() const {
-    UL_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<T> h(n);
-    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
-inline std::vector<float> rounded(std::vector<float> v) {
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
-template <class T> std::vector<T> to_elem(const std::vector<float>& v);
-template <> inline std::vector<float> to_elem<float>(const std::vector<float>& v) { return v; }
-template <> inline std::vector<__nv_bfloat16> to_elem<__nv_bfloat16>(const std::vector<float>& v) {
-  std::vector<__nv_bfloat16> r(v.size());
-  for (size_t i = 0; i < v.size(); i++) r[i] = __float2bfloat16(v[i]);
-  return r;
-}
-inline std::vector<float> to_f32(const std::vector<float>& v) { return v; }
-inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& v) {
-  std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(v[i]);
-  return r;
-}
+using cuda_cases::DeviceBuffer;
+using cuda_cases::round_bf16;
+using cuda_cases::rounded;
+using cuda_cases::to_elem;
+using cuda_cases::to_f32;
 
 // Inputs as the element type sees them (bf16-representable for bf16), so the CPU reference in
 // float sees exactly what the kernels read.
