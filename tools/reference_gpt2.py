@@ -10,15 +10,21 @@ Writes into tests/data/ (run from anywhere: python3 tools/reference_gpt2.py):
   gpt2_tiny_model.bin  version 3 checkpoint, maxT=16 V=50 Vp=64 L=2 H=4 C=32
   gpt2_tiny_state.bin  debug state: B=2 T=8 inputs/targets (a few targets -1), logits, loss, grads
   gpt2_tiny_steps.txt  the loss before each of 5 AdamW updates on that same batch
+With --head-dim-32 it writes gpt2_d32_model.bin and gpt2_d32_state.bin instead (C=64, H=2: head
+dim 32, which the CUDA attention kernels support), for --check-state on the CUDA backend.
 """
 import math
 import os
+import sys
 
 import numpy as np
 import torch
 
 torch.set_default_dtype(torch.float64)
 maxT, V, Vp, L, H, C = 16, 50, 64, 2, 4, 32
+NAME = "gpt2_tiny"
+if "--head-dim-32" in sys.argv[1:]:
+    H, C, NAME = 2, 64, "gpt2_d32"
 B, T = 2, 8
 LR, BETA1, BETA2, EPS, WD, STEPS = 1e-3, 0.9, 0.95, 1e-8, 0.1, 5
 MATRICES = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")  # the only weight-decayed params
@@ -108,14 +114,14 @@ def main():
     tgt[0, 2] = tgt[1, 0] = tgt[1, 5] = -1  # ignored targets must drop out of the loss and its mean
 
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, "gpt2_tiny_model.bin"), "wb") as f:
+    with open(os.path.join(OUT, NAME + "_model.bin"), "wb") as f:
         header(20240326, 3, maxT, V, L, H, C, Vp).tofile(f)
         for name, t in p.items():
             padded(name, t).tofile(f)
 
     logits, loss = forward(p, idx, tgt)
     loss.backward()
-    with open(os.path.join(OUT, "gpt2_tiny_state.bin"), "wb") as f:
+    with open(os.path.join(OUT, NAME + "_state.bin"), "wb") as f:
         header(20240327, 2, B, T).tofile(f)
         idx.numpy().astype("<i4").tofile(f)
         tgt.numpy().astype("<i4").tofile(f)
@@ -124,6 +130,8 @@ def main():
         for name, t in p.items():
             padded(name, t.grad).tofile(f)
 
+    if NAME != "gpt2_tiny":
+        return
     # AdamW: bias-corrected moments, decoupled weight decay on the matrices only, constant lr.
     m = {k: torch.zeros_like(t) for k, t in p.items()}
     v = {k: torch.zeros_like(t) for k, t in p.items()}
