@@ -16,6 +16,8 @@
 #include "data/dataset.h"
 #include "data/shards.h"
 #include "data/synthetic.h"
+#include "temp_dir.h"
+#include "expect_error.h"
 
 namespace fs = std::filesystem;
 using Seq = std::vector<int32_t>;
@@ -23,16 +25,7 @@ using Seq = std::vector<int32_t>;
 namespace {
 
 // A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("ulysses_test_data_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using ul_test::TempDir;
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
   std::ofstream f(path, std::ios::binary);
@@ -59,19 +52,7 @@ std::pair<Seq, Seq> get(const ul::Dataset& d, int64_t i, int T) {
   return {x, y};
 }
 
-// Runs f, which must throw a message containing every one of `parts`.
-template <class F>
-void require_error(F&& f, std::vector<std::string> parts) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    INFO("message: " << msg);
-    for (auto& p : parts) CHECK(msg.find(p) != std::string::npos);
-    return;
-  }
-  FAIL("no exception; expected one mentioning " << parts[0]);
-}
+using ul_test::require_error;
 
 }  // namespace
 

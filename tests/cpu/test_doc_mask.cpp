@@ -27,6 +27,7 @@
 #include "parallel/comm_local.h"
 #include "parallel/data_parallel.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 
 using namespace ul;
 namespace fs = std::filesystem;
@@ -199,14 +200,7 @@ TEST_CASE("a packed sequence with --doc-mask trains exactly like its documents r
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ulysses_test_doc_mask_" + std::to_string(getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using ul_test::TempDir;
 
 using ul_test::options;
 

@@ -17,22 +17,14 @@
 #include "engine/safetensors.h"
 #include "layers/transformer.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 
 using namespace ul;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("ul_interop_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return (path / f).string(); }
-};
+using ul_test::TempDir;
 
 ModelConfig small(const std::string& arch) {
   ModelConfig c;

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "engine/llmc_format.h"
+#include "temp_dir.h"
+#include "expect_error.h"
 
 namespace fs = std::filesystem;
 
@@ -24,16 +26,7 @@ const std::string kState = std::string(ULYSSES_SOURCE_DIR) + "/tests/data/gpt2_t
 const std::string kSteps = std::string(ULYSSES_SOURCE_DIR) + "/tests/data/gpt2_tiny_steps.txt";
 const ul::LlmcConfig kTiny{16, 50, 64, 2, 4, 32};
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("ulysses_test_llmc_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using ul_test::TempDir;
 
 std::vector<char> slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -47,18 +40,7 @@ void spit(const std::string& path, const std::vector<char>& b) {
 
 void set_int(std::vector<char>& b, size_t index, int32_t v) { std::memcpy(b.data() + 4 * index, &v, 4); }
 
-template <class F>
-void require_error(F&& f, std::vector<std::string> parts) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    INFO("message: " << msg);
-    for (auto& p : parts) CHECK(msg.find(p) != std::string::npos);
-    return;
-  }
-  FAIL("no exception; expected one mentioning " << parts[0]);
-}
+using ul_test::require_error;
 
 }  // namespace
 

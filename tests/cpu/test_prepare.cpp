@@ -17,6 +17,7 @@
 
 #include "data/dataset.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using ul_test::run_cmd;
@@ -24,16 +25,7 @@ using ul_test::train_cmd;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("ulysses_test_prepare_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using ul_test::TempDir;
 
 std::string bytes_of(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
