@@ -4,8 +4,9 @@
 //   2. the longest T that fits this kind of machine (24 GiB, shared by the ranks of one host), for
 //      GPT-2 124M and a llama ~1B shape, at sp = 1, 2, 4;
 //   3. the longest T on H200s (141 GB each, bf16): 1 GPU, 8 GPUs (one node), 32 GPUs (4 nodes).
-// The planner walks the same allocations as the run (held byte-exact to the CPU arena by
-// tests/cpu/test_memory_features.cpp); it allocates nothing, so this runs in a second.
+// The planner walks the same allocations as the run (held byte-exact to the arena by
+// tests/cpu/test_memory_features.cpp and, for the CUDA backend, tests/emu/test_memory_cuda.cpp);
+// it allocates nothing, so this runs in a second.
 //   ./build/bench_long_context [memory per host, e.g. 24G]
 #include <cstdio>
 #include <cstdlib>
@@ -24,11 +25,13 @@ ModelConfig preset(const char* name) {
   return model_config(o, 2);
 }
 
-PlanConfig config(const char* model, int T, int sp, int world, bool rc, int chunks, int zero, Device d) {
+PlanConfig config(const char* model, int T, int sp, int world, bool rc, int chunks, int zero, Device d,
+                  bool offload = false) {
   PlanConfig c;
   c.model = preset(model);
   c.batch = 1, c.seq = T, c.sp = sp, c.world = world;
-  c.recompute = rc, c.mlp_chunks = chunks, c.zero = zero, c.device = d;
+  c.recompute = rc, c.mlp_chunks = chunks, c.zero = zero, c.device = d, c.offload = offload;
+  c.dtype = d == Device::cuda ? DType::bf16 : DType::f32;
   c.local_comm = false;  // mpirun / NCCL: no copy of the gradient buffer
   if (!c.model.is_llama() && c.model.max_seq < T) c.model.max_seq = T;
   return c;
@@ -68,15 +71,19 @@ int main(int argc, char** argv) {
     }
 
   std::printf("\n## longest T on H200s (141 GB = 131.3 GiB each, bf16 weights and activations, batch 1 per dp rank)\n");
-  std::printf("| model | GPUs | sp x dp | plain | recompute + mlp chunks 8 + zero 1 |\n|---|---|---|---|---|\n");
+  std::printf("| model | GPUs | sp x dp | plain | recompute + mlp chunks 8 + zero 1 | + offload (pinned host GiB per GPU) |\n"
+              "|---|---|---|---|---|---|\n");
   const double h200 = 141e9;
   struct Layout { int gpus, sp; };
   for (const char* m : models) {
     const bool gpt2 = std::string(m) == "gpt2-124M";  // 12 heads: sp must divide 12
     for (Layout l : {Layout{1, 1}, Layout{8, gpt2 ? 4 : 8}, Layout{32, gpt2 ? 4 : 32}}) {
-      std::printf("| %s | %d | %d x %d | %lld | %lld |\n", m, l.gpus, l.sp, l.gpus / l.sp,
+      const int64_t off = longest_seq(config(m, 64, l.sp, l.gpus, true, 8, 1, Device::cuda, true), h200);
+      const double pinned = gib(double(plan_memory(config(m, int(off), l.sp, l.gpus, true, 8, 1, Device::cuda, true)).pinned_host));
+      std::printf("| %s | %d | %d x %d | %lld | %lld | %lld (%.1f) |\n", m, l.gpus, l.sp, l.gpus / l.sp,
                   (long long)longest_seq(config(m, 64, l.sp, l.gpus, false, 1, 0, Device::cuda), h200),
-                  (long long)longest_seq(config(m, 64, l.sp, l.gpus, true, 8, 1, Device::cuda), h200));
+                  (long long)longest_seq(config(m, 64, l.sp, l.gpus, true, 8, 1, Device::cuda), h200), (long long)off,
+                  pinned);
     }
   }
   return 0;

@@ -2,6 +2,9 @@
 
 #include "engine/device.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace ul {
 
 static size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
@@ -16,8 +19,7 @@ void* Arena::alloc(size_t bytes) {
   bytes = align64(bytes ? bytes : 1);
   // Walk forward to the first block (current or later) with room; make one if none has.
   while (cur_ < blocks_.size() && off_ + bytes > blocks_[cur_].size) {
-    used_ += blocks_[cur_].size - off_;  // the tail of a skipped block counts as used until reset
-    cur_++;
+    cur_++;  // the tail of this block stays unused until a release or reset walks back over it
     off_ = 0;
   }
   if (cur_ == blocks_.size()) {
@@ -57,6 +59,16 @@ void Arena::release(const Mark& m) {
   cur_ = m.block;
   off_ = m.offset;
   used_ = m.used;
+}
+
+void Arena::reserve(size_t bytes) {
+  if (used_ != 0) throw std::logic_error("Arena::reserve while " + std::to_string(used_) + " bytes are in use");
+  bytes = (bytes + (size_t(2) << 20) - 1) & ~((size_t(2) << 20) - 1);
+  if (blocks_.size() == 1 && blocks_[0].size >= bytes) return;
+  for (auto& b : blocks_) device_free(dev_, b.base);
+  blocks_.clear();
+  cur_ = off_ = 0;
+  if (bytes) blocks_.push_back({static_cast<char*>(device_alloc(dev_, bytes)), bytes});
 }
 
 void Arena::reset() {

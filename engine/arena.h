@@ -1,7 +1,13 @@
-// The per-step activation arena: a bump allocator over a list of large blocks on one device.
+// The per-step activation arena: a bump allocator over large blocks on one device.
 // Everything a step creates (activations, their gradients, kernel scratch) comes from here and is
-// dropped at once by reset(). The high-water mark of bytes in use is the activation memory the
-// step log reports, and the number the memory tests and the planner are held to.
+// dropped at once by reset(), or back to a mark by release() (scoped scratch, a block's backward).
+//
+// used() counts the bytes handed out and not released, nothing else; its high-water mark is the
+// activation memory the step log reports and the planner (engine/planner.h) predicts byte for
+// byte. reserve() holds one block of the planned peak up front, so a step never opens a second
+// block, no block tail is wasted, and on a GPU a too-large run fails at start-up, not mid-step.
+// Without a reservation (tests, tools) blocks of 64 MiB (or the request, when larger) are added
+// as needed; a request that does not fit the current block's tail goes to the next block.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -27,11 +33,14 @@ class Arena {
   Mark mark() const { return {cur_, off_, used_}; }
   void release(const Mark& m);
 
+  // Replace the blocks by one of `bytes` (rounded up to 2 MiB). Only while nothing is in use.
+  void reserve(size_t bytes);
   void reset();                            // drop everything; keeps the blocks for the next step
-  size_t used() const { return used_; }    // bytes in use now
+  size_t used() const { return used_; }    // bytes handed out and not released
   size_t high_water() const { return peak_; }
   void reset_high_water() { peak_ = used_; }
   size_t reserved() const;                 // bytes held from the device
+  size_t blocks() const { return blocks_.size(); }
   Device device() const { return dev_; }
 
  private:

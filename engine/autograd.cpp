@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/device.h"
+
 namespace ul {
 
 int Tape::param_slot(void* grad) {
@@ -32,6 +34,13 @@ void* Tape::grad(const Tensor& t) {
 void* Tape::grad_if_any(const Tensor& t) const {
   if (t.gid < 0 || size_t(t.gid) >= slots_.size()) return nullptr;
   return slots_[t.gid].grad;
+}
+
+void Tape::move_grad(const Tensor& t, void* dst) {
+  void* src = grad(t);
+  Slot& s = slots_[t.gid];
+  if (dst != src) device_copy(dst, arena_.device(), src, arena_.device(), s.bytes);
+  s.grad = dst;
 }
 
 void Tape::push(const char* name, std::function<void()> backward) {

@@ -33,6 +33,11 @@ class Tape {
   // nullptr when nothing has written a gradient for t yet (its consumers never ran backward).
   void* grad_if_any(const Tensor& t) const;
 
+  // Move t's gradient to `dst` (a buffer of the same size whose contents are dead) and make dst
+  // its gradient from now on. A block's backward uses it to hand the residual stream's gradient
+  // down to the memory of the block output's, so the arena can drop everything above (transformer.cpp).
+  void move_grad(const Tensor& t, void* dst);
+
   void push(const char* name, std::function<void()> backward);
   size_t size() const { return nodes_.size(); }
 

@@ -54,6 +54,7 @@ parallelism
   --ranks N           world size for --comm local                                         [1]
 long-context memory (README: "Long context")
   --recompute         keep only each block's input; replay the block in backward
+  --offload           with --recompute on cuda: keep those block inputs in pinned host memory
   --mlp-chunks N      run the MLP over N slices of the tokens (forward and backward)     [1]
   --zero 0|1          1: shard AdamW state over the world (reduce-scatter, all-gather)  [0]
   --plan              print per-rank memory and communication for these flags; no run
@@ -158,6 +159,7 @@ Options parse_options(int argc, char** argv) {
     if (a == "--quiet") { o.quiet = true; continue; }
     if (a == "--resume") { o.resume = true; o.given.push_back(a); continue; }
     if (a == "--recompute") { o.recompute = true; o.given.push_back(a); continue; }
+    if (a == "--offload") { o.offload = true; o.given.push_back(a); continue; }
     if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
     if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);
@@ -186,7 +188,7 @@ Options parse_options(int argc, char** argv) {
   if (o.device != "cpu" && o.device != "cuda")
     throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
 #if !ULYSSES_HAVE_CUDA
-  if (o.device == "cuda")
+  if (o.device == "cuda" && !o.plan)  // a plan allocates nothing: any build can plan a GPU run
     throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DULYSSES_CUDA=ON, or "
                              "-DULYSSES_CUDA_EMULATION=ON for the emulated device)");
 #endif
@@ -198,6 +200,12 @@ Options parse_options(int argc, char** argv) {
   if (o.comm != "local" && o.comm != "mpi" && o.comm != "nccl")
     throw std::runtime_error("--comm: expected local, mpi or nccl, got '" + o.comm + "'");
   positive("--mlp-chunks", o.mlp_chunks);
+  if (o.offload && o.device != "cuda")
+    throw std::runtime_error("--offload moves block inputs from GPU memory to pinned host memory: it needs --device "
+                             "cuda (on the CPU backend activations are in host memory already)");
+  if (o.offload && !o.recompute)
+    throw std::runtime_error("--offload needs --recompute: what it moves to the host are the block inputs that "
+                             "--recompute keeps");
   if (o.zero != 0 && o.zero != 1) throw std::runtime_error("--zero: expected 0 or 1, got " + std::to_string(o.zero));
   if (o.set_by_user("--memory") && !o.plan) throw std::runtime_error("--memory needs --plan");
   if (o.save_every < 0) throw std::runtime_error("--save-every must be >= 0");

@@ -44,6 +44,7 @@ struct Options {
   bool resume = false;
   // long-context memory (engine/planner.h): recompute, tiled MLP, ZeRO-1, and the memory planner
   bool recompute = false;
+  bool offload = false;       // cuda + recompute: the kept block inputs in pinned host memory
   int mlp_chunks = 1;
   int zero = 0;               // 0: every rank keeps all AdamW state; 1: sharded over the world
   bool plan = false;          // print the memory plan and exit, allocating nothing

@@ -1,6 +1,7 @@
 #include "engine/planner.h"
 
 #include "layers/classifier.h"
+#include "layers/scratch_sizes.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "engine/offload.h"
 #include "engine/options.h"
 #include "parallel/ulysses.h"
 
@@ -17,31 +19,18 @@
 namespace ul {
 namespace {
 
-// The arena's allocator without memory: engine/arena.cpp, line for line (64-byte rounding, 64 MiB
-// blocks, a block's skipped tail counted as used, a request above the block size gets its own).
+// The arena's accounting without memory: engine/arena.cpp's used() (64-byte rounding, marks).
+// The trainer reserves this peak as one block, so no block tail is ever skipped.
 struct SimArena {
-  size_t block_bytes = size_t(64) << 20;
-  std::vector<size_t> blocks;
-  size_t cur = 0, off = 0, used = 0, peak = 0;
-  struct Mark { size_t cur, off, used; };
+  size_t used = 0, peak = 0;
+  struct Mark { size_t used; };
 
   void alloc(size_t bytes) {
-    bytes = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
-    while (cur < blocks.size() && off + bytes > blocks[cur]) {
-      used += blocks[cur] - off;
-      cur++;
-      off = 0;
-    }
-    if (cur == blocks.size()) {
-      blocks.push_back(std::max(bytes, block_bytes));
-      off = 0;
-    }
-    off += bytes;
-    used += bytes;
+    used += (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
     peak = std::max(peak, used);
   }
-  Mark mark() const { return {cur, off, used}; }
-  void release(const Mark& m) { cur = m.cur, off = m.off, used = m.used; }
+  Mark mark() const { return {used}; }
+  void release(const Mark& m) { used = m.used; }
 };
 
 // Elements of the parameter buffer: layers/transformer.cpp's constructor, shape by shape.
@@ -58,7 +47,7 @@ size_t param_count(const ModelConfig& m) {
 int64_t classifier_rows(int64_t V, int64_t valid) { return classifier_chunk_rows(int(V), valid); }
 
 // One rank's micro-batch, op by op, in the order layers/transformer.cpp runs it. Sizes in bytes:
-// a = activation element (f32 on cpu, bf16 on cuda); statistics (mean, rstd, lse) are f32.
+// a = activation element (f32, or bf16 under --precision bf16); statistics (mean, rstd, lse) are f32.
 struct Walk {
   const PlanConfig& c;
   SimArena A;
@@ -75,30 +64,56 @@ struct Walk {
     Hql = m.heads / P;
     const int64_t kvl = m.kv_heads >= P ? m.kv_heads / P : 1;  // kv heads replicated when fewer than P
     W = P > 1 ? Hql + 2 * kvl : m.heads + 2 * m.kv_heads;      // heads wide after the scatter
-    a = cuda ? 2 : 4;
+    a = int64_t(dtype_size(c.dtype));
   }
   void act(int64_t elems) { A.alloc(size_t(elems) * a); }  // an activation (or its gradient)
   void f32(int64_t elems) { A.alloc(size_t(elems) * 4); }
   void norm(int64_t rows) { act(rows * C), f32(rows), llama ? void() : f32(rows); }  // y, rrms | mean, rstd
-  void exchange(int64_t elems) {  // parallel/ulysses.cpp: send + recv in a scope
+  // parallel/ulysses.cpp: send and recv scratch in a scope; with batch 1 a buffer whose layout is
+  // already the chunks' is used as it is (pass false for it).
+  void exchange(int64_t elems, bool send, bool recv) {
     auto m = A.mark();
-    act(elems), act(elems);
+    if (send) act(elems);
+    if (recv) act(elems);
     A.release(m);
+  }
+  // A backward kernel's scratch on cuda (layers/scratch_sizes.h): taken after the op's gradients,
+  // released when it returns.
+  void transient(size_t bytes) {
+    if (!cuda) return;
+    auto m = A.mark();
+    A.alloc(bytes);
+    A.release(m);
+  }
+  void linear_scratch(int64_t rows, int64_t OC) { if (!llama) transient(scratch::linear_backward(rows, OC)); }  // bias
+  void norm_scratch(int64_t rows) {
+    transient(llama ? scratch::rmsnorm_backward(rows, C) : scratch::layernorm_backward(rows, C));
   }
   // The MLP on `rows` rows, forward: fc, act, proj outputs.
   void mlp_fwd(int64_t rows) { act(rows * F1), act(rows * F), act(rows * C); }
   // Its backward when the output gradient exists: d(act), d(fc); d(input) only when `dx`.
-  void mlp_bwd(int64_t rows, bool dx) { act(rows * F), act(rows * F1), dx ? act(rows * C) : void(); }
+  void mlp_bwd(int64_t rows, bool dx) {
+    act(rows * F), linear_scratch(rows, C);                     // proj
+    act(rows * F1);                                             // gelu | swiglu
+    if (dx) act(rows * C);                                      // fc
+    linear_scratch(rows, F1);
+  }
   int64_t chunk_rows() const { return (N + std::min<int64_t>(c.mlp_chunks, N) - 1) / std::min<int64_t>(c.mlp_chunks, N); }
   bool tiled() const { return std::min<int64_t>(c.mlp_chunks, N) > 1; }
 
   void block_fwd() {
     norm(N);
-    act(N * QKV);
-    if (P > 1) act(B * T * W * D), exchange(B * T * W * D);  // scatter
+    if (P > 1) {  // the scatter's output, then the local qkv in a scope with the exchange
+      act(B * T * W * D);
+      auto m = A.mark();
+      act(N * QKV), exchange(B * T * W * D, true, B > 1);
+      A.release(m);
+    } else {
+      act(N * QKV);
+    }
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);   // rope
     act(B * T * Hql * D), f32(B * Hql * T);            // attention out, lse
-    if (P > 1) act(N * C), exchange(N * C);            // gather
+    if (P > 1) act(N * C), exchange(N * C, B > 1, true);  // gather
     act(N * C), act(N * C);                            // attproj, residual
     norm(N);
     if (!tiled()) {
@@ -114,8 +129,8 @@ struct Walk {
     act(N * C);  // residual
   }
 
-  // The block's backward nodes in reverse; the output's gradient exists, the input's when x_grad.
-  void block_bwd(bool x_grad) {
+  // The block's backward nodes in reverse; the output's and the input's gradients exist.
+  void block_bwd() {
     act(N * C), act(N * C);  // residual 2: d(x1), d(mlp out)
     if (!tiled()) {
       mlp_bwd(N, true);
@@ -129,23 +144,27 @@ struct Walk {
         A.release(m);
       }
     }
-    if (!x_grad) act(N * C);
-    act(N * C);  // residual 1: d(x), d(attproj out)
-    act(N * C);  // attproj: d(att)
-    if (P > 1) act(B * T * Hql * D), exchange(N * C);
+    norm_scratch(N);                                             // norm 2
+    act(N * C);                                                  // residual 1: d(attproj out)
+    act(N * C), linear_scratch(N, C);                            // attproj: d(att)
+    if (P > 1) act(B * T * Hql * D), exchange(N * C, true, true);  // gather
     act(P > 1 ? B * T * W * D : N * QKV);                        // attention: d(qkv as it saw it)
-    if (cuda) { auto m = A.mark(); f32(B * T * Hql); A.release(m); }  // its cuda scratch
+    transient(scratch::attention_backward(B, T, Hql));
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);             // rope
-    if (P > 1) act(N * QKV), exchange(B * T * W * D);           // scatter
-    act(N * C);                                                  // qkv linear: d(norm1 out)
+    if (P > 1) act(N * QKV), exchange(B * T * W * D, B > 1, true);  // scatter
+    act(N * C), linear_scratch(N, QKV);                          // qkv linear: d(norm1 out)
+    norm_scratch(N);                                             // norm 1
   }
 
   void step() {
     f32(N), f32(N), f32(N), f32(B * T);  // idx, targets, pos, pos_full (i32)
+    if (c.doc_mask) f32(B * T);          // doc_full
     act(N * C);                          // embedding
+    const bool offload = c.recompute && c.offload;
+    if (offload) act(N * C), act(N * C);  // the two buffers the block outputs rotate through
     for (int l = 0; l < c.model.layers; l++) {
       if (!c.recompute) { block_fwd(); continue; }
-      act(N * C);  // the kept output; the block runs in a scope
+      if (!offload) act(N * C);  // the kept output; the block runs in a scope
       auto m = A.mark();
       block_fwd();
       A.release(m);
@@ -156,19 +175,21 @@ struct Walk {
     {
       auto m = A.mark();
       const int64_t V = c.model.vocab, R = classifier_rows(V, c.valid_rows >= 0 ? c.valid_rows : N);
-      if (cuda) A.alloc(size_t(R) * V * 4 + size_t(R) * V * 2 + 2 * size_t(N) * 4);
+      if (cuda) A.alloc(scratch::classifier(N, V, R, size_t(a)));
       else f32(R * V + 2 * R * C);
       A.release(m);
     }
-    act(N * C);  // final norm backward: d(last block out)
+    act(N * C), norm_scratch(N);  // final norm backward: d(last block out)
+    // Each block's backward: d(x), [the replay,] the nodes; then d(x) moves into d(y)'s memory
+    // and the arena drops back to where it was (layers/transformer.cpp, scoped_backward).
     for (int l = c.model.layers - 1; l >= 0; l--) {
-      if (!c.recompute) { block_bwd(false); continue; }
-      act(N * C);  // d(x), before the replay's scope
       auto m = A.mark();
-      block_fwd();
-      block_bwd(true);
+      act(N * C);
+      if (c.recompute) block_fwd();
+      block_bwd();
       A.release(m);
     }
+    transient(scratch::embedding_backward(N));
   }
 };
 
@@ -180,18 +201,20 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   const bool cuda = c.device == Device::cuda;
   const size_t n = param_count(m), world = size_t(c.world);
   const size_t shard = c.zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
-  p.params = n * (cuda ? 2 : 4), p.grads = n * 4;
-  p.optim = shard * (cuda ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16)
+  const bool bf16 = c.dtype == DType::bf16;
+  p.params = n * dtype_size(c.dtype), p.grads = n * 4;
+  p.optim = shard * (bf16 ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16)
   Walk w(c);
   w.step();
   p.kept = w.kept, p.arena_peak = w.A.peak;
   p.transient = p.arena_peak - p.kept;
   if (!cuda) p.workspace = size_t(c.batch) * w.Hql * c.seq * 4;  // attention backward's row sums
   if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? n * 4 : 0;
+  if (c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
 
   // Bytes sent per step (Trainer::step and parallel/ulysses.cpp, with communicator.h's formulas).
-  const DType adt = cuda ? DType::bf16 : DType::f32;
+  const DType adt = c.dtype;
   const int P = c.sp, W = c.world;
   if (P > 1) {
     const size_t scatter = size_t(w.B) * w.Tl * w.W * w.D, gather = size_t(w.B) * w.Tl * w.Hql * w.D;
@@ -206,10 +229,10 @@ MemoryPlan plan_memory(const PlanConfig& c) {
     } else {  // parallel/zero.h: equal shards by reduce-scatter / all-gather, the tail by the world
       const size_t s = n / world, tail = n - s * world;
       p.sent.reduce_scatter = comm_volume::reduce_scatter(s, DType::f32, W);
-      p.sent.all_gather = comm_volume::all_gather(s, cuda ? DType::bf16 : DType::f32, W);
+      p.sent.all_gather = comm_volume::all_gather(s, c.dtype, W);
       p.sent.all_reduce += comm_volume::all_reduce(1, DType::f64, W);  // the squared gradient norm
       if (tail) p.sent.all_reduce += comm_volume::all_reduce(tail, DType::f32, W);
-      if (tail) p.sent.broadcast = comm_volume::broadcast(tail, cuda ? DType::bf16 : DType::f32, W, false);
+      if (tail) p.sent.broadcast = comm_volume::broadcast(tail, c.dtype, W, false);
     }
   }
   return p;
@@ -248,12 +271,20 @@ PlanConfig plan_config(const Options& o) {
   const bool preset_vocab = o.model == "gpt2-124M" || o.model == "gpt2-350M" || o.model == "llama-1B";
   int data_vocab = o.vocab;  // the data is opened only when it sizes the model
   if (!preset_vocab && data_vocab <= 0) data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
-  c.model = model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab);
+  if (o.ranks % o.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp");
+  return plan_config(o, model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab));
+}
+
+PlanConfig plan_config(const Options& o, const ModelConfig& model) {
+  PlanConfig c;
+  c.model = model;
+  c.device = o.device == "cuda" ? Device::cuda : Device::cpu;
+  c.dtype = param_dtype(o);
   c.batch = o.batch, c.seq = o.seq, c.grad_accum = o.grad_accum;
   c.sp = o.sp, c.world = o.ranks;
-  c.recompute = o.recompute, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
+  c.doc_mask = o.doc_mask;
+  c.recompute = o.recompute, c.offload = o.offload, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
   c.local_comm = o.comm == "local";
-  if (c.world % c.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(c.world) + " is not a multiple of --sp");
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;
 }
@@ -262,8 +293,8 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   std::ostringstream s;
   s << "plan | " << c.model.describe() << "\n";
   s << "plan | per rank: batch " << c.batch << " x seq " << c.seq << " (" << c.seq / c.sp << " tokens here) | world "
-    << c.world << " = dp " << c.world / c.sp << " x sp " << c.sp << " | " << device_name(c.device)
-    << (c.recompute ? " | recompute" : "") << (c.mlp_chunks > 1 ? " | mlp chunks " + std::to_string(c.mlp_chunks) : "")
+    << c.world << " = dp " << c.world / c.sp << " x sp " << c.sp << " | " << device_name(c.device) << " " << dtype_name(c.dtype)
+    << (c.recompute ? " | recompute" : "") << (c.offload ? " | offload" : "") << (c.mlp_chunks > 1 ? " | mlp chunks " + std::to_string(c.mlp_chunks) : "")
     << (c.zero ? " | zero 1" : "") << "\n";
   auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
   row("parameters         ", p.params, "");
@@ -274,6 +305,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("workspace          ", p.workspace, "outside the arena (attention backward row sums)");
   row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : c.world > 1 && c.local_comm ? "local all-reduce copy" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
+  if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
   s << "plan | bytes sent per step by this rank:";
   s << " all-to-all " << mib(double(p.sent.all_to_all)) << " (" << mib(double(p.a2a_layer_fwd)) << " per layer per direction)";
   s << " | all-reduce " << mib(double(p.sent.all_reduce));

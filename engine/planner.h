@@ -4,9 +4,9 @@
 // Activation memory is not estimated from a formula: the planner walks the model op by op in the
 // order the real code runs it (forward, the classifier, backward with gradients allocated lazily,
 // recompute replays, tiled MLP slices, the all-to-all scratch scopes) and feeds every allocation to
-// a twin of the arena's bump allocator (same 64-byte rounding, same blocks, same skipped tails).
-// Its high-water mark is what Arena::high_water() reports for the step; the CPU tests hold the two
-// together. Static memory (parameters, gradients, AdamW state, ZeRO shards) and bytes communicated
+// a twin of the arena's accounting (same 64-byte rounding, same marks and releases). Its
+// high-water mark is what Arena::high_water() reports for the step, byte for byte (tests on the
+// CPU and the emulated CUDA device), and what the Trainer reserves before its first step. Static memory (parameters, gradients, AdamW state, ZeRO shards) and bytes communicated
 // per step follow the Trainer's code and communicator.h's byte formulas.
 #pragma once
 #include <cstddef>
@@ -25,10 +25,13 @@ struct PlanConfig {
   ModelConfig model;
   int batch = 1, seq = 256, grad_accum = 1;  // per rank per micro-batch, as the flags
   int sp = 1, world = 1;                      // dp = world / sp
+  bool doc_mask = false;                      // packed documents: one more (B, T) index array
   bool recompute = false;
+  bool offload = false;                       // with recompute on cuda: block inputs in pinned host memory
   int mlp_chunks = 1;
   int zero = 0;
-  Device device = Device::cpu;                // cpu: f32 everywhere; cuda: bf16 activations and weights
+  Device device = Device::cpu;
+  DType dtype = DType::f32;                   // parameters and activations (bf16: --precision bf16 on cuda)
   bool local_comm = true;                     // the local communicator copies an all-reduce's buffer
   int64_t valid_rows = -1;                    // rows with a valid target (sizes the classifier chunk); -1: all
 };
@@ -42,6 +45,7 @@ struct MemoryPlan {
   size_t workspace = 0;  // heap scratch outside the arena (CPU attention backward)
   size_t comm = 0;       // communication buffers (local all-reduce copy, ZeRO shard buffer)
   size_t total = 0;
+  size_t pinned_host = 0;  // --offload: the block inputs in pinned host memory (not in total)
   // bytes this rank sends per step, by collective
   CommStats sent;
   uint64_t a2a_layer_fwd = 0;  // all-to-all bytes per layer per direction (scatter + gather)
@@ -54,6 +58,7 @@ int64_t longest_seq(PlanConfig c, double budget);
 
 // The plan for these options (what `train --plan` prints), and the printing itself.
 PlanConfig plan_config(const Options& o);
+PlanConfig plan_config(const Options& o, const ModelConfig& model);  // the model already known
 std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget);
 int plan_main(const Options& o);  // prints; returns the exit code
 

@@ -65,6 +65,7 @@ class Trainer {
   // learning rate; the caller restores the parameters and the optimizer state that go with it.
   void set_steps_done(int s) { step_ = s; }
   AdamW& optimizer() { return *opt_; }
+  size_t planned_arena() const { return planned_arena_; }
 
   const Options& options() const { return o_; }
   Grid& grid() { return grid_; }
@@ -82,6 +83,7 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   float* zero_scratch_ = nullptr;  // --zero 1: the shard buffer of parallel/zero.h, on the context's device
   std::vector<HostBatch> micro_;
+  size_t planned_arena_ = 0;  // the arena's reservation: the planner's peak for this run
   int32_t eot_ = -1;  // --doc-mask: the end-of-text id that splits documents; -1: no mask
   int step_ = 0;
 };

@@ -27,6 +27,7 @@
 
 #include "engine/cuda_launch.h"
 #include "engine/mma.h"
+#include "layers/scratch_sizes.h"
 #include "layers/attention.h"
 
 namespace ul {
@@ -585,7 +586,7 @@ float softmax_scale(int D) { return 1.0f / sqrtf(float(D)); }
 
 bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
 
-size_t attention_backward_scratch_bytes(int B, int Tn, int Hq) { return size_t(B) * Tn * Hq * sizeof(float); }
+size_t attention_backward_scratch_bytes(int B, int Tn, int Hq) { return scratch::attention_backward(B, Tn, Hq); }
 
 template <class T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,

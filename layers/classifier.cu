@@ -18,6 +18,7 @@
 
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
+#include "layers/scratch_sizes.h"
 #include "layers/classifier.h"
 
 namespace ul {
@@ -108,7 +109,6 @@ __global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ los
   }
 }
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
@@ -124,9 +124,7 @@ void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* l
 }
 
 size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype) {
-  const size_t R = size_t(std::max(1, std::min(chunk_rows, std::max(N, 1))));
-  const size_t dlogits = dtype == DType::f32 ? 0 : align256(R * V * dtype_size(dtype));
-  return align256(R * V * sizeof(float)) + dlogits + 2 * align256(size_t(N) * 4);
+  return scratch::classifier(N, V, chunk_rows, dtype_size(dtype));
 }
 
 template <class T>
@@ -141,14 +139,14 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
   // logits) | loss (N) fp32 | hit (N) i32; each region 256-byte aligned.
   char* p = static_cast<char*>(scratch);
   float* logits = reinterpret_cast<float*>(p);
-  p += align256(size_t(chunk_rows) * V * sizeof(float));
+  p += scratch::align256(size_t(chunk_rows) * V * sizeof(float));
   T* dlogits = reinterpret_cast<T*>(logits);
   if (bf) {
     dlogits = reinterpret_cast<T*>(p);
-    p += align256(size_t(chunk_rows) * V * sizeof(T));
+    p += scratch::align256(size_t(chunk_rows) * V * sizeof(T));
   }
   float* loss = reinterpret_cast<float*>(p);
-  int32_t* hit = reinterpret_cast<int32_t*>(p + align256(size_t(N) * 4));
+  int32_t* hit = reinterpret_cast<int32_t*>(p + scratch::align256(size_t(N) * 4));
   // Rows never scored (whole chunks of ignored targets) read as zero loss and no hit.
   UL_CUDA_CHECK(cudaMemsetAsync(loss, 0, size_t(N) * 4, s));
   UL_CUDA_CHECK(cudaMemsetAsync(hit, 0, size_t(N) * 4, s));

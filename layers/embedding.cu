@@ -19,6 +19,7 @@
 // range check   one thread per id, atomicMin of the index of an id out of range (an integer
 //            minimum: the same answer whatever the order), read back by the host.
 #include "engine/cuda_launch.h"
+#include "layers/scratch_sizes.h"
 #include "layers/elementwise.cuh"
 #include "layers/embedding.h"
 
@@ -29,12 +30,7 @@ namespace {
 constexpr int kSortTile = 1024;  // keys sorted or merged in shared memory by one block (8 KiB)
 constexpr uint64_t kPadKey = ~uint64_t(0);  // sorts after every real key (table row < 2^31)
 
-// Keys to sort: a power of two, at least 2 (the smallest bitonic network).
-int64_t sort_size(int N) {
-  int64_t p = 2;
-  while (p < N) p <<= 1;
-  return p;
-}
+int64_t sort_size(int N) { return scratch::embedding_sort_size(N); }
 
 // Threads for a block that covers `items` of a row: whole warps, at most 256 (then they loop).
 int row_threads(int items) { return items < 256 ? int(ceil_div(items, 32)) * 32 : 256; }
@@ -148,7 +144,7 @@ void backward_table(float* dtable, const T* dy, const int32_t* ids, uint64_t* ke
 
 }  // namespace
 
-size_t embedding_backward_scratch_bytes(int N) { return size_t(sort_size(N)) * sizeof(uint64_t); }
+size_t embedding_backward_scratch_bytes(int N) { return scratch::embedding_backward(N); }
 
 void embedding_sort_keys(uint64_t* keys, const int32_t* ids, int N, cudaStream_t s) {
   if (N == 0) return;

@@ -10,6 +10,7 @@
 //              (2) one thread per column adds its chunks' partials, in chunk order, into dw, db.
 //              This reads x and dy a second time; what it buys is bitwise-reproducible gradients.
 #include "engine/cuda_launch.h"
+#include "layers/scratch_sizes.h"
 #include "layers/layernorm.h"
 
 namespace ul {
@@ -19,10 +20,6 @@ namespace {
 constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
 constexpr int kColTile = 32;        // columns per block in the dw/db partial kernel
 constexpr int kRowLanes = 8;        // row strands per column in that kernel (block 32 x 8)
-constexpr int kMinChunkRows = 64;   // a chunk is at least this many rows ...
-constexpr int kMaxChunks = 512;     // ... and there are at most this many (bounds the scratch)
-
-int num_chunks(int N) { return N < kMinChunkRows * kMaxChunks ? int(ceil_div(N, kMinChunkRows)) : kMaxChunks; }
 
 // y, x: (N, C); w, b: (C); mean, rstd: (N)
 template <class T>
@@ -129,7 +126,7 @@ __global__ void layernorm_backward_reduce_kernel(float* __restrict__ dw, float* 
 
 }  // namespace
 
-size_t layernorm_backward_scratch_bytes(int N, int C) { return size_t(2) * num_chunks(N) * C * sizeof(float); }
+size_t layernorm_backward_scratch_bytes(int N, int C) { return scratch::layernorm_backward(N, C); }
 
 template <class T>
 void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int N, int C,
@@ -145,7 +142,7 @@ void layernorm_backward(T* dx, float* dw, float* db, const T* dy, const T* x, co
   if (N == 0 || C == 0) return;
   launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0,
          s, dx, dy, x, w, mean, rstd, N, C);
-  const int chunks = num_chunks(N), chunk_rows = int(ceil_div(N, chunks));
+  const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
   launch("layernorm_backward_partial", layernorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
          dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, mean, rstd, N, C, chunk_rows);
   launch("layernorm_backward_reduce", layernorm_backward_reduce_kernel, dim3(ceil_div(C, 256)), dim3(256), 0, s,

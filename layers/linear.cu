@@ -10,6 +10,7 @@
 //              (2) one thread per column adds the chunks' sums, in chunk order, into db.
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
+#include "layers/scratch_sizes.h"
 #include "layers/linear.h"
 
 namespace ul {
@@ -18,10 +19,6 @@ namespace {
 
 constexpr int kColTile = 32;       // columns per block of the partial-sum kernel
 constexpr int kRowLanes = 8;       // row strands per column in that kernel (block 32 x 8)
-constexpr int kMinChunkRows = 64;  // a chunk is at least this many rows ...
-constexpr int kMaxChunks = 512;    // ... and there are at most this many (bounds the scratch)
-
-int num_chunks(int N) { return N < kMinChunkRows * kMaxChunks ? int(ceil_div(N, kMinChunkRows)) : kMaxChunks; }
 
 // Block (32, 8), grid (ceil(OC / 32), chunks). partial: (chunks, OC).
 // Thread (tx, ty) sums rows ty, ty + 8, ... of its chunk for column c; the block adds the 8 strands in order.
@@ -57,12 +54,12 @@ __global__ void column_sums_reduce_kernel(float* __restrict__ db, const float* _
 
 }  // namespace
 
-size_t linear_backward_scratch_bytes(int N, int OC) { return size_t(num_chunks(N)) * OC * sizeof(float); }
+size_t linear_backward_scratch_bytes(int N, int OC) { return scratch::linear_backward(N, OC); }
 
 template <class T>
 void column_sums_add(float* db, const T* dy, float* scratch, int N, int OC, cudaStream_t s) {
   if (N == 0 || OC == 0) return;  // a grid of no blocks is an invalid launch
-  const int chunks = num_chunks(N), chunk_rows = int(ceil_div(N, chunks));
+  const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
   launch("column_sums_partial", column_sums_partial_kernel<T>, dim3(ceil_div(OC, kColTile), chunks),
          dim3(kColTile, kRowLanes), 0, s, scratch, dy, N, OC, chunk_rows);
   launch("column_sums_reduce", column_sums_reduce_kernel, dim3(ceil_div(OC, 256)), dim3(256), 0, s, db, scratch,

@@ -8,6 +8,7 @@
 //                  sums of dy * x * rrms to scratch, summing in a fixed order;
 //              (2) one thread per column adds its chunks' partials, in chunk order, into dw.
 #include "engine/cuda_launch.h"
+#include "layers/scratch_sizes.h"
 #include "layers/rmsnorm.h"
 
 namespace ul {
@@ -17,10 +18,6 @@ namespace {
 constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
 constexpr int kColTile = 32;        // columns per block in the dw partial kernel
 constexpr int kRowLanes = 8;        // row strands per column in that kernel (block 32 x 8)
-constexpr int kMinChunkRows = 64;   // a chunk is at least this many rows ...
-constexpr int kMaxChunks = 512;     // ... and there are at most this many (bounds the scratch)
-
-int num_chunks(int N) { return N < kMinChunkRows * kMaxChunks ? int(ceil_div(N, kMinChunkRows)) : kMaxChunks; }
 
 // y, x: (N, C); w: (C); rrms: (N)
 template <class T>
@@ -99,7 +96,7 @@ __global__ void rmsnorm_backward_reduce_kernel(float* __restrict__ dw, const flo
 
 }  // namespace
 
-size_t rmsnorm_backward_scratch_bytes(int N, int C) { return size_t(num_chunks(N)) * C * sizeof(float); }
+size_t rmsnorm_backward_scratch_bytes(int N, int C) { return scratch::rmsnorm_backward(N, C); }
 
 template <class T>
 void rmsnorm_forward(T* y, float* rrms, const T* x, const T* w, int N, int C, cudaStream_t s) {
@@ -114,7 +111,7 @@ void rmsnorm_backward(T* dx, float* dw, const T* dy, const T* x, const T* w, con
   if (N == 0 || C == 0) return;
   launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s,
          dx, dy, x, w, rrms, N, C);
-  const int chunks = num_chunks(N), chunk_rows = int(ceil_div(N, chunks));
+  const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
   launch("rmsnorm_backward_partial", rmsnorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
          dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, rrms, N, C, chunk_rows);
   launch("rmsnorm_backward_reduce", rmsnorm_backward_reduce_kernel, dim3(ceil_div(C, 256)), dim3(256), 0, s, dw,

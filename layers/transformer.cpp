@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -112,12 +114,24 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
   const int D = cfg.head_dim();
   int Hq = cfg.heads, Hkv = cfg.kv_heads;
   Tensor bias = cfg.is_llama() ? Tensor{} : params.get("qkvb", l);
-  Tensor qkv = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
+  Tensor qkv;
   if (sp && sp->size() > 1) {
-    // (B, Tl, Hq + 2 Hkv, D) -> (B, T, Hq/P + 2 KVl, D): every token, this rank's heads
-    qkv = ulysses_scatter_heads(qkv, Hq, Hkv, *sp);
-    Hkv = Hkv >= sp->size() ? Hkv / sp->size() : 1;
-    Hq = Hq / sp->size();
+    // (B, Tl, Hq + 2 Hkv, D) -> (B, T, Hq/P + 2 KVl, D): every token, this rank's heads.
+    // The local qkv is only the all-to-all's input (the linear's backward reads its input, not
+    // its output, and the scatter's backward writes d(qkv) afresh), so it lives in a scope and
+    // the scatter writes into a buffer allocated below it: 3 C per token per layer not kept.
+    Context& c = ctx();
+    const HeadSplit hs{Hq, Hkv, sp->size()};
+    Tensor out = c.empty({B, Tl * sp->size(), hs.width(), D}, h.dtype);
+    {
+      ArenaScope scratch(c.arena);
+      Tensor local = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
+      qkv = ulysses_scatter_heads(local, Hq, Hkv, *sp, &out);
+    }
+    Hkv = hs.kv_local();
+    Hq = hs.q_local();
+  } else {
+    qkv = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
   }
   if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope_theta);
   Tensor att = attention(qkv, Hq, Hkv, in.doc_full);  // (B, T, Hq_local, D)
@@ -185,22 +199,57 @@ Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* s
   // Nothing records (eval): the same scoped run, so an eval holds one block's activations at a
   // time instead of every layer's.
   const bool scoped = !c.tape.recording || (recompute && x.requires_grad());
-  if (!scoped) return block_ops(x, l, in, sp);
-  Tensor y = c.empty(x.shape, x.dtype);
+  if (!scoped) return scoped_backward(x, [&] { return block_ops(x, l, in, sp); });
+  BlockOffload* off = c.tape.recording ? offloading_ : nullptr;
+  Tensor y = off ? off->output(l) : c.empty(x.shape, x.dtype);
   {
     ArenaScope scope(c.arena);
-    Recording off(false);
+    Recording no(false);
     Tensor t = block_ops(x, l, in, sp);
     device_copy(y.ptr, y.device, t.ptr, t.device, t.nbytes());
   }
+  if (off) off->stored(l);
   if (!c.tape.recording) return y;
   y = c.tape.track(y);
   c.tape.push("recompute", [=] {
+    if (off) off->before_backward(l);  // x is back in its buffer (engine/offload.h)
     Tape& tape = ctx().tape;
+    Arena& arena = ctx().arena;
     void* dy = tape.grad(y);
-    tape.grad(x);  // before the scope: x's gradient outlives the replay
-    ArenaScope scope(ctx().arena);
-    tape.replay([&] { return block_ops(x, l, in, sp); }, dy);
+    const Arena::Mark below = arena.mark();
+    tape.grad(x);  // before the replay's scope: x's gradient outlives the replay
+    {
+      ArenaScope scope(arena);
+      tape.replay([&] { return block_ops(x, l, in, sp); }, dy);
+    }
+    tape.move_grad(x, dy);  // y's gradient is dead: x's takes its place, and the arena drops back
+    arena.release(below);
+  });
+  return y;
+}
+
+// The block recorded as usual, with its backward bracketed so that, when it has run, the arena
+// holds no more than before it: a node pushed last (so it runs first in backward) allocates the
+// input's gradient and marks the arena; one pushed first (so it runs last) moves the input's
+// gradient into the output's dead one and releases to below it. Every activation gradient made
+// inside the block dies there, instead of every layer's piling up until the step ends.
+Tensor Transformer::scoped_backward(const Tensor& x, const std::function<Tensor()>& ops) {
+  Context& c = ctx();
+  if (!c.tape.recording || !x.requires_grad()) return ops();
+  auto below = std::make_shared<Arena::Mark>();
+  auto out = std::make_shared<Tensor>();
+  c.tape.push("block_backward_close", [=] {
+    Tape& tape = ctx().tape;
+    tape.move_grad(x, tape.grad(*out));
+    ctx().arena.release(*below);
+  });
+  Tensor y = ops();
+  *out = y;
+  c.tape.push("block_backward_open", [=] {
+    Tape& tape = ctx().tape;
+    tape.grad(y);  // normally made by the block above; made here if not, so that it stays below
+    *below = ctx().arena.mark();
+    tape.grad(x);
   });
   return y;
 }
@@ -213,6 +262,12 @@ CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, 
                              std::to_string(cfg.max_seq) + " (gpt2 has learned positions up to max-seq)");
   Tensor wpe = cfg.is_llama() ? Tensor{} : params.get("wpe");
   Tensor x = embedding(in.idx, in.pos, params.get("wte"), wpe);  // (B, Tl, C)
+  offloading_ = nullptr;
+  if (offload && recompute && ctx().tape.recording && x.requires_grad()) {
+    if (!offload_) offload_ = std::make_unique<BlockOffload>();
+    offload_->begin(ctx().arena, x, cfg.layers);
+    offloading_ = offload_.get();
+  }
   for (int l = 0; l < cfg.layers; l++) x = block(x, l, in, sp);
   x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw")) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
   last_hidden = x;

@@ -12,8 +12,11 @@
 // and ulysses_gather_heads trades back (parallel/ulysses.h). Everything else is per token.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "engine/offload.h"
 #include "engine/params.h"
 #include "layers/classifier.h"
 
@@ -66,6 +69,7 @@ class Transformer {
   // replay the block in backward. mlp_chunks > 1: run the MLP over that many slices of the rows,
   // so its F-wide intermediate exists for one slice at a time (forward and backward).
   bool recompute = false;
+  bool offload = false;  // with recompute, on cuda: the kept block inputs in pinned host memory
   int mlp_chunks = 1;
   Tensor last_hidden;  // (B, Tl, C): the final norm's output of the last forward (for --check-state)
 
@@ -75,6 +79,9 @@ class Transformer {
   Tensor attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp);
   Tensor mlp_block(const Tensor& h, int l);  // tiled over rows when mlp_chunks > 1
   Tensor mlp_ops(const Tensor& h, int l);
+  Tensor scoped_backward(const Tensor& x, const std::function<Tensor()>& ops);
+  std::unique_ptr<BlockOffload> offload_;  // made on the first forward that offloads
+  BlockOffload* offloading_ = nullptr;     // this forward's (recorded, recompute, offload) or null
 };
 
 }  // namespace ul

@@ -171,34 +171,41 @@ template <class T> constexpr DType dtype_of() { return DType::f32; }
 template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
 #endif
 
-// One all_to_all of P chunks of `chunk` elements of T, through scratch from the arena (on the
-// context's device). pack(send) fills the send buffer; unpack(recv) reads the received one.
+// One all_to_all of P chunks of `chunk` elements of T. `src`: the send buffer itself when the data
+// already lies as (P, chunk), else pack(send) fills arena scratch; `dst`: where the chunks land when
+// that is their final layout, else unpack(recv) reads them from arena scratch. With batch 1, the
+// long-context case, the sequence <-> chunks permutes are the identity, so half the scratch goes.
 template <class T, class Pack, class Unpack>
-void exchange(Comm& comm, size_t chunk, Pack pack, Unpack unpack) {
+void exchange(Comm& comm, size_t chunk, const T* src, T* dst, Pack pack, Unpack unpack) {
   Arena& arena = ctx().arena;
   ArenaScope scratch(arena);
   const size_t bytes = size_t(comm.size()) * chunk * sizeof(T);
-  T* send = static_cast<T*>(arena.alloc(bytes));
-  T* recv = static_cast<T*>(arena.alloc(bytes));
-  pack(send);
+  T* send = src ? nullptr : static_cast<T*>(arena.alloc(bytes));
+  T* recv = dst ? dst : static_cast<T*>(arena.alloc(bytes));
+  if (send) pack(send);
 #if ULYSSES_HAVE_CUDA
   // The communicator reads send from its own thread (local, MPI) or stream: the pack kernel must
   // have finished. (NCCL on op_stream() would be ordered already; one sync per all-to-all is cheap.)
   if (comm.device() == Device::cuda) UL_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
 #endif
-  comm.all_to_all(send, recv, chunk, dtype_of<T>());
-  unpack(recv);
+  comm.all_to_all(send ? send : src, recv, chunk, dtype_of<T>());
+  if (!dst) unpack(recv);
 }
 
 template <class T>
-Tensor scatter_heads(const Tensor& qkv, const HeadSplit& hs, Comm& comm) {
+Tensor scatter_heads(const Tensor& qkv, const HeadSplit& hs, Comm& comm, const Tensor* given) {
   const int P = comm.size(), B = int(qkv.size(0)), Tl = int(qkv.size(1)), D = int(qkv.size(3));
   const int W = hs.width();
   const size_t chunk = size_t(B) * Tl * W * D;
   const Permutes<T> k{qkv.device};
   Context& c = ctx();
-  Tensor out = c.empty({B, int64_t(Tl) * P, W, D}, qkv.dtype);
-  exchange<T>(comm, chunk, [&](T* send) { k.heads_to_chunks(send, qkv.as<T>(), hs, B, Tl, D); },
+  const Shape shape{B, int64_t(Tl) * P, W, D};
+  if (given && (given->shape != shape || given->dtype != qkv.dtype || given->device != qkv.device || given->gid >= 0))
+    throw std::runtime_error("ulysses_scatter_heads: the given output " + given->str() + " is not a fresh " +
+                             Tensor{nullptr, shape, qkv.dtype, qkv.device}.str());
+  Tensor out = given ? *given : c.empty(shape, qkv.dtype);
+  exchange<T>(comm, chunk, nullptr, B == 1 ? out.as<T>() : nullptr,
+              [&](T* send) { k.heads_to_chunks(send, qkv.as<T>(), hs, B, Tl, D); },
               [&](const T* recv) { k.chunks_to_sequence(out.as<T>(), recv, P, B, Tl, W * D, false); });
   if (needs_grad({&qkv})) {
     out = c.tape.track(out);
@@ -207,7 +214,7 @@ Tensor scatter_heads(const Tensor& qkv, const HeadSplit& hs, Comm& comm) {
       // Every rank runs the all_to_all, gradient or not, so the collectives stay matched.
       const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
       T* dqkv = grad_or_scratch_as<T>(qkv);
-      exchange<T>(*cm, chunk,
+      exchange<T>(*cm, chunk, B == 1 ? dout : nullptr, nullptr,
                   [&](T* send) {
                     if (dout) k.sequence_to_chunks(send, dout, P, B, Tl, W * D);
                     else device_zero(k.dev, send, P * chunk * sizeof(T));
@@ -226,7 +233,8 @@ Tensor gather_heads(const Tensor& y, const HeadSplit& hs, Comm& comm) {
   const Permutes<T> k{y.device};
   Context& c = ctx();
   Tensor out = c.empty({B, Tl, hs.Hq, D}, y.dtype);
-  exchange<T>(comm, chunk, [&](T* send) { k.sequence_to_chunks(send, y.as<T>(), P, B, Tl, Hl * D); },
+  exchange<T>(comm, chunk, B == 1 ? y.as<T>() : nullptr, nullptr,
+              [&](T* send) { k.sequence_to_chunks(send, y.as<T>(), P, B, Tl, Hl * D); },
               [&](const T* recv) { k.chunks_to_heads(out.as<T>(), recv, hs, B, Tl, D, false); });
   if (needs_grad({&y})) {
     out = c.tape.track(out);
@@ -234,7 +242,7 @@ Tensor gather_heads(const Tensor& y, const HeadSplit& hs, Comm& comm) {
     c.tape.push("ulysses_gather_heads", [=] {
       const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
       T* dy = grad_or_scratch_as<T>(y);
-      exchange<T>(*cm, chunk,
+      exchange<T>(*cm, chunk, nullptr, nullptr,
                   [&](T* send) {
                     if (dout) k.heads_to_chunks(send, dout, hs, B, Tl, D);
                     else device_zero(k.dev, send, P * chunk * sizeof(T));
@@ -247,7 +255,7 @@ Tensor gather_heads(const Tensor& y, const HeadSplit& hs, Comm& comm) {
 
 }  // namespace
 
-Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& comm) {
+Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& comm, const Tensor* out) {
   check_comm(qkv, comm, "ulysses_scatter_heads");
   const int P = comm.size(), Tl = int(qkv.size(1));
   if (qkv.size(2) != Hq + 2 * Hkv)
@@ -256,9 +264,9 @@ Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& comm) {
   check_ulysses_config(Hq, Hkv, Tl * P, P);
   const HeadSplit hs{Hq, Hkv, P};
 #if ULYSSES_HAVE_CUDA
-  if (qkv.dtype == DType::bf16) return scatter_heads<__nv_bfloat16>(qkv, hs, comm);
+  if (qkv.dtype == DType::bf16) return scatter_heads<__nv_bfloat16>(qkv, hs, comm, out);
 #endif
-  return scatter_heads<float>(qkv, hs, comm);
+  return scatter_heads<float>(qkv, hs, comm, out);
 }
 
 Tensor ulysses_gather_heads(const Tensor& y, int Hq, Comm& comm) {

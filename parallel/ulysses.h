@@ -75,8 +75,9 @@ void check_ulysses_config(int heads, int kv_heads, int seq, int sp);
 
 // On the cpu the tensors are f32; on cuda f32 or bf16 (the comm gets device buffers, so it must be
 // made for Device::cuda).
-// qkv: (B, Tl, Hq + 2*Hkv, D) -> (B, Tl*P, Hq/P + 2*KVl, D)
-Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& sp);
+// qkv: (B, Tl, Hq + 2*Hkv, D) -> (B, Tl*P, Hq/P + 2*KVl, D). `out`, when given, is that output,
+// allocated by the caller (so qkv can live in a scratch scope that ends before out is used).
+Tensor ulysses_scatter_heads(const Tensor& qkv, int Hq, int Hkv, Comm& sp, const Tensor* out = nullptr);
 // y: (B, Tl*P, Hq/P, D) -> (B, Tl, Hq, D)
 Tensor ulysses_gather_heads(const Tensor& y, int Hq, Comm& sp);
 

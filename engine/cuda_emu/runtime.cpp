@@ -1,15 +1,42 @@
-// The emulated CUDA runtime: "device" memory is host memory, every call is synchronous.
+// The emulated CUDA runtime: "device" memory is host memory; every call is synchronous except
+// the copies of a non-blocking stream, which are deferred (see CUstream_st).
 #include "engine/cuda_emu/runtime.h"
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
 
+// A stream made with cudaStreamNonBlocking defers its copies: they wait in its queue and run only
+// when the program makes them observable (an event on that stream synchronized or waited on, the
+// stream synchronized, the device synchronized, memory freed). So a missing wait shows up here as
+// stale data, the way it would on a GPU, instead of being hidden by synchronous execution. Other
+// streams (and the legacy default stream, nullptr) run everything at once. A stream belongs to the
+// thread that made it (each rank of the local communicator is a thread with its own streams).
 struct CUstream_st {
-  int unused;
+  bool deferred = false;
+  std::deque<std::function<void()>> queue;
+  uint64_t issued = 0, done = 0;
+  std::thread::id owner = std::this_thread::get_id();
+
+  void run_until(uint64_t n) {
+    while (done < n && !queue.empty()) {
+      std::function<void()> op = std::move(queue.front());
+      queue.pop_front();
+      op();
+      done++;
+    }
+  }
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point t;
   bool recorded = false;
+  cudaStream_t stream = nullptr;  // where it was recorded, and how much of that stream it covers
+  uint64_t upto = 0;
 };
 
 namespace {
@@ -21,6 +48,20 @@ thread_local int t_device = 0;
 cudaError_t fail(cudaError_t e) {
   t_last_error = e;
   return e;
+}
+
+// The deferred streams, to drain on cudaDeviceSynchronize and before a free: the calling thread's.
+std::mutex g_streams_mu;
+std::set<cudaStream_t> g_streams;
+
+void drain_this_thread() {
+  std::vector<cudaStream_t> mine;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    for (cudaStream_t s : g_streams)
+      if (s->owner == std::this_thread::get_id()) mine.push_back(s);
+  }
+  for (cudaStream_t s : mine) s->run_until(s->issued);
 }
 
 bool valid_kind(cudaMemcpyKind k) { return k >= cudaMemcpyHostToHost && k <= cudaMemcpyDefault; }
@@ -42,6 +83,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* p) {
+  drain_this_thread();  // cudaFree synchronizes the device
   std::free(p);
   return cudaSuccess;
 }
@@ -55,6 +97,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFreeHost(void* p) {
+  drain_this_thread();
   std::free(p);
   return cudaSuccess;
 }
@@ -67,8 +110,13 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (!s || !s->deferred) return cudaMemcpy(dst, src, bytes, kind);
+  if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
+  if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  s->queue.push_back([=] { std::memmove(dst, src, bytes); });  // reads src when it runs, as a GPU would
+  s->issued++;
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
@@ -80,21 +128,46 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
 
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (!s) return fail(cudaErrorInvalidValue);
-  *s = new CUstream_st{0};
+  *s = new CUstream_st;
+  (*s)->deferred = (flags & cudaStreamNonBlocking) != 0;
+  if ((*s)->deferred) {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_streams.insert(*s);
+  }
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
+  s->run_until(s->issued);  // the real call lets queued work finish too
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_streams.erase(s);
+  }
   delete s;
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (s) s->run_until(s->issued);
+  return cudaSuccess;
+}
 
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
+  if (!e) return fail(cudaErrorInvalidResourceHandle);
+  // Whatever waits, the work the event covers must be done before the waiter's next operation;
+  // everything but deferred streams runs at once, so running it now is exactly that.
+  if (e->stream) e->stream->run_until(e->upto);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   if (!e) return fail(cudaErrorInvalidValue);
   *e = new CUevent_st;
   return cudaSuccess;
@@ -106,15 +179,18 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   e->t = std::chrono::steady_clock::now();
   e->recorded = true;
+  e->stream = s && s->deferred ? s : nullptr;
+  e->upto = e->stream ? s->issued : 0;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
+  if (e->stream) e->stream->run_until(e->upto);
   return cudaSuccess;
 }
 
@@ -126,7 +202,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  drain_this_thread();
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError() {
   cudaError_t e = t_last_error;

@@ -3,8 +3,9 @@
 // file may include it (engine/cuda_runtime.h does, under ULYSSES_CUDA_EMULATED). The kernel side
 // (threadIdx, __shared__, barriers, shuffles, launch) is in cuda_emu.h.
 //
-// Everything is synchronous: a kernel has finished when its launch returns, so streams only carry
-// identity and the *Async calls are their blocking twins. Names and values follow the real API so
+// Everything is synchronous (a kernel has finished when its launch returns) except the copies of a
+// stream made with cudaStreamNonBlocking: those are deferred until an event, a stream or device
+// synchronization, or a free makes them observable, so a missing wait shows up as stale data. Names and values follow the real API so
 // that code written against it compiles unchanged.
 #pragma once
 #include <cstddef>
@@ -60,10 +61,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void* p, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
 
+enum : unsigned int { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum : unsigned int { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
 cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags = 0);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);

@@ -30,6 +30,18 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--data recall:gap=x", "'gap' needs a number");
   expect_refused("--data recall:foo=1", "unknown setting 'foo'");
   expect_refused("--comm carrier-pigeon", "--comm");
+  expect_refused("--offload --recompute", "--offload moves block inputs from GPU memory");
+  expect_refused("--offload --device cuda --plan", "--offload needs --recompute");
+}
+
+TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][planner]") {
+  CmdResult r = run_cmd(train_cmd("--plan --model gpt2-124M --device cuda --recompute --offload --seq 8192 "
+                                  "--memory 141G"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("cuda bf16 | recompute | offload") != std::string::npos);
+  CHECK(r.out.find("pinned host memory") != std::string::npos);
+  CHECK(r.out.find("longest --seq that fits") != std::string::npos);
 }
 
 TEST_CASE("train --help lists the flags and exits 0", "[cli]") {

@@ -23,7 +23,10 @@ struct Cfg {
   int Hq, Hkv, P;
 };
 const Cfg kCfgs[] = {{4, 4, 2}, {8, 8, 4}, {8, 4, 2}, {8, 4, 4}, {8, 2, 4}, {8, 1, 4}, {4, 1, 2}};
-const int B = 2, T = 8, D = 3;
+// B: 2, and 1, where the sequence <-> chunk permutes are the identity and the all-to-all reads or
+// writes the tensors directly (parallel/ulysses.cpp, exchange).
+int B = 2;
+const int T = 8, D = 3;
 
 // The full sequence (B, T, H, D) -> rank r's tokens (B, T/P, H, D).
 Buf token_slice(const Buf& full, int H, int P, int r) {
@@ -57,10 +60,12 @@ double rel_err(const Buf& a, const Buf& b) {
 }  // namespace
 
 TEST_CASE("scatter_heads gives rank j its heads of the whole sequence; gather_heads inverts it", "[ulysses]") {
+  for (int batch : {2, 1})
   for (const Cfg& cfg : kCfgs) {
+    B = batch;
     const int P = cfg.P, H = cfg.Hq + 2 * cfg.Hkv, Tl = T / P, ql = cfg.Hq / P;
     const int W = ql + 2 * (cfg.Hkv >= P ? cfg.Hkv / P : 1);
-    INFO("Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " P " << P);
+    INFO("B " << B << " Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " P " << P);
     const Buf full = randn_f(size_t(B) * T * H * D, 11);
     std::vector<Buf> scattered(P), back(P);
     run_local(P, [&](Comm& comm) {
@@ -97,10 +102,12 @@ TEST_CASE("scatter_heads gives rank j its heads of the whole sequence; gather_he
 }
 
 TEST_CASE("scatter/gather backward through the tape equals the reference gradient", "[ulysses]") {
+  for (int batch : {2, 1})
   for (const Cfg& cfg : kCfgs) {
+    B = batch;
     const int P = cfg.P, H = cfg.Hq + 2 * cfg.Hkv, Tl = T / P, ql = cfg.Hq / P;
     const int W = ql + 2 * (cfg.Hkv >= P ? cfg.Hkv / P : 1);
-    INFO("Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " P " << P);
+    INFO("B " << B << " Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " P " << P);
     std::vector<Buf> dout_s(P), dout_g(P), dqkv(P), dy(P);
     for (int r = 0; r < P; r++) {
       dout_s[r] = randn_f(size_t(B) * T * W * D, 100 + r);       // gradient of scatter's output on rank r
@@ -148,10 +155,12 @@ TEST_CASE("scatter/gather backward through the tape equals the reference gradien
 }
 
 TEST_CASE("attention under Ulysses (scatter, attention, gather) equals P = 1", "[ulysses][attention]") {
+  for (int batch : {2, 1})
   for (const Cfg& cfg : kCfgs) {
+    B = batch;
     const int P = cfg.P, H = cfg.Hq + 2 * cfg.Hkv, Tl = T / P, ql = cfg.Hq / P;
     const int kl = cfg.Hkv >= P ? cfg.Hkv / P : 1;
-    INFO("Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " P " << P);
+    INFO("B " << B << " Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " P " << P);
     const Buf full = randn_f(size_t(B) * T * H * D, 21);
     const Buf dout = randn_f(size_t(B) * T * cfg.Hq * D, 22);
     Buf ref_out, ref_dqkv;
