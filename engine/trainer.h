@@ -88,8 +88,11 @@ class Trainer {
   int step_ = 0;
 };
 
-// The whole job on this rank, with logs (only rank 0 prints). Returns the exit code.
+// The whole job on this rank, with logs (only rank 0 prints; engine/train_loop.cpp). Returns the exit code.
 int train_rank(const Options& o, Comm& world);
+
+// Milliseconds on a steady clock (differences are durations).
+double now_ms();
 
 // The peak resident memory of this process (VmHWM), 0 where /proc is not there.
 size_t peak_rss_bytes();

@@ -1,0 +1,102 @@
+// train_rank(): the loop `train` runs on every rank (engine/trainer.h): where to start (a fresh run
+// or the newest checkpoint), each step's log line, evals, checkpoints, the JSON log and its plot,
+// and the summary at the end. Only rank 0 prints.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "engine/checkpoint.h"
+#include "engine/export.h"
+#include "engine/loss_plot.h"
+#include "engine/run_log.h"
+#include "engine/trainer.h"
+
+namespace ul {
+
+int train_rank(const Options& o, Comm& world) {
+  const bool lead = world.rank() == 0;
+  auto say = [&](const char* fmt, auto... args) {
+    if (lead && !o.quiet) {
+      std::printf(fmt, args...);
+      std::fflush(stdout);
+    }
+  };
+  Trainer tr(o, world);
+  const RunOutputs outputs(o, tr.model().cfg);  // refuses bad export / sample flags before any step
+  Grid& g = tr.grid();
+  Transformer& model = tr.model();
+  const bool synthetic = tr.train_data().synthetic();
+  say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
+  say("data    | %s\n", tr.train_data().describe().c_str());
+  say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
+      o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
+  say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
+      world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o), o.batch, o.seq, o.grad_accum);
+
+  // Where this run starts: step 0, or the newest complete checkpoint under --resume.
+  int start = 0;
+  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume);
+  if (o.resume)
+    say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
+        o.steps);
+  const std::string log_path = !o.log.empty() ? o.log : o.save_dir.empty() ? "" : o.save_dir + "/log.jsonl";
+  std::unique_ptr<RunLog> log;
+  if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1);
+
+  double first_loss = 0, last_loss = 0;
+  size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)
+  EvalResult ev;
+  bool have_eval = false;
+  const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
+  for (int s = start; s < o.steps; s++) {
+    StepResult r = tr.step();
+    if (s == start) first_loss = r.loss;
+    peak_act = std::max(peak_act, r.act_bytes);
+    last_loss = r.loss;
+    if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0));
+    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB\n",
+        s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
+        r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0);
+    bool last = s + 1 == o.steps;
+    if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) {
+      ev = tr.evaluate();
+      have_eval = true;
+      if (synthetic)
+        say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", s + 1, ev.loss, 100.0 * ev.accuracy,
+            (long long)ev.answers);
+      else
+        say("eval  %5d | val loss %.4f\n", s + 1, ev.loss);
+      if (log) log->eval(s + 1, ev);
+    }
+    if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
+      const double t0 = now_ms();
+      save_checkpoint(tr, o.save_dir, o.keep);
+      say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
+    }
+  }
+  if (log) {
+    log.reset();  // closed: the plot reads it back
+    const std::string svg = plot_path_for_log(log_path);
+    if (write_loss_plot(log_path, svg)) say("plot    | %s\n", svg.c_str());
+  }
+  if (o.steps > start)
+    say("memory  | arena high-water %.1f MiB (planned %.1f MiB) | peak RSS %.1f MiB (this process)\n",
+        peak_act / 1048576.0, tr.planned_arena() / 1048576.0, peak_rss_bytes() / 1048576.0);
+  if (tr.context().arena.blocks() > 1)  // a planner bug, not the user's: say so rather than hide it
+    say("memory  | note: the arena outgrew the planned reservation (%zu blocks, %.1f MiB held)\n",
+        tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
+  if (lead && start >= o.steps && o.steps > 0)
+    std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
+  if (lead && o.steps > start) {
+    std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
+    if (have_eval) {
+      std::printf(" | val loss %.4f", ev.loss);
+      if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
+    }
+    std::printf("\n");
+  }
+  if (lead) outputs.finish(model);
+  return 0;
+}
+
+}  // namespace ul
