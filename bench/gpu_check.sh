@@ -5,7 +5,8 @@
 #   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU);
 #   3. SP on one GPU: the local communicator with 2 ranks against 1 rank;
-#   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU; attention forward + backward TFLOP/s against
+#   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU; --offload's step time and device activations
+#      against --recompute alone at T = 16K; attention forward + backward TFLOP/s against
 #      PyTorch's scaled_dot_product_attention at T = 4K, 16K, 64K, head dims 64 and 128, causal;
 # and prints one short table last.
 set -uo pipefail
@@ -40,6 +41,15 @@ timeout 120 ./build-gpu/bench_gpt2_step --device cuda --precision bf16 --batch 8
   > "$OUT/gpt2.log" 2>&1
 row "GPT-2 124M bf16 T=1024 tokens/s" "$(grep -o 'tokens/s [0-9.]*' "$OUT/gpt2.log" | tail -1)"
 row "GPT-2 124M bf16 MFU (989 TFLOP/s peak)" "$(grep -o 'MFU [0-9.]*%' "$OUT/gpt2.log" | tail -1)"
+
+echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384)"
+lc="--device cuda --model gpt2-124M --batch 1 --seq 16384 --steps 4 --eval-every 0 --eval-batches 1 --recompute --mlp-chunks 4"
+timeout 90 ./build-gpu/train $lc > "$OUT/recompute.log" 2>&1
+timeout 90 ./build-gpu/train $lc --offload > "$OUT/offload.log" 2>&1
+step_ms() { grep -o '| [0-9.]* ms |' "$1" | tail -1 | grep -o '[0-9.]*'; }
+act_mib() { grep -o 'act [0-9.]* MiB' "$1" | tail -1 | grep -o '[0-9.]*'; }
+row "step ms, act MiB: recompute | + offload" \
+  "$(step_ms "$OUT/recompute.log") ms, $(act_mib "$OUT/recompute.log") MiB | $(step_ms "$OUT/offload.log") ms, $(act_mib "$OUT/offload.log") MiB"
 
 echo "== attention vs PyTorch SDPA"
 timeout 150 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 4096,16384,65536 \

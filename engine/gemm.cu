@@ -24,12 +24,13 @@
 
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
+#include "layers/scratch_sizes.h"
 
 namespace ul {
 namespace cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kWorkspaceBytes = scratch::kCublasLtWorkspace;
 
 template <class T> constexpr cudaDataType_t data_type();
 template <> constexpr cudaDataType_t data_type<float>() { return CUDA_R_32F; }

@@ -208,7 +208,8 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   w.step();
   p.kept = w.kept, p.arena_peak = w.A.peak;
   p.transient = p.arena_peak - p.kept;
-  if (!cuda) p.workspace = size_t(c.batch) * w.Hql * c.seq * 4;  // attention backward's row sums
+  // Outside the arena: the CPU attention backward's row sums; cuBLASLt's workspace on cuda.
+  p.workspace = cuda ? scratch::kCublasLtWorkspace : size_t(c.batch) * w.Hql * c.seq * 4;
   if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? n * 4 : 0;
   if (c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
@@ -290,6 +291,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
 }
 
 std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget) {
+  const bool cuda_plan = c.device == Device::cuda;
   std::ostringstream s;
   s << "plan | " << c.model.describe() << "\n";
   s << "plan | per rank: batch " << c.batch << " x seq " << c.seq << " (" << c.seq / c.sp << " tokens here) | world "
@@ -302,7 +304,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("optimizer state    ", p.optim, c.zero ? "AdamW m, v: this rank's shard" : "AdamW m, v");
   row("kept activations   ", p.kept, "alive when backward starts (arena)");
   row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
-  row("workspace          ", p.workspace, "outside the arena (attention backward row sums)");
+  row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
   row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : c.world > 1 && c.local_comm ? "local all-reduce copy" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
   if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");

@@ -8,6 +8,9 @@
 namespace ul {
 namespace scratch {
 
+// Outside the arena: cuBLASLt's workspace, one per device and host thread (engine/gemm.cu).
+constexpr size_t kCublasLtWorkspace = size_t(32) << 20;
+
 // Deterministic column sums (bias and norm-weight gradients) cut the rows into chunks: a chunk is
 // at least kMinChunkRows rows and there are at most kMaxChunks (which bounds the scratch); each
 // chunk's partial sums go to scratch, then one pass adds the chunks in order.

@@ -1,0 +1,118 @@
+// Long-context memory on the CUDA backend; written only against the engine, so the same cases run
+// emulated (tests/emu/test_memory_cuda.cpp, in CI) and on a real GPU (tests/gpu/test_memory_gpu.cpp);
+// the including file picks the Catch2 tag. sp 2 runs only emulated: the local communicator moves
+// host memory, which is device memory only under the emulator.
+//   - --offload (block inputs through pinned host memory on a side stream) leaves the loss and
+//     every gradient bitwise equal to --recompute alone: gpt2 and llama, 5 layers (so three block
+//     outputs make the round trip), sp 1 and 2, two micro-batches (the host slots are reused). The
+//     emulator defers the side stream's copies until an event makes them visible
+//     (engine/cuda_emu/runtime.cpp), so a missing wait would hand a block stale data and fail here;
+//   - the planner's arena peak equals the measured one byte for byte, in fp32 and bf16, with and
+//     without recompute, offload, tiled MLP and sp 2, and the trainer's reservation is never outgrown.
+#pragma once
+#include "options_from.h"
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "engine/planner.h"
+#include "engine/trainer.h"
+#include "parallel/comm_local.h"
+
+#ifndef UL_CUDA_TEST_TAG
+#error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including memory_cuda_cases.h"
+#endif
+
+namespace memory_cases {
+
+using namespace ul;
+
+#if ULYSSES_CUDA_EMULATED
+constexpr int kMaxRanks = 2;
+#else
+constexpr int kMaxRanks = 1;
+#endif
+
+const char* kCommon =
+    "--threads 1 --grad-clip 0 --eval-every 0 --quiet --layers 5 --dim 64 --heads 2 --seq 16 --max-seq 16 "
+    "--batch 2 --device cuda";
+
+struct RankRun {
+  double loss = 0;
+  std::vector<float> grad;  // world-summed, after the step
+  size_t act = 0, blocks = 0;
+  int64_t valid = 0;
+};
+
+std::vector<RankRun> run(const std::string& args, int ranks) {
+  Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
+  LocalOptions lo;
+  lo.device = run_device(o);
+  std::vector<RankRun> out(ranks);
+  run_local(ranks, [&](Comm& world) {
+    Trainer tr(o, world);
+    RankRun& r = out[world.rank()];
+    Grid& g = tr.grid();
+    HostBatch hb;
+    load_batch(tr.train_data(), int64_t(g.dp_rank) * o.batch, o.batch, o.seq, g.sp, g.sp_rank, hb);
+    r.valid = hb.valid;
+    StepResult sr = tr.step();
+    r.loss = sr.loss;
+    r.act = sr.act_bytes;
+    r.blocks = tr.context().arena.blocks();
+    const Params& p = tr.model().params;
+    r.grad.resize(p.numel());
+    device_copy(r.grad.data(), Device::cpu, p.grad(), p.device(), r.grad.size() * sizeof(float));
+  }, lo);
+  return out;
+}
+
+TEST_CASE("offloading block inputs to pinned host memory leaves the loss and every gradient bitwise equal", UL_CUDA_TEST_TAG "[memory]") {
+  for (const char* layout : {"--sp 1", "--sp 2"}) {
+    for (const char* arch : {"gpt2", "llama"}) {
+      for (const char* precision : {"fp32", "bf16"}) {
+        const int ranks = std::string(layout) == "--sp 2" ? 2 : 1;
+        if (ranks > kMaxRanks) continue;
+        const std::string a = std::string("--model ") + arch + " --precision " + precision + " " + layout +
+                              " --grad-accum 2 --recompute";
+        INFO(a);
+        std::vector<RankRun> plain = run(a, ranks), off = run(a + " --offload", ranks);
+        CHECK(off[0].loss == plain[0].loss);
+        REQUIRE(off[0].grad.size() == plain[0].grad.size());
+        CHECK(std::memcmp(off[0].grad.data(), plain[0].grad.data(), off[0].grad.size() * sizeof(float)) == 0);
+        // two (B, Tl, C) buffers instead of one per layer: three layers' fewer at 5 layers
+        const size_t one = size_t(2) * (16 / ranks) * 64 * (std::string(precision) == "bf16" ? 2 : 4);
+        CHECK(plain[0].act - off[0].act == 3 * one);
+      }
+    }
+  }
+}
+
+TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TEST_TAG "[memory][planner]") {
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"--model gpt2 --precision fp32", 1},
+      {"--model gpt2 --precision bf16 --mlp-chunks 3", 1},
+      {"--model llama --precision bf16 --recompute", 1},
+      {"--model llama --precision bf16 --recompute --offload --sp 2", 2},
+      {"--model gpt2 --precision fp32 --sp 2 --recompute --mlp-chunks 2", 2},
+      {"--model llama --precision fp32 --sp 2", 2},
+  };
+  for (const auto& [args, ranks] : runs) {
+    if (ranks > kMaxRanks) continue;
+    std::vector<RankRun> got = run(args, ranks);
+    Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
+    for (int r = 0; r < ranks; r++) {
+      PlanConfig pc = plan_config(o);
+      pc.valid_rows = got[r].valid;
+      const MemoryPlan p = plan_memory(pc);
+      INFO(args << " rank " << r << ": planned " << p.arena_peak << ", measured " << got[r].act);
+      CHECK(p.arena_peak == got[r].act);
+      CHECK(got[r].blocks == 1);
+    }
+  }
+}
+
+}  // namespace memory_cases
