@@ -96,9 +96,12 @@ std::string RunOutputs::decode(const std::vector<int>& ids) const {
 }
 
 void RunOutputs::finish(const Transformer& model) const {
+  if (o_.export_llmc.empty() && o_.export_safetensors.empty() && o_.sample <= 0) return;
   const bool say = !o_.quiet;
   const Params& P = model.params;
-  const std::vector<float> host = P.to_host();  // the f32 values, whatever the training dtype
+  // The f32 values, whatever the training dtype: a copy as large as the model, made only when
+  // asked for (at the longest T a run fits, that copy is what would not).
+  const std::vector<float> host = P.to_host();
   if (!o_.export_llmc.empty()) {
     const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
     write_llmc_checkpoint(o_.export_llmc, lc, host.data(), o_.export_llmc_version);
