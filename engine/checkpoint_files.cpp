@@ -212,7 +212,11 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"dp", n(g.dp), "--ranks / --sp"},
           {"sp", n(g.sp), "--sp"},
           {"data", json_quote(o.data), "--data"},
-          {"seed", std::to_string(o.seed), "--seed"}};
+          {"seed", std::to_string(o.seed), "--seed"},
+          // packing changes what every step trains on (added after the first checkpoints: a
+          // checkpoint without them was written without --doc-mask)
+          {"doc_mask", o.doc_mask ? "true" : "false", "--doc-mask", "false"},
+          {"eot", n(o.eot), "--eot", "-1"}};
 }
 
 std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
@@ -244,10 +248,13 @@ void check_rank_file(const std::string& path, int step, int rank, const Grid& g,
   JsonLine want_line;
   for (const RunField& f : fields) want_line.add_raw(f.key, f.json);
   auto want = parse_flat_json(want_line.str(), "run options");
-  for (const RunField& f : fields)
-    if (field(f.key) != want[f.key])
-      throw file_error(path, f.key + " is " + field(f.key) + " in the checkpoint but " + want[f.key] +
-                                 " in this run (" + f.flag + ")");
+  for (const RunField& f : fields) {
+    const auto it = have.find(f.key);
+    const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
+    if (got != want[f.key])
+      throw file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" +
+                                 f.flag + ")");
+  }
   expect("step", step, "the directory's step");
   expect("data_position", step, "the directory's step");
   expect("rank", rank, "this rank");

@@ -47,6 +47,7 @@ OptimShard read_optim_file(const std::string& path);
 // What must match between a checkpoint and the run resuming it.
 struct RunField {
   std::string key, json, flag;  // json: the value as JSON text; flag: what the user would change
+  std::string absent = "";      // the value a checkpoint written before this field existed implies
 };
 std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const Grid& g);
 

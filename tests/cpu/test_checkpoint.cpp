@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <filesystem>
 #include <fstream>
@@ -167,6 +168,33 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(kArgs + " --save-dir " + good.string(), "already holds checkpoints");
   expect_refused(resume + (d / "empty").string(), "no complete checkpoint to resume from");
   expect_refused(kArgs + " --resume", "--resume needs --save-dir");
+
+  // Packing is part of the run: a checkpoint made with --doc-mask resumes only with it (and the
+  // same --eot); one written before these fields existed counts as made without.
+  {
+    const fs::path text = d / "docs.txt";
+    std::ofstream(text) << std::string(2000, 'a') + "\n" + std::string(3000, 'b') + "\n";
+    const std::string packed = "--model gpt2 --layers 1 --dim 32 --heads 2 --seq 16 --batch 2 --eval-every 0 "
+                               "--eval-batches 1 --threads 1 --quiet --data text:" + text.string();
+    const fs::path pd = d / "packed";
+    REQUIRE(train(packed + " --steps 2 --doc-mask --eot 10 --save-dir " + pd.string()).code == 0);
+    expect_refused(packed + " --steps 3 --resume --save-dir " + pd.string(),
+                   "doc_mask is true in the checkpoint but false in this run (--doc-mask)");
+    expect_refused(packed + " --steps 3 --doc-mask --eot 98 --resume --save-dir " + pd.string(),
+                   "eot is 10 in the checkpoint but 98 in this run (--eot)");
+    REQUIRE(train(packed + " --steps 3 --doc-mask --eot 10 --resume --save-dir " + pd.string()).code == 0);
+    const fs::path old = d / "old";
+    REQUIRE(train(packed + " --steps 2 --save-dir " + old.string()).code == 0);
+    const fs::path rank = old / "step_00000002" / "rank_0.json";
+    std::string j = ul::read_whole_file(rank.string());
+    for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1"}) {
+      const size_t at = j.find(field);
+      REQUIRE(at != std::string::npos);
+      j.erase(at, std::strlen(field));
+    }
+    std::ofstream(rank) << j;
+    REQUIRE(train(packed + " --steps 3 --resume --save-dir " + old.string()).code == 0);
+  }
 
   // Refusing touched nothing: the good checkpoint and its log are as they were.
   CHECK(ul::complete_steps(good.string()) == std::vector<int>{3});
