@@ -4,12 +4,11 @@
 // forward      one warp per row: three passes over the row (mean, then variance of x - mean,
 //              then y), each lane striding over the columns, warp_sum for the two reductions.
 // backward dx  the same layout: per row, mean_c(g) and mean_c(g * xhat), then dx += ...
-// backward dw, db   sums over rows, done without atomics so that they are deterministic:
-//              (1) a 2-D grid of (32 columns) x (a chunk of rows) blocks writes per-chunk partial
-//                  sums to scratch, summing in a fixed order;
-//              (2) one thread per column adds its chunks' partials, in chunk order, into dw, db.
-//              This reads x and dy a second time; what it buys is bitwise-reproducible gradients.
+// backward dw, db   the column sums of dy * xhat and dy, in one pass and deterministic
+//              (layers/column_sums.cuh). This reads x and dy a second time; what it buys is
+//              bitwise-reproducible gradients.
 #include "engine/cuda_launch.h"
+#include "layers/column_sums.cuh"
 #include "layers/scratch_sizes.h"
 #include "layers/layernorm.h"
 
@@ -18,8 +17,6 @@ namespace cuda {
 namespace {
 
 constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
-constexpr int kColTile = 32;        // columns per block in the dw/db partial kernel
-constexpr int kRowLanes = 8;        // row strands per column in that kernel (block 32 x 8)
 
 // y, x: (N, C); w, b: (C); mean, rstd: (N)
 template <class T>
@@ -74,55 +71,18 @@ __global__ void layernorm_backward_dx_kernel(T* __restrict__ dx, const T* __rest
   }
 }
 
-// Block (32, 8), grid (ceil(C / 32), chunks). partial: (2, chunks, C) — dw sums, then db sums.
-// Thread (tx, ty) sums rows ty, ty + 8, ... of its chunk for column c; the block then adds the
-// 8 strands in order.
+// One row's contributions to dw and db: dy * xhat and dy.
 template <class T>
-__global__ void layernorm_backward_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy,
-                                                  const T* __restrict__ x, const float* __restrict__ mean,
-                                                  const float* __restrict__ rstd, int N, int C, int chunk_rows) {
-  __shared__ float s_dw[kRowLanes][kColTile];
-  __shared__ float s_db[kRowLanes][kColTile];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * kColTile + tx;
-  const int chunk = blockIdx.y, chunks = gridDim.y;
-  const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
-
-  float dw = 0.f, db = 0.f;
-  if (c < C) {
-    for (int n = r0 + ty; n < r1; n += kRowLanes) {
-      const float g = to_float(dy[size_t(n) * C + c]);
-      dw += g * (to_float(x[size_t(n) * C + c]) - mean[n]) * rstd[n];
-      db += g;
-    }
+struct WeightBiasTerm {
+  const T *dy, *x;
+  const float *mean, *rstd;
+  int C;
+  __device__ void operator()(int n, int c, float (&acc)[2]) const {
+    const float g = to_float(dy[size_t(n) * C + c]);
+    acc[0] += g * (to_float(x[size_t(n) * C + c]) - mean[n]) * rstd[n];
+    acc[1] += g;
   }
-  s_dw[ty][tx] = dw;
-  s_db[ty][tx] = db;
-  __syncthreads();  // every thread gets here: the out-of-range columns only skipped the loop
-  if (ty == 0 && c < C) {
-    float sw = 0.f, sb = 0.f;
-    for (int k = 0; k < kRowLanes; k++) {
-      sw += s_dw[k][tx];
-      sb += s_db[k][tx];
-    }
-    partial[size_t(chunk) * C + c] = sw;
-    partial[size_t(chunks + chunk) * C + c] = sb;
-  }
-}
-
-// dw[c] += sum_k partial[0][k][c],  db[c] += sum_k partial[1][k][c]  (f32 parameter gradients)
-__global__ void layernorm_backward_reduce_kernel(float* __restrict__ dw, float* __restrict__ db,
-                                                 const float* __restrict__ partial, int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.f, sb = 0.f;
-  for (int k = 0; k < chunks; k++) {
-    sw += partial[size_t(k) * C + c];
-    sb += partial[size_t(chunks + k) * C + c];
-  }
-  dw[c] += sw;
-  db[c] += sb;
-}
+};
 
 }  // namespace
 
@@ -142,11 +102,8 @@ void layernorm_backward(T* dx, float* dw, float* db, const T* dy, const T* x, co
   if (N == 0 || C == 0) return;
   launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0,
          s, dx, dy, x, w, mean, rstd, N, C);
-  const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
-  launch("layernorm_backward_partial", layernorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
-         dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, mean, rstd, N, C, chunk_rows);
-  launch("layernorm_backward_reduce", layernorm_backward_reduce_kernel, dim3(ceil_div(C, 256)), dim3(256), 0, s,
-         dw, db, scratch, chunks, C);
+  colsum::add<2>("layernorm_backward_dw_db", colsum::Outs<2>{{dw, db}}, WeightBiasTerm<T>{dy, x, mean, rstd, C},
+                 scratch, N, C, s);
 }
 
 template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int, int,

@@ -4,12 +4,10 @@
 // forward      one GEMM, y = x w^T, with the bias added in the GEMM's epilogue.
 // backward dx  one GEMM, dx += dy w (accumulating in place: beta = 1).
 // backward dw  one GEMM, dw += dy^T x, fp32 output from T inputs.
-// backward db  column sums of dy, without atomics so that they are deterministic:
-//              (1) a 2-D grid of (32 columns) x (a chunk of rows) blocks writes each chunk's sums
-//                  to scratch, in a fixed order;
-//              (2) one thread per column adds the chunks' sums, in chunk order, into db.
+// backward db  the column sums of dy, deterministic (layers/column_sums.cuh).
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
+#include "layers/column_sums.cuh"
 #include "layers/scratch_sizes.h"
 #include "layers/linear.h"
 
@@ -17,40 +15,13 @@ namespace ul {
 namespace cuda {
 namespace {
 
-constexpr int kColTile = 32;       // columns per block of the partial-sum kernel
-constexpr int kRowLanes = 8;       // row strands per column in that kernel (block 32 x 8)
-
-// Block (32, 8), grid (ceil(OC / 32), chunks). partial: (chunks, OC).
-// Thread (tx, ty) sums rows ty, ty + 8, ... of its chunk for column c; the block adds the 8 strands in order.
+// One row's contribution to the bias gradient: dy itself.
 template <class T>
-__global__ void column_sums_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy, int N, int OC,
-                                           int chunk_rows) {
-  __shared__ float s_sum[kRowLanes][kColTile];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * kColTile + tx;
-  const int chunk = blockIdx.y;
-  const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
-  float sum = 0.f;
-  if (c < OC)
-    for (int n = r0 + ty; n < r1; n += kRowLanes) sum += to_float(dy[size_t(n) * OC + c]);
-  s_sum[ty][tx] = sum;
-  __syncthreads();  // every thread gets here: out-of-range columns only skipped the loop
-  if (ty == 0 && c < OC) {
-    float total = 0.f;
-    for (int k = 0; k < kRowLanes; k++) total += s_sum[k][tx];
-    partial[size_t(chunk) * OC + c] = total;
-  }
-}
-
-// db[c] += sum_k partial[k][c], k in order.
-__global__ void column_sums_reduce_kernel(float* __restrict__ db, const float* __restrict__ partial, int chunks,
-                                          int OC) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= OC) return;
-  float total = 0.f;
-  for (int k = 0; k < chunks; k++) total += partial[size_t(k) * OC + c];
-  db[c] += total;
-}
+struct BiasTerm {
+  const T* dy;
+  int OC;
+  __device__ void operator()(int n, int c, float (&acc)[1]) const { acc[0] += to_float(dy[size_t(n) * OC + c]); }
+};
 
 }  // namespace
 
@@ -58,12 +29,7 @@ size_t linear_backward_scratch_bytes(int N, int OC) { return scratch::linear_bac
 
 template <class T>
 void column_sums_add(float* db, const T* dy, float* scratch, int N, int OC, cudaStream_t s) {
-  if (N == 0 || OC == 0) return;  // a grid of no blocks is an invalid launch
-  const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
-  launch("column_sums_partial", column_sums_partial_kernel<T>, dim3(ceil_div(OC, kColTile), chunks),
-         dim3(kColTile, kRowLanes), 0, s, scratch, dy, N, OC, chunk_rows);
-  launch("column_sums_reduce", column_sums_reduce_kernel, dim3(ceil_div(OC, 256)), dim3(256), 0, s, db, scratch,
-         chunks, OC);
+  colsum::add<1>("linear_bias_grad", colsum::Outs<1>{{db}}, BiasTerm<T>{dy, OC}, scratch, N, OC, s);
 }
 
 template <class T>

@@ -3,11 +3,9 @@
 //
 // forward      one warp per row: sum of squares (lanes stride over the columns, warp_sum), then y.
 // backward dx  the same layout: per row, mean_c(dy * w * x), then dx += ...
-// backward dw  a sum over rows, done without atomics so that it is deterministic:
-//              (1) a 2-D grid of (32 columns) x (a chunk of rows) blocks writes per-chunk partial
-//                  sums of dy * x * rrms to scratch, summing in a fixed order;
-//              (2) one thread per column adds its chunks' partials, in chunk order, into dw.
+// backward dw  the column sums of dy * x * rrms, deterministic (layers/column_sums.cuh).
 #include "engine/cuda_launch.h"
+#include "layers/column_sums.cuh"
 #include "layers/scratch_sizes.h"
 #include "layers/rmsnorm.h"
 
@@ -16,8 +14,6 @@ namespace cuda {
 namespace {
 
 constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
-constexpr int kColTile = 32;        // columns per block in the dw partial kernel
-constexpr int kRowLanes = 8;        // row strands per column in that kernel (block 32 x 8)
 
 // y, x: (N, C); w: (C); rrms: (N)
 template <class T>
@@ -58,41 +54,16 @@ __global__ void rmsnorm_backward_dx_kernel(T* __restrict__ dx, const T* __restri
   }
 }
 
-// Block (32, 8), grid (ceil(C / 32), chunks). partial: (chunks, C) sums of dy * x * rrms.
-// Thread (tx, ty) sums rows ty, ty + 8, ... of its chunk for column c; the block then adds the
-// 8 strands in order.
+// One row's contribution to dw: dy * x * rrms.
 template <class T>
-__global__ void rmsnorm_backward_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy,
-                                                const T* __restrict__ x, const float* __restrict__ rrms, int N, int C,
-                                                int chunk_rows) {
-  __shared__ float s_dw[kRowLanes][kColTile];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * kColTile + tx;
-  const int chunk = blockIdx.y;
-  const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
-
-  float dw = 0.f;
-  if (c < C)
-    for (int n = r0 + ty; n < r1; n += kRowLanes)
-      dw += to_float(dy[size_t(n) * C + c]) * to_float(x[size_t(n) * C + c]) * rrms[n];
-  s_dw[ty][tx] = dw;
-  __syncthreads();  // every thread gets here: the out-of-range columns only skipped the loop
-  if (ty == 0 && c < C) {
-    float sum = 0.f;
-    for (int k = 0; k < kRowLanes; k++) sum += s_dw[k][tx];
-    partial[size_t(chunk) * C + c] = sum;
+struct WeightTerm {
+  const T *dy, *x;
+  const float* rrms;
+  int C;
+  __device__ void operator()(int n, int c, float (&acc)[1]) const {
+    acc[0] += to_float(dy[size_t(n) * C + c]) * to_float(x[size_t(n) * C + c]) * rrms[n];
   }
-}
-
-// dw[c] += sum_k partial[k][c]  (f32 parameter gradient)
-__global__ void rmsnorm_backward_reduce_kernel(float* __restrict__ dw, const float* __restrict__ partial, int chunks,
-                                               int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sum = 0.f;
-  for (int k = 0; k < chunks; k++) sum += partial[size_t(k) * C + c];
-  dw[c] += sum;
-}
+};
 
 }  // namespace
 
@@ -111,11 +82,7 @@ void rmsnorm_backward(T* dx, float* dw, const T* dy, const T* x, const T* w, con
   if (N == 0 || C == 0) return;
   launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s,
          dx, dy, x, w, rrms, N, C);
-  const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
-  launch("rmsnorm_backward_partial", rmsnorm_backward_partial_kernel<T>, dim3(ceil_div(C, kColTile), chunks),
-         dim3(kColTile, kRowLanes), 0, s, scratch, dy, x, rrms, N, C, chunk_rows);
-  launch("rmsnorm_backward_reduce", rmsnorm_backward_reduce_kernel, dim3(ceil_div(C, 256)), dim3(256), 0, s, dw,
-         scratch, chunks, C);
+  colsum::add<1>("rmsnorm_backward_dw", colsum::Outs<1>{{dw}}, WeightTerm<T>{dy, x, rrms, C}, scratch, N, C, s);
 }
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, cudaStream_t);
