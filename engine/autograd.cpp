@@ -43,6 +43,14 @@ void Tape::move_grad(const Tensor& t, void* dst) {
   s.grad = dst;
 }
 
+void Tape::adopt_grad(const Tensor& t, void* buf) {
+  if (t.gid < 0 || size_t(t.gid) >= slots_.size())
+    throw std::runtime_error("autograd: tensor " + t.str() + " has no gradient slot");
+  Slot& s = slots_[t.gid];
+  if (s.grad) throw std::runtime_error("autograd: adopt_grad on " + t.str() + ", whose gradient already exists");
+  s.grad = buf;
+}
+
 void Tape::push(const char* name, std::function<void()> backward) {
   nodes_.push_back({name, std::move(backward)});
 }

@@ -151,7 +151,8 @@ struct Walk {
     act(P > 1 ? B * T * W * D : N * QKV);                        // attention: d(qkv as it saw it)
     transient(scratch::attention_backward(B, T, Hql));
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);             // rope
-    if (P > 1) act(N * QKV), exchange(B * T * W * D, B > 1, true);  // scatter
+    // scatter: the local qkv's gradient, which at batch 1 reuses the sent gradient's memory
+    if (P > 1) B > 1 ? act(N * QKV) : void(), exchange(B * T * W * D, B > 1, true);
     act(N * C), linear_scratch(N, QKV);                          // qkv linear: d(norm1 out)
     norm_scratch(N);                                             // norm 1
   }

@@ -99,6 +99,7 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
       {"--model llama --precision bf16 --recompute --offload --sp 2", 2},
       {"--model gpt2 --precision fp32 --sp 2 --recompute --mlp-chunks 2", 2},
       {"--model llama --precision fp32 --sp 2", 2},
+      {"--model gpt2 --precision bf16 --sp 2 --batch 1", 2},  // batch 1: the all-to-alls skip buffers
   };
   for (const auto& [args, ranks] : runs) {
     if (ranks > kMaxRanks) continue;

@@ -21,9 +21,11 @@
 namespace train_cases {
 
 TEST_CASE("train --device cuda: sp 2 equals sp 1 (emulated device buffers)", "[emu]") {
+  // batch 1 too: there the all-to-alls read and write the tensors directly (parallel/ulysses.cpp)
+  for (const char* batch : {"--batch 2", "--batch 1"})
   for (const char* arch : kArchs) {
-    INFO("--model " << arch);
-    const std::string a = std::string("--model ") + arch + " --device cuda --precision fp32";
+    INFO("--model " << arch << " " << batch);
+    const std::string a = std::string("--model ") + arch + " --device cuda --precision fp32 " + batch;
     Run one = train(a + " --sp 1", 1, 1), two = train(a + " --sp 2", 2, 1);
     CHECK(rel_diff(two.losses[0], one.losses[0]) < 1e-5);
     std::string name;
