@@ -43,11 +43,14 @@ void Tape::move_grad(const Tensor& t, void* dst) {
   s.grad = dst;
 }
 
-void Tape::adopt_grad(const Tensor& t, void* buf) {
+void Tape::adopt_grad(const Tensor& t, void* buf, size_t bytes) {
   if (t.gid < 0 || size_t(t.gid) >= slots_.size())
     throw std::runtime_error("autograd: tensor " + t.str() + " has no gradient slot");
   Slot& s = slots_[t.gid];
   if (s.grad) throw std::runtime_error("autograd: adopt_grad on " + t.str() + ", whose gradient already exists");
+  if (bytes < s.bytes)
+    throw std::runtime_error("autograd: adopt_grad on " + t.str() + ": a buffer of " + std::to_string(bytes) +
+                             " bytes for a gradient of " + std::to_string(s.bytes));
   s.grad = buf;
 }
 

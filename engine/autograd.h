@@ -37,10 +37,10 @@ class Tape {
   // its gradient from now on. A block's backward uses it to hand the residual stream's gradient
   // down to the memory of the block output's, so the arena can drop everything above (transformer.cpp).
   void move_grad(const Tensor& t, void* dst);
-  // Give t, whose gradient is not allocated yet, the buffer `buf` (zeroed by the caller, at least
-  // t's gradient bytes, alive as long as the gradient is used) as its gradient. Under SP the
-  // scatter's backward puts the local qkv's gradient in its own dead output gradient this way.
-  void adopt_grad(const Tensor& t, void* buf);
+  // Give t, whose gradient is not allocated yet, the buffer `buf` of `bytes` (zeroed by the caller,
+  // alive as long as the gradient is used) as its gradient. Under SP the scatter's backward puts
+  // the local qkv's gradient in its own dead output gradient this way.
+  void adopt_grad(const Tensor& t, void* buf, size_t bytes);
 
   void push(const char* name, std::function<void()> backward);
   size_t size() const { return nodes_.size(); }

@@ -70,7 +70,6 @@ void BlockOffload::begin(Arena& arena, const Tensor& like, int layers) {
                                " MiB of pinned host memory failed: " + cudaGetErrorString(e));
     m.host_cap = need;
   }
-  host_bytes_ = m.host_cap;
   m.grow_events(layers);
 }
 

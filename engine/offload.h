@@ -36,14 +36,12 @@ class BlockOffload {
   Tensor output(int l);          // where block l writes its output (once the buffer is free)
   void stored(int l);            // block l's output is complete: copy it out if it will be overwritten
   void before_backward(int l);   // block l's backward is next: fetch block l-1's input, await block l's
-  size_t host_bytes() const { return host_bytes_; }  // pinned host memory held
 
  private:
   struct Impl;
   Impl* impl_;
   Tensor buf_[2];
   int layers_ = 0;
-  size_t host_bytes_ = 0;
 };
 
 // Pinned host bytes --offload holds for one rank: the outputs of every block but the last two.

@@ -215,6 +215,7 @@ StepResult Trainer::step() {
   const float scale = float(1.0 / double(count));
 
   StepResult r;
+  r.valid = local_valid;
   model_->params.zero_grad();
   double loss_sum = 0;
   for (int m = 0; m < A; m++) {

@@ -43,6 +43,7 @@ struct StepResult {
   float lr = 0;
   double ms = 0;
   size_t act_bytes = 0;   // arena high-water of the step's largest micro-batch (this rank)
+  int64_t valid = 0;      // targets with a label in this rank's micro-batches of the step
   CommStats sent;         // bytes this rank sent during the step, by collective
 };
 

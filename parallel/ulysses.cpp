@@ -213,21 +213,20 @@ Tensor scatter_heads(const Tensor& qkv, const HeadSplit& hs, Comm& comm, const T
     c.tape.push("ulysses_scatter_heads", [=] {
       // Every rank runs the all_to_all, gradient or not, so the collectives stay matched.
       Tape& tape = ctx().tape;
-      const T* dout = static_cast<const T*>(tape.grad_if_any(out));
+      T* dout = static_cast<T*>(tape.grad_if_any(out));
       // Batch 1, the long-context case: dout is sent as it lies and is dead once sent, so the
       // local qkv's gradient (first written here; never larger than dout) is put in its memory,
       // rather than in a third buffer of that size next to dout and the received chunks.
       const bool reuse = B == 1 && dout && qkv.requires_grad() && !tape.grad_if_any(qkv);
-      T* dqkv = reuse ? nullptr : grad_or_scratch_as<T>(qkv);
       if (reuse) {
         exchange<T>(*cm, chunk, dout, nullptr, [](T*) {}, [&](const T* recv) {
-          T* d = const_cast<T*>(dout);
-          device_zero(k.dev, d, qkv.nbytes());
-          tape.adopt_grad(qkv, d);
-          k.chunks_to_heads(d, recv, hs, B, Tl, D, true);
+          tape.adopt_grad(qkv, dout, out.nbytes());
+          device_zero(k.dev, dout, qkv.nbytes());
+          k.chunks_to_heads(dout, recv, hs, B, Tl, D, true);
         });
         return;
       }
+      T* dqkv = grad_or_scratch_as<T>(qkv);
       exchange<T>(*cm, chunk, B == 1 ? dout : nullptr, nullptr,
                   [&](T* send) {
                     if (dout) k.sequence_to_chunks(send, dout, P, B, Tl, W * D);

@@ -36,7 +36,7 @@ struct RankRun {
   std::vector<double> losses, norms;
   std::vector<float> grad, params;  // after the last step (grad: the world-summed gradient)
   std::vector<StepResult> steps;
-  int64_t valid = 0;                // valid targets of this rank's step-0 micro-batch
+  int64_t valid = 0;                // valid targets of this rank's first step (one micro-batch here)
   size_t arena_blocks = 0;          // after the steps: 1 unless the arena outgrew its reservation
 };
 
@@ -50,12 +50,9 @@ std::vector<RankRun> train(const std::string& args, int ranks, int steps, std::v
   run_local(ranks, [&](Comm& world) {
     Trainer tr(o, world);
     RankRun& r = out[world.rank()];
-    Grid& g = tr.grid();
-    HostBatch hb;
-    load_batch(tr.train_data(), int64_t(g.dp_rank) * o.batch, o.batch, o.seq, g.sp, g.sp_rank, hb);
-    r.valid = hb.valid;
     for (int s = 0; s < steps; s++) {
       StepResult sr = tr.step();
+      if (s == 0) r.valid = sr.valid;
       r.losses.push_back(sr.loss);
       r.norms.push_back(sr.grad_norm);
       r.steps.push_back(sr);
