@@ -11,11 +11,11 @@
 // each lane computes its four elements of C in float from the bf16 inputs (k in order), and the
 // warp meets again before any lane may overwrite its slot with the next call's fragments.
 //
-// The loaders fill fragments from a bf16 tile in (shared) memory with plain loads, `ld` elements
-// between rows; pairs are read as one 32-bit word, so `ld` and the column offset must be even.
+// The loaders (ldsm_*) fill fragments from bf16 tiles in shared memory with ldmatrix (below).
 // Blocks that use this header are 1-D (the lane is threadIdx.x % 32).
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 
 #include "engine/cuda_launch.h"
 
@@ -112,27 +112,68 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], const uint32_t a[4
 #endif
 }
 
-// A fragment of the 16x16 block whose element (r, k) is A[r * ld + k] (row-major A).
-__device__ __forceinline__ void load_a_frag(uint32_t a[4], const __nv_bfloat16* A, int ld) {
-  const int g = lane_id() / 4, t = lane_id() % 4;
-  a[0] = load_bf16x2(A + g * ld + 2 * t);
-  a[1] = load_bf16x2(A + (g + 8) * ld + 2 * t);
-  a[2] = load_bf16x2(A + g * ld + 2 * t + 8);
-  a[3] = load_bf16x2(A + (g + 8) * ld + 2 * t + 8);
+// ---- fragments from shared memory: ldmatrix ------------------------------------------------------
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 loads four 8x8 bf16 matrices in one warp-wide
+// instruction: lane 8 i + j names row j of matrix i (16 bytes at a 16-byte aligned shared address),
+// and lane l receives in r[i] row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i, exactly
+// an A/B fragment register; with .trans it receives column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1
+// instead (a row-major tile read as its transpose, which is the B fragment of a row-major B).
+// Rows `ld` elements apart with ld / 8 odd (D + 8 for D a multiple of 16) put the 8 row addresses
+// of a matrix in 8 different 16-byte groups of banks: no bank conflicts.
+#if ULYSSES_CUDA_EMULATED
+namespace emu_ldsm {
+// Per warp of the block in flight, each lane's row address (thread_local: see emu_mma::slots).
+inline const __nv_bfloat16* (&slots())[32][32] {
+  static thread_local const __nv_bfloat16* s[32][32];
+  return s;
 }
-// B fragment of the 16x8 block whose element (k, n) is Bt[n * ld + k] (B stored as its transpose,
-// i.e. column-major B: the fast case, pairs are adjacent).
-__device__ __forceinline__ void load_b_frag_col(uint32_t b[2], const __nv_bfloat16* Bt, int ld) {
-  const int g = lane_id() / 4, t = lane_id() % 4;
-  b[0] = load_bf16x2(Bt + g * ld + 2 * t);
-  b[1] = load_bf16x2(Bt + g * ld + 2 * t + 8);
+}  // namespace emu_ldsm
+#endif
+
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __nv_bfloat16* row) {
+#if ULYSSES_CUDA_EMULATED
+  if (reinterpret_cast<uintptr_t>(row) % 16)
+    throw std::runtime_error("ldmatrix: a row address that is not 16-byte aligned");
+  const int lane = lane_id(), warp = int(threadIdx.x) / 32;
+  const __nv_bfloat16** w = emu_ldsm::slots()[warp];
+  w[lane] = row;
+  __syncwarp();  // every lane's address is in place
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; i++) {
+    const __nv_bfloat16* const* m = w + 8 * i;  // the row addresses of matrix i
+    r[i] = kTrans ? pack_bf16x2(m[2 * t][g], m[2 * t + 1][g]) : load_bf16x2(m[g] + 2 * t);
+  }
+  __syncwarp();  // every lane has read the addresses before the next call overwrites them
+#elif defined(__CUDA_ARCH__)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#endif
 }
-// B fragment of the 16x8 block whose element (k, n) is B[k * ld + n] (row-major B): each register
-// gathers two elements one row apart.
-__device__ __forceinline__ void load_b_frag_row(uint32_t b[2], const __nv_bfloat16* B, int ld) {
-  const int g = lane_id() / 4, t = lane_id() % 4;
-  b[0] = pack_bf16x2(B[(2 * t) * ld + g], B[(2 * t + 1) * ld + g]);
-  b[1] = pack_bf16x2(B[(2 * t + 8) * ld + g], B[(2 * t + 9) * ld + g]);
+
+// The A fragment of the 16x16 block whose element (r, k) is A[r * ld + k] (row-major, shared):
+// matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are a[0..3].
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const __nv_bfloat16* A, int ld) {
+  const int l = lane_id();
+  ldmatrix_x4<false>(a, A + (l % 16) * ld + (l / 16) * 8);
+}
+// The B fragments of two adjacent 16x8 blocks (columns n = 0-7 in b[0..1], n = 8-15 in b[2..3]) of
+// the 16x16 B whose element (k, n) is Bt[n * ld + k]: B stored as its transpose, like K in Q K^T.
+__device__ __forceinline__ void ldsm_b_col_x2(uint32_t b[4], const __nv_bfloat16* Bt, int ld) {
+  const int l = lane_id();
+  ldmatrix_x4<false>(b, Bt + (l % 8 + 8 * (l / 16)) * ld + 8 * (l / 8 % 2));
+}
+// The same for a row-major B, element (k, n) at B[k * ld + n], like V in P V: read transposed.
+__device__ __forceinline__ void ldsm_b_row_x2(uint32_t b[4], const __nv_bfloat16* B, int ld) {
+  const int l = lane_id();
+  ldmatrix_x4<true>(b, B + (l % 16) * ld + (l / 16) * 8);
 }
 
 }  // namespace cuda

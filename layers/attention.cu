@@ -8,23 +8,27 @@
 // result does not depend on scheduling (deterministic).
 //
 // bf16: tensor cores (engine/mma.h, m16n8k16). A block is 4 warps; a warp owns 16 rows of the
-//   tile. Its own operand (Q in the forward and dq pass, K and V in the dk/dv pass) stays in
-//   registers as A fragments for the whole block; the other side is staged in shared memory, rows
-//   padded by 8 elements so the fragment loads of the 8 row groups fall on different banks. The
-//   score accumulators are laid out exactly like the A fragment of the next product (P V, P^T dO,
-//   dS K, ...), so probabilities go from registers to the tensor cores without shared memory. The
-//   softmax row statistics are shared by the 4 lanes of a quad (shuffles).
+//   tile. Its own operand (Q and dout in the forward and dq pass) stays in registers as A fragments
+//   for the whole block; the other side streams through shared memory in two stages: cp.async
+//   (engine/async_copy.h) copies the next tile in while the tensor cores work on this one. Tile
+//   rows are padded by 8 elements so that ldmatrix (the fragment loads, .trans for the row-major B
+//   operands) is free of bank conflicts. The dk/dv pass keeps K and V in shared memory too and
+//   reads their fragments with ldmatrix per step (in registers they spill at D = 128). The score
+//   accumulators are laid out exactly like the A fragment of the next product (P V, P^T dO, dS K,
+//   ...), so probabilities go from registers to the tensor cores without shared memory. The
+//   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only tiles on the
+//   diagonal, past T, or under a document mask test visibility element by element.
 // f32: the verification precision, plain FMA: one thread per query row (forward, dq) or key row
 //   (dk/dv) with its rows in registers, the other side staged 32 rows at a time in shared memory.
 //
-// Not yet done for speed (correctness first): cp.async double buffering, ldmatrix(.trans) for the
-// row-major B operands, 128-row tiles with 8 warps, skipping fully masked warps on the diagonal and
-// document-disjoint tiles (the doc mask is applied element by element; the CPU also skips tiles).
+// Not yet done for speed: 128-row tiles with 8 warps, skipping fully masked warps on the diagonal
+// and document-disjoint tiles (the CPU skips those tiles), warp-specialised producers (TMA, wgmma).
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
+#include "engine/async_copy.h"
 #include "engine/cuda_launch.h"
 #include "engine/mma.h"
 #include "layers/scratch_sizes.h"
@@ -70,42 +74,25 @@ __device__ __forceinline__ bool visible(int q, int k, int Tn, const int32_t* doc
 
 // ---- bf16 helpers --------------------------------------------------------------------------------
 
-struct alignas(16) Vec16 {
-  uint32_t w[4];
-};
-__device__ __forceinline__ Vec16 load16(const bf16* p) {
-#if ULYSSES_CUDA_EMULATED
-  Vec16 v;
-  std::memcpy(&v, p, 16);
-  return v;
-#else
-  return *reinterpret_cast<const Vec16*>(p);
-#endif
-}
-__device__ __forceinline__ void store16(bf16* p, const Vec16& v) {
-#if ULYSSES_CUDA_EMULATED
-  std::memcpy(p, &v, 16);
-#else
-  *reinterpret_cast<Vec16*>(p) = v;
-#endif
-}
+__host__ __device__ constexpr int kLd(int D) { return D + 8; }  // shared tile row, padded so ldmatrix is conflict-free
+__host__ __device__ constexpr int kTileElems(int D) { return kTile * kLd(D); }
 
-// 64 x D elements from global (row r at src + r * stride) into shared memory (row r at
-// dst + r * (D + 8)), 16 bytes per load; rows from `valid` on are zero, so that they add nothing to
-// a product (a NaN from uninitialised memory would survive a zero probability).
+// Issues the copy of 64 x D elements from global (row r at src + r * stride) into shared memory (row
+// r at dst + r * (D + 8)), 16 bytes a cp.async; rows from `valid` on are zero-filled, so that they
+// add nothing to a product (a NaN from uninitialised memory would survive a zero probability).
 template <int D>
-__device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int64_t stride, int valid) {
+__device__ __forceinline__ void fetch_rows(bf16* dst, const bf16* src, int64_t stride, int valid) {
   constexpr int kVecs = D / 8;
   for (int i = threadIdx.x; i < kTile * kVecs; i += blockDim.x) {
     const int r = i / kVecs, c = (i % kVecs) * 8;
-    Vec16 v = {{0u, 0u, 0u, 0u}};
-    if (r < valid) v = load16(src + r * stride + c);
-    store16(dst + r * (D + 8) + c, v);
+    const bool in = r < valid;
+    cp_async<16>(dst + r * kLd(D) + c, in ? src + r * stride + c : src, in ? 16 : 0);
   }
 }
 
 // A fragment of rows r0..r0+15, columns col..col+15 of a row-major matrix in global memory (row r
-// at base + r * stride); rows from `rows` on read as zero.
+// at base + r * stride); rows from `rows` on read as zero. Plain loads: each warp reads its own
+// operand once per block, so staging it through shared memory would buy nothing.
 __device__ __forceinline__ void load_a_rows(uint32_t a[4], const bf16* base, int64_t stride, int r0, int rows,
                                             int col) {
   const int g = lane_id() / 4, t = lane_id() % 4;
@@ -114,6 +101,29 @@ __device__ __forceinline__ void load_a_rows(uint32_t a[4], const bf16* base, int
   a[1] = rb < rows ? load_bf16x2(base + rb * stride + col + 2 * t) : 0u;
   a[2] = ra < rows ? load_bf16x2(base + ra * stride + col + 2 * t + 8) : 0u;
   a[3] = rb < rows ? load_bf16x2(base + rb * stride + col + 2 * t + 8) : 0u;
+}
+
+// s[j] += A * (B block j) for the 8 key (or query) blocks j of a 16 x 64 score tile, where B's
+// element (k, n) is Bt[(8 j + n) * ld + k]: the 64 rows of the staged tile, columns 16 kk.. of D.
+__device__ __forceinline__ void mma_row_tile(float (*s)[4], const uint32_t a[4], const bf16* Bt, int ld) {
+  UL_UNROLL for (int j = 0; j < 8; j += 2) {
+    uint32_t b[4];
+    ldsm_b_col_x2(b, Bt + j * 8 * ld, ld);
+    mma_m16n8k16_bf16(s[j], a, b);
+    mma_m16n8k16_bf16(s[j + 1], a, b + 2);
+  }
+}
+
+// acc[n] += A * (B block n) for the D / 8 column blocks of a (16, D) accumulator, where B is 16 rows
+// of a row-major staged tile (element (k, n) at B[k * ld + n]).
+template <int D>
+__device__ __forceinline__ void mma_col_tile(float (*acc)[4], const uint32_t a[4], const bf16* B, int ld) {
+  UL_UNROLL for (int n = 0; n < D / 8; n += 2) {
+    uint32_t b[4];
+    ldsm_b_row_x2(b, B + n * 8, ld);
+    mma_m16n8k16_bf16(acc[n], a, b);
+    mma_m16n8k16_bf16(acc[n + 1], a, b + 2);
+  }
 }
 
 // The accumulators of key (or query) columns 16 kk .. 16 kk + 15 of a 16 x 64 score tile, as the A
@@ -133,16 +143,15 @@ __device__ __forceinline__ void add_bf16x2(bf16* p, float lo, float hi) {
 
 // ---- forward ---------------------------------------------------------------------------------------
 
-// grid (nt, Hq, B), block 128; smem: K and V tiles, 2 x 64 x (D + 8) bf16.
+// grid (nt, Hq, B), block 128; smem: two stages of (K tile, V tile), 4 x 64 x (D + 8) bf16, so the
+// next key tile is copied in (cp.async) while the tensor cores work on this one.
 // out: (B, T, Hq, D), lse: (B, Hq, T), qkv: (B, T, Hq + 2 Hkv, D)
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_forward_mma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                                  const int32_t* __restrict__ doc, Geometry G, float scale) {
-  constexpr int LD = D + 8;
-  UL_DYNAMIC_SMEM(bf16, smem);
-  bf16* Ks = smem;               // (64, LD): keys of the tile
-  bf16* Vs = smem + kTile * LD;  // (64, LD)
+  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
   const int qt = G.nt - 1 - int(blockIdx.x);  // later query tiles walk more keys: start them first
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
   const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
@@ -151,6 +160,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
+  const bf16* kbase = qkv + G.qkv(b, 0, G.Hq + kvh);
+  const bf16* vbase = qkv + G.qkv(b, 0, G.Hq + G.Hkv + kvh);
+  auto fetch = [&](int kt) {  // key tile kt into stage kt % 2, as one commit group
+    bf16* Ks = smem + (kt & 1) * 2 * kElems;
+    const int64_t at = int64_t(kt) * kTile * G.qkv_stride();
+    fetch_rows<D>(Ks, kbase + at, G.qkv_stride(), G.Tn - kt * kTile);
+    fetch_rows<D>(Ks + kElems, vbase + at, G.qkv_stride(), G.Tn - kt * kTile);
+    cp_async_commit();
+  };
+  fetch(0);
+
   uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
     load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
@@ -158,24 +178,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
   float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};  // running max; this lane's share of the running sum
   for (int kt = 0; kt <= qt; kt++) {
+    if (kt < qt) {
+      fetch(kt + 1);
+      cp_async_wait<1>();  // all but the newest group: tile kt has landed
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // ... from every thread's copies
+    const bf16* Ks = smem + (kt & 1) * 2 * kElems;
+    const bf16* Vs = Ks + kElems;
     const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile has been read by every warp
-    stage_rows<D>(Ks, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
-    stage_rows<D>(Vs, qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
-    __syncthreads();
 
     float s[8][4] = {};  // S = Q K^T, (16, 64)
-    UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
-      UL_UNROLL for (int j = 0; j < 8; j++) {
-        uint32_t bk[2];
-        load_b_frag_col(bk, Ks + j * 8 * LD + kk * 16, LD);
-        mma_m16n8k16_bf16(s[j], qf[kk], bk);
-      }
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
+    // Only the diagonal tile (which also holds any keys past T) and document boundaries mask.
+    const bool masked = kt == qt || docb;
     float mx[2] = {ninf, ninf};
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int k = k0 + j * 8 + 2 * t + (e & 1);
-        s[j][e] = visible(rows[e / 2], k, G.Tn, docb) ? s[j][e] * scale : ninf;
+        s[j][e] = !masked || visible(rows[e / 2], k, G.Tn, docb) ? s[j][e] * scale : ninf;
         mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
       }
     float alpha[2], sum[2] = {0.f, 0.f};
@@ -199,12 +221,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // O += P V: P (16, 64) in registers, V (64, D) staged
       uint32_t ap[4];
       scores_as_a(ap, s, kk);
-      UL_UNROLL for (int n = 0; n < D / 8; n++) {
-        uint32_t bv[2];
-        load_b_frag_row(bv, Vs + kk * 16 * LD + n * 8, LD);
-        mma_m16n8k16_bf16(o[n], ap, bv);
-      }
+      mma_col_tile<D>(o, ap, Vs + kk * 16 * LD, LD);
     }
+    __syncthreads();  // every warp is done with this stage before tile kt + 2 is fetched into it
   }
 
   UL_UNROLL for (int r = 0; r < 2; r++) {
@@ -293,72 +312,88 @@ __global__ void attention_rowdot_kernel(float* __restrict__ Di, const T* __restr
 }
 
 // Pass 1, bf16. grid (nt, Hkv, B), block 128; warp w owns keys k0 + 16 w .. + 15 of the tile.
-// smem: Q and dout tiles (2 x 64 x (D + 8) bf16), then lse and Di of the tile's queries (2 x 64 f32).
+// smem: the block's K and V tiles (2 x 64 x (D + 8) bf16, read as A fragments by ldmatrix); two
+// stages of (Q tile, dout tile) (4 x 64 x (D + 8) bf16), then two stages of the tile's queries' lse
+// and Di (4 x 64 f32). The block walks (query head of the group, query tile from kt on) in order,
+// fetching step i + 1 while it multiplies step i.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_backward_dkv_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ Di,
                                       const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
                                       float scale) {
-  constexpr int LD = D + 8;
+  constexpr int LD = kLd(D), kElems = kTileElems(D);
   UL_DYNAMIC_SMEM(bf16, smem);
-  bf16* Qs = smem;                 // (64, LD)
-  bf16* dOs = smem + kTile * LD;   // (64, LD)
-  float* lse_s = reinterpret_cast<float*>(smem + 2 * kTile * LD);  // (64)
-  float* Di_s = lse_s + kTile;                                      // (64)
+  const bf16* Ks = smem;          // (64, LD)
+  const bf16* Vs = smem + kElems;  // (64, LD)
+  // stage s: Q at smem + (2 + 2 s) kElems, dout after it; lse at stats + 2 s 64, Di after it
+  float* stats = reinterpret_cast<float*>(smem + 6 * kElems);
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
   const int k0 = kt * kTile;
   const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};  // this lane's key rows
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+  const int nqt = G.nt - kt, steps = G.group * nqt;  // earlier query tiles see none of these keys
 
-  uint32_t kf[D / 16][4], vf[D / 16][4];  // K and V rows of the warp, (16, D) each, as A fragments
-  UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
-    load_a_rows(kf[kk], qkv + G.qkv(b, 0, G.Hq + kvh), G.qkv_stride(), k0 + warp * 16, G.Tn, kk * 16);
-    load_a_rows(vf[kk], qkv + G.qkv(b, 0, G.Hq + G.Hkv + kvh), G.qkv_stride(), k0 + warp * 16, G.Tn, kk * 16);
-  }
-  float dk[D / 8][4] = {}, dv[D / 8][4] = {};  // (16, D) each
-  for (int h = kvh * G.group; h < (kvh + 1) * G.group; h++)
-    for (int qt = kt; qt < G.nt; qt++) {  // earlier query tiles see none of these keys
-      const int q0 = qt * kTile, nq = min(kTile, G.Tn - q0);
-      __syncthreads();
-      stage_rows<D>(Qs, qkv + G.qkv(b, q0, h), G.qkv_stride(), nq);
-      stage_rows<D>(dOs, dout + G.out(b, q0, h), G.out_stride(), nq);
-      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-        lse_s[i] = i < nq ? lse[G.lse(b, h, q0 + i)] : 0.f;
-        Di_s[i] = i < nq ? Di[G.lse(b, h, q0 + i)] : 0.f;
-      }
-      __syncthreads();
-
-      float pt[8][4] = {}, dst[8][4] = {};  // S^T = K Q^T and dP^T = V dout^T, (16 keys, 64 queries)
-      UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
-        UL_UNROLL for (int j = 0; j < 8; j++) {
-          uint32_t bq[2], bo[2];
-          load_b_frag_col(bq, Qs + j * 8 * LD + kk * 16, LD);
-          mma_m16n8k16_bf16(pt[j], kf[kk], bq);
-          load_b_frag_col(bo, dOs + j * 8 * LD + kk * 16, LD);
-          mma_m16n8k16_bf16(dst[j], vf[kk], bo);
-        }
-      UL_UNROLL for (int j = 0; j < 8; j++)
-        UL_UNROLL for (int e = 0; e < 4; e++) {
-          const int qi = j * 8 + 2 * t + (e & 1);
-          const float p = visible(q0 + qi, keys[e / 2], G.Tn, docb) ? __expf(pt[j][e] * scale - lse_s[qi]) : 0.f;
-          pt[j][e] = p;                             // P^T
-          dst[j][e] = p * (dst[j][e] - Di_s[qi]);   // dS^T
-        }
-      UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dV += P^T dout, dK += dS^T Q (over queries)
-        uint32_t ap[4], ads[4];
-        scores_as_a(ap, pt, kk);
-        scores_as_a(ads, dst, kk);
-        UL_UNROLL for (int n = 0; n < D / 8; n++) {
-          uint32_t bo[2], bq[2];
-          load_b_frag_row(bo, dOs + kk * 16 * LD + n * 8, LD);
-          mma_m16n8k16_bf16(dv[n], ap, bo);
-          load_b_frag_row(bq, Qs + kk * 16 * LD + n * 8, LD);
-          mma_m16n8k16_bf16(dk[n], ads, bq);
-        }
-      }
+  fetch_rows<D>(smem, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
+  fetch_rows<D>(smem + kElems, qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
+  auto fetch = [&](int i) {  // step i into stage i % 2, as one commit group (the first also has K, V)
+    const int h = kvh * G.group + i / nqt, q0 = (kt + i % nqt) * kTile, nq = min(kTile, G.Tn - q0);
+    bf16* Qs = smem + (2 + 2 * (i & 1)) * kElems;
+    fetch_rows<D>(Qs, qkv + G.qkv(b, q0, h), G.qkv_stride(), nq);
+    fetch_rows<D>(Qs + kElems, dout + G.out(b, q0, h), G.out_stride(), nq);
+    float* st = stats + (i & 1) * 2 * kTile;
+    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+      const int64_t at = G.lse(b, h, q0 + (r < nq ? r : 0));
+      cp_async<4>(st + r, lse + at, r < nq ? 4 : 0);  // queries past T: zero
+      cp_async<4>(st + kTile + r, Di + at, r < nq ? 4 : 0);
     }
+    cp_async_commit();
+  };
+  fetch(0);
+
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};  // (16, D) each
+  for (int i = 0; i < steps; i++) {
+    if (i + 1 < steps) {
+      fetch(i + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int qt = kt + i % nqt, q0 = qt * kTile;
+    const bf16* Qs = smem + (2 + 2 * (i & 1)) * kElems;
+    const bf16* dOs = Qs + kElems;
+    const float* lse_s = stats + (i & 1) * 2 * kTile;
+    const float* Di_s = lse_s + kTile;
+
+    float pt[8][4] = {}, dst[8][4] = {};  // S^T = K Q^T and dP^T = V dout^T, (16 keys, 64 queries)
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t ak[4], av[4];
+      ldsm_a(ak, Ks + warp * 16 * LD + kk * 16, LD);
+      ldsm_a(av, Vs + warp * 16 * LD + kk * 16, LD);
+      mma_row_tile(pt, ak, Qs + kk * 16, LD);
+      mma_row_tile(dst, av, dOs + kk * 16, LD);
+    }
+    // The diagonal tile, a tile with queries past T, and document boundaries mask.
+    const bool masked = qt == kt || q0 + kTile > G.Tn || docb;
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
+        const int qi = j * 8 + 2 * t + (e & 1);
+        const bool see = !masked || visible(q0 + qi, keys[e / 2], G.Tn, docb);
+        const float p = see ? __expf(pt[j][e] * scale - lse_s[qi]) : 0.f;
+        pt[j][e] = p;                             // P^T
+        dst[j][e] = p * (dst[j][e] - Di_s[qi]);   // dS^T
+      }
+    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dV += P^T dout, dK += dS^T Q (over queries)
+      uint32_t ap[4], ads[4];
+      scores_as_a(ap, pt, kk);
+      scores_as_a(ads, dst, kk);
+      mma_col_tile<D>(dv, ap, dOs + kk * 16 * LD, LD);
+      mma_col_tile<D>(dk, ads, Qs + kk * 16 * LD, LD);
+    }
+    __syncthreads();  // this stage is free for step i + 2
+  }
 
   UL_UNROLL for (int r = 0; r < 2; r++) {
     if (keys[r] >= G.Tn) continue;
@@ -372,22 +407,31 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Pass 2, bf16. grid (nt, Hq, B), block 128; warp w owns query rows q0 + 16 w .. + 15.
-// smem: K and V tiles, 2 x 64 x (D + 8) bf16.
+// smem: two stages of (K tile, V tile), 4 x 64 x (D + 8) bf16, double-buffered as in the forward.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_backward_dq_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ Di,
                                      const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
                                      float scale) {
-  constexpr int LD = D + 8;
-  UL_DYNAMIC_SMEM(bf16, smem);
-  bf16* Ks = smem;               // (64, LD)
-  bf16* Vs = smem + kTile * LD;  // (64, LD)
+  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
   const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
   const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
   const int q0 = qt * kTile;
   const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+
+  const bf16* kbase = qkv + G.qkv(b, 0, G.Hq + kvh);
+  const bf16* vbase = qkv + G.qkv(b, 0, G.Hq + G.Hkv + kvh);
+  auto fetch = [&](int kt) {
+    bf16* Ks = smem + (kt & 1) * 2 * kElems;
+    const int64_t at = int64_t(kt) * kTile * G.qkv_stride();
+    fetch_rows<D>(Ks, kbase + at, G.qkv_stride(), G.Tn - kt * kTile);
+    fetch_rows<D>(Ks + kElems, vbase + at, G.qkv_stride(), G.Tn - kt * kTile);
+    cp_async_commit();
+  };
+  fetch(0);
 
   uint32_t qf[D / 16][4], of[D / 16][4];  // Q and dout rows of the warp, (16, D) each
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
@@ -401,36 +445,36 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   float dq[D / 8][4] = {};  // (16, D)
   for (int kt = 0; kt <= qt; kt++) {
+    if (kt < qt) {
+      fetch(kt + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* Ks = smem + (kt & 1) * 2 * kElems;
+    const bf16* Vs = Ks + kElems;
     const int k0 = kt * kTile;
-    __syncthreads();
-    stage_rows<D>(Ks, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
-    stage_rows<D>(Vs, qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
-    __syncthreads();
 
     float s[8][4] = {}, dp[8][4] = {};  // S = Q K^T, dP = dout V^T, (16, 64)
-    UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
-      UL_UNROLL for (int j = 0; j < 8; j++) {
-        uint32_t bk[2], bv[2];
-        load_b_frag_col(bk, Ks + j * 8 * LD + kk * 16, LD);
-        mma_m16n8k16_bf16(s[j], qf[kk], bk);
-        load_b_frag_col(bv, Vs + j * 8 * LD + kk * 16, LD);
-        mma_m16n8k16_bf16(dp[j], of[kk], bv);
-      }
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+      mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
+      mma_row_tile(dp, of[kk], Vs + kk * 16, LD);
+    }
+    const bool masked = kt == qt || docb;  // as in the forward
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
-        const float p = visible(rows[r], k, G.Tn, docb) ? __expf(s[j][e] * scale - lse_r[r]) : 0.f;
+        const bool see = !masked || visible(rows[r], k, G.Tn, docb);
+        const float p = see ? __expf(s[j][e] * scale - lse_r[r]) : 0.f;
         s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
       }
     UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)
       uint32_t ads[4];
       scores_as_a(ads, s, kk);
-      UL_UNROLL for (int n = 0; n < D / 8; n++) {
-        uint32_t bk[2];
-        load_b_frag_row(bk, Ks + kk * 16 * LD + n * 8, LD);
-        mma_m16n8k16_bf16(dq[n], ads, bk);
-      }
+      mma_col_tile<D>(dq, ads, Ks + kk * 16 * LD, LD);
     }
+    __syncthreads();
   }
   UL_UNROLL for (int r = 0; r < 2; r++) {
     if (rows[r] >= G.Tn) continue;
@@ -576,8 +620,17 @@ void with_head_dim(int D, F&& f) {
   throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) + " is not supported");
 }
 
-constexpr size_t mma_tiles_smem(int D) { return size_t(2) * kTile * (D + 8) * sizeof(bf16); }
+// Two stages of two tiles (forward, dq); the dk/dv pass adds its K and V tiles and the statistics.
+constexpr size_t mma_stages_smem(int D) { return size_t(4) * kTileElems(D) * sizeof(bf16); }
+constexpr size_t mma_dkv_smem(int D) { return size_t(6) * kTileElems(D) * sizeof(bf16) + 4 * kTile * sizeof(float); }
 constexpr size_t fma_rows_smem(int D) { return size_t(2) * kFmaRows * D * sizeof(float); }
+
+// A launch with over 48 KiB of dynamic shared memory must raise the kernel's limit first.
+template <class K>
+void allow_smem(K* kernel, size_t bytes) {
+  if (bytes > (48u << 10))
+    UL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
 
 // Scaled as the CPU scales: 1 / sqrt(D) in float.
 float softmax_scale(int D) { return 1.0f / sqrtf(float(D)); }
@@ -600,9 +653,11 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
     if constexpr (std::is_same<T, float>::value)
       launch("attention_forward_fma", attention_forward_fma_kernel<kD>, grid, dim3(kTile), fma_rows_smem(kD), s, out,
              lse, qkv, doc, G, scale);
-    else
-      launch("attention_forward_mma", attention_forward_mma_kernel<kD>, grid, dim3(kWarps * 32), mma_tiles_smem(kD), s,
-             out, lse, qkv, doc, G, scale);
+    else {
+      allow_smem(attention_forward_mma_kernel<kD>, mma_stages_smem(kD));
+      launch("attention_forward_mma", attention_forward_mma_kernel<kD>, grid, dim3(kWarps * 32), mma_stages_smem(kD),
+             s, out, lse, qkv, doc, G, scale);
+    }
   });
 }
 
@@ -623,11 +678,12 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       launch("attention_backward_dq_fma", attention_backward_dq_fma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kTile),
              fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
     } else {
+      allow_smem(attention_backward_dkv_mma_kernel<kD>, mma_dkv_smem(kD));
       launch("attention_backward_dkv_mma", attention_backward_dkv_mma_kernel<kD>, dim3(G.nt, Hkv, B),
-             dim3(kWarps * 32), mma_tiles_smem(kD) + 2 * kTile * sizeof(float), s, dqkv, dout, lse, Di, qkv, doc, G,
-             scale);
+             dim3(kWarps * 32), mma_dkv_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      allow_smem(attention_backward_dq_mma_kernel<kD>, mma_stages_smem(kD));
       launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kWarps * 32),
-             mma_tiles_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+             mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
     }
   });
 }

@@ -2,8 +2,10 @@
 // C++ with this header force-included, and its kernels run on the CPU (engine/cuda_emu/executor.cpp).
 //
 // The model, in short:
-//   - each CUDA thread of a block is a fiber; the block's fibers run round-robin on ONE OS thread,
-//     switching only at a barrier or a warp collective, and blocks are spread over OpenMP threads;
+//   - each CUDA thread of a block is a fiber; the block's fibers run on ONE OS thread, switching
+//     only at a barrier or a warp collective: one warp runs as far as it gets (to a barrier or its
+//     end) before the next starts, first to last warp in even blocks and last to first in odd
+//     ones, so that a missing barrier between warps shows; blocks are spread over OpenMP threads;
 //   - threadIdx/blockIdx/blockDim/gridDim are thread_local variables that the scheduler sets before
 //     resuming a fiber, so they always describe the fiber that runs;
 //   - __shared__ is `static thread_local`: one copy per OS thread, which is one copy per block in
@@ -56,9 +58,22 @@ void syncthreads();
 uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width);
 void* dynamic_smem();  // this block's dynamic shared memory (nullptr when the launch asked for none)
 
+// cp.async (engine/async_copy.h): `bytes` (4, 8 or 16) from src to dst, of which the first
+// src_bytes are read and the rest zero-filled. The destination turns to NaN bytes when the copy is
+// issued and gets its data only when a cp_async_wait retires the copy's commit group: on the GPU it
+// is undefined in between, so a tile read before its wait (or before the barrier after it, by
+// another thread), or refilled while another warp still reads it, shows as NaN.
+void cp_async(void* dst, const void* src, int bytes, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending);  // retires all but the `pending` newest committed groups
+
 // Runs body once per thread of every block; throws std::runtime_error naming the kernel, the block
 // and the misuse (bad configuration, partial barrier, deadlock, or the kernel's own exception).
-void run_grid(const char* name, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
+// More than 48 KiB of dynamic shared memory needs set_max_dynamic_smem(kernel, ...) first, as
+// cudaFuncSetAttribute on the GPU.
+void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
+              const std::function<void()>& body);
+void set_max_dynamic_smem(const void* kernel, size_t bytes);
 
 template <class... P, class... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,
@@ -66,7 +81,7 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
   // Converted once, as a <<<>>> call would; every fiber then gets its own copies (by-value params).
   const auto params = std::tuple<P...>(std::forward<A>(args)...);
-  run_grid(name, grid, block, smem_bytes, [&] { std::apply(kernel, params); });
+  run_grid(name, reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { std::apply(kernel, params); });
 }
 
 template <class T>

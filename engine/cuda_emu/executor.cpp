@@ -1,19 +1,24 @@
 // The SIMT executor: runs a grid's blocks on OpenMP threads, and each block's threads as fibers
 // (ucontext) on one OS thread. A fiber runs until it parks at a barrier or a warp collective, or
-// exits; the scheduler then resumes the next runnable fiber of the block, round-robin. When a pass
+// exits; the scheduler then resumes the next runnable lane of the same warp, so that one warp runs
+// as far as it can before the next (see run_block for the order). When a pass
 // over the block finds nothing runnable and some fiber has not exited, the block is deadlocked and
 // the launch fails with a description of who waits where.
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/cuda_emu/cuda_emu.h"
 
@@ -23,15 +28,26 @@ namespace {
 constexpr int kMaxThreads = 1024;            // per block, as on every GPU since Fermi
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr size_t kStackBytes = 64 << 10;     // per fiber; kernels keep little on the stack
-constexpr size_t kMaxDynamicSmem = 227 << 10;  // sm_90's opt-in limit (over 48 KiB needs
-                                               // cudaFuncSetAttribute on the GPU)
+constexpr size_t kMaxDynamicSmem = 227 << 10;  // sm_90's opt-in limit
+constexpr size_t kDefaultDynamicSmem = 48 << 10;  // more needs cudaFuncSetAttribute first
 
 enum class Wait : uint8_t { ready, barrier, warp, exited };
+
+// A cp.async in flight: the source is read when it is issued (kernels never write what they copy
+// from), the destination poisoned then and written when a cp.async.wait_group retires its group.
+struct AsyncCopy {
+  unsigned char* dst;
+  int bytes;
+  int group;  // the commit group it belongs to: the fiber's commit count when it was issued
+  unsigned char data[16];
+};
 
 struct Fiber {
   ucontext_t ctx;
   uint3 tid;
   Wait wait;
+  std::vector<AsyncCopy> copies;  // issued, not yet retired
+  int committed = 0;              // cp.async.commit_group calls so far
 };
 
 struct Warp {
@@ -87,6 +103,7 @@ struct Worker {
   int n = 0;           // threads per block
   int cur = -1;        // the running fiber
   int at_barrier = 0;
+  unsigned barriers = 0;  // __syncthreads completed: each one restarts the warp order
   int exited = 0;
   std::exception_ptr error;
 
@@ -226,28 +243,55 @@ void run_block(Worker& w, uint3 block_idx) {
     Fiber& f = w.fibers[i];
     f.tid = {i % bx, (i / bx) % by, i / (bx * by)};
     f.wait = Wait::ready;
+    f.copies.clear();  // what a previous block left in flight died with its shared memory
+    f.committed = 0;
     f.ctx.uc_stack.ss_sp = w.stack(i);
     f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = &w.sched;
     makecontext(&f.ctx, fiber_main, 0);
   }
+  // Warps run one at a time, each as far as it gets (to a __syncthreads or its exit), in order in
+  // even blocks and in reverse in odd ones: the most lopsided interleavings a GPU may produce, so
+  // that shared memory written or refilled without a barrier between warps shows up as stale or
+  // NaN data instead of passing because every warp happened to keep pace with the others.
+  const int warps = (w.n + 31) / 32;
+  const bool reverse = (block_idx.x + block_idx.y + block_idx.z) % 2 == 1;
+  w.barriers = 0;
   for (;;) {
     bool ran = false;
-    for (int i = 0; i < w.n; i++) {
-      if (w.fibers[i].wait != Wait::ready) continue;
-      w.cur = i;
-      threadIdx = w.fibers[i].tid;
-      swapcontext(&w.sched, &w.fibers[i].ctx);
-      ran = true;
-      // The other fibers are abandoned mid-kernel; their stacks are reused by the next block.
-      if (w.error) std::rethrow_exception(w.error);
+    const unsigned barriers = w.barriers;
+    for (int k = 0; k < warps && w.barriers == barriers; k++) {
+      const int warp = reverse ? warps - 1 - k : k;
+      const int lo = warp * 32, hi = std::min(lo + 32, w.n);
+      // Lanes meet at warp collectives: run them round until none is ready or a barrier opens.
+      for (bool again = true; again && w.barriers == barriers;) {
+        again = false;
+        for (int i = lo; i < hi && w.barriers == barriers; i++) {
+          if (w.fibers[i].wait != Wait::ready) continue;
+          w.cur = i;
+          threadIdx = w.fibers[i].tid;
+          swapcontext(&w.sched, &w.fibers[i].ctx);
+          ran = again = true;
+          // The other fibers are abandoned mid-kernel; their stacks are reused by the next block.
+          if (w.error) std::rethrow_exception(w.error);
+        }
+      }
     }
     if (w.exited == w.n) return;
     if (!ran) throw std::runtime_error(deadlock_report(w));
   }
 }
 
-void check_config(const char* name, dim3 grid, dim3 block, size_t smem) {
+std::mutex g_smem_mu;
+std::map<const void*, size_t> g_smem_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
+
+size_t smem_limit(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_smem_mu);
+  const auto it = g_smem_opt_in.find(kernel);
+  return it == g_smem_opt_in.end() ? kDefaultDynamicSmem : std::max(kDefaultDynamicSmem, it->second);
+}
+
+void check_config(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem) {
   auto bad = [&](const std::string& why) {
     throw std::runtime_error(std::string("kernel '") + name + "': invalid configuration argument: " + why);
   };
@@ -257,6 +301,9 @@ void check_config(const char* name, dim3 grid, dim3 block, size_t smem) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
     bad("grid " + coord({grid.x, grid.y, grid.z}));
   if (smem > kMaxDynamicSmem) bad(std::to_string(smem) + " bytes of dynamic shared memory");
+  if (smem > smem_limit(kernel))
+    bad(std::to_string(smem) + " bytes of dynamic shared memory without cudaFuncSetAttribute(kernel, "
+        "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first (the default limit is 48 KiB)");
 }
 
 }  // namespace
@@ -271,6 +318,8 @@ void syncthreads() {
     for (int i = 0; i < w.n; i++)
       if (w.fibers[i].wait == Wait::barrier) w.fibers[i].wait = Wait::ready;
     w.at_barrier = 0;
+    w.barriers++;
+    park(w, Wait::ready);  // the last to arrive yields too: the scheduler restarts the warp order
     return;
   }
   park(w, Wait::barrier);
@@ -302,15 +351,56 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
   return wp.out[lane];
 }
 
+void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+  Worker& w = in_kernel("cp.async");
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes < 0 || src_bytes > bytes)
+    throw std::runtime_error("cp.async of " + std::to_string(bytes) + " bytes with src-size " +
+                             std::to_string(src_bytes) + " (4, 8 or 16 bytes; src-size at most that)");
+  if (reinterpret_cast<uintptr_t>(dst) % unsigned(bytes) || reinterpret_cast<uintptr_t>(src) % unsigned(bytes))
+    throw std::runtime_error("cp.async of " + std::to_string(bytes) + " bytes from or to an address not aligned to " +
+                             std::to_string(bytes));
+  Fiber& f = w.fibers[w.cur];
+  AsyncCopy c{static_cast<unsigned char*>(dst), bytes, f.committed, {}};
+  std::memcpy(c.data, src, size_t(src_bytes));  // the rest stays zero: cp.async zero-fills
+  // Until the wait the destination is undefined on the GPU (the copy may land at any moment): here
+  // it holds NaN bytes, so reading a buffer whose refill was issued too early shows, as does
+  // reading one before its wait.
+  std::memset(dst, 0xff, size_t(bytes));
+  f.copies.push_back(c);
+}
+
+void cp_async_commit() {
+  Worker& w = in_kernel("cp.async.commit_group");
+  w.fibers[w.cur].committed++;
+}
+
+void cp_async_wait(int pending) {
+  Worker& w = in_kernel("cp.async.wait_group");
+  Fiber& f = w.fibers[w.cur];
+  const int retire_below = f.committed - pending;  // groups older than the `pending` newest
+  size_t kept = 0;
+  for (const AsyncCopy& c : f.copies) {
+    if (c.group < retire_below) std::memcpy(c.dst, c.data, size_t(c.bytes));
+    else f.copies[kept++] = c;
+  }
+  f.copies.resize(kept);
+}
+
 void* dynamic_smem() {
   Worker& w = in_kernel("dynamic shared memory");
   return w.smem_bytes ? w.smem : nullptr;
 }
 
-void run_grid(const char* name, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+void set_max_dynamic_smem(const void* kernel, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_smem_mu);
+  g_smem_opt_in[kernel] = bytes;
+}
+
+void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
+              const std::function<void()>& body) {
   if (t_worker.in_block)
     throw std::runtime_error(std::string("kernel '") + name + "' launched from inside a kernel");
-  check_config(name, grid, block, smem_bytes);
+  check_config(name, kernel, grid, block, smem_bytes);
   const long long gx = grid.x, gy = grid.y;
   const long long blocks = gx * gy * grid.z;
   std::atomic<bool> failed{false};

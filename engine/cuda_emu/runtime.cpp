@@ -247,3 +247,14 @@ cudaError_t cudaGetDevice(int* d) {
   *d = t_device;
   return cudaSuccess;
 }
+
+namespace ul_emu {
+void set_max_dynamic_smem(const void* kernel, size_t bytes);  // executor.cpp: checked at launch
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > (227 << 10))
+    return fail(cudaErrorInvalidValue);
+  ul_emu::set_max_dynamic_smem(func, size_t(value));
+  return cudaSuccess;
+}

@@ -83,6 +83,14 @@ cudaError_t cudaGetDeviceCount(int* n);  // one emulated device
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaGetDevice(int* d);
 
+// Kernel attributes: only the one the engine sets (over 48 KiB of dynamic shared memory).
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
+
 // Typed overloads, as the real cuda_runtime.h has them: cudaMalloc(&float_ptr, bytes).
 template <class T>
 inline cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(p), bytes); }

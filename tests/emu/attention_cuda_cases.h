@@ -46,6 +46,8 @@ const Case kCases[] = {
     {1, 130, 2, 1, 64, true},   // MQA across three tiles, document mask
     {1, 65, 2, 2, 32, true},    // one row past a tile, document mask
     {1, 70, 2, 1, 128, false},  // the widest head
+    {1, 300, 4, 2, 64, false},  // GQA over five tiles: both cp.async stages reused, unmasked tiles
+    {1, 200, 2, 2, 128, true},  // the widest head over four tiles, document mask
 };
 
 constexpr double kBf16Rel = 1.0 / 128;

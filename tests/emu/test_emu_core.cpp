@@ -150,6 +150,19 @@ __global__ void split_warp_kernel(int* out) {
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
   else __syncthreads();
 }
+// Lane 0 of each warp reads a shared word and then writes its warp number + 1 there, with no
+// barrier between the warps: what each reads tells which warp ran first. out: (block, warp).
+__global__ void warp_order_kernel(int* out) {
+  __shared__ int word;
+  if (threadIdx.x == 0) word = 0;
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    out[blockIdx.x * 2 + warp] = word;
+    word = warp + 1;
+  }
+}
+
 __global__ void bad_mask_kernel(int* out) { out[threadIdx.x] = __shfl_sync(0x1u, 1, 0); }
 __global__ void big_block_kernel(int* barrier_passes) {
   __syncthreads();
@@ -296,6 +309,22 @@ TEST_CASE("emu: atomics add up across blocks", "[emu]") {
   CHECK(fsum.get()[0] == 0.5f * total);  // exact: multiples of 0.5 below 2^23
   CHECK(big.get()[0] == (unsigned long long)total << 33);
   CHECK(maxv.get()[0] == total - 1);
+}
+
+TEST_CASE("emu: one warp runs to its next barrier before the next warp starts, in both orders", "[emu]") {
+  DeviceBuffer<int> out(4 * 2);
+  ul::launch("warp_order", warp_order_kernel, dim3(4), dim3(64), 0, nullptr, out.p);
+  const std::vector<int> h = out.get();
+  for (int b = 0; b < 4; b++) {
+    INFO("block " << b);
+    if (b % 2 == 0) {  // warp 0 first: it reads the initial 0, warp 1 reads warp 0's write
+      CHECK(h[b * 2 + 0] == 0);
+      CHECK(h[b * 2 + 1] == 1);
+    } else {  // warp 1 first
+      CHECK(h[b * 2 + 1] == 0);
+      CHECK(h[b * 2 + 0] == 2);
+    }
+  }
 }
 
 TEST_CASE("emu: misuse is reported, not hung", "[emu]") {

@@ -33,22 +33,43 @@ __global__ void mma_fragments_kernel(float* c_out, const uint32_t* a, const uint
   for (int k = 0; k < 4; k++) c_out[i * 4 + k] = cf[k];
 }
 
-// The loaders: warp w reads its A (16x16, row-major, ld 24), B^T (8x16, ld 24) and B (16x8, ld 12)
-// and computes A B twice, once with B through each loader.
+// The ldmatrix loaders: warp w stages its A (16x16, row-major), B^T (16x16: B stored transposed)
+// and B (16x16, row-major), each with rows kLd apart, in shared memory, and computes A B (16x16,
+// two 8-column blocks) twice, once with B through each loader. c: (warp, lane, block, 4).
+constexpr int kLd = 24;  // 48 bytes: rows stay 16-byte aligned, as ldmatrix needs
+constexpr int kTileElems = 16 * kLd;
 __global__ void mma_loaders_kernel(float* c_col, float* c_row, const __nv_bfloat16* A, const __nv_bfloat16* Bt,
                                    const __nv_bfloat16* B) {
+  UL_DYNAMIC_SMEM(__nv_bfloat16, smem);  // per warp: A, Bt, B
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint32_t af[4], b1[2], b2[2];
-  ul::cuda::load_a_frag(af, A + w * 16 * 24, 24);
-  ul::cuda::load_b_frag_col(b1, Bt + w * 8 * 24, 24);
-  ul::cuda::load_b_frag_row(b2, B + w * 16 * 12, 12);
-  float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-  ul::cuda::mma_m16n8k16_bf16(c1, af, b1);
-  ul::cuda::mma_m16n8k16_bf16(c2, af, b2);
-  for (int k = 0; k < 4; k++) {
-    c_col[(w * 32 + lane) * 4 + k] = c1[k];
-    c_row[(w * 32 + lane) * 4 + k] = c2[k];
+  __nv_bfloat16* s = smem + w * 3 * kTileElems;
+  for (int i = lane; i < kTileElems; i += 32) {
+    s[i] = A[w * kTileElems + i];
+    s[kTileElems + i] = Bt[w * kTileElems + i];
+    s[2 * kTileElems + i] = B[w * kTileElems + i];
   }
+  __syncthreads();
+  uint32_t af[4], b1[4], b2[4];
+  ul::cuda::ldsm_a(af, s, kLd);
+  ul::cuda::ldsm_b_col_x2(b1, s + kTileElems, kLd);
+  ul::cuda::ldsm_b_row_x2(b2, s + 2 * kTileElems, kLd);
+  for (int half = 0; half < 2; half++) {
+    float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+    ul::cuda::mma_m16n8k16_bf16(c1, af, b1 + 2 * half);
+    ul::cuda::mma_m16n8k16_bf16(c2, af, b2 + 2 * half);
+    for (int k = 0; k < 4; k++) {
+      c_col[((w * 32 + lane) * 2 + half) * 4 + k] = c1[k];
+      c_row[((w * 32 + lane) * 2 + half) * 4 + k] = c2[k];
+    }
+  }
+}
+
+// A misaligned row address: ldmatrix faults on the GPU, the emulator reports it.
+__global__ void ldmatrix_misaligned_kernel(float* out) {
+  UL_DYNAMIC_SMEM(__nv_bfloat16, smem);
+  uint32_t r[4];
+  ul::cuda::ldmatrix_x4<false>(r, smem + 1 + (threadIdx.x % 8) * kLd);
+  out[threadIdx.x] = float(r[0]);
 }
 
 uint16_t bits(float v) { return __float2bfloat16(v).__x; }
@@ -65,11 +86,12 @@ int c_col(int lane, int i) { return (lane % 4) * 2 + (i & 1); }
 struct Ref {
   double v, mag;
 };
-Ref product(const std::vector<float>& A, const std::vector<float>& B, float c, int r, int n) {
+// A: 16x16, B: 16 x `cols`.
+Ref product(const std::vector<float>& A, const std::vector<float>& B, float c, int r, int n, int cols = 8) {
   double v = c, mag = std::fabs(c);
   for (int k = 0; k < 16; k++) {
-    v += double(A[r * 16 + k]) * B[k * 8 + n];
-    mag += std::fabs(double(A[r * 16 + k]) * B[k * 8 + n]);
+    v += double(A[r * 16 + k]) * B[k * cols + n];
+    mag += std::fabs(double(A[r * 16 + k]) * B[k * cols + n]);
   }
   return {v, mag};
 }
@@ -128,21 +150,22 @@ TEST_CASE("emulated mma.m16n8k16 bf16 follows the PTX fragment layout", "[emu][m
   cudaFree(d_b);
 }
 
-TEST_CASE("mma fragment loaders read tiles in the PTX layout", "[emu][mma]") {
+TEST_CASE("ldmatrix fragment loaders read shared tiles in the PTX layout", "[emu][mma]") {
   const int W = 2;  // warps, each with its own tiles
-  std::vector<float> A(W * 16 * 24, NAN), Bt(W * 8 * 24, NAN), Bm(W * 16 * 12, NAN);  // padding stays NaN
-  std::vector<std::vector<float>> As(W), Bs(W);
+  // Row padding stays NaN: a loader that reads it makes a NaN product, which fails the check.
+  std::vector<float> A(W * kTileElems, NAN), Bt(W * kTileElems, NAN), Bm(W * kTileElems, NAN);
+  std::vector<std::vector<float>> As(W), Bs(W);  // A (16x16), B (16 k x 16 n)
   for (int w = 0; w < W; w++) {
     As[w] = ul_test::randn_f(16 * 16, 40 + w);
-    Bs[w] = ul_test::randn_f(16 * 8, 50 + w);
+    Bs[w] = ul_test::randn_f(16 * 16, 50 + w);
     for (float& x : As[w]) x = bf(x);
     for (float& x : Bs[w]) x = bf(x);
     for (int r = 0; r < 16; r++)
-      for (int k = 0; k < 16; k++) A[(w * 16 + r) * 24 + k] = As[w][r * 16 + k];
+      for (int k = 0; k < 16; k++) A[w * kTileElems + r * kLd + k] = As[w][r * 16 + k];
     for (int k = 0; k < 16; k++)
-      for (int n = 0; n < 8; n++) {
-        Bt[(w * 8 + n) * 24 + k] = Bs[w][k * 8 + n];
-        Bm[(w * 16 + k) * 12 + n] = Bs[w][k * 8 + n];
+      for (int n = 0; n < 16; n++) {
+        Bt[w * kTileElems + n * kLd + k] = Bs[w][k * 16 + n];
+        Bm[w * kTileElems + k * kLd + n] = Bs[w][k * 16 + n];
       }
   }
   auto to_device = [](const std::vector<float>& v) {
@@ -154,23 +177,35 @@ TEST_CASE("mma fragment loaders read tiles in the PTX layout", "[emu][mma]") {
     return p;
   };
   __nv_bfloat16 *d_A = to_device(A), *d_Bt = to_device(Bt), *d_B = to_device(Bm);
+  const size_t nc = W * 32 * 2 * 4;
   float *d_c1, *d_c2;
-  UL_CUDA_CHECK(cudaMalloc(&d_c1, W * 32 * 4 * 4));
-  UL_CUDA_CHECK(cudaMalloc(&d_c2, W * 32 * 4 * 4));
-  ul::launch("mma_loaders", mma_loaders_kernel, dim3(1), dim3(32 * W), 0, nullptr, d_c1, d_c2, d_A, d_Bt, d_B);
-  std::vector<float> c1(W * 32 * 4), c2(W * 32 * 4);
-  UL_CUDA_CHECK(cudaMemcpy(c1.data(), d_c1, c1.size() * 4, cudaMemcpyDeviceToHost));
-  UL_CUDA_CHECK(cudaMemcpy(c2.data(), d_c2, c2.size() * 4, cudaMemcpyDeviceToHost));
+  UL_CUDA_CHECK(cudaMalloc(&d_c1, nc * 4));
+  UL_CUDA_CHECK(cudaMalloc(&d_c2, nc * 4));
+  ul::launch("mma_loaders", mma_loaders_kernel, dim3(1), dim3(32 * W), W * 3 * kTileElems * 2, nullptr, d_c1, d_c2,
+             d_A, d_Bt, d_B);
+  std::vector<float> c1(nc), c2(nc);
+  UL_CUDA_CHECK(cudaMemcpy(c1.data(), d_c1, nc * 4, cudaMemcpyDeviceToHost));
+  UL_CUDA_CHECK(cudaMemcpy(c2.data(), d_c2, nc * 4, cudaMemcpyDeviceToHost));
   int bad = 0;
   for (int w = 0; w < W; w++)
     for (int l = 0; l < 32; l++)
-      for (int i = 0; i < 4; i++) {
-        const Ref r = product(As[w], Bs[w], 0.f, c_row(l, i), c_col(l, i));
-        for (const std::vector<float>* c : {&c1, &c2}) {
-          const double got = (*c)[(w * 32 + l) * 4 + i];
-          if (!(std::fabs(got - r.v) <= 1e-6 * r.mag)) bad++;  // NaN (a padding element read) fails too
+      for (int half = 0; half < 2; half++)
+        for (int i = 0; i < 4; i++) {
+          const Ref r = product(As[w], Bs[w], 0.f, c_row(l, i), 8 * half + c_col(l, i), 16);
+          for (const std::vector<float>* c : {&c1, &c2}) {
+            const double got = (*c)[((w * 32 + l) * 2 + half) * 4 + i];
+            if (!(std::fabs(got - r.v) <= 1e-6 * r.mag)) bad++;  // NaN (a padding element read) fails too
+          }
         }
-      }
   CHECK(bad == 0);
   for (void* p : {(void*)d_A, (void*)d_Bt, (void*)d_B, (void*)d_c1, (void*)d_c2}) cudaFree(p);
+}
+
+TEST_CASE("emulated ldmatrix refuses a row address that is not 16-byte aligned", "[emu][mma]") {
+  float* d_out;
+  UL_CUDA_CHECK(cudaMalloc(&d_out, 32 * 4));
+  CHECK_THROWS_WITH(ul::launch("ldmatrix_misaligned", ldmatrix_misaligned_kernel, dim3(1), dim3(32), 16 * kLd * 2,
+                               nullptr, d_out),
+                    Catch::Contains("not 16-byte aligned"));
+  cudaFree(d_out);
 }
