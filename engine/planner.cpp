@@ -44,7 +44,7 @@ size_t param_count(const ModelConfig& m) {
 }
 
 // The classifier's rows per chunk: the op's own rule.
-int64_t classifier_rows(int64_t V, int64_t valid) { return classifier_chunk_rows(int(V), valid); }
+int64_t classifier_rows(int64_t V, int64_t valid, Device d) { return classifier_chunk_rows(int(V), valid, d); }
 
 // One rank's micro-batch, op by op, in the order layers/transformer.cpp runs it. Sizes in bytes:
 // a = activation element (f32, or bf16 under --precision bf16); statistics (mean, rstd, lse) are f32.
@@ -175,7 +175,9 @@ struct Walk {
     kept = A.used;
     {
       auto m = A.mark();
-      const int64_t V = c.model.vocab, R = classifier_rows(V, c.valid_rows >= 0 ? c.valid_rows : N);
+      // The CUDA op sizes its chunks by all rows, the CPU op by the scored ones (layers/classifier.cpp).
+      const int64_t rows = cuda || c.valid_rows < 0 ? N : c.valid_rows;
+      const int64_t V = c.model.vocab, R = classifier_rows(V, rows, c.device);
       if (cuda) A.alloc(scratch::classifier(N, V, R, size_t(a)));
       else f32(R * V + 2 * R * C);
       A.release(m);

@@ -118,12 +118,18 @@ CrossEntropyStats classifier_chunks(T* scratch, T* dx, T* dw, const T* x, const 
 
 }  // namespace
 
-// A chunk's logits take about 32 MiB of f32 (8M elements): large enough that the (V, R)(R, C)
-// weight-gradient GEMM has a deep inner dimension, small enough that the arena never holds more
-// than one chunk (64 MiB chunks measured no faster for GPT-2 124M at B*T = 256). Multiple of 16.
-int classifier_chunk_rows(int V, int64_t n_valid) {
-  int r = std::max(1, int((int64_t(8) << 20) / V));
-  if (r > 16) r -= r % 16;
+// On the CPU a chunk's logits take about 32 MiB of f32 (8M elements): large enough that the
+// (V, R)(R, C) weight-gradient GEMM has a deep inner dimension, small enough that the arena never
+// holds more than one chunk (64 MiB chunks measured no faster for GPT-2 124M at B*T = 256); a
+// multiple of 16. On CUDA the rows are the M of three GEMMs that a GPU runs in 128-row tiles: 160
+// rows (GPT-2's vocabulary at 8M) would leave a tile 3/4 empty and launch a chunk's kernels 200
+// times per 32K tokens, so a chunk is 64M elements (256 MiB of f32 logits, 1280 rows for GPT-2),
+// a multiple of 128.
+int classifier_chunk_rows(int V, int64_t n_valid, Device device) {
+  const bool cuda = device == Device::cuda;
+  const int64_t elems = int64_t(cuda ? 64 : 8) << 20, align = cuda ? 128 : 16;
+  int64_t r = std::max<int64_t>(1, elems / V);
+  if (r > align) r -= r % align;
   return int(std::max<int64_t>(1, std::min<int64_t>(r, n_valid)));
 }
 
@@ -172,7 +178,7 @@ static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Te
     T* dx = grad && x.requires_grad() ? grad_or_scratch_as<T>(x) : nullptr;
     float* dw = grad && w.requires_grad() ? weight_grad_or_scratch(w) : nullptr;
     // The chunks run over all rows (trimmed to valid targets), so the row count caps their size.
-    const int R = classifier_chunk_rows(V, N);
+    const int R = classifier_chunk_rows(V, N, Device::cuda);
     ArenaScope scope(c.arena);  // one chunk of scratch, released on return
     const int32_t* tg_dev = targets.device == Device::cuda ? targets.i32() : nullptr;
     if (!tg_dev) {
@@ -212,7 +218,7 @@ CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, con
   // The gradient slots first: allocated on first use from the arena, they must outlive the scope.
   float* dx = grad && x.requires_grad() ? c.tape.gradf(x) : nullptr;
   float* dw = grad && w.requires_grad() ? c.tape.gradf(w) : nullptr;
-  const int R = classifier_chunk_rows(V, n_valid);
+  const int R = classifier_chunk_rows(V, n_valid, Device::cpu);
   ArenaScope scope(c.arena);  // one chunk of scratch, released on return
   float* scratch = static_cast<float*>(c.arena.alloc(scratch_elems(R, C, V) * sizeof(float)));
   return classifier_chunks(scratch, dx, dw, x.f32(), w.f32(), targets.i32(), N, C, V, grad_scale, R);

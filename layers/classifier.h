@@ -57,8 +57,9 @@ size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype);
 }  // namespace cuda
 #endif
 
-// Rows per chunk the op uses for V classes and n_valid scored rows (the planner mirrors it).
-int classifier_chunk_rows(int V, int64_t n_valid);
+// Rows per chunk the op uses on `device` for V classes and n_valid scored rows (the planner
+// mirrors it).
+int classifier_chunk_rows(int V, int64_t n_valid, Device device);
 
 // x: (..., C), w: (Vp, C) with Vp >= V, targets: i32 (...) with values in [-1, V).
 // When the tape records and x or w needs a gradient, dx and dw are added now (scaled by
