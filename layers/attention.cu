@@ -90,6 +90,17 @@ __device__ __forceinline__ void fetch_rows(bf16* dst, const bf16* src, int64_t s
   }
 }
 
+// Key tile kt of kv head kvh (K and V, 64 rows each) into stage kt % 2 of a two-stage buffer
+// (stage s: K at smem + 2 s kTileElems, V right after), as one commit group.
+template <int D>
+__device__ __forceinline__ void fetch_kv_tile(bf16* smem, const bf16* qkv, const Geometry& G, int b, int kvh, int kt) {
+  bf16* Ks = smem + (kt & 1) * 2 * kTileElems(D);
+  const int k0 = kt * kTile;
+  fetch_rows<D>(Ks, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
+  fetch_rows<D>(Ks + kTileElems(D), qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
+  cp_async_commit();
+}
+
 // A fragment of rows r0..r0+15, columns col..col+15 of a row-major matrix in global memory (row r
 // at base + r * stride); rows from `rows` on read as zero. Plain loads: each warp reads its own
 // operand once per block, so staging it through shared memory would buy nothing.
@@ -160,16 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
-  const bf16* kbase = qkv + G.qkv(b, 0, G.Hq + kvh);
-  const bf16* vbase = qkv + G.qkv(b, 0, G.Hq + G.Hkv + kvh);
-  auto fetch = [&](int kt) {  // key tile kt into stage kt % 2, as one commit group
-    bf16* Ks = smem + (kt & 1) * 2 * kElems;
-    const int64_t at = int64_t(kt) * kTile * G.qkv_stride();
-    fetch_rows<D>(Ks, kbase + at, G.qkv_stride(), G.Tn - kt * kTile);
-    fetch_rows<D>(Ks + kElems, vbase + at, G.qkv_stride(), G.Tn - kt * kTile);
-    cp_async_commit();
-  };
-  fetch(0);
+  fetch_kv_tile<D>(smem, qkv, G, b, kvh, 0);
 
   uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
@@ -179,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};  // running max; this lane's share of the running sum
   for (int kt = 0; kt <= qt; kt++) {
     if (kt < qt) {
-      fetch(kt + 1);
+      fetch_kv_tile<D>(smem, qkv, G, b, kvh, kt + 1);
       cp_async_wait<1>();  // all but the newest group: tile kt has landed
     } else {
       cp_async_wait<0>();
@@ -422,16 +424,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  const bf16* kbase = qkv + G.qkv(b, 0, G.Hq + kvh);
-  const bf16* vbase = qkv + G.qkv(b, 0, G.Hq + G.Hkv + kvh);
-  auto fetch = [&](int kt) {
-    bf16* Ks = smem + (kt & 1) * 2 * kElems;
-    const int64_t at = int64_t(kt) * kTile * G.qkv_stride();
-    fetch_rows<D>(Ks, kbase + at, G.qkv_stride(), G.Tn - kt * kTile);
-    fetch_rows<D>(Ks + kElems, vbase + at, G.qkv_stride(), G.Tn - kt * kTile);
-    cp_async_commit();
-  };
-  fetch(0);
+  fetch_kv_tile<D>(smem, qkv, G, b, kvh, 0);
 
   uint32_t qf[D / 16][4], of[D / 16][4];  // Q and dout rows of the warp, (16, D) each
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
@@ -446,7 +439,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float dq[D / 8][4] = {};  // (16, D)
   for (int kt = 0; kt <= qt; kt++) {
     if (kt < qt) {
-      fetch(kt + 1);
+      fetch_kv_tile<D>(smem, qkv, G, b, kvh, kt + 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
