@@ -16,13 +16,15 @@
 //   reads their fragments with ldmatrix per step (in registers they spill at D = 128). The score
 //   accumulators are laid out exactly like the A fragment of the next product (P V, P^T dO, dS K,
 //   ...), so probabilities go from registers to the tensor cores without shared memory. The
-//   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only tiles on the
-//   diagonal, past T, or under a document mask test visibility element by element.
+//   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only the diagonal tile
+//   tests visibility element by element; with a document mask, tile pairs that share no document
+//   are skipped and pairs inside one document need only the causal test (the CPU's tiles and rule).
 // f32: the verification precision, plain FMA: one thread per query row (forward, dq) or key row
 //   (dk/dv) with its rows in registers, the other side staged 32 rows at a time in shared memory.
 //
-// Not yet done for speed: 128-row tiles with 8 warps, skipping fully masked warps on the diagonal
-// and document-disjoint tiles (the CPU skips those tiles), warp-specialised producers (TMA, wgmma).
+// Not yet done for speed: 128-row tiles with 8 warps, skipping fully masked warps on the diagonal,
+// warp-specialised producers (TMA, wgmma).
+#include <climits>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -72,6 +74,51 @@ __device__ __forceinline__ bool visible(int q, int k, int Tn, const int32_t* doc
   return k <= q && q < Tn && (!docb || docb[k] == docb[q]);
 }
 
+// ---- document tiles ------------------------------------------------------------------------------
+// With a document mask, a pair of tiles whose id ranges do not meet has nothing visible and is
+// skipped, and a pair inside one document needs no mask beyond the causal one: the CPU's rule
+// (attention.cpp, tile_mask). Ranges are reduced by whole warps, so every warp of a block reaches
+// the same decisions without a barrier.
+struct DocRange {
+  int lo, hi;
+};
+
+// The ids of tile `tile`'s rows below T. All 32 lanes of the warp call it together.
+__device__ __forceinline__ DocRange doc_range(const int32_t* docb, int tile, int Tn) {
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int r = tile * kTile + lane_id(); r < min((tile + 1) * kTile, Tn); r += 32) {
+    lo = min(lo, docb[r]);
+    hi = max(hi, docb[r]);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  return {lo, hi};
+}
+__device__ __forceinline__ bool ranges_meet(DocRange a, DocRange b) { return a.lo <= b.hi && b.lo <= a.hi; }
+__device__ __forceinline__ bool one_document(DocRange a, DocRange b) {
+  return a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+}
+
+// The key tiles query tile qt walks (forward, dq pass): 0..qt, or with documents only those that
+// share one with it (qt itself always does: a query sees itself).
+struct KeyTiles {
+  const int32_t* docb;
+  int qt, Tn;
+  DocRange q;
+  __device__ KeyTiles(const int32_t* d, int qt_, int Tn_)
+      : docb(d), qt(qt_), Tn(Tn_), q(d ? doc_range(d, qt_, Tn_) : DocRange{0, 0}) {}
+  // The first tile from kt on to walk; qt + 1 past the last.
+  __device__ int next(int kt) const {
+    while (docb && kt < qt && !ranges_meet(q, doc_range(docb, kt, Tn))) kt++;
+    return kt;
+  }
+  // Tile kt tests visibility element by element: the diagonal (which also holds any keys past T),
+  // and any pair not inside one document.
+  __device__ bool masked(int kt) const { return kt == qt || (docb && !one_document(q, doc_range(docb, kt, Tn))); }
+};
+
 // ---- bf16 helpers --------------------------------------------------------------------------------
 
 __host__ __device__ constexpr int kLd(int D) { return D + 8; }  // shared tile row, padded so ldmatrix is conflict-free
@@ -90,11 +137,12 @@ __device__ __forceinline__ void fetch_rows(bf16* dst, const bf16* src, int64_t s
   }
 }
 
-// Key tile kt of kv head kvh (K and V, 64 rows each) into stage kt % 2 of a two-stage buffer
+// Key tile kt of kv head kvh (K and V, 64 rows each) into stage `stage` of a two-stage buffer
 // (stage s: K at smem + 2 s kTileElems, V right after), as one commit group.
 template <int D>
-__device__ __forceinline__ void fetch_kv_tile(bf16* smem, const bf16* qkv, const Geometry& G, int b, int kvh, int kt) {
-  bf16* Ks = smem + (kt & 1) * 2 * kTileElems(D);
+__device__ __forceinline__ void fetch_kv_tile(bf16* smem, int stage, const bf16* qkv, const Geometry& G, int b,
+                                              int kvh, int kt) {
+  bf16* Ks = smem + stage * 2 * kTileElems(D);
   const int k0 = kt * kTile;
   fetch_rows<D>(Ks, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
   fetch_rows<D>(Ks + kTileElems(D), qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
@@ -171,7 +219,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
-  fetch_kv_tile<D>(smem, qkv, G, b, kvh, 0);
+  const KeyTiles tiles(docb, qt, G.Tn);
+  int kt = tiles.next(0);
+  fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
   uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
@@ -179,22 +229,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
   float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};  // running max; this lane's share of the running sum
-  for (int kt = 0; kt <= qt; kt++) {
-    if (kt < qt) {
-      fetch_kv_tile<D>(smem, qkv, G, b, kvh, kt + 1);
+  for (int step = 0; kt <= qt; step++) {
+    const int next = tiles.next(kt + 1);
+    if (next <= qt) {
+      fetch_kv_tile<D>(smem, (step + 1) & 1, qkv, G, b, kvh, next);
       cp_async_wait<1>();  // all but the newest group: tile kt has landed
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // ... from every thread's copies
-    const bf16* Ks = smem + (kt & 1) * 2 * kElems;
+    const bf16* Ks = smem + (step & 1) * 2 * kElems;
     const bf16* Vs = Ks + kElems;
     const int k0 = kt * kTile;
 
     float s[8][4] = {};  // S = Q K^T, (16, 64)
     UL_UNROLL for (int kk = 0; kk < D / 16; kk++) mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
-    // Only the diagonal tile (which also holds any keys past T) and document boundaries mask.
-    const bool masked = kt == qt || docb;
+    const bool masked = tiles.masked(kt);
     float mx[2] = {ninf, ninf};
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
@@ -225,7 +275,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       scores_as_a(ap, s, kk);
       mma_col_tile<D>(o, ap, Vs + kk * 16 * LD, LD);
     }
-    __syncthreads();  // every warp is done with this stage before tile kt + 2 is fetched into it
+    __syncthreads();  // every warp is done with this stage before the step after next refills it
+    kt = next;
   }
 
   UL_UNROLL for (int r = 0; r < 2; r++) {
@@ -336,15 +387,22 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};  // this lane's key rows
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const int nqt = G.nt - kt, steps = G.group * nqt;  // earlier query tiles see none of these keys
+  // Step i is query head kvh * group + i / nqt, query tile kt + i % nqt. With documents, the steps
+  // whose query tile shares none with the key tile are skipped (the diagonal always shares one).
+  const DocRange kr = docb ? doc_range(docb, kt, G.Tn) : DocRange{0, 0};
+  auto next_step = [&](int i) {
+    while (docb && i < steps && i % nqt != 0 && !ranges_meet(doc_range(docb, kt + i % nqt, G.Tn), kr)) i++;
+    return i;
+  };
 
   fetch_rows<D>(smem, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
   fetch_rows<D>(smem + kElems, qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
-  auto fetch = [&](int i) {  // step i into stage i % 2, as one commit group (the first also has K, V)
+  auto fetch = [&](int i, int stage) {  // step i as one commit group (the first also has K and V)
     const int h = kvh * G.group + i / nqt, q0 = (kt + i % nqt) * kTile, nq = min(kTile, G.Tn - q0);
-    bf16* Qs = smem + (2 + 2 * (i & 1)) * kElems;
+    bf16* Qs = smem + (2 + 2 * stage) * kElems;
     fetch_rows<D>(Qs, qkv + G.qkv(b, q0, h), G.qkv_stride(), nq);
     fetch_rows<D>(Qs + kElems, dout + G.out(b, q0, h), G.out_stride(), nq);
-    float* st = stats + (i & 1) * 2 * kTile;
+    float* st = stats + stage * 2 * kTile;
     for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
       const int64_t at = G.lse(b, h, q0 + (r < nq ? r : 0));
       cp_async<4>(st + r, lse + at, r < nq ? 4 : 0);  // queries past T: zero
@@ -352,21 +410,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     cp_async_commit();
   };
-  fetch(0);
+  fetch(0, 0);  // step 0 is a diagonal one
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};  // (16, D) each
-  for (int i = 0; i < steps; i++) {
-    if (i + 1 < steps) {
-      fetch(i + 1);
+  for (int i = 0, step = 0; i < steps; step++) {
+    const int next = next_step(i + 1);
+    if (next < steps) {
+      fetch(next, (step + 1) & 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
     const int qt = kt + i % nqt, q0 = qt * kTile;
-    const bf16* Qs = smem + (2 + 2 * (i & 1)) * kElems;
+    const bf16* Qs = smem + (2 + 2 * (step & 1)) * kElems;
     const bf16* dOs = Qs + kElems;
-    const float* lse_s = stats + (i & 1) * 2 * kTile;
+    const float* lse_s = stats + (step & 1) * 2 * kTile;
     const float* Di_s = lse_s + kTile;
 
     float pt[8][4] = {}, dst[8][4] = {};  // S^T = K Q^T and dP^T = V dout^T, (16 keys, 64 queries)
@@ -377,8 +436,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       mma_row_tile(pt, ak, Qs + kk * 16, LD);
       mma_row_tile(dst, av, dOs + kk * 16, LD);
     }
-    // The diagonal tile, a tile with queries past T, and document boundaries mask.
-    const bool masked = qt == kt || q0 + kTile > G.Tn || docb;
+    // The diagonal tile, a tile with queries past T, and pairs not inside one document mask.
+    const bool masked =
+        qt == kt || q0 + kTile > G.Tn || (docb && !one_document(doc_range(docb, qt, G.Tn), kr));
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int qi = j * 8 + 2 * t + (e & 1);
@@ -394,7 +454,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       mma_col_tile<D>(dv, ap, dOs + kk * 16 * LD, LD);
       mma_col_tile<D>(dk, ads, Qs + kk * 16 * LD, LD);
     }
-    __syncthreads();  // this stage is free for step i + 2
+    __syncthreads();  // this stage is free for the step after next
+    i = next;
   }
 
   UL_UNROLL for (int r = 0; r < 2; r++) {
@@ -424,7 +485,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  fetch_kv_tile<D>(smem, qkv, G, b, kvh, 0);
+  const KeyTiles tiles(docb, qt, G.Tn);
+  int kt = tiles.next(0);
+  fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
   uint32_t qf[D / 16][4], of[D / 16][4];  // Q and dout rows of the warp, (16, D) each
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
@@ -437,15 +500,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     Di_r[r] = rows[r] < G.Tn ? Di[G.lse(b, h, rows[r])] : 0.f;
   }
   float dq[D / 8][4] = {};  // (16, D)
-  for (int kt = 0; kt <= qt; kt++) {
-    if (kt < qt) {
-      fetch_kv_tile<D>(smem, qkv, G, b, kvh, kt + 1);
+  for (int step = 0; kt <= qt; step++) {
+    const int next = tiles.next(kt + 1);
+    if (next <= qt) {
+      fetch_kv_tile<D>(smem, (step + 1) & 1, qkv, G, b, kvh, next);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const bf16* Ks = smem + (kt & 1) * 2 * kElems;
+    const bf16* Ks = smem + (step & 1) * 2 * kElems;
     const bf16* Vs = Ks + kElems;
     const int k0 = kt * kTile;
 
@@ -454,7 +518,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
       mma_row_tile(dp, of[kk], Vs + kk * 16, LD);
     }
-    const bool masked = kt == qt || docb;  // as in the forward
+    const bool masked = tiles.masked(kt);
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
@@ -468,6 +532,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       mma_col_tile<D>(dq, ads, Ks + kk * 16 * LD, LD);
     }
     __syncthreads();
+    kt = next;
   }
   UL_UNROLL for (int r = 0; r < 2; r++) {
     if (rows[r] >= G.Tn) continue;

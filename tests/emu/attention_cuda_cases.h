@@ -4,9 +4,11 @@
 //   - out and lse are poisoned (NaN) before the forward, so an element it fails to write fails;
 //   - dqkv starts from random values, so a backward that overwrites instead of adding fails, and
 //     the backward runs twice to show it is bitwise deterministic;
-//   - T is 1, 17, 65, 70, 130: below, at and across the 64-row tiles, never a multiple of them;
-//     MHA, GQA (Hq = 2 Hkv) and MQA (Hkv = 1); with and without a document mask (non-monotonic
-//     ids, so a query sees an earlier stretch of its document across another one); D 32, 64, 128;
+//   - T from 1 to 330: below, at and across the 64-row tiles, never a multiple of them, up to five
+//     tiles (so both cp.async stages are reused); MHA, GQA (Hq = 2 Hkv) and MQA (Hkv = 1); without
+//     a document mask, with non-monotonic ids (a query sees an earlier stretch of its document
+//     across another one), and with packed documents (tile pairs the kernels skip, checked to
+//     occur); D 32, 64, 128;
 //   - f32 is held to 1e-5 relative; bf16 (see kBf16Rel) to 2^-7 relative of the element plus 2^-7
 //     of the tensor's largest gradient or output: the kernels round P and dS to bf16 for the
 //     tensor cores (2^-9 each) and the results to bf16 (2^-9), on bf16-rounded inputs.
@@ -34,20 +36,27 @@
 
 namespace attn_cases {
 
+// Document ids: none; stretches cycling through 3 ids (every tile holds all of them); or packed
+// documents of 40 to 150 tokens with rising ids (tile pairs that share no document, which the CUDA
+// kernels skip, and pairs inside one document, which they do not mask).
+enum class Docs { none, cycling, packed };
+
 struct Case {
   int B, Tn, Hq, Hkv, D;
-  bool doc;
+  Docs doc;
 };
 
 const Case kCases[] = {
-    {1, 1, 1, 1, 32, false},    // one token
-    {2, 17, 2, 2, 64, false},   // MHA, one partial tile, two sequences
-    {1, 70, 4, 2, 32, false},   // GQA, a full tile and a partial one
-    {1, 130, 2, 1, 64, true},   // MQA across three tiles, document mask
-    {1, 65, 2, 2, 32, true},    // one row past a tile, document mask
-    {1, 70, 2, 1, 128, false},  // the widest head
-    {1, 300, 4, 2, 64, false},  // GQA over five tiles: both cp.async stages reused, unmasked tiles
-    {1, 200, 2, 2, 128, true},  // the widest head over four tiles, document mask
+    {1, 1, 1, 1, 32, Docs::none},    // one token
+    {2, 17, 2, 2, 64, Docs::none},   // MHA, one partial tile, two sequences
+    {1, 70, 4, 2, 32, Docs::none},   // GQA, a full tile and a partial one
+    {1, 130, 2, 1, 64, Docs::cycling},   // MQA across three tiles, document mask
+    {1, 65, 2, 2, 32, Docs::cycling},    // one row past a tile, document mask
+    {1, 70, 2, 1, 128, Docs::none},  // the widest head
+    {1, 300, 4, 2, 64, Docs::none},  // GQA over five tiles: both cp.async stages reused, unmasked tiles
+    {1, 200, 2, 2, 128, Docs::cycling},  // the widest head over four tiles, document mask
+    {2, 330, 4, 2, 64, Docs::packed},    // packed documents: skipped and unmasked tile pairs
+    {1, 260, 2, 1, 128, Docs::packed},
 };
 
 constexpr double kBf16Rel = 1.0 / 128;
@@ -66,15 +75,18 @@ std::vector<float> inputs(size_t n, uint64_t seed, float scale = 1.f) {
   return std::is_same<T, float>::value ? v : rounded(v);
 }
 
-// Document ids (B, T): stretches of 1 to 23 tokens cycling through 3 ids, so a document resumes
-// after another one; different per sequence.
-inline std::vector<int32_t> doc_ids(int B, int Tn, uint64_t seed) {
+// Document ids (B, T), different per sequence. cycling: stretches of 1 to 23 tokens cycling
+// through 3 ids, so a document resumes after another one. packed: 40 to 150 tokens per document.
+inline std::vector<int32_t> doc_ids(int B, int Tn, uint64_t seed, Docs kind = Docs::cycling) {
   std::vector<float> r = ul_test::randn_f(size_t(B) * Tn, seed);
   std::vector<int32_t> d(size_t(B) * Tn);
   for (int b = 0; b < B; b++) {
     int id = b, left = 0;
     for (int t = 0; t < Tn; t++) {
-      if (left == 0) {
+      if (left == 0 && kind == Docs::packed) {
+        id++;
+        left = 40 + int(std::fabs(r[size_t(b) * Tn + t]) * 97) % 111;
+      } else if (left == 0) {
         id = (id + 1) % 3;
         left = 1 + int(std::fabs(r[size_t(b) * Tn + t]) * 11) % 23;
       }
@@ -117,15 +129,31 @@ template <class T>
 void check_kernels(const Case& c) {
   const bool bf = !std::is_same<T, float>::value;
   INFO((bf ? "bf16" : "f32") << " B=" << c.B << " T=" << c.Tn << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
-                             << (c.doc ? " doc" : ""));
+                             << (c.doc == Docs::cycling ? " cycling docs" : c.doc == Docs::packed ? " packed docs" : ""));
   const double rel = bf ? kBf16Rel : 1e-5;
   const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D,
                nlse = size_t(c.B) * c.Hq * c.Tn;
   const uint64_t seed = 100 * uint64_t(c.Tn) + 10 * c.D + c.Hq;
   const std::vector<float> qkv = inputs<T>(nqkv, seed), dout = inputs<T>(nout, seed + 1),
                            dqkv0 = inputs<T>(nqkv, seed + 2);
-  const std::vector<int32_t> doc = c.doc ? doc_ids(c.B, c.Tn, seed + 3) : std::vector<int32_t>();
-  const int32_t* docp = c.doc ? doc.data() : nullptr;
+  const bool has_doc = c.doc != Docs::none;
+  const std::vector<int32_t> doc = has_doc ? doc_ids(c.B, c.Tn, seed + 3, c.doc) : std::vector<int32_t>();
+  const int32_t* docp = has_doc ? doc.data() : nullptr;
+  if (c.doc == Docs::packed) {  // the ids must give tile pairs that share no document, and pairs inside one
+    int disjoint = 0, inside = 0;
+    for (int qt = 0; qt * 64 < c.Tn; qt++)
+      for (int kt = 0; kt < qt; kt++) {
+        auto range = [&](int tile) {
+          const auto* p = doc.data() + tile * 64;
+          return std::minmax_element(p, p + std::min(64, c.Tn - tile * 64));
+        };
+        const auto q = range(qt), k = range(kt);
+        disjoint += *q.second < *k.first || *k.second < *q.first;
+        inside += *q.first == *q.second && *k.first == *k.second && *q.first == *k.first;
+      }
+    REQUIRE(disjoint > 0);
+    REQUIRE(inside > 0);
+  }
 
   // CPU reference (float, on the values the kernels read). The backward gets the forward's output
   // as T stores it, as the kernels do.
@@ -139,8 +167,8 @@ void check_kernels(const Case& c) {
   DeviceBuffer<T> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
   DeviceBuffer<float> d_lse(nlse), scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq) / sizeof(float));
   DeviceBuffer<int32_t> d_doc(doc.size());
-  if (c.doc) d_doc.set(doc);
-  const int32_t* d_docp = c.doc ? d_doc.p : nullptr;
+  if (has_doc) d_doc.set(doc);
+  const int32_t* d_docp = has_doc ? d_doc.p : nullptr;
   d_qkv.set(to_elem<T>(qkv));
   ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
   expect_close("out", to_f32(d_out.get()), out_ref, rel, bf ? kBf16Rel * max_abs(out_ref) : 1e-6);
@@ -191,7 +219,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, const Case& c, const std::v
   ul::Tensor tq = ctx.tape.track(ctx.empty({c.B, c.Tn, c.Hq + 2 * c.Hkv, c.D}, dt));
   put(tq.ptr, qkv, tq.nbytes());
   ul::Tensor tdoc;
-  if (c.doc) {
+  if (c.doc != Docs::none) {
     tdoc = ctx.empty({c.B, c.Tn}, ul::DType::i32);
     ul::copy_from_host(tdoc, doc.data());
   }
@@ -218,7 +246,7 @@ TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores)", U
 
 TEST_CASE("attention op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[attention]") {
   ul::init_cuda_backend();
-  const attn_cases::Case c{2, 70, 4, 2, 32, true};
+  const attn_cases::Case c{2, 70, 4, 2, 32, attn_cases::Docs::cycling};
   for (ul::DType dt : {ul::DType::f32, ul::DType::bf16}) {
     const bool bf = dt == ul::DType::bf16;
     INFO(ul::dtype_name(dt));
