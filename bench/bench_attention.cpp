@@ -3,7 +3,10 @@
 // and head dim, counting the causal half of 4·T²·D per head forward and 2.5× that backward
 // (the convention of flash-attention papers). bench/sdpa_reference.py measures PyTorch's
 // scaled_dot_product_attention on the same shapes; bench/gpu_check.sh prints the ratio.
+// --doc-len N adds a document mask of packed N-token documents: the FLOPs are still counted as
+// causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
 //   ./build/bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,4096] [--dims 64,128]
+//                           [--doc-len N]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -40,7 +43,7 @@ static uint16_t to_bf16(float f) {
 
 int main(int argc, char** argv) {
   std::string device = "cpu", dtype = "f32";
-  int H = 16, reps = 3;
+  int H = 16, reps = 3, doc_len = 0;
   std::vector<int> seqs = {1024, 2048}, dims = {64};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
     else if (a == "--seqs") seqs = ints(v);
     else if (a == "--dims") dims = ints(v);
     else if (a == "--reps") reps = std::atoi(v.c_str());
+    else if (a == "--doc-len") doc_len = std::atoi(v.c_str());
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   Device dev = Device::cpu;
@@ -63,7 +67,12 @@ int main(int argc, char** argv) {
 #endif
   }
   const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
-  std::printf("%-6s %-5s %8s %5s %12s %12s %10s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms", "TFLOP/s");
+  if (doc_len < 0) {
+    std::fprintf(stderr, "--doc-len must be >= 0 (0: no document mask)\n");
+    return 2;
+  }
+  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms", "TFLOP/s",
+              "doc-len");
   for (int D : dims)
     for (int T : seqs) {
       Context c(dev);
@@ -86,13 +95,23 @@ int main(int argc, char** argv) {
         copy_from_host(qkv, host.data());
       }
       qkv = c.tape.track(qkv);
+      Tensor doc;  // (1, T) ids t / doc_len, outside the arena like qkv
+      if (doc_len > 0) {
+        doc.shape = {1, T};
+        doc.dtype = DType::i32;
+        doc.device = dev;
+        doc.ptr = device_alloc(dev, doc.nbytes());
+        std::vector<int32_t> ids(T);
+        for (int t = 0; t < T; t++) ids[t] = t / doc_len;
+        copy_from_host(doc, ids.data());
+      }
       double best_f = 1e30, best_fb = 1e30;
       for (int r = 0; r < reps + 1; r++) {
         auto t0 = std::chrono::steady_clock::now();
         Tensor out;
         {
           Recording rec(true);
-          out = attention(qkv, H, H, Tensor{});
+          out = attention(qkv, H, H, doc);
         }
         device_ops(dev).sync();
         auto t1 = std::chrono::steady_clock::now();
@@ -109,9 +128,10 @@ int main(int argc, char** argv) {
       }
       const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0;  // causal: half the square
       const double total = fwd_flops * 3.5;                         // forward + backward (2.5x)
-      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f\n", device.c_str(), dtype.c_str(), T, D, best_f, best_fb,
-                  total / (best_fb / 1000.0) / 1e12);
+      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f %8d\n", device.c_str(), dtype.c_str(), T, D, best_f, best_fb,
+                  total / (best_fb / 1000.0) / 1e12, doc_len);
       device_free(dev, qkv.ptr);
+      if (doc.ptr) device_free(dev, doc.ptr);
     }
   return 0;
 }

@@ -58,12 +58,19 @@ timeout 150 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --
   --dims 64,128 > "$OUT/attn_ours.log" 2>&1
 timeout 150 python3 bench/sdpa_reference.py --seqs 4096,16384,65536 --dims 64,128 --heads 16 \
   > "$OUT/attn_sdpa.log" 2>&1
-while read -r dev dt T D f fb tf; do
+while read -r dev dt T D f fb tf doc; do
   [ "$dev" = cuda ] || continue
   ref=$(awk -v T="$T" -v D="$D" '$1 == T && $2 == D {print $5}' "$OUT/attn_sdpa.log")
   ratio=$(awk -v a="$tf" -v b="${ref:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
   row "attention T=$T D=$D TFLOP/s (ours | SDPA)" "$tf | ${ref:-n/a} | ratio $ratio"
 done < "$OUT/attn_ours.log"
+
+echo "== attention with packed 2K-token documents (tiles that share none are skipped)"
+timeout 60 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384 --dims 64 \
+  --doc-len 2048 > "$OUT/attn_docs.log" 2>&1
+causal_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$OUT/attn_ours.log")
+docs_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$OUT/attn_docs.log")
+row "attention T=16K D=64 fwd+bwd ms: causal | 2K docs" "${causal_ms:-n/a} | ${docs_ms:-n/a}"
 
 echo
 echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F))"
