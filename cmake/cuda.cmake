@@ -41,15 +41,18 @@ set_target_properties(ulysses PROPERTIES
   CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
 
 # The directory-wide flags (-Wall, -march=native, sanitizers) are g++ flags that nvcc rejects: keep
-# them on the C++ sources of the engine only.
-get_target_property(ULYSSES_CXX_OPTIONS ulysses COMPILE_OPTIONS)
-if(ULYSSES_CXX_OPTIONS)
-  set(wrapped "")
-  foreach(opt IN LISTS ULYSSES_CXX_OPTIONS)
-    list(APPEND wrapped "$<$<COMPILE_LANGUAGE:CXX>:${opt}>")
-  endforeach()
-  set_property(TARGET ulysses PROPERTY COMPILE_OPTIONS ${wrapped})
-endif()
+# a target's inherited options on its C++ sources only.
+function(ulysses_cxx_only_options target)
+  get_target_property(options ${target} COMPILE_OPTIONS)
+  if(options)
+    set(wrapped "")
+    foreach(opt IN LISTS options)
+      list(APPEND wrapped "$<$<COMPILE_LANGUAGE:CXX>:${opt}>")
+    endforeach()
+    set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS ${wrapped})
+  endif()
+endfunction()
+ulysses_cxx_only_options(ulysses)
 
 target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES})
 # Every nvcc warning in the project's kernels is an error; -lineinfo lets profilers map to source.

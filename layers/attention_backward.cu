@@ -1,0 +1,350 @@
+// Flash attention backward on CUDA: Di = rowsum(dout * out), then the dk/dv pass and the dq pass
+// (tensor-core kernels for bf16, FMA kernels for f32), and their launch. The design, and what the
+// kernels share, is in attention_tiles.cuh.
+#include "layers/attention_tiles.cuh"
+#include "layers/scratch_sizes.h"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+using namespace attn;
+
+// Di[b, h, t] = sum_c dout * out over the row (b, t, h). One warp per row, 8 rows per block.
+template <class T>
+__global__ void attention_rowdot_kernel(float* __restrict__ Di, const T* __restrict__ dout, const T* __restrict__ out,
+                                        Geometry G) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;  // (b, t, h) in out's order
+  if (row >= int64_t(G.B) * G.Tn * G.Hq) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32;
+  float s = 0.f;
+  for (int c = lane; c < G.D; c += 32) s += to_float(dout[row * G.D + c]) * to_float(out[row * G.D + c]);
+  s = warp_sum(s);
+  const int h = int(row % G.Hq), t = int(row / G.Hq % G.Tn), b = int(row / G.Hq / G.Tn);
+  if (lane == 0) Di[G.lse(b, h, t)] = s;
+}
+
+// Pass 1, bf16. grid (nt, Hkv, B), block 128; warp w owns keys k0 + 16 w .. + 15 of the tile.
+// smem: the block's K and V tiles (2 x 64 x (D + 8) bf16, read as A fragments by ldmatrix); two
+// stages of (Q tile, dout tile) (4 x 64 x (D + 8) bf16), then two stages of the tile's queries' lse
+// and Di (4 x 64 f32). The block walks (query head of the group, query tile from kt on) in order,
+// fetching step i + 1 while it multiplies step i.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_backward_dkv_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                                      const float* __restrict__ lse, const float* __restrict__ Di,
+                                      const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
+                                      float scale) {
+  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  UL_DYNAMIC_SMEM(bf16, smem);
+  const bf16* Ks = smem;          // (64, LD)
+  const bf16* Vs = smem + kElems;  // (64, LD)
+  // stage s: Q at smem + (2 + 2 s) kElems, dout after it; lse at stats + 2 s 64, Di after it
+  float* stats = reinterpret_cast<float*>(smem + 6 * kElems);
+  const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
+  const int k0 = kt * kTile;
+  const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};  // this lane's key rows
+  const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+  const int nqt = G.nt - kt, steps = G.group * nqt;  // earlier query tiles see none of these keys
+  // Step i is query head kvh * group + i / nqt, query tile kt + i % nqt. With documents, the steps
+  // whose query tile shares none with the key tile are skipped (the diagonal always shares one).
+  const DocRange kr = docb ? doc_range(docb, kt, G.Tn) : DocRange{0, 0};
+  auto next_step = [&](int i) {
+    while (docb && i < steps && i % nqt != 0 && !ranges_meet(doc_range(docb, kt + i % nqt, G.Tn), kr)) i++;
+    return i;
+  };
+
+  fetch_rows<D>(smem, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
+  fetch_rows<D>(smem + kElems, qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
+  auto fetch = [&](int i, int stage) {  // step i as one commit group (the first also has K and V)
+    const int h = kvh * G.group + i / nqt, q0 = (kt + i % nqt) * kTile, nq = min(kTile, G.Tn - q0);
+    bf16* Qs = smem + (2 + 2 * stage) * kElems;
+    fetch_rows<D>(Qs, qkv + G.qkv(b, q0, h), G.qkv_stride(), nq);
+    fetch_rows<D>(Qs + kElems, dout + G.out(b, q0, h), G.out_stride(), nq);
+    float* st = stats + stage * 2 * kTile;
+    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+      const int64_t at = G.lse(b, h, q0 + (r < nq ? r : 0));
+      cp_async<4>(st + r, lse + at, r < nq ? 4 : 0);  // queries past T: zero
+      cp_async<4>(st + kTile + r, Di + at, r < nq ? 4 : 0);
+    }
+    cp_async_commit();
+  };
+  fetch(0, 0);  // step 0 is a diagonal one
+
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};  // (16, D) each
+  for (int i = 0, step = 0; i < steps; step++) {
+    const int next = next_step(i + 1);
+    if (next < steps) {
+      fetch(next, (step + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int qt = kt + i % nqt, q0 = qt * kTile;
+    const bf16* Qs = smem + (2 + 2 * (step & 1)) * kElems;
+    const bf16* dOs = Qs + kElems;
+    const float* lse_s = stats + (step & 1) * 2 * kTile;
+    const float* Di_s = lse_s + kTile;
+
+    float pt[8][4] = {}, dst[8][4] = {};  // S^T = K Q^T and dP^T = V dout^T, (16 keys, 64 queries)
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t ak[4], av[4];
+      ldsm_a(ak, Ks + warp * 16 * LD + kk * 16, LD);
+      ldsm_a(av, Vs + warp * 16 * LD + kk * 16, LD);
+      mma_row_tile(pt, ak, Qs + kk * 16, LD);
+      mma_row_tile(dst, av, dOs + kk * 16, LD);
+    }
+    // The diagonal tile, a tile with queries past T, and pairs not inside one document mask.
+    const bool masked =
+        qt == kt || q0 + kTile > G.Tn || (docb && !one_document(doc_range(docb, qt, G.Tn), kr));
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
+        const int qi = j * 8 + 2 * t + (e & 1);
+        const bool see = !masked || visible(q0 + qi, keys[e / 2], G.Tn, docb);
+        const float p = see ? __expf(pt[j][e] * scale - lse_s[qi]) : 0.f;
+        pt[j][e] = p;                             // P^T
+        dst[j][e] = p * (dst[j][e] - Di_s[qi]);   // dS^T
+      }
+    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dV += P^T dout, dK += dS^T Q (over queries)
+      uint32_t ap[4], ads[4];
+      scores_as_a(ap, pt, kk);
+      scores_as_a(ads, dst, kk);
+      mma_col_tile<D>(dv, ap, dOs + kk * 16 * LD, LD);
+      mma_col_tile<D>(dk, ads, Qs + kk * 16 * LD, LD);
+    }
+    __syncthreads();  // this stage is free for the step after next
+    i = next;
+  }
+
+  UL_UNROLL for (int r = 0; r < 2; r++) {
+    if (keys[r] >= G.Tn) continue;
+    bf16* dkrow = dqkv + G.qkv(b, keys[r], G.Hq + kvh);
+    bf16* dvrow = dqkv + G.qkv(b, keys[r], G.Hq + G.Hkv + kvh);
+    UL_UNROLL for (int n = 0; n < D / 8; n++) {
+      add_bf16x2(dkrow + n * 8 + 2 * t, dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
+      add_bf16x2(dvrow + n * 8 + 2 * t, dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// Pass 2, bf16. grid (nt, Hq, B), block 128; warp w owns query rows q0 + 16 w .. + 15.
+// smem: two stages of (K tile, V tile), 4 x 64 x (D + 8) bf16, double-buffered as in the forward.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_backward_dq_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                                     const float* __restrict__ lse, const float* __restrict__ Di,
+                                     const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
+                                     float scale) {
+  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
+  const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
+  const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
+  const int q0 = qt * kTile;
+  const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+  const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+
+  const KeyTiles tiles(docb, qt, G.Tn);
+  int kt = tiles.next(0);
+  fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
+
+  uint32_t qf[D / 16][4], of[D / 16][4];  // Q and dout rows of the warp, (16, D) each
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+    load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
+    load_a_rows(of[kk], dout + G.out(b, 0, h), G.out_stride(), q0 + warp * 16, G.Tn, kk * 16);
+  }
+  float lse_r[2], Di_r[2];
+  UL_UNROLL for (int r = 0; r < 2; r++) {
+    lse_r[r] = rows[r] < G.Tn ? lse[G.lse(b, h, rows[r])] : 0.f;
+    Di_r[r] = rows[r] < G.Tn ? Di[G.lse(b, h, rows[r])] : 0.f;
+  }
+  float dq[D / 8][4] = {};  // (16, D)
+  for (int step = 0; kt <= qt; step++) {
+    const int next = tiles.next(kt + 1);
+    if (next <= qt) {
+      fetch_kv_tile<D>(smem, (step + 1) & 1, qkv, G, b, kvh, next);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* Ks = smem + (step & 1) * 2 * kElems;
+    const bf16* Vs = Ks + kElems;
+    const int k0 = kt * kTile;
+
+    float s[8][4] = {}, dp[8][4] = {};  // S = Q K^T, dP = dout V^T, (16, 64)
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+      mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
+      mma_row_tile(dp, of[kk], Vs + kk * 16, LD);
+    }
+    const bool masked = tiles.masked(kt);
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
+        const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
+        const bool see = !masked || visible(rows[r], k, G.Tn, docb);
+        const float p = see ? __expf(s[j][e] * scale - lse_r[r]) : 0.f;
+        s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
+      }
+    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)
+      uint32_t ads[4];
+      scores_as_a(ads, s, kk);
+      mma_col_tile<D>(dq, ads, Ks + kk * 16 * LD, LD);
+    }
+    __syncthreads();
+    kt = next;
+  }
+  UL_UNROLL for (int r = 0; r < 2; r++) {
+    if (rows[r] >= G.Tn) continue;
+    bf16* dqrow = dqkv + G.qkv(b, rows[r], h);
+    UL_UNROLL for (int n = 0; n < D / 8; n++)
+      add_bf16x2(dqrow + n * 8 + 2 * t, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
+  }
+}
+
+// Pass 1, f32. grid (nt, Hkv, B), block 64 (thread = key row); smem: Q and dout rows
+// (2 x 32 x D), then their lse and Di (2 x 32).
+template <int D>
+__global__ void __launch_bounds__(kTile)
+    attention_backward_dkv_fma_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
+                                      const float* __restrict__ lse, const float* __restrict__ Di,
+                                      const float* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
+                                      float scale) {
+  UL_DYNAMIC_SMEM(float, smem);
+  float* Qs = smem;                    // (32, D)
+  float* dOs = smem + kFmaRows * D;    // (32, D)
+  float* lse_s = dOs + kFmaRows * D;   // (32)
+  float* Di_s = lse_s + kFmaRows;      // (32)
+  const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int key = kt * kTile + threadIdx.x;
+  const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+
+  float kr[D], vr[D], dk[D], dv[D];
+  UL_UNROLL for (int c = 0; c < D; c++) {
+    kr[c] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + kvh) + c] : 0.f;
+    vr[c] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + G.Hkv + kvh) + c] : 0.f;
+    dk[c] = dv[c] = 0.f;
+  }
+  for (int h = kvh * G.group; h < (kvh + 1) * G.group; h++)
+    for (int q0 = kt * kTile; q0 < G.Tn; q0 += kFmaRows) {  // earlier queries see none of these keys
+      __syncthreads();
+      for (int i = threadIdx.x; i < kFmaRows * D; i += blockDim.x) {
+        const int r = i / D, c = i % D;
+        const bool in = q0 + r < G.Tn;
+        Qs[i] = in ? qkv[G.qkv(b, q0 + r, h) + c] : 0.f;
+        dOs[i] = in ? dout[G.out(b, q0 + r, h) + c] : 0.f;
+      }
+      for (int i = threadIdx.x; i < kFmaRows; i += blockDim.x) {
+        lse_s[i] = q0 + i < G.Tn ? lse[G.lse(b, h, q0 + i)] : 0.f;
+        Di_s[i] = q0 + i < G.Tn ? Di[G.lse(b, h, q0 + i)] : 0.f;
+      }
+      __syncthreads();
+      for (int i = 0; i < kFmaRows; i++) {
+        if (!visible(q0 + i, key, G.Tn, docb)) continue;
+        const float* qi = Qs + i * D;
+        const float* oi = dOs + i * D;
+        float s = 0.f, dp = 0.f;
+        UL_UNROLL for (int c = 0; c < D; c++) {
+          s += kr[c] * qi[c];
+          dp += vr[c] * oi[c];
+        }
+        const float p = expf(s * scale - lse_s[i]);
+        const float ds = p * (dp - Di_s[i]);
+        UL_UNROLL for (int c = 0; c < D; c++) {
+          dv[c] += p * oi[c];
+          dk[c] += ds * qi[c];
+        }
+      }
+    }
+  if (key >= G.Tn) return;
+  float* dkrow = dqkv + G.qkv(b, key, G.Hq + kvh);
+  float* dvrow = dqkv + G.qkv(b, key, G.Hq + G.Hkv + kvh);
+  UL_UNROLL for (int c = 0; c < D; c++) {
+    dkrow[c] += dk[c] * scale;
+    dvrow[c] += dv[c];
+  }
+}
+
+// Pass 2, f32. grid (nt, Hq, B), block 64 (thread = query row); smem: K and V rows, 2 x 32 x D.
+template <int D>
+__global__ void __launch_bounds__(kTile)
+    attention_backward_dq_fma_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
+                                     const float* __restrict__ lse, const float* __restrict__ Di,
+                                     const float* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
+                                     float scale) {
+  UL_DYNAMIC_SMEM(float, smem);
+  float* Ks = smem;                 // (32, D)
+  float* Vs = smem + kFmaRows * D;  // (32, D)
+  const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
+  const int q0 = qt * kTile, q = q0 + threadIdx.x;
+  const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+
+  float qr[D], orow[D], dq[D];
+  UL_UNROLL for (int c = 0; c < D; c++) {
+    qr[c] = q < G.Tn ? qkv[G.qkv(b, q, h) + c] : 0.f;
+    orow[c] = q < G.Tn ? dout[G.out(b, q, h) + c] : 0.f;
+    dq[c] = 0.f;
+  }
+  const float lse_q = q < G.Tn ? lse[G.lse(b, h, q)] : 0.f, Di_q = q < G.Tn ? Di[G.lse(b, h, q)] : 0.f;
+  const int kend = min(q0 + kTile, G.Tn);
+  for (int k0 = 0; k0 < kend; k0 += kFmaRows) {
+    __syncthreads();
+    stage_kv_rows_f32<D>(Ks, Vs, qkv, G, b, kvh, k0);
+    __syncthreads();
+    for (int j = 0; j < kFmaRows; j++) {
+      if (!visible(q, k0 + j, G.Tn, docb)) continue;
+      const float* kj = Ks + j * D;
+      const float* vj = Vs + j * D;
+      float s = 0.f, dp = 0.f;
+      UL_UNROLL for (int c = 0; c < D; c++) {
+        s += qr[c] * kj[c];
+        dp += orow[c] * vj[c];
+      }
+      const float ds = expf(s * scale - lse_q) * (dp - Di_q);
+      UL_UNROLL for (int c = 0; c < D; c++) dq[c] += ds * kj[c];
+    }
+  }
+  if (q >= G.Tn) return;
+  float* dqrow = dqkv + G.qkv(b, q, h);
+  UL_UNROLL for (int c = 0; c < D; c++) dqrow[c] += dq[c] * scale;
+}
+
+}  // namespace
+
+size_t attention_backward_scratch_bytes(int B, int Tn, int Hq) { return scratch::attention_backward(B, Tn, Hq); }
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
+                        float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s) {
+  const Geometry G = geometry(B, Tn, Hq, Hkv, D);
+  if (B == 0 || Tn == 0) return;
+  float* Di = scratch;  // (B, Hq, T)
+  launch("attention_rowdot", attention_rowdot_kernel<T>, dim3(ceil_div(int64_t(B) * Tn * Hq, 8)), dim3(256), 0, s, Di,
+         dout, out, G);
+  const float scale = softmax_scale(D);
+  with_head_dim(D, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (std::is_same<T, float>::value) {
+      launch("attention_backward_dkv_fma", attention_backward_dkv_fma_kernel<kD>, dim3(G.nt, Hkv, B), dim3(kTile),
+             fma_rows_smem(kD) + 2 * kFmaRows * sizeof(float), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      launch("attention_backward_dq_fma", attention_backward_dq_fma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kTile),
+             fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+    } else {
+      allow_smem(attention_backward_dkv_mma_kernel<kD>, mma_dkv_smem(kD));
+      launch("attention_backward_dkv_mma", attention_backward_dkv_mma_kernel<kD>, dim3(G.nt, Hkv, B),
+             dim3(kWarps * 32), mma_dkv_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      allow_smem(attention_backward_dq_mma_kernel<kD>, mma_stages_smem(kD));
+      launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kWarps * 32),
+             mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+    }
+  });
+}
+
+template void attention_backward<float>(float*, const float*, const float*, const float*, const float*,
+                                        const int32_t*, float*, int, int, int, int, int, cudaStream_t);
+template void attention_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                const float*, const __nv_bfloat16*, const int32_t*, float*, int, int,
+                                                int, int, int, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

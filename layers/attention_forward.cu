@@ -1,0 +1,182 @@
+// Flash attention forward on CUDA: the tensor-core kernel (bf16) and the FMA kernel (f32), and
+// their launch. The design, and what the kernels share, is in attention_tiles.cuh.
+#include "layers/attention_tiles.cuh"
+
+namespace ul {
+namespace cuda {
+namespace {
+
+using namespace attn;
+
+// grid (nt, Hq, B), block 128; smem: two stages of (K tile, V tile), 4 x 64 x (D + 8) bf16, so the
+// next key tile is copied in (cp.async) while the tensor cores work on this one.
+// out: (B, T, Hq, D), lse: (B, Hq, T), qkv: (B, T, Hq + 2 Hkv, D)
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_forward_mma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
+                                 const int32_t* __restrict__ doc, Geometry G, float scale) {
+  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
+  const int qt = G.nt - 1 - int(blockIdx.x);  // later query tiles walk more keys: start them first
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
+  const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
+  const int q0 = qt * kTile;
+  const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};  // this lane's query rows
+  const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+  const float ninf = -INFINITY;
+
+  const KeyTiles tiles(docb, qt, G.Tn);
+  int kt = tiles.next(0);
+  fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
+
+  uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
+    load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
+
+  float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
+  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};  // running max; this lane's share of the running sum
+  for (int step = 0; kt <= qt; step++) {
+    const int next = tiles.next(kt + 1);
+    if (next <= qt) {
+      fetch_kv_tile<D>(smem, (step + 1) & 1, qkv, G, b, kvh, next);
+      cp_async_wait<1>();  // all but the newest group: tile kt has landed
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // ... from every thread's copies
+    const bf16* Ks = smem + (step & 1) * 2 * kElems;
+    const bf16* Vs = Ks + kElems;
+    const int k0 = kt * kTile;
+
+    float s[8][4] = {};  // S = Q K^T, (16, 64)
+    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
+    const bool masked = tiles.masked(kt);
+    float mx[2] = {ninf, ninf};
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
+        const int k = k0 + j * 8 + 2 * t + (e & 1);
+        s[j][e] = !masked || visible(rows[e / 2], k, G.Tn, docb) ? s[j][e] * scale : ninf;
+        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+      }
+    float alpha[2], sum[2] = {0.f, 0.f};
+    UL_UNROLL for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      alpha[r] = m_new == ninf ? 1.f : __expf(m[r] - m_new);  // nothing visible yet: nothing to rescale
+      m[r] = m_new;
+    }
+    UL_UNROLL for (int j = 0; j < 8; j++)
+      UL_UNROLL for (int e = 0; e < 4; e++) {
+        const int r = e / 2;
+        s[j][e] = m[r] == ninf ? 0.f : __expf(s[j][e] - m[r]);  // masked: exp(-inf) = 0
+        sum[r] += s[j][e];
+      }
+    UL_UNROLL for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+    UL_UNROLL for (int n = 0; n < D / 8; n++)
+      UL_UNROLL for (int e = 0; e < 4; e++) o[n][e] *= alpha[e / 2];
+
+    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // O += P V: P (16, 64) in registers, V (64, D) staged
+      uint32_t ap[4];
+      scores_as_a(ap, s, kk);
+      mma_col_tile<D>(o, ap, Vs + kk * 16 * LD, LD);
+    }
+    __syncthreads();  // every warp is done with this stage before the step after next refills it
+    kt = next;
+  }
+
+  UL_UNROLL for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int q = rows[r];
+    if (q >= G.Tn) continue;
+    // Every query sees at least itself, so l > 0.
+    bf16* orow = out + G.out(b, q, h);
+    UL_UNROLL for (int n = 0; n < D / 8; n++)
+      store_bf16x2(orow + n * 8 + 2 * t, o[n][2 * r] / l[r], o[n][2 * r + 1] / l[r]);
+    if (t == 0) lse[G.lse(b, h, q)] = m[r] + logf(l[r]);
+  }
+}
+
+// grid (nt, Hq, B), block 64 (thread = query row); smem: K and V rows, 2 x 32 x D floats.
+template <int D>
+__global__ void __launch_bounds__(kTile)
+    attention_forward_fma_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ qkv,
+                                 const int32_t* __restrict__ doc, Geometry G, float scale) {
+  UL_DYNAMIC_SMEM(float, smem);
+  float* Ks = smem;                  // (32, D)
+  float* Vs = smem + kFmaRows * D;   // (32, D)
+  const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
+  const int q0 = qt * kTile, q = q0 + threadIdx.x;
+  const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
+  const float ninf = -INFINITY;
+
+  float qr[D], acc[D];
+  UL_UNROLL for (int c = 0; c < D; c++) {
+    qr[c] = q < G.Tn ? qkv[G.qkv(b, q, h) + c] : 0.f;
+    acc[c] = 0.f;
+  }
+  float m = ninf, l = 0.f;
+  const int kend = min(q0 + kTile, G.Tn);  // keys this block can see
+  for (int k0 = 0; k0 < kend; k0 += kFmaRows) {
+    __syncthreads();
+    stage_kv_rows_f32<D>(Ks, Vs, qkv, G, b, kvh, k0);
+    __syncthreads();
+    float s[kFmaRows], mx = ninf;
+    UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
+      s[j] = ninf;
+      if (!visible(q, k0 + j, G.Tn, docb)) continue;
+      float dot = 0.f;
+      UL_UNROLL for (int c = 0; c < D; c++) dot += qr[c] * Ks[j * D + c];
+      s[j] = dot * scale;
+      mx = fmaxf(mx, s[j]);
+    }
+    const float m_new = fmaxf(m, mx);
+    if (m_new == ninf) continue;  // nothing visible yet
+    const float alpha = expf(m - m_new);
+    m = m_new;
+    l *= alpha;
+    UL_UNROLL for (int c = 0; c < D; c++) acc[c] *= alpha;
+    UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
+      if (s[j] == ninf) continue;
+      const float p = expf(s[j] - m);
+      l += p;
+      UL_UNROLL for (int c = 0; c < D; c++) acc[c] += p * Vs[j * D + c];
+    }
+  }
+  if (q >= G.Tn) return;
+  UL_UNROLL for (int c = 0; c < D; c++) out[G.out(b, q, h) + c] = acc[c] / l;
+  lse[G.lse(b, h, q)] = m + logf(l);
+}
+
+}  // namespace
+
+bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
+
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,
+                       cudaStream_t s) {
+  const Geometry G = geometry(B, Tn, Hq, Hkv, D);
+  if (B == 0 || Tn == 0) return;  // a grid of no blocks is an invalid launch
+  const dim3 grid(G.nt, Hq, B);
+  const float scale = softmax_scale(D);
+  with_head_dim(D, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (std::is_same<T, float>::value)
+      launch("attention_forward_fma", attention_forward_fma_kernel<kD>, grid, dim3(kTile), fma_rows_smem(kD), s, out,
+             lse, qkv, doc, G, scale);
+    else {
+      allow_smem(attention_forward_mma_kernel<kD>, mma_stages_smem(kD));
+      launch("attention_forward_mma", attention_forward_mma_kernel<kD>, grid, dim3(kWarps * 32), mma_stages_smem(kD),
+             s, out, lse, qkv, doc, G, scale);
+    }
+  });
+}
+
+template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int,
+                                       cudaStream_t);
+template void attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int, int,
+                                               int, int, int, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace ul

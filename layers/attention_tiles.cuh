@@ -1,0 +1,262 @@
+// The pieces both halves of the CUDA flash attention share (attention_forward.cu and
+// attention_backward.cu): tile geometry, the document-tile rule, the shared-memory staging and the
+// tensor-core fragment helpers, and the host-side launch helpers.
+//
+// Flash attention on CUDA (the math is in attention.h; the CPU flash loop it must match is in
+// attention.cpp). T is float or __nv_bfloat16; softmax statistics and every sum are float.
+//
+// Both element types walk the same tiles as the CPU: 64 query rows per block against 64-key tiles
+// (causal: key tile kt <= query tile qt), and the two-pass backward: dk/dv per (b, kv head, key
+// tile) over the group's query heads and the later query tiles, then dq per (b, head, query tile).
+// Every element of dqkv is owned by one thread of one block, so there are no atomics and the
+// result does not depend on scheduling (deterministic).
+//
+// bf16: tensor cores (engine/mma.h, m16n8k16). A block is 4 warps; a warp owns 16 rows of the
+//   tile. Its own operand (Q and dout in the forward and dq pass) stays in registers as A fragments
+//   for the whole block; the other side streams through shared memory in two stages: cp.async
+//   (engine/async_copy.h) copies the next tile in while the tensor cores work on this one. Tile
+//   rows are padded by 8 elements so that ldmatrix (the fragment loads, .trans for the row-major B
+//   operands) is free of bank conflicts. The dk/dv pass keeps K and V in shared memory too and
+//   reads their fragments with ldmatrix per step (in registers they spill at D = 128). The score
+//   accumulators are laid out exactly like the A fragment of the next product (P V, P^T dO, dS K,
+//   ...), so probabilities go from registers to the tensor cores without shared memory. The
+//   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only the diagonal tile
+//   tests visibility element by element; with a document mask, tile pairs that share no document
+//   are skipped and pairs inside one document need only the causal test (the CPU's tiles and rule).
+// f32: the verification precision, plain FMA: one thread per query row (forward, dq) or key row
+//   (dk/dv) with its rows in registers, the other side staged 32 rows at a time in shared memory.
+//
+// Not yet done for speed: 128-row tiles with 8 warps, skipping fully masked warps on the diagonal,
+// warp-specialised producers (TMA, wgmma).
+#pragma once
+#include <climits>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "engine/async_copy.h"
+#include "engine/cuda_launch.h"
+#include "engine/mma.h"
+#include "layers/attention.h"
+
+namespace ul {
+namespace cuda {
+namespace attn {
+
+using bf16 = __nv_bfloat16;
+
+// Loops over per-thread arrays (fragments, accumulators, rows) are unrolled so that the arrays can
+// live in registers; the emulator runs them as written.
+#if defined(__CUDACC__)
+#define UL_UNROLL _Pragma("unroll")
+#else
+#define UL_UNROLL
+#endif
+
+constexpr int kTile = 64;     // query rows per block and keys per tile (the CPU's tile too)
+constexpr int kWarps = 4;     // bf16 kernels: 4 warps x 16 rows = one tile
+constexpr int kFmaRows = 32;  // f32 kernels: rows of the other side staged per step
+
+// Index arithmetic for the packed layouts (as in attention.cpp).
+struct Geometry {
+  int B, Tn, Hq, Hkv, D, group, nt;
+  __host__ __device__ int64_t qkv_stride() const { return int64_t(Hq + 2 * Hkv) * D; }
+  __host__ __device__ int64_t out_stride() const { return int64_t(Hq) * D; }
+  // token t of packed head `head` (q: h, k: Hq + g, v: Hq + Hkv + g) in qkv
+  __host__ __device__ int64_t qkv(int b, int t, int head) const {
+    return (int64_t(b) * Tn + t) * qkv_stride() + int64_t(head) * D;
+  }
+  __host__ __device__ int64_t out(int b, int t, int h) const {
+    return (int64_t(b) * Tn + t) * out_stride() + int64_t(h) * D;
+  }
+  __host__ __device__ int64_t lse(int b, int h, int t) const { return (int64_t(b) * Hq + h) * Tn + t; }
+};
+
+// Query q attends to key k: causal, inside the sequence, and in the same document.
+__device__ __forceinline__ bool visible(int q, int k, int Tn, const int32_t* docb) {
+  return k <= q && q < Tn && (!docb || docb[k] == docb[q]);
+}
+
+// ---- document tiles ------------------------------------------------------------------------------
+// With a document mask, a pair of tiles whose id ranges do not meet has nothing visible and is
+// skipped, and a pair inside one document needs no mask beyond the causal one: the CPU's rule
+// (attention.cpp, tile_mask). Ranges are reduced by whole warps, so every warp of a block reaches
+// the same decisions without a barrier.
+struct DocRange {
+  int lo, hi;
+};
+
+// The ids of tile `tile`'s rows below T. All 32 lanes of the warp call it together.
+__device__ __forceinline__ DocRange doc_range(const int32_t* docb, int tile, int Tn) {
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int r = tile * kTile + lane_id(); r < min((tile + 1) * kTile, Tn); r += 32) {
+    lo = min(lo, docb[r]);
+    hi = max(hi, docb[r]);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  return {lo, hi};
+}
+__device__ __forceinline__ bool ranges_meet(DocRange a, DocRange b) { return a.lo <= b.hi && b.lo <= a.hi; }
+__device__ __forceinline__ bool one_document(DocRange a, DocRange b) {
+  return a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+}
+
+// The key tiles query tile qt walks (forward, dq pass): 0..qt, or with documents only those that
+// share one with it (qt itself always does: a query sees itself).
+struct KeyTiles {
+  const int32_t* docb;
+  int qt, Tn;
+  DocRange q;
+  __device__ KeyTiles(const int32_t* d, int qt_, int Tn_)
+      : docb(d), qt(qt_), Tn(Tn_), q(d ? doc_range(d, qt_, Tn_) : DocRange{0, 0}) {}
+  // The first tile from kt on to walk; qt + 1 past the last.
+  __device__ int next(int kt) const {
+    while (docb && kt < qt && !ranges_meet(q, doc_range(docb, kt, Tn))) kt++;
+    return kt;
+  }
+  // Tile kt tests visibility element by element: the diagonal (which also holds any keys past T),
+  // and any pair not inside one document.
+  __device__ bool masked(int kt) const { return kt == qt || (docb && !one_document(q, doc_range(docb, kt, Tn))); }
+};
+
+// ---- bf16 helpers --------------------------------------------------------------------------------
+
+__host__ __device__ constexpr int kLd(int D) { return D + 8; }  // shared tile row, padded so ldmatrix is conflict-free
+__host__ __device__ constexpr int kTileElems(int D) { return kTile * kLd(D); }
+
+// Issues the copy of 64 x D elements from global (row r at src + r * stride) into shared memory (row
+// r at dst + r * (D + 8)), 16 bytes a cp.async; rows from `valid` on are zero-filled, so that they
+// add nothing to a product (a NaN from uninitialised memory would survive a zero probability).
+template <int D>
+__device__ __forceinline__ void fetch_rows(bf16* dst, const bf16* src, int64_t stride, int valid) {
+  constexpr int kVecs = D / 8;
+  for (int i = threadIdx.x; i < kTile * kVecs; i += blockDim.x) {
+    const int r = i / kVecs, c = (i % kVecs) * 8;
+    const bool in = r < valid;
+    cp_async<16>(dst + r * kLd(D) + c, in ? src + r * stride + c : src, in ? 16 : 0);
+  }
+}
+
+// Key tile kt of kv head kvh (K and V, 64 rows each) into stage `stage` of a two-stage buffer
+// (stage s: K at smem + 2 s kTileElems, V right after), as one commit group.
+template <int D>
+__device__ __forceinline__ void fetch_kv_tile(bf16* smem, int stage, const bf16* qkv, const Geometry& G, int b,
+                                              int kvh, int kt) {
+  bf16* Ks = smem + stage * 2 * kTileElems(D);
+  const int k0 = kt * kTile;
+  fetch_rows<D>(Ks, qkv + G.qkv(b, k0, G.Hq + kvh), G.qkv_stride(), G.Tn - k0);
+  fetch_rows<D>(Ks + kTileElems(D), qkv + G.qkv(b, k0, G.Hq + G.Hkv + kvh), G.qkv_stride(), G.Tn - k0);
+  cp_async_commit();
+}
+
+// A fragment of rows r0..r0+15, columns col..col+15 of a row-major matrix in global memory (row r
+// at base + r * stride); rows from `rows` on read as zero. Plain loads: each warp reads its own
+// operand once per block, so staging it through shared memory would buy nothing.
+__device__ __forceinline__ void load_a_rows(uint32_t a[4], const bf16* base, int64_t stride, int r0, int rows,
+                                            int col) {
+  const int g = lane_id() / 4, t = lane_id() % 4;
+  const int ra = r0 + g, rb = ra + 8;
+  a[0] = ra < rows ? load_bf16x2(base + ra * stride + col + 2 * t) : 0u;
+  a[1] = rb < rows ? load_bf16x2(base + rb * stride + col + 2 * t) : 0u;
+  a[2] = ra < rows ? load_bf16x2(base + ra * stride + col + 2 * t + 8) : 0u;
+  a[3] = rb < rows ? load_bf16x2(base + rb * stride + col + 2 * t + 8) : 0u;
+}
+
+// s[j] += A * (B block j) for the 8 key (or query) blocks j of a 16 x 64 score tile, where B's
+// element (k, n) is Bt[(8 j + n) * ld + k]: the 64 rows of the staged tile, columns 16 kk.. of D.
+__device__ __forceinline__ void mma_row_tile(float (*s)[4], const uint32_t a[4], const bf16* Bt, int ld) {
+  UL_UNROLL for (int j = 0; j < 8; j += 2) {
+    uint32_t b[4];
+    ldsm_b_col_x2(b, Bt + j * 8 * ld, ld);
+    mma_m16n8k16_bf16(s[j], a, b);
+    mma_m16n8k16_bf16(s[j + 1], a, b + 2);
+  }
+}
+
+// acc[n] += A * (B block n) for the D / 8 column blocks of a (16, D) accumulator, where B is 16 rows
+// of a row-major staged tile (element (k, n) at B[k * ld + n]).
+template <int D>
+__device__ __forceinline__ void mma_col_tile(float (*acc)[4], const uint32_t a[4], const bf16* B, int ld) {
+  UL_UNROLL for (int n = 0; n < D / 8; n += 2) {
+    uint32_t b[4];
+    ldsm_b_row_x2(b, B + n * 8, ld);
+    mma_m16n8k16_bf16(acc[n], a, b);
+    mma_m16n8k16_bf16(acc[n + 1], a, b + 2);
+  }
+}
+
+// The accumulators of key (or query) columns 16 kk .. 16 kk + 15 of a 16 x 64 score tile, as the A
+// fragment of a product over those columns: n-tiles 2 kk and 2 kk + 1 hold exactly the elements
+// the A layout gives this lane (rows g, g + 8; columns 2t, 2t + 1 and 2t + 8, 2t + 9).
+__device__ __forceinline__ void scores_as_a(uint32_t a[4], float (*s)[4], int kk) {
+  a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// p[0..1] += (lo, hi), rounded once to bf16.
+__device__ __forceinline__ void add_bf16x2(bf16* p, float lo, float hi) {
+  store_bf16x2(p, to_float(p[0]) + lo, to_float(p[1]) + hi);
+}
+
+// ---- f32 helpers ---------------------------------------------------------------------------------
+
+// Keys k0 .. k0 + 31 of kv head kvh, K into Ks and V into Vs, (32, D) each; rows past T are zero.
+template <int D>
+__device__ __forceinline__ void stage_kv_rows_f32(float* Ks, float* Vs, const float* qkv, const Geometry& G, int b,
+                                                  int kvh, int k0) {
+  for (int i = threadIdx.x; i < kFmaRows * D; i += blockDim.x) {
+    const int r = i / D, c = i % D;
+    const bool in = k0 + r < G.Tn;
+    Ks[i] = in ? qkv[G.qkv(b, k0 + r, G.Hq + kvh) + c] : 0.f;
+    Vs[i] = in ? qkv[G.qkv(b, k0 + r, G.Hq + G.Hkv + kvh) + c] : 0.f;
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------------
+
+inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D) {
+  if (B < 0 || Tn < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    throw std::invalid_argument("attention (CUDA): bad shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
+                                " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv));
+  if (!attention_supports_head_dim(D))
+    throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) +
+                                " is not supported; the CUDA kernels are built for D = 32, 64 or 128");
+  return Geometry{B, Tn, Hq, Hkv, D, Hq / Hkv, int(ceil_div(Tn, kTile))};
+}
+
+// f(std::integral_constant<int, D>) for the supported head dims.
+template <class F>
+void with_head_dim(int D, F&& f) {
+  switch (D) {
+    case 32: f(std::integral_constant<int, 32>{}); return;
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    default: break;
+  }
+  throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) + " is not supported");
+}
+
+// Two stages of two tiles (forward, dq); the dk/dv pass adds its K and V tiles and the statistics.
+constexpr size_t mma_stages_smem(int D) { return size_t(4) * kTileElems(D) * sizeof(bf16); }
+constexpr size_t mma_dkv_smem(int D) { return size_t(6) * kTileElems(D) * sizeof(bf16) + 4 * kTile * sizeof(float); }
+constexpr size_t fma_rows_smem(int D) { return size_t(2) * kFmaRows * D * sizeof(float); }
+
+// A launch with over 48 KiB of dynamic shared memory must raise the kernel's limit first.
+template <class K>
+void allow_smem(K* kernel, size_t bytes) {
+  if (bytes > (48u << 10))
+    UL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// Scaled as the CPU scales: 1 / sqrt(D) in float.
+inline float softmax_scale(int D) { return 1.0f / sqrtf(float(D)); }
+
+}  // namespace attn
+}  // namespace cuda
+}  // namespace ul
