@@ -289,6 +289,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.doc_mask = o.doc_mask;
   c.recompute = o.recompute, c.offload = o.offload, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
   c.local_comm = o.comm == "local";
+  c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;
 }

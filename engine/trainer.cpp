@@ -162,6 +162,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   val_ = open_dataset(o.data, Split::val, o.seed, o.vocab);
   std::vector<float> ckpt;
   ModelConfig cfg = config_for(o, *train_, ckpt);
+  cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
   if (!cfg.is_llama() && o.seq > cfg.max_seq)
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +

@@ -250,8 +250,8 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
   if (qkv.size(2) != Hq + 2 * Hkv)
     throw std::runtime_error("attention: qkv " + qkv.shape.str() + " needs dim 2 = Hq + 2*Hkv = " +
                              std::to_string(Hq + 2 * Hkv));
-  if (!cuda::attention_supports_head_dim(D))
-    throw std::runtime_error("attention: the CUDA backend supports head dim D = 32, 64 or 128, got D = " +
+  if (!attention_cuda_head_dim(D))
+    throw std::runtime_error("attention: the CUDA backend supports head dim D = 16, 32, 64 or 128, got D = " +
                              std::to_string(D) + " (qkv " + qkv.shape.str() + ")");
   const int32_t* docp = nullptr;
   if (doc.defined()) {

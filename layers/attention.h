@@ -25,12 +25,14 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
                         int B, int Tn, int Hq, int Hkv, int D);
 }  // namespace cpu
 
+// The head dims the CUDA kernels are built for (the CPU kernels take any).
+inline bool attention_cuda_head_dim(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
+
 #if ULYSSES_HAVE_CUDA
 namespace cuda {
 // The same contract as the CPU kernels, on device memory; T is float or __nv_bfloat16, lse and all
-// accumulation are float. D must be one of 32, 64, 128 (attention_supports_head_dim); other head
+// accumulation are float. D must be one of 16, 32, 64, 128 (attention_cuda_head_dim); other head
 // dims throw std::invalid_argument naming D. doc: device (B, T) ids or nullptr.
-bool attention_supports_head_dim(int D);
 template <class T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,
                        cudaStream_t s);

@@ -151,8 +151,6 @@ __global__ void __launch_bounds__(kTile)
 
 }  // namespace
 
-bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
-
 template <class T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,
                        cudaStream_t s) {

@@ -224,9 +224,9 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D) {
   if (B < 0 || Tn < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     throw std::invalid_argument("attention (CUDA): bad shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
                                 " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv));
-  if (!attention_supports_head_dim(D))
+  if (!attention_cuda_head_dim(D))
     throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) +
-                                " is not supported; the CUDA kernels are built for D = 32, 64 or 128");
+                                " is not supported; the CUDA kernels are built for D = 16, 32, 64 or 128");
   return Geometry{B, Tn, Hq, Hkv, D, Hq / Hkv, int(ceil_div(Tn, kTile))};
 }
 
@@ -234,6 +234,7 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D) {
 template <class F>
 void with_head_dim(int D, F&& f) {
   switch (D) {
+    case 16: f(std::integral_constant<int, 16>{}); return;
     case 32: f(std::integral_constant<int, 32>{}); return;
     case 64: f(std::integral_constant<int, 64>{}); return;
     case 128: f(std::integral_constant<int, 128>{}); return;

@@ -44,6 +44,14 @@ void ModelConfig::validate() const {
   if (max_seq < 1) bad("--max-seq must be >= 1");
 }
 
+void ModelConfig::validate_for(Device d) const {
+  validate();
+  if (d == Device::cuda && !attention_cuda_head_dim(head_dim()))
+    throw std::runtime_error("--device cuda: head dim " + std::to_string(head_dim()) + " (--dim " + std::to_string(dim) +
+                             " / --heads " + std::to_string(heads) +
+                             ") is not one the CUDA attention kernels are built for: 16, 32, 64 or 128");
+}
+
 std::string ModelConfig::describe() const {
   std::ostringstream s;
   s << arch << " layers=" << layers << " dim=" << dim << " heads=" << heads;

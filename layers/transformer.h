@@ -35,6 +35,7 @@ struct ModelConfig {
   int ffn_dim() const;        // gpt2: 4 * dim; llama: ffn or round_up(8 * dim / 3, 64)
   bool is_llama() const { return arch == "llama"; }
   void validate() const;      // throws with a message naming the bad flag
+  void validate_for(Device d) const;  // validate(), and on cuda a head dim the kernels are built for
   std::string describe() const;
 };
 

@@ -8,7 +8,7 @@
 //     tiles (so both cp.async stages are reused); MHA, GQA (Hq = 2 Hkv) and MQA (Hkv = 1); without
 //     a document mask, with non-monotonic ids (a query sees an earlier stretch of its document
 //     across another one), and with packed documents (tile pairs the kernels skip, checked to
-//     occur); D 32, 64, 128;
+//     occur); D 16, 32, 64, 128;
 //   - f32 is held to 1e-5 relative; bf16 (see kBf16Rel) to 2^-7 relative of the element plus 2^-7
 //     of the tensor's largest gradient or output: the kernels round P and dS to bf16 for the
 //     tensor cores (2^-9 each) and the results to bf16 (2^-9), on bf16-rounded inputs.
@@ -48,6 +48,7 @@ struct Case {
 
 const Case kCases[] = {
     {1, 1, 1, 1, 32, Docs::none},    // one token
+    {2, 100, 4, 2, 16, Docs::cycling},  // the narrowest head (the tiny models' 64 / 4)
     {2, 17, 2, 2, 64, Docs::none},   // MHA, one partial tile, two sequences
     {1, 70, 4, 2, 32, Docs::none},   // GQA, a full tile and a partial one
     {1, 130, 2, 1, 64, Docs::cycling},   // MQA across three tiles, document mask

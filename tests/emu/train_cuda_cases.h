@@ -30,6 +30,8 @@
 
 #include <unistd.h>
 
+#include "run_cmd.h"
+
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
@@ -181,6 +183,22 @@ TEST_CASE("train --device cuda --precision fp32 matches --device cpu", UL_CUDA_T
     CHECK(p < 1e-4);
     CHECK(gpu3.params != gpu3.params0);  // the steps did move the weights
   }
+}
+
+TEST_CASE("train --device cuda runs the built-in tiny models (head dim 16) as the CPU does", UL_CUDA_TEST_TAG) {
+  for (const char* arch : kArchs) {
+    INFO("--model " << arch << " --dim 64 --heads 4");
+    const std::string m = std::string("--model ") + arch + " --dim 64 --heads 4";  // the tiny models' shape
+    Run cpu = train(m + " --device cpu", 1, 2), gpu = train(m + " --device cuda --precision fp32", 1, 2);
+    for (size_t s = 0; s < cpu.losses.size(); s++) CHECK(rel_diff(gpu.losses[s], cpu.losses[s]) < 1e-5);
+  }
+}
+
+TEST_CASE("train --device cuda refuses a head dim the attention kernels are not built for", UL_CUDA_TEST_TAG) {
+  const ul_test::CmdResult r =
+      ul_test::run_cmd(ul_test::train_cmd("--device cuda --dim 96 --heads 2 --steps 1 --eval-every 0 --quiet"));
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Catch::Contains("head dim 48") && Catch::Contains("--dim 96") && Catch::Contains("--heads 2"));
 }
 
 TEST_CASE("train --device cuda --precision bf16: f32 masters, bf16 weights, close to fp32", UL_CUDA_TEST_TAG) {
