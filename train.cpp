@@ -89,11 +89,6 @@ int main(int argc, char** argv) {
     }
     LocalOptions local;
     local.device = run_device(o);
-#if ULYSSES_HAVE_CUDA && !ULYSSES_CUDA_EMULATED
-    // The local communicator copies with the host: real device memory needs NCCL between ranks.
-    if (local.device == Device::cuda && o.ranks > 1)
-      throw std::runtime_error("--device cuda with --ranks > 1 needs --comm nccl (or mpi): --comm local moves host memory");
-#endif
     int code = 0;
     run_local(o.ranks, [&](Comm& world) {
       int c = run(o, world);

@@ -88,47 +88,66 @@ class LocalComm : public Comm {
   int size() const override { return int(g_->members.size()); }
   const char* backend() const override { return "local"; }
 
+  // The ranks' threads read each other's buffers with the host's memcpy: device buffers (on a GPU,
+  // and on the emulated device too, so that CI runs this path) go through host copies, in before
+  // the rendezvous and out after it. All ranks share the process's one GPU and its legacy default
+  // stream, so a copy is ordered after every kernel that wrote the buffer.
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
     stats.all_reduce += comm_volume::all_reduce(count, t, size());
+    const size_t bytes = count * dtype_size(t);
+    Staged out(device_, buf, bytes, true);
     // The others read this copy while buf is overwritten with the result.
-    std::vector<char> mine(static_cast<const char*>(buf), static_cast<const char*>(buf) + count * dtype_size(t));
-    exchange({"all_reduce", count, t, int(op), 0, mine.data(), buf}, [&] { reduce_many(buf, sends().data(), size(), count, t, op); });
+    const char* in = static_cast<const char*>(out.host());
+    std::vector<char> mine(in, in + bytes);
+    exchange({"all_reduce", count, t, int(op), 0, mine.data(), out.host()},
+             [&] { reduce_many(out.host(), sends().data(), size(), count, t, op); });
+    out.copy_out();
   }
 
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
     stats.all_to_all += comm_volume::all_to_all(count, t, size());
     const size_t bytes = count * dtype_size(t);
-    exchange({"all_to_all", count, t, 0, 0, send, recv}, [&] {
+    Staged in(device_, send, bytes * size(), true), out(device_, recv, bytes * size(), false);
+    exchange({"all_to_all", count, t, 0, 0, in.host(), out.host()}, [&] {
       for (int j = 0; j < size(); j++)  // chunk rank_ of rank j's send -> chunk j of my recv
-        copy(static_cast<char*>(recv) + j * bytes, static_cast<const char*>(g_->posts[j].send) + rank_ * bytes, bytes);
+        copy(static_cast<char*>(out.host()) + j * bytes, static_cast<const char*>(g_->posts[j].send) + rank_ * bytes,
+             bytes);
     });
+    out.copy_out();
   }
 
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
     stats.all_gather += comm_volume::all_gather(count, t, size());
     const size_t bytes = count * dtype_size(t);
-    exchange({"all_gather", count, t, 0, 0, send, recv}, [&] {
-      for (int j = 0; j < size(); j++) copy(static_cast<char*>(recv) + j * bytes, g_->posts[j].send, bytes);
+    Staged in(device_, send, bytes, true), out(device_, recv, bytes * size(), false);
+    exchange({"all_gather", count, t, 0, 0, in.host(), out.host()}, [&] {
+      for (int j = 0; j < size(); j++) copy(static_cast<char*>(out.host()) + j * bytes, g_->posts[j].send, bytes);
     });
+    out.copy_out();
   }
 
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
     stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size());
     const size_t bytes = count * dtype_size(t);
-    exchange({"reduce_scatter", count, t, int(op), 0, send, recv}, [&] {
+    Staged in(device_, send, bytes * size(), true), out(device_, recv, bytes, false);
+    exchange({"reduce_scatter", count, t, int(op), 0, in.host(), out.host()}, [&] {
       std::vector<const void*> mine = sends();  // chunk rank_ of every rank's send, in rank order
       for (auto& p : mine) p = static_cast<const char*>(p) + rank_ * bytes;
-      reduce_many(recv, mine.data(), size(), count, t, op);
+      reduce_many(out.host(), mine.data(), size(), count, t, op);
     });
+    out.copy_out();
   }
 
   void broadcast(void* buf, size_t count, DType t, int root) override {
     if (root < 0 || root >= size())
       throw CommError("local comm: broadcast root " + std::to_string(root) + " is not in [0, " + std::to_string(size()) + ")");
     stats.broadcast += comm_volume::broadcast(count, t, size(), rank_ == root);
-    exchange({"broadcast", count, t, root, 0, buf, buf}, [&] {
-      if (rank_ != root) copy(buf, g_->posts[root].send, count * dtype_size(t));
+    const size_t bytes = count * dtype_size(t);
+    Staged io(device_, buf, bytes, rank_ == root);
+    exchange({"broadcast", count, t, root, 0, io.host(), io.host()}, [&] {
+      if (rank_ != root) copy(io.host(), g_->posts[root].send, bytes);
     });
+    if (rank_ != root) io.copy_out();
   }
 
   void barrier() override { exchange({"barrier"}, [] {}); }

@@ -43,26 +43,6 @@ MPI_Datatype mpi_type(DType t) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
 
-// Host memory for a collective's buffer: the buffer itself on the host, else a staging copy.
-class Staged {
- public:
-  Staged(Device d, const void* p, size_t bytes, bool copy_in) : dev_(d), p_(const_cast<void*>(p)), bytes_(bytes) {
-    if (dev_ == Device::cpu) return;
-    host_.resize(bytes);
-    if (copy_in) device_copy(host_.data(), Device::cpu, p, dev_, bytes);
-  }
-  void* host() { return dev_ == Device::cpu ? p_ : host_.data(); }
-  void copy_out() {
-    if (dev_ != Device::cpu) device_copy(p_, dev_, host_.data(), Device::cpu, bytes_);
-  }
-
- private:
-  Device dev_;
-  void* p_;
-  size_t bytes_;
-  std::vector<char> host_;
-};
-
 std::vector<float> widen(const void* bf16, size_t n) {
   std::vector<float> f(n);
   for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(static_cast<const uint16_t*>(bf16)[i]);

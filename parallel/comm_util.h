@@ -1,13 +1,15 @@
 // Helpers shared by the communicator backends: the byte accounting of CommStats (the formulas are
-// documented in communicator.h), element-wise reductions on host buffers (local) and the bf16
-// conversions (MPI has no bf16 type). bf16 is the top half of an f32: it is widened exactly,
+// documented in communicator.h), host staging of device buffers (local, MPI), element-wise
+// reductions on host buffers (local) and the bf16 conversions (MPI has no bf16 type). bf16 is the top half of an f32: it is widened exactly,
 // reduced in f32, and rounded back to nearest-even once.
 #pragma once
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
+#include "engine/device.h"
 #include "engine/tensor.h"
 #include "parallel/communicator.h"
 
@@ -25,6 +27,26 @@ inline uint64_t broadcast(size_t count, DType t, int P, bool is_root) {
   return is_root && P > 1 ? uint64_t(count) * dtype_size(t) : 0;
 }
 }  // namespace comm_volume
+
+// Host memory for a collective's buffer: the buffer itself on the host, else a staging copy.
+class Staged {
+ public:
+  Staged(Device d, const void* p, size_t bytes, bool copy_in) : dev_(d), p_(const_cast<void*>(p)), bytes_(bytes) {
+    if (dev_ == Device::cpu) return;
+    host_.resize(bytes);
+    if (copy_in) device_copy(host_.data(), Device::cpu, p, dev_, bytes);
+  }
+  void* host() { return dev_ == Device::cpu ? p_ : host_.data(); }
+  void copy_out() {
+    if (dev_ != Device::cpu) device_copy(p_, dev_, host_.data(), Device::cpu, bytes_);
+  }
+
+ private:
+  Device dev_;
+  void* p_;
+  size_t bytes_;
+  std::vector<char> host_;
+};
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
