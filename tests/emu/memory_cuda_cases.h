@@ -1,7 +1,7 @@
 // Long-context memory on the CUDA backend; written only against the engine, so the same cases run
 // emulated (tests/emu/test_memory_cuda.cpp, in CI) and on a real GPU (tests/gpu/test_memory_gpu.cpp);
-// the including file picks the Catch2 tag. sp 2 runs only emulated: the local communicator moves
-// host memory, which is device memory only under the emulator.
+// the including file picks the Catch2 tag. sp 2 runs as two threads of one process (the local
+// communicator, its collectives staged through host memory).
 //   - --offload (block inputs through pinned host memory on a side stream) leaves the loss and
 //     every gradient bitwise equal to --recompute alone: gpt2 and llama, 5 layers (so three block
 //     outputs make the round trip), sp 1 and 2, two micro-batches (the host slots are reused). The
@@ -30,11 +30,6 @@ namespace memory_cases {
 
 using namespace ul;
 
-#if ULYSSES_CUDA_EMULATED
-constexpr int kMaxRanks = 2;
-#else
-constexpr int kMaxRanks = 1;
-#endif
 
 const char* kCommon =
     "--threads 1 --grad-clip 0 --eval-every 0 --quiet --layers 5 --dim 64 --heads 2 --seq 16 --max-seq 16 "
@@ -72,7 +67,6 @@ TEST_CASE("offloading block inputs to pinned host memory leaves the loss and eve
     for (const char* arch : {"gpt2", "llama"}) {
       for (const char* precision : {"fp32", "bf16"}) {
         const int ranks = std::string(layout) == "--sp 2" ? 2 : 1;
-        if (ranks > kMaxRanks) continue;
         const std::string a = std::string("--model ") + arch + " --precision " + precision + " " + layout +
                               " --grad-accum 2 --recompute";
         INFO(a);
@@ -99,7 +93,6 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
       {"--model gpt2 --precision bf16 --sp 2 --batch 1", 2},  // batch 1: the all-to-alls skip buffers
   };
   for (const auto& [args, ranks] : runs) {
-    if (ranks > kMaxRanks) continue;
     std::vector<RankRun> got = run(args, ranks);
     Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
     for (int r = 0; r < ranks; r++) {

@@ -1,14 +1,13 @@
-// The Ulysses pack/unpack permutes on CUDA against the CPU loops, and (emulated only) the two
-// all-to-all ops on Device::cuda tensors under the local communicator against the same ops on the
-// CPU. The kernel cases run emulated (tests/emu) and on a GPU (tests/gpu).
+// The Ulysses pack/unpack permutes on CUDA against the CPU loops, and the two all-to-all ops on
+// Device::cuda tensors under the local communicator (ranks as threads, collectives staged through
+// host memory) against the same ops on the CPU. The cases run emulated (tests/emu) and on a GPU
+// (tests/gpu).
 //   - outputs are poisoned (NaN) unless the permute accumulates; accumulating ones start from
 //     random values, so `=` instead of `+=` fails;
 //   - head splits with kv heads >= P, < P (replicated: their gradients are summed), GQA, P = 3;
 //     D, Tl and B small and odd;
 //   - f32 is exact (the same additions in the same order); bf16 is exact for copies and the CPU's
 //     float sum rounded once for accumulations.
-// The op cases need host-addressable device memory (the local communicator memcpys the buffers),
-// so they exist only in the emulated build.
 #pragma once
 #include "emu/cuda_cases_util.h"
 #include "engine/context.h"
@@ -82,7 +81,6 @@ void check_sequence(int P, int R) {
   expect_close("chunks_to_sequence =", to_f32(d_dst.get()), set_ref, 0, 0);
 }
 
-#if ULYSSES_CUDA_EMULATED
 struct RankResult {
   std::vector<float> out, grad;
 };
@@ -164,7 +162,6 @@ inline void check_ops(const ul::HeadSplit& hs, ul::DType dt) {
   const auto got = run_ranks(ul::Device::cuda, dt, P, {B, P * Tl, Hl, D}, y, dout, op);
   compare("gather_heads", got, ref);
 }
-#endif
 
 }  // namespace ulysses_cases
 
@@ -183,7 +180,6 @@ TEST_CASE("ulysses sequence permutes on CUDA match the CPU", UL_CUDA_TEST_TAG "[
     }
 }
 
-#if ULYSSES_CUDA_EMULATED
 TEST_CASE("ulysses ops on Device::cuda (local communicator) match the ops on the CPU", UL_CUDA_TEST_TAG "[ulysses]") {
   // A few splits (the kernels above cover them all): each rank context costs a 64 MiB arena block.
   for (const ul::HeadSplit& hs : {ul::HeadSplit{4, 4, 2}, ul::HeadSplit{8, 1, 4}, ul::HeadSplit{6, 3, 3}})
@@ -204,4 +200,3 @@ TEST_CASE("ulysses ops refuse a communicator for another device", UL_CUDA_TEST_T
   });
   CHECK_THAT(err, Catch::Contains("communicator is for cpu"));
 }
-#endif
