@@ -28,6 +28,9 @@ fi
 echo "== tests labelled gpu"
 (cd build-gpu && timeout 240 ctest -L gpu --output-on-failure -j 4) > "$OUT/ctest_gpu.log" 2>&1
 row "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1)"
+# ctest lists the failures after "The following tests FAILED:", one "  N - name (Failed)" a line.
+sed -n '/The following tests FAILED/,$p' "$OUT/ctest_gpu.log" | grep -E '^[[:space:]]+[0-9]+ - ' | head -8 |
+  while read -r line; do row "  failed" "$line"; done
 
 echo "== SP on one GPU (local communicator)"
 common="--device cuda --precision fp32 --steps 5 --seq 256 --batch 2 --eval-every 0 --eval-batches 1"
