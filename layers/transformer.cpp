@@ -209,7 +209,7 @@ Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* s
   const bool scoped = !c.tape.recording || (recompute && x.requires_grad());
   if (!scoped) return scoped_backward(x, [&] { return block_ops(x, l, in, sp); });
   BlockOffload* off = c.tape.recording ? offloading_ : nullptr;
-  Tensor y = off ? off->output(l) : c.empty(x.shape, x.dtype);
+  Tensor y = off ? off->output(l) : !c.tape.recording ? eval_out_[l % 2] : c.empty(x.shape, x.dtype);
   {
     ArenaScope scope(c.arena);
     Recording no(false);
@@ -271,6 +271,10 @@ CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, 
   Tensor wpe = cfg.is_llama() ? Tensor{} : params.get("wpe");
   Tensor x = embedding(in.idx, in.pos, params.get("wte"), wpe);  // (B, Tl, C)
   offloading_ = nullptr;
+  // Nothing records (eval): no block's output is read after the next block has run, so the
+  // outputs alternate between two buffers instead of piling up one per layer (which would make an
+  // eval outgrow the step's reservation under --offload).
+  for (Tensor& t : eval_out_) t = ctx().tape.recording ? Tensor{} : ctx().empty(x.shape, x.dtype);
   if (offload && recompute && ctx().tape.recording && x.requires_grad()) {
     if (!offload_) offload_ = std::make_unique<BlockOffload>();
     offload_->begin(ctx().arena, x, cfg.layers);

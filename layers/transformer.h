@@ -83,6 +83,7 @@ class Transformer {
   Tensor scoped_backward(const Tensor& x, const std::function<Tensor()>& ops);
   std::unique_ptr<BlockOffload> offload_;  // made on the first forward that offloads
   BlockOffload* offloading_ = nullptr;     // this forward's (recorded, recompute, offload) or null
+  Tensor eval_out_[2];                     // a forward that records nothing: block outputs alternate
 };
 
 }  // namespace ul

@@ -38,7 +38,7 @@ const char* kCommon =
 struct RankRun {
   double loss = 0;
   std::vector<float> grad;  // world-summed, after the step
-  size_t act = 0, blocks = 0;
+  size_t act = 0, blocks = 0, eval_act = 0;  // eval_act: the arena's high-water in an eval
   int64_t valid = 0;
 };
 
@@ -55,6 +55,9 @@ std::vector<RankRun> run(const std::string& args, int ranks) {
     r.loss = sr.loss;
     r.act = sr.act_bytes;
     r.blocks = tr.context().arena.blocks();
+    tr.context().arena.reset_high_water();
+    tr.evaluate();  // a forward that records nothing must fit the step's reservation too
+    r.eval_act = tr.context().arena.high_water();
     const Params& p = tr.model().params;
     r.grad.resize(p.numel());
     device_copy(r.grad.data(), Device::cpu, p.grad(), p.device(), r.grad.size() * sizeof(float));
@@ -91,6 +94,8 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
       {"--model gpt2 --precision fp32 --sp 2 --recompute --mlp-chunks 2", 2},
       {"--model llama --precision fp32 --sp 2", 2},
       {"--model gpt2 --precision bf16 --sp 2 --batch 1", 2},  // batch 1: the all-to-alls skip buffers
+      // many layers, a classifier chunk larger than a block: an eval must not outgrow the step
+      {"--model gpt2 --precision bf16 --recompute --offload --layers 12 --vocab 8192", 1},
   };
   for (const auto& [args, ranks] : runs) {
     std::vector<RankRun> got = run(args, ranks);
@@ -102,6 +107,7 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
       INFO(args << " rank " << r << ": planned " << p.arena_peak << ", measured " << got[r].act);
       CHECK(p.arena_peak == got[r].act);
       CHECK(got[r].blocks == 1);
+      CHECK(got[r].eval_act <= p.arena_peak);
     }
   }
 }
