@@ -1,7 +1,7 @@
 // Helpers shared by the communicator backends: the byte accounting of CommStats (the formulas are
 // documented in communicator.h), host staging of device buffers (local, MPI), element-wise
-// reductions on host buffers (local) and the bf16 conversions (MPI has no bf16 type). bf16 is the top half of an f32: it is widened exactly,
-// reduced in f32, and rounded back to nearest-even once.
+// reductions on host buffers (local) and the bf16 conversions (MPI has no bf16 type). bf16 is the
+// top half of an f32: it is widened exactly, reduced in f32, and rounded back to nearest-even once.
 #pragma once
 #include <algorithm>
 #include <cstddef>

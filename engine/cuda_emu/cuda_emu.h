@@ -73,7 +73,7 @@ void cp_async_wait(int pending);  // retires all but the `pending` newest commit
 // cudaFuncSetAttribute on the GPU.
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               const std::function<void()>& body);
-void set_max_dynamic_smem(const void* kernel, size_t bytes);
+bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // false past sm_90's 227 KiB
 
 template <class... P, class... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,

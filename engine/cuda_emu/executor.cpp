@@ -391,9 +391,11 @@ void* dynamic_smem() {
   return w.smem_bytes ? w.smem : nullptr;
 }
 
-void set_max_dynamic_smem(const void* kernel, size_t bytes) {
+bool set_max_dynamic_smem(const void* kernel, size_t bytes) {
+  if (bytes > kMaxDynamicSmem) return false;
   std::lock_guard<std::mutex> lock(g_smem_mu);
   g_smem_opt_in[kernel] = bytes;
+  return true;
 }
 
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,

@@ -249,12 +249,12 @@ cudaError_t cudaGetDevice(int* d) {
 }
 
 namespace ul_emu {
-void set_max_dynamic_smem(const void* kernel, size_t bytes);  // executor.cpp: checked at launch
+bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // executor.cpp: checked at launch
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
-  if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > (227 << 10))
+  if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      !ul_emu::set_max_dynamic_smem(func, size_t(value)))
     return fail(cudaErrorInvalidValue);
-  ul_emu::set_max_dynamic_smem(func, size_t(value));
   return cudaSuccess;
 }

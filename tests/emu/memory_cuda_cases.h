@@ -30,7 +30,6 @@ namespace memory_cases {
 
 using namespace ul;
 
-
 const char* kCommon =
     "--threads 1 --grad-clip 0 --eval-every 0 --quiet --layers 5 --dim 64 --heads 2 --seq 16 --max-seq 16 "
     "--batch 2 --device cuda";
