@@ -18,8 +18,10 @@ row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/table.txt"; }
 : > "$OUT/table.txt"
 
 echo "== build"
+# Only what this script runs (not the cpu tests): under a minute on 16 cores.
 if cmake -S . -B build-gpu -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$PWD/.carry" \
-     > "$OUT/configure.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+     > "$OUT/configure.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" \
+     --target train tests_gpu bench_gpt2_step bench_attention > "$OUT/build.log" 2>&1; then
   row "build (nvcc, sm_90)" "ok"
 else
   row "build (nvcc, sm_90)" "FAILED (see $OUT/build.log)"; tail -30 "$OUT/build.log"; cat "$OUT/table.txt"; exit 1
@@ -41,10 +43,15 @@ row "sp 2 vs sp 1 losses (fp32)" "${l2:-failed} | ${l1:-failed}"
 
 echo "== GPT-2 124M, bf16, T = 1024"
 for b in 8 32; do  # llm.c's H100 figures use larger batches; the small one shows launch overheads
+  # --profile: one more step with each op's GPU time (the table's last rows; the whole list in the log)
   timeout 120 ./build-gpu/bench_gpt2_step --device cuda --precision bf16 --batch $b --seq 1024 --steps 10 \
-    > "$OUT/gpt2_b$b.log" 2>&1
+    --profile > "$OUT/gpt2_b$b.log" 2>&1
   row "GPT-2 124M bf16 T=1024 B=$b tokens/s, MFU" \
     "$(grep -o 'tokens/s [0-9.]*' "$OUT/gpt2_b$b.log" | tail -1), $(grep -o 'MFU [0-9.]*%' "$OUT/gpt2_b$b.log" | tail -1)"
+done
+# The longest ops of the B = 32 profiled step (bench_gpt2_step --profile: "ms % calls TFLOP/s op").
+sed -n '/^profile:/,$p' "$OUT/gpt2_b32.log" | awk 'NR > 2 && NR <= 10' | while read -r ms pct calls rate op; do
+  row "  B=32 op: $op" "$ms ms, $pct%, $calls calls, TFLOP/s $rate"
 done
 
 echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384)"
@@ -61,11 +68,14 @@ timeout 150 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --
   --dims 64,128 > "$OUT/attn_ours.log" 2>&1
 timeout 150 python3 bench/sdpa_reference.py --seqs 4096,16384,65536 --dims 64,128 --heads 16 \
   > "$OUT/attn_sdpa.log" 2>&1
+# sdpa_reference.py prints "T D fwd_ms fwd_bwd_ms TFLOP/s backend", backend default, flash, cudnn, ...
+sdpa() { awk -v T="$1" -v D="$2" -v B="$3" '$1 == T && $2 == D && $6 == B {print $5}' "$OUT/attn_sdpa.log"; }
 while read -r dev dt T D f fb tf doc; do
   [ "$dev" = cuda ] || continue
-  ref=$(awk -v T="$T" -v D="$D" '$1 == T && $2 == D {print $5}' "$OUT/attn_sdpa.log")
+  ref=$(sdpa "$T" "$D" default)
   ratio=$(awk -v a="$tf" -v b="${ref:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-  row "attention T=$T D=$D TFLOP/s (ours | SDPA)" "$tf | ${ref:-n/a} | ratio $ratio"
+  row "attention T=$T D=$D TFLOP/s (ours | SDPA)" \
+    "$tf | ${ref:-n/a} | ratio $ratio | flash $(sdpa "$T" "$D" flash) cudnn $(sdpa "$T" "$D" cudnn)"
 done < "$OUT/attn_ours.log"
 
 echo "== attention with packed 2K-token documents (tiles that share none are skipped)"

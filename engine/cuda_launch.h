@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "engine/cuda_runtime.h"
+#include "engine/gpu_profile.h"
 #if ULYSSES_CUDA_EMULATED
 #include "engine/cuda_emu/cuda_emu.h"
 #endif
@@ -48,6 +49,8 @@ namespace ul {
 template <class... P, class... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
             cudaStream_t stream, A&&... args) {
+  gpu_profile::Span span;  // times the kernel under --profile (engine/gpu_profile.h)
+  if (gpu_profile::enabled()) span.begin(name, stream);
 #if ULYSSES_CUDA_EMULATED
   ul_emu::launch(name, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 #else

@@ -8,6 +8,7 @@
 
 #include "engine/cuda_launch.h"
 #include "engine/device.h"
+#include "engine/gpu_profile.h"
 
 namespace ul {
 namespace {
@@ -30,19 +31,28 @@ void cuda_free(void* p) {
 }
 
 void cuda_zero(void* p, size_t bytes) {
-  if (bytes) UL_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  if (!bytes) return;
+  gpu_profile::Span span;
+  if (gpu_profile::enabled()) span.begin("cudaMemset", nullptr);
+  UL_CUDA_CHECK(cudaMemset(p, 0, bytes));
 }
 
 // cudaMemcpy on the legacy default stream: ordered after every kernel launched before it, which is
 // what the engine's synchronous copies (tests, checkpoints, logging) rely on.
+void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* name) {
+  if (!bytes) return;
+  gpu_profile::Span span;
+  if (gpu_profile::enabled()) span.begin(name, nullptr);
+  UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+}
 void cuda_to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  copy(dst, src, bytes, cudaMemcpyDeviceToHost, "cudaMemcpy device to host");
 }
 void cuda_from_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  copy(dst, src, bytes, cudaMemcpyHostToDevice, "cudaMemcpy host to device");
 }
 void cuda_within(void* dst, const void* src, size_t bytes) {
-  if (bytes) UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  copy(dst, src, bytes, cudaMemcpyDeviceToDevice, "cudaMemcpy device to device");
 }
 void cuda_sync() { UL_CUDA_CHECK(cudaDeviceSynchronize()); }
 

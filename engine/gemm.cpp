@@ -4,6 +4,7 @@
 // (fp32 accumulation, one rounding of alpha·AB + beta·C + bias). Empty in the other builds.
 #if ULYSSES_CUDA_EMULATED
 #include "engine/gemm.h"
+#include "engine/gpu_profile.h"
 
 #include <Eigen/Core>
 #include <stdexcept>
@@ -38,11 +39,13 @@ const float* as_float(const T* p, size_t n, std::vector<float>& keep) {
 
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
-          bool accumulate, const char* op, cudaStream_t) {
+          bool accumulate, const char* op, cudaStream_t s) {
   if (M < 0 || N < 0 || K < 0 || (M > 0 && N > 0 && (!d || (K > 0 && (!a || !b)))))
     throw std::runtime_error(std::string(op) + ": gemm (" + std::to_string(M) + ", " + std::to_string(K) + ") x (" +
                              std::to_string(K) + ", " + std::to_string(N) + ") with a negative size or a null buffer");
   if (M == 0 || N == 0) return;
+  gpu_profile::Span span;
+  if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);
   std::vector<float> a_keep, b_keep, d_keep;
   const float* af = as_float(a, size_t(M) * K, a_keep);
   const float* bf = as_float(b, size_t(K) * N, b_keep);

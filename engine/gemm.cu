@@ -24,6 +24,7 @@
 
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
+#include "engine/gpu_profile.h"
 #include "layers/scratch_sizes.h"
 
 namespace ul {
@@ -128,6 +129,8 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   if (M < 0 || N < 0 || K < 0 || (M > 0 && N > 0 && (!d || (K > 0 && (!a || !b)))))
     throw std::runtime_error(what + ": a negative size or a null buffer");
   if (M == 0 || N == 0) return;
+  gpu_profile::Span span;
+  if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);
   if (K == 0) {  // no product: D = (accumulate ? D : 0) + bias
     bias_rows<TD>(d, bias, M, N, accumulate, s);
     return;

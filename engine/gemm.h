@@ -14,12 +14,21 @@
 // and host thread, created on first use; the bias is cuBLASLt's BIAS epilogue. Under
 // ULYSSES_CUDA_EMULATION: the portable twin (engine/gemm.cpp), Eigen's GEMM on the (host-memory)
 // device buffers. Both throw std::runtime_error naming `op` and the shapes on any failure.
+// Under --profile (engine/gpu_profile.h) each call is one row named by gemm_profile_name, with its
+// 2 M N K FLOPs, so the report gives each GEMM shape's rate.
 #pragma once
 #if ULYSSES_HAVE_CUDA
+#include <string>
+
 #include "engine/cuda_runtime.h"
 
 namespace ul {
 namespace cuda {
+
+// "linear forward M=8192 N=2304 K=768"
+inline std::string gemm_profile_name(const char* op, int M, int N, int K) {
+  return std::string(op) + " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
 
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
