@@ -36,6 +36,14 @@ inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1)
 // The kernel side exists only where kernels are compiled: nvcc, or C++ under the emulator.
 #if defined(__CUDACC__) || ULYSSES_CUDA_EMULATED
 
+// Loops over per-thread arrays (fragments, accumulators, rows, loads in flight) are unrolled so
+// that the arrays can live in registers; the emulator runs them as written.
+#if defined(__CUDACC__)
+#define UL_UNROLL _Pragma("unroll")
+#else
+#define UL_UNROLL
+#endif
+
 #ifndef UL_DYNAMIC_SMEM
 // One byte array viewed as T: declaring `extern __shared__ T name[]` with a different T in each
 // template instance would be a conflicting redeclaration.

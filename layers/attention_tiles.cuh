@@ -46,14 +46,6 @@ namespace attn {
 
 using bf16 = __nv_bfloat16;
 
-// Loops over per-thread arrays (fragments, accumulators, rows) are unrolled so that the arrays can
-// live in registers; the emulator runs them as written.
-#if defined(__CUDACC__)
-#define UL_UNROLL _Pragma("unroll")
-#else
-#define UL_UNROLL
-#endif
-
 constexpr int kTile = 64;     // query rows per block and keys per tile (the CPU's tile too)
 constexpr int kWarps = 4;     // bf16 kernels: 4 warps x 16 rows = one tile
 constexpr int kFmaRows = 32;  // f32 kernels: rows of the other side staged per step

@@ -26,6 +26,7 @@ namespace cuda {
 namespace {
 
 constexpr int kMaxThreads = 1024;
+constexpr int kUnroll = 4;  // loads in flight per thread in softmax_cross_entropy
 
 // Softmax statistics of a set of logits: the max m, sum of exp(l - m), and the first index of m.
 struct RowStats {
@@ -73,15 +74,22 @@ __global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ los
   }
   const float lt = lr[t];  // read before the barriers below, so before anything overwrites it
 
+  // Each thread's elements are i = tid + k * blockDim.x, taken kUnroll at a time: their loads are
+  // issued together, so a thread has several in flight (the kernel is bound by memory latency,
+  // not arithmetic), and each is still visited in the order k = 0, 1, 2, ...
+  const int stride = blockDim.x;
   RowStats st{-INFINITY, 0.f, V};
-  for (int i = tid; i < V; i += blockDim.x) {
-    const float v = lr[i];
-    if (v > st.m) {
-      st.s = st.s * expf(st.m - v) + 1.f;  // exp(-inf) = 0 for the first element
-      st.m = v;
-      st.arg = i;
-    } else if (v != -INFINITY) {  // exp(-inf) adds nothing (and -inf - -inf would be NaN)
-      st.s += expf(v - st.m);
+  for (int i0 = tid; i0 < V; i0 += kUnroll * stride) {
+    float v[kUnroll];
+    UL_UNROLL for (int u = 0; u < kUnroll; u++) v[u] = i0 + u * stride < V ? lr[i0 + u * stride] : -INFINITY;
+    UL_UNROLL for (int u = 0; u < kUnroll; u++) {
+      if (v[u] > st.m) {
+        st.s = st.s * expf(st.m - v[u]) + 1.f;  // exp(-inf) = 0 for the first element
+        st.m = v[u];
+        st.arg = i0 + u * stride;
+      } else if (v[u] != -INFINITY) {  // exp(-inf) adds nothing (and -inf - -inf would be NaN)
+        st.s += expf(v[u] - st.m);
+      }
     }
   }
   st = warp_combine(st);
@@ -102,9 +110,15 @@ __global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ los
   }
   if (dr) {
     const float scale = grad_scale / st.s;
-    for (int i = tid; i < V; i += blockDim.x) {
-      const float p = expf(lr[i] - st.m) * scale;
-      dr[i] = from_float<T>(i == t ? p - grad_scale : p);
+    for (int i0 = tid; i0 < V; i0 += kUnroll * stride) {
+      float v[kUnroll];
+      UL_UNROLL for (int u = 0; u < kUnroll; u++) v[u] = i0 + u * stride < V ? lr[i0 + u * stride] : 0.f;
+      UL_UNROLL for (int u = 0; u < kUnroll; u++) {
+        const int i = i0 + u * stride;
+        if (i >= V) break;
+        const float p = expf(v[u] - st.m) * scale;
+        dr[i] = from_float<T>(i == t ? p - grad_scale : p);
+      }
     }
   }
 }

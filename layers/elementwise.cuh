@@ -1,9 +1,11 @@
-// What the elementwise kernels (gelu, swiglu, residual, the embedding gather) share: 16-byte
-// packs, so that one load or store moves 4 floats or 8 bf16 (the widest access a thread issues),
-// and the grid of a grid-stride loop. Included by .cu files only, after engine/cuda_launch.h.
+// What the elementwise kernels (gelu, swiglu, residual, the embedding gather, the norms' rows)
+// share: 16-byte packs, so that one load or store moves 4 floats or 8 bf16 (the widest access a
+// thread issues), and the grid of a grid-stride loop. Included by .cu files only, after engine/cuda_launch.h.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
 
 #include "engine/cuda_launch.h"
 
@@ -20,14 +22,38 @@ struct alignas(sizeof(T) * V) Pack {
 template <class T>
 constexpr int kPackElems = int(16 / sizeof(T));
 
-// p must be aligned to sizeof(T) * V bytes.
+// p must be aligned to sizeof(T) * V bytes: a GPU faults on a misaligned vector access ("misaligned
+// address"), and the emulator, where any address would do, throws instead, naming the kernel.
+template <int V, class T>
+__device__ __forceinline__ void check_pack_alignment(const T* p) {
+#if ULYSSES_CUDA_EMULATED
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(Pack<T, V>) != 0)
+    throw std::runtime_error("misaligned " + std::to_string(sizeof(Pack<T, V>)) + "-byte vector access");
+#endif
+}
 template <int V, class T>
 __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  check_pack_alignment<V>(p);
   return *reinterpret_cast<const Pack<T, V>*>(p);
 }
 template <int V, class T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
+  check_pack_alignment<V>(p);
   *reinterpret_cast<Pack<T, V>*>(p) = x;
+}
+
+// V elements at p (16-byte aligned when V > 1) as floats, and floats rounded back into V elements:
+// the row kernels (layernorm, rmsnorm) work on packs of a row this way.
+template <int V, class T>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[V]) {
+  const Pack<T, V> pk = load_pack<V>(p);
+  for (int k = 0; k < V; k++) out[k] = to_float(pk.v[k]);
+}
+template <int V, class T>
+__device__ __forceinline__ void store_floats(T* p, const float (&in)[V]) {
+  Pack<T, V> pk;
+  for (int k = 0; k < V; k++) pk.v[k] = from_float<T>(in[k]);
+  store_pack<V>(p, pk);
 }
 
 // True when every pointer sits on a 16-byte boundary, so that packs can be used on all of them.

@@ -2,13 +2,17 @@
 // T is float or __nv_bfloat16; mean, rstd, every sum and the parameter gradients dw, db are float.
 //
 // forward      one warp per row: three passes over the row (mean, then variance of x - mean,
-//              then y), each lane striding over the columns, warp_sum for the two reductions.
+//              then y), warp_sum for the two reductions. Each lane takes packs of V columns,
+//              (lane + 32 k) V ..., V = 8 bf16 or 4 floats (16-byte loads) when C % V == 0 and
+//              the buffers are 16-byte aligned, else V = 1. The second and third passes re-read
+//              the row, which is in L1 by then.
 // backward dx  the same layout: per row, mean_c(g) and mean_c(g * xhat), then dx += ...
 // backward dw, db   the column sums of dy * xhat and dy, in one pass and deterministic
 //              (layers/column_sums.cuh). This reads x and dy a second time; what it buys is
 //              bitwise-reproducible gradients.
 #include "engine/cuda_launch.h"
 #include "layers/column_sums.cuh"
+#include "layers/elementwise.cuh"
 #include "layers/scratch_sizes.h"
 #include "layers/layernorm.h"
 
@@ -19,7 +23,7 @@ namespace {
 constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
 
 // y, x: (N, C); w, b: (C); mean, rstd: (N)
-template <class T>
+template <class T, int V>
 __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
                                          const T* __restrict__ x, const T* __restrict__ w,
                                          const T* __restrict__ b, int N, int C) {
@@ -28,18 +32,28 @@ __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ 
   if (row >= N) return;  // whole warps leave together, so no lane is missing from a shuffle below
   const T* xr = x + size_t(row) * C;
   T* yr = y + size_t(row) * C;
+  float xv[V];
 
   float sum = 0.f;
-  for (int c = lane; c < C; c += 32) sum += to_float(xr[c]);
+  for (int c = lane * V; c < C; c += 32 * V) {
+    load_floats<V>(xr + c, xv);
+    for (int k = 0; k < V; k++) sum += xv[k];
+  }
   const float m = warp_sum(sum) / C;
   float var = 0.f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = to_float(xr[c]) - m;
-    var += d * d;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    load_floats<V>(xr + c, xv);
+    for (int k = 0; k < V; k++) var += (xv[k] - m) * (xv[k] - m);
   }
   const float s = rsqrtf(warp_sum(var) / C + float(kLayerNormEps));
-  for (int c = lane; c < C; c += 32)
-    yr[c] = from_float<T>((to_float(xr[c]) - m) * s * to_float(w[c]) + to_float(b[c]));
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float wv[V], bv[V], yv[V];
+    load_floats<V>(xr + c, xv);
+    load_floats<V>(w + c, wv);
+    load_floats<V>(b + c, bv);
+    for (int k = 0; k < V; k++) yv[k] = (xv[k] - m) * s * wv[k] + bv[k];
+    store_floats<V>(yr + c, yv);
+  }
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
@@ -47,7 +61,7 @@ __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ 
 }
 
 // dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),  g = dy * w.  dx, dy, x: (N, C)
-template <class T>
+template <class T, int V>
 __global__ void layernorm_backward_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                              const T* __restrict__ w, const float* __restrict__ mean,
                                              const float* __restrict__ rstd, int N, int C) {
@@ -56,18 +70,32 @@ __global__ void layernorm_backward_dx_kernel(T* __restrict__ dx, const T* __rest
   if (row >= N) return;
   const size_t off = size_t(row) * C;
   const float m = mean[row], s = rstd[row];
+  float dyv[V], xv[V], wv[V];
 
   float g_sum = 0.f, gx_sum = 0.f;
-  for (int c = lane; c < C; c += 32) {
-    const float g = to_float(dy[off + c]) * to_float(w[c]);
-    g_sum += g;
-    gx_sum += g * (to_float(x[off + c]) - m) * s;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    load_floats<V>(dy + off + c, dyv);
+    load_floats<V>(x + off + c, xv);
+    load_floats<V>(w + c, wv);
+    for (int k = 0; k < V; k++) {
+      const float g = dyv[k] * wv[k];
+      g_sum += g;
+      gx_sum += g * (xv[k] - m) * s;
+    }
   }
   const float g_mean = warp_sum(g_sum) / C, gx_mean = warp_sum(gx_sum) / C;
-  for (int c = lane; c < C; c += 32) {
-    const float g = to_float(dy[off + c]) * to_float(w[c]);
-    const float xhat = (to_float(x[off + c]) - m) * s;
-    dx[off + c] = from_float<T>(to_float(dx[off + c]) + s * (g - g_mean - xhat * gx_mean));
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float dxv[V];
+    load_floats<V>(dy + off + c, dyv);
+    load_floats<V>(x + off + c, xv);
+    load_floats<V>(w + c, wv);
+    load_floats<V>(dx + off + c, dxv);
+    for (int k = 0; k < V; k++) {
+      const float g = dyv[k] * wv[k];
+      const float xhat = (xv[k] - m) * s;
+      dxv[k] += s * (g - g_mean - xhat * gx_mean);
+    }
+    store_floats<V>(dx + off + c, dxv);
   }
 }
 
@@ -92,16 +120,25 @@ template <class T>
 void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int N, int C,
                        cudaStream_t s) {
   if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
-  launch("layernorm_forward", layernorm_forward_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s, y,
-         mean, rstd, x, w, b, N, C);
+  const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
+  if (C % kPackElems<T> == 0 && pack_aligned({y, x, w, b}))
+    launch("layernorm_forward", layernorm_forward_kernel<T, kPackElems<T>>, grid, block, 0, s, y, mean, rstd, x, w, b,
+           N, C);
+  else
+    launch("layernorm_forward", layernorm_forward_kernel<T, 1>, grid, block, 0, s, y, mean, rstd, x, w, b, N, C);
 }
 
 template <class T>
 void layernorm_backward(T* dx, float* dw, float* db, const T* dy, const T* x, const T* w, const float* mean,
                         const float* rstd, float* scratch, int N, int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;
-  launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0,
-         s, dx, dy, x, w, mean, rstd, N, C);
+  const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
+  if (C % kPackElems<T> == 0 && pack_aligned({dx, dy, x, w}))
+    launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T, kPackElems<T>>, grid, block, 0, s, dx, dy, x, w,
+           mean, rstd, N, C);
+  else
+    launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T, 1>, grid, block, 0, s, dx, dy, x, w, mean, rstd,
+           N, C);
   colsum::add<2>("layernorm_backward_dw_db", colsum::Outs<2>{{dw, db}}, WeightBiasTerm<T>{dy, x, mean, rstd, C},
                  scratch, N, C, s);
 }

@@ -1,11 +1,14 @@
 // RMSNorm on CUDA (the math is in rmsnorm.h; the CPU loop it must match is in rmsnorm.cpp).
 // T is float or __nv_bfloat16; rrms, every sum and the parameter gradient dw are float.
 //
-// forward      one warp per row: sum of squares (lanes stride over the columns, warp_sum), then y.
+// forward      one warp per row: sum of squares (warp_sum), then y. Each lane takes packs of V
+//              columns, (lane + 32 k) V ..., V = 8 bf16 or 4 floats (16-byte loads) when
+//              C % V == 0 and the buffers are 16-byte aligned, else V = 1.
 // backward dx  the same layout: per row, mean_c(dy * w * x), then dx += ...
 // backward dw  the column sums of dy * x * rrms, deterministic (layers/column_sums.cuh).
 #include "engine/cuda_launch.h"
 #include "layers/column_sums.cuh"
+#include "layers/elementwise.cuh"
 #include "layers/scratch_sizes.h"
 #include "layers/rmsnorm.h"
 
@@ -16,7 +19,7 @@ namespace {
 constexpr int kWarps = 8;           // rows per block in the row kernels (8 warps, 256 threads)
 
 // y, x: (N, C); w: (C); rrms: (N)
-template <class T>
+template <class T, int V>
 __global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rrms, const T* __restrict__ x,
                                        const T* __restrict__ w, int N, int C) {
   const int lane = threadIdx.x % 32;
@@ -24,19 +27,26 @@ __global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rr
   if (row >= N) return;  // whole warps leave together, so no lane is missing from a shuffle below
   const T* xr = x + size_t(row) * C;
   T* yr = y + size_t(row) * C;
+  float xv[V];
 
   float ss = 0.f;
-  for (int c = lane; c < C; c += 32) {
-    const float v = to_float(xr[c]);
-    ss += v * v;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    load_floats<V>(xr + c, xv);
+    for (int k = 0; k < V; k++) ss += xv[k] * xv[k];
   }
   const float r = rsqrtf(warp_sum(ss) / C + float(kRMSNormEps));
-  for (int c = lane; c < C; c += 32) yr[c] = from_float<T>(to_float(xr[c]) * r * to_float(w[c]));
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float wv[V], yv[V];
+    load_floats<V>(xr + c, xv);
+    load_floats<V>(w + c, wv);
+    for (int k = 0; k < V; k++) yv[k] = xv[k] * r * wv[k];
+    store_floats<V>(yr + c, yv);
+  }
   if (lane == 0) rrms[row] = r;
 }
 
 // dx += rrms * (g - x * rrms^2 * mean_c(g * x)),  g = dy * w.  dx, dy, x: (N, C)
-template <class T>
+template <class T, int V>
 __global__ void rmsnorm_backward_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                            const T* __restrict__ w, const float* __restrict__ rrms, int N, int C) {
   const int lane = threadIdx.x % 32;
@@ -44,13 +54,24 @@ __global__ void rmsnorm_backward_dx_kernel(T* __restrict__ dx, const T* __restri
   if (row >= N) return;
   const size_t off = size_t(row) * C;
   const float r = rrms[row];
+  float dyv[V], xv[V], wv[V];
 
   float gx_sum = 0.f;
-  for (int c = lane; c < C; c += 32) gx_sum += to_float(dy[off + c]) * to_float(w[c]) * to_float(x[off + c]);
-  const float k = r * r * (warp_sum(gx_sum) / C);
-  for (int c = lane; c < C; c += 32) {
-    const float g = to_float(dy[off + c]) * to_float(w[c]);
-    dx[off + c] = from_float<T>(to_float(dx[off + c]) + r * (g - to_float(x[off + c]) * k));
+  for (int c = lane * V; c < C; c += 32 * V) {
+    load_floats<V>(dy + off + c, dyv);
+    load_floats<V>(x + off + c, xv);
+    load_floats<V>(w + c, wv);
+    for (int k = 0; k < V; k++) gx_sum += dyv[k] * wv[k] * xv[k];
+  }
+  const float kk = r * r * (warp_sum(gx_sum) / C);
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float dxv[V];
+    load_floats<V>(dy + off + c, dyv);
+    load_floats<V>(x + off + c, xv);
+    load_floats<V>(w + c, wv);
+    load_floats<V>(dx + off + c, dxv);
+    for (int k = 0; k < V; k++) dxv[k] += r * (dyv[k] * wv[k] - xv[k] * kk);
+    store_floats<V>(dx + off + c, dxv);
   }
 }
 
@@ -72,16 +93,23 @@ size_t rmsnorm_backward_scratch_bytes(int N, int C) { return scratch::rmsnorm_ba
 template <class T>
 void rmsnorm_forward(T* y, float* rrms, const T* x, const T* w, int N, int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
-  launch("rmsnorm_forward", rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s, y, rrms,
-         x, w, N, C);
+  const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
+  if (C % kPackElems<T> == 0 && pack_aligned({y, x, w}))
+    launch("rmsnorm_forward", rmsnorm_forward_kernel<T, kPackElems<T>>, grid, block, 0, s, y, rrms, x, w, N, C);
+  else
+    launch("rmsnorm_forward", rmsnorm_forward_kernel<T, 1>, grid, block, 0, s, y, rrms, x, w, N, C);
 }
 
 template <class T>
 void rmsnorm_backward(T* dx, float* dw, const T* dy, const T* x, const T* w, const float* rrms, float* scratch, int N,
                       int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;
-  launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T>, dim3(ceil_div(N, kWarps)), dim3(32 * kWarps), 0, s,
-         dx, dy, x, w, rrms, N, C);
+  const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
+  if (C % kPackElems<T> == 0 && pack_aligned({dx, dy, x, w}))
+    launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T, kPackElems<T>>, grid, block, 0, s, dx, dy, x, w, rrms,
+           N, C);
+  else
+    launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T, 1>, grid, block, 0, s, dx, dy, x, w, rrms, N, C);
   colsum::add<1>("rmsnorm_backward_dw", colsum::Outs<1>{{dw}}, WeightTerm<T>{dy, x, rrms, C}, scratch, N, C, s);
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/cuda_launch.h"
+#include "layers/elementwise.cuh"
 
 namespace {
 
@@ -163,6 +164,10 @@ __global__ void warp_order_kernel(int* out) {
   }
 }
 
+// One 16-byte pack of floats from in + offset to out (a 16-byte aligned pointer plus offset floats).
+__global__ void pack_copy_kernel(float* out, const float* in, int offset) {
+  ul::cuda::store_pack<4>(out, ul::cuda::load_pack<4>(in + offset));
+}
 __global__ void bad_mask_kernel(int* out) { out[threadIdx.x] = __shfl_sync(0x1u, 1, 0); }
 __global__ void big_block_kernel(int* barrier_passes) {
   __syncthreads();
@@ -343,6 +348,13 @@ TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
   CHECK_THROWS_WITH(ul::launch("no_blocks", big_block_kernel, dim3(0), dim3(32), 0, nullptr, out.p),
                     Catch::Contains("invalid configuration"));
   CHECK_THROWS_WITH(__syncthreads(), Catch::Contains("outside a kernel"));
+  // A vector access must be aligned to its size, as on a GPU (which faults: "misaligned address").
+  DeviceBuffer<float> in(8), vec(4);
+  in.set({1, 2, 3, 4, 5, 6, 7, 8});
+  ul::launch("aligned_pack", pack_copy_kernel, dim3(1), dim3(1), 0, nullptr, vec.p, in.p, 4);
+  CHECK(vec.get() == std::vector<float>{5, 6, 7, 8});
+  CHECK_THROWS_WITH(ul::launch("misaligned_pack", pack_copy_kernel, dim3(1), dim3(1), 0, nullptr, vec.p, in.p, 1),
+                    Catch::Contains("misaligned_pack") && Catch::Contains("misaligned 16-byte"));
 
   // The executor recovers: a full 1024-thread block with barriers runs after the failures.
   DeviceBuffer<int> passes(1, 0);
