@@ -1,11 +1,13 @@
 // The Ulysses pack/unpack permutes on CUDA (shapes and semantics in ulysses.h; the CPU loops they
-// must match are in ulysses.cpp). Pure data movement: one thread per OUTPUT element, grid-stride,
+// must match are in ulysses.cpp). Pure data movement: one thread per OUTPUT pack, grid-stride,
 // 64-bit indices (an all-to-all buffer can exceed 2^31 elements). Writing each output once from
 // one thread needs no atomics; for chunks_to_heads it means gathering, for each destination head,
 // the (rank, slot) pairs that carry it — several for a kv head replicated over ranks.
 #include <algorithm>
+#include <initializer_list>
 
 #include "engine/cuda_launch.h"
+#include "layers/elementwise.cuh"
 #include "parallel/ulysses.h"
 
 namespace ul {
@@ -44,71 +46,99 @@ dim3 grid_for(size_t total) { return dim3(unsigned(std::min<long long>(ceil_div(
 #define UL_GRID_STRIDE(i, total) \
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (total); i += size_t(gridDim.x) * blockDim.x)
 
+// Each kernel moves packs of V elements along the innermost (contiguous) dimension, D or R: 16 bytes
+// (8 bf16, 4 floats) when that dimension is a multiple of it and the buffers are 16-byte aligned,
+// else V = 1. The index arithmetic (64-bit divisions) is then paid once per pack.
+
 // send: (P, B, Tl, W, D)  <-  src: (B, Tl, H, D)
-template <class T>
+template <class T, int V>
 __global__ void heads_to_chunks_kernel(T* __restrict__ send, const T* __restrict__ src, HeadMap hs, int B, int Tl,
                                        int D) {
-  const int H = hs.Hq + 2 * hs.Hkv, W = hs.width();
-  const size_t total = size_t(hs.P) * B * Tl * W * D;
+  const int H = hs.Hq + 2 * hs.Hkv, W = hs.width(), Dp = D / V;
+  const size_t total = size_t(hs.P) * B * Tl * W * Dp;
   UL_GRID_STRIDE(i, total) {
-    size_t r = i / D;
-    const int d = int(i % D), s = int(r % W);
+    size_t r = i / Dp;
+    const int d = int(i % Dp) * V, s = int(r % W);
     r /= W;  // (j, b, t)
     const size_t bt = r % (size_t(B) * Tl);
     const int j = int(r / (size_t(B) * Tl));
-    send[i] = src[(bt * H + hs.source(j, s)) * D + d];
+    store_pack<V>(send + i * V, load_pack<V>(src + (bt * H + hs.source(j, s)) * D + d));
   }
 }
 
 // dst: (B, Tl, H, D)  (+)=  recv: (P, B, Tl, W, D), the copies of a head summed in rank order.
-template <class T>
+template <class T, int V>
 __global__ void chunks_to_heads_kernel(T* __restrict__ dst, const T* __restrict__ recv, HeadMap hs, int B, int Tl,
                                        int D, bool accumulate) {
-  const int H = hs.Hq + 2 * hs.Hkv, W = hs.width();
-  const size_t BT = size_t(B) * Tl, total = BT * H * D;
+  const int H = hs.Hq + 2 * hs.Hkv, W = hs.width(), Dp = D / V;
+  const size_t BT = size_t(B) * Tl, total = BT * H * Dp;
   UL_GRID_STRIDE(i, total) {
-    const int d = int(i % D), h = int(i / D % H);
-    const size_t bt = i / D / H;
-    float acc = accumulate ? to_float(dst[i]) : 0.f;
+    const int d = int(i % Dp) * V, h = int(i / Dp % H);
+    const size_t bt = i / Dp / H;
+    float acc[V];
+    if (accumulate) load_floats<V>(dst + i * V, acc);
     bool any = false;
     for (int j = 0; j < hs.P; j++) {
       const int s = hs.slot(j, h);
       if (s < 0) continue;
-      const float x = to_float(recv[((size_t(j) * BT + bt) * W + s) * D + d]);
-      acc = accumulate ? acc + x : x;  // without accumulate the last copy wins, as on the CPU
+      float x[V];
+      load_floats<V>(recv + ((size_t(j) * BT + bt) * W + s) * D + d, x);
+      for (int k = 0; k < V; k++) acc[k] = accumulate ? acc[k] + x[k] : x[k];  // else the last copy wins, as on the CPU
       any = true;
     }
-    if (any) dst[i] = from_float<T>(acc);
+    if (any) store_floats<V>(dst + i * V, acc);
   }
 }
 
 // dst: (B, P*Tl, R)  (+)=  recv: (P, B, Tl, R)
-template <class T>
+template <class T, int V>
 __global__ void chunks_to_sequence_kernel(T* __restrict__ dst, const T* __restrict__ recv, int P, int B, int Tl,
                                           int R, bool accumulate) {
-  const size_t total = size_t(B) * P * Tl * R;
+  const int Rp = R / V;
+  const size_t total = size_t(B) * P * Tl * Rp;
   UL_GRID_STRIDE(i, total) {
-    const size_t tok = i / R;  // (b, global t)
-    const int r = int(i % R), tg = int(tok % (size_t(P) * Tl)), b = int(tok / (size_t(P) * Tl));
+    const size_t tok = i / Rp;  // (b, global t)
+    const int r = int(i % Rp) * V, tg = int(tok % (size_t(P) * Tl)), b = int(tok / (size_t(P) * Tl));
     const int j = tg / Tl, t = tg % Tl;
-    const T x = recv[((size_t(j) * B + b) * Tl + t) * R + r];
-    dst[i] = accumulate ? from_float<T>(to_float(dst[i]) + to_float(x)) : x;
+    const T* x = recv + ((size_t(j) * B + b) * Tl + t) * R + r;
+    if (!accumulate) {
+      store_pack<V>(dst + i * V, load_pack<V>(x));
+      continue;
+    }
+    float acc[V], xv[V];
+    load_floats<V>(dst + i * V, acc);
+    load_floats<V>(x, xv);
+    for (int k = 0; k < V; k++) acc[k] += xv[k];
+    store_floats<V>(dst + i * V, acc);
   }
 }
 
 // send: (P, B, Tl, R)  <-  src: (B, P*Tl, R)
-template <class T>
+template <class T, int V>
 __global__ void sequence_to_chunks_kernel(T* __restrict__ send, const T* __restrict__ src, int P, int B, int Tl,
                                           int R) {
-  const size_t total = size_t(P) * B * Tl * R;
+  const int Rp = R / V;
+  const size_t total = size_t(P) * B * Tl * Rp;
   UL_GRID_STRIDE(i, total) {
-    const size_t tok = i / R;  // (j, b, t)
-    const int r = int(i % R), t = int(tok % Tl), b = int(tok / Tl % B), j = int(tok / Tl / B);
-    send[i] = src[((size_t(b) * P + j) * Tl + t) * R + r];
+    const size_t tok = i / Rp;  // (j, b, t)
+    const int r = int(i % Rp) * V, t = int(tok % Tl), b = int(tok / Tl % B), j = int(tok / Tl / B);
+    store_pack<V>(send + i * V, load_pack<V>(src + ((size_t(b) * P + j) * Tl + t) * R + r));
   }
 }
 
 #undef UL_GRID_STRIDE
+
+// Launches `packed` (kernel<T, kPackElems<T>>) when the inner dimension is a multiple of a pack and
+// every buffer is 16-byte aligned, else `single` (kernel<T, 1>). `work` counts elements.
+template <class T, class K, class... A>
+void launch_packed(const char* name, K* single, K* packed, int inner, size_t work,
+                   std::initializer_list<const void*> buffers, cudaStream_t s, A... args) {
+  constexpr int kV = kPackElems<T>;
+  if (inner % kV == 0 && pack_aligned(buffers))
+    launch(name, packed, grid_for(work / kV), dim3(kThreads), 0, s, args...);
+  else
+    launch(name, single, grid_for(work), dim3(kThreads), 0, s, args...);
+}
 
 }  // namespace
 
@@ -116,8 +146,8 @@ template <class T>
 void heads_to_chunks(T* send, const T* src, const HeadSplit& hs, int B, int Tl, int D, cudaStream_t s) {
   const size_t total = size_t(hs.P) * B * Tl * hs.width() * D;
   if (total == 0) return;  // a grid of no blocks is an invalid launch
-  launch("heads_to_chunks", heads_to_chunks_kernel<T>, grid_for(total), dim3(kThreads), 0, s, send, src, head_map(hs),
-         B, Tl, D);
+  launch_packed<T>("heads_to_chunks", heads_to_chunks_kernel<T, 1>, heads_to_chunks_kernel<T, kPackElems<T>>, D,
+                   total, {send, src}, s, send, src, head_map(hs), B, Tl, D);
 }
 
 template <class T>
@@ -125,25 +155,27 @@ void chunks_to_heads(T* dst, const T* recv, const HeadSplit& hs, int B, int Tl, 
                      cudaStream_t s) {
   const size_t total = size_t(B) * Tl * (hs.Hq + 2 * hs.Hkv) * D;
   if (total == 0) return;
-  launch("chunks_to_heads", chunks_to_heads_kernel<T>, grid_for(total), dim3(kThreads), 0, s, dst, recv, head_map(hs),
-         B, Tl, D, accumulate);
+  launch_packed<T>("chunks_to_heads", chunks_to_heads_kernel<T, 1>, chunks_to_heads_kernel<T, kPackElems<T>>, D,
+                   total, {dst, recv}, s, dst, recv, head_map(hs), B, Tl, D, accumulate);
 }
 
 template <class T>
 void chunks_to_sequence(T* dst, const T* recv, int P, int B, int Tl, int R, bool accumulate, cudaStream_t s) {
   const size_t total = size_t(B) * P * Tl * R;
   if (total == 0) return;
-  launch("chunks_to_sequence", chunks_to_sequence_kernel<T>, grid_for(total), dim3(kThreads), 0, s, dst, recv, P, B,
-         Tl, R, accumulate);
+  launch_packed<T>("chunks_to_sequence", chunks_to_sequence_kernel<T, 1>,
+                   chunks_to_sequence_kernel<T, kPackElems<T>>, R, total, {dst, recv}, s, dst, recv, P, B, Tl, R,
+                   accumulate);
 }
 
 template <class T>
 void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R, cudaStream_t s) {
   const size_t total = size_t(P) * B * Tl * R;
   if (total == 0) return;
-  launch("sequence_to_chunks", sequence_to_chunks_kernel<T>, grid_for(total), dim3(kThreads), 0, s, send, src, P, B,
-         Tl, R);
+  launch_packed<T>("sequence_to_chunks", sequence_to_chunks_kernel<T, 1>, sequence_to_chunks_kernel<T, kPackElems<T>>,
+                   R, total, {send, src}, s, send, src, P, B, Tl, R);
 }
+
 
 #define UL_INSTANTIATE(T)                                                                                  \
   template void heads_to_chunks<T>(T*, const T*, const HeadSplit&, int, int, int, cudaStream_t);           \

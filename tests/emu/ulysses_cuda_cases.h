@@ -5,7 +5,7 @@
 //   - outputs are poisoned (NaN) unless the permute accumulates; accumulating ones start from
 //     random values, so `=` instead of `+=` fails;
 //   - head splits with kv heads >= P, < P (replicated: their gradients are summed), GQA, P = 3;
-//     D, Tl and B small and odd;
+//     Tl and B small and odd, D odd (one element at a time) and a multiple of 8 (16-byte packs);
 //   - f32 is exact (the same additions in the same order); bf16 is exact for copies and the CPU's
 //     float sum rounded once for accumulations.
 #pragma once
@@ -24,7 +24,7 @@ using namespace cuda_cases;
 
 const ul::HeadSplit kSplits[] = {{4, 4, 2}, {8, 4, 4}, {8, 2, 4}, {8, 1, 4},
                                  {6, 3, 3}, {6, 1, 3}, {6, 0, 3}, {4, 0, 1}};
-const int B = 2, Tl = 3, D = 5;
+const int B = 2, Tl = 3;
 
 // Reference of an accumulating permute for T: the CPU's float result, rounded once for bf16.
 template <class T>
@@ -32,10 +32,11 @@ std::vector<float> as_stored(std::vector<float> v) {
   return is_bf16<T>() ? rounded(v) : v;
 }
 
+// D = 5 takes the kernels' one-element path, D = 16 their 16-byte packs (8 bf16, 4 floats).
 template <class T>
-void check_heads(const ul::HeadSplit& hs) {
+void check_heads(const ul::HeadSplit& hs, int D) {
   const int P = hs.P, H = hs.Hq + 2 * hs.Hkv, W = hs.width();
-  INFO(type_name<T>() << " Hq=" << hs.Hq << " Hkv=" << hs.Hkv << " P=" << P);
+  INFO(type_name<T>() << " Hq=" << hs.Hq << " Hkv=" << hs.Hkv << " P=" << P << " D=" << D);
   const size_t n_src = size_t(B) * Tl * H * D, n_chunks = size_t(P) * B * Tl * W * D;
   const std::vector<float> src = inputs<T>(n_src, 1 + H), recv = inputs<T>(n_chunks, 2 + W), dst0 = inputs<T>(n_src, 3);
 
@@ -132,6 +133,7 @@ std::vector<RankResult> run_ranks(ul::Device dev, ul::DType dt, int P, ul::Shape
 inline void check_ops(const ul::HeadSplit& hs, ul::DType dt) {
   ul::init_cuda_backend();
   const int P = hs.P, H = hs.Hq + 2 * hs.Hkv, W = hs.width();
+  const int D = 8;  // the kernels' 16-byte packs on arena tensors (the odd D is covered above)
   const bool bf = dt == ul::DType::bf16;
   INFO(ul::dtype_name(dt) << " Hq=" << hs.Hq << " Hkv=" << hs.Hkv << " P=" << P);
   auto in = [&](size_t n, uint64_t seed) {
@@ -167,8 +169,10 @@ inline void check_ops(const ul::HeadSplit& hs, ul::DType dt) {
 
 TEST_CASE("ulysses head permutes on CUDA match the CPU", UL_CUDA_TEST_TAG "[ulysses]") {
   for (const auto& hs : ulysses_cases::kSplits) {
-    ulysses_cases::check_heads<float>(hs);
-    ulysses_cases::check_heads<__nv_bfloat16>(hs);
+    for (int D : {5, 16}) {
+      ulysses_cases::check_heads<float>(hs, D);
+      ulysses_cases::check_heads<__nv_bfloat16>(hs, D);
+    }
   }
 }
 
