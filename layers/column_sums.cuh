@@ -2,15 +2,23 @@
 // linear's bias, LayerNorm's weight and bias, RMSNorm's weight):
 //   out[k][c] += sum over rows n of term(n, c)[k],   k < K,  c < C
 // without atomics, so the sum's order, and the gradient's bits, never depend on scheduling:
-//   (1) a 2-D grid of (32 columns) x (a chunk of rows) blocks: thread (tx, ty) adds rows ty, ty + 8,
-//       ... of its chunk, then the block adds the 8 strands in order into partial (K, chunks, C);
+//   (1) a 2-D grid of (32 x V columns) x (a chunk of rows) blocks: thread (tx, ty) adds rows ty,
+//       ty + 8, ... of its chunk for its V columns, then the block adds the 8 strands in order
+//       into partial (K, chunks, C);
 //   (2) one thread per column adds the chunks' partials, in chunk order, into out[k].
+// V is 16 bytes of the term's element type (8 bf16, 4 floats) when C is a multiple of it and the
+// term's buffers are 16-byte aligned, else 1; the sums per column are the same either way.
 // The chunking (layers/scratch_sizes.h) bounds the scratch: K * chunks * C floats.
 //
-// Term is a small struct with  __device__ void operator()(int n, int c, float (&acc)[K]) const
-// that adds row n's contributions to column c into acc (it reads each input once for all K).
+// Term is a small struct with
+//   using Elem = T;                                  // the element type of its inputs
+//   bool aligned() const;                            // host: its inputs are 16-byte aligned
+//   template <int V> __device__ void operator()(int n, int c, float (&acc)[K][V]) const
+// whose operator adds row n's contributions to columns c .. c + V - 1 into acc (it reads each
+// input once for all K).
 #pragma once
 #include "engine/cuda_launch.h"
+#include "layers/elementwise.cuh"
 #include "layers/scratch_sizes.h"
 
 namespace ul {
@@ -25,25 +33,28 @@ struct Outs {
   float* out[K];
 };
 
-template <int K, class Term>
+template <int K, int V, class Term>
 __global__ void partial_kernel(float* __restrict__ partial, Term term, int N, int C, int chunk_rows) {
-  __shared__ float s_acc[K][kRowLanes][kColTile];
+  __shared__ float s_acc[K][kRowLanes][kColTile * V];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * kColTile + tx;
+  const int c = (blockIdx.x * kColTile + tx) * V;  // this thread's first column
   const int chunk = blockIdx.y, chunks = gridDim.y;
   const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
-  float acc[K];
-  for (int k = 0; k < K; k++) acc[k] = 0.f;
+  float acc[K][V];
+  for (int k = 0; k < K; k++)
+    for (int v = 0; v < V; v++) acc[k][v] = 0.f;
   if (c < C)
-    for (int n = r0 + ty; n < r1; n += kRowLanes) term(n, c, acc);
-  for (int k = 0; k < K; k++) s_acc[k][ty][tx] = acc[k];
+    for (int n = r0 + ty; n < r1; n += kRowLanes) term.template operator()<V>(n, c, acc);
+  for (int k = 0; k < K; k++)
+    for (int v = 0; v < V; v++) s_acc[k][ty][tx * V + v] = acc[k][v];
   __syncthreads();  // every thread gets here: out-of-range columns only skipped the loop
   if (ty == 0 && c < C)
-    for (int k = 0; k < K; k++) {
-      float total = 0.f;
-      for (int j = 0; j < kRowLanes; j++) total += s_acc[k][j][tx];
-      partial[(size_t(k) * chunks + chunk) * C + c] = total;
-    }
+    for (int k = 0; k < K; k++)
+      for (int v = 0; v < V; v++) {
+        float total = 0.f;
+        for (int j = 0; j < kRowLanes; j++) total += s_acc[k][j][tx * V + v];
+        partial[(size_t(k) * chunks + chunk) * C + c + v] = total;
+      }
 }
 
 template <int K>
@@ -62,8 +73,14 @@ template <int K, class Term>
 void add(const char* name, Outs<K> outs, Term term, float* partial, int N, int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
   const int chunks = scratch::column_chunks(N), chunk_rows = int(ceil_div(N, chunks));
-  launch(name, partial_kernel<K, Term>, dim3(ceil_div(C, kColTile), chunks), dim3(kColTile, kRowLanes), 0, s, partial,
-         term, N, C, chunk_rows);
+  constexpr int kV = kPackElems<typename Term::Elem>;
+  const dim3 block(kColTile, kRowLanes);
+  if (C % kV == 0 && term.aligned())
+    launch(name, partial_kernel<K, kV, Term>, dim3(ceil_div(C, kColTile * kV), chunks), block, 0, s, partial, term, N,
+           C, chunk_rows);
+  else
+    launch(name, partial_kernel<K, 1, Term>, dim3(ceil_div(C, kColTile), chunks), block, 0, s, partial, term, N, C,
+           chunk_rows);
   launch(name, reduce_kernel<K>, dim3(ceil_div(C, 256)), dim3(256), 0, s, outs, partial, chunks, C);
 }
 

@@ -99,16 +99,24 @@ __global__ void layernorm_backward_dx_kernel(T* __restrict__ dx, const T* __rest
   }
 }
 
-// One row's contributions to dw and db: dy * xhat and dy.
+// One row's contributions to dw and db: dy * xhat and dy (a colsum Term, column_sums.cuh).
 template <class T>
 struct WeightBiasTerm {
+  using Elem = T;
   const T *dy, *x;
   const float *mean, *rstd;
   int C;
-  __device__ void operator()(int n, int c, float (&acc)[2]) const {
-    const float g = to_float(dy[size_t(n) * C + c]);
-    acc[0] += g * (to_float(x[size_t(n) * C + c]) - mean[n]) * rstd[n];
-    acc[1] += g;
+  bool aligned() const { return pack_aligned({dy, x}); }
+  template <int V>
+  __device__ void operator()(int n, int c, float (&acc)[2][V]) const {
+    float g[V], xv[V];
+    load_floats<V>(dy + size_t(n) * C + c, g);
+    load_floats<V>(x + size_t(n) * C + c, xv);
+    const float m = mean[n], s = rstd[n];
+    for (int v = 0; v < V; v++) {
+      acc[0][v] += g[v] * (xv[v] - m) * s;
+      acc[1][v] += g[v];
+    }
   }
 };
 

@@ -18,9 +18,16 @@ namespace {
 // One row's contribution to the bias gradient: dy itself.
 template <class T>
 struct BiasTerm {
+  using Elem = T;
   const T* dy;
   int OC;
-  __device__ void operator()(int n, int c, float (&acc)[1]) const { acc[0] += to_float(dy[size_t(n) * OC + c]); }
+  bool aligned() const { return pack_aligned({dy}); }
+  template <int V>
+  __device__ void operator()(int n, int c, float (&acc)[1][V]) const {
+    float g[V];
+    load_floats<V>(dy + size_t(n) * OC + c, g);
+    for (int v = 0; v < V; v++) acc[0][v] += g[v];
+  }
 };
 
 }  // namespace

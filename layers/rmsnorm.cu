@@ -75,14 +75,21 @@ __global__ void rmsnorm_backward_dx_kernel(T* __restrict__ dx, const T* __restri
   }
 }
 
-// One row's contribution to dw: dy * x * rrms.
+// One row's contribution to dw: dy * x * rrms (a colsum Term, column_sums.cuh).
 template <class T>
 struct WeightTerm {
+  using Elem = T;
   const T *dy, *x;
   const float* rrms;
   int C;
-  __device__ void operator()(int n, int c, float (&acc)[1]) const {
-    acc[0] += to_float(dy[size_t(n) * C + c]) * to_float(x[size_t(n) * C + c]) * rrms[n];
+  bool aligned() const { return pack_aligned({dy, x}); }
+  template <int V>
+  __device__ void operator()(int n, int c, float (&acc)[1][V]) const {
+    float g[V], xv[V];
+    load_floats<V>(dy + size_t(n) * C + c, g);
+    load_floats<V>(x + size_t(n) * C + c, xv);
+    const float r = rrms[n];
+    for (int v = 0; v < V; v++) acc[0][v] += g[v] * xv[v] * r;
   }
 };
 
