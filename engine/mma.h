@@ -41,9 +41,17 @@ __device__ __forceinline__ uint32_t pack_bf16x2(__nv_bfloat16 lo, __nv_bfloat16 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return pack_bf16x2(__float2bfloat16(lo), __float2bfloat16(hi));
 }
+#if ULYSSES_CUDA_EMULATED
+// A GPU faults on a misaligned 4-byte access; the emulator, where any address would do, throws.
+inline void check_bf16x2_alignment(const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 4)
+    throw std::runtime_error("misaligned 4-byte access to a bf16 pair (an odd element offset)");
+}
+#endif
 // p[0] and p[1] as one register; p must be 4-byte aligned.
 __device__ __forceinline__ uint32_t load_bf16x2(const __nv_bfloat16* p) {
 #if ULYSSES_CUDA_EMULATED
+  check_bf16x2_alignment(p);
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
@@ -54,6 +62,7 @@ __device__ __forceinline__ uint32_t load_bf16x2(const __nv_bfloat16* p) {
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float lo, float hi) {
   const uint32_t v = pack_bf16x2(lo, hi);
 #if ULYSSES_CUDA_EMULATED
+  check_bf16x2_alignment(p);
   std::memcpy(p, &v, 4);
 #else
   *reinterpret_cast<uint32_t*>(p) = v;

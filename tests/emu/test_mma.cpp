@@ -1,6 +1,6 @@
 // The emulated twins of the tensor-core MMA and ldmatrix (engine/mma.h) against the PTX layout
 // (the cases, shared with the GPU test, are in mma_cases.h), and the emulator's report of a
-// misaligned ldmatrix.
+// misaligned ldmatrix or bf16-pair access.
 #define UL_CUDA_TEST_TAG "[emu]"
 #include "emu/mma_cases.h"
 
@@ -14,7 +14,27 @@ __global__ void ldmatrix_misaligned_kernel(float* out) {
   out[threadIdx.x] = float(r[0]);
 }
 
+// A bf16 pair loaded from in + offset and stored to out + offset (4-byte accesses).
+__global__ void bf16x2_copy_kernel(__nv_bfloat16* out, const __nv_bfloat16* in, int offset) {
+  const uint32_t v = ul::cuda::load_bf16x2(in + offset);
+  __nv_bfloat16 pair[2];
+  std::memcpy(pair, &v, 4);
+  ul::cuda::store_bf16x2(out + offset, __bfloat162float(pair[0]), __bfloat162float(pair[1]));
+}
+
 }  // namespace
+
+TEST_CASE("emulated bf16-pair accesses refuse an odd element offset, as a GPU faults on it", "[emu][mma]") {
+  __nv_bfloat16 *in, *out;
+  UL_CUDA_CHECK(cudaMalloc(&in, 8 * 2));
+  UL_CUDA_CHECK(cudaMalloc(&out, 8 * 2));
+  UL_CUDA_CHECK(cudaMemset(in, 0, 8 * 2));
+  ul::launch("bf16x2_aligned", bf16x2_copy_kernel, dim3(1), dim3(1), 0, nullptr, out, in, 2);
+  CHECK_THROWS_WITH(ul::launch("bf16x2_misaligned", bf16x2_copy_kernel, dim3(1), dim3(1), 0, nullptr, out, in, 1),
+                    Catch::Contains("bf16x2_misaligned") && Catch::Contains("misaligned 4-byte"));
+  cudaFree(in);
+  cudaFree(out);
+}
 
 TEST_CASE("emulated ldmatrix refuses a row address that is not 16-byte aligned", "[emu][mma]") {
   float* d_out;
