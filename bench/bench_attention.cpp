@@ -9,6 +9,7 @@
 //                           [--doc-len N]
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
@@ -41,7 +42,7 @@ static uint16_t to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   std::string device = "cpu", dtype = "f32";
   int H = 16, reps = 3, doc_len = 0;
   std::vector<int> seqs = {1024, 2048}, dims = {64};
@@ -134,4 +135,13 @@ int main(int argc, char** argv) {
       if (doc.ptr) device_free(dev, doc.ptr);
     }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // no device, out of memory, a failed launch: say which, exit 1
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
+  }
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,21 +39,11 @@ void print_profile(Step&& step) {
   gpu_profile::start();
   const double wall = step();
   gpu_profile::stop();
-  const std::vector<gpu_profile::Row> rows = gpu_profile::report();
-  double total = 0;
-  for (const auto& r : rows) total += r.ms;
-  std::printf("profile: one step, %.2f ms wall (events add host time), %.2f ms in %zu op names\n", wall, total,
-              rows.size());
-  std::printf("%9s %6s %7s %9s  %s\n", "ms", "%", "calls", "TFLOP/s", "op");
-  for (const auto& r : rows) {
-    char rate[32] = "-";
-    if (r.flops > 0 && r.ms > 0) std::snprintf(rate, sizeof rate, "%.1f", r.flops / (r.ms * 1e-3) / 1e12);
-    std::printf("%9.3f %6.1f %7ld %9s  %s\n", r.ms, 100.0 * r.ms / total, r.calls, rate, r.name.c_str());
-  }
+  std::fputs(gpu_profile::table(gpu_profile::report(), wall).c_str(), stdout);
 }
 #endif
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   int steps = 5, B = 4, T = 64, threads = 0;
   std::string model = "gpt2-124M", device = "cpu", precision;
   bool profile = false;
@@ -151,4 +142,13 @@ int main(int argc, char** argv) {
   std::printf("vs llm.c CPU reference (~8000 ms on 2 cores): %.1fx faster; vs target 2000 ms: %s\n",
               8000.0 / best, best <= 2000.0 ? "met" : "not met");
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // no device, out of memory, a failed launch: say which, exit 1
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
+  }
 }

@@ -9,4 +9,7 @@ cp -r /usr/include/eigen3 .carry/include/
 cp -r /usr/share/eigen3 .carry/share/
 cp -r /usr/include/catch2 .carry/include/
 cp -r /usr/lib/cmake/Catch2 .carry/lib/cmake/
+# Catch2's package file checks that the library it exports exists (the tests link their own main,
+# tests/catch_main.cpp, not this one; without the file, configuring fails).
+cp /usr/lib/libCatch2WithMain.a .carry/lib/
 du -sh .carry

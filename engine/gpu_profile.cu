@@ -1,12 +1,13 @@
-// Per-op GPU time (the contract is in engine/gpu_profile.h): a list of (name, event pair) records
-// under one mutex, and a pool of events reused from one report to the next (a step launches about
-// a thousand ops; creating two events each would cost more host time than the launches).
+// Per-op GPU time (the contract is in engine/gpu_profile.h): each host thread keeps its own list of
+// (name, event pair) records, and a pool of events reused from one report to the next (a step
+// launches about a thousand ops; creating two events each would cost more host time than the
+// launches). Per thread, because the local communicator's ranks are threads: each profiles its
+// own ops, and no lock is taken on the launch path.
 #include "engine/gpu_profile.h"
 
 #include <algorithm>
-#include <atomic>
+#include <cstdio>
 #include <map>
-#include <mutex>
 #include <utility>
 
 #include "engine/cuda_launch.h"
@@ -22,73 +23,82 @@ struct Record {
   bool closed = false;
 };
 
-std::atomic<bool> g_on{false};
-std::mutex g_mu;
-std::vector<Record> g_records;    // under g_mu
-std::vector<cudaEvent_t> g_pool;  // under g_mu: created events not in use
-uint64_t g_generation = 0;        // under g_mu: counts the times the records were dropped
+struct Recorder {
+  bool on = false;
+  std::vector<Record> records;
+  std::vector<cudaEvent_t> pool;  // created events not in use
+  uint64_t generation = 0;        // counts the times the records were dropped
 
-cudaEvent_t take_event() {
-  if (g_pool.empty()) {
-    cudaEvent_t e = nullptr;
-    UL_CUDA_CHECK(cudaEventCreate(&e));
+  ~Recorder() {
+    // At thread or process exit the runtime may already be unloading: errors are ignored.
+    for (const Record& r : records) cudaEventDestroy(r.begin), cudaEventDestroy(r.end);
+    for (cudaEvent_t e : pool) cudaEventDestroy(e);
+  }
+  cudaEvent_t take_event() {
+    if (pool.empty()) {
+      cudaEvent_t e = nullptr;
+      UL_CUDA_CHECK(cudaEventCreate(&e));
+      return e;
+    }
+    cudaEvent_t e = pool.back();
+    pool.pop_back();
     return e;
   }
-  cudaEvent_t e = g_pool.back();
-  g_pool.pop_back();
-  return e;
-}
-
-void drop_records() {
-  for (Record& r : g_records) {
-    g_pool.push_back(r.begin);
-    g_pool.push_back(r.end);
+  void drop_records() {
+    for (const Record& r : records) {
+      pool.push_back(r.begin);
+      pool.push_back(r.end);
+    }
+    records.clear();
+    generation++;
   }
-  g_records.clear();
-  g_generation++;
+};
+
+Recorder& recorder() {
+  thread_local Recorder r;
+  return r;
 }
 
 }  // namespace
 
-bool enabled() { return g_on.load(std::memory_order_relaxed); }
+bool enabled() { return recorder().on; }
 
 void start() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  Recorder& rec = recorder();
   UL_CUDA_CHECK(cudaDeviceSynchronize());  // an event still pending must not be reused
-  drop_records();
-  g_on = true;
+  rec.drop_records();
+  rec.on = true;
 }
 
-void stop() { g_on = false; }
+void stop() { recorder().on = false; }
 
 void Span::begin(std::string name, cudaStream_t stream, double flops) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  Recorder& rec = recorder();
   Record r;
   r.name = std::move(name);
-  r.begin = take_event();
-  r.end = take_event();
+  r.begin = rec.take_event();
+  r.end = rec.take_event();
   r.flops = flops;
   UL_CUDA_CHECK(cudaEventRecord(r.begin, stream));
-  record_ = g_records.size();
-  generation_ = g_generation;
+  record_ = rec.records.size();
+  generation_ = rec.generation;
   stream_ = stream;
-  g_records.push_back(std::move(r));
+  rec.records.push_back(std::move(r));
 }
 
 Span::~Span() {
   if (record_ == kNone) return;
-  std::lock_guard<std::mutex> lock(g_mu);
-  // A report() or start() between begin and here (another thread's) dropped the record.
-  if (generation_ != g_generation) return;
+  Recorder& rec = recorder();
+  if (generation_ != rec.generation) return;  // a report() inside the op dropped the record
   // Not checked: a destructor must not throw, and an op that failed has already thrown its error.
-  if (cudaEventRecord(g_records[record_].end, stream_) == cudaSuccess) g_records[record_].closed = true;
+  if (cudaEventRecord(rec.records[record_].end, stream_) == cudaSuccess) rec.records[record_].closed = true;
 }
 
 std::vector<Row> report() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  Recorder& rec = recorder();
   UL_CUDA_CHECK(cudaDeviceSynchronize());
   std::map<std::string, Row> by_name;
-  for (const Record& r : g_records) {
+  for (const Record& r : rec.records) {
     if (!r.closed) continue;
     float ms = 0;
     UL_CUDA_CHECK(cudaEventElapsedTime(&ms, r.begin, r.end));
@@ -98,11 +108,31 @@ std::vector<Row> report() {
     row.ms += ms;
     row.flops += r.flops;
   }
-  drop_records();
+  rec.drop_records();
   std::vector<Row> rows;
   for (auto& kv : by_name) rows.push_back(std::move(kv.second));
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.ms > b.ms; });
   return rows;
+}
+
+std::string table(const std::vector<Row>& rows, double wall_ms) {
+  double total = 0;
+  for (const Row& r : rows) total += r.ms;
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "profile: one step, %.2f ms wall (events add host time), %.2f ms in %zu op names\n",
+                wall_ms, total, rows.size());
+  out += line;
+  std::snprintf(line, sizeof line, "%9s %6s %7s %9s  %s\n", "ms", "%", "calls", "TFLOP/s", "op");
+  out += line;
+  for (const Row& r : rows) {
+    char rate[32] = "-";
+    if (r.flops > 0 && r.ms > 0) std::snprintf(rate, sizeof rate, "%.1f", r.flops / (r.ms * 1e-3) / 1e12);
+    std::snprintf(line, sizeof line, "%9.3f %6.1f %7ld %9s  %s\n", r.ms, total > 0 ? 100.0 * r.ms / total : 0.0,
+                  r.calls, rate, r.name.c_str());
+    out += line;
+  }
+  return out;
 }
 
 }  // namespace gpu_profile

@@ -1,9 +1,9 @@
 // Per-op GPU time: where a step's time goes on the device (bench_gpt2_step --profile prints it).
 //
-// Off by default, and then an op pays one relaxed atomic load. Between start() and report(), every
-// kernel launched through ul::launch, every GEMM (cuda::gemm) and every device memset or copy of
-// the CUDA DeviceOps is bracketed by two CUDA events on its stream; report() waits for the device
-// and sums each name's elapsed times.
+// Off by default, and then an op pays one thread-local flag test. Between start() and report(),
+// every kernel launched through ul::launch, every GEMM (cuda::gemm) and every device memset or
+// copy of the CUDA DeviceOps is bracketed by two CUDA events on its stream; report() waits for the
+// device and sums each name's elapsed times.
 //
 // What a row's time means: from the GPU reaching the op's first event to reaching its second. When
 // the GPU is busy that is the op's execution; when the host cannot keep up, it also holds the
@@ -11,7 +11,8 @@
 // whose times add up to the step's wall time rather than to the kernels' own time. Recording the
 // events costs host time too: time a step without profiling for its wall time.
 //
-// Several host threads (the local communicator's ranks) may record at once; their rows are summed.
+// Each host thread records its own ops: start(), stop() and report() act on the calling thread's
+// record, so each rank of the local communicator (a thread) profiles its own step.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,10 @@ struct Row {
 // Waits for the device, then returns one row per name, the longest total time first, and drops the
 // records (recording goes on if it was on).
 std::vector<Row> report();
+
+// The rows as a table: a header with the step's wall time and the ops' total, then one line per row
+// (ms, % of the ops' total, calls, TFLOP/s where the row has FLOPs, name).
+std::string table(const std::vector<Row>& rows, double wall_ms);
 
 // Brackets one op: begin() records the first event (only call it when enabled()), the destructor
 // the second, so an op that throws is still closed.

@@ -46,6 +46,8 @@ data and loop
                       master weights (cuda only)                  [bf16 on cuda, fp32 on cpu]
   --eval-every N      validation every N steps (and at the end; 0: only at the end)       [250]
   --eval-batches N    validation micro-batches per eval                                   [8]
+  --profile-step N    cuda: time step N's kernels, GEMMs and copies with CUDA events and
+                      print one row per op, the longest first (README: "CUDA backend")
 parallelism
   --sp P              Ulysses sequence-parallel degree (dp = world / P)                   [1]
   --comm local|mpi|nccl  local: threads of this process; mpi: processes under mpirun;
@@ -137,6 +139,7 @@ Options parse_options(int argc, char** argv) {
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
       {"--seed", [&o](const std::string& f, const std::string& v) { o.seed = uint64_t(parse_int(f, v)); }},
       {"--threads", I(o.threads)}, {"--device", S(o.device)}, {"--precision", S(o.precision)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
+      {"--profile-step", I(o.profile_step)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--nccl-id-file", S(o.nccl_id_file)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
       {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
       {"--keep", I(o.keep)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
@@ -200,6 +203,14 @@ Options parse_options(int argc, char** argv) {
   if (o.comm != "local" && o.comm != "mpi" && o.comm != "nccl")
     throw std::runtime_error("--comm: expected local, mpi or nccl, got '" + o.comm + "'");
   positive("--mlp-chunks", o.mlp_chunks);
+  if (o.set_by_user("--profile-step")) {
+    positive("--profile-step", o.profile_step);
+    if (o.device != "cuda")
+      throw std::runtime_error("--profile-step times GPU ops with CUDA events: it needs --device cuda");
+    if (o.profile_step > o.steps)
+      throw std::runtime_error("--profile-step " + std::to_string(o.profile_step) + " is past the last step (--steps " +
+                               std::to_string(o.steps) + ")");
+  }
   if (o.offload && o.device != "cuda")
     throw std::runtime_error("--offload moves block inputs from GPU memory to pinned host memory: it needs --device "
                              "cuda (on the CPU backend activations are in host memory already)");

@@ -26,6 +26,7 @@ struct Options {
   // backend: --device cpu|cuda; --precision fp32|bf16 ("" until parsed: bf16 on cuda, fp32 on cpu)
   std::string device = "cpu", precision;
   int eval_every = 250, eval_batches = 8;
+  int profile_step = 0;       // --profile-step N: print step N's GPU time per op (0: none)
   // parallelism
   int sp = 1, ranks = 1;
   std::string comm = "local";

@@ -10,6 +10,9 @@
 #include "engine/loss_plot.h"
 #include "engine/run_log.h"
 #include "engine/trainer.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/gpu_profile.h"
+#endif
 
 namespace ul {
 
@@ -49,7 +52,18 @@ int train_rank(const Options& o, Comm& world) {
   bool have_eval = false;
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   for (int s = start; s < o.steps; s++) {
+#if ULYSSES_HAVE_CUDA
+    const bool profiled = o.profile_step == s + 1;
+    if (profiled) gpu_profile::start();  // this rank's ops only (each rank's thread records its own)
+#endif
     StepResult r = tr.step();
+    std::string profile;  // the step's GPU time per op, printed under its line
+#if ULYSSES_HAVE_CUDA
+    if (profiled) {
+      gpu_profile::stop();
+      profile = gpu_profile::table(gpu_profile::report(), r.ms);
+    }
+#endif
     if (s == start) first_loss = r.loss;
     peak_act = std::max(peak_act, r.act_bytes);
     last_loss = r.loss;
@@ -57,6 +71,7 @@ int train_rank(const Options& o, Comm& world) {
     say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB\n",
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
         r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0);
+    if (!profile.empty()) say("%s", profile.c_str());
     bool last = s + 1 == o.steps;
     if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) {
       ev = tr.evaluate();

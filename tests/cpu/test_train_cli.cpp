@@ -32,6 +32,9 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--comm carrier-pigeon", "--comm");
   expect_refused("--offload --recompute", "--offload moves block inputs from GPU memory");
   expect_refused("--offload --device cuda --plan", "--offload needs --recompute");
+  expect_refused("--profile-step 2", "--profile-step times GPU ops with CUDA events: it needs --device cuda");
+  expect_refused("--profile-step 0 --device cuda --plan", "--profile-step must be >= 1");
+  expect_refused("--profile-step 9 --steps 5 --device cuda --plan", "--profile-step 9 is past the last step");
 }
 
 TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][planner]") {

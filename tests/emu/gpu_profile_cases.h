@@ -9,6 +9,9 @@
 #include "layers/gelu.h"
 #include "layers/residual.h"
 
+#include <future>
+#include <thread>
+
 #ifndef UL_CUDA_TEST_TAG
 #error "define UL_CUDA_TEST_TAG (\"[emu]\" or \"[gpu]\") before including gpu_profile_cases.h"
 #endif
@@ -94,4 +97,39 @@ TEST_CASE("gpu profile: start() drops an earlier run's records", UL_CUDA_TEST_TA
   REQUIRE(add != nullptr);
   CHECK(add->calls == 1);
   CHECK(find(rows, "gelu_forward") == nullptr);
+}
+
+TEST_CASE("gpu profile: each host thread records its own ops (local ranks are threads)", UL_CUDA_TEST_TAG "[profile]") {
+  using namespace gpu_profile_cases;
+  ul::init_cuda_backend();
+  // Thread A starts profiling; then thread B runs three adds; then A runs one add and reports.
+  std::promise<void> a_started, b_done;
+  std::vector<ul::gpu_profile::Row> rows_a;
+  bool b_saw_profile = true;
+  std::thread a([&] {
+    ul::Context c(ul::Device::cuda);
+    ul::ContextGuard guard(c);
+    ul::Tensor x = c.zeros({2, 8});
+    ul::gpu_profile::start();
+    a_started.set_value();
+    b_done.get_future().wait();
+    ul::add(x, x);
+    ul::gpu_profile::stop();
+    rows_a = ul::gpu_profile::report();
+  });
+  std::thread b([&] {
+    ul::Context c(ul::Device::cuda);
+    ul::ContextGuard guard(c);
+    ul::Tensor x = c.zeros({2, 8});
+    a_started.get_future().wait();
+    b_saw_profile = ul::gpu_profile::enabled();
+    for (int i = 0; i < 3; i++) ul::add(x, x);
+    b_done.set_value();
+  });
+  a.join();
+  b.join();
+  CHECK_FALSE(b_saw_profile);
+  const auto* add = find(rows_a, "residual_forward");
+  REQUIRE(add != nullptr);
+  CHECK(add->calls == 1);
 }

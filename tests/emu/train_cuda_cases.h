@@ -194,6 +194,21 @@ TEST_CASE("train --device cuda runs the built-in tiny models (head dim 16) as th
   }
 }
 
+TEST_CASE("train --profile-step prints that step's GPU time per op, and no other step's", UL_CUDA_TEST_TAG) {
+  const ul_test::CmdResult r = ul_test::run_cmd(
+      ul_test::train_cmd("--device cuda --steps 3 --profile-step 2 --seq 32 --batch 2 --eval-every 0 --eval-batches 1"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const size_t at = r.out.find("profile: one step");
+  REQUIRE(at != std::string::npos);
+  CHECK(r.out.find("profile: one step", at + 1) == std::string::npos);  // one table
+  // After step 2's line and before step 3's; rows name kernels and GEMM shapes.
+  CHECK(r.out.rfind("step     2/3", at) != std::string::npos);
+  CHECK(r.out.find("step     3/3", at) != std::string::npos);
+  CHECK_THAT(r.out, Catch::Contains("attention_forward_mma") && Catch::Contains("adamw_update") &&
+                        Catch::Contains("linear forward M=64"));
+}
+
 TEST_CASE("train --device cuda refuses a head dim the attention kernels are not built for", UL_CUDA_TEST_TAG) {
   const ul_test::CmdResult r =
       ul_test::run_cmd(ul_test::train_cmd("--device cuda --dim 96 --heads 2 --steps 1 --eval-every 0 --quiet"));
