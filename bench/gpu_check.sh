@@ -5,8 +5,9 @@
 #   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU);
 #   3. SP on one GPU: the local communicator with 2 ranks against 1 rank;
-#   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU; --offload's step time and device activations
-#      against --recompute alone at T = 16K; attention forward + backward TFLOP/s against
+#   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU (and one profiled step: the longest ops); the
+#      memory-bound kernels' GB/s against a device-to-device copy; --offload's step time and
+#      device activations against --recompute alone at T = 16K; attention forward + backward TFLOP/s against
 #      PyTorch's scaled_dot_product_attention at T = 4K, 16K, 64K, head dims 64 and 128, causal;
 # and prints one short table last.
 set -uo pipefail
@@ -24,7 +25,7 @@ echo "== build"
 build() {
   cmake -S . -B build-gpu -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$PWD/.carry" "$@" \
     > "$OUT/configure.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" --target train tests_gpu bench_gpt2_step bench_attention \
+    cmake --build build-gpu -j "$(nproc)" --target train tests_gpu bench_gpt2_step bench_attention bench_kernels \
       > "$OUT/build.log" 2>&1
 }
 if build; then
@@ -63,6 +64,14 @@ done
 sed -n '/^profile:/,$p' "$OUT/gpt2_b32.log" | awk 'NR > 2 && NR <= 10' | while read -r ms pct calls rate op; do
   row "  B=32 op: $op" "$ms ms, $pct%, $calls calls, TFLOP/s $rate"
 done
+
+echo "== memory-bound kernels against a device-to-device copy (GPT-2 124M shapes)"
+timeout 60 ./build-gpu/bench_kernels > "$OUT/kernels.log" 2>&1
+# Lines "name ... X GB/s R" after the header; the three with the lowest ratio to the copy.
+copy=$(grep -o 'cudaMemcpy device to device .* GB/s' "$OUT/kernels.log" | grep -o '[0-9.]* GB/s')
+worst=$(awk '/^kernel/ {on = 1; next} on && / GB\/s / {r = $NF; $NF = ""; sub(/ +[0-9.]+ MB .*/, ""); print r, $0}' \
+  "$OUT/kernels.log" | sort -n | head -3 | awk '{r = $1; $1 = ""; sub(/^ +/, ""); printf "%s%s %s", (NR > 1 ? ", " : ""), $0, r}')
+row "kernels vs copy (${copy:-no result}): lowest" "${worst:-n/a (see $OUT/kernels.log)}"
 
 echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384)"
 lc="--device cuda --model gpt2-124M --batch 1 --seq 16384 --steps 4 --eval-every 0 --eval-batches 1 --recompute --mlp-chunks 4"

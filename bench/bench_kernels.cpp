@@ -1,0 +1,195 @@
+// The memory-bound CUDA kernels against the copy bandwidth measured in the same run. For each: the
+// fewest bytes it must move (each input read once, each output written once), its best time over
+// --reps launches (CUDA events, after one warm-up), the GB/s that makes, and the ratio to a
+// device-to-device cudaMemcpy's GB/s (bytes read + written). A ratio well under 1 is a kernel
+// moving more bytes than it must (re-reads, narrow or uncoalesced accesses) or with too little in
+// flight. Defaults: GPT-2 124M at B = 32, T = 1024 in bf16.
+//   ./build-cuda/bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]
+//                              [--params 124475904] [--reps 20]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_launch.h"
+#include "engine/optimizer.h"
+#include "layers/classifier.h"
+#include "layers/gelu.h"
+#include "layers/layernorm.h"
+#include "layers/linear.h"
+#include "layers/residual.h"
+#include "parallel/ulysses.h"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+template <class T> T from_float(float v) { return T(v); }
+template <> bf16 from_float<bf16>(float v) { return __float2bfloat16(v); }
+
+// A device buffer of n elements of T, filled with small pseudo-random values (never zeros: they
+// can hide wrong indexing and run faster than real data).
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  explicit Buf(size_t n) {
+    UL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    std::vector<T> h(n);
+    uint64_t z = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < n; i++) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      const float v = float(int((z >> 40) % 2001) - 1000) / 1000.f;  // [-1, 1]
+      h[i] = from_float<T>(v);
+    }
+    UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() { cudaFree(p); }
+};
+
+// Best ms of `reps` timed runs of f after one untimed one.
+double best_ms(int reps, const std::function<void()>& f) {
+  cudaEvent_t a, b;
+  UL_CUDA_CHECK(cudaEventCreate(&a));
+  UL_CUDA_CHECK(cudaEventCreate(&b));
+  f();
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    UL_CUDA_CHECK(cudaEventRecord(a, nullptr));
+    f();
+    UL_CUDA_CHECK(cudaEventRecord(b, nullptr));
+    UL_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    UL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, double(ms));
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return best;
+}
+
+long long flag(int argc, char** argv, const char* name, long long def) {
+  for (int i = 1; i + 1 < argc; i++)
+    if (std::string(argv[i]) == name) return std::atoll(argv[i + 1]);
+  return def;
+}
+
+int run(int argc, char** argv) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a != "--rows" && a != "--dim" && a != "--vocab" && a != "--chunk-rows" && a != "--params" && a != "--reps") {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const int N = int(flag(argc, argv, "--rows", 32768)), C = int(flag(argc, argv, "--dim", 768));
+  const int V = int(flag(argc, argv, "--vocab", 50257)), R = int(flag(argc, argv, "--chunk-rows", 1280));
+  const size_t P = size_t(flag(argc, argv, "--params", 124475904));
+  const int reps = int(flag(argc, argv, "--reps", 20));
+  if (N < 1 || C < 1 || V < 1 || R < 1 || P < 1 || reps < 1) {
+    std::fprintf(stderr, "--rows, --dim, --vocab, --chunk-rows, --params and --reps must be >= 1\n");
+    return 2;
+  }
+  ul::init_cuda_backend();
+  const size_t NC = size_t(N) * C, F = 4 * NC;  // F: the MLP's hidden activations (N, 4C)
+  std::printf("kernels at rows %d, dim %d, vocab %d (chunks of %d rows), %zu parameters; best of %d\n", N, C, V, R, P,
+              reps);
+
+  // The baseline: a device-to-device copy of the largest operand's size, counted read + write.
+  const size_t copy_bytes = std::max<size_t>({F * 2, size_t(R) * V * 4, P * 4});
+  double copy_gbs;
+  {
+    Buf<char> src(copy_bytes), dst(copy_bytes);
+    const double ms =
+        best_ms(reps, [&] { UL_CUDA_CHECK(cudaMemcpy(dst.p, src.p, copy_bytes, cudaMemcpyDeviceToDevice)); });
+    copy_gbs = 2.0 * copy_bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-34s %10.1f MB %9.3f ms %8.1f GB/s\n", "cudaMemcpy device to device", 2.0 * copy_bytes / 1e6, ms,
+                copy_gbs);
+  }
+  std::printf("%-34s %13s %12s %13s %s\n", "kernel (bf16 unless said)", "bytes", "best", "rate", "vs copy");
+  auto report = [&](const char* name, double bytes, double ms) {
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-34s %10.1f MB %9.3f ms %8.1f GB/s %7.2f\n", name, bytes / 1e6, ms, gbs, gbs / copy_gbs);
+  };
+
+  {  // LayerNorm over (N, C): forward reads x, writes y and the row stats; backward reads dy, x
+     // and dx and writes dx (its dw/db column sums re-read dy and x: they count against it)
+    Buf<bf16> x(NC), y(NC), dy(NC), dx(NC), w(C), b(C);
+    Buf<float> mean(N), rstd(N), dw(C), db(C), scratch(ul::cuda::layernorm_backward_scratch_bytes(N, C) / 4);
+    report("layernorm_forward", 4.0 * NC + 8.0 * N,
+           best_ms(reps, [&] { ul::cuda::layernorm_forward(y.p, mean.p, rstd.p, x.p, w.p, b.p, N, C, nullptr); }));
+    report("layernorm_backward (dx, dw, db)", 8.0 * NC + 8.0 * N, best_ms(reps, [&] {
+             ul::cuda::layernorm_backward(dx.p, dw.p, db.p, dy.p, x.p, w.p, mean.p, rstd.p, scratch.p, N, C, nullptr);
+           }));
+  }
+  {  // GELU over the MLP's (N, 4C); the residual add over (N, C)
+    Buf<bf16> u(F), g(F), du(F), dg(F);
+    report("gelu_forward (N, 4C)", 4.0 * F, best_ms(reps, [&] { ul::cuda::gelu_forward(g.p, u.p, int64_t(F), nullptr); }));
+    report("gelu_backward (N, 4C)", 8.0 * F,
+           best_ms(reps, [&] { ul::cuda::gelu_backward(du.p, dg.p, u.p, int64_t(F), nullptr); }));
+    report("residual_forward", 6.0 * NC,
+           best_ms(reps, [&] { ul::cuda::residual_forward(g.p, u.p, du.p, int64_t(NC), nullptr); }));
+  }
+  {  // the fc layer's bias gradient: column sums of dy (N, 4C)
+    Buf<bf16> dy(F);
+    Buf<float> db(4 * size_t(C)), scratch(ul::cuda::linear_backward_scratch_bytes(N, 4 * C) / 4);
+    report("linear bias grad (N, 4C)", 2.0 * F,
+           best_ms(reps, [&] { ul::cuda::column_sums_add(db.p, dy.p, scratch.p, N, 4 * C, nullptr); }));
+  }
+  {  // one classifier chunk's softmax + cross-entropy: reads fp32 logits, writes bf16 dlogits
+    Buf<float> logits(size_t(R) * V), loss(R);
+    Buf<bf16> dlogits(size_t(R) * V);
+    Buf<int32_t> hit(R);
+    std::vector<int32_t> t(R);
+    for (int r = 0; r < R; r++) t[r] = int32_t((r * 7919) % V);
+    Buf<int32_t> targets(R);
+    UL_CUDA_CHECK(cudaMemcpy(targets.p, t.data(), R * sizeof(int32_t), cudaMemcpyHostToDevice));
+    report("softmax_cross_entropy (chunk)", 6.0 * R * V, best_ms(reps, [&] {
+             ul::cuda::softmax_cross_entropy<bf16>(dlogits.p, loss.p, hit.p, logits.p, targets.p, R, V, 1e-5f, nullptr);
+           }));
+  }
+  {  // the Ulysses scatter's pack at sp 4: (B = 1, N tokens, 3 x 12 heads, D = C / 12)
+    const int D = C % 12 == 0 ? C / 12 : 64;
+    const ul::HeadSplit hs{12, 12, 4};
+    const size_t n = size_t(N) * 3 * 12 * D;
+    Buf<bf16> src(n), send(n);
+    report("ulysses heads_to_chunks (sp 4)", 4.0 * n,
+           best_ms(reps, [&] { ul::cuda::heads_to_chunks(send.p, src.p, hs, 1, N, D, nullptr); }));
+  }
+  {  // AdamW on every parameter (bf16 weights, f32 master, grad, m, v), and the gradient norm
+    Buf<bf16> params(P);
+    Buf<float> master(P), grad(P), m(P), v(P), out(1), scratch(ul::cuda::sum_squares_scratch_bytes(P) / 4);
+    report("adamw_update (all parameters)", 30.0 * P, best_ms(reps, [&] {
+             ul::cuda::adamw_update(params.p, master.p, grad.p, m.p, v.p, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1,
+                                    1, nullptr);
+           }));
+    report("sum_squares (gradient norm, f32)", 4.0 * P,
+           best_ms(reps, [&] { ul::cuda::sum_squares(out.p, grad.p, P, scratch.p, nullptr); }));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // no device, out of memory, a failed launch: say which, exit 1
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
+  }
+}
+
+#else  // a build without the CUDA backend
+
+int main() {
+  std::fprintf(stderr, "bench_kernels times CUDA kernels: configure with -DULYSSES_CUDA=ON (or the emulation)\n");
+  return 2;
+}
+
+#endif
