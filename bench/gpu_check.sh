@@ -57,8 +57,8 @@ for b in 8 32; do  # llm.c's H100 figures use larger batches; the small one show
   # --profile: one more step with each op's GPU time (the table's last rows; the whole list in the log)
   timeout 120 ./build-gpu/bench_gpt2_step --device cuda --precision bf16 --batch $b --seq 1024 --steps 10 \
     --profile > "$OUT/gpt2_b$b.log" 2>&1
-  row "GPT-2 124M bf16 T=1024 B=$b tokens/s, MFU" \
-    "$(grep -o 'tokens/s [0-9.]*' "$OUT/gpt2_b$b.log" | tail -1), $(grep -o 'MFU [0-9.]*%' "$OUT/gpt2_b$b.log" | tail -1)"
+  tps=$(grep -o 'tokens/s [0-9.]*' "$OUT/gpt2_b$b.log" | tail -1); mfu=$(grep -o 'MFU [0-9.]*%' "$OUT/gpt2_b$b.log" | tail -1)
+  row "GPT-2 124M bf16 T=1024 B=$b tokens/s, MFU" "${tps:-no result (see $OUT/gpt2_b$b.log)}${mfu:+, $mfu}"
 done
 # The longest ops of the B = 32 profiled step (bench_gpt2_step --profile: "ms % calls TFLOP/s op").
 sed -n '/^profile:/,$p' "$OUT/gpt2_b32.log" | awk 'NR > 2 && NR <= 10' | while read -r ms pct calls rate op; do
@@ -79,8 +79,8 @@ timeout 90 ./build-gpu/train $lc > "$OUT/recompute.log" 2>&1
 timeout 90 ./build-gpu/train $lc --offload > "$OUT/offload.log" 2>&1
 step_ms() { grep -o '| [0-9.]* ms |' "$1" | tail -1 | grep -o '[0-9.]*'; }
 act_mib() { grep -o 'act [0-9.]* MiB' "$1" | tail -1 | grep -o '[0-9.]*'; }
-row "step ms, act MiB: recompute | + offload" \
-  "$(step_ms "$OUT/recompute.log") ms, $(act_mib "$OUT/recompute.log") MiB | $(step_ms "$OUT/offload.log") ms, $(act_mib "$OUT/offload.log") MiB"
+ms_act() { local ms act; ms=$(step_ms "$1"); act=$(act_mib "$1"); [ -n "$ms" ] && echo "$ms ms, $act MiB" || echo "no result"; }
+row "step ms, act MiB: recompute | + offload" "$(ms_act "$OUT/recompute.log") | $(ms_act "$OUT/offload.log")"
 
 echo "== attention vs PyTorch SDPA"
 timeout 150 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 4096,16384,65536 \
