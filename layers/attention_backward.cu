@@ -1,7 +1,11 @@
 // Flash attention backward on CUDA: Di = rowsum(dout * out), then the dk/dv pass and the dq pass
 // (tensor-core kernels for bf16, FMA kernels for f32), and their launch. The design, and what the
 // kernels share, is in attention_tiles.cuh.
+#include <algorithm>
+#include <stdexcept>
+
 #include "layers/attention_tiles.cuh"
+#include "layers/elementwise.cuh"
 #include "layers/scratch_sizes.h"
 
 namespace ul {
@@ -10,18 +14,29 @@ namespace {
 
 using namespace attn;
 
-// Di[b, h, t] = sum_c dout * out over the row (b, t, h). One warp per row, 8 rows per block.
-template <class T>
+// Di[b, h, t] = sum_c dout * out over the row (b, t, h). A group of g lanes per row, each taking
+// V elements at a time (16-byte packs when they fit, g = D / V, so one load per lane covers the
+// row), the group's sums added with shuffles; 32 / g rows per warp, 256 threads per block.
+template <class T, int V>
 __global__ void attention_rowdot_kernel(float* __restrict__ Di, const T* __restrict__ dout, const T* __restrict__ out,
-                                        Geometry G) {
-  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;  // (b, t, h) in out's order
-  if (row >= int64_t(G.B) * G.Tn * G.Hq) return;  // whole warps leave together
-  const int lane = threadIdx.x % 32;
+                                        Geometry G, int g) {
+  const int64_t rows = int64_t(G.B) * G.Tn * G.Hq;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / g;  // (b, t, h) in out's order
+  const int part = int(threadIdx.x % g);
   float s = 0.f;
-  for (int c = lane; c < G.D; c += 32) s += to_float(dout[row * G.D + c]) * to_float(out[row * G.D + c]);
-  s = warp_sum(s);
-  const int h = int(row % G.Hq), t = int(row / G.Hq % G.Tn), b = int(row / G.Hq / G.Tn);
-  if (lane == 0) Di[G.lse(b, h, t)] = s;
+  if (row < rows)
+    for (int c = part * V; c < G.D; c += g * V) {
+      float a[V], o[V];
+      load_floats<V>(dout + row * G.D + c, a);
+      load_floats<V>(out + row * G.D + c, o);
+      for (int k = 0; k < V; k++) s += a[k] * o[k];
+    }
+  // Every lane takes part (no early exit), so the full mask holds; a group is g aligned lanes.
+  for (int offset = g / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  if (part == 0 && row < rows) {
+    const int h = int(row % G.Hq), t = int(row / G.Hq % G.Tn), b = int(row / G.Hq / G.Tn);
+    Di[G.lse(b, h, t)] = s;
+  }
 }
 
 // Pass 1, bf16. grid (nt, Hkv, B), block 128; warp w owns keys k0 + 16 w .. + 15 of the tile.
@@ -319,8 +334,15 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   const Geometry G = geometry(B, Tn, Hq, Hkv, D);
   if (B == 0 || Tn == 0) return;
   float* Di = scratch;  // (B, Hq, T)
-  launch("attention_rowdot", attention_rowdot_kernel<T>, dim3(ceil_div(int64_t(B) * Tn * Hq, 8)), dim3(256), 0, s, Di,
-         dout, out, G);
+  // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors
+  // come from the arena (256-byte aligned); the tensor-core kernels need that alignment too.
+  constexpr int kV = kPackElems<T>;
+  if (!pack_aligned({dout, out}))
+    throw std::runtime_error("attention_backward: dout and out must be 16-byte aligned");
+  const int64_t rows = int64_t(B) * Tn * Hq;
+  const int g = std::min(32, D / kV);  // lanes per row
+  launch("attention_rowdot", attention_rowdot_kernel<T, kV>, dim3(ceil_div(rows * g, 256)), dim3(256), 0, s, Di, dout,
+         out, G, g);
   const float scale = softmax_scale(D);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
