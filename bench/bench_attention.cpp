@@ -9,7 +9,6 @@
 //                           [--doc-len N]
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/guarded_main.h"
 #include "engine/context.h"
 #include "engine/device.h"
 #include "engine/rng.h"
@@ -137,11 +137,4 @@ static int run(int argc, char** argv) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {  // no device, out of memory, a failed launch: say which, exit 1
-    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return guarded_main(run, argc, argv); }

@@ -13,12 +13,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "bench/gemm_peak.h"
+#include "bench/guarded_main.h"
 #include "engine/context.h"
 #include "engine/device.h"
 #if ULYSSES_HAVE_CUDA
@@ -144,11 +144,4 @@ static int run(int argc, char** argv) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {  // no device, out of memory, a failed launch: say which, exit 1
-    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return guarded_main(run, argc, argv); }

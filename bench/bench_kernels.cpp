@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
 
 #if ULYSSES_HAVE_CUDA
+#include "bench/guarded_main.h"
 #include "engine/cuda_launch.h"
 #include "engine/optimizer.h"
 #include "layers/classifier.h"
@@ -176,14 +176,7 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {  // no device, out of memory, a failed launch: say which, exit 1
-    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return guarded_main(run, argc, argv); }
 
 #else  // a build without the CUDA backend
 
