@@ -62,8 +62,11 @@ void init_cuda_backend() {
   static std::once_flag once;
   std::call_once(once, [] {
     int n = 0;
-    UL_CUDA_CHECK(cudaGetDeviceCount(&n));
-    if (n == 0) throw std::runtime_error("init_cuda_backend: no CUDA device is visible");
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    // The usual causes: no GPU, no driver, or a driver older than this build's CUDA runtime.
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("--device cuda: no usable CUDA device (") + cudaGetErrorString(e) + ")");
+    if (n == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
     register_device_ops(Device::cuda,
                         {cuda_alloc, cuda_free, cuda_zero, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
   });
