@@ -1,4 +1,5 @@
-// Per-op GPU time: where a step's time goes on the device (bench_gpt2_step --profile prints it).
+// Per-op GPU time: where a step's time goes on the device (train --profile-step N and
+// bench_gpt2_step --profile print it).
 //
 // Off by default, and then an op pays one thread-local flag test. Between start() and report(),
 // every kernel launched through ul::launch, every GEMM (cuda::gemm) and every device memset or
