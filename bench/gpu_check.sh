@@ -9,6 +9,7 @@
 #      memory-bound kernels' GB/s against a device-to-device copy; --offload's step time and
 #      device activations against --recompute alone at T = 16K; attention forward + backward TFLOP/s against
 #      PyTorch's scaled_dot_product_attention at T = 4K, 16K, 64K, head dims 64 and 128, causal;
+#   5. with time to spare, the bf16 attention kernels' test under compute-sanitizer memcheck;
 # and prints one short table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -104,6 +105,22 @@ timeout 60 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --s
 causal_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$OUT/attn_ours.log")
 docs_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$OUT/attn_docs.log")
 row "attention T=16K D=64 fwd+bwd ms: causal | 2K docs" "${causal_ms:-n/a} | ${docs_ms:-n/a}"
+
+# With time to spare (the whole check stays within ~8 minutes): the tensor-core attention kernels
+# under compute-sanitizer's memcheck, for out-of-bounds and misaligned accesses that the tests'
+# comparisons might not show. Some machines' runtimes do not support it; the row then says so.
+left=$((470 - SECONDS))
+if [ "$left" -ge 60 ] && command -v compute-sanitizer > /dev/null; then
+  echo "== compute-sanitizer memcheck: the bf16 attention kernels"
+  timeout "$((left < 150 ? left : 150))" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    ./build-gpu/tests/test_attention_gpu "attention CUDA kernels match the CPU backend (bf16*" \
+    > "$OUT/memcheck.log" 2>&1
+  rc=$?
+  row "memcheck, bf16 attention kernels (exit $rc)" \
+    "$(grep -o 'ERROR SUMMARY: [0-9]* errors*' "$OUT/memcheck.log" | tail -1 || true)"
+else
+  row "memcheck, bf16 attention kernels" "skipped (${left} s left, or no compute-sanitizer)"
+fi
 
 echo
 echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F))"
