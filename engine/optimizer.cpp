@@ -45,53 +45,77 @@ AdamW::AdamW(Params& params, AdamWConfig cfg, size_t lo, size_t hi) : params_(pa
   v_ = static_cast<float*>(device_alloc(params.device(), bytes));
   device_zero(params.device(), m_, bytes);
   device_zero(params.device(), v_, bytes);
+  if (params.device() == Device::cpu) return;
+  // [lo, hi) as runs of parameters with one decay rule, ends relative to lo (a shard boundary may
+  // cut a parameter): a CUDA step is then one launch whatever the number of parameters.
+  std::vector<uint64_t> ends;
+  std::vector<uint8_t> decay;
+  for (const ParamSpec& s : params.specs()) {
+    const size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
+    if (a >= b) continue;
+    if (!decay.empty() && decay.back() == uint8_t(s.decay)) {
+      ends.back() = b - lo_;
+    } else {
+      ends.push_back(b - lo_);
+      decay.push_back(uint8_t(s.decay));
+    }
+  }
+  seg_count_ = int(ends.size());
+  if (seg_count_ == 0) return;
+  seg_ends_ = static_cast<uint64_t*>(device_alloc(params.device(), ends.size() * sizeof(uint64_t)));
+  seg_decay_ = static_cast<uint8_t*>(device_alloc(params.device(), decay.size()));
+  device_copy(seg_ends_, params.device(), ends.data(), Device::cpu, ends.size() * sizeof(uint64_t));
+  device_copy(seg_decay_, params.device(), decay.data(), Device::cpu, decay.size());
 }
 
 AdamW::~AdamW() {
   device_free(params_.device(), m_);
   device_free(params_.device(), v_);
+  if (seg_ends_) device_free(params_.device(), seg_ends_);
+  if (seg_decay_) device_free(params_.device(), seg_decay_);
 }
 
 void AdamW::step(float lr, float grad_scale) {
   t_++;
-  for (const ParamSpec& s : params_.specs()) {
-    // This parameter's elements that lie in [lo, hi): a shard boundary may cut a parameter.
-    size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
-    if (a >= b) continue;
-    float wd = s.decay ? cfg_.weight_decay : 0.0f;
-    if (params_.device() == Device::cpu) {
+  if (params_.device() == Device::cpu) {
+    for (const ParamSpec& s : params_.specs()) {
+      // This parameter's elements that lie in [lo, hi): a shard boundary may cut a parameter.
+      size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
+      if (a >= b) continue;
+      float wd = s.decay ? cfg_.weight_decay : 0.0f;
       cpu::adamw_update(params_.data() + a, params_.grad() + a, m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1,
                         cfg_.beta2, cfg_.eps, wd, grad_scale, t_);
-      continue;
     }
-#if ULYSSES_HAVE_CUDA
-    // Each slice its own rounding stream: the run seed plus the slice's offset in the buffer.
-    const uint64_t seed = cfg_.seed + a;
-    if (params_.dtype() == DType::bf16)
-      cuda::adamw_update(static_cast<__nv_bfloat16*>(params_.raw()) + a, params_.master() + a, params_.grad() + a,
-                         m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, grad_scale,
-                         t_, seed, nullptr);
-    else
-      cuda::adamw_update(params_.data() + a, static_cast<float*>(nullptr), params_.grad() + a, m_ + (a - lo_),
-                         v_ + (a - lo_), b - a, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, grad_scale, t_, seed,
-                         nullptr);
-#else
-    throw std::runtime_error(std::string("AdamW: parameters on ") + device_name(params_.device()) +
-                             " but this build has no CUDA backend");
-#endif
+    return;
   }
+#if ULYSSES_HAVE_CUDA
+  // Every parameter of [lo, hi) in one launch, the decay rule by segment; the rounding's random
+  // bits follow each element's index in the whole buffer.
+  const size_t n = hi_ - lo_;
+  if (n == 0) return;
+  const cuda::DecaySegments segs{seg_ends_, seg_decay_, seg_count_};
+  if (params_.dtype() == DType::bf16)
+    cuda::adamw_update(static_cast<__nv_bfloat16*>(params_.raw()) + lo_, params_.master() + lo_, params_.grad() + lo_,
+                       m_, v_, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, grad_scale, t_, cfg_.seed,
+                       nullptr, lo_, segs);
+  else
+    cuda::adamw_update(params_.data() + lo_, static_cast<float*>(nullptr), params_.grad() + lo_, m_, v_, n, lr,
+                       cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, grad_scale, t_, cfg_.seed, nullptr, lo_,
+                       segs);
+#else
+  throw std::runtime_error(std::string("AdamW: parameters on ") + device_name(params_.device()) +
+                           " but this build has no CUDA backend");
+#endif
 }
 
 void AdamW::round_params(size_t lo, size_t hi) const {
   if (params_.dtype() != DType::bf16 || t_ == 0) return;  // t 0: the nearest rounding of the init stands
 #if ULYSSES_HAVE_CUDA
-  for (const ParamSpec& s : params_.specs()) {
-    // The slices of step(): the same [a, b) and seed give the same random bits.
-    size_t a = std::max(s.offset, lo), b = std::min(s.offset + size_t(s.shape.numel()), hi);
-    if (a >= b) continue;
-    cuda::round_master(static_cast<__nv_bfloat16*>(params_.raw()) + a, params_.master() + a, b - a, t_, cfg_.seed + a,
-                       nullptr);
-  }
+  hi = std::min(hi, params_.numel());
+  if (lo >= hi) return;
+  // The bits step() drew: they depend on the element's index only (and the seed and step).
+  cuda::round_master(static_cast<__nv_bfloat16*>(params_.raw()) + lo, params_.master() + lo, hi - lo, t_, cfg_.seed,
+                     nullptr, lo);
 #else
   (void)lo, (void)hi;
 #endif

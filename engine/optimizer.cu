@@ -3,7 +3,8 @@
 //
 // adamw_update   one thread per element (grid-stride), the CPU's arithmetic in the CPU's order on
 //                the fp32 master; for bf16 parameters the master is then rounded stochastically,
-//                with 16 random bits from a counter-based hash of (seed, t, i).
+//                with 16 random bits from a counter-based hash of (seed, t, global index). Each
+//                thread's indices only grow, so its cursor into the decay segments only moves on.
 // sum_squares    (1) a fixed number of blocks, chosen from n alone, each summing a fixed strided
 //                    subset and writing one partial; (2) one block adds the partials in order.
 //                No atomics: the same gradient gives the same bits on every run.
@@ -46,8 +47,14 @@ template <class Tp>
 __global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master, const float* __restrict__ grad,
                              float* __restrict__ m, float* __restrict__ v, size_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float grad_scale, float step_size,
-                             float inv_sqrt_bc2, uint64_t step_seed) {
+                             float inv_sqrt_bc2, uint64_t step_seed, size_t index_base, DecaySegments segs) {
+  int seg = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float wd = weight_decay;
+    if (segs.count) {
+      while (i >= segs.ends[seg]) seg++;  // the last end is n, so seg stays below count
+      wd = segs.decay[seg] ? weight_decay : 0.f;
+    }
     const float gi = grad[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
     const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
@@ -56,14 +63,14 @@ __global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master
     float p;
     if constexpr (std::is_same<Tp, float>::value) p = params[i];
     else p = master[i];
-    p = p - lr * weight_decay * p;
+    p = p - lr * wd * p;
     p = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
     if constexpr (std::is_same<Tp, float>::value) {
       params[i] = p;
     } else {
       master[i] = p;
-      // The counter (element index) through the mixer, keyed by the step's seed.
-      const uint64_t bits = mix64(step_seed + (i + 1) * 0x9e3779b97f4a7c15ull);
+      // The counter (the element's index in the whole buffer) through the mixer, keyed by the step's seed.
+      const uint64_t bits = mix64(step_seed + (index_base + i + 1) * 0x9e3779b97f4a7c15ull);
       params[i] = round_stochastic(p, uint32_t(bits >> 48));
     }
   }
@@ -72,9 +79,9 @@ __global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master
 // params (n) = master (n) rounded stochastically with the bits adamw_kernel<bf16> draws at the
 // same step: the bf16 weights a resumed run had before it stopped (checkpoints keep the master).
 __global__ void round_master_kernel(__nv_bfloat16* __restrict__ params, const float* __restrict__ master, size_t n,
-                                    uint64_t step_seed) {
+                                    uint64_t step_seed, size_t index_base) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint64_t bits = mix64(step_seed + (i + 1) * 0x9e3779b97f4a7c15ull);
+    const uint64_t bits = mix64(step_seed + (index_base + i + 1) * 0x9e3779b97f4a7c15ull);
     params[i] = round_stochastic(master[i], uint32_t(bits >> 48));
   }
 }
@@ -126,7 +133,7 @@ size_t norm_blocks(size_t n) {
 template <class Tp>
 void adamw_update(Tp* params, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed,
-                  cudaStream_t s) {
+                  cudaStream_t s, size_t index_base, DecaySegments segments) {
   constexpr bool f32 = std::is_same<Tp, float>::value;
   if (f32 != (master == nullptr))
     throw std::runtime_error(std::string("adamw_update: ") +
@@ -141,14 +148,16 @@ void adamw_update(Tp* params, float* master, const float* grad, float* m, float*
   const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));
   const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
   launch("adamw_update", adamw_kernel<Tp>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n, lr,
-         beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed);
+         beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed, index_base, segments);
 }
 
-void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s) {
+void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s,
+                  size_t index_base) {
   if (n == 0) return;
   const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));  // as adamw_update
   const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
-  launch("round_master", round_master_kernel, dim3(blocks), dim3(kThreads), 0, s, params, master, n, step_seed);
+  launch("round_master", round_master_kernel, dim3(blocks), dim3(kThreads), 0, s, params, master, n, step_seed,
+         index_base);
 }
 
 size_t sum_squares_scratch_bytes(size_t n) { return norm_blocks(n) * sizeof(float); }
@@ -182,9 +191,10 @@ double sum_squares(const float* x, size_t n, cudaStream_t s) {
 }
 
 template void adamw_update<float>(float*, float*, const float*, float*, float*, size_t, float, float, float, float,
-                                  float, float, int, uint64_t, cudaStream_t);
+                                  float, float, int, uint64_t, cudaStream_t, size_t, DecaySegments);
 template void adamw_update<__nv_bfloat16>(__nv_bfloat16*, float*, const float*, float*, float*, size_t, float, float,
-                                          float, float, float, float, int, uint64_t, cudaStream_t);
+                                          float, float, float, float, int, uint64_t, cudaStream_t, size_t,
+                                          DecaySegments);
 
 }  // namespace cuda
 }  // namespace ul

@@ -28,21 +28,34 @@ double sum_squares(const float* x, size_t n);
 
 #if ULYSSES_HAVE_CUDA
 namespace cuda {
+// Which of a launch's elements decay: segment k covers [ends[k - 1], ends[k]) (from 0; the last
+// end is n) and decays by weight_decay iff decay[k]. Both arrays live in device memory. count 0:
+// every element decays.
+struct DecaySegments {
+  const uint64_t* ends = nullptr;
+  const uint8_t* decay = nullptr;
+  int count = 0;
+};
+
 // The update of cpu::adamw_update on n device elements, fp32 math on the master weights, which are
 // `master` (fp32) when Tp is __nv_bfloat16, or `params` themselves when Tp is float (master must
 // then be null). For bf16, params = master rounded STOCHASTICALLY: away from zero with probability
 // (distance to the bf16 nearer zero) / (bf16 spacing), so the rounding is unbiased and updates
-// smaller than a bf16 ulp are not lost on average. The random bits are a hash of (seed, t, i), i
-// the element index: the same seed and step give the same bits (a rerun is bitwise identical);
-// give each parameter tensor its own seed (e.g. a base seed plus its offset in the buffer).
+// smaller than a bf16 ulp are not lost on average. The random bits are a hash of (seed, t, g), g =
+// index_base + i the element's index in the whole parameter buffer: the same seed and step give an
+// element the same bits however the buffer is cut into launches (ZeRO shards, one launch or
+// many), so a rerun is bitwise identical. One launch covers every parameter: `segments` says which
+// decay.
 template <class Tp>
 void adamw_update(Tp* params, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed, cudaStream_t s);
+                  float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t seed, cudaStream_t s,
+                  size_t index_base = 0, DecaySegments segments = {});
 
 // params = master rounded stochastically with exactly the random bits adamw_update<bf16> used at
-// step t with this seed (so, after a checkpoint restores the masters, the bf16 weights are the ones
-// the run had).
-void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s);
+// step t with this seed and index_base (so, after a checkpoint restores the masters, the bf16
+// weights are the ones the run had).
+void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s,
+                  size_t index_base = 0);
 
 // sum_i x[i]^2 (the squared global gradient norm), in two fixed-order stages (deterministic):
 // per-block partial sums into scratch, then one block adds them in order and writes *out (a
@@ -70,8 +83,8 @@ class AdamW {
   int t() const { return t_; }
   void set_t(int t) { t_ = t; }
   // A bf16 model (t() > 0): re-rounds the bf16 weights of elements [lo, hi) from their masters
-  // with the random bits step() drew for them at step t(), slicing [lo, hi) as an AdamW over
-  // [lo, hi) does; after a checkpoint load the weights are then bitwise the run's. No-op for f32.
+  // with the random bits step() drew for them at step t() (they depend on the element's index, not
+  // on the shard); after a checkpoint load the weights are then bitwise the run's. No-op for f32.
   void round_params(size_t lo, size_t hi) const;
   float* m() const { return m_; }  // hi() - lo() elements: m[i] is element lo() + i's
   float* v() const { return v_; }
@@ -85,6 +98,11 @@ class AdamW {
   float* v_ = nullptr;
   size_t lo_ = 0, hi_ = 0;
   int t_ = 0;
+  // cuda: [lo, hi) as runs of parameters with the same decay rule (cuda::DecaySegments), on the
+  // device, so that a step is one launch.
+  uint64_t* seg_ends_ = nullptr;
+  uint8_t* seg_decay_ = nullptr;
+  int seg_count_ = 0;
 };
 
 // sum of x[i]^2 over n f32 elements on device d (cpu::sum_squares, or the CUDA reduction).

@@ -137,6 +137,77 @@ TEST_CASE("adamw_update bf16 rounding is stochastic, unbiased and deterministic 
   CHECK(std::all_of(exact.begin(), exact.end(), [](__nv_bfloat16 b) { return __bfloat162float(b) == 1.5f; }));
 }
 
+TEST_CASE("adamw_update in one launch with decay segments matches the CPU update segment by segment",
+          UL_CUDA_TEST_TAG "[adamw]") {
+  using namespace cuda_cases;
+  using namespace adamw_cases;
+  // Segments that alternate between decaying and not, one of a single element, over more elements
+  // than one pass of the grid (so threads walk several segments).
+  for (const std::vector<uint64_t>& ends :
+       {std::vector<uint64_t>{300, 301, 1237}, std::vector<uint64_t>{1000, 50000, 50001, 70001, 600001}}) {
+    const size_t n = ends.back();
+    INFO("n=" << n << ", " << ends.size() << " segments");
+    std::vector<uint8_t> decay(ends.size());
+    for (size_t k = 0; k < ends.size(); k++) decay[k] = k % 2 == 0;
+    DeviceBuffer<uint64_t> d_ends(ends.size());
+    DeviceBuffer<uint8_t> d_decay(decay.size());
+    d_ends.set(ends);
+    d_decay.set(decay);
+    std::vector<float> p = ul_test::randn_f(n, 3), m(n, 0.f), v(n, 0.f);
+    DeviceBuffer<float> d_p(n), d_g(n), d_m(n), d_v(n);
+    d_p.set(p);
+    d_m.set(m);
+    d_v.set(v);
+    for (int t = 1; t <= 2; t++) {
+      const std::vector<float> g = ul_test::randn_f(n, 30 + t, 0.5f);
+      d_g.set(g);
+      for (size_t k = 0, a = 0; k < ends.size(); a = ends[k], k++)
+        ul::cpu::adamw_update(p.data() + a, g.data() + a, m.data() + a, v.data() + a, ends[k] - a, kLr, kB1, kB2,
+                              kEps, decay[k] ? kWd : 0.f, kScale, t);
+      ul::cuda::adamw_update<float>(d_p.p, nullptr, d_g.p, d_m.p, d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale, t, 42,
+                                    nullptr, 0, ul::cuda::DecaySegments{d_ends.p, d_decay.p, int(ends.size())});
+      expect_close("params", d_p.get(), p, 1e-6, 1e-9);
+      expect_close("m", d_m.get(), m, 1e-6, 1e-9);
+    }
+  }
+}
+
+TEST_CASE("bf16 rounding bits follow the element's index in the whole buffer, however it is cut",
+          UL_CUDA_TEST_TAG "[adamw]") {
+  using namespace cuda_cases;
+  using namespace adamw_cases;
+  // One launch over n elements against two launches over [0, k) and [k, n) with index_base k (a
+  // ZeRO shard boundary): the same bf16 bits; round_master redraws them.
+  const size_t n = 4099, k = 1500;
+  const std::vector<float> master0 = ul_test::randn_f(n, 8), g = ul_test::randn_f(n, 9, 0.5f);
+  auto run = [&](bool split) {
+    DeviceBuffer<__nv_bfloat16> d_p(n);
+    DeviceBuffer<float> d_master(n), d_g(n), d_m(n), d_v(n);
+    d_master.set(master0);
+    d_g.set(g);
+    d_m.set(std::vector<float>(n, 0.f));
+    d_v.set(std::vector<float>(n, 0.f));
+    if (!split) {
+      ul::cuda::adamw_update<__nv_bfloat16>(d_p.p, d_master.p, d_g.p, d_m.p, d_v.p, n, kLr, kB1, kB2, kEps, kWd, 1.f,
+                                            3, 99, nullptr);
+    } else {
+      ul::cuda::adamw_update<__nv_bfloat16>(d_p.p, d_master.p, d_g.p, d_m.p, d_v.p, k, kLr, kB1, kB2, kEps, kWd, 1.f,
+                                            3, 99, nullptr, 0);
+      ul::cuda::adamw_update<__nv_bfloat16>(d_p.p + k, d_master.p + k, d_g.p + k, d_m.p + k, d_v.p + k, n - k, kLr,
+                                            kB1, kB2, kEps, kWd, 1.f, 3, 99, nullptr, k);
+    }
+    std::vector<__nv_bfloat16> params = d_p.get();
+    // round_master over the second part alone, from the masters, gives the same bits again.
+    d_p.poison();
+    ul::cuda::round_master(d_p.p + k, d_master.p + k, n - k, 3, 99, nullptr, k);
+    const std::vector<__nv_bfloat16> redrawn = d_p.get();
+    CHECK(same_bits(std::vector<__nv_bfloat16>(redrawn.begin() + k, redrawn.end()),
+                    std::vector<__nv_bfloat16>(params.begin() + k, params.end())));
+    return params;
+  };
+  CHECK(same_bits(run(false), run(true)));
+}
+
 TEST_CASE("adamw_update refuses a master buffer that does not fit the parameter type", UL_CUDA_TEST_TAG "[adamw]") {
   using namespace cuda_cases;
   DeviceBuffer<float> buf(4);
