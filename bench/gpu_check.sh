@@ -19,7 +19,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/table.txt"; }
 : > "$OUT/table.txt"
 
-echo "== build"
+echo "== build (${SECONDS} s)"
 # Only what this script runs (not the cpu tests): under a minute on 16 cores. If nvcc refuses the
 # machine's g++ as too new (a bare image may pair them so), the build is retried once telling it
 # to accept it, and the table says so.
@@ -39,21 +39,21 @@ else
   tail -30 "$OUT/configure.log" "$OUT/build.log" 2>/dev/null; cat "$OUT/table.txt"; exit 1
 fi
 
-echo "== tests labelled gpu"
+echo "== tests labelled gpu (${SECONDS} s)"
 (cd build-gpu && timeout 240 ctest -L gpu --output-on-failure -j 4) > "$OUT/ctest_gpu.log" 2>&1
 row "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1)"
 # ctest lists the failures after "The following tests FAILED:", one "  N - name (Failed)" a line.
 sed -n '/The following tests FAILED/,$p' "$OUT/ctest_gpu.log" | grep -E '^[[:space:]]+[0-9]+ - ' | head -8 |
   while read -r line; do row "  failed" "$line"; done
 
-echo "== SP on one GPU (local communicator)"
+echo "== SP on one GPU (local communicator) (${SECONDS} s)"
 common="--device cuda --precision fp32 --steps 5 --seq 256 --batch 2 --eval-every 0 --eval-batches 1"
 ./build-gpu/train $common --ranks 1 > "$OUT/sp1.log" 2>&1
 ./build-gpu/train $common --ranks 2 --sp 2 > "$OUT/sp2.log" 2>&1
 l1=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$OUT/sp1.log"); l2=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$OUT/sp2.log")
 row "sp 2 vs sp 1 losses (fp32)" "${l2:-failed} | ${l1:-failed}"
 
-echo "== GPT-2 124M, bf16, T = 1024"
+echo "== GPT-2 124M, bf16, T = 1024 (${SECONDS} s)"
 for b in 8 32; do  # llm.c's H100 figures use larger batches; the small one shows launch overheads
   # --profile: one more step with each op's GPU time (the table's last rows; the whole list in the log)
   timeout 120 ./build-gpu/bench_gpt2_step --device cuda --precision bf16 --batch $b --seq 1024 --steps 10 \
@@ -66,7 +66,7 @@ sed -n '/^profile:/,$p' "$OUT/gpt2_b32.log" | awk 'NR > 2 && NR <= 10' | while r
   row "  B=32 op: $op" "$ms ms, $pct%, $calls calls, TFLOP/s $rate"
 done
 
-echo "== memory-bound kernels against a device-to-device copy (GPT-2 124M shapes)"
+echo "== memory-bound kernels against a device-to-device copy (GPT-2 124M shapes) (${SECONDS} s)"
 timeout 60 ./build-gpu/bench_kernels > "$OUT/kernels.log" 2>&1
 # Lines "name ... X GB/s R" after the header; the three with the lowest ratio to the copy.
 copy=$(grep -o 'cudaMemcpy device to device .* GB/s' "$OUT/kernels.log" | grep -o '[0-9.]* GB/s')
@@ -74,7 +74,7 @@ worst=$(awk '/^kernel/ {on = 1; next} on && / GB\/s / {r = $NF; $NF = ""; sub(/ 
   "$OUT/kernels.log" | sort -n | head -3 | awk '{r = $1; $1 = ""; sub(/^ +/, ""); printf "%s%s %s", (NR > 1 ? ", " : ""), $0, r}')
 row "kernels vs copy (${copy:-no result}): lowest" "${worst:-n/a (see $OUT/kernels.log)}"
 
-echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384)"
+echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384) (${SECONDS} s)"
 lc="--device cuda --model gpt2-124M --batch 1 --seq 16384 --steps 4 --eval-every 0 --eval-batches 1 --recompute --mlp-chunks 4"
 timeout 90 ./build-gpu/train $lc > "$OUT/recompute.log" 2>&1
 timeout 90 ./build-gpu/train $lc --offload > "$OUT/offload.log" 2>&1
@@ -83,7 +83,7 @@ act_mib() { grep -o 'act [0-9.]* MiB' "$1" | tail -1 | grep -o '[0-9.]*'; }
 ms_act() { local ms act; ms=$(step_ms "$1"); act=$(act_mib "$1"); [ -n "$ms" ] && echo "$ms ms, $act MiB" || echo "no result"; }
 row "step ms, act MiB: recompute | + offload" "$(ms_act "$OUT/recompute.log") | $(ms_act "$OUT/offload.log")"
 
-echo "== attention vs PyTorch SDPA"
+echo "== attention vs PyTorch SDPA (${SECONDS} s)"
 timeout 150 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 4096,16384,65536 \
   --dims 64,128 > "$OUT/attn_ours.log" 2>&1
 timeout 150 python3 bench/sdpa_reference.py --seqs 4096,16384,65536 --dims 64,128 --heads 16 \
@@ -99,7 +99,7 @@ while read -r dev dt T D f fb tf doc; do
 done < "$OUT/attn_ours.log"
 grep -q '^cuda ' "$OUT/attn_ours.log" || row "attention vs SDPA" "no result (see $OUT/attn_ours.log)"
 
-echo "== attention with packed 2K-token documents (tiles that share none are skipped)"
+echo "== attention with packed 2K-token documents (tiles that share none are skipped) (${SECONDS} s)"
 timeout 60 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384 --dims 64 \
   --doc-len 2048 > "$OUT/attn_docs.log" 2>&1
 causal_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$OUT/attn_ours.log")
@@ -111,7 +111,7 @@ row "attention T=16K D=64 fwd+bwd ms: causal | 2K docs" "${causal_ms:-n/a} | ${d
 # comparisons might not show. Some machines' runtimes do not support it; the row then says so.
 left=$((470 - SECONDS))
 if [ "$left" -ge 60 ] && command -v compute-sanitizer > /dev/null; then
-  echo "== compute-sanitizer memcheck: the bf16 attention kernels"
+  echo "== compute-sanitizer memcheck: the bf16 attention kernels (${SECONDS} s)"
   timeout "$((left < 150 ? left : 150))" compute-sanitizer --tool memcheck --error-exitcode 9 \
     ./build-gpu/tests/test_attention_gpu "attention CUDA kernels match the CPU backend (bf16*" \
     > "$OUT/memcheck.log" 2>&1
@@ -123,5 +123,5 @@ else
 fi
 
 echo
-echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F))"
+echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F), ${SECONDS} s)"
 cat "$OUT/table.txt"
