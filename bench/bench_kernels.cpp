@@ -3,7 +3,8 @@
 // --reps launches (CUDA events, after one warm-up), the GB/s that makes, and the ratio to a
 // device-to-device cudaMemcpy's GB/s (bytes read + written). A ratio well under 1 is a kernel
 // moving more bytes than it must (re-reads, narrow or uncoalesced accesses) or with too little in
-// flight. Defaults: GPT-2 124M at B = 32, T = 1024 in bf16.
+// flight. Defaults: GPT-2 124M at B = 32, T = 1024 in bf16. Last, the classifier's GEMMs at 1, 2
+// and 4 times the chunk's rows (TFLOP/s), which is what a larger chunk would buy.
 //   ./build-cuda/bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]
 //                              [--params 124475904] [--reps 20]
 #include <algorithm>
@@ -16,6 +17,7 @@
 #if ULYSSES_HAVE_CUDA
 #include "bench/guarded_main.h"
 #include "engine/cuda_launch.h"
+#include "engine/gemm.h"
 #include "engine/optimizer.h"
 #include "layers/classifier.h"
 #include "layers/gelu.h"
@@ -170,6 +172,29 @@ int run(int argc, char** argv) {
            }));
     report("sum_squares (gradient norm, f32)", 4.0 * P,
            best_ms(reps, [&] { ul::cuda::sum_squares(out.p, grad.p, P, scratch.p, nullptr); }));
+  }
+
+  // The classifier's three GEMMs per chunk at 1, 2 and 4 times the chunk's rows: the weight
+  // gradient (V, C) += dlogits^T x reads and writes its fp32 (V, C) output once per chunk, so
+  // fewer, larger chunks trade scratch memory for that traffic. Compute-bound: TFLOP/s, no ratio.
+  std::printf("%-34s %9s %9s %9s  (TFLOP/s; classifier GEMMs by chunk rows)\n", "chunk rows", "logits", "dx", "dw");
+  for (int mult : {1, 2, 4}) {
+    const int Rc = std::min(N, R * mult);
+    Buf<bf16> x(size_t(Rc) * C), w(size_t(V) * C), dl(size_t(Rc) * V), dx(size_t(Rc) * C);
+    Buf<float> logits(size_t(Rc) * V), dw(size_t(V) * C);
+    const double flops = 2.0 * Rc * V * C;
+    const double t_logits = best_ms(reps, [&] {
+      ul::cuda::gemm<bf16, float>(logits.p, x.p, w.p, nullptr, Rc, V, C, false, true, false, "logits", nullptr);
+    });
+    const double t_dx = best_ms(reps, [&] {
+      ul::cuda::gemm<bf16, bf16>(dx.p, dl.p, w.p, nullptr, Rc, C, V, false, false, true, "dx", nullptr);
+    });
+    const double t_dw = best_ms(reps, [&] {
+      ul::cuda::gemm<bf16, float>(dw.p, dl.p, x.p, nullptr, V, C, Rc, true, false, true, "dw", nullptr);
+    });
+    std::printf("%-34d %9.1f %9.1f %9.1f\n", Rc, flops / (t_logits * 1e-3) / 1e12, flops / (t_dx * 1e-3) / 1e12,
+                flops / (t_dw * 1e-3) / 1e12);
+    if (Rc == N) break;
   }
   return 0;
 }

@@ -73,6 +73,10 @@ copy=$(grep -o 'cudaMemcpy device to device .* GB/s' "$OUT/kernels.log" | grep -
 worst=$(awk '/^kernel/ {on = 1; next} on && / GB\/s / {r = $NF; $NF = ""; sub(/ +[0-9.]+ MB .*/, ""); print r, $0}' \
   "$OUT/kernels.log" | sort -n | head -3 | awk '{r = $1; $1 = ""; sub(/^ +/, ""); printf "%s%s %s", (NR > 1 ? ", " : ""), $0, r}')
 row "kernels vs copy (${copy:-no result}): lowest" "${worst:-n/a (see $OUT/kernels.log)}"
+# Then "rows logits dx dw" TFLOP/s of the classifier's GEMMs at 1, 2, 4 x the chunk's rows.
+gemms=$(awk '/^chunk rows/ {on = 1; next} on && NF == 4 {printf "%s%s: %s/%s/%s", (n++ ? "; " : ""), $1, $2, $3, $4}' \
+  "$OUT/kernels.log")
+row "classifier GEMMs logits/dx/dw TFLOP/s by rows" "${gemms:-n/a (see $OUT/kernels.log)}"
 
 echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384) (${SECONDS} s)"
 lc="--device cuda --model gpt2-124M --batch 1 --seq 16384 --steps 4 --eval-every 0 --eval-batches 1 --recompute --mlp-chunks 4"
