@@ -6,9 +6,11 @@
 #      a training step against the CPU);
 #   3. SP on one GPU: the local communicator with 2 ranks against 1 rank;
 #   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU (and one profiled step: the longest ops); the
-#      memory-bound kernels' GB/s against a device-to-device copy; --offload's step time and
-#      device activations against --recompute alone at T = 16K; attention forward + backward TFLOP/s against
-#      PyTorch's scaled_dot_product_attention at T = 4K, 16K, 64K, head dims 64 and 128, causal;
+#      memory-bound kernels' GB/s against a device-to-device copy, and the classifier's GEMMs by
+#      chunk size; --offload's step time and device activations against --recompute alone at
+#      T = 16K; attention forward + backward TFLOP/s against PyTorch's
+#      scaled_dot_product_attention (default and by backend) at T = 4K, 16K, 64K, head dims 64
+#      and 128, causal;
 #   5. with time to spare, the bf16 attention kernels' test under compute-sanitizer memcheck;
 # and prints one short table last.
 set -uo pipefail
@@ -55,7 +57,7 @@ row "sp 2 vs sp 1 losses (fp32)" "${l2:-failed} | ${l1:-failed}"
 
 echo "== GPT-2 124M, bf16, T = 1024 (${SECONDS} s)"
 for b in 8 32; do  # llm.c's H100 figures use larger batches; the small one shows launch overheads
-  # --profile: one more step with each op's GPU time (the table's last rows; the whole list in the log)
+  # --profile: one more step with each op's GPU time (B = 32's longest in the table, all in the logs)
   timeout 120 ./build-gpu/bench_gpt2_step --device cuda --precision bf16 --batch $b --seq 1024 --steps 10 \
     --profile > "$OUT/gpt2_b$b.log" 2>&1
   tps=$(grep -o 'tokens/s [0-9.]*' "$OUT/gpt2_b$b.log" | tail -1); mfu=$(grep -o 'MFU [0-9.]*%' "$OUT/gpt2_b$b.log" | tail -1)

@@ -45,27 +45,24 @@ AdamW::AdamW(Params& params, AdamWConfig cfg, size_t lo, size_t hi) : params_(pa
   v_ = static_cast<float*>(device_alloc(params.device(), bytes));
   device_zero(params.device(), m_, bytes);
   device_zero(params.device(), v_, bytes);
-  if (params.device() == Device::cpu) return;
   // [lo, hi) as runs of parameters with one decay rule, ends relative to lo (a shard boundary may
-  // cut a parameter): a CUDA step is then one launch whatever the number of parameters.
-  std::vector<uint64_t> ends;
-  std::vector<uint8_t> decay;
+  // cut a parameter): the CPU updates run by run, and on CUDA a step is one launch that reads the
+  // runs from a device copy.
   for (const ParamSpec& s : params.specs()) {
     const size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
     if (a >= b) continue;
-    if (!decay.empty() && decay.back() == uint8_t(s.decay)) {
-      ends.back() = b - lo_;
+    if (!decay_.empty() && decay_.back() == uint8_t(s.decay)) {
+      ends_.back() = b - lo_;
     } else {
-      ends.push_back(b - lo_);
-      decay.push_back(uint8_t(s.decay));
+      ends_.push_back(b - lo_);
+      decay_.push_back(uint8_t(s.decay));
     }
   }
-  seg_count_ = int(ends.size());
-  if (seg_count_ == 0) return;
-  seg_ends_ = static_cast<uint64_t*>(device_alloc(params.device(), ends.size() * sizeof(uint64_t)));
-  seg_decay_ = static_cast<uint8_t*>(device_alloc(params.device(), decay.size()));
-  device_copy(seg_ends_, params.device(), ends.data(), Device::cpu, ends.size() * sizeof(uint64_t));
-  device_copy(seg_decay_, params.device(), decay.data(), Device::cpu, decay.size());
+  if (params.device() == Device::cpu || ends_.empty()) return;
+  seg_ends_ = static_cast<uint64_t*>(device_alloc(params.device(), ends_.size() * sizeof(uint64_t)));
+  seg_decay_ = static_cast<uint8_t*>(device_alloc(params.device(), decay_.size()));
+  device_copy(seg_ends_, params.device(), ends_.data(), Device::cpu, ends_.size() * sizeof(uint64_t));
+  device_copy(seg_decay_, params.device(), decay_.data(), Device::cpu, decay_.size());
 }
 
 AdamW::~AdamW() {
@@ -78,14 +75,9 @@ AdamW::~AdamW() {
 void AdamW::step(float lr, float grad_scale) {
   t_++;
   if (params_.device() == Device::cpu) {
-    for (const ParamSpec& s : params_.specs()) {
-      // This parameter's elements that lie in [lo, hi): a shard boundary may cut a parameter.
-      size_t a = std::max(s.offset, lo_), b = std::min(s.offset + size_t(s.shape.numel()), hi_);
-      if (a >= b) continue;
-      float wd = s.decay ? cfg_.weight_decay : 0.0f;
-      cpu::adamw_update(params_.data() + a, params_.grad() + a, m_ + (a - lo_), v_ + (a - lo_), b - a, lr, cfg_.beta1,
-                        cfg_.beta2, cfg_.eps, wd, grad_scale, t_);
-    }
+    for (size_t k = 0, a = 0; k < ends_.size(); a = ends_[k], k++)  // [a, ends_[k]) relative to lo
+      cpu::adamw_update(params_.data() + lo_ + a, params_.grad() + lo_ + a, m_ + a, v_ + a, ends_[k] - a, lr,
+                        cfg_.beta1, cfg_.beta2, cfg_.eps, decay_[k] ? cfg_.weight_decay : 0.0f, grad_scale, t_);
     return;
   }
 #if ULYSSES_HAVE_CUDA
@@ -93,7 +85,7 @@ void AdamW::step(float lr, float grad_scale) {
   // bits follow each element's index in the whole buffer.
   const size_t n = hi_ - lo_;
   if (n == 0) return;
-  const cuda::DecaySegments segs{seg_ends_, seg_decay_, seg_count_};
+  const cuda::DecaySegments segs{seg_ends_, seg_decay_, int(ends_.size())};
   if (params_.dtype() == DType::bf16)
     cuda::adamw_update(static_cast<__nv_bfloat16*>(params_.raw()) + lo_, params_.master() + lo_, params_.grad() + lo_,
                        m_, v_, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, grad_scale, t_, cfg_.seed,

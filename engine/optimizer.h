@@ -98,11 +98,13 @@ class AdamW {
   float* v_ = nullptr;
   size_t lo_ = 0, hi_ = 0;
   int t_ = 0;
-  // cuda: [lo, hi) as runs of parameters with the same decay rule (cuda::DecaySegments), on the
-  // device, so that a step is one launch.
+  // [lo, hi) as runs of parameters with the same decay rule: run k ends at ends_[k] (relative to
+  // lo) and decays iff decay_[k]; on cuda also on the device (cuda::DecaySegments), so that a step
+  // is one launch.
+  std::vector<uint64_t> ends_;
+  std::vector<uint8_t> decay_;
   uint64_t* seg_ends_ = nullptr;
   uint8_t* seg_decay_ = nullptr;
-  int seg_count_ = 0;
 };
 
 // sum of x[i]^2 over n f32 elements on device d (cpu::sum_squares, or the CUDA reduction).

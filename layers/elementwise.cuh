@@ -1,6 +1,7 @@
-// What the elementwise kernels (gelu, swiglu, residual, the embedding gather, the norms' rows)
-// share: 16-byte packs, so that one load or store moves 4 floats or 8 bf16 (the widest access a
-// thread issues), and the grid of a grid-stride loop. Included by .cu files only, after engine/cuda_launch.h.
+// What the elementwise and row kernels share (gelu, swiglu, residual, the embedding gather, the
+// norms, the column sums, the Ulysses permutes, attention's row dot): 16-byte packs, so that one
+// load or store moves 4 floats or 8 bf16 (the widest access a thread issues), and the grid of a
+// grid-stride loop. Included by .cu files only, after engine/cuda_launch.h.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -43,7 +44,7 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
 }
 
 // V elements at p (16-byte aligned when V > 1) as floats, and floats rounded back into V elements:
-// the row kernels (layernorm, rmsnorm) work on packs of a row this way.
+// how the row kernels work on packs of a row.
 template <int V, class T>
 __device__ __forceinline__ void load_floats(const T* p, float (&out)[V]) {
   const Pack<T, V> pk = load_pack<V>(p);
@@ -61,6 +62,13 @@ inline bool pack_aligned(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
+}
+
+// The row kernels' condition for their 16-byte path: rows of `inner` elements of T split into whole
+// packs, and every buffer is 16-byte aligned (otherwise they take one element at a time).
+template <class T>
+inline bool packs_fit(int64_t inner, std::initializer_list<const void*> ptrs) {
+  return inner % kPackElems<T> == 0 && pack_aligned(ptrs);
 }
 
 constexpr int kElementwiseThreads = 256;

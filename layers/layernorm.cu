@@ -129,7 +129,7 @@ void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const T* w, c
                        cudaStream_t s) {
   if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
   const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
-  if (C % kPackElems<T> == 0 && pack_aligned({y, x, w, b}))
+  if (packs_fit<T>(C, {y, x, w, b}))
     launch("layernorm_forward", layernorm_forward_kernel<T, kPackElems<T>>, grid, block, 0, s, y, mean, rstd, x, w, b,
            N, C);
   else
@@ -141,7 +141,7 @@ void layernorm_backward(T* dx, float* dw, float* db, const T* dy, const T* x, co
                         const float* rstd, float* scratch, int N, int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;
   const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
-  if (C % kPackElems<T> == 0 && pack_aligned({dx, dy, x, w}))
+  if (packs_fit<T>(C, {dx, dy, x, w}))
     launch("layernorm_backward_dx", layernorm_backward_dx_kernel<T, kPackElems<T>>, grid, block, 0, s, dx, dy, x, w,
            mean, rstd, N, C);
   else

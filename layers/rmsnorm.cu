@@ -101,7 +101,7 @@ template <class T>
 void rmsnorm_forward(T* y, float* rrms, const T* x, const T* w, int N, int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
   const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
-  if (C % kPackElems<T> == 0 && pack_aligned({y, x, w}))
+  if (packs_fit<T>(C, {y, x, w}))
     launch("rmsnorm_forward", rmsnorm_forward_kernel<T, kPackElems<T>>, grid, block, 0, s, y, rrms, x, w, N, C);
   else
     launch("rmsnorm_forward", rmsnorm_forward_kernel<T, 1>, grid, block, 0, s, y, rrms, x, w, N, C);
@@ -112,7 +112,7 @@ void rmsnorm_backward(T* dx, float* dw, const T* dy, const T* x, const T* w, con
                       int C, cudaStream_t s) {
   if (N == 0 || C == 0) return;
   const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
-  if (C % kPackElems<T> == 0 && pack_aligned({dx, dy, x, w}))
+  if (packs_fit<T>(C, {dx, dy, x, w}))
     launch("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<T, kPackElems<T>>, grid, block, 0, s, dx, dy, x, w, rrms,
            N, C);
   else

@@ -128,13 +128,13 @@ __global__ void sequence_to_chunks_kernel(T* __restrict__ send, const T* __restr
 
 #undef UL_GRID_STRIDE
 
-// Launches `packed` (kernel<T, kPackElems<T>>) when the inner dimension is a multiple of a pack and
-// every buffer is 16-byte aligned, else `single` (kernel<T, 1>). `work` counts elements.
+// Launches `packed` (kernel<T, kPackElems<T>>) when packs fit (elementwise.cuh), else `single`
+// (kernel<T, 1>). `work` counts elements.
 template <class T, class K, class... A>
 void launch_packed(const char* name, K* single, K* packed, int inner, size_t work,
                    std::initializer_list<const void*> buffers, cudaStream_t s, A... args) {
   constexpr int kV = kPackElems<T>;
-  if (inner % kV == 0 && pack_aligned(buffers))
+  if (packs_fit<T>(inner, buffers))
     launch(name, packed, grid_for(work / kV), dim3(kThreads), 0, s, args...);
   else
     launch(name, single, grid_for(work), dim3(kThreads), 0, s, args...);
