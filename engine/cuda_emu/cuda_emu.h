@@ -5,7 +5,8 @@
 //   - each CUDA thread of a block is a fiber; the block's fibers run on ONE OS thread, switching
 //     only at a barrier or a warp collective: one warp runs as far as it gets (to a barrier or its
 //     end) before the next starts, first to last warp in even blocks and last to first in odd
-//     ones, so that a missing barrier between warps shows; blocks are spread over OpenMP threads;
+//     ones, and the lanes of a warp likewise (lane 0 first, or lane 31 first), so that a missing
+//     barrier or __syncwarp shows; blocks are spread over OpenMP threads;
 //   - threadIdx/blockIdx/blockDim/gridDim are thread_local variables that the scheduler sets before
 //     resuming a fiber, so they always describe the fiber that runs;
 //   - __shared__ is `static thread_local`: one copy per OS thread, which is one copy per block in
@@ -14,7 +15,8 @@
 //     only part of the block can reach is reported as an error, not a hang;
 //   - warp collectives (shuffles, __syncwarp, votes) park each lane until all lanes named in the
 //     mask (that still run) have arrived, then compute every lane's result at once, as the hardware
-//     exchanges registers in one step.
+//     exchanges registers in one step; a shuffle from a lane that takes no part (undefined on the
+//     GPU) yields all-one bits, NaN as a float.
 // Only what the project's kernels use is here; nvcc compiles the same files for the real GPU.
 #pragma once
 #include <math.h>

@@ -176,10 +176,11 @@ bool try_complete(Worker& w, int warp) {
       default: break;
     }
     // Out of the segment: the lane keeps its own value (CUDA's rule). Reading a lane that is not
-    // taking part is undefined on the GPU; here it also yields the lane's own value.
-    if (!ok || !(wp.arrived >> j & 1)) j = lane;
+    // taking part (outside the mask, or exited) is undefined on the GPU; here it yields all-one
+    // bits (NaN as a float, -1 as an int), so a reduction that counts on such a lane shows.
+    if (!ok) j = lane;
     if (wp.op == Collective::ballot) wp.out[lane] = ballot | (uint64_t(wp.arrived) << 32);
-    else wp.out[lane] = wp.in[j];
+    else wp.out[lane] = wp.arrived >> j & 1 ? wp.in[j] : ~uint64_t(0);
   }
   for (int lane = 0; lane < 32; lane++)
     if (wp.arrived >> lane & 1) w.fibers[warp * 32 + lane].wait = Wait::ready;
@@ -253,7 +254,10 @@ void run_block(Worker& w, uint3 block_idx) {
   // Warps run one at a time, each as far as it gets (to a __syncthreads or its exit), in order in
   // even blocks and in reverse in odd ones: the most lopsided interleavings a GPU may produce, so
   // that shared memory written or refilled without a barrier between warps shows up as stale or
-  // NaN data instead of passing because every warp happened to keep pace with the others.
+  // NaN data instead of passing because every warp happened to keep pace with the others. The
+  // lanes of a warp take turns the same way (first to last, or last to first), since Volta a
+  // warp's lanes are not in lockstep either: one lane's shared-memory write is visible to another
+  // only after a __syncwarp (or a barrier), and reading it earlier shows as a stale value.
   const int warps = (w.n + 31) / 32;
   const bool reverse = (block_idx.x + block_idx.y + block_idx.z) % 2 == 1;
   w.barriers = 0;
@@ -266,7 +270,8 @@ void run_block(Worker& w, uint3 block_idx) {
       // Lanes meet at warp collectives: run them round until none is ready or a barrier opens.
       for (bool again = true; again && w.barriers == barriers;) {
         again = false;
-        for (int i = lo; i < hi && w.barriers == barriers; i++) {
+        for (int k = 0; k < hi - lo && w.barriers == barriers; k++) {
+          const int i = reverse ? hi - 1 - k : lo + k;
           if (w.fibers[i].wait != Wait::ready) continue;
           w.cur = i;
           threadIdx = w.fibers[i].tid;

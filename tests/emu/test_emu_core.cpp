@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -162,6 +163,24 @@ __global__ void warp_order_kernel(int* out) {
     out[blockIdx.x * 2 + warp] = word;
     word = warp + 1;
   }
+}
+// Lanes 0 and 31 of one warp the same way, with no __syncwarp between them. out: (block, 2).
+__global__ void lane_order_kernel(int* out) {
+  __shared__ int word;
+  if (threadIdx.x == 0) word = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  if (lane == 0 || lane == 31) {
+    out[blockIdx.x * 2 + lane / 31] = word;
+    word = lane + 1;
+  }
+}
+// Lanes 0-15 shuffle with a mask that names them only, reading lane (l + 8) % 32: lanes 8-15 read
+// lanes 16-23, which take no part. out: (32) as float.
+__global__ void absent_lane_kernel(float* out) {
+  const int lane = threadIdx.x % 32;
+  if (lane < 16) out[lane] = __shfl_sync(0x0000ffffu, float(lane), (lane + 8) % 32);
+  else out[lane] = -1.f;
 }
 
 // One 16-byte pack of floats from in + offset to out (a 16-byte aligned pointer plus offset floats).
@@ -330,6 +349,30 @@ TEST_CASE("emu: one warp runs to its next barrier before the next warp starts, i
       CHECK(h[b * 2 + 0] == 2);
     }
   }
+}
+
+TEST_CASE("emu: the lanes of a warp take turns in both orders, so a missing __syncwarp shows", "[emu]") {
+  DeviceBuffer<int> out(4 * 2);
+  ul::launch("lane_order", lane_order_kernel, dim3(4), dim3(32), 0, nullptr, out.p);
+  const std::vector<int> h = out.get();
+  for (int b = 0; b < 4; b++) {
+    INFO("block " << b);
+    if (b % 2 == 0) {  // lane 0 first: it reads the initial 0, lane 31 reads lane 0's write
+      CHECK(h[b * 2 + 0] == 0);
+      CHECK(h[b * 2 + 1] == 1);
+    } else {  // lane 31 first
+      CHECK(h[b * 2 + 1] == 0);
+      CHECK(h[b * 2 + 0] == 32);
+    }
+  }
+}
+
+TEST_CASE("emu: a shuffle from a lane outside the mask reads NaN (undefined on the GPU)", "[emu]") {
+  DeviceBuffer<float> out(32);
+  ul::launch("absent_lane", absent_lane_kernel, dim3(1), dim3(32), 0, nullptr, out.p);
+  const std::vector<float> h = out.get();
+  for (int l = 0; l < 8; l++) CHECK(h[l] == float(l + 8));
+  for (int l = 8; l < 16; l++) CHECK(std::isnan(h[l]));
 }
 
 TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
