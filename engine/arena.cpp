@@ -2,12 +2,21 @@
 
 #include "engine/device.h"
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 namespace ul {
 
 static size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+
+bool arena_poison_from_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("ULYSSES_POISON_ARENA");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
 
 Arena::Arena(Device dev, size_t block_bytes) : dev_(dev), block_bytes_(block_bytes) {}
 
@@ -16,6 +25,12 @@ Arena::~Arena() {
 }
 
 void* Arena::alloc(size_t bytes) {
+  void* p = take(bytes);
+  if (poison_) device_set(dev_, p, 0xff, bytes);
+  return p;
+}
+
+void* Arena::take(size_t bytes) {
   bytes = align64(bytes ? bytes : 1);
   // Walk forward to the first block (current or later) with room; make one if none has.
   while (cur_ < blocks_.size() && off_ + bytes > blocks_[cur_].size) {
@@ -35,7 +50,7 @@ void* Arena::alloc(size_t bytes) {
 }
 
 void* Arena::alloc_zero(size_t bytes) {
-  void* p = alloc(bytes);
+  void* p = take(bytes);
   device_zero(dev_, p, bytes);
   return p;
 }
@@ -50,8 +65,11 @@ Tensor Arena::tensor(Shape s, DType t) {
 }
 
 Tensor Arena::zeros(Shape s, DType t) {
-  Tensor x = tensor(s, t);
-  device_zero(dev_, x.ptr, x.nbytes());
+  Tensor x;
+  x.shape = s;
+  x.dtype = t;
+  x.device = dev_;
+  x.ptr = alloc_zero(x.nbytes());
   return x;
 }
 

@@ -16,6 +16,13 @@
 
 namespace ul {
 
+// Poisoning: every uninitialised allocation is filled with 0xff bytes (NaN in f32 and bf16, -1 in i32): an op that reads memory
+// it never wrote (a `+=` into a gradient nobody zeroed, a kernel tail left unwritten) then poisons
+// its result instead of reading what the previous op or step left there. For tests and debugging:
+// it costs a memset per allocation. On when the environment variable ULYSSES_POISON_ARENA is set
+// (to anything but 0) as the arena is made; CI runs the sanitizer and emulated tests with it.
+bool arena_poison_from_env();
+
 class Arena {
  public:
   explicit Arena(Device dev = Device::cpu, size_t block_bytes = size_t(64) << 20);
@@ -23,7 +30,7 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
-  void* alloc(size_t bytes);               // 64-byte aligned, uninitialised
+  void* alloc(size_t bytes);               // 64-byte aligned, uninitialised (or poisoned)
   void* alloc_zero(size_t bytes);
   Tensor tensor(Shape s, DType t = DType::f32);  // uninitialised
   Tensor zeros(Shape s, DType t = DType::f32);
@@ -36,6 +43,8 @@ class Arena {
   // Replace the blocks by one of `bytes` (rounded up to 2 MiB). Only while nothing is in use.
   void reserve(size_t bytes);
   void reset();                            // drop everything; keeps the blocks for the next step
+  void set_poison(bool on) { poison_ = on; }
+  bool poison() const { return poison_; }
   size_t used() const { return used_; }    // bytes handed out and not released
   size_t high_water() const { return peak_; }
   void reset_high_water() { peak_ = used_; }
@@ -45,10 +54,12 @@ class Arena {
 
  private:
   struct Block { char* base; size_t size; };
+  void* take(size_t bytes);  // alloc without the poison
   Device dev_;
   size_t block_bytes_;
   std::vector<Block> blocks_;
   size_t cur_ = 0, off_ = 0, used_ = 0, peak_ = 0;
+  bool poison_ = arena_poison_from_env();
 };
 
 // Releases to a mark when it goes out of scope.

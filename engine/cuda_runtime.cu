@@ -30,11 +30,11 @@ void cuda_free(void* p) {
   UL_CUDA_CHECK(e);
 }
 
-void cuda_zero(void* p, size_t bytes) {
+void cuda_set(void* p, int byte, size_t bytes) {
   if (!bytes) return;
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin("cudaMemset", nullptr);
-  UL_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  UL_CUDA_CHECK(cudaMemset(p, byte, bytes));
 }
 
 // cudaMemcpy on the legacy default stream: ordered after every kernel launched before it, which is
@@ -68,7 +68,7 @@ void init_cuda_backend() {
       throw std::runtime_error(std::string("--device cuda: no usable CUDA device (") + cudaGetErrorString(e) + ")");
     if (n == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
     register_device_ops(Device::cuda,
-                        {cuda_alloc, cuda_free, cuda_zero, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
+                        {cuda_alloc, cuda_free, cuda_set, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
   });
 }
 

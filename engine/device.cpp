@@ -17,14 +17,14 @@ void* cpu_alloc(size_t bytes) {
   return p;
 }
 void cpu_free(void* p) { std::free(p); }
-void cpu_zero(void* p, size_t bytes) { if (bytes) std::memset(p, 0, bytes); }
+void cpu_set(void* p, int byte, size_t bytes) { if (bytes) std::memset(p, byte, bytes); }
 void cpu_copy(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 void cpu_sync() {}
 
 struct Registry {
   DeviceOps ops[2];
   bool have[2] = {true, false};
-  Registry() { ops[0] = {cpu_alloc, cpu_free, cpu_zero, cpu_copy, cpu_copy, cpu_copy, cpu_sync}; }
+  Registry() { ops[0] = {cpu_alloc, cpu_free, cpu_set, cpu_copy, cpu_copy, cpu_copy, cpu_sync}; }
 };
 Registry& registry() {
   static Registry r;
@@ -50,7 +50,8 @@ const DeviceOps& device_ops(Device d) {
 
 void* device_alloc(Device d, size_t bytes) { return device_ops(d).alloc(bytes); }
 void device_free(Device d, void* p) { if (p) device_ops(d).free(p); }
-void device_zero(Device d, void* p, size_t bytes) { device_ops(d).zero(p, bytes); }
+void device_zero(Device d, void* p, size_t bytes) { device_ops(d).set(p, 0, bytes); }
+void device_set(Device d, void* p, int byte, size_t bytes) { device_ops(d).set(p, byte, bytes); }
 
 void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
   if (bytes == 0) return;

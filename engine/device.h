@@ -11,7 +11,7 @@ namespace ul {
 struct DeviceOps {
   void* (*alloc)(size_t bytes);
   void (*free)(void* p);
-  void (*zero)(void* p, size_t bytes);
+  void (*set)(void* p, int byte, size_t bytes);  // memset
   // Copies between this device and the host, or within this device.
   void (*to_host)(void* dst, const void* src, size_t bytes);
   void (*from_host)(void* dst, const void* src, size_t bytes);
@@ -27,6 +27,7 @@ bool device_available(Device d);
 void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p);
 void device_zero(Device d, void* p, size_t bytes);
+void device_set(Device d, void* p, int byte, size_t bytes);
 // Copy `bytes` from (src on sd) to (dst on dd); either side may be the host.
 void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes);
 

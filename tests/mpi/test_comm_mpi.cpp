@@ -59,7 +59,7 @@ void fake_copy(void* d, const void* s, size_t n) {
 }
 void* fake_alloc(size_t n) { return n ? ::operator new(n) : nullptr; }
 void fake_free(void* p) { ::operator delete(p); }
-void fake_zero(void* p, size_t n) { if (n) std::memset(p, 0, n); }
+void fake_set(void* p, int byte, size_t n) { if (n) std::memset(p, byte, n); }
 void fake_sync() {}
 
 }  // namespace
@@ -169,7 +169,7 @@ TEST_CASE("mpi stats count the bytes sent to other ranks", "[comm][mpi]") {
 }
 
 TEST_CASE("mpi stages device buffers through the host", "[comm][mpi]") {
-  register_device_ops(Device::cuda, {fake_alloc, fake_free, fake_zero, fake_copy, fake_copy, fake_copy, fake_sync});
+  register_device_ops(Device::cuda, {fake_alloc, fake_free, fake_set, fake_copy, fake_copy, fake_copy, fake_sync});
   auto c = mpi_world(Device::cuda);
   CHECK(c->device() == Device::cuda);
   const int P = c->size(), r = c->rank();
