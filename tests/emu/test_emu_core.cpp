@@ -335,36 +335,28 @@ TEST_CASE("emu: atomics add up across blocks", "[emu]") {
   CHECK(maxv.get()[0] == total - 1);
 }
 
+// out: (block, 2) from a kernel where the first and the last warp (or lane) of each block read a
+// shared word and then write their number + 1 there, with no barrier between them. The first
+// writes `first`, the last `last`: in even blocks the first runs first (it reads the initial 0, the
+// last reads `first`), in odd blocks the last does.
+void check_turns(const std::vector<int>& h, int blocks, int first, int last) {
+  for (int b = 0; b < blocks; b++) {
+    INFO("block " << b);
+    CHECK(h[b * 2 + (b % 2)] == 0);
+    CHECK(h[b * 2 + 1 - (b % 2)] == (b % 2 == 0 ? first : last));
+  }
+}
+
 TEST_CASE("emu: one warp runs to its next barrier before the next warp starts, in both orders", "[emu]") {
   DeviceBuffer<int> out(4 * 2);
   ul::launch("warp_order", warp_order_kernel, dim3(4), dim3(64), 0, nullptr, out.p);
-  const std::vector<int> h = out.get();
-  for (int b = 0; b < 4; b++) {
-    INFO("block " << b);
-    if (b % 2 == 0) {  // warp 0 first: it reads the initial 0, warp 1 reads warp 0's write
-      CHECK(h[b * 2 + 0] == 0);
-      CHECK(h[b * 2 + 1] == 1);
-    } else {  // warp 1 first
-      CHECK(h[b * 2 + 1] == 0);
-      CHECK(h[b * 2 + 0] == 2);
-    }
-  }
+  check_turns(out.get(), 4, 1, 2);
 }
 
 TEST_CASE("emu: the lanes of a warp take turns in both orders, so a missing __syncwarp shows", "[emu]") {
   DeviceBuffer<int> out(4 * 2);
   ul::launch("lane_order", lane_order_kernel, dim3(4), dim3(32), 0, nullptr, out.p);
-  const std::vector<int> h = out.get();
-  for (int b = 0; b < 4; b++) {
-    INFO("block " << b);
-    if (b % 2 == 0) {  // lane 0 first: it reads the initial 0, lane 31 reads lane 0's write
-      CHECK(h[b * 2 + 0] == 0);
-      CHECK(h[b * 2 + 1] == 1);
-    } else {  // lane 31 first
-      CHECK(h[b * 2 + 1] == 0);
-      CHECK(h[b * 2 + 0] == 32);
-    }
-  }
+  check_turns(out.get(), 4, 1, 32);
 }
 
 TEST_CASE("emu: a shuffle from a lane outside the mask reads NaN (undefined on the GPU)", "[emu]") {
