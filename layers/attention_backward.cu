@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   fetch(0, 0);  // step 0 is a diagonal one
 
+  const float scale2 = scale * kLog2e;  // scores to the base-2 exponent
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};  // (16, D) each
   for (int i = 0, step = 0; i < steps; step++) {
     const int next = next_step(i + 1);
@@ -96,12 +97,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();
     const int qt = kt + i % nqt, q0 = qt * kTile;
     const bf16* Qs = smem + (2 + 2 * (step & 1)) * kElems;
     const bf16* dOs = Qs + kElems;
-    const float* lse_s = stats + (step & 1) * 2 * kTile;
+    float* lse_s = stats + (step & 1) * 2 * kTile;
     const float* Di_s = lse_s + kTile;
+    // lse to base 2, each element by the thread whose copy brought it (landed at its own wait; the
+    // barrier after this publishes it).
+    for (int r = threadIdx.x; r < kTile; r += blockDim.x) lse_s[r] *= kLog2e;
+    __syncthreads();
 
     float pt[8][4] = {}, dst[8][4] = {};  // S^T = K Q^T and dP^T = V dout^T, (16 keys, 64 queries)
     UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
@@ -118,7 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int qi = j * 8 + 2 * t + (e & 1);
         const bool see = !masked || visible(q0 + qi, keys[e / 2], G.Tn, docb);
-        const float p = see ? __expf(pt[j][e] * scale - lse_s[qi]) : 0.f;
+        const float p = see ? fast_exp2(fmaf(pt[j][e], scale2, -lse_s[qi])) : 0.f;
         pt[j][e] = p;                             // P^T
         dst[j][e] = p * (dst[j][e] - Di_s[qi]);   // dS^T
       }
@@ -171,9 +175,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   float lse_r[2], Di_r[2];
   UL_UNROLL for (int r = 0; r < 2; r++) {
-    lse_r[r] = rows[r] < G.Tn ? lse[G.lse(b, h, rows[r])] : 0.f;
+    lse_r[r] = rows[r] < G.Tn ? lse[G.lse(b, h, rows[r])] * kLog2e : 0.f;  // base 2
     Di_r[r] = rows[r] < G.Tn ? Di[G.lse(b, h, rows[r])] : 0.f;
   }
+  const float scale2 = scale * kLog2e;
   float dq[D / 8][4] = {};  // (16, D)
   for (int step = 0; kt <= qt; step++) {
     const int next = tiles.next(kt + 1);
@@ -198,7 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
         const bool see = !masked || visible(rows[r], k, G.Tn, docb);
-        const float p = see ? __expf(s[j][e] * scale - lse_r[r]) : 0.f;
+        const float p = see ? fast_exp2(fmaf(s[j][e], scale2, -lse_r[r])) : 0.f;
         s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
       }
     UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)

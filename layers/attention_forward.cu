@@ -33,8 +33,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
     load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
 
+  const float scale2 = scale * kLog2e;  // scores to the base-2 exponent
   float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
-  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};  // running max; this lane's share of the running sum
+  // Running max of the scaled scores in base 2 (max s * scale2); this lane's share of the running sum.
+  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
   for (int step = 0; kt <= qt; step++) {
     const int next = tiles.next(kt + 1);
     if (next <= qt) {
@@ -55,21 +57,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int k = k0 + j * 8 + 2 * t + (e & 1);
-        s[j][e] = !masked || visible(rows[e / 2], k, G.Tn, docb) ? s[j][e] * scale : ninf;
-        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+        if (masked && !visible(rows[e / 2], k, G.Tn, docb)) s[j][e] = ninf;
+        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);  // raw scores: scale > 0 keeps the order
       }
     float alpha[2], sum[2] = {0.f, 0.f};
     UL_UNROLL for (int r = 0; r < 2; r++) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      alpha[r] = m_new == ninf ? 1.f : __expf(m[r] - m_new);  // nothing visible yet: nothing to rescale
+      const float m_new = fmaxf(m[r], mx[r] * scale2);
+      alpha[r] = m_new == ninf ? 1.f : fast_exp2(m[r] - m_new);  // nothing visible yet: nothing to rescale
       m[r] = m_new;
     }
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2;
-        s[j][e] = m[r] == ninf ? 0.f : __expf(s[j][e] - m[r]);  // masked: exp(-inf) = 0
+        s[j][e] = m[r] == ninf ? 0.f : fast_exp2(fmaf(s[j][e], scale2, -m[r]));  // masked: 2^-inf = 0
         sum[r] += s[j][e];
       }
     UL_UNROLL for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     bf16* orow = out + G.out(b, q, h);
     UL_UNROLL for (int n = 0; n < D / 8; n++)
       store_bf16x2(orow + n * 8 + 2 * t, o[n][2 * r] / l[r], o[n][2 * r + 1] / l[r]);
-    if (t == 0) lse[G.lse(b, h, q)] = m[r] + logf(l[r]);
+    if (t == 0) lse[G.lse(b, h, q)] = m[r] * kLn2 + logf(l[r]);
   }
 }
 

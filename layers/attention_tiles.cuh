@@ -191,6 +191,25 @@ __device__ __forceinline__ void scores_as_a(uint32_t a[4], float (*s)[4], int kk
   a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// The tensor-core kernels keep the softmax in base 2: a score s becomes exp2(s * scale * log2(e) -
+// m2) with m2 the row's max (or its lse) times log2(e) -- one FFMA and one MUFU.EX2 per score
+// where exp(s * scale - m) costs an FMUL, an FADD and another FMUL inside __expf. The lse they
+// store stays natural (m2 ln 2 + ln l), as the CPU's.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// 2^x, the hardware approximation (relative error about 2^-22; subnormal results flush to zero,
+// which only ever multiply a sum that a larger term dominates). The emulator computes it exactly.
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // p[0..1] += (lo, hi), rounded once to bf16.
 __device__ __forceinline__ void add_bf16x2(bf16* p, float lo, float hi) {
   store_bf16x2(p, to_float(p[0]) + lo, to_float(p[1]) + hi);
