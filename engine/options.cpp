@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -96,9 +98,18 @@ namespace {
 
 long parse_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   long x = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end) throw std::runtime_error(flag + ": expected an integer, got '" + v + "'");
+  if (errno == ERANGE) throw std::runtime_error(flag + ": " + v + " is out of range");
   return x;
+}
+
+// An int flag: the value must fit (a cast would wrap 4294967297 to 1).
+int parse_int32(const std::string& flag, const std::string& v) {
+  const long x = parse_int(flag, v);
+  if (x < INT_MIN || x > INT_MAX) throw std::runtime_error(flag + ": " + v + " is out of range");
+  return int(x);
 }
 
 double parse_float(const std::string& flag, const std::string& v) {
@@ -127,7 +138,7 @@ double parse_bytes(const std::string& flag, const std::string& v) {
 Options parse_options(int argc, char** argv) {
   Options o;
   using Setter = std::function<void(const std::string&, const std::string&)>;
-  auto I = [](int& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = int(parse_int(f, v)); }; };
+  auto I = [](int& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = parse_int32(f, v); }; };
   auto F = [](float& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = float(parse_float(f, v)); }; };
   auto S = [](std::string& x) -> Setter { return [&x](const std::string&, const std::string& v) { x = v; }; };
   std::map<std::string, Setter> with_value = {
@@ -137,7 +148,11 @@ Options parse_options(int argc, char** argv) {
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
-      {"--seed", [&o](const std::string& f, const std::string& v) { o.seed = uint64_t(parse_int(f, v)); }},
+      {"--seed", [&o](const std::string& f, const std::string& v) {
+         const long long s = parse_int(f, v);
+         if (s < 0) throw std::runtime_error(f + " must be >= 0, got " + v);
+         o.seed = uint64_t(s);
+       }},
       {"--threads", I(o.threads)}, {"--device", S(o.device)}, {"--precision", S(o.precision)}, {"--eval-every", I(o.eval_every)}, {"--eval-batches", I(o.eval_batches)},
       {"--profile-step", I(o.profile_step)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--nccl-id-file", S(o.nccl_id_file)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
@@ -187,7 +202,20 @@ Options parse_options(int argc, char** argv) {
   if (o.warmup < 0) throw std::runtime_error("--warmup must be >= 0");
   if (o.eval_every < 0) throw std::runtime_error("--eval-every must be >= 0");
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
-  if (!(o.lr > 0)) throw std::runtime_error("--lr must be > 0");
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) throw std::runtime_error("--lr must be a finite number > 0");
+  if (!(o.final_lr_frac >= 0 && o.final_lr_frac <= 1))
+    throw std::runtime_error("--final-lr-frac must be in [0, 1] (the cosine decay's floor, as a fraction of --lr)");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    throw std::runtime_error("--weight-decay must be a finite number >= 0");
+  if (!(o.grad_clip >= 0) || !std::isfinite(o.grad_clip))
+    throw std::runtime_error("--grad-clip must be a finite number >= 0 (0: off)");
+  // The model overrides default to 0, "the preset's"; written out, 0 would be ignored without a word.
+  for (const auto& [flag, v] : {std::pair<const char*, long>{"--layers", o.layers}, {"--dim", o.dim},
+                                {"--heads", o.heads}, {"--kv-heads", o.kv_heads}, {"--vocab", o.vocab},
+                                {"--max-seq", o.max_seq}, {"--ffn", o.ffn}})
+    if (o.set_by_user(flag)) positive(flag, v);
+  if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))
+    throw std::runtime_error("--rope-theta must be a finite number > 0");
   if (o.device != "cpu" && o.device != "cuda")
     throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
 #if !ULYSSES_HAVE_CUDA

@@ -35,6 +35,20 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--profile-step 2", "--profile-step times GPU ops with CUDA events: it needs --device cuda");
   expect_refused("--profile-step 0 --device cuda --plan", "--profile-step must be >= 1");
   expect_refused("--profile-step 9 --steps 5 --device cuda --plan", "--profile-step 9 is past the last step");
+  // Numbers that parse but mean nothing sane: refused, not trained on.
+  expect_refused("--batch 4294967297", "--batch: 4294967297 is out of range");  // int(...) would make it 1
+  expect_refused("--steps 99999999999999999999", "--steps: 99999999999999999999 is out of range");
+  expect_refused("--lr inf", "--lr must be a finite number > 0");
+  expect_refused("--lr 1e39", "--lr must be a finite number > 0");  // inf as a float
+  expect_refused("--final-lr-frac 2", "--final-lr-frac must be in [0, 1]");
+  expect_refused("--final-lr-frac nan", "--final-lr-frac must be in [0, 1]");
+  expect_refused("--weight-decay -0.1", "--weight-decay must be a finite number >= 0");
+  expect_refused("--grad-clip -1", "--grad-clip must be a finite number >= 0");
+  expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
+  expect_refused("--seed -1", "--seed must be >= 0");
+  // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
+  for (const char* f : {"--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--ffn"})
+    expect_refused(std::string(f) + " 0", std::string(f) + " must be >= 1");
 }
 
 TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][planner]") {
