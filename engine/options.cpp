@@ -277,7 +277,7 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--export-dtype") && o.export_safetensors.empty()) throw std::runtime_error("--export-dtype needs --export-safetensors");
   if (o.sample < 0) throw std::runtime_error("--sample must be >= 0");
   if (o.top_k < 0) throw std::runtime_error("--top-k must be >= 0");
-  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be >= 0");
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be a finite number >= 0");
   for (const char* f : {"--prompt", "--temperature", "--top-k", "--tokenizer"})
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   if (!o.check_state.empty() && o.checkpoint.empty())

@@ -46,6 +46,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--grad-clip -1", "--grad-clip must be a finite number >= 0");
   expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
   expect_refused("--seed -1", "--seed must be >= 0");
+  expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature must be a finite number >= 0");
   // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
   for (const char* f : {"--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--ffn"})
     expect_refused(std::string(f) + " 0", std::string(f) + " must be >= 1");
