@@ -55,21 +55,12 @@ void* Arena::alloc_zero(size_t bytes) {
   return p;
 }
 
-Tensor Arena::tensor(Shape s, DType t) {
+Tensor Arena::make(Shape s, DType t, bool zero) {
   Tensor x;
   x.shape = s;
   x.dtype = t;
   x.device = dev_;
-  x.ptr = alloc(x.nbytes());
-  return x;
-}
-
-Tensor Arena::zeros(Shape s, DType t) {
-  Tensor x;
-  x.shape = s;
-  x.dtype = t;
-  x.device = dev_;
-  x.ptr = alloc_zero(x.nbytes());
+  x.ptr = zero ? alloc_zero(x.nbytes()) : alloc(x.nbytes());
   return x;
 }
 

@@ -32,8 +32,8 @@ class Arena {
 
   void* alloc(size_t bytes);               // 64-byte aligned, uninitialised (or poisoned)
   void* alloc_zero(size_t bytes);
-  Tensor tensor(Shape s, DType t = DType::f32);  // uninitialised
-  Tensor zeros(Shape s, DType t = DType::f32);
+  Tensor tensor(Shape s, DType t = DType::f32) { return make(s, t, false); }  // uninitialised
+  Tensor zeros(Shape s, DType t = DType::f32) { return make(s, t, true); }
 
   // A mark/release pair frees everything allocated after the mark (scoped scratch in tiled loops).
   struct Mark { size_t block; size_t offset; size_t used; };
@@ -55,6 +55,7 @@ class Arena {
  private:
   struct Block { char* base; size_t size; };
   void* take(size_t bytes);  // alloc without the poison
+  Tensor make(Shape s, DType t, bool zero);
   Device dev_;
   size_t block_bytes_;
   std::vector<Block> blocks_;

@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "dtype_codec.h"
+
 #include "engine/device.h"
 #include "parallel/comm_mpi.h"
 #include "parallel/comm_util.h"
@@ -25,28 +27,8 @@ Comm& world() {
   return *w;
 }
 
-std::vector<char> encode(const std::vector<double>& v, DType t) {
-  std::vector<char> out(v.size() * dtype_size(t));
-  for (size_t i = 0; i < v.size(); i++) {
-    char* p = out.data() + i * dtype_size(t);
-    if (t == DType::f32) { float x = float(v[i]); std::memcpy(p, &x, 4); }
-    if (t == DType::f64) std::memcpy(p, &v[i], 8);
-    if (t == DType::i32) { int32_t x = int32_t(v[i]); std::memcpy(p, &x, 4); }
-    if (t == DType::bf16) { uint16_t x = f32_to_bf16(float(v[i])); std::memcpy(p, &x, 2); }
-  }
-  return out;
-}
-std::vector<double> decode(const std::vector<char>& b, DType t) {
-  std::vector<double> v(b.size() / dtype_size(t));
-  for (size_t i = 0; i < v.size(); i++) {
-    const char* p = b.data() + i * dtype_size(t);
-    if (t == DType::f32) { float x; std::memcpy(&x, p, 4); v[i] = x; }
-    if (t == DType::f64) std::memcpy(&v[i], p, 8);
-    if (t == DType::i32) { int32_t x; std::memcpy(&x, p, 4); v[i] = x; }
-    if (t == DType::bf16) { uint16_t x; std::memcpy(&x, p, 2); v[i] = bf16_to_f32(x); }
-  }
-  return v;
-}
+using ul_test::decode;
+using ul_test::encode;
 
 double value(int r, size_t i) { return double((r * 5 + int(i) * 3) % 11) - 4; }
 
