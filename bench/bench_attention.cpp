@@ -5,8 +5,10 @@
 // scaled_dot_product_attention on the same shapes; bench/gpu_check.sh prints the ratio.
 // --doc-len N adds a document mask of packed N-token documents: the FLOPs are still counted as
 // causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
+// --query-rows 64|128 picks the bf16 CUDA kernels' query rows per block (forward and dq pass;
+// layers/attention.h); the last column says which ran.
 //   ./build/bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,4096] [--dims 64,128]
-//                           [--doc-len N]
+//                           [--doc-len N] [--query-rows 64|128]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +46,7 @@ static uint16_t to_bf16(float f) {
 
 static int run(int argc, char** argv) {
   std::string device = "cpu", dtype = "f32";
-  int H = 16, reps = 3, doc_len = 0;
+  int H = 16, reps = 3, doc_len = 0, query_rows = 64;
   std::vector<int> seqs = {1024, 2048}, dims = {64};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -55,12 +57,14 @@ static int run(int argc, char** argv) {
     else if (a == "--dims") dims = ints(v);
     else if (a == "--reps") reps = std::atoi(v.c_str());
     else if (a == "--doc-len") doc_len = std::atoi(v.c_str());
+    else if (a == "--query-rows") query_rows = std::atoi(v.c_str());
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   Device dev = Device::cpu;
   if (device == "cuda") {
 #if ULYSSES_HAVE_CUDA
     init_cuda_backend();
+    cuda::set_attention_query_rows(query_rows);  // throws on anything but 64 or 128
     dev = Device::cuda;
 #else
     std::fprintf(stderr, "this build has no CUDA backend\n");
@@ -72,8 +76,8 @@ static int run(int argc, char** argv) {
     std::fprintf(stderr, "--doc-len must be >= 0 (0: no document mask)\n");
     return 2;
   }
-  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms", "TFLOP/s",
-              "doc-len");
+  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s %6s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms",
+              "TFLOP/s", "doc-len", "rows");
   for (int D : dims)
     for (int T : seqs) {
       Context c(dev);
@@ -129,8 +133,8 @@ static int run(int argc, char** argv) {
       }
       const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0;  // causal: half the square
       const double total = fwd_flops * 3.5;                         // forward + backward (2.5x)
-      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f %8d\n", device.c_str(), dtype.c_str(), T, D, best_f, best_fb,
-                  total / (best_fb / 1000.0) / 1e12, doc_len);
+      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f %8d %6d\n", device.c_str(), dtype.c_str(), T, D, best_f,
+                  best_fb, total / (best_fb / 1000.0) / 1e12, doc_len, dev == Device::cuda ? query_rows : 0);
       device_free(dev, qkv.ptr);
       if (doc.ptr) device_free(dev, doc.ptr);
     }

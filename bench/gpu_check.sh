@@ -96,7 +96,7 @@ timeout 150 python3 bench/sdpa_reference.py --seqs 4096,16384,65536 --dims 64,12
   > "$OUT/attn_sdpa.log" 2>&1
 # sdpa_reference.py prints "T D fwd_ms fwd_bwd_ms TFLOP/s backend", backend default, flash, cudnn, ...
 sdpa() { awk -v T="$1" -v D="$2" -v B="$3" '$1 == T && $2 == D && $6 == B {print $5}' "$OUT/attn_sdpa.log"; }
-while read -r dev dt T D f fb tf doc; do
+while read -r dev dt T D f fb tf doc rows; do
   [ "$dev" = cuda ] || continue
   ref=$(sdpa "$T" "$D" default)
   ratio=$(awk -v a="$tf" -v b="${ref:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
@@ -104,6 +104,18 @@ while read -r dev dt T D f fb tf doc; do
     "$tf | ${ref:-n/a} | ratio $ratio | flash $(sdpa "$T" "$D" flash) cudnn $(sdpa "$T" "$D" cudnn)"
 done < "$OUT/attn_ours.log"
 grep -q '^cuda ' "$OUT/attn_ours.log" || row "attention vs SDPA" "no result (see $OUT/attn_ours.log)"
+
+echo "== attention with 128 query rows a block (forward and dq pass) against 64 (${SECONDS} s)"
+# The same kernels with twice the rows per block: each K/V tile fetched serves twice the rows (see
+# RESULTS.md, FLOPs per byte), at fewer blocks per SM. The faster one should be the default.
+timeout 90 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384,65536 --dims 64,128 \
+  --query-rows 128 > "$OUT/attn_rows128.log" 2>&1
+while read -r dev dt T D f fb tf doc rows; do
+  [ "$dev" = cuda ] || continue
+  base=$(awk -v T="$T" -v D="$D" '$1 == "cuda" && $3 == T && $4 == D {print $5 " " $6}' "$OUT/attn_ours.log")
+  row "attention T=$T D=$D fwd | fwd+bwd ms, 64 rows -> 128 rows" "${base:-n/a} -> $f $fb"
+done < "$OUT/attn_rows128.log"
+grep -q '^cuda ' "$OUT/attn_rows128.log" || row "attention, 128 query rows" "no result (see $OUT/attn_rows128.log)"
 
 echo "== attention with packed 2K-token documents (tiles that share none are skipped) (${SECONDS} s)"
 timeout 60 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384 --dims 64 \

@@ -43,6 +43,14 @@ template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
                         float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s);
 size_t attention_backward_scratch_bytes(int B, int Tn, int Hq);
+
+// Query rows per block of the bf16 forward and dq pass: 64 (4 warps of 16 rows, the default) or
+// 128 (8 warps: each K/V tile a block fetches then serves twice the rows, for half the traffic
+// from L2, at one block of 256 threads per SM instead of three of 128). The same results either
+// way, to the bit. Process-wide, for benchmarks and tests: returns the previous value; anything
+// but 64 or 128 throws std::invalid_argument.
+int set_attention_query_rows(int rows);
+int attention_query_rows();
 }  // namespace cuda
 #endif
 

@@ -148,30 +148,32 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Pass 2, bf16. grid (nt, Hq, B), block 128; warp w owns query rows q0 + 16 w .. + 15.
-// smem: two stages of (K tile, V tile), 4 x 64 x (D + 8) bf16, double-buffered as in the forward.
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32)
+// Pass 2, bf16. grid (ceil(T / (16 W)), Hq, B), block 32 W: W warps of 16 query rows, as in the
+// forward; warp w owns query rows q0 + 16 w .. + 15. smem: two stages of (K tile, V tile),
+// 4 x 64 x (D + 8) bf16, double-buffered as in the forward.
+template <int D, int W>
+__global__ void __launch_bounds__(W * 32)
     attention_backward_dq_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ Di,
                                      const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
                                      float scale) {
-  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  constexpr int LD = kLd(D), kElems = kTileElems(D), kRows = 16 * W;
   UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
-  const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kRows;  // later query blocks first
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
   const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
-  const int q0 = qt * kTile;
-  const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+  const int r0 = q0 + warp * 16;
+  const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  const KeyTiles tiles(docb, qt, G.Tn);
+  const KeyTiles tiles(docb, q0, kRows, G.Tn);
   int kt = tiles.next(0);
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
   uint32_t qf[D / 16][4], of[D / 16][4];  // Q and dout rows of the warp, (16, D) each
   UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
-    load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
-    load_a_rows(of[kk], dout + G.out(b, 0, h), G.out_stride(), q0 + warp * 16, G.Tn, kk * 16);
+    load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), r0, G.Tn, kk * 16);
+    load_a_rows(of[kk], dout + G.out(b, 0, h), G.out_stride(), r0, G.Tn, kk * 16);
   }
   float lse_r[2], Di_r[2];
   UL_UNROLL for (int r = 0; r < 2; r++) {
@@ -180,15 +182,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const float scale2 = scale * kLog2e;
   float dq[D / 8][4] = {};  // (16, D)
-  for (int step = 0; kt <= qt; step++) {
+  for (int step = 0; kt <= tiles.last; step++) {
     const int next = tiles.next(kt + 1);
-    if (next <= qt) {
+    if (next <= tiles.last) {
       fetch_kv_tile<D>(smem, (step + 1) & 1, qkv, G, b, kvh, next);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
+    if (warp_idle(r0, kt, G.Tn)) {  // nothing this warp's rows see: wait for the others
+      __syncthreads();
+      kt = next;
+      continue;
+    }
     const bf16* Ks = smem + (step & 1) * 2 * kElems;
     const bf16* Vs = Ks + kElems;
     const int k0 = kt * kTile;
@@ -360,9 +367,15 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       allow_smem(attention_backward_dkv_mma_kernel<kD>, mma_dkv_smem(kD));
       launch("attention_backward_dkv_mma", attention_backward_dkv_mma_kernel<kD>, dim3(G.nt, Hkv, B),
              dim3(kWarps * 32), mma_dkv_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
-      allow_smem(attention_backward_dq_mma_kernel<kD>, mma_stages_smem(kD));
-      launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kWarps * 32),
-             mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      auto dq = [&](auto w) {
+        constexpr int kW = decltype(w)::value;
+        auto* kernel = attention_backward_dq_mma_kernel<kD, kW>;
+        allow_smem(kernel, mma_stages_smem(kD));
+        launch("attention_backward_dq_mma", kernel, dim3(ceil_div(Tn, 16 * kW), Hq, B), dim3(kW * 32),
+               mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      };
+      if (attention_query_rows() == 128) dq(std::integral_constant<int, 8>{});
+      else dq(std::integral_constant<int, 4>{});
     }
   });
 }

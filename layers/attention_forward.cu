@@ -1,51 +1,72 @@
 // Flash attention forward on CUDA: the tensor-core kernel (bf16) and the FMA kernel (f32), and
 // their launch. The design, and what the kernels share, is in attention_tiles.cuh.
+#include <atomic>
+
 #include "layers/attention_tiles.cuh"
 
 namespace ul {
 namespace cuda {
+
+namespace {
+std::atomic<int> g_query_rows{64};
+}  // namespace
+
+int attention_query_rows() { return g_query_rows.load(std::memory_order_relaxed); }
+
+int set_attention_query_rows(int rows) {
+  if (rows != 64 && rows != 128)
+    throw std::invalid_argument("attention: query rows per block must be 64 or 128, got " + std::to_string(rows));
+  return g_query_rows.exchange(rows);
+}
+
 namespace {
 
 using namespace attn;
 
-// grid (nt, Hq, B), block 128; smem: two stages of (K tile, V tile), 4 x 64 x (D + 8) bf16, so the
-// next key tile is copied in (cp.async) while the tensor cores work on this one.
-// out: (B, T, Hq, D), lse: (B, Hq, T), qkv: (B, T, Hq + 2 Hkv, D)
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32)
+// grid (ceil(T / (16 W)), Hq, B), block 32 W: W warps of 16 query rows (W = 4: one tile; 8: two
+// tiles, so each K/V tile fetched serves twice the rows); smem: two stages of (K tile, V tile),
+// 4 x 64 x (D + 8) bf16, so the next key tile is copied in (cp.async) while the tensor cores work
+// on this one. out: (B, T, Hq, D), lse: (B, Hq, T), qkv: (B, T, Hq + 2 Hkv, D)
+template <int D, int W>
+__global__ void __launch_bounds__(W * 32)
     attention_forward_mma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                                  const int32_t* __restrict__ doc, Geometry G, float scale) {
-  constexpr int LD = kLd(D), kElems = kTileElems(D);
+  constexpr int LD = kLd(D), kElems = kTileElems(D), kRows = 16 * W;
   UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
-  const int qt = G.nt - 1 - int(blockIdx.x);  // later query tiles walk more keys: start them first
+  // Later query blocks walk more keys: start them first.
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kRows;
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
   const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
-  const int q0 = qt * kTile;
-  const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};  // this lane's query rows
+  const int r0 = q0 + warp * 16;                          // the warp's first query row
+  const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};  // this lane's query rows
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
-  const KeyTiles tiles(docb, qt, G.Tn);
+  const KeyTiles tiles(docb, q0, kRows, G.Tn);
   int kt = tiles.next(0);
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
   uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
-  UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
-    load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), q0 + warp * 16, G.Tn, kk * 16);
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++) load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), r0, G.Tn, kk * 16);
 
   const float scale2 = scale * kLog2e;  // scores to the base-2 exponent
   float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
   // Running max of the scaled scores in base 2 (max s * scale2); this lane's share of the running sum.
   float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
-  for (int step = 0; kt <= qt; step++) {
+  for (int step = 0; kt <= tiles.last; step++) {
     const int next = tiles.next(kt + 1);
-    if (next <= qt) {
+    if (next <= tiles.last) {
       fetch_kv_tile<D>(smem, (step + 1) & 1, qkv, G, b, kvh, next);
       cp_async_wait<1>();  // all but the newest group: tile kt has landed
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // ... from every thread's copies
+    if (warp_idle(r0, kt, G.Tn)) {  // nothing this warp's rows see: wait for the others
+      __syncthreads();
+      kt = next;
+      continue;
+    }
     const bf16* Ks = smem + (step & 1) * 2 * kElems;
     const bf16* Vs = Ks + kElems;
     const int k0 = kt * kTile;
@@ -158,17 +179,22 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
                        cudaStream_t s) {
   const Geometry G = geometry(B, Tn, Hq, Hkv, D);
   if (B == 0 || Tn == 0) return;  // a grid of no blocks is an invalid launch
-  const dim3 grid(G.nt, Hq, B);
   const float scale = softmax_scale(D);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    if constexpr (std::is_same<T, float>::value)
-      launch("attention_forward_fma", attention_forward_fma_kernel<kD>, grid, dim3(kTile), fma_rows_smem(kD), s, out,
-             lse, qkv, doc, G, scale);
-    else {
-      allow_smem(attention_forward_mma_kernel<kD>, mma_stages_smem(kD));
-      launch("attention_forward_mma", attention_forward_mma_kernel<kD>, grid, dim3(kWarps * 32), mma_stages_smem(kD),
-             s, out, lse, qkv, doc, G, scale);
+    if constexpr (std::is_same<T, float>::value) {
+      launch("attention_forward_fma", attention_forward_fma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kTile),
+             fma_rows_smem(kD), s, out, lse, qkv, doc, G, scale);
+    } else {
+      auto go = [&](auto w) {
+        constexpr int kW = decltype(w)::value;
+        auto* kernel = attention_forward_mma_kernel<kD, kW>;
+        allow_smem(kernel, mma_stages_smem(kD));
+        launch("attention_forward_mma", kernel, dim3(ceil_div(Tn, 16 * kW), Hq, B), dim3(kW * 32),
+               mma_stages_smem(kD), s, out, lse, qkv, doc, G, scale);
+      };
+      if (attention_query_rows() == 128) go(std::integral_constant<int, 8>{});
+      else go(std::integral_constant<int, 4>{});
     }
   });
 }

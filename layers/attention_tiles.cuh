@@ -5,9 +5,12 @@
 // Flash attention on CUDA (the math is in attention.h; the CPU flash loop it must match is in
 // attention.cpp). T is float or __nv_bfloat16; softmax statistics and every sum are float.
 //
-// Both element types walk the same tiles as the CPU: 64 query rows per block against 64-key tiles
+// Both element types walk the same tiles as the CPU: 64-row query tiles against 64-key tiles
 // (causal: key tile kt <= query tile qt), and the two-pass backward: dk/dv per (b, kv head, key
-// tile) over the group's query heads and the later query tiles, then dq per (b, head, query tile).
+// tile) over the group's query heads and the later query tiles, then dq per (b, head, query block).
+// A bf16 forward or dq block takes one query tile (4 warps, the default) or two (8 warps; see
+// set_attention_query_rows): each row still meets the same key tiles in the same order, and a warp
+// skips a key tile whose keys all come after its rows, so both give the same bits.
 // Every element of dqkv is owned by one thread of one block, so there are no atomics and the
 // result does not depend on scheduling (deterministic).
 //
@@ -26,8 +29,8 @@
 // f32: the verification precision, plain FMA: one thread per query row (forward, dq) or key row
 //   (dk/dv) with its rows in registers, the other side staged 32 rows at a time in shared memory.
 //
-// Not yet done for speed: 128-row tiles with 8 warps, skipping fully masked warps on the diagonal,
-// warp-specialised producers (TMA, wgmma).
+// Not yet done for speed: 32 rows per warp (FlashAttention-2's layout: half the ldmatrix reads per
+// tensor-core instruction), warp-specialised producers (TMA, wgmma).
 #pragma once
 #include <climits>
 #include <cstring>
@@ -46,8 +49,8 @@ namespace attn {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kTile = 64;     // query rows per block and keys per tile (the CPU's tile too)
-constexpr int kWarps = 4;     // bf16 kernels: 4 warps x 16 rows = one tile
+constexpr int kTile = 64;     // keys per tile, and query rows per block of the dk/dv pass (the CPU's tile too)
+constexpr int kWarps = 4;     // bf16 dk/dv pass: 4 warps x 16 keys = one tile
 constexpr int kFmaRows = 32;  // f32 kernels: rows of the other side staged per step
 
 // Index arithmetic for the packed layouts (as in attention.cpp).
@@ -97,23 +100,38 @@ __device__ __forceinline__ bool one_document(DocRange a, DocRange b) {
   return a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
 }
 
-// The key tiles query tile qt walks (forward, dq pass): 0..qt, or with documents only those that
-// share one with it (qt itself always does: a query sees itself).
+// The key tiles a block of query rows q0 .. q0 + rows - 1 walks (forward, dq pass; q0 a multiple
+// of the tile, rows one or two tiles): 0 .. last, the tile of its last row below T, or with
+// documents only those that share one with its rows. The tiles from first = q0 / 64 on are always
+// walked: each holds keys that its own rows see (a query sees itself).
 struct KeyTiles {
   const int32_t* docb;
-  int qt, Tn;
-  DocRange q;
-  __device__ KeyTiles(const int32_t* d, int qt_, int Tn_)
-      : docb(d), qt(qt_), Tn(Tn_), q(d ? doc_range(d, qt_, Tn_) : DocRange{0, 0}) {}
-  // The first tile from kt on to walk; qt + 1 past the last.
+  int first, last, Tn;
+  DocRange q;  // the ids of the block's rows
+  __device__ KeyTiles(const int32_t* d, int q0, int rows, int Tn_)
+      : docb(d), first(q0 / kTile), last((min(q0 + rows, Tn_) - 1) / kTile), Tn(Tn_), q{0, 0} {
+    if (!d) return;
+    q = doc_range(d, first, Tn);
+    for (int t = first + 1; t <= last; t++) {
+      const DocRange r = doc_range(d, t, Tn);
+      q = {min(q.lo, r.lo), max(q.hi, r.hi)};
+    }
+  }
+  // The first tile from kt on to walk; last + 1 past the end.
   __device__ int next(int kt) const {
-    while (docb && kt < qt && !ranges_meet(q, doc_range(docb, kt, Tn))) kt++;
+    while (docb && kt < first && !ranges_meet(q, doc_range(docb, kt, Tn))) kt++;
     return kt;
   }
-  // Tile kt tests visibility element by element: the diagonal (which also holds any keys past T),
-  // and any pair not inside one document.
-  __device__ bool masked(int kt) const { return kt == qt || (docb && !one_document(q, doc_range(docb, kt, Tn))); }
+  // Tile kt tests visibility element by element: the diagonal ones (which also hold any keys past
+  // T), and any pair not inside one document.
+  __device__ bool masked(int kt) const {
+    return kt >= first || (docb && !one_document(q, doc_range(docb, kt, Tn)));
+  }
 };
+
+// A warp's 16 query rows from r0 on have nothing to do against key tile kt when every key of it
+// comes after every row (causal), or when the rows lie past T: only in blocks of more than one tile.
+__device__ __forceinline__ bool warp_idle(int r0, int kt, int Tn) { return kt * kTile > r0 + 15 || r0 >= Tn; }
 
 // ---- bf16 helpers --------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ TEST_CASE("arena: aligned bump allocation, release to a mark, high-water and res
   CHECK(a.alloc(1) == p);
 }
 
-TEST_CASE("arena: poisoned allocations read NaN until written; zeroed ones read zero", "[arena]") {
+TEST_CASE("arena: poisoned allocations read NaN until written, zeroed ones read zero", "[arena]") {
   Arena a(Device::cpu, 4096);
   a.set_poison(true);
   REQUIRE(a.poison());

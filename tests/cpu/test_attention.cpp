@@ -122,7 +122,7 @@ double rel_err(const std::vector<float>& a, const Vec& b) {
 
 }  // namespace
 
-TEST_CASE("attention forward matches the naive softmax (MHA, GQA, MQA; ragged tiles)", "[attention]") {
+TEST_CASE("attention forward matches the naive softmax (MHA, GQA, MQA, ragged tiles)", "[attention]") {
   for (Cfg shape : {Cfg{2, 0, 2, 2, 8}, Cfg{2, 0, 4, 2, 16}, Cfg{1, 0, 4, 1, 20}})
     for (int Tn : {1, 7, 64, 65, 130, 200}) {
       Cfg c = shape;

@@ -203,7 +203,7 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   fs::remove_all(d);
 }
 
-TEST_CASE("the run log has a record per step and eval; the plot has both series", "[log]") {
+TEST_CASE("the run log has a record per step and eval, the plot has both series", "[log]") {
   fs::path d = fresh_dir("log");
   REQUIRE(train(kArgs + " --log " + (d / "run.jsonl").string()).code == 0);
   std::ifstream f(d / "run.jsonl");

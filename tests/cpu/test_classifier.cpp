@@ -93,7 +93,7 @@ TEST_CASE("classifier gradient matches float64 central differences of the mean l
   for (size_t i = size_t(V) * C; i < dw.size(); i++) CHECK(dw[i] == 0.0);  // padding rows untouched
 }
 
-TEST_CASE("classifier loss and argmax match full logits; padding and ignored rows", "[classifier]") {
+TEST_CASE("classifier loss and argmax match full logits, padding and ignored rows", "[classifier]") {
   // Big enough that the all-rows chunk runs its GEMMs on several threads; chunks of 1 and 3 rows run
   // them serially.
   const int N = 37, C = 64, V = 3000, Vp = 3011;

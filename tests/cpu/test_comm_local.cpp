@@ -116,7 +116,7 @@ TEST_CASE("local all_to_all, all_gather, reduce_scatter, broadcast at P = 1..4",
     }
 }
 
-TEST_CASE("local split orders by key then rank; negative color gets no communicator", "[comm][local]") {
+TEST_CASE("local split orders by key then rank, negative color gets no communicator", "[comm][local]") {
   const int P = 4;
   std::vector<int> size(P), rank(P), null(P);
   Rows members(P);

@@ -45,7 +45,7 @@ TEST_CASE("rope pairs i with i + D/2 and uses freq_i = theta^(-2i/D)", "[rope]")
   for (int i = 0; i < 12; i++) CHECK(y[i] == Approx(want[i]).margin(1e-15));
 }
 
-TEST_CASE("rope by p then by -p gives back x; V heads are copied exactly", "[rope]") {
+TEST_CASE("rope by p then by -p gives back x, V heads are copied exactly", "[rope]") {
   const int N = 7, Hq = 4, Hkv = 2, D = 16, H = Hq + 2 * Hkv;
   Vec x = randn(N * H * D, 83), y(x.size()), z(x.size());
   auto pos = rand_pos(N, 100000, 84);

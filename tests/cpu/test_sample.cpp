@@ -194,7 +194,7 @@ TEST_CASE("the llm.c tokenizer reader refuses bad files, naming the file and the
   CHECK_THROWS_WITH(Tokenizer(f.path + ".missing"), Catch::Contains(".missing"));
 }
 
-TEST_CASE("train --sample prints the prompt and its continuation; bad tokenizers fail first", "[sample][cli]") {
+TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers fail first", "[sample][cli]") {
   using namespace ul_test;
   TempFile text, tok;
   text.path += ".txt";

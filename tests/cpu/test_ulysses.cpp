@@ -59,7 +59,7 @@ double rel_err(const Buf& a, const Buf& b) {
 
 }  // namespace
 
-TEST_CASE("scatter_heads gives rank j its heads of the whole sequence; gather_heads inverts it", "[ulysses]") {
+TEST_CASE("scatter_heads gives rank j its heads of the whole sequence, gather_heads inverts it", "[ulysses]") {
   for (int batch : {2, 1})
   for (const Cfg& cfg : kCfgs) {
     B = batch;

@@ -36,10 +36,12 @@
 
 namespace attn_cases {
 
-// Document ids: none; stretches cycling through 3 ids (every tile holds all of them); or packed
+// Document ids: none; stretches cycling through 3 ids (every tile holds all of them); packed
 // documents of 40 to 150 tokens with rising ids (tile pairs that share no document, which the CUDA
-// kernels skip, and pairs inside one document, which they do not mask).
-enum class Docs { none, cycling, packed };
+// kernels skip, and pairs inside one document, which they do not mask); or whole tiles whose
+// document returns: tiles 0, 3, 4, 7, ... hold id 0, the others an id of their own, so the second
+// half of a 128-row query block shares a document with key tiles that its first half does not.
+enum class Docs { none, cycling, packed, returning };
 
 struct Case {
   int B, Tn, Hq, Hkv, D;
@@ -58,6 +60,7 @@ const Case kCases[] = {
     {1, 200, 2, 2, 128, Docs::cycling},  // the widest head over four tiles, document mask
     {2, 330, 4, 2, 64, Docs::packed},    // packed documents: skipped and unmasked tile pairs
     {1, 260, 2, 1, 128, Docs::packed},
+    {1, 300, 2, 1, 32, Docs::returning},  // document 0 returns in tile 3: key tile 0 serves only half a block
 };
 
 constexpr double kBf16Rel = 1.0 / 128;
@@ -84,6 +87,11 @@ inline std::vector<int32_t> doc_ids(int B, int Tn, uint64_t seed, Docs kind = Do
   for (int b = 0; b < B; b++) {
     int id = b, left = 0;
     for (int t = 0; t < Tn; t++) {
+      if (kind == Docs::returning) {
+        const int tile = t / 64;
+        d[size_t(b) * Tn + t] = tile % 4 == 0 || tile % 4 == 3 ? 0 : 100 + tile;
+        continue;
+      }
       if (left == 0 && kind == Docs::packed) {
         id++;
         left = 40 + int(std::fabs(r[size_t(b) * Tn + t]) * 97) % 111;
@@ -126,11 +134,21 @@ inline double grad_scale(const std::vector<float>& with, const std::vector<float
   return std::max(m, 1e-3);
 }
 
+// What the kernels wrote, as stored: the forward's out and lse, the backward's dqkv.
 template <class T>
-void check_kernels(const Case& c) {
+struct KernelResult {
+  std::vector<T> out, dqkv;
+  std::vector<float> lse;
+};
+
+template <class T>
+KernelResult<T> check_kernels(const Case& c) {
   const bool bf = !std::is_same<T, float>::value;
   INFO((bf ? "bf16" : "f32") << " B=" << c.B << " T=" << c.Tn << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
-                             << (c.doc == Docs::cycling ? " cycling docs" : c.doc == Docs::packed ? " packed docs" : ""));
+                             << (c.doc == Docs::cycling  ? " cycling docs"
+                                 : c.doc == Docs::packed   ? " packed docs"
+                                 : c.doc == Docs::returning ? " returning docs"
+                                                            : ""));
   const double rel = bf ? kBf16Rel : 1e-5;
   const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D,
                nlse = size_t(c.B) * c.Hq * c.Tn;
@@ -172,8 +190,9 @@ void check_kernels(const Case& c) {
   const int32_t* d_docp = has_doc ? d_doc.p : nullptr;
   d_qkv.set(to_elem<T>(qkv));
   ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
-  expect_close("out", to_f32(d_out.get()), out_ref, rel, bf ? kBf16Rel * max_abs(out_ref) : 1e-6);
-  expect_close("lse", d_lse.get(), lse_ref, 1e-5, bf ? 1e-4 : 1e-5);
+  KernelResult<T> got{d_out.get(), {}, d_lse.get()};
+  expect_close("out", to_f32(got.out), out_ref, rel, bf ? kBf16Rel * max_abs(out_ref) : 1e-6);
+  expect_close("lse", got.lse, lse_ref, 1e-5, bf ? 1e-4 : 1e-5);
 
   // Backward from the reference forward, so it is checked on its own.
   d_out.set(to_elem<T>(out_stored));
@@ -190,7 +209,21 @@ void check_kernels(const Case& c) {
   expect_close("dqkv", to_f32(g1), dqkv_ref, rel, (bf ? kBf16Rel : 1e-5) * gs);
   const std::vector<T> g2 = run_backward();
   CHECK(std::memcmp(g1.data(), g2.data(), nqkv * sizeof(T)) == 0);
+  got.dqkv = g1;
+  return got;
 }
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Sets the query rows per block of the bf16 kernels for a scope.
+struct QueryRows {
+  int old;
+  explicit QueryRows(int rows) : old(ul::cuda::set_attention_query_rows(rows)) {}
+  ~QueryRows() { ul::cuda::set_attention_query_rows(old); }
+};
 
 struct OpResult {
   std::vector<float> out, dqkv;
@@ -241,8 +274,28 @@ TEST_CASE("attention CUDA kernels match the CPU backend (f32)", UL_CUDA_TEST_TAG
   for (const attn_cases::Case& c : attn_cases::kCases) attn_cases::check_kernels<float>(c);
 }
 
-TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores)", UL_CUDA_TEST_TAG "[attention]") {
-  for (const attn_cases::Case& c : attn_cases::kCases) attn_cases::check_kernels<__nv_bfloat16>(c);
+// Blocks of 64 and of 128 query rows (the forward and the dq pass) walk the same key tiles for each
+// row in the same order and skip only work that adds nothing, so they agree to the bit.
+TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores, 64 and 128 query rows a block)",
+          UL_CUDA_TEST_TAG "[attention]") {
+  using namespace attn_cases;
+  for (const Case& c : kCases) {
+    KernelResult<__nv_bfloat16> r64, r128;
+    {
+      QueryRows rows(64);
+      r64 = check_kernels<__nv_bfloat16>(c);
+    }
+    {
+      QueryRows rows(128);
+      r128 = check_kernels<__nv_bfloat16>(c);
+    }
+    INFO("T=" << c.Tn << " D=" << c.D << ": 128 query rows a block against 64");
+    CHECK(same_bits(r64.out, r128.out));
+    CHECK(same_bits(r64.lse, r128.lse));
+    CHECK(same_bits(r64.dqkv, r128.dqkv));
+  }
+  CHECK_THROWS_WITH(ul::cuda::set_attention_query_rows(96), Catch::Contains("64 or 128"));
+  CHECK(ul::cuda::attention_query_rows() == 64);
 }
 
 TEST_CASE("attention op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[attention]") {
