@@ -2,6 +2,9 @@
 // the copies of a non-blocking stream, which are deferred (see CUstream_st).
 #include "engine/cuda_emu/runtime.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <deque>
@@ -9,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 // A stream made with cudaStreamNonBlocking defers its copies: they wait in its queue and run only
@@ -66,25 +70,63 @@ void drain_this_thread() {
 
 bool valid_kind(cudaMemcpyKind k) { return k >= cudaMemcpyHostToHost && k <= cudaMemcpyDefault; }
 
+// Device allocations: each is its own mapping and ends right before a PROT_NONE page, so a kernel
+// that reads or writes past the end of a buffer (by more than the buffer's rounding up to 256
+// bytes) faults at that access, where on a GPU it would read or corrupt a neighbouring buffer
+// without a word. Keyed by the pointer cudaMalloc returned.
+struct Mapping {
+  char* base;
+  size_t len;
+};
+struct Mappings {
+  std::mutex mu;
+  std::unordered_map<void*, Mapping> by_ptr;
+};
+// Never destroyed: static destructors elsewhere may still free device memory at exit.
+Mappings& mappings() {
+  static Mappings* m = new Mappings;
+  return *m;
+}
+
 }  // namespace
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return fail(cudaErrorInvalidValue);
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
-  // 256-byte alignment, as cudaMalloc guarantees.
-  void* q = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  if (!q) return fail(cudaErrorMemoryAllocation);
+  static const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t rounded = (bytes + 255) / 256 * 256;  // 256-byte alignment, as cudaMalloc guarantees
+  const size_t data = (rounded + page - 1) / page * page;
+  void* m = mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  char* base = static_cast<char*>(m);
+  mprotect(base + data, page, PROT_NONE);  // the guard page
+  char* q = base + data - rounded;
   // Fresh device memory reads as NaN (all bits set) in f32 and bf16, so a kernel that reads what
   // nothing wrote poisons its result instead of silently reading zeros.
   std::memset(q, 0xff, bytes);
+  {
+    Mappings& ms = mappings();
+    std::lock_guard<std::mutex> lock(ms.mu);
+    ms.by_ptr[q] = {base, data + page};
+  }
   *p = q;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
   drain_this_thread();  // cudaFree synchronizes the device
-  std::free(p);
+  if (!p) return cudaSuccess;
+  Mapping m;
+  {
+    Mappings& ms = mappings();
+    std::lock_guard<std::mutex> lock(ms.mu);
+    const auto it = ms.by_ptr.find(p);
+    if (it == ms.by_ptr.end()) return fail(cudaErrorInvalidValue);  // not from cudaMalloc, or freed twice
+    m = it->second;
+    ms.by_ptr.erase(it);
+  }
+  munmap(m.base, m.len);
   return cudaSuccess;
 }
 

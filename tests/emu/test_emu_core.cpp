@@ -3,7 +3,10 @@
 // and the misuse that must be reported rather than hang. The kernels are written as in a .cu file.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -395,6 +398,37 @@ TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
   DeviceBuffer<int> passes(1, 0);
   ul::launch("big_block", big_block_kernel, dim3(3), dim3(1024), 0, nullptr, passes.p);
   CHECK(passes.get()[0] == 3 * 1024);
+}
+
+// Whether the process may read byte p: write(2) checks the buffer and fails with EFAULT rather
+// than letting the caller fault.
+bool readable(const void* p) {
+  int fd[2];
+  REQUIRE(pipe(fd) == 0);
+  const bool ok = write(fd[1], p, 1) == 1;
+  const int err = errno;
+  close(fd[0]);
+  close(fd[1]);
+  if (!ok) REQUIRE(err == EFAULT);
+  return ok;
+}
+
+TEST_CASE("emu: device buffers end before a guard page, so a kernel running off one faults", "[emu]") {
+  for (size_t bytes : {size_t(1), size_t(256), size_t(1000), size_t(4096), size_t(100000)}) {
+    INFO(bytes << " bytes");
+    char* p = nullptr;
+    REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess);
+    CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0);
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    CHECK(readable(p));
+    CHECK(readable(p + rounded - 1));
+    CHECK_FALSE(readable(p + rounded));  // the first byte past the allocation's 256-byte rounding
+    CHECK(cudaFree(p) == cudaSuccess);
+  }
+  int host = 0;
+  CHECK(cudaFree(&host) == cudaErrorInvalidValue);  // not device memory
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaFree(nullptr) == cudaSuccess);
 }
 
 TEST_CASE("emu: runtime calls on host memory", "[emu]") {
