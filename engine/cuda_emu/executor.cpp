@@ -93,8 +93,12 @@ struct Worker {
   char* stacks = nullptr;  // n_stacks * (guard page + kStackBytes), one mapping
   int n_stacks = 0;
   size_t page = size_t(sysconf(_SC_PAGESIZE));
-  unsigned char* smem = nullptr;
-  size_t smem_cap = 0;
+  // Dynamic shared memory: one mapping of sm_90's limit followed by a PROT_NONE page; a launch's
+  // smem_bytes (rounded up to 128) end right at the guard, so a kernel that indexes past what it
+  // asked for faults there (on a GPU: an out-of-range shared address) instead of reading garbage.
+  unsigned char* smem_map = nullptr;
+  size_t smem_map_len = 0;
+  unsigned char* smem = nullptr;  // this launch's dynamic shared memory
 
   // The block in flight.
   bool in_block = false;
@@ -109,7 +113,7 @@ struct Worker {
 
   ~Worker() {
     if (stacks) munmap(stacks, size_t(n_stacks) * (page + kStackBytes));
-    std::free(smem);
+    if (smem_map) munmap(smem_map, smem_map_len);
   }
 
   char* stack(int i) { return stacks + size_t(i) * (page + kStackBytes) + page; }
@@ -129,11 +133,15 @@ struct Worker {
   }
 
   void reserve_smem(size_t bytes) {
-    if (bytes <= smem_cap) return;
-    std::free(smem);
-    smem_cap = (bytes + 127) / 128 * 128;
-    smem = static_cast<unsigned char*>(std::aligned_alloc(128, smem_cap));
-    if (!smem) throw std::runtime_error("cuda_emu: out of memory for dynamic shared memory");
+    if (!smem_map) {
+      const size_t data = (kMaxDynamicSmem + page - 1) / page * page;
+      void* p = mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) throw std::runtime_error("cuda_emu: cannot map dynamic shared memory");
+      smem_map = static_cast<unsigned char*>(p);
+      smem_map_len = data + page;
+      mprotect(smem_map + data, page, PROT_NONE);
+    }
+    smem = smem_map + smem_map_len - page - (bytes + 127) / 128 * 128;
   }
 };
 

@@ -401,16 +401,33 @@ TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
 }
 
 // Whether the process may read byte p: write(2) checks the buffer and fails with EFAULT rather
-// than letting the caller fault.
-bool readable(const void* p) {
+// than letting the caller fault. 1: readable, 0: EFAULT, -1: something else went wrong.
+int readable(const void* p) {
   int fd[2];
-  REQUIRE(pipe(fd) == 0);
+  if (pipe(fd) != 0) return -1;
   const bool ok = write(fd[1], p, 1) == 1;
   const int err = errno;
   close(fd[0]);
   close(fd[1]);
-  if (!ok) REQUIRE(err == EFAULT);
-  return ok;
+  return ok ? 1 : err == EFAULT ? 0 : -1;
+}
+
+// out[0], out[1]: whether the last byte of the launch's dynamic shared memory and the byte after it
+// can be read.
+__global__ void smem_edge_kernel(int* out, int bytes) {
+  UL_DYNAMIC_SMEM(unsigned char, smem);
+  out[0] = readable(smem + bytes - 1);
+  out[1] = readable(smem + bytes);
+}
+
+TEST_CASE("emu: dynamic shared memory ends before a guard page", "[emu]") {
+  for (int bytes : {128, 1000, 48 << 10}) {
+    INFO(bytes << " bytes");
+    int out[2] = {-2, -2};
+    ul::launch("smem_edge", smem_edge_kernel, dim3(1), dim3(1), size_t(bytes), nullptr, out, bytes);
+    CHECK(out[0] == 1);
+    CHECK(out[1] == (bytes % 128 == 0 ? 0 : 1));  // past the 128-byte rounding: the guard
+  }
 }
 
 TEST_CASE("emu: device buffers end before a guard page, so a kernel running off one faults", "[emu]") {
@@ -420,9 +437,9 @@ TEST_CASE("emu: device buffers end before a guard page, so a kernel running off 
     REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess);
     CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0);
     const size_t rounded = (bytes + 255) / 256 * 256;
-    CHECK(readable(p));
-    CHECK(readable(p + rounded - 1));
-    CHECK_FALSE(readable(p + rounded));  // the first byte past the allocation's 256-byte rounding
+    CHECK(readable(p) == 1);
+    CHECK(readable(p + rounded - 1) == 1);
+    CHECK(readable(p + rounded) == 0);  // the first byte past the allocation's 256-byte rounding
     CHECK(cudaFree(p) == cudaSuccess);
   }
   int host = 0;
