@@ -16,11 +16,12 @@
 
 namespace ul {
 
-// Poisoning: every uninitialised allocation is filled with 0xff bytes (NaN in f32 and bf16, -1 in i32): an op that reads memory
-// it never wrote (a `+=` into a gradient nobody zeroed, a kernel tail left unwritten) then poisons
-// its result instead of reading what the previous op or step left there. For tests and debugging:
-// it costs a memset per allocation. On when the environment variable ULYSSES_POISON_ARENA is set
-// (to anything but 0) as the arena is made; CI runs the sanitizer and emulated tests with it.
+// Poisoning: every uninitialised allocation is filled with 0xff bytes (NaN in f32 and bf16, -1 in
+// i32), so an op that reads memory it never wrote (a `+=` into a gradient nobody zeroed, a kernel
+// tail left unwritten) poisons its result instead of reading what the previous op or step left
+// there. For tests and debugging: it costs a memset per allocation. On when the environment
+// variable ULYSSES_POISON_ARENA is set (to anything but 0) as the arena is made; CI runs the
+// sanitizer and emulated tests with it.
 bool arena_poison_from_env();
 
 class Arena {

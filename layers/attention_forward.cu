@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(W * 32)
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
   uint32_t qf[D / 16][4];  // Q rows of the warp, (16, D) as D / 16 A fragments
-  UL_UNROLL for (int kk = 0; kk < D / 16; kk++) load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), r0, G.Tn, kk * 16);
+  UL_UNROLL for (int kk = 0; kk < D / 16; kk++)
+    load_a_rows(qf[kk], qkv + G.qkv(b, 0, h), G.qkv_stride(), r0, G.Tn, kk * 16);
 
   const float scale2 = scale * kLog2e;  // scores to the base-2 exponent
   float o[D / 8][4] = {};  // unnormalised output rows, (16, D) as D / 8 accumulator tiles
