@@ -66,18 +66,14 @@ const Case kCases[] = {
 constexpr double kBf16Rel = 1.0 / 128;
 
 using cuda_cases::DeviceBuffer;
+using cuda_cases::expect_close;
+using cuda_cases::inputs;
+using cuda_cases::max_abs;
+using cuda_cases::same_bits;
 using cuda_cases::round_bf16;
 using cuda_cases::rounded;
 using cuda_cases::to_elem;
 using cuda_cases::to_f32;
-
-// Inputs as the element type sees them (bf16-representable for bf16), so the CPU reference in
-// float sees exactly what the kernels read.
-template <class T>
-std::vector<float> inputs(size_t n, uint64_t seed, float scale = 1.f) {
-  std::vector<float> v = ul_test::randn_f(n, seed, scale);
-  return std::is_same<T, float>::value ? v : rounded(v);
-}
 
 // Document ids (B, T), different per sequence. cycling: stretches of 1 to 23 tokens cycling
 // through 3 ids, so a document resumes after another one. packed: 40 to 150 tokens per document.
@@ -104,27 +100,6 @@ inline std::vector<int32_t> doc_ids(int B, int Tn, uint64_t seed, Docs kind = Do
     }
   }
   return d;
-}
-
-inline double max_abs(const std::vector<float>& v) { return ul_test::max_abs(v.data(), v.size()); }
-
-// Checks |got - want| <= rel * |want| + abs_tol for every element; reports the worst one.
-inline void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
-                         double rel, double abs_tol) {
-  REQUIRE(got.size() == want.size());
-  size_t bad = 0, worst_i = 0;
-  double worst = -1;
-  for (size_t i = 0; i < got.size(); i++) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    const double tol = rel * std::fabs(double(want[i])) + abs_tol;
-    const bool ok = err <= tol;  // false for NaN: an unwritten element fails here
-    if (!ok) bad++;
-    const double score = ok ? err / tol : 1e300;
-    if (score > worst) worst = score, worst_i = i;
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst at " << worst_i << ": got "
-            << got[worst_i] << ", want " << want[worst_i] << " (" << worst << " of the tolerance)");
-  CHECK(bad == 0);
 }
 
 // Tolerance floor for a gradient added onto `start`: a fraction of the gradient's own scale.
@@ -211,11 +186,6 @@ KernelResult<T> check_kernels(const Case& c) {
   CHECK(std::memcmp(g1.data(), g2.data(), nqkv * sizeof(T)) == 0);
   got.dqkv = g1;
   return got;
-}
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // Sets the query rows per block of the bf16 kernels for a scope.
