@@ -47,6 +47,7 @@ static uint16_t to_bf16(float f) {
 static int run(int argc, char** argv) {
   std::string device = "cpu", dtype = "f32";
   int H = 16, reps = 3, doc_len = 0, query_rows = 64;
+  bool rows_given = false;
   std::vector<int> seqs = {1024, 2048}, dims = {64};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -57,8 +58,12 @@ static int run(int argc, char** argv) {
     else if (a == "--dims") dims = ints(v);
     else if (a == "--reps") reps = std::atoi(v.c_str());
     else if (a == "--doc-len") doc_len = std::atoi(v.c_str());
-    else if (a == "--query-rows") query_rows = std::atoi(v.c_str());
+    else if (a == "--query-rows") query_rows = std::atoi(v.c_str()), rows_given = true;
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
+  }
+  if (rows_given && device != "cuda") {
+    std::fprintf(stderr, "--query-rows picks the CUDA kernels' blocks: it needs --device cuda\n");
+    return 2;
   }
   Device dev = Device::cpu;
   if (device == "cuda") {

@@ -31,23 +31,38 @@ inline std::pair<float, float> bf16_neighbours(float x) {
   return {a, b};
 }
 
-inline void check_f32(size_t n) {
-  INFO("f32 n=" << n);
-  std::vector<float> p = ul_test::randn_f(n, 1), m(n, 0.f), v(n, 0.f);
-  DeviceBuffer<float> d_p(n), d_g(n), d_m(n), d_v(n);
-  d_p.set(p);
-  d_m.set(m);
-  d_v.set(v);
-  for (int t = 1; t <= 3; t++) {
-    INFO("step " << t);
-    const std::vector<float> g = ul_test::randn_f(n, 10 + t, 0.5f);
+// f32 AdamW state twice: on the host for the CPU update, on the device for the kernel. Parameters
+// random (from seed), moments zero; g is the step's gradient, on both sides.
+struct F32State {
+  std::vector<float> p, m, v, g;
+  DeviceBuffer<float> d_p, d_g, d_m, d_v;
+  F32State(size_t n, uint64_t seed)
+      : p(ul_test::randn_f(n, seed)), m(n, 0.f), v(n, 0.f), d_p(n), d_g(n), d_m(n), d_v(n) {
+    d_p.set(p);
+    d_m.set(m);
+    d_v.set(v);
+  }
+  void new_gradient(uint64_t seed) {
+    g = ul_test::randn_f(p.size(), seed, 0.5f);
     d_g.set(g);
-    ul::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, kLr, kB1, kB2, kEps, kWd, kScale, t);
-    ul::cuda::adamw_update<float>(d_p.p, nullptr, d_g.p, d_m.p, d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale, t, 42,
-                                  nullptr);
+  }
+  void expect_same() const {
     expect_close("params", d_p.get(), p, 1e-6, 1e-9);
     expect_close("m", d_m.get(), m, 1e-6, 1e-9);
     expect_close("v", d_v.get(), v, 1e-6, 1e-12);
+  }
+};
+
+inline void check_f32(size_t n) {
+  INFO("f32 n=" << n);
+  F32State s(n, 1);
+  for (int t = 1; t <= 3; t++) {
+    INFO("step " << t);
+    s.new_gradient(10 + t);
+    ul::cpu::adamw_update(s.p.data(), s.g.data(), s.m.data(), s.v.data(), n, kLr, kB1, kB2, kEps, kWd, kScale, t);
+    ul::cuda::adamw_update<float>(s.d_p.p, nullptr, s.d_g.p, s.d_m.p, s.d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale,
+                                  t, 42, nullptr);
+    s.expect_same();
   }
 }
 
@@ -153,21 +168,15 @@ TEST_CASE("adamw_update in one launch with decay segments matches the CPU update
     DeviceBuffer<uint8_t> d_decay(decay.size());
     d_ends.set(ends);
     d_decay.set(decay);
-    std::vector<float> p = ul_test::randn_f(n, 3), m(n, 0.f), v(n, 0.f);
-    DeviceBuffer<float> d_p(n), d_g(n), d_m(n), d_v(n);
-    d_p.set(p);
-    d_m.set(m);
-    d_v.set(v);
+    F32State s(n, 3);
     for (int t = 1; t <= 2; t++) {
-      const std::vector<float> g = ul_test::randn_f(n, 30 + t, 0.5f);
-      d_g.set(g);
+      s.new_gradient(30 + t);
       for (size_t k = 0, a = 0; k < ends.size(); a = ends[k], k++)
-        ul::cpu::adamw_update(p.data() + a, g.data() + a, m.data() + a, v.data() + a, ends[k] - a, kLr, kB1, kB2,
-                              kEps, decay[k] ? kWd : 0.f, kScale, t);
-      ul::cuda::adamw_update<float>(d_p.p, nullptr, d_g.p, d_m.p, d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale, t, 42,
-                                    nullptr, 0, ul::cuda::DecaySegments{d_ends.p, d_decay.p, int(ends.size())});
-      expect_close("params", d_p.get(), p, 1e-6, 1e-9);
-      expect_close("m", d_m.get(), m, 1e-6, 1e-9);
+        ul::cpu::adamw_update(s.p.data() + a, s.g.data() + a, s.m.data() + a, s.v.data() + a, ends[k] - a, kLr, kB1,
+                              kB2, kEps, decay[k] ? kWd : 0.f, kScale, t);
+      ul::cuda::adamw_update<float>(s.d_p.p, nullptr, s.d_g.p, s.d_m.p, s.d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale,
+                                    t, 42, nullptr, 0, ul::cuda::DecaySegments{d_ends.p, d_decay.p, int(ends.size())});
+      s.expect_same();
     }
   }
 }
