@@ -40,6 +40,8 @@ data and loop
   --final-lr-frac X                                                                       [0.1]
   --weight-decay X    AdamW decoupled decay on 2-D weights                                [0.1]
   --grad-clip X       clip the gradient global norm (0: off)                              [1.0]
+  --beta1 X --beta2 X AdamW's first and second moment decays                       [0.9, 0.95]
+  --adam-eps X        AdamW's floor under sqrt(v): the update is m / (sqrt(v) + eps)      [1e-8]
   --seed N                                                                                [1337]
   --threads N         OpenMP threads per rank (0: all cores / ranks)                      [0]
   --device cpu|cuda   where the model runs (cuda: a build with -DULYSSES_CUDA=ON, or the
@@ -148,6 +150,7 @@ Options parse_options(int argc, char** argv) {
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
+      {"--beta1", F(o.beta1)}, {"--beta2", F(o.beta2)}, {"--adam-eps", F(o.adam_eps)},
       {"--seed", [&o](const std::string& f, const std::string& v) {
          const long long s = parse_int(f, v);
          if (s < 0) throw std::runtime_error(f + " must be >= 0, got " + v);
@@ -209,6 +212,11 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--weight-decay must be a finite number >= 0");
   if (!(o.grad_clip >= 0) || !std::isfinite(o.grad_clip))
     throw std::runtime_error("--grad-clip must be a finite number >= 0 (0: off)");
+  for (const auto& [flag, b] : {std::pair<const char*, float>{"--beta1", o.beta1}, {"--beta2", o.beta2}})
+    if (!(b >= 0 && b < 1))  // 1 would never move the moments off zero (and bias correction divides by 1 - b^t)
+      throw std::runtime_error(std::string(flag) + " must be in [0, 1), got " + std::to_string(b));
+  if (!(o.adam_eps > 0) || !std::isfinite(o.adam_eps))
+    throw std::runtime_error("--adam-eps must be a finite number > 0");
   // The model overrides default to 0, "the preset's"; written out, 0 would be ignored without a word.
   for (const auto& [flag, v] : {std::pair<const char*, long>{"--layers", o.layers}, {"--dim", o.dim},
                                 {"--heads", o.heads}, {"--kv-heads", o.kv_heads}, {"--vocab", o.vocab},

@@ -20,6 +20,7 @@ struct Options {
   int eot = -1;               // the id that starts each document (-1: the data's own, data/packing.h)
   int batch = 8, seq = 256, steps = 1500, grad_accum = 1;
   float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
+  float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;  // AdamW's moment decays and denominator floor
   int warmup = 20;
   uint64_t seed = 1337;
   int threads = 0;            // 0: all cores

@@ -177,6 +177,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   else model_->init_weights(o.seed);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;
+  ac.beta1 = o.beta1;
+  ac.beta2 = o.beta2;
+  ac.eps = o.adam_eps;
   ac.seed = o.seed;
   if (o.zero) {  // ZeRO-1: this rank's AdamW state covers only its shard of the buffer
     const size_t n = model_->params.numel();

@@ -1,10 +1,15 @@
 // The train binary end to end: bad input is refused with a message naming the flag or file and a
-// non-zero exit; the reference state passes; a short run learns.
+// non-zero exit; the reference state passes; a short run learns; the optimizer flags reach AdamW.
+#include "options_from.h"
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
+#include "engine/trainer.h"
+#include "parallel/comm_local.h"
 #include "run_cmd.h"
 
 using namespace ul_test;
@@ -44,6 +49,10 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--final-lr-frac nan", "--final-lr-frac must be in [0, 1]");
   expect_refused("--weight-decay -0.1", "--weight-decay must be a finite number >= 0");
   expect_refused("--grad-clip -1", "--grad-clip must be a finite number >= 0");
+  expect_refused("--beta1 1", "--beta1 must be in [0, 1)");
+  expect_refused("--beta2 -0.5", "--beta2 must be in [0, 1)");
+  expect_refused("--beta2 nan", "--beta2 must be in [0, 1)");
+  expect_refused("--adam-eps 0", "--adam-eps must be a finite number > 0");
   expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
   expect_refused("--seed -1", "--seed must be >= 0");
   expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature must be a finite number >= 0");
@@ -66,7 +75,7 @@ TEST_CASE("train --help lists the flags and exits 0", "[cli]") {
   CmdResult r = run_cmd(train_cmd("--help"));
   CHECK(r.code == 0);
   for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--data", "--batch",
-                        "--seq", "--steps", "--lr", "--warmup", "--weight-decay", "--grad-clip", "--seed", "--threads",
+                        "--seq", "--steps", "--lr", "--warmup", "--weight-decay", "--grad-clip", "--beta1", "--beta2", "--adam-eps", "--seed", "--threads",
                         "--eval-every", "--checkpoint", "--check-state", "--sp", "--grad-accum", "--comm", "--ranks"})
     CHECK(r.out.find(f) != std::string::npos);
 }
@@ -103,4 +112,57 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   CHECK(r.out.find("check-state: PASS") != std::string::npos);
   for (const char* name : {"logits", "loss", "wte", "wpe", "qkvw", "fcprojb", "lnfb"})
     CHECK(r.out.find(name) != std::string::npos);
+}
+
+TEST_CASE("the optimizer flags beta1 and beta2 and adam-eps reach AdamW", "[cli][optimizer]") {
+  // Two steps with these flags, replayed in double from the recorded gradients. Step 2 is where the
+  // betas show (at step 1 bias correction cancels them); eps 1e-3 is near the gradients' own size,
+  // so it shows from step 1. No clipping or decay: the update is Adam's alone.
+  const float b1 = 0.5f, b2 = 0.75f, eps = 1e-3f;
+  ul::Options o = options("--threads 1 --quiet --eval-every 0 --seq 32 --batch 2 --layers 1 --dim 32 --grad-clip 0 "
+                          "--weight-decay 0 --warmup 0 --beta1 0.5 --beta2 0.75 --adam-eps 1e-3");
+  std::vector<std::vector<float>> p(3), g(2);
+  std::vector<float> lr(2);
+  ul::run_local(1, [&](ul::Comm& world) {
+    ul::Trainer tr(o, world);
+    const ul::Params& ps = tr.model().params;
+    p[0].assign(ps.data(), ps.data() + ps.numel());
+    for (int s = 0; s < 2; s++) {
+      lr[s] = tr.step().lr;
+      g[s].assign(ps.grad(), ps.grad() + ps.numel());
+      p[s + 1].assign(ps.data(), ps.data() + ps.numel());
+    }
+  });
+  const size_t n = p[0].size();
+  size_t worse = 0, shown_eps = 0, shown_betas = 0;
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    double m = 0, v = 0, m_default = 0, v_default = 0;
+    for (int s = 0; s < 2; s++) {
+      const int t = s + 1;
+      const double gi = g[s][i];
+      m = b1 * m + (1 - b1) * gi;
+      v = b2 * v + (1 - b2) * gi * gi;
+      const double want = p[s][i] - lr[s] / (1 - std::pow(b1, t)) * m / (std::sqrt(v / (1 - std::pow(b2, t))) + eps);
+      // The same step from the same point with a default in place of a flag (step 1: eps 1e-8,
+      // step 2: betas 0.9 / 0.95): an ignored flag would land there instead.
+      m_default = 0.9 * m_default + 0.1 * gi;
+      v_default = 0.95 * v_default + 0.05 * gi * gi;
+      const double other = p[s][i] - lr[s] / (1 - std::pow(0.9, t)) * m_default /
+                                         (std::sqrt(v_default / (1 - std::pow(0.95, t))) + (s == 0 ? 1e-8 : eps));
+      // AdamW runs in float: about eight roundings (the moments, the bias corrections, sqrt, the
+      // division, the product, the subtraction), each within half an ulp of the parameter or of
+      // the update (at most ~lr here).
+      const double tol = 8 * 6e-8 * (std::fabs(want) + lr[s]);
+      const double err = std::fabs(double(p[s + 1][i]) - want);
+      worst = std::max(worst, err / tol);
+      worse += err > tol;
+      if (std::fabs(other - want) > 100 * tol) (s == 0 ? shown_eps : shown_betas)++;
+    }
+  }
+  INFO(n << " parameters; worst error " << worst << " of the tolerance; steps that tell the flags from the defaults: "
+         << shown_eps << " at step 1, " << shown_betas << " at step 2");
+  CHECK(worse == 0);
+  CHECK(shown_eps > n / 10);
+  CHECK(shown_betas > n / 10);
 }
