@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "layers/cpu_exp.h"
 #include "layers/op_util.h"
 
 namespace ul {
@@ -12,28 +13,30 @@ constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluCubic = 0.044715;
 }  // namespace
 
+// The kernels use 0.5 (1 + tanh(u)) = sigmoid(2 u) = 1 / (1 + exp(-2 u)): one exp (exp_simd,
+// which the loops vectorize), and no cancellation in 1 + tanh(u) where tanh(u) is near -1.
+template <class T>
+inline T gelu_sigmoid(T v) {
+  const T u = T(kGeluScale) * (v + T(kGeluCubic) * v * v * v);
+  return T(1) / (T(1) + exp_simd(T(-2) * u));
+}
+
 // x, y: (n)
 template <class T>
 void gelu_forward(T* y, const T* x, int64_t n) {
-  const T k = T(kGeluScale), a = T(kGeluCubic);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    const T v = x[i];
-    y[i] = T(0.5) * v * (T(1) + std::tanh(k * (v + a * v * v * v)));
-  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] * gelu_sigmoid(x[i]);
 }
 
-// With u = k (x + a x^3) and t = tanh(u):
-//   dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+// With u = k (x + a x^3), t = tanh(u) and s = sigmoid(2 u) = 0.5 (1 + t), so 1 - t^2 = 4 s (1 - s):
+//   dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2) = s + 2 x s (1 - s) k (1 + 3 a x^2)
 template <class T>
 void gelu_backward(T* dx, const T* dy, const T* x, int64_t n) {
-  const T k = T(kGeluScale), a = T(kGeluCubic);
-#pragma omp parallel for schedule(static)
+  const T k = T(kGeluScale), a3 = T(3 * kGeluCubic);
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    const T v = x[i];
-    const T t = std::tanh(k * (v + a * v * v * v));
-    const T d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * k * (T(1) + T(3) * a * v * v);
-    dx[i] += dy[i] * d;
+    const T v = x[i], s = gelu_sigmoid(v);
+    dx[i] += dy[i] * (s + T(2) * v * s * (T(1) - s) * k * (T(1) + a3 * v * v));
   }
 }
 

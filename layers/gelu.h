@@ -1,5 +1,7 @@
 // GELU, tanh approximation (GPT-2):  y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // Backward: dx += dy * dy/dx, the derivative computed from x (nothing else is kept).
+// The CPU kernels compute it as y = x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3): the same
+// function, with one exp that vectorizes (layers/cpu_exp.h) and no cancellation in 1 + tanh(u).
 #pragma once
 #include <cstdint>
 

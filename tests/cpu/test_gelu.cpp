@@ -1,6 +1,11 @@
 #include "layers/gelu.h"
 
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "engine/context.h"
+#include "layers/cpu_exp.h"
 #include "gradcheck.h"
 
 using namespace ul_test;
@@ -68,4 +73,75 @@ TEST_CASE("gelu op records nothing when no input needs a gradient", "[gelu]") {
   ul::Tensor y = ul::gelu(x);
   CHECK(!y.requires_grad());
   CHECK(c.tape.size() == 0);
+}
+
+// The float kernels' exp (layers/cpu_exp.h) against libm's double exp, in units of the float's last
+// place: at most 2 over [-87, 88], and what it does beyond.
+TEST_CASE("the CPU kernels' float exp is within 2 ulp of exp over [-87, 88]", "[gelu][exp]") {
+  double worst = 0;
+  float worst_z = 0;
+  for (int i = 0; i <= 2000000; i++) {
+    const float z = -87.f + 175.f * float(i) / 2000000.f;
+    const double want = std::exp(double(z));
+    const float got = ul::cpu::exp_simd(z);
+    const double ulp = std::nextafter(float(want), INFINITY) - float(want);
+    const double err = std::fabs(double(got) - want) / ulp;
+    if (err > worst) worst = err, worst_z = z;
+  }
+  INFO("worst " << worst << " ulp at z = " << worst_z);
+  CHECK(worst <= 2.0);
+  CHECK(ul::cpu::exp_simd(0.f) == 1.f);
+  CHECK(std::isinf(ul::cpu::exp_simd(88.5f)));  // overflows, as exp does
+  CHECK(std::isinf(ul::cpu::exp_simd(INFINITY)));
+  CHECK(ul::cpu::exp_simd(-200.f) == ul::cpu::exp_simd(-87.f));  // held at the smallest normal result
+  CHECK(ul::cpu::exp_simd(-INFINITY) > 0.f);
+}
+
+// float GELU (vectorized, exp_simd) against the double kernels (libm), forward and backward,
+// from the far tails through 0; and the vectorized loop body against its scalar remainder, bit for
+// bit, since the split between them moves with the length and the thread count. The tolerance is
+// the problem's condition: u = k (x + a x^3) is rounded to float before exp(-2 u), and exp turns
+// that rounding (relative 2^-24 of u) into a relative error of about 2 |u| 2^-24 of its result.
+// (The former float kernel, 0.5 x (1 + tanhf(u)), lost digits to the cancellation in 1 + tanhf(u):
+// relative error 4.5e-4 at x = -4, 0.3 at x = -5, and it returned 0 from about -5.3 on, where
+// tanhf(u) rounds to -1. These checks fail it from x = -3.)
+TEST_CASE("float GELU matches the double kernels and does not depend on where the loop splits", "[gelu]") {
+  const int n = 4001;
+  std::vector<double> xd(n), dyd(n);
+  for (int i = 0; i < n; i++) {
+    xd[i] = -20.0 + 40.0 * i / (n - 1);
+    dyd[i] = std::cos(0.37 * i);
+  }
+  xd[0] = -1e4, xd[n - 1] = 1e4;
+  std::vector<float> xf(xd.begin(), xd.end()), dyf(dyd.begin(), dyd.end());
+  std::vector<double> xr(xf.begin(), xf.end()), dyr(dyf.begin(), dyf.end());  // what float sees
+  std::vector<double> yd(n), dxd(n, 0.0);
+  std::vector<float> yf(n), dxf(n, 0.f);
+  ul::cpu::gelu_forward(yd.data(), xr.data(), n);
+  ul::cpu::gelu_backward(dxd.data(), dyr.data(), xr.data(), n);
+  ul::cpu::gelu_forward(yf.data(), xf.data(), n);
+  ul::cpu::gelu_backward(dxf.data(), dyf.data(), xf.data(), n);
+  for (int i = 0; i < n; i++) {
+    INFO("x = " << xf[i]);
+    REQUIRE(std::isfinite(yf[i]));
+    REQUIRE(std::isfinite(dxf[i]));
+    const double u = 0.7978845608028654 * (xr[i] + 0.044715 * xr[i] * xr[i] * xr[i]);
+    const double rel = 1e-6 * (1 + 2 * std::fabs(u));
+    // The slope s + 2 x s (1 - s) k (1 + 3 a x^2) is a difference near x = -0.75 (GELU's minimum):
+    // its error scales with its two terms, not with their sum.
+    const double s = 1 / (1 + std::exp(-2 * u)), x = xr[i];
+    const double terms = s + std::fabs(2 * x * s * (1 - s) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x));
+    // Where exp(-2 u) overflows (u < -44) the float sigmoid is 0 and the double one under 6e-39;
+    // the slope multiplies it by at most a few hundred there before it vanishes: 1e-35 absolute.
+    CHECK(std::fabs(yf[i] - yd[i]) <= rel * std::fabs(yd[i]) + 1e-35);
+    CHECK(std::fabs(dxf[i] - dxd[i]) <= rel * terms * std::fabs(dyr[i]) + 1e-35);
+  }
+  for (int i = 0; i < n; i++) {
+    float y1, dx1 = 0.f;
+    ul::cpu::gelu_forward(&y1, &xf[i], 1);
+    ul::cpu::gelu_backward(&dx1, &dyf[i], &xf[i], 1);
+    INFO("x = " << xf[i]);
+    REQUIRE(std::memcmp(&y1, &yf[i], 4) == 0);
+    REQUIRE(std::memcmp(&dx1, &dxf[i], 4) == 0);
+  }
 }
