@@ -1,6 +1,7 @@
 #include "layers/swiglu.h"
 
 #include <cmath>
+#include <vector>
 
 #include "engine/context.h"
 #include "gradcheck.h"
@@ -62,4 +63,36 @@ TEST_CASE("swiglu op rejects an odd last dim", "[swiglu]") {
   ul::ContextGuard g(c);
   ul::Tensor x = c.zeros({2, 7});
   REQUIRE_THROWS_WITH(ul::swiglu(x), Catch::Contains("odd size 7"));
+}
+
+// The float kernels (vectorized, layers/cpu_exp.h) against the double ones (libm), forward and
+// backward, gates from -100 to 100, and F = 37 so rows end in the loops' scalar remainder. The
+// sigmoid of a float gate is good to a few ulp of its own (exp's relative error is |g| times the
+// gate's rounding, 2^-24); where exp(-g) overflows (g < -88) the float sigmoid is 0, the double
+// one under 6e-39.
+TEST_CASE("float swiglu matches the double kernels from -100 to 100", "[swiglu]") {
+  const int N = 50, F = 37;
+  std::vector<double> xd(size_t(N) * 2 * F), dyd(size_t(N) * F);
+  for (size_t i = 0; i < xd.size(); i++) xd[i] = -100.0 + 200.0 * double((i * 7919) % xd.size()) / xd.size();
+  for (size_t i = 0; i < dyd.size(); i++) dyd[i] = std::cos(0.3 * double(i));
+  std::vector<float> xf(xd.begin(), xd.end()), dyf(dyd.begin(), dyd.end());
+  std::vector<double> xr(xf.begin(), xf.end()), dyr(dyf.begin(), dyf.end());  // what float sees
+  std::vector<double> yd(size_t(N) * F), dxd(xd.size(), 0.0);
+  std::vector<float> yf(size_t(N) * F), dxf(xd.size(), 0.f);
+  ul::cpu::swiglu_forward(yd.data(), xr.data(), N, F);
+  ul::cpu::swiglu_backward(dxd.data(), dyr.data(), xr.data(), N, F);
+  ul::cpu::swiglu_forward(yf.data(), xf.data(), N, F);
+  ul::cpu::swiglu_backward(dxf.data(), dyf.data(), xf.data(), N, F);
+  for (int n = 0; n < N; n++)
+    for (int f = 0; f < F; f++) {
+      const size_t gi = size_t(n) * 2 * F + f, ui = gi + F, yi = size_t(n) * F + f;
+      const double g = xr[gi], u = xr[ui], s = 1 / (1 + std::exp(-g)), rel = 1e-6 * (1 + std::fabs(g));
+      INFO("gate " << g << ", up " << u);
+      REQUIRE(std::isfinite(yf[yi]));
+      CHECK(std::fabs(yf[yi] - yd[yi]) <= rel * std::fabs(yd[yi]) + 1e-35);
+      // dgate = dy u s (1 + g (1 - s)): a difference of its terms for negative g.
+      const double terms = std::fabs(dyr[yi] * u) * s * (1 + std::fabs(g) * (1 - s));
+      CHECK(std::fabs(dxf[gi] - dxd[gi]) <= rel * terms + 1e-35);
+      CHECK(std::fabs(dxf[ui] - dxd[ui]) <= rel * std::fabs(dxd[ui]) + 1e-35);
+    }
 }
