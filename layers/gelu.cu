@@ -15,14 +15,20 @@ namespace {
 constexpr float kScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kCubic = 0.044715f;
 
-__device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.f + tanhf(kScale * (x + kCubic * x * x * x)));
+// 0.5 (1 + tanh(u)) = sigmoid(2 u), u = k (x + a x^3), as the CPU kernels compute it (gelu.cpp):
+// one exp, and no cancellation in 1 + tanh(u) where tanh(u) is near -1 (x below about -4). For
+// u < -44 __expf overflows to inf and the sigmoid is 0, its limit.
+__device__ __forceinline__ float gelu_sigmoid(float x) {
+  return 1.f / (1.f + __expf(-2.f * kScale * (x + kCubic * x * x * x)));
 }
 
-// d gelu / dx with u = k (x + a x^3), t = tanh(u):  0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+__device__ __forceinline__ float gelu(float x) { return x * gelu_sigmoid(x); }
+
+// d gelu / dx with s = sigmoid(2 u) = 0.5 (1 + tanh(u)), so 1 - tanh(u)^2 = 4 s (1 - s):
+//   0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2) = s + 2 x s (1 - s) k (1 + 3 a x^2)
 __device__ __forceinline__ float gelu_grad(float x) {
-  const float t = tanhf(kScale * (x + kCubic * x * x * x));
-  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kScale * (1.f + 3.f * kCubic * x * x);
+  const float s = gelu_sigmoid(x);
+  return s + 2.f * x * s * (1.f - s) * kScale * (1.f + 3.f * kCubic * x * x);
 }
 
 // y, x: (n)

@@ -104,6 +104,27 @@ void check_gelu(int n, int offset) {
   expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, 1e-5);
 }
 
+// The far left tail, x from -4 to -12, relative to the CPU's: GELU there is 1e-4 down to 1e-30,
+// and a kernel computing 0.5 x (1 + tanh(u)) loses it to cancellation (0.3 relative at x = -5, and
+// 0 from -5.3 on) where both backends' x sigmoid(2 u) keep it (f32; 1e-4 leaves room for __expf's
+// error, which grows with its argument; 1e-35 absolute for where one backend's exp overflows a
+// little before the other's: the sigmoid is then 0 against at most 6e-39).
+inline void check_gelu_tail() {
+  const int n = 801;
+  std::vector<float> x(n), dy(n, 1.f), y_ref(n), dx_ref(n, 0.f);
+  for (int i = 0; i < n; i++) x[i] = -4.f - 8.f * float(i) / float(n - 1);
+  ul::cpu::gelu_forward(y_ref.data(), x.data(), n);
+  ul::cpu::gelu_backward(dx_ref.data(), dy.data(), x.data(), n);
+  DeviceBuffer<float> d_x(n), d_y(n), d_dy(n), d_dx(n);
+  d_x.set(x);
+  d_dy.set(dy);
+  d_dx.set(std::vector<float>(n, 0.f));
+  ul::cuda::gelu_forward(d_y.p, d_x.p, n, nullptr);
+  ul::cuda::gelu_backward(d_dx.p, d_dy.p, d_x.p, n, nullptr);
+  expect_close("y (tail)", d_y.get(), y_ref, 1e-4, 1e-35);
+  expect_close("dx (tail)", d_dx.get(), dx_ref, 1e-4, 1e-35);
+}
+
 // SwiGLU forward and backward on x: (N, 2F); offset as for GELU.
 template <class T>
 void check_swiglu(int N, int F, int offset) {
@@ -171,6 +192,7 @@ TEST_CASE("gelu CUDA kernels match the CPU backend", UL_CUDA_TEST_TAG "[gelu]") 
       pw_cases::check_gelu<float>(n, offset);
       pw_cases::check_gelu<__nv_bfloat16>(n, offset);
     }
+  pw_cases::check_gelu_tail();
 }
 
 TEST_CASE("swiglu CUDA kernels match the CPU backend", UL_CUDA_TEST_TAG "[swiglu]") {
