@@ -223,13 +223,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
            "cublasLtMatmul", what);
 }
 
-template void gemm<float, float>(float*, const float*, const float*, const float*, int, int, int, bool, bool, bool,
-                                 const char*, cudaStream_t);
-template void gemm<__nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                 const __nv_bfloat16*, int, int, int, bool, bool, bool, const char*,
-                                                 cudaStream_t);
-template void gemm<__nv_bfloat16, float>(float*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, int, int,
-                                         int, bool, bool, bool, const char*, cudaStream_t);
+UL_GEMM_INSTANTIATE_ALL()
 
 }  // namespace cuda
 }  // namespace ul

@@ -34,6 +34,16 @@ template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
           bool accumulate, const char* op, cudaStream_t s);
 
+// The (TA, TD) pairs gemm exists for; the cuBLASLt and the emulated implementation each instantiate
+// every one with UL_GEMM_INSTANTIATE_ALL().
+#define UL_GEMM_INSTANTIATE(TA, TD)                                                                       \
+  template void gemm<TA, TD>(TD*, const TA*, const TA*, const TD*, int, int, int, bool, bool, bool, const char*, \
+                             cudaStream_t);
+#define UL_GEMM_INSTANTIATE_ALL()                 \
+  UL_GEMM_INSTANTIATE(float, float)               \
+  UL_GEMM_INSTANTIATE(__nv_bfloat16, __nv_bfloat16) \
+  UL_GEMM_INSTANTIATE(__nv_bfloat16, float)
+
 }  // namespace cuda
 }  // namespace ul
 #endif

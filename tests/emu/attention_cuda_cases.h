@@ -74,6 +74,7 @@ using cuda_cases::round_bf16;
 using cuda_cases::rounded;
 using cuda_cases::to_elem;
 using cuda_cases::to_f32;
+using cuda_cases::read_floats;
 
 // Document ids (B, T), different per sequence. cycling: stretches of 1 to 23 tokens cycling
 // through 3 ids, so a document resumes after another one. packed: 40 to 150 tokens per document.
@@ -209,17 +210,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, const Case& c, const std::v
     if (dt == ul::DType::bf16) ul::device_copy(dst, dev, to_elem<__nv_bfloat16>(v).data(), ul::Device::cpu, bytes);
     else ul::device_copy(dst, dev, v.data(), ul::Device::cpu, bytes);
   };
-  auto read = [&](const void* p, size_t n) {
-    std::vector<float> r(n);
-    if (dt == ul::DType::bf16) {
-      std::vector<__nv_bfloat16> h(n);
-      ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * 2);
-      r = to_f32(h);
-    } else {
-      ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * 4);
-    }
-    return r;
-  };
+  auto read = [&](const void* p, size_t n) { return read_floats(p, n, dt == ul::DType::bf16, dev); };
   ul::Tensor tq = ctx.tape.track(ctx.empty({c.B, c.Tn, c.Hq + 2 * c.Hkv, c.D}, dt));
   put(tq.ptr, qkv, tq.nbytes());
   ul::Tensor tdoc;

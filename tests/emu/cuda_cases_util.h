@@ -1,6 +1,6 @@
 // Helpers shared by the CUDA case headers of the GEMM, linear, classifier, AdamW and Ulysses tests
-// (each *_cases.h runs emulated from tests/emu and on a GPU from tests/gpu). Written only against
-// the CUDA runtime API, so they work on both.
+// (each *_cases.h runs emulated from tests/emu and on a GPU from tests/gpu). Written against the
+// CUDA runtime API (and the engine's device_copy, for buffers on either device), so they work on both.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -13,9 +13,24 @@
 #include <vector>
 
 #include "engine/cuda_launch.h"
+#include "engine/device.h"
 #include "gradcheck.h"
 
 namespace cuda_cases {
+
+// h -> n device elements at p, and back (after every stream's work is done).
+template <class T>
+void upload(T* p, const std::vector<T>& h, size_t n) {
+  REQUIRE(h.size() == n);
+  UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <class T>
+std::vector<T> download(const T* p, size_t n) {
+  UL_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<T> h(n);
+  UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
 
 // A device buffer of n elements, NaN-poisoned (all bits set) on creation, so an element a kernel
 // fails to write reads as NaN.
@@ -31,16 +46,8 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { cudaFree(p); }
   void poison() { UL_CUDA_CHECK(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T))); }
-  void set(const std::vector<T>& h) {
-    REQUIRE(h.size() == n);
-    UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get() const {
-    UL_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<T> h(n);
-    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
+  void set(const std::vector<T>& h) { upload(p, h, n); }
+  std::vector<T> get() const { return download(p, n); }
 };
 
 inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
@@ -62,6 +69,19 @@ inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& v) {
   std::vector<float> r(v.size());
   for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(v[i]);
   return r;
+}
+
+// n values at p on `dev` (the op cases run the CPU op as their reference), stored as bf16 or as
+// f32, as floats.
+inline std::vector<float> read_floats(const void* p, size_t n, bool bf16, ul::Device dev) {
+  if (!bf16) {
+    std::vector<float> r(n);
+    ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * sizeof(float));
+    return r;
+  }
+  std::vector<__nv_bfloat16> h(n);
+  ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * sizeof(__nv_bfloat16));
+  return to_f32(h);
 }
 
 template <class T> constexpr bool is_bf16() { return !std::is_same<T, float>::value; }

@@ -26,16 +26,8 @@ struct OffsetBuffer {
   T* p;
   size_t n;
   OffsetBuffer(size_t count, size_t offset) : mem(count + offset), p(mem.p + offset), n(count) {}
-  void set(const std::vector<T>& h) {
-    REQUIRE(h.size() == n);
-    UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get() const {
-    UL_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<T> h(n);
-    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
+  void set(const std::vector<T>& h) { upload(p, h, n); }
+  std::vector<T> get() const { return download(p, n); }
 };
 
 // ---- running an op through the autograd tape on either device ----------------------------------

@@ -105,17 +105,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int N, int C, const std::ve
     else ul::copy_from_host(t, v.data());
     return t;
   };
-  auto read = [&](const void* p, size_t n, ul::DType as) {
-    std::vector<float> r(n);
-    if (as == ul::DType::bf16) {
-      std::vector<__nv_bfloat16> h(n);
-      ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * 2);
-      r = to_f32(h);
-    } else {
-      ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * 4);
-    }
-    return r;
-  };
+  auto read = [&](const void* p, size_t n, ul::DType as) { return read_floats(p, n, as == ul::DType::bf16, dev); };
   ul::Tensor tx = make({N, C}, x, dt), tw = make({C}, w, ul::DType::f32), tb = make({C}, b, ul::DType::f32);
   ul::Tensor y = ul::layernorm(tx, tw, tb);
   REQUIRE(y.device == dev);

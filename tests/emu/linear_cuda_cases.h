@@ -102,17 +102,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int B, int T, int C, int OC
     else ul::copy_from_host(t, v.data());
     return param ? c.tape.track(t, ul::DType::f32) : c.tape.track(t);
   };
-  auto read = [&](const void* p, size_t n, bool elem) {
-    std::vector<float> r(n);
-    if (elem && bf) {
-      std::vector<__nv_bfloat16> h(n);
-      ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * 2);
-      r = to_f32(h);
-    } else {
-      ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * 4);
-    }
-    return r;
-  };
+  auto read = [&](const void* p, size_t n, bool elem) { return read_floats(p, n, elem && bf, dev); };
   ul::Tensor tx = make({B, T, C}, x, false), tw = make({OC, C}, w, true);
   ul::Tensor tb = with_bias ? make({OC}, b, true) : ul::Tensor{};
   ul::Tensor y = ul::linear(tx, tw, tb);
