@@ -8,6 +8,7 @@
 #include <fstream>
 #include <vector>
 
+#include "engine/optimizer.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
 #include "run_cmd.h"
@@ -118,9 +119,11 @@ TEST_CASE("the optimizer flags beta1 and beta2 and adam-eps reach AdamW", "[cli]
   // Two steps with these flags, replayed in double from the recorded gradients. Step 2 is where the
   // betas show (at step 1 bias correction cancels them); eps 1e-3 is near the gradients' own size,
   // so it shows from step 1. No clipping or decay: the update is Adam's alone.
-  const float b1 = 0.5f, b2 = 0.75f, eps = 1e-3f;
+  const ul::AdamWConfig def;  // the defaults, which an ignored flag would leave in place
   ul::Options o = options("--threads 1 --quiet --eval-every 0 --seq 32 --batch 2 --layers 1 --dim 32 --grad-clip 0 "
                           "--weight-decay 0 --warmup 0 --beta1 0.5 --beta2 0.75 --adam-eps 1e-3");
+  const double b1 = o.beta1, b2 = o.beta2, eps = o.adam_eps;
+  REQUIRE((b1 != def.beta1 && b2 != def.beta2 && eps != def.eps));
   std::vector<std::vector<float>> p(3), g(2);
   std::vector<float> lr(2);
   ul::run_local(1, [&](ul::Comm& world) {
@@ -144,12 +147,12 @@ TEST_CASE("the optimizer flags beta1 and beta2 and adam-eps reach AdamW", "[cli]
       m = b1 * m + (1 - b1) * gi;
       v = b2 * v + (1 - b2) * gi * gi;
       const double want = p[s][i] - lr[s] / (1 - std::pow(b1, t)) * m / (std::sqrt(v / (1 - std::pow(b2, t))) + eps);
-      // The same step from the same point with a default in place of a flag (step 1: eps 1e-8,
-      // step 2: betas 0.9 / 0.95): an ignored flag would land there instead.
-      m_default = 0.9 * m_default + 0.1 * gi;
-      v_default = 0.95 * v_default + 0.05 * gi * gi;
-      const double other = p[s][i] - lr[s] / (1 - std::pow(0.9, t)) * m_default /
-                                         (std::sqrt(v_default / (1 - std::pow(0.95, t))) + (s == 0 ? 1e-8 : eps));
+      // The same step from the same point with a default in place of a flag (step 1: eps, step 2:
+      // the betas): an ignored flag would land there instead.
+      m_default = def.beta1 * m_default + (1 - def.beta1) * gi;
+      v_default = def.beta2 * v_default + (1 - def.beta2) * gi * gi;
+      const double other = p[s][i] - lr[s] / (1 - std::pow(def.beta1, t)) * m_default /
+                                         (std::sqrt(v_default / (1 - std::pow(def.beta2, t))) + (s == 0 ? def.eps : eps));
       // AdamW runs in float: about eight roundings (the moments, the bias corrections, sqrt, the
       // division, the product, the subtraction), each within half an ulp of the parameter or of
       // the update (at most ~lr here).
