@@ -240,8 +240,13 @@ template void attention_backward<double>(double*, const double*, const double*, 
                                          const int32_t*, int, int, int, int, int);
 }  // namespace cpu
 
-#if ULYSSES_HAVE_CUDA
-static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+// qkv (B, T, Hq + 2 Hkv, D) and the optional doc ids (B, T) on qkv's device: checked here for both
+// backends; returns (B, T, D) and the doc ids' pointer (null without them).
+struct AttentionShape {
+  int B, Tn, D;
+  const int32_t* doc;
+};
+static AttentionShape check_attention_inputs(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
   if (qkv.ndim() != 4) throw std::runtime_error("attention: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
   if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     throw std::runtime_error("attention: query heads (" + std::to_string(Hq) + ") must be a positive multiple of kv heads (" +
@@ -250,17 +255,22 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
   if (qkv.size(2) != Hq + 2 * Hkv)
     throw std::runtime_error("attention: qkv " + qkv.shape.str() + " needs dim 2 = Hq + 2*Hkv = " +
                              std::to_string(Hq + 2 * Hkv));
+  if (!doc.defined()) return {B, Tn, D, nullptr};
+  check_shape(doc, {B, Tn}, "attention doc ids");
+  if (doc.device != qkv.device)
+    throw std::runtime_error(std::string("attention: doc ids on ") + device_name(doc.device) + " but qkv on " +
+                             device_name(qkv.device));
+  return {B, Tn, D, doc.i32()};
+}
+
+#if ULYSSES_HAVE_CUDA
+static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+  const AttentionShape a = check_attention_inputs(qkv, Hq, Hkv, doc);
+  const int B = a.B, Tn = a.Tn, D = a.D;  // plain variables: the backward's closure copies them
+  const int32_t* docp = a.doc;
   if (!attention_cuda_head_dim(D))
     throw std::runtime_error("attention: the CUDA backend supports head dim D = 16, 32, 64 or 128, got D = " +
                              std::to_string(D) + " (qkv " + qkv.shape.str() + ")");
-  const int32_t* docp = nullptr;
-  if (doc.defined()) {
-    check_shape(doc, {B, Tn}, "attention doc ids");
-    if (doc.device != qkv.device)
-      throw std::runtime_error(std::string("attention: doc ids on ") + device_name(doc.device) + " but qkv on " +
-                               device_name(qkv.device));
-    docp = doc.i32();
-  }
   Tensor out;
   dispatch_cuda(qkv, {}, "attention", [&](auto tag) {
     using T = decltype(tag);
@@ -290,19 +300,9 @@ Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
   if (qkv.device == Device::cuda) return attention_cuda(qkv, Hq, Hkv, doc);
 #endif
   require_cpu_f32(qkv, "attention");
-  if (qkv.ndim() != 4) throw std::runtime_error("attention: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
-  if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
-    throw std::runtime_error("attention: query heads (" + std::to_string(Hq) + ") must be a positive multiple of kv heads (" +
-                             std::to_string(Hkv) + ")");
-  const int B = int(qkv.size(0)), Tn = int(qkv.size(1)), D = int(qkv.size(3));
-  if (qkv.size(2) != Hq + 2 * Hkv)
-    throw std::runtime_error("attention: qkv " + qkv.shape.str() + " needs dim 2 = Hq + 2*Hkv = " +
-                             std::to_string(Hq + 2 * Hkv));
-  const int32_t* docp = nullptr;
-  if (doc.defined()) {
-    check_shape(doc, {B, Tn}, "attention doc ids");
-    docp = doc.i32();
-  }
+  const AttentionShape a = check_attention_inputs(qkv, Hq, Hkv, doc);
+  const int B = a.B, Tn = a.Tn, D = a.D;  // plain variables: the backward's closure copies them
+  const int32_t* docp = a.doc;
   Context& c = ctx();
   Tensor out = c.empty({B, Tn, Hq, D});
   Tensor lse = c.empty({B, Hq, Tn});

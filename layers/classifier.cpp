@@ -150,12 +150,8 @@ template CrossEntropyStats classifier_forward_backward<double>(double*, double*,
                                                                const int32_t*, int, int, int, double, int);
 }  // namespace cpu
 
-#if ULYSSES_HAVE_CUDA
-// The same op on the CUDA backend, for f32 and bf16 x and w; dw is f32 either way. targets: i32 on
-// the cuda device (or on the cpu: then uploaded). The targets are read on the host too: they are
-// checked there, and they decide which rows the chunks cover.
-static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
-                                                       float grad_scale) {
+// Both backends: w (Vp >= V, C) for x (..., C), one i32 target per row of x.
+static void check_classifier_inputs(const Tensor& x, const Tensor& w, const Tensor& targets, int V) {
   if (targets.dtype != DType::i32)
     throw std::runtime_error("classifier_cross_entropy: targets must be i32, got " +
                              std::string(dtype_name(targets.dtype)));
@@ -166,6 +162,16 @@ static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Te
   if (targets.numel() != N)
     throw std::runtime_error("classifier_cross_entropy: " + std::to_string(targets.numel()) + " targets for " +
                              std::to_string(N) + " rows of " + x.shape.str());
+}
+
+#if ULYSSES_HAVE_CUDA
+// The same op on the CUDA backend, for f32 and bf16 x and w; dw is f32 either way. targets: i32 on
+// the cuda device (or on the cpu: then uploaded). The targets are read on the host too: they are
+// checked there, and they decide which rows the chunks cover.
+static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
+                                                       float grad_scale) {
+  const int C = last_dim(x), N = rows(x);
+  check_classifier_inputs(x, w, targets, V);
   std::vector<int32_t> tg(N);
   copy_to_host(tg.data(), targets);
   check_targets(tg.data(), N, V);
@@ -201,16 +207,11 @@ CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, con
 #endif
   require_cpu_f32(x, "classifier_cross_entropy");
   require_cpu_f32(w, "classifier_cross_entropy weight");
-  if (targets.device != Device::cpu || targets.dtype != DType::i32)
-    throw std::runtime_error("classifier_cross_entropy: targets must be i32 on the cpu, got " +
-                             std::string(dtype_name(targets.dtype)) + " on " + device_name(targets.device));
+  if (targets.device != Device::cpu)
+    throw std::runtime_error(std::string("classifier_cross_entropy: targets must be on the cpu, got ") +
+                             device_name(targets.device));
   const int C = last_dim(x), N = rows(x);
-  if (w.ndim() != 2 || w.size(1) != C || V < 1 || w.size(0) < V)
-    throw std::runtime_error("classifier_cross_entropy: weight must be (Vp >= V = " + std::to_string(V) + ", " +
-                             std::to_string(C) + "), got " + w.shape.str());
-  if (targets.numel() != N)
-    throw std::runtime_error("classifier_cross_entropy: " + std::to_string(targets.numel()) + " targets for " +
-                             std::to_string(N) + " rows of " + x.shape.str());
+  check_classifier_inputs(x, w, targets, V);
   const int64_t n_valid = check_targets(targets.i32(), N, V);
 
   Context& c = ctx();

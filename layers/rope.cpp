@@ -49,11 +49,12 @@ void rotate_token(T* dst, const T* src, int pos, int Hq, int Hkv, int D, const d
   const size_t v0 = size_t(Hq + Hkv) * D, nv = size_t(Hkv) * D;
   for (size_t j = v0; j < v0 + nv; j++) dst[j] = accumulate ? dst[j] + src[j] : src[j];
 }
-}  // namespace
 
-// qkv, y: (N, Hq + 2*Hkv, D); pos: (N). y may alias qkv (each pair is read before it is written).
+// Every token of src (N, Hq + 2*Hkv, D) rotated by sign * its angles into dst (added when
+// accumulate); dst may alias src (each pair is read before it is written).
 template <class T>
-void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
+void rotate_tokens(T* dst, const T* src, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta, double sign,
+                   bool accumulate) {
   const size_t row = size_t(Hq + 2 * Hkv) * D;
   const std::vector<double> freq = rope_freqs(D, theta);
 #pragma omp parallel
@@ -61,22 +62,21 @@ void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv
     std::vector<T> cs(D);
 #pragma omp for schedule(static)
     for (int n = 0; n < N; n++)
-      rotate_token(y + n * row, qkv + n * row, pos[n], Hq, Hkv, D, freq.data(), 1.0, false, cs);
+      rotate_token(dst + n * row, src + n * row, pos[n], Hq, Hkv, D, freq.data(), sign, accumulate, cs);
   }
+}
+}  // namespace
+
+// qkv, y: (N, Hq + 2*Hkv, D); pos: (N). y may alias qkv.
+template <class T>
+void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
+  rotate_tokens(y, qkv, pos, N, Hq, Hkv, D, theta, 1.0, false);
 }
 
 // A rotation is orthogonal, so its transpose (the backward) is the rotation by -a.
 template <class T>
 void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
-  const size_t row = size_t(Hq + 2 * Hkv) * D;
-  const std::vector<double> freq = rope_freqs(D, theta);
-#pragma omp parallel
-  {
-    std::vector<T> cs(D);
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; n++)
-      rotate_token(dqkv + n * row, dy + n * row, pos[n], Hq, Hkv, D, freq.data(), -1.0, true, cs);
-  }
+  rotate_tokens(dqkv, dy, pos, N, Hq, Hkv, D, theta, -1.0, true);
 }
 
 template void rope_forward<float>(float*, const float*, const int32_t*, int, int, int, int, float);

@@ -295,6 +295,11 @@ TEST_CASE("attention op on Device::cuda refuses unsupported head dims and mispla
   ul::Tensor doc_on_host = host.zeros({1, 4}, ul::DType::i32);
   CHECK_THROWS_WITH(ul::attention(c.zeros({1, 4, 3, 32}), 1, 1, doc_on_host),
                     Catch::Contains("doc ids") && Catch::Contains("cpu"));
+  {  // and the CPU op refuses doc ids in device memory, which it would read as host memory
+    ul::ContextGuard on_host(host);
+    CHECK_THROWS_WITH(ul::attention(host.zeros({1, 4, 3, 32}), 1, 1, c.zeros({1, 4}, ul::DType::i32)),
+                      Catch::Contains("doc ids on cuda but qkv on cpu"));
+  }
   CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, 1, 4, 1, 1, 96, nullptr),
                     Catch::Contains("D = 96"));
 }
