@@ -9,6 +9,7 @@
 //                    subset and writing one partial; (2) one block adds the partials in order.
 //                No atomics: the same gradient gives the same bits on every run.
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -173,20 +174,42 @@ void sum_squares(float* out, const float* x, size_t n, float* scratch, cudaStrea
   launch("sum_squares_final", sum_squares_final_kernel, dim3(1), dim3(kThreads), 0, s, out, scratch, int(blocks));
 }
 
-double sum_squares(const float* x, size_t n, cudaStream_t s) {
-  float* scratch = nullptr;
-  UL_CUDA_CHECK(cudaMalloc(&scratch, sum_squares_scratch_bytes(n) + sizeof(float)));
-  float result = 0.f;
-  try {
-    float* out = scratch + norm_blocks(n);
-    sum_squares(out, x, n, scratch, s);
-    UL_CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof(float), cudaMemcpyDeviceToHost, s));
-    UL_CUDA_CHECK(cudaStreamSynchronize(s));
-  } catch (...) {
-    cudaFree(scratch);
-    throw;
+namespace {
+// The host-returning sum_squares' scratch, kept per host thread (each local rank is one) and device,
+// grown as needed: the gradient norm runs every step, and a cudaMalloc / cudaFree pair there
+// would cost a device-wide synchronisation each time. Released at thread exit.
+struct NormScratch {
+  float* p = nullptr;
+  size_t bytes = 0;
+  NormScratch() = default;
+  NormScratch(const NormScratch&) = delete;
+  NormScratch& operator=(const NormScratch&) = delete;
+  ~NormScratch() {
+    if (p) cudaFree(p);  // at process exit the runtime may be unloading: nothing is lost then
   }
-  UL_CUDA_CHECK(cudaFree(scratch));
+  float* get(size_t need) {
+    if (need > bytes) {
+      if (p) UL_CUDA_CHECK(cudaFree(p));
+      p = nullptr;
+      bytes = 0;
+      UL_CUDA_CHECK(cudaMalloc(&p, need));
+      bytes = need;
+    }
+    return p;
+  }
+};
+}  // namespace
+
+double sum_squares(const float* x, size_t n, cudaStream_t s) {
+  thread_local std::map<int, NormScratch> per_device;
+  int dev = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&dev));
+  float* scratch = per_device[dev].get(sum_squares_scratch_bytes(n) + sizeof(float));
+  float* out = scratch + norm_blocks(n);
+  sum_squares(out, x, n, scratch, s);
+  float result = 0.f;
+  UL_CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof(float), cudaMemcpyDeviceToHost, s));
+  UL_CUDA_CHECK(cudaStreamSynchronize(s));
   return result;
 }
 

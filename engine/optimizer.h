@@ -62,7 +62,7 @@ void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, u
 // device float; sum_squares_scratch_bytes(n) bytes of scratch hold the partials).
 void sum_squares(float* out, const float* x, size_t n, float* scratch, cudaStream_t s);
 size_t sum_squares_scratch_bytes(size_t n);
-// The same, returned to the host (allocates its scratch and waits for the result).
+// The same, returned to the host (waits for the result; its scratch is cached per host thread).
 double sum_squares(const float* x, size_t n, cudaStream_t s);
 }  // namespace cuda
 #endif
