@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/context.h"
 #include "engine/cuda_launch.h"
 #include "engine/device.h"
 #include "gradcheck.h"
@@ -82,6 +83,25 @@ inline std::vector<float> read_floats(const void* p, size_t n, bool bf16, ul::De
   std::vector<__nv_bfloat16> h(n);
   ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * sizeof(__nv_bfloat16));
   return to_f32(h);
+}
+
+// A tracked tensor of dtype dt on c's device holding v (rounded when dt is bf16). Its gradient
+// slot has grad_dt: the tensor's own dtype for activations, f32 for weights (parameter gradients
+// are f32 whatever the parameters' dtype).
+inline ul::Tensor make_tracked(ul::Context& c, ul::Shape s, ul::DType dt, const std::vector<float>& v,
+                               ul::DType grad_dt) {
+  ul::Tensor t = c.tape.track(c.empty(s, dt), grad_dt);
+  REQUIRE(size_t(t.numel()) == v.size());
+  if (dt == ul::DType::bf16) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
+  else ul::copy_from_host(t, v.data());
+  return t;
+}
+
+inline ul::Tensor make_i32(ul::Context& c, ul::Shape s, const std::vector<int32_t>& v) {
+  ul::Tensor t = c.empty(s, ul::DType::i32);
+  REQUIRE(size_t(t.numel()) == v.size());
+  ul::copy_from_host(t, v.data());
+  return t;
 }
 
 template <class T> constexpr bool is_bf16() { return !std::is_same<T, float>::value; }

@@ -31,37 +31,11 @@ struct OffsetBuffer {
 };
 
 // ---- running an op through the autograd tape on either device ----------------------------------
-
-// A tracked tensor of dtype dt on c's device holding v (rounded when dt is bf16). Its gradient
-// slot has grad_dt: the tensor's own dtype for activations, f32 for weights (parameter gradients
-// are f32 whatever the parameters' dtype).
-inline ul::Tensor make_tracked(ul::Context& c, ul::Shape s, ul::DType dt, const std::vector<float>& v,
-                               ul::DType grad_dt) {
-  ul::Tensor t = c.tape.track(c.empty(s, dt), grad_dt);
-  REQUIRE(size_t(t.numel()) == v.size());
-  if (dt == ul::DType::bf16) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
-  else ul::copy_from_host(t, v.data());
-  return t;
-}
-
-inline ul::Tensor make_i32(ul::Context& c, ul::Shape s, const std::vector<int32_t>& v) {
-  ul::Tensor t = c.empty(s, ul::DType::i32);
-  REQUIRE(size_t(t.numel()) == v.size());
-  ul::copy_from_host(t, v.data());
-  return t;
-}
+// (make_tracked and make_i32 are in cuda_cases_util.h)
 
 // n elements of dtype `as` (f32 or bf16) at p on dev, as float.
 inline std::vector<float> read_back(const void* p, size_t n, ul::DType as, ul::Device dev) {
-  std::vector<float> r(n);
-  if (as == ul::DType::bf16) {
-    std::vector<__nv_bfloat16> h(n);
-    ul::device_copy(h.data(), ul::Device::cpu, p, dev, n * sizeof(__nv_bfloat16));
-    r = to_f32(h);
-  } else {
-    ul::device_copy(r.data(), ul::Device::cpu, p, dev, n * sizeof(float));
-  }
-  return r;
+  return read_floats(p, n, as == ul::DType::bf16, dev);
 }
 
 struct OpResult {

@@ -100,10 +100,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int N, int C, const std::ve
   ul::Recording rec(true);
   // Weights made by hand (not through Params) get an f32 gradient slot, as every parameter has.
   auto make = [&](ul::Shape s, const std::vector<float>& v, ul::DType grad_dt) {
-    ul::Tensor t = c.tape.track(c.empty(s, dt), grad_dt);
-    if (dt == ul::DType::bf16) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
-    else ul::copy_from_host(t, v.data());
-    return t;
+    return make_tracked(c, s, dt, v, grad_dt);
   };
   auto read = [&](const void* p, size_t n, ul::DType as) { return read_floats(p, n, as == ul::DType::bf16, dev); };
   ul::Tensor tx = make({N, C}, x, dt), tw = make({C}, w, ul::DType::f32), tb = make({C}, b, ul::DType::f32);

@@ -96,11 +96,9 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int B, int T, int C, int OC
   ul::ContextGuard guard(c);
   ul::Recording rec(true);
   const bool bf = dt == ul::DType::bf16;
+  // Activations get a gradient slot of their own dtype; weights an f32 one, as every parameter has.
   auto make = [&](ul::Shape s, const std::vector<float>& v, bool param) {
-    ul::Tensor t = c.empty(s, dt);
-    if (bf) ul::copy_from_host(t, to_elem<__nv_bfloat16>(v).data());
-    else ul::copy_from_host(t, v.data());
-    return param ? c.tape.track(t, ul::DType::f32) : c.tape.track(t);
+    return make_tracked(c, s, dt, v, param ? ul::DType::f32 : dt);
   };
   auto read = [&](const void* p, size_t n, bool elem) { return read_floats(p, n, elem && bf, dev); };
   ul::Tensor tx = make({B, T, C}, x, false), tw = make({OC, C}, w, true);
