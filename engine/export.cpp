@@ -14,6 +14,18 @@
 
 namespace ul {
 
+ModelConfig gpt2_config(const LlmcConfig& lc) {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.layers = lc.layers;
+  c.dim = lc.channels;
+  c.heads = c.kv_heads = lc.heads;
+  c.vocab = lc.vocab;
+  c.padded_vocab = lc.padded_vocab;
+  c.max_seq = lc.max_seq;
+  return c;
+}
+
 ModelConfig hf_checkpoint_config(const std::string& path, int data_vocab) {
   SafetensorsFile f(path);
   ModelConfig cfg = hf_read_config(f);

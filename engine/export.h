@@ -7,11 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "engine/llmc_format.h"
 #include "engine/options.h"
 #include "engine/tokenizer.h"
 #include "layers/transformer.h"
 
 namespace ul {
+
+// The GPT-2 an llm.c checkpoint header describes (heads = kv heads), not yet validated.
+ModelConfig gpt2_config(const LlmcConfig& lc);
 
 // --checkpoint FILE.safetensors: the model config (our __metadata__ or config.json beside the file),
 // checked against the data's vocabulary; then the weights into an already built model.

@@ -127,14 +127,7 @@ ModelConfig config_for(const Options& o, const Dataset& data, std::vector<float>
   if (o.checkpoint.empty()) return model_config(o, data.vocab());
   if (is_safetensors_path(o.checkpoint)) return hf_checkpoint_config(o.checkpoint, data.vocab());
   LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, ckpt);
-  ModelConfig cfg;
-  cfg.arch = "gpt2";
-  cfg.layers = lc.layers;
-  cfg.dim = lc.channels;
-  cfg.heads = cfg.kv_heads = lc.heads;
-  cfg.vocab = lc.vocab;
-  cfg.padded_vocab = lc.padded_vocab;
-  cfg.max_seq = lc.max_seq;
+  ModelConfig cfg = gpt2_config(lc);
   cfg.validate();
   if (data.vocab() > cfg.vocab)
     throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +

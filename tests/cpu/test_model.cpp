@@ -8,6 +8,7 @@
 
 #include "engine/context.h"
 #include "engine/device.h"
+#include "engine/export.h"
 #include "engine/llmc_format.h"
 #include "engine/optimizer.h"
 #include "layers/transformer.h"
@@ -17,18 +18,6 @@ using namespace ul;
 using namespace ul_test;
 
 namespace {
-
-ModelConfig gpt2_config(const LlmcConfig& lc) {
-  ModelConfig c;
-  c.arch = "gpt2";
-  c.layers = lc.layers;
-  c.dim = lc.channels;
-  c.heads = c.kv_heads = lc.heads;
-  c.vocab = lc.vocab;
-  c.padded_vocab = lc.padded_vocab;
-  c.max_seq = lc.max_seq;
-  return c;
-}
 
 Tensor ints(Context& c, const std::vector<int32_t>& v, Shape s) {
   Tensor t = c.empty(s, DType::i32);

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "engine/check_state.h"
+#include "engine/export.h"
 #include "engine/llmc_format.h"
 #include "layers/linear.h"
 
@@ -84,10 +85,7 @@ TEST_CASE("train --device cuda --zero 1: fp32 as without, bf16 replicas identica
 // tests hold to llm.c's reference; here the device must reproduce them through --check-state.
 inline void write_reference(const std::string& model_path, const std::string& state_path) {
   const LlmcConfig lc{16, 50, 128, 1, 2, 64};  // max_seq, vocab, padded vocab, layers, heads, channels
-  ModelConfig cfg;
-  cfg.arch = "gpt2";
-  cfg.layers = lc.layers, cfg.dim = lc.channels, cfg.heads = cfg.kv_heads = lc.heads;
-  cfg.vocab = lc.vocab, cfg.padded_vocab = lc.padded_vocab, cfg.max_seq = lc.max_seq;
+  const ModelConfig cfg = gpt2_config(lc);
   const int B = 2, T = 16, V = lc.vocab, C = lc.channels;
   Context c(Device::cpu);
   ContextGuard guard(c);
