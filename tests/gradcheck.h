@@ -29,6 +29,14 @@ inline std::vector<float> randn_f(size_t n, uint64_t seed, float scale = 1.f) {
   return std::vector<float>(v.begin(), v.end());
 }
 
+// n integers uniform in [0, limit): token ids, positions.
+inline std::vector<int32_t> rand_ints(int n, int limit, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> v(n);
+  for (auto& i : v) i = int32_t(g() % uint64_t(limit));
+  return v;
+}
+
 // Checks d/d(inputs) of L = sum(y .* wy), where y = forward(inputs) and wy is a fixed random
 // weighting (so every output element matters). `backward(dy, dinputs)` must ADD into dinputs,
 // which arrive zeroed. Each input entry is perturbed by +-h (at most max_probe entries per input).

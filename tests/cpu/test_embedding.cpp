@@ -7,18 +7,9 @@
 
 using namespace ul_test;
 
-namespace {
-std::vector<int32_t> rand_ids(int n, int limit, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> v(n);
-  for (auto& i : v) i = int32_t(g() % uint64_t(limit));
-  return v;
-}
-}  // namespace
-
 TEST_CASE("embedding backward matches float64 central differences", "[embedding]") {
   for (auto [N, V, maxT, C] : {std::tuple{6, 5, 4, 3}, std::tuple{11, 3, 7, 9}, std::tuple{1, 1, 1, 1}}) {
-    auto idx = rand_ids(N, V, 61 + C), pos = rand_ids(N, maxT, 62 + C);  // V < N: ids repeat
+    auto idx = rand_ints(N, V, 61 + C), pos = rand_ints(N, maxT, 62 + C);  // V < N: ids repeat
     Vec wte = randn(V * C, 63), wpe = randn(maxT * C, 64);
     gradcheck("embedding", {&wte, &wpe},
         [&](Vec& y) { y.resize(N * C); ul::cpu::embedding_forward(y.data(), idx.data(), pos.data(), wte.data(), wpe.data(), N, C); },
@@ -36,7 +27,7 @@ TEST_CASE("embedding backward matches float64 central differences", "[embedding]
 
 TEST_CASE("embedding forward picks the rows of wte and wpe", "[embedding]") {
   const int N = 9, V = 4, maxT = 5, C = 3;
-  auto idx = rand_ids(N, V, 65), pos = rand_ids(N, maxT, 66);
+  auto idx = rand_ints(N, V, 65), pos = rand_ints(N, maxT, 66);
   Vec wte = randn(V * C, 67), wpe = randn(maxT * C, 68), y(N * C), y2(N * C);
   ul::cpu::embedding_forward(y.data(), idx.data(), pos.data(), wte.data(), wpe.data(), N, C);
   ul::cpu::embedding_forward<double>(y2.data(), idx.data(), nullptr, wte.data(), nullptr, N, C);
@@ -51,7 +42,7 @@ TEST_CASE("embedding backward is bitwise equal to an in-order serial sum", "[emb
   // Few vocabulary rows and many tokens: every row receives many adds, in float, where the order
   // of the sum changes the result. Several channel chunks (C > 64) so that threads split the work.
   const int N = 500, V = 3, maxT = 2, C = 200;
-  auto idx = rand_ids(N, V, 69), pos = rand_ids(N, maxT, 70);
+  auto idx = rand_ints(N, V, 69), pos = rand_ints(N, maxT, 70);
   auto dy = randn_f(N * C, 71);
   std::vector<float> dwte(V * C, 0.5f), dwpe(maxT * C, -0.5f), ref_te = dwte, ref_pe = dwpe;
   ul::cpu::embedding_backward(dwte.data(), dwpe.data(), dy.data(), idx.data(), pos.data(), N, C);

@@ -8,21 +8,12 @@
 
 using namespace ul_test;
 
-namespace {
-std::vector<int32_t> rand_pos(int n, int limit, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> v(n);
-  for (auto& i : v) i = int32_t(g() % uint64_t(limit));
-  return v;
-}
-}  // namespace
-
 TEST_CASE("rope backward matches float64 central differences", "[rope]") {
   for (auto [N, Hq, Hkv, D] : {std::tuple{3, 2, 1, 4}, std::tuple{5, 3, 1, 6}, std::tuple{2, 1, 1, 2},
                                std::tuple{4, 4, 2, 10}}) {
     const int H = Hq + 2 * Hkv;
     Vec x = randn(N * H * D, 81 + D);
-    auto pos = rand_pos(N, 5000, 82 + D);
+    auto pos = rand_ints(N, 5000, 82 + D);
     gradcheck("rope", {&x},
         [&](Vec& y) { y.resize(x.size()); ul::cpu::rope_forward(y.data(), x.data(), pos.data(), N, Hq, Hkv, D, 10000.f); },
         [&](const Vec& dy, std::vector<Vec>& d) {
@@ -48,7 +39,7 @@ TEST_CASE("rope pairs i with i + D/2 and uses freq_i = theta^(-2i/D)", "[rope]")
 TEST_CASE("rope by p then by -p gives back x, V heads are copied exactly", "[rope]") {
   const int N = 7, Hq = 4, Hkv = 2, D = 16, H = Hq + 2 * Hkv;
   Vec x = randn(N * H * D, 83), y(x.size()), z(x.size());
-  auto pos = rand_pos(N, 100000, 84);
+  auto pos = rand_ints(N, 100000, 84);
   std::vector<int32_t> neg(pos);
   for (auto& p : neg) p = -p;
   ul::cpu::rope_forward(y.data(), x.data(), pos.data(), N, Hq, Hkv, D, 10000.f);
