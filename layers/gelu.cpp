@@ -8,11 +8,6 @@
 namespace ul {
 namespace cpu {
 
-namespace {
-constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
-}  // namespace
-
 // The kernels use 0.5 (1 + tanh(u)) = sigmoid(2 u) = 1 / (1 + exp(-2 u)): one exp (exp_simd,
 // which the loops vectorize), and no cancellation in 1 + tanh(u) where tanh(u) is near -1.
 template <class T>

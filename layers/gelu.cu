@@ -12,8 +12,7 @@ namespace ul {
 namespace cuda {
 namespace {
 
-constexpr float kScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kCubic = 0.044715f;
+constexpr float kScale = float(kGeluScale), kCubic = float(kGeluCubic);  // gelu.h
 
 // 0.5 (1 + tanh(u)) = sigmoid(2 u), u = k (x + a x^3), as the CPU kernels compute it (gelu.cpp):
 // one exp, and no cancellation in 1 + tanh(u) where tanh(u) is near -1 (x below about -4). For

@@ -1,7 +1,8 @@
 // GELU, tanh approximation (GPT-2):  y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // Backward: dx += dy * dy/dx, the derivative computed from x (nothing else is kept).
-// The CPU kernels compute it as y = x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3): the same
-// function, with one exp that vectorizes (layers/cpu_exp.h) and no cancellation in 1 + tanh(u).
+// Both backends compute it as y = x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3): the same
+// function with one exp (on the CPU one that vectorizes, layers/cpu_exp.h) and no cancellation in
+// 1 + tanh(u) where tanh(u) is near -1.
 #pragma once
 #include <cstdint>
 
@@ -11,6 +12,9 @@
 #endif
 
 namespace ul {
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+
 namespace cpu {
 template <class T> void gelu_forward(T* y, const T* x, int64_t n);
 template <class T> void gelu_backward(T* dx, const T* dy, const T* x, int64_t n);

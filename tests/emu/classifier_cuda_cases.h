@@ -150,8 +150,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int B, int T, int C, int V,
     return make_tracked(c, s, dt, v, param ? ul::DType::f32 : dt);
   };
   ul::Tensor tx = make({B, T, C}, x, false), tw = make({Vp, C}, w, true);
-  ul::Tensor tt = c.empty({B, T}, ul::DType::i32);
-  ul::copy_from_host(tt, tg.data());
+  ul::Tensor tt = make_i32(c, {B, T}, tg);
   OpResult r;
   r.st = ul::classifier_cross_entropy(tx, tw, tt, V, grad_scale);
   const size_t nx = size_t(B) * T * C, nw = size_t(Vp) * C;

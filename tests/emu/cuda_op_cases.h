@@ -33,11 +33,6 @@ struct OffsetBuffer {
 // ---- running an op through the autograd tape on either device ----------------------------------
 // (make_tracked and make_i32 are in cuda_cases_util.h)
 
-// n elements of dtype `as` (f32 or bf16) at p on dev, as float.
-inline std::vector<float> read_back(const void* p, size_t n, ul::DType as, ul::Device dev) {
-  return read_floats(p, n, as == ul::DType::bf16, dev);
-}
-
 struct OpResult {
   std::vector<float> y;
   std::vector<std::vector<float>> grads;  // of the float inputs, in order
@@ -72,9 +67,9 @@ OpResult run_op(ul::Device dev, ul::DType dt, const std::vector<Input>& ins, con
   std::vector<void*> gs;
   for (const ul::Tensor& t : ts) gs.push_back(c.tape.grad(t));
   c.tape.backward();
-  OpResult r{read_back(y.ptr, size_t(y.numel()), dt, dev), {}};
+  OpResult r{read_floats(y.ptr, size_t(y.numel()), dt == ul::DType::bf16, dev), {}};
   for (size_t i = 0; i < ts.size(); i++)
-    r.grads.push_back(read_back(gs[i], size_t(ts[i].numel()), ins[i].weight ? ul::DType::f32 : dt, dev));
+    r.grads.push_back(read_floats(gs[i], size_t(ts[i].numel()), !ins[i].weight && dt == ul::DType::bf16, dev));
   return r;
 }
 
