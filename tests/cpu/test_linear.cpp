@@ -28,43 +28,47 @@ TEST_CASE("linear backward matches float64 central differences", "[linear]") {
 
 TEST_CASE("linear float forward and backward match naive loops", "[linear]") {
   // Large enough that the GEMMs are blocked and split across threads (at a column boundary that is
-  // not a multiple of 16 for OC and C).
-  const int N = 67, C = 131, OC = 1031;
-  auto x = randn_f(size_t(N) * C, 4), w = randn_f(size_t(OC) * C, 5), b = randn_f(OC, 6), dy = randn_f(size_t(N) * OC, 7);
-  std::vector<float> y(size_t(N) * OC, NAN);  // poisoned: every element must be written
-  ul::cpu::linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
-  std::vector<float> ref(size_t(N) * OC);
-  for (int n = 0; n < N; n++)
-    for (int o = 0; o < OC; o++) {
-      double s = b[o];
-      for (int c = 0; c < C; c++) s += double(x[size_t(n) * C + c]) * w[size_t(o) * C + c];
-      ref[size_t(n) * OC + o] = float(s);
-    }
-  CHECK(max_abs_diff(y.data(), ref.data(), y.size()) < 1e-4 * max_abs(ref.data(), ref.size()));
+  // not a multiple of 16 for OC and C); the wide shapes cross the 4096-column chunks the CPU GEMM
+  // multiplies a block in (forward's y for OC = 9001, the backward's dx and dw for C = 8209).
+  for (auto [N, C, OC] : {std::tuple{67, 131, 1031}, std::tuple{5, 37, 9001}, std::tuple{3, 8209, 5}}) {
+    SECTION(std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC)) {
+      auto x = randn_f(size_t(N) * C, 4), w = randn_f(size_t(OC) * C, 5), b = randn_f(OC, 6), dy = randn_f(size_t(N) * OC, 7);
+      std::vector<float> y(size_t(N) * OC, NAN);  // poisoned: every element must be written
+      ul::cpu::linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+      std::vector<float> ref(size_t(N) * OC);
+      for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+          double s = b[o];
+          for (int c = 0; c < C; c++) s += double(x[size_t(n) * C + c]) * w[size_t(o) * C + c];
+          ref[size_t(n) * OC + o] = float(s);
+        }
+      CHECK(max_abs_diff(y.data(), ref.data(), y.size()) < 1e-4 * max_abs(ref.data(), ref.size()));
 
-  // Gradients start non-zero: the backward must add, not overwrite.
-  std::vector<float> dx(size_t(N) * C, 1.f), dw(size_t(OC) * C, 1.f), db(OC, 1.f);
-  ul::cpu::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
-  std::vector<float> rdx(dx.size()), rdw(dw.size()), rdb(db.size());
-  for (int n = 0; n < N; n++)
-    for (int c = 0; c < C; c++) {
-      double s = 1;
-      for (int o = 0; o < OC; o++) s += double(dy[size_t(n) * OC + o]) * w[size_t(o) * C + c];
-      rdx[size_t(n) * C + c] = float(s);
-    }
-  for (int o = 0; o < OC; o++) {
-    double sb = 1;
-    for (int n = 0; n < N; n++) sb += dy[size_t(n) * OC + o];
-    rdb[o] = float(sb);
-    for (int c = 0; c < C; c++) {
-      double s = 1;
-      for (int n = 0; n < N; n++) s += double(dy[size_t(n) * OC + o]) * x[size_t(n) * C + c];
-      rdw[size_t(o) * C + c] = float(s);
+      // Gradients start non-zero: the backward must add, not overwrite.
+      std::vector<float> dx(size_t(N) * C, 1.f), dw(size_t(OC) * C, 1.f), db(OC, 1.f);
+      ul::cpu::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+      std::vector<float> rdx(dx.size()), rdw(dw.size()), rdb(db.size());
+      for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+          double s = 1;
+          for (int o = 0; o < OC; o++) s += double(dy[size_t(n) * OC + o]) * w[size_t(o) * C + c];
+          rdx[size_t(n) * C + c] = float(s);
+        }
+      for (int o = 0; o < OC; o++) {
+        double sb = 1;
+        for (int n = 0; n < N; n++) sb += dy[size_t(n) * OC + o];
+        rdb[o] = float(sb);
+        for (int c = 0; c < C; c++) {
+          double s = 1;
+          for (int n = 0; n < N; n++) s += double(dy[size_t(n) * OC + o]) * x[size_t(n) * C + c];
+          rdw[size_t(o) * C + c] = float(s);
+        }
+      }
+      CHECK(max_abs_diff(dx.data(), rdx.data(), dx.size()) < 1e-4 * max_abs(rdx.data(), rdx.size()));
+      CHECK(max_abs_diff(dw.data(), rdw.data(), dw.size()) < 1e-4 * max_abs(rdw.data(), rdw.size()));
+      CHECK(max_abs_diff(db.data(), rdb.data(), db.size()) < 1e-4 * max_abs(rdb.data(), rdb.size()));
     }
   }
-  CHECK(max_abs_diff(dx.data(), rdx.data(), dx.size()) < 1e-4 * max_abs(rdx.data(), rdx.size()));
-  CHECK(max_abs_diff(dw.data(), rdw.data(), dw.size()) < 1e-4 * max_abs(rdw.data(), rdw.size()));
-  CHECK(max_abs_diff(db.data(), rdb.data(), db.size()) < 1e-4 * max_abs(rdb.data(), rdb.size()));
 }
 
 TEST_CASE("linear op: (B, T, C) input, backward accumulates only the wanted gradients", "[linear]") {
