@@ -10,6 +10,7 @@
 //   ./build/bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,4096] [--dims 64,128]
 //                           [--doc-len N] [--query-rows 64|128]
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/guarded_main.h"
 #include "engine/context.h"
 #include "engine/device.h"
@@ -29,14 +31,6 @@
 
 using namespace ul;
 
-static std::vector<int> ints(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ',')) v.push_back(std::atoi(x.c_str()));
-  return v;
-}
-
 static uint16_t to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -45,21 +39,19 @@ static uint16_t to_bf16(float f) {
 }
 
 static int run(int argc, char** argv) {
-  std::string device = "cpu", dtype = "f32";
-  int H = 16, reps = 3, doc_len = 0, query_rows = 64;
-  bool rows_given = false;
-  std::vector<int> seqs = {1024, 2048}, dims = {64};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
-    if (a == "--device") device = v;
-    else if (a == "--dtype") dtype = v;
-    else if (a == "--heads") H = std::atoi(v.c_str());
-    else if (a == "--seqs") seqs = ints(v);
-    else if (a == "--dims") dims = ints(v);
-    else if (a == "--reps") reps = std::atoi(v.c_str());
-    else if (a == "--doc-len") doc_len = std::atoi(v.c_str());
-    else if (a == "--query-rows") query_rows = std::atoi(v.c_str()), rows_given = true;
-    else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
+  BenchArgs args(argc, argv,
+                 "usage: bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,2048]\n"
+                 "                       [--dims 64] [--reps 3] [--doc-len N] [--query-rows 64|128]");
+  const std::string device = args.text("--device", "cpu"), dtype = args.text("--dtype", "f32");
+  const int H = int(args.integer("--heads", 16, 1, INT_MAX)), reps = int(args.integer("--reps", 3, 1, INT_MAX));
+  const int doc_len = int(args.integer("--doc-len", 0, 0, INT_MAX));  // 0: no document mask
+  const bool rows_given = args.given("--query-rows");
+  const int query_rows = int(args.integer("--query-rows", 64));
+  const std::vector<int> seqs = args.ints("--seqs", {1024, 2048}, 1), dims = args.ints("--dims", {64}, 1);
+  args.done();
+  if ((device != "cpu" && device != "cuda") || (dtype != "f32" && dtype != "bf16")) {
+    std::fprintf(stderr, "--device is cpu or cuda, --dtype f32 or bf16 (got %s, %s)\n", device.c_str(), dtype.c_str());
+    return 2;
   }
   if (rows_given && device != "cuda") {
     std::fprintf(stderr, "--query-rows picks the CUDA kernels' blocks: it needs --device cuda\n");
@@ -77,10 +69,6 @@ static int run(int argc, char** argv) {
 #endif
   }
   const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
-  if (doc_len < 0) {
-    std::fprintf(stderr, "--doc-len must be >= 0 (0: no document mask)\n");
-    return 2;
-  }
   std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s %6s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms",
               "TFLOP/s", "doc-len", "rows");
   for (int D : dims)

@@ -2,7 +2,7 @@
 // with B = 4, T = 64 (N = 256 rows, C = 768), as GFLOP/s and as a ratio to Eigen's peak on a large
 // square product measured in the same run. Each row is the best of several runs: the machine may be
 // shared, and the best run is the one least disturbed.
-//   bench_gemm [reps]
+//   bench_gemm [--reps 5]
 
 // GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/gemm_peak.h"
 #include "layers/classifier.h"
 #include "layers/linear.h"
@@ -101,7 +102,9 @@ void bench_classifier(int N, int C, int V, int chunk_rows, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  BenchArgs args(argc, argv, "usage: bench_gemm [--reps 5]");
+  const int reps = int(args.integer("--reps", 5, 1));
+  args.done();
   omp_set_num_threads(omp_get_num_procs());
   const int N = 256, C = 768, V = 50257;
   g_peak = eigen_gemm_peak_gflops(2048, reps);

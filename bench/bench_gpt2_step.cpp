@@ -11,12 +11,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/gemm_peak.h"
 #include "bench/guarded_main.h"
 #include "engine/context.h"
@@ -44,26 +46,15 @@ void print_profile(Step&& step) {
 #endif
 
 static int run(int argc, char** argv) {
-  int steps = 5, B = 4, T = 64, threads = 0;
-  std::string model = "gpt2-124M", device = "cpu", precision;
-  bool profile = false;
-  for (int i = 1; i < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--profile") {
-      profile = true;
-      i--;  // a flag without a value
-      continue;
-    }
-    if (i + 1 == argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); return 2; }
-    if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (a == "--batch") B = std::atoi(argv[i + 1]);
-    else if (a == "--seq") T = std::atoi(argv[i + 1]);
-    else if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--model") model = argv[i + 1];
-    else if (a == "--device") device = argv[i + 1];
-    else if (a == "--precision") precision = argv[i + 1];
-    else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
-  }
+  BenchArgs args(argc, argv,
+                 "usage: bench_gpt2_step [--steps 5] [--threads N] [--model gpt2-124M] [--batch 4] [--seq 64]\n"
+                 "                       [--device cpu|cuda] [--precision fp32|bf16] [--profile]");
+  const int steps = int(args.integer("--steps", 5, 1, INT_MAX)), B = int(args.integer("--batch", 4, 1, INT_MAX));
+  const int T = int(args.integer("--seq", 64, 1, INT_MAX)), threads = int(args.integer("--threads", 0, 0, 4096));
+  const std::string model = args.text("--model", "gpt2-124M"), device = args.text("--device", "cpu");
+  const std::string precision = args.text("--precision", "");
+  const bool profile = args.flag("--profile");
+  args.done();
   if (threads > 0) omp_set_num_threads(threads);
   Options o;
   o.model = model;

@@ -8,6 +8,7 @@
 //   ./build-cuda/bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]
 //                              [--params 124475904] [--reps 20]
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #if ULYSSES_HAVE_CUDA
+#include "bench/bench_args.h"
 #include "bench/guarded_main.h"
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
@@ -75,28 +77,16 @@ double best_ms(int reps, const std::function<void()>& f) {
   return best;
 }
 
-long long flag(int argc, char** argv, const char* name, long long def) {
-  for (int i = 1; i + 1 < argc; i++)
-    if (std::string(argv[i]) == name) return std::atoll(argv[i + 1]);
-  return def;
-}
-
 int run(int argc, char** argv) {
-  for (int i = 1; i < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a != "--rows" && a != "--dim" && a != "--vocab" && a != "--chunk-rows" && a != "--params" && a != "--reps") {
-      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
-  const int N = int(flag(argc, argv, "--rows", 32768)), C = int(flag(argc, argv, "--dim", 768));
-  const int V = int(flag(argc, argv, "--vocab", 50257)), R = int(flag(argc, argv, "--chunk-rows", 1280));
-  const size_t P = size_t(flag(argc, argv, "--params", 124475904));
-  const int reps = int(flag(argc, argv, "--reps", 20));
-  if (N < 1 || C < 1 || V < 1 || R < 1 || P < 1 || reps < 1) {
-    std::fprintf(stderr, "--rows, --dim, --vocab, --chunk-rows, --params and --reps must be >= 1\n");
-    return 2;
-  }
+  BenchArgs args(argc, argv,
+                 "usage: bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]\n"
+                 "                     [--params 124475904] [--reps 20]");
+  const int N = int(args.integer("--rows", 32768, 1, INT_MAX)), C = int(args.integer("--dim", 768, 1, INT_MAX));
+  const int V = int(args.integer("--vocab", 50257, 1, INT_MAX));
+  const int R = int(args.integer("--chunk-rows", 1280, 1, INT_MAX));
+  const size_t P = size_t(args.integer("--params", 124475904, 1));
+  const int reps = int(args.integer("--reps", 20, 1, INT_MAX));
+  args.done();
   ul::init_cuda_backend();
   const size_t NC = size_t(N) * C, F = 4 * NC;  // F: the MLP's hidden activations (N, 4C)
   std::printf("kernels at rows %d, dim %d, vocab %d (chunks of %d rows), %zu parameters; best of %d\n", N, C, V, R, P,

@@ -7,11 +7,12 @@
 // The planner walks the same allocations as the run (held byte-exact to the arena by
 // tests/cpu/test_memory_features.cpp and, for the CUDA backend, tests/emu/test_memory_cuda.cpp);
 // it allocates nothing, so this runs in a second.
-//   ./build/bench_long_context [memory per host, e.g. 24G]
+//   ./build/bench_long_context [--memory 24G]   (memory per host)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "bench/bench_args.h"
 #include "engine/options.h"
 #include "engine/planner.h"
 
@@ -42,7 +43,9 @@ double gib(double b) { return b / (1024.0 * 1024 * 1024); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double host = argc > 1 ? std::atof(argv[1]) * 1024.0 * 1024 * 1024 : 24.0 * 1024 * 1024 * 1024;
+  BenchArgs args(argc, argv, "usage: bench_long_context [--memory 24G]   (memory per host, K/M/G/T binary units)");
+  const double host = args.bytes("--memory", 24.0 * 1024 * 1024 * 1024);
+  args.done();
   const char* models[] = {"gpt2-124M", "llama-1B"};
 
   std::printf("## activation memory per rank at T = 16384 (cpu, f32, batch 1)\n");

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "engine/options.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
@@ -92,33 +94,22 @@ bool run_child(const Config& c, int sp, const char* self, Result& out) {
   return pclose(p) == 0 && ok;
 }
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  std::stringstream in(s);
-  for (std::string x; std::getline(in, x, ',');) v.push_back(std::atoi(x.c_str()));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Config c;
-  int child_sp = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string f = argv[i];
-    const char* v = argv[i + 1];
-    if (f == "--seq") c.seq = std::atoi(v);
-    else if (f == "--dim") c.dim = std::atoi(v);
-    else if (f == "--layers") c.layers = std::atoi(v);
-    else if (f == "--heads") c.heads = std::atoi(v);
-    else if (f == "--batch") c.batch = std::atoi(v);
-    else if (f == "--sp") c.sps = parse_list(v);
-    else if (f == "--child") child_sp = std::atoi(v);
-    else {
-      std::fprintf(stderr, "bench_sp_scaling: unknown flag %s\n", f.c_str());
-      return 2;
-    }
-  }
+  BenchArgs args(argc, argv,
+                 "usage: bench_sp_scaling [--seq " + std::to_string(c.seq) + "] [--dim " + std::to_string(c.dim) +
+                     "] [--layers " + std::to_string(c.layers) + "] [--heads " + std::to_string(c.heads) +
+                     "] [--batch " + std::to_string(c.batch) + "] [--sp 1,2,4]");
+  c.seq = int(args.integer("--seq", c.seq, 1, INT_MAX));
+  c.dim = int(args.integer("--dim", c.dim, 1, INT_MAX));
+  c.layers = int(args.integer("--layers", c.layers, 1, INT_MAX));
+  c.heads = int(args.integer("--heads", c.heads, 1, INT_MAX));
+  c.batch = int(args.integer("--batch", c.batch, 1, INT_MAX));
+  c.sps = args.ints("--sp", c.sps, 1);
+  const int child_sp = int(args.integer("--child", 0, 1, INT_MAX));  // internal: one configuration, for the parent
+  args.done();
   try {
     if (child_sp > 0) return child(c, child_sp);
   } catch (const std::exception& e) {

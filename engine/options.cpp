@@ -96,8 +96,6 @@ bool Options::set_by_user(const std::string& flag) const {
   return std::find(given.begin(), given.end(), flag) != given.end();
 }
 
-namespace {
-
 long parse_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   errno = 0;
@@ -107,13 +105,6 @@ long parse_int(const std::string& flag, const std::string& v) {
   return x;
 }
 
-// An int flag: the value must fit (a cast would wrap 4294967297 to 1).
-int parse_int32(const std::string& flag, const std::string& v) {
-  const long x = parse_int(flag, v);
-  if (x < INT_MIN || x > INT_MAX) throw std::runtime_error(flag + ": " + v + " is out of range");
-  return int(x);
-}
-
 double parse_float(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
@@ -121,7 +112,6 @@ double parse_float(const std::string& flag, const std::string& v) {
   return x;
 }
 
-// "24G", "512M", "1.5T", "1000000": bytes, binary units (K = 1024).
 double parse_bytes(const std::string& flag, const std::string& v) {
   std::string num = v;
   double unit = 1;
@@ -133,6 +123,15 @@ double parse_bytes(const std::string& flag, const std::string& v) {
   double x = parse_float(flag, num) * unit;
   if (!(x > 0)) throw std::runtime_error(flag + ": expected a positive size like 24G, got '" + v + "'");
   return x;
+}
+
+namespace {
+
+// An int flag: the value must fit (a cast would wrap 4294967297 to 1).
+int parse_int32(const std::string& flag, const std::string& v) {
+  const long x = parse_int(flag, v);
+  if (x < INT_MIN || x > INT_MAX) throw std::runtime_error(flag + ": " + v + " is out of range");
+  return int(x);
 }
 
 }  // namespace

@@ -62,6 +62,13 @@ struct Options {
 Options parse_options(int argc, char** argv);
 const char* usage();
 
+// The value parsers behind the flags (the benchmarks' too, bench/bench_args.h): the whole value
+// must parse, else std::runtime_error naming the flag. parse_bytes reads "24G", "512M", "1.5T",
+// "1000000" (binary units, K = 1024) and wants a positive size.
+long parse_int(const std::string& flag, const std::string& v);
+double parse_float(const std::string& flag, const std::string& v);
+double parse_bytes(const std::string& flag, const std::string& v);
+
 // The device of --device (registering the CUDA backend first when it is cuda), and the parameters'
 // dtype of --precision (bf16 or f32).
 Device run_device(const Options& o);
