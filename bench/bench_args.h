@@ -4,7 +4,7 @@
 // a switch given a value, or a number that does not parse whole is an error naming the flag, with
 // the usage, and exit status 2, before anything is measured.
 //   BenchArgs args(argc, argv, "usage: bench_x [--reps 5] [--profile]");
-//   const int reps = int(args.integer("--reps", 5, 1));   // at least 1
+//   const int reps = args.positive("--reps", 5);   // an int >= 1
 //   const bool profile = args.flag("--profile");
 //   args.done();  // after the last read: unknown flags are errors
 #pragma once
@@ -63,6 +63,7 @@ class BenchArgs {
     Arg* a = find(name);
     return a ? in_range(name, parsed(ul::parse_int, name, value(*a)), lo, hi) : def;
   }
+  int positive(const char* name, int def) { return int(integer(name, def, 1, INT_MAX)); }  // a count, >= 1
   double bytes(const char* name, double def) {  // "24G", "512M", ...
     Arg* a = find(name);
     return a ? parsed(ul::parse_bytes, name, value(*a)) : def;

@@ -43,7 +43,7 @@ static int run(int argc, char** argv) {
                  "usage: bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,2048]\n"
                  "                       [--dims 64] [--reps 3] [--doc-len N] [--query-rows 64|128]");
   const std::string device = args.text("--device", "cpu"), dtype = args.text("--dtype", "f32");
-  const int H = int(args.integer("--heads", 16, 1, INT_MAX)), reps = int(args.integer("--reps", 3, 1, INT_MAX));
+  const int H = args.positive("--heads", 16), reps = args.positive("--reps", 3);
   const int doc_len = int(args.integer("--doc-len", 0, 0, INT_MAX));  // 0: no document mask
   const bool rows_given = args.given("--query-rows");
   const int query_rows = int(args.integer("--query-rows", 64));

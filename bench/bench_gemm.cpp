@@ -103,7 +103,7 @@ void bench_classifier(int N, int C, int V, int chunk_rows, int reps) {
 
 int main(int argc, char** argv) {
   BenchArgs args(argc, argv, "usage: bench_gemm [--reps 5]");
-  const int reps = int(args.integer("--reps", 5, 1));
+  const int reps = args.positive("--reps", 5);
   args.done();
   omp_set_num_threads(omp_get_num_procs());
   const int N = 256, C = 768, V = 50257;

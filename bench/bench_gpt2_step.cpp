@@ -11,7 +11,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -49,8 +48,8 @@ static int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_gpt2_step [--steps 5] [--threads N] [--model gpt2-124M] [--batch 4] [--seq 64]\n"
                  "                       [--device cpu|cuda] [--precision fp32|bf16] [--profile]");
-  const int steps = int(args.integer("--steps", 5, 1, INT_MAX)), B = int(args.integer("--batch", 4, 1, INT_MAX));
-  const int T = int(args.integer("--seq", 64, 1, INT_MAX)), threads = int(args.integer("--threads", 0, 0, 4096));
+  const int steps = args.positive("--steps", 5), B = args.positive("--batch", 4);
+  const int T = args.positive("--seq", 64), threads = int(args.integer("--threads", 0, 0, 4096));
   const std::string model = args.text("--model", "gpt2-124M"), device = args.text("--device", "cpu");
   const std::string precision = args.text("--precision", "");
   const bool profile = args.flag("--profile");

@@ -8,7 +8,6 @@
 //   ./build-cuda/bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]
 //                              [--params 124475904] [--reps 20]
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -81,11 +80,10 @@ int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]\n"
                  "                     [--params 124475904] [--reps 20]");
-  const int N = int(args.integer("--rows", 32768, 1, INT_MAX)), C = int(args.integer("--dim", 768, 1, INT_MAX));
-  const int V = int(args.integer("--vocab", 50257, 1, INT_MAX));
-  const int R = int(args.integer("--chunk-rows", 1280, 1, INT_MAX));
+  const int N = args.positive("--rows", 32768), C = args.positive("--dim", 768);
+  const int V = args.positive("--vocab", 50257), R = args.positive("--chunk-rows", 1280);
   const size_t P = size_t(args.integer("--params", 124475904, 1));
-  const int reps = int(args.integer("--reps", 20, 1, INT_MAX));
+  const int reps = args.positive("--reps", 20);
   args.done();
   ul::init_cuda_backend();
   const size_t NC = size_t(N) * C, F = 4 * NC;  // F: the MLP's hidden activations (N, 4C)

@@ -13,7 +13,6 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -102,13 +101,13 @@ int main(int argc, char** argv) {
                  "usage: bench_sp_scaling [--seq " + std::to_string(c.seq) + "] [--dim " + std::to_string(c.dim) +
                      "] [--layers " + std::to_string(c.layers) + "] [--heads " + std::to_string(c.heads) +
                      "] [--batch " + std::to_string(c.batch) + "] [--sp 1,2,4]");
-  c.seq = int(args.integer("--seq", c.seq, 1, INT_MAX));
-  c.dim = int(args.integer("--dim", c.dim, 1, INT_MAX));
-  c.layers = int(args.integer("--layers", c.layers, 1, INT_MAX));
-  c.heads = int(args.integer("--heads", c.heads, 1, INT_MAX));
-  c.batch = int(args.integer("--batch", c.batch, 1, INT_MAX));
+  c.seq = args.positive("--seq", c.seq);
+  c.dim = args.positive("--dim", c.dim);
+  c.layers = args.positive("--layers", c.layers);
+  c.heads = args.positive("--heads", c.heads);
+  c.batch = args.positive("--batch", c.batch);
   c.sps = args.ints("--sp", c.sps, 1);
-  const int child_sp = int(args.integer("--child", 0, 1, INT_MAX));  // internal: one configuration, for the parent
+  const int child_sp = args.positive("--child", 0);  // internal: one configuration, for the parent
   args.done();
   try {
     if (child_sp > 0) return child(c, child_sp);
