@@ -33,7 +33,7 @@ PlanConfig config(const char* model, int T, int sp, int world, bool rc, int chun
   c.batch = 1, c.seq = T, c.sp = sp, c.world = world;
   c.recompute = rc, c.mlp_chunks = chunks, c.zero = zero, c.device = d, c.offload = offload;
   c.dtype = d == Device::cuda ? DType::bf16 : DType::f32;
-  c.local_comm = false;  // mpirun / NCCL: no copy of the gradient buffer
+  c.local_comm = false;  // mpirun / NCCL: no slice of the gradient kept by the communicator
   if (!c.model.is_llama() && c.model.max_seq < T) c.model.max_seq = T;
   return c;
 }

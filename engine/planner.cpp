@@ -213,7 +213,8 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   p.transient = p.arena_peak - p.kept;
   // Outside the arena: the CPU attention backward's row sums; cuBLASLt's workspace on cuda.
   p.workspace = cuda ? scratch::kCublasLtWorkspace : size_t(c.batch) * w.Hql * c.seq * 4;
-  if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? n * 4 : 0;
+  // ZeRO's shard buffer; the local communicator's all-reduce keeps one rank's slice of the gradient.
+  if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? ((n + world - 1) / world) * 4 : 0;
   if (c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
 
@@ -309,7 +310,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("kept activations   ", p.kept, "alive when backward starts (arena)");
   row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
-  row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : c.world > 1 && c.local_comm ? "local all-reduce copy" : "");
+  row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : c.world > 1 && c.local_comm ? "local all-reduce slice" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
   if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
   s << "plan | bytes sent per step by this rank:";

@@ -32,7 +32,7 @@ struct PlanConfig {
   int zero = 0;
   Device device = Device::cpu;
   DType dtype = DType::f32;                   // parameters and activations (bf16: --precision bf16 on cuda)
-  bool local_comm = true;                     // the local communicator copies an all-reduce's buffer
+  bool local_comm = true;                     // the local communicator keeps a slice of the all-reduce
   int64_t valid_rows = -1;                    // rows with a valid target (sizes the classifier chunk); -1: all
 };
 
@@ -43,7 +43,7 @@ struct MemoryPlan {
   size_t arena_peak = 0; // arena high-water of the step: kept + activation gradients + transients
   size_t transient = 0;  // arena_peak - kept
   size_t workspace = 0;  // heap scratch outside the arena (CPU attention backward)
-  size_t comm = 0;       // communication buffers (local all-reduce copy, ZeRO shard buffer)
+  size_t comm = 0;       // communication buffers (local all-reduce slice, ZeRO shard buffer)
   size_t total = 0;
   size_t pinned_host = 0;  // --offload: the block inputs in pinned host memory (not in total)
   // bytes this rank sends per step, by collective

@@ -92,16 +92,29 @@ class LocalComm : public Comm {
   // and on the emulated device too, so that CI runs this path) go through host copies, in before
   // the rendezvous and out after it. All ranks share the process's one GPU and its legacy default
   // stream, so a copy is ordered after every kernel that wrote the buffer.
+  // Two exchanges: each rank reduces one slice of every rank's buffer into its own scratch (the
+  // same elements in the same rank order as a whole-buffer reduction, so every rank gets the same
+  // bits), then copies every rank's reduced slice into its buffer. The buffers are only read in the
+  // first and only written in the second, so no rank needs a copy of its input, and each reduces
+  // 1/P of the elements instead of all of them. The scratch (one slice) is kept between calls: a
+  // gradient-sized allocation per step would map and fault in fresh pages every time.
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
     stats.all_reduce += comm_volume::all_reduce(count, t, size());
-    const size_t bytes = count * dtype_size(t);
-    Staged out(device_, buf, bytes, true);
-    // The others read this copy while buf is overwritten with the result.
-    const char* in = static_cast<const char*>(out.host());
-    std::vector<char> mine(in, in + bytes);
-    exchange({"all_reduce", count, t, int(op), 0, mine.data(), out.host()},
-             [&] { reduce_many(out.host(), sends().data(), size(), count, t, op); });
-    out.copy_out();
+    const size_t es = dtype_size(t), P = size_t(size());
+    auto lo = [&](size_t r) { return count * r / P; };  // rank r's slice: [lo(r), lo(r + 1))
+    const size_t mine = lo(rank_ + 1) - lo(rank_);
+    if (slice_.size() < mine * es) slice_.resize(mine * es);
+    Staged io(device_, buf, count * es, true);
+    char* host = static_cast<char*>(io.host());
+    exchange({"all_reduce", count, t, int(op), 0, host, slice_.data()}, [&] {
+      std::vector<const void*> src = sends();
+      for (auto& p : src) p = static_cast<const char*>(p) + lo(rank_) * es;
+      reduce_many(slice_.data(), src.data(), int(P), mine, t, op);
+    });
+    exchange({"all_reduce (gather)", count, t, int(op), 0, slice_.data(), host}, [&] {
+      for (size_t j = 0; j < P; j++) copy(host + lo(j) * es, g_->posts[j].send, (lo(j + 1) - lo(j)) * es);
+    });
+    io.copy_out();
   }
 
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
@@ -276,6 +289,7 @@ class LocalComm : public Comm {
   std::shared_ptr<World> w_;
   std::shared_ptr<Group> g_;
   int rank_;
+  std::vector<char> slice_;  // all_reduce: this rank's reduced slice, kept between calls
 };
 
 }  // namespace

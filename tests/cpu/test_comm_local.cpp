@@ -4,6 +4,7 @@
 // Catch2 assertions are not thread-safe, so rank threads only record what they saw; the checks run
 // on the main thread after run_local returns.
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -64,6 +65,31 @@ TEST_CASE("local all_reduce: sum and max at P = 1..4, every dtype, counts 0, 1, 
             }
           }
         }
+}
+
+TEST_CASE("local all_reduce of rounding floats: every rank gets the rank-order sum, bit for bit", "[comm][local]") {
+  // Each rank reduces a slice and the slices are gathered: the sum must still be x0 + x1 + x2 in that
+  // order for every element (floats that round differently in another order), the same on all ranks.
+  const int P = 3;
+  const size_t n = 1001;  // slices of 333, 333 and 335 elements
+  auto x = [](int r, size_t i) { return float(std::sin(double(r * 7919 + i) * 0.37) * std::pow(10.0, double(i % 7) - 3)); };
+  Rows got(P);
+  run_local(P, [&](Comm& c) {
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; i++) buf[i] = x(c.rank(), i);
+    c.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum);
+    got[c.rank()].assign(buf.begin(), buf.end());
+  });
+  int reordered = 0;  // elements where another order gives other bits: the check below can fail
+  for (size_t i = 0; i < n; i++) {
+    const float want = (x(0, i) + x(1, i)) + x(2, i);
+    reordered += want != (x(2, i) + x(1, i)) + x(0, i);
+    for (int r = 0; r < P; r++) {
+      INFO("rank " << r << " element " << i);
+      CHECK(float(got[r][i]) == want);
+    }
+  }
+  CHECK(reordered > 50);
 }
 
 TEST_CASE("local all_to_all, all_gather, reduce_scatter, broadcast at P = 1..4", "[comm][local]") {
