@@ -7,8 +7,7 @@
 // causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
 // --query-rows 64|128 picks the bf16 CUDA kernels' query rows per block (forward and dq pass;
 // layers/attention.h); the last column says which ran.
-//   ./build/bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,4096] [--dims 64,128]
-//                           [--doc-len N] [--query-rows 64|128]
+//   ./build/bench_attention --help   prints the flags and their defaults (the usage string below is the one list)
 #include <chrono>
 #include <climits>
 #include <cstdio>

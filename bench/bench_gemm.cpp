@@ -2,7 +2,7 @@
 // with B = 4, T = 64 (N = 256 rows, C = 768), as GFLOP/s and as a ratio to Eigen's peak on a large
 // square product measured in the same run. Each row is the best of several runs: the machine may be
 // shared, and the best run is the one least disturbed.
-//   bench_gemm [--reps 5]
+//   ./build/bench_gemm --help   prints the flags and their defaults (the usage string below is the one list)
 
 // GCC 12 reports false "may be used uninitialized" warnings inside Eigen's AVX-512 packet code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

@@ -3,8 +3,7 @@
 // them are GEMMs) and Eigen's GEMM peak measured in this same run, so the ratio is meaningful on
 // whatever machine runs it. Reference points on a 2-core machine: llm.c's CPU trainer ~8 s/step,
 // PyTorch CPU ~11.5 s/step (as given in the issue that set the target: <= 2.0 s).
-//   ./build/bench_gpt2_step [--steps N] [--threads N] [--model gpt2-124M] [--batch 4] [--seq 64]
-//                           [--device cpu|cuda] [--precision fp32|bf16] [--profile]
+//   ./build/bench_gpt2_step --help   prints the flags and their defaults (the usage string below is the one list)
 // On cuda it also prints tokens/s and MFU against the H100/H200 dense bf16 peak (989 TFLOP/s), and
 // with --profile one more step's GPU time per op (engine/gpu_profile.h): each kernel, each GEMM
 // shape with its TFLOP/s, each memset and copy, the longest first.

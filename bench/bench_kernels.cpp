@@ -5,8 +5,7 @@
 // moving more bytes than it must (re-reads, narrow or uncoalesced accesses) or with too little in
 // flight. Defaults: GPT-2 124M at B = 32, T = 1024 in bf16. Last, the classifier's GEMMs at 1, 2
 // and 4 times the chunk's rows (TFLOP/s), which is what a larger chunk would buy.
-//   ./build-cuda/bench_kernels [--rows 32768] [--dim 768] [--vocab 50257] [--chunk-rows 1280]
-//                              [--params 124475904] [--reps 20]
+//   ./build-cuda/bench_kernels --help   prints the flags and their defaults (the usage string below is the one list)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -7,7 +7,7 @@
 // The planner walks the same allocations as the run (held byte-exact to the arena by
 // tests/cpu/test_memory_features.cpp and, for the CUDA backend, tests/emu/test_memory_cuda.cpp);
 // it allocates nothing, so this runs in a second.
-//   ./build/bench_long_context [--memory 24G]   (memory per host)
+//   ./build/bench_long_context --help   prints the flags and their defaults (the usage string below is the one list)
 #include <cstdio>
 #include <cstdlib>
 #include <string>

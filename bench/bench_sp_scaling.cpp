@@ -8,7 +8,7 @@
 //   - all-reduce bytes per rank per step (the gradient and two scalars, ring accounting);
 //   - step time (the second step; the first warms up), one OpenMP thread per rank.
 // Ratios are against the sp = 1 run.
-//   bench_sp_scaling [--seq T] [--dim C] [--layers L] [--heads H] [--batch B] [--sp 1,2,4]
+//   ./build/bench_sp_scaling --help   prints the flags and their defaults (the usage string below is the one list)
 #include <unistd.h>
 #include <sys/wait.h>
 
