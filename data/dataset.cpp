@@ -58,6 +58,8 @@ RecallConfig recall_config(const std::string& spec, const std::string& list) {
     if (k == "values") c.num_values = n;
   }
   require(c.pairs >= 1 && c.num_keys >= 1 && c.num_values >= 2, spec, "pairs, keys >= 1 and values >= 2");
+  require(c.pairs <= c.num_keys, spec,
+          "pairs " + std::to_string(c.pairs) + " > keys " + std::to_string(c.num_keys) + " (each pair has its own key)");
   require(c.gap >= -1 && c.queries >= -1, spec, "gap and queries are >= 0 (or -1: fill)");
   return c;
 }

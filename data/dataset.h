@@ -22,6 +22,8 @@ class Dataset {
   // The id that starts each document in the token stream (--doc-mask's default --eot), -1: none known.
   virtual int32_t eot() const { return -1; }
   virtual std::string describe() const = 0;         // one line for the log
+  // For a task that fits itself to the length: what a sequence of length T holds ("" otherwise).
+  virtual std::string layout(int) const { return ""; }
 };
 
 // spec: "recall" | "passkey" | "text:FILE" | "shards:GLOB".

@@ -28,21 +28,43 @@ void emit(const std::vector<int32_t>& s, const std::vector<char>& scored, int T,
 
 RecallDataset::RecallDataset(Split split, uint64_t seed, RecallConfig cfg)
     : split_(split), seed_(seed), cfg_(cfg) {
-  if (cfg_.num_keys < 1 || cfg_.num_values < 2 || cfg_.pairs < 1)
-    throw std::runtime_error("recall: need num_keys >= 1, num_values >= 2, pairs >= 1 (got " +
+  if (cfg_.num_keys < 1 || cfg_.num_values < 2 || cfg_.pairs < 1 || cfg_.pairs > cfg_.num_keys)
+    throw std::runtime_error("recall: need num_keys >= 1, num_values >= 2, 1 <= pairs <= num_keys (got " +
                              std::to_string(cfg_.num_keys) + ", " + std::to_string(cfg_.num_values) +
                              ", " + std::to_string(cfg_.pairs) + ")");
 }
 
-int RecallDataset::pairs_at(int T) const {
-  // T+1 tokens hold BOS + 2P (pairs) + QUERY + 2P (queries) at the least.
-  int fit = (T + 1 - 2) / 4;
-  return std::min({cfg_.pairs, cfg_.num_keys, fit});
+RecallDataset::Layout RecallDataset::layout_at(int T) const {
+  // T+1 tokens: BOS, 2P (pairs), the gap, QUERY, 2Q (queries).
+  const int L = T + 1;
+  Layout l;
+  l.pairs = std::min(cfg_.pairs, (L - 2) / 4);  // room for the pairs and one round of queries
+  if (l.pairs < 1) throw std::runtime_error("recall: sequence length " + std::to_string(T) + " is too short (need T >= 5)");
+  const int room = L - (1 + 2 * l.pairs) - 1;  // after the pairs and the QUERY marker
+  l.gap = cfg_.gap < 0 ? 0 : std::min(cfg_.gap, room - 2 * l.pairs);
+  l.queries = (room - l.gap) / 2;  // queries = -1: as many as fit
+  if (cfg_.queries > 0) l.queries = std::max(l.pairs, std::min(cfg_.queries, l.queries));
+  if (cfg_.gap < 0) l.gap = room - 2 * l.queries;  // all spare room before the queries: they end the sequence
+  return l;
+}
+
+std::string RecallDataset::layout(int T) const {
+  const Layout l = layout_at(T);
+  std::string s = "at T = " + std::to_string(T) + ": " + std::to_string(l.pairs) + " pairs, gap " +
+                  std::to_string(l.gap) + ", " + std::to_string(l.queries) + " queries";
+  // Say what the length, not the settings, decided: the log must not claim a task it is not running.
+  std::string clipped;
+  auto note = [&](const std::string& what) { clipped += (clipped.empty() ? "" : ", ") + what; };
+  if (l.pairs < cfg_.pairs) note("pairs=" + std::to_string(cfg_.pairs) + " clipped to fit T");
+  if (cfg_.gap >= 0 && l.gap < cfg_.gap) note("gap=" + std::to_string(cfg_.gap) + " clipped to fit T");
+  if (cfg_.queries > 0 && l.queries < cfg_.queries) note("queries=" + std::to_string(cfg_.queries) + " clipped to fit T");
+  if (cfg_.queries > 0 && l.queries > cfg_.queries) note("queries=" + std::to_string(cfg_.queries) + " raised to one round");
+  return clipped.empty() ? s : s + " (" + clipped + ")";
 }
 
 void RecallDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
-  const int P = pairs_at(T);
-  if (P < 1) throw std::runtime_error("recall: sequence length " + std::to_string(T) + " is too short (need T >= 5)");
+  const Layout l = layout_at(T);
+  const int P = l.pairs;
   DataRng rng(seed_, stream_id(1, split_), uint64_t(i));
   const int L = T + 1;
   std::vector<int32_t> s(L, FILL);
@@ -61,13 +83,9 @@ void RecallDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets
     s[pos++] = key_token(keys[k]);
     s[pos++] = value_token(vals[k]);
   }
-  // Room after the pairs: the QUERY marker, then the gap, then Q query/answer pairs.
-  const int room = L - pos - 1;
-  int gap = cfg_.gap < 0 ? 0 : std::min(cfg_.gap, room - 2 * P);
-  int Q = (room - gap) / 2;  // queries = -1: as many as fit
-  if (cfg_.queries > 0) Q = std::max(P, std::min(cfg_.queries, Q));
-  if (cfg_.gap < 0) gap = room - 2 * Q;  // all spare room before the queries: they end the sequence
-  pos += gap;
+  // After the pairs: the gap, the QUERY marker, then Q query/answer pairs.
+  const int Q = l.queries;
+  pos += l.gap;
   s[pos++] = QUERY;
   // Rounds of every key once, each round in a fresh random order: the first round can only be
   // answered from the pairs at the start; later rounds also from earlier queries.

@@ -32,7 +32,7 @@
 namespace ul {
 
 struct RecallConfig {
-  int num_keys = 32;    // key tokens; a sequence uses min(pairs, num_keys) distinct ones
+  int num_keys = 32;    // key tokens; each pair has its own, so pairs <= num_keys
   int num_values = 29;  // value tokens: chance accuracy is 1/num_values (defaults: vocab 64)
   int pairs = 16;       // key/value pairs at the start (fewer when T cannot hold them)
   int gap = 64;         // filler between the pairs and the queries (clipped to fit one round);
@@ -59,8 +59,14 @@ class RecallDataset : public Dataset {
   static constexpr int BOS = 0, FILL = 1, QUERY = 2;
   int key_token(int k) const { return 3 + k; }
   int value_token(int v) const { return 3 + cfg_.num_keys + v; }
-  // Pairs actually used at length T (the config, clipped so that pairs + queries fit).
-  int pairs_at(int T) const;
+  // What a sequence of length T holds: the config, clipped so that the pairs and one round of
+  // queries fit (pairs first, then the gap); queries is at least one round.
+  struct Layout {
+    int pairs, gap, queries;
+  };
+  Layout layout_at(int T) const;
+  int pairs_at(int T) const { return layout_at(T).pairs; }
+  std::string layout(int T) const override;
 
  private:
   Split split_;

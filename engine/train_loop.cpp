@@ -30,7 +30,8 @@ int train_rank(const Options& o, Comm& world) {
   Transformer& model = tr.model();
   const bool synthetic = tr.train_data().synthetic();
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
-  say("data    | %s\n", tr.train_data().describe().c_str());
+  const std::string layout = tr.train_data().layout(o.seq);
+  say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",

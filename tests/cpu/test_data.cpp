@@ -124,6 +124,28 @@ TEST_CASE("recall scores only the query keys, whose values sit far back", "[data
   CHECK(y[127] == -1);
 }
 
+TEST_CASE("recall's log line says what a sequence of length T holds, clipped or not", "[data]") {
+  ul::RecallDataset d(ul::Split::train, 3);  // 16 pairs, gap 64, queries fill the rest
+  CHECK(d.layout(256) == "at T = 256: 16 pairs, gap 64, 79 queries");
+  // T = 64 holds 15 pairs and a round of queries; the gap gets what is left.
+  CHECK(d.layout(64) == "at T = 64: 15 pairs, gap 3, 15 queries (pairs=16 clipped to fit T, gap=64 clipped to fit T)");
+  // The layout is the one sequence() writes: the QUERY marker after the pairs and the gap.
+  for (int T : {256, 64}) {
+    const ul::RecallDataset::Layout l = d.layout_at(T);
+    auto [x, y] = get(d, 0, T);
+    CHECK(x[1 + 2 * l.pairs + l.gap] == ul::RecallDataset::QUERY);
+    CHECK(std::count_if(y.begin(), y.end(), [](int32_t v) { return v >= 0; }) == l.queries);
+  }
+  ul::RecallConfig cfg;
+  cfg.queries = 3;  // fewer than one round: raised, and said
+  CHECK(ul::RecallDataset(ul::Split::train, 3, cfg).layout(256) ==
+        "at T = 256: 16 pairs, gap 64, 16 queries (queries=3 raised to one round)");
+  // More pairs than distinct keys can never be met: refused, naming both.
+  require_error([] { ul::open_dataset("recall:pairs=40", ul::Split::train, 0, 0); }, {"recall:pairs=40", "40", "keys 32"});
+  require_error([] { ul::open_dataset("recall:keys=8", ul::Split::train, 0, 0); }, {"recall:keys=8", "pairs 16", "keys 8"});
+  CHECK(ul::PasskeyDataset(ul::Split::train, 3).layout(256).empty());  // passkey refuses a short T instead
+}
+
 TEST_CASE("passkey scores exactly the digits of the key", "[data]") {
   for (double depth : {0.0, 0.5, 1.0, -1.0}) {
     ul::PasskeyConfig cfg;
