@@ -1,8 +1,6 @@
 #include "engine/checkpoint.h"
 
 #include <algorithm>
-#include <fstream>
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>

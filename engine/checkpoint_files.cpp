@@ -139,6 +139,12 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
   return c;
 }
 
+bool is_model_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[8] = {};
+  return f.read(magic, sizeof magic) && std::memcmp(magic, kModelMagic, sizeof magic) == 0;
+}
+
 void check_model_config(const std::string& path, const ModelConfig& a, const ModelConfig& b) {
   auto differ = [&](const char* field, const std::string& x, const std::string& y, const char* flag) {
     if (x != y)

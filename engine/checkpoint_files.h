@@ -30,6 +30,8 @@ void write_model_file(const std::string& path, const ModelConfig& cfg, const flo
 // Test hook (engine/checkpoint.h): writes half of path.tmp, then abort()s.
 void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
 ModelConfig read_model_file(const std::string& path, std::vector<float>& params);
+// Whether the file at path begins with model.bin's magic (false when it cannot be read).
+bool is_model_file(const std::string& path);
 // Throws "PATH: FIELD is X in the checkpoint but Y in this run (--FLAG)" at the first difference.
 void check_model_config(const std::string& path, const ModelConfig& in_file, const ModelConfig& in_run);
 

@@ -26,13 +26,9 @@ ModelConfig gpt2_config(const LlmcConfig& lc) {
   return c;
 }
 
-ModelConfig hf_checkpoint_config(const std::string& path, int data_vocab) {
+ModelConfig hf_checkpoint_config(const std::string& path) {
   SafetensorsFile f(path);
-  ModelConfig cfg = hf_read_config(f);
-  if (data_vocab > cfg.vocab)
-    throw std::runtime_error(path + ": the model's vocabulary (" + std::to_string(cfg.vocab) + ") is smaller than the data's (" +
-                             std::to_string(data_vocab) + ")");
-  return cfg;
+  return hf_read_config(f);
 }
 
 void load_hf_checkpoint(const std::string& path, Transformer& model) {

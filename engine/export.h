@@ -17,9 +17,9 @@ namespace ul {
 // The GPT-2 an llm.c checkpoint header describes (heads = kv heads), not yet validated.
 ModelConfig gpt2_config(const LlmcConfig& lc);
 
-// --checkpoint FILE.safetensors: the model config (our __metadata__ or config.json beside the file),
-// checked against the data's vocabulary; then the weights into an already built model.
-ModelConfig hf_checkpoint_config(const std::string& path, int data_vocab);
+// --checkpoint FILE.safetensors: the model config (our __metadata__ or config.json beside the file);
+// then the weights into an already built model.
+ModelConfig hf_checkpoint_config(const std::string& path);
 void load_hf_checkpoint(const std::string& path, Transformer& model);
 
 // Built on every rank before training, so that a bad flag combination, tokenizer file or prompt

@@ -24,8 +24,9 @@ model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
                       override the preset (vocab defaults to the data's)
-  --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), or a Hugging Face
-                      FILE.safetensors (gpt2 or llama; config from its metadata or config.json)
+  --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
+                      FILE.safetensors (gpt2 or llama; config from its metadata or config.json),
+                      or a model.bin of our checkpoints; the model's shape comes from the file
 data and loop
   --data SPEC         passkey | recall | text:FILE | shards:GLOB                          [passkey]
   --doc-mask          packed documents: attention stays within each document, positions
@@ -287,6 +288,11 @@ Options parse_options(int argc, char** argv) {
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be a finite number >= 0");
   for (const char* f : {"--prompt", "--temperature", "--top-k", "--tokenizer"})
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
+  // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
+  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--rope-theta"})
+    if (o.set_by_user(f) && !o.checkpoint.empty())
+      throw std::runtime_error(std::string(f) + ": the model's shape comes from --checkpoint " + o.checkpoint +
+                               "; drop " + f);
   if (!o.check_state.empty() && o.checkpoint.empty())
     throw std::runtime_error("--check-state needs --checkpoint (the llm.c model the state was made with)");
   return o;

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
 
 #include "data/packing.h"
+#include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/export.h"
 #include "engine/hf_format.h"
@@ -123,15 +125,16 @@ CommStats total_sent(Grid& g) {
   return s;
 }
 
-ModelConfig config_for(const Options& o, const Dataset& data, std::vector<float>& ckpt) {
-  if (o.checkpoint.empty()) return model_config(o, data.vocab());
-  if (is_safetensors_path(o.checkpoint)) return hf_checkpoint_config(o.checkpoint, data.vocab());
-  LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, ckpt);
-  ModelConfig cfg = gpt2_config(lc);
+// The shape of the model --checkpoint holds; its f32 values go to ckpt (a safetensors file's are
+// imported by name once the model exists).
+ModelConfig checkpoint_config(const std::string& path, std::vector<float>& ckpt) {
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
+                             "Hugging Face .safetensors, or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
+  if (is_safetensors_path(path)) return hf_checkpoint_config(path);
+  // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
+  ModelConfig cfg = is_model_file(path) ? read_model_file(path, ckpt) : gpt2_config(read_llmc_checkpoint(path, ckpt));
   cfg.validate();
-  if (data.vocab() > cfg.vocab)
-    throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +
-                             ") is smaller than the data's (" + std::to_string(data.vocab()) + ")");
   return cfg;
 }
 
@@ -150,11 +153,18 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 Trainer::Trainer(const Options& o, Comm& world)
     : o_(o), grid_(world, o.sp), ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_per_rank(o));
-  // Data first: its vocabulary sizes the model unless --vocab says otherwise.
-  train_ = open_dataset(o.data, Split::train, o.seed, o.vocab);
-  val_ = open_dataset(o.data, Split::val, o.seed, o.vocab);
   std::vector<float> ckpt;
-  ModelConfig cfg = config_for(o, *train_, ckpt);
+  ModelConfig cfg;
+  if (!o.checkpoint.empty()) cfg = checkpoint_config(o.checkpoint, ckpt);
+  // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
+  // vocabulary bounds the data's token ids.
+  const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;
+  train_ = open_dataset(o.data, Split::train, o.seed, vocab);
+  val_ = open_dataset(o.data, Split::val, o.seed, vocab);
+  if (o.checkpoint.empty()) cfg = model_config(o, train_->vocab());
+  if (train_->vocab() > cfg.vocab)
+    throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +
+                             ") is smaller than the data's (" + std::to_string(train_->vocab()) + ")");
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
   if (!cfg.is_llama() && o.seq > cfg.max_seq)
@@ -165,6 +175,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   model_->recompute = o.recompute;
   model_->offload = o.offload;
   model_->mlp_chunks = o.mlp_chunks;
+  if (!ckpt.empty() && ckpt.size() != model_->params.numel())
+    throw std::runtime_error(o.checkpoint + ": " + std::to_string(ckpt.size()) + " parameters, but its model shape has " +
+                             std::to_string(model_->params.numel()));
   if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
   else if (is_safetensors_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_);
   else model_->init_weights(o.seed);

@@ -203,6 +203,30 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   fs::remove_all(d);
 }
 
+TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", "[checkpoint]") {
+  fs::path d = fresh_dir("from_model");
+  const std::string rest = " --seq 16 --batch 2 --eval-every 0 --eval-batches 1 --threads 1 --quiet";
+  const fs::path a = d / "a" / "model.safetensors", b = d / "b" / "model.safetensors";
+  REQUIRE(train("--dim 32 --heads 2 --layers 1" + rest + " --steps 3 --save-dir " + (d / "run").string() +
+                " --export-safetensors " + a.string()).code == 0);
+  const std::string model = (d / "run" / "step_00000003" / "model.bin").string();
+  // The shape comes from the file; --steps 0 exports the weights as loaded: the run's own export.
+  REQUIRE(train(rest + " --steps 0 --checkpoint " + model + " --export-safetensors " + b.string()).code == 0);
+  CHECK(bytes_of(a) == bytes_of(b));
+  CHECK(bytes_of(a.parent_path() / "config.json") == bytes_of(b.parent_path() / "config.json"));
+  // A new run from them: a fresh optimizer and step counter, its own --save-dir.
+  CmdResult r = train(rest + " --steps 2 --checkpoint " + model + " --save-dir " + (d / "next").string());
+  REQUIRE(r.code == 0);
+  CHECK(ul::complete_steps((d / "next").string()) == std::vector<int>{2});
+  // A shape flag beside it would be ignored, so it is refused; a directory is not a checkpoint file.
+  expect_refused(rest + " --steps 1 --checkpoint " + model + " --dim 64",
+                 "--dim: the model's shape comes from --checkpoint " + model);
+  expect_refused(rest + " --steps 1 --checkpoint " + (d / "run").string(), "is a directory; give a file");
+  // Its vocabulary bounds the data's: the recall task needs 64 tokens, the model has 32 (passkey's).
+  expect_refused(rest + " --steps 1 --data recall --checkpoint " + model, "recall: the task's vocab 64 exceeds the model vocab 32");
+  fs::remove_all(d);
+}
+
 TEST_CASE("the run log has a record per step and eval, the plot has both series", "[log]") {
   fs::path d = fresh_dir("log");
   REQUIRE(train(kArgs + " --log " + (d / "run.jsonl").string()).code == 0);
