@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes every parser of the project (README, "Fuzzing"):
 #   tests/fuzz/run.sh [SECONDS]      build every target, then run each for SECONDS (default 20)
-# Environment: FUZZ_TARGETS (names, default all), FUZZ_DIR (default build-fuzz), FUZZ_CXX, JOBS.
+# Environment: FUZZ_TARGETS (names, default all), FUZZ_DIR (default build-fuzz), FUZZ_CXX, JOBS
+# (compiles, and targets fuzzed at once; default: the cores).
 # Each tests/fuzz/fuzz_NAME.cpp is a libFuzzer target, built with clang and AddressSanitizer +
 # UndefinedBehaviorSanitizer; its seeds are small valid files written by make_seeds.cpp with the
 # project's own writers. Any crash, sanitizer report, hang (> 10 s on one input), memory blow-up
@@ -47,28 +48,44 @@ printf '%s\n' $TARGETS | xargs -P "$JOBS" -I{} sh -c \
 # Each input is written to a scratch file (the parsers read paths): on tmpfs that costs ~10 us, on
 # a disk-backed /tmp ~200 us, a tenth of the inputs per second.
 if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
-failed=()
-for t in $TARGETS; do
+# One target: the inputs of earlier findings, then SECONDS_PER_TARGET of fuzzing. Its verdict
+# goes to $OUT/logs/$t.verdict (printed in order once all are done); a finding also leaves
+# $OUT/logs/$t.failed. libFuzzer runs one process on one core, so JOBS targets run side by side.
+fuzz_one() {
+  local t=$1 v="$OUT/logs/$1.verdict"
   mkdir -p "$OUT/corpus/$t" "$OUT/seeds/$t"
-  # Inputs of earlier findings (make_seeds.cpp), each run once before the fuzzing.
   if [ -d "$OUT/seeds/regressions/$t" ] &&
      ! "$OUT/fuzz_$t" "$OUT/seeds/regressions/$t"/* >"$OUT/logs/$t.regressions.log" 2>&1; then
-    failed+=("$t")
-    echo "fuzz | $t: a regression input fails again (log: $OUT/logs/$t.regressions.log)"
-    grep -E 'ERROR|FUZZ_CHECK|runtime error' "$OUT/logs/$t.regressions.log" | head -20 || true
-    continue
+    { echo "fuzz | $t: a regression input fails again (log: $OUT/logs/$t.regressions.log)"
+      grep -E 'ERROR|FUZZ_CHECK|runtime error' "$OUT/logs/$t.regressions.log" | head -20 || true; } > "$v"
+    touch "$OUT/logs/$t.failed"
+    return
   fi
   # New inputs go to the first directory (kept between local runs); the seeds are read only.
   if "$OUT/fuzz_$t" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$OUT/findings/$t-" "$OUT/corpus/$t" "$OUT/seeds/$t" >"$OUT/logs/$t.log" 2>&1; then
+    local execs cov
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$OUT/logs/$t.log")
     cov=$(grep -o 'cov: [0-9]*' "$OUT/logs/$t.log" | tail -1)
-    echo "fuzz | $t: ok, $execs inputs in ${SECONDS_PER_TARGET}s, $cov"
+    echo "fuzz | $t: ok, $execs inputs in ${SECONDS_PER_TARGET}s, $cov" > "$v"
   else
-    failed+=("$t")
-    echo "fuzz | $t: FINDING (log: $OUT/logs/$t.log)"
-    grep -E 'ERROR|FUZZ_CHECK|runtime error|Test unit written' "$OUT/logs/$t.log" | head -20 || true
+    { echo "fuzz | $t: FINDING (log: $OUT/logs/$t.log)"
+      grep -E 'ERROR|FUZZ_CHECK|runtime error|Test unit written' "$OUT/logs/$t.log" | head -20 || true; } > "$v"
+    touch "$OUT/logs/$t.failed"
   fi
+}
+rm -f "$OUT"/logs/*.verdict "$OUT"/logs/*.failed
+running=0
+for t in $TARGETS; do
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+failed=()
+for t in $TARGETS; do
+  cat "$OUT/logs/$t.verdict"
+  [ -e "$OUT/logs/$t.failed" ] && failed+=("$t")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz | findings in: ${failed[*]} (inputs under $OUT/findings/)"
