@@ -89,6 +89,8 @@ verification
                       print per-tensor differences and PASS/FAIL
   --check-tol X       relative tolerance of --check-state                                 [1e-5]
   --quiet             only the final summary
+  --heartbeat S       inside a step or eval that runs longer, a progress line every S seconds
+                      naming the block reached (long context on a CPU; 0: none)           [30]
   --help
 )";
 }
@@ -163,6 +165,7 @@ Options parse_options(int argc, char** argv) {
       {"--keep", I(o.keep)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
       {"--memory", [&o](const std::string& f, const std::string& v) { o.memory = parse_bytes(f, v); }},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
+      {"--heartbeat", [&o](const std::string& f, const std::string& v) { o.heartbeat = parse_float(f, v); }},
       {"--export-llmc", S(o.export_llmc)}, {"--export-llmc-version", I(o.export_llmc_version)},
       {"--export-safetensors", S(o.export_safetensors)}, {"--export-dtype", S(o.export_dtype)},
       {"--sample", I(o.sample)}, {"--prompt", S(o.prompt)}, {"--temperature", F(o.temperature)},
@@ -222,6 +225,8 @@ Options parse_options(int argc, char** argv) {
                                 {"--heads", o.heads}, {"--kv-heads", o.kv_heads}, {"--vocab", o.vocab},
                                 {"--max-seq", o.max_seq}, {"--ffn", o.ffn}})
     if (o.set_by_user(flag)) positive(flag, v);
+  if (!(o.heartbeat >= 0) || !std::isfinite(o.heartbeat))
+    throw std::runtime_error("--heartbeat must be a finite number of seconds >= 0");
   if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))
     throw std::runtime_error("--rope-theta must be a finite number > 0");
   if (o.device != "cpu" && o.device != "cuda")

@@ -53,6 +53,7 @@ struct Options {
   double memory = 0;          // bytes per rank the plan searches the longest T for (0: none)
   bool help = false;
   bool quiet = false;
+  double heartbeat = 30;      // seconds between progress lines inside a long step or eval (0: none)
 
   bool set_by_user(const std::string& flag) const;
   std::vector<std::string> given;  // flags given on the command line, for presets and checks

@@ -16,6 +16,33 @@
 
 namespace ul {
 
+namespace {
+
+// --heartbeat: a step of minutes (gpt2-124M at T = 29K takes 13 minutes on 2 cores) prints a line
+// at most every `every` seconds naming how far it got, so that it neither looks hung nor floods a
+// short run (a step shorter than `every` prints nothing). The model calls at() (Transformer::progress).
+class Heartbeat {
+ public:
+  explicit Heartbeat(double every_s) : every_ms_(every_s * 1000) {}
+  void begin(std::string what) {  // "step 3/10", "eval 250": the clock starts
+    what_ = std::move(what);
+    start_ = last_ = now_ms();
+  }
+  void at(const std::string& where) {
+    const double t = now_ms();
+    if (t - last_ < every_ms_) return;
+    last_ = t;
+    std::printf("  ...   %s | %s done | %.1f s\n", what_.c_str(), where.c_str(), (t - start_) / 1000.0);
+    std::fflush(stdout);
+  }
+
+ private:
+  double every_ms_, start_ = 0, last_ = 0;
+  std::string what_;
+};
+
+}  // namespace
+
 int train_rank(const Options& o, Comm& world) {
   const bool lead = world.rank() == 0;
   auto say = [&](const char* fmt, auto... args) {
@@ -52,7 +79,10 @@ int train_rank(const Options& o, Comm& world) {
   EvalResult ev;
   bool have_eval = false;
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
+  Heartbeat beat(o.heartbeat);
+  if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
   for (int s = start; s < o.steps; s++) {
+    beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
     const bool profiled = o.profile_step == s + 1;
     if (profiled) gpu_profile::start();  // this rank's ops only (each rank's thread records its own)
@@ -75,6 +105,7 @@ int train_rank(const Options& o, Comm& world) {
     if (!profile.empty()) say("%s", profile.c_str());
     bool last = s + 1 == o.steps;
     if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) {
+      beat.begin("eval " + std::to_string(s + 1));
       ev = tr.evaluate();
       have_eval = true;
       if (synthetic)
@@ -111,6 +142,7 @@ int train_rank(const Options& o, Comm& world) {
     }
     std::printf("\n");
   }
+  model.progress = nullptr;  // sampling after the run is not a step
   if (lead) outputs.finish(model);
   return 0;
 }

@@ -280,12 +280,22 @@ CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, 
     offload_->begin(ctx().arena, x, cfg.layers);
     offloading_ = offload_.get();
   }
-  for (int l = 0; l < cfg.layers; l++) x = block(x, l, in, sp);
+  const int L = cfg.layers;
+  auto block_name = [L](int l) { return "block " + std::to_string(l + 1) + "/" + std::to_string(L); };
+  for (int l = 0; l < L; l++) {
+    // Pushed before the block's own nodes, so that in backward it runs once the block is done.
+    if (progress && ctx().tape.recording)
+      ctx().tape.push("progress", [this, where = "backward " + block_name(l)] { progress(where); });
+    x = block(x, l, in, sp);
+    if (progress) progress("forward " + block_name(l));
+  }
   x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw")) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
   last_hidden = x;
   const Tensor& head = cfg.is_llama() ? params.get("lm_head") : params.get("wte");
   (void)B;
-  return classifier_cross_entropy(x, head, in.targets, cfg.vocab, grad_scale);
+  CrossEntropyStats st = classifier_cross_entropy(x, head, in.targets, cfg.vocab, grad_scale);
+  if (progress) progress("classifier");
+  return st;
 }
 
 }  // namespace ul

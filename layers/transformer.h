@@ -73,6 +73,9 @@ class Transformer {
   bool offload = false;  // with recompute, on cuda: the kept block inputs in pinned host memory
   int mlp_chunks = 1;
   Tensor last_hidden;  // (B, Tl, C): the final norm's output of the last forward (for --check-state)
+  // Called as the forward finishes each block ("forward block 3/12") and the classifier, and as
+  // the backward finishes each block ("backward block 12/12" first): train's --heartbeat.
+  std::function<void(const std::string& where)> progress;
 
  private:
   Tensor block(const Tensor& x, int l, const ModelInputs& in, Comm* sp);       // with recompute

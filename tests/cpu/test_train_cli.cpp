@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "engine/optimizer.h"
@@ -55,6 +56,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--beta2 nan", "--beta2 must be in [0, 1)");
   expect_refused("--adam-eps 0", "--adam-eps must be a finite number > 0");
   expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
+  expect_refused("--heartbeat -1", "--heartbeat must be a finite number of seconds >= 0");
   expect_refused("--seed -1", "--seed must be >= 0");
   expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature must be a finite number >= 0");
   // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
@@ -70,6 +72,31 @@ TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][
   CHECK(r.out.find("cuda bf16 | recompute | offload") != std::string::npos);
   CHECK(r.out.find("pinned host memory") != std::string::npos);
   CHECK(r.out.find("longest --seq that fits") != std::string::npos);
+}
+
+TEST_CASE("--heartbeat: a long step says which block it reached, a short one says nothing", "[cli]") {
+  const std::string run = "--layers 3 --seq 32 --batch 2 --steps 2 --eval-every 0 --eval-batches 1 --threads 1";
+  // Every block is past the interval: one line per block forward, the classifier, then per block
+  // backward, the last block's first; then the step's own line. The eval's forward likewise.
+  CmdResult r = run_cmd(train_cmd(run + " --heartbeat 1e-9 --recompute"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::vector<std::string> got;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  ...   step 1/2 | ", 0) == 0) got.push_back(line.substr(19, line.find(" done") - 19));
+    if (line.rfind("step     1/2", 0) == 0) got.push_back("step line");
+  }
+  CHECK(got == std::vector<std::string>{"forward block 1/3", "forward block 2/3", "forward block 3/3", "classifier",
+                                        "backward block 3/3", "backward block 2/3", "backward block 1/3", "step line"});
+  CHECK(r.out.find("  ...   eval 2 | classifier done") != std::string::npos);
+  // A step shorter than the default 30 s, --heartbeat 0 or --quiet: no progress line.
+  for (const char* quiet : {"", " --heartbeat 0", " --heartbeat 1e-9 --quiet"}) {
+    CmdResult q = run_cmd(train_cmd(run + quiet));
+    INFO(quiet << "\n" << q.out);
+    CHECK(q.code == 0);
+    CHECK(q.out.find("  ...   ") == std::string::npos);
+  }
 }
 
 TEST_CASE("train --help lists the flags and exits 0", "[cli]") {
