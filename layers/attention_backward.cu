@@ -229,28 +229,30 @@ __global__ void __launch_bounds__(W * 32)
   }
 }
 
-// Pass 1, f32. grid (nt, Hkv, B), block 64 (thread = key row); smem: Q and dout rows
-// (2 x 32 x D), then their lse and Di (2 x 32).
+// Pass 1, f32. grid (nt, Hkv, B), block 64 x S (S lanes per key row, FmaSplit<D, 16>: a lane holds
+// four rows' worth, its K, V, dK and dV columns); smem: Q and dout rows (2 x 32 x D), then their
+// lse and Di (2 x 32).
 template <int D>
-__global__ void __launch_bounds__(kTile)
+__global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
     attention_backward_dkv_fma_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ Di,
                                       const float* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
                                       float scale) {
+  constexpr int S = FmaSplit<D, 16>::kLanes, W = FmaSplit<D, 16>::kCols;
   UL_DYNAMIC_SMEM(float, smem);
   float* Qs = smem;                    // (32, D)
   float* dOs = smem + kFmaRows * D;    // (32, D)
   float* lse_s = dOs + kFmaRows * D;   // (32)
   float* Di_s = lse_s + kFmaRows;      // (32)
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int key = kt * kTile + threadIdx.x;
+  const int part = int(threadIdx.x) % S, key = kt * kTile + int(threadIdx.x) / S;
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  float kr[D], vr[D], dk[D], dv[D];
-  UL_UNROLL for (int c = 0; c < D; c++) {
-    kr[c] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + kvh) + c] : 0.f;
-    vr[c] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + G.Hkv + kvh) + c] : 0.f;
-    dk[c] = dv[c] = 0.f;
+  float kr[W], vr[W], dk[W], dv[W];  // columns part + S i of the row
+  UL_UNROLL for (int i = 0; i < W; i++) {
+    kr[i] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + kvh) + i * S + part] : 0.f;
+    vr[i] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + G.Hkv + kvh) + i * S + part] : 0.f;
+    dk[i] = dv[i] = 0.f;
   }
   for (int h = kvh * G.group; h < (kvh + 1) * G.group; h++)
     for (int q0 = kt * kTile; q0 < G.Tn; q0 += kFmaRows) {  // earlier queries see none of these keys
@@ -266,51 +268,56 @@ __global__ void __launch_bounds__(kTile)
         Di_s[i] = q0 + i < G.Tn ? Di[G.lse(b, h, q0 + i)] : 0.f;
       }
       __syncthreads();
-      for (int i = 0; i < kFmaRows; i++) {
-        if (!visible(q0 + i, key, G.Tn, docb)) continue;
-        const float* qi = Qs + i * D;
-        const float* oi = dOs + i * D;
+      for (int r = 0; r < kFmaRows; r++) {
+        const float* qi = Qs + r * D + part;
+        const float* oi = dOs + r * D + part;
         float s = 0.f, dp = 0.f;
-        UL_UNROLL for (int c = 0; c < D; c++) {
-          s += kr[c] * qi[c];
-          dp += vr[c] * oi[c];
+        UL_UNROLL for (int i = 0; i < W; i++) {
+          s += kr[i] * qi[i * S];
+          dp += vr[i] * oi[i * S];
         }
-        const float p = expf(s * scale - lse_s[i]);
-        const float ds = p * (dp - Di_s[i]);
-        UL_UNROLL for (int c = 0; c < D; c++) {
-          dv[c] += p * oi[c];
-          dk[c] += ds * qi[c];
+        s = group_sum<S>(s);  // every lane, visible or not: the shuffle needs the whole warp
+        dp = group_sum<S>(dp);
+        if (visible(q0 + r, key, G.Tn, docb)) {
+          const float p = expf(s * scale - lse_s[r]);
+          const float ds = p * (dp - Di_s[r]);
+          UL_UNROLL for (int i = 0; i < W; i++) {
+            dv[i] += p * oi[i * S];
+            dk[i] += ds * qi[i * S];
+          }
         }
       }
     }
   if (key >= G.Tn) return;
-  float* dkrow = dqkv + G.qkv(b, key, G.Hq + kvh);
-  float* dvrow = dqkv + G.qkv(b, key, G.Hq + G.Hkv + kvh);
-  UL_UNROLL for (int c = 0; c < D; c++) {
-    dkrow[c] += dk[c] * scale;
-    dvrow[c] += dv[c];
+  float* dkrow = dqkv + G.qkv(b, key, G.Hq + kvh) + part;
+  float* dvrow = dqkv + G.qkv(b, key, G.Hq + G.Hkv + kvh) + part;
+  UL_UNROLL for (int i = 0; i < W; i++) {
+    dkrow[i * S] += dk[i] * scale;
+    dvrow[i * S] += dv[i];
   }
 }
 
-// Pass 2, f32. grid (nt, Hq, B), block 64 (thread = query row); smem: K and V rows, 2 x 32 x D.
+// Pass 2, f32. grid (nt, Hq, B), block 64 x S (S lanes per query row, FmaSplit<D, 32>); smem: K
+// and V rows, 2 x 32 x D.
 template <int D>
-__global__ void __launch_bounds__(kTile)
+__global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     attention_backward_dq_fma_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ Di,
                                      const float* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
                                      float scale) {
+  constexpr int S = FmaSplit<D, 32>::kLanes, W = FmaSplit<D, 32>::kCols;
   UL_DYNAMIC_SMEM(float, smem);
   float* Ks = smem;                 // (32, D)
   float* Vs = smem + kFmaRows * D;  // (32, D)
   const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
-  const int q0 = qt * kTile, q = q0 + threadIdx.x;
+  const int part = int(threadIdx.x) % S, q0 = qt * kTile, q = q0 + int(threadIdx.x) / S;
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  float qr[D], orow[D], dq[D];
-  UL_UNROLL for (int c = 0; c < D; c++) {
-    qr[c] = q < G.Tn ? qkv[G.qkv(b, q, h) + c] : 0.f;
-    orow[c] = q < G.Tn ? dout[G.out(b, q, h) + c] : 0.f;
-    dq[c] = 0.f;
+  float qr[W], orow[W], dq[W];  // columns part + S i of the row
+  UL_UNROLL for (int i = 0; i < W; i++) {
+    qr[i] = q < G.Tn ? qkv[G.qkv(b, q, h) + i * S + part] : 0.f;
+    orow[i] = q < G.Tn ? dout[G.out(b, q, h) + i * S + part] : 0.f;
+    dq[i] = 0.f;
   }
   const float lse_q = q < G.Tn ? lse[G.lse(b, h, q)] : 0.f, Di_q = q < G.Tn ? Di[G.lse(b, h, q)] : 0.f;
   const int kend = min(q0 + kTile, G.Tn);
@@ -319,21 +326,24 @@ __global__ void __launch_bounds__(kTile)
     stage_kv_rows_f32<D>(Ks, Vs, qkv, G, b, kvh, k0);
     __syncthreads();
     for (int j = 0; j < kFmaRows; j++) {
-      if (!visible(q, k0 + j, G.Tn, docb)) continue;
-      const float* kj = Ks + j * D;
-      const float* vj = Vs + j * D;
+      const float* kj = Ks + j * D + part;
+      const float* vj = Vs + j * D + part;
       float s = 0.f, dp = 0.f;
-      UL_UNROLL for (int c = 0; c < D; c++) {
-        s += qr[c] * kj[c];
-        dp += orow[c] * vj[c];
+      UL_UNROLL for (int i = 0; i < W; i++) {
+        s += qr[i] * kj[i * S];
+        dp += orow[i] * vj[i * S];
       }
-      const float ds = expf(s * scale - lse_q) * (dp - Di_q);
-      UL_UNROLL for (int c = 0; c < D; c++) dq[c] += ds * kj[c];
+      s = group_sum<S>(s);  // every lane, visible or not: the shuffle needs the whole warp
+      dp = group_sum<S>(dp);
+      if (visible(q, k0 + j, G.Tn, docb)) {
+        const float ds = expf(s * scale - lse_q) * (dp - Di_q);
+        UL_UNROLL for (int i = 0; i < W; i++) dq[i] += ds * kj[i * S];
+      }
     }
   }
   if (q >= G.Tn) return;
-  float* dqrow = dqkv + G.qkv(b, q, h);
-  UL_UNROLL for (int c = 0; c < D; c++) dqrow[c] += dq[c] * scale;
+  float* dqrow = dqkv + G.qkv(b, q, h) + part;
+  UL_UNROLL for (int i = 0; i < W; i++) dqrow[i * S] += dq[i] * scale;
 }
 
 }  // namespace
@@ -359,10 +369,11 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     if constexpr (std::is_same<T, float>::value) {
-      launch("attention_backward_dkv_fma", attention_backward_dkv_fma_kernel<kD>, dim3(G.nt, Hkv, B), dim3(kTile),
-             fma_rows_smem(kD) + 2 * kFmaRows * sizeof(float), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
-      launch("attention_backward_dq_fma", attention_backward_dq_fma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kTile),
-             fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      launch("attention_backward_dkv_fma", attention_backward_dkv_fma_kernel<kD>, dim3(G.nt, Hkv, B),
+             dim3(FmaSplit<kD, 16>::kThreads), fma_rows_smem(kD) + 2 * kFmaRows * sizeof(float), s, dqkv, dout, lse,
+             Di, qkv, doc, G, scale);
+      launch("attention_backward_dq_fma", attention_backward_dq_fma_kernel<kD>, dim3(G.nt, Hq, B),
+             dim3(FmaSplit<kD, 32>::kThreads), fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
     } else {
       allow_smem(attention_backward_dkv_mma_kernel<kD>, mma_dkv_smem(kD));
       launch("attention_backward_dkv_mma", attention_backward_dkv_mma_kernel<kD>, dim3(G.nt, Hkv, B),

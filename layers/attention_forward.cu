@@ -122,23 +122,25 @@ __global__ void __launch_bounds__(W * 32)
   }
 }
 
-// grid (nt, Hq, B), block 64 (thread = query row); smem: K and V rows, 2 x 32 x D floats.
+// grid (nt, Hq, B), block 64 x S (S lanes per query row, FmaSplit<D, 32>); smem: K and V rows,
+// 2 x 32 x D floats.
 template <int D>
-__global__ void __launch_bounds__(kTile)
+__global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     attention_forward_fma_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ qkv,
                                  const int32_t* __restrict__ doc, Geometry G, float scale) {
+  constexpr int S = FmaSplit<D, 32>::kLanes, W = FmaSplit<D, 32>::kCols;
   UL_DYNAMIC_SMEM(float, smem);
   float* Ks = smem;                  // (32, D)
   float* Vs = smem + kFmaRows * D;   // (32, D)
   const int qt = G.nt - 1 - int(blockIdx.x), h = blockIdx.y, b = blockIdx.z, kvh = h / G.group;
-  const int q0 = qt * kTile, q = q0 + threadIdx.x;
+  const int part = int(threadIdx.x) % S, q0 = qt * kTile, q = q0 + int(threadIdx.x) / S;
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
-  float qr[D], acc[D];
-  UL_UNROLL for (int c = 0; c < D; c++) {
-    qr[c] = q < G.Tn ? qkv[G.qkv(b, q, h) + c] : 0.f;
-    acc[c] = 0.f;
+  float qr[W], acc[W];  // columns part + S i of the row
+  UL_UNROLL for (int i = 0; i < W; i++) {
+    qr[i] = q < G.Tn ? qkv[G.qkv(b, q, h) + i * S + part] : 0.f;
+    acc[i] = 0.f;
   }
   float m = ninf, l = 0.f;
   const int kend = min(q0 + kTile, G.Tn);  // keys this block can see
@@ -148,11 +150,10 @@ __global__ void __launch_bounds__(kTile)
     __syncthreads();
     float s[kFmaRows], mx = ninf;
     UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
-      s[j] = ninf;
-      if (!visible(q, k0 + j, G.Tn, docb)) continue;
       float dot = 0.f;
-      UL_UNROLL for (int c = 0; c < D; c++) dot += qr[c] * Ks[j * D + c];
-      s[j] = dot * scale;
+      UL_UNROLL for (int i = 0; i < W; i++) dot += qr[i] * Ks[j * D + i * S + part];
+      dot = group_sum<S>(dot);  // every lane, visible or not: the shuffle needs the whole warp
+      s[j] = visible(q, k0 + j, G.Tn, docb) ? dot * scale : ninf;
       mx = fmaxf(mx, s[j]);
     }
     const float m_new = fmaxf(m, mx);
@@ -160,17 +161,17 @@ __global__ void __launch_bounds__(kTile)
     const float alpha = expf(m - m_new);
     m = m_new;
     l *= alpha;
-    UL_UNROLL for (int c = 0; c < D; c++) acc[c] *= alpha;
+    UL_UNROLL for (int i = 0; i < W; i++) acc[i] *= alpha;
     UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
       if (s[j] == ninf) continue;
       const float p = expf(s[j] - m);
       l += p;
-      UL_UNROLL for (int c = 0; c < D; c++) acc[c] += p * Vs[j * D + c];
+      UL_UNROLL for (int i = 0; i < W; i++) acc[i] += p * Vs[j * D + i * S + part];
     }
   }
   if (q >= G.Tn) return;
-  UL_UNROLL for (int c = 0; c < D; c++) out[G.out(b, q, h) + c] = acc[c] / l;
-  lse[G.lse(b, h, q)] = m + logf(l);
+  UL_UNROLL for (int i = 0; i < W; i++) out[G.out(b, q, h) + i * S + part] = acc[i] / l;
+  if (part == 0) lse[G.lse(b, h, q)] = m + logf(l);
 }
 
 }  // namespace
@@ -184,8 +185,8 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     if constexpr (std::is_same<T, float>::value) {
-      launch("attention_forward_fma", attention_forward_fma_kernel<kD>, dim3(G.nt, Hq, B), dim3(kTile),
-             fma_rows_smem(kD), s, out, lse, qkv, doc, G, scale);
+      launch("attention_forward_fma", attention_forward_fma_kernel<kD>, dim3(G.nt, Hq, B),
+             dim3(FmaSplit<kD, 32>::kThreads), fma_rows_smem(kD), s, out, lse, qkv, doc, G, scale);
     } else {
       auto go = [&](auto w) {
         constexpr int kW = decltype(w)::value;

@@ -26,8 +26,9 @@
 //   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only the diagonal tile
 //   tests visibility element by element; with a document mask, tile pairs that share no document
 //   are skipped and pairs inside one document need only the causal test (the CPU's tiles and rule).
-// f32: the verification precision, plain FMA: one thread per query row (forward, dq) or key row
-//   (dk/dv) with its rows in registers, the other side staged 32 rows at a time in shared memory.
+// f32: the verification precision, plain FMA: a query row (forward, dq) or key row (dk/dv) per
+//   group of S consecutive lanes (FmaSplit), its rows in registers, split over the group's lanes
+//   so that no head dim spills; the other side staged 32 rows at a time in shared memory.
 //
 // Not yet done for speed: 32 rows per warp (FlashAttention-2's layout: half the ldmatrix reads per
 // tensor-core instruction), warp-specialised producers (TMA, wgmma).
@@ -245,6 +246,24 @@ __device__ __forceinline__ void stage_kv_rows_f32(float* Ks, float* Vs, const fl
     Ks[i] = in ? qkv[G.qkv(b, k0 + r, G.Hq + kvh) + c] : 0.f;
     Vs[i] = in ? qkv[G.qkv(b, k0 + r, G.Hq + G.Hkv + kvh) + c] : 0.f;
   }
+}
+
+// A row of D elements split over S = D / kCols consecutive lanes, lane `part` of the group holding
+// columns part, part + S, part + 2S, ... (interleaved: the group's lanes read S different banks of
+// a shared row and neighbouring global addresses). W bounds the columns a thread holds: one thread
+// per row would hold 2-4 x D floats, which at D = 128 spills kilobytes of registers to local memory.
+template <int D, int W>
+struct FmaSplit {
+  static constexpr int kCols = D < W ? D : W;  // columns per lane
+  static constexpr int kLanes = D / kCols;     // lanes per row: 1 to 8, a divisor of 32
+  static constexpr int kThreads = kTile * kLanes;
+};
+
+// The sum of v over the S lanes of a group. Every lane of the warp calls it (full mask).
+template <int S>
+__device__ __forceinline__ float group_sum(float v) {
+  UL_UNROLL for (int o = S / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 // ---- host side -----------------------------------------------------------------------------------
