@@ -50,8 +50,8 @@ sed -n '/The following tests FAILED/,$p' "$OUT/ctest_gpu.log" | grep -E '^[[:spa
 
 echo "== SP on one GPU (local communicator) (${SECONDS} s)"
 common="--device cuda --precision fp32 --steps 5 --seq 256 --batch 2 --eval-every 0 --eval-batches 1"
-./build-gpu/train $common --ranks 1 > "$OUT/sp1.log" 2>&1
-./build-gpu/train $common --ranks 2 --sp 2 > "$OUT/sp2.log" 2>&1
+timeout 60 ./build-gpu/train $common --ranks 1 > "$OUT/sp1.log" 2>&1
+timeout 60 ./build-gpu/train $common --ranks 2 --sp 2 > "$OUT/sp2.log" 2>&1
 l1=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$OUT/sp1.log"); l2=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$OUT/sp2.log")
 row "sp 2 vs sp 1 losses (fp32)" "${l2:-failed} | ${l1:-failed}"
 
