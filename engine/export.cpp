@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/hf_format.h"
 #include "engine/llmc_format.h"
@@ -29,6 +30,17 @@ ModelConfig gpt2_config(const LlmcConfig& lc) {
 ModelConfig hf_checkpoint_config(const std::string& path) {
   SafetensorsFile f(path);
   return hf_read_config(f);
+}
+
+ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& ckpt) {
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
+                             "Hugging Face .safetensors, or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
+  if (is_safetensors_path(path)) return hf_checkpoint_config(path);
+  // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
+  ModelConfig cfg = is_model_file(path) ? read_model_file(path, ckpt) : gpt2_config(read_llmc_checkpoint(path, ckpt));
+  cfg.validate();
+  return cfg;
 }
 
 void load_hf_checkpoint(const std::string& path, Transformer& model) {

@@ -22,6 +22,11 @@ ModelConfig gpt2_config(const LlmcConfig& lc);
 ModelConfig hf_checkpoint_config(const std::string& path);
 void load_hf_checkpoint(const std::string& path, Transformer& model);
 
+// --checkpoint FILE of any format (llm.c .bin, .safetensors, our model.bin): the model's shape,
+// validated. An llm.c file's or a model.bin's f32 values go to `values`; a safetensors file's are
+// imported by name once the model exists (load_hf_checkpoint), and `values` stays empty.
+ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& values);
+
 // Built on every rank before training, so that a bad flag combination, tokenizer file or prompt
 // fails before any work; finish() runs on rank 0 after the last step.
 class RunOutputs {

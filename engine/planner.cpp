@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "engine/export.h"
 #include "engine/offload.h"
 #include "engine/options.h"
 #include "parallel/ulysses.h"
@@ -272,11 +273,14 @@ std::string mib(double b) {  // "   12.5 MiB" or "    1.23 GiB"
 }  // namespace
 
 PlanConfig plan_config(const Options& o) {
-  PlanConfig c;
+  if (o.ranks % o.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp");
+  if (!o.checkpoint.empty()) {  // the run's model is the checkpoint's, not the flags'
+    std::vector<float> values;
+    return plan_config(o, checkpoint_model_config(o.checkpoint, values));
+  }
   const bool preset_vocab = o.model == "gpt2-124M" || o.model == "gpt2-350M" || o.model == "llama-1B";
   int data_vocab = o.vocab;  // the data is opened only when it sizes the model
   if (!preset_vocab && data_vocab <= 0) data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
-  if (o.ranks % o.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp");
   return plan_config(o, model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab));
 }
 

@@ -6,13 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
 
 #include "data/packing.h"
-#include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/export.h"
 #include "engine/hf_format.h"
@@ -125,19 +123,6 @@ CommStats total_sent(Grid& g) {
   return s;
 }
 
-// The shape of the model --checkpoint holds; its f32 values go to ckpt (a safetensors file's are
-// imported by name once the model exists).
-ModelConfig checkpoint_config(const std::string& path, std::vector<float>& ckpt) {
-  if (std::filesystem::is_directory(path))
-    throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
-                             "Hugging Face .safetensors, or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
-  if (is_safetensors_path(path)) return hf_checkpoint_config(path);
-  // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
-  ModelConfig cfg = is_model_file(path) ? read_model_file(path, ckpt) : gpt2_config(read_llmc_checkpoint(path, ckpt));
-  cfg.validate();
-  return cfg;
-}
-
 }  // namespace
 
 ModelInputs device_inputs(Context& c, const HostBatch& hb) {
@@ -155,7 +140,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   omp_set_num_threads(threads_per_rank(o));
   std::vector<float> ckpt;
   ModelConfig cfg;
-  if (!o.checkpoint.empty()) cfg = checkpoint_config(o.checkpoint, ckpt);
+  if (!o.checkpoint.empty()) cfg = checkpoint_model_config(o.checkpoint, ckpt);
   // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
   // vocabulary bounds the data's token ids.
   const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;

@@ -218,6 +218,10 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   CmdResult r = train(rest + " --steps 2 --checkpoint " + model + " --save-dir " + (d / "next").string());
   REQUIRE(r.code == 0);
   CHECK(ul::complete_steps((d / "next").string()) == std::vector<int>{2});
+  // --plan plans the checkpoint's model (dim 32), not the default one (dim 64).
+  CmdResult plan = train(rest + " --plan --checkpoint " + model);
+  CHECK(plan.code == 0);
+  CHECK(plan.out.find("plan | gpt2 layers=1 dim=32 heads=2 ") != std::string::npos);
   // A shape flag beside it would be ignored, so it is refused; a directory is not a checkpoint file.
   expect_refused(rest + " --steps 1 --checkpoint " + model + " --dim 64",
                  "--dim: the model's shape comes from --checkpoint " + model);
