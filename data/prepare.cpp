@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "data/shards.h"
 #include "engine/file_io.h"
 
 namespace fs = std::filesystem;
@@ -19,13 +20,14 @@ namespace ul {
 const char* prepare_usage() {
   return R"(usage: train prepare --out DIR [flags] FILES...
   Text files -> llm.c shards of byte tokens (uint16, magic 20240520): each file is one document,
-  written as the end-of-text id then its bytes. Vocabulary: 256 bytes + the EOT (257 by default).
+  written as the end-of-text id then its bytes. Vocabulary: 256 bytes + the EOT (257 by default);
+  the headers name both, so a run on the shards takes its vocab and --eot from them.
   --out DIR           where the shards go (created; must not hold text_*.bin shards yet)
   --val-frac X        the last X of the tokens form DIR/text_val_*.bin (0: no val shard)   [0.1]
   --shard-tokens N    tokens per shard at most                                       [100000000]
   --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
 Train on the result with
-  train --data 'shards:DIR/text_*.bin' --vocab 257 --doc-mask --eot 256 ...
+  train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
 }
 
@@ -75,8 +77,8 @@ namespace {
 // Writes one split as shards of at most `per_shard` tokens, all kept as NAME.tmp until commit().
 class ShardWriter {
  public:
-  ShardWriter(const std::string& dir, const std::string& split, int64_t total, int64_t per_shard)
-      : dir_(dir), split_(split), left_(total), per_shard_(per_shard) {}
+  ShardWriter(const std::string& dir, const std::string& split, int64_t total, int64_t per_shard, int vocab, int eot)
+      : dir_(dir), split_(split), left_(total), per_shard_(per_shard), vocab_(vocab), eot_(eot) {}
   void push(uint16_t token) {
     if (in_shard_ == 0) open_next();
     buf_.push_back(token);
@@ -98,7 +100,8 @@ class ShardWriter {
     files_.push_back(std::make_unique<AtomicFile>(names_.back()));
     in_shard_ = std::min(left_, per_shard_);
     left_ -= in_shard_;
-    int32_t header[256] = {20240520, 1, int32_t(in_shard_)};
+    // llm.c's header, plus the tokenizer it was written with (data/shards.h).
+    int32_t header[256] = {20240520, 1, int32_t(in_shard_), kShardTag, vocab_, eot_};
     files_.back()->write(header, sizeof header);
   }
   void flush() {
@@ -110,6 +113,7 @@ class ShardWriter {
   }
   std::string dir_, split_;
   int64_t left_, per_shard_, in_shard_ = 0;
+  int32_t vocab_, eot_;
   std::vector<uint16_t> buf_;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<AtomicFile>> files_;
@@ -153,7 +157,9 @@ PrepareResult prepare_shards(const PrepareOptions& o) {
       throw std::runtime_error(o.out + ": already holds shard " + name + " (remove the old shards or pick another --out)");
   }
 
-  ShardWriter train_w(o.out, "train", train, o.shard_tokens), val_w(o.out, "val", val, o.shard_tokens);
+  const int vocab = std::max(256, o.eot + 1);
+  ShardWriter train_w(o.out, "train", train, o.shard_tokens, vocab, o.eot),
+      val_w(o.out, "val", val, o.shard_tokens, vocab, o.eot);
   int64_t k = 0;  // tokens of the stream so far: the first `train` go to the train split
   auto push = [&](uint16_t t) { (k++ < train ? train_w : val_w).push(t); };
   for (size_t i = 0; i < o.files.size(); i++) {
@@ -172,7 +178,7 @@ PrepareResult prepare_shards(const PrepareOptions& o) {
   PrepareResult r;
   r.train_tokens = train;
   r.val_tokens = val;
-  r.vocab = std::max(256, o.eot + 1);
+  r.vocab = vocab;
   train_w.commit(r.shards);
   val_w.commit(r.shards);
   return r;
@@ -189,8 +195,8 @@ int prepare_main(int argc, char** argv) {
   std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (vocab %d, EOT %d)\n",
               o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
               r.vocab, o.eot);
-  std::printf("train with: train --data 'shards:%s/text_*.bin' --vocab %d --doc-mask --eot %d\n", o.out.c_str(),
-              r.vocab, o.eot);
+  // The headers name the vocab and the EOT: the run takes them from there.
+  std::printf("train with: train --data 'shards:%s/text_*.bin' --doc-mask\n", o.out.c_str());
   return 0;
 }
 

@@ -80,6 +80,13 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
         throw fail("bad magic " + std::to_string(header[0]) +
                    " (expected 20240520 or 20240801, an llm.c token shard)");
       }
+      if (header[3] == kShardTag) {  // the tokenizer named: vocab, end-of-text id
+        const int64_t most = s.width == 2 ? 65536 : INT32_MAX;
+        if (header[4] < 1 || header[4] > most || header[5] < 0 || header[5] >= header[4])
+          throw fail("header names vocab " + std::to_string(header[4]) + " and end-of-text " +
+                     std::to_string(header[5]) + " (need 1 <= vocab <= " + std::to_string(most) + ", 0 <= eot < vocab)");
+        s.vocab = header[4], s.eot = header[5];
+      }
       s.count = header[2];
       if (s.count <= 0) throw fail("header token count " + std::to_string(s.count) + " (must be > 0)");
       const int64_t want = 1024 + s.count * s.width;
@@ -96,7 +103,10 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
     for (Shard& s : shards_) munmap(s.map, s.map_len);  // the destructor will not run
     throw;
   }
-  vocab_ = model_vocab > 0 ? model_vocab : default_vocab;
+  // The headers' vocab when every file names one (the largest, if they differ).
+  int named = 0;
+  for (const Shard& s : shards_) named = s.vocab > 0 && (named >= 0) ? std::max(named, s.vocab) : -1;
+  vocab_ = model_vocab > 0 ? model_vocab : named > 0 ? named : default_vocab;
 }
 
 ShardDataset::~ShardDataset() {
@@ -121,8 +131,13 @@ void ShardDataset::layout(int T, int64_t& first, int64_t& n) const {
 }
 
 int32_t ShardDataset::eot() const {
+  if (shards_.front().vocab > 0) {  // named in the headers: every file must name the same
+    for (const Shard& s : shards_)
+      if (s.eot != shards_.front().eot) return -1;
+    return shards_.front().eot;
+  }
   int widths = 0;  // bit 0: uint16 files seen, bit 1: uint32 files seen
-  for (const Shard& s : shards_) widths |= s.width == 2 ? 1 : 2;
+  for (const Shard& s : shards_) widths |= s.vocab > 0 ? 4 : s.width == 2 ? 1 : 2;
   return widths == 1 ? 50256 : widths == 2 ? 128000 : -1;
 }
 

@@ -1,6 +1,9 @@
 // "shards:GLOB": llm.c token shards. Each file: a header of 256 int32 [magic, version, token count,
 // 0...], then the tokens — magic 20240520 / version 1: uint16 (GPT-2); magic 20240801 / version 7
 // (llm.c's llama-3 writer) or 2: uint32. Every file is validated when opened and memory-mapped.
+// A shard `train prepare` writes also names its tokenizer in the header's unused ints (which
+// llm.c's readers ignore): [3] = kShardTag ('ULYS'), [4] = vocab, [5] = the end-of-text id. When
+// every file says the same, they are the default vocab and --eot, instead of the format's.
 //
 // Split: files whose name contains "val" are the val split, the others train; with no val file,
 // the last 10% (at least 1) of the train sequences are held out as val.
@@ -17,10 +20,13 @@
 
 namespace ul {
 
+constexpr int32_t kShardTag = 0x53594c55;  // "ULYS" read as little-endian bytes
+
 class ShardDataset : public Dataset {
  public:
-  // model_vocab <= 0: the format's tokenizer vocab (50257 for uint16 GPT-2 shards, 128256 for
-  // uint32 llama-3 shards). A token id >= vocab() is an error naming the file and offset when read.
+  // model_vocab <= 0: the vocab the headers name (train prepare's shards), else the format's
+  // tokenizer vocab (50257 for uint16 GPT-2 shards, 128256 for uint32 llama-3 shards). A token id
+  // >= vocab() is an error naming the file and offset when read.
   ShardDataset(const std::string& glob, Split split, uint64_t seed, int model_vocab);
   ~ShardDataset() override;
   ShardDataset(const ShardDataset&) = delete;
@@ -28,7 +34,8 @@ class ShardDataset : public Dataset {
 
   int vocab() const override { return vocab_; }
   // llm.c's writers start every document with one token: 50256 <|endoftext|> in uint16 GPT-2
-  // shards, 128000 <|begin_of_text|> in uint32 llama-3 shards; -1 when the files mix the two.
+  // shards, 128000 <|begin_of_text|> in uint32 llama-3 shards; the one the headers name when every
+  // file names the same; -1 when the files mix.
   int32_t eot() const override;
   int64_t num_sequences(int T) const override;  // throws naming the glob when it is 0
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
@@ -41,6 +48,7 @@ class ShardDataset : public Dataset {
   struct Shard {
     std::string path;
     int width = 2;  // bytes per token
+    int32_t vocab = 0, eot = -1;  // named by the header (kShardTag), else 0 and -1
     int64_t count = 0;
     void* map = nullptr;
     size_t map_len = 0;

@@ -16,6 +16,7 @@
 #include <iterator>
 
 #include "data/dataset.h"
+#include "expect_error.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
@@ -67,7 +68,7 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
                              d.file("b.bin")));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("--vocab 257 --doc-mask --eot 256") != std::string::npos);
+  CHECK(r.out.find("train with: train --data 'shards:" + out + "/text_*.bin' --doc-mask\n") != std::string::npos);
 
   // The stream: EOT, a, EOT, b; its last 20% (rounded) is val.
   std::vector<int32_t> stream{256};
@@ -110,12 +111,47 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
     CHECK(std::search(got_train.begin(), got_train.end(), window.begin(), window.end()) != got_train.end());
   }
 
-  // And they train, packed with the document mask.
-  r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --vocab 257 --doc-mask --eot 256 --seq 32 --batch 2 "
-                        "--steps 2 --eval-batches 1 --threads 1 --quiet"));
+  // The headers name the tokenizer: vocab 257 and EOT 256 without --vocab or --eot.
+  auto named = ul::open_dataset("shards:" + out + "/text_*.bin", ul::Split::train, 1, 0);
+  CHECK(named->vocab() == 257);
+  CHECK(named->eot() == 256);
+
+  // And they train, packed with the document mask, as the hint line says.
+  r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --doc-mask --seq 32 --batch 2 "
+                        "--steps 2 --eval-batches 1 --threads 1"));
   INFO(r.out);
   CHECK(r.code == 0);
+  CHECK(r.out.find("vocab=257 (padded 384)") != std::string::npos);
   CHECK(r.out.find("done |") != std::string::npos);
+}
+
+TEST_CASE("prepare's header ints: checked, and the format's defaults when a file lacks them", "[prepare]") {
+  TempDir d;
+  std::ofstream(d.file("ok.txt")) << "some text for a shard, long enough for both splits\n";
+  const std::string out = d.file("shards");
+  REQUIRE(run_cmd(train_cmd("prepare --out " + out + " --val-frac 0 " + d.file("ok.txt"))).code == 0);
+  const std::string shard = out + "/text_train_000000.bin";
+  std::string bytes = bytes_of(shard);
+  auto with_header = [&](const std::string& name, int slot, int32_t value) {
+    std::string b = bytes;
+    std::memcpy(&b[size_t(4 * slot)], &value, 4);
+    std::ofstream(d.file(name), std::ios::binary) << b;
+    return d.file(name);
+  };
+  // A vocab the ids cannot reach, or an EOT outside it: refused, naming the file.
+  for (auto [slot, value] : {std::pair<int, int32_t>{4, 0}, {4, 70000}, {5, 257}, {5, -1}}) {
+    const std::string bad = with_header("bad.bin", slot, value);
+    ul_test::require_error([&] { ul::open_dataset("shards:" + bad, ul::Split::train, 1, 0); }, {bad, "header names vocab"});
+  }
+  // Without the tag (an llm.c shard), the format's defaults; mixed with a tagged one, no EOT is known.
+  const std::string plain = with_header("plain.bin", 3, 0);
+  auto p = ul::open_dataset("shards:" + plain, ul::Split::train, 1, 0);
+  CHECK(p->vocab() == 50257);
+  CHECK(p->eot() == 50256);
+  std::filesystem::copy_file(shard, d.file("plain_b.bin"));
+  auto mixed = ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0);
+  CHECK(mixed->vocab() == 50257);
+  CHECK(mixed->eot() == -1);
 }
 
 TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {

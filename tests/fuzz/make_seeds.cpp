@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/shards.h"
 #include "engine/checkpoint_files.h"
 #include "engine/file_io.h"
 #include "engine/llmc_format.h"
@@ -79,6 +80,10 @@ int main(int argc, char** argv) {
   for (uint32_t t : {50256u, 1u, 2u, 3u, 50256u, 4u, 5u, 6u, 7u}) put(s16, uint16_t(t)), put(s32, t + 70000u);
   write(seed("shards", "gpt2.bin"), s16);
   write(seed("shards", "llama3.bin"), s32);
+  // train prepare's: the header names vocab 257 and end-of-text 256 (data/shards.h).
+  std::string named = header({20240520, 1, 9, ul::kShardTag, 257, 256});
+  for (uint32_t t : {256u, 1u, 2u, 3u, 256u, 4u, 5u, 6u, 7u}) put(named, uint16_t(t));
+  write(seed("shards", "prepared.bin"), named);
 
   // Our checkpoint files.
   ul::ModelConfig mc;
