@@ -243,6 +243,12 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--precision bf16: the CPU backend runs fp32 only (use --device cuda, or --precision fp32)");
   if (o.comm != "local" && o.comm != "mpi" && o.comm != "nccl")
     throw std::runtime_error("--comm: expected local, mpi or nccl, got '" + o.comm + "'");
+  // Flags that only one mode reads: elsewhere they would be ignored without a word.
+  if (o.set_by_user("--ranks") && o.comm != "local" && !o.plan)
+    throw std::runtime_error("--ranks sets the world of --comm local; under --comm " + o.comm +
+                             " the world is the launcher's (mpirun -np N, or WORLD_SIZE)");
+  if (o.set_by_user("--nccl-id-file") && o.comm != "nccl") throw std::runtime_error("--nccl-id-file needs --comm nccl");
+  if (o.set_by_user("--check-tol") && o.check_state.empty()) throw std::runtime_error("--check-tol needs --check-state");
   positive("--mlp-chunks", o.mlp_chunks);
   if (o.set_by_user("--profile-step")) {
     positive("--profile-step", o.profile_step);

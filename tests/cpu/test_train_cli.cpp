@@ -57,6 +57,10 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--adam-eps 0", "--adam-eps must be a finite number > 0");
   expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
   expect_refused("--heartbeat -1", "--heartbeat must be a finite number of seconds >= 0");
+  // Flags only one mode reads are refused elsewhere instead of ignored.
+  expect_refused("--comm mpi --ranks 4", "--ranks sets the world of --comm local");
+  expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
+  expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
   expect_refused("--seed -1", "--seed must be >= 0");
   expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature must be a finite number >= 0");
   // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
@@ -74,7 +78,7 @@ TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][
   CHECK(r.out.find("longest --seq that fits") != std::string::npos);
 }
 
-TEST_CASE("--heartbeat: a long step says which block it reached, a short one says nothing", "[cli]") {
+TEST_CASE("train heartbeat: a long step says which block it reached, a short one says nothing", "[cli]") {
   const std::string run = "--layers 3 --seq 32 --batch 2 --steps 2 --eval-every 0 --eval-batches 1 --threads 1";
   // Every block is past the interval: one line per block forward, the classifier, then per block
   // backward, the last block's first; then the step's own line. The eval's forward likewise.
