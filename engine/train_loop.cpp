@@ -121,6 +121,16 @@ int train_rank(const Options& o, Comm& world) {
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
     }
   }
+  // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once.
+  if (o.steps == 0) {
+    beat.begin("eval 0");
+    ev = tr.evaluate();
+    have_eval = true;
+    say("eval      0 | val loss %.4f", ev.loss);
+    if (synthetic) say(" | accuracy %.2f%% over %lld answers", 100.0 * ev.accuracy, (long long)ev.answers);
+    say("\n");
+    if (log) log->eval(0, ev);
+  }
   if (log) {
     log.reset();  // closed: the plot reads it back
     const std::string svg = plot_path_for_log(log_path);
@@ -134,6 +144,11 @@ int train_rank(const Options& o, Comm& world) {
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
+  if (lead && o.steps == 0) {
+    std::printf("done | no training (--steps 0) | val loss %.4f", ev.loss);
+    if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
+    std::printf("\n");
+  }
   if (lead && o.steps > start) {
     std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
     if (have_eval) {

@@ -207,12 +207,18 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   fs::path d = fresh_dir("from_model");
   const std::string rest = " --seq 16 --batch 2 --eval-every 0 --eval-batches 1 --threads 1 --quiet";
   const fs::path a = d / "a" / "model.safetensors", b = d / "b" / "model.safetensors";
-  REQUIRE(train("--dim 32 --heads 2 --layers 1" + rest + " --steps 3 --save-dir " + (d / "run").string() +
-                " --export-safetensors " + a.string()).code == 0);
+  CmdResult first = train("--dim 32 --heads 2 --layers 1" + rest + " --steps 3 --save-dir " + (d / "run").string() +
+                          " --export-safetensors " + a.string());
+  REQUIRE(first.code == 0);
   const std::string model = (d / "run" / "step_00000003" / "model.bin").string();
-  // The shape comes from the file; --steps 0 exports the weights as loaded: the run's own export.
-  REQUIRE(train(rest + " --steps 0 --checkpoint " + model + " --export-safetensors " + b.string()).code == 0);
+  // The shape comes from the file; --steps 0 exports the weights as loaded: the run's own export,
+  // and evaluates them once: the run's last eval, to the printed digit.
+  CmdResult zero = train(rest + " --steps 0 --checkpoint " + model + " --export-safetensors " + b.string());
+  REQUIRE(zero.code == 0);
   CHECK(bytes_of(a) == bytes_of(b));
+  auto val = [](const std::string& out) { return out.substr(out.find("| val loss")); };
+  CHECK(zero.out.find("done | no training (--steps 0) | val loss") != std::string::npos);
+  CHECK(val(zero.out) == val(first.out));
   CHECK(bytes_of(a.parent_path() / "config.json") == bytes_of(b.parent_path() / "config.json"));
   // A new run from them: a fresh optimizer and step counter, its own --save-dir.
   CmdResult r = train(rest + " --steps 2 --checkpoint " + model + " --save-dir " + (d / "next").string());
