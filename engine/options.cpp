@@ -34,7 +34,8 @@ data and loop
   --eot N             that token's id                  [shards: 50256 (GPT-2) / 128000 (llama-3)]
   --batch N           sequences per rank per micro-batch                                  [8]
   --seq N             sequence length T                                                   [256]
-  --steps N           optimizer steps (0: evaluate the model as loaded, once)             [1500]
+  --steps N           optimizer steps (0: evaluate the model as loaded, once; with --export-*
+                      or --sample only when --eval-batches is given)                      [1500]
   --grad-accum N      micro-batches per optimizer step                                    [1]
   --lr X              peak learning rate                                                  [3e-3]
   --warmup N          linear warmup steps, then cosine decay to lr * final-lr-frac        [20]

@@ -121,8 +121,12 @@ int train_rank(const Options& o, Comm& world) {
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
     }
   }
-  // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once.
-  if (o.steps == 0) {
+  // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once,
+  // unless the run is there to export or sample (a conversion of a 1B model would otherwise spend
+  // minutes on an eval nobody asked for) and --eval-batches does not ask for one.
+  const bool eval_at_zero = o.steps == 0 && (o.set_by_user("--eval-batches") ||
+                                             (o.export_llmc.empty() && o.export_safetensors.empty() && o.sample == 0));
+  if (eval_at_zero) {
     beat.begin("eval 0");
     ev = tr.evaluate();
     have_eval = true;
@@ -144,7 +148,7 @@ int train_rank(const Options& o, Comm& world) {
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
-  if (lead && o.steps == 0) {
+  if (lead && eval_at_zero) {
     std::printf("done | no training (--steps 0) | val loss %.4f", ev.loss);
     if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
     std::printf("\n");

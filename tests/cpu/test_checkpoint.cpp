@@ -219,6 +219,10 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   auto val = [](const std::string& out) { return out.substr(out.find("| val loss")); };
   CHECK(zero.out.find("done | no training (--steps 0) | val loss") != std::string::npos);
   CHECK(val(zero.out) == val(first.out));
+  // An export or a sample without --eval-batches given: no eval (a conversion spends no time on one).
+  CmdResult convert = train("--quiet --steps 0 --checkpoint " + model + " --export-safetensors " + (d / "c" / "model.safetensors").string());
+  REQUIRE(convert.code == 0);
+  CHECK(convert.out.find("val loss") == std::string::npos);
   CHECK(bytes_of(a.parent_path() / "config.json") == bytes_of(b.parent_path() / "config.json"));
   // A new run from them: a fresh optimizer and step counter, its own --save-dir.
   CmdResult r = train(rest + " --steps 2 --checkpoint " + model + " --save-dir " + (d / "next").string());
