@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ul {
 
@@ -24,6 +26,9 @@ class Dataset {
   virtual std::string describe() const = 0;         // one line for the log
   // For a task that fits itself to the length: what a sequence of length T holds ("" otherwise).
   virtual std::string layout(int) const { return ""; }
+  // The same task with one random setting held fixed, named by it, for the breakdown printed after
+  // a run's last eval (passkey with a random depth: the needle at depths 0, 0.25, 0.5, 0.75, 1).
+  virtual std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> probes() const { return {}; }
 };
 
 // spec: "recall" | "passkey" | "text:FILE" | "shards:GLOB".

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "data/rng.h"
@@ -149,6 +150,19 @@ void PasskeyDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* target
     s[pos++] = key[d];
   }
   emit(s, scored, T, inputs, targets);
+}
+
+std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> PasskeyDataset::probes() const {
+  std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> out;
+  if (cfg_.depth >= 0) return out;  // one depth already: the eval is the breakdown
+  for (double depth : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+    PasskeyConfig c = cfg_;
+    c.depth = depth;
+    char name[32];
+    std::snprintf(name, sizeof name, "depth %g", depth);
+    out.emplace_back(name, std::make_unique<PasskeyDataset>(split_, seed_, c));
+  }
+  return out;
 }
 
 std::string PasskeyDataset::describe() const {

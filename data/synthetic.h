@@ -82,6 +82,7 @@ class PasskeyDataset : public Dataset {
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   bool synthetic() const override { return true; }
   std::string describe() const override;
+  std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> probes() const override;
 
   static constexpr int BOS = 0, KEY = 1, QUERY = 2, DIGIT0 = 3, FILLER0 = 13;
 

@@ -81,6 +81,23 @@ int train_rank(const Options& o, Comm& world) {
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   Heartbeat beat(o.heartbeat);
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
+  // After the run's last eval, the task's probes: the same eval with one random setting held fixed
+  // (passkey: the needle at depths 0 to 1), one line: where in the context retrieval fails.
+  auto probe = [&](int step) {
+    const auto probes = tr.val_data().probes();
+    if (probes.empty()) return;
+    std::string line;
+    int64_t answers = 0;
+    for (const auto& [name, data] : probes) {
+      beat.begin("probe " + name);
+      const EvalResult e = tr.evaluate(*data);
+      char cell[96];
+      std::snprintf(cell, sizeof cell, " | %s: %.2f%%", name.c_str(), 100.0 * e.accuracy);
+      line += cell;
+      answers = e.answers;
+    }
+    say("probe %5d%s (accuracy, %lld answers each)\n", step, line.c_str(), (long long)answers);
+  };
   for (int s = start; s < o.steps; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
@@ -114,6 +131,7 @@ int train_rank(const Options& o, Comm& world) {
       else
         say("eval  %5d | val loss %.4f\n", s + 1, ev.loss);
       if (log) log->eval(s + 1, ev);
+      if (last) probe(s + 1);
     }
     if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
       const double t0 = now_ms();
@@ -134,6 +152,7 @@ int train_rank(const Options& o, Comm& world) {
     if (synthetic) say(" | accuracy %.2f%% over %lld answers", 100.0 * ev.accuracy, (long long)ev.answers);
     say("\n");
     if (log) log->eval(0, ev);
+    probe(0);
   }
   if (log) {
     log.reset();  // closed: the plot reads it back

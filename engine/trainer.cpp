@@ -251,7 +251,7 @@ StepResult Trainer::step() {
   return r;
 }
 
-EvalResult Trainer::evaluate() {
+EvalResult Trainer::evaluate(const Dataset& data) {
   Grid& g = grid_;
   Recording off(false);
   double sums[3] = {0, 0, 0};  // loss_sum, valid, correct
@@ -260,7 +260,7 @@ EvalResult Trainer::evaluate() {
     ctx_.arena.reset();
     // Every eval reads the same held-out sequences, so successive val losses are comparable.
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
-    load_batch(*val_, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb, eot_);
+    load_batch(data, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb, eot_);
     CrossEntropyStats s = model_->forward(device_inputs(ctx_, hb), 0.0f, g.sp_group.get());
     sums[0] += s.loss_sum;
     sums[1] += double(s.n_valid);

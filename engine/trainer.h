@@ -60,7 +60,8 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   StepResult step();      // one optimizer step: micro-batches [step * A, step * A + A)
-  EvalResult evaluate();  // eval_batches micro-batches of the val split, no tape
+  EvalResult evaluate() { return evaluate(*val_); }  // eval_batches micro-batches of the val split, no tape
+  EvalResult evaluate(const Dataset& data);           // the same on another dataset (a probe of the task)
   int steps_done() const { return step_; }
   // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its batches and
   // learning rate; the caller restores the parameters and the optimizer state that go with it.
@@ -73,6 +74,7 @@ class Trainer {
   Context& context() { return ctx_; }
   Transformer& model() { return *model_; }
   const Dataset& train_data() const { return *train_; }
+  const Dataset& val_data() const { return *val_; }
 
  private:
   Options o_;

@@ -170,6 +170,29 @@ TEST_CASE("passkey scores exactly the digits of the key", "[data]") {
   }
 }
 
+TEST_CASE("passkey's probes hold the needle at fixed depths; other tasks have none", "[data]") {
+  ul::PasskeyDataset d(ul::Split::val, 5);  // random depth
+  const auto probes = d.probes();
+  REQUIRE(probes.size() == 5);
+  const int T = 100;
+  const double depths[] = {0.0, 0.25, 0.5, 0.75, 1.0};
+  for (size_t k = 0; k < probes.size(); k++) {
+    INFO(probes[k].first);
+    CHECK(probes[k].first == "depth " + std::string(k == 0 ? "0" : k == 1 ? "0.25" : k == 2 ? "0.5" : k == 3 ? "0.75" : "1"));
+    CHECK(probes[k].second->vocab() == d.vocab());
+    for (int64_t i = 0; i < 5; i++) {
+      auto [x, y] = get(*probes[k].second, i, T);
+      int key = 0;
+      while (key < T && x[key] != ul::PasskeyDataset::KEY) key++;
+      REQUIRE(key < T);
+      const int filler = T + 1 - (2 * 5 + 3);
+      CHECK(key == 1 + int(std::lround(depths[k] * filler)));  // BOS, then that share of the filler
+    }
+    CHECK(probes[k].second->probes().empty());  // a fixed depth has no breakdown of its own
+  }
+  CHECK(ul::RecallDataset(ul::Split::val, 5).probes().empty());
+}
+
 TEST_CASE("open_dataset rejects unknown specs and too small a model vocab", "[data]") {
   require_error([] { ul::open_dataset("recal", ul::Split::train, 0, 0); },
                 {"recal", "recall", "passkey", "text:FILE", "shards:GLOB"});

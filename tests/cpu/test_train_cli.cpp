@@ -103,6 +103,28 @@ TEST_CASE("train heartbeat: a long step says which block it reached, a short one
   }
 }
 
+TEST_CASE("a passkey run ends with its accuracy at each needle depth", "[cli]") {
+  const std::string run = "--seq 32 --batch 2 --steps 2 --eval-every 1 --eval-batches 1 --threads 1";
+  CmdResult r = run_cmd(train_cmd(run));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  // Once, after the last eval only.
+  CHECK(r.out.find("probe     1") == std::string::npos);
+  const size_t at = r.out.find("probe     2 | depth 0: ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  for (const char* depth : {"| depth 0: ", "| depth 0.25: ", "| depth 0.5: ", "| depth 0.75: ", "| depth 1: "})
+    CHECK(line.find(depth) != std::string::npos);
+  CHECK(line.find("(accuracy, 10 answers each)") != std::string::npos);  // 1 batch of 2 sequences x 5 digits
+  // A fixed depth, or another task: no probe line.
+  for (const char* data : {" --data passkey:depth=0.5", " --data recall"}) {
+    CmdResult q = run_cmd(train_cmd(run + data));
+    INFO(data << "\n" << q.out);
+    CHECK(q.code == 0);
+    CHECK(q.out.find("probe ") == std::string::npos);
+  }
+}
+
 TEST_CASE("train --help lists the flags and exits 0", "[cli]") {
   CmdResult r = run_cmd(train_cmd("--help"));
   CHECK(r.code == 0);
