@@ -67,13 +67,16 @@ long-context memory (README: "Long context")
   --zero 0|1          1: shard AdamW state over the world (reduce-scatter, all-gather)  [0]
   --plan              print per-rank memory and communication for these flags; no run
   --memory SIZE       with --plan: the longest --seq that fits SIZE per rank (e.g. 24G)
-checkpoints and logs
+checkpoints, logs and output
   --save-dir DIR      save resumable checkpoints in DIR/step_NNNNNNNN (and at the last step)
   --save-every N      also save every N steps                                             [0: end only]
   --keep K            keep only the K newest checkpoints                                  [0: all]
   --resume            continue from the newest complete checkpoint in --save-dir
   --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
                                                          [DIR/log.jsonl with --save-dir, else none]
+  --quiet             only the final summary
+  --heartbeat S       inside a step or eval that runs longer, a progress line every S seconds
+                      naming the block reached (long context on a CPU; 0: none)           [30]
 export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --export-llmc FILE  write an llm.c GPT-2 checkpoint (gpt2 only)
   --export-llmc-version 3|5   3 = fp32, 5 = bf16 (round to nearest even)               [3]
@@ -89,9 +92,6 @@ verification
   --check-state FILE  run one forward/backward on an llm.c debug state (needs --checkpoint),
                       print per-tensor differences and PASS/FAIL
   --check-tol X       relative tolerance of --check-state                                 [1e-5]
-  --quiet             only the final summary
-  --heartbeat S       inside a step or eval that runs longer, a progress line every S seconds
-                      naming the block reached (long context on a CPU; 0: none)           [30]
   --help
 )";
 }
