@@ -170,7 +170,7 @@ TEST_CASE("passkey scores exactly the digits of the key", "[data]") {
   }
 }
 
-TEST_CASE("passkey's probes hold the needle at fixed depths; other tasks have none", "[data]") {
+TEST_CASE("passkey's probes hold the needle at fixed depths, other tasks have none", "[data]") {
   ul::PasskeyDataset d(ul::Split::val, 5);  // random depth
   const auto probes = d.probes();
   REQUIRE(probes.size() == 5);
