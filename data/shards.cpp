@@ -105,7 +105,7 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
   }
   // The headers' vocab when every file names one (the largest, if they differ).
   int named = 0;
-  for (const Shard& s : shards_) named = s.vocab > 0 && (named >= 0) ? std::max(named, s.vocab) : -1;
+  for (const Shard& s : shards_) named = (s.vocab > 0 && named >= 0) ? std::max(named, s.vocab) : -1;
   vocab_ = model_vocab > 0 ? model_vocab : named > 0 ? named : default_vocab;
 }
 
