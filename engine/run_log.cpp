@@ -1,5 +1,6 @@
 #include "engine/run_log.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +53,14 @@ void RunLog::step(int step, const StepResult& r, double tok_per_s) {
 }
 
 void RunLog::eval(int step, const EvalResult& e) {
-  line(JsonLine().add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy).str());
+  JsonLine j;
+  j.add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy);
+  for (const auto& [name, accuracy] : e.probes) {  // "depth 0.25" -> "acc_depth_0.25"
+    std::string key = "acc_" + name;
+    std::replace(key.begin(), key.end(), ' ', '_');
+    j.add(key, accuracy);
+  }
+  line(j.str());
 }
 
 std::vector<LogRecord> read_run_log(const std::string& path, int* skipped) {

@@ -83,7 +83,8 @@ int train_rank(const Options& o, Comm& world) {
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
   // After the run's last eval, the task's probes: the same eval with one random setting held fixed
   // (passkey: the needle at depths 0 to 1), one line: where in the context retrieval fails.
-  auto probe = [&](int step) {
+  // Fills ev.probes; the eval's log record carries them.
+  auto probe = [&](int step, EvalResult& into) {
     const auto probes = tr.val_data().probes();
     if (probes.empty()) return;
     std::string line;
@@ -91,6 +92,7 @@ int train_rank(const Options& o, Comm& world) {
     for (const auto& [name, data] : probes) {
       beat.begin("probe " + name);
       const EvalResult e = tr.evaluate(*data);
+      into.probes.emplace_back(name, e.accuracy);
       char cell[96];
       std::snprintf(cell, sizeof cell, " | %s: %.2f%%", name.c_str(), 100.0 * e.accuracy);
       line += cell;
@@ -130,8 +132,8 @@ int train_rank(const Options& o, Comm& world) {
             (long long)ev.answers);
       else
         say("eval  %5d | val loss %.4f\n", s + 1, ev.loss);
+      if (last) probe(s + 1, ev);
       if (log) log->eval(s + 1, ev);
-      if (last) probe(s + 1);
     }
     if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
       const double t0 = now_ms();
@@ -151,8 +153,8 @@ int train_rank(const Options& o, Comm& world) {
     say("eval      0 | val loss %.4f", ev.loss);
     if (synthetic) say(" | accuracy %.2f%% over %lld answers", 100.0 * ev.accuracy, (long long)ev.answers);
     say("\n");
+    probe(0, ev);
     if (log) log->eval(0, ev);
-    probe(0);
   }
   if (log) {
     log.reset();  // closed: the plot reads it back

@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/dataset.h"
@@ -50,6 +51,8 @@ struct StepResult {
 struct EvalResult {
   double loss = 0, accuracy = 0;
   int64_t answers = 0;    // valid targets evaluated (world)
+  // After a run's last eval: the accuracy on each of the task's probes (Dataset::probes), by name.
+  std::vector<std::pair<std::string, double>> probes;
 };
 
 class Trainer {

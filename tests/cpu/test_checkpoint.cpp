@@ -259,6 +259,9 @@ TEST_CASE("the run log has a record per step and eval, the plot has both series"
       CHECK(r["step"] == std::to_string(2 * evals));
       CHECK(r.count("val_loss") == 1);
       CHECK(r.count("accuracy") == 1);
+      // The last eval of a passkey run carries its probes: the accuracy at each needle depth.
+      for (const char* k : {"acc_depth_0", "acc_depth_0.25", "acc_depth_0.5", "acc_depth_0.75", "acc_depth_1"})
+        CHECK(r.count(k) == (evals == 3 ? 1u : 0u));
     }
   }
   CHECK(steps == 6);
