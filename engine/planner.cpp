@@ -214,8 +214,14 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   p.transient = p.arena_peak - p.kept;
   // Outside the arena: the CPU attention backward's row sums; cuBLASLt's workspace on cuda.
   p.workspace = cuda ? scratch::kCublasLtWorkspace : size_t(c.batch) * w.Hql * c.seq * 4;
-  // ZeRO's shard buffer; the local communicator's all-reduce keeps one rank's slice of the gradient.
-  if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm ? ((n + world - 1) / world) * 4 : 0;
+  // ZeRO's shard buffer (device memory on a device); the local communicator's all-reduce keeps one
+  // rank's slice of the gradient (host memory). On a device the local communicator stages each
+  // collective through host memory (parallel/comm_local.cpp): the gradient's whole buffer with the
+  // slice, or an all-to-all's send and receive buffers, whichever is larger; not device memory.
+  const size_t slice = ((n + world - 1) / world) * 4;
+  if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm && !cuda ? slice : 0;
+  if (c.world > 1 && c.local_comm && cuda)
+    p.host_comm = std::max(n * 4 + slice, size_t(2) * size_t(w.N) * size_t(w.QKV) * size_t(w.a));
   if (c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
 
@@ -314,9 +320,10 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("kept activations   ", p.kept, "alive when backward starts (arena)");
   row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
-  row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : c.world > 1 && c.local_comm ? "local all-reduce slice" : "");
+  row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
   if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
+  if (p.host_comm) row("host staging       ", p.host_comm, "--comm local on a device: collectives through host memory, outside the total");
   s << "plan | bytes sent per step by this rank:";
   s << " all-to-all " << mib(double(p.sent.all_to_all)) << " (" << mib(double(p.a2a_layer_fwd)) << " per layer per direction)";
   s << " | all-reduce " << mib(double(p.sent.all_reduce));

@@ -46,6 +46,7 @@ struct MemoryPlan {
   size_t comm = 0;       // communication buffers (local all-reduce slice, ZeRO shard buffer)
   size_t total = 0;
   size_t pinned_host = 0;  // --offload: the block inputs in pinned host memory (not in total)
+  size_t host_comm = 0;    // a device with --comm local: collectives staged through host memory (not in total)
   // bytes this rank sends per step, by collective
   CommStats sent;
   uint64_t a2a_layer_fwd = 0;  // all-to-all bytes per layer per direction (scatter + gather)

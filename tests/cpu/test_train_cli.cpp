@@ -76,6 +76,16 @@ TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][
   CHECK(r.out.find("cuda bf16 | recompute | offload") != std::string::npos);
   CHECK(r.out.find("pinned host memory") != std::string::npos);
   CHECK(r.out.find("longest --seq that fits") != std::string::npos);
+  // Ranks as threads: on the CPU the all-reduce's kept slice is in the total; on a device the local
+  // communicator stages through host memory, which the device total leaves out and a row shows.
+  const std::string two = "--plan --model gpt2-124M --ranks 2 --sp 2 --seq 1024 --batch 1";
+  CmdResult cpu = run_cmd(train_cmd(two));
+  CHECK(cpu.out.find("local all-reduce slice") != std::string::npos);
+  CHECK(cpu.out.find("host staging") == std::string::npos);
+  CmdResult dev = run_cmd(train_cmd(two + " --device cuda"));
+  INFO(dev.out);
+  CHECK(dev.out.find("local all-reduce slice") == std::string::npos);
+  CHECK(dev.out.find("host staging           712.3 MiB") != std::string::npos);  // the gradient + its slice
 }
 
 TEST_CASE("train heartbeat: a long step says which block it reached, a short one says nothing", "[cli]") {
