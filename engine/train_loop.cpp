@@ -57,7 +57,10 @@ int train_rank(const Options& o, Comm& world) {
   Transformer& model = tr.model();
   const bool synthetic = tr.train_data().synthetic();
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
-  const std::string layout = tr.train_data().layout(o.seq);
+  std::string layout = tr.train_data().layout(o.seq);
+  if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
+    layout += (layout.empty() ? "" : " | ") + std::string("--doc-mask: documents start at token ") +
+              std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");

@@ -78,6 +78,7 @@ class Trainer {
   Transformer& model() { return *model_; }
   const Dataset& train_data() const { return *train_; }
   const Dataset& val_data() const { return *val_; }
+  int32_t document_start() const { return eot_; }  // --doc-mask: the id documents start at; -1: no mask
 
  private:
   Options o_;

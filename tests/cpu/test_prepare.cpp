@@ -122,6 +122,7 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("vocab=257 (padded 384)") != std::string::npos);
+  CHECK(r.out.find("--doc-mask: documents start at token 256") != std::string::npos);
   CHECK(r.out.find("done |") != std::string::npos);
 }
 
