@@ -125,6 +125,9 @@ int train_rank(const Options& o, Comm& world) {
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
         r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0);
     if (!profile.empty()) say("%s", profile.c_str());
+    if (s == start && tr.document_start() >= 0 && r.packed == 0)  // a mask that splits nothing
+      say("note    | --doc-mask: no sequence of this step holds token %d after its start, so none is split "
+          "into documents (is --eot right?)\n", tr.document_start());
     bool last = s + 1 == o.steps;
     if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) {
       beat.begin("eval " + std::to_string(s + 1));

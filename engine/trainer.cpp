@@ -205,12 +205,17 @@ StepResult Trainer::step() {
     load_batch(*train_, first, o_.batch, o_.seq, g.sp, g.sp_rank, micro_[m], eot_);
     local_valid += micro_[m].valid;
   }
+  int64_t packed = 0;  // a document id above 0 in a sequence: an EOT split it
+  for (const HostBatch& hb : micro_)
+    for (size_t b = 0; b < hb.doc_full.size(); b += size_t(hb.T))
+      packed += std::any_of(hb.doc_full.begin() + long(b), hb.doc_full.begin() + long(b) + hb.T, [](int32_t d) { return d > 0; });
   const int64_t count = global_count(g.world, local_valid);
   if (count == 0) throw std::runtime_error("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch");
   const float scale = float(1.0 / double(count));
 
   StepResult r;
   r.valid = local_valid;
+  r.packed = packed;
   model_->params.zero_grad();
   double loss_sum = 0;
   for (int m = 0; m < A; m++) {

@@ -46,6 +46,7 @@ struct StepResult {
   size_t act_bytes = 0;   // arena high-water of the step's largest micro-batch (this rank)
   int64_t valid = 0;      // targets with a label in this rank's micro-batches of the step
   CommStats sent;         // bytes this rank sent during the step, by collective
+  int64_t packed = 0;     // --doc-mask: this rank's sequences of the step that hold 2+ documents
 };
 
 struct EvalResult {

@@ -275,4 +275,18 @@ TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]
   r = ul_test::run_cmd(ul_test::train_cmd("--data 'shards:" + (dir.path / "*.bin").string() + "' --doc-mask --steps 1"));
   CHECK(r.code == 1);
   CHECK(r.out.find("give --eot N") != std::string::npos);
+
+  // An EOT the data never holds splits nothing: the first step says so; one it holds does not.
+  std::string lines;
+  for (int i = 0; i < 40; i++) lines += "line " + std::to_string(i) + "\n";
+  std::ofstream(text) << lines;
+  const std::string run = "--data text:" + text + " --doc-mask --steps 2 --seq 16 --batch 2 --eval-batches 1";
+  r = ul_test::run_cmd(ul_test::train_cmd(run + " --eot 255"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("note    | --doc-mask: no sequence of this step holds token 255") != std::string::npos);
+  CHECK(r.out.find("--doc-mask: documents start at token 255") != std::string::npos);
+  r = ul_test::run_cmd(ul_test::train_cmd(run + " --eot 10"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("note    |") == std::string::npos);
 }
