@@ -351,6 +351,11 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   if (o.ffn > 0) c.ffn = o.ffn;
   c.rope_theta = o.rope_theta;
+  // llama's knobs: on gpt2 (an MLP of 4 x dim, learned positions) they would change nothing.
+  if (c.arch == "gpt2" && o.set_by_user("--ffn"))
+    throw std::runtime_error("--ffn: gpt2's MLP is 4 x --dim; the width is a llama setting (--model llama)");
+  if (c.arch == "gpt2" && o.set_by_user("--rope-theta"))
+    throw std::runtime_error("--rope-theta: gpt2 has learned positions, not RoPE (--model llama)");
   if (c.arch == "gpt2" && o.max_seq <= 0 && c.max_seq < o.seq) c.max_seq = o.seq;
   // llm.c pads the vocabulary to a multiple of 128 for GEMM-friendly shapes; the pad rows are never scored.
   c.padded_vocab = round_up(c.vocab, 128);

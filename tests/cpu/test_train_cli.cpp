@@ -61,6 +61,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--comm mpi --ranks 4", "--ranks sets the world of --comm local");
   expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
   expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
+  expect_refused("--model gpt2 --ffn 100", "--ffn: gpt2's MLP is 4 x --dim");
+  expect_refused("--rope-theta 500", "--rope-theta: gpt2 has learned positions");
   expect_refused("--seed -1", "--seed must be >= 0");
   expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature must be a finite number >= 0");
   // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
