@@ -1,6 +1,7 @@
 #include "engine/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -187,7 +188,21 @@ Trainer::Trainer(const Options& o, Comm& world)
   PlanConfig pc = plan_config(o, cfg);
   pc.world = world.size();
   planned_arena_ = plan_memory(pc).arena_peak;
-  ctx_.arena.reserve(planned_arena_);
+  // Too large a step fails here, saying which memory and what shrinks it. On the CPU it is checked
+  // against the machine's memory first: Linux would hand out the block and kill the run mid-step.
+  auto too_large = [&](const std::string& why) {
+    return std::runtime_error(why + ": the step's activations (" + std::to_string(planned_arena_ >> 20) +
+                              " MiB; `train --plan` with these flags shows every part) do not fit; try --recompute, " +
+                              "--mlp-chunks 8, a larger --sp, or a smaller --batch or --seq");
+  };
+  const size_t ram = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+  if (ctx_.device == Device::cpu && planned_arena_ > ram)
+    throw too_large("this machine has " + std::to_string(ram >> 20) + " MiB of memory");
+  try {
+    ctx_.arena.reserve(planned_arena_);
+  } catch (const std::exception& e) {
+    throw too_large(e.what());
+  }
 }
 
 Trainer::~Trainer() { device_free(ctx_.device, zero_scratch_); }
