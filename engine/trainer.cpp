@@ -156,6 +156,21 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!cfg.is_llama() && o.seq > cfg.max_seq)
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
                              std::to_string(cfg.max_seq) + " (learned positions)");
+  // The run's memory as planned (engine/planner.h), before anything large is allocated. On the CPU
+  // a run larger than the machine is refused here: Linux would grant the memory, then kill the run
+  // once it is touched.
+  PlanConfig pc = plan_config(o, cfg);
+  pc.world = world.size();
+  const MemoryPlan plan = plan_memory(pc);
+  planned_arena_ = plan.arena_peak;
+  const size_t ram = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
+  if (ctx_.device == Device::cpu && plan.total > ram)
+    throw std::runtime_error("this run needs " + mib(plan.total) + " per rank (weights, gradients and AdamW state " +
+                             mib(plan.params + plan.grads + plan.optim) + ", activations " + mib(plan.arena_peak) +
+                             "; `train --plan` shows every part) but this machine has " + mib(ram) +
+                             ": try --recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
+                             "or --zero 1 over more ranks");
   model_ = std::make_unique<Transformer>(cfg, param_dtype(o));
   eot_ = doc_mask_eot(o, *train_, cfg.vocab);
   model_->recompute = o.recompute;
@@ -185,23 +200,12 @@ Trainer::Trainer(const Options& o, Comm& world)
   // The step's activation memory as planned (engine/planner.h, every target valid: the largest
   // classifier chunk), held as one block from the start: no block tail is wasted, and a run too
   // large for the device fails here rather than in the middle of a step.
-  PlanConfig pc = plan_config(o, cfg);
-  pc.world = world.size();
-  planned_arena_ = plan_memory(pc).arena_peak;
-  // Too large a step fails here, saying which memory and what shrinks it. On the CPU it is checked
-  // against the machine's memory first: Linux would hand out the block and kill the run mid-step.
-  auto too_large = [&](const std::string& why) {
-    return std::runtime_error(why + ": the step's activations (" + std::to_string(planned_arena_ >> 20) +
-                              " MiB; `train --plan` with these flags shows every part) do not fit; try --recompute, " +
-                              "--mlp-chunks 8, a larger --sp, or a smaller --batch or --seq");
-  };
-  const size_t ram = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
-  if (ctx_.device == Device::cpu && planned_arena_ > ram)
-    throw too_large("this machine has " + std::to_string(ram >> 20) + " MiB of memory");
   try {
     ctx_.arena.reserve(planned_arena_);
-  } catch (const std::exception& e) {
-    throw too_large(e.what());
+  } catch (const std::exception& e) {  // a device too small: say which memory, and what shrinks it
+    throw std::runtime_error(std::string(e.what()) + ": the step's activations (" + mib(planned_arena_) +
+                             "; `train --plan` shows every part) do not fit; try --recompute, --mlp-chunks 8, " +
+                             "a larger --sp, or a smaller --batch or --seq");
   }
 }
 

@@ -61,8 +61,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--comm mpi --ranks 4", "--ranks sets the world of --comm local");
   expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
   expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
-  // Activations that cannot be reserved (17 TB here): the message says what to shrink.
-  expect_refused("--model llama --seq 1048576 --batch 1024", "do not fit; try --recompute");
+  // A run larger than the machine (17 TB of activations): refused before allocating, saying what to shrink.
+  expect_refused("--model llama --seq 1048576 --batch 1024", "but this machine has");
   expect_refused("--model gpt2 --ffn 100", "--ffn: gpt2's MLP is 4 x --dim");
   expect_refused("--rope-theta 500", "--rope-theta: gpt2 has learned positions");
   expect_refused("--seed -1", "--seed must be >= 0");
