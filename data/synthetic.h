@@ -65,7 +65,6 @@ class RecallDataset : public Dataset {
     int pairs, gap, queries;
   };
   Layout layout_at(int T) const;
-  int pairs_at(int T) const { return layout_at(T).pairs; }
   std::string layout(int T) const override;
 
  private:

@@ -84,24 +84,33 @@ int train_rank(const Options& o, Comm& world) {
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   Heartbeat beat(o.heartbeat);
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
-  // After the run's last eval, the task's probes: the same eval with one random setting held fixed
-  // (passkey: the needle at depths 0 to 1), one line: where in the context retrieval fails.
-  // Fills ev.probes; the eval's log record carries them.
-  auto probe = [&](int step, EvalResult& into) {
-    const auto probes = tr.val_data().probes();
-    if (probes.empty()) return;
+  // One eval at `step`: its line, and after the run's last one the task's probes: the same eval with
+  // one random setting held fixed (passkey: the needle at depths 0 to 1), one line saying where in
+  // the context retrieval fails. The log record carries both.
+  auto run_eval = [&](int step, bool last) {
+    beat.begin("eval " + std::to_string(step));
+    ev = tr.evaluate();
+    have_eval = true;
+    if (synthetic)
+      say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", step, ev.loss, 100.0 * ev.accuracy,
+          (long long)ev.answers);
+    else
+      say("eval  %5d | val loss %.4f\n", step, ev.loss);
+    std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> probes;
+    if (last) probes = tr.val_data().probes();
     std::string line;
     int64_t answers = 0;
     for (const auto& [name, data] : probes) {
       beat.begin("probe " + name);
       const EvalResult e = tr.evaluate(*data);
-      into.probes.emplace_back(name, e.accuracy);
+      ev.probes.emplace_back(name, e.accuracy);
       char cell[96];
       std::snprintf(cell, sizeof cell, " | %s: %.2f%%", name.c_str(), 100.0 * e.accuracy);
       line += cell;
       answers = e.answers;
     }
-    say("probe %5d%s (accuracy, %lld answers each)\n", step, line.c_str(), (long long)answers);
+    if (!probes.empty()) say("probe %5d%s (accuracy, %lld answers each)\n", step, line.c_str(), (long long)answers);
+    if (log) log->eval(step, ev);
   };
   for (int s = start; s < o.steps; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
@@ -129,18 +138,7 @@ int train_rank(const Options& o, Comm& world) {
       say("note    | --doc-mask: no sequence of this step holds token %d after its start, so none is split "
           "into documents (is --eot right?)\n", tr.document_start());
     bool last = s + 1 == o.steps;
-    if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) {
-      beat.begin("eval " + std::to_string(s + 1));
-      ev = tr.evaluate();
-      have_eval = true;
-      if (synthetic)
-        say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", s + 1, ev.loss, 100.0 * ev.accuracy,
-            (long long)ev.answers);
-      else
-        say("eval  %5d | val loss %.4f\n", s + 1, ev.loss);
-      if (last) probe(s + 1, ev);
-      if (log) log->eval(s + 1, ev);
-    }
+    if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) run_eval(s + 1, last);
     if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
       const double t0 = now_ms();
       save_checkpoint(tr, o.save_dir, o.keep);
@@ -152,16 +150,7 @@ int train_rank(const Options& o, Comm& world) {
   // minutes on an eval nobody asked for) and --eval-batches does not ask for one.
   const bool eval_at_zero = o.steps == 0 && (o.set_by_user("--eval-batches") ||
                                              (o.export_llmc.empty() && o.export_safetensors.empty() && o.sample == 0));
-  if (eval_at_zero) {
-    beat.begin("eval 0");
-    ev = tr.evaluate();
-    have_eval = true;
-    say("eval      0 | val loss %.4f", ev.loss);
-    if (synthetic) say(" | accuracy %.2f%% over %lld answers", 100.0 * ev.accuracy, (long long)ev.answers);
-    say("\n");
-    probe(0, ev);
-    if (log) log->eval(0, ev);
-  }
+  if (eval_at_zero) run_eval(0, true);
   if (log) {
     log.reset();  // closed: the plot reads it back
     const std::string svg = plot_path_for_log(log_path);
@@ -175,13 +164,9 @@ int train_rank(const Options& o, Comm& world) {
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
-  if (lead && eval_at_zero) {
-    std::printf("done | no training (--steps 0) | val loss %.4f", ev.loss);
-    if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
-    std::printf("\n");
-  }
-  if (lead && o.steps > start) {
-    std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
+  if (lead && (eval_at_zero || o.steps > start)) {
+    if (eval_at_zero) std::printf("done | no training (--steps 0)");
+    else std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);
       if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);

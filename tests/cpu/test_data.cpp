@@ -73,7 +73,7 @@ TEST_CASE("synthetic tasks are pure functions of (seed, split, i)", "[data]") {
 TEST_CASE("recall scores only the query keys, whose values sit far back", "[data]") {
   for (int T : {256, 64, 16}) {
     ul::RecallDataset d(ul::Split::train, 3);
-    const int P = d.pairs_at(T);
+    const int P = d.layout_at(T).pairs;
     REQUIRE(P >= 1);
     for (int64_t i = 0; i < 20; i++) {
       auto [x, y] = get(d, i, T);
