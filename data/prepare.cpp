@@ -11,7 +11,9 @@
 #include <stdexcept>
 
 #include "data/shards.h"
+#include "data/tokenize_files.h"
 #include "engine/file_io.h"
+#include "engine/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -19,13 +21,17 @@ namespace ul {
 
 const char* prepare_usage() {
   return R"(usage: train prepare --out DIR [flags] FILES...
-  Text files -> llm.c shards of byte tokens (uint16, magic 20240520): each file is one document,
-  written as the end-of-text id then its bytes. Vocabulary: 256 bytes + the EOT (257 by default);
-  the headers name both, so a run on the shards takes its vocab and --eot from them.
+  Text files -> llm.c token shards (uint16, magic 20240520): each file is one document, written as
+  the end-of-text id (EOT) then its tokens. The tokens are its bytes (vocabulary: 256 bytes + the
+  EOT, 257 by default), or with --tokenizer GPT-2's byte-level BPE of its UTF-8 text (that file's
+  vocabulary and EOT). The headers name both, so a run on the shards takes its vocab and --eot
+  from them.
   --out DIR           where the shards go (created; must not hold text_*.bin shards yet)
   --val-frac X        the last X of the tokens form DIR/text_val_*.bin (0: no val shard)   [0.1]
   --shard-tokens N    tokens per shard at most                                       [100000000]
   --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
+  --tokenizer FILE    an llm.c tokenizer (gpt2_tokenizer.bin, version 2: it names the EOT) to
+                      encode with; a vocabulary above 65536 writes uint32 shards (magic 20240801)
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
@@ -56,6 +62,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     if (a == "--out") o.out = v;
     else if (a == "--val-frac") o.val_frac = number(a, v);
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);
+    else if (a == "--tokenizer") o.tokenizer = v;
     else if (a == "--eot") {
       const int64_t e = integer(a, v);
       if (e < 0 || e > 65535) throw std::runtime_error("prepare: --eot must be in [0, 65535] (uint16 tokens)");
@@ -64,6 +71,9 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else throw std::runtime_error("prepare: unknown flag '" + a + "' (train prepare --help lists the flags)");
   }
   if (o.out.empty()) throw std::runtime_error("prepare: --out DIR is required");
+  for (int i = 1; i < argc; i++)
+    if (std::string(argv[i]) == "--eot" && !o.tokenizer.empty())
+      throw std::runtime_error("prepare: --eot with --tokenizer: the tokenizer file names its end-of-text id");
   if (o.files.empty()) throw std::runtime_error("prepare: no input files");
   if (!(o.val_frac >= 0 && o.val_frac < 1)) throw std::runtime_error("prepare: --val-frac must be in [0, 1)");
   // The header's token count is an int32.
@@ -78,8 +88,9 @@ namespace {
 class ShardWriter {
  public:
   ShardWriter(const std::string& dir, const std::string& split, int64_t total, int64_t per_shard, int vocab, int eot)
-      : dir_(dir), split_(split), left_(total), per_shard_(per_shard), vocab_(vocab), eot_(eot) {}
-  void push(uint16_t token) {
+      : dir_(dir), split_(split), left_(total), per_shard_(per_shard), vocab_(vocab), eot_(eot),
+        width_(vocab > 65536 ? 4 : 2) {}
+  void push(uint32_t token) {
     if (in_shard_ == 0) open_next();
     buf_.push_back(token);
     if (buf_.size() == 65536) flush();
@@ -100,34 +111,50 @@ class ShardWriter {
     files_.push_back(std::make_unique<AtomicFile>(names_.back()));
     in_shard_ = std::min(left_, per_shard_);
     left_ -= in_shard_;
-    // llm.c's header, plus the tokenizer it was written with (data/shards.h).
-    int32_t header[256] = {20240520, 1, int32_t(in_shard_), kShardTag, vocab_, eot_};
+    // llm.c's header (GPT-2's uint16 or llama-3's uint32 format), plus the tokenizer it was
+    // written with (data/shards.h).
+    int32_t header[256] = {width_ == 2 ? 20240520 : 20240801, width_ == 2 ? 1 : 7, int32_t(in_shard_), kShardTag,
+                           vocab_, eot_};
     files_.back()->write(header, sizeof header);
   }
   void flush() {
     // Little-endian on disk, as llm.c writes them, whatever this machine is.
-    std::vector<uint8_t> le(buf_.size() * 2);
-    for (size_t k = 0; k < buf_.size(); k++) le[2 * k] = uint8_t(buf_[k]), le[2 * k + 1] = uint8_t(buf_[k] >> 8);
+    std::vector<uint8_t> le(buf_.size() * size_t(width_));
+    for (size_t k = 0; k < buf_.size(); k++)
+      for (int b = 0; b < width_; b++) le[k * size_t(width_) + size_t(b)] = uint8_t(buf_[k] >> (8 * b));
     files_.back()->write(le.data(), le.size());
     buf_.clear();
   }
   std::string dir_, split_;
   int64_t left_, per_shard_, in_shard_ = 0;
   int32_t vocab_, eot_;
-  std::vector<uint16_t> buf_;
+  int width_;  // bytes a token
+  std::vector<uint32_t> buf_;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<AtomicFile>> files_;
 };
 
 }  // namespace
 
-PrepareResult prepare_shards(const PrepareOptions& o) {
-  // Check every input before anything is written: present, readable, and free of a byte-valued EOT.
+PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
+  std::unique_ptr<Tokenizer> tok;
+  int eot = o.eot, vocab = std::max(256, o.eot + 1);
+  if (!o.tokenizer.empty()) {
+    tok = std::make_unique<Tokenizer>(o.tokenizer);
+    if (tok->eot() < 0)
+      throw std::runtime_error(o.tokenizer + ": a version 1 tokenizer file names no end-of-text token, which opens "
+                               "every document (llm.c's gpt2_tokenizer.bin is version 2)");
+    eot = tok->eot();
+    vocab = tok->vocab();
+  }
+  // Check every input before anything is written: present, readable, and free of a byte-valued EOT
+  // (or, with a tokenizer, encoded whole).
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const std::string& path : o.files) {
     std::ifstream f(path, std::ios::binary);
     if (!f || !fs::is_regular_file(path)) throw std::runtime_error(path + ": cannot open input file");
+    if (tok) continue;
     std::vector<char> chunk(1 << 20);
     int64_t size = 0;
     while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
@@ -143,6 +170,11 @@ PrepareResult prepare_shards(const PrepareOptions& o) {
     sizes.push_back(size);
     total += size + 1;  // the document's EOT
   }
+  std::vector<std::vector<int32_t>> docs;
+  if (tok) {
+    docs = tokenize_files(*tok, o.files, progress);
+    for (const auto& d : docs) total += int64_t(d.size()) + 1;
+  }
   const int64_t val = std::llround(o.val_frac * double(total)), train = total - val;
   if (train < 2 || (o.val_frac > 0 && val < 2))
     throw std::runtime_error("prepare: " + std::to_string(total) + " tokens are too few for a train split" +
@@ -157,14 +189,18 @@ PrepareResult prepare_shards(const PrepareOptions& o) {
       throw std::runtime_error(o.out + ": already holds shard " + name + " (remove the old shards or pick another --out)");
   }
 
-  const int vocab = std::max(256, o.eot + 1);
-  ShardWriter train_w(o.out, "train", train, o.shard_tokens, vocab, o.eot),
-      val_w(o.out, "val", val, o.shard_tokens, vocab, o.eot);
+  ShardWriter train_w(o.out, "train", train, o.shard_tokens, vocab, eot),
+      val_w(o.out, "val", val, o.shard_tokens, vocab, eot);
   int64_t k = 0;  // tokens of the stream so far: the first `train` go to the train split
-  auto push = [&](uint16_t t) { (k++ < train ? train_w : val_w).push(t); };
+  auto push = [&](uint32_t t) { (k++ < train ? train_w : val_w).push(t); };
   for (size_t i = 0; i < o.files.size(); i++) {
+    push(uint32_t(eot));
+    if (tok) {
+      for (int32_t t : docs[i]) push(uint32_t(t));
+      std::vector<int32_t>().swap(docs[i]);  // written: free it
+      continue;
+    }
     std::ifstream f(o.files[i], std::ios::binary);
-    push(uint16_t(o.eot));
     std::vector<char> chunk(1 << 20);
     int64_t size = 0;
     while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
@@ -179,6 +215,7 @@ PrepareResult prepare_shards(const PrepareOptions& o) {
   r.train_tokens = train;
   r.val_tokens = val;
   r.vocab = vocab;
+  r.eot = eot;
   train_w.commit(r.shards);
   val_w.commit(r.shards);
   return r;
@@ -191,10 +228,10 @@ int prepare_main(int argc, char** argv) {
       return 0;
     }
   const PrepareOptions o = parse_prepare_options(argc, argv);
-  const PrepareResult r = prepare_shards(o);
-  std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (vocab %d, EOT %d)\n",
+  const PrepareResult r = prepare_shards(o, true);
+  std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, vocab %d, EOT %d)\n",
               o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
-              r.vocab, o.eot);
+              o.tokenizer.empty() ? "bytes" : ("BPE of " + o.tokenizer).c_str(), r.vocab, r.eot);
   // The headers name the vocab and the EOT: the run takes them from there.
   std::printf("train with: train --data 'shards:%s/text_*.bin' --doc-mask\n", o.out.c_str());
   return 0;

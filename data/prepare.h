@@ -1,12 +1,20 @@
-// `train prepare`: text files -> llm.c token shards (magic 20240520, version 1, uint16 tokens), so a
-// corpus of plain files trains through shards:GLOB with the shuffle, the val split and --doc-mask.
+// `train prepare`: text files -> llm.c token shards (magic 20240520, version 1, uint16 tokens; magic
+// 20240801, version 7, uint32 tokens for a vocabulary above 65536), so a corpus of plain files
+// trains through shards:GLOB with the shuffle, the val split and --doc-mask.
 //
-// Tokens are bytes (0..255) plus one end-of-text id, EOT = 256 by default: vocab 257. Each file is
-// one document written as EOT then its bytes — llm.c's layout, where <|endoftext|> opens every
-// document (data/packing.h). An EOT outside the byte range is the clean choice: any file (binary,
-// any encoding, NUL bytes included) is taken as is and the EOT can never be confused with text;
-// the price is one embedding row. `--eot B` with B < 256 is allowed (e.g. to match text:FILE runs
-// with `--eot 0`), and then a file containing byte B is refused, naming the file and offset.
+// Each file is one document, written as the end-of-text id (EOT) then its tokens: llm.c's layout,
+// where <|endoftext|> opens every document (data/packing.h). The tokens are
+//  - by default the file's bytes (0..255), with EOT = 256: vocab 257. An EOT outside the byte range
+//    is the clean choice: any file (binary, any encoding, NUL bytes included) is taken as is and
+//    the EOT can never be confused with text; the price is one embedding row. `--eot B` with
+//    B < 256 is allowed (e.g. to match text:FILE runs with `--eot 0`), and then a file containing
+//    byte B is refused, naming the file and offset;
+//  - with --tokenizer FILE (an llm.c tokenizer, e.g. gpt2_tokenizer.bin), GPT-2's byte-level BPE
+//    of the file's UTF-8 text (engine/tokenizer.h), with that file's vocabulary and EOT: the shards
+//    llm.c's GPT-2 data scripts write, to fine-tune a GPT-2 checkpoint on. A file that is not
+//    valid UTF-8 is refused naming the byte offset. The encoding runs on all cores (a large file
+//    is cut at word boundaries, which changes no token) and every document's tokens are held in
+//    memory until the split is known: about as many bytes as the text.
 //
 // The stream of all files, in the order given, is cut once: the last --val-frac of its tokens go
 // to DIR/text_val_NNNNNN.bin, the rest to DIR/text_train_NNNNNN.bin, each split in shards of at
@@ -25,6 +33,7 @@ struct PrepareOptions {
   double val_frac = 0.1;
   int64_t shard_tokens = 100000000;  // llm.c's shard size
   int eot = 256;
+  std::string tokenizer;  // empty: byte tokens
   std::vector<std::string> files;
 };
 
@@ -35,10 +44,12 @@ const char* prepare_usage();
 struct PrepareResult {
   int64_t train_tokens = 0, val_tokens = 0;
   std::vector<std::string> shards;  // the files written, train then val
-  int vocab = 257;                  // max(256, eot + 1)
+  int vocab = 257;                  // max(256, eot + 1), or the tokenizer's
+  int eot = 256;
 };
 // Throws std::runtime_error naming the file and the problem; on error no shard has been written.
-PrepareResult prepare_shards(const PrepareOptions& o);
+// `progress`: a line every few seconds while a tokenizer encodes.
+PrepareResult prepare_shards(const PrepareOptions& o, bool progress = false);
 
 // The `train prepare` subcommand: prints what it wrote and how to train on it. Returns the exit code.
 int prepare_main(int argc, char** argv);

@@ -64,7 +64,11 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
       at = comma + 1;
     }
   } else if (tok) {
-    ids = tok->encode(text);
+    try {
+      ids = tok->encode(text);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(std::string("--prompt: ") + e.what());
+    }
   } else {
     for (unsigned char c : text) ids.push_back(int(c));
   }

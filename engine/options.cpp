@@ -18,7 +18,7 @@ namespace ul {
 
 const char* usage() {
   return R"(usage: train [flags]          (no flags: the tiny model on the passkey-retrieval task)
-       train prepare --out DIR FILES...   text files -> byte-level shards (train prepare --help)
+       train prepare --out DIR FILES...   text files -> token shards, bytes or GPT-2 BPE (train prepare --help)
 
 model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
@@ -84,7 +84,7 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
                       write Hugging Face names and layouts + DIR/config.json
   --export-dtype f32|bf16     dtype of --export-safetensors                           [f32]
   --sample N          generate N tokens with a KV cache and print them
-  --prompt TEXT       its bytes (or tokens, with --tokenizer), or ids:1,2,3
+  --prompt TEXT       its bytes (or GPT-2 BPE tokens, with --tokenizer), or ids:1,2,3
   --temperature X     0 = greedy                                                        [1.0]
   --top-k K           sample among the K most likely tokens (0: all)                    [0]
   --tokenizer FILE    llm.c tokenizer (gpt2_tokenizer.bin) to encode the prompt and decode

@@ -1,11 +1,15 @@
 #include "engine/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "engine/file_io.h"
+#include "engine/pretokenize.h"
 
 namespace ul {
 
@@ -49,10 +53,17 @@ Tokenizer::Tokenizer(const std::string& path) : path_(path) {
       throw tok_error(path, "token " + std::to_string(i) + " of length " + std::to_string(len) + " at byte " +
                                 std::to_string(at - 1) + " runs past the end of the file");
     tokens_.push_back(bytes.substr(at, len));
-    max_len_ = std::max(max_len_, len);
     at += len;
   }
   if (at != bytes.size()) throw tok_error(path, std::to_string(bytes.size() - at) + " trailing bytes after the last token");
+  std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
+  ranks_.reserve(n);
+  for (int i = vocab() - 1; i >= 0; i--) {  // from the top, so that of duplicates the lowest id stays
+    if (i == eot_) continue;
+    const std::string& t = tokens_[size_t(i)];
+    ranks_[t] = i;
+    if (t.size() == 1) byte_id_[static_cast<unsigned char>(t[0])] = i;
+  }
 }
 
 const std::string& Tokenizer::decode(int id) const {
@@ -62,22 +73,80 @@ const std::string& Tokenizer::decode(int id) const {
   return tokens_[size_t(id)];
 }
 
-std::vector<int> Tokenizer::encode(const std::string& text) const {
-  std::unordered_map<std::string, int> ids;
-  for (int i = vocab() - 1; i >= 0; i--) ids[tokens_[size_t(i)]] = i;  // duplicates: the lowest id wins
+std::vector<int> Tokenizer::encode(std::string_view text) const {
   std::vector<int> out;
-  for (size_t at = 0; at < text.size();) {
-    size_t len = std::min(max_len_, text.size() - at);
-    for (; len > 0; len--) {
-      auto it = ids.find(text.substr(at, len));
-      if (it == ids.end()) continue;
-      out.push_back(it->second);
-      break;
-    }
-    if (len == 0) throw std::runtime_error(path_ + ": no token matches the prompt at byte " + std::to_string(at));
-    at += len;
-  }
+  encode_into(text, out);
   return out;
+}
+
+void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t from) const {
+  for (size_t at = from; at < text.size();) {
+    const size_t end = gpt2_piece_end(text, at);
+    merge(text.substr(at, end - at), at, out);
+    at = end;
+  }
+}
+
+int Tokenizer::byte_token(unsigned char b, size_t offset) const {
+  if (byte_id_[b] < 0) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", b);
+    throw std::invalid_argument("byte " + std::string(hex) + " at byte " + std::to_string(offset) +
+                                " has no token in the tokenizer " + path_);
+  }
+  return byte_id_[b];
+}
+
+void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) const {
+  const size_t n = p.size();
+  if (n == 1) return out.push_back(byte_token(static_cast<unsigned char>(p[0]), offset));
+  // A piece that is a token stays whole (as tiktoken does; for GPT-2's vocabulary the merges would
+  // reach it anyway).
+  if (auto it = ranks_.find(p); it != ranks_.end()) return out.push_back(it->second);
+  // The parts form a linked list over their first byte: part s covers [s, next[s]). Candidate
+  // pairs wait in a min-heap by (rank, position), so the lowest rank, leftmost on ties, merges
+  // first, as in the plain loop that rescans all pairs after each merge, but in O(n log n): a piece
+  // can be a megabyte of letters without spaces.
+  if (n >= UINT32_MAX)  // positions below are 32-bit
+    throw std::invalid_argument("a piece of " + std::to_string(n) + " bytes at byte " + std::to_string(offset) +
+                                " (4 GiB of one character class)");
+  struct Pair {
+    int rank;
+    uint32_t left, right, end;  // the parts [left, right) and [right, end) when it was pushed
+    bool operator>(const Pair& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  thread_local std::vector<uint32_t> next, prev;
+  thread_local std::vector<Pair> heap;
+  next.resize(n);
+  prev.resize(n);
+  heap.clear();
+  for (uint32_t k = 0; k < n; k++) next[k] = k + 1, prev[k] = k - 1;  // prev[0] wraps: never read
+  for (uint32_t k = 0; k < n; k++) byte_token(static_cast<unsigned char>(p[k]), offset + k);
+  auto push = [&](uint32_t left) {
+    const uint32_t right = next[left];
+    if (right >= n) return;
+    const uint32_t end = next[right];
+    if (auto it = ranks_.find(p.substr(left, end - left)); it != ranks_.end()) {
+      heap.push_back({it->second, left, right, end});
+      std::push_heap(heap.begin(), heap.end(), std::greater<Pair>());
+    }
+  };
+  for (uint32_t k = 0; k + 1 < n; k++) push(k);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<Pair>());
+    const Pair c = heap.back();
+    heap.pop_back();
+    // Stale when a part has changed since: [left, right) merged on (next[left]), [right, end)
+    // merged on (next[right]), or left was merged into its own left neighbour (then prev[right]
+    // names that neighbour).
+    if (next[c.left] != c.right || next[c.right] != c.end || prev[c.right] != c.left) continue;
+    next[c.left] = c.end;
+    if (c.end < n) prev[c.end] = c.left;
+    if (c.left > 0) push(prev[c.left]);
+    push(c.left);
+  }
+  // Every part is a single byte (checked above) or a merge's result: both are tokens.
+  for (uint32_t k = 0; k < n; k = next[k]) out.push_back(ranks_.find(p.substr(k, next[k] - k))->second);
 }
 
 }  // namespace ul

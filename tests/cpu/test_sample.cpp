@@ -20,8 +20,11 @@
 #include "layers/linear.h"
 #include "layers/transformer.h"
 #include "run_cmd.h"
+#include "tokenizer_file.h"
 
 using namespace ul;
+using ul_test::byte_tokens;
+using ul_test::tok_file;
 namespace fs = std::filesystem;
 
 namespace {
@@ -63,14 +66,6 @@ std::vector<float> full_logits(Transformer& m, const std::vector<int32_t>& idx) 
   const float* head = m.params.get(m.cfg.is_llama() ? "lm_head" : "wte").f32();
   cpu::linear_forward(logits.data(), m.last_hidden.f32(), head, static_cast<const float*>(nullptr), T, C, V);
   return logits;
-}
-
-std::string tok_file(uint32_t magic, uint32_t version, uint32_t vocab, uint32_t eot, const std::vector<std::string>& toks) {
-  std::string s(1024, '\0');
-  const uint32_t h[4] = {magic, version, vocab, eot};
-  std::memcpy(&s[0], h, sizeof h);
-  for (const std::string& t : toks) s += char(t.size()) + t;
-  return s;
 }
 
 struct TempFile {
@@ -162,14 +157,16 @@ TEST_CASE("prompts: bytes, ids:, tokenizer encoding, range checks", "[sample]") 
   CHECK_THROWS_WITH(parse_prompt("ids:31", 31, nullptr), Catch::Contains("outside the model's vocab of 31"));
   CHECK_THROWS_WITH(parse_prompt("a", 64, nullptr), Catch::Contains("ids:1,2,3"));
   TempFile f;
-  Tokenizer tok(f.write(tok_file(20240328, 2, 5, 4, {"a", "b", "ab", "abc", "<|eot|>"})));
-  CHECK(tok.vocab() == 5);
-  CHECK(tok.eot() == 4);
-  CHECK(tok.decode(3) == "abc");
-  CHECK(tok.encode("abcabba") == std::vector<int>{3, 2, 1, 0});  // longest match first
-  CHECK(parse_prompt("aab", 5, &tok) == std::vector<int>{0, 2});
-  CHECK_THROWS_WITH(tok.encode("abz"), Catch::Contains("at byte 2"));
-  CHECK_THROWS_WITH(tok.decode(5), Catch::Contains("outside the tokenizer's vocab"));
+  // 256 bytes, then the merges a+b (256) and ab+c (257), then the EOT (258); more in test_bpe.cpp.
+  Tokenizer tok(f.write(tok_file(20240328, 2, 259, 258, byte_tokens({"ab", "abc", "<|eot|>"}))));
+  CHECK(tok.vocab() == 259);
+  CHECK(tok.eot() == 258);
+  CHECK(tok.decode(257) == "abc");
+  CHECK(tok.encode("abcabba") == std::vector<int>{257, 256, 'b', 'a'});  // GPT-2's BPE: merges by rank
+  CHECK(parse_prompt("aab c", 259, &tok) == std::vector<int>{'a', 256, ' ', 'c'});
+  CHECK_THROWS_WITH(parse_prompt("ab\xff", 259, &tok), Catch::Contains("--prompt: invalid UTF-8 at byte 2"));
+  CHECK_THROWS_WITH(parse_prompt("abc", 257, &tok), Catch::Contains("token 257 is outside the model's vocab of 257"));
+  CHECK_THROWS_WITH(tok.decode(259), Catch::Contains("outside the tokenizer's vocab"));
   CHECK(Tokenizer(f.write(tok_file(20240328, 1, 2, 0, {"x", "y"}))).eot() == -1);
 }
 
@@ -199,8 +196,7 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   TempFile text, tok;
   text.path += ".txt";
   text.write(std::string(3000, 'x') + "hello world " + std::string(1000, 'y'));
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; b++) bytes.push_back(std::string(1, char(b)));
+  const std::vector<std::string> bytes = byte_tokens();
   tok.write(tok_file(20240328, 1, 256, 0, bytes));
   const std::string common = "--data text:" + text.path + " --seq 32 --batch 2 --threads 1 --eval-batches 1 --steps 1";
   CmdResult r = run_cmd(train_cmd(common + " --sample 6 --prompt 'hello' --top-k 3 --tokenizer " + tok.path));

@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
   std::string tok = header({20240328, 2, 3, 2});
   for (std::string t : {"a", "bc", "<|e|>"}) tok += char(t.size()) + t;
   write(seed("tokenizer", "tokenizer.bin"), tok);
+  // Texts for the BPE encoder: words, contractions, runs of white space, non-ASCII classes.
+  write(seed("bpe", "words.txt"), "the thing's in  the\n\n  ring, don't 123 4.5!\t\t<|endoftext|>");
+  write(seed("bpe", "unicode.txt"), "café é! Москва 東京 🙂 ½Ⅻ a\u00a0b\u3000c e\u0301 \x1c");
 
   // safetensors: F32 and BF16, with metadata.
   std::vector<ul::SafeTensorOut> ts = {{"w", {2, 2}, {1, 2, 3, 4}}, {"b", {3}, {0.5f, -1, 2}}};

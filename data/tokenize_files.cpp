@@ -1,0 +1,94 @@
+#include "data/tokenize_files.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <string_view>
+#include <thread>
+
+#include "engine/file_io.h"
+
+namespace ul {
+
+namespace {
+
+constexpr size_t kBatchBytes = size_t(256) << 20, kPieceBytes = size_t(1) << 20;
+
+bool ascii_letter(char c) { return unsigned((c | 0x20) - 'a') < 26; }
+
+struct Unit {
+  size_t doc, begin, end;  // the text's bytes [begin, end)
+  std::vector<int> ids;
+  std::string error;
+};
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
+                                                 bool progress) {
+  namespace fs = std::filesystem;
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<int32_t>> docs(files.size());
+  size_t total = 0;
+  std::atomic<size_t> done{0};
+  for (const std::string& f : files) {
+    std::error_code ec;
+    total += size_t(fs::file_size(f, ec));
+  }
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  const auto start = clock::now();
+  auto last = start;
+  for (size_t f = 0; f < files.size();) {
+    std::vector<std::string> texts;
+    const size_t first = f;
+    for (size_t bytes = 0; f < files.size() && (texts.empty() || bytes < kBatchBytes); f++) {
+      texts.push_back(read_whole_file(files[f]));
+      bytes += texts.back().size();
+    }
+    std::vector<Unit> units;
+    for (size_t d = 0; d < texts.size(); d++) {
+      const std::string& t = texts[d];
+      size_t begin = 0;
+      do {
+        size_t end = std::min(t.size(), begin + kPieceBytes);
+        while (end < t.size() && !(t[end] == ' ' && ascii_letter(t[end - 1]))) end++;
+        units.push_back({d, begin, end, {}, {}});
+        begin = end;
+      } while (begin < t.size());
+    }
+    std::atomic<size_t> next{0};
+    auto work = [&](bool reports) {
+      for (size_t u; (u = next++) < units.size();) {
+        Unit& x = units[u];
+        try {
+          // The view ends at the cut: the pieces before it are those of the whole text.
+          tok.encode_into(std::string_view(texts[x.doc]).substr(0, x.end), x.ids, x.begin);
+        } catch (const std::exception& e) {
+          x.error = e.what();
+        }
+        done += x.end - x.begin;
+        const auto now = clock::now();
+        if (reports && progress && now - last > std::chrono::seconds(5)) {
+          const double s = std::chrono::duration<double>(now - start).count();
+          std::printf("prepare | encoded %.0f of %.0f MB (%.1f MB/s)\n", done / 1e6, total / 1e6, done / 1e6 / s);
+          std::fflush(stdout);
+          last = now;
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned k = 1; k < std::min<size_t>(threads, units.size()); k++) pool.emplace_back(work, false);
+    work(true);  // this thread also reports progress
+    for (auto& t : pool) t.join();
+    for (Unit& x : units) {
+      if (!x.error.empty()) throw std::runtime_error(files[first + x.doc] + ": " + x.error);
+      docs[first + x.doc].insert(docs[first + x.doc].end(), x.ids.begin(), x.ids.end());
+    }
+  }
+  return docs;
+}
+
+}  // namespace ul

@@ -1,0 +1,91 @@
+#include "engine/pretokenize.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "engine/unicode_classes.h"
+
+namespace ul {
+
+namespace {
+
+enum class Cls : uint8_t { kLetter, kNumber, kSpace, kOther };
+
+std::invalid_argument bad_utf8(size_t i, const char* what) {
+  return std::invalid_argument("invalid UTF-8 at byte " + std::to_string(i) + " (" + what + ")");
+}
+
+Cls classify(uint32_t cp) {
+  if (cp < 0x80) {  // ASCII, the common case, without the tables
+    if ((cp | 0x20) - 'a' < 26) return Cls::kLetter;
+    if (cp - '0' < 10) return Cls::kNumber;
+    if (cp == ' ' || cp - 9 < 5) return Cls::kSpace;  // \t \n \v \f \r
+    return Cls::kOther;
+  }
+  if (is_unicode_letter(cp)) return Cls::kLetter;
+  if (is_unicode_number(cp)) return Cls::kNumber;
+  if (is_unicode_space(cp)) return Cls::kSpace;
+  return Cls::kOther;
+}
+
+Cls class_at(std::string_view s, size_t i, size_t& len) { return classify(decode_utf8(s, i, len)); }
+
+// The end of the run of code points of class c that starts at byte i.
+size_t run_end(std::string_view s, size_t i, Cls c) {
+  size_t len = 0;
+  while (i < s.size() && class_at(s, i, len) == c) i += len;
+  return i;
+}
+
+}  // namespace
+
+uint32_t decode_utf8(std::string_view s, size_t i, size_t& len) {
+  const auto b = [&](size_t k) { return uint32_t(static_cast<unsigned char>(s[k])); };
+  const uint32_t b0 = b(i);
+  if (b0 < 0x80) {
+    len = 1;
+    return b0;
+  }
+  uint32_t cp, min;
+  if (b0 >= 0xC2 && b0 <= 0xDF) len = 2, cp = b0 & 0x1F, min = 0x80;
+  else if (b0 >= 0xE0 && b0 <= 0xEF) len = 3, cp = b0 & 0x0F, min = 0x800;
+  else if (b0 >= 0xF0 && b0 <= 0xF4) len = 4, cp = b0 & 0x07, min = 0x10000;
+  else throw bad_utf8(i, b0 < 0xC0 ? "a continuation byte where a character starts" : "a byte that never starts a character");
+  if (len > s.size() - i) throw bad_utf8(i, "the sequence is cut off by the end of the text");
+  for (size_t k = 1; k < len; k++) {
+    if ((b(i + k) & 0xC0) != 0x80) throw bad_utf8(i, "a sequence cut short by a byte that does not continue it");
+    cp = cp << 6 | (b(i + k) & 0x3F);
+  }
+  if (cp < min) throw bad_utf8(i, "an overlong encoding");
+  if (cp >= 0xD800 && cp <= 0xDFFF) throw bad_utf8(i, "a UTF-16 surrogate");
+  if (cp > 0x10FFFF) throw bad_utf8(i, "a value above U+10FFFF");
+  return cp;
+}
+
+size_t gpt2_piece_end(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  // 's 't 're 've 'm 'll 'd (lower case only, as GPT-2's pattern has them)
+  if (s[i] == '\'' && i + 1 < n) {
+    const char c = s[i + 1];
+    if (c == 's' || c == 't' || c == 'm' || c == 'd') return i + 2;
+    if (i + 2 < n && ((c == 'r' && s[i + 2] == 'e') || (c == 'v' && s[i + 2] == 'e') || (c == 'l' && s[i + 2] == 'l')))
+      return i + 3;
+  }
+  size_t len = 0;
+  const Cls c0 = class_at(s, i, len);
+  // " ?X+" for X = letters, numbers, others: one optional U+0020, then a run of one class.
+  if (s[i] == ' ' && i + 1 < n) {
+    size_t len1 = 0;
+    const Cls c1 = class_at(s, i + 1, len1);
+    if (c1 != Cls::kSpace) return run_end(s, i + 1, c1);
+  }
+  if (c0 != Cls::kSpace) return run_end(s, i, c0);
+  // "\s+(?!\S)": the run of white space, less its last character when a non-space follows it (the
+  // last one then goes with the next piece: " x" above, or a lone "\n" before a word); "\s+" when
+  // that would leave nothing.
+  size_t last = i, end = i;
+  while (end < n && class_at(s, end, len) == Cls::kSpace) last = end, end += len;
+  return end < n && last > i ? last : end;
+}
+
+}  // namespace ul

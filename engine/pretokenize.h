@@ -1,0 +1,25 @@
+// GPT-2's pre-tokenization: before any BPE merge, the text is cut into pieces by the regex
+//
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//
+// (first alternative that matches wins), and merges never cross a piece boundary. So a word keeps
+// its leading space (" world"), runs of letters, of digits and of other symbols are separate pieces,
+// and a run of white space leaves its last character to the word after it ("  x" -> " ", " x").
+// Written out here as a scanner over UTF-8 (no regex engine): gpt2_piece_end(text, i) is where the
+// piece starting at byte i ends.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace ul {
+
+// The code point at text[i] (i < text.size()) and its length in bytes. Throws std::invalid_argument
+// naming byte offset i when the bytes there are not valid UTF-8 (a stray continuation byte, a
+// truncated sequence, an overlong form, a surrogate, or a value above U+10FFFF).
+uint32_t decode_utf8(std::string_view text, size_t i, size_t& len);
+
+// The end (exclusive byte offset) of the piece that starts at byte i < text.size().
+size_t gpt2_piece_end(std::string_view text, size_t i);
+
+}  // namespace ul

@@ -1,0 +1,142 @@
+// The tokenizer's encoder: GPT-2's pre-tokenizer (engine/pretokenize.h) piece by piece, UTF-8
+// errors, and the byte-level BPE against tiktoken's ids for a vocabulary learned by
+// tools/reference_bpe.py (tests/data/bpe_tiny_*).
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/pretokenize.h"
+#include "engine/tokenizer.h"
+#include "run_cmd.h"
+#include "temp_dir.h"
+#include "tokenizer_file.h"
+
+using namespace ul;
+
+namespace {
+
+std::vector<std::string> pieces(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t e = gpt2_piece_end(s, i);
+    REQUIRE(e > i);
+    out.push_back(s.substr(i, e - i));
+    i = e;
+  }
+  return out;
+}
+
+std::string unhex(const std::string& h) {
+  std::string s;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) s += char(std::stoi(h.substr(i, 2), nullptr, 16));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2 pre-tokenizer: words keep their space, classes split, white space leaves one", "[bpe]") {
+  using V = std::vector<std::string>;
+  CHECK(pieces("Hello world") == V{"Hello", " world"});
+  CHECK(pieces("Hello  world") == V{"Hello", " ", " world"});
+  CHECK(pieces("hi   ") == V{"hi", "   "});  // at the end the whole run is one piece
+  CHECK(pieces("don't we're I'm") == V{"don", "'t", " we", "'re", " I", "'m"});
+  CHECK(pieces("'S 'sup ''s") == V{"'", "S", " '", "sup", " ''", "s"});  // upper case is no contraction
+  CHECK(pieces("abc123def 42") == V{"abc", "123", "def", " 42"});
+  CHECK(pieces("x\ny") == V{"x", "\n", "y"});
+  CHECK(pieces("x\n\n  y") == V{"x", "\n\n ", " y"});
+  CHECK(pieces("a?!...b") == V{"a", "?!...", "b"});
+  CHECK(pieces(" ?!") == V{" ?!"});
+  CHECK(pieces("\t\tx") == V{"\t", "\t", "x"});
+  // Non-ASCII classes: letters (é, Cyrillic, CJK), numbers (½ is No, Ⅻ is Nl), white space
+  // (U+00A0 and U+3000 are White_Space; U+001C is not: it is "other").
+  CHECK(pieces("café Москва 東京") == V{"café", " Москва", " 東京"});
+  CHECK(pieces("½Ⅻ x") == V{"½Ⅻ", " x"});
+  CHECK(pieces("a\u00a0b\u3000c") == V{"a", "\u00a0", "b", "\u3000", "c"});
+  CHECK(pieces("a\x1c\x1f b") == V{"a", "\x1c\x1f", " b"});
+  CHECK(pieces("e\u0301") == V{"e", "\u0301"});  // a combining mark (Mn) is not a letter
+  CHECK(pieces("🙂🚀 🙂") == V{"🙂🚀", " 🙂"});
+}
+
+TEST_CASE("invalid UTF-8 is refused naming its byte offset", "[bpe]") {
+  const std::pair<std::string, std::string> bad[] = {
+      {"ab\xff", "never starts"},           {"a\x80", "continuation"},
+      {"ab\xe2\x82", "cut off"},           {"\xe2(\xa1", "cut short"},
+      {"\xc0\xaf", "never starts"},        {"x\xe0\x80\xaf", "overlong"},
+      {"\xed\xa0\x80", "surrogate"},       {"\xf4\x90\x80\x80", "above U+10FFFF"},
+  };
+  for (const auto& b : bad) {
+    CAPTURE(b.second);
+    const size_t at = b.first.find_first_not_of("abx");
+    CHECK_THROWS_WITH(pieces(b.first), Catch::Contains("invalid UTF-8 at byte " + std::to_string(at)) &&
+                                            Catch::Contains(b.second));
+  }
+  size_t len = 0;
+  CHECK(decode_utf8("\xf0\x9f\x99\x82", 0, len) == 0x1F642);
+  CHECK(len == 4);
+  CHECK(decode_utf8("\xf4\x8f\xbf\xbf", 0, len) == 0x10FFFF);
+}
+
+TEST_CASE("BPE encoding matches tiktoken on a learned vocabulary, and decodes back to the text", "[bpe]") {
+  Tokenizer tok(ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin"));
+  REQUIRE(tok.vocab() == 577);
+  REQUIRE(tok.eot() == 576);
+  std::ifstream f(ul_test::source_path("tests/data/bpe_tiny_cases.txt"));
+  std::string hex, ids;
+  int n = 0, merged = 0;
+  while (f >> hex >> ids) {
+    const std::string text = hex == "-" ? "" : unhex(hex);
+    std::vector<int> want;
+    if (ids != "-") {
+      std::stringstream ss(ids);
+      for (std::string id; std::getline(ss, id, ',');) want.push_back(std::stoi(id));
+    }
+    CAPTURE(n, text);
+    const std::vector<int> got = tok.encode(text);
+    CHECK(got == want);
+    std::string back;
+    for (int id : got) back += tok.decode(id);
+    CHECK(back == text);
+    merged += got.size() < text.size();
+    n++;
+  }
+  CHECK(n == 341);
+  CHECK(merged > 300);  // the vocabulary's merges are in play, not just single bytes
+  // The EOT is never produced from text, and encode_into appends.
+  std::vector<int> out = {7};
+  tok.encode_into("<|endoftext|>", out);
+  CHECK(out.size() > 2);
+  CHECK(out[0] == 7);
+  for (int id : out) CHECK(id != tok.eot());
+}
+
+TEST_CASE("BPE: merges by lowest id, a whole-token piece stays whole, long pieces, missing bytes", "[bpe]") {
+  ul_test::TempDir dir;
+  const std::string path = dir / "tok.bin";
+  auto make = [&](const std::vector<std::string>& toks, int eot) {
+    std::ofstream(path, std::ios::binary) << ul_test::tok_file(20240328, 2, uint32_t(toks.size()), uint32_t(eot), toks);
+    return Tokenizer(path);
+  };
+  // "abc": ids 256 "bc" < 257 "ab", so b+c merge first and "ab" can never form: a, bc. "abcd" is a
+  // token of its own and stays whole, though the merges alone would never reach it.
+  Tokenizer t = make(ul_test::byte_tokens({"bc", "ab", "abcd", "<|e|>"}), 259);
+  CHECK(t.encode("abc") == std::vector<int>{'a', 256});
+  CHECK(t.encode("abcd") == std::vector<int>{258});
+  CHECK(t.encode("abab") == std::vector<int>{257, 257});
+  CHECK(t.encode("ab abc") == std::vector<int>{257, ' ', 'a', 256});
+  // Ties between equal ranks go left to right: "aaa" -> aa, a.
+  Tokenizer aa = make(ul_test::byte_tokens({"aa", "<|e|>"}), 257);
+  CHECK(aa.encode("aaa") == std::vector<int>{256, 'a'});
+  // A piece of a million letters merges in O(n log n) (the plain loop would take hours).
+  const std::string big(1 << 20, 'a');
+  const std::vector<int> ids = aa.encode(big);
+  CHECK(ids.size() == big.size() / 2);
+  CHECK(ids.front() == 256);
+  CHECK(ids.back() == 256);
+  // A byte with no token: named with its offset and the file.
+  Tokenizer ab = make({"a", "b", "ab", "<|e|>"}, 3);
+  CHECK(ab.encode("abab") == std::vector<int>{2, 2});
+  CHECK_THROWS_WITH(ab.encode("ab c"), Catch::Contains("byte 0x20 at byte 2") && Catch::Contains(path));
+}

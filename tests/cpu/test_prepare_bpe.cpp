@@ -1,0 +1,132 @@
+// `train prepare --tokenizer` (data/prepare.h, data/tokenize_files.h): shards of GPT-2-style BPE
+// tokens.
+//   - the shards hold EOT + encode(file) per file, a large file cut for the threads encoding to the
+//     same tokens as whole, the headers naming the tokenizer's vocab and EOT; they train;
+//   - a vocabulary above 65536 writes uint32 shards (llm.c's llama-3 format) that read back;
+//   - invalid UTF-8, a version 1 tokenizer, --eot beside --tokenizer: refused, nothing written.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "data/dataset.h"
+#include "engine/tokenizer.h"
+#include "run_cmd.h"
+#include "temp_dir.h"
+#include "tokenizer_file.h"
+
+namespace fs = std::filesystem;
+using ul_test::run_cmd;
+using ul_test::TempDir;
+using ul_test::train_cmd;
+
+namespace {
+
+const std::string kTok = ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin");
+
+// All tokens of the shards DIR/text_train_*.bin (width 2 or 4), checking each header.
+std::vector<int32_t> train_tokens(const std::string& dir, int32_t magic, int32_t vocab, int32_t eot) {
+  std::vector<int32_t> all;
+  for (int k = 0;; k++) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/text_train_%06d.bin", k);
+    std::ifstream f(dir + name, std::ios::binary);
+    if (!f) break;
+    const std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    REQUIRE(b.size() >= 1024);
+    int32_t h[6];
+    std::memcpy(h, b.data(), sizeof h);
+    CHECK(h[0] == magic);
+    CHECK(h[4] == vocab);
+    CHECK(h[5] == eot);
+    const size_t width = magic == 20240520 ? 2 : 4;
+    REQUIRE(b.size() == 1024 + size_t(h[2]) * width);
+    for (size_t i = 0; i < size_t(h[2]); i++) {
+      uint32_t t = 0;
+      for (size_t j = 0; j < width; j++) t |= uint32_t(uint8_t(b[1024 + i * width + j])) << (8 * j);
+      all.push_back(int32_t(t));
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("prepare --tokenizer: shards of EOT + BPE tokens per file, cut files encoded as whole", "[prepare]") {
+  TempDir d;
+  std::string a, b = "café naïve — Москва 東京 🙂\n\ndon't stop   here\t\tplease";
+  // Over 2 MiB, so tokenize_files cuts it into pieces that threads encode.
+  for (int i = 0; i < 170000; i++) a += "the word " + std::to_string(i % 1000) + (i % 7 ? " " : ",\n");
+  REQUIRE(a.size() > (size_t(2) << 20));
+  std::ofstream(d / "a.txt", std::ios::binary) << a;
+  std::ofstream(d / "b.txt", std::ios::binary) << b;
+  const std::string out = d / "shards";
+  auto r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --val-frac 0 --out " + out + " " + (d / "a.txt") + " " +
+                             (d / "b.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("(BPE of " + kTok + ", vocab 577, EOT 576)") != std::string::npos);
+
+  ul::Tokenizer tok(kTok);
+  std::vector<int32_t> want{576};
+  for (int id : tok.encode(a)) want.push_back(id);
+  want.push_back(576);
+  for (int id : tok.encode(b)) want.push_back(id);
+  CHECK(want.size() < a.size() * 3 / 4);  // merges happened
+  CHECK(train_tokens(out, 20240520, 577, 576) == want);
+
+  r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --doc-mask --seq 32 --batch 2 --steps 2 "
+                        "--eval-batches 1 --threads 1"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("vocab=577") != std::string::npos);
+  CHECK(r.out.find("--doc-mask: documents start at token 576") != std::string::npos);
+}
+
+TEST_CASE("prepare --tokenizer: a vocabulary above 65536 writes uint32 shards that read back", "[prepare]") {
+  TempDir d;
+  // 256 bytes, 65400 unreachable 4-byte tokens, then the merge "ab" (id 65656 > 65535), then the EOT.
+  std::vector<std::string> more;
+  for (int k = 0; k < 65400; k++) more.push_back(std::string("\x01\x02", 2) + char(k & 255) + char(k >> 8));
+  more.push_back("ab");
+  more.push_back("<|eot|>");
+  const std::vector<std::string> toks = ul_test::byte_tokens(more);
+  std::ofstream(d / "tok.bin", std::ios::binary) << ul_test::tok_file(20240328, 2, uint32_t(toks.size()), 65657, toks);
+  std::ofstream(d / "a.txt", std::ios::binary) << "ab abc cab ab";
+  auto r = run_cmd(train_cmd("prepare --tokenizer " + (d / "tok.bin") + " --val-frac 0 --out " + (d / "s") + " " +
+                             (d / "a.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::vector<int32_t> want{65657, 65656, ' ', 65656, 'c', ' ', 'c', 65656, ' ', 65656};
+  CHECK(train_tokens(d / "s", 20240801, 65658, 65657) == want);
+  auto ds = ul::open_dataset("shards:" + (d / "s") + "/text_*.bin", ul::Split::train, 1, 0);
+  CHECK(ds->vocab() == 65658);
+  CHECK(ds->eot() == 65657);
+}
+
+TEST_CASE("prepare --tokenizer refuses invalid UTF-8, version 1 files and --eot, writing nothing", "[prepare]") {
+  TempDir d;
+  std::ofstream(d / "ok.txt", std::ios::binary) << "fine text";
+  std::ofstream(d / "bad.txt", std::ios::binary) << "caf\xe9 latin-1";
+  auto r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "s") + " " + (d / "ok.txt") + " " +
+                             (d / "bad.txt")));
+  CHECK(r.code != 0);
+  CHECK(r.out.find((d / "bad.txt") + ": invalid UTF-8 at byte 3") != std::string::npos);
+  CHECK((!fs::exists(d / "s") || fs::is_empty(d / "s")));
+
+  const std::vector<std::string> toks = ul_test::byte_tokens();
+  std::ofstream(d / "v1.bin", std::ios::binary) << ul_test::tok_file(20240328, 1, 256, 0, toks);
+  r = run_cmd(train_cmd("prepare --tokenizer " + (d / "v1.bin") + " --out " + (d / "s") + " " + (d / "ok.txt")));
+  CHECK(r.code != 0);
+  CHECK(r.out.find((d / "v1.bin") + ": a version 1 tokenizer file names no end-of-text token") != std::string::npos);
+
+  r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --eot 3 --out " + (d / "s") + " " + (d / "ok.txt")));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--eot with --tokenizer") != std::string::npos);
+  r = run_cmd(train_cmd("prepare --tokenizer " + (d / "missing.bin") + " --out " + (d / "s") + " " + (d / "ok.txt")));
+  CHECK(r.code != 0);
+  CHECK(r.out.find(d / "missing.bin") != std::string::npos);
+  CHECK((!fs::exists(d / "s") || fs::is_empty(d / "s")));
+}

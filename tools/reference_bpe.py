@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Writes the byte-level BPE fixture the C++ tokenizer test compares against (tests/cpu/test_bpe.cpp):
+
+  tests/data/bpe_tiny_tokenizer.bin  an llm.c tokenizer file (version 2): the 256 bytes in GPT-2's
+                                     order, then 320 merges learned here, then <|endoftext|> (EOT)
+  tests/data/bpe_tiny_cases.txt      one case a line: the text as UTF-8 hex ("-" when empty), a
+                                     space, then its ids comma-separated ("-" when none)
+
+The merges are learned from a seeded pseudo-random corpus (a plain BPE trainer below), so ids are
+merge ranks as in GPT-2's vocabulary. The expected ids come from tiktoken (pip install tiktoken
+regex), given those ranks and GPT-2's split pattern: an implementation independent of ours.
+
+Run from anywhere: python3 tools/reference_bpe.py
+"""
+import collections
+import os
+import random
+import struct
+
+import regex
+import tiktoken
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+MERGES = 320
+WORDS = ("the of and to in is was he that it for on as with his they at be this from I have or by "
+         "one had not but what all were when we there can an your which their said if do will each "
+         "about how up out them then she many some so these would other into has more her two like "
+         "don't it's we're you've I'm they'll she'd 1999 2024 3.14 42 007 hello world tokenizer "
+         "café naïve Ünïcödé Москва привет 東京 日本語 مرحبا שלום नमस्ते ½ ² Ⅻ 🙂 🚀 e\u0301").split()
+PUNCT = [".", ",", "!", "?", ";", ":", "'", '"', "(", ")", "--", "...", "<|endoftext|>", "\n", "\n\n", "\t"]
+
+
+def gpt2_byte_order():
+    # GPT-2's first 256 ids: the printable bytes, then the rest (its bytes_to_unicode order).
+    first = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    return first + [b for b in range(256) if b not in first]
+
+
+def corpus(rng, n_words):
+    out = []
+    for _ in range(n_words):
+        out.append(rng.choice(WORDS))
+        out.append(rng.choice(PUNCT) if rng.random() < 0.15 else " ")
+        if rng.random() < 0.05:
+            out.append(" " * rng.randint(1, 4))
+    return "".join(out)
+
+
+def train(text):
+    """Plain byte-level BPE: count adjacent pairs within GPT-2 pieces, merge the most frequent."""
+    words = collections.Counter(tuple(bytes([b]) for b in p.encode()) for p in regex.findall(GPT2_PATTERN, text))
+    ranks = {bytes([b]): i for i, b in enumerate(gpt2_byte_order())}
+    for _ in range(MERGES):
+        pairs = collections.Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[a, b] += c
+        if not pairs:
+            break
+        # Most frequent, ties broken by the bytes, so the result is deterministic.
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        if a + b in ranks:  # the same bytes reached another way: no new token
+            words = merge_words(words, a, b)
+            continue
+        ranks[a + b] = len(ranks)
+        words = merge_words(words, a, b)
+    return ranks
+
+
+def merge_words(words, a, b):
+    out = collections.Counter()
+    for w, c in words.items():
+        m, i = [], 0
+        while i < len(w):
+            if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                m.append(a + b)
+                i += 2
+            else:
+                m.append(w[i])
+                i += 1
+        out[tuple(m)] += c
+    return out
+
+
+def cases(rng):
+    fixed = [
+        "", "a", " ", "  ", "hello world", "Hello  world", "hello   world  ", "don't we're you've I'm 'S 'sup",
+        "they'll she'd '' 're", " 's", "?'s", "x\ny", "x\n\ny", "line\n  indented", "\t\ttabs\t",
+        "trailing spaces   ", "3.14159 1,000,000 2024-12-01", "abc123def", "<|endoftext|>", "a<|endoftext|>b",
+        "café naïve Ünïcödé", "Москва привет", "東京 日本語", "مرحبا", "שלום", "नमस्ते", "½ ² Ⅻ",
+        "🙂🚀 🙂", "e\u0301 combining", "nbsp\u00a0here", "ideographic\u3000space", "line\u2028separator",
+        "ctrl\x1c\x1f\x00chars", "\u0085next line", "a" * 1000, "the " * 200, "ab" * 300,
+        " " * 50 + "x", "!!!???...", "  \n  \n", "\r\n\r\nwindows",
+    ]
+    alphabet = list("abcdefgh ABC 0123 .,'!\n\t") + ["é", "ж", "東", "🙂", "\u00a0", "½", "\u0301", " ", " "]
+    rand = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80))) for _ in range(300)]
+    return fixed + rand
+
+
+def main():
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    rng = random.Random(20241201)
+    ranks = train(corpus(rng, 20000))
+    eot = len(ranks)
+    enc = tiktoken.Encoding("bpe_tiny", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": eot})
+    tokens = sorted(ranks, key=ranks.get) + [b"<|endoftext|>"]
+    with open(os.path.join(root, "tests", "data", "bpe_tiny_tokenizer.bin"), "wb") as f:
+        f.write(struct.pack("<256I", 20240328, 2, len(tokens), eot, *([0] * 252)))
+        for t in tokens:
+            f.write(bytes([len(t)]) + t)
+    with open(os.path.join(root, "tests", "data", "bpe_tiny_cases.txt"), "w") as f:
+        for text in cases(rng):
+            ids = enc.encode_ordinary(text)
+            f.write((text.encode().hex() or "-") + " " + (",".join(map(str, ids)) or "-") + "\n")
+    print(f"vocab {len(tokens)} (EOT {eot}), {len(cases(random.Random(0)))} cases")
+
+
+if __name__ == "__main__":
+    main()
