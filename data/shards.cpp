@@ -124,10 +124,18 @@ void ShardDataset::layout(int T, int64_t& first, int64_t& n) const {
     if (split_ == Split::val) first = total - val, n = val;
     else n = total - val;
   }
-  if (n < 1)
-    throw std::runtime_error("shards:" + glob_ + ": the " + split_name(split_) + " split has no sequence of length " +
-                             std::to_string(T) + " (" + std::to_string(total) + " in its files" +
-                             (holdout_ ? ", 10% held out as val" : "") + ")");
+  if (n < 1) {
+    // A sequence is T + 1 tokens (inputs and shifted targets) inside one shard.
+    int64_t tokens = 0, largest = 0;
+    for (const Shard& s : shards_) tokens += s.count, largest = std::max(largest, s.count);
+    throw std::runtime_error(
+        "shards:" + glob_ + ": the " + split_name(split_) + " split has no sequence of length " + std::to_string(T) +
+        " (its " + std::to_string(shards_.size()) + " file(s) hold " + std::to_string(tokens) + " tokens, the largest " +
+        std::to_string(largest) + ", and a sequence needs T + 1 = " + std::to_string(int64_t(T) + 1) +
+        " in one file" + (holdout_ ? "; " + std::to_string(total) + " sequence(s) in all, 10% held out as val" : "") +
+        "): use a smaller --seq" +
+        (split_ == Split::val && !holdout_ ? ", or a larger --val-frac in train prepare" : ""));
+  }
 }
 
 int32_t ShardDataset::eot() const {

@@ -100,6 +100,11 @@ bool Options::set_by_user(const std::string& flag) const {
   return std::find(given.begin(), given.end(), flag) != given.end();
 }
 
+bool Options::evaluates() const {
+  return steps > 0 || set_by_user("--eval-batches") ||
+         (export_llmc.empty() && export_safetensors.empty() && sample == 0);
+}
+
 long parse_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   errno = 0;

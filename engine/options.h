@@ -56,6 +56,10 @@ struct Options {
   double heartbeat = 30;      // seconds between progress lines inside a long step or eval (0: none)
 
   bool set_by_user(const std::string& flag) const;
+  // Whether the run evaluates on the val split: every run that trains, and --steps 0 unless it is
+  // there to export or sample (a conversion of a large model should not spend minutes on an eval
+  // nobody asked for) and --eval-batches does not ask for one.
+  bool evaluates() const;
   std::vector<std::string> given;  // flags given on the command line, for presets and checks
 };
 

@@ -146,10 +146,8 @@ int train_rank(const Options& o, Comm& world) {
     }
   }
   // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once,
-  // unless the run is there to export or sample (a conversion of a 1B model would otherwise spend
-  // minutes on an eval nobody asked for) and --eval-batches does not ask for one.
-  const bool eval_at_zero = o.steps == 0 && (o.set_by_user("--eval-batches") ||
-                                             (o.export_llmc.empty() && o.export_safetensors.empty() && o.sample == 0));
+  // unless the run is there to export or sample (Options::evaluates).
+  const bool eval_at_zero = o.steps == 0 && o.evaluates();
   if (eval_at_zero) run_eval(0, true);
   if (log) {
     log.reset();  // closed: the plot reads it back

@@ -147,6 +147,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;
   train_ = open_dataset(o.data, Split::train, o.seed, vocab);
   val_ = open_dataset(o.data, Split::val, o.seed, vocab);
+  // A split too short for --seq fails now, not at the first step or (hours later) the first eval.
+  if (o.steps > 0) train_->num_sequences(o.seq);
+  if (o.evaluates()) val_->num_sequences(o.seq);
   if (o.checkpoint.empty()) cfg = model_config(o, train_->vocab());
   if (train_->vocab() > cfg.vocab)
     throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +

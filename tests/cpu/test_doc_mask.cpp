@@ -272,7 +272,7 @@ TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]
   auto r = ul_test::run_cmd(ul_test::train_cmd("--data text:" + text + " --doc-mask --eot 300 --steps 1 --seq 8 --quiet"));
   CHECK(r.code == 1);
   CHECK(r.out.find("outside the model vocab 256") != std::string::npos);
-  r = ul_test::run_cmd(ul_test::train_cmd("--data 'shards:" + (dir.path / "*.bin").string() + "' --doc-mask --steps 1"));
+  r = ul_test::run_cmd(ul_test::train_cmd("--data 'shards:" + (dir.path / "*.bin").string() + "' --doc-mask --steps 1 --seq 4"));
   CHECK(r.code == 1);
   CHECK(r.out.find("give --eot N") != std::string::npos);
 

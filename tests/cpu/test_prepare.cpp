@@ -192,3 +192,26 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
   CHECK(r.out.find("already holds shard text_train_000000.bin") != std::string::npos);
   CHECK(run_cmd(train_cmd("prepare --help")).out.find("usage: train prepare") != std::string::npos);
 }
+
+TEST_CASE("a val split too short for --seq fails at start-up, saying what to change", "[prepare]") {
+  TempDir d;
+  std::ofstream(d.file("a.txt"), std::ios::binary) << std::string(1000, 'x');
+  const std::string out = d.file("shards");
+  REQUIRE(run_cmd(train_cmd("prepare --out " + out + " --val-frac 0.1 " + d.file("a.txt"))).code == 0);
+  // 901 train tokens, 100 val: --seq 200 fits the train split only. Before, the error came at the
+  // first eval, after the whole training run.
+  auto r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --seq 200 --batch 1 --steps 3 --threads 1"));
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("the val split has no sequence of length 200 (its 1 file(s) hold 100 tokens") != std::string::npos);
+  CHECK(r.out.find("a larger --val-frac in train prepare") != std::string::npos);
+  CHECK(r.out.find("step ") == std::string::npos);
+  // A run that never evaluates (--steps 0 with an export) does not need the val split.
+  r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --seq 200 --steps 0 --export-safetensors " +
+                        d.file("m.safetensors")));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  // And --seq 64 fits both.
+  r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --seq 64 --batch 1 --steps 1 --threads 1"));
+  CHECK(r.code == 0);
+}
