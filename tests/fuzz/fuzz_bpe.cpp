@@ -4,6 +4,7 @@
 // data/tokenize_files.cpp cuts it (a letter followed by a space).
 #include "engine/tokenizer.h"
 #include "fuzz_util.h"
+#include "tests/tokenizer_file.h"
 
 #include <stdexcept>
 
@@ -11,15 +12,9 @@ namespace {
 
 const ul::Tokenizer& tokenizer() {
   static const ul::Tokenizer tok = [] {
-    std::vector<std::string> toks;
-    for (int b = 0; b < 256; b++) toks.push_back(std::string(1, char(b)));
-    for (const char* t : {"th", "he", "the", " t", " the", "in", "ing", "  ", "\n\n", "é", "é!", "12", "<|", "'s"})
-      toks.push_back(t);
-    toks.push_back("<|endoftext|>");
-    std::string file(1024, '\0');
-    const uint32_t h[4] = {20240328, 2, uint32_t(toks.size()), uint32_t(toks.size() - 1)};
-    std::memcpy(&file[0], h, sizeof h);
-    for (const std::string& t : toks) file += char(t.size()) + t;
+    const std::vector<std::string> toks = ul_test::byte_tokens(
+        {"th", "he", "the", " t", " the", "in", "ing", "  ", "\n\n", "é", "é!", "12", "<|", "'s", "<|endoftext|>"});
+    const std::string file = ul_test::tok_file(20240328, 2, uint32_t(toks.size()), uint32_t(toks.size() - 1), toks);
     return ul::Tokenizer(fuzz::input_file(reinterpret_cast<const uint8_t*>(file.data()), file.size(), "bpe_vocab.bin"));
   }();
   return tok;
