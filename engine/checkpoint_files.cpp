@@ -20,10 +20,17 @@ struct ModelHeader {
   char arch[16];
   int32_t layers, dim, heads, kv_heads, vocab, padded_vocab, max_seq, ffn;
   float rope_theta;
-  uint32_t reserved;
+  int32_t rope_scaling;  // RopeScaling::Kind; 0 (none) in version 1, where it was reserved
   uint64_t numel;
 };
 static_assert(sizeof(ModelHeader) == 80, "model.bin header layout");
+// Version 2 (written only when the RoPE is scaled, so unscaled files stay version 1): the scaling's
+// numbers follow the header, covered by the checksum.
+struct ModelHeaderTail {
+  float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int32_t rope_original_max_pos;
+};
+static_assert(sizeof(ModelHeaderTail) == 16, "model.bin version 2 tail layout");
 
 struct OptimHeader {
   char magic[8];
@@ -43,16 +50,17 @@ std::runtime_error file_error(const std::string& path, const std::string& what) 
 }
 
 template <class H>
-uint32_t checksum(H h, const float* payload, uint64_t n) {
+uint32_t checksum(H h, const std::string& tail, const float* payload, uint64_t n) {
   h.crc = 0;
-  return crc32(crc32(0, &h, sizeof h), payload, n * sizeof(float));
+  return crc32(crc32(crc32(0, &h, sizeof h), tail.data(), tail.size()), payload, n * sizeof(float));
 }
 
-// Reads header and payload, checking (in this order) size >= header, magic, version, exact size
-// and checksum. floats_of(header) is the payload length the header promises.
-template <class H, class F>
-H read_checked(const std::string& path, const char* kind, const char (&magic)[8], std::vector<float>& payload,
-               F floats_of) {
+// Reads header, its version's tail and payload, checking (in this order) size >= header, magic,
+// version (1 to max_version), exact size and checksum. tail_of(header) is the number of bytes
+// after the header that belong to it; floats_of(header) the payload length the header promises.
+template <class H, class T, class F>
+H read_checked(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
+               std::string& tail, std::vector<float>& payload, T tail_of, F floats_of) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -69,18 +77,23 @@ H read_checked(const std::string& path, const char* kind, const char (&magic)[8]
       if (c < 32 || c > 126) c = '?';
     throw file_error(path, "bad magic '" + got + "' (expected '" + std::string(magic, 8) + "', " + kind + ")");
   }
-  if (h.version != kVersion)
+  if (h.version < 1 || h.version > max_version)
     throw file_error(path, "unsupported version " + std::to_string(h.version) + " (expected " +
-                               std::to_string(kVersion) + ")");
-  const uint64_t n = floats_of(h), body = size - sizeof(H);
+                               (max_version == 1 ? "1" : "1 to " + std::to_string(max_version)) + ")");
+  tail.assign(tail_of(h), '\0');
+  if (size - sizeof(H) < tail.size())
+    throw file_error(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                               std::to_string(sizeof(H) + tail.size()) + "-byte header of " + kind);
+  f.read(&tail[0], std::streamsize(tail.size()));
+  const uint64_t n = floats_of(h), body = size - sizeof(H) - tail.size();
   if (n > body / sizeof(float) || body != n * sizeof(float))
     throw file_error(path, std::string(n > body / sizeof(float) ? "truncated" : "trailing bytes") + ": " +
                                std::to_string(size) + " bytes, but its header promises " + std::to_string(n) +
-                               " floats after the " + std::to_string(sizeof(H)) + "-byte header");
+                               " floats after the " + std::to_string(sizeof(H) + tail.size()) + "-byte header");
   payload.resize(n);
   f.read(reinterpret_cast<char*>(payload.data()), std::streamsize(n * sizeof(float)));
   if (!f) throw file_error(path, "read failed");
-  const uint32_t crc = checksum(h, payload.data(), n);
+  const uint32_t crc = checksum(h, tail, payload.data(), n);
   if (crc != h.crc) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "checksum mismatch (stored %08x, computed %08x): the file is corrupt", h.crc, crc);
@@ -89,17 +102,25 @@ H read_checked(const std::string& path, const char* kind, const char (&magic)[8]
   return h;
 }
 
-ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t numel) {
+// The header and (version 2) its tail for cfg.
+ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t numel, std::string& tail) {
   ModelHeader h;
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kModelMagic, 8);
-  h.version = kVersion;
+  h.version = cfg.rope_scaling.kind == RopeScaling::kNone ? 1 : 2;
+  h.rope_scaling = cfg.rope_scaling.kind;
+  tail.clear();
+  if (h.version == 2) {
+    const RopeScaling& r = cfg.rope_scaling;
+    const ModelHeaderTail t = {r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_pos};
+    tail.assign(reinterpret_cast<const char*>(&t), sizeof t);
+  }
   std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
   h.layers = cfg.layers, h.dim = cfg.dim, h.heads = cfg.heads, h.kv_heads = cfg.kv_heads;
   h.vocab = cfg.vocab, h.padded_vocab = cfg.padded_vocab, h.max_seq = cfg.max_seq, h.ffn = cfg.ffn;
   h.rope_theta = cfg.rope_theta;
   h.numel = numel;
-  h.crc = checksum(h, params, numel);
+  h.crc = checksum(h, tail, params, numel);
   return h;
 }
 
@@ -112,30 +133,46 @@ std::string json_number(double v) {
 }  // namespace
 
 void write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
-  ModelHeader h = model_header(cfg, params, numel);
+  std::string tail;
+  ModelHeader h = model_header(cfg, params, numel, tail);
   AtomicFile f(path);
   f.write(&h, sizeof h);
+  f.write(tail.data(), tail.size());
   f.write(params, numel * sizeof(float));
   f.commit();
 }
 
 void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
-  ModelHeader h = model_header(cfg, params, numel);
+  std::string tail;
+  ModelHeader h = model_header(cfg, params, numel, tail);
   AtomicFile f(path);
   f.write(&h, sizeof h);
+  f.write(tail.data(), tail.size());
   f.write(params, numel * sizeof(float) / 2);
   std::fprintf(stderr, "ULYSSES_TEST_CRASH_IN_SAVE: aborting halfway through %s.tmp\n", path.c_str());
   std::abort();
 }
 
 ModelConfig read_model_file(const std::string& path, std::vector<float>& params) {
-  ModelHeader h = read_checked<ModelHeader>(path, "a ulysses model file", kModelMagic, params,
-                                            [](const ModelHeader& x) { return x.numel; });
+  std::string tail;
+  ModelHeader h = read_checked<ModelHeader>(
+      path, "a ulysses model file", kModelMagic, 2, tail, params,
+      [](const ModelHeader& x) { return x.version == 2 ? sizeof(ModelHeaderTail) : 0; },
+      [](const ModelHeader& x) { return x.numel; });
   ModelConfig c;
   c.arch = std::string(h.arch, strnlen(h.arch, sizeof h.arch));
   c.layers = h.layers, c.dim = h.dim, c.heads = h.heads, c.kv_heads = h.kv_heads;
   c.vocab = h.vocab, c.padded_vocab = h.padded_vocab, c.max_seq = h.max_seq, c.ffn = h.ffn;
   c.rope_theta = h.rope_theta;
+  if (h.version == 1 && h.rope_scaling != 0) throw file_error(path, "version 1 with a rope scaling set: corrupt header");
+  c.rope_scaling.kind = h.rope_scaling;
+  if (h.version == 2) {
+    ModelHeaderTail t;
+    std::memcpy(&t, tail.data(), sizeof t);
+    c.rope_scaling.factor = t.rope_factor, c.rope_scaling.low_freq_factor = t.rope_low_freq_factor;
+    c.rope_scaling.high_freq_factor = t.rope_high_freq_factor, c.rope_scaling.original_max_pos = t.rope_original_max_pos;
+  }
+  check_rope_scaling(c.rope_scaling, path);
   return c;
 }
 
@@ -161,6 +198,7 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("max_seq", s(a.max_seq), s(b.max_seq), "--max-seq");
   differ("ffn", s(a.ffn), s(b.ffn), "--ffn");
   differ("rope_theta", json_number(a.rope_theta), json_number(b.rope_theta), "--rope-theta");
+  differ("rope_scaling", rope_scaling_str(a.rope_scaling), rope_scaling_str(b.rope_scaling), "--rope-scaling");
 }
 
 std::string optim_file_name(int shard, int shards) {
@@ -183,10 +221,13 @@ void write_optim_file(const std::string& path, const OptimShard& s) {
 
 OptimShard read_optim_file(const std::string& path) {
   std::vector<float> mv;
-  OptimHeader h = read_checked<OptimHeader>(path, "a ulysses optimizer file", kOptimMagic, mv, [&](const OptimHeader& x) {
-    if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
-    return 2 * x.count;
-  });
+  std::string tail;
+  OptimHeader h = read_checked<OptimHeader>(
+      path, "a ulysses optimizer file", kOptimMagic, 1, tail, mv, [](const OptimHeader&) { return size_t(0); },
+      [&](const OptimHeader& x) {
+        if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
+        return 2 * x.count;
+      });
   // offset > numel first: offset + count could wrap around past 2^64 and look small.
   if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.offset > h.numel || h.count > h.numel - h.offset ||
       h.t < 0)
@@ -212,6 +253,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"max_seq", n(c.max_seq), "--max-seq"},
           {"ffn", n(c.ffn), "--ffn"},
           {"rope_theta", json_number(c.rope_theta), "--rope-theta"},
+          {"rope_scaling", json_quote(rope_scaling_str(c.rope_scaling)), "--rope-scaling", "none"},
           {"batch", n(o.batch), "--batch"},
           {"seq", n(o.seq), "--seq"},
           {"grad_accum", n(o.grad_accum), "--grad-accum"},

@@ -28,8 +28,28 @@ std::map<std::string, std::string> hf_metadata(const ModelConfig& c) {
           {"max_seq", std::to_string(c.max_seq)},
           {"ffn", std::to_string(c.ffn_dim())},
           {"rope_theta", theta},
+          {"rope_scaling", rope_scaling_str(c.rope_scaling)},
           {"norm_eps", "1e-05"}};
 }
+
+namespace {
+
+// HF's rope scaling keys (rope_scaling in transformers 4.x, rope_parameters in 5.x: the same
+// names, plus rope_theta in the latter).
+JsonLine hf_rope_json(const ModelConfig& c, bool with_theta) {
+  JsonLine r;
+  const RopeScaling& s = c.rope_scaling;
+  r.add("rope_type", s.kind == RopeScaling::kLinear ? "linear" : s.kind == RopeScaling::kLlama3 ? "llama3" : "default");
+  if (with_theta) r.add("rope_theta", double(c.rope_theta), 9);
+  if (s.kind != RopeScaling::kNone) r.add("factor", double(s.factor), 9);
+  if (s.kind == RopeScaling::kLlama3)
+    r.add("low_freq_factor", double(s.low_freq_factor), 9)
+        .add("high_freq_factor", double(s.high_freq_factor), 9)
+        .add("original_max_position_embeddings", s.original_max_pos);
+  return r;
+}
+
+}  // namespace
 
 std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype) {
   JsonLine j;
@@ -47,8 +67,9 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     j.add("num_attention_heads", c.heads).add("num_key_value_heads", c.kv_heads).add("head_dim", c.head_dim());
     j.add("hidden_act", "silu").add("max_position_embeddings", c.max_seq).add_raw("rms_norm_eps", "1e-05");
     // rope_theta for transformers 4.x, rope_parameters for 5.x (each ignores the other's key)
-    j.add("rope_theta", double(c.rope_theta), 9).add_raw("rope_scaling", "null");
-    j.add_raw("rope_parameters", JsonLine().add("rope_type", "default").add("rope_theta", double(c.rope_theta), 9).str());
+    j.add("rope_theta", double(c.rope_theta), 9);
+    j.add_raw("rope_scaling", c.rope_scaling.kind == RopeScaling::kNone ? "null" : hf_rope_json(c, false).str());
+    j.add_raw("rope_parameters", hf_rope_json(c, true).str());
     j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false").add_raw("tie_word_embeddings", "false");
   }
   j.add("torch_dtype", torch_dtype);
@@ -69,6 +90,35 @@ JsonValue hf_sibling_config(const SafetensorsFile& f) {
 }
 
 namespace {
+
+// rope_scaling (4.x) or rope_parameters (5.x): default, linear or llama3; other rules (dynamic,
+// yarn, longrope) are refused.
+RopeScaling hf_rope_scaling(const JsonValue& o, const std::string& where) {
+  const JsonValue* type = o.find("rope_type");
+  if (!type) type = o.find("type");  // older files
+  const std::string t = type ? type->as_string(where + ": rope type") : "default";
+  RopeScaling s;
+  auto num = [&](const char* key) {
+    const JsonValue* v = o.find(key);
+    if (!v) throw std::runtime_error(where + ": rope " + t + " scaling without \"" + key + "\"");
+    return v->as_double(where + ": " + key);
+  };
+  if (t == "default") return s;
+  if (t == "linear") {
+    s.kind = RopeScaling::kLinear;
+    s.factor = float(num("factor"));
+  } else if (t == "llama3") {
+    s.kind = RopeScaling::kLlama3;
+    s.factor = float(num("factor")), s.low_freq_factor = float(num("low_freq_factor"));
+    s.high_freq_factor = float(num("high_freq_factor"));
+    s.original_max_pos = int32_t(num("original_max_position_embeddings"));
+  } else {
+    throw std::runtime_error(where + ": rope scaling '" + t +
+                             "' (ulysses runs default, linear and llama3; it cannot run this model exactly)");
+  }
+  check_rope_scaling(s, where);
+  return s;
+}
 
 ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
   auto get = [&](const char* key) -> const JsonValue& {
@@ -104,12 +154,12 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (const JsonValue* t = j.find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_theta"));
     const JsonValue *act = j.find("hidden_act"), *sc = j.find("rope_scaling"), *hd = j.find("head_dim");
     if (const JsonValue* rp = j.find("rope_parameters"); rp && !rp->is(JsonValue::Kind::null)) {  // transformers 5.x
-      const JsonValue *type = rp->find("rope_type"), *t = rp->find("rope_theta");
-      refuse_unless(!type || type->text == "default", "rope_parameters.rope_type is not default");
-      if (t) c.rope_theta = float(t->as_double(where + ": rope_parameters.rope_theta"));
+      if (const JsonValue* t = rp->find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_parameters.rope_theta"));
+      c.rope_scaling = hf_rope_scaling(*rp, where + ": rope_parameters");
+    } else if (sc && !sc->is(JsonValue::Kind::null)) {
+      c.rope_scaling = hf_rope_scaling(*sc, where + ": rope_scaling");
     }
     refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
-    refuse_unless(!sc || sc->is(JsonValue::Kind::null), "rope_scaling is set");
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),
                   "head_dim is not hidden_size / num_attention_heads");
     for (const char* b : {"attention_bias", "mlp_bias"})
@@ -139,6 +189,14 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
     c.ffn = meta_int(f, "ffn");
     auto t = f.metadata().find("rope_theta");
     if (t != f.metadata().end()) c.rope_theta = float(parse_json(t->second, f.path()).as_double(f.path() + ": rope_theta"));
+    auto sc = f.metadata().find("rope_scaling");  // absent in files written before it existed: none
+    if (sc != f.metadata().end()) {
+      try {
+        c.rope_scaling = parse_rope_scaling(sc->second);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(f.path() + ": __metadata__: " + e.what());
+      }
+    }
   } else {
     c = config_from_hf_json(hf_sibling_config(f), hf_dir_of(f.path()) + "/config.json");
   }

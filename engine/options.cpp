@@ -27,6 +27,9 @@ model
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
                       FILE.safetensors (gpt2 or llama; config from its metadata or config.json),
                       or a model.bin of our checkpoints; the model's shape comes from the file
+  --rope-theta X --rope-scaling SPEC   llama's RoPE (beside --checkpoint: override its own, to
+                      extend its context): SPEC none | linear:factor=F |
+                      llama3:factor=F,low=1,high=4,orig=8192 (Llama 3.1's rule)     [10000, none]
 data and loop
   --data SPEC         passkey | recall | text:FILE | shards:GLOB                          [passkey]
   --doc-mask          packed documents: attention stays within each document, positions
@@ -154,7 +157,7 @@ Options parse_options(int argc, char** argv) {
   std::map<std::string, Setter> with_value = {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
-      {"--rope-theta", F(o.rope_theta)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
+      {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
@@ -235,6 +238,7 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--heartbeat must be a finite number of seconds >= 0");
   if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))
     throw std::runtime_error("--rope-theta must be a finite number > 0");
+  parse_rope_scaling(o.rope_scaling);  // a malformed spec fails here, naming the flag
   if (o.device != "cpu" && o.device != "cuda")
     throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
 #if !ULYSSES_HAVE_CUDA
@@ -306,7 +310,9 @@ Options parse_options(int argc, char** argv) {
   for (const char* f : {"--prompt", "--temperature", "--top-k", "--tokenizer"})
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
-  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--rope-theta"})
+  // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
+  // is how a model's context is extended.)
+  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
       throw std::runtime_error(std::string(f) + ": the model's shape comes from --checkpoint " + o.checkpoint +
                                "; drop " + f);
@@ -326,6 +332,15 @@ Device run_device(const Options& o) {
 }
 
 DType param_dtype(const Options& o) { return o.precision == "bf16" ? DType::bf16 : DType::f32; }
+
+void apply_rope_flags(const Options& o, ModelConfig& c) {
+  const bool theta = o.set_by_user("--rope-theta"), scaling = o.set_by_user("--rope-scaling");
+  if (!c.is_llama() && (theta || scaling))
+    throw std::runtime_error(std::string(theta ? "--rope-theta" : "--rope-scaling") +
+                             ": gpt2 has learned positions, not RoPE (--model llama)");
+  if (theta) c.rope_theta = o.rope_theta;
+  if (scaling) c.rope_scaling = parse_rope_scaling(o.rope_scaling);
+}
 
 ModelConfig model_config(const Options& o, int data_vocab) {
   ModelConfig c;
@@ -356,11 +371,10 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   if (o.ffn > 0) c.ffn = o.ffn;
   c.rope_theta = o.rope_theta;
+  apply_rope_flags(o, c);
   // llama's knobs: on gpt2 (an MLP of 4 x dim, learned positions) they would change nothing.
   if (c.arch == "gpt2" && o.set_by_user("--ffn"))
     throw std::runtime_error("--ffn: gpt2's MLP is 4 x --dim; the width is a llama setting (--model llama)");
-  if (c.arch == "gpt2" && o.set_by_user("--rope-theta"))
-    throw std::runtime_error("--rope-theta: gpt2 has learned positions, not RoPE (--model llama)");
   if (c.arch == "gpt2" && o.max_seq <= 0 && c.max_seq < o.seq) c.max_seq = o.seq;
   // llm.c pads the vocabulary to a multiple of 128 for GEMM-friendly shapes; the pad rows are never scored.
   c.padded_vocab = round_up(c.vocab, 128);

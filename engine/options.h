@@ -14,6 +14,7 @@ struct Options {
   std::string model = "tiny";
   int layers = -1, dim = -1, heads = -1, kv_heads = -1, vocab = -1, max_seq = -1, ffn = -1;
   float rope_theta = 10000.0f;
+  std::string rope_scaling = "none";  // layers/rope.h: none | linear:factor=F | llama3:factor=F,...
   // data and loop
   std::string data = "passkey";
   bool doc_mask = false;      // --doc-mask: attention and positions stay within each document
@@ -81,5 +82,8 @@ DType param_dtype(const Options& o);
 
 // The model configuration: preset, then flag overrides; vocab from the data when not given.
 ModelConfig model_config(const Options& o, int data_vocab);
+// --rope-theta and --rope-scaling, when given, onto c (a preset's or a checkpoint's: overriding a
+// llama checkpoint's RoPE is how its context is extended); refused on gpt2.
+void apply_rope_flags(const Options& o, ModelConfig& c);
 
 }  // namespace ul

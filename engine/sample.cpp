@@ -91,7 +91,7 @@ const std::vector<float>& KvDecoder::step(int token) {
   for (int l = 0; l < cfg_.layers; l++) {
     norm(h_.data(), x_.data(), "ln1w", "ln1b", l);
     cpu::linear_forward(qkv_.data(), h_.data(), param("qkvw", l), llama ? nullptr : param("qkvb", l), 1, C, QKV);
-    if (llama) cpu::rope_forward(qkv_.data(), qkv_.data(), &pos, 1, Hq, Hkv, D, cfg_.rope_theta);
+    if (llama) cpu::rope_forward(qkv_.data(), qkv_.data(), &pos, 1, Hq, Hkv, D, cfg_.rope());
     const size_t row = size_t(Hkv) * D, at = (size_t(l) * max_len_ + size_t(pos)) * row;
     std::copy_n(qkv_.data() + size_t(Hq) * D, row, kcache_.data() + at);
     std::copy_n(qkv_.data() + size_t(Hq + Hkv) * D, row, vcache_.data() + at);

@@ -141,7 +141,10 @@ Trainer::Trainer(const Options& o, Comm& world)
   omp_set_num_threads(threads_per_rank(o));
   std::vector<float> ckpt;
   ModelConfig cfg;
-  if (!o.checkpoint.empty()) cfg = checkpoint_model_config(o.checkpoint, ckpt);
+  if (!o.checkpoint.empty()) {
+    cfg = checkpoint_model_config(o.checkpoint, ckpt);
+    apply_rope_flags(o, cfg);
+  }
   // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
   // vocabulary bounds the data's token ids.
   const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;

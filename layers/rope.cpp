@@ -1,6 +1,9 @@
 #include "layers/rope.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -8,14 +11,76 @@
 #include "layers/op_util.h"
 
 namespace ul {
+
+RopeScaling parse_rope_scaling(const std::string& spec) {
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error("--rope-scaling '" + spec + "': " + why +
+                              " (none, linear:factor=F, or llama3:factor=F,low=1,high=4,orig=8192)");
+  };
+  RopeScaling s;
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  if (kind == "none") {
+    if (colon != std::string::npos) throw bad("none takes no settings");
+    return s;
+  }
+  if (kind == "linear") s.kind = RopeScaling::kLinear;
+  else if (kind == "llama3") s.kind = RopeScaling::kLlama3;
+  else throw bad("unknown kind '" + kind + "'");
+  bool has_factor = false;
+  for (size_t at = colon == std::string::npos ? spec.size() : colon + 1; at < spec.size();) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string item = spec.substr(at, comma - at), key = item.substr(0, item.find('='));
+    at = comma + 1;
+    if (item.find('=') == std::string::npos) throw bad("'" + item + "' is not key=value");
+    const std::string v = item.substr(key.size() + 1);
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end || !std::isfinite(x)) throw bad(key + ": '" + v + "' is not a number");
+    if (key == "factor") s.factor = float(x), has_factor = true;
+    else if (key == "low" && s.kind == RopeScaling::kLlama3) s.low_freq_factor = float(x);
+    else if (key == "high" && s.kind == RopeScaling::kLlama3) s.high_freq_factor = float(x);
+    else if (key == "orig" && s.kind == RopeScaling::kLlama3) {
+      if (x != std::floor(x) || x < 1 || x > 1e9) throw bad("orig must be a whole number of positions >= 1");
+      s.original_max_pos = int32_t(x);
+    } else throw bad("unknown key '" + key + "' for " + kind);
+  }
+  if (!has_factor) throw bad("factor=F is required");
+  check_rope_scaling(s, "--rope-scaling '" + spec + "'");
+  return s;
+}
+
+void check_rope_scaling(const RopeScaling& s, const std::string& where) {
+  auto bad = [&](const std::string& why) { return std::runtime_error(where + ": " + why); };
+  if (s.kind != RopeScaling::kNone && s.kind != RopeScaling::kLinear && s.kind != RopeScaling::kLlama3)
+    throw bad("unknown rope scaling kind " + std::to_string(s.kind));
+  if (s.kind == RopeScaling::kNone) return;
+  if (!(s.factor > 0) || !std::isfinite(s.factor)) throw bad("the rope scaling factor must be > 0");
+  if (s.kind == RopeScaling::kLinear) return;
+  if (!(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor))
+    throw bad("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
+  if (s.original_max_pos < 1) throw bad("llama3 rope scaling needs original_max_position_embeddings >= 1");
+}
+
+std::string rope_scaling_str(const RopeScaling& s) {
+  char buf[128];
+  if (s.kind == RopeScaling::kLinear) std::snprintf(buf, sizeof buf, "linear:factor=%.9g", double(s.factor));
+  else if (s.kind == RopeScaling::kLlama3)
+    std::snprintf(buf, sizeof buf, "llama3:factor=%.9g,low=%.9g,high=%.9g,orig=%d", double(s.factor),
+                  double(s.low_freq_factor), double(s.high_freq_factor), int(s.original_max_pos));
+  else if (s.kind == RopeScaling::kNone) return "none";
+  else std::snprintf(buf, sizeof buf, "kind %d", int(s.kind));  // refused by parse_rope_scaling
+  return buf;
+}
+
 namespace cpu {
 
 namespace {
-// freq_i = theta^(-2i/D), i < D/2, kept in double: the angle pos * freq_i then keeps double precision
+// freq_i (rope.h), i < D/2, kept in double: the angle pos * freq_i then keeps double precision
 // even at positions in the millions, and is rounded to T only as its cos and sin.
-std::vector<double> rope_freqs(int D, float theta) {
+std::vector<double> rope_freqs(int D, const Rope& rope) {
   std::vector<double> f(D / 2);
-  for (int i = 0; i < D / 2; i++) f[i] = std::pow(double(theta), -2.0 * i / D);
+  for (int i = 0; i < D / 2; i++) f[i] = rope_freq(i, D, rope);
   return f;
 }
 
@@ -53,10 +118,10 @@ void rotate_token(T* dst, const T* src, int pos, int Hq, int Hkv, int D, const d
 // Every token of src (N, Hq + 2*Hkv, D) rotated by sign * its angles into dst (added when
 // accumulate); dst may alias src (each pair is read before it is written).
 template <class T>
-void rotate_tokens(T* dst, const T* src, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta, double sign,
+void rotate_tokens(T* dst, const T* src, const int32_t* pos, int N, int Hq, int Hkv, int D, const Rope& rope, double sign,
                    bool accumulate) {
   const size_t row = size_t(Hq + 2 * Hkv) * D;
-  const std::vector<double> freq = rope_freqs(D, theta);
+  const std::vector<double> freq = rope_freqs(D, rope);
 #pragma omp parallel
   {
     std::vector<T> cs(D);
@@ -69,25 +134,26 @@ void rotate_tokens(T* dst, const T* src, const int32_t* pos, int N, int Hq, int 
 
 // qkv, y: (N, Hq + 2*Hkv, D); pos: (N). y may alias qkv.
 template <class T>
-void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
-  rotate_tokens(y, qkv, pos, N, Hq, Hkv, D, theta, 1.0, false);
+void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, const Rope& rope) {
+  rotate_tokens(y, qkv, pos, N, Hq, Hkv, D, rope, 1.0, false);
 }
 
 // A rotation is orthogonal, so its transpose (the backward) is the rotation by -a.
 template <class T>
-void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta) {
-  rotate_tokens(dqkv, dy, pos, N, Hq, Hkv, D, theta, -1.0, true);
+void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, const Rope& rope) {
+  rotate_tokens(dqkv, dy, pos, N, Hq, Hkv, D, rope, -1.0, true);
 }
 
-template void rope_forward<float>(float*, const float*, const int32_t*, int, int, int, int, float);
-template void rope_forward<double>(double*, const double*, const int32_t*, int, int, int, int, float);
-template void rope_backward<float>(float*, const float*, const int32_t*, int, int, int, int, float);
-template void rope_backward<double>(double*, const double*, const int32_t*, int, int, int, int, float);
+template void rope_forward<float>(float*, const float*, const int32_t*, int, int, int, int, const Rope&);
+template void rope_forward<double>(double*, const double*, const int32_t*, int, int, int, int, const Rope&);
+template void rope_backward<float>(float*, const float*, const int32_t*, int, int, int, int, const Rope&);
+template void rope_backward<double>(double*, const double*, const int32_t*, int, int, int, int, const Rope&);
 }  // namespace cpu
 
 namespace {
 // The checks both backends make on qkv (B, T, Hq + 2*Hkv, D), the head counts and theta; returns D.
-int check_rope(const Tensor& qkv, int Hq, int Hkv, float theta) {
+int check_rope(const Tensor& qkv, int Hq, int Hkv, const Rope& rope) {
+  const float theta = rope.theta;
   if (qkv.ndim() != 4) throw std::runtime_error("rope: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
   const int D = int(qkv.size(3));
   if (Hq <= 0 || Hkv <= 0 || qkv.size(2) != Hq + 2 * Hkv)
@@ -95,14 +161,15 @@ int check_rope(const Tensor& qkv, int Hq, int Hkv, float theta) {
                              std::to_string(Hq) + ", Hkv = " + std::to_string(Hkv));
   if (D % 2 != 0) throw std::runtime_error("rope: head dim must be even, got " + std::to_string(D));
   if (!(theta > 0)) throw std::runtime_error("rope: theta must be positive, got " + std::to_string(theta));
+  check_rope_scaling(rope.scaling, "rope");
   return D;
 }
 }  // namespace
 
 #if ULYSSES_HAVE_CUDA
 // The same op on the CUDA backend, for f32 and bf16 tensors; positions are i32 on the device.
-static Tensor rope_cuda(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) {
-  const int D = check_rope(qkv, Hq, Hkv, theta);
+static Tensor rope_cuda(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, const Rope& rope) {
+  const int D = check_rope(qkv, Hq, Hkv, rope);
   if (pos.device != Device::cuda || pos.dtype != DType::i32)
     throw std::runtime_error("rope: positions must be i32 on cuda, got " + pos.str());
   check_shape(pos, {qkv.size(0), qkv.size(1)}, "rope positions");
@@ -112,25 +179,25 @@ static Tensor rope_cuda(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, f
     using T = decltype(tag);
     Context& c = ctx();
     y = c.empty(qkv.shape, qkv.dtype);
-    cuda::rope_forward(y.as<T>(), qkv.as<T>(), pos.as<int32_t>(), N, Hq, Hkv, D, theta, op_stream());
+    cuda::rope_forward(y.as<T>(), qkv.as<T>(), pos.as<int32_t>(), N, Hq, Hkv, D, rope, op_stream());
     if (!needs_grad({&qkv})) return;
     y = c.tape.track(y);
     c.tape.push("rope", [=] {
       const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
       if (!dy) return;
-      cuda::rope_backward(grad_or_scratch_as<T>(qkv), dy, pos.as<int32_t>(), N, Hq, Hkv, D, theta, op_stream());
+      cuda::rope_backward(grad_or_scratch_as<T>(qkv), dy, pos.as<int32_t>(), N, Hq, Hkv, D, rope, op_stream());
     });
   });
   return y;
 }
 #endif
 
-Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) {
+Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, const Rope& rope) {
 #if ULYSSES_HAVE_CUDA
-  if (qkv.device == Device::cuda) return rope_cuda(qkv, pos, Hq, Hkv, theta);
+  if (qkv.device == Device::cuda) return rope_cuda(qkv, pos, Hq, Hkv, rope);
 #endif
   require_cpu_f32(qkv, "rope");
-  const int D = check_rope(qkv, Hq, Hkv, theta);
+  const int D = check_rope(qkv, Hq, Hkv, rope);
   const int64_t B = qkv.size(0), T = qkv.size(1);
   if (pos.device != Device::cpu || pos.dtype != DType::i32)
     throw std::runtime_error("rope: positions must be i32 on the cpu, got " + pos.str());
@@ -139,13 +206,13 @@ Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, float theta) 
 
   Context& c = ctx();
   Tensor y = c.empty(qkv.shape);
-  cpu::rope_forward(y.f32(), qkv.f32(), pos.i32(), N, Hq, Hkv, D, theta);
+  cpu::rope_forward(y.f32(), qkv.f32(), pos.i32(), N, Hq, Hkv, D, rope);
   if (needs_grad({&qkv})) {
     y = c.tape.track(y);
     c.tape.push("rope", [=] {
       const float* dy = static_cast<const float*>(ctx().tape.grad_if_any(y));
       if (!dy) return;
-      cpu::rope_backward(grad_or_scratch(qkv), dy, pos.i32(), N, Hq, Hkv, D, theta);
+      cpu::rope_backward(grad_or_scratch(qkv), dy, pos.i32(), N, Hq, Hkv, D, rope);
     });
   }
   return y;

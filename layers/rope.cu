@@ -2,7 +2,7 @@
 // T is float or __nv_bfloat16; the rotation is computed in float and rounded to T once.
 //
 // forward, backward   one thread per (token n, frequency i < D/2): it computes the angle
-//              pos[n] * theta^(-2i/D) in double, its cos and sin in double rounded to float (as
+//              pos[n] * freq_i (rope_freq, rope.h) in double, its cos and sin in double rounded to float (as
 //              the CPU does: in float the angle of position 10^6 would be off by up to 0.03 rad),
 //              then rotates pair (i, i + D/2) of each of the Hq + Hkv query/key heads and copies
 //              (forward) or adds (backward) elements i and i + D/2 of the Hkv value heads.
@@ -21,14 +21,14 @@ namespace {
 // v heads. Backward: dst += R(-angle) src on q/k heads, dst += src on v heads.
 template <class T, bool kBackward>
 __global__ void rope_kernel(T* dst, const T* src, const int32_t* __restrict__ pos, int N, int Hq, int Hkv, int D,
-                            double theta) {
+                            Rope rope) {
   const int half = D / 2;
   const int64_t pairs = int64_t(N) * half;
   for (int64_t t = grid_first(); t < pairs; t += grid_stride()) {
     const int64_t n = t / half;
     const int i = int(t % half);
-    // Double throughout, as the CPU: freq exactly as std::pow gives it there, then the angle.
-    const double freq = pow(theta, -2.0 * i / D);
+    // Double throughout, as the CPU: freq by the same function (rope.h), then the angle.
+    const double freq = rope_freq(i, D, rope);
     const double a = (kBackward ? -1.0 : 1.0) * double(pos[n]) * freq;
     const float c = float(cos(a)), s = float(sin(a));
     const size_t row = size_t(n) * (Hq + 2 * Hkv) * D;
@@ -59,32 +59,35 @@ __global__ void rope_kernel(T* dst, const T* src, const int32_t* __restrict__ po
 
 template <class T, bool kBackward>
 void launch_rope(const char* name, T* dst, const T* src, const int32_t* pos, int N, int Hq, int Hkv, int D,
-                 float theta, cudaStream_t s) {
+                 const Rope& rope, cudaStream_t s) {
   const int64_t pairs = int64_t(N) * (D / 2);
   if (pairs == 0) return;  // a grid of no blocks is an invalid launch
   launch(name, rope_kernel<T, kBackward>, dim3(elementwise_blocks(pairs)), dim3(kElementwiseThreads), 0, s, dst, src,
-         pos, N, Hq, Hkv, D, double(theta));
+         pos, N, Hq, Hkv, D, rope);
 }
 
 }  // namespace
 
 template <class T>
-void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta, cudaStream_t s) {
-  launch_rope<T, false>("rope_forward", y, qkv, pos, N, Hq, Hkv, D, theta, s);
+void rope_forward(T* y, const T* qkv, const int32_t* pos, int N, int Hq, int Hkv, int D, const Rope& rope,
+                  cudaStream_t s) {
+  launch_rope<T, false>("rope_forward", y, qkv, pos, N, Hq, Hkv, D, rope, s);
 }
 
 template <class T>
-void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, float theta,
+void rope_backward(T* dqkv, const T* dy, const int32_t* pos, int N, int Hq, int Hkv, int D, const Rope& rope,
                    cudaStream_t s) {
-  launch_rope<T, true>("rope_backward", dqkv, dy, pos, N, Hq, Hkv, D, theta, s);
+  launch_rope<T, true>("rope_backward", dqkv, dy, pos, N, Hq, Hkv, D, rope, s);
 }
 
-template void rope_forward<float>(float*, const float*, const int32_t*, int, int, int, int, float, cudaStream_t);
+template void rope_forward<float>(float*, const float*, const int32_t*, int, int, int, int, const Rope&,
+                                  cudaStream_t);
 template void rope_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int, int, int, int,
-                                          float, cudaStream_t);
-template void rope_backward<float>(float*, const float*, const int32_t*, int, int, int, int, float, cudaStream_t);
+                                          const Rope&, cudaStream_t);
+template void rope_backward<float>(float*, const float*, const int32_t*, int, int, int, int, const Rope&,
+                                   cudaStream_t);
 template void rope_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int, int, int, int,
-                                           float, cudaStream_t);
+                                           const Rope&, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ul

@@ -42,6 +42,9 @@ void ModelConfig::validate() const {
   if (vocab < 2) bad("--vocab must be >= 2");
   if (padded_vocab < vocab) bad("padded vocab smaller than vocab");
   if (max_seq < 1) bad("--max-seq must be >= 1");
+  if (!is_llama() && rope_scaling.kind != RopeScaling::kNone)
+    bad("--rope-scaling: gpt2 has learned positions, not RoPE (--model llama)");
+  check_rope_scaling(rope_scaling, "--rope-scaling");
 }
 
 void ModelConfig::validate_for(Device d) const {
@@ -56,6 +59,7 @@ std::string ModelConfig::describe() const {
   std::ostringstream s;
   s << arch << " layers=" << layers << " dim=" << dim << " heads=" << heads;
   if (is_llama()) s << " kv_heads=" << kv_heads << " ffn=" << ffn_dim() << " rope_theta=" << rope_theta;
+  if (is_llama() && rope_scaling.kind != RopeScaling::kNone) s << " rope_scaling=" << rope_scaling_str(rope_scaling);
   s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;
   return s.str();
 }
@@ -141,7 +145,7 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
   } else {
     qkv = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
   }
-  if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope_theta);
+  if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope());
   Tensor att = attention(qkv, Hq, Hkv, in.doc_full);  // (B, T, Hq_local, D)
   if (sp && sp->size() > 1) att = ulysses_gather_heads(att, cfg.heads, *sp);  // (B, Tl, H, D)
   att = att.view({B, Tl, int64_t(cfg.dim)});

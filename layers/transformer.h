@@ -19,6 +19,7 @@
 #include "engine/offload.h"
 #include "engine/params.h"
 #include "layers/classifier.h"
+#include "layers/rope.h"
 
 namespace ul {
 
@@ -30,7 +31,13 @@ struct ModelConfig {
   int vocab = 64, padded_vocab = 128, max_seq = 256;
   int ffn = 0;                // llama SwiGLU hidden size (0: derived from dim)
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;   // llama: --rope-scaling / HF's rope_scaling (layers/rope.h)
 
+  Rope rope() const {
+    Rope r(rope_theta);
+    r.scaling = rope_scaling;
+    return r;
+  }
   int head_dim() const { return dim / heads; }
   int ffn_dim() const;        // gpt2: 4 * dim; llama: ffn or round_up(8 * dim / 3, 64)
   bool is_llama() const { return arch == "llama"; }

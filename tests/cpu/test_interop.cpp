@@ -26,8 +26,10 @@ namespace {
 
 using ul_test::TempDir;
 
-ModelConfig small(const std::string& arch) {
+// "llama3": llama with Llama 3.1's RoPE scaling.
+ModelConfig small(std::string arch) {
   ModelConfig c;
+  if (arch == "llama3") c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64"), arch = "llama";
   c.arch = arch, c.layers = 2, c.dim = 32, c.heads = 4, c.kv_heads = arch == "llama" ? 2 : 4;
   c.vocab = 50, c.padded_vocab = 128, c.max_seq = 16, c.ffn = arch == "llama" ? 48 : 0, c.rope_theta = 5000.0f;
   return c;
@@ -140,7 +142,7 @@ TEST_CASE("llama exports q/k/v and gate/up as row slices, lm_head unpadded, noth
 }
 
 TEST_CASE("export then import round-trips bit-exactly, config from metadata or config.json", "[interop]") {
-  for (const std::string arch : {"gpt2", "llama"}) {
+  for (const std::string arch : {"gpt2", "llama", "llama3"}) {
     CAPTURE(arch);
     Context ctx;
     ContextGuard g(ctx);
@@ -155,7 +157,8 @@ TEST_CASE("export then import round-trips bit-exactly, config from metadata or c
       SafetensorsFile f(d / "model.safetensors");
       const ModelConfig c = hf_read_config(f);
       CHECK(c.describe() == m.cfg.describe());
-      if (arch == "llama") CHECK(c.rope_theta == m.cfg.rope_theta);
+      if (arch != "gpt2") CHECK(c.rope_theta == m.cfg.rope_theta);
+      CHECK(rope_scaling_str(c.rope_scaling) == rope_scaling_str(m.cfg.rope_scaling));
       Transformer back(c);
       std::vector<float> got(back.params.numel(), 42.0f);
       hf_import(f, c, back.params.specs(), got.data());
@@ -170,6 +173,41 @@ TEST_CASE("export then import round-trips bit-exactly, config from metadata or c
     for (size_t i = 0; i < h.size(); i++) all_rounded &= got[i] == f32_from_bf16(bf16_from_f32(h[i]));
     CHECK(all_rounded);
   }
+}
+
+TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout; other rules refused", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  const ModelConfig cfg = small("llama3");
+  Transformer m(cfg);
+  const std::vector<float> h = random_params(m, 5);
+  TempDir d;
+  export_safetensors(d / "model.safetensors", cfg, m.params.specs(), h.data(), "F32");
+  const std::string json = read_whole_file(d / "config.json");
+  // Both layouts are written: rope_scaling (transformers 4.x) and rope_parameters (5.x).
+  CHECK(json.find("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
+                  "\"high_freq_factor\":4,\"original_max_position_embeddings\":64}") != std::string::npos);
+  CHECK(json.find("\"rope_parameters\":{\"rope_type\":\"llama3\",\"rope_theta\":5000,\"factor\":8") != std::string::npos);
+  // Read through config.json (a file without our metadata), in each layout.
+  write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
+  auto read_with = [&](const std::string& config) {
+    write_bytes(d / "config.json", config);
+    SafetensorsFile f(d / "model.safetensors");
+    return hf_read_config(f);
+  };
+  const size_t params_at = json.find(",\"rope_parameters\"");
+  const size_t params_end = json.find('}', params_at) + 1;
+  const std::string only_4x = json.substr(0, params_at) + json.substr(params_end);
+  CHECK(rope_scaling_str(read_with(json).rope_scaling) == "llama3:factor=8,low=1,high=4,orig=64");
+  CHECK(rope_scaling_str(read_with(only_4x).rope_scaling) == "llama3:factor=8,low=1,high=4,orig=64");
+  // An older file's "type" key, and the linear rule.
+  std::string linear = only_4x;
+  const size_t sc = linear.find("\"rope_scaling\":");
+  linear.replace(sc, linear.find('}', sc) + 1 - sc, "\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.5}");
+  CHECK(rope_scaling_str(read_with(linear).rope_scaling) == "linear:factor=2.5");
+  std::string yarn = json;
+  yarn.replace(yarn.find("\"llama3\"", params_at), 8, "\"yarn\"");
+  CHECK_THROWS_WITH(read_with(yarn), Catch::Contains("rope scaling 'yarn'") && Catch::Contains("config.json"));
 }
 
 TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[interop]") {

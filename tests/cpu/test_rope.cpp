@@ -122,3 +122,60 @@ TEST_CASE("rope op rejects heads that do not add up and odd head dims", "[rope]"
   REQUIRE_THROWS_WITH(ul::rope(c.zeros({1, 2, 4, 4}), c.zeros({1, 3}, ul::DType::i32), 2, 1, 10000.f),
                       "rope positions: expected shape (1, 2), got (1, 3)");
 }
+
+TEST_CASE("rope scaling: llama3 frequencies match transformers, linear turns p as p / factor", "[rope]") {
+  // transformers 5.24's ROPE_INIT_FUNCTIONS["llama3"] for head dim 64, rope_theta 500000, factor 32,
+  // low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192 (Llama 3.2 1B's
+  // RoPE): its float32 inv_freq at these pairs. Pairs 0-10 are kept (short waves), 18-31 divided
+  // by 32 (long waves), 14-17 in the smooth band between.
+  ul::Rope r(500000.f);
+  r.scaling = ul::parse_rope_scaling("llama3:factor=32,low=1,high=4,orig=8192");
+  const std::pair<int, double> hf[] = {
+      {0, 1.0}, {5, 0.12868738174438477}, {10, 0.016560440883040428}, {14, 0.0032114461064338684},
+      {15, 0.0012905480107292533}, {16, 0.000429556705057621}, {17, 9.708286233944818e-05},
+      {18, 1.9461638657958247e-05}, {20, 8.570255886297673e-06}, {25, 1.1028836297555245e-06},
+      {31, 9.418306490260875e-08}};
+  for (const auto& p : hf) {
+    CAPTURE(p.first);
+    CHECK(ul::rope_freq(p.first, 64, r) == Approx(p.second).epsilon(2e-6));  // theirs is float32
+  }
+  // Without scaling, the plain rule; the smooth band lies strictly between its two neighbours' rules.
+  const ul::Rope plain(500000.f);
+  CHECK(ul::rope_freq(5, 64, r) == ul::rope_freq(5, 64, plain));
+  CHECK(ul::rope_freq(20, 64, r) == Approx(ul::rope_freq(20, 64, plain) / 32).epsilon(1e-15));
+  CHECK(ul::rope_freq(15, 64, r) < ul::rope_freq(15, 64, plain));
+  CHECK(ul::rope_freq(15, 64, r) > ul::rope_freq(15, 64, plain) / 32);
+
+  // linear: position p with factor 4 is rotated exactly as position p / 4 unscaled.
+  ul::Rope lin(10000.f);
+  lin.scaling = ul::parse_rope_scaling("linear:factor=4");
+  const int N = 3, Hq = 2, Hkv = 1, D = 8, H = Hq + 2 * Hkv;
+  const Vec x = randn(N * H * D, 7);
+  const std::vector<int32_t> p = {0, 40, 1000}, p4 = {0, 10, 250};
+  Vec a(x.size()), b(x.size());
+  ul::cpu::rope_forward(a.data(), x.data(), p.data(), N, Hq, Hkv, D, lin);
+  ul::cpu::rope_forward(b.data(), x.data(), p4.data(), N, Hq, Hkv, D, ul::Rope(10000.f));
+  for (size_t i = 0; i < a.size(); i++) CHECK(a[i] == Approx(b[i]).margin(1e-12));
+  // And the scaled backward is still the exact inverse: central differences agree.
+  gradcheck("rope llama3", {const_cast<Vec*>(&x)},
+      [&](Vec& y) { y.resize(x.size()); ul::cpu::rope_forward(y.data(), x.data(), p.data(), N, Hq, Hkv, D, r); },
+      [&](const Vec& dy, std::vector<Vec>& d) { ul::cpu::rope_backward(d[0].data(), dy.data(), p.data(), N, Hq, Hkv, D, r); });
+}
+
+TEST_CASE("rope scaling specs: parsed, printed back, and refused naming the problem", "[rope]") {
+  for (const char* s : {"none", "linear:factor=2.5", "llama3:factor=32,low=1,high=4,orig=8192",
+                        "llama3:factor=8,low=2,high=16,orig=4096"})
+    CHECK(ul::rope_scaling_str(ul::parse_rope_scaling(s)) == s);
+  CHECK(ul::parse_rope_scaling("llama3:factor=8").original_max_pos == 8192);  // defaults: Llama 3.1's
+  const std::pair<const char*, const char*> bad[] = {
+      {"yarn:factor=2", "unknown kind 'yarn'"},      {"linear", "factor=F is required"},
+      {"linear:factor=0", "factor must be > 0"},     {"linear:factor=x", "'x' is not a number"},
+      {"linear:low=1,factor=2", "unknown key 'low'"}, {"llama3:factor=8,low=4,high=4", "0 < low_freq_factor < high_freq_factor"},
+      {"llama3:factor=8,orig=0.5", "orig must be"},  {"none:factor=2", "none takes no settings"},
+      {"llama3:factor", "not key=value"}};
+  for (const auto& b : bad) {
+    CAPTURE(b.first);
+    CHECK_THROWS_WITH(ul::parse_rope_scaling(b.first), Catch::Contains("--rope-scaling '" + std::string(b.first) + "'") &&
+                                                          Catch::Contains(b.second));
+  }
+}

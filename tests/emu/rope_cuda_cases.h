@@ -48,7 +48,7 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 1, 2}, {7, 4, 2, 16}, {13, 3, 1, 6}, {33, 2, 2, 64}, {5, 8, 8, 128}, {70, 6, 3, 10}};
 
 template <class T>
-void check_kernels(const Shape& sh) {
+void check_kernels(const Shape& sh, const ul::Rope& rope = ul::Rope(kTheta)) {
   const auto [N, Hq, Hkv, D] = sh;
   const double rel = is_bf16<T>() ? 1.0 / 256 : 1e-5;
   INFO(type_name<T>() << " N=" << N << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D);
@@ -57,22 +57,22 @@ void check_kernels(const Shape& sh) {
   const std::vector<float> x = inputs<T>(n, 102 + D), dy = inputs<T>(n, 103 + D), dx0 = inputs<T>(n, 104);
 
   std::vector<float> y_ref(n), dx_ref = dx0;
-  ul::cpu::rope_forward(y_ref.data(), x.data(), pos.data(), N, Hq, Hkv, D, kTheta);
-  ul::cpu::rope_backward(dx_ref.data(), dy.data(), pos.data(), N, Hq, Hkv, D, kTheta);
+  ul::cpu::rope_forward(y_ref.data(), x.data(), pos.data(), N, Hq, Hkv, D, rope);
+  ul::cpu::rope_backward(dx_ref.data(), dy.data(), pos.data(), N, Hq, Hkv, D, rope);
 
   DeviceBuffer<int32_t> d_pos(N);
   DeviceBuffer<T> d_x(n), d_y(n), d_dy(n), d_dx(n);
   d_pos.set(pos);
   d_x.set(to_elem<T>(x));
-  ul::cuda::rope_forward(d_y.p, d_x.p, d_pos.p, N, Hq, Hkv, D, kTheta, nullptr);
+  ul::cuda::rope_forward(d_y.p, d_x.p, d_pos.p, N, Hq, Hkv, D, rope, nullptr);
   expect_close("y", to_f32(d_y.get()), y_ref, rel, 1e-6);
   // In place: the same result in qkv's own buffer.
-  ul::cuda::rope_forward(d_x.p, d_x.p, d_pos.p, N, Hq, Hkv, D, kTheta, nullptr);
+  ul::cuda::rope_forward(d_x.p, d_x.p, d_pos.p, N, Hq, Hkv, D, rope, nullptr);
   expect_close("y in place", to_f32(d_x.get()), y_ref, rel, 1e-6);
 
   d_dy.set(to_elem<T>(dy));
   d_dx.set(to_elem<T>(dx0));
-  ul::cuda::rope_backward(d_dx.p, d_dy.p, d_pos.p, N, Hq, Hkv, D, kTheta, nullptr);
+  ul::cuda::rope_backward(d_dx.p, d_dy.p, d_pos.p, N, Hq, Hkv, D, rope, nullptr);
   expect_close("dqkv", to_f32(d_dx.get()), dx_ref, rel, 1e-5);
 }
 
@@ -82,6 +82,20 @@ TEST_CASE("rope CUDA kernels match the CPU backend, at positions up to 2^21", UL
   for (const rope_cases::Shape& sh : rope_cases::kShapes) {
     rope_cases::check_kernels<float>(sh);
     rope_cases::check_kernels<__nv_bfloat16>(sh);
+  }
+}
+
+TEST_CASE("rope CUDA kernels match the CPU backend with linear and llama3 scaling", UL_CUDA_TEST_TAG "[rope]") {
+  // Llama 3.2's rule (theta 500000, factor 32, original context 8192): with D = 64 and 128 the
+  // pairs fall in all three bands (kept, smoothed, divided), at positions up to 2^21.
+  for (const char* spec : {"llama3:factor=32,low=1,high=4,orig=8192", "linear:factor=4"}) {
+    INFO(spec);
+    ul::Rope rope(500000.f);
+    rope.scaling = ul::parse_rope_scaling(spec);
+    for (const rope_cases::Shape& sh : {rope_cases::Shape{33, 2, 2, 64}, rope_cases::Shape{5, 8, 8, 128}}) {
+      rope_cases::check_kernels<float>(sh, rope);
+      rope_cases::check_kernels<__nv_bfloat16>(sh, rope);
+    }
   }
 }
 
