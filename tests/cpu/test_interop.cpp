@@ -175,7 +175,7 @@ TEST_CASE("export then import round-trips bit-exactly, config from metadata or c
   }
 }
 
-TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout; other rules refused", "[interop]") {
+TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, other rules refused", "[interop]") {
   Context ctx;
   ContextGuard g(ctx);
   const ModelConfig cfg = small("llama3");

@@ -13,7 +13,7 @@ using ul_test::run_cmd;
 using ul_test::TempDir;
 using ul_test::train_cmd;
 
-TEST_CASE("--rope-scaling trains, saves, resumes only unchanged, and overrides a checkpoint's RoPE", "[rope][cli]") {
+TEST_CASE("rope scaling flag: trains, saves, resumes only unchanged, and overrides a checkpoint's RoPE", "[rope][cli]") {
   TempDir d;
   const std::string base = "--model llama --seq 32 --batch 2 --eval-batches 1 --threads 1 ";
   const std::string scaled = "--rope-scaling llama3:factor=8,low=1,high=4,orig=16";
