@@ -145,7 +145,7 @@ def main():
         else:
             cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500.0,
-                              initializer_range=0.2, tie_word_embeddings=False,
+                              initializer_range=0.2, tie_word_embeddings=arch == "llama3",  # as Llama 3.2
                               rope_scaling=LLAMA3_HF if arch == "llama3" else None)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
         model.save_pretrained(d)

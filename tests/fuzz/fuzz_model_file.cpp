@@ -1,10 +1,9 @@
-// Our checkpoint's model.bin (engine/checkpoint_files.h).
+// Our checkpoint's model.bin (engine/checkpoint_files.h), versions 1 and 2 (a RoPE scaling).
 #include "engine/checkpoint_files.h"
 #include "fuzz_util.h"
 
 #include <cstring>
 #include <stdexcept>
-#include <vector>
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -16,7 +15,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     std::vector<float> params;
     ul::ModelConfig c = ul::read_model_file(path, params);
-    FUZZ_CHECK(size == 80 + params.size() * sizeof(float));
+    uint32_t version = 0;
+    std::memcpy(&version, bytes.data() + 8, 4);
+    FUZZ_CHECK(version == 1 || version == 2);
+    FUZZ_CHECK(size == (version == 1 ? 80 : 96) + params.size() * sizeof(float));  // version 2: + the RoPE tail
+    FUZZ_CHECK(version == 2 || c.rope_scaling.kind == ul::RopeScaling::kNone);
     ul::check_model_config(path, c, c);  // a config always matches itself
   } catch (const std::exception&) {
   }
