@@ -23,15 +23,16 @@ const char* prepare_usage() {
   return R"(usage: train prepare --out DIR [flags] FILES...
   Text files -> llm.c token shards (uint16, magic 20240520): each file is one document, written as
   the end-of-text id (EOT) then its tokens. The tokens are its bytes (vocabulary: 256 bytes + the
-  EOT, 257 by default), or with --tokenizer GPT-2's byte-level BPE of its UTF-8 text (that file's
+  EOT, 257 by default), or with --tokenizer the byte-level BPE of its UTF-8 text (that file's
   vocabulary and EOT). The headers name both, so a run on the shards takes its vocab and --eot
   from them.
   --out DIR           where the shards go (created; must not hold text_*.bin shards yet)
   --val-frac X        the last X of the tokens form DIR/text_val_*.bin (0: no val shard)   [0.1]
   --shard-tokens N    tokens per shard at most                                       [100000000]
   --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
-  --tokenizer FILE    an llm.c tokenizer (gpt2_tokenizer.bin, version 2: it names the EOT) to
-                      encode with; a vocabulary above 65536 writes uint32 shards (magic 20240801)
+  --tokenizer FILE    encode with an llm.c tokenizer (gpt2_tokenizer.bin, version 2: it names
+                      the EOT) or a Hugging Face tokenizer.json (GPT-2's or Llama 3's layout);
+                      a vocabulary above 65536 writes uint32 shards (magic 20240801)
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
@@ -142,8 +143,9 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   if (!o.tokenizer.empty()) {
     tok = std::make_unique<Tokenizer>(o.tokenizer);
     if (tok->eot() < 0)
-      throw std::runtime_error(o.tokenizer + ": a version 1 tokenizer file names no end-of-text token, which opens "
-                               "every document (llm.c's gpt2_tokenizer.bin is version 2)");
+      throw std::runtime_error(o.tokenizer + ": the tokenizer names no end-of-text token, which opens every document "
+                               "(a version 1 llm.c file has none; llm.c's gpt2_tokenizer.bin is version 2; a "
+                               "tokenizer.json needs <|endoftext|> or <|begin_of_text|> among its added tokens)");
     eot = tok->eot();
     vocab = tok->vocab();
   }
@@ -216,6 +218,7 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   r.val_tokens = val;
   r.vocab = vocab;
   r.eot = eot;
+  if (tok) r.encoding = std::string(tok->splitter()) + " BPE of " + o.tokenizer;
   train_w.commit(r.shards);
   val_w.commit(r.shards);
   return r;
@@ -231,7 +234,7 @@ int prepare_main(int argc, char** argv) {
   const PrepareResult r = prepare_shards(o, true);
   std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, vocab %d, EOT %d)\n",
               o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
-              o.tokenizer.empty() ? "bytes" : ("BPE of " + o.tokenizer).c_str(), r.vocab, r.eot);
+              r.encoding.c_str(), r.vocab, r.eot);
   // The headers name the vocab and the EOT: the run takes them from there.
   std::printf("train with: train --data 'shards:%s/text_*.bin' --doc-mask\n", o.out.c_str());
   return 0;

@@ -9,10 +9,11 @@
 //    the EOT can never be confused with text; the price is one embedding row. `--eot B` with
 //    B < 256 is allowed (e.g. to match text:FILE runs with `--eot 0`), and then a file containing
 //    byte B is refused, naming the file and offset;
-//  - with --tokenizer FILE (an llm.c tokenizer, e.g. gpt2_tokenizer.bin), GPT-2's byte-level BPE
-//    of the file's UTF-8 text (engine/tokenizer.h), with that file's vocabulary and EOT: the shards
-//    llm.c's GPT-2 data scripts write, to fine-tune a GPT-2 checkpoint on. A file that is not
-//    valid UTF-8 is refused naming the byte offset. The encoding runs on all cores (a large file
+//  - with --tokenizer FILE (an llm.c tokenizer such as gpt2_tokenizer.bin, or a Hugging Face
+//    tokenizer.json of GPT-2's or Llama 3's layout), the byte-level BPE of the file's UTF-8 text
+//    (engine/tokenizer.h), with that file's vocabulary and EOT (Llama 3: <|begin_of_text|>): the
+//    shards llm.c's data scripts write, to fine-tune a GPT-2 or Llama 3 checkpoint on. A file that
+//    is not valid UTF-8 is refused naming the byte offset. The encoding runs on all cores (a large file
 //    is cut at word boundaries, which changes no token) and every document's tokens are held in
 //    memory until the split is known: about as many bytes as the text.
 //
@@ -46,6 +47,7 @@ struct PrepareResult {
   std::vector<std::string> shards;  // the files written, train then val
   int vocab = 257;                  // max(256, eot + 1), or the tokenizer's
   int eot = 256;
+  std::string encoding = "bytes";   // or "GPT-2 BPE of FILE" / "Llama 3 BPE of FILE"
 };
 // Throws std::runtime_error naming the file and the problem; on error no shard has been written.
 // `progress`: a line every few seconds while a tokenizer encodes.

@@ -88,4 +88,47 @@ size_t gpt2_piece_end(std::string_view s, size_t i) {
   return end < n && last > i ? last : end;
 }
 
+size_t llama3_piece_end(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  auto lower = [&](size_t k) { return char(s[k] | 0x20); };
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  if (s[i] == '\'' && i + 1 < n) {
+    const char c = lower(i + 1);
+    if (c == 's' || c == 't' || c == 'm' || c == 'd') return i + 2;
+    if (i + 2 < n && ((c == 'r' && lower(i + 2) == 'e') || (c == 'v' && lower(i + 2) == 'e') ||
+                      (c == 'l' && lower(i + 2) == 'l')))
+      return i + 3;
+  }
+  size_t len = 0, len1 = 0;
+  const Cls c0 = class_at(s, i, len);
+  const bool newline0 = s[i] == '\r' || s[i] == '\n';
+  const Cls c1 = i + len < n ? class_at(s, i + len, len1) : Cls::kSpace;  // kSpace: nothing usable
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  if (c0 == Cls::kLetter) return run_end(s, i, Cls::kLetter);
+  if (c0 != Cls::kNumber && !newline0 && c1 == Cls::kLetter) return run_end(s, i + len, Cls::kLetter);
+  // \p{N}{1,3}
+  if (c0 == Cls::kNumber) {
+    size_t end = i + len;
+    for (int k = 1; k < 3 && end < n && class_at(s, end, len1) == Cls::kNumber; k++) end += len1;
+    return end;
+  }
+  // " ?[^\s\p{L}\p{N}]+[\r\n]*"
+  auto others_then_newlines = [&](size_t from) {
+    size_t end = run_end(s, from, Cls::kOther);
+    while (end < n && (s[end] == '\r' || s[end] == '\n')) end++;
+    return end;
+  };
+  if (c0 == Cls::kOther) return others_then_newlines(i);
+  if (s[i] == ' ' && c1 == Cls::kOther && i + 1 < n) return others_then_newlines(i + 1);
+  // White space from here on. \s*[\r\n]+: up to and including the run's last newline.
+  size_t end = i, last_newline = n, last = i;
+  while (end < n && class_at(s, end, len) == Cls::kSpace) {
+    if (s[end] == '\r' || s[end] == '\n') last_newline = end;
+    last = end, end += len;
+  }
+  if (last_newline != n) return last_newline + 1;
+  // \s+(?!\S), else \s+ (as GPT-2's)
+  return end < n && last > i ? last : end;
+}
+
 }  // namespace ul

@@ -22,4 +22,14 @@ uint32_t decode_utf8(std::string_view text, size_t i, size_t& len);
 // The end (exclusive byte offset) of the piece that starts at byte i < text.size().
 size_t gpt2_piece_end(std::string_view text, size_t i);
 
+// Llama 3's pre-tokenization (its tokenizer.json Split regex), the same way:
+//
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+//
+// Unlike GPT-2's: contractions in any case, a word takes any one non-letter, non-digit character
+// before it ("(word", "\tword") but no newline, digits go in runs of at most three, symbols keep the
+// newlines after them, and white space up to its last newline is one piece.
+size_t llama3_piece_end(std::string_view text, size_t i);
+
 }  // namespace ul

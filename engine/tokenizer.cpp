@@ -26,6 +26,14 @@ std::runtime_error tok_error(const std::string& path, const std::string& what) {
 
 Tokenizer::Tokenizer(const std::string& path) : path_(path) {
   const std::string bytes = read_whole_file(path);
+  std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && bytes[first] == '{') read_hf_json(bytes);
+  else read_llmc(bytes);
+}
+
+void Tokenizer::read_llmc(const std::string& bytes) {
+  const std::string& path = path_;
   if (bytes.size() < kHeaderBytes)
     throw tok_error(path, "truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the 1024-byte header");
   uint32_t h[256];
@@ -56,12 +64,13 @@ Tokenizer::Tokenizer(const std::string& path) : path_(path) {
     at += len;
   }
   if (at != bytes.size()) throw tok_error(path, std::to_string(bytes.size() - at) + " trailing bytes after the last token");
-  std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
-  ranks_.reserve(n);
+  ids_.reserve(n);
+  merges_.reserve(n);
   for (int i = vocab() - 1; i >= 0; i--) {  // from the top, so that of duplicates the lowest id stays
     if (i == eot_) continue;
     const std::string& t = tokens_[size_t(i)];
-    ranks_[t] = i;
+    ids_[t] = i;
+    merges_[{t, 0}] = i;
     if (t.size() == 1) byte_id_[static_cast<unsigned char>(t[0])] = i;
   }
 }
@@ -81,7 +90,7 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
 
 void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t from) const {
   for (size_t at = from; at < text.size();) {
-    const size_t end = gpt2_piece_end(text, at);
+    const size_t end = split_ == Split::gpt2 ? gpt2_piece_end(text, at) : llama3_piece_end(text, at);
     merge(text.substr(at, end - at), at, out);
     at = end;
   }
@@ -102,7 +111,8 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
   if (n == 1) return out.push_back(byte_token(static_cast<unsigned char>(p[0]), offset));
   // A piece that is a token stays whole (as tiktoken does; for GPT-2's vocabulary the merges would
   // reach it anyway).
-  if (auto it = ranks_.find(p); it != ranks_.end()) return out.push_back(it->second);
+  if (whole_first_)
+    if (auto it = ids_.find(p); it != ids_.end()) return out.push_back(it->second);
   // The parts form a linked list over their first byte: part s covers [s, next[s]). Candidate
   // pairs wait in a min-heap by (rank, position), so the lowest rank, leftmost on ties, merges
   // first, as in the plain loop that rescans all pairs after each merge, but in O(n log n): a piece
@@ -126,7 +136,8 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
     const uint32_t right = next[left];
     if (right >= n) return;
     const uint32_t end = next[right];
-    if (auto it = ranks_.find(p.substr(left, end - left)); it != ranks_.end()) {
+    const auto it = merges_.find({p.substr(left, end - left), any_split_ ? 0 : right - left});
+    if (it != merges_.end()) {
       heap.push_back({it->second, left, right, end});
       std::push_heap(heap.begin(), heap.end(), std::greater<Pair>());
     }
@@ -146,7 +157,7 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
     push(c.left);
   }
   // Every part is a single byte (checked above) or a merge's result: both are tokens.
-  for (uint32_t k = 0; k < n; k = next[k]) out.push_back(ranks_.find(p.substr(k, next[k] - k))->second);
+  for (uint32_t k = 0; k < n; k = next[k]) out.push_back(ids_.find(p.substr(k, next[k] - k))->second);
 }
 
 }  // namespace ul

@@ -1,14 +1,24 @@
-// llm.c's tokenizer file (written by its data preparation scripts, e.g. gpt2_tokenizer.bin), for
-// decoding sampled tokens, encoding a prompt, and `train prepare --tokenizer` (data/prepare.h).
+// A byte-level BPE tokenizer, for decoding sampled tokens, encoding a prompt, and `train prepare
+// --tokenizer` (data/prepare.h). Two files are read:
 //
+// llm.c's tokenizer file (written by its data preparation scripts, e.g. gpt2_tokenizer.bin):
 //   header 256 x uint32: [20240328, version (1 or 2), vocab_size, eot_token (version 2 only), 0...]
-//   then for each of the vocab_size tokens: one uint8 length (> 0), then that many bytes
+//   then for each of the vocab_size tokens: one uint8 length (> 0), then that many bytes.
+//   It holds no merge list: the ids serve as merge ranks (GPT-2's are), with GPT-2's pre-tokenizer.
+//   The reader is strict: bad magic or version, a zero vocab, an eot_token outside the vocab, a zero
+//   length, a token running past the end of the file, or bytes after the last token are errors that
+//   name the file.
 //
-// The reader is strict: bad magic or version, a zero vocab, an eot_token outside the vocab, a zero
-// length, a token running past the end of the file, or bytes after the last token are errors that
-// name the file.
+// A Hugging Face tokenizer.json of a byte-level BPE model (engine/tokenizer_json.cpp): GPT-2's
+//   layout (a ByteLevel pre-tokenizer with its regex) or Llama 3's (its Split regex, then
+//   ByteLevel), the vocabulary in GPT-2's byte-to-character alphabet, the merge list giving the
+//   ranks, special tokens from added_tokens. Anything else (a normalizer, another pre-tokenizer or
+//   model, byte fallback, word prefixes or suffixes) is refused naming it, since it would be
+//   encoded differently. The EOT is <|endoftext|> (GPT-2), else <|begin_of_text|> (Llama 3, whose
+//   llm.c shards open each document with it), else none.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -21,17 +31,20 @@ class Tokenizer {
   explicit Tokenizer(const std::string& path);
 
   int vocab() const { return int(tokens_.size()); }
-  int eot() const { return eot_; }  // -1 in version 1 files
+  int eot() const { return eot_; }  // -1 in version 1 files and a tokenizer.json without one
+  const char* splitter() const { return split_ == Split::gpt2 ? "GPT-2" : "Llama 3"; }  // the pre-tokenizer
   // The bytes of token `id`; throws when id is outside the vocabulary.
   const std::string& decode(int id) const;
-  // GPT-2's byte-level BPE: the text (UTF-8) is cut into pieces by GPT-2's pre-tokenizer
-  // (engine/pretokenize.h); a piece that is a token is that token, any other starts as its bytes
-  // and repeatedly merges the adjacent pair whose concatenation has the lowest id. The file holds
-  // no merge list, but GPT-2's ids are its merge ranks (token 256 + r is merge r's result), so this
-  // is GPT-2's (and tiktoken's) encoding for GPT-2's vocabulary; another vocabulary is encoded by
-  // GPT-2's rules with its own ids as ranks. The EOT is never produced from text: "<|endoftext|>"
-  // in the text is ordinary characters. Throws std::invalid_argument naming the byte offset of
-  // invalid UTF-8 or of a byte the vocabulary has no token for.
+  // Byte-level BPE: the text (UTF-8) is cut into pieces by the pre-tokenizer (GPT-2's or Llama
+  // 3's, engine/pretokenize.h); a piece that is a token is that token (llm.c files, as tiktoken;
+  // tokenizer.json with ignore_merges), any other starts as its bytes and repeatedly merges the
+  // adjacent pair of lowest rank. llm.c files: any pair whose concatenation is a token, ranked by
+  // its id; GPT-2's ids are its merge ranks (token 256 + r is merge r's result), so this is GPT-2's
+  // (and tiktoken's) encoding for GPT-2's vocabulary. tokenizer.json: the pairs of its merge list,
+  // ranked by their place there (as Hugging Face's tokenizers does). Special tokens are never
+  // produced from text: "<|endoftext|>" in the text is ordinary characters. Throws
+  // std::invalid_argument naming the byte offset of invalid UTF-8 or of a byte the vocabulary has
+  // no token for.
   std::vector<int> encode(std::string_view text) const;
   // Appends the encoding of text[from, size) to out, where `from` is a piece boundary (0, or a
   // letter followed by a space: data/tokenize_files.cpp cuts a large file there). Error offsets
@@ -39,15 +52,32 @@ class Tokenizer {
   void encode_into(std::string_view text, std::vector<int>& out, size_t from = 0) const;
 
  private:
+  void read_llmc(const std::string& bytes);
+  void read_hf_json(const std::string& text);  // engine/tokenizer_json.cpp
   // One piece's merges, appending its ids; offset is the piece's byte offset in the text.
   void merge(std::string_view piece, size_t offset, std::vector<int>& out) const;
   int byte_token(unsigned char b, size_t offset) const;
 
+  enum class Split : uint8_t { gpt2, llama3 };
+  // A merge: the token's bytes and where its left part ends (0 in llm.c files: any split).
+  struct MergeKey {
+    std::string_view bytes;
+    uint32_t left;
+    bool operator==(const MergeKey& o) const { return left == o.left && bytes == o.bytes; }
+  };
+  struct MergeHash {
+    size_t operator()(const MergeKey& k) const { return std::hash<std::string_view>()(k.bytes) ^ (size_t(k.left) << 48); }
+  };
   std::string path_;
-  std::vector<std::string> tokens_;
+  std::vector<std::string> tokens_;  // by id; a special token's text as it is
   int eot_ = -1;
-  // Byte string -> id (the rank), the EOT left out; views into tokens_. The lowest id of duplicates.
-  std::unordered_map<std::string_view, int> ranks_;
+  Split split_ = Split::gpt2;
+  bool whole_first_ = true;  // a piece that is a token is taken whole
+  bool any_split_ = true;    // llm.c files: any two parts whose concatenation is a token may merge
+  // Views into tokens_, special tokens left out. Byte string -> id (the lowest of duplicates), and
+  // merge -> its rank (tokenizer.json: a token can be made by several merges, each its own rank).
+  std::unordered_map<std::string_view, int> ids_;
+  std::unordered_map<MergeKey, int, MergeHash> merges_;
   int byte_id_[256];  // the id of each single-byte token, -1 where the vocabulary has none
 };
 

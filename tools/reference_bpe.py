@@ -5,10 +5,19 @@
                                      order, then 320 merges learned here, then <|endoftext|> (EOT)
   tests/data/bpe_tiny_cases.txt      one case a line: the text as UTF-8 hex ("-" when empty), a
                                      space, then its ids comma-separated ("-" when none)
+  tests/data/bpe_tiny_gpt2.json      the same vocabulary and merges as a Hugging Face tokenizer.json
+                                     (GPT-2's layout: ByteLevel with its regex, <|endoftext|>)
+  tests/data/bpe_tiny_llama3.json    ... in Llama 3's layout (its Split regex, then ByteLevel;
+                                     ignore_merges; <|begin_of_text|>)
+  tests/data/bpe_tiny_llama3_cases.txt   the same texts, HF's ids in Llama 3's layout (in GPT-2's
+                                     they are tiktoken's: checked here, not written twice)
 
 The merges are learned from a seeded pseudo-random corpus (a plain BPE trainer below), so ids are
 merge ranks as in GPT-2's vocabulary. The expected ids come from tiktoken (pip install tiktoken
-regex), given those ranks and GPT-2's split pattern: an implementation independent of ours.
+regex), given those ranks and GPT-2's split pattern, and from Hugging Face's tokenizers library
+(pip install tokenizers) for the tokenizer.json files: implementations independent of ours. Special
+tokens written in a text are encoded as plain text (tiktoken's encode_ordinary, tokenizers'
+encode_special_tokens), as `train prepare` does.
 
 Run from anywhere: python3 tools/reference_bpe.py
 """
@@ -21,6 +30,8 @@ import regex
 import tiktoken
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
 MERGES = 320
 WORDS = ("the of and to in is was he that it for on as with his they at be this from I have or by "
          "one had not but what all were when we there can an your which their said if do will each "
@@ -50,6 +61,7 @@ def train(text):
     """Plain byte-level BPE: count adjacent pairs within GPT-2 pieces, merge the most frequent."""
     words = collections.Counter(tuple(bytes([b]) for b in p.encode()) for p in regex.findall(GPT2_PATTERN, text))
     ranks = {bytes([b]): i for i, b in enumerate(gpt2_byte_order())}
+    merges = []
     for _ in range(MERGES):
         pairs = collections.Counter()
         for w, c in words.items():
@@ -63,8 +75,9 @@ def train(text):
             words = merge_words(words, a, b)
             continue
         ranks[a + b] = len(ranks)
+        merges.append((a, b))
         words = merge_words(words, a, b)
-    return ranks
+    return ranks, merges
 
 
 def merge_words(words, a, b):
@@ -100,7 +113,7 @@ def cases(rng):
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     rng = random.Random(20241201)
-    ranks = train(corpus(rng, 20000))
+    ranks, merges = train(corpus(rng, 20000))
     eot = len(ranks)
     enc = tiktoken.Encoding("bpe_tiny", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                             special_tokens={"<|endoftext|>": eot})
@@ -109,11 +122,44 @@ def main():
         f.write(struct.pack("<256I", 20240328, 2, len(tokens), eot, *([0] * 252)))
         for t in tokens:
             f.write(bytes([len(t)]) + t)
-    with open(os.path.join(root, "tests", "data", "bpe_tiny_cases.txt"), "w") as f:
-        for text in cases(rng):
-            ids = enc.encode_ordinary(text)
+    texts = cases(rng)
+    write_cases(os.path.join(root, "tests", "data", "bpe_tiny_cases.txt"), texts, enc.encode_ordinary)
+    for layout, special in (("gpt2", "<|endoftext|>"), ("llama3", "<|begin_of_text|>")):
+        hf = hf_tokenizer(ranks, merges, layout, special)
+        hf.save(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}.json"))
+        hf.encode_special_tokens = True  # "<|endoftext|>" in a text is text
+        ids = lambda t: hf.encode(t, add_special_tokens=False).ids
+        if layout == "gpt2":
+            assert all(ids(t) == enc.encode_ordinary(t) for t in texts), "HF and tiktoken disagree"
+        else:
+            write_cases(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}_cases.txt"), texts, ids)
+    print(f"vocab {len(tokens)} (EOT {eot}), {len(texts)} cases")
+
+
+def write_cases(path, texts, encode):
+    with open(path, "w") as f:
+        for text in texts:
+            ids = encode(text)
             f.write((text.encode().hex() or "-") + " " + (",".join(map(str, ids)) or "-") + "\n")
-    print(f"vocab {len(tokens)} (EOT {eot}), {len(cases(random.Random(0)))} cases")
+
+
+def hf_tokenizer(ranks, merges, layout, special):
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    order = gpt2_byte_order()
+    # GPT-2's byte -> printable character map (tokenizer.json stores tokens in it).
+    chars = {b: chr(b) if b in order[:188] else chr(256 + order[188:].index(b)) for b in range(256)}
+    text = lambda bs: "".join(chars[b] for b in bs)
+    vocab = {text(t): r for t, r in ranks.items()}
+    bpe = models.BPE(vocab=vocab, merges=[(text(a), text(b)) for a, b in merges], ignore_merges=layout == "llama3")
+    tk = Tokenizer(bpe)
+    if layout == "gpt2":
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tk.add_special_tokens([special])
+    return tk
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,11 +80,9 @@ TEST_CASE("invalid UTF-8 is refused naming its byte offset", "[bpe]") {
   CHECK(decode_utf8("\xf4\x8f\xbf\xbf", 0, len) == 0x10FFFF);
 }
 
-TEST_CASE("BPE encoding matches tiktoken on a learned vocabulary, and decodes back to the text", "[bpe]") {
-  Tokenizer tok(ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin"));
-  REQUIRE(tok.vocab() == 577);
-  REQUIRE(tok.eot() == 576);
-  std::ifstream f(ul_test::source_path("tests/data/bpe_tiny_cases.txt"));
+// Every case of a tools/reference_bpe.py file: the ids, and the text back from them.
+static void check_cases(const Tokenizer& tok, const std::string& cases) {
+  std::ifstream f(ul_test::source_path(cases));
   std::string hex, ids;
   int n = 0, merged = 0;
   while (f >> hex >> ids) {
@@ -104,6 +103,13 @@ TEST_CASE("BPE encoding matches tiktoken on a learned vocabulary, and decodes ba
   }
   CHECK(n == 341);
   CHECK(merged > 300);  // the vocabulary's merges are in play, not just single bytes
+}
+
+TEST_CASE("BPE encoding matches tiktoken on a learned vocabulary, and decodes back to the text", "[bpe]") {
+  Tokenizer tok(ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin"));
+  REQUIRE(tok.vocab() == 577);
+  REQUIRE(tok.eot() == 576);
+  check_cases(tok, "tests/data/bpe_tiny_cases.txt");
   // The EOT is never produced from text, and encode_into appends.
   std::vector<int> out = {7};
   tok.encode_into("<|endoftext|>", out);
@@ -139,4 +145,69 @@ TEST_CASE("BPE: merges by lowest id, a whole-token piece stays whole, long piece
   Tokenizer ab = make({"a", "b", "ab", "<|e|>"}, 3);
   CHECK(ab.encode("abab") == std::vector<int>{2, 2});
   CHECK_THROWS_WITH(ab.encode("ab c"), Catch::Contains("byte 0x20 at byte 2") && Catch::Contains(path));
+}
+
+TEST_CASE("Llama 3 pre-tokenizer: any-case contractions, one symbol before a word, digits by three", "[bpe]") {
+  using V = std::vector<std::string>;
+  auto cut = [](const std::string& s) {
+    V out;
+    for (size_t i = 0; i < s.size();) {
+      const size_t e = llama3_piece_end(s, i);
+      REQUIRE(e > i);
+      out.push_back(s.substr(i, e - i));
+      i = e;
+    }
+    return out;
+  };
+  CHECK(cut("Hello world") == V{"Hello", " world"});
+  CHECK(cut("DON'T we'RE") == V{"DON", "'T", " we", "'RE"});
+  CHECK(cut("(word \tword") == V{"(word", " ", "\tword"});
+  CHECK(cut("1234567 x") == V{"123", "456", "7", " x"});
+  CHECK(cut("a!?\n\nb") == V{"a", "!?\n\n", "b"});
+  CHECK(cut("a \n \n  b") == V{"a", " \n \n", " ", " b"});
+  CHECK(cut("x\ny") == V{"x", "\n", "y"});
+  CHECK(cut("$100") == V{"$", "100"});
+  CHECK(cut("end  ") == V{"end", "  "});
+}
+
+TEST_CASE("tokenizer.json: GPT-2's and Llama 3's layouts match Hugging Face's ids", "[bpe]") {
+  Tokenizer gpt2(ul_test::source_path("tests/data/bpe_tiny_gpt2.json"));
+  CHECK(gpt2.vocab() == 577);
+  CHECK(gpt2.eot() == 576);
+  CHECK(std::string(gpt2.splitter()) == "GPT-2");
+  CHECK(gpt2.decode(576) == "<|endoftext|>");
+  check_cases(gpt2, "tests/data/bpe_tiny_cases.txt");  // tools/reference_bpe.py: HF's ids are tiktoken's here
+  Tokenizer llama3(ul_test::source_path("tests/data/bpe_tiny_llama3.json"));
+  CHECK(llama3.eot() == 576);
+  CHECK(llama3.decode(576) == "<|begin_of_text|>");
+  CHECK(std::string(llama3.splitter()) == "Llama 3");
+  check_cases(llama3, "tests/data/bpe_tiny_llama3_cases.txt");
+}
+
+TEST_CASE("tokenizer.json: what would encode differently is refused, naming the file", "[bpe]") {
+  std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_llama3.json"));
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ul_test::TempDir d;
+  const std::string path = d / "tokenizer.json";
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    s.replace(at, from.size(), to);
+    std::ofstream(path, std::ios::binary) << s;
+    return path;
+  };
+  const struct {
+    std::string from, to, words;
+  } bad[] = {
+      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}", "a normalizer (NFC)"},
+      {"\\p{N}{1,3}", "\\p{N}", "its pattern is"},
+      {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model is WordPiece, not BPE"},
+      {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback"},
+      {"\"Ġ\": 220,", "\"Ġ\": 9999,", "no token has id 220"},
+  };
+  for (const auto& b : bad) {
+    CAPTURE(b.words);
+    CHECK_THROWS_WITH(Tokenizer(with(b.from, b.to)), Catch::Contains(path) && Catch::Contains(b.words));
+  }
 }

@@ -67,7 +67,7 @@ TEST_CASE("prepare --tokenizer: shards of EOT + BPE tokens per file, cut files e
                              (d / "b.txt")));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("(BPE of " + kTok + ", vocab 577, EOT 576)") != std::string::npos);
+  CHECK(r.out.find("(GPT-2 BPE of " + kTok + ", vocab 577, EOT 576)") != std::string::npos);
 
   ul::Tokenizer tok(kTok);
   std::vector<int32_t> want{576};
@@ -120,7 +120,7 @@ TEST_CASE("prepare --tokenizer refuses invalid UTF-8, version 1 files and --eot,
   std::ofstream(d / "v1.bin", std::ios::binary) << ul_test::tok_file(20240328, 1, 256, 0, toks);
   r = run_cmd(train_cmd("prepare --tokenizer " + (d / "v1.bin") + " --out " + (d / "s") + " " + (d / "ok.txt")));
   CHECK(r.code != 0);
-  CHECK(r.out.find((d / "v1.bin") + ": a version 1 tokenizer file names no end-of-text token") != std::string::npos);
+  CHECK(r.out.find((d / "v1.bin") + ": the tokenizer names no end-of-text token") != std::string::npos);
 
   r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --eot 3 --out " + (d / "s") + " " + (d / "ok.txt")));
   CHECK(r.code != 0);
@@ -129,4 +129,25 @@ TEST_CASE("prepare --tokenizer refuses invalid UTF-8, version 1 files and --eot,
   CHECK(r.code != 0);
   CHECK(r.out.find(d / "missing.bin") != std::string::npos);
   CHECK((!fs::exists(d / "s") || fs::is_empty(d / "s")));
+}
+
+TEST_CASE("prepare --tokenizer takes a Hugging Face tokenizer.json, Llama 3's layout opening documents with BOS",
+          "[prepare]") {
+  TempDir d;
+  const std::string a = "Don'T stop (me) now: 12345 birds\n\n  flew\r\nby 🙂", b = "second document";
+  std::ofstream(d / "a.txt", std::ios::binary) << a;
+  std::ofstream(d / "b.txt", std::ios::binary) << b;
+  const std::string json = ul_test::source_path("tests/data/bpe_tiny_llama3.json");
+  auto r = run_cmd(train_cmd("prepare --tokenizer " + json + " --val-frac 0 --out " + (d / "s") + " " + (d / "a.txt") +
+                             " " + (d / "b.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("(Llama 3 BPE of " + json + ", vocab 577, EOT 576)") != std::string::npos);
+  ul::Tokenizer tok(json);
+  CHECK(tok.decode(576) == "<|begin_of_text|>");
+  std::vector<int32_t> want{576};
+  for (int id : tok.encode(a)) want.push_back(id);
+  want.push_back(576);
+  for (int id : tok.encode(b)) want.push_back(id);
+  CHECK(train_tokens(d / "s", 20240520, 577, 576) == want);
 }

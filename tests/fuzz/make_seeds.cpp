@@ -118,6 +118,12 @@ int main(int argc, char** argv) {
   std::string tok = header({20240328, 2, 3, 2});
   for (std::string t : {"a", "bc", "<|e|>"}) tok += char(t.size()) + t;
   write(seed("tokenizer", "tokenizer.bin"), tok);
+  // A Hugging Face tokenizer.json of GPT-2's layout: tokens "a", "b", "ab", the merge a + b, an EOT.
+  write(seed("tokenizer", "tokenizer.json"),
+        R"({"added_tokens":[{"id":3,"content":"<|endoftext|>","special":true}],"normalizer":null,)"
+        R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},)"
+        R"("model":{"type":"BPE","dropout":null,"ignore_merges":false,"vocab":{"a":0,"b":1,"ab":2},)"
+        R"("merges":[["a","b"]]}})");
   // Texts for the BPE encoder: words, contractions, runs of white space, non-ASCII classes.
   write(seed("bpe", "words.txt"), "the thing's in  the\n\n  ring, don't 123 4.5!\t\t<|endoftext|>");
   write(seed("bpe", "unicode.txt"), "café é! Москва 東京 🙂 ½Ⅻ a\u00a0b\u3000c e\u0301 \x1c");

@@ -1,0 +1,165 @@
+// Tokenizer::read_hf_json: a Hugging Face tokenizer.json of a byte-level BPE model (engine/tokenizer.h).
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "engine/json.h"
+#include "engine/pretokenize.h"
+#include "engine/tokenizer.h"
+
+namespace ul {
+
+namespace {
+
+// GPT-2's byte-level alphabet: the printable bytes ('!'..'~', 0xA1..0xAC, 0xAE..0xFF) stand for
+// themselves, the other 68 for U+0100 onwards in byte order. Returns the byte of code point cp, or
+// -1 outside the alphabet.
+int byte_of_char(uint32_t cp) {
+  auto printable = [](uint32_t b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
+  if (cp < 256) return printable(cp) ? int(cp) : -1;
+  uint32_t k = cp - 256;
+  for (int b = 0; b < 256; b++)
+    if (!printable(uint32_t(b)) && k-- == 0) return b;
+  return -1;
+}
+
+// Llama 3's Split pattern, as its tokenizer.json writes it.
+const char* kLlama3Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+bool is_null_or(const JsonValue* v, const std::string& empty) {
+  return !v || v->is(JsonValue::Kind::null) || (v->is(JsonValue::Kind::string) && v->text == empty);
+}
+
+}  // namespace
+
+void Tokenizer::read_hf_json(const std::string& text) {
+  const std::string where = path_ + ": tokenizer.json";
+  auto bad = [&](const std::string& what) { return std::runtime_error(where + ": " + what); };
+  const JsonValue j = parse_json(text, path_);
+  auto type_of = [&](const JsonValue& v) {
+    const JsonValue* t = v.find("type");
+    return t && t->is(JsonValue::Kind::string) ? t->text : std::string("(no type)");
+  };
+  if (const JsonValue* n = j.find("normalizer"); n && !n->is(JsonValue::Kind::null))
+    throw bad("a normalizer (" + type_of(*n) + ") is not applied by ulysses; the text would be encoded differently");
+  const JsonValue* model = j.find("model");
+  if (!model || type_of(*model) != "BPE") throw bad("model is " + (model ? type_of(*model) : "missing") + ", not BPE");
+  if (const JsonValue* fb = model->find("byte_fallback"); fb && fb->b) throw bad("byte_fallback BPE is not byte-level");
+  if (!is_null_or(model->find("continuing_subword_prefix"), "") || !is_null_or(model->find("end_of_word_suffix"), ""))
+    throw bad("word prefixes or suffixes are not byte-level BPE");
+  if (!is_null_or(model->find("dropout"), "")) throw bad("BPE dropout is set");
+  const JsonValue* ignore = model->find("ignore_merges");
+  whole_first_ = ignore && ignore->b;
+  any_split_ = false;
+
+  // The pre-tokenizer: GPT-2's (ByteLevel with its regex) or Llama 3's (Split, then ByteLevel).
+  const JsonValue* pre = j.find("pre_tokenizer");
+  auto byte_level = [&](const JsonValue& v, bool regex) {
+    const JsonValue *r = v.find("use_regex"), *prefix = v.find("add_prefix_space");
+    return type_of(v) == "ByteLevel" && (r ? r->b : true) == regex && !(prefix && prefix->b);
+  };
+  if (pre && byte_level(*pre, true)) {
+    split_ = Split::gpt2;
+  } else if (pre && type_of(*pre) == "Sequence" && pre->find("pretokenizers") &&
+             pre->find("pretokenizers")->items.size() == 2) {
+    const JsonValue& split = pre->find("pretokenizers")->items[0];
+    const JsonValue* pat = split.find("pattern");
+    const JsonValue* regex = pat ? pat->find("Regex") : nullptr;
+    const JsonValue *behavior = split.find("behavior"), *invert = split.find("invert");
+    if (type_of(split) != "Split" || !regex || regex->text != kLlama3Pattern || !behavior ||
+        behavior->text != "Isolated" || (invert && invert->b) || !byte_level(pre->find("pretokenizers")->items[1], false))
+      throw bad("the pre-tokenizer is not one ulysses implements (GPT-2's ByteLevel, or Llama 3's Split + ByteLevel)" +
+                std::string(regex ? ": its pattern is " + regex->text : ""));
+    split_ = Split::llama3;
+  } else {
+    throw bad("the pre-tokenizer (" + (pre ? type_of(*pre) : std::string("none")) +
+              ") is not one ulysses implements (GPT-2's ByteLevel, or Llama 3's Split + ByteLevel)");
+  }
+
+  // Tokens: the vocabulary in the byte alphabet, then the added (special) tokens as written.
+  const JsonValue* vocab = model->find("vocab");
+  if (!vocab || !vocab->is(JsonValue::Kind::object)) throw bad("model.vocab is not an object");
+  // A token or merge part in the byte alphabet -> its bytes.
+  auto to_bytes = [&](const std::string& s, const std::string& what) {
+    std::string b;
+    try {
+      for (size_t i = 0, len = 0; i < s.size(); i += len) {
+        const int x = byte_of_char(decode_utf8(s, i, len));
+        if (x < 0) throw std::invalid_argument("a character outside it");
+        b += char(x);
+      }
+    } catch (const std::invalid_argument& e) {
+      throw bad(what + " '" + s + "' is not in the byte-level alphabet (" + e.what() + ")");
+    }
+    if (b.empty()) throw bad(what + " is empty");
+    return b;
+  };
+  std::vector<std::pair<int64_t, std::string>> toks;  // id, bytes
+  for (const auto& [str, idv] : vocab->fields) {
+    const int64_t id = idv.as_int(where + ": vocab id of '" + str + "'");
+    toks.push_back({id, to_bytes(str, "token " + std::to_string(id))});
+  }
+  std::vector<std::pair<int64_t, std::string>> added;
+  if (const JsonValue* a = j.find("added_tokens"))
+    for (const JsonValue& t : a->items) {
+      const JsonValue *id = t.find("id"), *content = t.find("content");
+      if (!id || !content) throw bad("an added token without id or content");
+      added.push_back({id->as_int(where + ": added token id"), content->as_string(where + ": added token")});
+    }
+  int64_t n = 0;
+  for (const auto& t : toks) n = std::max(n, t.first + 1);
+  for (const auto& t : added) n = std::max(n, t.first + 1);
+  if (n > (int64_t(1) << 24)) throw bad("a token id of " + std::to_string(n - 1) + " (at most 2^24 - 1 here)");
+  tokens_.assign(size_t(n), std::string());
+  std::vector<int> kind(size_t(n), 0);  // 0 none, 1 vocab, 2 added
+  for (const auto& t : toks) {
+    if (t.first < 0 || kind[size_t(t.first)]) throw bad("token id " + std::to_string(t.first) + " is negative or taken twice");
+    tokens_[size_t(t.first)] = t.second, kind[size_t(t.first)] = 1;
+  }
+  for (const auto& t : added) {  // an added token may repeat a vocab entry (GPT-2's <|endoftext|>)
+    if (t.first < 0) throw bad("added token id " + std::to_string(t.first));
+    tokens_[size_t(t.first)] = t.second, kind[size_t(t.first)] = 2;
+  }
+  for (int64_t i = 0; i < n; i++)
+    if (!kind[size_t(i)]) throw bad("no token has id " + std::to_string(i) + " (ids must run from 0 without gaps)");
+  for (const char* e : {"<|endoftext|>", "<|begin_of_text|>"}) {
+    for (int64_t i = 0; i < n && eot_ < 0; i++)
+      if (kind[size_t(i)] == 2 && tokens_[size_t(i)] == e) eot_ = int(i);
+  }
+  ids_.reserve(size_t(n));
+  for (int64_t i = n - 1; i >= 0; i--) {
+    if (kind[size_t(i)] != 1) continue;  // special tokens never come out of text
+    const std::string& t = tokens_[size_t(i)];
+    ids_[t] = int(i);
+    if (t.size() == 1) byte_id_[static_cast<unsigned char>(t[0])] = int(i);
+  }
+
+  // Merges, ranked by their place: "a b" (older files) or ["a", "b"].
+  const JsonValue* merges = model->find("merges");
+  if (!merges || !merges->is(JsonValue::Kind::array)) throw bad("model.merges is not an array");
+  merges_.reserve(merges->items.size());
+  for (size_t r = 0; r < merges->items.size(); r++) {
+    const JsonValue& m = merges->items[r];
+    std::string a, b;
+    if (m.is(JsonValue::Kind::string)) {
+      const size_t sp = m.text.find(' ');
+      if (sp == std::string::npos || m.text.find(' ', sp + 1) != std::string::npos)
+        throw bad("merge " + std::to_string(r) + " '" + m.text + "' is not two parts");
+      a = m.text.substr(0, sp), b = m.text.substr(sp + 1);
+    } else if (m.is(JsonValue::Kind::array) && m.items.size() == 2) {
+      a = m.items[0].as_string(where + ": merge"), b = m.items[1].as_string(where + ": merge");
+    } else {
+      throw bad("merge " + std::to_string(r) + " is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+    const std::string what = "merge " + std::to_string(r) + "'s part";
+    const std::string left = to_bytes(a, what), both = left + to_bytes(b, what);
+    const auto it = ids_.find(both);
+    if (it == ids_.end())
+      throw bad("merge " + std::to_string(r) + " ('" + a + "', '" + b + "') makes no token of the vocabulary");
+    merges_.emplace(MergeKey{it->first, uint32_t(left.size())}, int(r));  // of repeats the first rank stays
+  }
+}
+
+}  // namespace ul
