@@ -32,6 +32,9 @@ class Tokenizer {
 
   int vocab() const { return int(tokens_.size()); }
   int eot() const { return eot_; }  // -1 in version 1 files and a tokenizer.json without one
+  // Whether the EOT is a begin-of-text token (Llama 3's <|begin_of_text|>) that opens every text,
+  // a prompt included, rather than one that ends it (GPT-2's <|endoftext|>).
+  bool eot_opens_text() const { return eot_ >= 0 && tokens_[size_t(eot_)] == "<|begin_of_text|>"; }
   const char* splitter() const { return split_ == Split::gpt2 ? "GPT-2" : "Llama 3"; }  // the pre-tokenizer
   // The bytes of token `id`; throws when id is outside the vocabulary.
   const std::string& decode(int id) const;

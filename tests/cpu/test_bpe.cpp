@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/export.h"
 #include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
 #include "run_cmd.h"
@@ -182,6 +183,14 @@ TEST_CASE("tokenizer.json: GPT-2's and Llama 3's layouts match Hugging Face's id
   CHECK(llama3.decode(576) == "<|begin_of_text|>");
   CHECK(std::string(llama3.splitter()) == "Llama 3");
   check_cases(llama3, "tests/data/bpe_tiny_llama3_cases.txt");
+  // A prompt opens with Llama 3's <|begin_of_text|>, not with GPT-2's <|endoftext|>.
+  CHECK(llama3.eot_opens_text());
+  CHECK_FALSE(gpt2.eot_opens_text());
+  const std::vector<int> hi = llama3.encode("hi there");
+  std::vector<int> want = {576};
+  want.insert(want.end(), hi.begin(), hi.end());
+  CHECK(parse_prompt("hi there", 577, &llama3) == want);
+  CHECK(parse_prompt("hi there", 577, &gpt2) == gpt2.encode("hi there"));
 }
 
 TEST_CASE("tokenizer.json: what would encode differently is refused, naming the file", "[bpe]") {
