@@ -24,13 +24,15 @@ struct ModelHeader {
   uint64_t numel;
 };
 static_assert(sizeof(ModelHeader) == 80, "model.bin header layout");
-// Version 2 (written only when the RoPE is scaled, so unscaled files stay version 1): the scaling's
-// numbers follow the header, covered by the checksum.
+// Version 2 (written only for a scaled RoPE or tied llama embeddings, so other files stay version
+// 1): the scaling's numbers and the flags follow the header, covered by the checksum.
 struct ModelHeaderTail {
   float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int32_t rope_original_max_pos;
+  uint32_t flags;  // kTiedEmbeddings
 };
-static_assert(sizeof(ModelHeaderTail) == 16, "model.bin version 2 tail layout");
+static_assert(sizeof(ModelHeaderTail) == 20, "model.bin version 2 tail layout");
+constexpr uint32_t kTiedEmbeddings = 1;
 
 struct OptimHeader {
   char magic[8];
@@ -107,12 +109,13 @@ ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t n
   ModelHeader h;
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kModelMagic, 8);
-  h.version = cfg.rope_scaling.kind == RopeScaling::kNone ? 1 : 2;
+  h.version = cfg.rope_scaling.kind == RopeScaling::kNone && !cfg.tie_embeddings ? 1 : 2;
   h.rope_scaling = cfg.rope_scaling.kind;
   tail.clear();
   if (h.version == 2) {
     const RopeScaling& r = cfg.rope_scaling;
-    const ModelHeaderTail t = {r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_pos};
+    const ModelHeaderTail t = {r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_pos,
+                               cfg.tie_embeddings ? kTiedEmbeddings : 0u};
     tail.assign(reinterpret_cast<const char*>(&t), sizeof t);
   }
   std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
@@ -166,11 +169,14 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
   c.rope_theta = h.rope_theta;
   if (h.version == 1 && h.rope_scaling != 0) throw file_error(path, "version 1 with a rope scaling set: corrupt header");
   c.rope_scaling.kind = h.rope_scaling;
+  if (h.version == 2 && c.arch != "llama") throw file_error(path, "version 2 (RoPE, tied llama head) for a " + c.arch);
   if (h.version == 2) {
     ModelHeaderTail t;
     std::memcpy(&t, tail.data(), sizeof t);
     c.rope_scaling.factor = t.rope_factor, c.rope_scaling.low_freq_factor = t.rope_low_freq_factor;
     c.rope_scaling.high_freq_factor = t.rope_high_freq_factor, c.rope_scaling.original_max_pos = t.rope_original_max_pos;
+    if (t.flags & ~kTiedEmbeddings) throw file_error(path, "unknown flags " + std::to_string(t.flags) + " in the header");
+    c.tie_embeddings = t.flags & kTiedEmbeddings;
   }
   check_rope_scaling(c.rope_scaling, path);
   return c;
@@ -199,6 +205,7 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("ffn", s(a.ffn), s(b.ffn), "--ffn");
   differ("rope_theta", json_number(a.rope_theta), json_number(b.rope_theta), "--rope-theta");
   differ("rope_scaling", rope_scaling_str(a.rope_scaling), rope_scaling_str(b.rope_scaling), "--rope-scaling");
+  differ("tie_embeddings", a.tie_embeddings ? "true" : "false", b.tie_embeddings ? "true" : "false", "--tie-embeddings");
 }
 
 std::string optim_file_name(int shard, int shards) {
@@ -254,6 +261,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"ffn", n(c.ffn), "--ffn"},
           {"rope_theta", json_number(c.rope_theta), "--rope-theta"},
           {"rope_scaling", json_quote(rope_scaling_str(c.rope_scaling)), "--rope-scaling", "none"},
+          {"tie_embeddings", c.tie_embeddings ? "true" : "false", "--tie-embeddings", "false"},
           {"batch", n(o.batch), "--batch"},
           {"seq", n(o.seq), "--seq"},
           {"grad_accum", n(o.grad_accum), "--grad-accum"},

@@ -29,6 +29,7 @@ std::map<std::string, std::string> hf_metadata(const ModelConfig& c) {
           {"ffn", std::to_string(c.ffn_dim())},
           {"rope_theta", theta},
           {"rope_scaling", rope_scaling_str(c.rope_scaling)},
+          {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
           {"norm_eps", "1e-05"}};
 }
 
@@ -70,7 +71,8 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     j.add("rope_theta", double(c.rope_theta), 9);
     j.add_raw("rope_scaling", c.rope_scaling.kind == RopeScaling::kNone ? "null" : hf_rope_json(c, false).str());
     j.add_raw("rope_parameters", hf_rope_json(c, true).str());
-    j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false").add_raw("tie_word_embeddings", "false");
+    j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false");
+    j.add_raw("tie_word_embeddings", c.tie_embeddings ? "true" : "false");
   }
   j.add("torch_dtype", torch_dtype);
   return j.str() + "\n";
@@ -160,6 +162,7 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
       c.rope_scaling = hf_rope_scaling(*sc, where + ": rope_scaling");
     }
     refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
+    if (const JsonValue* tie = j.find("tie_word_embeddings")) c.tie_embeddings = tie->b;  // LlamaConfig's default: false
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),
                   "head_dim is not hidden_size / num_attention_heads");
     for (const char* b : {"attention_bias", "mlp_bias"})
@@ -189,6 +192,8 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
     c.ffn = meta_int(f, "ffn");
     auto t = f.metadata().find("rope_theta");
     if (t != f.metadata().end()) c.rope_theta = float(parse_json(t->second, f.path()).as_double(f.path() + ": rope_theta"));
+    auto tie = f.metadata().find("tie_embeddings");  // absent in files written before it existed: untied
+    c.tie_embeddings = tie != f.metadata().end() && tie->second == "true" && c.arch == "llama";
     auto sc = f.metadata().find("rope_scaling");  // absent in files written before it existed: none
     if (sc != f.metadata().end()) {
       try {

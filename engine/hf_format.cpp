@@ -60,7 +60,7 @@ std::vector<Map> hf_map(const ModelConfig& c) {
     m.push_back({p + "mlp.down_proj.weight", "fcprojw", l, 0, C, false});
   }
   m.push_back({"model.norm.weight", "lnfw", -1, 0, C, false});
-  m.push_back({"lm_head.weight", "lm_head", -1, 0, V, false});
+  if (c.has_lm_head()) m.push_back({"lm_head.weight", "lm_head", -1, 0, V, false});
   return m;
 }
 
@@ -139,10 +139,6 @@ void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vect
   for (const Map& m : hf_map(cfg)) {
     const Slice s = locate(m, specs);
     const SafeTensorInfo* t = lookup(m.hf);
-    if (!t && m.hf == "lm_head.weight") {  // a tied llama: the head is the embedding
-      const JsonValue* tie = f.metadata().count("arch") ? nullptr : hf_sibling_config(f).find("tie_word_embeddings");
-      if (tie && tie->b) t = lookup("model.embed_tokens.weight");
-    }
     if (!t) throw std::runtime_error(f.path() + ": missing tensor '" + m.hf + "'");
     const std::vector<int64_t> want = hf_shape(s, m.transpose);
     if (t->shape != want)
@@ -155,10 +151,11 @@ void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vect
   }
   for (const SafeTensorInfo& t : f.tensors()) {
     if (used.count(t.name) || skippable(t.name)) continue;
-    if (!cfg.is_llama() && t.name == "lm_head.weight") {  // gpt2 ties it: accept only a copy of wte
-      const SafeTensorInfo* wte = lookup("transformer.wte.weight");
+    if (!cfg.has_lm_head() && t.name == "lm_head.weight") {  // a tied model: accept only a copy of wte
+      const SafeTensorInfo* wte = lookup(cfg.is_llama() ? "model.embed_tokens.weight" : "transformer.wte.weight");
       if (wte && t.shape == wte->shape && f.to_f32(t) == f.to_f32(*wte)) continue;
-      throw std::runtime_error(f.path() + ": lm_head.weight differs from wte (gpt2 ties them; an untied head cannot load)");
+      throw std::runtime_error(f.path() + ": lm_head.weight differs from the embedding (the model ties them; an "
+                               "untied head cannot load)");
     }
     throw std::runtime_error(f.path() + ": unexpected tensor '" + t.name + "' for a " + cfg.arch + " model");
   }

@@ -24,6 +24,7 @@ model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
                       override the preset (vocab defaults to the data's)
+  --tie-embeddings    llama: the output head is the token embedding (as Llama 3.2, SmolLM)
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
                       FILE.safetensors (gpt2 or llama; config from its metadata or config.json),
                       or a model.bin of our checkpoints; the model's shape comes from the file
@@ -196,6 +197,7 @@ Options parse_options(int argc, char** argv) {
     if (a == "--offload") { o.offload = true; o.given.push_back(a); continue; }
     if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
     if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); continue; }
+    if (a == "--tie-embeddings") { o.tie_embeddings = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
@@ -313,7 +315,7 @@ Options parse_options(int argc, char** argv) {
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
   // is how a model's context is extended.)
-  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn"})
+  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--tie-embeddings"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
       throw std::runtime_error(std::string(f) + ": the model's shape comes from --checkpoint " + o.checkpoint +
                                "; drop " + f);
@@ -372,6 +374,7 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   if (o.ffn > 0) c.ffn = o.ffn;
   c.rope_theta = o.rope_theta;
+  c.tie_embeddings = o.tie_embeddings;
   apply_rope_flags(o, c);
   // llama's knobs: on gpt2 (an MLP of 4 x dim, learned positions) they would change nothing.
   if (c.arch == "gpt2" && o.set_by_user("--ffn"))

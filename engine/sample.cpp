@@ -111,7 +111,7 @@ const std::vector<float>& KvDecoder::step(int token) {
   }
   norm(h_.data(), x_.data(), "lnfw", "lnfb", -1);
   // The head's first V rows are the real vocabulary; the padded rows are never scored.
-  const float* head = param(llama ? "lm_head" : "wte");
+  const float* head = param(cfg_.head_name());
   cpu::linear_forward(logits_.data(), h_.data(), head, static_cast<const float*>(nullptr), 1, C, cfg_.vocab);
   pos_++;
   return logits_;

@@ -42,6 +42,7 @@ void ModelConfig::validate() const {
   if (vocab < 2) bad("--vocab must be >= 2");
   if (padded_vocab < vocab) bad("padded vocab smaller than vocab");
   if (max_seq < 1) bad("--max-seq must be >= 1");
+  if (!is_llama() && tie_embeddings) bad("--tie-embeddings: gpt2 always ties its embeddings (a llama setting)");
   if (!is_llama() && rope_scaling.kind != RopeScaling::kNone)
     bad("--rope-scaling: gpt2 has learned positions, not RoPE (--model llama)");
   check_rope_scaling(rope_scaling, "--rope-scaling");
@@ -60,6 +61,7 @@ std::string ModelConfig::describe() const {
   s << arch << " layers=" << layers << " dim=" << dim << " heads=" << heads;
   if (is_llama()) s << " kv_heads=" << kv_heads << " ffn=" << ffn_dim() << " rope_theta=" << rope_theta;
   if (is_llama() && rope_scaling.kind != RopeScaling::kNone) s << " rope_scaling=" << rope_scaling_str(rope_scaling);
+  if (is_llama() && tie_embeddings) s << " tied";
   s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;
   return s.str();
 }
@@ -95,7 +97,7 @@ Transformer::Transformer(const ModelConfig& c, DType dtype) : cfg(c) {
     p.add("fcw", {L, 2 * F, C}, true, true);  // rows: [gate (F) | up (F)]
     p.add("fcprojw", {L, C, F}, true, true);
     p.add("lnfw", {C}, false, false);
-    p.add("lm_head", {Vp, C}, false, true);
+    if (cfg.has_lm_head()) p.add("lm_head", {Vp, C}, false, true);
   }
   p.allocate(ctx().device, ctx().tape, dtype);
 }
@@ -295,7 +297,7 @@ CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, 
   }
   x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw")) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
   last_hidden = x;
-  const Tensor& head = cfg.is_llama() ? params.get("lm_head") : params.get("wte");
+  const Tensor& head = params.get(cfg.head_name());  // tied: wte gets the head's gradient too
   (void)B;
   CrossEntropyStats st = classifier_cross_entropy(x, head, in.targets, cfg.vocab, grad_scale);
   if (progress) progress("classifier");

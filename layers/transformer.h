@@ -32,6 +32,7 @@ struct ModelConfig {
   int ffn = 0;                // llama SwiGLU hidden size (0: derived from dim)
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;   // llama: --rope-scaling / HF's rope_scaling (layers/rope.h)
+  bool tie_embeddings = false;  // llama: the output head is wte (Llama 3.2, SmolLM); gpt2 always ties
 
   Rope rope() const {
     Rope r(rope_theta);
@@ -41,6 +42,8 @@ struct ModelConfig {
   int head_dim() const { return dim / heads; }
   int ffn_dim() const;        // gpt2: 4 * dim; llama: ffn or round_up(8 * dim / 3, 64)
   bool is_llama() const { return arch == "llama"; }
+  bool has_lm_head() const { return is_llama() && !tie_embeddings; }  // else the head is wte
+  const char* head_name() const { return has_lm_head() ? "lm_head" : "wte"; }
   void validate() const;      // throws with a message naming the bad flag
   void validate_for(Device d) const;  // validate(), and on cuda a head dim the kernels are built for
   std::string describe() const;

@@ -4,7 +4,7 @@ torch and transformers (pip install torch transformers safetensors), which CI do
 
 usage: python3 tools/check_hf_interop.py [--train build/train] [--keep DIR]
 
-ulysses -> HF, for gpt2, llama and llama with Llama 3.1's RoPE scaling: train a tiny model for a few steps on a text file, export it with
+ulysses -> HF, for gpt2, llama, and llama shaped like Llama 3.2 (RoPE scaling, tied embeddings): train a tiny model for a few steps on a text file, export it with
   --export-safetensors DIR/model.safetensors, load DIR with AutoModelForCausalLM.from_pretrained and
   1. greedy continuation: ulysses' --sample (KV cache) must equal argmax over HF's full-forward logits;
   2. gpt2: logits, loss and every gradient: HF computes them on a batch and writes an llm.c debug state,
@@ -122,8 +122,8 @@ def main():
         d = os.path.join(work, "ours_" + arch)
         # a non-default rope theta: a config key that HF ignored would show up as different tokens
         extra = ["--export-llmc", os.path.join(d, "model.bin")] if arch == "gpt2" else ["--rope-theta", "500"]
-        if arch == "llama3":
-            extra += ["--rope-scaling", LLAMA3_SPEC]
+        if arch == "llama3":  # shaped like Llama 3.2: scaled RoPE, tied embeddings
+            extra += ["--rope-scaling", LLAMA3_SPEC, "--tie-embeddings"]
         run(a.train, ["--model", "llama" if arch == "llama3" else arch, "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
                       "--lr", "1e-2", "--eval-batches", "1", "--export-safetensors", os.path.join(d, "model.safetensors")] + extra)
         model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()

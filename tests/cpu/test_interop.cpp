@@ -26,10 +26,13 @@ namespace {
 
 using ul_test::TempDir;
 
-// "llama3": llama with Llama 3.1's RoPE scaling.
+// "llama3": llama shaped like Llama 3.2: Llama 3.1's RoPE scaling and tied embeddings.
 ModelConfig small(std::string arch) {
   ModelConfig c;
-  if (arch == "llama3") c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64"), arch = "llama";
+  if (arch == "llama3") {
+    c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64"), arch = "llama";
+    c.tie_embeddings = true;
+  }
   c.arch = arch, c.layers = 2, c.dim = 32, c.heads = 4, c.kv_heads = arch == "llama" ? 2 : 4;
   c.vocab = 50, c.padded_vocab = 128, c.max_seq = 16, c.ffn = arch == "llama" ? 48 : 0, c.rope_theta = 5000.0f;
   return c;
@@ -184,6 +187,9 @@ TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, oth
   TempDir d;
   export_safetensors(d / "model.safetensors", cfg, m.params.specs(), h.data(), "F32");
   const std::string json = read_whole_file(d / "config.json");
+  // Tied, as Llama 3.2: no lm_head.weight, tie_word_embeddings true.
+  CHECK(json.find("\"tie_word_embeddings\":true") != std::string::npos);
+  CHECK(!SafetensorsFile(d / "model.safetensors").find("lm_head.weight"));
   // Both layouts are written: rope_scaling (transformers 4.x) and rope_parameters (5.x).
   CHECK(json.find("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
                   "\"high_freq_factor\":4,\"original_max_position_embeddings\":64}") != std::string::npos);
@@ -199,6 +205,7 @@ TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, oth
   const size_t params_end = json.find('}', params_at) + 1;
   const std::string only_4x = json.substr(0, params_at) + json.substr(params_end);
   CHECK(rope_scaling_str(read_with(json).rope_scaling) == "llama3:factor=8,low=1,high=4,orig=64");
+  CHECK(read_with(json).tie_embeddings);
   CHECK(rope_scaling_str(read_with(only_4x).rope_scaling) == "llama3:factor=8,low=1,high=4,orig=64");
   // An older file's "type" key, and the linear rule.
   std::string linear = only_4x;
@@ -234,7 +241,7 @@ TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[in
   CHECK(got == h);
   std::vector<SafeTensorOut> bad = ts;
   bad.push_back({"lm_head.weight", ts[0].shape, std::vector<float>(ts[0].data.size(), 0.5f)});
-  CHECK_THROWS_WITH(import(bad), Catch::Contains(p) && Catch::Contains("differs from wte"));
+  CHECK_THROWS_WITH(import(bad), Catch::Contains(p) && Catch::Contains("differs from the embedding"));
   bad = ts;
   bad.push_back({"transformer.h.9.mlp.c_fc.weight", {1}, {0}});
   CHECK_THROWS_WITH(import(bad), Catch::Contains("unexpected tensor 'transformer.h.9.mlp.c_fc.weight'"));

@@ -120,3 +120,66 @@ TEST_CASE("activation memory is linear in T: T = 2048 takes at most 2.2x T = 102
     CHECK(m2 > m1);
   }
 }
+
+TEST_CASE("tied llama embeddings: the untied model with lm_head = wte, its two gradients summed", "[model]") {
+  // One forward + backward of a llama whose head is its embedding against the same llama with an
+  // lm_head holding a copy: the loss is the same and wte's gradient is the untied wte's plus lm_head's.
+  ModelConfig cfg;
+  cfg.arch = "llama", cfg.layers = 2, cfg.dim = 32, cfg.heads = 4, cfg.kv_heads = 2, cfg.vocab = 50;
+  cfg.padded_vocab = 128, cfg.max_seq = 64;
+  ModelConfig tied = cfg;
+  tied.tie_embeddings = true;
+  const int B = 2, T = 12;
+  std::vector<int32_t> idx(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; i++) idx[size_t(i)] = (i * 7 + 3) % 50, tgt[size_t(i)] = (i * 11 + 5) % 50;
+  struct Run {
+    double loss;
+    std::vector<float> grad;
+    std::vector<ParamSpec> specs;
+  };
+  auto run = [&](const ModelConfig& mc) {
+    Context c;
+    ContextGuard g(c);
+    Transformer m(mc);
+    m.init_weights(9);
+    std::vector<float> w(m.params.numel());
+    copy_to_host(w.data(), Tensor{m.params.data(), {int64_t(w.size())}});
+    if (mc.has_lm_head()) {  // lm_head = wte
+      const ParamSpec &e = m.params.spec("wte"), &h = m.params.spec("lm_head");
+      std::copy(w.begin() + long(e.offset), w.begin() + long(e.offset + e.shape.numel()), w.begin() + long(h.offset));
+      copy_from_host(Tensor{m.params.data(), {int64_t(w.size())}}, w.data());
+    }
+    m.params.zero_grad();
+    Recording rec(true);
+    const CrossEntropyStats cs = m.forward(inputs_for(c, idx, tgt, B, T), 1.0f / float(B * T));
+    c.tape.backward();
+    Run r{cs.loss_sum / double(cs.n_valid), std::vector<float>(m.params.numel()), m.params.specs()};
+    std::copy(m.params.grad(), m.params.grad() + r.grad.size(), r.grad.begin());
+    return r;
+  };
+  const Run u = run(cfg), t = run(tied);
+  CHECK(t.specs.size() + 1 == u.specs.size());  // no lm_head
+  CHECK(t.loss == Approx(u.loss).epsilon(1e-6));
+  auto find = [](const Run& r, const std::string& name) {
+    for (const ParamSpec& s : r.specs)
+      if (s.name == name) return s;
+    FAIL("no parameter " << name);
+    return r.specs[0];
+  };
+  const ParamSpec tw = find(t, "wte"), uw = find(u, "wte"), uh = find(u, "lm_head");
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < tw.shape.numel(); i++) {
+    const double want = double(u.grad[uw.offset + size_t(i)]) + double(u.grad[uh.offset + size_t(i)]);
+    worst = std::max(worst, std::fabs(double(t.grad[tw.offset + size_t(i)]) - want));
+    scale = std::max(scale, std::fabs(want));
+  }
+  CHECK(scale > 0);
+  CHECK(worst <= 1e-5 * scale);
+  // Every other parameter's gradient agrees too.
+  for (const ParamSpec& s : t.specs) {
+    if (s.name == "wte") continue;
+    const ParamSpec us = find(u, s.name);
+    for (int64_t i = 0; i < s.shape.numel(); i += 7)
+      CHECK(t.grad[s.offset + size_t(i)] == Approx(u.grad[us.offset + size_t(i)]).epsilon(1e-4).margin(1e-7));
+  }
+}

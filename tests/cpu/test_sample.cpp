@@ -63,7 +63,7 @@ std::vector<float> full_logits(Transformer& m, const std::vector<int32_t>& idx) 
   m.forward({ints(idx), ints(tgt), ints(pos), ints(pos), Tensor{}}, 0.0f, nullptr);
   const int C = m.cfg.dim, V = m.cfg.vocab;
   std::vector<float> logits(size_t(T) * V);
-  const float* head = m.params.get(m.cfg.is_llama() ? "lm_head" : "wte").f32();
+  const float* head = m.params.get(m.cfg.head_name()).f32();
   cpu::linear_forward(logits.data(), m.last_hidden.f32(), head, static_cast<const float*>(nullptr), T, C, V);
   return logits;
 }

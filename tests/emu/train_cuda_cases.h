@@ -161,7 +161,8 @@ inline float bf16_value(uint16_t h) {
   return f;
 }
 
-const char* const kArchs[] = {"gpt2", "llama"};
+// The third: llama shaped like Llama 3.2 (tied embeddings, Llama 3.1's RoPE scaling).
+const char* const kArchs[] = {"gpt2", "llama", "llama --tie-embeddings --rope-scaling llama3:factor=8,low=1,high=4,orig=16"};
 
 TEST_CASE("train --device cuda --precision fp32 matches --device cpu", UL_CUDA_TEST_TAG) {
   for (const char* arch : kArchs) {
