@@ -21,7 +21,8 @@ const char* usage() {
        train prepare --out DIR FILES...   text files -> token shards, bytes or GPT-2 BPE (train prepare --help)
 
 model
-  --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B   [tiny]
+  --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B |
+                      llama-3.2-1B                                                        [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
                       override the preset (vocab defaults to the data's)
   --tie-embeddings    llama: the output head is the token embedding (as Llama 3.2, SmolLM)
@@ -359,11 +360,15 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   } else if (m == "llama-1B") {  // TinyLlama-1.1B's shape
     c.arch = "llama"; c.layers = 22; c.dim = 2048; c.heads = 32; c.kv_heads = 4; c.ffn = 5632;
     c.max_seq = 1 << 20; c.vocab = 32000;
+  } else if (m == "llama-3.2-1B") {  // Llama 3.2 1B's shape: RoPE scaled for 128K, tied embeddings
+    c.arch = "llama"; c.layers = 16; c.dim = 2048; c.heads = 32; c.kv_heads = 8; c.ffn = 8192;
+    c.max_seq = 1 << 20; c.vocab = 128256; c.rope_theta = 500000.0f; c.tie_embeddings = true;
+    c.rope_scaling = parse_rope_scaling("llama3:factor=32,low=1,high=4,orig=8192");
   } else {
     throw std::runtime_error("--model: unknown model '" + m +
-                             "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B)");
+                             "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B, llama-3.2-1B)");
   }
-  bool preset_vocab = m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B";
+  bool preset_vocab = m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B" || m == "llama-3.2-1B";
   if (!preset_vocab) c.vocab = data_vocab;
   if (o.layers > 0) c.layers = o.layers;
   if (o.dim > 0) c.dim = o.dim;
@@ -373,9 +378,8 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (o.vocab > 0) c.vocab = o.vocab;
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   if (o.ffn > 0) c.ffn = o.ffn;
-  c.rope_theta = o.rope_theta;
-  c.tie_embeddings = o.tie_embeddings;
-  apply_rope_flags(o, c);
+  c.tie_embeddings = c.tie_embeddings || o.tie_embeddings;
+  apply_rope_flags(o, c);  // the preset's RoPE unless the flags say otherwise
   // llama's knobs: on gpt2 (an MLP of 4 x dim, learned positions) they would change nothing.
   if (c.arch == "gpt2" && o.set_by_user("--ffn"))
     throw std::runtime_error("--ffn: gpt2's MLP is 4 x --dim; the width is a llama setting (--model llama)");
