@@ -29,6 +29,12 @@ namespace ul {
 class Tokenizer {
  public:
   explicit Tokenizer(const std::string& path);
+  // Its maps view into its own token strings: a copy would view the original's. A move keeps
+  // the strings where they are (the vector's buffer changes hands).
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+  Tokenizer(Tokenizer&&) = default;
+  Tokenizer& operator=(Tokenizer&&) = default;
 
   int vocab() const { return int(tokens_.size()); }
   int eot() const { return eot_; }  // -1 in version 1 files and a tokenizer.json without one

@@ -20,10 +20,11 @@ using namespace ul;
 
 namespace {
 
-std::vector<std::string> pieces(const std::string& s) {
+// The pieces the pre-tokenizer (GPT-2's by default) cuts s into.
+std::vector<std::string> pieces(const std::string& s, size_t (*piece_end)(std::string_view, size_t) = gpt2_piece_end) {
   std::vector<std::string> out;
   for (size_t i = 0; i < s.size();) {
-    const size_t e = gpt2_piece_end(s, i);
+    const size_t e = piece_end(s, i);
     REQUIRE(e > i);
     out.push_back(s.substr(i, e - i));
     i = e;
@@ -150,16 +151,7 @@ TEST_CASE("BPE: merges by lowest id, a whole-token piece stays whole, long piece
 
 TEST_CASE("Llama 3 pre-tokenizer: any-case contractions, one symbol before a word, digits by three", "[bpe]") {
   using V = std::vector<std::string>;
-  auto cut = [](const std::string& s) {
-    V out;
-    for (size_t i = 0; i < s.size();) {
-      const size_t e = llama3_piece_end(s, i);
-      REQUIRE(e > i);
-      out.push_back(s.substr(i, e - i));
-      i = e;
-    }
-    return out;
-  };
+  auto cut = [](const std::string& s) { return pieces(s, llama3_piece_end); };
   CHECK(cut("Hello world") == V{"Hello", " world"});
   CHECK(cut("DON'T we'RE") == V{"DON", "'T", " we", "'RE"});
   CHECK(cut("(word \tword") == V{"(word", " ", "\tword"});
