@@ -88,3 +88,40 @@ TEST_CASE("tied llama embeddings: trained, saved, reloaded tied, refused where m
   r = run_cmd(train_cmd("--tie-embeddings --steps 1 --checkpoint " + (d / "run/step_00000002/model.bin")));
   CHECK(r.out.find("--tie-embeddings: the model's shape comes from --checkpoint") != std::string::npos);
 }
+
+TEST_CASE("a Llama-3.2-shaped workflow: prepare with tokenizer.json, train packed, export, reload, sample", "[cli]") {
+  // The chain a user follows to fine-tune such a model on their own text, end to end on a tiny
+  // model: Llama 3's tokenizer layout (tests/data/bpe_tiny_llama3.json), <|begin_of_text|> opening
+  // each document, --doc-mask, scaled RoPE, tied embeddings, safetensors out and back, a prompt.
+  TempDir d;
+  std::string book;
+  for (int i = 0; i < 400; i++) book += "the word " + std::to_string(i % 50) + " don't stop.\n";
+  std::ofstream(d / "book.txt", std::ios::binary) << book;
+  std::ofstream(d / "notes.txt", std::ios::binary) << book.substr(0, 3000);
+  const std::string json = ul_test::source_path("tests/data/bpe_tiny_llama3.json");
+  auto r = run_cmd(train_cmd("prepare --tokenizer " + json + " --out " + (d / "s") + " " + (d / "book.txt") + " " +
+                             (d / "notes.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  r = run_cmd(train_cmd("--model llama --tie-embeddings --rope-theta 500000 "
+                        "--rope-scaling llama3:factor=8,low=1,high=4,orig=32 --data 'shards:" + (d / "s") +
+                        "/text_*.bin' --doc-mask --seq 64 --batch 2 --steps 3 --eval-batches 1 --threads 1 "
+                        "--export-safetensors " + (d / "hf/model.safetensors")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("vocab=577") != std::string::npos);
+  CHECK(r.out.find("--doc-mask: documents start at token 576") != std::string::npos);
+  const std::string last_eval = r.out.substr(r.out.rfind("val loss "), 15);
+  // The export evaluates the same on the same data, and samples from a text prompt.
+  r = run_cmd(train_cmd("--checkpoint " + (d / "hf/model.safetensors") + " --data 'shards:" + (d / "s") +
+                        "/text_*.bin' --doc-mask --seq 64 --batch 2 --steps 0 --eval-batches 1 --threads 1"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find(last_eval) != std::string::npos);
+  CHECK(r.out.find("rope_scaling=llama3:factor=8,low=1,high=4,orig=32 tied") != std::string::npos);
+  r = run_cmd(train_cmd("--checkpoint " + (d / "hf/model.safetensors") + " --data 'shards:" + (d / "s") +
+                        "/text_*.bin' --steps 0 --threads 1 --sample 5 --temperature 0 --prompt 'the word' "
+                        "--tokenizer " + json));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("<|begin_of_text|>the word") != std::string::npos);  // the prompt opens with BOS
+}
