@@ -37,6 +37,8 @@ size_t run_end(std::string_view s, size_t i, Cls c) {
   return i;
 }
 
+size_t gpt2_scan(std::string_view s, size_t i, bool digits_apart);
+
 }  // namespace
 
 uint32_t decode_utf8(std::string_view s, size_t i, size_t& len) {
@@ -62,7 +64,15 @@ uint32_t decode_utf8(std::string_view s, size_t i, size_t& len) {
   return cp;
 }
 
-size_t gpt2_piece_end(std::string_view s, size_t i) {
+size_t gpt2_piece_end(std::string_view s, size_t i) { return gpt2_scan(s, i, false); }
+
+size_t gpt2_digits_piece_end(std::string_view s, size_t i) { return gpt2_scan(s, i, true); }
+
+namespace {
+
+// GPT-2's pattern; with digits_apart, over the stretches between numbers (\p{N}), each number a
+// piece of its own: the pattern then sees a number as the end of the text.
+size_t gpt2_scan(std::string_view s, size_t i, bool digits_apart) {
   const size_t n = s.size();
   // 's 't 're 've 'm 'll 'd (lower case only, as GPT-2's pattern has them)
   if (s[i] == '\'' && i + 1 < n) {
@@ -73,11 +83,12 @@ size_t gpt2_piece_end(std::string_view s, size_t i) {
   }
   size_t len = 0;
   const Cls c0 = class_at(s, i, len);
+  if (digits_apart && c0 == Cls::kNumber) return i + len;
   // " ?X+" for X = letters, numbers, others: one optional U+0020, then a run of one class.
   if (s[i] == ' ' && i + 1 < n) {
     size_t len1 = 0;
     const Cls c1 = class_at(s, i + 1, len1);
-    if (c1 != Cls::kSpace) return run_end(s, i + 1, c1);
+    if (c1 != Cls::kSpace && !(digits_apart && c1 == Cls::kNumber)) return run_end(s, i + 1, c1);
   }
   if (c0 != Cls::kSpace) return run_end(s, i, c0);
   // "\s+(?!\S)": the run of white space, less its last character when a non-space follows it (the
@@ -85,8 +96,11 @@ size_t gpt2_piece_end(std::string_view s, size_t i) {
   // that would leave nothing.
   size_t last = i, end = i;
   while (end < n && class_at(s, end, len) == Cls::kSpace) last = end, end += len;
+  if (digits_apart && end < n && class_at(s, end, len) == Cls::kNumber) return end;  // the stretch ends here
   return end < n && last > i ? last : end;
 }
+
+}  // namespace
 
 size_t llama3_piece_end(std::string_view s, size_t i) {
   const size_t n = s.size();

@@ -22,6 +22,11 @@ uint32_t decode_utf8(std::string_view text, size_t i, size_t& len);
 // The end (exclusive byte offset) of the piece that starts at byte i < text.size().
 size_t gpt2_piece_end(std::string_view text, size_t i);
 
+// GPT-2's pattern with every number (\p{N}) a piece of its own, the pattern applied to the
+// stretches between them (a Digits pre-tokenizer with individual_digits before GPT-2's ByteLevel,
+// as StarCoder 2's and SmolLM's tokenizer.json have it): "x  12" -> "x", "  ", "1", "2".
+size_t gpt2_digits_piece_end(std::string_view text, size_t i);
+
 // Llama 3's pre-tokenization (its tokenizer.json Split regex), the same way:
 //
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|

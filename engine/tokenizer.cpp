@@ -90,7 +90,9 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
 
 void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t from) const {
   for (size_t at = from; at < text.size();) {
-    const size_t end = split_ == Split::gpt2 ? gpt2_piece_end(text, at) : llama3_piece_end(text, at);
+    const size_t end = split_ == Split::gpt2          ? gpt2_piece_end(text, at)
+                       : split_ == Split::gpt2_digits ? gpt2_digits_piece_end(text, at)
+                                                      : llama3_piece_end(text, at);
     merge(text.substr(at, end - at), at, out);
     at = end;
   }

@@ -10,8 +10,8 @@
 //   name the file.
 //
 // A Hugging Face tokenizer.json of a byte-level BPE model (engine/tokenizer_json.cpp): GPT-2's
-//   layout (a ByteLevel pre-tokenizer with its regex) or Llama 3's (its Split regex, then
-//   ByteLevel), the vocabulary in GPT-2's byte-to-character alphabet, the merge list giving the
+//   layout (a ByteLevel pre-tokenizer with its regex), that with digits split apart first
+//   (StarCoder 2's, SmolLM's), or Llama 3's (its Split regex, then ByteLevel), the vocabulary in GPT-2's byte-to-character alphabet, the merge list giving the
 //   ranks, special tokens from added_tokens. Anything else (a normalizer, another pre-tokenizer or
 //   model, byte fallback, word prefixes or suffixes) is refused naming it, since it would be
 //   encoded differently. The EOT is <|endoftext|> (GPT-2), else <|begin_of_text|> (Llama 3, whose
@@ -41,7 +41,9 @@ class Tokenizer {
   // Whether the EOT is a begin-of-text token (Llama 3's <|begin_of_text|>) that opens every text,
   // a prompt included, rather than one that ends it (GPT-2's <|endoftext|>).
   bool eot_opens_text() const { return eot_ >= 0 && tokens_[size_t(eot_)] == "<|begin_of_text|>"; }
-  const char* splitter() const { return split_ == Split::gpt2 ? "GPT-2" : "Llama 3"; }  // the pre-tokenizer
+  const char* splitter() const {  // the pre-tokenizer
+    return split_ == Split::gpt2 ? "GPT-2" : split_ == Split::gpt2_digits ? "GPT-2 (digits apart)" : "Llama 3";
+  }
   // The bytes of token `id`; throws when id is outside the vocabulary.
   const std::string& decode(int id) const;
   // Byte-level BPE: the text (UTF-8) is cut into pieces by the pre-tokenizer (GPT-2's or Llama
@@ -67,7 +69,7 @@ class Tokenizer {
   void merge(std::string_view piece, size_t offset, std::vector<int>& out) const;
   int byte_token(unsigned char b, size_t offset) const;
 
-  enum class Split : uint8_t { gpt2, llama3 };
+  enum class Split : uint8_t { gpt2, gpt2_digits, llama3 };
   // A merge: the token's bytes and where its left part ends (0 in llm.c files: any split).
   struct MergeKey {
     std::string_view bytes;

@@ -28,6 +28,8 @@ const char* kLlama3Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+const char* kLayouts = "GPT-2's ByteLevel, Digits + ByteLevel, or Llama 3's Split + ByteLevel";
+
 bool is_null_or(const JsonValue* v, const std::string& empty) {
   return !v || v->is(JsonValue::Kind::null) || (v->is(JsonValue::Kind::string) && v->text == empty);
 }
@@ -60,22 +62,26 @@ void Tokenizer::read_hf_json(const std::string& text) {
     const JsonValue *r = v.find("use_regex"), *prefix = v.find("add_prefix_space");
     return type_of(v) == "ByteLevel" && (r ? r->b : true) == regex && !(prefix && prefix->b);
   };
+  const JsonValue* seq = pre && type_of(*pre) == "Sequence" ? pre->find("pretokenizers") : nullptr;
+  const bool pair = seq && seq->items.size() == 2;
+  const JsonValue* digits = pair && type_of(seq->items[0]) == "Digits" ? seq->items[0].find("individual_digits") : nullptr;
   if (pre && byte_level(*pre, true)) {
     split_ = Split::gpt2;
-  } else if (pre && type_of(*pre) == "Sequence" && pre->find("pretokenizers") &&
-             pre->find("pretokenizers")->items.size() == 2) {
-    const JsonValue& split = pre->find("pretokenizers")->items[0];
+  } else if (digits && digits->b && byte_level(seq->items[1], true)) {
+    split_ = Split::gpt2_digits;
+  } else if (pair) {
+    const JsonValue& split = seq->items[0];
     const JsonValue* pat = split.find("pattern");
     const JsonValue* regex = pat ? pat->find("Regex") : nullptr;
     const JsonValue *behavior = split.find("behavior"), *invert = split.find("invert");
     if (type_of(split) != "Split" || !regex || regex->text != kLlama3Pattern || !behavior ||
-        behavior->text != "Isolated" || (invert && invert->b) || !byte_level(pre->find("pretokenizers")->items[1], false))
-      throw bad("the pre-tokenizer is not one ulysses implements (GPT-2's ByteLevel, or Llama 3's Split + ByteLevel)" +
+        behavior->text != "Isolated" || (invert && invert->b) || !byte_level(seq->items[1], false))
+      throw bad("the pre-tokenizer is not one ulysses implements (" + std::string(kLayouts) + ")" +
                 std::string(regex ? ": its pattern is " + regex->text : ""));
     split_ = Split::llama3;
   } else {
-    throw bad("the pre-tokenizer (" + (pre ? type_of(*pre) : std::string("none")) +
-              ") is not one ulysses implements (GPT-2's ByteLevel, or Llama 3's Split + ByteLevel)");
+    throw bad("the pre-tokenizer (" + (pre ? type_of(*pre) : std::string("none")) + ") is not one ulysses implements (" +
+              kLayouts + ")");
   }
 
   // Tokens: the vocabulary in the byte alphabet, then the added (special) tokens as written.

@@ -7,10 +7,12 @@
                                      space, then its ids comma-separated ("-" when none)
   tests/data/bpe_tiny_gpt2.json      the same vocabulary and merges as a Hugging Face tokenizer.json
                                      (GPT-2's layout: ByteLevel with its regex, <|endoftext|>)
+  tests/data/bpe_tiny_digits.json    ... with every digit apart first (Digits + ByteLevel)
   tests/data/bpe_tiny_llama3.json    ... in Llama 3's layout (its Split regex, then ByteLevel;
                                      ignore_merges; <|begin_of_text|>)
-  tests/data/bpe_tiny_llama3_cases.txt   the same texts, HF's ids in Llama 3's layout (in GPT-2's
-                                     they are tiktoken's: checked here, not written twice)
+  tests/data/bpe_tiny_digits_cases.txt, bpe_tiny_llama3_cases.txt   the same texts, HF's ids in
+                                     those layouts (in GPT-2's they are tiktoken's: checked here,
+                                     not written twice)
 
 The merges are learned from a seeded pseudo-random corpus (a plain BPE trainer below), so ids are
 merge ranks as in GPT-2's vocabulary. The expected ids come from tiktoken (pip install tiktoken
@@ -124,7 +126,7 @@ def main():
             f.write(bytes([len(t)]) + t)
     texts = cases(rng)
     write_cases(os.path.join(root, "tests", "data", "bpe_tiny_cases.txt"), texts, enc.encode_ordinary)
-    for layout, special in (("gpt2", "<|endoftext|>"), ("llama3", "<|begin_of_text|>")):
+    for layout, special in (("gpt2", "<|endoftext|>"), ("digits", "<|endoftext|>"), ("llama3", "<|begin_of_text|>")):
         hf = hf_tokenizer(ranks, merges, layout, special)
         hf.save(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}.json"))
         hf.encode_special_tokens = True  # "<|endoftext|>" in a text is text
@@ -154,6 +156,10 @@ def hf_tokenizer(ranks, merges, layout, special):
     tk = Tokenizer(bpe)
     if layout == "gpt2":
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif layout == "digits":  # StarCoder 2's and SmolLM's: every digit apart, then GPT-2's
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
     else:
         tk.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),

@@ -163,13 +163,26 @@ TEST_CASE("Llama 3 pre-tokenizer: any-case contractions, one symbol before a wor
   CHECK(cut("end  ") == V{"end", "  "});
 }
 
-TEST_CASE("tokenizer.json: GPT-2's and Llama 3's layouts match Hugging Face's ids", "[bpe]") {
+TEST_CASE("GPT-2 pre-tokenizer with digits apart: each number alone, the pattern between them", "[bpe]") {
+  using V = std::vector<std::string>;
+  auto cut = [](const std::string& s) { return pieces(s, gpt2_digits_piece_end); };
+  CHECK(cut("x  12") == V{"x", "  ", "1", "2"});  // the white space before a number stays whole
+  CHECK(cut(" 123abc") == V{" ", "1", "2", "3", "abc"});
+  CHECK(cut("a 1 b") == V{"a", " ", "1", " b"});
+  CHECK(cut("\u00bd \u216b x") == V{"\u00bd", " ", "\u216b", " x"});  // No and Nl are numbers too
+  CHECK(cut("it's 42!") == V{"it", "'s", " ", "4", "2", "!"});
+}
+
+TEST_CASE("tokenizer.json: GPT-2's, digits-apart and Llama 3's layouts match Hugging Face's ids", "[bpe]") {
   Tokenizer gpt2(ul_test::source_path("tests/data/bpe_tiny_gpt2.json"));
   CHECK(gpt2.vocab() == 577);
   CHECK(gpt2.eot() == 576);
   CHECK(std::string(gpt2.splitter()) == "GPT-2");
   CHECK(gpt2.decode(576) == "<|endoftext|>");
   check_cases(gpt2, "tests/data/bpe_tiny_cases.txt");  // tools/reference_bpe.py: HF's ids are tiktoken's here
+  Tokenizer digits(ul_test::source_path("tests/data/bpe_tiny_digits.json"));
+  CHECK(std::string(digits.splitter()) == "GPT-2 (digits apart)");
+  check_cases(digits, "tests/data/bpe_tiny_digits_cases.txt");
   Tokenizer llama3(ul_test::source_path("tests/data/bpe_tiny_llama3.json"));
   CHECK(llama3.eot() == 576);
   CHECK(llama3.decode(576) == "<|begin_of_text|>");
