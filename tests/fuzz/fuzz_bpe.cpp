@@ -1,6 +1,8 @@
-// The BPE encoder (engine/tokenizer.h, engine/pretokenize.h) on arbitrary text, with a fixed small
-// vocabulary: invalid UTF-8 is refused; anything else encodes to ids that are in the vocabulary,
-// never the EOT, decode back to the exact text, and match when the text is cut where
+// The BPE encoder (engine/tokenizer.h, engine/pretokenize.h) on arbitrary text, with each
+// pre-tokenizer: a small llm.c vocabulary (GPT-2's), and the learned test vocabulary as
+// tokenizer.json in the digits-apart and Llama 3 layouts (tests/data; run.sh runs from the repo
+// root). Invalid UTF-8 is refused; anything else encodes to ids that are in the vocabulary, never
+// a special token, decode back to the exact text, and match when the text is cut where
 // data/tokenize_files.cpp cuts it (a letter followed by a space).
 #include "engine/tokenizer.h"
 #include "fuzz_util.h"
@@ -20,16 +22,12 @@ const ul::Tokenizer& tokenizer() {
   return tok;
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const ul::Tokenizer& tok = tokenizer();
-  const std::string text(reinterpret_cast<const char*>(data), size);
+void check(const ul::Tokenizer& tok, const std::string& text) {
   std::vector<int> ids;
   try {
     ids = tok.encode(text);
   } catch (const std::invalid_argument&) {
-    return 0;  // invalid UTF-8: refused
+    return;  // invalid UTF-8: refused
   }
   std::string back;
   for (int id : ids) {
@@ -44,5 +42,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(cut == ids);
     break;
   }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const ul::Tokenizer digits("tests/data/bpe_tiny_digits.json"), llama3("tests/data/bpe_tiny_llama3.json");
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  for (const ul::Tokenizer* tok : {&tokenizer(), &digits, &llama3}) check(*tok, text);
   return 0;
 }
