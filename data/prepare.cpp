@@ -31,7 +31,8 @@ const char* prepare_usage() {
   --shard-tokens N    tokens per shard at most                                       [100000000]
   --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
   --tokenizer FILE    encode with an llm.c tokenizer (gpt2_tokenizer.bin, version 2: it names
-                      the EOT) or a Hugging Face tokenizer.json (GPT-2, digits-apart or Llama 3);
+                      the EOT) or a Hugging Face tokenizer.json (GPT-2, digits-apart, Llama 3,
+                      or SentencePiece-style: Llama 2, TinyLlama);
                       a vocabulary above 65536 writes uint32 shards (magic 20240801)
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...

@@ -53,7 +53,7 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
       const std::string& t = texts[d];
       size_t begin = 0;
       do {
-        size_t end = std::min(t.size(), begin + kPieceBytes);
+        size_t end = tok.cuts_at_words() ? std::min(t.size(), begin + kPieceBytes) : t.size();
         while (end < t.size() && !(t[end] == ' ' && ascii_letter(t[end - 1]))) end++;
         units.push_back({d, begin, end, {}, {}});
         begin = end;

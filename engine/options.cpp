@@ -93,7 +93,7 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --temperature X     0 = greedy                                                        [1.0]
   --top-k K           sample among the K most likely tokens (0: all)                    [0]
   --tokenizer FILE    llm.c tokenizer (gpt2_tokenizer.bin) or HF tokenizer.json (GPT-2,
-                      digits-apart or Llama 3 layout) to encode the prompt and decode
+                      digits-apart, Llama 3 or SentencePiece-style) to encode the prompt and decode
 verification
   --check-state FILE  run one forward/backward on an llm.c debug state (needs --checkpoint),
                       print per-tensor differences and PASS/FAIL

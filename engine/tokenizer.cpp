@@ -89,6 +89,22 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
 }
 
 void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t from) const {
+  if (split_ == Split::sentencepiece) {
+    // No pieces: the text is one, its spaces (and any U+2581 in it) the vocabulary's "▁", with one
+    // more before the text's first character. UTF-8 is checked first, so that errors name the
+    // text's own offsets.
+    for (size_t k = from, len = 0; k < text.size(); k += len) decode_utf8(text, k, len);
+    if (from == text.size()) return;
+    // Prepend (a normalizer) always; Metaspace only when the text does not start with a space.
+    const bool lead = from == 0 && (prepend_always_ || (text[0] != ' ' && text.compare(0, 3, "\xE2\x96\x81") != 0));
+    std::string norm(lead ? " " : "");
+    norm.reserve(text.size() - from + 1);
+    for (size_t k = from; k < text.size(); k++) {
+      if (text.compare(k, 3, "\xE2\x96\x81") == 0) norm += ' ', k += 2;
+      else norm += text[k];
+    }
+    return merge(norm, from, out);
+  }
   for (size_t at = from; at < text.size();) {
     const size_t end = split_ == Split::gpt2          ? gpt2_piece_end(text, at)
                        : split_ == Split::gpt2_digits ? gpt2_digits_piece_end(text, at)
@@ -110,7 +126,7 @@ int Tokenizer::byte_token(unsigned char b, size_t offset) const {
 
 void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) const {
   const size_t n = p.size();
-  if (n == 1) return out.push_back(byte_token(static_cast<unsigned char>(p[0]), offset));
+  if (n == 1 && !char_symbols_) return out.push_back(byte_token(static_cast<unsigned char>(p[0]), offset));
   // A piece that is a token stays whole (as tiktoken does; for GPT-2's vocabulary the merges would
   // reach it anyway).
   if (whole_first_)
@@ -132,8 +148,26 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
   next.resize(n);
   prev.resize(n);
   heap.clear();
-  for (uint32_t k = 0; k < n; k++) next[k] = k + 1, prev[k] = k - 1;  // prev[0] wraps: never read
-  for (uint32_t k = 0; k < n; k++) byte_token(static_cast<unsigned char>(p[k]), offset + k);
+  // The first parts: the bytes; SentencePiece-style, the characters, and the bytes (byte
+  // fallback tokens) of a character the vocabulary lacks.
+  uint32_t last = 0;
+  auto add_part = [&](uint32_t k, uint32_t len) {
+    next[k] = k + len, prev[k] = k == 0 ? 0 : last;  // prev[0] is never read
+    last = k;
+  };
+  for (uint32_t k = 0; k < n;) {
+    size_t len = 1;
+    if (char_symbols_) decode_utf8(p, k, len);
+    if (ids_.count(p.substr(k, len))) {
+      add_part(k, uint32_t(len));
+    } else {  // a byte, or a character without a token of its own: its bytes, a part each
+      for (uint32_t b = 0; b < len; b++) {
+        byte_token(static_cast<unsigned char>(p[k + b]), offset + k + b);
+        add_part(k + b, 1);
+      }
+    }
+    k += uint32_t(len);
+  }
   auto push = [&](uint32_t left) {
     const uint32_t right = next[left];
     if (right >= n) return;
@@ -158,8 +192,11 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
     if (c.left > 0) push(prev[c.left]);
     push(c.left);
   }
-  // Every part is a single byte (checked above) or a merge's result: both are tokens.
-  for (uint32_t k = 0; k < n; k = next[k]) out.push_back(ids_.find(p.substr(k, next[k] - k))->second);
+  // Every part is a token: a merge's result or a character (ids_), or a byte (a byte token).
+  for (uint32_t k = 0; k < n; k = next[k]) {
+    const auto it = ids_.find(p.substr(k, next[k] - k));
+    out.push_back(it != ids_.end() ? it->second : byte_token(static_cast<unsigned char>(p[k]), offset + k));
+  }
 }
 
 }  // namespace ul

@@ -15,7 +15,10 @@
 //   ranks, special tokens from added_tokens. Anything else (a normalizer, another pre-tokenizer or
 //   model, byte fallback, word prefixes or suffixes) is refused naming it, since it would be
 //   encoded differently. The EOT is <|endoftext|> (GPT-2), else <|begin_of_text|> (Llama 3, whose
-//   llm.c shards open each document with it), else none.
+//   llm.c shards open each document with it), else <s> (Llama 2, TinyLlama), else none.
+//   Also the SentencePiece-style BPE that Hugging Face converts Llama 2's (and TinyLlama's) into:
+//   no pre-tokenizer, spaces as "▁" with one before the text, merges over characters, a character
+//   missing from the vocabulary as its byte tokens (<0x0A>), ranks from the merge list.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -38,12 +41,21 @@ class Tokenizer {
 
   int vocab() const { return int(tokens_.size()); }
   int eot() const { return eot_; }  // -1 in version 1 files and a tokenizer.json without one
-  // Whether the EOT is a begin-of-text token (Llama 3's <|begin_of_text|>) that opens every text,
+  // Whether the EOT is a begin-of-text token (Llama 3's <|begin_of_text|>, Llama 2's <s>) that opens every text,
   // a prompt included, rather than one that ends it (GPT-2's <|endoftext|>).
-  bool eot_opens_text() const { return eot_ >= 0 && tokens_[size_t(eot_)] == "<|begin_of_text|>"; }
-  const char* splitter() const {  // the pre-tokenizer
-    return split_ == Split::gpt2 ? "GPT-2" : split_ == Split::gpt2_digits ? "GPT-2 (digits apart)" : "Llama 3";
+  bool eot_opens_text() const {
+    return eot_ >= 0 && (tokens_[size_t(eot_)] == "<|begin_of_text|>" || tokens_[size_t(eot_)] == "<s>");
   }
+  const char* splitter() const {  // the pre-tokenizer
+    return split_ == Split::gpt2          ? "GPT-2"
+           : split_ == Split::gpt2_digits ? "GPT-2 (digits apart)"
+           : split_ == Split::llama3      ? "Llama 3"
+                                          : "SentencePiece-style";
+  }
+  // Whether text may be cut between a letter and a space and the parts encoded apart with the same
+  // result (data/tokenize_files.cpp): always for the byte-level layouts; SentencePiece-style only
+  // when no token holds a space after another character.
+  bool cuts_at_words() const { return cuts_at_words_; }
   // The bytes of token `id`; throws when id is outside the vocabulary.
   const std::string& decode(int id) const;
   // Byte-level BPE: the text (UTF-8) is cut into pieces by the pre-tokenizer (GPT-2's or Llama
@@ -69,7 +81,7 @@ class Tokenizer {
   void merge(std::string_view piece, size_t offset, std::vector<int>& out) const;
   int byte_token(unsigned char b, size_t offset) const;
 
-  enum class Split : uint8_t { gpt2, gpt2_digits, llama3 };
+  enum class Split : uint8_t { gpt2, gpt2_digits, llama3, sentencepiece };
   // A merge: the token's bytes and where its left part ends (0 in llm.c files: any split).
   struct MergeKey {
     std::string_view bytes;
@@ -85,6 +97,9 @@ class Tokenizer {
   Split split_ = Split::gpt2;
   bool whole_first_ = true;  // a piece that is a token is taken whole
   bool any_split_ = true;    // llm.c files: any two parts whose concatenation is a token may merge
+  bool char_symbols_ = false;  // SentencePiece-style: merges start from characters, not bytes
+  bool prepend_always_ = true;  // SentencePiece-style: "▁" before the text even when it starts with one
+  bool cuts_at_words_ = true;  // a letter followed by a space is always a piece boundary
   // Views into tokens_, special tokens left out. Byte string -> id (the lowest of duplicates), and
   // merge -> its rank (tokenizer.json: a token can be made by several merges, each its own rank).
   std::unordered_map<std::string_view, int> ids_;

@@ -1,5 +1,6 @@
 // Tokenizer::read_hf_json: a Hugging Face tokenizer.json of a byte-level BPE model (engine/tokenizer.h).
 #include <algorithm>
+#include <cctype>
 #include <stdexcept>
 #include <string>
 
@@ -28,7 +29,9 @@ const char* kLlama3Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-const char* kLayouts = "GPT-2's ByteLevel, Digits + ByteLevel, or Llama 3's Split + ByteLevel";
+const char* kLayouts =
+    "GPT-2's ByteLevel, Digits + ByteLevel, Llama 3's Split + ByteLevel, or SentencePiece-style: a Prepend + "
+    "Replace normalizer or a non-splitting Metaspace";
 
 bool is_null_or(const JsonValue* v, const std::string& empty) {
   return !v || v->is(JsonValue::Kind::null) || (v->is(JsonValue::Kind::string) && v->text == empty);
@@ -44,11 +47,29 @@ void Tokenizer::read_hf_json(const std::string& text) {
     const JsonValue* t = v.find("type");
     return t && t->is(JsonValue::Kind::string) ? t->text : std::string("(no type)");
   };
-  if (const JsonValue* n = j.find("normalizer"); n && !n->is(JsonValue::Kind::null))
-    throw bad("a normalizer (" + type_of(*n) + ") is not applied by ulysses; the text would be encoded differently");
+  // SentencePiece-style (Hugging Face's conversion of Llama 2's tokenizer): spaces become "▁" and
+  // one is put before the text, by the normalizer (Prepend + Replace, no pre-tokenizer) or by a
+  // Metaspace pre-tokenizer that does not split; merges over characters with byte fallback.
+  const JsonValue *norm = j.find("normalizer"), *pre = j.find("pre_tokenizer");
+  const bool has_norm = norm && !norm->is(JsonValue::Kind::null), has_pre = pre && !pre->is(JsonValue::Kind::null);
+  const JsonValue* steps = has_norm && type_of(*norm) == "Sequence" ? norm->find("normalizers") : nullptr;
+  auto text_of = [](const JsonValue* v) { return v && v->is(JsonValue::Kind::string) ? v->text : std::string(); };
+  const bool sp_norm = steps && steps->items.size() == 2 && type_of(steps->items[0]) == "Prepend" &&
+                       text_of(steps->items[0].find("prepend")) == "\u2581" && type_of(steps->items[1]) == "Replace" &&
+                       steps->items[1].find("pattern") &&
+                       text_of(steps->items[1].find("pattern")->find("String")) == " " &&
+                       text_of(steps->items[1].find("content")) == "\u2581";
+  const JsonValue* split_flag = has_pre ? pre->find("split") : nullptr;
+  const std::string scheme = has_pre ? text_of(pre->find("prepend_scheme")) : "";
+  const bool sp_pre = has_pre && type_of(*pre) == "Metaspace" && text_of(pre->find("replacement")) == "\u2581" &&
+                      (scheme == "first" || scheme == "always") && split_flag && !split_flag->b;
+  const bool spm = (sp_norm && !has_pre) || (sp_pre && !has_norm);
+  if (has_norm && !spm)
+    throw bad("a normalizer (" + type_of(*norm) + ") is not applied by ulysses; the text would be encoded differently");
   const JsonValue* model = j.find("model");
   if (!model || type_of(*model) != "BPE") throw bad("model is " + (model ? type_of(*model) : "missing") + ", not BPE");
-  if (const JsonValue* fb = model->find("byte_fallback"); fb && fb->b) throw bad("byte_fallback BPE is not byte-level");
+  if (const JsonValue* fb = model->find("byte_fallback"); fb && fb->b && !spm)
+    throw bad("byte_fallback BPE is not byte-level");
   if (!is_null_or(model->find("continuing_subword_prefix"), "") || !is_null_or(model->find("end_of_word_suffix"), ""))
     throw bad("word prefixes or suffixes are not byte-level BPE");
   if (!is_null_or(model->find("dropout"), "")) throw bad("BPE dropout is set");
@@ -57,7 +78,6 @@ void Tokenizer::read_hf_json(const std::string& text) {
   any_split_ = false;
 
   // The pre-tokenizer: GPT-2's (ByteLevel with its regex) or Llama 3's (Split, then ByteLevel).
-  const JsonValue* pre = j.find("pre_tokenizer");
   auto byte_level = [&](const JsonValue& v, bool regex) {
     const JsonValue *r = v.find("use_regex"), *prefix = v.find("add_prefix_space");
     return type_of(v) == "ByteLevel" && (r ? r->b : true) == regex && !(prefix && prefix->b);
@@ -65,7 +85,11 @@ void Tokenizer::read_hf_json(const std::string& text) {
   const JsonValue* seq = pre && type_of(*pre) == "Sequence" ? pre->find("pretokenizers") : nullptr;
   const bool pair = seq && seq->items.size() == 2;
   const JsonValue* digits = pair && type_of(seq->items[0]) == "Digits" ? seq->items[0].find("individual_digits") : nullptr;
-  if (pre && byte_level(*pre, true)) {
+  if (spm) {
+    split_ = Split::sentencepiece;
+    char_symbols_ = true;
+    prepend_always_ = sp_norm;
+  } else if (pre && byte_level(*pre, true)) {
     split_ = Split::gpt2;
   } else if (digits && digits->b && byte_level(seq->items[1], true)) {
     split_ = Split::gpt2_digits;
@@ -84,20 +108,26 @@ void Tokenizer::read_hf_json(const std::string& text) {
               kLayouts + ")");
   }
 
-  // Tokens: the vocabulary in the byte alphabet, then the added (special) tokens as written.
+  // Tokens: the vocabulary in the byte alphabet (SentencePiece-style: as text, "▁" a space), then
+  // the added (special) tokens as written.
   const JsonValue* vocab = model->find("vocab");
   if (!vocab || !vocab->is(JsonValue::Kind::object)) throw bad("model.vocab is not an object");
-  // A token or merge part in the byte alphabet -> its bytes.
+  // A token or merge part -> its bytes.
   auto to_bytes = [&](const std::string& s, const std::string& what) {
     std::string b;
     try {
       for (size_t i = 0, len = 0; i < s.size(); i += len) {
-        const int x = byte_of_char(decode_utf8(s, i, len));
+        const uint32_t cp = decode_utf8(s, i, len);
+        if (spm) {
+          b += cp == 0x2581 ? std::string(" ") : s.substr(i, len);
+          continue;
+        }
+        const int x = byte_of_char(cp);
         if (x < 0) throw std::invalid_argument("a character outside it");
         b += char(x);
       }
     } catch (const std::invalid_argument& e) {
-      throw bad(what + " '" + s + "' is not in the byte-level alphabet (" + e.what() + ")");
+      throw bad(what + " '" + s + "' is not " + (spm ? "UTF-8" : "in the byte-level alphabet") + " (" + e.what() + ")");
     }
     if (b.empty()) throw bad(what + " is empty");
     return b;
@@ -130,7 +160,16 @@ void Tokenizer::read_hf_json(const std::string& text) {
   }
   for (int64_t i = 0; i < n; i++)
     if (!kind[size_t(i)]) throw bad("no token has id " + std::to_string(i) + " (ids must run from 0 without gaps)");
-  for (const char* e : {"<|endoftext|>", "<|begin_of_text|>"}) {
+  // SentencePiece-style byte tokens (<0x0A>) stand for their byte, outside the text's tokens.
+  for (int64_t i = 0; spm && i < n; i++) {
+    const std::string& t = tokens_[size_t(i)];
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      const int b = std::stoi(t.substr(3, 2), nullptr, 16);
+      byte_id_[b] = int(i), tokens_[size_t(i)] = std::string(1, char(b)), kind[size_t(i)] = 3;
+    }
+  }
+  for (const char* e : {"<|endoftext|>", "<|begin_of_text|>", "<s>"}) {
     for (int64_t i = 0; i < n && eot_ < 0; i++)
       if (kind[size_t(i)] == 2 && tokens_[size_t(i)] == e) eot_ = int(i);
   }
@@ -139,7 +178,10 @@ void Tokenizer::read_hf_json(const std::string& text) {
     if (kind[size_t(i)] != 1) continue;  // special tokens never come out of text
     const std::string& t = tokens_[size_t(i)];
     ids_[t] = int(i);
-    if (t.size() == 1) byte_id_[static_cast<unsigned char>(t[0])] = int(i);
+    if (t.size() == 1 && !spm) byte_id_[static_cast<unsigned char>(t[0])] = int(i);
+    // A token with a space after another character could join two words: then text cannot be
+    // cut between words (data/tokenize_files.cpp).
+    if (spm && t.find(' ', 1) != std::string::npos && t.find_first_not_of(' ') < t.rfind(' ')) cuts_at_words_ = false;
   }
 
   // Merges, ranked by their place: "a b" (older files) or ["a", "b"].

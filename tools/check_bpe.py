@@ -6,7 +6,7 @@ GPT-2 (default): writes GPT-2's vocabulary as an llm.c tokenizer file (ids = ran
 token of the shards with [50256] + tiktoken's encode_ordinary(text) for each file.
 --hf tokenizer.json: runs `train prepare` with that file and compares with Hugging Face's tokenizers
 (special tokens in the text encoded as text, as prepare does), each document opened by the EOT
-ulysses picks (<|endoftext|>, else <|begin_of_text|>).
+ulysses picks (<|endoftext|>, else <|begin_of_text|>, else <s>).
 Prints the files, tokens, mismatches (none, or the first with its context) and both encoders' times.
 
   python3 tools/check_bpe.py [--ranks gpt2.tiktoken | --hf tokenizer.json] [--train build/train]
@@ -67,7 +67,7 @@ def main():
         hf = Tokenizer.from_file(a.hf)
         hf.encode_special_tokens = True
         vocab = hf.get_vocab(with_added_tokens=True)
-        eot = vocab.get("<|endoftext|>", vocab.get("<|begin_of_text|>"))
+        eot = vocab.get("<|endoftext|>", vocab.get("<|begin_of_text|>", vocab.get("<s>")))
         encode = lambda text: hf.encode(text, add_special_tokens=False).ids
         piece = lambda t: (hf.id_to_token(t) or "?").encode()
     else:

@@ -10,9 +10,12 @@
   tests/data/bpe_tiny_digits.json    ... with every digit apart first (Digits + ByteLevel)
   tests/data/bpe_tiny_llama3.json    ... in Llama 3's layout (its Split regex, then ByteLevel;
                                      ignore_merges; <|begin_of_text|>)
-  tests/data/bpe_tiny_digits_cases.txt, bpe_tiny_llama3_cases.txt   the same texts, HF's ids in
-                                     those layouts (in GPT-2's they are tiktoken's: checked here,
-                                     not written twice)
+  tests/data/bpe_tiny_sp.json        a SentencePiece-style tokenizer.json as Hugging Face converts
+                                     Llama 2's (Prepend + Replace "▁", no pre-tokenizer, merges over
+                                     characters, byte fallback, <s>), learned here by tokenizers'
+                                     trainer on the same corpus (split at spaces while learning)
+  tests/data/bpe_tiny_{digits,llama3,sp}_cases.txt   the same texts, HF's ids in those layouts
+                                     (in GPT-2's they are tiktoken's: checked here, not written twice)
 
 The merges are learned from a seeded pseudo-random corpus (a plain BPE trainer below), so ids are
 merge ranks as in GPT-2's vocabulary. The expected ids come from tiktoken (pip install tiktoken
@@ -24,6 +27,7 @@ encode_special_tokens), as `train prepare` does.
 Run from anywhere: python3 tools/reference_bpe.py
 """
 import collections
+import json
 import os
 import random
 import struct
@@ -135,7 +139,34 @@ def main():
             assert all(ids(t) == enc.encode_ordinary(t) for t in texts), "HF and tiktoken disagree"
         else:
             write_cases(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}_cases.txt"), texts, ids)
-    print(f"vocab {len(tokens)} (EOT {eot}), {len(texts)} cases")
+    sp = sentencepiece_style(corpus(random.Random(7), 20000))
+    sp.save(os.path.join(root, "tests", "data", "bpe_tiny_sp.json"))
+    sp.encode_special_tokens = True
+    write_cases(os.path.join(root, "tests", "data", "bpe_tiny_sp_cases.txt"), texts,
+                lambda t: sp.encode(t, add_special_tokens=False).ids)
+    # The newer conversion's layout: no normalizer, a Metaspace pre-tokenizer that does not split
+    # (it adds "▁" only before a text that does not start with a space). The test makes the file
+    # from bpe_tiny_sp.json; its ids differ where a text starts with a space.
+    from tokenizers import Tokenizer
+    meta = json.loads(sp.to_str())
+    meta["normalizer"] = None
+    meta["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    ms = Tokenizer.from_str(json.dumps(meta))
+    ms.encode_special_tokens = True
+    write_cases(os.path.join(root, "tests", "data", "bpe_tiny_sp_metaspace_cases.txt"), texts,
+                lambda t: ms.encode(t, add_special_tokens=False).ids)
+    print(f"vocab {len(tokens)} (EOT {eot}), {len(texts)} cases; SentencePiece-style vocab {sp.get_vocab_size()}")
+
+
+def sentencepiece_style(text):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    tk = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=True)
+    special = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tk.train_from_iterator([text], trainers.BpeTrainer(vocab_size=600, special_tokens=special, show_progress=False))
+    tk.pre_tokenizer = None  # as in the converted files: the normalizer alone makes the "▁"s
+    return Tokenizer.from_str(tk.to_str())
 
 
 def write_cases(path, texts, encode):

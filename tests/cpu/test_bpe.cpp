@@ -82,8 +82,11 @@ TEST_CASE("invalid UTF-8 is refused naming its byte offset", "[bpe]") {
   CHECK(decode_utf8("\xf4\x8f\xbf\xbf", 0, len) == 0x10FFFF);
 }
 
-// Every case of a tools/reference_bpe.py file: the ids, and the text back from them.
-static void check_cases(const Tokenizer& tok, const std::string& cases) {
+// Every case of a tools/reference_bpe.py file: the ids, and the text back from them (after `lead`,
+// which a SentencePiece-style tokenizer puts before a text; with lead_unless_space, only before a
+// text that does not start with a space).
+static void check_cases(const Tokenizer& tok, const std::string& cases, const std::string& lead = "",
+                        bool lead_unless_space = false) {
   std::ifstream f(ul_test::source_path(cases));
   std::string hex, ids;
   int n = 0, merged = 0;
@@ -99,7 +102,8 @@ static void check_cases(const Tokenizer& tok, const std::string& cases) {
     CHECK(got == want);
     std::string back;
     for (int id : got) back += tok.decode(id);
-    CHECK(back == text);
+    const bool led = !text.empty() && !(lead_unless_space && text[0] == ' ');
+    CHECK(back == (led ? lead : "") + text);
     merged += got.size() < text.size();
     n++;
   }
@@ -188,6 +192,31 @@ TEST_CASE("tokenizer.json: GPT-2's, digits-apart and Llama 3's layouts match Hug
   CHECK(llama3.decode(576) == "<|begin_of_text|>");
   CHECK(std::string(llama3.splitter()) == "Llama 3");
   check_cases(llama3, "tests/data/bpe_tiny_llama3_cases.txt");
+  // SentencePiece-style (Llama 2's, TinyLlama's): merges over characters, byte fallback, <s>.
+  Tokenizer sp(ul_test::source_path("tests/data/bpe_tiny_sp.json"));
+  CHECK(std::string(sp.splitter()) == "SentencePiece-style");
+  CHECK(sp.decode(sp.eot()) == "<s>");
+  CHECK(sp.eot_opens_text());
+  CHECK(sp.cuts_at_words());  // learned split at spaces: no token joins two words
+  check_cases(sp, "tests/data/bpe_tiny_sp_cases.txt", " ");
+  {  // The newer conversion: Metaspace instead of the normalizer; no "▁" added before a leading space.
+    std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_sp.json"));
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string norm_from = "\"normalizer\": {", pre = "\"pre_tokenizer\": null";
+    const size_t a = json.find(norm_from), b = json.find(pre);
+    REQUIRE(a != std::string::npos);
+    REQUIRE(b != std::string::npos);
+    json.replace(b, pre.size(), "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\u2581\", "
+                                "\"prepend_scheme\": \"first\", \"split\": false}");
+    json.replace(a, json.find("\n  },", a) + 4 - a, "\"normalizer\": null");
+    ul_test::TempDir d;
+    std::ofstream(d / "metaspace.json", std::ios::binary) << json;
+    Tokenizer meta(d / "metaspace.json");
+    check_cases(meta, "tests/data/bpe_tiny_sp_metaspace_cases.txt", " ", true);
+  }
+  // A character outside the vocabulary (U+4E00, bytes E4 B8 80) falls back to its byte tokens
+  // <0xE4> <0xB8> <0x80>, ids 3 + byte; "▁" before it is the space the text gets.
+  CHECK(sp.encode("\u4e00") == std::vector<int>{sp.encode(" ")[0], 3 + 0xE4, 3 + 0xB8, 3 + 0x80});
   // A prompt opens with Llama 3's <|begin_of_text|>, not with GPT-2's <|endoftext|>.
   CHECK(llama3.eot_opens_text());
   CHECK_FALSE(gpt2.eot_opens_text());

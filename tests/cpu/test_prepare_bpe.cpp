@@ -150,4 +150,24 @@ TEST_CASE("prepare --tokenizer takes a Hugging Face tokenizer.json, Llama 3's la
   want.push_back(576);
   for (int id : tok.encode(b)) want.push_back(id);
   CHECK(train_tokens(d / "s", 20240520, 577, 576) == want);
+
+  // SentencePiece-style (Llama 2, TinyLlama): <s> (id 1) opens each document, and a document over
+  // 1 MiB is cut for the threads only where no token can join two words.
+  const std::string sp = ul_test::source_path("tests/data/bpe_tiny_sp.json");
+  std::string big;
+  for (int i = 0; i < 140000; i++) big += "word " + std::to_string(i % 97) + (i % 9 ? " " : "\n");
+  REQUIRE(big.size() > (size_t(1) << 20));
+  std::ofstream(d / "big.txt", std::ios::binary) << big;
+  r = run_cmd(train_cmd("prepare --tokenizer " + sp + " --val-frac 0 --out " + (d / "s2") + " " + (d / "a.txt") + " " +
+                        (d / "big.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("(SentencePiece-style BPE of " + sp + ", vocab 600, EOT 1)") != std::string::npos);
+  ul::Tokenizer spt(sp);
+  REQUIRE(spt.cuts_at_words());
+  std::vector<int32_t> want_sp{1};
+  for (int id : spt.encode(a)) want_sp.push_back(id);
+  want_sp.push_back(1);
+  for (int id : spt.encode(big)) want_sp.push_back(id);
+  CHECK(train_tokens(d / "s2", 20240520, 600, 1) == want_sp);
 }
