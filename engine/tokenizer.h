@@ -1,5 +1,5 @@
-// A byte-level BPE tokenizer, for decoding sampled tokens, encoding a prompt, and `train prepare
-// --tokenizer` (data/prepare.h). Two files are read:
+// A BPE tokenizer, for decoding sampled tokens, encoding a prompt, and `train prepare --tokenizer`
+// (data/prepare.h). Two files are read:
 //
 // llm.c's tokenizer file (written by its data preparation scripts, e.g. gpt2_tokenizer.bin):
 //   header 256 x uint32: [20240328, version (1 or 2), vocab_size, eot_token (version 2 only), 0...]
@@ -9,16 +9,16 @@
 //   length, a token running past the end of the file, or bytes after the last token are errors that
 //   name the file.
 //
-// A Hugging Face tokenizer.json of a byte-level BPE model (engine/tokenizer_json.cpp): GPT-2's
+// A Hugging Face tokenizer.json of a BPE model (engine/tokenizer_json.cpp), byte-level: GPT-2's
 //   layout (a ByteLevel pre-tokenizer with its regex), that with digits split apart first
-//   (StarCoder 2's, SmolLM's), or Llama 3's (its Split regex, then ByteLevel), the vocabulary in GPT-2's byte-to-character alphabet, the merge list giving the
-//   ranks, special tokens from added_tokens. Anything else (a normalizer, another pre-tokenizer or
-//   model, byte fallback, word prefixes or suffixes) is refused naming it, since it would be
-//   encoded differently. The EOT is <|endoftext|> (GPT-2), else <|begin_of_text|> (Llama 3, whose
-//   llm.c shards open each document with it), else <s> (Llama 2, TinyLlama), else none.
-//   Also the SentencePiece-style BPE that Hugging Face converts Llama 2's (and TinyLlama's) into:
-//   no pre-tokenizer, spaces as "▁" with one before the text, merges over characters, a character
-//   missing from the vocabulary as its byte tokens (<0x0A>), ranks from the merge list.
+//   (StarCoder 2's, SmolLM's), or Llama 3's (its Split regex, then ByteLevel), the vocabulary in
+//   GPT-2's byte-to-character alphabet; or SentencePiece-style, as Hugging Face converts Llama 2's
+//   (and TinyLlama's): no pieces, spaces as "▁" with one before the text, merges over characters,
+//   a character missing from the vocabulary as its byte tokens (<0x0A>). The merge list gives the
+//   ranks, added_tokens the special tokens. Anything else (another normalizer, pre-tokenizer or
+//   model, word prefixes or suffixes) is refused naming it, since it would be encoded
+//   differently. The EOT is <|endoftext|> (GPT-2), else <|begin_of_text|> (Llama 3, whose llm.c
+//   shards open each document with it), else <s> (Llama 2, TinyLlama), else none.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -41,8 +41,8 @@ class Tokenizer {
 
   int vocab() const { return int(tokens_.size()); }
   int eot() const { return eot_; }  // -1 in version 1 files and a tokenizer.json without one
-  // Whether the EOT is a begin-of-text token (Llama 3's <|begin_of_text|>, Llama 2's <s>) that opens every text,
-  // a prompt included, rather than one that ends it (GPT-2's <|endoftext|>).
+  // Whether the EOT is a begin-of-text token (Llama 3's <|begin_of_text|>, Llama 2's <s>) that
+  // opens every text, a prompt included, rather than one that ends it (GPT-2's <|endoftext|>).
   bool eot_opens_text() const {
     return eot_ >= 0 && (tokens_[size_t(eot_)] == "<|begin_of_text|>" || tokens_[size_t(eot_)] == "<s>");
   }
@@ -58,10 +58,10 @@ class Tokenizer {
   bool cuts_at_words() const { return cuts_at_words_; }
   // The bytes of token `id`; throws when id is outside the vocabulary.
   const std::string& decode(int id) const;
-  // Byte-level BPE: the text (UTF-8) is cut into pieces by the pre-tokenizer (GPT-2's or Llama
-  // 3's, engine/pretokenize.h); a piece that is a token is that token (llm.c files, as tiktoken;
-  // tokenizer.json with ignore_merges), any other starts as its bytes and repeatedly merges the
-  // adjacent pair of lowest rank. llm.c files: any pair whose concatenation is a token, ranked by
+  // BPE: the text (UTF-8) is cut into pieces by the pre-tokenizer (engine/pretokenize.h; none
+  // SentencePiece-style); a piece that is a token is that token (llm.c files, as tiktoken;
+  // tokenizer.json with ignore_merges), any other starts as its bytes (SentencePiece-style: its
+  // characters) and repeatedly merges the adjacent pair of lowest rank. llm.c files: any pair whose concatenation is a token, ranked by
   // its id; GPT-2's ids are its merge ranks (token 256 + r is merge r's result), so this is GPT-2's
   // (and tiktoken's) encoding for GPT-2's vocabulary. tokenizer.json: the pairs of its merge list,
   // ranked by their place there (as Hugging Face's tokenizers does). Special tokens are never
