@@ -53,6 +53,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected an integer, got '" + v + "'");
     return int64_t(x);
   };
+  bool eot_given = false;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     if (a.rfind("--", 0) != 0) {
@@ -66,6 +67,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);
     else if (a == "--tokenizer") o.tokenizer = v;
     else if (a == "--eot") {
+      eot_given = true;
       const int64_t e = integer(a, v);
       if (e < 0 || e > 65535) throw std::runtime_error("prepare: --eot must be in [0, 65535] (uint16 tokens)");
       o.eot = int(e);
@@ -73,9 +75,8 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else throw std::runtime_error("prepare: unknown flag '" + a + "' (train prepare --help lists the flags)");
   }
   if (o.out.empty()) throw std::runtime_error("prepare: --out DIR is required");
-  for (int i = 1; i < argc; i++)
-    if (std::string(argv[i]) == "--eot" && !o.tokenizer.empty())
-      throw std::runtime_error("prepare: --eot with --tokenizer: the tokenizer file names its end-of-text id");
+  if (eot_given && !o.tokenizer.empty())
+    throw std::runtime_error("prepare: --eot with --tokenizer: the tokenizer file names its end-of-text id");
   if (o.files.empty()) throw std::runtime_error("prepare: no input files");
   if (!(o.val_frac >= 0 && o.val_frac < 1)) throw std::runtime_error("prepare: --val-frac must be in [0, 1)");
   // The header's token count is an int32.
@@ -146,7 +147,7 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
     if (tok->eot() < 0)
       throw std::runtime_error(o.tokenizer + ": the tokenizer names no end-of-text token, which opens every document "
                                "(a version 1 llm.c file has none; llm.c's gpt2_tokenizer.bin is version 2; a "
-                               "tokenizer.json needs <|endoftext|> or <|begin_of_text|> among its added tokens)");
+                               "tokenizer.json needs <|endoftext|>, <|begin_of_text|> or <s> among its added tokens)");
     eot = tok->eot();
     vocab = tok->vocab();
   }

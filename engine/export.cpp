@@ -69,7 +69,7 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(std::string("--prompt: ") + e.what());
     }
-    if (tok->eot_opens_text()) ids.insert(ids.begin(), tok->eot());  // Llama 3: <|begin_of_text|> first
+    if (tok->eot_opens_text()) ids.insert(ids.begin(), tok->eot());  // Llama's <|begin_of_text|> / <s> first
   } else {
     for (unsigned char c : text) ids.push_back(int(c));
   }

@@ -18,7 +18,7 @@ namespace ul {
 
 const char* usage() {
   return R"(usage: train [flags]          (no flags: the tiny model on the passkey-retrieval task)
-       train prepare --out DIR FILES...   text files -> token shards, bytes or GPT-2 BPE (train prepare --help)
+       train prepare --out DIR FILES...   text files -> token shards, bytes or BPE (train prepare --help)
 
 model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B |

@@ -1,4 +1,5 @@
-// Tokenizer::read_hf_json: a Hugging Face tokenizer.json of a byte-level BPE model (engine/tokenizer.h).
+// Tokenizer::read_hf_json: a Hugging Face tokenizer.json of a BPE model, byte-level or
+// SentencePiece-style (engine/tokenizer.h).
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
@@ -77,7 +78,8 @@ void Tokenizer::read_hf_json(const std::string& text) {
   whole_first_ = ignore && ignore->b;
   any_split_ = false;
 
-  // The pre-tokenizer: GPT-2's (ByteLevel with its regex) or Llama 3's (Split, then ByteLevel).
+  // The pre-tokenizer, unless SentencePiece-style: GPT-2's (ByteLevel with its regex), that after
+  // Digits, or Llama 3's (Split, then ByteLevel).
   auto byte_level = [&](const JsonValue& v, bool regex) {
     const JsonValue *r = v.find("use_regex"), *prefix = v.find("add_prefix_space");
     return type_of(v) == "ByteLevel" && (r ? r->b : true) == regex && !(prefix && prefix->b);
