@@ -33,6 +33,16 @@ struct ModelHeaderTail {
 };
 static_assert(sizeof(ModelHeaderTail) == 20, "model.bin version 2 tail layout");
 constexpr uint32_t kTiedEmbeddings = 1;
+// Version 3 (written only for YaRN): the version 2 tail, then YaRN's own numbers.
+struct YarnTail {
+  float beta_fast, beta_slow, attention_factor;
+  uint32_t truncate;  // 0 or 1
+};
+static_assert(sizeof(YarnTail) == 16, "model.bin version 3 tail layout");
+
+size_t model_tail_bytes(uint32_t version) {
+  return version == 1 ? 0 : version == 2 ? sizeof(ModelHeaderTail) : sizeof(ModelHeaderTail) + sizeof(YarnTail);
+}
 
 struct OptimHeader {
   char magic[8];
@@ -109,14 +119,18 @@ ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t n
   ModelHeader h;
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kModelMagic, 8);
-  h.version = cfg.rope_scaling.kind == RopeScaling::kNone && !cfg.tie_embeddings ? 1 : 2;
-  h.rope_scaling = cfg.rope_scaling.kind;
+  const RopeScaling& r = cfg.rope_scaling;
+  h.version = r.kind == RopeScaling::kYarn ? 3 : r.kind == RopeScaling::kNone && !cfg.tie_embeddings ? 1 : 2;
+  h.rope_scaling = r.kind;
   tail.clear();
-  if (h.version == 2) {
-    const RopeScaling& r = cfg.rope_scaling;
+  if (h.version >= 2) {
     const ModelHeaderTail t = {r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_pos,
                                cfg.tie_embeddings ? kTiedEmbeddings : 0u};
     tail.assign(reinterpret_cast<const char*>(&t), sizeof t);
+  }
+  if (h.version == 3) {
+    const YarnTail y = {r.beta_fast, r.beta_slow, r.attention_factor, r.truncate ? 1u : 0u};
+    tail.append(reinterpret_cast<const char*>(&y), sizeof y);
   }
   std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
   h.layers = cfg.layers, h.dim = cfg.dim, h.heads = cfg.heads, h.kv_heads = cfg.kv_heads;
@@ -159,8 +173,8 @@ void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg,
 ModelConfig read_model_file(const std::string& path, std::vector<float>& params) {
   std::string tail;
   ModelHeader h = read_checked<ModelHeader>(
-      path, "a ulysses model file", kModelMagic, 2, tail, params,
-      [](const ModelHeader& x) { return x.version == 2 ? sizeof(ModelHeaderTail) : 0; },
+      path, "a ulysses model file", kModelMagic, 3, tail, params,
+      [](const ModelHeader& x) { return model_tail_bytes(x.version); },
       [](const ModelHeader& x) { return x.numel; });
   ModelConfig c;
   c.arch = std::string(h.arch, strnlen(h.arch, sizeof h.arch));
@@ -169,14 +183,25 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
   c.rope_theta = h.rope_theta;
   if (h.version == 1 && h.rope_scaling != 0) throw file_error(path, "version 1 with a rope scaling set: corrupt header");
   c.rope_scaling.kind = h.rope_scaling;
-  if (h.version == 2 && c.arch != "llama") throw file_error(path, "version 2 (RoPE, tied llama head) for a " + c.arch);
-  if (h.version == 2) {
+  if (h.version >= 2 && c.arch != "llama")
+    throw file_error(path, "version " + std::to_string(h.version) + " (RoPE, tied llama head) for a " + c.arch);
+  if ((h.version == 3) != (h.rope_scaling == RopeScaling::kYarn))
+    throw file_error(path, "version " + std::to_string(h.version) + " with rope scaling kind " +
+                               std::to_string(h.rope_scaling) + ": corrupt header (YaRN is version 3, and only it)");
+  if (h.version >= 2) {
     ModelHeaderTail t;
     std::memcpy(&t, tail.data(), sizeof t);
     c.rope_scaling.factor = t.rope_factor, c.rope_scaling.low_freq_factor = t.rope_low_freq_factor;
     c.rope_scaling.high_freq_factor = t.rope_high_freq_factor, c.rope_scaling.original_max_pos = t.rope_original_max_pos;
     if (t.flags & ~kTiedEmbeddings) throw file_error(path, "unknown flags " + std::to_string(t.flags) + " in the header");
     c.tie_embeddings = t.flags & kTiedEmbeddings;
+  }
+  if (h.version == 3) {
+    YarnTail y;
+    std::memcpy(&y, tail.data() + sizeof(ModelHeaderTail), sizeof y);
+    if (y.truncate > 1) throw file_error(path, "yarn truncate " + std::to_string(y.truncate) + " (expected 0 or 1)");
+    c.rope_scaling.beta_fast = y.beta_fast, c.rope_scaling.beta_slow = y.beta_slow;
+    c.rope_scaling.attention_factor = y.attention_factor, c.rope_scaling.truncate = y.truncate == 1;
   }
   check_rope_scaling(c.rope_scaling, path);
   return c;

@@ -40,13 +40,23 @@ namespace {
 JsonLine hf_rope_json(const ModelConfig& c, bool with_theta) {
   JsonLine r;
   const RopeScaling& s = c.rope_scaling;
-  r.add("rope_type", s.kind == RopeScaling::kLinear ? "linear" : s.kind == RopeScaling::kLlama3 ? "llama3" : "default");
+  const char* type = s.kind == RopeScaling::kLinear   ? "linear"
+                     : s.kind == RopeScaling::kLlama3 ? "llama3"
+                     : s.kind == RopeScaling::kYarn   ? "yarn"
+                                                      : "default";
+  r.add("rope_type", type);
   if (with_theta) r.add("rope_theta", double(c.rope_theta), 9);
   if (s.kind != RopeScaling::kNone) r.add("factor", double(s.factor), 9);
   if (s.kind == RopeScaling::kLlama3)
     r.add("low_freq_factor", double(s.low_freq_factor), 9)
         .add("high_freq_factor", double(s.high_freq_factor), 9)
         .add("original_max_position_embeddings", s.original_max_pos);
+  if (s.kind == RopeScaling::kYarn)
+    r.add("original_max_position_embeddings", s.original_max_pos)
+        .add("beta_fast", double(s.beta_fast), 9)
+        .add("beta_slow", double(s.beta_slow), 9)
+        .add("attention_factor", double(s.attention_factor), 9)
+        .add_raw("truncate", s.truncate ? "true" : "false");
   return r;
 }
 
@@ -93,9 +103,11 @@ JsonValue hf_sibling_config(const SafetensorsFile& f) {
 
 namespace {
 
-// rope_scaling (4.x) or rope_parameters (5.x): default, linear or llama3; other rules (dynamic,
-// yarn, longrope) are refused.
-RopeScaling hf_rope_scaling(const JsonValue& o, const std::string& where) {
+// rope_scaling (4.x) or rope_parameters (5.x): default, linear, llama3 or yarn; other rules
+// (dynamic, longrope, ...) are refused. top: the whole config, where yarn finds what its entry
+// leaves out, as transformers does: original_max_position_embeddings (top level first, as Phi-3
+// keeps it, else max_position_embeddings) and a missing factor (max_position_embeddings / that).
+RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std::string& where) {
   const JsonValue* type = o.find("rope_type");
   if (!type) type = o.find("type");  // older files
   const std::string t = type ? type->as_string(where + ": rope type") : "default";
@@ -105,6 +117,13 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const std::string& where) {
     if (!v) throw std::runtime_error(where + ": rope " + t + " scaling without \"" + key + "\"");
     return v->as_double(where + ": " + key);
   };
+  // Present and not null (transformers reads `get(key) or default` for several of these).
+  auto given = [&](const char* key) {
+    const JsonValue* v = o.find(key);
+    return v && !v->is(JsonValue::Kind::null) ? v : nullptr;
+  };
+  if (const JsonValue* p = given("partial_rotary_factor"); p && p->as_double(where + ": partial_rotary_factor") != 1)
+    throw std::runtime_error(where + ": partial_rotary_factor != 1 (ulysses rotates every pair of a head)");
   if (t == "default") return s;
   if (t == "linear") {
     s.kind = RopeScaling::kLinear;
@@ -114,9 +133,35 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const std::string& where) {
     s.factor = float(num("factor")), s.low_freq_factor = float(num("low_freq_factor"));
     s.high_freq_factor = float(num("high_freq_factor"));
     s.original_max_pos = int32_t(num("original_max_position_embeddings"));
+  } else if (t == "yarn") {
+    s.kind = RopeScaling::kYarn;
+    const JsonValue* max_pos = top.find("max_position_embeddings");
+    if (const JsonValue* v = top.find("original_max_position_embeddings"); v && !v->is(JsonValue::Kind::null))
+      s.original_max_pos = int32_t(v->as_int(where + ": original_max_position_embeddings"));
+    else if (given("original_max_position_embeddings")) s.original_max_pos = int32_t(num("original_max_position_embeddings"));
+    else if (max_pos) s.original_max_pos = int32_t(max_pos->as_int(where + ": max_position_embeddings"));
+    else throw std::runtime_error(where + ": yarn scaling without original_max_position_embeddings");
+    if (given("factor")) s.factor = float(num("factor"));
+    else if (max_pos) s.factor = float(double(max_pos->as_int(where)) / s.original_max_pos);
+    else throw std::runtime_error(where + ": yarn scaling without \"factor\"");
+    if (given("beta_fast")) s.beta_fast = float(num("beta_fast"));
+    if (given("beta_slow")) s.beta_slow = float(num("beta_slow"));
+    if (s.beta_fast == 0) s.beta_fast = 32;  // transformers: `beta_fast or 32`, `beta_slow or 1`
+    if (s.beta_slow == 0) s.beta_slow = 1;
+    if (const JsonValue* tr = given("truncate")) {
+      if (!tr->is(JsonValue::Kind::boolean)) throw std::runtime_error(where + ": yarn truncate is not true or false");
+      s.truncate = tr->b;
+    }
+    // The attention factor: given; or DeepSeek's mscale / mscale_all_dim ratio; or from factor.
+    auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(double(s.factor)) + 1.0; };
+    const JsonValue *m = given("mscale"), *m_all = given("mscale_all_dim");
+    if (given("attention_factor")) s.attention_factor = float(num("attention_factor"));
+    else if (m && m_all && num("mscale") != 0 && num("mscale_all_dim") != 0)
+      s.attention_factor = float(mscale(num("mscale")) / mscale(num("mscale_all_dim")));
+    else s.attention_factor = float(yarn_attention_factor(s.factor));
   } else {
     throw std::runtime_error(where + ": rope scaling '" + t +
-                             "' (ulysses runs default, linear and llama3; it cannot run this model exactly)");
+                             "' (ulysses runs default, linear, llama3 and yarn; it cannot run this model exactly)");
   }
   check_rope_scaling(s, where);
   return s;
@@ -157,9 +202,9 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const JsonValue *act = j.find("hidden_act"), *sc = j.find("rope_scaling"), *hd = j.find("head_dim");
     if (const JsonValue* rp = j.find("rope_parameters"); rp && !rp->is(JsonValue::Kind::null)) {  // transformers 5.x
       if (const JsonValue* t = rp->find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_parameters.rope_theta"));
-      c.rope_scaling = hf_rope_scaling(*rp, where + ": rope_parameters");
+      c.rope_scaling = hf_rope_scaling(*rp, j, where + ": rope_parameters");
     } else if (sc && !sc->is(JsonValue::Kind::null)) {
-      c.rope_scaling = hf_rope_scaling(*sc, where + ": rope_scaling");
+      c.rope_scaling = hf_rope_scaling(*sc, j, where + ": rope_scaling");
     }
     refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
     if (const JsonValue* tie = j.find("tie_word_embeddings")) c.tie_embeddings = tie->b;  // LlamaConfig's default: false

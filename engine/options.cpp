@@ -31,7 +31,9 @@ model
                       or a model.bin of our checkpoints; the model's shape comes from the file
   --rope-theta X --rope-scaling SPEC   llama's RoPE (beside --checkpoint: override its own, to
                       extend its context): SPEC none | linear:factor=F |
-                      llama3:factor=F,low=1,high=4,orig=8192 (Llama 3.1's rule)     [10000, none]
+                      llama3:factor=F,low=1,high=4,orig=8192 (Llama 3.1's rule) |
+                      yarn:factor=F,orig=N[,beta_fast=32,beta_slow=1,attn=X,truncate=1]
+                      (YaRN; attn defaults to 0.1 ln(F) + 1)                      [10000, none]
 data and loop
   --data SPEC         passkey | recall | text:FILE | shards:GLOB                          [passkey]
   --doc-mask          packed documents: attention stays within each document, positions

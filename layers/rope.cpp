@@ -12,10 +12,13 @@
 
 namespace ul {
 
+double yarn_attention_factor(double factor) { return factor <= 1 ? 1.0 : 0.1 * std::log(factor) + 1.0; }
+
 RopeScaling parse_rope_scaling(const std::string& spec) {
   auto bad = [&](const std::string& why) {
     return std::runtime_error("--rope-scaling '" + spec + "': " + why +
-                              " (none, linear:factor=F, or llama3:factor=F,low=1,high=4,orig=8192)");
+                              " (none, linear:factor=F, llama3:factor=F,low=1,high=4,orig=8192, or "
+                              "yarn:factor=F,orig=N,beta_fast=32,beta_slow=1,attn=X,truncate=1)");
   };
   RopeScaling s;
   const size_t colon = spec.find(':');
@@ -26,8 +29,10 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
   }
   if (kind == "linear") s.kind = RopeScaling::kLinear;
   else if (kind == "llama3") s.kind = RopeScaling::kLlama3;
+  else if (kind == "yarn") s.kind = RopeScaling::kYarn;
   else throw bad("unknown kind '" + kind + "'");
-  bool has_factor = false;
+  bool has_factor = false, has_attn = false;
+  const bool yarn = s.kind == RopeScaling::kYarn;
   for (size_t at = colon == std::string::npos ? spec.size() : colon + 1; at < spec.size();) {
     const size_t comma = std::min(spec.find(',', at), spec.size());
     const std::string item = spec.substr(at, comma - at), key = item.substr(0, item.find('='));
@@ -40,37 +45,70 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
     if (key == "factor") s.factor = float(x), has_factor = true;
     else if (key == "low" && s.kind == RopeScaling::kLlama3) s.low_freq_factor = float(x);
     else if (key == "high" && s.kind == RopeScaling::kLlama3) s.high_freq_factor = float(x);
-    else if (key == "orig" && s.kind == RopeScaling::kLlama3) {
+    else if (key == "orig" && (s.kind == RopeScaling::kLlama3 || yarn)) {
       if (x != std::floor(x) || x < 1 || x > 1e9) throw bad("orig must be a whole number of positions >= 1");
       s.original_max_pos = int32_t(x);
+    } else if (key == "beta_fast" && yarn) s.beta_fast = float(x);
+    else if (key == "beta_slow" && yarn) s.beta_slow = float(x);
+    else if (key == "attn" && yarn) s.attention_factor = float(x), has_attn = true;
+    else if (key == "truncate" && yarn) {
+      if (x != 0 && x != 1) throw bad("truncate must be 0 or 1");
+      s.truncate = x == 1;
     } else throw bad("unknown key '" + key + "' for " + kind);
   }
   if (!has_factor) throw bad("factor=F is required");
+  if (yarn && spec.find("orig=") == std::string::npos) throw bad("yarn needs orig=N, the context the model was trained at");
+  if (yarn && !has_attn) s.attention_factor = yarn_attention_factor(s.factor);
   check_rope_scaling(s, "--rope-scaling '" + spec + "'");
   return s;
 }
 
 void check_rope_scaling(const RopeScaling& s, const std::string& where) {
   auto bad = [&](const std::string& why) { return std::runtime_error(where + ": " + why); };
-  if (s.kind != RopeScaling::kNone && s.kind != RopeScaling::kLinear && s.kind != RopeScaling::kLlama3)
+  if (s.kind != RopeScaling::kNone && s.kind != RopeScaling::kLinear && s.kind != RopeScaling::kLlama3 &&
+      s.kind != RopeScaling::kYarn)
     throw bad("unknown rope scaling kind " + std::to_string(s.kind));
   if (s.kind == RopeScaling::kNone) return;
   if (!(s.factor > 0) || !std::isfinite(s.factor)) throw bad("the rope scaling factor must be > 0");
   if (s.kind == RopeScaling::kLinear) return;
+  if (s.kind == RopeScaling::kYarn) {
+    if (s.original_max_pos < 1) throw bad("yarn rope scaling needs original_max_position_embeddings >= 1");
+    if (!(s.beta_slow > 0) || !(s.beta_fast > s.beta_slow) || !std::isfinite(s.beta_fast))
+      throw bad("yarn rope scaling needs 0 < beta_slow < beta_fast");
+    if (!(s.attention_factor > 0) || !std::isfinite(s.attention_factor))
+      throw bad("yarn rope scaling needs attention_factor > 0");
+    return;
+  }
   if (!(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor))
     throw bad("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
   if (s.original_max_pos < 1) throw bad("llama3 rope scaling needs original_max_position_embeddings >= 1");
 }
 
-std::string rope_scaling_str(const RopeScaling& s) {
-  char buf[128];
-  if (s.kind == RopeScaling::kLinear) std::snprintf(buf, sizeof buf, "linear:factor=%.9g", double(s.factor));
-  else if (s.kind == RopeScaling::kLlama3)
-    std::snprintf(buf, sizeof buf, "llama3:factor=%.9g,low=%.9g,high=%.9g,orig=%d", double(s.factor),
-                  double(s.low_freq_factor), double(s.high_freq_factor), int(s.original_max_pos));
-  else if (s.kind == RopeScaling::kNone) return "none";
-  else std::snprintf(buf, sizeof buf, "kind %d", int(s.kind));  // refused by parse_rope_scaling
+namespace {
+// The shortest "%g" text that reads back as the same float (0.707, not 0.707000017).
+std::string float_text(float v) {
+  char buf[32];
+  for (int digits = 6; digits <= 9; digits++) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
   return buf;
+}
+}  // namespace
+
+std::string rope_scaling_str(const RopeScaling& s) {
+  const std::string factor = "factor=" + float_text(s.factor);
+  const std::string orig = ",orig=" + std::to_string(s.original_max_pos);
+  switch (s.kind) {
+    case RopeScaling::kNone: return "none";
+    case RopeScaling::kLinear: return "linear:" + factor;
+    case RopeScaling::kLlama3:
+      return "llama3:" + factor + ",low=" + float_text(s.low_freq_factor) + ",high=" + float_text(s.high_freq_factor) + orig;
+    case RopeScaling::kYarn:
+      return "yarn:" + factor + orig + ",beta_fast=" + float_text(s.beta_fast) + ",beta_slow=" + float_text(s.beta_slow) +
+             ",attn=" + float_text(s.attention_factor) + ",truncate=" + (s.truncate ? "1" : "0");
+    default: return "kind " + std::to_string(s.kind);  // refused by parse_rope_scaling
+  }
 }
 
 namespace cpu {
@@ -84,17 +122,17 @@ std::vector<double> rope_freqs(int D, const Rope& rope) {
   return f;
 }
 
-// Rotates the Hq + Hkv query/key heads of one token by angle sign * pos * freq_i and copies (or,
+// Rotates the Hq + Hkv query/key heads of one token by angle sign * pos * freq_i (times magnitude) and copies (or,
 // when accumulating, adds) the Hkv value heads. src, dst: (Hq + 2*Hkv, D). cs: scratch for the
 // D/2 cosines then the D/2 sines of this token.
 template <class T>
-void rotate_token(T* dst, const T* src, int pos, int Hq, int Hkv, int D, const double* freq, double sign,
-                  bool accumulate, std::vector<T>& cs) {
+void rotate_token(T* dst, const T* src, int pos, int Hq, int Hkv, int D, const double* freq, double magnitude,
+                  double sign, bool accumulate, std::vector<T>& cs) {
   const int half = D / 2;
   for (int i = 0; i < half; i++) {
     const double a = sign * double(pos) * freq[i];
-    cs[i] = T(std::cos(a));
-    cs[half + i] = T(std::sin(a));
+    cs[i] = T(magnitude * std::cos(a));
+    cs[half + i] = T(magnitude * std::sin(a));
   }
   for (int h = 0; h < Hq + Hkv; h++) {
     const T* x = src + size_t(h) * D;
@@ -127,7 +165,8 @@ void rotate_tokens(T* dst, const T* src, const int32_t* pos, int N, int Hq, int 
     std::vector<T> cs(D);
 #pragma omp for schedule(static)
     for (int n = 0; n < N; n++)
-      rotate_token(dst + n * row, src + n * row, pos[n], Hq, Hkv, D, freq.data(), sign, accumulate, cs);
+      rotate_token(dst + n * row, src + n * row, pos[n], Hq, Hkv, D, freq.data(), rope_magnitude(rope), sign,
+                   accumulate, cs);
   }
 }
 }  // namespace

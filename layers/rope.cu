@@ -7,7 +7,8 @@
 //              then rotates pair (i, i + D/2) of each of the Hq + Hkv query/key heads and copies
 //              (forward) or adds (backward) elements i and i + D/2 of the Hkv value heads.
 //              Consecutive threads take consecutive i of one token: loads are coalesced runs of D/2.
-//              The backward is the rotation by -angle, added into dqkv.
+//              The backward is the rotation by -angle, added into dqkv. Both scale cos and sin by
+//              rope_magnitude (yarn's attention factor; 1 otherwise).
 // The forward reads each pair before writing it, from the same thread, so y may alias qkv.
 #include "engine/cuda_launch.h"
 #include "layers/elementwise.cuh"
@@ -30,7 +31,8 @@ __global__ void rope_kernel(T* dst, const T* src, const int32_t* __restrict__ po
     // Double throughout, as the CPU: freq by the same function (rope.h), then the angle.
     const double freq = rope_freq(i, D, rope);
     const double a = (kBackward ? -1.0 : 1.0) * double(pos[n]) * freq;
-    const float c = float(cos(a)), s = float(sin(a));
+    const double m = rope_magnitude(rope);  // 1, or yarn's attention factor
+    const float c = float(m * cos(a)), s = float(m * sin(a));
     const size_t row = size_t(n) * (Hq + 2 * Hkv) * D;
     for (int h = 0; h < Hq + Hkv; h++) {
       const size_t j = row + size_t(h) * D + i;

@@ -3,7 +3,8 @@
 //   y[i]       = x[i] cos a - x[i + D/2] sin a
 //   y[i + D/2] = x[i + D/2] cos a + x[i] sin a
 // applied to the Hq query heads and Hkv key heads; the Hkv value heads pass through unchanged.
-// Backward is the inverse rotation (angle -a) of dy. Positions are explicit (global positions
+// (yarn also scales y by a constant, rope_magnitude.) Backward is the transpose: the inverse
+// rotation (angle -a) of dy, times the same constant. Positions are explicit (global positions
 // under sequence parallelism; restarted per document when packing).
 #pragma once
 #include <cmath>
@@ -30,11 +31,20 @@ namespace ul {
 //           w_i < L / high_freq_factor: kept (the fast pairs that resolve nearby tokens);
 //           w_i > L / low_freq_factor: freq_i / factor (the slow pairs, stretched over the new
 //           context); between: (1 - s) freq_i / factor + s freq_i, s = (L / w_i - low) / (high - low)
+//   yarn    YaRN (Qwen 2.5's, DeepSeek's long-context rule), by pair index against the original
+//           context L: pair i turns r_i = L freq_i / (2 pi) times over L. Pairs that turn more
+//           than beta_fast times are kept, pairs that turn fewer than beta_slow times get
+//           freq_i / factor, and a linear ramp in i joins the two (its ends, the pair indices
+//           where r_i = beta_fast and beta_slow, rounded outward when truncate). Both q and k are
+//           also multiplied by attention_factor (0.1 ln(factor) + 1 unless given), which sharpens
+//           the softmax by attention_factor^2 as the context grows (rope_magnitude below).
 struct RopeScaling {
-  enum Kind : int32_t { kNone = 0, kLinear = 1, kLlama3 = 2 };
+  enum Kind : int32_t { kNone = 0, kLinear = 1, kLlama3 = 2, kYarn = 3 };
   int32_t kind = kNone;
   float factor = 1, low_freq_factor = 1, high_freq_factor = 4;
   int32_t original_max_pos = 8192;  // L
+  float beta_fast = 32, beta_slow = 1, attention_factor = 1;  // yarn
+  bool truncate = true;                                       // yarn: ramp ends rounded to whole pairs
 };
 
 struct Rope {
@@ -44,11 +54,16 @@ struct Rope {
   Rope(float t) : theta(t) {}  // NOLINT: a bare theta is the unscaled RoPE
 };
 
-// "none", "linear:factor=4", "llama3:factor=32,low=1,high=4,orig=8192": the --rope-scaling syntax,
-// parsed and printed. parse throws naming the flag and the problem (an unknown kind or key, a
-// factor <= 0, low >= high, orig <= 0).
+// "none", "linear:factor=4", "llama3:factor=32,low=1,high=4,orig=8192",
+// "yarn:factor=4,orig=32768,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1": the
+// --rope-scaling syntax, parsed and printed (printed in full; parse fills what is left out with
+// the defaults above, yarn's attn with 0.1 ln(factor) + 1). parse throws naming the flag and the
+// problem (an unknown kind or key, a factor <= 0, low >= high, orig <= 0, beta_fast <= beta_slow).
 RopeScaling parse_rope_scaling(const std::string& spec);
 std::string rope_scaling_str(const RopeScaling& s);
+// YaRN's default attention factor for a context stretched by `factor`: 0.1 ln(factor) + 1 (1 for
+// factor <= 1), as the paper and Hugging Face.
+double yarn_attention_factor(double factor);
 // Throws "where: problem" for settings no rule can use (what parse also refuses), e.g. read from a file.
 void check_rope_scaling(const RopeScaling& s, const std::string& where);
 
@@ -58,12 +73,31 @@ UL_ROPE_HD inline double rope_freq(int i, int D, const Rope& r) {
   const double f = pow(double(r.theta), -2.0 * i / D);
   const RopeScaling& s = r.scaling;
   if (s.kind == RopeScaling::kLinear) return f / s.factor;
+  if (s.kind == RopeScaling::kYarn) {
+    // The pair index at which r_i = rotations: L theta^(-2i/D) = 2 pi rotations, solved for i.
+    auto pair_at = [&](double rotations) {
+      return D * log(s.original_max_pos / (rotations * 2 * 3.14159265358979323846)) / (2 * log(double(r.theta)));
+    };
+    double lo = pair_at(s.beta_fast), hi = pair_at(s.beta_slow);
+    if (s.truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo > 0 ? lo : 0, hi = hi < D - 1 ? hi : D - 1;
+    if (lo == hi) hi += 0.001;  // as Hugging Face: a step, not a division by zero
+    double ramp = (i - lo) / (hi - lo);  // 0 (kept) .. 1 (divided by factor)
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    return ramp * f / s.factor + (1 - ramp) * f;
+  }
   if (s.kind != RopeScaling::kLlama3) return f;
   const double wavelen = 2 * 3.14159265358979323846 / f, L = s.original_max_pos;
   if (wavelen < L / s.high_freq_factor) return f;
   if (wavelen > L / s.low_freq_factor) return f / s.factor;
   const double smooth = (L / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   return (1 - smooth) * f / s.factor + smooth * f;
+}
+
+// What cos and sin are multiplied by: yarn's attention_factor, else 1. The rotation then scales q
+// and k by it (and the backward dq and dk: the op is attention_factor times a rotation).
+UL_ROPE_HD inline double rope_magnitude(const Rope& r) {
+  return r.scaling.kind == RopeScaling::kYarn ? double(r.scaling.attention_factor) : 1.0;
 }
 
 namespace cpu {

@@ -4,12 +4,13 @@ torch and transformers (pip install torch transformers safetensors), which CI do
 
 usage: python3 tools/check_hf_interop.py [--train build/train] [--keep DIR]
 
-ulysses -> HF, for gpt2, llama, and llama shaped like Llama 3.2 (RoPE scaling, tied embeddings): train a tiny model for a few steps on a text file, export it with
+ulysses -> HF, for gpt2, llama, llama shaped like Llama 3.2 (RoPE scaling, tied embeddings) and llama
+with YaRN: train a tiny model for a few steps on a text file, export it with
   --export-safetensors DIR/model.safetensors, load DIR with AutoModelForCausalLM.from_pretrained and
   1. greedy continuation: ulysses' --sample (KV cache) must equal argmax over HF's full-forward logits;
   2. gpt2: logits, loss and every gradient: HF computes them on a batch and writes an llm.c debug state,
      which `train --checkpoint (the same run's --export-llmc file) --check-state` compares (PASS/FAIL).
-HF -> ulysses, for the same three: a randomly initialised HF model saved with save_pretrained loads with
+HF -> ulysses, for the same four: a randomly initialised HF model saved with save_pretrained loads with
   `train --checkpoint DIR/model.safetensors` (its config.json read, no ulysses metadata), and greedy
   continuations agree.
 Exit code 0 when every check passes.
@@ -30,6 +31,13 @@ NEW = 24
 LLAMA3_SPEC = "llama3:factor=4,low=1,high=4,orig=16"
 LLAMA3_HF = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
              "original_max_position_embeddings": 16}
+# YaRN (head dim 16, theta 500, original context 16): pair 0 kept, pair 1 on the ramp, the rest
+# divided by the factor; q and k scaled by the attention factor 0.1 ln 64 + 1 = 1.42 (a factor
+# this large so that the check can fail: with attn=1, or truncate=0, ulysses' greedy tokens
+# differed from HF's both ways; with factor 4 an attention factor of 1 went unnoticed).
+YARN_SPEC = "yarn:factor=64,orig=16,beta_fast=8,beta_slow=1"
+YARN_HF = {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 16, "beta_fast": 8.0, "beta_slow": 1.0}
+SCALED = {"llama3": (LLAMA3_SPEC, LLAMA3_HF), "yarn": (YARN_SPEC, YARN_HF)}
 
 
 def run(train, args):
@@ -118,13 +126,16 @@ def main():
     ok = True
     # llama3: llama with Llama 3.1's RoPE scaling, its bands set so that the 32 positions see all
     # three (head dim 16, theta 500: one pair kept-to-smoothed, the rest divided by the factor).
-    for arch in ("gpt2", "llama", "llama3"):  # ulysses -> HF
+    # yarn: llama with YaRN.
+    for arch in ("gpt2", "llama", "llama3", "yarn"):  # ulysses -> HF
         d = os.path.join(work, "ours_" + arch)
         # a non-default rope theta: a config key that HF ignored would show up as different tokens
         extra = ["--export-llmc", os.path.join(d, "model.bin")] if arch == "gpt2" else ["--rope-theta", "500"]
         if arch == "llama3":  # shaped like Llama 3.2: scaled RoPE, tied embeddings
             extra += ["--rope-scaling", LLAMA3_SPEC, "--tie-embeddings"]
-        run(a.train, ["--model", "llama" if arch == "llama3" else arch, "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
+        if arch == "yarn":
+            extra += ["--rope-scaling", YARN_SPEC]
+        run(a.train, ["--model", "gpt2" if arch == "gpt2" else "llama", "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
                       "--lr", "1e-2", "--eval-batches", "1", "--export-safetensors", os.path.join(d, "model.safetensors")] + extra)
         model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()
         print(f"ulysses -> HF {arch}: loaded as {type(model).__name__}")
@@ -137,7 +148,7 @@ def main():
             print("ulysses -> HF gpt2: logits / loss / gradients vs HF (llm.c debug state, rel tol 1e-4):")
             print("  " + "\n  ".join(r.stdout.strip().splitlines()[-6:]))
             ok &= r.returncode == 0 and "PASS" in r.stdout
-    for arch in ("gpt2", "llama", "llama3"):  # HF -> ulysses
+    for arch in ("gpt2", "llama", "llama3", "yarn"):  # HF -> ulysses
         d = os.path.join(work, "hf_" + arch)
         if arch == "gpt2":
             cfg = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.2,
@@ -146,7 +157,7 @@ def main():
             cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500.0,
                               initializer_range=0.2, tie_word_embeddings=arch == "llama3",  # as Llama 3.2
-                              rope_scaling=LLAMA3_HF if arch == "llama3" else None)
+                              rope_scaling=SCALED[arch][1] if arch in SCALED else None)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
         model.save_pretrained(d)
         ok &= compare_greedy(f"HF -> ulysses {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)

@@ -212,9 +212,55 @@ TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, oth
   const size_t sc = linear.find("\"rope_scaling\":");
   linear.replace(sc, linear.find('}', sc) + 1 - sc, "\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.5}");
   CHECK(rope_scaling_str(read_with(linear).rope_scaling) == "linear:factor=2.5");
-  std::string yarn = json;
-  yarn.replace(yarn.find("\"llama3\"", params_at), 8, "\"yarn\"");
-  CHECK_THROWS_WITH(read_with(yarn), Catch::Contains("rope scaling 'yarn'") && Catch::Contains("config.json"));
+  std::string dynamic = json;
+  dynamic.replace(dynamic.find("\"llama3\"", params_at), 8, "\"dynamic\"");
+  CHECK_THROWS_WITH(read_with(dynamic), Catch::Contains("rope scaling 'dynamic'") && Catch::Contains("config.json"));
+}
+
+TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults and DeepSeek's mscale", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  ModelConfig cfg = small("llama");
+  cfg.max_seq = 256;
+  cfg.rope_scaling = parse_rope_scaling("yarn:factor=4,orig=64,beta_fast=16,beta_slow=2,truncate=0");
+  Transformer m(cfg);
+  const std::vector<float> h = random_params(m, 6);
+  TempDir d;
+  export_safetensors(d / "model.safetensors", cfg, m.params.specs(), h.data(), "F32");
+  const std::string json = read_whole_file(d / "config.json");
+  CHECK(json.find("\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":5000,\"factor\":4,"
+                  "\"original_max_position_embeddings\":64,\"beta_fast\":16,\"beta_slow\":2,"
+                  "\"attention_factor\":1.13862944,\"truncate\":false}") != std::string::npos);
+  CHECK(rope_scaling_str(hf_read_config(SafetensorsFile(d / "model.safetensors")).rope_scaling) ==
+        rope_scaling_str(cfg.rope_scaling));
+  // Through config.json alone, each key left out in turn: transformers' defaults fill it.
+  write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
+  auto read_with = [&](const std::string& rope) {
+    std::string c = json;
+    const size_t at = c.find("\"rope_parameters\":");
+    c.replace(at, c.find('}', at) + 1 - at, "\"rope_parameters\":" + rope);
+    write_bytes(d / "config.json", c);
+    SafetensorsFile f(d / "model.safetensors");
+    return rope_scaling_str(hf_read_config(f).rope_scaling);
+  };
+  CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64}") ==
+        "yarn:factor=4,orig=64,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1");
+  // No original context: max_position_embeddings (256); no factor: max_position_embeddings / original.
+  CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":2}") ==
+        "yarn:factor=2,orig=256,beta_fast=32,beta_slow=1,attn=1.0693147,truncate=1");
+  CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":null,\"original_max_position_embeddings\":32}") ==
+        "yarn:factor=8,orig=32,beta_fast=32,beta_slow=1,attn=1.2079442,truncate=1");
+  // DeepSeek's: attention factor (0.1 ln 40 + 1) / (0.05 ln 40 + 1) = 1.155722 (transformers 5.24 too).
+  CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":40,\"original_max_position_embeddings\":64,"
+                  "\"mscale\":1,\"mscale_all_dim\":0.5,\"beta_fast\":null}") ==
+        "yarn:factor=40,orig=64,beta_fast=32,beta_slow=1,attn=1.155722,truncate=1");
+  CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
+                  "\"attention_factor\":0.5}") == "yarn:factor=4,orig=64,beta_fast=32,beta_slow=1,attn=0.5,truncate=1");
+  CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
+                              "\"beta_fast\":1,\"beta_slow\":2}"),
+                    Catch::Contains("config.json") && Catch::Contains("0 < beta_slow < beta_fast"));
+  CHECK_THROWS_WITH(read_with("{\"rope_type\":\"default\",\"partial_rotary_factor\":0.5}"),
+                    Catch::Contains("partial_rotary_factor"));
 }
 
 TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[interop]") {

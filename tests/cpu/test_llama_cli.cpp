@@ -1,9 +1,10 @@
 // llama's model flags through train. --rope-theta / --rope-scaling: the run's model line, model.bin
-// (version 2 when scaled) and resume, the override of a checkpoint's RoPE (context extension), the
+// (version 2 when scaled, 3 for YaRN) and resume, the override of a checkpoint's RoPE (context extension), the
 // refusals. --tie-embeddings: one parameter fewer, kept by model.bin and the safetensors export.
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "engine/checkpoint_files.h"
@@ -13,6 +14,7 @@
 using ul_test::run_cmd;
 using ul_test::TempDir;
 using ul_test::train_cmd;
+namespace fs = std::filesystem;
 
 TEST_CASE("rope scaling flag: trains, saves, resumes only unchanged, and overrides a checkpoint's RoPE", "[rope][cli]") {
   TempDir d;
@@ -56,6 +58,33 @@ TEST_CASE("rope scaling flag: trains, saves, resumes only unchanged, and overrid
   r = run_cmd(train_cmd("--model llama --rope-scaling dynamic:factor=2 --steps 1"));
   CHECK(r.code != 0);
   CHECK(r.out.find("--rope-scaling 'dynamic:factor=2': unknown kind 'dynamic'") != std::string::npos);
+}
+
+TEST_CASE("yarn rope scaling: trains, saves model.bin version 3, resumes, and a cut tail is refused", "[rope][cli]") {
+  TempDir d;
+  const std::string base = "--model llama --seq 32 --batch 2 --eval-batches 1 --threads 1 ";
+  const std::string yarn = "yarn:factor=4,orig=8,beta_fast=8,beta_slow=1,attn=1.25,truncate=0";
+  auto r = run_cmd(train_cmd(base + "--rope-scaling " + yarn + " --steps 2 --save-dir " + (d / "run")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("rope_scaling=" + yarn) != std::string::npos);
+  const std::string model = d / "run/step_00000002/model.bin";
+  std::vector<float> params;
+  CHECK(ul::rope_scaling_str(ul::read_model_file(model, params).rope_scaling) == yarn);
+  uint32_t version = 0;
+  std::ifstream(model, std::ios::binary).seekg(8).read(reinterpret_cast<char*>(&version), 4);
+  CHECK(version == 3);
+  r = run_cmd(train_cmd(base + "--rope-scaling " + yarn + " --steps 3 --resume --save-dir " + (d / "run")));
+  CHECK(r.code == 0);
+  // The loaded checkpoint keeps every yarn setting (the attention factor too).
+  r = run_cmd(train_cmd("--seq 32 --batch 2 --eval-batches 1 --threads 1 --steps 1 --checkpoint " + model));
+  CHECK(r.out.find("rope_scaling=" + yarn) != std::string::npos);
+  // The file cut inside the version 3 tail (80-byte header, 36-byte tail): refused, naming it.
+  fs::copy_file(model, d / "cut.bin");
+  fs::resize_file(d / "cut.bin", 100);
+  r = run_cmd(train_cmd("--steps 1 --checkpoint " + (d / "cut.bin")));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("cut.bin: truncated: 100 bytes, shorter than the 116-byte header") != std::string::npos);
 }
 
 TEST_CASE("tied llama embeddings: trained, saved, reloaded tied, refused where meaningless", "[cli]") {

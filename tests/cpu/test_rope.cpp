@@ -162,13 +162,79 @@ TEST_CASE("rope scaling: llama3 frequencies match transformers, linear turns p a
       [&](const Vec& dy, std::vector<Vec>& d) { ul::cpu::rope_backward(d[0].data(), dy.data(), p.data(), N, Hq, Hkv, D, r); });
 }
 
+TEST_CASE("rope scaling: yarn frequencies and attention factor match transformers", "[rope]") {
+  // transformers 5.24's ROPE_INIT_FUNCTIONS["yarn"]: its float32 inv_freq and its attention factor.
+  // 1. Qwen 2.5's long-context setting: head dim 128, rope_theta 1e6, factor 4, original context
+  //    32768, beta_fast 32 / beta_slow 1 (defaults), truncate (default). Pairs 0-16 kept, 40-63 / 4.
+  ul::Rope q(1e6f);
+  q.scaling = ul::parse_rope_scaling("yarn:factor=4,orig=32768");
+  CHECK(q.scaling.attention_factor == Approx(1.138629436111989).epsilon(1e-7));
+  const std::pair<int, double> qwen[] = {
+      {0, 1.0}, {5, 0.33982083201408386}, {10, 0.11547820270061493}, {16, 0.03162277862429619},
+      {17, 0.025482967495918274}, {18, 0.02053525112569332}, {20, 0.01333521492779255},
+      {25, 0.004131738096475601}, {30, 0.0010643609566614032}, {35, 0.0002462583943270147},
+      {40, 4.4456985051510856e-05}, {63, 3.102344408034696e-07}};
+  for (const auto& p : qwen) {
+    CAPTURE(p.first);
+    CHECK(ul::rope_freq(p.first, 128, q) == Approx(p.second).epsilon(2e-6));  // theirs is float32
+  }
+  // 2. Every pair of head dim 64, theta 1e4, factor 8, original 512, beta_fast 16, beta_slow 2,
+  //    truncate false (the ramp's ends fall between pairs).
+  ul::Rope y(10000.f);
+  y.scaling = ul::parse_rope_scaling("yarn:factor=8,orig=512,beta_fast=16,beta_slow=2,truncate=0");
+  CHECK(y.scaling.attention_factor == Approx(1.2079441541679836).epsilon(1e-7));
+  const double hf[32] = {
+      1.0, 0.7498942017555237, 0.5623413324356079, 0.4216965138912201, 0.3162277638912201, 0.23713736236095428,
+      0.1704140305519104, 0.11164195090532303, 0.07160846143960953, 0.04461664706468582, 0.026647143065929413,
+      0.014875289984047413, 0.007324998266994953, 0.0029642169829458, 0.002222849288955331, 0.0016669018659740686,
+      0.0012499999720603228, 0.0009373677894473076, 0.0007029266562312841, 0.0005271206027828157,
+      0.00039528473280370235, 0.00029642172739841044, 0.00022228492889553308, 0.00016669018077664077,
+      0.0001250000059371814, 9.373677312396467e-05, 7.029266271274537e-05, 5.271206100587733e-05,
+      3.9528473280370235e-05, 2.9642173103638925e-05, 2.2228492525755428e-05, 1.666901880525984e-05};
+  for (int i = 0; i < 32; i++) {
+    CAPTURE(i);
+    CHECK(ul::rope_freq(i, 64, y) == Approx(hf[i]).epsilon(2e-6));
+  }
+
+  // The attention factor scales the rotated q and k heads (their norms), never v; the backward is
+  // still the exact transpose (central differences).
+  const int N = 3, Hq = 2, Hkv = 1, D = 8, H = Hq + 2 * Hkv;
+  const Vec x = randn(N * H * D, 9);
+  const std::vector<int32_t> p = {0, 77, 4000};
+  Vec out(x.size());
+  ul::cpu::rope_forward(out.data(), x.data(), p.data(), N, Hq, Hkv, D, y);
+  const double m = y.scaling.attention_factor;
+  for (int t = 0; t < N; t++)
+    for (int h = 0; h < H; h++) {
+      double nx = 0, ny = 0;
+      for (int j = 0; j < D; j++) {
+        const size_t k = (size_t(t) * H + h) * D + j;
+        nx += x[k] * x[k], ny += out[k] * out[k];
+      }
+      CAPTURE(t, h);
+      CHECK(std::sqrt(ny) == Approx((h < Hq + Hkv ? m : 1.0) * std::sqrt(nx)).epsilon(1e-6));
+    }
+  gradcheck("rope yarn", {const_cast<Vec*>(&x)},
+      [&](Vec& o) { o.resize(x.size()); ul::cpu::rope_forward(o.data(), x.data(), p.data(), N, Hq, Hkv, D, y); },
+      [&](const Vec& dy, std::vector<Vec>& d) { ul::cpu::rope_backward(d[0].data(), dy.data(), p.data(), N, Hq, Hkv, D, y); });
+}
+
 TEST_CASE("rope scaling specs: parsed, printed back, and refused naming the problem", "[rope]") {
   for (const char* s : {"none", "linear:factor=2.5", "llama3:factor=32,low=1,high=4,orig=8192",
-                        "llama3:factor=8,low=2,high=16,orig=4096"})
+                        "llama3:factor=8,low=2,high=16,orig=4096",
+                        "yarn:factor=4,orig=32768,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1",
+                        "yarn:factor=40,orig=4096,beta_fast=16,beta_slow=0.5,attn=0.707,truncate=0"})
     CHECK(ul::rope_scaling_str(ul::parse_rope_scaling(s)) == s);
   CHECK(ul::parse_rope_scaling("llama3:factor=8").original_max_pos == 8192);  // defaults: Llama 3.1's
+  // yarn's defaults: beta 32 / 1, truncate, attention factor 0.1 ln(factor) + 1 (1 when factor <= 1).
+  CHECK(ul::rope_scaling_str(ul::parse_rope_scaling("yarn:factor=4,orig=32768")) ==
+        "yarn:factor=4,orig=32768,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1");
+  CHECK(ul::parse_rope_scaling("yarn:factor=0.5,orig=64").attention_factor == 1.0f);
   const std::pair<const char*, const char*> bad[] = {
-      {"yarn:factor=2", "unknown kind 'yarn'"},      {"linear", "factor=F is required"},
+      {"dynamic:factor=2", "unknown kind 'dynamic'"}, {"linear", "factor=F is required"},
+      {"yarn:factor=2", "yarn needs orig=N"},        {"yarn:factor=2,orig=64,beta_fast=1,beta_slow=2", "0 < beta_slow < beta_fast"},
+      {"yarn:factor=2,orig=64,attn=0", "attention_factor > 0"}, {"yarn:factor=2,orig=64,truncate=2", "truncate must be 0 or 1"},
+      {"llama3:factor=2,beta_fast=8", "unknown key 'beta_fast' for llama3"},
       {"linear:factor=0", "factor must be > 0"},     {"linear:factor=x", "'x' is not a number"},
       {"linear:low=1,factor=2", "unknown key 'low'"}, {"llama3:factor=8,low=4,high=4", "0 < low_freq_factor < high_freq_factor"},
       {"llama3:factor=8,orig=0.5", "orig must be"},  {"none:factor=2", "none takes no settings"},

@@ -85,10 +85,12 @@ TEST_CASE("rope CUDA kernels match the CPU backend, at positions up to 2^21", UL
   }
 }
 
-TEST_CASE("rope CUDA kernels match the CPU backend with linear and llama3 scaling", UL_CUDA_TEST_TAG "[rope]") {
+TEST_CASE("rope CUDA kernels match the CPU backend with linear, llama3 and yarn scaling", UL_CUDA_TEST_TAG "[rope]") {
   // Llama 3.2's rule (theta 500000, factor 32, original context 8192): with D = 64 and 128 the
-  // pairs fall in all three bands (kept, smoothed, divided), at positions up to 2^21.
-  for (const char* spec : {"llama3:factor=32,low=1,high=4,orig=8192", "linear:factor=4"}) {
+  // pairs fall in all three bands (kept, smoothed, divided), at positions up to 2^21. YaRN's
+  // ramp likewise spans the middle pairs, and its attention factor scales q and k.
+  for (const char* spec : {"llama3:factor=32,low=1,high=4,orig=8192", "linear:factor=4", "yarn:factor=16,orig=4096",
+                           "yarn:factor=4,orig=32768,beta_fast=16,beta_slow=2,truncate=0"}) {
     INFO(spec);
     ul::Rope rope(500000.f);
     rope.scaling = ul::parse_rope_scaling(spec);

@@ -1,4 +1,4 @@
-// Our checkpoint's model.bin (engine/checkpoint_files.h), versions 1 and 2 (a RoPE scaling).
+// Our checkpoint's model.bin (engine/checkpoint_files.h), versions 1, 2 (a RoPE scaling) and 3 (YaRN).
 #include "engine/checkpoint_files.h"
 #include "fuzz_util.h"
 
@@ -17,9 +17,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ul::ModelConfig c = ul::read_model_file(path, params);
     uint32_t version = 0;
     std::memcpy(&version, bytes.data() + 8, 4);
-    FUZZ_CHECK(version == 1 || version == 2);
-    FUZZ_CHECK(size == (version == 1 ? 80 : 100) + params.size() * sizeof(float));  // version 2: + the RoPE tail
-    FUZZ_CHECK(version == 2 || (c.rope_scaling.kind == ul::RopeScaling::kNone && !c.tie_embeddings));
+    FUZZ_CHECK(version >= 1 && version <= 3);
+    const size_t header = version == 1 ? 80 : version == 2 ? 100 : 116;  // + the RoPE tail, + YaRN's
+    FUZZ_CHECK(size == header + params.size() * sizeof(float));
+    FUZZ_CHECK(version >= 2 || (c.rope_scaling.kind == ul::RopeScaling::kNone && !c.tie_embeddings));
+    FUZZ_CHECK((version == 3) == (c.rope_scaling.kind == ul::RopeScaling::kYarn));
     ul::check_model_config(path, c, c);  // a config always matches itself
   } catch (const std::exception&) {
   }

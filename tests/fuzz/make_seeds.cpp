@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
   ul::write_model_file(seed("model_file", "model.bin"), mc, params.data(), 12);
   mc.rope_scaling = ul::parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64");  // version 2
   ul::write_model_file(seed("model_file", "model_v2.bin"), mc, params.data(), 12);
+  mc.rope_scaling = ul::parse_rope_scaling("yarn:factor=4,orig=64");  // version 3
+  ul::write_model_file(seed("model_file", "model_v3.bin"), mc, params.data(), 12);
   ul::OptimShard os;
   os.t = 3, os.numel = 10, os.offset = 4, os.count = 3, os.shard = 1, os.shards = 2;
   os.m = {0.1f, 0.2f, 0.3f}, os.v = {1e-3f, 2e-3f, 3e-3f};
