@@ -32,16 +32,23 @@ struct ModelHeaderTail {
   uint32_t flags;  // kTiedEmbeddings
 };
 static_assert(sizeof(ModelHeaderTail) == 20, "model.bin version 2 tail layout");
-constexpr uint32_t kTiedEmbeddings = 1;
-// Version 3 (written only for YaRN): the version 2 tail, then YaRN's own numbers.
-struct YarnTail {
-  float beta_fast, beta_slow, attention_factor;
-  uint32_t truncate;  // 0 or 1
+constexpr uint32_t kTiedEmbeddings = 1, kQkvBias = 2;  // kQkvBias: version 3 only
+// Version 3 (written only for YaRN, a q/k/v bias or an RMSNorm eps other than 1e-5, the settings
+// Qwen 2 brought): the version 2 tail, then these.
+struct TailV3 {
+  float beta_fast, beta_slow, attention_factor;  // YaRN's (their defaults for other scalings)
+  uint32_t truncate;                             // YaRN's, 0 or 1
+  float norm_eps;
 };
-static_assert(sizeof(YarnTail) == 16, "model.bin version 3 tail layout");
+static_assert(sizeof(TailV3) == 20, "model.bin version 3 tail layout");
 
 size_t model_tail_bytes(uint32_t version) {
-  return version == 1 ? 0 : version == 2 ? sizeof(ModelHeaderTail) : sizeof(ModelHeaderTail) + sizeof(YarnTail);
+  return version == 1 ? 0 : version == 2 ? sizeof(ModelHeaderTail) : sizeof(ModelHeaderTail) + sizeof(TailV3);
+}
+
+uint32_t model_version(const ModelConfig& c) {
+  if (c.rope_scaling.kind == RopeScaling::kYarn || c.qkv_bias || c.norm_eps != 1e-5f) return 3;
+  return c.rope_scaling.kind == RopeScaling::kNone && !c.tie_embeddings ? 1 : 2;
 }
 
 struct OptimHeader {
@@ -120,16 +127,16 @@ ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t n
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kModelMagic, 8);
   const RopeScaling& r = cfg.rope_scaling;
-  h.version = r.kind == RopeScaling::kYarn ? 3 : r.kind == RopeScaling::kNone && !cfg.tie_embeddings ? 1 : 2;
+  h.version = model_version(cfg);
   h.rope_scaling = r.kind;
   tail.clear();
   if (h.version >= 2) {
     const ModelHeaderTail t = {r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_pos,
-                               cfg.tie_embeddings ? kTiedEmbeddings : 0u};
+                               (cfg.tie_embeddings ? kTiedEmbeddings : 0u) | (cfg.qkv_bias ? kQkvBias : 0u)};
     tail.assign(reinterpret_cast<const char*>(&t), sizeof t);
   }
   if (h.version == 3) {
-    const YarnTail y = {r.beta_fast, r.beta_slow, r.attention_factor, r.truncate ? 1u : 0u};
+    const TailV3 y = {r.beta_fast, r.beta_slow, r.attention_factor, r.truncate ? 1u : 0u, cfg.norm_eps};
     tail.append(reinterpret_cast<const char*>(&y), sizeof y);
   }
   std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
@@ -185,23 +192,27 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
   c.rope_scaling.kind = h.rope_scaling;
   if (h.version >= 2 && c.arch != "llama")
     throw file_error(path, "version " + std::to_string(h.version) + " (RoPE, tied llama head) for a " + c.arch);
-  if ((h.version == 3) != (h.rope_scaling == RopeScaling::kYarn))
-    throw file_error(path, "version " + std::to_string(h.version) + " with rope scaling kind " +
-                               std::to_string(h.rope_scaling) + ": corrupt header (YaRN is version 3, and only it)");
+  if (h.version < 3 && h.rope_scaling == RopeScaling::kYarn)
+    throw file_error(path, "version " + std::to_string(h.version) + " with YaRN: corrupt header (YaRN is version 3)");
   if (h.version >= 2) {
     ModelHeaderTail t;
     std::memcpy(&t, tail.data(), sizeof t);
     c.rope_scaling.factor = t.rope_factor, c.rope_scaling.low_freq_factor = t.rope_low_freq_factor;
     c.rope_scaling.high_freq_factor = t.rope_high_freq_factor, c.rope_scaling.original_max_pos = t.rope_original_max_pos;
-    if (t.flags & ~kTiedEmbeddings) throw file_error(path, "unknown flags " + std::to_string(t.flags) + " in the header");
+    if (t.flags & ~(h.version == 3 ? kTiedEmbeddings | kQkvBias : kTiedEmbeddings))
+      throw file_error(path, "unknown flags " + std::to_string(t.flags) + " in the header");
     c.tie_embeddings = t.flags & kTiedEmbeddings;
+    c.qkv_bias = t.flags & kQkvBias;
   }
   if (h.version == 3) {
-    YarnTail y;
+    TailV3 y;
     std::memcpy(&y, tail.data() + sizeof(ModelHeaderTail), sizeof y);
     if (y.truncate > 1) throw file_error(path, "yarn truncate " + std::to_string(y.truncate) + " (expected 0 or 1)");
-    c.rope_scaling.beta_fast = y.beta_fast, c.rope_scaling.beta_slow = y.beta_slow;
-    c.rope_scaling.attention_factor = y.attention_factor, c.rope_scaling.truncate = y.truncate == 1;
+    if (c.rope_scaling.kind == RopeScaling::kYarn) {
+      c.rope_scaling.beta_fast = y.beta_fast, c.rope_scaling.beta_slow = y.beta_slow;
+      c.rope_scaling.attention_factor = y.attention_factor, c.rope_scaling.truncate = y.truncate == 1;
+    }
+    c.norm_eps = y.norm_eps;
   }
   check_rope_scaling(c.rope_scaling, path);
   return c;
@@ -231,6 +242,8 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("rope_theta", json_number(a.rope_theta), json_number(b.rope_theta), "--rope-theta");
   differ("rope_scaling", rope_scaling_str(a.rope_scaling), rope_scaling_str(b.rope_scaling), "--rope-scaling");
   differ("tie_embeddings", a.tie_embeddings ? "true" : "false", b.tie_embeddings ? "true" : "false", "--tie-embeddings");
+  differ("qkv_bias", a.qkv_bias ? "true" : "false", b.qkv_bias ? "true" : "false", "--qkv-bias");
+  differ("norm_eps", float_text(a.norm_eps), float_text(b.norm_eps), "--norm-eps");
 }
 
 std::string optim_file_name(int shard, int shards) {
@@ -287,6 +300,8 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"rope_theta", json_number(c.rope_theta), "--rope-theta"},
           {"rope_scaling", json_quote(rope_scaling_str(c.rope_scaling)), "--rope-scaling", "none"},
           {"tie_embeddings", c.tie_embeddings ? "true" : "false", "--tie-embeddings", "false"},
+          {"qkv_bias", c.qkv_bias ? "true" : "false", "--qkv-bias", "false"},
+          {"norm_eps", json_quote(float_text(c.norm_eps)), "--norm-eps", "1e-05"},
           {"batch", n(o.batch), "--batch"},
           {"seq", n(o.seq), "--seq"},
           {"grad_accum", n(o.grad_accum), "--grad-accum"},

@@ -145,7 +145,9 @@ void RunOutputs::finish(const Transformer& model) const {
     const std::vector<int> out = generate(dec, prompt_, s);
     if (say) std::printf("sample  | %zu prompt + %d new tokens | temperature %g | top-k %d | seed %llu\n", prompt_.size(),
                          o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed);
-    std::printf("%s%s%s\n", decode(prompt_).c_str(), tok_ || cfg_.vocab == 256 ? "" : " | ", decode(out).c_str());
+    // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at.
+    const std::string text = decode(prompt_) + (tok_ || cfg_.vocab == 256 ? "" : " | ") + decode(out) + "\n";
+    std::fwrite(text.data(), 1, text.size(), stdout);
   }
   std::fflush(stdout);
 }

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -211,6 +212,15 @@ std::map<std::string, std::string> parse_flat_json(const std::string& text, cons
   skip_ws();
   if (i != text.size()) throw fail("trailing characters");
   return out;
+}
+
+std::string float_text(float v) {
+  char buf[32];
+  for (int digits = 6; digits <= 9; digits++) {  // 9 digits always round-trip a float
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return buf;
 }
 
 }  // namespace ul

@@ -39,6 +39,10 @@ void fsync_dir(const std::string& dir);
 // The whole file as bytes; throws naming the file when it cannot be read.
 std::string read_whole_file(const std::string& path);
 
+// The shortest "%g" text that reads back as the same float: 0.707, 1e-06 (not 0.707000017,
+// 9.99999997e-07), for settings printed where people read them and parsed back.
+std::string float_text(float v);
+
 // Continues a CRC-32 over `bytes` more bytes: crc32(crc32(0, a), b) == crc32 of a followed by b.
 uint32_t crc32(uint32_t crc, const void* data, size_t bytes);
 

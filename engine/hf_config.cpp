@@ -30,7 +30,8 @@ std::map<std::string, std::string> hf_metadata(const ModelConfig& c) {
           {"rope_theta", theta},
           {"rope_scaling", rope_scaling_str(c.rope_scaling)},
           {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
-          {"norm_eps", "1e-05"}};
+          {"qkv_bias", c.qkv_bias ? "true" : "false"},
+          {"norm_eps", float_text(c.norm_eps)}};
 }
 
 namespace {
@@ -73,15 +74,20 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     // HF's defaults (50256) name GPT-2's <|endoftext|>: right only for GPT-2's own vocabulary.
     if (c.vocab != 50257) j.add_raw("bos_token_id", "null").add_raw("eos_token_id", "null");
   } else {
-    j.add_raw("architectures", "[\"LlamaForCausalLM\"]").add("model_type", "llama").add("vocab_size", c.vocab);
+    // A q/k/v bias is Qwen 2's attention (Llama's attention_bias would also put one on o_proj).
+    if (c.qkv_bias)
+      j.add_raw("architectures", "[\"Qwen2ForCausalLM\"]").add("model_type", "qwen2").add_raw("use_sliding_window", "false");
+    else
+      j.add_raw("architectures", "[\"LlamaForCausalLM\"]").add("model_type", "llama");
+    j.add("vocab_size", c.vocab);
     j.add("hidden_size", c.dim).add("intermediate_size", c.ffn_dim()).add("num_hidden_layers", c.layers);
     j.add("num_attention_heads", c.heads).add("num_key_value_heads", c.kv_heads).add("head_dim", c.head_dim());
-    j.add("hidden_act", "silu").add("max_position_embeddings", c.max_seq).add_raw("rms_norm_eps", "1e-05");
+    j.add("hidden_act", "silu").add("max_position_embeddings", c.max_seq).add_raw("rms_norm_eps", float_text(c.norm_eps));
     // rope_theta for transformers 4.x, rope_parameters for 5.x (each ignores the other's key)
     j.add("rope_theta", double(c.rope_theta), 9);
     j.add_raw("rope_scaling", c.rope_scaling.kind == RopeScaling::kNone ? "null" : hf_rope_json(c, false).str());
     j.add_raw("rope_parameters", hf_rope_json(c, true).str());
-    j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false");
+    if (!c.qkv_bias) j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false");
     j.add_raw("tie_word_embeddings", c.tie_embeddings ? "true" : "false");
   }
   j.add("torch_dtype", torch_dtype);
@@ -192,8 +198,9 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const JsonValue* inner = j.find("n_inner");
     refuse_unless(!inner || inner->is(JsonValue::Kind::null) || inner->as_int(where) == 4 * c.dim, "n_inner is not 4 * n_embd");
     eps_ok("layer_norm_epsilon");
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "qwen2") {  // Qwen 2: llama with a q/k/v bias
     c.arch = "llama";
+    c.qkv_bias = type == "qwen2";
     c.dim = num("hidden_size"), c.layers = num("num_hidden_layers"), c.heads = num("num_attention_heads");
     c.kv_heads = j.find("num_key_value_heads") ? num("num_key_value_heads") : c.heads;
     c.ffn = num("intermediate_size"), c.vocab = num("vocab_size");
@@ -210,11 +217,12 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (const JsonValue* tie = j.find("tie_word_embeddings")) c.tie_embeddings = tie->b;  // LlamaConfig's default: false
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),
                   "head_dim is not hidden_size / num_attention_heads");
-    for (const char* b : {"attention_bias", "mlp_bias"})
+    for (const char* b : {"attention_bias", "mlp_bias", "use_sliding_window"})  // the last: Qwen 2's window
       refuse_unless(!j.find(b) || !j.find(b)->b, std::string(b) + " is true");
-    eps_ok("rms_norm_eps");
+    if (const JsonValue* e = j.find("rms_norm_eps")) c.norm_eps = float(e->as_double(where + ": rms_norm_eps"));
+    refuse_unless(c.norm_eps > 0 && c.norm_eps < 1, "rms_norm_eps is not in (0, 1)");
   } else {
-    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2 and llama)");
+    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2, llama and qwen2)");
   }
   return c;
 }
@@ -239,6 +247,11 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
     if (t != f.metadata().end()) c.rope_theta = float(parse_json(t->second, f.path()).as_double(f.path() + ": rope_theta"));
     auto tie = f.metadata().find("tie_embeddings");  // absent in files written before it existed: untied
     c.tie_embeddings = tie != f.metadata().end() && tie->second == "true" && c.arch == "llama";
+    auto qb = f.metadata().find("qkv_bias");  // absent in files written before it existed: none
+    c.qkv_bias = qb != f.metadata().end() && qb->second == "true" && c.arch == "llama";
+    auto eps = f.metadata().find("norm_eps");
+    if (eps != f.metadata().end() && c.arch == "llama")
+      c.norm_eps = float(parse_json(eps->second, f.path()).as_double(f.path() + ": __metadata__ norm_eps"));
     auto sc = f.metadata().find("rope_scaling");  // absent in files written before it existed: none
     if (sc != f.metadata().end()) {
       try {

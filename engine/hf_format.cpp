@@ -53,6 +53,11 @@ std::vector<Map> hf_map(const ModelConfig& c) {
     m.push_back({p + "self_attn.q_proj.weight", "qkvw", l, 0, HD, false});
     m.push_back({p + "self_attn.k_proj.weight", "qkvw", l, HD, HD + KD, false});
     m.push_back({p + "self_attn.v_proj.weight", "qkvw", l, HD + KD, HD + 2 * KD, false});
+    if (c.qkv_bias) {  // Qwen 2's
+      m.push_back({p + "self_attn.q_proj.bias", "qkvb", l, 0, HD, false});
+      m.push_back({p + "self_attn.k_proj.bias", "qkvb", l, HD, HD + KD, false});
+      m.push_back({p + "self_attn.v_proj.bias", "qkvb", l, HD + KD, HD + 2 * KD, false});
+    }
     m.push_back({p + "self_attn.o_proj.weight", "attprojw", l, 0, C, false});
     m.push_back({p + "post_attention_layernorm.weight", "ln2w", l, 0, C, false});
     m.push_back({p + "mlp.gate_proj.weight", "fcw", l, 0, F, false});

@@ -22,10 +22,12 @@ const char* usage() {
 
 model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B |
-                      llama-3.2-1B                                                        [tiny]
+                      llama-3.2-1B | qwen2.5-0.5B                                         [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
                       override the preset (vocab defaults to the data's)
   --tie-embeddings    llama: the output head is the token embedding (as Llama 3.2, SmolLM)
+  --qkv-bias          llama: a bias on the q/k/v projection (as Qwen 2)
+  --norm-eps X        llama: RMSNorm's eps (Qwen 2: 1e-6)                                 [1e-5]
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
                       FILE.safetensors (gpt2 or llama; config from its metadata or config.json),
                       or a model.bin of our checkpoints; the model's shape comes from the file
@@ -162,7 +164,7 @@ Options parse_options(int argc, char** argv) {
   std::map<std::string, Setter> with_value = {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
-      {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
+      {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--norm-eps", F(o.norm_eps)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
@@ -201,6 +203,7 @@ Options parse_options(int argc, char** argv) {
     if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
     if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); continue; }
     if (a == "--tie-embeddings") { o.tie_embeddings = true; o.given.push_back(a); continue; }
+    if (a == "--qkv-bias") { o.qkv_bias = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
@@ -318,7 +321,8 @@ Options parse_options(int argc, char** argv) {
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
   // is how a model's context is extended.)
-  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--tie-embeddings"})
+  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--tie-embeddings",
+                        "--qkv-bias", "--norm-eps"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
       throw std::runtime_error(std::string(f) + ": the model's shape comes from --checkpoint " + o.checkpoint +
                                "; drop " + f);
@@ -366,11 +370,16 @@ ModelConfig model_config(const Options& o, int data_vocab) {
     c.arch = "llama"; c.layers = 16; c.dim = 2048; c.heads = 32; c.kv_heads = 8; c.ffn = 8192;
     c.max_seq = 1 << 20; c.vocab = 128256; c.rope_theta = 500000.0f; c.tie_embeddings = true;
     c.rope_scaling = parse_rope_scaling("llama3:factor=32,low=1,high=4,orig=8192");
+  } else if (m == "qwen2.5-0.5B") {  // Qwen 2.5 0.5B's shape: q/k/v bias, RMSNorm eps 1e-6, tied embeddings
+    c.arch = "llama"; c.layers = 24; c.dim = 896; c.heads = 14; c.kv_heads = 2; c.ffn = 4864;
+    c.max_seq = 1 << 20; c.vocab = 151936; c.rope_theta = 1000000.0f; c.tie_embeddings = true;
+    c.qkv_bias = true; c.norm_eps = 1e-6f;
   } else {
     throw std::runtime_error("--model: unknown model '" + m +
-                             "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B, llama-3.2-1B)");
+                             "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B, llama-3.2-1B, "
+                             "qwen2.5-0.5B)");
   }
-  bool preset_vocab = m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B" || m == "llama-3.2-1B";
+  bool preset_vocab = m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B" || m == "llama-3.2-1B" || m == "qwen2.5-0.5B";
   if (!preset_vocab) c.vocab = data_vocab;
   if (o.layers > 0) c.layers = o.layers;
   if (o.dim > 0) c.dim = o.dim;
@@ -381,6 +390,8 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   if (o.ffn > 0) c.ffn = o.ffn;
   c.tie_embeddings = c.tie_embeddings || o.tie_embeddings;
+  c.qkv_bias = c.qkv_bias || o.qkv_bias;
+  if (o.set_by_user("--norm-eps")) c.norm_eps = o.norm_eps;
   apply_rope_flags(o, c);  // the preset's RoPE unless the flags say otherwise
   // llama's knobs: on gpt2 (an MLP of 4 x dim, learned positions) they would change nothing.
   if (c.arch == "gpt2" && o.set_by_user("--ffn"))

@@ -15,7 +15,9 @@ struct Options {
   int layers = -1, dim = -1, heads = -1, kv_heads = -1, vocab = -1, max_seq = -1, ffn = -1;
   float rope_theta = 10000.0f;
   std::string rope_scaling = "none";
-  bool tie_embeddings = false;  // llama: the output head is the embedding (gpt2 always ties)  // layers/rope.h: none | linear:factor=F | llama3:factor=F,...
+  bool tie_embeddings = false;  // llama: the output head is the embedding (gpt2 always ties)
+  bool qkv_bias = false;        // llama: a bias on the q/k/v projection (Qwen 2)
+  float norm_eps = 1e-5f;       // llama: RMSNorm's eps
   // data and loop
   std::string data = "passkey";
   bool doc_mask = false;      // --doc-mask: attention and positions stay within each document

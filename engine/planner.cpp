@@ -41,7 +41,7 @@ size_t param_count(const ModelConfig& m) {
   if (!m.is_llama())
     return Vp * C + size_t(m.max_seq) * C + 2 * C +
            L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C);
-  return (m.has_lm_head() ? 2 : 1) * Vp * C + C + L * (C + QKV * C + C * C + C + 2 * F * C + C * F);
+  return (m.has_lm_head() ? 2 : 1) * Vp * C + C + L * (C + QKV * C + (m.qkv_bias ? QKV : 0) + C * C + C + 2 * F * C + C * F);
 }
 
 // The classifier's rows per chunk: the op's own rule.

@@ -43,7 +43,7 @@ const float* KvDecoder::param(const std::string& name, int layer) const {
 }
 
 void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int layer) {
-  if (cfg_.is_llama()) cpu::rmsnorm_forward(y, stat_.data(), x, param(w, layer), 1, cfg_.dim);
+  if (cfg_.is_llama()) cpu::rmsnorm_forward(y, stat_.data(), x, param(w, layer), 1, cfg_.dim, cfg_.norm_eps);
   else cpu::layernorm_forward(y, stat_.data(), stat_.data() + 1, x, param(w, layer), param(b, layer), 1, cfg_.dim);
 }
 
@@ -90,7 +90,8 @@ const std::vector<float>& KvDecoder::step(int token) {
   cpu::embedding_forward(x_.data(), &tok, &pos, param("wte"), llama ? nullptr : param("wpe"), 1, C);
   for (int l = 0; l < cfg_.layers; l++) {
     norm(h_.data(), x_.data(), "ln1w", "ln1b", l);
-    cpu::linear_forward(qkv_.data(), h_.data(), param("qkvw", l), llama ? nullptr : param("qkvb", l), 1, C, QKV);
+    cpu::linear_forward(qkv_.data(), h_.data(), param("qkvw", l), cfg_.has_qkv_bias() ? param("qkvb", l) : nullptr, 1, C,
+                        QKV);
     if (llama) cpu::rope_forward(qkv_.data(), qkv_.data(), &pos, 1, Hq, Hkv, D, cfg_.rope());
     const size_t row = size_t(Hkv) * D, at = (size_t(l) * max_len_ + size_t(pos)) * row;
     std::copy_n(qkv_.data() + size_t(Hq) * D, row, kcache_.data() + at);

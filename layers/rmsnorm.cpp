@@ -10,14 +10,14 @@ namespace cpu {
 
 // x, y: (N, C), w: (C), rrms: (N) kept for the backward
 template <class T>
-void rmsnorm_forward(T* y, T* rrms, const T* x, const T* w, int N, int C) {
+void rmsnorm_forward(T* y, T* rrms, const T* x, const T* w, int N, int C, double eps) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     const T* xr = x + size_t(n) * C;
     T* yr = y + size_t(n) * C;
     T ss = 0;
     for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
-    T r = T(1) / std::sqrt(ss / C + T(kRMSNormEps));
+    T r = T(1) / std::sqrt(ss / C + T(eps));
     for (int c = 0; c < C; c++) yr[c] = xr[c] * r * w[c];
     rrms[n] = r;
   }
@@ -49,8 +49,8 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
   }
 }
 
-template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int);
-template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int, int);
+template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, double);
+template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int, int, double);
 template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, int, int);
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*, const double*, const double*,
                                        int, int);
@@ -58,7 +58,7 @@ template void rmsnorm_backward<double>(double*, double*, const double*, const do
 
 #if ULYSSES_HAVE_CUDA
 // The same op on the CUDA backend, for f32 and bf16 tensors; rrms is f32 either way.
-static Tensor rmsnorm_cuda(const Tensor& x, const Tensor& w) {
+static Tensor rmsnorm_cuda(const Tensor& x, const Tensor& w, float eps) {
   const int C = last_dim(x), N = rows(x);
   check_shape(w, {C}, "rmsnorm weight");
   Tensor y;
@@ -67,7 +67,7 @@ static Tensor rmsnorm_cuda(const Tensor& x, const Tensor& w) {
     Context& c = ctx();
     y = c.empty(x.shape, x.dtype);
     Tensor rrms = c.empty({N});
-    cuda::rmsnorm_forward(y.as<T>(), rrms.f32(), x.as<T>(), w.as<T>(), N, C, op_stream());
+    cuda::rmsnorm_forward(y.as<T>(), rrms.f32(), x.as<T>(), w.as<T>(), N, C, op_stream(), eps);
     if (!needs_grad({&x, &w})) return;
     y = c.tape.track(y);
     c.tape.push("rmsnorm", [=] {
@@ -85,9 +85,10 @@ static Tensor rmsnorm_cuda(const Tensor& x, const Tensor& w) {
 }
 #endif
 
-Tensor rmsnorm(const Tensor& x, const Tensor& w) {
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
+  if (!(eps > 0) || !std::isfinite(eps)) throw std::runtime_error("rmsnorm: eps must be > 0, got " + std::to_string(eps));
 #if ULYSSES_HAVE_CUDA
-  if (x.device == Device::cuda) return rmsnorm_cuda(x, w);
+  if (x.device == Device::cuda) return rmsnorm_cuda(x, w, eps);
 #endif
   require_cpu_f32(x, "rmsnorm");
   require_cpu_f32(w, "rmsnorm weight");
@@ -96,7 +97,7 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w) {
   Context& c = ctx();
   Tensor y = c.empty(x.shape);
   Tensor rrms = c.empty({N});
-  cpu::rmsnorm_forward(y.f32(), rrms.f32(), x.f32(), w.f32(), N, C);
+  cpu::rmsnorm_forward(y.f32(), rrms.f32(), x.f32(), w.f32(), N, C, eps);
   if (needs_grad({&x, &w})) {
     y = c.tape.track(y);
     c.tape.push("rmsnorm", [=] {

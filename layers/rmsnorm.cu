@@ -21,7 +21,7 @@ constexpr int kWarps = 8;           // rows per block in the row kernels (8 warp
 // y, x: (N, C); w: (C); rrms: (N)
 template <class T, int V>
 __global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rrms, const T* __restrict__ x,
-                                       const T* __restrict__ w, int N, int C) {
+                                       const T* __restrict__ w, int N, int C, float eps) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   if (row >= N) return;  // whole warps leave together, so no lane is missing from a shuffle below
@@ -34,7 +34,7 @@ __global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rr
     load_floats<V>(xr + c, xv);
     for (int k = 0; k < V; k++) ss += xv[k] * xv[k];
   }
-  const float r = rsqrtf(warp_sum(ss) / C + float(kRMSNormEps));
+  const float r = rsqrtf(warp_sum(ss) / C + eps);
   for (int c = lane * V; c < C; c += 32 * V) {
     float wv[V], yv[V];
     load_floats<V>(xr + c, xv);
@@ -98,13 +98,13 @@ struct WeightTerm {
 size_t rmsnorm_backward_scratch_bytes(int N, int C) { return scratch::rmsnorm_backward(N, C); }
 
 template <class T>
-void rmsnorm_forward(T* y, float* rrms, const T* x, const T* w, int N, int C, cudaStream_t s) {
+void rmsnorm_forward(T* y, float* rrms, const T* x, const T* w, int N, int C, cudaStream_t s, float eps) {
   if (N == 0 || C == 0) return;  // a grid of no blocks is an invalid launch
   const dim3 grid(ceil_div(N, kWarps)), block(32 * kWarps);
   if (packs_fit<T>(C, {y, x, w}))
-    launch("rmsnorm_forward", rmsnorm_forward_kernel<T, kPackElems<T>>, grid, block, 0, s, y, rrms, x, w, N, C);
+    launch("rmsnorm_forward", rmsnorm_forward_kernel<T, kPackElems<T>>, grid, block, 0, s, y, rrms, x, w, N, C, eps);
   else
-    launch("rmsnorm_forward", rmsnorm_forward_kernel<T, 1>, grid, block, 0, s, y, rrms, x, w, N, C);
+    launch("rmsnorm_forward", rmsnorm_forward_kernel<T, 1>, grid, block, 0, s, y, rrms, x, w, N, C, eps);
 }
 
 template <class T>
@@ -120,9 +120,9 @@ void rmsnorm_backward(T* dx, float* dw, const T* dy, const T* x, const T* w, con
   colsum::add<1>("rmsnorm_backward_dw", colsum::Outs<1>{{dw}}, WeightTerm<T>{dy, x, rrms, C}, scratch, N, C, s);
 }
 
-template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, cudaStream_t);
+template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, cudaStream_t, float);
 template void rmsnorm_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const __nv_bfloat16*, int,
-                                             int, cudaStream_t);
+                                             int, cudaStream_t, float);
 template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, float*,
                                       int, int, cudaStream_t);
 template void rmsnorm_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const __nv_bfloat16*,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/file_io.h"
 #include "layers/op_util.h"
 
 namespace ul {
@@ -83,18 +84,6 @@ void check_rope_scaling(const RopeScaling& s, const std::string& where) {
     throw bad("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
   if (s.original_max_pos < 1) throw bad("llama3 rope scaling needs original_max_position_embeddings >= 1");
 }
-
-namespace {
-// The shortest "%g" text that reads back as the same float (0.707, not 0.707000017).
-std::string float_text(float v) {
-  char buf[32];
-  for (int digits = 6; digits <= 9; digits++) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
-    if (std::strtof(buf, nullptr) == v) break;
-  }
-  return buf;
-}
-}  // namespace
 
 std::string rope_scaling_str(const RopeScaling& s) {
   const std::string factor = "factor=" + float_text(s.factor);

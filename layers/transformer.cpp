@@ -46,6 +46,9 @@ void ModelConfig::validate() const {
   if (!is_llama() && rope_scaling.kind != RopeScaling::kNone)
     bad("--rope-scaling: gpt2 has learned positions, not RoPE (--model llama)");
   check_rope_scaling(rope_scaling, "--rope-scaling");
+  if (!is_llama() && qkv_bias) bad("--qkv-bias: gpt2 has every bias already (a llama setting)");
+  if (!(norm_eps > 0) || !(norm_eps < 1)) bad("--norm-eps must be in (0, 1)");
+  if (!is_llama() && norm_eps != 1e-5f) bad("--norm-eps: gpt2's LayerNorm keeps llm.c's 1e-5 (a llama setting)");
 }
 
 void ModelConfig::validate_for(Device d) const {
@@ -62,6 +65,8 @@ std::string ModelConfig::describe() const {
   if (is_llama()) s << " kv_heads=" << kv_heads << " ffn=" << ffn_dim() << " rope_theta=" << rope_theta;
   if (is_llama() && rope_scaling.kind != RopeScaling::kNone) s << " rope_scaling=" << rope_scaling_str(rope_scaling);
   if (is_llama() && tie_embeddings) s << " tied";
+  if (is_llama() && qkv_bias) s << " qkv_bias";
+  if (is_llama() && norm_eps != 1e-5f) s << " norm_eps=" << norm_eps;
   s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;
   return s.str();
 }
@@ -92,6 +97,7 @@ Transformer::Transformer(const ModelConfig& c, DType dtype) : cfg(c) {
     p.add("wte", {Vp, C}, false, true);
     p.add("ln1w", {L, C}, true, false);
     p.add("qkvw", {L, QKV, C}, true, true);
+    if (cfg.qkv_bias) p.add("qkvb", {L, QKV}, true, false);
     p.add("attprojw", {L, C, C}, true, true);
     p.add("ln2w", {L, C}, true, false);
     p.add("fcw", {L, 2 * F, C}, true, true);  // rows: [gate (F) | up (F)]
@@ -127,7 +133,7 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
   const int64_t B = h.size(0), Tl = h.size(1);
   const int D = cfg.head_dim();
   int Hq = cfg.heads, Hkv = cfg.kv_heads;
-  Tensor bias = cfg.is_llama() ? Tensor{} : params.get("qkvb", l);
+  Tensor bias = cfg.has_qkv_bias() ? params.get("qkvb", l) : Tensor{};
   Tensor qkv;
   if (sp && sp->size() > 1) {
     // (B, Tl, Hq + 2 Hkv, D) -> (B, T, Hq/P + 2 KVl, D): every token, this rank's heads.
@@ -199,7 +205,7 @@ Tensor Transformer::mlp_block(const Tensor& h, int l) {
 
 Tensor Transformer::block_ops(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
   auto norm = [&](const Tensor& t, const char* w, const char* b) {
-    return cfg.is_llama() ? rmsnorm(t, params.get(w, l)) : layernorm(t, params.get(w, l), params.get(b, l));
+    return cfg.is_llama() ? rmsnorm(t, params.get(w, l), cfg.norm_eps) : layernorm(t, params.get(w, l), params.get(b, l));
   };
   Tensor x1 = add(x, attention_block(norm(x, "ln1w", "ln1b"), l, in, sp));
   return add(x1, mlp_block(norm(x1, "ln2w", "ln2b"), l));
@@ -295,7 +301,7 @@ CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, 
     x = block(x, l, in, sp);
     if (progress) progress("forward " + block_name(l));
   }
-  x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw")) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
+  x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw"), cfg.norm_eps) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
   last_hidden = x;
   const Tensor& head = params.get(cfg.head_name());  // tied: wte gets the head's gradient too
   (void)B;

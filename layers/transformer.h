@@ -5,7 +5,8 @@
 //       logits = lnf(x) wte^T  (tied embeddings); LayerNorm, biases everywhere.
 // llama: x = wte[idx]; per layer
 //         x += attnproj(attention(rope(qkv(rms1(x)))));  x += fcproj(swiglu(fc(rms2(x))))
-//       logits = rmsf(x) lm_head^T; RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases.
+//       logits = rmsf(x) lm_head^T; RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
+//       (except, with qkv_bias, on the q/k/v projection: Qwen 2's attention).
 //
 // Under Ulysses sequence parallelism (sp group of P ranks) the block sees this rank's T/P tokens;
 // around attention, ulysses_scatter_heads trades "my tokens, all heads" for "all tokens, my heads"
@@ -33,6 +34,8 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;   // llama: --rope-scaling / HF's rope_scaling (layers/rope.h)
   bool tie_embeddings = false;  // llama: the output head is wte (Llama 3.2, SmolLM); gpt2 always ties
+  bool qkv_bias = false;        // llama: a bias on the q/k/v projection (Qwen 2); gpt2 has all biases
+  float norm_eps = 1e-5f;       // llama: RMSNorm's eps (Qwen 2: 1e-6); gpt2's LayerNorm keeps llm.c's 1e-5
 
   Rope rope() const {
     Rope r(rope_theta);
@@ -43,6 +46,7 @@ struct ModelConfig {
   int ffn_dim() const;        // gpt2: 4 * dim; llama: ffn or round_up(8 * dim / 3, 64)
   bool is_llama() const { return arch == "llama"; }
   bool has_lm_head() const { return is_llama() && !tie_embeddings; }  // else the head is wte
+  bool has_qkv_bias() const { return !is_llama() || qkv_bias; }
   const char* head_name() const { return has_lm_head() ? "lm_head" : "wte"; }
   void validate() const;      // throws with a message naming the bad flag
   void validate_for(Device d) const;  // validate(), and on cuda a head dim the kernels are built for

@@ -4,13 +4,13 @@ torch and transformers (pip install torch transformers safetensors), which CI do
 
 usage: python3 tools/check_hf_interop.py [--train build/train] [--keep DIR]
 
-ulysses -> HF, for gpt2, llama, llama shaped like Llama 3.2 (RoPE scaling, tied embeddings) and llama
-with YaRN: train a tiny model for a few steps on a text file, export it with
+ulysses -> HF, for gpt2, llama, llama shaped like Llama 3.2 (RoPE scaling, tied embeddings), llama
+with YaRN, and Qwen 2 (q/k/v bias, RMSNorm eps 1e-6, tied, YaRN; Qwen2ForCausalLM): train a tiny model for a few steps on a text file, export it with
   --export-safetensors DIR/model.safetensors, load DIR with AutoModelForCausalLM.from_pretrained and
   1. greedy continuation: ulysses' --sample (KV cache) must equal argmax over HF's full-forward logits;
   2. gpt2: logits, loss and every gradient: HF computes them on a batch and writes an llm.c debug state,
      which `train --checkpoint (the same run's --export-llmc file) --check-state` compares (PASS/FAIL).
-HF -> ulysses, for the same four: a randomly initialised HF model saved with save_pretrained loads with
+HF -> ulysses, for the same five: a randomly initialised HF model saved with save_pretrained loads with
   `train --checkpoint DIR/model.safetensors` (its config.json read, no ulysses metadata), and greedy
   continuations agree.
 Exit code 0 when every check passes.
@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PROMPT = [104, 101, 108, 108, 111, 32, 116, 104]  # "hello th"
@@ -126,8 +126,9 @@ def main():
     ok = True
     # llama3: llama with Llama 3.1's RoPE scaling, its bands set so that the 32 positions see all
     # three (head dim 16, theta 500: one pair kept-to-smoothed, the rest divided by the factor).
-    # yarn: llama with YaRN.
-    for arch in ("gpt2", "llama", "llama3", "yarn"):  # ulysses -> HF
+    # yarn: llama with YaRN. qwen2: Qwen 2's attention (q/k/v bias), RMSNorm eps 1e-6, tied, YaRN.
+    archs = ("gpt2", "llama", "llama3", "yarn", "qwen2")
+    for arch in archs:  # ulysses -> HF
         d = os.path.join(work, "ours_" + arch)
         # a non-default rope theta: a config key that HF ignored would show up as different tokens
         extra = ["--export-llmc", os.path.join(d, "model.bin")] if arch == "gpt2" else ["--rope-theta", "500"]
@@ -135,6 +136,8 @@ def main():
             extra += ["--rope-scaling", LLAMA3_SPEC, "--tie-embeddings"]
         if arch == "yarn":
             extra += ["--rope-scaling", YARN_SPEC]
+        if arch == "qwen2":
+            extra += ["--rope-scaling", YARN_SPEC, "--qkv-bias", "--norm-eps", "1e-6", "--tie-embeddings"]
         run(a.train, ["--model", "gpt2" if arch == "gpt2" else "llama", "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
                       "--lr", "1e-2", "--eval-batches", "1", "--export-safetensors", os.path.join(d, "model.safetensors")] + extra)
         model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()
@@ -148,17 +151,26 @@ def main():
             print("ulysses -> HF gpt2: logits / loss / gradients vs HF (llm.c debug state, rel tol 1e-4):")
             print("  " + "\n  ".join(r.stdout.strip().splitlines()[-6:]))
             ok &= r.returncode == 0 and "PASS" in r.stdout
-    for arch in ("gpt2", "llama", "llama3", "yarn"):  # HF -> ulysses
+    for arch in archs:  # HF -> ulysses
         d = os.path.join(work, "hf_" + arch)
         if arch == "gpt2":
             cfg = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.2,
                              bos_token_id=None, eos_token_id=None)
+        elif arch == "qwen2":  # random q/k/v biases (HF initialises them to zero, which would test nothing)
+            cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0,
+                              initializer_range=0.2, tie_word_embeddings=True, rope_scaling=YARN_HF)
         else:
             cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500.0,
                               initializer_range=0.2, tie_word_embeddings=arch == "llama3",  # as Llama 3.2
                               rope_scaling=SCALED[arch][1] if arch in SCALED else None)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+        if arch == "qwen2":
+            with torch.no_grad():
+                for n, t in model.named_parameters():
+                    if n.endswith("_proj.bias"):
+                        t.normal_(0, 0.5)
         model.save_pretrained(d)
         ok &= compare_greedy(f"HF -> ulysses {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)
     print("ALL PASS" if ok else "SOME CHECKS FAILED", "| work dir:", work)

@@ -8,11 +8,17 @@ output head, padded vocabulary rows that stay zero. Parameters are kept in ulyss
   ln2w (L,C), fcw (L,2F,C) rows [gate | up], fcprojw (L,C,F), lnfw (C), lm_head (Vp,C).
 Everything runs in float64 from fp32-exact parameters.
 
-Writes tests/data/llama_tiny_ref.bin (run: python3 tools/reference_llama.py):
-  header 256 x int32: [20261130, 1, B, T, L, C, H, KV, V, Vp, F, theta (as int), 0...]
+With --qwen, Qwen 2's two differences: a bias on the q/k/v projection, qkvb (L,(H+2KV)*D) after
+qkvw (random, so that its gradient and its effect show), and RMSNorm eps 1e-6.
+
+Writes tests/data/llama_tiny_ref.bin, or with --qwen tests/data/qwen_tiny_ref.bin
+(run: python3 tools/reference_llama.py [--qwen]):
+  header 256 x int32: [20261130, 1, B, T, L, C, H, KV, V, Vp, F, theta (as int), qkv bias (0/1),
+                       k with eps = 10^-k (0: 5), 0...]
   params (fp32, the layout above), inputs (B*T int32), targets (B*T int32, -1 = ignored),
   loss (1 fp32: mean over valid targets), grads (fp32, same layout as params)
 """
+import argparse
 import math
 import os
 
@@ -22,8 +28,10 @@ import torch
 torch.set_default_dtype(torch.float64)
 B, T, L, C, H, KV, V, Vp, F, THETA = 2, 12, 2, 32, 4, 2, 40, 64, 48, 10000
 D = C // H
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama_tiny_ref.bin")
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 ORDER = ("wte", "ln1w", "qkvw", "attprojw", "ln2w", "fcw", "fcprojw", "lnfw", "lm_head")
+QWEN_ORDER = ("wte", "ln1w", "qkvw", "qkvb", "attprojw", "ln2w", "fcw", "fcprojw", "lnfw", "lm_head")
+EPS = 1e-5  # set by main: 1e-6 with --qwen
 
 
 def init_params(gen):
@@ -40,7 +48,7 @@ def init_params(gen):
 
 
 def rmsnorm(x, w):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w
 
 
 def rope(x, pos):  # x: (B, T, heads, D); rotate-half pairs (i, i + D/2)
@@ -58,7 +66,10 @@ def forward(p, idx, tgt):
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
     for l in range(L):
         h = rmsnorm(x, p["ln1w"][l])
-        qkv = (h @ p["qkvw"][l].T).view(B, T, H + 2 * KV, D)
+        qkv = h @ p["qkvw"][l].T
+        if "qkvb" in p:
+            qkv = qkv + p["qkvb"][l]
+        qkv = qkv.view(B, T, H + 2 * KV, D)
         q, k, v = qkv[:, :, :H], qkv[:, :, H:H + KV], qkv[:, :, H + KV:]
         q, k = rope(q, pos), rope(k, pos)
         rep = H // KV
@@ -76,25 +87,34 @@ def forward(p, idx, tgt):
 
 
 def main():
+    global EPS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qwen", action="store_true", help="q/k/v bias and RMSNorm eps 1e-6 (Qwen 2)")
+    qwen = ap.parse_args().qwen
+    EPS = 1e-6 if qwen else 1e-5
+    out = os.path.join(DATA, "qwen_tiny_ref.bin" if qwen else "llama_tiny_ref.bin")
+    order = QWEN_ORDER if qwen else ORDER
     gen = torch.Generator().manual_seed(20261130)
     p = init_params(gen)
     idx = torch.randint(0, V, (B, T), generator=gen)
     tgt = torch.randint(0, V, (B, T), generator=gen)
     tgt[0, 3] = tgt[1, 0] = tgt[1, 7] = -1
+    if qwen:  # drawn last: the llama file's draws stay as they were
+        p["qkvb"] = (torch.randn(L, (H + 2 * KV) * D, generator=gen) * 0.5).float().double().requires_grad_(True)
     loss = forward(p, idx, tgt)
     loss.backward()
     header = np.zeros(256, dtype=np.int32)
-    header[:12] = [20261130, 1, B, T, L, C, H, KV, V, Vp, F, THETA]
-    with open(OUT, "wb") as f:
+    header[:14] = [20261130, 1, B, T, L, C, H, KV, V, Vp, F, THETA, int(qwen), 6 if qwen else 0]
+    with open(out, "wb") as f:
         f.write(header.tobytes())
-        for name in ORDER:
+        for name in order:
             f.write(p[name].detach().numpy().astype(np.float32).tobytes())
         f.write(idx.numpy().astype(np.int32).tobytes())
         f.write(tgt.numpy().astype(np.int32).tobytes())
         f.write(np.array([loss.item()], dtype=np.float32).tobytes())
-        for name in ORDER:
+        for name in order:
             f.write(p[name].grad.numpy().astype(np.float32).tobytes())
-    print(f"wrote {OUT}: loss {loss.item():.9f}")
+    print(f"wrote {out}: loss {loss.item():.9f}")
 
 
 if __name__ == "__main__":

@@ -26,12 +26,16 @@ namespace {
 
 using ul_test::TempDir;
 
-// "llama3": llama shaped like Llama 3.2: Llama 3.1's RoPE scaling and tied embeddings.
+// "llama3": llama shaped like Llama 3.2: Llama 3.1's RoPE scaling and tied embeddings. "qwen2":
+// llama with Qwen 2.5's settings: q/k/v bias, RMSNorm eps 1e-6, YaRN, tied embeddings.
 ModelConfig small(std::string arch) {
   ModelConfig c;
   if (arch == "llama3") {
     c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64"), arch = "llama";
     c.tie_embeddings = true;
+  } else if (arch == "qwen2") {
+    c.rope_scaling = parse_rope_scaling("yarn:factor=4,orig=8"), arch = "llama";
+    c.tie_embeddings = c.qkv_bias = true, c.norm_eps = 1e-6f;
   }
   c.arch = arch, c.layers = 2, c.dim = 32, c.heads = 4, c.kv_heads = arch == "llama" ? 2 : 4;
   c.vocab = 50, c.padded_vocab = 128, c.max_seq = 16, c.ffn = arch == "llama" ? 48 : 0, c.rope_theta = 5000.0f;
@@ -145,7 +149,7 @@ TEST_CASE("llama exports q/k/v and gate/up as row slices, lm_head unpadded, noth
 }
 
 TEST_CASE("export then import round-trips bit-exactly, config from metadata or config.json", "[interop]") {
-  for (const std::string arch : {"gpt2", "llama", "llama3"}) {
+  for (const std::string arch : {"gpt2", "llama", "llama3", "qwen2"}) {
     CAPTURE(arch);
     Context ctx;
     ContextGuard g(ctx);
@@ -153,6 +157,12 @@ TEST_CASE("export then import round-trips bit-exactly, config from metadata or c
     const std::vector<float> h = random_params(m, 3);
     TempDir d;
     export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "F32");
+    if (arch == "qwen2") {  // Qwen2ForCausalLM (llama's attention_bias would mean an o_proj bias too)
+      const std::string json = read_whole_file(d / "config.json");
+      CHECK(json.find("\"model_type\":\"qwen2\"") != std::string::npos);
+      CHECK(json.find("attention_bias") == std::string::npos);
+      CHECK(SafetensorsFile(d / "model.safetensors").find("model.layers.1.self_attn.v_proj.bias"));
+    }
     for (bool with_meta : {true, false}) {
       CAPTURE(with_meta);
       if (!with_meta)  // an HF-written file: only format=pt; the config comes from config.json
@@ -261,6 +271,34 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                     Catch::Contains("config.json") && Catch::Contains("0 < beta_slow < beta_fast"));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"default\",\"partial_rotary_factor\":0.5}"),
                     Catch::Contains("partial_rotary_factor"));
+}
+
+TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would run differently refused", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  const ModelConfig cfg = small("qwen2");
+  Transformer m(cfg);
+  const std::vector<float> h = random_params(m, 7);
+  TempDir d;
+  write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
+  export_safetensors(d / "x.safetensors", cfg, m.params.specs(), h.data(), "F32");  // writes config.json
+  const std::string json = read_whole_file(d / "config.json");
+  auto read_with = [&](const std::string& from, const std::string& to) {
+    std::string c = json;
+    const size_t at = c.find(from);
+    REQUIRE(at != std::string::npos);
+    write_bytes(d / "config.json", c.replace(at, from.size(), to));
+    return hf_read_config(SafetensorsFile(d / "model.safetensors"));
+  };
+  const ModelConfig q = read_with("\"vocab_size\"", "\"vocab_size\"");
+  CHECK(q.describe() == cfg.describe());  // qkv_bias, norm_eps=1e-06, yarn, tied
+  CHECK_THROWS_WITH(read_with("\"use_sliding_window\":false", "\"use_sliding_window\":true"),
+                    Catch::Contains("use_sliding_window is true") && Catch::Contains("config.json"));
+  CHECK_THROWS_WITH(read_with("\"rms_norm_eps\":1e-06", "\"rms_norm_eps\":0"), Catch::Contains("rms_norm_eps"));
+  CHECK_THROWS_WITH(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"qwen3\""),
+                    Catch::Contains("model_type 'qwen3'"));
+  // As llama, the biases are not expected: the file's q/k/v biases are refused as unknown tensors.
+  CHECK_THROWS(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"llama\",\"attention_bias\":true"));
 }
 
 TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[interop]") {

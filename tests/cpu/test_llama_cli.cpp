@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "engine/checkpoint_files.h"
+#include "engine/file_io.h"
+#include "engine/safetensors.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
@@ -79,12 +81,12 @@ TEST_CASE("yarn rope scaling: trains, saves model.bin version 3, resumes, and a 
   // The loaded checkpoint keeps every yarn setting (the attention factor too).
   r = run_cmd(train_cmd("--seq 32 --batch 2 --eval-batches 1 --threads 1 --steps 1 --checkpoint " + model));
   CHECK(r.out.find("rope_scaling=" + yarn) != std::string::npos);
-  // The file cut inside the version 3 tail (80-byte header, 36-byte tail): refused, naming it.
+  // The file cut inside the version 3 tail (80-byte header, 40-byte tail): refused, naming it.
   fs::copy_file(model, d / "cut.bin");
   fs::resize_file(d / "cut.bin", 100);
   r = run_cmd(train_cmd("--steps 1 --checkpoint " + (d / "cut.bin")));
   CHECK(r.code != 0);
-  CHECK(r.out.find("cut.bin: truncated: 100 bytes, shorter than the 116-byte header") != std::string::npos);
+  CHECK(r.out.find("cut.bin: truncated: 100 bytes, shorter than the 120-byte header") != std::string::npos);
 }
 
 TEST_CASE("tied llama embeddings: trained, saved, reloaded tied, refused where meaningless", "[cli]") {
@@ -153,4 +155,43 @@ TEST_CASE("a Llama-3.2-shaped workflow: prepare with tokenizer.json, train packe
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("<|begin_of_text|>the word") != std::string::npos);  // the prompt opens with BOS
+}
+
+TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only unchanged, export as qwen2", "[cli]") {
+  TempDir d;
+  const std::string base = "--model llama --seq 32 --batch 2 --eval-batches 1 --threads 1 ";
+  const std::string qwen = "--qkv-bias --norm-eps 1e-6 ";
+  auto r = run_cmd(train_cmd(base + qwen + "--steps 2 --save-dir " + (d / "run") + " --export-safetensors " +
+                             (d / "hf/model.safetensors")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("qkv_bias norm_eps=1e-06") != std::string::npos);
+  std::vector<float> params;
+  const ul::ModelConfig c = ul::read_model_file(d / "run/step_00000002/model.bin", params);
+  CHECK(c.qkv_bias);
+  CHECK(c.norm_eps == 1e-6f);
+  // Biases are trained: after two steps they are no longer their zero init.
+  bool moved = false;
+  ul::SafetensorsFile f(d / "hf/model.safetensors");
+  REQUIRE(f.find("model.layers.1.self_attn.k_proj.bias"));
+  REQUIRE(f.find("model.layers.0.self_attn.q_proj.bias"));
+  for (float v : f.to_f32(*f.find("model.layers.0.self_attn.q_proj.bias"))) moved = moved || v != 0;
+  CHECK(moved);
+  const std::string json = ul::read_whole_file(d / "hf/config.json");
+  CHECK(json.find("\"model_type\":\"qwen2\"") != std::string::npos);
+  CHECK(json.find("\"rms_norm_eps\":1e-06") != std::string::npos);
+  // Resume with another setting: refused, naming the flag.
+  r = run_cmd(train_cmd(base + "--norm-eps 1e-6 --steps 3 --resume --save-dir " + (d / "run")));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("qkv_bias is true in the checkpoint but false in this run (--qkv-bias)") != std::string::npos);
+  r = run_cmd(train_cmd(base + qwen + "--steps 3 --resume --save-dir " + (d / "run")));
+  CHECK(r.code == 0);
+  // Refusals: gpt2, an eps out of range, a shape flag beside --checkpoint.
+  r = run_cmd(train_cmd("--model gpt2 --qkv-bias --steps 1"));
+  CHECK(r.out.find("--qkv-bias: gpt2 has every bias already") != std::string::npos);
+  r = run_cmd(train_cmd("--model llama --norm-eps 0 --steps 1"));
+  CHECK(r.out.find("--norm-eps must be in (0, 1)") != std::string::npos);
+  r = run_cmd(train_cmd("--checkpoint " + (d / "run/step_00000002/model.bin") + " --norm-eps 1e-5 --steps 1"));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--norm-eps: the model's shape comes from --checkpoint") != std::string::npos);
 }

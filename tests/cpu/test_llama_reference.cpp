@@ -1,6 +1,7 @@
 // The llama architecture against an independent PyTorch float64 Llama (tools/reference_llama.py):
 // RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, untied head — loss and every
-// parameter gradient, also under Ulysses sequence parallelism with kv-head replication.
+// parameter gradient, also under Ulysses sequence parallelism with kv-head replication; and the
+// same with Qwen 2's q/k/v bias and RMSNorm eps 1e-6 (tools/reference_llama.py --qwen).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -20,20 +21,23 @@ namespace {
 
 struct LlamaRef {
   int B, T, L, C, H, KV, V, Vp, F, theta;
+  bool qkv_bias;
+  float norm_eps;
   std::vector<float> params, grads;
   std::vector<int32_t> inputs, targets;
   float loss;
 };
 
-LlamaRef read_ref() {
-  std::ifstream f(ul_test::source_path("tests/data/llama_tiny_ref.bin"), std::ios::binary);
+LlamaRef read_ref(const char* file) {
+  std::ifstream f(ul_test::source_path(std::string("tests/data/") + file), std::ios::binary);
   REQUIRE(f.good());
   int32_t h[256];
   f.read(reinterpret_cast<char*>(h), sizeof h);
   REQUIRE(h[0] == 20261130);
-  LlamaRef r{h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], {}, {}, {}, {}, 0};
-  const int D = r.C / r.H;
-  size_t n = size_t(r.Vp) * r.C * 2 + size_t(r.L) * (2 * r.C + (r.H + 2 * r.KV) * D * r.C + r.C * r.C +
+  LlamaRef r{h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12] == 1,
+             float(std::pow(10.0, -(h[13] ? h[13] : 5))), {}, {}, {}, {}, 0};
+  const int D = r.C / r.H, QKV = (r.H + 2 * r.KV) * D;
+  size_t n = size_t(r.Vp) * r.C * 2 + size_t(r.L) * (2 * r.C + QKV * r.C + (r.qkv_bias ? QKV : 0) + r.C * r.C +
                                                        2 * r.F * r.C + r.C * r.F) + r.C;
   r.params.resize(n);
   r.grads.resize(n);
@@ -58,6 +62,7 @@ double run_rank(const LlamaRef& r, Comm& world, std::vector<float>& grads_out, s
   cfg.arch = "llama";
   cfg.layers = r.L; cfg.dim = r.C; cfg.heads = r.H; cfg.kv_heads = r.KV;
   cfg.vocab = r.V; cfg.padded_vocab = r.Vp; cfg.max_seq = r.T; cfg.ffn = r.F; cfg.rope_theta = float(r.theta);
+  cfg.qkv_bias = r.qkv_bias; cfg.norm_eps = r.norm_eps;
   Transformer m(cfg);
   REQUIRE(m.params.numel() == r.params.size());
   std::memcpy(m.params.data(), r.params.data(), r.params.size() * 4);
@@ -96,7 +101,9 @@ double run_rank(const LlamaRef& r, Comm& world, std::vector<float>& grads_out, s
 }  // namespace
 
 TEST_CASE("llama matches the PyTorch float64 reference (loss and every gradient)", "[model][reference][llama]") {
-  LlamaRef r = read_ref();
+  const char* file = GENERATE("llama_tiny_ref.bin", "qwen_tiny_ref.bin");  // the second: q/k/v bias, eps 1e-6
+  INFO(file);
+  LlamaRef r = read_ref(file);
   // sp 1; sp 2 (kv heads split); sp 4 (kv heads 2 < 4: each kv head replicated on two ranks).
   for (int P : {1, 2, 4}) {
     std::vector<float> grads;
@@ -116,7 +123,7 @@ TEST_CASE("llama matches the PyTorch float64 reference (loss and every gradient)
     });
     INFO("sp " << P << ": loss " << loss << ", reference " << r.loss);
     CHECK(std::fabs(loss - r.loss) <= 1e-5 * std::fabs(r.loss));
-    REQUIRE(specs.size() == 9);
+    REQUIRE(specs.size() == (r.qkv_bias ? 10u : 9u));
     for (const ParamSpec& s : specs) {  // each tensor against its own scale
       double max_ref = 0, max_diff = 0;
       for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {

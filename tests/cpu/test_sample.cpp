@@ -210,4 +210,12 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   CHECK(r.out.find("step ") == std::string::npos);
   r = run_cmd(train_cmd(common + " --model gpt2 --max-seq 32 --sample 40 --prompt 'hello'"));
   CHECK(r.out.find("exceed the model's max sequence 32") != std::string::npos);
+  // A byte-level model prints bytes, NUL included (a "%s" printf once cut the line there, dropping
+  // the rest of the continuation).
+  r = run_cmd(train_cmd(common + " --sample 3 --prompt ids:104,0,105 --temperature 0"));
+  REQUIRE(r.code == 0);
+  const size_t at = r.out.find(std::string("\nh") + '\0' + "i");
+  REQUIRE(at != std::string::npos);
+  CHECK(r.out.size() >= at + 4 + 3 + 1);  // "\nh\0i", 3 new bytes, the closing newline
+  CHECK(r.out.back() == '\n');
 }

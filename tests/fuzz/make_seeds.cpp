@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   mc.rope_scaling = ul::parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64");  // version 2
   ul::write_model_file(seed("model_file", "model_v2.bin"), mc, params.data(), 12);
   mc.rope_scaling = ul::parse_rope_scaling("yarn:factor=4,orig=64");  // version 3
+  mc.qkv_bias = true, mc.norm_eps = 1e-6f;
   ul::write_model_file(seed("model_file", "model_v3.bin"), mc, params.data(), 12);
   ul::OptimShard os;
   os.t = 3, os.numel = 10, os.offset = 4, os.count = 3, os.shard = 1, os.shards = 2;
