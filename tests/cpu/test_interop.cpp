@@ -188,29 +188,51 @@ TEST_CASE("export then import round-trips bit-exactly, config from metadata or c
   }
 }
 
-TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, other rules refused", "[interop]") {
+// A random model of cfg exported to a temporary directory (model.safetensors with our metadata,
+// config.json); then, as Hugging Face would have written it, re-read through config.json alone.
+struct HfExport {
   Context ctx;
-  ContextGuard g(ctx);
-  const ModelConfig cfg = small("llama3");
-  Transformer m(cfg);
-  const std::vector<float> h = random_params(m, 5);
+  ContextGuard guard{ctx};
+  ModelConfig cfg;
+  Transformer m;
+  std::vector<float> h;
   TempDir d;
-  export_safetensors(d / "model.safetensors", cfg, m.params.specs(), h.data(), "F32");
-  const std::string json = read_whole_file(d / "config.json");
+  std::string json;  // the config.json the export wrote
+
+  HfExport(const ModelConfig& c, uint64_t seed) : cfg(c), m(c), h(random_params(m, seed)) {
+    export_safetensors(d / "model.safetensors", cfg, m.params.specs(), h.data(), "F32");
+    json = read_whole_file(d / "config.json");
+  }
+  ModelConfig read() const { return hf_read_config(SafetensorsFile(d / "model.safetensors")); }
+  void drop_metadata() const {  // only format=pt left: the config now comes from config.json
+    write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
+  }
+  ModelConfig read_with(const std::string& config) const {
+    write_bytes(d / "config.json", config);
+    return read();
+  }
+  // json with the first `from` replaced by `to`, read through config.json.
+  ModelConfig read_replaced(const std::string& from, const std::string& to) const {
+    std::string c = json;
+    const size_t at = c.find(from);
+    REQUIRE(at != std::string::npos);
+    return read_with(c.replace(at, from.size(), to));
+  }
+};
+
+TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, other rules refused", "[interop]") {
+  HfExport x(small("llama3"), 5);
+  const std::string& json = x.json;
   // Tied, as Llama 3.2: no lm_head.weight, tie_word_embeddings true.
   CHECK(json.find("\"tie_word_embeddings\":true") != std::string::npos);
-  CHECK(!SafetensorsFile(d / "model.safetensors").find("lm_head.weight"));
+  CHECK(!SafetensorsFile(x.d / "model.safetensors").find("lm_head.weight"));
   // Both layouts are written: rope_scaling (transformers 4.x) and rope_parameters (5.x).
   CHECK(json.find("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
                   "\"high_freq_factor\":4,\"original_max_position_embeddings\":64}") != std::string::npos);
   CHECK(json.find("\"rope_parameters\":{\"rope_type\":\"llama3\",\"rope_theta\":5000,\"factor\":8") != std::string::npos);
   // Read through config.json (a file without our metadata), in each layout.
-  write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
-  auto read_with = [&](const std::string& config) {
-    write_bytes(d / "config.json", config);
-    SafetensorsFile f(d / "model.safetensors");
-    return hf_read_config(f);
-  };
+  x.drop_metadata();
+  auto read_with = [&](const std::string& config) { return x.read_with(config); };
   const size_t params_at = json.find(",\"rope_parameters\"");
   const size_t params_end = json.find('}', params_at) + 1;
   const std::string only_4x = json.substr(0, params_at) + json.substr(params_end);
@@ -228,30 +250,21 @@ TEST_CASE("HF rope scaling: llama3 and linear in either transformers layout, oth
 }
 
 TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults and DeepSeek's mscale", "[interop]") {
-  Context ctx;
-  ContextGuard g(ctx);
   ModelConfig cfg = small("llama");
   cfg.max_seq = 256;
   cfg.rope_scaling = parse_rope_scaling("yarn:factor=4,orig=64,beta_fast=16,beta_slow=2,truncate=0");
-  Transformer m(cfg);
-  const std::vector<float> h = random_params(m, 6);
-  TempDir d;
-  export_safetensors(d / "model.safetensors", cfg, m.params.specs(), h.data(), "F32");
-  const std::string json = read_whole_file(d / "config.json");
-  CHECK(json.find("\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":5000,\"factor\":4,"
+  HfExport x(cfg, 6);
+  CHECK(x.json.find("\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":5000,\"factor\":4,"
                   "\"original_max_position_embeddings\":64,\"beta_fast\":16,\"beta_slow\":2,"
                   "\"attention_factor\":1.13862944,\"truncate\":false}") != std::string::npos);
-  CHECK(rope_scaling_str(hf_read_config(SafetensorsFile(d / "model.safetensors")).rope_scaling) ==
-        rope_scaling_str(cfg.rope_scaling));
+  CHECK(rope_scaling_str(x.read().rope_scaling) == rope_scaling_str(cfg.rope_scaling));
   // Through config.json alone, each key left out in turn: transformers' defaults fill it.
-  write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
+  x.drop_metadata();
   auto read_with = [&](const std::string& rope) {
-    std::string c = json;
+    std::string c = x.json;
     const size_t at = c.find("\"rope_parameters\":");
     c.replace(at, c.find('}', at) + 1 - at, "\"rope_parameters\":" + rope);
-    write_bytes(d / "config.json", c);
-    SafetensorsFile f(d / "model.safetensors");
-    return rope_scaling_str(hf_read_config(f).rope_scaling);
+    return rope_scaling_str(x.read_with(c).rope_scaling);
   };
   CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64}") ==
         "yarn:factor=4,orig=64,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1");
@@ -274,24 +287,10 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
 }
 
 TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would run differently refused", "[interop]") {
-  Context ctx;
-  ContextGuard g(ctx);
-  const ModelConfig cfg = small("qwen2");
-  Transformer m(cfg);
-  const std::vector<float> h = random_params(m, 7);
-  TempDir d;
-  write_safetensors(d / "model.safetensors", hf_tensors(cfg, m.params.specs(), h.data()), {{"format", "pt"}}, "F32");
-  export_safetensors(d / "x.safetensors", cfg, m.params.specs(), h.data(), "F32");  // writes config.json
-  const std::string json = read_whole_file(d / "config.json");
-  auto read_with = [&](const std::string& from, const std::string& to) {
-    std::string c = json;
-    const size_t at = c.find(from);
-    REQUIRE(at != std::string::npos);
-    write_bytes(d / "config.json", c.replace(at, from.size(), to));
-    return hf_read_config(SafetensorsFile(d / "model.safetensors"));
-  };
-  const ModelConfig q = read_with("\"vocab_size\"", "\"vocab_size\"");
-  CHECK(q.describe() == cfg.describe());  // qkv_bias, norm_eps=1e-06, yarn, tied
+  HfExport x(small("qwen2"), 7);
+  x.drop_metadata();
+  auto read_with = [&](const std::string& from, const std::string& to) { return x.read_replaced(from, to); };
+  CHECK(x.read_with(x.json).describe() == x.cfg.describe());  // qkv_bias, norm_eps=1e-06, yarn, tied
   CHECK_THROWS_WITH(read_with("\"use_sliding_window\":false", "\"use_sliding_window\":true"),
                     Catch::Contains("use_sliding_window is true") && Catch::Contains("config.json"));
   CHECK_THROWS_WITH(read_with("\"rms_norm_eps\":1e-06", "\"rms_norm_eps\":0"), Catch::Contains("rms_norm_eps"));
