@@ -27,7 +27,12 @@ ModelConfig gpt2_config(const LlmcConfig& lc) {
   return c;
 }
 
+bool is_hf_checkpoint_path(const std::string& path) {
+  return is_safetensors_path(path) || is_safetensors_index_path(path);
+}
+
 ModelConfig hf_checkpoint_config(const std::string& path) {
+  if (is_safetensors_index_path(path)) return hf_read_config(read_safetensors_index(path));
   SafetensorsFile f(path);
   return hf_read_config(f);
 }
@@ -35,18 +40,26 @@ ModelConfig hf_checkpoint_config(const std::string& path) {
 ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& ckpt) {
   if (std::filesystem::is_directory(path))
     throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
-                             "Hugging Face .safetensors, or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
-  if (is_safetensors_path(path)) return hf_checkpoint_config(path);
+                             "Hugging Face .safetensors (or a sharded checkpoint's model.safetensors.index.json), " +
+                             "or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
+  if (is_hf_checkpoint_path(path)) return hf_checkpoint_config(path);
   // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
   ModelConfig cfg = is_model_file(path) ? read_model_file(path, ckpt) : gpt2_config(read_llmc_checkpoint(path, ckpt));
   cfg.validate();
   return cfg;
 }
 
-void load_hf_checkpoint(const std::string& path, Transformer& model) {
-  SafetensorsFile f(path);
+void load_hf_checkpoint(const std::string& path, Transformer& model, bool say) {
   std::vector<float> host(model.params.numel());
-  hf_import(f, model.cfg, model.params.specs(), host.data());
+  if (is_safetensors_index_path(path)) {
+    hf_import(read_safetensors_index(path), model.cfg, model.params.specs(), host.data(),
+              [say](size_t i, size_t n, const std::string& file) {
+                if (say) std::printf("load    | shard %zu/%zu: %s\n", i + 1, n, file.c_str()), std::fflush(stdout);
+              });
+  } else {
+    SafetensorsFile f(path);
+    hf_import(f, model.cfg, model.params.specs(), host.data());
+  }
   model.params.load_host(host.data());  // the f32 values (a bf16 model's master copy, and its rounding)
 }
 

@@ -17,10 +17,12 @@ namespace ul {
 // The GPT-2 an llm.c checkpoint header describes (heads = kv heads), not yet validated.
 ModelConfig gpt2_config(const LlmcConfig& lc);
 
-// --checkpoint FILE.safetensors: the model config (our __metadata__ or config.json beside the file);
-// then the weights into an already built model.
+// --checkpoint FILE.safetensors or DIR/model.safetensors.index.json (a sharded checkpoint): the
+// model config (our __metadata__, or the config.json beside the file); then the weights into an
+// already built model, shard by shard (`say`: a line per shard, which may take a while).
+bool is_hf_checkpoint_path(const std::string& path);
 ModelConfig hf_checkpoint_config(const std::string& path);
-void load_hf_checkpoint(const std::string& path, Transformer& model);
+void load_hf_checkpoint(const std::string& path, Transformer& model, bool say = false);
 
 // --checkpoint FILE of any format (llm.c .bin, .safetensors, our model.bin): the model's shape,
 // validated. An llm.c file's or a model.bin's f32 values go to `values`; a safetensors file's are

@@ -94,13 +94,13 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
   return j.str() + "\n";
 }
 
-JsonValue hf_sibling_config(const SafetensorsFile& f) {
-  const std::string cfg_path = hf_dir_of(f.path()) + "/config.json";
+JsonValue hf_sibling_config(const std::string& path, const std::string& why) {
+  const std::string cfg_path = hf_dir_of(path) + "/config.json";
   std::string text;
   try {
     text = read_whole_file(cfg_path);
   } catch (const std::exception& e) {
-    throw std::runtime_error(f.path() + ": no model config: the file has no ulysses __metadata__ and " + e.what());
+    throw std::runtime_error(path + ": no model config: " + why + " and " + e.what());
   }
   JsonValue v = parse_json(text, cfg_path);
   if (!v.is(JsonValue::Kind::object)) throw std::runtime_error(cfg_path + ": not a JSON object");
@@ -233,6 +233,20 @@ int meta_int(const SafetensorsFile& f, const char* key) {
   return int(parse_json(it->second, f.path() + ": __metadata__ " + key).as_int(f.path() + ": __metadata__ " + key));
 }
 
+// The padded vocabulary and the checks every config read from a file gets, naming `where`.
+ModelConfig checked_config(ModelConfig c, const std::string& where) {
+  if (c.vocab < 1) throw std::runtime_error(where + ": vocab " + std::to_string(c.vocab) + " (must be >= 1)");
+  c.padded_vocab = round_up(c.vocab, 128);  // as model_config pads: GEMM-friendly, pad rows never scored
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + ": model config: " + e.what());
+  }
+  if (!c.is_llama() && c.ffn > 0 && c.ffn != 4 * c.dim)
+    throw std::runtime_error(where + ": gpt2 ffn " + std::to_string(c.ffn) + " is not 4 * dim");
+  return c;
+}
+
 }  // namespace
 
 ModelConfig hf_read_config(const SafetensorsFile& f) {
@@ -261,18 +275,15 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
       }
     }
   } else {
-    c = config_from_hf_json(hf_sibling_config(f), hf_dir_of(f.path()) + "/config.json");
+    c = config_from_hf_json(hf_sibling_config(f.path(), "the file has no ulysses __metadata__"),
+                            hf_dir_of(f.path()) + "/config.json");
   }
-  if (c.vocab < 1) throw std::runtime_error(f.path() + ": vocab " + std::to_string(c.vocab) + " (must be >= 1)");
-  c.padded_vocab = round_up(c.vocab, 128);  // as model_config pads: GEMM-friendly, pad rows never scored
-  try {
-    c.validate();
-  } catch (const std::exception& e) {
-    throw std::runtime_error(f.path() + ": model config: " + e.what());
-  }
-  if (!c.is_llama() && c.ffn > 0 && c.ffn != 4 * c.dim)
-    throw std::runtime_error(f.path() + ": gpt2 ffn " + std::to_string(c.ffn) + " is not 4 * dim");
-  return c;
+  return checked_config(c, f.path());
+}
+
+ModelConfig hf_read_config(const SafetensorsIndex& idx) {
+  const JsonValue j = hf_sibling_config(idx.path, "a sharded checkpoint's config is its config.json");
+  return checked_config(config_from_hf_json(j, hf_dir_of(idx.path) + "/config.json"), idx.path);
 }
 
 }  // namespace ul

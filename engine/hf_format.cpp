@@ -1,7 +1,8 @@
 #include "engine/hf_format.h"
 
+#include <algorithm>
 #include <cmath>
-#include <set>
+#include <map>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -129,41 +130,111 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
   write_file_atomic(hf_dir_of(path) + "/config.json", hf_config_json(cfg, dtype == "BF16" ? "bfloat16" : "float32"));
 }
 
-void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data) {
-  size_t total = 0;
-  for (const ParamSpec& s : specs) total = std::max(total, s.offset + size_t(s.shape.numel()));
-  std::fill(data, data + total, 0.0f);  // the vocabulary pad rows stay zero
-  std::set<std::string> used;
-  auto lookup = [&](const std::string& name) -> const SafeTensorInfo* {
-    const SafeTensorInfo* t = f.find(name);
-    const std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : "";
-    if (!t && !bare.empty()) t = f.find(bare);  // HF's own gpt2 files name the base model's tensors bare
-    if (t) used.insert(t->name);
-    return t;
-  };
-  for (const Map& m : hf_map(cfg)) {
-    const Slice s = locate(m, specs);
-    const SafeTensorInfo* t = lookup(m.hf);
-    if (!t) throw std::runtime_error(f.path() + ": missing tensor '" + m.hf + "'");
-    const std::vector<int64_t> want = hf_shape(s, m.transpose);
-    if (t->shape != want)
-      throw std::runtime_error(f.path() + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) + ", expected " +
-                               shape_str(want) + " for this config");
-    const std::vector<float> v = f.to_f32(*t);
-    float* dst = data + s.base + size_t(m.r0 * s.cols);
-    for (int64_t i = 0; i < s.rows; i++)
-      for (int64_t j = 0; j < s.cols; j++) dst[i * s.cols + j] = v[size_t(m.transpose ? j * s.rows + i : i * s.cols + j)];
-  }
-  for (const SafeTensorInfo& t : f.tensors()) {
-    if (used.count(t.name) || skippable(t.name)) continue;
-    if (!cfg.has_lm_head() && t.name == "lm_head.weight") {  // a tied model: accept only a copy of wte
-      const SafeTensorInfo* wte = lookup(cfg.is_llama() ? "model.embed_tokens.weight" : "transformer.wte.weight");
-      if (wte && t.shape == wte->shape && f.to_f32(t) == f.to_f32(*wte)) continue;
-      throw std::runtime_error(f.path() + ": lm_head.weight differs from the embedding (the model ties them; an "
-                               "untied head cannot load)");
+namespace {
+
+// Places HF tensors into our buffer as they arrive, file by file (the one file, or the shards of a
+// checkpoint one at a time), then checks that everything came.
+class Importer {
+ public:
+  Importer(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data)
+      : cfg_(cfg), specs_(specs), data_(data), maps_(hf_map(cfg)), done_(maps_.size(), false) {
+    size_t total = 0;
+    for (const ParamSpec& s : specs) total = std::max(total, s.offset + size_t(s.shape.numel()));
+    std::fill(data, data + total, 0.0f);  // the vocabulary pad rows stay zero
+    for (size_t i = 0; i < maps_.size(); i++) {
+      by_name_[maps_[i].hf] = i;
+      // HF's own gpt2 files name the base model's tensors bare ("h.0.ln_1.weight").
+      if (maps_[i].hf.rfind("transformer.", 0) == 0) by_name_[maps_[i].hf.substr(12)] = i;
     }
-    throw std::runtime_error(f.path() + ": unexpected tensor '" + t.name + "' for a " + cfg.arch + " model");
   }
+
+  // Every tensor of f: placed, skipped (HF's buffers), kept for finish (a tied model's lm_head), or refused.
+  void add(const SafetensorsFile& f) {
+    for (const SafeTensorInfo& t : f.tensors()) {
+      const auto it = by_name_.find(t.name);
+      if (it != by_name_.end()) {
+        place(f, t, it->second);
+        continue;
+      }
+      if (skippable(t.name)) continue;
+      if (!cfg_.has_lm_head() && t.name == "lm_head.weight") {  // a tied model: accept only a copy of wte
+        tied_head_ = f.to_f32(t), tied_head_shape_ = t.shape, tied_head_file_ = f.path();
+        continue;
+      }
+      throw std::runtime_error(f.path() + ": unexpected tensor '" + t.name + "' for a " + cfg_.arch + " model");
+    }
+  }
+
+  // Every expected tensor came; a tied model's lm_head (if the files had one) equals the embedding.
+  void finish(const std::string& what) const {
+    for (size_t i = 0; i < maps_.size(); i++)
+      if (!done_[i]) throw std::runtime_error(what + ": missing tensor '" + maps_[i].hf + "'");
+    if (tied_head_file_.empty()) return;
+    const Slice wte = locate(maps_[0], specs_);  // the embedding is the first tensor of either layout
+    if (tied_head_shape_ != hf_shape(wte, false) ||
+        !std::equal(tied_head_.begin(), tied_head_.end(), data_ + wte.base))
+      throw std::runtime_error(tied_head_file_ + ": lm_head.weight differs from the embedding (the model ties them; "
+                               "an untied head cannot load)");
+  }
+
+ private:
+  void place(const SafetensorsFile& f, const SafeTensorInfo& t, size_t i) {
+    const Map& m = maps_[i];
+    if (done_[i]) throw std::runtime_error(f.path() + ": tensor '" + m.hf + "' given twice (as '" + t.name + "')");
+    done_[i] = true;
+    const Slice s = locate(m, specs_);
+    const std::vector<int64_t> want = hf_shape(s, m.transpose);
+    if (t.shape != want)
+      throw std::runtime_error(f.path() + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", expected " +
+                               shape_str(want) + " for this config");
+    const std::vector<float> v = f.to_f32(t);
+    float* dst = data_ + s.base + size_t(m.r0 * s.cols);
+    for (int64_t r = 0; r < s.rows; r++)
+      for (int64_t c = 0; c < s.cols; c++) dst[r * s.cols + c] = v[size_t(m.transpose ? c * s.rows + r : r * s.cols + c)];
+  }
+
+  const ModelConfig& cfg_;
+  const std::vector<ParamSpec>& specs_;
+  float* data_;
+  std::vector<Map> maps_;
+  std::vector<bool> done_;
+  std::map<std::string, size_t> by_name_;  // HF name (and gpt2's bare alias) -> maps_ index
+  std::vector<float> tied_head_;
+  std::vector<int64_t> tied_head_shape_;
+  std::string tied_head_file_;
+};
+
+}  // namespace
+
+void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data) {
+  Importer im(cfg, specs, data);
+  im.add(f);
+  im.finish(f.path());
+}
+
+void hf_import(const SafetensorsIndex& idx, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data,
+               const std::function<void(size_t, size_t, const std::string&)>& progress) {
+  Importer im(cfg, specs, data);
+  std::vector<size_t> expected(idx.files.size(), 0);
+  for (const auto& [name, file] : idx.file_of) expected[file]++;
+  for (size_t i = 0; i < idx.files.size(); i++) {
+    if (progress) progress(i, idx.files.size(), idx.files[i]);
+    const SafetensorsFile f(idx.files[i]);
+    size_t listed = 0;
+    for (const SafeTensorInfo& t : f.tensors()) {
+      const auto it = idx.file_of.find(t.name);
+      if (it == idx.file_of.end() || it->second != i)
+        throw std::runtime_error(f.path() + ": tensor '" + t.name + "' is not in " + idx.path +
+                                 "'s weight_map for this file");
+      listed++;
+    }
+    if (listed != expected[i])
+      for (const auto& [name, file] : idx.file_of)
+        if (file == i && !f.find(name))
+          throw std::runtime_error(idx.path + ": weight_map puts '" + name + "' in " + f.path() + ", which does not hold it");
+    im.add(f);
+  }
+  im.finish(idx.path);
 }
 
 }  // namespace ul

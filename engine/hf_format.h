@@ -20,10 +20,12 @@
 // The file's __metadata__ holds format=pt (transformers requires it) and our config (arch, layers,
 // dim, heads, kv_heads, vocab, max_seq, ffn, rope_theta, norm_eps), so the file alone reloads here.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "engine/hf_index.h"
 #include "engine/json.h"
 #include "engine/params.h"
 #include "engine/safetensors.h"
@@ -50,13 +52,22 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
 // The model configuration of a safetensors file: from our __metadata__, else from the config.json
 // beside it (HF keys, model_type gpt2 or llama). Throws naming the file on anything we cannot run.
 ModelConfig hf_read_config(const SafetensorsFile& f);
+// A sharded checkpoint's configuration: the config.json beside its index.
+ModelConfig hf_read_config(const SafetensorsIndex& idx);
 // Fills `data` (our layout; vocabulary pad rows zeroed) from the HF tensors of `f`. Every expected
-// tensor must be there with the expected shape; an unexpected tensor is an error (HF's buffers
-// attn.bias / attn.masked_bias / rotary_emb.inv_freq are skipped; a gpt2 lm_head.weight must equal wte).
+// tensor must be there once with the expected shape; an unexpected tensor is an error (HF's
+// buffers attn.bias / attn.masked_bias / rotary_emb.inv_freq are skipped; a tied model's
+// lm_head.weight must equal the embedding).
 void hf_import(const SafetensorsFile& f, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data);
+// The same from the shards of an index, opened one at a time (so one shard is in memory beside
+// `data`); each shard must hold exactly the tensors the index's weight_map gives it.
+// `progress(i, n, file)` is called before shard i of n is read.
+void hf_import(const SafetensorsIndex& idx, const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data,
+               const std::function<void(size_t, size_t, const std::string&)>& progress = nullptr);
 
-// The parsed config.json beside f (throws naming both when it is missing or malformed).
-JsonValue hf_sibling_config(const SafetensorsFile& f);
+// The parsed config.json beside `path` (throws naming both when it is missing or malformed; `why`
+// says why it was needed).
+JsonValue hf_sibling_config(const std::string& path, const std::string& why);
 std::string hf_dir_of(const std::string& path);  // "." for a bare file name
 
 }  // namespace ul

@@ -29,7 +29,8 @@ model
   --qkv-bias          llama: a bias on the q/k/v projection (as Qwen 2)
   --norm-eps X        llama: RMSNorm's eps (Qwen 2: 1e-6)                                 [1e-5]
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
-                      FILE.safetensors (gpt2 or llama; config from its metadata or config.json),
+                      FILE.safetensors (gpt2, llama or qwen2; config from its metadata or
+                      config.json) or a sharded one's DIR/model.safetensors.index.json,
                       or a model.bin of our checkpoints; the model's shape comes from the file
   --rope-theta X --rope-scaling SPEC   llama's RoPE (beside --checkpoint: override its own, to
                       extend its context): SPEC none | linear:factor=F |

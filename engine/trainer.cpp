@@ -186,7 +186,7 @@ Trainer::Trainer(const Options& o, Comm& world)
     throw std::runtime_error(o.checkpoint + ": " + std::to_string(ckpt.size()) + " parameters, but its model shape has " +
                              std::to_string(model_->params.numel()));
   if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
-  else if (is_safetensors_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_);
+  else if (is_hf_checkpoint_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
   else model_->init_weights(o.seed);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;

@@ -12,7 +12,8 @@ with YaRN, and Qwen 2 (q/k/v bias, RMSNorm eps 1e-6, tied, YaRN; Qwen2ForCausalL
      which `train --checkpoint (the same run's --export-llmc file) --check-state` compares (PASS/FAIL).
 HF -> ulysses, for the same five: a randomly initialised HF model saved with save_pretrained loads with
   `train --checkpoint DIR/model.safetensors` (its config.json read, no ulysses metadata), and greedy
-  continuations agree.
+  continuations agree; the qwen2 one also saved in shards (max_shard_size) and loaded through
+  DIR/model.safetensors.index.json.
 Exit code 0 when every check passes.
 """
 import argparse
@@ -173,6 +174,11 @@ def main():
                         t.normal_(0, 0.5)
         model.save_pretrained(d)
         ok &= compare_greedy(f"HF -> ulysses {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)
+        if arch == "qwen2":  # the same model as a sharded checkpoint, as large models come
+            model.save_pretrained(d + "_sharded", max_shard_size="40KB")
+            shards = [f for f in os.listdir(d + "_sharded") if f.endswith(".safetensors")]
+            ok &= compare_greedy(f"HF -> ulysses {arch}, {len(shards)} shards + index", a.train, data,
+                                 os.path.join(d + "_sharded", "model.safetensors.index.json"), model)
     print("ALL PASS" if ok else "SOME CHECKS FAILED", "| work dir:", work)
     return 0 if ok else 1
 

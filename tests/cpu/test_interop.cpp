@@ -300,6 +300,72 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
   CHECK_THROWS(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"llama\",\"attention_bias\":true"));
 }
 
+TEST_CASE("a sharded checkpoint (model.safetensors.index.json) imports bit-exactly, shard by shard", "[interop]") {
+  HfExport x(small("qwen2"), 8);  // tied: HF may still store lm_head.weight, here in another shard than wte
+  std::vector<SafeTensorOut> all = hf_tensors(x.cfg, x.m.params.specs(), x.h.data());
+  all.push_back({"lm_head.weight", all[0].shape, all[0].data});
+  // Three shards: the tensors dealt out in turn, and an index naming each one's file.
+  std::vector<std::vector<SafeTensorOut>> shards(3);
+  std::string map;
+  for (size_t i = 0; i < all.size(); i++) {
+    const std::string file = "model-0000" + std::to_string(i % 3 + 1) + "-of-00003.safetensors";
+    shards[i % 3].push_back(all[i]);
+    map += std::string(map.empty() ? "" : ",") + "\"" + all[i].name + "\":\"" + file + "\"";
+  }
+  auto write_shards = [&] {
+    for (size_t k = 0; k < 3; k++)
+      write_safetensors(x.d / ("model-0000" + std::to_string(k + 1) + "-of-00003.safetensors"), shards[k],
+                        {{"format", "pt"}}, "F32");
+  };
+  write_shards();
+  const std::string index = x.d / "model.safetensors.index.json";
+  auto write_index = [&](const std::string& m) { write_bytes(index, "{\"metadata\":{},\"weight_map\":{" + m + "}}"); };
+  write_index(map);
+  const SafetensorsIndex idx = read_safetensors_index(index);
+  REQUIRE(idx.files.size() == 3);
+  const ModelConfig c = hf_read_config(idx);  // from config.json
+  CHECK(c.describe() == x.cfg.describe());
+  std::vector<float> got(x.h.size(), 42.0f);
+  std::vector<size_t> seen;
+  hf_import(idx, c, x.m.params.specs(), got.data(), [&](size_t i, size_t n, const std::string&) {
+    CHECK(n == 3);
+    seen.push_back(i);
+  });
+  CHECK(seen == std::vector<size_t>{0, 1, 2});
+  CHECK(std::memcmp(got.data(), x.h.data(), x.h.size() * 4) == 0);
+
+  auto refused = [&](const std::string& why) {
+    CAPTURE(why);
+    CHECK_THROWS_WITH(hf_import(read_safetensors_index(index), c, x.m.params.specs(), got.data()), Catch::Contains(why));
+  };
+  // The index puts a tensor in a shard that does not hold it (and that shard's tensor is unlisted).
+  std::string moved = map;
+  const std::string e = "\"" + all[0].name + "\":\"model-00001";  // the embedding, dealt to shard 1
+  REQUIRE(moved.find(e) != std::string::npos);
+  write_index(moved.replace(moved.find(e), e.size(), "\"" + all[0].name + "\":\"model-00002"));
+  refused("is not in " + index + "'s weight_map for this file");
+  // A shard missing: named.
+  write_index(map);
+  std::filesystem::remove(x.d / "model-00003-of-00003.safetensors");
+  refused("model-00003-of-00003.safetensors");
+  // A tied head that is not the embedding, in its own shard.
+  shards[2].back().data[0] += 1.0f;  // lm_head.weight was dealt last: i % 3 == 2 for this model's count
+  REQUIRE(shards[2].back().name == "lm_head.weight");
+  write_shards();
+  refused("lm_head.weight differs from the embedding");
+  // Malformed indexes.
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"metadata\":{}}", "no \"weight_map\" object"},
+           {"{\"weight_map\":{}}", "names no tensor"},
+           {"{\"weight_map\":{\"a\":\"../x.safetensors\"}}", "is not a .safetensors file name"},
+           {"{\"weight_map\":{\"a\":7}}", "is not a string"},
+           {"[1]", "not a JSON object"}}) {
+    write_bytes(index, text);
+    CAPTURE(text);
+    CHECK_THROWS_WITH(read_safetensors_index(index), Catch::Contains(index) && Catch::Contains(why));
+  }
+}
+
 TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[interop]") {
   Context ctx;
   ContextGuard g(ctx);
@@ -360,9 +426,23 @@ TEST_CASE("train exports llm.c and safetensors files that load back to the same 
     CHECK(fs::exists(d / (arch + "/config.json")));
     std::vector<std::string> ckpts = {st};
     if (arch == "gpt2") ckpts.push_back(llmc);
+    if (arch == "llama") {  // the same weights as a sharded checkpoint: two shards and an index, beside config.json
+      const SafetensorsFile f(st);
+      std::vector<SafeTensorOut> part[2];
+      std::string map;
+      for (size_t i = 0; i < f.tensors().size(); i++) {
+        const SafeTensorInfo& t = f.tensors()[i];
+        part[i % 2].push_back({t.name, t.shape, f.to_f32(t)});
+        map += std::string(i ? "," : "") + "\"" + t.name + "\":\"part" + std::to_string(i % 2) + ".safetensors\"";
+      }
+      for (int k = 0; k < 2; k++) write_safetensors(d / ("llama/part" + std::to_string(k) + ".safetensors"), part[k], {}, "F32");
+      write_bytes(d / "llama/model.safetensors.index.json", "{\"weight_map\":{" + map + "}}");
+      ckpts.push_back(d / "llama/model.safetensors.index.json");
+    }
     for (const std::string& ck : ckpts) {
       CmdResult again = run_cmd(train_cmd(common + " --steps 0 --checkpoint " + ck + sample));
       REQUIRE(again.code == 0);
+      if (ck.find("index") != std::string::npos) CHECK(again.out.find("load    | shard 2/2: ") != std::string::npos);
       CHECK(again.out.substr(again.out.rfind("\n", again.out.size() - 2) + 1) == text);  // same weights, same greedy text
     }
   }
