@@ -38,6 +38,7 @@ size_t run_end(std::string_view s, size_t i, Cls c) {
 }
 
 size_t gpt2_scan(std::string_view s, size_t i, bool digits_apart);
+size_t llama3_scan(std::string_view s, size_t i, int max_digits);
 
 }  // namespace
 
@@ -102,13 +103,22 @@ size_t gpt2_scan(std::string_view s, size_t i, bool digits_apart) {
 
 }  // namespace
 
-size_t llama3_piece_end(std::string_view s, size_t i) {
+size_t llama3_piece_end(std::string_view s, size_t i) { return llama3_scan(s, i, 3); }
+
+size_t qwen2_piece_end(std::string_view s, size_t i) { return llama3_scan(s, i, 1); }
+
+namespace {
+
+// Llama 3's pattern with numbers in runs of at most max_digits code points.
+size_t llama3_scan(std::string_view s, size_t i, int max_digits) {
   const size_t n = s.size();
   auto lower = [&](size_t k) { return char(s[k] | 0x20); };
-  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d): case-insensitive as Unicode folds case, where U+017F (long s)
+  // is an s too.
   if (s[i] == '\'' && i + 1 < n) {
     const char c = lower(i + 1);
     if (c == 's' || c == 't' || c == 'm' || c == 'd') return i + 2;
+    if (s.compare(i + 1, 2, "\xC5\xBF") == 0) return i + 3;
     if (i + 2 < n && ((c == 'r' && lower(i + 2) == 'e') || (c == 'v' && lower(i + 2) == 'e') ||
                       (c == 'l' && lower(i + 2) == 'l')))
       return i + 3;
@@ -120,10 +130,10 @@ size_t llama3_piece_end(std::string_view s, size_t i) {
   // [^\r\n\p{L}\p{N}]?\p{L}+
   if (c0 == Cls::kLetter) return run_end(s, i, Cls::kLetter);
   if (c0 != Cls::kNumber && !newline0 && c1 == Cls::kLetter) return run_end(s, i + len, Cls::kLetter);
-  // \p{N}{1,3}
+  // \p{N}{1,3} (Qwen 2: \p{N})
   if (c0 == Cls::kNumber) {
     size_t end = i + len;
-    for (int k = 1; k < 3 && end < n && class_at(s, end, len1) == Cls::kNumber; k++) end += len1;
+    for (int k = 1; k < max_digits && end < n && class_at(s, end, len1) == Cls::kNumber; k++) end += len1;
     return end;
   }
   // " ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -144,5 +154,7 @@ size_t llama3_piece_end(std::string_view s, size_t i) {
   // \s+(?!\S), else \s+ (as GPT-2's)
   return end < n && last > i ? last : end;
 }
+
+}  // namespace
 
 }  // namespace ul

@@ -32,9 +32,18 @@ size_t gpt2_digits_piece_end(std::string_view text, size_t i);
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //   \s*[\r\n]+|\s+(?!\S)|\s+
 //
-// Unlike GPT-2's: contractions in any case, a word takes any one non-letter, non-digit character
-// before it ("(word", "\tword") but no newline, digits go in runs of at most three, symbols keep the
-// newlines after them, and white space up to its last newline is one piece.
+// Unlike GPT-2's: contractions in any case (U+017F, long s, is an s then), a word takes any one
+// non-letter, non-digit character before it ("(word", "\tword") but no newline, digits go in runs
+// of at most three, symbols keep the newlines after them, and white space up to its last newline
+// is one piece.
 size_t llama3_piece_end(std::string_view text, size_t i);
+
+// Qwen 2's (and Qwen 2.5's) Split regex: Llama 3's with every number (\p{N}) a piece of its own,
+//
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+//
+// so "12345" is five pieces. (Its tokenizer.json runs an NFC normalizer first: engine/nfc.h.)
+size_t qwen2_piece_end(std::string_view text, size_t i);
 
 }  // namespace ul

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "engine/file_io.h"
+#include "engine/nfc.h"
 #include "engine/pretokenize.h"
 
 namespace ul {
@@ -105,13 +106,84 @@ void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t
     }
     return merge(norm, from, out);
   }
-  for (size_t at = from; at < text.size();) {
-    const size_t end = split_ == Split::gpt2          ? gpt2_piece_end(text, at)
-                       : split_ == Split::gpt2_digits ? gpt2_digits_piece_end(text, at)
-                                                      : llama3_piece_end(text, at);
-    merge(text.substr(at, end - at), at, out);
-    at = end;
+  // Between the added tokens found in the text as it is, the spans go on to normalization. A passed
+  // over special token's bytes stay in the span around them.
+  size_t span = from, pos = 0, len = 0;
+  int id = -1;
+  for (size_t at = from; added_raw_.find(text, at, pos, len, id); at = pos + len) {
+    if (id < 0) continue;
+    encode_span(text, span, pos, out);
+    out.push_back(id);
+    span = pos + len;
   }
+  encode_span(text, span, text.size(), out);
+}
+
+void Tokenizer::encode_span(std::string_view text, size_t from, size_t to, std::vector<int>& out) const {
+  if (from == to) return;
+  // NFC: the span's normalized form, in which positions no longer match the text's (errors say so).
+  std::string_view s = text.substr(0, to);
+  size_t at = from, base = 0;
+  thread_local std::string scratch;
+  bool normalized = false;
+  if (nfc_) {
+    const std::string_view n = to_nfc(s, scratch, from);
+    if (n.data() != s.data() + from) s = n, at = 0, base = from, normalized = true;
+  }
+  try {
+    size_t span = at, pos = 0, len = 0;
+    int id = -1;
+    for (size_t k = at; added_normalized_.find(s, k, pos, len, id); k = pos + len) {
+      if (id < 0) continue;
+      encode_pieces(s, span, pos, base, out);
+      out.push_back(id);
+      span = pos + len;
+    }
+    encode_pieces(s, span, s.size(), base, out);
+  } catch (const std::invalid_argument& e) {
+    if (!normalized) throw;
+    throw std::invalid_argument(std::string(e.what()) + " (counted in the text as NFC normalized from byte " +
+                                std::to_string(from) + ")");
+  }
+}
+
+void Tokenizer::encode_pieces(std::string_view s, size_t at, size_t end, size_t base, std::vector<int>& out) const {
+  // The pre-tokenizer sees the span alone: its look-ahead (\s+(?!\S)) stops at the span's end.
+  s = s.substr(0, end);
+  while (at < end) {
+    const size_t e = split_ == Split::gpt2          ? gpt2_piece_end(s, at)
+                     : split_ == Split::gpt2_digits ? gpt2_digits_piece_end(s, at)
+                     : split_ == Split::llama3      ? llama3_piece_end(s, at)
+                                                    : qwen2_piece_end(s, at);
+    merge(s.substr(at, e - at), base + at, out);
+    at = e;
+  }
+}
+
+bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const {
+  if (entries.empty()) return false;
+  for (size_t i = at; i < s.size(); i++) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    for (uint32_t k = first[b]; k < first[b + 1]; k++) {
+      const Entry& e = entries[k];
+      if (s.compare(i, e.text.size(), e.text) == 0) {
+        pos = i, len = e.text.size(), id = e.id;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::string Tokenizer::splitter() const {
+  const char* split = split_ == Split::gpt2          ? "GPT-2"
+                      : split_ == Split::gpt2_digits ? "GPT-2 (digits apart)"
+                      : split_ == Split::llama3      ? "Llama 3"
+                      : split_ == Split::qwen2       ? "Qwen 2"
+                                                     : "SentencePiece-style";
+  // Qwen 2's layout has its NFC normalizer; the others have none of their own.
+  if (split_ == Split::qwen2) return nfc_ ? split : "Qwen 2 without NFC";
+  return nfc_ ? "NFC + " + std::string(split) : split;
 }
 
 int Tokenizer::byte_token(unsigned char b, size_t offset) const {

@@ -11,14 +11,18 @@
 //
 // A Hugging Face tokenizer.json of a BPE model (engine/tokenizer_json.cpp), byte-level: GPT-2's
 //   layout (a ByteLevel pre-tokenizer with its regex), that with digits split apart first
-//   (StarCoder 2's, SmolLM's), or Llama 3's (its Split regex, then ByteLevel), the vocabulary in
-//   GPT-2's byte-to-character alphabet; or SentencePiece-style, as Hugging Face converts Llama 2's
-//   (and TinyLlama's): no pieces, spaces as "▁" with one before the text, merges over characters,
-//   a character missing from the vocabulary as its byte tokens (<0x0A>). The merge list gives the
-//   ranks, added_tokens the special tokens. Anything else (another normalizer, pre-tokenizer or
-//   model, word prefixes or suffixes) is refused naming it, since it would be encoded
-//   differently. The EOT is <|endoftext|> (GPT-2), else <|begin_of_text|> (Llama 3, whose llm.c
-//   shards open each document with it), else <s> (Llama 2, TinyLlama), else none.
+//   (StarCoder 2's, SmolLM's), Llama 3's (its Split regex, then ByteLevel) or Qwen 2's (Llama 3's
+//   regex with single digits; Qwen 2.5's too), each optionally after an NFC normalizer (Qwen 2's
+//   has one: engine/nfc.h), the vocabulary in GPT-2's byte-to-character alphabet; or
+//   SentencePiece-style, as Hugging Face converts Llama 2's (and TinyLlama's): no pieces, spaces as
+//   "▁" with one before the text, merges over characters, a character missing from the vocabulary
+//   as its byte tokens (<0x0A>). The merge list gives the ranks, added_tokens the special tokens and
+//   the added ones that are not special (Qwen 2.5's <tool_call>, <|fim_prefix|>, ...), which are
+//   found in the text as Hugging Face's tokenizers finds them. Anything else (another normalizer,
+//   pre-tokenizer or model, word prefixes or suffixes, an added token that strips spaces or wants a
+//   single word) is refused naming it, since it would be encoded differently. The EOT is
+//   <|endoftext|> (GPT-2, Qwen 2), else <|begin_of_text|> (Llama 3, whose llm.c shards open each
+//   document with it), else <s> (Llama 2, TinyLlama), else none.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -46,42 +50,63 @@ class Tokenizer {
   bool eot_opens_text() const {
     return eot_ >= 0 && (tokens_[size_t(eot_)] == "<|begin_of_text|>" || tokens_[size_t(eot_)] == "<s>");
   }
-  const char* splitter() const {  // the pre-tokenizer
-    return split_ == Split::gpt2          ? "GPT-2"
-           : split_ == Split::gpt2_digits ? "GPT-2 (digits apart)"
-           : split_ == Split::llama3      ? "Llama 3"
-                                          : "SentencePiece-style";
-  }
+  // The layout: the pre-tokenizer, and an NFC normalizer where it is not the layout's own (Qwen 2's).
+  std::string splitter() const;
+  // Whether an NFC normalizer runs before the pre-tokenizer (engine/nfc.h).
+  bool nfc() const { return nfc_; }
   // Whether text may be cut between a letter and a space and the parts encoded apart with the same
-  // result (data/tokenize_files.cpp): always for the byte-level layouts; SentencePiece-style only
-  // when no token holds a space after another character.
+  // result (data/tokenize_files.cpp): for the byte-level layouts unless an added token found in
+  // text holds a letter followed by a space; SentencePiece-style only when no token holds a space
+  // after another character. (NFC never changes text across a space: see tokenize_files.cpp.)
   bool cuts_at_words() const { return cuts_at_words_; }
   // The bytes of token `id`; throws when id is outside the vocabulary.
   const std::string& decode(int id) const;
-  // BPE: the text (UTF-8) is cut into pieces by the pre-tokenizer (engine/pretokenize.h; none
-  // SentencePiece-style); a piece that is a token is that token (llm.c files, as tiktoken;
-  // tokenizer.json with ignore_merges), any other starts as its bytes (SentencePiece-style: its
-  // characters) and repeatedly merges the adjacent pair of lowest rank. llm.c files: any pair whose concatenation is a token, ranked by
-  // its id; GPT-2's ids are its merge ranks (token 256 + r is merge r's result), so this is GPT-2's
-  // (and tiktoken's) encoding for GPT-2's vocabulary. tokenizer.json: the pairs of its merge list,
-  // ranked by their place there (as Hugging Face's tokenizers does). Special tokens are never
-  // produced from text: "<|endoftext|>" in the text is ordinary characters. Throws
+  // BPE: the text (UTF-8) is cut at the added tokens that are not special (each is that token; a
+  // tokenizer.json's, as Hugging Face's tokenizers finds them: the leftmost, longest first, those
+  // marked "normalized" in the normalized text), the rest normalized (NFC, when the file asks for
+  // it) and cut into pieces by the pre-tokenizer (engine/pretokenize.h; none SentencePiece-style);
+  // a piece that is a token is that token (llm.c files, as tiktoken; tokenizer.json with
+  // ignore_merges), any other starts as its bytes (SentencePiece-style: its characters) and
+  // repeatedly merges the adjacent pair of lowest rank. llm.c files: any pair whose concatenation
+  // is a token, ranked by its id; GPT-2's ids are its merge ranks (token 256 + r is merge r's
+  // result), so this is GPT-2's (and tiktoken's) encoding for GPT-2's vocabulary. tokenizer.json:
+  // the pairs of its merge list, ranked by their place there (as Hugging Face's tokenizers does).
+  // Special tokens are never produced from text: "<|endoftext|>" in the text is ordinary
+  // characters. Throws
   // std::invalid_argument naming the byte offset of invalid UTF-8 or of a byte the vocabulary has
-  // no token for.
+  // no token for (after NFC, an offset in the normalized text, said so).
   std::vector<int> encode(std::string_view text) const;
   // Appends the encoding of text[from, size) to out, where `from` is a piece boundary (0, or a
-  // letter followed by a space: data/tokenize_files.cpp cuts a large file there). Error offsets
-  // count from text's start.
+  // letter followed by a space where cuts_at_words(): data/tokenize_files.cpp cuts a large file
+  // there). Error offsets count from text's start.
   void encode_into(std::string_view text, std::vector<int>& out, size_t from = 0) const;
 
  private:
   void read_llmc(const std::string& bytes);
   void read_hf_json(const std::string& text);  // engine/tokenizer_json.cpp
+  // Added tokens found in text (Hugging Face's added vocabulary): the leftmost match, of those
+  // there the longest. A special token's match (id -1) is passed over, its bytes left to the text
+  // around it, but no other match overlaps it (as with tokenizers' encode_special_tokens).
+  struct AddedTokens {
+    struct Entry {
+      std::string text;  // as matched: a "normalized" token's text is normalized too
+      int id;
+    };
+    std::vector<Entry> entries;  // by first byte, then longest first
+    uint32_t first[257] = {};    // entries[first[b], first[b + 1]) start with byte b
+    bool empty() const { return entries.empty(); }
+    // The first match in s[at, size): true with its place [pos, pos + len) and id.
+    bool find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const;
+  };
+  // text[from, to) without the added tokens found before normalization (or all of it).
+  void encode_span(std::string_view text, size_t from, size_t to, std::vector<int>& out) const;
+  // s[at, end) cut into pieces, each merged; `base` + a position in s is its offset for errors.
+  void encode_pieces(std::string_view s, size_t at, size_t end, size_t base, std::vector<int>& out) const;
   // One piece's merges, appending its ids; offset is the piece's byte offset in the text.
   void merge(std::string_view piece, size_t offset, std::vector<int>& out) const;
   int byte_token(unsigned char b, size_t offset) const;
 
-  enum class Split : uint8_t { gpt2, gpt2_digits, llama3, sentencepiece };
+  enum class Split : uint8_t { gpt2, gpt2_digits, llama3, qwen2, sentencepiece };
   // A merge: the token's bytes and where its left part ends (0 in llm.c files: any split).
   struct MergeKey {
     std::string_view bytes;
@@ -100,6 +125,10 @@ class Tokenizer {
   bool char_symbols_ = false;  // SentencePiece-style: merges start from characters, not bytes
   bool prepend_always_ = true;  // SentencePiece-style: "▁" before the text even when it starts with one
   bool cuts_at_words_ = true;  // a letter followed by a space is always a piece boundary
+  bool nfc_ = false;           // an NFC normalizer first (byte-level layouts)
+  // The added tokens found in text: those matched before normalization and those after. Both
+  // empty unless some added token is not special (then the special ones join, to be passed over).
+  AddedTokens added_raw_, added_normalized_;
   // Views into tokens_, special tokens left out. Byte string -> id (the lowest of duplicates), and
   // merge -> its rank (tokenizer.json: a token can be made by several merges, each its own rank).
   std::unordered_map<std::string_view, int> ids_;

@@ -1,11 +1,12 @@
-// Tokenizer::read_hf_json: a Hugging Face tokenizer.json of a BPE model, byte-level or
-// SentencePiece-style (engine/tokenizer.h).
+// Tokenizer::read_hf_json: a Hugging Face tokenizer.json of a BPE model, byte-level (optionally after
+// an NFC normalizer) or SentencePiece-style (engine/tokenizer.h).
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
 #include <string>
 
 #include "engine/json.h"
+#include "engine/nfc.h"
 #include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
 
@@ -25,14 +26,18 @@ int byte_of_char(uint32_t cp) {
   return -1;
 }
 
-// Llama 3's Split pattern, as its tokenizer.json writes it.
+// Llama 3's Split pattern, as its tokenizer.json writes it, and Qwen 2's (Qwen 2.5's): the same with
+// \p{N} for \p{N}{1,3}.
 const char* kLlama3Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char* kQwen2Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 const char* kLayouts =
-    "GPT-2's ByteLevel, Digits + ByteLevel, Llama 3's Split + ByteLevel, or SentencePiece-style: a Prepend + "
-    "Replace normalizer or a non-splitting Metaspace";
+    "GPT-2's ByteLevel, Digits + ByteLevel, Llama 3's or Qwen 2's Split + ByteLevel, each optionally after an NFC "
+    "normalizer, or SentencePiece-style: a Prepend + Replace normalizer or a non-splitting Metaspace";
 
 bool is_null_or(const JsonValue* v, const std::string& empty) {
   return !v || v->is(JsonValue::Kind::null) || (v->is(JsonValue::Kind::string) && v->text == empty);
@@ -65,8 +70,13 @@ void Tokenizer::read_hf_json(const std::string& text) {
   const bool sp_pre = has_pre && type_of(*pre) == "Metaspace" && text_of(pre->find("replacement")) == "\u2581" &&
                       (scheme == "first" || scheme == "always") && split_flag && !split_flag->b;
   const bool spm = (sp_norm && !has_pre) || (sp_pre && !has_norm);
-  if (has_norm && !spm)
+  // NFC (Qwen 2's) before a byte-level pre-tokenizer; any other normalizer is refused.
+  nfc_ = has_norm && type_of(*norm) == "NFC";
+  if (has_norm && !spm && !nfc_)
     throw bad("a normalizer (" + type_of(*norm) + ") is not applied by ulysses; the text would be encoded differently");
+  if (nfc_ && has_pre && type_of(*pre) == "Metaspace")
+    throw bad("an NFC normalizer before a Metaspace pre-tokenizer is not one ulysses implements (" +
+              std::string(kLayouts) + ")");
   const JsonValue* model = j.find("model");
   if (!model || type_of(*model) != "BPE") throw bad("model is " + (model ? type_of(*model) : "missing") + ", not BPE");
   if (const JsonValue* fb = model->find("byte_fallback"); fb && fb->b && !spm)
@@ -79,7 +89,7 @@ void Tokenizer::read_hf_json(const std::string& text) {
   any_split_ = false;
 
   // The pre-tokenizer, unless SentencePiece-style: GPT-2's (ByteLevel with its regex), that after
-  // Digits, or Llama 3's (Split, then ByteLevel).
+  // Digits, or Llama 3's or Qwen 2's (Split, then ByteLevel).
   auto byte_level = [&](const JsonValue& v, bool regex) {
     const JsonValue *r = v.find("use_regex"), *prefix = v.find("add_prefix_space");
     return type_of(v) == "ByteLevel" && (r ? r->b : true) == regex && !(prefix && prefix->b);
@@ -100,11 +110,12 @@ void Tokenizer::read_hf_json(const std::string& text) {
     const JsonValue* pat = split.find("pattern");
     const JsonValue* regex = pat ? pat->find("Regex") : nullptr;
     const JsonValue *behavior = split.find("behavior"), *invert = split.find("invert");
-    if (type_of(split) != "Split" || !regex || regex->text != kLlama3Pattern || !behavior ||
-        behavior->text != "Isolated" || (invert && invert->b) || !byte_level(seq->items[1], false))
+    const bool known = regex && (regex->text == kLlama3Pattern || regex->text == kQwen2Pattern);
+    if (type_of(split) != "Split" || !known || !behavior || behavior->text != "Isolated" || (invert && invert->b) ||
+        !byte_level(seq->items[1], false))
       throw bad("the pre-tokenizer is not one ulysses implements (" + std::string(kLayouts) + ")" +
                 std::string(regex ? ": its pattern is " + regex->text : ""));
-    split_ = Split::llama3;
+    split_ = regex->text == kLlama3Pattern ? Split::llama3 : Split::qwen2;
   } else {
     throw bad("the pre-tokenizer (" + (pre ? type_of(*pre) : std::string("none")) + ") is not one ulysses implements (" +
               kLayouts + ")");
@@ -139,16 +150,41 @@ void Tokenizer::read_hf_json(const std::string& text) {
     const int64_t id = idv.as_int(where + ": vocab id of '" + str + "'");
     toks.push_back({id, to_bytes(str, "token " + std::to_string(id))});
   }
-  std::vector<std::pair<int64_t, std::string>> added;
+  // Added tokens: id, text, and whether it is found in text (not special), and where (before or
+  // after normalization). "special" left out (tokenizers itself would refuse the file) counts as
+  // special: never found in text.
+  struct Added {
+    int64_t id;
+    std::string text;
+    bool special, normalized;
+  };
+  std::vector<Added> added;
+  bool any_found = false;
   if (const JsonValue* a = j.find("added_tokens"))
     for (const JsonValue& t : a->items) {
       const JsonValue *id = t.find("id"), *content = t.find("content");
       if (!id || !content) throw bad("an added token without id or content");
-      added.push_back({id->as_int(where + ": added token id"), content->as_string(where + ": added token")});
+      auto flag = [&](const char* name, bool absent) {
+        const JsonValue* f = t.find(name);
+        return f && f->is(JsonValue::Kind::boolean) ? f->b : absent;
+      };
+      added.push_back({id->as_int(where + ": added token id"), content->as_string(where + ": added token"),
+                       flag("special", true), flag("normalized", false)});
+      const Added& x = added.back();
+      if (x.special) continue;
+      any_found = true;
+      if (x.text.empty()) throw bad("added token " + std::to_string(x.id) + " is empty");
+      // These change where a match starts or ends (taking the spaces around it, or only whole words).
+      for (const char* f : {"lstrip", "rstrip", "single_word"})
+        if (flag(f, false))
+          throw bad("added token '" + x.text + "' sets " + f + ", which ulysses does not implement");
+      if (spm)
+        throw bad("added token '" + x.text + "' is not special: with a SentencePiece-style layout ulysses does not "
+                  "find added tokens in text");
     }
   int64_t n = 0;
   for (const auto& t : toks) n = std::max(n, t.first + 1);
-  for (const auto& t : added) n = std::max(n, t.first + 1);
+  for (const auto& t : added) n = std::max(n, t.id + 1);
   if (n > (int64_t(1) << 24)) throw bad("a token id of " + std::to_string(n - 1) + " (at most 2^24 - 1 here)");
   tokens_.assign(size_t(n), std::string());
   std::vector<int> kind(size_t(n), 0);  // 0 none, 1 vocab, 2 added
@@ -157,8 +193,8 @@ void Tokenizer::read_hf_json(const std::string& text) {
     tokens_[size_t(t.first)] = t.second, kind[size_t(t.first)] = 1;
   }
   for (const auto& t : added) {  // an added token may repeat a vocab entry (GPT-2's <|endoftext|>)
-    if (t.first < 0) throw bad("added token id " + std::to_string(t.first));
-    tokens_[size_t(t.first)] = t.second, kind[size_t(t.first)] = 2;
+    if (t.id < 0) throw bad("added token id " + std::to_string(t.id));
+    tokens_[size_t(t.id)] = t.text, kind[size_t(t.id)] = 2;
   }
   for (int64_t i = 0; i < n; i++)
     if (!kind[size_t(i)]) throw bad("no token has id " + std::to_string(i) + " (ids must run from 0 without gaps)");
@@ -174,6 +210,39 @@ void Tokenizer::read_hf_json(const std::string& text) {
   for (const char* e : {"<|endoftext|>", "<|begin_of_text|>", "<s>"}) {
     for (int64_t i = 0; i < n && eot_ < 0; i++)
       if (kind[size_t(i)] == 2 && tokens_[size_t(i)] == e) eot_ = int(i);
+  }
+  // The added tokens found in text (none unless one is not special: then the special ones are passed
+  // over where they match, as tokenizers does with encode_special_tokens), by first byte, longest
+  // first.
+  if (any_found) {
+    for (const Added& t : added) {
+      if (t.text.empty() || tokens_[size_t(t.id)] != t.text) continue;
+      AddedTokens& set = t.normalized ? added_normalized_ : added_raw_;
+      // tokenizers matches a "normalized" token in the normalized text, in its normalized form. It
+      // must be UTF-8, so that it matches whole characters only.
+      std::string text;
+      try {
+        text = t.normalized && nfc_ ? ul::nfc(t.text) : t.text;
+        for (size_t k = 0, len = 0; k < text.size(); k += len) decode_utf8(text, k, len);
+      } catch (const std::invalid_argument& e) {
+        throw bad("added token " + std::to_string(t.id) + ": " + e.what());
+      }
+      // A match could span a letter followed by a space, where tokenize_files.cpp would cut.
+      for (size_t k = 1; k < text.size(); k++)
+        if (text[k] == ' ' && unsigned((text[k - 1] | 0x20) - 'a') < 26) cuts_at_words_ = false;
+      set.entries.push_back({std::move(text), t.special ? -1 : int(t.id)});
+    }
+    for (AddedTokens* set : {&added_raw_, &added_normalized_}) {
+      auto& e = set->entries;
+      std::stable_sort(e.begin(), e.end(), [](const AddedTokens::Entry& a, const AddedTokens::Entry& b) {
+        const unsigned char x = static_cast<unsigned char>(a.text[0]), y = static_cast<unsigned char>(b.text[0]);
+        return x != y ? x < y : a.text.size() > b.text.size();
+      });
+      for (size_t k = 0, b = 0; b <= 256; b++) {
+        while (k < e.size() && static_cast<unsigned char>(e[k].text[0]) < b) k++;
+        set->first[b] = uint32_t(k);
+      }
+    }
   }
   ids_.reserve(size_t(n));
   for (int64_t i = n - 1; i >= 0; i--) {

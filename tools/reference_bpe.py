@@ -10,12 +10,18 @@
   tests/data/bpe_tiny_digits.json    ... with every digit apart first (Digits + ByteLevel)
   tests/data/bpe_tiny_llama3.json    ... in Llama 3's layout (its Split regex, then ByteLevel;
                                      ignore_merges; <|begin_of_text|>)
+  tests/data/bpe_tiny_qwen2.json     ... in Qwen 2's (Qwen 2.5's): an NFC normalizer, then Llama 3's
+                                     regex with single digits, then ByteLevel; <|endoftext|>, more
+                                     special tokens, and added tokens that are not special, found in
+                                     text (Qwen 2.5's <tool_call>, <|fim_prefix|>; one "normalized")
   tests/data/bpe_tiny_sp.json        a SentencePiece-style tokenizer.json as Hugging Face converts
                                      Llama 2's (Prepend + Replace "▁", no pre-tokenizer, merges over
                                      characters, byte fallback, <s>), learned here by tokenizers'
                                      trainer on the same corpus (split at spaces while learning)
   tests/data/bpe_tiny_{digits,llama3,sp}_cases.txt   the same texts, HF's ids in those layouts
                                      (in GPT-2's they are tiktoken's: checked here, not written twice)
+  tests/data/bpe_tiny_qwen2_cases.txt  the same texts and more (text not in NFC: combining marks,
+                                     Hangul jamo, exclusions; digits; added tokens), HF's ids
 
 The merges are learned from a seeded pseudo-random corpus (a plain BPE trainer below), so ids are
 merge ranks as in GPT-2's vocabulary. The expected ids come from tiktoken (pip install tiktoken
@@ -38,6 +44,11 @@ import tiktoken
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                   r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")  # Qwen 2's and Qwen 2.5's tokenizer.json
+# Qwen 2.5's added tokens beyond the special ones: found in text, not normalized.
+QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|file_sep|>"]
+QWEN_ADDED_NORMALIZED = "\u00e9t\u00e9!"  # not in Qwen's files: a "normalized" added token, matched after NFC
 MERGES = 320
 WORDS = ("the of and to in is was he that it for on as with his they at be this from I have or by "
          "one had not but what all were when we there can an your which their said if do will each "
@@ -116,6 +127,29 @@ def cases(rng):
     return fixed + rand
 
 
+def qwen2_cases(rng):
+    """More texts for Qwen 2's layout: not in NFC, digits, contractions, scripts, added tokens."""
+    fixed = [
+        "e\u0301", "A\u030a", "\u1100\u1161\u11a8", "\u1100\u1161 \u1112\u1161\u11ab\uae00", "\uac00\u11a8",
+        "a\u0301\u0323", "a\u0323\u0301 \u1e9b\u0323", "\u0958\u0959 \u2126 \u212b \u0344 \u0340",
+        "\uf900 \U0001d15e", "caf\u00e9 cafe\u0301 CAFE\u0301S", "\u0b92\u0bd7 \u0bc6\u0bbe", "o\u031b\u0323\u0300",
+        "12345", "abc 12345 x1y22 3.14159 1,000,000", "\u00bd\u2168 \u0661\u0662\u0663",
+        "DON'T We'Re I'M THEY'LL she'D 'S it'\u017f x'\u017ft",
+        "\u6771\u4eac\u30bf\u30ef\u30fc \u65e5\u672c\u8a9e\u30c6\u30ad\u30b9\u30c8",
+        "\u4e2d\u6587\u5b57\u7b26\u548c\u6807\u70b9\u3002", "\ud55c\uad6d\uc5b4 \ud14d\uc2a4\ud2b8",
+        "\U0001f642\U0001f680\U0001f44d\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467",
+        "<tool_call>x</tool_call>", "a<|fim_prefix|>b<|fim_suffix|>c<|fim_middle|>", "<|endoftext|><tool_call>",
+        "<|im_start|>user\nhi<|im_end|>", "<tool_call>\u0338 <\u0338tool_call>", "<|im_start|>\u0338",
+        "<tool_call><tool_call", "<|file_sep|>x.py\n", "d\u00e9j\u00e0 \u00e9t\u00e9! e\u0301te\u0301! \u00e9t\u00e9!!",
+        "x\u00e9t\u00e9!\u0301", "  \u0301 leading mark", "\u0301", "1\u0301 2\u0323",
+    ]
+    alphabet = (list("abcAB 0129 .,'!\n\t<>") + ["\u0301", "\u0323", "\u0308", "\u0327", "\u0338", "\u1100", "\u1161",
+                "\u11a8", "\uac00", "\u00e9", "\u2126", "\u0958", "\u6771", "\U0001f642", "<tool_call>", "<|im_end|>",
+                "\u00e9t\u00e9!", "\u0663", "\u00bd"])
+    rand = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(200)]
+    return fixed + rand
+
+
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     rng = random.Random(20241201)
@@ -130,15 +164,18 @@ def main():
             f.write(bytes([len(t)]) + t)
     texts = cases(rng)
     write_cases(os.path.join(root, "tests", "data", "bpe_tiny_cases.txt"), texts, enc.encode_ordinary)
-    for layout, special in (("gpt2", "<|endoftext|>"), ("digits", "<|endoftext|>"), ("llama3", "<|begin_of_text|>")):
+    more = qwen2_cases(rng)
+    for layout, special in (("gpt2", "<|endoftext|>"), ("digits", "<|endoftext|>"), ("llama3", "<|begin_of_text|>"),
+                            ("qwen2", "<|endoftext|>")):
         hf = hf_tokenizer(ranks, merges, layout, special)
         hf.save(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}.json"))
-        hf.encode_special_tokens = True  # "<|endoftext|>" in a text is text
+        hf.encode_special_tokens = True  # "<|endoftext|>" in a text is text (added tokens not special are not)
         ids = lambda t: hf.encode(t, add_special_tokens=False).ids
         if layout == "gpt2":
             assert all(ids(t) == enc.encode_ordinary(t) for t in texts), "HF and tiktoken disagree"
         else:
-            write_cases(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}_cases.txt"), texts, ids)
+            write_cases(os.path.join(root, "tests", "data", f"bpe_tiny_{layout}_cases.txt"),
+                        texts + (more if layout == "qwen2" else []), ids)
     sp = sentencepiece_style(corpus(random.Random(7), 20000))
     sp.save(os.path.join(root, "tests", "data", "bpe_tiny_sp.json"))
     sp.encode_special_tokens = True
@@ -177,7 +214,7 @@ def write_cases(path, texts, encode):
 
 
 def hf_tokenizer(ranks, merges, layout, special):
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     order = gpt2_byte_order()
     # GPT-2's byte -> printable character map (tokenizer.json stores tokens in it).
     chars = {b: chr(b) if b in order[:188] else chr(256 + order[188:].index(b)) for b in range(256)}
@@ -191,10 +228,20 @@ def hf_tokenizer(ranks, merges, layout, special):
         tk.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
-    else:
+    elif layout == "llama3":
         tk.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    else:  # Qwen 2's, as its tokenizer.json has it
+        tk.normalizer = normalizers.NFC()
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens(QWEN_SPECIAL)
+        tk.add_tokens([AddedToken(t, normalized=False, special=False) for t in QWEN_ADDED] +
+                      [AddedToken(QWEN_ADDED_NORMALIZED, normalized=True, special=False)])
+        return tk
     tk.add_special_tokens([special])
     return tk
 

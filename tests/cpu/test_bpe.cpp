@@ -1,6 +1,7 @@
 // The tokenizer's encoder: GPT-2's pre-tokenizer (engine/pretokenize.h) piece by piece, UTF-8
 // errors, and the byte-level BPE against tiktoken's ids for a vocabulary learned by
-// tools/reference_bpe.py (tests/data/bpe_tiny_*).
+// tools/reference_bpe.py (tests/data/bpe_tiny_*), and against Hugging Face's tokenizers in each
+// tokenizer.json layout (Qwen 2's with its NFC normalizer and added tokens found in text).
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "engine/export.h"
+#include "engine/nfc.h"
 #include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
 #include "run_cmd.h"
@@ -82,11 +84,12 @@ TEST_CASE("invalid UTF-8 is refused naming its byte offset", "[bpe]") {
   CHECK(decode_utf8("\xf4\x8f\xbf\xbf", 0, len) == 0x10FFFF);
 }
 
-// Every case of a tools/reference_bpe.py file: the ids, and the text back from them (after `lead`,
-// which a SentencePiece-style tokenizer puts before a text; with lead_unless_space, only before a
-// text that does not start with a space).
+// Every case of a tools/reference_bpe.py file (`count` of them): the ids, and the text back from
+// them (after `lead`, which a SentencePiece-style tokenizer puts before a text; with
+// lead_unless_space, only before a text that does not start with a space; with an NFC normalizer,
+// a text canonically equivalent: the same NFC form).
 static void check_cases(const Tokenizer& tok, const std::string& cases, const std::string& lead = "",
-                        bool lead_unless_space = false) {
+                        bool lead_unless_space = false, int count = 341) {
   std::ifstream f(ul_test::source_path(cases));
   std::string hex, ids;
   int n = 0, merged = 0;
@@ -103,11 +106,12 @@ static void check_cases(const Tokenizer& tok, const std::string& cases, const st
     std::string back;
     for (int id : got) back += tok.decode(id);
     const bool led = !text.empty() && !(lead_unless_space && text[0] == ' ');
-    CHECK(back == (led ? lead : "") + text);
+    if (tok.nfc()) CHECK(nfc(back) == nfc(text));
+    else CHECK(back == (led ? lead : "") + text);
     merged += got.size() < text.size();
     n++;
   }
-  CHECK(n == 341);
+  CHECK(n == count);
   CHECK(merged > 300);  // the vocabulary's merges are in play, not just single bytes
 }
 
@@ -158,12 +162,26 @@ TEST_CASE("Llama 3 pre-tokenizer: any-case contractions, one symbol before a wor
   auto cut = [](const std::string& s) { return pieces(s, llama3_piece_end); };
   CHECK(cut("Hello world") == V{"Hello", " world"});
   CHECK(cut("DON'T we'RE") == V{"DON", "'T", " we", "'RE"});
+  CHECK(cut("x'\u017ft") == V{"x", "'\u017f", "t"});  // (?i) folds U+017F (long s) to s
   CHECK(cut("(word \tword") == V{"(word", " ", "\tword"});
   CHECK(cut("1234567 x") == V{"123", "456", "7", " x"});
   CHECK(cut("a!?\n\nb") == V{"a", "!?\n\n", "b"});
   CHECK(cut("a \n \n  b") == V{"a", " \n \n", " ", " b"});
   CHECK(cut("x\ny") == V{"x", "\n", "y"});
   CHECK(cut("$100") == V{"$", "100"});
+  CHECK(cut("end  ") == V{"end", "  "});
+}
+
+TEST_CASE("Qwen 2 pre-tokenizer: Llama 3's with every digit a piece", "[bpe]") {
+  using V = std::vector<std::string>;
+  auto cut = [](const std::string& s) { return pieces(s, qwen2_piece_end); };
+  CHECK(cut("1234567 x") == V{"1", "2", "3", "4", "5", "6", "7", " x"});
+  CHECK(cut("$100 x1y") == V{"$", "1", "0", "0", " x", "1", "y"});
+  CHECK(cut("\u00bd\u2168\u0663") == V{"\u00bd", "\u2168", "\u0663"});  // No, Nl, Nd: each alone
+  CHECK(cut("DON'T we'RE") == V{"DON", "'T", " we", "'RE"});
+  CHECK(cut("(word \tword") == V{"(word", " ", "\tword"});
+  CHECK(cut("a!?\n\nb") == V{"a", "!?\n\n", "b"});
+  CHECK(cut("a \n \n  b") == V{"a", " \n \n", " ", " b"});
   CHECK(cut("end  ") == V{"end", "  "});
 }
 
@@ -227,6 +245,59 @@ TEST_CASE("tokenizer.json: GPT-2's, digits-apart and Llama 3's layouts match Hug
   CHECK(parse_prompt("hi there", 577, &gpt2) == gpt2.encode("hi there"));
 }
 
+TEST_CASE("tokenizer.json: Qwen 2's layout (NFC, single digits, added tokens in text) matches Hugging Face's ids",
+          "[bpe]") {
+  Tokenizer qwen(ul_test::source_path("tests/data/bpe_tiny_qwen2.json"));
+  CHECK(qwen.vocab() == 586);
+  CHECK(qwen.eot() == 576);
+  CHECK(qwen.decode(576) == "<|endoftext|>");
+  CHECK_FALSE(qwen.eot_opens_text());
+  CHECK(qwen.nfc());
+  CHECK(qwen.splitter() == "Qwen 2");
+  CHECK(qwen.cuts_at_words());
+  // tools/reference_bpe.py: the shared texts, then texts not in NFC, digits, added tokens.
+  check_cases(qwen, "tests/data/bpe_tiny_qwen2_cases.txt", "", false, 574);
+  // Added tokens that are not special come out of text (<tool_call> 579); special ones never do.
+  CHECK(qwen.encode("<tool_call>") == std::vector<int>{579});
+  const std::vector<int> eot_text = qwen.encode("<|endoftext|><|im_start|>");
+  CHECK(eot_text.size() > 2);
+  for (int id : eot_text) CHECK(id < 576);
+  // Composed and decomposed text encode alike.
+  CHECK(qwen.encode("cafe\u0301 \u1100\u1161\u11a8") == qwen.encode("caf\u00e9 \uac01"));
+  // The same layout without the normalizer: not NFC'd, and named so.
+  std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_qwen2.json"));
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string norm = "\"normalizer\": {\n    \"type\": \"NFC\"\n  }";
+  const size_t at = json.find(norm);
+  REQUIRE(at != std::string::npos);
+  ul_test::TempDir d;
+  std::ofstream(d / "raw.json", std::ios::binary) << json.replace(at, norm.size(), "\"normalizer\": null");
+  Tokenizer raw(d / "raw.json");
+  CHECK(raw.splitter() == "Qwen 2 without NFC");
+  CHECK(raw.encode("cafe\u0301") != qwen.encode("cafe\u0301"));
+  CHECK(raw.encode("caf\u00e9") == qwen.encode("caf\u00e9"));
+}
+
+TEST_CASE("tokenizer.json with NFC: a text cut at a letter before a space encodes as whole", "[bpe]") {
+  // data/tokenize_files.cpp cuts large files there; NFC never reaches across a space.
+  Tokenizer qwen(ul_test::source_path("tests/data/bpe_tiny_qwen2.json"));
+  std::string text;
+  for (int i = 0; i < 300; i++)
+    text += std::string(i % 3 ? "cafe\u0301 " : "a\u0323\u0301 ") + std::to_string(i) +
+            " \u1100\u1161 word<tool_call>x " + (i % 5 ? "e\u0301" : "\u0958") + " \u0301 over the lazy dog ";
+  const std::vector<int> whole = qwen.encode(text);
+  int cuts = 0;
+  for (size_t k = 1; k < text.size(); k++) {
+    if (text[k] != ' ' || unsigned((text[k - 1] | 0x20) - 'a') >= 26) continue;
+    std::vector<int> part = qwen.encode(std::string_view(text).substr(0, k));
+    qwen.encode_into(text, part, k);
+    CAPTURE(k);
+    CHECK(part == whole);
+    cuts++;
+  }
+  CHECK(cuts > 1000);
+}
+
 TEST_CASE("tokenizer.json: what would encode differently is refused, naming the file", "[bpe]") {
   std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_llama3.json"));
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -243,8 +314,8 @@ TEST_CASE("tokenizer.json: what would encode differently is refused, naming the 
   const struct {
     std::string from, to, words;
   } bad[] = {
-      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}", "a normalizer (NFC)"},
-      {"\\p{N}{1,3}", "\\p{N}", "its pattern is"},
+      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"NFKC\"}", "a normalizer (NFKC)"},
+      {"\\p{N}{1,3}", "\\p{N}{1,2}", "its pattern is"},
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model is WordPiece, not BPE"},
       {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback"},
       {"\"Ġ\": 220,", "\"Ġ\": 9999,", "no token has id 220"},
@@ -252,5 +323,23 @@ TEST_CASE("tokenizer.json: what would encode differently is refused, naming the 
   for (const auto& b : bad) {
     CAPTURE(b.words);
     CHECK_THROWS_WITH(Tokenizer(with(b.from, b.to)), Catch::Contains(path) && Catch::Contains(b.words));
+  }
+  // Qwen 2's layout: an added token found in text that would take the spaces around it, or whole
+  // words only, is matched differently.
+  std::ifstream q(ul_test::source_path("tests/data/bpe_tiny_qwen2.json"));
+  const std::string qwen((std::istreambuf_iterator<char>(q)), std::istreambuf_iterator<char>());
+  for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+    std::string s = qwen;
+    const std::string tool = "\"content\": \"<tool_call>\",";
+    const size_t at = s.find(tool);
+    REQUIRE(at != std::string::npos);
+    const std::string off = "\"" + std::string(flag) + "\": false";
+    const size_t f = s.find(off, at);
+    REQUIRE(f != std::string::npos);
+    s.replace(f, off.size(), "\"" + std::string(flag) + "\": true");
+    std::ofstream(path, std::ios::binary) << s;
+    CAPTURE(flag);
+    CHECK_THROWS_WITH(Tokenizer(path),
+                      Catch::Contains(path) && Catch::Contains("'<tool_call>' sets " + std::string(flag)));
   }
 }

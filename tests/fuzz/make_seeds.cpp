@@ -122,6 +122,12 @@ int main(int argc, char** argv) {
   for (std::string t : {"a", "bc", "<|e|>"}) tok += char(t.size()) + t;
   write(seed("tokenizer", "tokenizer.bin"), tok);
   // A Hugging Face tokenizer.json of GPT-2's layout: tokens "a", "b", "ab", the merge a + b, an EOT.
+  // Qwen 2's layout (NFC, its Split, added tokens that are not special): the committed test fixture.
+  write(seed("tokenizer", "qwen2.json"), ul::read_whole_file("tests/data/bpe_tiny_qwen2.json"));
+  // A sharded checkpoint's index.
+  write(seed("hf_index", "model.safetensors.index.json"),
+        R"({"metadata":{"total_size":24},"weight_map":{"model.embed_tokens.weight":"model-00001-of-00002.safetensors",)"
+        R"("model.norm.weight":"model-00002-of-00002.safetensors"}})");
   write(seed("tokenizer", "tokenizer.json"),
         R"({"added_tokens":[{"id":3,"content":"<|endoftext|>","special":true}],"normalizer":null,)"
         R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},)"
