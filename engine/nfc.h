@@ -10,10 +10,11 @@
 // from the boundary before it (a class-0, quick-check-Yes code point, before which NFC never changes
 // anything) to the next; a stretch that comes out the same leaves the text as it is.
 //
-// The tables (engine/nfc_tables.inc) come from Python's unicodedata by tools/gen_nfc_tables.py, at
-// its Unicode version (14.0 with Python 3.11). Hugging Face's tokenizers normalizes with tables of
-// Unicode 9.0: the combining marks encoded since (about a hundred, in rare scripts) are starters to
-// it, so a text that puts one of them next to another mark out of order can come out differently.
+// This is NFC as Hugging Face's tokenizers computes it, which is Unicode 9.0's: a code point encoded
+// since is an ordinary starter to it (the 98 combining marks added after 9.0 have class 0, and the
+// one later canonical decomposition, U+11938, neither decomposes nor composes). The tables
+// (engine/nfc_tables.inc) are Python's unicodedata (14.0 with Python 3.11) with those code points
+// left out, by tools/gen_nfc_tables.py; the tests hold the result to tokenizers' own.
 #pragma once
 #include <string>
 #include <string_view>
