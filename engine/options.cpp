@@ -353,6 +353,10 @@ void apply_rope_flags(const Options& o, ModelConfig& c) {
   if (scaling) c.rope_scaling = parse_rope_scaling(o.rope_scaling);
 }
 
+bool preset_has_vocab(const std::string& m) {
+  return m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B" || m == "llama-3.2-1B" || m == "qwen2.5-0.5B";
+}
+
 ModelConfig model_config(const Options& o, int data_vocab) {
   ModelConfig c;
   const std::string& m = o.model;
@@ -380,8 +384,7 @@ ModelConfig model_config(const Options& o, int data_vocab) {
                              "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B, llama-3.2-1B, "
                              "qwen2.5-0.5B)");
   }
-  bool preset_vocab = m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B" || m == "llama-3.2-1B" || m == "qwen2.5-0.5B";
-  if (!preset_vocab) c.vocab = data_vocab;
+  if (!preset_has_vocab(m)) c.vocab = data_vocab;
   if (o.layers > 0) c.layers = o.layers;
   if (o.dim > 0) c.dim = o.dim;
   if (o.heads > 0) c.heads = o.heads;

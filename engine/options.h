@@ -85,6 +85,9 @@ DType param_dtype(const Options& o);
 
 // The model configuration: preset, then flag overrides; vocab from the data when not given.
 ModelConfig model_config(const Options& o, int data_vocab);
+// Whether --model NAME is a preset with its own vocabulary (gpt2-124M, llama-3.2-1B, ...): the
+// data then need not be opened to size the model.
+bool preset_has_vocab(const std::string& model);
 // --rope-theta and --rope-scaling, when given, onto c (a preset's or a checkpoint's: overriding a
 // llama checkpoint's RoPE is how its context is extended); refused on gpt2.
 void apply_rope_flags(const Options& o, ModelConfig& c);

@@ -280,11 +280,13 @@ std::string mib(double b) {  // "   12.5 MiB" or "    1.23 GiB"
 
 PlanConfig plan_config(const Options& o) {
   if (o.ranks % o.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp");
-  if (!o.checkpoint.empty()) {  // the run's model is the checkpoint's, not the flags'
+  if (!o.checkpoint.empty()) {  // the run's model is the checkpoint's (with the RoPE flags, as train has it)
     std::vector<float> values;
-    return plan_config(o, checkpoint_model_config(o.checkpoint, values));
+    ModelConfig cfg = checkpoint_model_config(o.checkpoint, values);
+    apply_rope_flags(o, cfg);
+    return plan_config(o, cfg);
   }
-  const bool preset_vocab = o.model == "gpt2-124M" || o.model == "gpt2-350M" || o.model == "llama-1B";
+  const bool preset_vocab = preset_has_vocab(o.model);
   int data_vocab = o.vocab;  // the data is opened only when it sizes the model
   if (!preset_vocab && data_vocab <= 0) data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
   return plan_config(o, model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab));

@@ -52,6 +52,9 @@ TEST_CASE("rope scaling flag: trains, saves, resumes only unchanged, and overrid
   CHECK(r.out.find("rope_theta=500000 rope_scaling=linear:factor=4") != std::string::npos);
   r = run_cmd(train_cmd(from + " --rope-scaling none"));
   CHECK(r.out.find("rope_theta=10000 vocab=") != std::string::npos);
+  r = run_cmd(train_cmd(from + " --plan --rope-scaling linear:factor=4"));  // the plan shows what train would run
+  CHECK(r.out.find("plan | llama") != std::string::npos);
+  CHECK(r.out.find("rope_scaling=linear:factor=4") != std::string::npos);
 
   // Refusals: gpt2 (learned positions), a malformed spec.
   r = run_cmd(train_cmd("--model gpt2 --rope-scaling linear:factor=2 --steps 1"));
