@@ -35,9 +35,10 @@ import time
 
 import tiktoken
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_bpe import qwen2_layout  # noqa: E402 (the tools' shared definition of Qwen 2's layout)
+
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
                 "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
@@ -65,7 +66,7 @@ def read_ranks(path):
 
 def qwen2_tokenizer(ranks_file, path):
     """Writes Qwen 2.5's tokenizer.json layout for the ranks to path."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, models
     ranks = read_ranks(ranks_file)
     # GPT-2's byte -> character map, in which tokenizer.json stores byte-level tokens.
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0x100))
@@ -85,11 +86,7 @@ def qwen2_tokenizer(ranks_file, path):
         assert len(parts) == 2, tok
         merges.append((text(parts[0]), text(parts[1])))
     tk = Tokenizer(models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges, ignore_merges=False))
-    tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    tk.decoder = decoders.ByteLevel()
+    qwen2_layout(tk)
     tk.add_special_tokens(QWEN_SPECIAL)
     tk.add_tokens([AddedToken(t, normalized=False, special=False) for t in QWEN_ADDED])
     assert tk.token_to_id("<|endoftext|>") == len(ranks)

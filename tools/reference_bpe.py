@@ -58,6 +58,16 @@ WORDS = ("the of and to in is was he that it for on as with his they at be this 
 PUNCT = [".", ",", "!", "?", ";", ":", "'", '"', "(", ")", "--", "...", "<|endoftext|>", "\n", "\n\n", "\t"]
 
 
+
+def qwen2_layout(tk):
+    """Qwen 2's (and Qwen 2.5's) normalizer, pre-tokenizer and decoder, as its tokenizer.json has them."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+
 def gpt2_byte_order():
     # GPT-2's first 256 ids: the printable bytes, then the rest (its bytes_to_unicode order).
     first = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
@@ -214,7 +224,7 @@ def write_cases(path, texts, encode):
 
 
 def hf_tokenizer(ranks, merges, layout, special):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
     order = gpt2_byte_order()
     # GPT-2's byte -> printable character map (tokenizer.json stores tokens in it).
     chars = {b: chr(b) if b in order[:188] else chr(256 + order[188:].index(b)) for b in range(256)}
@@ -233,11 +243,7 @@ def hf_tokenizer(ranks, merges, layout, special):
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     else:  # Qwen 2's, as its tokenizer.json has it
-        tk.normalizer = normalizers.NFC()
-        tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-        tk.decoder = decoders.ByteLevel()
+        qwen2_layout(tk)
         tk.add_special_tokens(QWEN_SPECIAL)
         tk.add_tokens([AddedToken(t, normalized=False, special=False) for t in QWEN_ADDED] +
                       [AddedToken(QWEN_ADDED_NORMALIZED, normalized=True, special=False)])
