@@ -33,7 +33,7 @@ bool is_hf_checkpoint_path(const std::string& path) {
 
 ModelConfig hf_checkpoint_config(const std::string& path) {
   if (is_safetensors_index_path(path)) return hf_read_config(read_safetensors_index(path));
-  SafetensorsFile f(path);
+  const SafetensorsFile f(path, /*header_only=*/true);  // the weights are read once the model exists
   return hf_read_config(f);
 }
 

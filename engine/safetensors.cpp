@@ -1,6 +1,9 @@
 #include "engine/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -53,16 +56,37 @@ int64_t SafeTensorInfo::numel() const {
   return n;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(read_whole_file(path)) {
-  if (bytes_.size() < 8) throw st_error(path, "truncated: " + std::to_string(bytes_.size()) + " bytes, no 8-byte header length");
+namespace {
+// The first `bytes` bytes of path (fewer when the file is shorter), and the file's size.
+std::string read_prefix(const std::string& path, size_t bytes, size_t& file_size) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw st_error(path, std::string("cannot open: ") + std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  file_size = size_t(f.tellg());
+  f.seekg(0);
+  std::string s(std::min(bytes, file_size), '\0');
+  if (!f.read(&s[0], std::streamsize(s.size()))) throw st_error(path, "read failed");
+  return s;
+}
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : path_(path), header_only_(header_only) {
+  size_t file_size = 0;
+  if (header_only) bytes_ = read_prefix(path, 8, file_size);
+  else bytes_ = read_whole_file(path), file_size = bytes_.size();
+  if (file_size < 8) throw st_error(path, "truncated: " + std::to_string(file_size) + " bytes, no 8-byte header length");
   uint64_t n = 0;
   for (int k = 7; k >= 0; k--) n = (n << 8) | static_cast<unsigned char>(bytes_[size_t(k)]);
   if (n > kMaxHeader) throw st_error(path, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
-  if (n > bytes_.size() - 8)
+  if (n > file_size - 8)
     throw st_error(path, "truncated: the header claims " + std::to_string(n) + " bytes but the file has " +
-                             std::to_string(bytes_.size() - 8) + " after the length");
+                             std::to_string(file_size - 8) + " after the length");
   data0_ = 8 + size_t(n);
-  const size_t data_bytes = bytes_.size() - data0_;
+  if (header_only) {
+    bytes_ = read_prefix(path, data0_, file_size);
+    if (bytes_.size() < data0_) throw st_error(path, "the file shrank while it was read");
+  }
+  const size_t data_bytes = file_size - data0_;
   const std::string header = bytes_.substr(8, size_t(n));
   if (header.empty() || header[0] != '{') throw st_error(path, "the header is not a JSON object");
   const JsonValue root = parse_json(header, path + ": safetensors header");
@@ -133,6 +157,7 @@ const SafeTensorInfo* SafetensorsFile::find(const std::string& name) const {
 }
 
 std::vector<float> SafetensorsFile::to_f32(const SafeTensorInfo& t) const {
+  if (header_only_) throw std::logic_error(path_ + ": read for its header only; tensor '" + t.name + "' has no data here");
   const char* p = bytes_.data() + data0_ + t.begin;
   const size_t n = size_t(t.numel());
   std::vector<float> out(n);

@@ -43,7 +43,9 @@ struct SafeTensorInfo {
 
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);  // reads and validates the whole file
+  // Reads and validates the whole file; or, header_only, only its header, checked against the
+  // file's size the same way (enough for its metadata and tensor list; to_f32 then throws).
+  explicit SafetensorsFile(const std::string& path, bool header_only = false);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -53,8 +55,9 @@ class SafetensorsFile {
   std::vector<float> to_f32(const SafeTensorInfo& t) const;
 
  private:
-  std::string path_, bytes_;
+  std::string path_, bytes_;  // bytes_: the whole file, or (header_only) its first data0_ bytes
   size_t data0_ = 0;
+  bool header_only_ = false;
   std::map<std::string, std::string> metadata_;
   std::vector<SafeTensorInfo> tensors_;
 };

@@ -58,6 +58,12 @@ TEST_CASE("safetensors round-trips F32 exactly and BF16 with round-to-nearest-ev
   CHECK(bf16_from_f32(-0.0f) == 0x8000);
   CHECK(std::isnan(f32_from_bf16(bf16_from_f32(NAN))));
   CHECK(fs::file_size(d / "b.safetensors") % 2 == 0);  // 8-byte length + space-padded header (multiple of 8) + 2-byte data
+  // Header only: the same metadata and tensors without the data, which it refuses to convert.
+  SafetensorsFile h(d / "f.safetensors", true);
+  CHECK(h.metadata() == f.metadata());
+  REQUIRE(h.tensors().size() == f.tensors().size());
+  CHECK(h.find("a")->shape == f.find("a")->shape);
+  CHECK_THROWS_WITH(h.to_f32(*h.find("a")), Catch::Contains("header only"));
 }
 
 TEST_CASE("safetensors refuses corrupt files naming the file and the problem", "[interop]") {
@@ -91,7 +97,12 @@ TEST_CASE("safetensors refuses corrupt files naming the file and the problem", "
       {raw_file("{" + one("t", "F32", "2", "0,8") + "," + one("t", "F32", "2", "0,8") + "}", z8), "duplicate key"},
       {raw_file(R"({"__metadata__":{"a":1}})", ""), "not a string"},
   };
-  for (const auto& [bytes, words] : bad) check_refused(p, bytes, words);
+  for (const auto& [bytes, words] : bad) {
+    check_refused(p, bytes, words);
+    // Reading only the header finds the same problems: the offsets are checked against the file's size.
+    CAPTURE(words);
+    CHECK_THROWS_WITH(SafetensorsFile(p, true), Catch::Contains(p) && Catch::Contains(words));
+  }
 }
 
 TEST_CASE("llm.c checkpoints export as version 5 (bf16, nearest even) and read back", "[interop]") {
