@@ -123,41 +123,67 @@ TEST_CASE("tied llama embeddings: trained, saved, reloaded tied, refused where m
   CHECK(r.out.find("--tie-embeddings: the model's shape comes from --checkpoint") != std::string::npos);
 }
 
-TEST_CASE("a Llama-3.2-shaped workflow: prepare with tokenizer.json, train packed, export, reload, sample", "[cli]") {
-  // The chain a user follows to fine-tune such a model on their own text, end to end on a tiny
-  // model: Llama 3's tokenizer layout (tests/data/bpe_tiny_llama3.json), <|begin_of_text|> opening
-  // each document, --doc-mask, scaled RoPE, tied embeddings, safetensors out and back, a prompt.
+namespace {
+
+// The chain a user follows to fine-tune a pretrained model on their own text, end to end on a tiny
+// model: prepare with a tokenizer.json layout, each document opened by the EOT, --doc-mask, the
+// model's RoPE and settings, safetensors out and back (same eval), a text prompt.
+struct Workflow {
+  const char* tokenizer;     // under tests/data
+  std::string model_flags;   // the shape's settings
+  std::string vocab, eot;    // what the run reports: "vocab=N", the EOT id
+  std::string described;     // in the reloaded model's line
+  std::string sampled;       // the start of the sampled line
+};
+
+void run_workflow(const Workflow& w) {
   TempDir d;
   std::string book;
   for (int i = 0; i < 400; i++) book += "the word " + std::to_string(i % 50) + " don't stop.\n";
   std::ofstream(d / "book.txt", std::ios::binary) << book;
   std::ofstream(d / "notes.txt", std::ios::binary) << book.substr(0, 3000);
-  const std::string json = ul_test::source_path("tests/data/bpe_tiny_llama3.json");
+  const std::string json = ul_test::source_path(std::string("tests/data/") + w.tokenizer);
   auto r = run_cmd(train_cmd("prepare --tokenizer " + json + " --out " + (d / "s") + " " + (d / "book.txt") + " " +
                              (d / "notes.txt")));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  r = run_cmd(train_cmd("--model llama --tie-embeddings --rope-theta 500000 "
-                        "--rope-scaling llama3:factor=8,low=1,high=4,orig=32 --data 'shards:" + (d / "s") +
-                        "/text_*.bin' --doc-mask --seq 64 --batch 2 --steps 3 --eval-batches 1 --threads 1 "
-                        "--export-safetensors " + (d / "hf/model.safetensors")));
+  const std::string data = " --data 'shards:" + (d / "s") + "/text_*.bin' --threads 1";
+  r = run_cmd(train_cmd("--model llama " + w.model_flags + data + " --doc-mask --seq 64 --batch 2 --steps 3 " +
+                        "--eval-batches 1 --export-safetensors " + (d / "hf/model.safetensors")));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("vocab=577") != std::string::npos);
-  CHECK(r.out.find("--doc-mask: documents start at token 576") != std::string::npos);
+  CHECK(r.out.find(w.vocab) != std::string::npos);
+  CHECK(r.out.find("--doc-mask: documents start at token " + w.eot) != std::string::npos);
   const std::string last_eval = r.out.substr(r.out.rfind("val loss "), 15);
   // The export evaluates the same on the same data, and samples from a text prompt.
-  r = run_cmd(train_cmd("--checkpoint " + (d / "hf/model.safetensors") + " --data 'shards:" + (d / "s") +
-                        "/text_*.bin' --doc-mask --seq 64 --batch 2 --steps 0 --eval-batches 1 --threads 1"));
+  r = run_cmd(train_cmd("--checkpoint " + (d / "hf/model.safetensors") + data +
+                        " --doc-mask --seq 64 --batch 2 --steps 0 --eval-batches 1"));
   CHECK(r.code == 0);
   CHECK(r.out.find(last_eval) != std::string::npos);
-  CHECK(r.out.find("rope_scaling=llama3:factor=8,low=1,high=4,orig=32 tied") != std::string::npos);
-  r = run_cmd(train_cmd("--checkpoint " + (d / "hf/model.safetensors") + " --data 'shards:" + (d / "s") +
-                        "/text_*.bin' --steps 0 --threads 1 --sample 5 --temperature 0 --prompt 'the word' "
-                        "--tokenizer " + json));
+  CHECK(r.out.find(w.described) != std::string::npos);
+  r = run_cmd(train_cmd("--checkpoint " + (d / "hf/model.safetensors") + data +
+                        " --steps 0 --sample 5 --temperature 0 --prompt 'the word' --tokenizer " + json));
   INFO(r.out);
   CHECK(r.code == 0);
-  CHECK(r.out.find("<|begin_of_text|>the word") != std::string::npos);  // the prompt opens with BOS
+  CHECK(r.out.find("\n" + w.sampled) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("a Llama-3.2-shaped workflow: prepare with tokenizer.json, train packed, export, reload, sample", "[cli]") {
+  // Llama 3's tokenizer layout, <|begin_of_text|> (576) opening each document and the prompt,
+  // Llama 3.1's RoPE scaling, tied embeddings.
+  run_workflow({"bpe_tiny_llama3.json", "--tie-embeddings --rope-theta 500000 --rope-scaling llama3:factor=8,low=1,high=4,orig=32",
+                "vocab=577", "576", "rope_scaling=llama3:factor=8,low=1,high=4,orig=32 tied", "<|begin_of_text|>the word"});
+}
+
+TEST_CASE("a Qwen-2.5-shaped workflow: NFC + Qwen 2's split, q/k/v bias, eps 1e-6, YaRN, export as qwen2", "[cli]") {
+  // Qwen 2's tokenizer layout (added tokens not special among its 586), <|endoftext|> (576) opening
+  // each document but not the prompt.
+  run_workflow({"bpe_tiny_qwen2.json", "--tie-embeddings --qkv-bias --norm-eps 1e-6 --rope-theta 1000000 "
+                "--rope-scaling yarn:factor=4,orig=32",
+                "vocab=586", "576", "rope_scaling=yarn:factor=4,orig=32,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1 "
+                "tied qkv_bias norm_eps=1e-06", "the word"});
 }
 
 TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only unchanged, export as qwen2", "[cli]") {
