@@ -189,7 +189,7 @@ TEST_CASE("a Qwen-2.5-shaped workflow: NFC + Qwen 2's split, q/k/v bias, eps 1e-
 TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only unchanged, export as qwen2", "[cli]") {
   TempDir d;
   const std::string base = "--model llama --seq 32 --batch 2 --eval-batches 1 --threads 1 ";
-  const std::string qwen = "--qkv-bias --norm-eps 1e-6 ";
+  const std::string qwen = "--qkv-bias --norm-eps 1e-6 --max-seq 16 ";
   auto r = run_cmd(train_cmd(base + qwen + "--steps 2 --save-dir " + (d / "run") + " --export-safetensors " +
                              (d / "hf/model.safetensors")));
   INFO(r.out);
@@ -209,8 +209,10 @@ TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only
   const std::string json = ul::read_whole_file(d / "hf/config.json");
   CHECK(json.find("\"model_type\":\"qwen2\"") != std::string::npos);
   CHECK(json.find("\"rms_norm_eps\":1e-06") != std::string::npos);
+  // Trained past its max_seq (16), a llama's max_position_embeddings is the trained length.
+  CHECK(json.find("\"max_position_embeddings\":32") != std::string::npos);
   // Resume with another setting: refused, naming the flag.
-  r = run_cmd(train_cmd(base + "--norm-eps 1e-6 --steps 3 --resume --save-dir " + (d / "run")));
+  r = run_cmd(train_cmd(base + "--norm-eps 1e-6 --max-seq 16 --steps 3 --resume --save-dir " + (d / "run")));
   CHECK(r.code != 0);
   CHECK(r.out.find("qkv_bias is true in the checkpoint but false in this run (--qkv-bias)") != std::string::npos);
   r = run_cmd(train_cmd(base + qwen + "--steps 3 --resume --save-dir " + (d / "run")));
