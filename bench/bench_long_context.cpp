@@ -3,7 +3,8 @@
 //      activations recompute keeps per token per layer (target: <= 2 C bytes-per-element);
 //   2. the longest T that fits this kind of machine (24 GiB, shared by the ranks of one host), for
 //      GPT-2 124M and a llama ~1B shape, at sp = 1, 2, 4;
-//   3. the longest T on H200s (141 GB each, bf16): 1 GPU, 8 GPUs (one node), 32 GPUs (4 nodes).
+//   3. the longest T on H200s (141 GB each, bf16): 1 GPU, 8 GPUs (one node), 32 GPUs (4 nodes), for
+//      those two and the Llama 3.1 8B and Qwen 2.5 7B shapes.
 // The planner walks the same allocations as the run (held byte-exact to the arena by
 // tests/cpu/test_memory_features.cpp and, for the CUDA backend, tests/emu/test_memory_cuda.cpp);
 // it allocates nothing, so this runs in a second.
@@ -78,9 +79,14 @@ int main(int argc, char** argv) {
               "|---|---|---|---|---|---|\n");
   const double h200 = 141e9;
   struct Layout { int gpus, sp; };
-  for (const char* m : models) {
-    const bool gpt2 = std::string(m) == "gpt2-124M";  // 12 heads: sp must divide 12
-    for (Layout l : {Layout{1, 1}, Layout{8, gpt2 ? 4 : 8}, Layout{32, gpt2 ? 4 : 32}}) {
+  for (const char* m : {"gpt2-124M", "llama-1B", "llama-3.1-8B", "qwen2.5-7B"}) {
+    // sp: the largest that divides both the heads and the GPUs (12 heads: 4; Qwen's 28: 4).
+    auto widest_sp = [&](int gpus) {
+      int sp = gpus;
+      while (preset(m).heads % sp || gpus % sp) sp--;
+      return sp;
+    };
+    for (Layout l : {Layout{1, 1}, Layout{8, widest_sp(8)}, Layout{32, widest_sp(32)}}) {
       const int64_t off = longest_seq(config(m, 64, l.sp, l.gpus, true, 8, 1, Device::cuda, true), h200);
       const double pinned = gib(double(plan_memory(config(m, int(off), l.sp, l.gpus, true, 8, 1, Device::cuda, true)).pinned_host));
       std::printf("| %s | %d | %d x %d | %lld | %lld | %lld (%.1f) |\n", m, l.gpus, l.sp, l.gpus / l.sp,

@@ -22,7 +22,7 @@ const char* usage() {
 
 model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B |
-                      llama-3.2-1B | qwen2.5-0.5B                                         [tiny]
+                      llama-3.2-1B | llama-3.1-8B | qwen2.5-0.5B | qwen2.5-7B             [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
                       override the preset (vocab defaults to the data's)
   --tie-embeddings    llama: the output head is the token embedding (as Llama 3.2, SmolLM)
@@ -354,7 +354,9 @@ void apply_rope_flags(const Options& o, ModelConfig& c) {
 }
 
 bool preset_has_vocab(const std::string& m) {
-  return m == "gpt2-124M" || m == "gpt2-350M" || m == "llama-1B" || m == "llama-3.2-1B" || m == "qwen2.5-0.5B";
+  for (const char* p : {"gpt2-124M", "gpt2-350M", "llama-1B", "llama-3.2-1B", "llama-3.1-8B", "qwen2.5-0.5B", "qwen2.5-7B"})
+    if (m == p) return true;
+  return false;
 }
 
 ModelConfig model_config(const Options& o, int data_vocab) {
@@ -375,14 +377,20 @@ ModelConfig model_config(const Options& o, int data_vocab) {
     c.arch = "llama"; c.layers = 16; c.dim = 2048; c.heads = 32; c.kv_heads = 8; c.ffn = 8192;
     c.max_seq = 1 << 20; c.vocab = 128256; c.rope_theta = 500000.0f; c.tie_embeddings = true;
     c.rope_scaling = parse_rope_scaling("llama3:factor=32,low=1,high=4,orig=8192");
-  } else if (m == "qwen2.5-0.5B") {  // Qwen 2.5 0.5B's shape: q/k/v bias, RMSNorm eps 1e-6, tied embeddings
-    c.arch = "llama"; c.layers = 24; c.dim = 896; c.heads = 14; c.kv_heads = 2; c.ffn = 4864;
-    c.max_seq = 1 << 20; c.vocab = 151936; c.rope_theta = 1000000.0f; c.tie_embeddings = true;
+  } else if (m == "llama-3.1-8B") {  // Llama 3.1 8B's shape: RoPE scaled for 128K, untied
+    c.arch = "llama"; c.layers = 32; c.dim = 4096; c.heads = 32; c.kv_heads = 8; c.ffn = 14336;
+    c.max_seq = 1 << 20; c.vocab = 128256; c.rope_theta = 500000.0f;
+    c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=8192");
+  } else if (m == "qwen2.5-0.5B" || m == "qwen2.5-7B") {  // Qwen 2.5's: q/k/v bias, RMSNorm eps 1e-6
+    const bool small = m == "qwen2.5-0.5B";  // tied embeddings; 7B's are not
+    c.arch = "llama"; c.layers = small ? 24 : 28; c.dim = small ? 896 : 3584; c.heads = small ? 14 : 28;
+    c.kv_heads = small ? 2 : 4; c.ffn = small ? 4864 : 18944; c.vocab = small ? 151936 : 152064;
+    c.max_seq = 1 << 20; c.rope_theta = 1000000.0f; c.tie_embeddings = small;
     c.qkv_bias = true; c.norm_eps = 1e-6f;
   } else {
     throw std::runtime_error("--model: unknown model '" + m +
                              "' (gpt2, llama, tiny, gpt2-124M, gpt2-350M, llama-tiny, llama-1B, llama-3.2-1B, "
-                             "qwen2.5-0.5B)");
+                             "llama-3.1-8B, qwen2.5-0.5B, qwen2.5-7B)");
   }
   if (!preset_has_vocab(m)) c.vocab = data_vocab;
   if (o.layers > 0) c.layers = o.layers;

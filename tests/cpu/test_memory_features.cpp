@@ -228,11 +228,11 @@ TEST_CASE("the planner counts the large presets' parameters as their published m
   // fp32 on the CPU: 4 bytes a parameter. Llama 3.2 1B: 1,235,814,400 (tied embeddings, one
   // 128256 x 2048 table); TinyLlama 1.1B: 1,100,048,384; GPT-2 124M: llm.c's 124,475,904 (its
   // vocabulary padded to 50304 rows; Hugging Face's 124,439,808 has 50257); Qwen 2.5 0.5B:
-  // 494,032,768 (tied, q/k/v biases; its 151936 rows are already a multiple of 128).
-  const std::pair<const char*, size_t> presets[] = {{"llama-3.2-1B", 1235814400},
-                                                    {"llama-1B", 1100048384},
-                                                    {"gpt2-124M", 124475904},
-                                                    {"qwen2.5-0.5B", 494032768}};
+  // 494,032,768 (tied, q/k/v biases; its 151936 rows are already a multiple of 128); Llama 3.1 8B:
+  // 8,030,261,248; Qwen 2.5 7B: 7,615,616,512 (transformers' counts for their configs).
+  const std::pair<const char*, size_t> presets[] = {{"llama-3.2-1B", 1235814400}, {"llama-1B", 1100048384},
+                                                    {"gpt2-124M", 124475904},     {"qwen2.5-0.5B", 494032768},
+                                                    {"llama-3.1-8B", 8030261248}, {"qwen2.5-7B", 7615616512}};
   for (const auto& p : presets) {
     CAPTURE(p.first);
     // Data that does not exist: a preset with its own vocabulary never opens it.
