@@ -159,11 +159,11 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
       s.truncate = tr->b;
     }
     // The attention factor: given; or DeepSeek's mscale / mscale_all_dim ratio; or from factor.
-    auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(double(s.factor)) + 1.0; };
     const JsonValue *m = given("mscale"), *m_all = given("mscale_all_dim");
     if (given("attention_factor")) s.attention_factor = float(num("attention_factor"));
     else if (m && m_all && num("mscale") != 0 && num("mscale_all_dim") != 0)
-      s.attention_factor = float(mscale(num("mscale")) / mscale(num("mscale_all_dim")));
+      s.attention_factor = float(yarn_attention_factor(s.factor, num("mscale")) /
+                                 yarn_attention_factor(s.factor, num("mscale_all_dim")));
     else s.attention_factor = float(yarn_attention_factor(s.factor));
   } else {
     throw std::runtime_error(where + ": rope scaling '" + t +

@@ -13,7 +13,9 @@
 
 namespace ul {
 
-double yarn_attention_factor(double factor) { return factor <= 1 ? 1.0 : 0.1 * std::log(factor) + 1.0; }
+double yarn_attention_factor(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
 
 RopeScaling parse_rope_scaling(const std::string& spec) {
   auto bad = [&](const std::string& why) {
@@ -32,7 +34,7 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
   else if (kind == "llama3") s.kind = RopeScaling::kLlama3;
   else if (kind == "yarn") s.kind = RopeScaling::kYarn;
   else throw bad("unknown kind '" + kind + "'");
-  bool has_factor = false, has_attn = false;
+  bool has_factor = false, has_attn = false, has_orig = false;
   const bool yarn = s.kind == RopeScaling::kYarn;
   for (size_t at = colon == std::string::npos ? spec.size() : colon + 1; at < spec.size();) {
     const size_t comma = std::min(spec.find(',', at), spec.size());
@@ -48,7 +50,7 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
     else if (key == "high" && s.kind == RopeScaling::kLlama3) s.high_freq_factor = float(x);
     else if (key == "orig" && (s.kind == RopeScaling::kLlama3 || yarn)) {
       if (x != std::floor(x) || x < 1 || x > 1e9) throw bad("orig must be a whole number of positions >= 1");
-      s.original_max_pos = int32_t(x);
+      s.original_max_pos = int32_t(x), has_orig = true;
     } else if (key == "beta_fast" && yarn) s.beta_fast = float(x);
     else if (key == "beta_slow" && yarn) s.beta_slow = float(x);
     else if (key == "attn" && yarn) s.attention_factor = float(x), has_attn = true;
@@ -58,7 +60,7 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
     } else throw bad("unknown key '" + key + "' for " + kind);
   }
   if (!has_factor) throw bad("factor=F is required");
-  if (yarn && spec.find("orig=") == std::string::npos) throw bad("yarn needs orig=N, the context the model was trained at");
+  if (yarn && !has_orig) throw bad("yarn needs orig=N, the context the model was trained at");
   if (yarn && !has_attn) s.attention_factor = yarn_attention_factor(s.factor);
   check_rope_scaling(s, "--rope-scaling '" + spec + "'");
   return s;

@@ -62,8 +62,9 @@ struct Rope {
 RopeScaling parse_rope_scaling(const std::string& spec);
 std::string rope_scaling_str(const RopeScaling& s);
 // YaRN's default attention factor for a context stretched by `factor`: 0.1 ln(factor) + 1 (1 for
-// factor <= 1), as the paper and Hugging Face.
-double yarn_attention_factor(double factor);
+// factor <= 1), as the paper and Hugging Face; with mscale, 0.1 mscale ln(factor) + 1 (DeepSeek's
+// configs give the ratio of two such).
+double yarn_attention_factor(double factor, double mscale = 1);
 // Throws "where: problem" for settings no rule can use (what parse also refuses), e.g. read from a file.
 void check_rope_scaling(const RopeScaling& s, const std::string& where);
 
