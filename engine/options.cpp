@@ -353,6 +353,10 @@ void apply_rope_flags(const Options& o, ModelConfig& c) {
   if (scaling) c.rope_scaling = parse_rope_scaling(o.rope_scaling);
 }
 
+void apply_trained_length(const Options& o, ModelConfig& c) {
+  if (c.is_llama() && o.steps > 0 && o.seq > c.max_seq) c.max_seq = o.seq;
+}
+
 bool preset_has_vocab(const std::string& m) {
   for (const char* p : {"gpt2-124M", "gpt2-350M", "llama-1B", "llama-3.2-1B", "llama-3.1-8B", "qwen2.5-0.5B", "qwen2.5-7B"})
     if (m == p) return true;

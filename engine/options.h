@@ -91,5 +91,9 @@ bool preset_has_vocab(const std::string& model);
 // --rope-theta and --rope-scaling, when given, onto c (a preset's or a checkpoint's: overriding a
 // llama checkpoint's RoPE is how its context is extended); refused on gpt2.
 void apply_rope_flags(const Options& o, ModelConfig& c);
+// RoPE sets no length limit: a llama trained past its max_seq (a checkpoint's
+// max_position_embeddings, when its context is being extended) has the longer one from then on, in
+// its checkpoints and in the max_position_embeddings its exports write. Train and --plan both apply it.
+void apply_trained_length(const Options& o, ModelConfig& c);
 
 }  // namespace ul

@@ -284,12 +284,15 @@ PlanConfig plan_config(const Options& o) {
     std::vector<float> values;
     ModelConfig cfg = checkpoint_model_config(o.checkpoint, values);
     apply_rope_flags(o, cfg);
+    apply_trained_length(o, cfg);
     return plan_config(o, cfg);
   }
   const bool preset_vocab = preset_has_vocab(o.model);
   int data_vocab = o.vocab;  // the data is opened only when it sizes the model
   if (!preset_vocab && data_vocab <= 0) data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
-  return plan_config(o, model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab));
+  ModelConfig cfg = model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab);
+  apply_trained_length(o, cfg);
+  return plan_config(o, cfg);
 }
 
 PlanConfig plan_config(const Options& o, const ModelConfig& model) {

@@ -162,10 +162,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!cfg.is_llama() && o.seq > cfg.max_seq)
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
                              std::to_string(cfg.max_seq) + " (learned positions)");
-  // RoPE sets no length limit: a llama trained past its max_seq (a checkpoint's
-  // max_position_embeddings, when its context is being extended) has the longer one from now on,
-  // in its checkpoints and in the max_position_embeddings its exports write.
-  if (cfg.is_llama() && o.steps > 0 && o.seq > cfg.max_seq) cfg.max_seq = o.seq;
+  apply_trained_length(o, cfg);
   // The run's memory as planned (engine/planner.h), before anything large is allocated. On the CPU
   // a run larger than the machine is refused here: Linux would grant the memory, then kill the run
   // once it is touched.

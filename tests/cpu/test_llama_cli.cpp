@@ -209,8 +209,11 @@ TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only
   const std::string json = ul::read_whole_file(d / "hf/config.json");
   CHECK(json.find("\"model_type\":\"qwen2\"") != std::string::npos);
   CHECK(json.find("\"rms_norm_eps\":1e-06") != std::string::npos);
-  // Trained past its max_seq (16), a llama's max_position_embeddings is the trained length.
+  // Trained past its max_seq (16), a llama's max_position_embeddings is the trained length; the plan
+  // says so too.
   CHECK(json.find("\"max_position_embeddings\":32") != std::string::npos);
+  r = run_cmd(train_cmd(base + qwen + "--plan"));
+  CHECK(r.out.find("max_seq=32") != std::string::npos);
   // Resume with another setting: refused, naming the flag.
   r = run_cmd(train_cmd(base + "--norm-eps 1e-6 --max-seq 16 --steps 3 --resume --save-dir " + (d / "run")));
   CHECK(r.code != 0);
