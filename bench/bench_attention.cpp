@@ -5,6 +5,7 @@
 // scaled_dot_product_attention on the same shapes; bench/gpu_check.sh prints the ratio.
 // --doc-len N adds a document mask of packed N-token documents: the FLOPs are still counted as
 // causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
+// --window W adds a sliding window of W keys (counted as causal too: compare the ms).
 // --query-rows 64|128 picks the bf16 CUDA kernels' query rows per block (forward and dq pass;
 // layers/attention.h); the last column says which ran.
 //   ./build/bench_attention --help   prints the flags and their defaults (the usage string below is the one list)
@@ -40,10 +41,12 @@ static uint16_t to_bf16(float f) {
 static int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,2048]\n"
-                 "                       [--dims 64] [--reps 3] [--doc-len N] [--query-rows 64|128]");
+                 "                       [--dims 64] [--reps 3] [--doc-len N] [--window W]\n"
+                 "                       [--query-rows 64|128]");
   const std::string device = args.text("--device", "cpu"), dtype = args.text("--dtype", "f32");
   const int H = args.positive("--heads", 16), reps = args.positive("--reps", 3);
   const int doc_len = int(args.integer("--doc-len", 0, 0, INT_MAX));  // 0: no document mask
+  const int window = int(args.integer("--window", 0, 0, INT_MAX));    // 0: no sliding window
   const bool rows_given = args.given("--query-rows");
   const int query_rows = int(args.integer("--query-rows", 64));
   const std::vector<int> seqs = args.ints("--seqs", {1024, 2048}, 1), dims = args.ints("--dims", {64}, 1);
@@ -68,8 +71,8 @@ static int run(int argc, char** argv) {
 #endif
   }
   const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
-  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s %6s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms",
-              "TFLOP/s", "doc-len", "rows");
+  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s %6s %8s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms",
+              "TFLOP/s", "doc-len", "rows", "window");
   for (int D : dims)
     for (int T : seqs) {
       Context c(dev);
@@ -108,7 +111,7 @@ static int run(int argc, char** argv) {
         Tensor out;
         {
           Recording rec(true);
-          out = attention(qkv, H, H, doc);
+          out = attention(qkv, H, H, doc, window);
         }
         device_ops(dev).sync();
         auto t1 = std::chrono::steady_clock::now();
@@ -125,8 +128,8 @@ static int run(int argc, char** argv) {
       }
       const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0;  // causal: half the square
       const double total = fwd_flops * 3.5;                         // forward + backward (2.5x)
-      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f %8d %6d\n", device.c_str(), dtype.c_str(), T, D, best_f,
-                  best_fb, total / (best_fb / 1000.0) / 1e12, doc_len, dev == Device::cuda ? query_rows : 0);
+      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f %8d %6d %8d\n", device.c_str(), dtype.c_str(), T, D, best_f,
+                  best_fb, total / (best_fb / 1000.0) / 1e12, doc_len, dev == Device::cuda ? query_rows : 0, window);
       device_free(dev, qkv.ptr);
       if (doc.ptr) device_free(dev, doc.ptr);
     }

@@ -10,7 +10,7 @@
 #      chunk size; --offload's step time and device activations against --recompute alone at
 #      T = 16K; attention forward + backward TFLOP/s against PyTorch's
 #      scaled_dot_product_attention (default and by backend) at T = 4K, 16K, 64K, head dims 64
-#      and 128, causal;
+#      and 128, causal; packed documents and a sliding window against causal only;
 #   5. with time to spare, the bf16 attention kernels' test under compute-sanitizer memcheck;
 # and prints one short table last.
 set -uo pipefail
@@ -133,6 +133,13 @@ timeout 60 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --s
 causal_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$LOGS/attn_ours.log")
 docs_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$LOGS/attn_docs.log")
 row "attention T=16K D=64 fwd+bwd ms: causal | 2K docs" "${causal_ms:-n/a} | ${docs_ms:-n/a}"
+
+echo "== attention with a 4K-token sliding window at T = 64K (tiles older than the window skipped) (${SECONDS} s)"
+timeout 60 ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 65536 --dims 64 \
+  --window 4096 > "$LOGS/attn_window.log" 2>&1
+causal_ms=$(awk '$1 == "cuda" && $3 == 65536 && $4 == 64 {print $6}' "$LOGS/attn_ours.log")
+window_ms=$(awk '$1 == "cuda" && $3 == 65536 && $4 == 64 {print $6}' "$LOGS/attn_window.log")
+row "attention T=64K D=64 fwd+bwd ms: causal | 4K window" "${causal_ms:-n/a} | ${window_ms:-n/a}"
 
 # With time to spare (the whole check stays within ~8 minutes): the tensor-core attention kernels
 # under compute-sanitizer's memcheck, for out-of-bounds and misaligned accesses that the tests'

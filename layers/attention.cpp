@@ -65,11 +65,23 @@ struct Scratch {
 
 enum class Mask { none, partial, all };
 
+// Query q sees key k: causal, in the same document (doc: ids or nullptr) and, with a window W > 0,
+// one of the W latest keys (q - W < k, itself included: Mistral's rule, as transformers applies it).
+inline bool visible(int q, int k, const int32_t* doc, int window) {
+  return k <= q && (!doc || doc[k] == doc[q]) && (!window || q - k < window);
+}
+
 // How the (query tile qt, key tile kt) block of S is masked. doc: this sequence's ids or nullptr.
-// Disjoint id ranges mean no query-key pair shares a document, so the block is skipped entirely.
-Mask tile_mask(int qt, int kt, const Layout& L, const int32_t* doc) {
+// Disjoint id ranges mean no query-key pair shares a document, so the block is skipped entirely;
+// so is a block whose keys are all older than the window (0: none) for its first query.
+Mask tile_mask(int qt, int kt, const Layout& L, const int32_t* doc, int window) {
   if (kt > qt) return Mask::all;
   bool partial = kt == qt;
+  if (window) {
+    const int q0 = qt * kTile, k0 = kt * kTile;
+    if (q0 - (k0 + L.tile_len(kt) - 1) >= window) return Mask::all;
+    if (q0 + L.tile_len(qt) - 1 - k0 >= window) partial = true;  // the last query's window ends inside
+  }
   if (doc) {
     const int q0 = qt * kTile, k0 = kt * kTile;
     auto qr = std::minmax_element(doc + q0, doc + q0 + L.tile_len(qt));
@@ -82,17 +94,27 @@ Mask tile_mask(int qt, int kt, const Layout& L, const int32_t* doc) {
 
 // Writes `value` into the masked entries of a partial S block (nq x nk) at tiles (qt, kt).
 template <class T>
-void apply_mask(Tile<T>& S, int qt, int kt, const int32_t* doc, T value) {
+void apply_mask(Tile<T>& S, int qt, int kt, const int32_t* doc, int window, T value) {
   const int q0 = qt * kTile, k0 = kt * kTile;
   for (int i = 0; i < S.rows(); i++)
     for (int j = 0; j < S.cols(); j++)
-      if (k0 + j > q0 + i || (doc && doc[k0 + j] != doc[q0 + i])) S(i, j) = value;
+      if (!visible(q0 + i, k0 + j, doc, window)) S(i, j) = value;
+}
+
+// The key tiles query tile qt can see: [first, qt]. A window skips the tiles wholly before the
+// first query's window without visiting them (at T = 1M and W = 4K, most of them).
+int first_key_tile(int qt, int window) { return window ? std::max(0, qt * kTile - window + 1) / kTile : 0; }
+// The query tiles key tile kt is seen by: [kt, last].
+int last_query_tile(int kt, const Layout& L, int window) {
+  if (!window) return L.ntiles() - 1;
+  return std::min(L.ntiles() - 1, int((int64_t(kt) * kTile + L.tile_len(kt) - 1 + window - 1) / kTile));
 }
 
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D) {
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
+                       int D) {
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D)), ninf = -std::numeric_limits<T>::infinity();
   const int nt = L.ntiles();
@@ -111,8 +133,8 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
       acc.setZero();
       std::fill(m.begin(), m.end(), ninf);  // running row max of S
       std::fill(l.begin(), l.end(), T(0));  // running row sum of exp(S - m)
-      for (int kt = 0; kt <= qt; kt++) {
-        const Mask mk = tile_mask(qt, kt, L, docb);
+      for (int kt = first_key_tile(qt, window); kt <= qt; kt++) {
+        const Mask mk = tile_mask(qt, kt, L, docb, window);
         if (mk == Mask::all) continue;
         const int k0 = kt * kTile, nk = L.tile_len(kt);
         auto K = rows(qkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row());
@@ -120,7 +142,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
         Tile<T> S(s_buf.data, nq, nk);  // (nq, nk) scores, then probabilities
         S.noalias() = Q * K.transpose();
         S *= scale;
-        if (mk == Mask::partial) apply_mask(S, qt, kt, docb, ninf);
+        if (mk == Mask::partial) apply_mask(S, qt, kt, docb, window, ninf);
         for (int i = 0; i < nq; i++) {
           const T m_new = std::max(m[i], S.row(i).maxCoeff());
           if (m_new == ninf) {  // nothing visible in this row yet
@@ -133,7 +155,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
           l[i] = l[i] * alpha + S.row(i).sum();
           acc.row(i) *= alpha;
         }
-        if (mk == Mask::partial) apply_mask(S, qt, kt, docb, T(0));  // exp(-inf) is not exactly 0 in Eigen
+        if (mk == Mask::partial) apply_mask(S, qt, kt, docb, window, T(0));  // exp(-inf) is not exactly 0 in Eigen
         acc.noalias() += S * V;
       }
       // Every query sees at least itself, so l > 0.
@@ -151,7 +173,8 @@ namespace {
 // and dS = P * (dP - Di) into dS (dP = dout v^T). Both (nq, nk).
 template <class T>
 void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, const float* lse, const T* Di,
-                       const int32_t* docb, const Layout& L, int b, int h, int qt, int kt, Mask mk, T scale) {
+                       const int32_t* docb, int window, const Layout& L, int b, int h, int qt, int kt, Mask mk,
+                       T scale) {
   const int q0 = qt * kTile, k0 = kt * kTile, nq = S.rows(), nk = S.cols(), D = L.D, g = h / L.group;
   auto Q = rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
   auto K = rows(qkv, L.qkv(b, k0, L.Hq + g), nk, D, L.qkv_row());
@@ -159,7 +182,7 @@ void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, con
   auto dO = rows(dout, L.out(b, q0, h), nq, D, L.out_row());
   S.noalias() = Q * K.transpose();
   for (int i = 0; i < nq; i++) S.row(i) = (S.row(i).array() * scale - T(lse[L.lse(b, h, q0 + i)])).exp();
-  if (mk == Mask::partial) apply_mask(S, qt, kt, docb, T(0));
+  if (mk == Mask::partial) apply_mask(S, qt, kt, docb, window, T(0));
   dS.noalias() = dO * V.transpose();
   for (int i = 0; i < nq; i++) dS.row(i) = S.row(i).array() * (dS.row(i).array() - Di[L.lse(b, h, q0 + i)]);
 }
@@ -167,7 +190,7 @@ void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, con
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
-                        int B, int Tn, int Hq, int Hkv, int D) {
+                        int window, int B, int Tn, int Hq, int Hkv, int D) {
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D));
   const int nt = L.ntiles();
@@ -198,12 +221,12 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       dK.setZero();
       dV.setZero();
       for (int h = g * L.group; h < (g + 1) * L.group; h++)
-        for (int qt = kt; qt < nt; qt++) {
-          const Mask mk = tile_mask(qt, kt, L, docb);
+        for (int qt = kt; qt <= last_query_tile(kt, L, window); qt++) {
+          const Mask mk = tile_mask(qt, kt, L, docb, window);
           if (mk == Mask::all) continue;
           const int q0 = qt * kTile, nq = L.tile_len(qt);
           Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
-          probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, L, b, h, qt, kt, mk, scale);
+          probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, window, L, b, h, qt, kt, mk, scale);
           dV.noalias() += S.transpose() * rows(dout, L.out(b, q0, h), nq, D, L.out_row());
           dK.noalias() += dS.transpose() * rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
         }
@@ -219,12 +242,12 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
       Tile<T> dQ(a_buf.data, nq, D);  // (nq, D)
       dQ.setZero();
-      for (int kt = 0; kt <= qt; kt++) {
-        const Mask mk = tile_mask(qt, kt, L, docb);
+      for (int kt = first_key_tile(qt, window); kt <= qt; kt++) {
+        const Mask mk = tile_mask(qt, kt, L, docb, window);
         if (mk == Mask::all) continue;
         const int k0 = kt * kTile, nk = L.tile_len(kt);
         Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
-        probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, L, b, h, qt, kt, mk, scale);
+        probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, window, L, b, h, qt, kt, mk, scale);
         dQ.noalias() += dS * rows(qkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row());
       }
       rows(dqkv, L.qkv(b, q0, h), nq, D, L.qkv_row()) += dQ * scale;
@@ -232,12 +255,13 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int);
-template void attention_forward<double>(double*, float*, const double*, const int32_t*, int, int, int, int, int);
+template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int, int);
+template void attention_forward<double>(double*, float*, const double*, const int32_t*, int, int, int, int, int,
+                                        int);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*,
-                                        const int32_t*, int, int, int, int, int);
+                                        const int32_t*, int, int, int, int, int, int);
 template void attention_backward<double>(double*, const double*, const double*, const float*, const double*,
-                                         const int32_t*, int, int, int, int, int);
+                                         const int32_t*, int, int, int, int, int, int);
 }  // namespace cpu
 
 // qkv (B, T, Hq + 2 Hkv, D) and the optional doc ids (B, T) on qkv's device: checked here for both
@@ -246,7 +270,7 @@ struct AttentionShape {
   int B, Tn, D;
   const int32_t* doc;
 };
-static AttentionShape check_attention_inputs(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+static AttentionShape check_attention_inputs(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc, int window) {
   if (qkv.ndim() != 4) throw std::runtime_error("attention: qkv must be (B, T, Hq + 2*Hkv, D), got " + qkv.shape.str());
   if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     throw std::runtime_error("attention: query heads (" + std::to_string(Hq) + ") must be a positive multiple of kv heads (" +
@@ -255,6 +279,8 @@ static AttentionShape check_attention_inputs(const Tensor& qkv, int Hq, int Hkv,
   if (qkv.size(2) != Hq + 2 * Hkv)
     throw std::runtime_error("attention: qkv " + qkv.shape.str() + " needs dim 2 = Hq + 2*Hkv = " +
                              std::to_string(Hq + 2 * Hkv));
+  if (window < 0)
+    throw std::runtime_error("attention: the sliding window must be >= 0 (0: none), got " + std::to_string(window));
   if (!doc.defined()) return {B, Tn, D, nullptr};
   check_shape(doc, {B, Tn}, "attention doc ids");
   if (doc.device != qkv.device)
@@ -264,8 +290,8 @@ static AttentionShape check_attention_inputs(const Tensor& qkv, int Hq, int Hkv,
 }
 
 #if ULYSSES_HAVE_CUDA
-static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
-  const AttentionShape a = check_attention_inputs(qkv, Hq, Hkv, doc);
+static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc, int window) {
+  const AttentionShape a = check_attention_inputs(qkv, Hq, Hkv, doc, window);
   const int B = a.B, Tn = a.Tn, D = a.D;  // plain variables: the backward's closure copies them
   const int32_t* docp = a.doc;
   if (!attention_cuda_head_dim(D))
@@ -277,7 +303,7 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
     Context& c = ctx();
     out = c.empty({B, Tn, Hq, D}, qkv.dtype);
     Tensor lse = c.empty({B, Hq, Tn});
-    cuda::attention_forward(out.as<T>(), lse.f32(), qkv.as<T>(), docp, B, Tn, Hq, Hkv, D, op_stream());
+    cuda::attention_forward(out.as<T>(), lse.f32(), qkv.as<T>(), docp, window, B, Tn, Hq, Hkv, D, op_stream());
     if (!needs_grad({&qkv})) return;
     out = c.tape.track(out);
     c.tape.push("attention", [=] {
@@ -287,32 +313,33 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
       T* dqkv = grad_or_scratch_as<T>(qkv);
       ArenaScope scope(ctx().arena);
       float* scratch = static_cast<float*>(ctx().arena.alloc(cuda::attention_backward_scratch_bytes(B, Tn, Hq)));
-      cuda::attention_backward(dqkv, dout, out.as<T>(), lse.f32(), qkv.as<T>(), docp, scratch, B, Tn, Hq, Hkv, D,
-                               op_stream());
+      cuda::attention_backward(dqkv, dout, out.as<T>(), lse.f32(), qkv.as<T>(), docp, window, scratch, B, Tn, Hq, Hkv,
+                               D, op_stream());
     });
   });
   return out;
 }
 #endif
 
-Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc) {
+Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc, int window) {
 #if ULYSSES_HAVE_CUDA
-  if (qkv.device == Device::cuda) return attention_cuda(qkv, Hq, Hkv, doc);
+  if (qkv.device == Device::cuda) return attention_cuda(qkv, Hq, Hkv, doc, window);
 #endif
   require_cpu_f32(qkv, "attention");
-  const AttentionShape a = check_attention_inputs(qkv, Hq, Hkv, doc);
+  const AttentionShape a = check_attention_inputs(qkv, Hq, Hkv, doc, window);
   const int B = a.B, Tn = a.Tn, D = a.D;  // plain variables: the backward's closure copies them
   const int32_t* docp = a.doc;
   Context& c = ctx();
   Tensor out = c.empty({B, Tn, Hq, D});
   Tensor lse = c.empty({B, Hq, Tn});
-  cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), docp, B, Tn, Hq, Hkv, D);
+  cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), docp, window, B, Tn, Hq, Hkv, D);
   if (needs_grad({&qkv})) {
     out = c.tape.track(out);
     c.tape.push("attention", [=] {
       const float* dout = static_cast<const float*>(ctx().tape.grad_if_any(out));
       if (!dout) return;
-      cpu::attention_backward(grad_or_scratch(qkv), dout, out.f32(), lse.f32(), qkv.f32(), docp, B, Tn, Hq, Hkv, D);
+      cpu::attention_backward(grad_or_scratch(qkv), dout, out.f32(), lse.f32(), qkv.f32(), docp, window, B, Tn, Hq, Hkv,
+                              D);
     });
   }
   return out;

@@ -1,7 +1,8 @@
 // Causal self-attention with grouped-query heads, flash style: O(T) memory, no T x T buffer.
 // qkv: (B, T, Hq + 2*Hkv, D) packed as [q heads | k heads | v heads] per token;
 // query head h reads key/value head h / (Hq / Hkv).
-//   S = q k^T / sqrt(D) (causal: key t' <= query t, and, when doc is given, doc[t'] == doc[t])
+//   S = q k^T / sqrt(D) (causal: key t' <= query t; when doc is given, doc[t'] == doc[t]; with a
+//   sliding window W, t - W < t')
 //   out = softmax(S) v,  lse[t] = log sum_t' exp(S[t, t'])   (kept for the backward)
 // Forward walks key tiles with an online softmax (running max and sum); backward recomputes the
 // probabilities tile by tile from q, k and lse:
@@ -17,12 +18,14 @@
 
 namespace ul {
 namespace cpu {
-// out: (B, T, Hq, D); lse: (B, Hq, T); doc: (B, T) document ids or nullptr (no document mask)
+// out: (B, T, Hq, D); lse: (B, Hq, T); doc: (B, T) document ids or nullptr (no document mask);
+// window: 0 or W > 0, the sliding window (query t sees keys t - W < t' <= t)
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D);
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
+                       int D);
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
-                        int B, int Tn, int Hq, int Hkv, int D);
+                        int window, int B, int Tn, int Hq, int Hkv, int D);
 }  // namespace cpu
 
 // The head dims the CUDA kernels are built for (the CPU kernels take any).
@@ -34,14 +37,14 @@ namespace cuda {
 // accumulation are float. D must be one of 16, 32, 64, 128 (attention_cuda_head_dim); other head
 // dims throw std::invalid_argument naming D. doc: device (B, T) ids or nullptr.
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,
-                       cudaStream_t s);
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
+                       int D, cudaStream_t s);
 // Adds into dqkv (every row of it: q rows get dq, k rows dk, v rows dv). scratch:
 // attention_backward_scratch_bytes(B, Tn, Hq) bytes of device memory (rowsum(dout * out)).
 // Deterministic: every element of dqkv is written by one thread, summing in a fixed order.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
-                        float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s);
+                        int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s);
 size_t attention_backward_scratch_bytes(int B, int Tn, int Hq);
 
 // Query rows per block of the bf16 forward and dq pass: 64 (4 warps of 16 rows, the default) or
@@ -55,6 +58,7 @@ int attention_query_rows();
 #endif
 
 // qkv: (B, T, Hq + 2*Hkv, D), doc: i32 (B, T) or undefined -> (B, T, Hq, D)
-Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc);
+// window: 0 (none) or W > 0, a sliding window: query t sees keys t - W < t' <= t (W keys with itself)
+Tensor attention(const Tensor& qkv, int Hq, int Hkv, const Tensor& doc, int window = 0);
 
 }  // namespace ul

@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int k0 = kt * kTile;
   const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};  // this lane's key rows
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
-  const int nqt = G.nt - kt, steps = G.group * nqt;  // earlier query tiles see none of these keys
+  // Earlier query tiles see none of these keys, nor (with a window) those past the last key's window.
+  const int nqt = G.last_query(min(k0 + kTile, G.Tn) - 1) / kTile - kt + 1, steps = G.group * nqt;
   // Step i is query head kvh * group + i / nqt, query tile kt + i % nqt. With documents, the steps
   // whose query tile shares none with the key tile are skipped (the diagonal always shares one).
   const DocRange kr = docb ? doc_range(docb, kt, G.Tn) : DocRange{0, 0};
@@ -115,13 +116,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       mma_row_tile(pt, ak, Qs + kk * 16, LD);
       mma_row_tile(dst, av, dOs + kk * 16, LD);
     }
-    // The diagonal tile, a tile with queries past T, and pairs not inside one document mask.
-    const bool masked =
-        qt == kt || q0 + kTile > G.Tn || (docb && !one_document(doc_range(docb, qt, G.Tn), kr));
+    // The diagonal tile, a tile with queries past T, one whose last query's window ends inside the
+    // key tile, and pairs not inside one document mask.
+    const bool masked = qt == kt || q0 + kTile > G.Tn || (G.window && q0 + kTile - 1 - k0 >= G.window) ||
+                        (docb && !one_document(doc_range(docb, qt, G.Tn), kr));
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int qi = j * 8 + 2 * t + (e & 1);
-        const bool see = !masked || visible(q0 + qi, keys[e / 2], G.Tn, docb);
+        const bool see = !masked || visible(q0 + qi, keys[e / 2], G, docb);
         const float p = see ? fast_exp2(fmaf(pt[j][e], scale2, -lse_s[qi])) : 0.f;
         pt[j][e] = p;                             // P^T
         dst[j][e] = p * (dst[j][e] - Di_s[qi]);   // dS^T
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(W * 32)
   const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  const KeyTiles tiles(docb, q0, kRows, G.Tn);
+  const KeyTiles tiles(docb, q0, kRows, G);
   int kt = tiles.next(0);
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(W * 32)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (warp_idle(r0, kt, G.Tn)) {  // nothing this warp's rows see: wait for the others
+    if (warp_idle(r0, kt, G)) {  // nothing this warp's rows see: wait for the others
       __syncthreads();
       kt = next;
       continue;
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(W * 32)
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
-        const bool see = !masked || visible(rows[r], k, G.Tn, docb);
+        const bool see = !masked || visible(rows[r], k, G, docb);
         const float p = see ? fast_exp2(fmaf(s[j][e], scale2, -lse_r[r])) : 0.f;
         s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
       }
@@ -254,8 +256,10 @@ __global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
     vr[i] = key < G.Tn ? qkv[G.qkv(b, key, G.Hq + G.Hkv + kvh) + i * S + part] : 0.f;
     dk[i] = dv[i] = 0.f;
   }
+  // Earlier queries see none of these keys, nor (with a window) those past the last key's window.
+  const int qend = G.last_query(min(kt * kTile + kTile, G.Tn) - 1) + 1;
   for (int h = kvh * G.group; h < (kvh + 1) * G.group; h++)
-    for (int q0 = kt * kTile; q0 < G.Tn; q0 += kFmaRows) {  // earlier queries see none of these keys
+    for (int q0 = kt * kTile; q0 < qend; q0 += kFmaRows) {
       __syncthreads();
       for (int i = threadIdx.x; i < kFmaRows * D; i += blockDim.x) {
         const int r = i / D, c = i % D;
@@ -278,7 +282,7 @@ __global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
         }
         s = group_sum<S>(s);  // every lane, visible or not: the shuffle needs the whole warp
         dp = group_sum<S>(dp);
-        if (visible(q0 + r, key, G.Tn, docb)) {
+        if (visible(q0 + r, key, G, docb)) {
           const float p = expf(s * scale - lse_s[r]);
           const float ds = p * (dp - Di_s[r]);
           UL_UNROLL for (int i = 0; i < W; i++) {
@@ -320,8 +324,8 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     dq[i] = 0.f;
   }
   const float lse_q = q < G.Tn ? lse[G.lse(b, h, q)] : 0.f, Di_q = q < G.Tn ? Di[G.lse(b, h, q)] : 0.f;
-  const int kend = min(q0 + kTile, G.Tn);
-  for (int k0 = 0; k0 < kend; k0 += kFmaRows) {
+  const int kend = min(q0 + kTile, G.Tn);  // keys this block can see, from its first row's earliest on
+  for (int k0 = G.first_key(q0) / kFmaRows * kFmaRows; k0 < kend; k0 += kFmaRows) {
     __syncthreads();
     stage_kv_rows_f32<D>(Ks, Vs, qkv, G, b, kvh, k0);
     __syncthreads();
@@ -335,7 +339,7 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
       }
       s = group_sum<S>(s);  // every lane, visible or not: the shuffle needs the whole warp
       dp = group_sum<S>(dp);
-      if (visible(q, k0 + j, G.Tn, docb)) {
+      if (visible(q, k0 + j, G, docb)) {
         const float ds = expf(s * scale - lse_q) * (dp - Di_q);
         UL_UNROLL for (int i = 0; i < W; i++) dq[i] += ds * kj[i * S];
       }
@@ -352,8 +356,8 @@ size_t attention_backward_scratch_bytes(int B, int Tn, int Hq) { return scratch:
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
-                        float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s) {
-  const Geometry G = geometry(B, Tn, Hq, Hkv, D);
+                        int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s) {
+  const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;
   float* Di = scratch;  // (B, Hq, T)
   // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors
@@ -392,10 +396,10 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
 }
 
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*,
-                                        const int32_t*, float*, int, int, int, int, int, cudaStream_t);
+                                        const int32_t*, int, float*, int, int, int, int, int, cudaStream_t);
 template void attention_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                const float*, const __nv_bfloat16*, const int32_t*, float*, int, int,
-                                                int, int, int, cudaStream_t);
+                                                const float*, const __nv_bfloat16*, const int32_t*, int, float*, int,
+                                                int, int, int, int, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ul

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(W * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
-  const KeyTiles tiles(docb, q0, kRows, G.Tn);
+  const KeyTiles tiles(docb, q0, kRows, G);
   int kt = tiles.next(0);
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(W * 32)
       cp_async_wait<0>();
     }
     __syncthreads();  // ... from every thread's copies
-    if (warp_idle(r0, kt, G.Tn)) {  // nothing this warp's rows see: wait for the others
+    if (warp_idle(r0, kt, G)) {  // nothing this warp's rows see: wait for the others
       __syncthreads();
       kt = next;
       continue;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(W * 32)
     UL_UNROLL for (int j = 0; j < 8; j++)
       UL_UNROLL for (int e = 0; e < 4; e++) {
         const int k = k0 + j * 8 + 2 * t + (e & 1);
-        if (masked && !visible(rows[e / 2], k, G.Tn, docb)) s[j][e] = ninf;
+        if (masked && !visible(rows[e / 2], k, G, docb)) s[j][e] = ninf;
         mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);  // raw scores: scale > 0 keeps the order
       }
     float alpha[2], sum[2] = {0.f, 0.f};
@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     acc[i] = 0.f;
   }
   float m = ninf, l = 0.f;
-  const int kend = min(q0 + kTile, G.Tn);  // keys this block can see
-  for (int k0 = 0; k0 < kend; k0 += kFmaRows) {
+  const int kend = min(q0 + kTile, G.Tn);  // keys this block can see, from its first row's earliest on
+  for (int k0 = G.first_key(q0) / kFmaRows * kFmaRows; k0 < kend; k0 += kFmaRows) {
     __syncthreads();
     stage_kv_rows_f32<D>(Ks, Vs, qkv, G, b, kvh, k0);
     __syncthreads();
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
       float dot = 0.f;
       UL_UNROLL for (int i = 0; i < W; i++) dot += qr[i] * Ks[j * D + i * S + part];
       dot = group_sum<S>(dot);  // every lane, visible or not: the shuffle needs the whole warp
-      s[j] = visible(q, k0 + j, G.Tn, docb) ? dot * scale : ninf;
+      s[j] = visible(q, k0 + j, G, docb) ? dot * scale : ninf;
       mx = fmaxf(mx, s[j]);
     }
     const float m_new = fmaxf(m, mx);
@@ -177,9 +177,9 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int Tn, int Hq, int Hkv, int D,
-                       cudaStream_t s) {
-  const Geometry G = geometry(B, Tn, Hq, Hkv, D);
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
+                       int D, cudaStream_t s) {
+  const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;  // a grid of no blocks is an invalid launch
   const float scale = softmax_scale(D);
   with_head_dim(D, [&](auto d) {
@@ -201,10 +201,10 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
   });
 }
 
-template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int,
+template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int, int,
                                        cudaStream_t);
 template void attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int, int,
-                                               int, int, int, cudaStream_t);
+                                               int, int, int, int, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ul

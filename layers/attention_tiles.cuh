@@ -25,7 +25,8 @@
 //   ...), so probabilities go from registers to the tensor cores without shared memory. The
 //   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only the diagonal tile
 //   tests visibility element by element; with a document mask, tile pairs that share no document
-//   are skipped and pairs inside one document need only the causal test (the CPU's tiles and rule).
+//   are skipped and pairs inside one document need only the causal test (the CPU's tiles and rule);
+//   with a sliding window, tiles wholly older than it are never visited (O(T W) work, not O(T^2)).
 // f32: the verification precision, plain FMA: a query row (forward, dq) or key row (dk/dv) per
 //   group of S consecutive lanes (FmaSplit), its rows in registers, split over the group's lanes
 //   so that no head dim spills; the other side staged 32 rows at a time in shared memory.
@@ -54,9 +55,13 @@ constexpr int kTile = 64;     // keys per tile, and query rows per block of the 
 constexpr int kWarps = 4;     // bf16 dk/dv pass: 4 warps x 16 keys = one tile
 constexpr int kFmaRows = 32;  // f32 kernels: rows of the other side staged per step
 
-// Index arithmetic for the packed layouts (as in attention.cpp).
+// Index arithmetic for the packed layouts (as in attention.cpp), and the sliding window.
 struct Geometry {
   int B, Tn, Hq, Hkv, D, group, nt;
+  int window;  // 0: none; W: query q sees keys q - W < k <= q
+  // The earliest key query q sees (without documents), and the last query that sees key k.
+  __host__ __device__ int first_key(int q) const { return window ? max(0, q - window + 1) : 0; }
+  __host__ __device__ int last_query(int k) const { return window ? min(Tn - 1, k + window - 1) : Tn - 1; }
   __host__ __device__ int64_t qkv_stride() const { return int64_t(Hq + 2 * Hkv) * D; }
   __host__ __device__ int64_t out_stride() const { return int64_t(Hq) * D; }
   // token t of packed head `head` (q: h, k: Hq + g, v: Hq + Hkv + g) in qkv
@@ -69,9 +74,9 @@ struct Geometry {
   __host__ __device__ int64_t lse(int b, int h, int t) const { return (int64_t(b) * Hq + h) * Tn + t; }
 };
 
-// Query q attends to key k: causal, inside the sequence, and in the same document.
-__device__ __forceinline__ bool visible(int q, int k, int Tn, const int32_t* docb) {
-  return k <= q && q < Tn && (!docb || docb[k] == docb[q]);
+// Query q attends to key k: causal, inside the sequence, in the same document and the window.
+__device__ __forceinline__ bool visible(int q, int k, const Geometry& G, const int32_t* docb) {
+  return k <= q && q < G.Tn && (!docb || docb[k] == docb[q]) && (!G.window || q - k < G.window);
 }
 
 // ---- document tiles ------------------------------------------------------------------------------
@@ -102,15 +107,18 @@ __device__ __forceinline__ bool one_document(DocRange a, DocRange b) {
 }
 
 // The key tiles a block of query rows q0 .. q0 + rows - 1 walks (forward, dq pass; q0 a multiple
-// of the tile, rows one or two tiles): 0 .. last, the tile of its last row below T, or with
-// documents only those that share one with its rows. The tiles from first = q0 / 64 on are always
-// walked: each holds keys that its own rows see (a query sees itself).
+// of the tile, rows one or two tiles): from the tile of the first row's earliest key (0 without a
+// window) to last, the tile of its last row below T, with documents only those that share one
+// with its rows. The tiles from first = q0 / 64 on are always walked: each holds keys that its own
+// rows see (a query sees itself).
 struct KeyTiles {
   const int32_t* docb;
-  int first, last, Tn;
+  int begin, first, last, Tn;
+  int window_end;  // tiles below it hold keys that leave the last row's window (masked); 0: none do
   DocRange q;  // the ids of the block's rows
-  __device__ KeyTiles(const int32_t* d, int q0, int rows, int Tn_)
-      : docb(d), first(q0 / kTile), last((min(q0 + rows, Tn_) - 1) / kTile), Tn(Tn_), q{0, 0} {
+  __device__ KeyTiles(const int32_t* d, int q0, int rows, const Geometry& G)
+      : docb(d), begin(G.first_key(q0) / kTile), first(q0 / kTile), last((min(q0 + rows, G.Tn) - 1) / kTile),
+        Tn(G.Tn), window_end(G.window ? (G.first_key(q0 + rows - 1) + kTile - 1) / kTile : 0), q{0, 0} {
     if (!d) return;
     q = doc_range(d, first, Tn);
     for (int t = first + 1; t <= last; t++) {
@@ -120,19 +128,24 @@ struct KeyTiles {
   }
   // The first tile from kt on to walk; last + 1 past the end.
   __device__ int next(int kt) const {
+    kt = max(kt, begin);
     while (docb && kt < first && !ranges_meet(q, doc_range(docb, kt, Tn))) kt++;
     return kt;
   }
   // Tile kt tests visibility element by element: the diagonal ones (which also hold any keys past
-  // T), and any pair not inside one document.
+  // T), those whose keys leave the last row's window, and any pair not inside one document.
   __device__ bool masked(int kt) const {
-    return kt >= first || (docb && !one_document(q, doc_range(docb, kt, Tn)));
+    return kt >= first || kt < window_end || (docb && !one_document(q, doc_range(docb, kt, Tn)));
   }
 };
 
 // A warp's 16 query rows from r0 on have nothing to do against key tile kt when every key of it
-// comes after every row (causal), or when the rows lie past T: only in blocks of more than one tile.
-__device__ __forceinline__ bool warp_idle(int r0, int kt, int Tn) { return kt * kTile > r0 + 15 || r0 >= Tn; }
+// comes after every row (causal: only in blocks of more than one tile), when every key is older
+// than its first row's window, or when the rows lie past T. (A tile nothing of which is visible
+// would add exact zeros: skipping it changes no bits.)
+__device__ __forceinline__ bool warp_idle(int r0, int kt, const Geometry& G) {
+  return kt * kTile > r0 + 15 || (G.window && r0 - (kt * kTile + kTile - 1) >= G.window) || r0 >= G.Tn;
+}
 
 // ---- bf16 helpers --------------------------------------------------------------------------------
 
@@ -268,14 +281,16 @@ __device__ __forceinline__ float group_sum(float v) {
 
 // ---- host side -----------------------------------------------------------------------------------
 
-inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D) {
+inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
   if (B < 0 || Tn < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     throw std::invalid_argument("attention (CUDA): bad shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
                                 " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv));
   if (!attention_cuda_head_dim(D))
     throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) +
                                 " is not supported; the CUDA kernels are built for D = 16, 32, 64 or 128");
-  return Geometry{B, Tn, Hq, Hkv, D, Hq / Hkv, int(ceil_div(Tn, kTile))};
+  if (window < 0)
+    throw std::invalid_argument("attention (CUDA): the sliding window must be >= 0, got " + std::to_string(window));
+  return Geometry{B, Tn, Hq, Hkv, D, Hq / Hkv, int(ceil_div(Tn, kTile)), window};
 }
 
 // f(std::integral_constant<int, D>) for the supported head dims.

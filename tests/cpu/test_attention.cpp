@@ -56,9 +56,9 @@ size_t qkv_size(const Cfg& c) { return size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) *
 size_t out_size(const Cfg& c) { return size_t(c.B) * c.Tn * c.Hq * c.D; }
 
 // The definition, in double, with an explicit T x T softmax per (b, h): out, lse and (when dout is
-// given) the gradient added into dqkv.
+// given) the gradient added into dqkv. window: 0, or query t sees only keys u > t - window.
 void naive(const Cfg& c, const Vec& qkv, const int32_t* doc, Vec& out, Vec& lse, const Vec* dout = nullptr,
-           Vec* dqkv = nullptr) {
+           Vec* dqkv = nullptr, int window = 0) {
   const int H3 = c.Hq + 2 * c.Hkv, T = c.Tn, D = c.D;
   const double scale = 1.0 / std::sqrt(double(D));
   out.assign(out_size(c), 0.0);
@@ -73,6 +73,7 @@ void naive(const Cfg& c, const Vec& qkv, const int32_t* doc, Vec& out, Vec& lse,
         Vec s(T, -1e300);
         for (int u = 0; u <= t; u++) {
           if (doc && doc[b * T + u] != doc[b * T + t]) continue;
+          if (window && t - u >= window) continue;
           double d = 0;
           for (int i = 0; i < D; i++) d += qkv[at(b, t, h) + i] * qkv[at(b, u, kh) + i];
           s[u] = d * scale;
@@ -132,7 +133,7 @@ TEST_CASE("attention forward matches the naive softmax (MHA, GQA, MQA, ragged ti
       naive(c, qkv, nullptr, out, lse);
       auto qf = to_f(qkv);
       std::vector<float> of(out_size(c), NAN), lf(lse.size(), NAN);  // poisoned: unwritten entries fail
-      ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), nullptr, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+      ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), nullptr, 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
       INFO("T=" << Tn << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D);
       CHECK(rel_err(of, out) < 1e-5);
       CHECK(rel_err(lf, lse) < 1e-5);
@@ -145,12 +146,12 @@ TEST_CASE("attention backward matches float64 central differences", "[attention]
     std::vector<float> lse(size_t(c.B) * c.Hq * c.Tn);
     auto fwd = [&](Vec& y) {
       y.resize(out_size(c));
-      ul::cpu::attention_forward(y.data(), lse.data(), qkv.data(), nullptr, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+      ul::cpu::attention_forward(y.data(), lse.data(), qkv.data(), nullptr, 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
     };
     gradcheck("attention T=" + std::to_string(c.Tn), {&qkv}, fwd, [&](const Vec& dy, std::vector<Vec>& d) {
       Vec y;
       fwd(y);
-      ul::cpu::attention_backward(d[0].data(), dy.data(), y.data(), lse.data(), qkv.data(), nullptr, c.B, c.Tn, c.Hq,
+      ul::cpu::attention_backward(d[0].data(), dy.data(), y.data(), lse.data(), qkv.data(), nullptr, 0, c.B, c.Tn, c.Hq,
                                   c.Hkv, c.D);
     }, 1e-6, 300);
   }
@@ -163,8 +164,8 @@ TEST_CASE("attention float backward matches the naive float64 backward at larger
     naive(c, qkv, nullptr, out, lse, &dout, &dref);
     auto qf = to_f(qkv), df = to_f(dout);
     std::vector<float> of(out_size(c)), lf(lse.size()), dq(qkv.size(), 0.f);
-    ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), nullptr, c.B, c.Tn, c.Hq, c.Hkv, c.D);
-    ul::cpu::attention_backward(dq.data(), df.data(), of.data(), lf.data(), qf.data(), nullptr, c.B, c.Tn, c.Hq, c.Hkv,
+    ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), nullptr, 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+    ul::cpu::attention_backward(dq.data(), df.data(), of.data(), lf.data(), qf.data(), nullptr, 0, c.B, c.Tn, c.Hq, c.Hkv,
                                 c.D);
     INFO("T=" << c.Tn << " Hq=" << c.Hq << " Hkv=" << c.Hkv);
     CHECK(rel_err(dq, dref) < 2e-5);
@@ -181,8 +182,8 @@ TEST_CASE("attention document mask equals attending to each document alone", "[a
   Cfg c{2, Tn, Hq, Hkv, D};
   auto qkv = randn_f(qkv_size(c), 11), dout = randn_f(out_size(c), 12);
   std::vector<float> out(out_size(c)), lse(size_t(2) * Hq * Tn), dqkv(qkv.size(), 0.f);
-  ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), doc.data(), 2, Tn, Hq, Hkv, D);
-  ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), doc.data(), 2, Tn, Hq, Hkv, D);
+  ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), doc.data(), 0, 2, Tn, Hq, Hkv, D);
+  ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), doc.data(), 0, 2, Tn, Hq, Hkv, D);
   for (int b = 0; b < 2; b++) {
     int t0 = 0;
     for (int n : lens[b]) {
@@ -192,8 +193,8 @@ TEST_CASE("attention document mask equals attending to each document alone", "[a
       };
       auto q1 = slice(qkv, H3 * D), do1 = slice(dout, Hq * D);
       std::vector<float> o1(size_t(n) * Hq * D), l1(size_t(Hq) * n), d1(q1.size(), 0.f);
-      ul::cpu::attention_forward(o1.data(), l1.data(), q1.data(), nullptr, 1, n, Hq, Hkv, D);
-      ul::cpu::attention_backward(d1.data(), do1.data(), o1.data(), l1.data(), q1.data(), nullptr, 1, n, Hq, Hkv, D);
+      ul::cpu::attention_forward(o1.data(), l1.data(), q1.data(), nullptr, 0, 1, n, Hq, Hkv, D);
+      ul::cpu::attention_backward(d1.data(), do1.data(), o1.data(), l1.data(), q1.data(), nullptr, 0, 1, n, Hq, Hkv, D);
       INFO("sequence " << b << " document at " << t0 << " length " << n);
       // Equal up to float rounding: the tiles fall at other offsets, so sums run in another order.
       CHECK(max_abs_diff(o1.data(), slice(out, Hq * D).data(), o1.size()) < 1e-5 * std::max(1.0, max_abs(o1.data(), o1.size())));
@@ -214,11 +215,69 @@ TEST_CASE("attention document mask with interleaved ids matches the naive mask",
   naive(c, qkv, doc.data(), out, lse, &dout, &dref);
   auto qf = to_f(qkv), df = to_f(dout);
   std::vector<float> of(out_size(c)), lf(lse.size()), dq(qkv.size(), 0.f);
-  ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), doc.data(), c.B, c.Tn, c.Hq, c.Hkv, c.D);
-  ul::cpu::attention_backward(dq.data(), df.data(), of.data(), lf.data(), qf.data(), doc.data(), c.B, c.Tn, c.Hq, c.Hkv, c.D);
+  ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), doc.data(), 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+  ul::cpu::attention_backward(dq.data(), df.data(), of.data(), lf.data(), qf.data(), doc.data(), 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
   CHECK(rel_err(of, out) < 1e-5);
   CHECK(rel_err(lf, lse) < 1e-5);
   CHECK(rel_err(dq, dref) < 2e-5);
+}
+
+TEST_CASE("attention sliding window matches the naive windowed softmax (ragged tiles, GQA, documents)", "[attention]") {
+  // Windows below, at and across the 64-row tile, longer than T, and 1 (each token sees itself only).
+  for (Cfg c : {Cfg{1, 200, 4, 2, 16}, Cfg{2, 130, 2, 1, 8}})
+    for (int window : {1, 2, 5, 63, 64, 65, 100, 129, 500})
+      for (bool docs : {false, true}) {
+        std::vector<int32_t> doc(size_t(c.B) * c.Tn);
+        for (size_t t = 0; t < doc.size(); t++) doc[t] = int32_t(t % c.Tn / 70);  // documents of 70 tokens
+        const int32_t* docp = docs ? doc.data() : nullptr;
+        Vec qkv = randn(qkv_size(c), 50 + window), dout = randn(out_size(c), 51);
+        Vec out, lse, dref(qkv.size(), 0.0);
+        naive(c, qkv, docp, out, lse, &dout, &dref, window);
+        auto qf = to_f(qkv), df = to_f(dout);
+        std::vector<float> of(out_size(c), NAN), lf(lse.size(), NAN), dq(qkv.size(), 0.f);
+        ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), docp, window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+        ul::cpu::attention_backward(dq.data(), df.data(), of.data(), lf.data(), qf.data(), docp, window, c.B, c.Tn,
+                                    c.Hq, c.Hkv, c.D);
+        INFO("T=" << c.Tn << " window=" << window << " docs=" << docs);
+        CHECK(rel_err(of, out) < 1e-5);
+        CHECK(rel_err(lf, lse) < 1e-5);
+        CHECK(rel_err(dq, dref) < 2e-5);
+      }
+}
+
+TEST_CASE("attention sliding window: float64 central differences, and a window of T or more is no window", "[attention]") {
+  Cfg c{1, 70, 2, 1, 6};
+  Vec qkv = randn(qkv_size(c), 61);
+  std::vector<float> lse(size_t(c.B) * c.Hq * c.Tn);
+  auto fwd = [&](Vec& y) {
+    y.resize(out_size(c));
+    ul::cpu::attention_forward(y.data(), lse.data(), qkv.data(), nullptr, 9, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+  };
+  gradcheck("attention window 9", {&qkv}, fwd, [&](const Vec& dy, std::vector<Vec>& d) {
+    Vec y;
+    fwd(y);
+    ul::cpu::attention_backward(d[0].data(), dy.data(), y.data(), lse.data(), qkv.data(), nullptr, 9, c.B, c.Tn, c.Hq,
+                                c.Hkv, c.D);
+  }, 1e-6, 300);
+
+  // Every key is then inside the window: the same tiles, the same sums, the same bits.
+  Cfg w{2, 150, 4, 2, 8};
+  auto q = randn_f(qkv_size(w), 62), dy = randn_f(out_size(w), 63);
+  auto run = [&](int window, std::vector<float>& out, std::vector<float>& dqkv) {
+    std::vector<float> l(size_t(w.B) * w.Hq * w.Tn);
+    out.assign(out_size(w), 0.f);
+    dqkv.assign(q.size(), 0.f);
+    ul::cpu::attention_forward(out.data(), l.data(), q.data(), nullptr, window, w.B, w.Tn, w.Hq, w.Hkv, w.D);
+    ul::cpu::attention_backward(dqkv.data(), dy.data(), out.data(), l.data(), q.data(), nullptr, window, w.B, w.Tn,
+                                w.Hq, w.Hkv, w.D);
+  };
+  std::vector<float> o0, d0, o1, d1, o2, d2;
+  run(0, o0, d0);
+  run(w.Tn, o1, d1);
+  run(w.Tn - 1, o2, d2);
+  CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(d0.data(), d1.data(), d0.size() * sizeof(float)) == 0);
+  CHECK(max_abs_diff(o0.data(), o2.data(), o0.size()) > 1e-4);  // the last query loses its first key
 }
 
 TEST_CASE("attention is deterministic: bitwise equal for 1 and many threads", "[attention]") {
@@ -232,8 +291,8 @@ TEST_CASE("attention is deterministic: bitwise equal for 1 and many threads", "[
     std::vector<float> lse(size_t(c.B) * c.Hq * c.Tn);
     out.assign(out_size(c), 0.f);
     dqkv.assign(qkv.size(), 0.f);
-    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), doc.data(), c.B, c.Tn, c.Hq, c.Hkv, c.D);
-    ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), doc.data(), c.B, c.Tn,
+    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), doc.data(), 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+    ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), doc.data(), 0, c.B, c.Tn,
                                 c.Hq, c.Hkv, c.D);
     omp_set_num_threads(keep);
   };
@@ -286,6 +345,7 @@ TEST_CASE("attention op checks shapes and accumulates into existing gradients", 
   CHECK_THROWS_WITH(ul::attention(c.empty({B, Tn, 3 + 2 * 2, D}), 3, 2, ul::Tensor()), Catch::Contains("multiple"));
   CHECK_THROWS_WITH(ul::attention(c.empty({B * Tn, H3, D}), Hq, Hkv, ul::Tensor()), Catch::Contains("qkv must be"));
   CHECK_THROWS(ul::attention(c.empty({B, Tn, H3, D}), Hq, Hkv, c.empty({B, Tn + 1}, ul::DType::i32)));
+  CHECK_THROWS_WITH(ul::attention(c.empty({B, Tn, H3, D}), Hq, Hkv, ul::Tensor(), -1), Catch::Contains("window"));
 
   ul::Tensor qkv = c.tape.track(c.empty({B, Tn, H3, D}));
   ul::Tensor doc = c.empty({B, Tn}, ul::DType::i32);
@@ -301,9 +361,9 @@ TEST_CASE("attention op checks shapes and accumulates into existing gradients", 
   c.tape.backward();
 
   std::vector<float> o(dov.size()), l(size_t(B) * Hq * Tn), want(pre);
-  ul::cpu::attention_forward(o.data(), l.data(), qv.data(), doc.i32(), B, Tn, Hq, Hkv, D);
+  ul::cpu::attention_forward(o.data(), l.data(), qv.data(), doc.i32(), 0, B, Tn, Hq, Hkv, D);
   CHECK(max_abs_diff(o.data(), out.f32(), o.size()) == 0);
-  ul::cpu::attention_backward(want.data(), dov.data(), o.data(), l.data(), qv.data(), doc.i32(), B, Tn, Hq, Hkv, D);
+  ul::cpu::attention_backward(want.data(), dov.data(), o.data(), l.data(), qv.data(), doc.i32(), 0, B, Tn, Hq, Hkv, D);
   CHECK(max_abs_diff(want.data(), g, want.size()) < 1e-6);
 }
 
@@ -316,10 +376,10 @@ TEST_CASE("attention speed (B=1, H=4, T=2048, D=64)", "[.bench][attention]") {
   double f = 1e30, bw = 1e30;
   for (int rep = 0; rep < 3; rep++) {
     auto t0 = clk::now();
-    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
     f = std::min(f, ms(t0));
     t0 = clk::now();
-    ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), nullptr, c.B, c.Tn, c.Hq,
+    ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), nullptr, 0, c.B, c.Tn, c.Hq,
                                 c.Hkv, c.D);
     bw = std::min(bw, ms(t0));
   }

@@ -46,6 +46,7 @@ enum class Docs { none, cycling, packed, returning };
 struct Case {
   int B, Tn, Hq, Hkv, D;
   Docs doc;
+  int window = 0;  // the sliding window (0: none)
 };
 
 const Case kCases[] = {
@@ -61,6 +62,16 @@ const Case kCases[] = {
     {2, 330, 4, 2, 64, Docs::packed},    // packed documents: skipped and unmasked tile pairs
     {1, 260, 2, 1, 128, Docs::packed},
     {1, 300, 2, 1, 32, Docs::returning},  // document 0 returns in tile 3: key tile 0 serves only half a block
+    // Sliding windows: across tiles (tiles before the first row's window never visited, tiles its
+    // last row's window starts in masked, warps of a block idle on tiles older than their rows'
+    // windows); 127 (a tile's last row sees all of the previous tile but its first key); inside one
+    // tile; 1 (each query sees itself only); 2 (key tile kt's last query tile ends exactly at a
+    // tile's first row); and with packed documents.
+    {1, 300, 2, 1, 64, Docs::none, 100},
+    {1, 200, 2, 1, 128, Docs::none, 127},
+    {1, 200, 2, 2, 16, Docs::none, 1},
+    {1, 200, 2, 1, 16, Docs::cycling, 2},
+    {1, 330, 2, 1, 32, Docs::packed, 70},
 };
 
 constexpr double kBf16Rel = 1.0 / 128;
@@ -124,7 +135,8 @@ KernelResult<T> check_kernels(const Case& c) {
                              << (c.doc == Docs::cycling  ? " cycling docs"
                                  : c.doc == Docs::packed   ? " packed docs"
                                  : c.doc == Docs::returning ? " returning docs"
-                                                            : ""));
+                                                            : "")
+                             << " window=" << c.window);
   const double rel = bf ? kBf16Rel : 1e-5;
   const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D,
                nlse = size_t(c.B) * c.Hq * c.Tn;
@@ -153,11 +165,11 @@ KernelResult<T> check_kernels(const Case& c) {
   // CPU reference (float, on the values the kernels read). The backward gets the forward's output
   // as T stores it, as the kernels do.
   std::vector<float> out_ref(nout), lse_ref(nlse);
-  ul::cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), docp, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+  ul::cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), docp, c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
   const std::vector<float> out_stored = bf ? rounded(out_ref) : out_ref;
   std::vector<float> dqkv_ref = dqkv0;
-  ul::cpu::attention_backward(dqkv_ref.data(), dout.data(), out_stored.data(), lse_ref.data(), qkv.data(), docp, c.B,
-                              c.Tn, c.Hq, c.Hkv, c.D);
+  ul::cpu::attention_backward(dqkv_ref.data(), dout.data(), out_stored.data(), lse_ref.data(), qkv.data(), docp,
+                              c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
 
   DeviceBuffer<T> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
   DeviceBuffer<float> d_lse(nlse), scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq) / sizeof(float));
@@ -165,7 +177,7 @@ KernelResult<T> check_kernels(const Case& c) {
   if (has_doc) d_doc.set(doc);
   const int32_t* d_docp = has_doc ? d_doc.p : nullptr;
   d_qkv.set(to_elem<T>(qkv));
-  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
+  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
   KernelResult<T> got{d_out.get(), {}, d_lse.get()};
   expect_close("out", to_f32(got.out), out_ref, rel, bf ? kBf16Rel * max_abs(out_ref) : 1e-6);
   expect_close("lse", got.lse, lse_ref, 1e-5, bf ? 1e-4 : 1e-5);
@@ -176,8 +188,8 @@ KernelResult<T> check_kernels(const Case& c) {
   d_dout.set(to_elem<T>(dout));
   auto run_backward = [&] {
     d_dqkv.set(to_elem<T>(dqkv0));
-    ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, d_docp, scratch.p, c.B, c.Tn, c.Hq,
-                                 c.Hkv, c.D, nullptr);
+    ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, d_docp, c.window, scratch.p, c.B,
+                                 c.Tn, c.Hq, c.Hkv, c.D, nullptr);
     return d_dqkv.get();
   };
   const std::vector<T> g1 = run_backward();
@@ -218,7 +230,7 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, const Case& c, const std::v
     tdoc = ctx.empty({c.B, c.Tn}, ul::DType::i32);
     ul::copy_from_host(tdoc, doc.data());
   }
-  ul::Tensor out = ul::attention(tq, c.Hq, c.Hkv, tdoc);
+  ul::Tensor out = ul::attention(tq, c.Hq, c.Hkv, tdoc, c.window);
   REQUIRE(out.device == dev);
   REQUIRE(out.dtype == dt);
   REQUIRE(out.requires_grad());
@@ -261,24 +273,26 @@ TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores, 64 
 
 TEST_CASE("attention op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[attention]") {
   ul::init_cuda_backend();
-  const attn_cases::Case c{2, 70, 4, 2, 32, attn_cases::Docs::cycling};
-  for (ul::DType dt : {ul::DType::f32, ul::DType::bf16}) {
-    const bool bf = dt == ul::DType::bf16;
-    INFO(ul::dtype_name(dt));
-    auto in = [&](size_t n, uint64_t seed) {
-      std::vector<float> v = ul_test::randn_f(n, seed);
-      return bf ? attn_cases::rounded(v) : v;
-    };
-    const std::vector<float> qkv = in(size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, 21),
-                             dout = in(size_t(c.B) * c.Tn * c.Hq * c.D, 22);
-    const std::vector<int32_t> doc = attn_cases::doc_ids(c.B, c.Tn, 23);
-    const attn_cases::OpResult ref = attn_cases::run_op(ul::Device::cpu, ul::DType::f32, c, qkv, doc, dout);
-    const attn_cases::OpResult got = attn_cases::run_op(ul::Device::cuda, dt, c, qkv, doc, dout);
-    // bf16: the op also backpropagates through its own bf16 output (Di = rowsum(dout * out)).
-    const double rel = bf ? 2 * attn_cases::kBf16Rel : 1e-5;
-    attn_cases::expect_close("out", got.out, ref.out, rel, bf ? rel * attn_cases::max_abs(ref.out) : 1e-6);
-    const std::vector<float> zero(ref.dqkv.size(), 0.f);
-    attn_cases::expect_close("dqkv", got.dqkv, ref.dqkv, rel, rel * attn_cases::grad_scale(ref.dqkv, zero));
+  for (const attn_cases::Case c : {attn_cases::Case{2, 70, 4, 2, 32, attn_cases::Docs::cycling},
+                                   attn_cases::Case{2, 70, 4, 2, 32, attn_cases::Docs::cycling, 20}}) {
+    for (ul::DType dt : {ul::DType::f32, ul::DType::bf16}) {
+      const bool bf = dt == ul::DType::bf16;
+      INFO(ul::dtype_name(dt) << " window=" << c.window);
+      auto in = [&](size_t n, uint64_t seed) {
+        std::vector<float> v = ul_test::randn_f(n, seed);
+        return bf ? attn_cases::rounded(v) : v;
+      };
+      const std::vector<float> qkv = in(size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, 21),
+                               dout = in(size_t(c.B) * c.Tn * c.Hq * c.D, 22);
+      const std::vector<int32_t> doc = attn_cases::doc_ids(c.B, c.Tn, 23);
+      const attn_cases::OpResult ref = attn_cases::run_op(ul::Device::cpu, ul::DType::f32, c, qkv, doc, dout);
+      const attn_cases::OpResult got = attn_cases::run_op(ul::Device::cuda, dt, c, qkv, doc, dout);
+      // bf16: the op also backpropagates through its own bf16 output (Di = rowsum(dout * out)).
+      const double rel = bf ? 2 * attn_cases::kBf16Rel : 1e-5;
+      attn_cases::expect_close("out", got.out, ref.out, rel, bf ? rel * attn_cases::max_abs(ref.out) : 1e-6);
+      const std::vector<float> zero(ref.dqkv.size(), 0.f);
+      attn_cases::expect_close("dqkv", got.dqkv, ref.dqkv, rel, rel * attn_cases::grad_scale(ref.dqkv, zero));
+    }
   }
 }
 
@@ -300,6 +314,9 @@ TEST_CASE("attention op on Device::cuda refuses unsupported head dims and mispla
     CHECK_THROWS_WITH(ul::attention(host.zeros({1, 4, 3, 32}), 1, 1, c.zeros({1, 4}, ul::DType::i32)),
                       Catch::Contains("doc ids on cuda but qkv on cpu"));
   }
-  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, 1, 4, 1, 1, 96, nullptr),
+  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, 0, 1, 4, 1, 1, 96, nullptr),
                     Catch::Contains("D = 96"));
+  CHECK_THROWS_WITH(ul::attention(c.zeros({1, 4, 3, 32}), 1, 1, ul::Tensor(), -2), Catch::Contains("window"));
+  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, -2, 1, 4, 1, 1, 32, nullptr),
+                    Catch::Contains("window"));
 }
