@@ -41,12 +41,20 @@ struct TailV3 {
   float norm_eps;
 };
 static_assert(sizeof(TailV3) == 20, "model.bin version 3 tail layout");
+// Version 4 (written only for a sliding window, Mistral's): the version 3 tail, then these.
+struct TailV4 {
+  int32_t sliding_window;  // > 0: each query sees the last sliding_window positions, itself included
+};
+static_assert(sizeof(TailV4) == 4, "model.bin version 4 tail layout");
 
 size_t model_tail_bytes(uint32_t version) {
-  return version == 1 ? 0 : version == 2 ? sizeof(ModelHeaderTail) : sizeof(ModelHeaderTail) + sizeof(TailV3);
+  const size_t v2 = sizeof(ModelHeaderTail), v3 = v2 + sizeof(TailV3);
+  return version == 1 ? 0 : version == 2 ? v2 : version == 3 ? v3 : v3 + sizeof(TailV4);
 }
 
+// The lowest version that holds c, so a file without the newer settings stays readable by older builds.
 uint32_t model_version(const ModelConfig& c) {
+  if (c.sliding_window) return 4;
   if (c.rope_scaling.kind == RopeScaling::kYarn || c.qkv_bias || c.norm_eps != 1e-5f) return 3;
   return c.rope_scaling.kind == RopeScaling::kNone && !c.tie_embeddings ? 1 : 2;
 }
@@ -135,9 +143,13 @@ ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t n
                                (cfg.tie_embeddings ? kTiedEmbeddings : 0u) | (cfg.qkv_bias ? kQkvBias : 0u)};
     tail.assign(reinterpret_cast<const char*>(&t), sizeof t);
   }
-  if (h.version == 3) {
+  if (h.version >= 3) {
     const TailV3 y = {r.beta_fast, r.beta_slow, r.attention_factor, r.truncate ? 1u : 0u, cfg.norm_eps};
     tail.append(reinterpret_cast<const char*>(&y), sizeof y);
+  }
+  if (h.version == 4) {
+    const TailV4 w = {cfg.sliding_window};
+    tail.append(reinterpret_cast<const char*>(&w), sizeof w);
   }
   std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
   h.layers = cfg.layers, h.dim = cfg.dim, h.heads = cfg.heads, h.kv_heads = cfg.kv_heads;
@@ -180,7 +192,7 @@ void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg,
 ModelConfig read_model_file(const std::string& path, std::vector<float>& params) {
   std::string tail;
   ModelHeader h = read_checked<ModelHeader>(
-      path, "a ulysses model file", kModelMagic, 3, tail, params,
+      path, "a ulysses model file", kModelMagic, 4, tail, params,
       [](const ModelHeader& x) { return model_tail_bytes(x.version); },
       [](const ModelHeader& x) { return x.numel; });
   ModelConfig c;
@@ -199,12 +211,12 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
     std::memcpy(&t, tail.data(), sizeof t);
     c.rope_scaling.factor = t.rope_factor, c.rope_scaling.low_freq_factor = t.rope_low_freq_factor;
     c.rope_scaling.high_freq_factor = t.rope_high_freq_factor, c.rope_scaling.original_max_pos = t.rope_original_max_pos;
-    if (t.flags & ~(h.version == 3 ? kTiedEmbeddings | kQkvBias : kTiedEmbeddings))
+    if (t.flags & ~(h.version >= 3 ? kTiedEmbeddings | kQkvBias : kTiedEmbeddings))
       throw file_error(path, "unknown flags " + std::to_string(t.flags) + " in the header");
     c.tie_embeddings = t.flags & kTiedEmbeddings;
     c.qkv_bias = t.flags & kQkvBias;
   }
-  if (h.version == 3) {
+  if (h.version >= 3) {
     TailV3 y;
     std::memcpy(&y, tail.data() + sizeof(ModelHeaderTail), sizeof y);
     if (y.truncate > 1) throw file_error(path, "yarn truncate " + std::to_string(y.truncate) + " (expected 0 or 1)");
@@ -213,6 +225,14 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
       c.rope_scaling.attention_factor = y.attention_factor, c.rope_scaling.truncate = y.truncate == 1;
     }
     c.norm_eps = y.norm_eps;
+  }
+  if (h.version == 4) {
+    TailV4 w;
+    std::memcpy(&w, tail.data() + sizeof(ModelHeaderTail) + sizeof(TailV3), sizeof w);
+    if (w.sliding_window < 1)  // version 4 is written only for a window
+      throw file_error(path, "version 4 with sliding window " + std::to_string(w.sliding_window) +
+                                 ": corrupt header (expected >= 1)");
+    c.sliding_window = w.sliding_window;
   }
   check_rope_scaling(c.rope_scaling, path);
   return c;
@@ -244,6 +264,7 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("tie_embeddings", a.tie_embeddings ? "true" : "false", b.tie_embeddings ? "true" : "false", "--tie-embeddings");
   differ("qkv_bias", a.qkv_bias ? "true" : "false", b.qkv_bias ? "true" : "false", "--qkv-bias");
   differ("norm_eps", float_text(a.norm_eps), float_text(b.norm_eps), "--norm-eps");
+  differ("sliding_window", s(a.sliding_window), s(b.sliding_window), "--sliding-window");
 }
 
 std::string optim_file_name(int shard, int shards) {
@@ -302,6 +323,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"tie_embeddings", c.tie_embeddings ? "true" : "false", "--tie-embeddings", "false"},
           {"qkv_bias", c.qkv_bias ? "true" : "false", "--qkv-bias", "false"},
           {"norm_eps", json_quote(float_text(c.norm_eps)), "--norm-eps", "1e-05"},
+          {"sliding_window", n(c.sliding_window), "--sliding-window", "0"},
           {"batch", n(o.batch), "--batch"},
           {"seq", n(o.seq), "--seq"},
           {"grad_accum", n(o.grad_accum), "--grad-accum"},

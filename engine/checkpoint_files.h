@@ -1,13 +1,15 @@
 // The files of one checkpoint directory (engine/checkpoint.h says when they are written):
 //
 // model.bin — every parameter, fp32, little-endian:
-//   char magic[8] "ULYSMODL" | u32 version (1-3) | u32 crc32 | char arch[16] | i32 layers, dim,
+//   char magic[8] "ULYSMODL" | u32 version (1-4) | u32 crc32 | char arch[16] | i32 layers, dim,
 //   heads, kv_heads, vocab, padded_vocab, max_seq, ffn | f32 rope_theta | i32 rope scaling kind
 //   (RopeScaling::Kind, 0 in version 1) | u64 numel  (80 bytes).
 //   Version 2 (a scaled RoPE or tied llama embeddings) adds, after the header: f32 rope factor,
-//   low_freq_factor, high_freq_factor | i32 original_max_pos | u32 flags (1: tied embeddings);
-//   version 3 (YaRN) adds to that f32 beta_fast, beta_slow, attention_factor | u32 truncate.
-//   Then numel fp32 in the Params buffer order.
+//   low_freq_factor, high_freq_factor | i32 original_max_pos | u32 flags (1: tied embeddings,
+//   2: q/k/v bias); version 3 (YaRN, a q/k/v bias, an RMSNorm eps other than 1e-5) adds to that
+//   f32 beta_fast, beta_slow, attention_factor | u32 truncate | f32 norm_eps; version 4 (a
+//   sliding window) adds to that i32 sliding_window. Each file is written at
+//   the lowest version that holds its model. Then numel fp32 in the Params buffer order.
 // optim.bin / optim_rank_R.bin — AdamW state of one shard of the parameter buffer:
 //   char magic[8] "ULYSOPTM" | u32 version 1 | u32 crc32 | i64 t | u64 numel (whole buffer) |
 //   u64 offset | u64 count | i32 shard | i32 shards  (56 bytes), then m[count], v[count] fp32.

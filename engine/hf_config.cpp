@@ -1,6 +1,8 @@
 // The model configuration side of Hugging Face interop (engine/hf_format.h): our __metadata__ keys,
 // the config.json that AutoModelForCausalLM reads, and reading either back into a ModelConfig.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 
@@ -31,7 +33,8 @@ std::map<std::string, std::string> hf_metadata(const ModelConfig& c) {
           {"rope_scaling", rope_scaling_str(c.rope_scaling)},
           {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
           {"qkv_bias", c.qkv_bias ? "true" : "false"},
-          {"norm_eps", float_text(c.norm_eps)}};
+          {"norm_eps", float_text(c.norm_eps)},
+          {"sliding_window", std::to_string(c.sliding_window)}};
 }
 
 namespace {
@@ -61,6 +64,15 @@ JsonLine hf_rope_json(const ModelConfig& c, bool with_theta) {
   return r;
 }
 
+// Qwen 2's window on every layer. transformers 5.24 slides layer i when layer_types[i] says
+// "sliding_attention", and without layer_types when use_sliding_window and i >= max_window_layers;
+// both are written, so either rule (and 4.x's, which has only the second) slides them all.
+void add_qwen2_window(JsonLine& j, const ModelConfig& c) {
+  std::string types = "[";
+  for (int l = 0; l < c.layers; l++) types += std::string(l ? "," : "") + "\"sliding_attention\"";
+  j.add("sliding_window", c.sliding_window).add("max_window_layers", 0).add_raw("layer_types", types + "]");
+}
+
 }  // namespace
 
 std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype) {
@@ -74,11 +86,18 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     // HF's defaults (50256) name GPT-2's <|endoftext|>: right only for GPT-2's own vocabulary.
     if (c.vocab != 50257) j.add_raw("bos_token_id", "null").add_raw("eos_token_id", "null");
   } else {
-    // A q/k/v bias is Qwen 2's attention (Llama's attention_bias would also put one on o_proj).
-    if (c.qkv_bias)
-      j.add_raw("architectures", "[\"Qwen2ForCausalLM\"]").add("model_type", "qwen2").add_raw("use_sliding_window", "false");
-    else
+    // A q/k/v bias is Qwen 2's attention (Llama's attention_bias would also put one on o_proj); a
+    // window without one is Mistral's (Llama's names and layout, one window for every layer).
+    if (c.qkv_bias) {
+      j.add_raw("architectures", "[\"Qwen2ForCausalLM\"]").add("model_type", "qwen2");
+      j.add_raw("use_sliding_window", c.sliding_window ? "true" : "false");
+      if (c.sliding_window) add_qwen2_window(j, c);
+    } else if (c.sliding_window) {
+      j.add_raw("architectures", "[\"MistralForCausalLM\"]").add("model_type", "mistral");
+      j.add("sliding_window", c.sliding_window);
+    } else {
       j.add_raw("architectures", "[\"LlamaForCausalLM\"]").add("model_type", "llama");
+    }
     j.add("vocab_size", c.vocab);
     j.add("hidden_size", c.dim).add("intermediate_size", c.ffn_dim()).add("num_hidden_layers", c.layers);
     j.add("num_attention_heads", c.heads).add("num_key_value_heads", c.kv_heads).add("head_dim", c.head_dim());
@@ -87,7 +106,7 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     j.add("rope_theta", double(c.rope_theta), 9);
     j.add_raw("rope_scaling", c.rope_scaling.kind == RopeScaling::kNone ? "null" : hf_rope_json(c, false).str());
     j.add_raw("rope_parameters", hf_rope_json(c, true).str());
-    if (!c.qkv_bias) j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false");
+    if (!c.qkv_bias && !c.sliding_window) j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false");
     j.add_raw("tie_word_embeddings", c.tie_embeddings ? "true" : "false");
   }
   j.add("torch_dtype", torch_dtype);
@@ -173,6 +192,58 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
   return s;
 }
 
+// j's key when it is present and not null.
+const JsonValue* non_null(const JsonValue& j, const char* key) {
+  const JsonValue* v = j.find(key);
+  return v && !v->is(JsonValue::Kind::null) ? v : nullptr;
+}
+
+// A window size from the config's sliding_window: absent is transformers' default (4096 for both
+// Mistral and Qwen 2), null is none (0).
+int hf_window_size(const JsonValue& j, const std::string& where) {
+  const JsonValue* w = j.find("sliding_window");
+  if (!w) return 4096;
+  if (w->is(JsonValue::Kind::null)) return 0;
+  const int64_t n = w->as_int(where + ": sliding_window");
+  if (n < 1 || n > INT32_MAX)  // 0 would leave a query no key at all (transformers' mask: kv > q - 0)
+    throw std::runtime_error(where + ": sliding_window " + std::to_string(n) + " is not a positive int or null");
+  return int(n);
+}
+
+// Qwen 2, by transformers 5.24's rule (configuration_qwen2.py, modeling_qwen2.py): the window is
+// sliding_window when use_sliding_window, else none; layer i slides when layer_types[i] is
+// "sliding_attention", or, without layer_types, when there is a window and i >= max_window_layers
+// (default 28). ulysses has one window for every layer: all sliding or none, else refused.
+int qwen2_window(const JsonValue& j, int layers, const std::string& where) {
+  auto refuse = [&](const std::string& what) {
+    throw std::runtime_error(where + ": " + what + " (ulysses cannot run this model exactly)");
+  };
+  const JsonValue* use = non_null(j, "use_sliding_window");
+  if (use && !use->is(JsonValue::Kind::boolean)) refuse("use_sliding_window is not true or false");
+  const int window = use && use->b ? hf_window_size(j, where) : 0;
+  int sliding = 0;
+  if (const JsonValue* types = non_null(j, "layer_types")) {
+    if (!types->is(JsonValue::Kind::array) || int(types->items.size()) != layers)
+      refuse("layer_types is not a list of num_hidden_layers (" + std::to_string(layers) + ") layer types");
+    for (const JsonValue& t : types->items) {
+      const std::string& name = t.as_string(where + ": layer_types");
+      if (name != "full_attention" && name != "attention" && name != "sliding_attention")  // "attention": the old name
+        refuse("layer_types holds '" + name + "' (ulysses runs full_attention and sliding_attention)");
+      sliding += name == "sliding_attention";
+    }
+    if (sliding && !window)  // transformers itself fails to build the mask
+      refuse("layer_types has sliding_attention layers but no window (use_sliding_window false or sliding_window null)");
+  } else if (window) {
+    const JsonValue* m = non_null(j, "max_window_layers");
+    const int64_t first = m ? m->as_int(where + ": max_window_layers") : 28;
+    sliding = int(std::max<int64_t>(0, layers - std::max<int64_t>(0, first)));
+  }
+  if (sliding != 0 && sliding != layers)
+    refuse("use_sliding_window, max_window_layers and layer_types make " + std::to_string(sliding) + " of " +
+           std::to_string(layers) + " layers slide (ulysses applies one window to every layer or to none)");
+  return sliding ? window : 0;
+}
+
 ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
   auto get = [&](const char* key) -> const JsonValue& {
     const JsonValue* v = j.find(key);
@@ -198,13 +269,23 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const JsonValue* inner = j.find("n_inner");
     refuse_unless(!inner || inner->is(JsonValue::Kind::null) || inner->as_int(where) == 4 * c.dim, "n_inner is not 4 * n_embd");
     eps_ok("layer_norm_epsilon");
-  } else if (type == "llama" || type == "qwen2") {  // Qwen 2: llama with a q/k/v bias
+  } else if (type == "llama" || type == "qwen2" || type == "mistral") {
+    // Qwen 2: llama with a q/k/v bias; Mistral: llama with a sliding window (or none: null).
+    const bool mistral = type == "mistral";
     c.arch = "llama";
     c.qkv_bias = type == "qwen2";
     c.dim = num("hidden_size"), c.layers = num("num_hidden_layers"), c.heads = num("num_attention_heads");
     c.kv_heads = j.find("num_key_value_heads") ? num("num_key_value_heads") : c.heads;
     c.ffn = num("intermediate_size"), c.vocab = num("vocab_size");
-    c.max_seq = j.find("max_position_embeddings") ? num("max_position_embeddings") : 2048;
+    // transformers' defaults for what the file leaves out (LlamaConfig's, Qwen2Config's, MistralConfig's).
+    c.max_seq = j.find("max_position_embeddings") ? num("max_position_embeddings")
+                : mistral                           ? 4096 * 32
+                : c.qkv_bias                        ? 32768
+                                                    : 2048;
+    c.norm_eps = 1e-6f;  // all three configs' default rms_norm_eps
+    // Mistral: one window for every layer (MistralModel builds one mask, whatever layer_types says).
+    if (mistral) c.sliding_window = hf_window_size(j, where);
+    if (c.qkv_bias) c.sliding_window = qwen2_window(j, c.layers, where);
     if (const JsonValue* t = j.find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_theta"));
     const JsonValue *act = j.find("hidden_act"), *sc = j.find("rope_scaling"), *hd = j.find("head_dim");
     if (const JsonValue* rp = j.find("rope_parameters"); rp && !rp->is(JsonValue::Kind::null)) {  // transformers 5.x
@@ -217,12 +298,12 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (const JsonValue* tie = j.find("tie_word_embeddings")) c.tie_embeddings = tie->b;  // LlamaConfig's default: false
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),
                   "head_dim is not hidden_size / num_attention_heads");
-    for (const char* b : {"attention_bias", "mlp_bias", "use_sliding_window"})  // the last: Qwen 2's window
-      refuse_unless(!j.find(b) || !j.find(b)->b, std::string(b) + " is true");
+    if (!mistral)  // MistralForCausalLM has no biases whatever the config says
+      for (const char* b : {"attention_bias", "mlp_bias"}) refuse_unless(!j.find(b) || !j.find(b)->b, std::string(b) + " is true");
     if (const JsonValue* e = j.find("rms_norm_eps")) c.norm_eps = float(e->as_double(where + ": rms_norm_eps"));
     refuse_unless(c.norm_eps > 0 && c.norm_eps < 1, "rms_norm_eps is not in (0, 1)");
   } else {
-    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2, llama and qwen2)");
+    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2, llama, mistral and qwen2)");
   }
   return c;
 }
@@ -266,6 +347,8 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
     auto eps = f.metadata().find("norm_eps");
     if (eps != f.metadata().end() && c.arch == "llama")
       c.norm_eps = float(parse_json(eps->second, f.path()).as_double(f.path() + ": __metadata__ norm_eps"));
+    if (f.metadata().count("sliding_window"))  // absent in files written before it existed: none
+      c.sliding_window = meta_int(f, "sliding_window");
     auto sc = f.metadata().find("rope_scaling");  // absent in files written before it existed: none
     if (sc != f.metadata().end()) {
       try {

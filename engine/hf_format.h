@@ -1,5 +1,7 @@
 // Hugging Face transformers interop: our parameters <-> the tensor names and layouts of
 // GPT2LMHeadModel and LlamaForCausalLM, in a safetensors file with a config.json beside it.
+// Qwen2ForCausalLM (a q/k/v bias) and MistralForCausalLM (a sliding window) are llama's names and
+// layout: a llama is written as qwen2 when it has the bias, else as mistral when it has a window.
 //
 // gpt2 (tied head: no lm_head.weight is written, as save_pretrained does for tied models; HF ties it):
 //   transformer.wte.weight (V,C)  rows [0, V) of wte      transformer.wpe.weight (maxT,C)
@@ -18,7 +20,8 @@
 //   model.norm.weight                        lm_head.weight (V,C) rows [0, V) of lm_head
 //
 // The file's __metadata__ holds format=pt (transformers requires it) and our config (arch, layers,
-// dim, heads, kv_heads, vocab, max_seq, ffn, rope_theta, norm_eps), so the file alone reloads here.
+// dim, heads, kv_heads, vocab, max_seq, ffn, rope_theta, norm_eps, sliding_window, ...), so the
+// file alone reloads here.
 #pragma once
 #include <functional>
 #include <map>
@@ -50,7 +53,8 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
                         const float* data, const std::string& dtype);
 
 // The model configuration of a safetensors file: from our __metadata__, else from the config.json
-// beside it (HF keys, model_type gpt2 or llama). Throws naming the file on anything we cannot run.
+// beside it (HF keys, model_type gpt2, llama, mistral or qwen2). Throws naming the file and the
+// field on anything we cannot run exactly (Qwen 2's window on some layers only, say).
 ModelConfig hf_read_config(const SafetensorsFile& f);
 // A sharded checkpoint's configuration: the config.json beside its index.
 ModelConfig hf_read_config(const SafetensorsIndex& idx);

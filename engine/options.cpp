@@ -28,9 +28,11 @@ model
   --tie-embeddings    llama: the output head is the token embedding (as Llama 3.2, SmolLM)
   --qkv-bias          llama: a bias on the q/k/v projection (as Qwen 2)
   --norm-eps X        llama: RMSNorm's eps (Qwen 2: 1e-6)                                 [1e-5]
+  --sliding-window N  llama: attend only to the last N tokens (Mistral's sliding window; 0: all)
+                      beside --checkpoint: set, change or (0) remove its own              [0]
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
-                      FILE.safetensors (gpt2, llama or qwen2; config from its metadata or
-                      config.json) or a sharded one's DIR/model.safetensors.index.json,
+                      FILE.safetensors (gpt2, llama, mistral or qwen2; config from its
+                      metadata or config.json) or a sharded one's DIR/model.safetensors.index.json,
                       or a model.bin of our checkpoints; the model's shape comes from the file
   --rope-theta X --rope-scaling SPEC   llama's RoPE (beside --checkpoint: override its own, to
                       extend its context): SPEC none | linear:factor=F |
@@ -165,7 +167,9 @@ Options parse_options(int argc, char** argv) {
   std::map<std::string, Setter> with_value = {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
-      {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--norm-eps", F(o.norm_eps)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
+      {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--norm-eps", F(o.norm_eps)},
+      {"--sliding-window", I(o.sliding_window)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)},
+      {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
@@ -248,6 +252,9 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--heartbeat must be a finite number of seconds >= 0");
   if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))
     throw std::runtime_error("--rope-theta must be a finite number > 0");
+  if (o.sliding_window < 0)
+    throw std::runtime_error("--sliding-window must be >= 0 (0: attend to every earlier token), got " +
+                             std::to_string(o.sliding_window));
   parse_rope_scaling(o.rope_scaling);  // a malformed spec fails here, naming the flag
   if (o.device != "cpu" && o.device != "cuda")
     throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
@@ -321,7 +328,7 @@ Options parse_options(int argc, char** argv) {
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
-  // is how a model's context is extended.)
+  // is how a model's context is extended; --sliding-window likewise changes no weight.)
   for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--tie-embeddings",
                         "--qkv-bias", "--norm-eps"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
@@ -351,6 +358,13 @@ void apply_rope_flags(const Options& o, ModelConfig& c) {
                              ": gpt2 has learned positions, not RoPE (--model llama)");
   if (theta) c.rope_theta = o.rope_theta;
   if (scaling) c.rope_scaling = parse_rope_scaling(o.rope_scaling);
+}
+
+void apply_window_flag(const Options& o, ModelConfig& c) {
+  if (!o.set_by_user("--sliding-window")) return;  // even 0, written out, counts: it turns a window off
+  if (!c.is_llama() && o.sliding_window)
+    throw std::runtime_error("--sliding-window: gpt2 attends to every earlier token (a llama setting)");
+  c.sliding_window = o.sliding_window;
 }
 
 void apply_trained_length(const Options& o, ModelConfig& c) {
@@ -409,6 +423,7 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   c.qkv_bias = c.qkv_bias || o.qkv_bias;
   if (o.set_by_user("--norm-eps")) c.norm_eps = o.norm_eps;
   apply_rope_flags(o, c);  // the preset's RoPE unless the flags say otherwise
+  apply_window_flag(o, c);
   // llama's knobs: on gpt2 (an MLP of 4 x dim, learned positions) they would change nothing.
   if (c.arch == "gpt2" && o.set_by_user("--ffn"))
     throw std::runtime_error("--ffn: gpt2's MLP is 4 x --dim; the width is a llama setting (--model llama)");

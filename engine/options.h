@@ -18,6 +18,7 @@ struct Options {
   bool tie_embeddings = false;  // llama: the output head is the embedding (gpt2 always ties)
   bool qkv_bias = false;        // llama: a bias on the q/k/v projection (Qwen 2)
   float norm_eps = 1e-5f;       // llama: RMSNorm's eps
+  int sliding_window = 0;       // llama: attend only to the last N tokens (Mistral's; 0: all)
   // data and loop
   std::string data = "passkey";
   bool doc_mask = false;      // --doc-mask: attention and positions stay within each document
@@ -91,6 +92,9 @@ bool preset_has_vocab(const std::string& model);
 // --rope-theta and --rope-scaling, when given, onto c (a preset's or a checkpoint's: overriding a
 // llama checkpoint's RoPE is how its context is extended); refused on gpt2.
 void apply_rope_flags(const Options& o, ModelConfig& c);
+// --sliding-window, when given (0 too), onto c, a preset's or a checkpoint's: the window changes no
+// weight, so a checkpoint's can be set, changed or removed for a fine-tune; refused on gpt2.
+void apply_window_flag(const Options& o, ModelConfig& c);
 // RoPE sets no length limit: a llama trained past its max_seq (a checkpoint's
 // max_position_embeddings, when its context is being extended) has the longer one from then on, in
 // its checkpoints and in the max_position_embeddings its exports write. Train and --plan both apply it.

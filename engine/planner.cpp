@@ -284,6 +284,7 @@ PlanConfig plan_config(const Options& o) {
     std::vector<float> values;
     ModelConfig cfg = checkpoint_model_config(o.checkpoint, values);
     apply_rope_flags(o, cfg);
+    apply_window_flag(o, cfg);
     apply_trained_length(o, cfg);
     return plan_config(o, cfg);
   }

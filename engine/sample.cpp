@@ -48,10 +48,12 @@ void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int
 }
 
 // The attention of the newest token: for each query head h (kv head g = h / (Hq / Hkv)),
-//   s_t = q . k_t / sqrt(D) for t = 0..pos,  out = sum_t softmax(s)_t v_t
-// over the cache — causal by construction, since only positions up to this one are in it.
+//   s_t = q . k_t / sqrt(D) for t = t0..pos,  out = sum_t softmax(s)_t v_t
+// over the cache — causal by construction, since only positions up to this one are in it. t0 is 0,
+// or with a sliding window W, pos - W + 1: the W newest positions, this one included.
 void KvDecoder::attend(float* out, const float* q, int layer) {
-  const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, n = pos_ + 1;
+  const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, W = cfg_.sliding_window;
+  const int t0 = W > 0 ? std::max(0, pos_ - W + 1) : 0, n = pos_ + 1;
   const float scale = 1.0f / std::sqrt(float(D));
   const size_t row = size_t(Hkv) * D;
   const float* K = kcache_.data() + size_t(layer) * max_len_ * row;
@@ -60,7 +62,7 @@ void KvDecoder::attend(float* out, const float* q, int layer) {
     const int g = h / (Hq / Hkv);
     const float* qh = q + size_t(h) * D;
     float m = -INFINITY;
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < n; t++) {
       const float* k = K + t * row + size_t(g) * D;
       float s = 0;
       for (int d = 0; d < D; d++) s += qh[d] * k[d];
@@ -68,10 +70,10 @@ void KvDecoder::attend(float* out, const float* q, int layer) {
       m = std::max(m, scores_[size_t(t)]);
     }
     float sum = 0;
-    for (int t = 0; t < n; t++) sum += (scores_[size_t(t)] = std::exp(scores_[size_t(t)] - m));
+    for (int t = t0; t < n; t++) sum += (scores_[size_t(t)] = std::exp(scores_[size_t(t)] - m));
     float* o = out + size_t(h) * D;
     std::fill(o, o + D, 0.0f);
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < n; t++) {
       const float p = scores_[size_t(t)] / sum;
       const float* v = V + t * row + size_t(g) * D;
       for (int d = 0; d < D; d++) o[d] += p * v[d];

@@ -1,5 +1,6 @@
 // Text generation with a KV cache: each new token runs alone through the layers, attending over
-// the keys and values that earlier tokens left in the cache, so a token costs O(T * C) (plus the
+// the keys and values that earlier tokens left in the cache (with a sliding window W, over the last
+// W positions, itself included), so a token costs O(T * C) (O(W * C) with a window; plus the
 // weights), not a forward of the whole prefix. It reuses the CPU kernels (embedding, norms,
 // linear, RoPE at the token's position, GELU / SwiGLU); only the one-query attention is written
 // here, a short loop. fp32, on the host, from a copy of the parameters.
@@ -30,6 +31,7 @@ class KvDecoder {
   const float* param(const std::string& name, int layer = -1) const;
   void norm(float* y, const float* x, const char* w, const char* b, int layer);
   void attend(float* out, const float* q, int layer);  // one query per head over positions [0, pos_]
+                                                       // (with a window W: (pos_ - W, pos_])
 
   ModelConfig cfg_;
   std::vector<ParamSpec> specs_;

@@ -144,6 +144,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!o.checkpoint.empty()) {
     cfg = checkpoint_model_config(o.checkpoint, ckpt);
     apply_rope_flags(o, cfg);
+    apply_window_flag(o, cfg);
   }
   // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
   // vocabulary bounds the data's token ids.

@@ -49,6 +49,9 @@ void ModelConfig::validate() const {
   if (!is_llama() && qkv_bias) bad("--qkv-bias: gpt2 has every bias already (a llama setting)");
   if (!(norm_eps > 0) || !(norm_eps < 1)) bad("--norm-eps must be in (0, 1)");
   if (!is_llama() && norm_eps != 1e-5f) bad("--norm-eps: gpt2's LayerNorm keeps llm.c's 1e-5 (a llama setting)");
+  if (sliding_window < 0)
+    bad("--sliding-window must be >= 0 (0: attend to every earlier token), got " + std::to_string(sliding_window));
+  if (!is_llama() && sliding_window) bad("--sliding-window: gpt2 attends to every earlier token (a llama setting)");
 }
 
 void ModelConfig::validate_for(Device d) const {
@@ -67,6 +70,7 @@ std::string ModelConfig::describe() const {
   if (is_llama() && tie_embeddings) s << " tied";
   if (is_llama() && qkv_bias) s << " qkv_bias";
   if (is_llama() && norm_eps != 1e-5f) s << " norm_eps=" << norm_eps;
+  if (is_llama() && sliding_window) s << " sliding_window=" << sliding_window;
   s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;
   return s.str();
 }
@@ -154,7 +158,8 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
     qkv = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
   }
   if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope());
-  Tensor att = attention(qkv, Hq, Hkv, in.doc_full);  // (B, T, Hq_local, D)
+  // Under SP the op sees the whole sequence for its heads, so the window needs nothing more here.
+  Tensor att = attention(qkv, Hq, Hkv, in.doc_full, cfg.sliding_window);  // (B, T, Hq_local, D)
   if (sp && sp->size() > 1) att = ulysses_gather_heads(att, cfg.heads, *sp);  // (B, Tl, H, D)
   att = att.view({B, Tl, int64_t(cfg.dim)});
   Tensor pb = cfg.is_llama() ? Tensor{} : params.get("attprojb", l);

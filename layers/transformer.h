@@ -6,7 +6,8 @@
 // llama: x = wte[idx]; per layer
 //         x += attnproj(attention(rope(qkv(rms1(x)))));  x += fcproj(swiglu(fc(rms2(x))))
 //       logits = rmsf(x) lm_head^T; RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
-//       (except, with qkv_bias, on the q/k/v projection: Qwen 2's attention).
+//       (except, with qkv_bias, on the q/k/v projection: Qwen 2's attention); with sliding_window W
+//       each query attends only to the last W positions, itself included (Mistral's attention).
 //
 // Under Ulysses sequence parallelism (sp group of P ranks) the block sees this rank's T/P tokens;
 // around attention, ulysses_scatter_heads trades "my tokens, all heads" for "all tokens, my heads"
@@ -36,6 +37,7 @@ struct ModelConfig {
   bool tie_embeddings = false;  // llama: the output head is wte (Llama 3.2, SmolLM); gpt2 always ties
   bool qkv_bias = false;        // llama: a bias on the q/k/v projection (Qwen 2); gpt2 has all biases
   float norm_eps = 1e-5f;       // llama: RMSNorm's eps (Qwen 2: 1e-6); gpt2's LayerNorm keeps llm.c's 1e-5
+  int sliding_window = 0;       // llama: query t sees keys t - W < t' <= t (Mistral's); 0: all of t' <= t
 
   Rope rope() const {
     Rope r(rope_theta);

@@ -2,18 +2,23 @@
 """Checks ulysses' Hugging Face interop against transformers itself. A tool, not a CI test: it needs
 torch and transformers (pip install torch transformers safetensors), which CI does not have.
 
-usage: python3 tools/check_hf_interop.py [--train build/train] [--keep DIR]
+usage: python3 tools/check_hf_interop.py [--train build/train] [--keep DIR] [--archs gpt2,mistral,...]
 
 ulysses -> HF, for gpt2, llama, llama shaped like Llama 3.2 (RoPE scaling, tied embeddings), llama
-with YaRN, and Qwen 2 (q/k/v bias, RMSNorm eps 1e-6, tied, YaRN; Qwen2ForCausalLM): train a tiny model for a few steps on a text file, export it with
+with YaRN, Qwen 2 (q/k/v bias, RMSNorm eps 1e-6, tied, YaRN; Qwen2ForCausalLM), llama with a
+sliding window of 8 keys (MistralForCausalLM) and Qwen 2 with that window on every layer: train a
+tiny model for a few steps on a text file, export it with
   --export-safetensors DIR/model.safetensors, load DIR with AutoModelForCausalLM.from_pretrained and
   1. greedy continuation: ulysses' --sample (KV cache) must equal argmax over HF's full-forward logits;
   2. gpt2: logits, loss and every gradient: HF computes them on a batch and writes an llm.c debug state,
      which `train --checkpoint (the same run's --export-llmc file) --check-state` compares (PASS/FAIL).
-HF -> ulysses, for the same five: a randomly initialised HF model saved with save_pretrained loads with
+HF -> ulysses, for the same seven: a randomly initialised HF model saved with save_pretrained loads with
   `train --checkpoint DIR/model.safetensors` (its config.json read, no ulysses metadata), and greedy
   continuations agree; the qwen2 one also saved in shards (max_shard_size) and loaded through
   DIR/model.safetensors.index.json.
+The window (8) is shorter than the 32 positions of a greedy run, so it matters: with a window both
+ways the greedy tokens must also DIFFER when ulysses samples with `--sliding-window 0` (the check
+would otherwise pass with the window ignored).
 Exit code 0 when every check passes.
 """
 import argparse
@@ -24,7 +29,7 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PROMPT = [104, 101, 108, 108, 111, 32, 116, 104]  # "hello th"
@@ -39,6 +44,9 @@ LLAMA3_HF = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high
 YARN_SPEC = "yarn:factor=64,orig=16,beta_fast=8,beta_slow=1"
 YARN_HF = {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 16, "beta_fast": 8.0, "beta_slow": 1.0}
 SCALED = {"llama3": (LLAMA3_SPEC, LLAMA3_HF), "yarn": (YARN_SPEC, YARN_HF)}
+WINDOW = 8  # keys per query (itself included), shorter than the prompt + continuation (32 positions)
+WINDOWED = ("mistral", "qwen2_swa")
+ARCHS = ("gpt2", "llama", "llama3", "yarn", "qwen2") + WINDOWED
 
 
 def run(train, args):
@@ -48,9 +56,9 @@ def run(train, args):
     return r.stdout
 
 
-def ours_greedy(train, data, ckpt):
+def ours_greedy(train, data, ckpt, extra=()):
     out = run(train, ["--data", "text:" + data, "--steps", "0", "--seq", "32", "--batch", "1", "--checkpoint", ckpt, "--sample", str(NEW),
-                      "--prompt", "ids:" + ",".join(map(str, PROMPT)), "--temperature", "0"])
+                      "--prompt", "ids:" + ",".join(map(str, PROMPT)), "--temperature", "0"] + list(extra))
     # vocab 256 prints one byte per token: the prompt, the continuation, a newline (at the very end)
     tail = list(out[-(len(PROMPT) + NEW + 1):-1])
     assert tail[:len(PROMPT)] == PROMPT, out
@@ -68,13 +76,17 @@ def hf_greedy(model):
     return ids, min(gaps)
 
 
-def compare_greedy(name, train, data, ckpt, model):
+def compare_greedy(name, train, data, ckpt, model, windowed=False):
     ref, gap = hf_greedy(model)
     got = ours_greedy(train, data, ckpt)
     ok = got == ref
     print(f"{name}: greedy {NEW} tokens {'EQUAL' if ok else 'DIFFER'} (smallest top-2 logit gap {gap:.2e})")
     if not ok:
         print("  ulysses:", got, "\n  HF:     ", ref)
+    if windowed:  # the control: the same model attending to every earlier token must not match
+        unwindowed = ours_greedy(train, data, ckpt, ["--sliding-window", "0"])
+        print(f"{name}: with --sliding-window 0, greedy tokens {'EQUAL (the window went unnoticed)' if unwindowed == ref else 'DIFFER, as they must'}")
+        ok &= unwindowed != ref
     return ok
 
 
@@ -117,7 +129,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", default=os.path.join(ROOT, "build", "train"))
     ap.add_argument("--keep", help="work in this directory and keep it")
+    ap.add_argument("--archs", default=",".join(ARCHS), help="a comma-separated subset of " + ",".join(ARCHS))
     a = ap.parse_args()
+    archs = a.archs.split(",")
+    if not archs or any(x not in ARCHS for x in archs):
+        sys.exit("--archs: expected names from " + ",".join(ARCHS) + ", got " + a.archs)
     torch.manual_seed(0)
     work = a.keep or tempfile.mkdtemp(prefix="ul_hf_")
     os.makedirs(work, exist_ok=True)
@@ -128,7 +144,8 @@ def main():
     # llama3: llama with Llama 3.1's RoPE scaling, its bands set so that the 32 positions see all
     # three (head dim 16, theta 500: one pair kept-to-smoothed, the rest divided by the factor).
     # yarn: llama with YaRN. qwen2: Qwen 2's attention (q/k/v bias), RMSNorm eps 1e-6, tied, YaRN.
-    archs = ("gpt2", "llama", "llama3", "yarn", "qwen2")
+    # mistral: llama with a sliding window (exported as MistralForCausalLM); qwen2_swa: Qwen 2 with
+    # that window on every layer (use_sliding_window, max_window_layers 0, layer_types).
     for arch in archs:  # ulysses -> HF
         d = os.path.join(work, "ours_" + arch)
         # a non-default rope theta: a config key that HF ignored would show up as different tokens
@@ -139,11 +156,16 @@ def main():
             extra += ["--rope-scaling", YARN_SPEC]
         if arch == "qwen2":
             extra += ["--rope-scaling", YARN_SPEC, "--qkv-bias", "--norm-eps", "1e-6", "--tie-embeddings"]
+        if arch in WINDOWED:
+            extra += ["--sliding-window", str(WINDOW), "--norm-eps", "1e-6"]
+        if arch == "qwen2_swa":
+            extra += ["--qkv-bias"]
         run(a.train, ["--model", "gpt2" if arch == "gpt2" else "llama", "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
                       "--lr", "1e-2", "--eval-batches", "1", "--export-safetensors", os.path.join(d, "model.safetensors")] + extra)
         model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()
         print(f"ulysses -> HF {arch}: loaded as {type(model).__name__}")
-        ok &= compare_greedy(f"ulysses -> HF {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)
+        ok &= compare_greedy(f"ulysses -> HF {arch}", a.train, data, os.path.join(d, "model.safetensors"), model,
+                             arch in WINDOWED)
         if arch == "gpt2":
             state = os.path.join(d, "state.bin")
             gpt2_debug_state(model, state)
@@ -161,19 +183,28 @@ def main():
             cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0,
                               initializer_range=0.2, tie_word_embeddings=True, rope_scaling=YARN_HF)
+        elif arch == "qwen2_swa":  # every layer slides: layers from max_window_layers (0) on
+            cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0,
+                              initializer_range=0.2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0)
+        elif arch == "mistral":
+            cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0,
+                                initializer_range=0.2, sliding_window=WINDOW)
         else:
             cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500.0,
                               initializer_range=0.2, tie_word_embeddings=arch == "llama3",  # as Llama 3.2
                               rope_scaling=SCALED[arch][1] if arch in SCALED else None)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2_swa"):
             with torch.no_grad():
                 for n, t in model.named_parameters():
                     if n.endswith("_proj.bias"):
                         t.normal_(0, 0.5)
         model.save_pretrained(d)
-        ok &= compare_greedy(f"HF -> ulysses {arch}", a.train, data, os.path.join(d, "model.safetensors"), model)
+        ok &= compare_greedy(f"HF -> ulysses {arch}", a.train, data, os.path.join(d, "model.safetensors"), model,
+                             arch in WINDOWED)
         if arch == "qwen2":  # the same model as a sharded checkpoint, as large models come
             model.save_pretrained(d + "_sharded", max_shard_size="40KB")
             shards = [f for f in os.listdir(d + "_sharded") if f.endswith(".safetensors")]

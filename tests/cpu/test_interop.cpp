@@ -1,6 +1,7 @@
 // Hugging Face interop: the name / shape / transposition mapping for gpt2 and llama, export ->
-// import round trips, HF's own file variants and the refusals, and the train flags that write and
-// read these files (llm.c and safetensors). The file format itself: test_safetensors.cpp.
+// import round trips, HF's own file variants and the refusals (Mistral's and Qwen 2's sliding
+// windows among them), and the train flags that write and read these files (llm.c and
+// safetensors). The file format itself: test_safetensors.cpp.
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
@@ -27,10 +28,13 @@ namespace {
 using ul_test::TempDir;
 
 // "llama3": llama shaped like Llama 3.2: Llama 3.1's RoPE scaling and tied embeddings. "qwen2":
-// llama with Qwen 2.5's settings: q/k/v bias, RMSNorm eps 1e-6, YaRN, tied embeddings.
+// llama with Qwen 2.5's settings: q/k/v bias, RMSNorm eps 1e-6, YaRN, tied embeddings. "mistral":
+// llama with a sliding window (of 6 keys) and Mistral's eps 1e-6.
 ModelConfig small(std::string arch) {
   ModelConfig c;
-  if (arch == "llama3") {
+  if (arch == "mistral") {
+    c.sliding_window = 6, c.norm_eps = 1e-6f, arch = "llama";
+  } else if (arch == "llama3") {
     c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64"), arch = "llama";
     c.tie_embeddings = true;
   } else if (arch == "qwen2") {
@@ -149,7 +153,7 @@ TEST_CASE("llama exports q/k/v and gate/up as row slices, lm_head unpadded, noth
 }
 
 TEST_CASE("export then import round-trips bit-exactly, config from metadata or config.json", "[interop]") {
-  for (const std::string arch : {"gpt2", "llama", "llama3", "qwen2"}) {
+  for (const std::string arch : {"gpt2", "llama", "llama3", "qwen2", "mistral"}) {
     CAPTURE(arch);
     Context ctx;
     ContextGuard g(ctx);
@@ -291,13 +295,99 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
   x.drop_metadata();
   auto read_with = [&](const std::string& from, const std::string& to) { return x.read_replaced(from, to); };
   CHECK(x.read_with(x.json).describe() == x.cfg.describe());  // qkv_bias, norm_eps=1e-06, yarn, tied
-  CHECK_THROWS_WITH(read_with("\"use_sliding_window\":false", "\"use_sliding_window\":true"),
-                    Catch::Contains("use_sliding_window is true") && Catch::Contains("config.json"));
+  // transformers 5.24 slides Qwen 2's layers from max_window_layers (28 when absent) on: none of these 2.
+  CHECK(read_with("\"use_sliding_window\":false", "\"use_sliding_window\":true").sliding_window == 0);
   CHECK_THROWS_WITH(read_with("\"rms_norm_eps\":1e-06", "\"rms_norm_eps\":0"), Catch::Contains("rms_norm_eps"));
+  // What the file leaves out takes Qwen2Config's defaults (and LlamaConfig's eps is 1e-6 too).
+  CHECK(read_with("\"rms_norm_eps\":1e-06,", "").norm_eps == 1e-6f);
+  CHECK(read_with("\"max_position_embeddings\":16,", "").max_seq == 32768);
   CHECK_THROWS_WITH(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"qwen3\""),
                     Catch::Contains("model_type 'qwen3'"));
   // As llama, the biases are not expected: the file's q/k/v biases are refused as unknown tensors.
   CHECK_THROWS(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"llama\",\"attention_bias\":true"));
+}
+
+TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral read as transformers reads it",
+          "[interop][window]") {
+  HfExport x(small("mistral"), 9);
+  CHECK(x.json.find("\"architectures\":[\"MistralForCausalLM\"],\"model_type\":\"mistral\",\"sliding_window\":6,") !=
+        std::string::npos);
+  CHECK(x.json.find("attention_bias") == std::string::npos);  // not one of MistralConfig's fields
+  CHECK(x.json.find("\"head_dim\":8") != std::string::npos);
+  CHECK(SafetensorsFile(x.d / "model.safetensors").metadata().at("sliding_window") == "6");
+  CHECK(x.read().describe() == x.cfg.describe());  // from our __metadata__
+  // Without a window a llama is still written as llama (and its metadata says 0).
+  HfExport plain(small("llama"), 9);
+  CHECK(plain.json.find("\"model_type\":\"llama\"") != std::string::npos);
+  CHECK(plain.json.find("sliding_window") == std::string::npos);
+  CHECK(SafetensorsFile(plain.d / "model.safetensors").metadata().at("sliding_window") == "0");
+
+  // Through config.json alone: what the file leaves out takes MistralConfig's defaults.
+  x.drop_metadata();
+  auto read_with = [&](const std::string& from, const std::string& to) { return x.read_replaced(from, to); };
+  CHECK(x.read_with(x.json).describe() == x.cfg.describe());
+  CHECK(read_with("\"sliding_window\":6,", "\"sliding_window\":null,").sliding_window == 0);  // plain llama
+  CHECK(read_with("\"sliding_window\":6,", "").sliding_window == 4096);
+  CHECK(read_with("\"head_dim\":8,", "\"head_dim\":null,").describe() == x.cfg.describe());
+  CHECK(read_with("\"rms_norm_eps\":1e-06,", "").norm_eps == 1e-6f);
+  CHECK(read_with("\"max_position_embeddings\":16,", "").max_seq == 131072);
+  // MistralModel builds one mask for every layer, whatever layer_types says (it only warns).
+  CHECK(read_with("\"sliding_window\":6,", "\"sliding_window\":6,\"layer_types\":[\"full_attention\",\"full_attention\"],")
+            .sliding_window == 6);
+  // What ulysses would run differently (or transformers could not run) is refused, naming the field.
+  CHECK_THROWS_WITH(read_with("\"sliding_window\":6,", "\"sliding_window\":0,"),
+                    Catch::Contains("config.json") && Catch::Contains("sliding_window 0 is not a positive int or null"));
+  CHECK_THROWS_WITH(read_with("\"sliding_window\":6,", "\"sliding_window\":-2,"), Catch::Contains("sliding_window -2"));
+  CHECK_THROWS_WITH(read_with("\"sliding_window\":6,", "\"sliding_window\":2.5,"), Catch::Contains("sliding_window"));
+  CHECK_THROWS_WITH(read_with("\"head_dim\":8,", "\"head_dim\":16,"),
+                    Catch::Contains("head_dim is not hidden_size / num_attention_heads"));
+  CHECK_THROWS_WITH(read_with("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\""), Catch::Contains("hidden_act"));
+}
+
+TEST_CASE("HF configs: qwen2's window by transformers 5.24's rule, every layer sliding or none, else refused",
+          "[interop][window]") {
+  ModelConfig cfg = small("qwen2");
+  cfg.sliding_window = 6;
+  HfExport x(cfg, 10);
+  // Written so that every layer slides under either rule: layer_types, and max_window_layers 0.
+  const std::string window = "\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":0,"
+                             "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]";
+  CHECK(x.json.find("\"model_type\":\"qwen2\"," + window + ",") != std::string::npos);
+  CHECK(x.read().describe() == x.cfg.describe());
+  // Without a window, qwen2's config is as before.
+  HfExport plain(small("qwen2"), 10);
+  CHECK(plain.json.find("\"use_sliding_window\":false,\"vocab_size\"") != std::string::npos);
+
+  x.drop_metadata();
+  CHECK(x.read_with(x.json).describe() == x.cfg.describe());
+  auto window_of = [&](const std::string& keys) { return x.read_replaced(window, keys).sliding_window; };
+  auto refused = [&](const std::string& keys, const std::string& field) {
+    CAPTURE(keys);
+    CHECK_THROWS_WITH(x.read_replaced(window, keys), Catch::Contains("config.json") && Catch::Contains(field));
+  };
+  // Each case's layer_types and sliding_window checked against transformers 5.24's Qwen2Config.
+  CHECK(window_of("\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":0") == 6);
+  CHECK(window_of("\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":-1") == 6);
+  CHECK(window_of("\"use_sliding_window\":true") == 0);  // 4096 from layer 28 on: no layer here
+  CHECK(window_of("\"use_sliding_window\":true,\"sliding_window\":null,\"max_window_layers\":0") == 0);
+  CHECK(window_of("\"use_sliding_window\":false,\"sliding_window\":6,\"max_window_layers\":0") == 0);
+  CHECK(window_of("\"use_sliding_window\":false,\"sliding_window\":32768,\"max_window_layers\":21") == 0);  // Qwen 2.5's
+  CHECK(window_of("\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":0,"
+                  "\"layer_types\":[\"full_attention\",\"attention\"]") == 0);  // layer_types decide
+  CHECK(window_of("\"sliding_window\":6,\"use_sliding_window\":true,\"max_window_layers\":2,"
+                  "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]") == 6);
+  refused("\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":1",
+          "use_sliding_window, max_window_layers and layer_types make 1 of 2 layers slide");
+  refused("\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
+          "make 1 of 2 layers slide");
+  refused("\"use_sliding_window\":false,\"sliding_window\":6,\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]",
+          "layer_types has sliding_attention layers but no window");
+  refused("\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"sliding_attention\",\"chunked_attention\"]",
+          "layer_types holds 'chunked_attention'");
+  refused("\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"sliding_attention\"]",
+          "layer_types is not a list of num_hidden_layers (2)");
+  refused("\"use_sliding_window\":true,\"sliding_window\":0,\"max_window_layers\":0", "sliding_window 0");
+  refused("\"use_sliding_window\":\"yes\"", "use_sliding_window is not true or false");
 }
 
 TEST_CASE("a sharded checkpoint (model.safetensors.index.json) imports bit-exactly, shard by shard", "[interop]") {

@@ -271,6 +271,81 @@ TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores, 64 
   CHECK(ul::cuda::attention_query_rows() == 64);
 }
 
+namespace attn_cases {
+// Forward, then backward from its own output, on the kernels directly (dqkv from zero): out, lse, dqkv.
+template <class T>
+KernelResult<T> run_kernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout) {
+  const size_t nout = size_t(c.B) * c.Tn * c.Hq * c.D, nlse = size_t(c.B) * c.Hq * c.Tn;
+  DeviceBuffer<T> d_qkv(qkv.size()), d_out(nout), d_dout(nout), d_dqkv(qkv.size());
+  DeviceBuffer<float> d_lse(nlse), scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq) / sizeof(float));
+  d_qkv.set(to_elem<T>(qkv));
+  d_dout.set(to_elem<T>(dout));
+  d_dqkv.set(to_elem<T>(std::vector<float>(qkv.size(), 0.f)));
+  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, nullptr, c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
+  ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, nullptr, c.window, scratch.p, c.B, c.Tn,
+                               c.Hq, c.Hkv, c.D, nullptr);
+  return {d_out.get(), d_dqkv.get(), d_lse.get()};
+}
+
+// Rows [r0, r1) of a (T, width) slice starting at column c0, c1 columns wide, as a flat vector.
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& v, int width, int r0, int r1, int c0, int c1) {
+  std::vector<T> r;
+  for (int t = r0; t < r1; t++) r.insert(r.end(), v.begin() + size_t(t) * width + c0, v.begin() + size_t(t) * width + c1);
+  return r;
+}
+
+// Nothing crosses the window, to the bit: key k* is seen by queries k* .. k* + W - 1 only. Changing
+// its K and V rows leaves every later query's out, lse and dq as they were; changing the Q and
+// dout rows of those later queries leaves its dk and dv as they were. A tile mask one key off at
+// the window's edge changes them (the tolerance checks against the CPU may not see one key).
+template <class T>
+void check_window_edge(const Case& c, int kstar) {
+  INFO((std::is_same<T, float>::value ? "f32" : "bf16") << " T=" << c.Tn << " D=" << c.D << " window=" << c.window
+                                                       << " key " << kstar);
+  const int H3 = c.Hq + 2 * c.Hkv, row = H3 * c.D, orow = c.Hq * c.D, first_unseen = kstar + c.window;
+  REQUIRE((c.B == 1 && c.Hkv == 1 && first_unseen < c.Tn));
+  const std::vector<float> qkv = inputs<T>(size_t(c.Tn) * row, 71), dout = inputs<T>(size_t(c.Tn) * orow, 72);
+  const KernelResult<T> base = run_kernels<T>(c, qkv, dout);
+
+  std::vector<float> moved_kv = qkv;  // key k*'s K and V rows (the single kv head), new values
+  const std::vector<float> noise = inputs<T>(size_t(2) * c.D, 73);
+  for (int i = 0; i < 2 * c.D; i++) moved_kv[size_t(kstar) * row + c.Hq * c.D + i] = 4 * noise[i];
+  const KernelResult<T> a = run_kernels<T>(c, moved_kv, dout);
+  CHECK(same_bits(rows_of(base.out, orow, first_unseen, c.Tn, 0, orow), rows_of(a.out, orow, first_unseen, c.Tn, 0, orow)));
+  CHECK(same_bits(rows_of(base.dqkv, row, first_unseen, c.Tn, 0, c.Hq * c.D),
+                  rows_of(a.dqkv, row, first_unseen, c.Tn, 0, c.Hq * c.D)));
+  for (int h = 0; h < c.Hq; h++)
+    CHECK(same_bits(rows_of(base.lse, c.Tn, h, h + 1, first_unseen, c.Tn), rows_of(a.lse, c.Tn, h, h + 1, first_unseen, c.Tn)));
+  CHECK_FALSE(same_bits(base.out, a.out));  // the queries that see it do change
+
+  std::vector<float> moved_q = qkv, moved_dout = dout;  // every later query's Q and dout rows
+  const std::vector<float> qn = inputs<T>(moved_q.size(), 74), dn = inputs<T>(moved_dout.size(), 75);
+  for (int t = first_unseen; t < c.Tn; t++) {
+    for (int i = 0; i < c.Hq * c.D; i++) moved_q[size_t(t) * row + i] = qn[size_t(t) * row + i];
+    for (int i = 0; i < orow; i++) moved_dout[size_t(t) * orow + i] = dn[size_t(t) * orow + i];
+  }
+  const KernelResult<T> b = run_kernels<T>(c, moved_q, moved_dout);
+  CHECK(same_bits(rows_of(base.dqkv, row, kstar, kstar + 1, c.Hq * c.D, row),
+                  rows_of(b.dqkv, row, kstar, kstar + 1, c.Hq * c.D, row)));
+  CHECK_FALSE(same_bits(base.dqkv, b.dqkv));
+}
+}  // namespace attn_cases
+
+TEST_CASE("attention CUDA kernels: nothing crosses the sliding window's edge (bitwise)", UL_CUDA_TEST_TAG "[attention]") {
+  using namespace attn_cases;
+  // 127: key 0's last query is row 126, and row 127 ends the next tile; 64 and 100 elsewhere.
+  for (const Case& c : {Case{1, 200, 2, 1, 32, Docs::none, 127}, Case{1, 200, 2, 1, 64, Docs::none, 64},
+                        Case{1, 260, 2, 1, 32, Docs::none, 100}})
+    for (int kstar : {0, 37}) {
+      check_window_edge<float>(c, kstar);
+      for (int rows : {64, 128}) {
+        QueryRows q(rows);
+        check_window_edge<__nv_bfloat16>(c, kstar);
+      }
+    }
+}
+
 TEST_CASE("attention op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[attention]") {
   ul::init_cuda_backend();
   for (const attn_cases::Case c : {attn_cases::Case{2, 70, 4, 2, 32, attn_cases::Docs::cycling},

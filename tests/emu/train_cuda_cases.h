@@ -163,10 +163,12 @@ inline float bf16_value(uint16_t h) {
 
 // The third: llama shaped like Llama 3.2 (tied embeddings, Llama 3.1's RoPE scaling). The fp32
 // step also runs a fourth, llama with Qwen 2.5's settings: a q/k/v bias (cuBLASLt's bias epilogue
-// on the llama path), RMSNorm eps 1e-6, YaRN (its attention factor on q and k).
+// on the llama path), RMSNorm eps 1e-6, YaRN (its attention factor on q and k), and Qwen 2's
+// optional sliding window (5 of the 16 positions: the model's window reaches the kernels).
 const char* const kArchs[] = {"gpt2", "llama", "llama --tie-embeddings --rope-scaling llama3:factor=8,low=1,high=4,orig=16"};
-const char* const kArchsAndQwen[] = {kArchs[0], kArchs[1], kArchs[2],
-                                     "llama --qkv-bias --norm-eps 1e-6 --rope-scaling yarn:factor=4,orig=16"};
+const char* const kArchsAndQwen[] = {
+    kArchs[0], kArchs[1], kArchs[2],
+    "llama --qkv-bias --norm-eps 1e-6 --rope-scaling yarn:factor=4,orig=16 --sliding-window 5"};
 
 TEST_CASE("train --device cuda --precision fp32 matches --device cpu", UL_CUDA_TEST_TAG) {
   for (const char* arch : kArchsAndQwen) {

@@ -1,5 +1,5 @@
-// Our checkpoint's model.bin (engine/checkpoint_files.h), versions 1, 2 (a RoPE scaling) and 3 (YaRN,
-// a q/k/v bias, another norm eps).
+// Our checkpoint's model.bin (engine/checkpoint_files.h), versions 1, 2 (a RoPE scaling), 3 (YaRN,
+// a q/k/v bias, another norm eps) and 4 (a sliding window).
 #include "engine/checkpoint_files.h"
 #include "fuzz_util.h"
 
@@ -18,11 +18,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ul::ModelConfig c = ul::read_model_file(path, params);
     uint32_t version = 0;
     std::memcpy(&version, bytes.data() + 8, 4);
-    FUZZ_CHECK(version >= 1 && version <= 3);
-    const size_t header = version == 1 ? 80 : version == 2 ? 100 : 120;  // + the RoPE tail, + version 3
+    FUZZ_CHECK(version >= 1 && version <= 4);
+    // + the RoPE tail, + version 3's, + the window
+    const size_t header = version == 1 ? 80 : version == 2 ? 100 : version == 3 ? 120 : 124;
     FUZZ_CHECK(size == header + params.size() * sizeof(float));
     FUZZ_CHECK(version >= 2 || (c.rope_scaling.kind == ul::RopeScaling::kNone && !c.tie_embeddings));
-    FUZZ_CHECK(version == 3 || (c.rope_scaling.kind != ul::RopeScaling::kYarn && !c.qkv_bias && c.norm_eps == 1e-5f));
+    FUZZ_CHECK(version >= 3 || (c.rope_scaling.kind != ul::RopeScaling::kYarn && !c.qkv_bias && c.norm_eps == 1e-5f));
+    FUZZ_CHECK(version == 4 ? c.sliding_window >= 1 : c.sliding_window == 0);
     ul::check_model_config(path, c, c);  // a config always matches itself
   } catch (const std::exception&) {
   }

@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
   mc.rope_scaling = ul::parse_rope_scaling("yarn:factor=4,orig=64");  // version 3
   mc.qkv_bias = true, mc.norm_eps = 1e-6f;
   ul::write_model_file(seed("model_file", "model_v3.bin"), mc, params.data(), 12);
+  mc.sliding_window = 3;  // version 4
+  ul::write_model_file(seed("model_file", "model_v4.bin"), mc, params.data(), 12);
   ul::OptimShard os;
   os.t = 3, os.numel = 10, os.offset = 4, os.count = 3, os.shard = 1, os.shards = 2;
   os.m = {0.1f, 0.2f, 0.3f}, os.v = {1e-3f, 2e-3f, 3e-3f};
@@ -113,7 +115,8 @@ int main(int argc, char** argv) {
     return s;
   };
   write(seed("cli", "train.txt"), cli({"--model", "llama", "--seq", "128", "--sp", "2", "--data", "text:a.txt",
-                                       "--doc-mask", "--eot=10", "--memory", "24G", "--plan", "--lr", "1e-3"}));
+                                       "--doc-mask", "--eot=10", "--memory", "24G", "--plan", "--lr", "1e-3",
+                                       "--sliding-window", "64"}));
   write(seed("cli", "prepare.txt"), cli({"--out", "dir", "--val-frac", "0.1", "--shard-tokens", "1000", "--eot", "0",
                                          "a.txt", "b.txt"}));
 
