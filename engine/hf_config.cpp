@@ -369,4 +369,8 @@ ModelConfig hf_read_config(const SafetensorsIndex& idx) {
   return checked_config(config_from_hf_json(j, hf_dir_of(idx.path) + "/config.json"), idx.path);
 }
 
+ModelConfig hf_config_from_json(const JsonValue& j, const std::string& where) {
+  return checked_config(config_from_hf_json(j, where), where);
+}
+
 }  // namespace ul

@@ -58,6 +58,9 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
 ModelConfig hf_read_config(const SafetensorsFile& f);
 // A sharded checkpoint's configuration: the config.json beside its index.
 ModelConfig hf_read_config(const SafetensorsIndex& idx);
+// The model a config.json describes (HF keys, as above), checked as a checkpoint's is; throws
+// naming `where` and the field. hf_config_json's output reads back as the model it was written for.
+ModelConfig hf_config_from_json(const JsonValue& j, const std::string& where);
 // Fills `data` (our layout; vocabulary pad rows zeroed) from the HF tensors of `f`. Every expected
 // tensor must be there once with the expected shape; an unexpected tensor is an error (HF's
 // buffers attn.bias / attn.masked_bias / rotary_emb.inv_freq are skipped; a tied model's

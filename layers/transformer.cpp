@@ -46,6 +46,8 @@ void ModelConfig::validate() const {
   if (!is_llama() && rope_scaling.kind != RopeScaling::kNone)
     bad("--rope-scaling: gpt2 has learned positions, not RoPE (--model llama)");
   check_rope_scaling(rope_scaling, "--rope-scaling");
+  // A config's theta too large for a float reads as inf: every angle then NaN.
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) bad("--rope-theta must be a finite number > 0");
   if (!is_llama() && qkv_bias) bad("--qkv-bias: gpt2 has every bias already (a llama setting)");
   if (!(norm_eps > 0) || !(norm_eps < 1)) bad("--norm-eps must be in (0, 1)");
   if (!is_llama() && norm_eps != 1e-5f) bad("--norm-eps: gpt2's LayerNorm keeps llm.c's 1e-5 (a llama setting)");

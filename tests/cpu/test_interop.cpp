@@ -301,6 +301,9 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
   // What the file leaves out takes Qwen2Config's defaults (and LlamaConfig's eps is 1e-6 too).
   CHECK(read_with("\"rms_norm_eps\":1e-06,", "").norm_eps == 1e-6f);
   CHECK(read_with("\"max_position_embeddings\":16,", "").max_seq == 32768);
+  // A theta past float's range would read as inf (found by fuzz_hf_config): refused, not NaN angles.
+  CHECK_THROWS_WITH(read_with("\"rope_theta\":5000,\"factor\"", "\"rope_theta\":1e50,\"factor\""),
+                    Catch::Contains("--rope-theta"));
   CHECK_THROWS_WITH(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"qwen3\""),
                     Catch::Contains("model_type 'qwen3'"));
   // As llama, the biases are not expected: the file's q/k/v biases are refused as unknown tensors.

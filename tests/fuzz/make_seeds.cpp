@@ -13,6 +13,7 @@
 #include "data/shards.h"
 #include "engine/checkpoint_files.h"
 #include "engine/file_io.h"
+#include "engine/hf_format.h"
 #include "engine/llmc_format.h"
 #include "engine/safetensors.h"
 #include "fuzz_util.h"
@@ -96,6 +97,20 @@ int main(int argc, char** argv) {
   ul::write_model_file(seed("model_file", "model_v3.bin"), mc, params.data(), 12);
   mc.sliding_window = 3;  // version 4
   ul::write_model_file(seed("model_file", "model_v4.bin"), mc, params.data(), 12);
+  // Hugging Face config.json files, as ulysses writes them: llama (YaRN, biased: qwen2 with every
+  // layer sliding), mistral, plain llama, gpt2.
+  write(seed("hf_config", "qwen2_window.json"), ul::hf_config_json(mc, "float32"));
+  mc.qkv_bias = false;
+  write(seed("hf_config", "mistral.json"), ul::hf_config_json(mc, "bfloat16"));
+  mc.sliding_window = 0, mc.rope_scaling = ul::RopeScaling{};
+  write(seed("hf_config", "llama.json"), ul::hf_config_json(mc, "float32"));
+  // Found by fuzzing: a theta past float's range read as inf, accepted, then written as "inf".
+  write(regression("hf_config", "theta_past_float.json"),
+        R"({"model_type":"llama","vocab_size":5,"hidden_size":8,"intermediate_size":64,"num_hidden_layers":1,)"
+        R"("num_attention_heads":2,"rope_parameters":{"rope_type":"default","rope_theta":8.8e49}})");
+  ul::ModelConfig g;
+  g.vocab = 50257, g.padded_vocab = 50304;
+  write(seed("hf_config", "gpt2.json"), ul::hf_config_json(g, "float32"));
   ul::OptimShard os;
   os.t = 3, os.numel = 10, os.offset = 4, os.count = 3, os.shard = 1, os.shards = 2;
   os.m = {0.1f, 0.2f, 0.3f}, os.v = {1e-3f, 2e-3f, 3e-3f};
