@@ -64,6 +64,8 @@ data and loop
                       master weights (cuda only)                  [bf16 on cuda, fp32 on cpu]
   --eval-every N      validation every N steps (and at the end; 0: only at the end)       [250]
   --eval-batches N    validation micro-batches per eval                                   [8]
+  --loss-by-position  each eval also gives the val loss by position (in the document, with
+                      --doc-mask), in power-of-two bands: does the model use its long context?
   --profile-step N    cuda: time step N's kernels, GEMMs and copies with CUDA events and
                       print one row per op, the longest first (README: "CUDA backend")
 parallelism
@@ -207,6 +209,7 @@ Options parse_options(int argc, char** argv) {
     if (a == "--offload") { o.offload = true; o.given.push_back(a); continue; }
     if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
     if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); continue; }
+    if (a == "--loss-by-position") { o.loss_by_position = true; o.given.push_back(a); continue; }
     if (a == "--tie-embeddings") { o.tie_embeddings = true; o.given.push_back(a); continue; }
     if (a == "--qkv-bias") { o.qkv_bias = true; o.given.push_back(a); continue; }
     auto it = with_value.find(a);

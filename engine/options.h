@@ -22,6 +22,7 @@ struct Options {
   // data and loop
   std::string data = "passkey";
   bool doc_mask = false;      // --doc-mask: attention and positions stay within each document
+  bool loss_by_position = false;  // --loss-by-position: evals also give the val loss by position band
   int eot = -1;               // the id that starts each document (-1: the data's own, data/packing.h)
   int batch = 8, seq = 256, steps = 1500, grad_accum = 1;
   float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;

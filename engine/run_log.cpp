@@ -60,6 +60,8 @@ void RunLog::eval(int step, const EvalResult& e) {
     std::replace(key.begin(), key.end(), ' ', '_');
     j.add(key, accuracy);
   }
+  for (const PositionLoss& p : e.by_position)  // the band from position 64 on -> "val_loss_pos_64"
+    if (p.count) j.add("val_loss_pos_" + std::to_string(p.lo), p.loss);
   line(j.str());
 }
 

@@ -4,7 +4,9 @@
 //   {"type":"step","step":12,"loss":..,"grad_norm":..,"lr":..,"ms":..,"tok_per_s":..,
 //    "act_mib":..,"a2a_mib":..,"ar_mib":..}
 //   {"type":"eval","step":100,"val_loss":..,"accuracy":..}   (the last eval of a passkey run also
-//    "acc_depth_0":.., "acc_depth_0.25":.. .. "acc_depth_1":..: its probes, train_loop.cpp)
+//    "acc_depth_0":.., "acc_depth_0.25":.. .. "acc_depth_1":..: its probes, train_loop.cpp; with
+//    --loss-by-position "val_loss_pos_0":.., "val_loss_pos_64":.., ...: each band's val loss, by its
+//    first position)
 //   {"type":"resume","step":300}
 // A resumed run appends to the log after a resume record. Records past step 300 written before
 // it came from an attempt that died after its last checkpoint; readers drop them, so the log read

@@ -96,6 +96,16 @@ int train_rank(const Options& o, Comm& world) {
           (long long)ev.answers);
     else
       say("eval  %5d | val loss %.4f\n", step, ev.loss);
+    if (!ev.by_position.empty()) {  // --loss-by-position: one line of bands
+      std::string line;
+      for (const PositionLoss& p : ev.by_position) {
+        char cell[64];
+        if (p.count) std::snprintf(cell, sizeof cell, " | %d-%d %.4f", p.lo, p.hi - 1, p.loss);
+        else std::snprintf(cell, sizeof cell, " | %d-%d -", p.lo, p.hi - 1);  // no target there
+        line += cell;
+      }
+      say("eval  %5d | val loss by position%s\n", step, line.c_str());
+    }
     std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> probes;
     if (last) probes = tr.val_data().probes();
     std::string line;

@@ -283,27 +283,59 @@ StepResult Trainer::step() {
   return r;
 }
 
+std::vector<std::pair<int, int>> position_bands(int T) {
+  int first = 64;
+  while (first < T && (int64_t(T) - 1) / first >= 256) first *= 2;  // at most 1 + 8 bands
+  std::vector<std::pair<int, int>> bands;
+  for (int64_t lo = 0, hi = first; lo < T; lo = hi, hi *= 2) bands.emplace_back(int(lo), int(std::min<int64_t>(hi, T)));
+  return bands;
+}
+
 EvalResult Trainer::evaluate(const Dataset& data) {
   Grid& g = grid_;
   Recording off(false);
-  double sums[3] = {0, 0, 0};  // loss_sum, valid, correct
+  // loss_sum, valid, correct; then with --loss-by-position (loss_sum, valid) per band.
+  std::vector<std::pair<int, int>> bands;
+  if (o_.loss_by_position) bands = position_bands(o_.seq);
+  std::vector<double> sums(3 + 2 * bands.size(), 0.0);
+  std::vector<int> band_of(bands.empty() ? 0 : o_.seq);  // position -> band
+  for (size_t k = 0; k < bands.size(); k++)
+    std::fill(band_of.begin() + bands[k].first, band_of.begin() + bands[k].second, int(k));
+  std::vector<float> row_loss;
   HostBatch hb;
   for (int e = 0; e < o_.eval_batches; e++) {
     ctx_.arena.reset();
     // Every eval reads the same held-out sequences, so successive val losses are comparable.
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
     load_batch(data, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb, eot_);
-    CrossEntropyStats s = model_->forward(device_inputs(ctx_, hb), 0.0f, g.sp_group.get());
+    ModelInputs in = device_inputs(ctx_, hb);
+    if (!bands.empty()) {
+      row_loss.assign(hb.targets.size(), 0.f);
+      in.row_loss = row_loss.data();
+    }
+    CrossEntropyStats s = model_->forward(in, 0.0f, g.sp_group.get());
     sums[0] += s.loss_sum;
     sums[1] += double(s.n_valid);
     sums[2] += double(s.n_correct);
+    // This rank's tokens, by the position each one's prediction is made from (hb.pos: in the
+    // document with --doc-mask, global in the sequence under sp).
+    for (size_t i = 0; i < row_loss.size() && !bands.empty(); i++) {
+      if (hb.targets[i] < 0) continue;
+      const int k = band_of[hb.pos[i]];
+      sums[3 + 2 * k] += row_loss[i];
+      sums[4 + 2 * k] += 1;
+    }
   }
-  g.world.all_reduce(sums, 3, DType::f64, ReduceOp::sum);
+  g.world.all_reduce(sums.data(), sums.size(), DType::f64, ReduceOp::sum);
   EvalResult r;
   r.answers = int64_t(sums[1]);
   if (sums[1] > 0) {
     r.loss = sums[0] / sums[1];
     r.accuracy = sums[2] / sums[1];
+  }
+  for (size_t k = 0; k < bands.size(); k++) {
+    const double n = sums[4 + 2 * k];
+    r.by_position.push_back({bands[k].first, bands[k].second, n > 0 ? sums[3 + 2 * k] / n : 0.0, int64_t(n)});
   }
   return r;
 }

@@ -49,9 +49,21 @@ struct StepResult {
   int64_t packed = 0;     // --doc-mask: this rank's sequences of the step that hold 2+ documents
 };
 
+// The val loss over the targets of tokens at positions [lo, hi) (in the document, with --doc-mask).
+struct PositionLoss {
+  int lo = 0, hi = 0;
+  double loss = 0;
+  int64_t count = 0;  // valid targets in the band (world)
+};
+// The bands of --loss-by-position for sequences of T tokens: [0, 64), [64, 128), [128, 256), ...
+// doubling up to T (the last one ends at T), the first band widened (and so every later one) until
+// there are at most 9: comparable between runs of any length, a few numbers even at T = 1M.
+std::vector<std::pair<int, int>> position_bands(int T);
+
 struct EvalResult {
   double loss = 0, accuracy = 0;
   int64_t answers = 0;    // valid targets evaluated (world)
+  std::vector<PositionLoss> by_position;  // --loss-by-position: position_bands(--seq), empty otherwise
   // After a run's last eval: the accuracy on each of the task's probes (Dataset::probes), by name.
   std::vector<std::pair<std::string, double>> probes;
 };

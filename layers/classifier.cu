@@ -144,7 +144,7 @@ size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype) {
 template <class T>
 CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, const T* w, const int32_t* targets,
                                               const int32_t* targets_host, int N, int C, int V, float grad_scale,
-                                              int chunk_rows, void* scratch, cudaStream_t s) {
+                                              int chunk_rows, void* scratch, cudaStream_t s, float* row_loss) {
   CrossEntropyStats st;
   if (N == 0) return st;
   const bool bf = !std::is_same<T, float>::value;
@@ -194,6 +194,7 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
     st.n_correct += hit_h[n];
     st.n_valid += targets_host[n] >= 0;
   }
+  if (row_loss) std::copy(loss_h.begin(), loss_h.end(), row_loss);
   return st;
 }
 
@@ -203,11 +204,11 @@ template void softmax_cross_entropy<__nv_bfloat16>(__nv_bfloat16*, float*, int32
                                                    int, int, float, cudaStream_t);
 template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
                                                               const int32_t*, const int32_t*, int, int, int, float,
-                                                              int, void*, cudaStream_t);
+                                                              int, void*, cudaStream_t, float*);
 template CrossEntropyStats classifier_forward_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*,
                                                                       const __nv_bfloat16*, const int32_t*,
                                                                       const int32_t*, int, int, int, float, int,
-                                                                      void*, cudaStream_t);
+                                                                      void*, cudaStream_t, float*);
 
 }  // namespace cuda
 }  // namespace ul

@@ -65,6 +65,7 @@ struct ModelInputs {
   Tensor pos;       // i32 (B, Tl) global positions of this rank's tokens (restart per document when packing)
   Tensor pos_full;  // i32 (B, T)  positions of the whole sequence (RoPE runs after the scatter)
   Tensor doc_full;  // i32 (B, T)  document ids of the whole sequence, or undefined: no document mask
+  float* row_loss = nullptr;  // out, when set: host (B, Tl), each token's loss (0 where its target is ignored)
 };
 
 class Transformer {

@@ -135,7 +135,7 @@ void check_chunks(const Case& k) {
 
 struct OpResult {
   ul::CrossEntropyStats st;
-  std::vector<float> dx, dw;
+  std::vector<float> dx, dw, rows;  // rows: each token's loss
 };
 
 // The op on one device and dtype, gradients read back as float (w tracked with an f32 gradient).
@@ -152,7 +152,8 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int B, int T, int C, int V,
   ul::Tensor tx = make({B, T, C}, x, false), tw = make({Vp, C}, w, true);
   ul::Tensor tt = make_i32(c, {B, T}, tg);
   OpResult r;
-  r.st = ul::classifier_cross_entropy(tx, tw, tt, V, grad_scale);
+  r.rows.assign(size_t(B) * T, NAN);  // every row written: 0 where ignored
+  r.st = ul::classifier_cross_entropy(tx, tw, tt, V, grad_scale, r.rows.data());
   const size_t nx = size_t(B) * T * C, nw = size_t(Vp) * C;
   r.dx.resize(nx);
   r.dw.resize(nw);
@@ -222,6 +223,7 @@ TEST_CASE("classifier op on Device::cuda matches the op on the CPU", UL_CUDA_TES
     const double rel = bf ? 1e-2 : 1e-5;
     expect_close("dx", got.dx, ref.dx, rel, rel * grad_scale * max_abs(w));
     expect_close("dw", got.dw, ref.dw, rel, rel * grad_scale * max_abs(x));
+    expect_close("per-token loss", got.rows, ref.rows, bf ? 1e-2 : 1e-5, bf ? 1e-2 : 1e-6);
   }
 }
 
