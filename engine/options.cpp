@@ -64,6 +64,8 @@ data and loop
                       master weights (cuda only)                  [bf16 on cuda, fp32 on cpu]
   --eval-every N      validation every N steps (and at the end; 0: only at the end)       [250]
   --eval-batches N    validation micro-batches per eval                                   [8]
+  --val-data SPEC     evaluate on another dataset's validation split (as --data; text: its last
+                      10%, shards: its *val* files), e.g. a long book        [--data's own split]
   --loss-by-position  each eval also gives the val loss by position (in the document, with
                       --doc-mask), in power-of-two bands: does the model use its long context?
   --profile-step N    cuda: time step N's kernels, GEMMs and copies with CUDA events and
@@ -170,7 +172,7 @@ Options parse_options(int argc, char** argv) {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
       {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--norm-eps", F(o.norm_eps)},
-      {"--sliding-window", I(o.sliding_window)}, {"--data", S(o.data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)},
+      {"--sliding-window", I(o.sliding_window)}, {"--data", S(o.data)}, {"--val-data", S(o.val_data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)},
       {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},

@@ -21,6 +21,7 @@ struct Options {
   int sliding_window = 0;       // llama: attend only to the last N tokens (Mistral's; 0: all)
   // data and loop
   std::string data = "passkey";
+  std::string val_data;       // --val-data: evals read this dataset's validation split ("": --data's)
   bool doc_mask = false;      // --doc-mask: attention and positions stay within each document
   bool loss_by_position = false;  // --loss-by-position: evals also give the val loss by position band
   int eot = -1;               // the id that starts each document (-1: the data's own, data/packing.h)

@@ -55,13 +55,14 @@ int train_rank(const Options& o, Comm& world) {
   const RunOutputs outputs(o, tr.model().cfg);  // refuses bad export / sample flags before any step
   Grid& g = tr.grid();
   Transformer& model = tr.model();
-  const bool synthetic = tr.train_data().synthetic();
+  const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
     layout += (layout.empty() ? "" : " | ") + std::string("--doc-mask: documents start at token ") +
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
+  if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
   say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",

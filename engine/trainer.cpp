@@ -150,14 +150,25 @@ Trainer::Trainer(const Options& o, Comm& world)
   // vocabulary bounds the data's token ids.
   const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;
   train_ = open_dataset(o.data, Split::train, o.seed, vocab);
-  val_ = open_dataset(o.data, Split::val, o.seed, vocab);
+  if (o.val_data.empty()) val_ = open_dataset(o.data, Split::val, o.seed, vocab);
   // A split too short for --seq fails now, not at the first step or (hours later) the first eval.
   if (o.steps > 0) train_->num_sequences(o.seq);
-  if (o.evaluates()) val_->num_sequences(o.seq);
   if (o.checkpoint.empty()) cfg = model_config(o, train_->vocab());
   if (train_->vocab() > cfg.vocab)
     throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +
                              ") is smaller than the data's (" + std::to_string(train_->vocab()) + ")");
+  // --val-data: another dataset's validation split, its token ids bounded by the model's vocabulary.
+  if (!o.val_data.empty()) {
+    try {
+      val_ = open_dataset(o.val_data, Split::val, o.seed, cfg.vocab);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("--val-data: ") + e.what());
+    }
+    if (val_->vocab() > cfg.vocab)
+      throw std::runtime_error("--val-data " + o.val_data + ": its vocabulary (" + std::to_string(val_->vocab()) +
+                               ") is larger than the model's (" + std::to_string(cfg.vocab) + ")");
+  }
+  if (o.evaluates()) val_->num_sequences(o.seq);
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
   if (!cfg.is_llama() && o.seq > cfg.max_seq)

@@ -1,0 +1,70 @@
+// --val-data: evals read another dataset's validation split, bounded by the model's vocabulary.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/trainer.h"
+#include "options_from.h"
+#include "parallel/comm_local.h"
+#include "run_cmd.h"
+#include "temp_dir.h"
+
+using ul_test::options;
+using ul_test::TempDir;
+
+namespace {
+
+// A fresh model's eval (rank 0) on `ranks` local ranks.
+ul::EvalResult eval_of(const std::string& args, int ranks = 1) {
+  ul::Options o = options("--threads 1 --quiet --eval-batches 3 --seq 64 --batch 2 --layers 1 --dim 32 --heads 4 " +
+                          args + " --ranks " + std::to_string(ranks));
+  ul::EvalResult r;
+  ul::run_local(ranks, [&](ul::Comm& world) {
+    ul::Trainer tr(o, world);
+    const ul::EvalResult e = tr.evaluate();
+    if (world.rank() == 0) r = e;
+  });
+  return r;
+}
+
+void write_text(const std::string& path, const std::string& word, int lines) {
+  std::ofstream f(path, std::ios::binary);
+  for (int i = 0; i < lines; i++) f << word << ' ' << (i * 7919) % 1000 << '\n';
+}
+
+}  // namespace
+
+TEST_CASE("with --val-data the eval reads the other dataset's validation split", "[val_data]") {
+  TempDir dir;
+  const std::string a = (dir.path / "a.txt").string(), b = (dir.path / "b.txt").string();
+  write_text(a, "alpha", 800);
+  write_text(b, "omega zz", 800);
+  // The same initial model (bytes: vocab 256 either way), so the val loss depends only on the data.
+  const ul::EvalResult on_b = eval_of("--data text:" + b);
+  const ul::EvalResult a_with_b = eval_of("--data text:" + a + " --val-data text:" + b);
+  CHECK(a_with_b.loss == on_b.loss);
+  CHECK(a_with_b.answers == on_b.answers);
+  CHECK(eval_of("--data text:" + a).loss != on_b.loss);  // and the default is --data's own split
+  // Under sp and dp the ranks share the other dataset's sequences as they share --data's.
+  const ul::EvalResult sp2 = eval_of("--data text:" + a + " --val-data text:" + b + " --sp 2", 2);
+  CHECK(std::fabs(sp2.loss - on_b.loss) < 1e-5 * on_b.loss);
+  CHECK(sp2.answers == on_b.answers);
+}
+
+TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[val_data]") {
+  TempDir dir;
+  const std::string a = (dir.path / "a.txt").string();
+  write_text(a, "alpha", 800);
+  auto refused = [](const std::string& args, const std::vector<std::string>& parts) {
+    const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(args + " --steps 1 --threads 1"));
+    INFO(r.out);
+    CHECK(r.code != 0);
+    for (const std::string& p : parts) CHECK(r.out.find(p) != std::string::npos);
+  };
+  refused("--data passkey --val-data text:" + a, {"--val-data", "a.txt", ">= the model vocab 32"});
+  refused("--data text:" + a + " --val-data nosuch:x", {"--val-data", "unknown dataset \"nosuch:x\""});
+  refused("--data text:" + a + " --val-data text:" + (dir.path / "none.txt").string(), {"--val-data", "none.txt"});
+}
