@@ -18,18 +18,20 @@ namespace ul {
 KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len)
     : cfg_(cfg), specs_(specs), params_(params), max_len_(max_len) {
   cfg_.validate();
+  // With a window only the W newest positions are ever read: a ring of W slots holds them.
+  slots_ = cfg_.sliding_window > 0 ? std::min(max_len, cfg_.sliding_window) : max_len;
   if (max_len < 1) throw std::runtime_error("sample: the KV cache needs room for at least one position");
   if (!cfg_.is_llama() && max_len > cfg_.max_seq)
     throw std::runtime_error("sample: " + std::to_string(max_len) + " positions exceed the model's max sequence " +
                              std::to_string(cfg_.max_seq) + " (gpt2 has learned positions)");
   const size_t C = size_t(cfg_.dim), D = size_t(cfg_.head_dim()), F = size_t(cfg_.ffn_dim());
-  const size_t cache = size_t(cfg_.layers) * size_t(max_len) * size_t(cfg_.kv_heads) * D;
+  const size_t cache = size_t(cfg_.layers) * size_t(slots_) * size_t(cfg_.kv_heads) * D;
   kcache_.assign(cache, 0.0f);
   vcache_.assign(cache, 0.0f);
   x_.resize(C), h_.resize(C), att_.resize(C), proj_.resize(C), stat_.resize(2);
   qkv_.resize(size_t(cfg_.heads + 2 * cfg_.kv_heads) * D);
   fc_.resize(cfg_.is_llama() ? 2 * F : F), act_.resize(F);
-  scores_.resize(size_t(max_len));
+  scores_.resize(size_t(slots_));
   logits_.resize(size_t(cfg_.vocab));
 }
 
@@ -50,32 +52,33 @@ void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int
 // The attention of the newest token: for each query head h (kv head g = h / (Hq / Hkv)),
 //   s_t = q . k_t / sqrt(D) for t = t0..pos,  out = sum_t softmax(s)_t v_t
 // over the cache — causal by construction, since only positions up to this one are in it. t0 is 0,
-// or with a sliding window W, pos - W + 1: the W newest positions, this one included.
+// or with a sliding window W, pos - W + 1: the W newest positions, this one included. Position t
+// lives in slot t % slots_ (a ring when there is a window; else slot t).
 void KvDecoder::attend(float* out, const float* q, int layer) {
   const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, W = cfg_.sliding_window;
   const int t0 = W > 0 ? std::max(0, pos_ - W + 1) : 0, n = pos_ + 1;
   const float scale = 1.0f / std::sqrt(float(D));
   const size_t row = size_t(Hkv) * D;
-  const float* K = kcache_.data() + size_t(layer) * max_len_ * row;
-  const float* V = vcache_.data() + size_t(layer) * max_len_ * row;
+  const float* K = kcache_.data() + size_t(layer) * slots_ * row;
+  const float* V = vcache_.data() + size_t(layer) * slots_ * row;
   for (int h = 0; h < Hq; h++) {
     const int g = h / (Hq / Hkv);
     const float* qh = q + size_t(h) * D;
     float m = -INFINITY;
-    for (int t = t0; t < n; t++) {
-      const float* k = K + t * row + size_t(g) * D;
+    for (int t = t0; t < n; t++) {  // scores_[i]: position t0 + i
+      const float* k = K + size_t(t % slots_) * row + size_t(g) * D;
       float s = 0;
       for (int d = 0; d < D; d++) s += qh[d] * k[d];
-      scores_[size_t(t)] = s * scale;
-      m = std::max(m, scores_[size_t(t)]);
+      scores_[size_t(t - t0)] = s * scale;
+      m = std::max(m, scores_[size_t(t - t0)]);
     }
     float sum = 0;
-    for (int t = t0; t < n; t++) sum += (scores_[size_t(t)] = std::exp(scores_[size_t(t)] - m));
+    for (int i = 0; i < n - t0; i++) sum += (scores_[size_t(i)] = std::exp(scores_[size_t(i)] - m));
     float* o = out + size_t(h) * D;
     std::fill(o, o + D, 0.0f);
     for (int t = t0; t < n; t++) {
-      const float p = scores_[size_t(t)] / sum;
-      const float* v = V + t * row + size_t(g) * D;
+      const float p = scores_[size_t(t - t0)] / sum;
+      const float* v = V + size_t(t % slots_) * row + size_t(g) * D;
       for (int d = 0; d < D; d++) o[d] += p * v[d];
     }
   }
@@ -95,7 +98,7 @@ const std::vector<float>& KvDecoder::step(int token) {
     cpu::linear_forward(qkv_.data(), h_.data(), param("qkvw", l), cfg_.has_qkv_bias() ? param("qkvb", l) : nullptr, 1, C,
                         QKV);
     if (llama) cpu::rope_forward(qkv_.data(), qkv_.data(), &pos, 1, Hq, Hkv, D, cfg_.rope());
-    const size_t row = size_t(Hkv) * D, at = (size_t(l) * max_len_ + size_t(pos)) * row;
+    const size_t row = size_t(Hkv) * D, at = (size_t(l) * slots_ + size_t(pos % slots_)) * row;
     std::copy_n(qkv_.data() + size_t(Hq) * D, row, kcache_.data() + at);
     std::copy_n(qkv_.data() + size_t(Hq + Hkv) * D, row, vcache_.data() + at);
     attend(att_.data(), qkv_.data(), l);

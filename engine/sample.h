@@ -18,7 +18,8 @@ namespace ul {
 class KvDecoder {
  public:
   // params: the whole parameter buffer in host memory, laid out as `specs` says (Transformer's
-  // Params); it must outlive the decoder. max_len: how many positions the cache holds.
+  // Params); it must outlive the decoder. max_len: how many positions it decodes; the cache holds
+  // them all, or with a sliding window W only the W newest (a ring: memory O(W), not O(max_len)).
   KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len);
 
   // Runs `token` at the next position and appends its K and V to the cache; returns the logits
@@ -37,7 +38,8 @@ class KvDecoder {
   std::vector<ParamSpec> specs_;
   const float* params_;
   int max_len_, pos_ = 0;
-  std::vector<float> kcache_, vcache_;  // (L, max_len, KV, D) each
+  int slots_;  // positions the cache holds: max_len, or with a window W min(W, max_len), as a ring
+  std::vector<float> kcache_, vcache_;  // (L, slots, KV, D) each
   std::vector<float> x_, h_, qkv_, att_, proj_, fc_, act_, scores_, stat_, logits_;
 };
 
