@@ -44,8 +44,9 @@ static_assert(sizeof(TailV3) == 20, "model.bin version 3 tail layout");
 // Version 4 (written only for a sliding window, Mistral's): the version 3 tail, then these.
 struct TailV4 {
   int32_t sliding_window;  // > 0: each query sees the last sliding_window positions, itself included
+  int32_t full_every, full_first;  // the layers without the window (ModelConfig::full_layer); 0, 0: none
 };
-static_assert(sizeof(TailV4) == 4, "model.bin version 4 tail layout");
+static_assert(sizeof(TailV4) == 12, "model.bin version 4 tail layout");
 
 size_t model_tail_bytes(uint32_t version) {
   const size_t v2 = sizeof(ModelHeaderTail), v3 = v2 + sizeof(TailV3);
@@ -148,7 +149,7 @@ ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t n
     tail.append(reinterpret_cast<const char*>(&y), sizeof y);
   }
   if (h.version == 4) {
-    const TailV4 w = {cfg.sliding_window};
+    const TailV4 w = {cfg.sliding_window, cfg.full_every, cfg.full_first};
     tail.append(reinterpret_cast<const char*>(&w), sizeof w);
   }
   std::strncpy(h.arch, cfg.arch.c_str(), sizeof h.arch - 1);
@@ -232,7 +233,10 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params)
     if (w.sliding_window < 1)  // version 4 is written only for a window
       throw file_error(path, "version 4 with sliding window " + std::to_string(w.sliding_window) +
                                  ": corrupt header (expected >= 1)");
-    c.sliding_window = w.sliding_window;
+    if (w.full_every < 0 || w.full_first < 0 || w.full_first >= std::max(1, w.full_every))
+      throw file_error(path, "version 4 with full attention every " + std::to_string(w.full_every) + " from " +
+                                 std::to_string(w.full_first) + ": corrupt header");
+    c.sliding_window = w.sliding_window, c.full_every = w.full_every, c.full_first = w.full_first;
   }
   check_rope_scaling(c.rope_scaling, path);
   return c;
@@ -265,6 +269,8 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("qkv_bias", a.qkv_bias ? "true" : "false", b.qkv_bias ? "true" : "false", "--qkv-bias");
   differ("norm_eps", float_text(a.norm_eps), float_text(b.norm_eps), "--norm-eps");
   differ("sliding_window", s(a.sliding_window), s(b.sliding_window), "--sliding-window");
+  differ("full_attention_every", s(a.full_every), s(b.full_every), "--full-attention-every");
+  differ("full_attention_first", s(a.full_first), s(b.full_first), "--full-attention-first");
 }
 
 std::string optim_file_name(int shard, int shards) {
@@ -324,6 +330,8 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"qkv_bias", c.qkv_bias ? "true" : "false", "--qkv-bias", "false"},
           {"norm_eps", json_quote(float_text(c.norm_eps)), "--norm-eps", "1e-05"},
           {"sliding_window", n(c.sliding_window), "--sliding-window", "0"},
+          {"full_attention_every", n(c.full_every), "--full-attention-every", "0"},
+          {"full_attention_first", n(c.full_first), "--full-attention-first", "0"},
           {"batch", n(o.batch), "--batch"},
           {"seq", n(o.seq), "--seq"},
           {"grad_accum", n(o.grad_accum), "--grad-accum"},

@@ -8,7 +8,8 @@
 //   low_freq_factor, high_freq_factor | i32 original_max_pos | u32 flags (1: tied embeddings,
 //   2: q/k/v bias); version 3 (YaRN, a q/k/v bias, an RMSNorm eps other than 1e-5) adds to that
 //   f32 beta_fast, beta_slow, attention_factor | u32 truncate | f32 norm_eps; version 4 (a
-//   sliding window) adds to that i32 sliding_window. Each file is written at
+//   sliding window) adds to that i32 sliding_window, full_every, full_first (the layers without
+//   it, ModelConfig::full_layer; 0, 0: none). Each file is written at
 //   the lowest version that holds its model. Then numel fp32 in the Params buffer order.
 // optim.bin / optim_rank_R.bin — AdamW state of one shard of the parameter buffer:
 //   char magic[8] "ULYSOPTM" | u32 version 1 | u32 crc32 | i64 t | u64 numel (whole buffer) |

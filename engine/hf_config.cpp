@@ -34,7 +34,9 @@ std::map<std::string, std::string> hf_metadata(const ModelConfig& c) {
           {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
           {"qkv_bias", c.qkv_bias ? "true" : "false"},
           {"norm_eps", float_text(c.norm_eps)},
-          {"sliding_window", std::to_string(c.sliding_window)}};
+          {"sliding_window", std::to_string(c.sliding_window)},
+          {"full_attention_every", std::to_string(c.full_every)},
+          {"full_attention_first", std::to_string(c.full_first)}};
 }
 
 namespace {
@@ -64,13 +66,13 @@ JsonLine hf_rope_json(const ModelConfig& c, bool with_theta) {
   return r;
 }
 
-// Qwen 2's window on every layer. transformers 5.24 slides layer i when layer_types[i] says
-// "sliding_attention", and without layer_types when use_sliding_window and i >= max_window_layers;
-// both are written, so either rule (and 4.x's, which has only the second) slides them all.
-void add_qwen2_window(JsonLine& j, const ModelConfig& c) {
+// The window and which layers have it, as Ministral's and Qwen 2's configs say it: sliding_window
+// and one layer_types entry per layer.
+void add_layer_windows(JsonLine& j, const ModelConfig& c) {
   std::string types = "[";
-  for (int l = 0; l < c.layers; l++) types += std::string(l ? "," : "") + "\"sliding_attention\"";
-  j.add("sliding_window", c.sliding_window).add("max_window_layers", 0).add_raw("layer_types", types + "]");
+  for (int l = 0; l < c.layers; l++)
+    types += std::string(l ? "," : "") + (c.full_layer(l) ? "\"full_attention\"" : "\"sliding_attention\"");
+  j.add("sliding_window", c.sliding_window).add_raw("layer_types", types + "]");
 }
 
 }  // namespace
@@ -87,11 +89,17 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     if (c.vocab != 50257) j.add_raw("bos_token_id", "null").add_raw("eos_token_id", "null");
   } else {
     // A q/k/v bias is Qwen 2's attention (Llama's attention_bias would also put one on o_proj); a
-    // window without one is Mistral's (Llama's names and layout, one window for every layer).
+    // window without one is Mistral's (Llama's names and layout, one window for every layer), or
+    // with some layers left out of it Ministral's (the same, with layer_types).
     if (c.qkv_bias) {
       j.add_raw("architectures", "[\"Qwen2ForCausalLM\"]").add("model_type", "qwen2");
       j.add_raw("use_sliding_window", c.sliding_window ? "true" : "false");
-      if (c.sliding_window) add_qwen2_window(j, c);
+      // transformers 5.24 follows layer_types; 4.x slides the layers from max_window_layers on,
+      // which is every layer when none is left out.
+      if (c.sliding_window) add_layer_windows(j, c), j.add("max_window_layers", 0);
+    } else if (c.sliding_window && c.full_every) {
+      j.add_raw("architectures", "[\"MinistralForCausalLM\"]").add("model_type", "ministral");
+      add_layer_windows(j, c);
     } else if (c.sliding_window) {
       j.add_raw("architectures", "[\"MistralForCausalLM\"]").add("model_type", "mistral");
       j.add("sliding_window", c.sliding_window);
@@ -210,38 +218,66 @@ int hf_window_size(const JsonValue& j, const std::string& where) {
   return int(n);
 }
 
+// layer_types (one "full_attention" or "sliding_attention" per layer) as a flag per layer
+// (true: it slides); nothing when the config has none.
+std::vector<bool> hf_layer_types(const JsonValue& j, int layers, const std::string& where) {
+  const JsonValue* types = non_null(j, "layer_types");
+  if (!types) return {};
+  if (!types->is(JsonValue::Kind::array) || int(types->items.size()) != layers)
+    throw std::runtime_error(where + ": layer_types is not a list of num_hidden_layers (" + std::to_string(layers) +
+                             ") layer types");
+  std::vector<bool> sliding;
+  for (const JsonValue& t : types->items) {
+    const std::string& name = t.as_string(where + ": layer_types");
+    if (name != "full_attention" && name != "attention" && name != "sliding_attention")  // "attention": the old name
+      throw std::runtime_error(where + ": layer_types holds '" + name +
+                               "' (ulysses runs full_attention and sliding_attention)");
+    sliding.push_back(name == "sliding_attention");
+  }
+  return sliding;
+}
+
+// c's window and the layers without it from a window and which layers slide. ulysses holds every
+// layer sliding, or all but full_first, full_first + full_every, ...: any other pattern is refused.
+void set_layer_windows(ModelConfig& c, int window, const std::vector<bool>& sliding, const std::string& where) {
+  std::vector<int> full;
+  for (int l = 0; l < int(sliding.size()); l++)
+    if (!sliding[l]) full.push_back(l);
+  c.sliding_window = c.full_every = c.full_first = 0;
+  if (!window || full.size() == sliding.size()) return;  // no layer slides
+  c.sliding_window = window;
+  if (full.empty()) return;
+  c.full_first = full[0];
+  // One full layer: a period longer than what follows it (and than its offset).
+  c.full_every = full.size() > 1 ? full[1] - full[0] : std::max(c.layers - full[0], full[0] + 1);
+  bool same = c.full_first < c.full_every;
+  for (int l = 0; l < int(sliding.size()) && same; l++) same = c.full_layer(l) == !sliding[l];
+  if (!same)
+    throw std::runtime_error(where + ": layer_types puts full attention on layers " + std::to_string(full[0]) +
+                             (full.size() > 1 ? ", " + std::to_string(full[1]) + ", ..." : std::string()) +
+                             " (ulysses runs every layer sliding or all but layers K, K + N, K + 2N, ... with K < N;"
+                             " ulysses cannot run this model exactly)");
+}
+
 // Qwen 2, by transformers 5.24's rule (configuration_qwen2.py, modeling_qwen2.py): the window is
 // sliding_window when use_sliding_window, else none; layer i slides when layer_types[i] is
 // "sliding_attention", or, without layer_types, when there is a window and i >= max_window_layers
-// (default 28). ulysses has one window for every layer: all sliding or none, else refused.
-int qwen2_window(const JsonValue& j, int layers, const std::string& where) {
-  auto refuse = [&](const std::string& what) {
-    throw std::runtime_error(where + ": " + what + " (ulysses cannot run this model exactly)");
-  };
+// (default 28).
+void qwen2_windows(const JsonValue& j, ModelConfig& c, const std::string& where) {
   const JsonValue* use = non_null(j, "use_sliding_window");
-  if (use && !use->is(JsonValue::Kind::boolean)) refuse("use_sliding_window is not true or false");
+  if (use && !use->is(JsonValue::Kind::boolean))
+    throw std::runtime_error(where + ": use_sliding_window is not true or false");
   const int window = use && use->b ? hf_window_size(j, where) : 0;
-  int sliding = 0;
-  if (const JsonValue* types = non_null(j, "layer_types")) {
-    if (!types->is(JsonValue::Kind::array) || int(types->items.size()) != layers)
-      refuse("layer_types is not a list of num_hidden_layers (" + std::to_string(layers) + ") layer types");
-    for (const JsonValue& t : types->items) {
-      const std::string& name = t.as_string(where + ": layer_types");
-      if (name != "full_attention" && name != "attention" && name != "sliding_attention")  // "attention": the old name
-        refuse("layer_types holds '" + name + "' (ulysses runs full_attention and sliding_attention)");
-      sliding += name == "sliding_attention";
-    }
-    if (sliding && !window)  // transformers itself fails to build the mask
-      refuse("layer_types has sliding_attention layers but no window (use_sliding_window false or sliding_window null)");
-  } else if (window) {
+  std::vector<bool> sliding = hf_layer_types(j, c.layers, where);
+  if (!sliding.empty() && !window && std::count(sliding.begin(), sliding.end(), true))  // transformers fails too
+    throw std::runtime_error(where + ": layer_types has sliding_attention layers but no window (use_sliding_window "
+                             "false or sliding_window null; ulysses cannot run this model exactly)");
+  if (sliding.empty()) {
     const JsonValue* m = non_null(j, "max_window_layers");
     const int64_t first = m ? m->as_int(where + ": max_window_layers") : 28;
-    sliding = int(std::max<int64_t>(0, layers - std::max<int64_t>(0, first)));
+    for (int l = 0; l < c.layers; l++) sliding.push_back(window && l >= first);
   }
-  if (sliding != 0 && sliding != layers)
-    refuse("use_sliding_window, max_window_layers and layer_types make " + std::to_string(sliding) + " of " +
-           std::to_string(layers) + " layers slide (ulysses applies one window to every layer or to none)");
-  return sliding ? window : 0;
+  set_layer_windows(c, window, sliding, where);
 }
 
 ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
@@ -269,9 +305,10 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const JsonValue* inner = j.find("n_inner");
     refuse_unless(!inner || inner->is(JsonValue::Kind::null) || inner->as_int(where) == 4 * c.dim, "n_inner is not 4 * n_embd");
     eps_ok("layer_norm_epsilon");
-  } else if (type == "llama" || type == "qwen2" || type == "mistral") {
-    // Qwen 2: llama with a q/k/v bias; Mistral: llama with a sliding window (or none: null).
-    const bool mistral = type == "mistral";
+  } else if (type == "llama" || type == "qwen2" || type == "mistral" || type == "ministral") {
+    // Qwen 2: llama with a q/k/v bias; Mistral: llama with a sliding window (or none: null);
+    // Ministral: Mistral with layer_types (the layers without the window).
+    const bool mistral = type == "mistral" || type == "ministral";
     c.arch = "llama";
     c.qkv_bias = type == "qwen2";
     c.dim = num("hidden_size"), c.layers = num("num_hidden_layers"), c.heads = num("num_attention_heads");
@@ -283,9 +320,16 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
                 : c.qkv_bias                        ? 32768
                                                     : 2048;
     c.norm_eps = 1e-6f;  // all three configs' default rms_norm_eps
-    // Mistral: one window for every layer (MistralModel builds one mask, whatever layer_types says).
-    if (mistral) c.sliding_window = hf_window_size(j, where);
-    if (c.qkv_bias) c.sliding_window = qwen2_window(j, c.layers, where);
+    // Mistral: one window for every layer (MistralModel builds one mask, whatever layer_types says);
+    // Ministral: layer_types, every layer sliding when it is absent (MinistralConfig's default).
+    if (type == "mistral") c.sliding_window = hf_window_size(j, where);
+    if (type == "ministral") {
+      const int window = hf_window_size(j, where);
+      std::vector<bool> sliding = hf_layer_types(j, c.layers, where);
+      if (sliding.empty()) sliding.assign(size_t(c.layers), true);
+      set_layer_windows(c, window, sliding, where);
+    }
+    if (c.qkv_bias) qwen2_windows(j, c, where);
     if (const JsonValue* t = j.find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_theta"));
     const JsonValue *act = j.find("hidden_act"), *sc = j.find("rope_scaling"), *hd = j.find("head_dim");
     if (const JsonValue* rp = j.find("rope_parameters"); rp && !rp->is(JsonValue::Kind::null)) {  // transformers 5.x
@@ -303,7 +347,7 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (const JsonValue* e = j.find("rms_norm_eps")) c.norm_eps = float(e->as_double(where + ": rms_norm_eps"));
     refuse_unless(c.norm_eps > 0 && c.norm_eps < 1, "rms_norm_eps is not in (0, 1)");
   } else {
-    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2, llama, mistral and qwen2)");
+    throw std::runtime_error(where + ": model_type '" + type + "' (ulysses runs gpt2, llama, mistral, ministral and qwen2)");
   }
   return c;
 }
@@ -349,6 +393,8 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
       c.norm_eps = float(parse_json(eps->second, f.path()).as_double(f.path() + ": __metadata__ norm_eps"));
     if (f.metadata().count("sliding_window"))  // absent in files written before it existed: none
       c.sliding_window = meta_int(f, "sliding_window");
+    if (f.metadata().count("full_attention_every"))
+      c.full_every = meta_int(f, "full_attention_every"), c.full_first = meta_int(f, "full_attention_first");
     auto sc = f.metadata().find("rope_scaling");  // absent in files written before it existed: none
     if (sc != f.metadata().end()) {
       try {

@@ -30,6 +30,9 @@ model
   --norm-eps X        llama: RMSNorm's eps (Qwen 2: 1e-6)                                 [1e-5]
   --sliding-window N  llama: attend only to the last N tokens (Mistral's sliding window; 0: all)
                       beside --checkpoint: set, change or (0) remove its own              [0]
+  --full-attention-every N [--full-attention-first K]   with --sliding-window: layers K,
+                      K + N, K + 2N, ... attend to every earlier token (hybrid local/global:
+                      Gemma 3 6, GPT-OSS 2; K defaults to N - 1)                       [0: none]
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
                       FILE.safetensors (gpt2, llama, mistral or qwen2; config from its
                       metadata or config.json) or a sharded one's DIR/model.safetensors.index.json,
@@ -172,7 +175,8 @@ Options parse_options(int argc, char** argv) {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
       {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--norm-eps", F(o.norm_eps)},
-      {"--sliding-window", I(o.sliding_window)}, {"--data", S(o.data)}, {"--val-data", S(o.val_data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)},
+      {"--sliding-window", I(o.sliding_window)}, {"--full-attention-every", I(o.full_every)},
+      {"--full-attention-first", I(o.full_first)}, {"--data", S(o.data)}, {"--val-data", S(o.val_data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)},
       {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
@@ -366,10 +370,17 @@ void apply_rope_flags(const Options& o, ModelConfig& c) {
 }
 
 void apply_window_flag(const Options& o, ModelConfig& c) {
-  if (!o.set_by_user("--sliding-window")) return;  // even 0, written out, counts: it turns a window off
-  if (!c.is_llama() && o.sliding_window)
-    throw std::runtime_error("--sliding-window: gpt2 attends to every earlier token (a llama setting)");
-  c.sliding_window = o.sliding_window;
+  if (o.set_by_user("--sliding-window")) {  // even 0, written out, counts: it turns a window off
+    if (!c.is_llama() && o.sliding_window)
+      throw std::runtime_error("--sliding-window: gpt2 attends to every earlier token (a llama setting)");
+    c.sliding_window = o.sliding_window;
+    if (!c.sliding_window) c.full_every = c.full_first = 0;  // no window: no layer to exempt from it
+  }
+  if (o.set_by_user("--full-attention-every")) {
+    c.full_every = o.full_every;
+    c.full_first = std::max(0, o.full_every - 1);  // the last layer of each group (Gemma's, GPT-OSS's)
+  }
+  if (o.set_by_user("--full-attention-first")) c.full_first = o.full_first;
 }
 
 void apply_trained_length(const Options& o, ModelConfig& c) {

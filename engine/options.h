@@ -19,6 +19,7 @@ struct Options {
   bool qkv_bias = false;        // llama: a bias on the q/k/v projection (Qwen 2)
   float norm_eps = 1e-5f;       // llama: RMSNorm's eps
   int sliding_window = 0;       // llama: attend only to the last N tokens (Mistral's; 0: all)
+  int full_every = 0, full_first = 0;  // --full-attention-every / -first: the layers without the window
   // data and loop
   std::string data = "passkey";
   std::string val_data;       // --val-data: evals read this dataset's validation split ("": --data's)
@@ -95,7 +96,8 @@ bool preset_has_vocab(const std::string& model);
 // llama checkpoint's RoPE is how its context is extended); refused on gpt2.
 void apply_rope_flags(const Options& o, ModelConfig& c);
 // --sliding-window, when given (0 too), onto c, a preset's or a checkpoint's: the window changes no
-// weight, so a checkpoint's can be set, changed or removed for a fine-tune; refused on gpt2.
+// weight, so a checkpoint's can be set, changed or removed for a fine-tune; refused on gpt2. So do
+// --full-attention-every / --full-attention-first (which layers keep full attention).
 void apply_window_flag(const Options& o, ModelConfig& c);
 // RoPE sets no length limit: a llama trained past its max_seq (a checkpoint's
 // max_position_embeddings, when its context is being extended) has the longer one from then on, in

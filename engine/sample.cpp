@@ -18,8 +18,8 @@ namespace ul {
 KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len)
     : cfg_(cfg), specs_(specs), params_(params), max_len_(max_len) {
   cfg_.validate();
-  // With a window only the W newest positions are ever read: a ring of W slots holds them.
-  slots_ = cfg_.sliding_window > 0 ? std::min(max_len, cfg_.sliding_window) : max_len;
+  // With a window in every layer only the W newest positions are ever read: a ring of W slots holds them.
+  slots_ = cfg_.sliding_window > 0 && !cfg_.full_every ? std::min(max_len, cfg_.sliding_window) : max_len;
   if (max_len < 1) throw std::runtime_error("sample: the KV cache needs room for at least one position");
   if (!cfg_.is_llama() && max_len > cfg_.max_seq)
     throw std::runtime_error("sample: " + std::to_string(max_len) + " positions exceed the model's max sequence " +
@@ -55,7 +55,7 @@ void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int
 // or with a sliding window W, pos - W + 1: the W newest positions, this one included. Position t
 // lives in slot t % slots_ (a ring when there is a window; else slot t).
 void KvDecoder::attend(float* out, const float* q, int layer) {
-  const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, W = cfg_.sliding_window;
+  const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, W = cfg_.window_of(layer);
   const int t0 = W > 0 ? std::max(0, pos_ - W + 1) : 0, n = pos_ + 1;
   const float scale = 1.0f / std::sqrt(float(D));
   const size_t row = size_t(Hkv) * D;

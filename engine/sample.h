@@ -38,7 +38,7 @@ class KvDecoder {
   std::vector<ParamSpec> specs_;
   const float* params_;
   int max_len_, pos_ = 0;
-  int slots_;  // positions the cache holds: max_len, or with a window W min(W, max_len), as a ring
+  int slots_;  // positions the cache holds: max_len, or with a window W in every layer min(W, max_len), as a ring
   std::vector<float> kcache_, vcache_;  // (L, slots, KV, D) each
   std::vector<float> x_, h_, qkv_, att_, proj_, fc_, act_, scores_, stat_, logits_;
 };

@@ -54,6 +54,10 @@ void ModelConfig::validate() const {
   if (sliding_window < 0)
     bad("--sliding-window must be >= 0 (0: attend to every earlier token), got " + std::to_string(sliding_window));
   if (!is_llama() && sliding_window) bad("--sliding-window: gpt2 attends to every earlier token (a llama setting)");
+  if (full_every < 0) bad("--full-attention-every must be >= 0, got " + std::to_string(full_every));
+  if (full_every && !sliding_window) bad("--full-attention-every: which layers skip the window needs --sliding-window");
+  if (full_first < 0 || full_first >= std::max(1, full_every))
+    bad("--full-attention-first must be in [0, --full-attention-every), got " + std::to_string(full_first));
 }
 
 void ModelConfig::validate_for(Device d) const {
@@ -73,6 +77,7 @@ std::string ModelConfig::describe() const {
   if (is_llama() && qkv_bias) s << " qkv_bias";
   if (is_llama() && norm_eps != 1e-5f) s << " norm_eps=" << norm_eps;
   if (is_llama() && sliding_window) s << " sliding_window=" << sliding_window;
+  if (full_every) s << " full_attention=every " << full_every << " from " << full_first;
   s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;
   return s.str();
 }
@@ -161,7 +166,7 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
   }
   if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope());
   // Under SP the op sees the whole sequence for its heads, so the window needs nothing more here.
-  Tensor att = attention(qkv, Hq, Hkv, in.doc_full, cfg.sliding_window);  // (B, T, Hq_local, D)
+  Tensor att = attention(qkv, Hq, Hkv, in.doc_full, cfg.window_of(l));  // (B, T, Hq_local, D)
   if (sp && sp->size() > 1) att = ulysses_gather_heads(att, cfg.heads, *sp);  // (B, Tl, H, D)
   att = att.view({B, Tl, int64_t(cfg.dim)});
   Tensor pb = cfg.is_llama() ? Tensor{} : params.get("attprojb", l);

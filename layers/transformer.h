@@ -7,7 +7,8 @@
 //         x += attnproj(attention(rope(qkv(rms1(x)))));  x += fcproj(swiglu(fc(rms2(x))))
 //       logits = rmsf(x) lm_head^T; RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
 //       (except, with qkv_bias, on the q/k/v projection: Qwen 2's attention); with sliding_window W
-//       each query attends only to the last W positions, itself included (Mistral's attention).
+//       each query attends only to the last W positions, itself included (Mistral's attention), in
+//       every layer or all but every full_every-th (hybrid local/global attention).
 //
 // Under Ulysses sequence parallelism (sp group of P ranks) the block sees this rank's T/P tokens;
 // around attention, ulysses_scatter_heads trades "my tokens, all heads" for "all tokens, my heads"
@@ -38,6 +39,9 @@ struct ModelConfig {
   bool qkv_bias = false;        // llama: a bias on the q/k/v projection (Qwen 2); gpt2 has all biases
   float norm_eps = 1e-5f;       // llama: RMSNorm's eps (Qwen 2: 1e-6); gpt2's LayerNorm keeps llm.c's 1e-5
   int sliding_window = 0;       // llama: query t sees keys t - W < t' <= t (Mistral's); 0: all of t' <= t
+  // With a window, hybrid local/global attention: layers full_first, full_first + full_every, ...
+  // see every earlier token (Gemma 3: every 6 from 5, GPT-OSS: 2 from 1, Ministral: 4 from 0).
+  int full_every = 0, full_first = 0;  // 0: every layer has the window
 
   Rope rope() const {
     Rope r(rope_theta);
@@ -47,6 +51,8 @@ struct ModelConfig {
   int head_dim() const { return dim / heads; }
   int ffn_dim() const;        // gpt2: 4 * dim; llama: ffn or round_up(8 * dim / 3, 64)
   bool is_llama() const { return arch == "llama"; }
+  bool full_layer(int l) const { return full_every > 0 && l >= full_first && (l - full_first) % full_every == 0; }
+  int window_of(int l) const { return full_layer(l) ? 0 : sliding_window; }  // layer l's attention window
   bool has_lm_head() const { return is_llama() && !tie_embeddings; }  // else the head is wte
   bool has_qkv_bias() const { return !is_llama() || qkv_bias; }
   const char* head_name() const { return has_lm_head() ? "lm_head" : "wte"; }

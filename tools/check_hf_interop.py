@@ -29,7 +29,7 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MinistralConfig, MistralConfig, Qwen2Config
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PROMPT = [104, 101, 108, 108, 111, 32, 116, 104]  # "hello th"
@@ -45,7 +45,7 @@ YARN_SPEC = "yarn:factor=64,orig=16,beta_fast=8,beta_slow=1"
 YARN_HF = {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 16, "beta_fast": 8.0, "beta_slow": 1.0}
 SCALED = {"llama3": (LLAMA3_SPEC, LLAMA3_HF), "yarn": (YARN_SPEC, YARN_HF)}
 WINDOW = 8  # keys per query (itself included), shorter than the prompt + continuation (32 positions)
-WINDOWED = ("mistral", "qwen2_swa")
+WINDOWED = ("mistral", "qwen2_swa", "ministral")
 ARCHS = ("gpt2", "llama", "llama3", "yarn", "qwen2") + WINDOWED
 
 
@@ -145,7 +145,8 @@ def main():
     # three (head dim 16, theta 500: one pair kept-to-smoothed, the rest divided by the factor).
     # yarn: llama with YaRN. qwen2: Qwen 2's attention (q/k/v bias), RMSNorm eps 1e-6, tied, YaRN.
     # mistral: llama with a sliding window (exported as MistralForCausalLM); qwen2_swa: Qwen 2 with
-    # that window on every layer (use_sliding_window, max_window_layers 0, layer_types).
+    # that window on every layer (use_sliding_window, max_window_layers 0, layer_types); ministral:
+    # the window on one layer of two (hybrid local/global; MinistralForCausalLM with layer_types).
     for arch in archs:  # ulysses -> HF
         d = os.path.join(work, "ours_" + arch)
         # a non-default rope theta: a config key that HF ignored would show up as different tokens
@@ -160,6 +161,8 @@ def main():
             extra += ["--sliding-window", str(WINDOW), "--norm-eps", "1e-6"]
         if arch == "qwen2_swa":
             extra += ["--qkv-bias"]
+        if arch == "ministral":  # layer 1 without the window
+            extra += ["--full-attention-every", "2"]
         run(a.train, ["--model", "gpt2" if arch == "gpt2" else "llama", "--data", "text:" + data, "--steps", "30", "--seq", "64", "--batch", "4",
                       "--lr", "1e-2", "--eval-batches", "1", "--export-safetensors", os.path.join(d, "model.safetensors")] + extra)
         model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()
@@ -187,6 +190,11 @@ def main():
             cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0,
                               initializer_range=0.2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0)
+        elif arch == "ministral":  # layer 0 without the window (MinistralConfig leaves head_dim None)
+            cfg = MinistralConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                  head_dim=16, rms_norm_eps=1e-6, rope_theta=500.0, initializer_range=0.2, sliding_window=WINDOW,
+                                  layer_types=["full_attention", "sliding_attention"])
         elif arch == "mistral":
             cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0,

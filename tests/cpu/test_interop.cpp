@@ -29,11 +29,14 @@ using ul_test::TempDir;
 
 // "llama3": llama shaped like Llama 3.2: Llama 3.1's RoPE scaling and tied embeddings. "qwen2":
 // llama with Qwen 2.5's settings: q/k/v bias, RMSNorm eps 1e-6, YaRN, tied embeddings. "mistral":
-// llama with a sliding window (of 6 keys) and Mistral's eps 1e-6.
+// llama with a sliding window (of 6 keys) and Mistral's eps 1e-6; "ministral": the same with layer 1
+// outside the window.
 ModelConfig small(std::string arch) {
   ModelConfig c;
-  if (arch == "mistral") {
-    c.sliding_window = 6, c.norm_eps = 1e-6f, arch = "llama";
+  if (arch == "mistral" || arch == "ministral") {
+    c.sliding_window = 6, c.norm_eps = 1e-6f;
+    if (arch == "ministral") c.full_every = 2, c.full_first = 1;  // layer 1 without the window
+    arch = "llama";
   } else if (arch == "llama3") {
     c.rope_scaling = parse_rope_scaling("llama3:factor=8,low=1,high=4,orig=64"), arch = "llama";
     c.tie_embeddings = true;
@@ -153,7 +156,7 @@ TEST_CASE("llama exports q/k/v and gate/up as row slices, lm_head unpadded, noth
 }
 
 TEST_CASE("export then import round-trips bit-exactly, config from metadata or config.json", "[interop]") {
-  for (const std::string arch : {"gpt2", "llama", "llama3", "qwen2", "mistral"}) {
+  for (const std::string arch : {"gpt2", "llama", "llama3", "qwen2", "mistral", "ministral"}) {
     CAPTURE(arch);
     Context ctx;
     ContextGuard g(ctx);
@@ -347,14 +350,26 @@ TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral 
   CHECK_THROWS_WITH(read_with("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\""), Catch::Contains("hidden_act"));
 }
 
-TEST_CASE("HF configs: qwen2's window by transformers 5.24's rule, every layer sliding or none, else refused",
+TEST_CASE("HF configs: a llama with layers outside its window is written as ministral, and read back", "[interop][window]") {
+  HfExport x(small("ministral"), 12);
+  CHECK(x.json.find("\"architectures\":[\"MinistralForCausalLM\"],\"model_type\":\"ministral\",\"sliding_window\":6,"
+                    "\"layer_types\":[\"sliding_attention\",\"full_attention\"],") != std::string::npos);
+  CHECK(x.read().describe() == x.cfg.describe());  // from our __metadata__
+  x.drop_metadata();
+  CHECK(x.read_with(x.json).describe() == x.cfg.describe());  // from config.json
+  // MinistralConfig: without layer_types every layer slides.
+  const ModelConfig all = x.read_replaced("\"layer_types\":[\"sliding_attention\",\"full_attention\"],", "");
+  CHECK((all.sliding_window == 6 && all.full_every == 0));
+}
+
+TEST_CASE("HF configs: qwen2's window by transformers 5.24's rule, the layers without it, what ulysses cannot hold refused",
           "[interop][window]") {
   ModelConfig cfg = small("qwen2");
   cfg.sliding_window = 6;
   HfExport x(cfg, 10);
   // Written so that every layer slides under either rule: layer_types, and max_window_layers 0.
-  const std::string window = "\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":0,"
-                             "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]";
+  const std::string window = "\"use_sliding_window\":true,\"sliding_window\":6,"
+                             "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"],\"max_window_layers\":0";
   CHECK(x.json.find("\"model_type\":\"qwen2\"," + window + ",") != std::string::npos);
   CHECK(x.read().describe() == x.cfg.describe());
   // Without a window, qwen2's config is as before.
@@ -379,10 +394,26 @@ TEST_CASE("HF configs: qwen2's window by transformers 5.24's rule, every layer s
                   "\"layer_types\":[\"full_attention\",\"attention\"]") == 0);  // layer_types decide
   CHECK(window_of("\"sliding_window\":6,\"use_sliding_window\":true,\"max_window_layers\":2,"
                   "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]") == 6);
-  refused("\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":1",
-          "use_sliding_window, max_window_layers and layer_types make 1 of 2 layers slide");
-  refused("\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
-          "make 1 of 2 layers slide");
+  // Some layers without the window: layer 0 full, layer 1 sliding, either way it is said.
+  for (const char* keys : {"\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":1",
+                           "\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"full_attention\","
+                           "\"sliding_attention\"]"}) {
+    const ModelConfig h = x.read_replaced(window, keys);
+    CHECK(h.sliding_window == 6);
+    CHECK(h.full_layer(0));
+    CHECK_FALSE(h.full_layer(1));
+  }
+  const ModelConfig last = x.read_replaced(
+      window, "\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"sliding_attention\",\"full_attention\"]");
+  CHECK((last.window_of(0) == 6 && last.window_of(1) == 0));
+  // With 3 layers, full attention on layers 0 and 1 only is no pattern ulysses holds.
+  ModelConfig three = small("qwen2");
+  three.layers = 3, three.sliding_window = 6;
+  HfExport y(three, 11);
+  y.drop_metadata();
+  CHECK_THROWS_WITH(y.read_replaced("\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"]",
+                                    "\"layer_types\":[\"full_attention\",\"full_attention\",\"sliding_attention\"]"),
+                    Catch::Contains("config.json") && Catch::Contains("layer_types puts full attention on layers 0, 1"));
   refused("\"use_sliding_window\":false,\"sliding_window\":6,\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]",
           "layer_types has sliding_attention layers but no window");
   refused("\"use_sliding_window\":true,\"sliding_window\":6,\"layer_types\":[\"sliding_attention\",\"chunked_attention\"]",

@@ -116,50 +116,55 @@ TEST_CASE("the KV-cache logits equal the full forward's at every position", "[sa
 }
 
 TEST_CASE("with a sliding window, greedy KV-cache decoding is the argmax of a full forward at each step", "[sample][window]") {
-  omp_set_num_threads(1);
-  Context c;
-  ContextGuard g(c);
-  ModelConfig cfg = small("llama");
-  cfg.sliding_window = 4;  // prompt + generated: 17 positions, most of them past the window
-  Transformer m(cfg);
-  const std::vector<float> h = host_params(m, 13);
-  KvDecoder dec(m.cfg, m.params.specs(), h.data(), 20);
-  const std::vector<int> prompt = {3, 14, 15, 9, 26};
-  const std::vector<int> gen = generate(dec, prompt, {12, 0.0f, 0, 1});
-  // Each generated token is the argmax of the full forward's last logits over everything before it,
-  // recomputed from scratch (the op's window, not the cache's), and the logits agree.
-  std::vector<int32_t> seq(prompt.begin(), prompt.end());
-  dec.reset();
-  const std::vector<float>* kv = nullptr;
-  for (int t : prompt) kv = &dec.step(t);
-  double worst = 0;
-  for (size_t i = 0; i < gen.size(); i++) {
-    CAPTURE(i);
-    c.arena.reset();  // each forward's activations from a fresh arena
-    const std::vector<float> full = full_logits(m, seq);
-    const std::vector<float> last(full.end() - cfg.vocab, full.end());
-    Rng rng(0);
-    CHECK(sample_token(last, 0.0f, 0, rng) == gen[i]);
-    for (int v = 0; v < cfg.vocab; v++)
-      worst = std::max(worst, double(std::fabs((*kv)[size_t(v)] - last[size_t(v)]) / std::max(1.0f, std::fabs(last[size_t(v)]))));
-    seq.push_back(gen[i]);
-    kv = &dec.step(gen[i]);
+  // Every layer windowed (its cache a ring of W slots), and layer 1 without the window (hybrid).
+  for (int every : {0, 2}) {
+    CAPTURE(every);
+    omp_set_num_threads(1);
+    Context c;
+    ContextGuard g(c);
+    ModelConfig cfg = small("llama");
+    cfg.sliding_window = 4;  // prompt + generated: 17 positions, most of them past the window
+    cfg.full_every = every, cfg.full_first = every ? 1 : 0;
+    Transformer m(cfg);
+    const std::vector<float> h = host_params(m, 13);
+    KvDecoder dec(m.cfg, m.params.specs(), h.data(), 20);
+    const std::vector<int> prompt = {3, 14, 15, 9, 26};
+    const std::vector<int> gen = generate(dec, prompt, {12, 0.0f, 0, 1});
+    // Each generated token is the argmax of the full forward's last logits over everything before it,
+    // recomputed from scratch (the op's window, not the cache's), and the logits agree.
+    std::vector<int32_t> seq(prompt.begin(), prompt.end());
+    dec.reset();
+    const std::vector<float>* kv = nullptr;
+    for (int t : prompt) kv = &dec.step(t);
+    double worst = 0;
+    for (size_t i = 0; i < gen.size(); i++) {
+      CAPTURE(i);
+      c.arena.reset();  // each forward's activations from a fresh arena
+      const std::vector<float> full = full_logits(m, seq);
+      const std::vector<float> last(full.end() - cfg.vocab, full.end());
+      Rng rng(0);
+      CHECK(sample_token(last, 0.0f, 0, rng) == gen[i]);
+      for (int v = 0; v < cfg.vocab; v++)
+        worst = std::max(worst, double(std::fabs((*kv)[size_t(v)] - last[size_t(v)]) / std::max(1.0f, std::fabs(last[size_t(v)]))));
+      seq.push_back(gen[i]);
+      kv = &dec.step(gen[i]);
+    }
+    CHECK(worst < 1e-5);
+    // The window matters: decoding without it gives other logits once a query has more than W keys,
+    // and the same ones while it has no more (positions 0..3).
+    ModelConfig open = cfg;
+    open.sliding_window = open.full_every = open.full_first = 0;
+    KvDecoder plain(open, m.params.specs(), h.data(), 20);
+    dec.reset();
+    double early = 0, late = 0;
+    for (size_t t = 0; t < seq.size(); t++) {
+      const std::vector<float> a = dec.step(seq[t]), b = plain.step(seq[t]);
+      double& d = t < 4 ? early : late;
+      for (int v = 0; v < cfg.vocab; v++) d = std::max(d, double(std::fabs(a[size_t(v)] - b[size_t(v)])));
+    }
+    CHECK(early == 0);
+    CHECK(late > 1e-3);
   }
-  CHECK(worst < 1e-5);
-  // The window matters: decoding without it gives other logits once a query has more than W keys,
-  // and the same ones while it has no more (positions 0..3).
-  ModelConfig open = cfg;
-  open.sliding_window = 0;
-  KvDecoder plain(open, m.params.specs(), h.data(), 20);
-  dec.reset();
-  double early = 0, late = 0;
-  for (size_t t = 0; t < seq.size(); t++) {
-    const std::vector<float> a = dec.step(seq[t]), b = plain.step(seq[t]);
-    double& d = t < 4 ? early : late;
-    for (int v = 0; v < cfg.vocab; v++) d = std::max(d, double(std::fabs(a[size_t(v)] - b[size_t(v)])));
-  }
-  CHECK(early == 0);
-  CHECK(late > 1e-3);
 }
 
 TEST_CASE("greedy is deterministic, top-k 1 is greedy, sampling is seeded", "[sample]") {

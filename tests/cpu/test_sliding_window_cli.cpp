@@ -121,7 +121,7 @@ TEST_CASE("model.bin version 4 holds the window, files without one keep their ve
   CHECK(file_version(v4) == 4);
   CHECK(file_version(v1) == 1);
   CHECK(file_version(v3) == 3);
-  CHECK(std::filesystem::file_size(v4) == 80 + 20 + 20 + 4 + 12 * 4);  // header, v2 tail, v3 tail, window
+  CHECK(std::filesystem::file_size(v4) == 80 + 20 + 20 + 12 + 12 * 4);  // header, v2 tail, v3 tail, window
   std::vector<float> got;
   const ul::ModelConfig c = ul::read_model_file(v4, got);
   CHECK(c.sliding_window == 6);
@@ -136,6 +136,18 @@ TEST_CASE("model.bin version 4 holds the window, files without one keep their ve
   CHECK(file_version(v3) == 4);
   CHECK(ul::read_model_file(v3, got).describe() == qwen.describe());
   CHECK(ul::rope_scaling_str(ul::read_model_file(v3, got).rope_scaling) == ul::rope_scaling_str(qwen.rope_scaling));
+  // And the layers without the window (hybrid local/global attention).
+  qwen.full_every = 3, qwen.full_first = 1;
+  ul::write_model_file(v3, qwen, params.data(), params.size());
+  const ul::ModelConfig hybrid = ul::read_model_file(v3, got);
+  CHECK(hybrid.full_every == 3);
+  CHECK(hybrid.full_first == 1);
+  ul::ModelConfig other = qwen;
+  other.full_first = 2;
+  require_error([&] { ul::check_model_config(v3, hybrid, other); },
+                {"full_attention_first is 1 in the checkpoint but 2 in this run (--full-attention-first)"});
+  poke_u32(v3, 128, 3);  // full_first 3 of every 3: no such layer pattern
+  require_error([&] { ul::read_model_file(v3, got); }, {"full attention every 3 from 3", "corrupt"});
 
   // Resume compares the model too: another window is refused naming the flag.
   require_error([&] { ul::check_model_config(v4, ul::read_model_file(v4, got), tiny_llama(0)); },
@@ -151,7 +163,7 @@ TEST_CASE("model.bin version 4 holds the window, files without one keep their ve
   require_error([&] { ul::read_model_file(v4, got); }, {"v4.bin", "unsupported version 5 (expected 1 to 4)"});
   // A version 4 file cut inside its window field.
   ul::write_model_file(v4, tiny_llama(6), params.data(), 0);
-  std::filesystem::resize_file(v4, 122);
+  std::filesystem::resize_file(v4, 130);
   require_error([&] { ul::read_model_file(v4, got); }, {"v4.bin", "truncated"});
 }
 
@@ -227,6 +239,11 @@ TEST_CASE("a sliding window changes training unless it spans the sequence, and s
   const std::vector<double> full = losses("full", ""), w8 = losses("w8", "--sliding-window 8"),
                             w32 = losses("w32", "--sliding-window 32"),
                             w8_sp2 = losses("w8_sp2", "--sliding-window 8 --ranks 2 --sp 2");
+  // Hybrid: the window on layer 0 only (full attention every 2 layers from layer 1), and sp 2.
+  const std::vector<double> hybrid = losses("hybrid", "--layers 2 --sliding-window 8 --full-attention-every 2"),
+                            hybrid_sp2 = losses("hybrid_sp2", "--layers 2 --sliding-window 8 --full-attention-every 2 "
+                                                              "--ranks 2 --sp 2"),
+                            all2 = losses("all2", "--layers 2 --sliding-window 8"), none2 = losses("none2", "--layers 2");
   bool differs = false;
   for (size_t i = 0; i < full.size(); i++) {
     CAPTURE(i, full[i], w8[i], w32[i], w8_sp2[i]);
@@ -238,4 +255,31 @@ TEST_CASE("a sliding window changes training unless it spans the sequence, and s
     differs = differs || std::fabs(w8[i] - full[i]) > 1e-5 * std::fabs(full[i]);
   }
   CHECK(differs);  // 8 keys of up to 32: the first step's loss already differs
+  for (size_t i = 0; i < hybrid.size(); i++) {
+    CAPTURE(i, hybrid[i], hybrid_sp2[i], all2[i], none2[i]);
+    CHECK(std::fabs(hybrid_sp2[i] - hybrid[i]) <= 1e-5 * std::fabs(hybrid[i]));
+    CHECK(std::fabs(hybrid[i] - all2[i]) > 1e-6 * std::fabs(all2[i]));    // layer 1 is not windowed
+    CHECK(std::fabs(hybrid[i] - none2[i]) > 1e-6 * std::fabs(none2[i]));  // layer 0 is
+  }
+}
+
+TEST_CASE("the layers without the window: flags, defaults, refusals, the model line", "[window][cli]") {
+  ul::ModelConfig c = ul::model_config(options("--model llama --layers 12 --sliding-window 8 --full-attention-every 6"), 32);
+  CHECK((c.full_every == 6 && c.full_first == 5));  // Gemma 3's: the last layer of each group of 6
+  for (int l = 0; l < 12; l++) CHECK(c.window_of(l) == (l == 5 || l == 11 ? 0 : 8));
+  CHECK(c.describe().find("sliding_window=8 full_attention=every 6 from 5") != std::string::npos);
+  c = ul::model_config(options("--model llama --layers 8 --sliding-window 8 --full-attention-every 4 "
+                               "--full-attention-first 0"), 32);
+  for (int l = 0; l < 8; l++) CHECK(c.full_layer(l) == (l % 4 == 0));  // Ministral 8B's
+  // Removing a checkpoint's window removes its exemptions; without a window they mean nothing and are refused.
+  ul::apply_window_flag(options("--model llama --sliding-window 0"), c);
+  CHECK((c.sliding_window == 0 && c.full_every == 0 && c.full_first == 0));
+  c.validate();
+  require_error([] { ul::model_config(options("--model llama --full-attention-every 2"), 32); },
+                {"--full-attention-every", "needs --sliding-window"});
+  require_error([] { ul::model_config(options("--model llama --sliding-window 8 --full-attention-every 2 "
+                                              "--full-attention-first 2"), 32); },
+                {"--full-attention-first must be in [0, --full-attention-every)", "2"});
+  require_error([] { ul::model_config(options("--model llama --sliding-window 8 --full-attention-every -1"), 32); },
+                {"--full-attention-every must be >= 0"});
 }

@@ -3,6 +3,7 @@
 #include "engine/checkpoint_files.h"
 #include "fuzz_util.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -20,11 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&version, bytes.data() + 8, 4);
     FUZZ_CHECK(version >= 1 && version <= 4);
     // + the RoPE tail, + version 3's, + the window
-    const size_t header = version == 1 ? 80 : version == 2 ? 100 : version == 3 ? 120 : 124;
+    const size_t header = version == 1 ? 80 : version == 2 ? 100 : version == 3 ? 120 : 132;
     FUZZ_CHECK(size == header + params.size() * sizeof(float));
     FUZZ_CHECK(version >= 2 || (c.rope_scaling.kind == ul::RopeScaling::kNone && !c.tie_embeddings));
     FUZZ_CHECK(version >= 3 || (c.rope_scaling.kind != ul::RopeScaling::kYarn && !c.qkv_bias && c.norm_eps == 1e-5f));
     FUZZ_CHECK(version == 4 ? c.sliding_window >= 1 : c.sliding_window == 0);
+    FUZZ_CHECK(c.full_every >= 0 && c.full_first >= 0 && c.full_first < std::max(1, c.full_every));
     ul::check_model_config(path, c, c);  // a config always matches itself
   } catch (const std::exception&) {
   }

@@ -102,6 +102,11 @@ int main(int argc, char** argv) {
   write(seed("hf_config", "qwen2_window.json"), ul::hf_config_json(mc, "float32"));
   mc.qkv_bias = false;
   write(seed("hf_config", "mistral.json"), ul::hf_config_json(mc, "bfloat16"));
+  {
+    ul::ModelConfig hybrid = mc;  // two layers, the second without the window: ministral
+    hybrid.layers = 2, hybrid.full_every = 2, hybrid.full_first = 1;
+    write(seed("hf_config", "ministral.json"), ul::hf_config_json(hybrid, "float32"));
+  }
   mc.sliding_window = 0, mc.rope_scaling = ul::RopeScaling{};
   write(seed("hf_config", "llama.json"), ul::hf_config_json(mc, "float32"));
   // Found by fuzzing: a theta past float's range read as inf, accepted, then written as "inf".
