@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   mc.sliding_window = 3;  // version 4
   ul::write_model_file(seed("model_file", "model_v4.bin"), mc, params.data(), 12);
   // Hugging Face config.json files, as ulysses writes them: llama (YaRN, biased: qwen2 with every
-  // layer sliding), mistral, plain llama, gpt2.
+  // layer sliding), mistral, ministral, plain llama, gpt2.
   write(seed("hf_config", "qwen2_window.json"), ul::hf_config_json(mc, "float32"));
   mc.qkv_bias = false;
   write(seed("hf_config", "mistral.json"), ul::hf_config_json(mc, "bfloat16"));
