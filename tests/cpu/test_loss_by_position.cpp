@@ -10,13 +10,11 @@
 #include "engine/context.h"
 #include "engine/trainer.h"
 #include "gradcheck.h"
+#include "fresh_eval.h"
 #include "layers/classifier.h"
-#include "options_from.h"
-#include "parallel/comm_local.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
-using ul_test::options;
 using ul_test::TempDir;
 
 TEST_CASE("position bands: powers of two from 64, at most 9, the last ending at T", "[loss_by_position]") {
@@ -76,17 +74,9 @@ TEST_CASE("the classifier's per-token losses: -log softmax at the target, 0 wher
 
 namespace {
 
-// The eval of a freshly initialised model on `ranks` local ranks (rank 0's result).
 ul::EvalResult eval_on(const std::string& args, int ranks) {
-  ul::Options o = options("--threads 1 --quiet --eval-every 0 --eval-batches 2 --seq 192 --batch 2 --layers 2 --dim 32 "
-                          "--heads 4 " + args + " --ranks " + std::to_string(ranks));
-  ul::EvalResult r;
-  ul::run_local(ranks, [&](ul::Comm& world) {
-    ul::Trainer tr(o, world);
-    const ul::EvalResult e = tr.evaluate();
-    if (world.rank() == 0) r = e;
-  });
-  return r;
+  return ul_test::fresh_eval("--threads 1 --quiet --eval-every 0 --eval-batches 2 --seq 192 --batch 2 --layers 2 "
+                             "--dim 32 --heads 4 " + args, ranks);
 }
 
 }  // namespace

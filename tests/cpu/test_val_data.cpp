@@ -7,27 +7,17 @@
 #include <vector>
 
 #include "engine/trainer.h"
-#include "options_from.h"
-#include "parallel/comm_local.h"
+#include "fresh_eval.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
-using ul_test::options;
 using ul_test::TempDir;
 
 namespace {
 
-// A fresh model's eval (rank 0) on `ranks` local ranks.
 ul::EvalResult eval_of(const std::string& args, int ranks = 1) {
-  ul::Options o = options("--threads 1 --quiet --eval-batches 3 --seq 64 --batch 2 --layers 1 --dim 32 --heads 4 " +
-                          args + " --ranks " + std::to_string(ranks));
-  ul::EvalResult r;
-  ul::run_local(ranks, [&](ul::Comm& world) {
-    ul::Trainer tr(o, world);
-    const ul::EvalResult e = tr.evaluate();
-    if (world.rank() == 0) r = e;
-  });
-  return r;
+  return ul_test::fresh_eval("--threads 1 --quiet --eval-batches 3 --seq 64 --batch 2 --layers 1 --dim 32 --heads 4 " +
+                             args, ranks);
 }
 
 void write_text(const std::string& path, const std::string& word, int lines) {
