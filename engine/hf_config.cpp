@@ -136,6 +136,12 @@ JsonValue hf_sibling_config(const std::string& path, const std::string& why) {
 
 namespace {
 
+// j's key when it is present and not null (transformers reads `get(key) or default` for several).
+const JsonValue* non_null(const JsonValue& j, const char* key) {
+  const JsonValue* v = j.find(key);
+  return v && !v->is(JsonValue::Kind::null) ? v : nullptr;
+}
+
 // rope_scaling (4.x) or rope_parameters (5.x): default, linear, llama3 or yarn; other rules
 // (dynamic, longrope, ...) are refused. top: the whole config, where yarn finds what its entry
 // leaves out, as transformers does: original_max_position_embeddings (top level first, as Phi-3
@@ -150,11 +156,7 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
     if (!v) throw std::runtime_error(where + ": rope " + t + " scaling without \"" + key + "\"");
     return v->as_double(where + ": " + key);
   };
-  // Present and not null (transformers reads `get(key) or default` for several of these).
-  auto given = [&](const char* key) {
-    const JsonValue* v = o.find(key);
-    return v && !v->is(JsonValue::Kind::null) ? v : nullptr;
-  };
+  auto given = [&](const char* key) { return non_null(o, key); };
   if (const JsonValue* p = given("partial_rotary_factor"); p && p->as_double(where + ": partial_rotary_factor") != 1)
     throw std::runtime_error(where + ": partial_rotary_factor != 1 (ulysses rotates every pair of a head)");
   if (t == "default") return s;
@@ -169,7 +171,7 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
   } else if (t == "yarn") {
     s.kind = RopeScaling::kYarn;
     const JsonValue* max_pos = top.find("max_position_embeddings");
-    if (const JsonValue* v = top.find("original_max_position_embeddings"); v && !v->is(JsonValue::Kind::null))
+    if (const JsonValue* v = non_null(top, "original_max_position_embeddings"))
       s.original_max_pos = int32_t(v->as_int(where + ": original_max_position_embeddings"));
     else if (given("original_max_position_embeddings")) s.original_max_pos = int32_t(num("original_max_position_embeddings"));
     else if (max_pos) s.original_max_pos = int32_t(max_pos->as_int(where + ": max_position_embeddings"));
@@ -198,12 +200,6 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
   }
   check_rope_scaling(s, where);
   return s;
-}
-
-// j's key when it is present and not null.
-const JsonValue* non_null(const JsonValue& j, const char* key) {
-  const JsonValue* v = j.find(key);
-  return v && !v->is(JsonValue::Kind::null) ? v : nullptr;
 }
 
 // A window size from the config's sliding_window: absent is transformers' default (4096 for both

@@ -34,8 +34,9 @@ model
                       K + N, K + 2N, ... attend to every earlier token (hybrid local/global:
                       Gemma 3 6, GPT-OSS 2; K defaults to N - 1)                       [0: none]
   --checkpoint FILE   start from an llm.c GPT-2 checkpoint (version 3 or 5), a Hugging Face
-                      FILE.safetensors (gpt2, llama, mistral or qwen2; config from its
-                      metadata or config.json) or a sharded one's DIR/model.safetensors.index.json,
+                      FILE.safetensors (gpt2, llama, mistral, ministral or qwen2; config from
+                      its metadata or config.json) or a sharded one's
+                      DIR/model.safetensors.index.json,
                       or a model.bin of our checkpoints; the model's shape comes from the file
   --rope-theta X --rope-scaling SPEC   llama's RoPE (beside --checkpoint: override its own, to
                       extend its context): SPEC none | linear:factor=F |
@@ -176,8 +177,8 @@ Options parse_options(int argc, char** argv) {
       {"--kv-heads", I(o.kv_heads)}, {"--vocab", I(o.vocab)}, {"--max-seq", I(o.max_seq)}, {"--ffn", I(o.ffn)},
       {"--rope-theta", F(o.rope_theta)}, {"--rope-scaling", S(o.rope_scaling)}, {"--norm-eps", F(o.norm_eps)},
       {"--sliding-window", I(o.sliding_window)}, {"--full-attention-every", I(o.full_every)},
-      {"--full-attention-first", I(o.full_first)}, {"--data", S(o.data)}, {"--val-data", S(o.val_data)}, {"--eot", I(o.eot)}, {"--batch", I(o.batch)},
-      {"--seq", I(o.seq)},
+      {"--full-attention-first", I(o.full_first)}, {"--data", S(o.data)}, {"--val-data", S(o.val_data)},
+      {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
@@ -261,9 +262,6 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--heartbeat must be a finite number of seconds >= 0");
   if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))
     throw std::runtime_error("--rope-theta must be a finite number > 0");
-  if (o.sliding_window < 0)
-    throw std::runtime_error("--sliding-window must be >= 0 (0: attend to every earlier token), got " +
-                             std::to_string(o.sliding_window));
   parse_rope_scaling(o.rope_scaling);  // a malformed spec fails here, naming the flag
   if (o.device != "cpu" && o.device != "cuda")
     throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
@@ -337,7 +335,8 @@ Options parse_options(int argc, char** argv) {
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
-  // is how a model's context is extended; --sliding-window likewise changes no weight.)
+  // is how a model's context is extended; --sliding-window and --full-attention-* likewise change
+  // no weight.)
   for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--tie-embeddings",
                         "--qkv-bias", "--norm-eps"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
@@ -370,9 +369,8 @@ void apply_rope_flags(const Options& o, ModelConfig& c) {
 }
 
 void apply_window_flag(const Options& o, ModelConfig& c) {
+  // On gpt2 (and for a pattern without a window) ModelConfig::validate refuses them, naming the flag.
   if (o.set_by_user("--sliding-window")) {  // even 0, written out, counts: it turns a window off
-    if (!c.is_llama() && o.sliding_window)
-      throw std::runtime_error("--sliding-window: gpt2 attends to every earlier token (a llama setting)");
     c.sliding_window = o.sliding_window;
     if (!c.sliding_window) c.full_every = c.full_first = 0;  // no window: no layer to exempt from it
   }

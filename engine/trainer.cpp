@@ -330,7 +330,7 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     sums[2] += double(s.n_correct);
     // This rank's tokens, by the position each one's prediction is made from (hb.pos: in the
     // document with --doc-mask, global in the sequence under sp).
-    for (size_t i = 0; i < row_loss.size() && !bands.empty(); i++) {
+    for (size_t i = 0; i < row_loss.size(); i++) {  // empty without bands
       if (hb.targets[i] < 0) continue;
       const int k = band_of[hb.pos[i]];
       sums[3 + 2 * k] += row_loss[i];

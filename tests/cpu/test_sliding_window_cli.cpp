@@ -83,7 +83,8 @@ TEST_CASE("the sliding-window flag: parsed, set on presets, described, refused w
   // 0 written out is "none", accepted on gpt2 too.
   CHECK(ul::model_config(options("--model gpt2 --sliding-window 0"), 32).sliding_window == 0);
 
-  require_error([] { options("--model llama --sliding-window -1"); }, {"--sliding-window must be >= 0", "-1"});
+  require_error([] { ul::model_config(options("--model llama --sliding-window -1"), 32); },
+                {"--sliding-window must be >= 0", "-1"});
   require_error([] { options("--model llama --sliding-window 2.5"); }, {"--sliding-window: expected an integer", "2.5"});
   require_error([] { options("--model llama --sliding-window eight"); }, {"--sliding-window: expected an integer"});
   require_error([] { options("--model llama --sliding-window 4294967304"); }, {"--sliding-window", "out of range"});
