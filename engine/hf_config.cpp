@@ -151,12 +151,20 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
   if (!type) type = o.find("type");  // older files
   const std::string t = type ? type->as_string(where + ": rope type") : "default";
   RopeScaling s;
-  auto num = [&](const char* key) {
+  auto need = [&](const char* key) -> const JsonValue& {
     const JsonValue* v = o.find(key);
     if (!v) throw std::runtime_error(where + ": rope " + t + " scaling without \"" + key + "\"");
-    return v->as_double(where + ": " + key);
+    return *v;
   };
+  auto num = [&](const char* key) { return need(key).as_double(where + ": " + key); };
   auto given = [&](const char* key) { return non_null(o, key); };
+  // A position count: an integer in [1, 2^31) (a larger one would not fit the int the model keeps).
+  auto positions = [&](const JsonValue& v, const char* key) {
+    const int64_t n = v.as_int(where + ": " + key);
+    if (n < 1 || n > INT32_MAX)
+      throw std::runtime_error(where + ": " + key + " " + std::to_string(n) + " is not in [1, 2^31)");
+    return int32_t(n);
+  };
   if (const JsonValue* p = given("partial_rotary_factor"); p && p->as_double(where + ": partial_rotary_factor") != 1)
     throw std::runtime_error(where + ": partial_rotary_factor != 1 (ulysses rotates every pair of a head)");
   if (t == "default") return s;
@@ -167,17 +175,18 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
     s.kind = RopeScaling::kLlama3;
     s.factor = float(num("factor")), s.low_freq_factor = float(num("low_freq_factor"));
     s.high_freq_factor = float(num("high_freq_factor"));
-    s.original_max_pos = int32_t(num("original_max_position_embeddings"));
+    s.original_max_pos = positions(need("original_max_position_embeddings"), "original_max_position_embeddings");
   } else if (t == "yarn") {
     s.kind = RopeScaling::kYarn;
     const JsonValue* max_pos = top.find("max_position_embeddings");
-    if (const JsonValue* v = non_null(top, "original_max_position_embeddings"))
-      s.original_max_pos = int32_t(v->as_int(where + ": original_max_position_embeddings"));
-    else if (given("original_max_position_embeddings")) s.original_max_pos = int32_t(num("original_max_position_embeddings"));
-    else if (max_pos) s.original_max_pos = int32_t(max_pos->as_int(where + ": max_position_embeddings"));
-    else throw std::runtime_error(where + ": yarn scaling without original_max_position_embeddings");
+    const char* orig_key = "original_max_position_embeddings";
+    const JsonValue* orig = non_null(top, orig_key);
+    if (!orig) orig = given(orig_key);
+    if (!orig) orig = max_pos, orig_key = "max_position_embeddings";
+    if (!orig) throw std::runtime_error(where + ": yarn scaling without original_max_position_embeddings");
+    s.original_max_pos = positions(*orig, orig_key);
     if (given("factor")) s.factor = float(num("factor"));
-    else if (max_pos) s.factor = float(double(max_pos->as_int(where)) / s.original_max_pos);
+    else if (max_pos) s.factor = float(double(positions(*max_pos, "max_position_embeddings")) / s.original_max_pos);
     else throw std::runtime_error(where + ": yarn scaling without \"factor\"");
     if (given("beta_fast")) s.beta_fast = float(num("beta_fast"));
     if (given("beta_slow")) s.beta_slow = float(num("beta_slow"));
@@ -282,7 +291,12 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (!v) throw std::runtime_error(where + ": missing \"" + key + "\"");
     return *v;
   };
-  auto num = [&](const char* key) { return int(get(key).as_int(where + ": " + key)); };
+  auto num = [&](const char* key) {  // an int: a larger value refused, not wrapped
+    const int64_t v = get(key).as_int(where + ": " + key);
+    if (v < INT32_MIN || v > INT32_MAX)
+      throw std::runtime_error(where + ": " + key + " " + std::to_string(v) + " is out of range");
+    return int(v);
+  };
   auto refuse_unless = [&](bool ok, const std::string& what) {
     if (!ok) throw std::runtime_error(where + ": " + what + " (ulysses cannot run this model exactly)");
   };

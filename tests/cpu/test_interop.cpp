@@ -291,6 +291,13 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                     Catch::Contains("config.json") && Catch::Contains("0 < beta_slow < beta_fast"));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"default\",\"partial_rotary_factor\":0.5}"),
                     Catch::Contains("partial_rotary_factor"));
+  // Position counts past an int are refused, not converted (found by fuzz_hf_config: UB in a cast).
+  CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":5.5e92}"),
+                    Catch::Contains("original_max_position_embeddings: expected an integer"));
+  CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":4294967360}"),
+                    Catch::Contains("original_max_position_embeddings 4294967360 is not in [1, 2^31)"));
+  CHECK_THROWS_WITH(x.read_replaced("\"vocab_size\":50,", "\"vocab_size\":4294967346,"),
+                    Catch::Contains("vocab_size 4294967346 is out of range"));
 }
 
 TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would run differently refused", "[interop]") {

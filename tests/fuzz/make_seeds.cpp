@@ -113,6 +113,11 @@ int main(int argc, char** argv) {
   write(regression("hf_config", "theta_past_float.json"),
         R"({"model_type":"llama","vocab_size":5,"hidden_size":8,"intermediate_size":64,"num_hidden_layers":1,)"
         R"("num_attention_heads":2,"rope_parameters":{"rope_type":"default","rope_theta":8.8e49}})");
+  // Found by fuzzing: a yarn original context past an int, cast from a double (undefined behaviour).
+  write(regression("hf_config", "yarn_orig_past_int.json"),
+        R"({"model_type":"llama","vocab_size":5,"hidden_size":8,"intermediate_size":64,"num_hidden_layers":1,)"
+        R"("num_attention_heads":2,"rope_parameters":{"rope_type":"yarn","factor":4,)"
+        R"("original_max_position_embeddings":5.5e92}})");
   ul::ModelConfig g;
   g.vocab = 50257, g.padded_vocab = 50304;
   write(seed("hf_config", "gpt2.json"), ul::hf_config_json(g, "float32"));
