@@ -8,10 +8,12 @@
 
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
+#include "engine/file_io.h"
 #include "engine/hf_format.h"
 #include "engine/llmc_format.h"
 #include "engine/safetensors.h"
 #include "engine/sample.h"
+#include "engine/trainer.h"  // now_ms
 
 namespace ul {
 
@@ -63,33 +65,47 @@ void load_hf_checkpoint(const std::string& path, Transformer& model, bool say) {
   model.params.load_host(host.data());  // the f32 values (a bf16 model's master copy, and its rounding)
 }
 
-std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenizer* tok) {
+namespace {
+
+void check_ids(const std::vector<int>& ids, int vocab, const std::string& where, const char* hint) {
+  for (int id : ids)
+    if (id < 0 || id >= vocab)
+      throw std::runtime_error(where + ": token " + std::to_string(id) + " is outside the model's vocab of " +
+                               std::to_string(vocab) + hint);
+}
+
+}  // namespace
+
+std::vector<int> encode_prompt(const std::string& text, int vocab, const Tokenizer* tok, const std::string& where) {
   std::vector<int> ids;
-  if (text.rfind("ids:", 0) == 0) {
-    size_t at = 4;
-    while (at <= text.size()) {
-      const size_t comma = std::min(text.find(',', at), text.size());
-      const std::string item = text.substr(at, comma - at);
-      char* end = nullptr;
-      const long v = std::strtol(item.c_str(), &end, 10);
-      if (item.empty() || *end) throw std::runtime_error("--prompt: '" + item + "' is not a token id (ids:1,2,3)");
-      ids.push_back(int(std::max(-1L, std::min(v, long(1) << 30))));
-      at = comma + 1;
-    }
-  } else if (tok) {
+  if (tok) {
     try {
       ids = tok->encode(text);
     } catch (const std::invalid_argument& e) {
-      throw std::runtime_error(std::string("--prompt: ") + e.what());
+      throw std::runtime_error(where + ": " + e.what());
     }
     if (tok->eot_opens_text()) ids.insert(ids.begin(), tok->eot());  // Llama's <|begin_of_text|> / <s> first
   } else {
     for (unsigned char c : text) ids.push_back(int(c));
   }
-  for (int id : ids)
-    if (id < 0 || id >= vocab)
-      throw std::runtime_error("--prompt: token " + std::to_string(id) + " is outside the model's vocab of " +
-                               std::to_string(vocab) + (tok || text.rfind("ids:", 0) == 0 ? "" : " (text is read as bytes; give ids:1,2,3)"));
+  check_ids(ids, vocab, where, tok ? "" : " (text is read as bytes; give --tokenizer, or --prompt ids:1,2,3)");
+  return ids;
+}
+
+std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenizer* tok) {
+  if (text.rfind("ids:", 0) != 0) return encode_prompt(text, vocab, tok, "--prompt");
+  std::vector<int> ids;
+  size_t at = 4;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end) throw std::runtime_error("--prompt: '" + item + "' is not a token id (ids:1,2,3)");
+    ids.push_back(int(std::max(-1L, std::min(v, long(1) << 30))));
+    at = comma + 1;
+  }
+  check_ids(ids, vocab, "--prompt", "");
   return ids;
 }
 
@@ -112,9 +128,20 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg) : o_(o), cfg_(c
       throw std::runtime_error(o.tokenizer + ": the tokenizer has " + std::to_string(tok_->vocab()) +
                                " tokens, fewer than the model's vocab of " + std::to_string(cfg.vocab));
   }
-  if (!o.prompt.empty()) prompt_ = parse_prompt(o.prompt, cfg.vocab, tok_.get());
-  else if (tok_ && tok_->eot() >= 0 && tok_->eot() < cfg.vocab) prompt_ = {tok_->eot()};  // llm.c starts from <|endoftext|>
-  else throw std::runtime_error("--sample needs --prompt (text, or ids:1,2,3)");
+  if (!o.prompt_file.empty()) {
+    const std::string where = "--prompt-file " + o.prompt_file;
+    std::string text;
+    try {
+      text = read_whole_file(o.prompt_file);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("--prompt-file: " + std::string(e.what()));
+    }
+    if (text.empty()) throw std::runtime_error(where + ": the file is empty");
+    prompt_ = encode_prompt(text, cfg.vocab, tok_.get(), where);
+  } else if (!o.prompt.empty()) {
+    prompt_ = parse_prompt(o.prompt, cfg.vocab, tok_.get());
+  } else if (tok_ && tok_->eot() >= 0 && tok_->eot() < cfg.vocab) prompt_ = {tok_->eot()};  // llm.c starts from <|endoftext|>
+  else throw std::runtime_error("--sample needs --prompt (text, or ids:1,2,3) or --prompt-file");
   const int64_t need = int64_t(prompt_.size()) + o.sample;
   if (!cfg.is_llama() && need > cfg.max_seq)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
@@ -155,11 +182,31 @@ void RunOutputs::finish(const Transformer& model) const {
   if (o_.sample > 0) {
     SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed};
     KvDecoder dec(cfg_, P.specs(), host.data(), int(prompt_.size()) + o_.sample);
-    const std::vector<int> out = generate(dec, prompt_, s);
-    if (say) std::printf("sample  | %zu prompt + %d new tokens | temperature %g | top-k %d | seed %llu\n", prompt_.size(),
-                         o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed);
-    // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at.
-    const std::string text = decode(prompt_) + (tok_ || cfg_.vocab == 256 ? "" : " | ") + decode(out) + "\n";
+    // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
+    const int n = int(prompt_.size());
+    const double start = now_ms();
+    double prefilled = start, last_beat = start;
+    const std::vector<int> out = generate(dec, prompt_, s, [&](int done) {
+      const double t = now_ms();
+      if (done == n) prefilled = t;
+      if (say && o_.heartbeat > 0 && done < n && t - last_beat >= o_.heartbeat * 1000) {
+        last_beat = t;
+        std::printf("  ...   prefill | %d/%d prompt tokens done | %.1f s\n", done, n, (t - start) / 1000);
+        std::fflush(stdout);
+      }
+    });
+    const double decode_s = (now_ms() - prefilled) / 1000;  // o_.sample - 1 forwards: the last token needs none
+    if (say) {
+      std::printf("sample  | %d prompt + %d new tokens | temperature %g | top-k %d | seed %llu | prefill %.0f tok/s",
+                  n, o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed,
+                  n / std::max(1e-6, (prefilled - start) / 1000));
+      if (o_.sample > 1) std::printf(" | decode %.1f tok/s", (o_.sample - 1) / std::max(1e-6, decode_s));
+      std::printf("\n");
+    }
+    // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at. A
+    // --prompt-file prompt (a book, perhaps) is not echoed: only what follows it.
+    const std::string head = o_.prompt_file.empty() ? decode(prompt_) + (tok_ || cfg_.vocab == 256 ? "" : " | ") : "";
+    const std::string text = head + decode(out) + "\n";
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   std::fflush(stdout);

@@ -45,9 +45,11 @@ class RunOutputs {
   std::vector<int> prompt_;
 };
 
-// "ids:1,2,3" -> those ids; any other text -> its bytes as ids (or, with a tokenizer, its encoding,
-// after <|begin_of_text|> when the tokenizer's texts open with it, as Llama 3's do).
-// Every id must be < vocab. Throws naming --prompt.
+// "ids:1,2,3" -> those ids; any other text -> encode_prompt's. Throws naming --prompt.
 std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenizer* tok);
+// Text -> its bytes as ids (or, with a tokenizer, its encoding, after <|begin_of_text|> when the
+// tokenizer's texts open with it, as Llama 3's do). Every id must be < vocab. Throws naming `where`
+// (the flag, or --prompt-file and its file).
+std::vector<int> encode_prompt(const std::string& text, int vocab, const Tokenizer* tok, const std::string& where);
 
 }  // namespace ul

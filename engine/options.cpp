@@ -105,6 +105,7 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --export-dtype f32|bf16     dtype of --export-safetensors                           [f32]
   --sample N          generate N tokens with a KV cache and print them
   --prompt TEXT       its bytes (or BPE tokens, with --tokenizer), or ids:1,2,3
+  --prompt-file FILE  the prompt is FILE's text (a long one: a book; it is not echoed back)
   --temperature X     0 = greedy                                                        [1.0]
   --top-k K           sample among the K most likely tokens (0: all)                    [0]
   --tokenizer FILE    llm.c tokenizer (gpt2_tokenizer.bin) or HF tokenizer.json (GPT-2,
@@ -198,7 +199,7 @@ Options parse_options(int argc, char** argv) {
       {"--heartbeat", [&o](const std::string& f, const std::string& v) { o.heartbeat = parse_float(f, v); }},
       {"--export-llmc", S(o.export_llmc)}, {"--export-llmc-version", I(o.export_llmc_version)},
       {"--export-safetensors", S(o.export_safetensors)}, {"--export-dtype", S(o.export_dtype)},
-      {"--sample", I(o.sample)}, {"--prompt", S(o.prompt)}, {"--temperature", F(o.temperature)},
+      {"--sample", I(o.sample)}, {"--prompt", S(o.prompt)}, {"--prompt-file", S(o.prompt_file)}, {"--temperature", F(o.temperature)},
       {"--top-k", I(o.top_k)}, {"--tokenizer", S(o.tokenizer)},
   };
   for (int i = 1; i < argc; i++) {
@@ -331,7 +332,10 @@ Options parse_options(int argc, char** argv) {
   if (o.sample < 0) throw std::runtime_error("--sample must be >= 0");
   if (o.top_k < 0) throw std::runtime_error("--top-k must be >= 0");
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be a finite number >= 0");
-  for (const char* f : {"--prompt", "--temperature", "--top-k", "--tokenizer"})
+  if (o.set_by_user("--prompt-file") && o.prompt_file.empty()) throw std::runtime_error("--prompt-file: empty path");
+  if (o.set_by_user("--prompt") && o.set_by_user("--prompt-file"))
+    throw std::runtime_error("--prompt and --prompt-file both give the prompt: keep one");
+  for (const char* f : {"--prompt", "--prompt-file", "--temperature", "--top-k", "--tokenizer"})
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which

@@ -44,7 +44,7 @@ struct Options {
   std::string checkpoint, check_state;
   double check_tol = 1e-5;
   // interop and sampling after the run (engine/export.h): README "Interop", "Sampling"
-  std::string export_llmc, export_safetensors, export_dtype = "f32", tokenizer, prompt;
+  std::string export_llmc, export_safetensors, export_dtype = "f32", tokenizer, prompt, prompt_file;
   int export_llmc_version = 3;
   int sample = 0, top_k = 0;  // sample: new tokens to generate; top_k 0: the whole vocabulary
   float temperature = 1.0f;   // 0: greedy

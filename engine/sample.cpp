@@ -15,23 +15,29 @@
 
 namespace ul {
 
-KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len)
-    : cfg_(cfg), specs_(specs), params_(params), max_len_(max_len) {
+KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len,
+                     int chunk)
+    : cfg_(cfg), specs_(specs), params_(params), max_len_(max_len), chunk_(chunk) {
   cfg_.validate();
-  // With a window in every layer only the W newest positions are ever read: a ring of W slots holds them.
-  slots_ = cfg_.sliding_window > 0 && !cfg_.full_every ? std::min(max_len, cfg_.sliding_window) : max_len;
   if (max_len < 1) throw std::runtime_error("sample: the KV cache needs room for at least one position");
+  if (chunk < 1) throw std::runtime_error("sample: the prefill chunk must hold at least one token");
   if (!cfg_.is_llama() && max_len > cfg_.max_seq)
     throw std::runtime_error("sample: " + std::to_string(max_len) + " positions exceed the model's max sequence " +
                              std::to_string(cfg_.max_seq) + " (gpt2 has learned positions)");
-  const size_t C = size_t(cfg_.dim), D = size_t(cfg_.head_dim()), F = size_t(cfg_.ffn_dim());
+  // With a window in every layer only the W newest positions before a row are ever read: a ring of
+  // W + chunk - 1 slots holds those of a chunk's first row and the whole chunk.
+  slots_ = max_len;
+  if (cfg_.sliding_window > 0 && !cfg_.full_every)
+    slots_ = int(std::min<int64_t>(max_len, int64_t(cfg_.sliding_window) + chunk - 1));
+  chunk_ = std::min(chunk, max_len);
+  const size_t C = size_t(cfg_.dim), D = size_t(cfg_.head_dim()), F = size_t(cfg_.ffn_dim()), n = size_t(chunk_);
   const size_t cache = size_t(cfg_.layers) * size_t(slots_) * size_t(cfg_.kv_heads) * D;
   kcache_.assign(cache, 0.0f);
   vcache_.assign(cache, 0.0f);
-  x_.resize(C), h_.resize(C), att_.resize(C), proj_.resize(C), stat_.resize(2);
-  qkv_.resize(size_t(cfg_.heads + 2 * cfg_.kv_heads) * D);
-  fc_.resize(cfg_.is_llama() ? 2 * F : F), act_.resize(F);
-  scores_.resize(size_t(slots_));
+  tok_.resize(n), pos_rows_.resize(n);
+  x_.resize(n * C), h_.resize(n * C), att_.resize(n * C), proj_.resize(n * C), stat_.resize(2 * n);
+  qkv_.resize(n * size_t(cfg_.heads + 2 * cfg_.kv_heads) * D);
+  fc_.resize(n * (cfg_.is_llama() ? 2 * F : F)), act_.resize(n * F);
   logits_.resize(size_t(cfg_.vocab));
 }
 
@@ -44,82 +50,113 @@ const float* KvDecoder::param(const std::string& name, int layer) const {
   throw std::runtime_error("sample: the model has no parameter '" + name + "'");
 }
 
-void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int layer) {
-  if (cfg_.is_llama()) cpu::rmsnorm_forward(y, stat_.data(), x, param(w, layer), 1, cfg_.dim, cfg_.norm_eps);
-  else cpu::layernorm_forward(y, stat_.data(), stat_.data() + 1, x, param(w, layer), param(b, layer), 1, cfg_.dim);
+void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int layer, int n) {
+  if (cfg_.is_llama()) cpu::rmsnorm_forward(y, stat_.data(), x, param(w, layer), n, cfg_.dim, cfg_.norm_eps);
+  else cpu::layernorm_forward(y, stat_.data(), stat_.data() + n, x, param(w, layer), param(b, layer), n, cfg_.dim);
 }
 
-// The attention of the newest token: for each query head h (kv head g = h / (Hq / Hkv)),
-//   s_t = q . k_t / sqrt(D) for t = t0..pos,  out = sum_t softmax(s)_t v_t
-// over the cache — causal by construction, since only positions up to this one are in it. t0 is 0,
-// or with a sliding window W, pos - W + 1: the W newest positions, this one included. Position t
-// lives in slot t % slots_ (a ring when there is a window; else slot t).
-void KvDecoder::attend(float* out, const float* q, int layer) {
+// For row i (position p) and query head h (kv head g = h / (Hq / Hkv)):
+//   s_t = q . k_t / sqrt(D) for t = t0..p,  out = sum_t softmax(s)_t v_t
+// over the cache — causal by construction, since a row reads no position after its own. t0 is 0,
+// or with a sliding window W, p - W + 1: the W newest positions, this one included. Position t
+// lives in slot t % slots_ (a ring when every layer has a window; else slot t).
+void KvDecoder::attend(float* out, const float* qkv, int layer, int n) {
   const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, W = cfg_.window_of(layer);
-  const int t0 = W > 0 ? std::max(0, pos_ - W + 1) : 0, n = pos_ + 1;
   const float scale = 1.0f / std::sqrt(float(D));
-  const size_t row = size_t(Hkv) * D;
+  const size_t row = size_t(Hkv) * D, qkv_row = size_t(Hq + 2 * Hkv) * D;
   const float* K = kcache_.data() + size_t(layer) * slots_ * row;
   const float* V = vcache_.data() + size_t(layer) * slots_ * row;
-  for (int h = 0; h < Hq; h++) {
-    const int g = h / (Hq / Hkv);
-    const float* qh = q + size_t(h) * D;
-    float m = -INFINITY;
-    for (int t = t0; t < n; t++) {  // scores_[i]: position t0 + i
-      const float* k = K + size_t(t % slots_) * row + size_t(g) * D;
-      float s = 0;
-      for (int d = 0; d < D; d++) s += qh[d] * k[d];
-      scores_[size_t(t - t0)] = s * scale;
-      m = std::max(m, scores_[size_t(t - t0)]);
-    }
-    float sum = 0;
-    for (int i = 0; i < n - t0; i++) sum += (scores_[size_t(i)] = std::exp(scores_[size_t(i)] - m));
-    float* o = out + size_t(h) * D;
-    std::fill(o, o + D, 0.0f);
-    for (int t = t0; t < n; t++) {
-      const float p = scores_[size_t(t - t0)] / sum;
-      const float* v = V + size_t(t % slots_) * row + size_t(g) * D;
-      for (int d = 0; d < D; d++) o[d] += p * v[d];
-    }
+  const int longest = W > 0 ? std::min(W, pos_ + n) : pos_ + n;  // keys of the last row
+  // One decoded token over a short cache is microseconds of work: a thread team would cost more.
+  const bool team = int64_t(n) * Hq * longest * D >= (int64_t(1) << 16);
+#pragma omp parallel if (team)
+  {
+    std::vector<float> scores(static_cast<size_t>(longest));  // scores[i]: position t0 + i
+#pragma omp for collapse(2) schedule(dynamic, 4)
+    for (int i = 0; i < n; i++)
+      for (int h = 0; h < Hq; h++) {
+        const int p = pos_ + i, t0 = W > 0 ? std::max(0, p - W + 1) : 0, g = h / (Hq / Hkv);
+        const float* qh = qkv + size_t(i) * qkv_row + size_t(h) * D;
+        float m = -INFINITY;
+        for (int t = t0; t <= p; t++) {
+          const float* k = K + size_t(t % slots_) * row + size_t(g) * D;
+          float s = 0;
+          for (int d = 0; d < D; d++) s += qh[d] * k[d];
+          scores[size_t(t - t0)] = s * scale;
+          m = std::max(m, scores[size_t(t - t0)]);
+        }
+        float sum = 0;
+        for (int j = 0; j <= p - t0; j++) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
+        float* o = out + size_t(i) * Hq * D + size_t(h) * D;
+        std::fill(o, o + D, 0.0f);
+        for (int t = t0; t <= p; t++) {
+          const float w = scores[size_t(t - t0)] / sum;
+          const float* v = V + size_t(t % slots_) * row + size_t(g) * D;
+          for (int d = 0; d < D; d++) o[d] += w * v[d];
+        }
+      }
   }
 }
 
-const std::vector<float>& KvDecoder::step(int token) {
-  if (token < 0 || token >= cfg_.vocab)
-    throw std::runtime_error("sample: token " + std::to_string(token) + " is outside the vocab of " + std::to_string(cfg_.vocab));
-  if (pos_ >= max_len_) throw std::runtime_error("sample: the KV cache is full (" + std::to_string(max_len_) + " positions)");
+void KvDecoder::forward(const int* tokens, int n) {
   const int C = cfg_.dim, D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, F = cfg_.ffn_dim();
   const int QKV = (Hq + 2 * Hkv) * D;
   const bool llama = cfg_.is_llama();
-  const int32_t tok = token, pos = pos_;
-  cpu::embedding_forward(x_.data(), &tok, &pos, param("wte"), llama ? nullptr : param("wpe"), 1, C);
+  for (int i = 0; i < n; i++) tok_[size_t(i)] = tokens[i], pos_rows_[size_t(i)] = pos_ + i;
+  float *x = x_.data(), *h = h_.data(), *qkv = qkv_.data(), *att = att_.data(), *proj = proj_.data();
+  auto add = [&](float* y, const float* a) {  // the residual stream: y += a over (n, C)
+    for (size_t k = 0; k < size_t(n) * C; k++) y[k] += a[k];
+  };
+  cpu::embedding_forward(x, tok_.data(), pos_rows_.data(), param("wte"), llama ? nullptr : param("wpe"), n, C);
   for (int l = 0; l < cfg_.layers; l++) {
-    norm(h_.data(), x_.data(), "ln1w", "ln1b", l);
-    cpu::linear_forward(qkv_.data(), h_.data(), param("qkvw", l), cfg_.has_qkv_bias() ? param("qkvb", l) : nullptr, 1, C,
-                        QKV);
-    if (llama) cpu::rope_forward(qkv_.data(), qkv_.data(), &pos, 1, Hq, Hkv, D, cfg_.rope());
-    const size_t row = size_t(Hkv) * D, at = (size_t(l) * slots_ + size_t(pos % slots_)) * row;
-    std::copy_n(qkv_.data() + size_t(Hq) * D, row, kcache_.data() + at);
-    std::copy_n(qkv_.data() + size_t(Hq + Hkv) * D, row, vcache_.data() + at);
-    attend(att_.data(), qkv_.data(), l);
-    cpu::linear_forward(proj_.data(), att_.data(), param("attprojw", l), llama ? nullptr : param("attprojb", l), 1, C, C);
-    for (int c = 0; c < C; c++) x_[size_t(c)] += proj_[size_t(c)];
-    norm(h_.data(), x_.data(), "ln2w", "ln2b", l);
-    if (llama) {
-      cpu::linear_forward(fc_.data(), h_.data(), param("fcw", l), static_cast<const float*>(nullptr), 1, C, 2 * F);
-      cpu::swiglu_forward(act_.data(), fc_.data(), 1, F);
-    } else {
-      cpu::linear_forward(fc_.data(), h_.data(), param("fcw", l), param("fcb", l), 1, C, F);
-      cpu::gelu_forward(act_.data(), fc_.data(), int64_t(F));
+    norm(h, x, "ln1w", "ln1b", l, n);
+    cpu::linear_forward(qkv, h, param("qkvw", l), cfg_.has_qkv_bias() ? param("qkvb", l) : nullptr, n, C, QKV);
+    if (llama) cpu::rope_forward(qkv, qkv, pos_rows_.data(), n, Hq, Hkv, D, cfg_.rope());
+    const size_t row = size_t(Hkv) * D;
+    for (int i = 0; i < n; i++) {  // the chunk's keys and values join the cache before its rows attend
+      const size_t at = (size_t(l) * slots_ + size_t((pos_ + i) % slots_)) * row;
+      const float* r = qkv + size_t(i) * QKV;
+      std::copy_n(r + size_t(Hq) * D, row, kcache_.data() + at);
+      std::copy_n(r + size_t(Hq + Hkv) * D, row, vcache_.data() + at);
     }
-    cpu::linear_forward(proj_.data(), act_.data(), param("fcprojw", l), llama ? nullptr : param("fcprojb", l), 1, F, C);
-    for (int c = 0; c < C; c++) x_[size_t(c)] += proj_[size_t(c)];
+    attend(att, qkv, l, n);
+    cpu::linear_forward(proj, att, param("attprojw", l), llama ? nullptr : param("attprojb", l), n, C, C);
+    add(x, proj);
+    norm(h, x, "ln2w", "ln2b", l, n);
+    if (llama) {
+      cpu::linear_forward(fc_.data(), h, param("fcw", l), static_cast<const float*>(nullptr), n, C, 2 * F);
+      cpu::swiglu_forward(act_.data(), fc_.data(), n, F);
+    } else {
+      cpu::linear_forward(fc_.data(), h, param("fcw", l), param("fcb", l), n, C, F);
+      cpu::gelu_forward(act_.data(), fc_.data(), int64_t(n) * F);
+    }
+    cpu::linear_forward(proj, act_.data(), param("fcprojw", l), llama ? nullptr : param("fcprojb", l), n, F, C);
+    add(x, proj);
   }
-  norm(h_.data(), x_.data(), "lnfw", "lnfb", -1);
-  // The head's first V rows are the real vocabulary; the padded rows are never scored.
-  const float* head = param(cfg_.head_name());
-  cpu::linear_forward(logits_.data(), h_.data(), head, static_cast<const float*>(nullptr), 1, C, cfg_.vocab);
-  pos_++;
+  pos_ += n;
+}
+
+const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std::function<void(int)>& progress) {
+  if (n < 1) throw std::runtime_error("sample: nothing to run (no tokens)");
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab)
+      throw std::runtime_error("sample: token " + std::to_string(tokens[i]) + " is outside the vocab of " +
+                               std::to_string(cfg_.vocab));
+  if (int64_t(pos_) + n > max_len_)
+    throw std::runtime_error("sample: the KV cache is full (" + std::to_string(max_len_) + " positions; " +
+                             std::to_string(pos_) + " used, " + std::to_string(n) + " more asked for)");
+  for (int done = 0; done < n;) {
+    const int rows = std::min(chunk_, n - done);
+    forward(tokens + done, rows);
+    done += rows;
+    if (progress) progress(done);
+  }
+  // Only the last row's logits are wanted: its final norm, then the head's first V rows (the real
+  // vocabulary; the padded rows are never scored).
+  const int last = (n - 1) % chunk_;  // its row in the last chunk
+  norm(h_.data(), x_.data() + size_t(last) * cfg_.dim, "lnfw", "lnfb", -1, 1);
+  cpu::linear_forward(logits_.data(), h_.data(), param(cfg_.head_name()), static_cast<const float*>(nullptr), 1, cfg_.dim,
+                      cfg_.vocab);
   return logits_;
 }
 
@@ -149,14 +186,14 @@ int sample_token(const std::vector<float>& logits, float temperature, int top_k,
   return ids[size_t(k - 1)];  // rounding left u at the very top
 }
 
-std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const SampleSettings& s) {
+std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const SampleSettings& s,
+                          const std::function<void(int)>& progress) {
   if (prompt.empty()) throw std::runtime_error("sample: the prompt is empty (give --prompt)");
   if (s.tokens < 0 || !(s.temperature >= 0) || s.top_k < 0)
     throw std::runtime_error("sample: needs tokens >= 0, temperature >= 0 and top-k >= 0");
   Rng rng(s.seed);
   dec.reset();
-  const std::vector<float>* logits = nullptr;
-  for (int t : prompt) logits = &dec.step(t);
+  const std::vector<float>* logits = &dec.prefill(prompt.data(), int(prompt.size()), progress);
   std::vector<int> out;
   for (int i = 0; i < s.tokens; i++) {
     out.push_back(sample_token(*logits, s.temperature, s.top_k, rng));

@@ -1,11 +1,15 @@
-// Text generation with a KV cache: each new token runs alone through the layers, attending over
-// the keys and values that earlier tokens left in the cache (with a sliding window W, over the last
-// W positions, itself included), so a token costs O(T * C) (O(W * C) with a window; plus the
-// weights), not a forward of the whole prefix. It reuses the CPU kernels (embedding, norms,
-// linear, RoPE at the token's position, GELU / SwiGLU); only the one-query attention is written
-// here, a short loop. fp32, on the host, from a copy of the parameters.
+// Text generation with a KV cache. Tokens run through the layers in chunks: the prompt in chunks of
+// up to `chunk` rows (prefill: every weight is read once per chunk, one GEMM per weight, so a long
+// prompt goes at GEMM speed rather than one matrix-vector product per token), then each new token
+// as a chunk of one. A chunk's rows attend over the keys and values earlier tokens left in the cache
+// and over their own chunk's, causally (with a sliding window W, over the last W positions, itself
+// included), so a token costs O(T * C) (O(W * C) with a window; plus the weights), never a forward
+// of the whole prefix. It reuses the CPU kernels (embedding, norms, linear, RoPE at the rows'
+// positions, GELU / SwiGLU); only the attention over the cache is written here, a short loop
+// threaded over (row, head). fp32, on the host, from a copy of the parameters.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,28 +23,40 @@ class KvDecoder {
  public:
   // params: the whole parameter buffer in host memory, laid out as `specs` says (Transformer's
   // Params); it must outlive the decoder. max_len: how many positions it decodes; the cache holds
-  // them all, or with a sliding window W only the W newest (a ring: memory O(W), not O(max_len)).
-  KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len);
+  // them all, or with a sliding window W in every layer only the W + chunk - 1 newest (a ring:
+  // memory O(W), not O(max_len)). chunk: the most rows one forward takes (the prefill's
+  // activations are O(chunk * (C + FFN)), whatever the prompt's length).
+  KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len,
+            int chunk = kDefaultChunk);
+  static constexpr int kDefaultChunk = 256;
 
-  // Runs `token` at the next position and appends its K and V to the cache; returns the logits
-  // of the token that follows (cfg.vocab values, the padded rows excluded).
-  const std::vector<float>& step(int token);
+  // Runs tokens[0, n) at the next n positions, `chunk` rows at a time, appending their K and V to
+  // the cache; returns the logits of the token that follows the last (cfg.vocab values, the padded
+  // rows excluded). progress, if given, is called after each chunk with the tokens done so far.
+  // Throws, before running anything, when an id is outside the vocabulary or the cache is too small.
+  const std::vector<float>& prefill(const int* tokens, int n, const std::function<void(int)>& progress = {});
+  const std::vector<float>& step(int token) { return prefill(&token, 1); }
   int position() const { return pos_; }
   void reset() { pos_ = 0; }
 
  private:
   const float* param(const std::string& name, int layer = -1) const;
-  void norm(float* y, const float* x, const char* w, const char* b, int layer);
-  void attend(float* out, const float* q, int layer);  // one query per head over positions [0, pos_]
-                                                       // (with a window W: (pos_ - W, pos_])
+  void norm(float* y, const float* x, const char* w, const char* b, int layer, int n);
+  void forward(const int* tokens, int n);  // n <= chunk_ rows at positions pos_ .. pos_ + n - 1
+  // Row i of the chunk (position p = pos_ + i), one query per head, over positions [0, p] (with a
+  // window W: (p - W, p]) in the cache, which already holds the chunk's own keys and values.
+  void attend(float* out, const float* qkv, int layer, int n);
 
   ModelConfig cfg_;
   std::vector<ParamSpec> specs_;
   const float* params_;
-  int max_len_, pos_ = 0;
-  int slots_;  // positions the cache holds: max_len, or with a window W in every layer min(W, max_len), as a ring
+  int max_len_, chunk_, pos_ = 0;
+  // Positions the cache holds: max_len, or with a window W in every layer min(W + chunk - 1,
+  // max_len), as a ring: a chunk's first row still reads W - 1 positions before the chunk.
+  int slots_;
   std::vector<float> kcache_, vcache_;  // (L, slots, KV, D) each
-  std::vector<float> x_, h_, qkv_, att_, proj_, fc_, act_, scores_, stat_, logits_;
+  std::vector<int32_t> tok_, pos_rows_;  // (chunk)
+  std::vector<float> x_, h_, qkv_, att_, proj_, fc_, act_, stat_, logits_;  // (chunk, width) each
 };
 
 struct SampleSettings {
@@ -54,8 +70,10 @@ struct SampleSettings {
 // else a draw from softmax(logits / temperature) restricted to the top_k highest.
 int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng);
 
-// Feeds the prompt, then samples s.tokens tokens; returns only the new ones. Throws when the
-// prompt is empty, holds an id outside the vocabulary, or prompt + tokens exceeds the cache.
-std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const SampleSettings& s);
+// Feeds the prompt (prefill, in chunks; progress as KvDecoder::prefill's), then samples s.tokens
+// tokens one at a time; returns only the new ones. Throws when the prompt is empty, holds an id
+// outside the vocabulary, or prompt + tokens exceeds the cache.
+std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const SampleSettings& s,
+                          const std::function<void(int)>& progress = {});
 
 }  // namespace ul

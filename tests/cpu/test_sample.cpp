@@ -167,6 +167,79 @@ TEST_CASE("with a sliding window, greedy KV-cache decoding is the argmax of a fu
   }
 }
 
+// The largest relative difference between two logit vectors.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t v = 0; v < a.size(); v++)
+    worst = std::max(worst, std::fabs(double(a[v]) - b[v]) / std::max(1.0, std::fabs(double(b[v]))));
+  return worst;
+}
+
+TEST_CASE("a chunked prefill leaves the logits and the cache of one-token steps", "[sample][prefill]") {
+  // Every layout a chunk can take against the cache: chunks of 1 (the steps themselves), shorter
+  // than the window, longer than it (the ring then holds W + chunk - 1 positions), longer than the
+  // prompt; full attention, a window in every layer and a hybrid; gpt2 and llama with GQA.
+  struct Case { std::string arch; int window, every; };
+  for (const Case& k : {Case{"gpt2", 0, 0}, Case{"llama", 0, 0}, Case{"llama", 4, 0}, Case{"llama", 4, 2}}) {
+    CAPTURE(k.arch, k.window, k.every);
+    Context c;
+    ContextGuard g(c);
+    ModelConfig cfg = small(k.arch);
+    cfg.sliding_window = k.window, cfg.full_every = k.every, cfg.full_first = k.every ? 1 : 0;
+    Transformer m(cfg);
+    const std::vector<float> h = host_params(m, 17);
+    const std::vector<int> prompt = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 46, 26, 43, 38, 32};  // 19
+    // The reference: one token at a time; then three more steps past the prompt.
+    KvDecoder ref(m.cfg, m.params.specs(), h.data(), 24, 1);
+    std::vector<std::vector<float>> want;
+    for (int t : prompt) want.assign(1, ref.step(t));
+    for (int t : {4, 11, 30}) want.push_back(ref.step(t));
+    for (int chunk : {1, 3, 7, 64}) {
+      CAPTURE(chunk);
+      KvDecoder dec(m.cfg, m.params.specs(), h.data(), 24, chunk);
+      std::vector<int> seen;
+      const std::vector<float> got = dec.prefill(prompt.data(), int(prompt.size()), [&](int done) { seen.push_back(done); });
+      CHECK(rel_diff(got, want[0]) < 1e-5);
+      CHECK(seen.size() == size_t((19 + std::min(chunk, 24) - 1) / std::min(chunk, 24)));
+      CHECK(seen.back() == 19);
+      CHECK(dec.position() == 19);
+      // The steps after it read what the prefill left in the cache (the ring's slots included).
+      int i = 1;
+      for (int t : {4, 11, 30}) CHECK(rel_diff(dec.step(t), want[size_t(i++)]) < 1e-5);
+      // A prompt fed in two calls, the second starting mid-chunk, is the same prompt.
+      dec.reset();
+      dec.prefill(prompt.data(), 5);
+      CHECK(rel_diff(dec.prefill(prompt.data() + 5, 14), want[0]) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("the prefill against the full forward, and its refusals", "[sample][prefill]") {
+  Context c;
+  ContextGuard g(c);
+  Transformer m(small("llama"));
+  const std::vector<float> h = host_params(m, 19);
+  const std::vector<int32_t> seq = {7, 1, 44, 2, 19, 23, 4, 4, 31, 0, 12, 48, 6, 17, 21, 9};
+  const std::vector<float> full = full_logits(m, seq);
+  const size_t V = size_t(m.cfg.vocab);
+  for (int n : {1, 6, 16}) {  // the logits after n prompt tokens are the full forward's row n - 1
+    CAPTURE(n);
+    KvDecoder dec(m.cfg, m.params.specs(), h.data(), 16, 5);
+    const std::vector<int> prompt(seq.begin(), seq.begin() + n);
+    const std::vector<float> row(full.begin() + long(size_t(n - 1) * V), full.begin() + long(size_t(n) * V));
+    CHECK(rel_diff(dec.prefill(prompt.data(), n), row) < 1e-5);
+  }
+  KvDecoder dec(m.cfg, m.params.specs(), h.data(), 8, 4);
+  const std::vector<int> bad = {1, 2, 50, 3};
+  CHECK_THROWS_WITH(dec.prefill(bad.data(), 4), Catch::Contains("token 50 is outside the vocab of 50"));
+  CHECK(dec.position() == 0);  // refused before any row ran
+  const std::vector<int> nine(9, 1);
+  CHECK_THROWS_WITH(dec.prefill(nine.data(), 9), Catch::Contains("KV cache is full (8 positions; 0 used, 9 more"));
+  CHECK(dec.position() == 0);
+  CHECK_THROWS_WITH(dec.prefill(nine.data(), 0), Catch::Contains("no tokens"));
+  CHECK_THROWS_WITH(KvDecoder(m.cfg, m.params.specs(), h.data(), 8, 0), Catch::Contains("chunk must hold at least one"));
+}
+
 TEST_CASE("greedy is deterministic, top-k 1 is greedy, sampling is seeded", "[sample]") {
   Context c;
   ContextGuard g(c);
@@ -271,4 +344,49 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   REQUIRE(at != std::string::npos);
   CHECK(r.out.size() >= at + 4 + 3 + 1);  // "\nh\0i", 3 new bytes, the closing newline
   CHECK(r.out.back() == '\n');
+}
+
+TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing it, refuses bad files", "[sample][cli]") {
+  using namespace ul_test;
+  TempFile text, prompt;
+  text.path += ".txt";
+  prompt.path += ".prompt";
+  text.write(std::string(3000, 'x') + "hello world " + std::string(1000, 'y'));
+  const std::string common = "--data text:" + text.path + " --seq 32 --batch 2 --threads 1 --eval-batches 1 --steps 1 --model llama";
+  // A prompt of 700 bytes: three prefill chunks. Greedy from the file equals greedy from the same
+  // bytes given as ids.
+  std::string body, ids = "ids:";
+  for (int i = 0; i < 700; i++) {
+    body += char('a' + i % 26);
+    ids += (i ? "," : "") + std::to_string('a' + i % 26);
+  }
+  prompt.write(body);
+  CmdResult r = run_cmd(train_cmd(common + " --sample 5 --temperature 0 --prompt-file " + prompt.path));
+  REQUIRE(r.code == 0);
+  const size_t line = r.out.find("sample  | 700 prompt + 5 new tokens");
+  REQUIRE(line != std::string::npos);
+  CHECK(r.out.find("prefill ") != std::string::npos);
+  CHECK(r.out.find("abcdefgh") == std::string::npos);  // not echoed
+  const std::string from_file = r.out.substr(r.out.find('\n', line) + 1);
+  r = run_cmd(train_cmd(common + " --sample 5 --temperature 0 --prompt " + ids));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.size() >= from_file.size());
+  CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
+  // Refusals name the flag and the file, before any step.
+  r = run_cmd(train_cmd(common + " --sample 5 --prompt-file " + prompt.path + ".missing"));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--prompt-file: " + prompt.path + ".missing") != std::string::npos);
+  CHECK(r.out.find("step ") == std::string::npos);
+  prompt.write("");
+  r = run_cmd(train_cmd(common + " --sample 5 --prompt-file " + prompt.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--prompt-file " + prompt.path + ": the file is empty") != std::string::npos);
+  r = run_cmd(train_cmd(common + " --sample 5 --prompt x --prompt-file " + prompt.path));
+  CHECK(r.out.find("--prompt and --prompt-file both give the prompt") != std::string::npos);
+  r = run_cmd(train_cmd(common + " --prompt-file " + prompt.path));
+  CHECK(r.out.find("--prompt-file needs --sample N") != std::string::npos);
+  prompt.write("h\xc3\xa9llo");  // bytes 195 and 169 are outside a 50-token vocabulary
+  r = run_cmd(train_cmd(common + " --vocab 50 --data passkey --sample 5 --prompt-file " + prompt.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--prompt-file " + prompt.path + ": token 104 is outside the model's vocab of 50") != std::string::npos);
 }
