@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
 #include "layers/embedding.h"
+#include "layers/flash_tile.h"
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/linear.h"
@@ -57,43 +59,60 @@ void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int
 
 // For row i (position p) and query head h (kv head g = h / (Hq / Hkv)):
 //   s_t = q . k_t / sqrt(D) for t = t0..p,  out = sum_t softmax(s)_t v_t
-// over the cache — causal by construction, since a row reads no position after its own. t0 is 0,
-// or with a sliding window W, p - W + 1: the W newest positions, this one included. Position t
-// lives in slot t % slots_ (a ring when every layer has a window; else slot t).
+// over the cache — causal, since a row reads no position after its own. t0 is 0, or with a sliding
+// window W, p - W + 1: the W newest positions, this one included. Position t lives in slot
+// t % slots_ (a ring when every layer has a window; else slot t). Flash style, as the training
+// op (layers/attention.cpp): blocks of kRows rows of one head against tiles of up to kKeys cached
+// keys, scores by GEMM, an online softmax; a tile ends where the ring wraps, so that its keys are
+// rows a fixed stride apart, read in place.
 void KvDecoder::attend(float* out, const float* qkv, int layer, int n) {
+  constexpr int kRows = 64, kKeys = 64;
+  using cpu::Tile;
   const int D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, W = cfg_.window_of(layer);
-  const float scale = 1.0f / std::sqrt(float(D));
-  const size_t row = size_t(Hkv) * D, qkv_row = size_t(Hq + 2 * Hkv) * D;
+  const float scale = 1.0f / std::sqrt(float(D)), ninf = -std::numeric_limits<float>::infinity();
+  const int64_t row = int64_t(Hkv) * D, qkv_row = int64_t(Hq + 2 * Hkv) * D;
   const float* K = kcache_.data() + size_t(layer) * slots_ * row;
   const float* V = vcache_.data() + size_t(layer) * slots_ * row;
+  const int blocks = (n + kRows - 1) / kRows;
   const int longest = W > 0 ? std::min(W, pos_ + n) : pos_ + n;  // keys of the last row
   // One decoded token over a short cache is microseconds of work: a thread team would cost more.
   const bool team = int64_t(n) * Hq * longest * D >= (int64_t(1) << 16);
 #pragma omp parallel if (team)
   {
-    std::vector<float> scores(static_cast<size_t>(longest));  // scores[i]: position t0 + i
-#pragma omp for collapse(2) schedule(dynamic, 4)
-    for (int i = 0; i < n; i++)
+    cpu::Scratch<float> s_buf(size_t(kRows) * kKeys), acc_buf(size_t(kRows) * D);
+    std::vector<float> m(kRows), l(kRows);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int rb = 0; rb < blocks; rb++)
       for (int h = 0; h < Hq; h++) {
-        const int p = pos_ + i, t0 = W > 0 ? std::max(0, p - W + 1) : 0, g = h / (Hq / Hkv);
-        const float* qh = qkv + size_t(i) * qkv_row + size_t(h) * D;
-        float m = -INFINITY;
-        for (int t = t0; t <= p; t++) {
-          const float* k = K + size_t(t % slots_) * row + size_t(g) * D;
-          float s = 0;
-          for (int d = 0; d < D; d++) s += qh[d] * k[d];
-          scores[size_t(t - t0)] = s * scale;
-          m = std::max(m, scores[size_t(t - t0)]);
+        const int r0 = rb * kRows, nr = std::min(kRows, n - r0), g = h / (Hq / Hkv);
+        const int p0 = pos_ + r0, p1 = p0 + nr - 1;  // the block's first and last rows' positions
+        const auto Q = cpu::rows(qkv, r0 * qkv_row + int64_t(h) * D, nr, D, qkv_row);
+        Tile<float> acc(acc_buf.data, nr, D);  // (nr, D) unnormalised output
+        acc.setZero();
+        std::fill(m.begin(), m.end(), ninf);
+        std::fill(l.begin(), l.end(), 0.0f);
+        for (int k0 = W > 0 ? std::max(0, p0 - W + 1) : 0; k0 <= p1;) {
+          const int slot = k0 % slots_, nk = std::min({kKeys, p1 - k0 + 1, slots_ - slot});
+          const auto Kt = cpu::rows(K, slot * row + int64_t(g) * D, nk, D, row);
+          const auto Vt = cpu::rows(V, slot * row + int64_t(g) * D, nk, D, row);
+          Tile<float> S(s_buf.data, nr, nk);  // (nr, nk) scores, then probabilities
+          S.noalias() = Q * Kt.transpose();
+          S *= scale;
+          // Some row misses some key: one after the first row, or one out of the last row's window.
+          const bool partial = k0 + nk - 1 > p0 || (W > 0 && p1 - k0 >= W);
+          auto mask = [&](float value) {
+            for (int i = 0; i < nr; i++)
+              for (int j = 0; j < nk; j++)
+                if (k0 + j > p0 + i || (W > 0 && p0 + i - (k0 + j) >= W)) S(i, j) = value;
+          };
+          if (partial) mask(ninf);
+          cpu::online_softmax_tile(S, m.data(), l.data(), acc);
+          if (partial) mask(0.0f);
+          acc.noalias() += S * Vt;
+          k0 += nk;
         }
-        float sum = 0;
-        for (int j = 0; j <= p - t0; j++) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
-        float* o = out + size_t(i) * Hq * D + size_t(h) * D;
-        std::fill(o, o + D, 0.0f);
-        for (int t = t0; t <= p; t++) {
-          const float w = scores[size_t(t - t0)] / sum;
-          const float* v = V + size_t(t % slots_) * row + size_t(g) * D;
-          for (int d = 0; d < D; d++) o[d] += w * v[d];
-        }
+        auto O = cpu::rows(out, r0 * int64_t(Hq) * D + int64_t(h) * D, nr, D, int64_t(Hq) * D);
+        for (int i = 0; i < nr; i++) O.row(i) = acc.row(i) / l[size_t(i)];  // every row sees itself: l > 0
       }
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/flash_tile.h"
 #include "layers/op_util.h"
 
 namespace ul {
@@ -16,16 +17,6 @@ namespace cpu {
 namespace {
 
 constexpr int kTile = 64;  // query and key tile size (rows); the same for both keeps causal tile skipping simple
-
-template <class T>
-using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using Tile = Eigen::Map<Mat<T>>;  // per-thread scratch, contiguous
-// n consecutive tokens of one head inside a packed tensor: rows of D, `stride` elements apart.
-template <class T>
-using HeadRows = Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>>;
-template <class T>
-using ConstHeadRows = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
 
 // Index arithmetic for the packed layouts.
 struct Layout {
@@ -38,29 +29,6 @@ struct Layout {
   int64_t lse(int b, int h, int t) const { return (int64_t(b) * Hq + h) * Tn + t; }
   int ntiles() const { return (Tn + kTile - 1) / kTile; }
   int tile_len(int i) const { return std::min(kTile, Tn - i * kTile); }
-};
-
-template <class T>
-ConstHeadRows<T> rows(const T* base, int64_t off, int n, int D, int64_t stride) {
-  return ConstHeadRows<T>(base + off, n, D, Eigen::OuterStride<>(stride));
-}
-template <class T>
-HeadRows<T> rows(T* base, int64_t off, int n, int D, int64_t stride) {
-  return HeadRows<T>(base + off, n, D, Eigen::OuterStride<>(stride));
-}
-
-// Per-thread scratch whose start is 64-byte aligned. Eigen handles an unaligned head of a row with
-// scalar code (another exp, another summation order), so a buffer wherever malloc put it would make
-// results depend on addresses; aligned, they depend only on the shapes (deterministic).
-template <class T>
-struct Scratch {
-  explicit Scratch(size_t n) : buf(n + 64 / sizeof(T)) {
-    void* p = buf.data();
-    size_t space = buf.size() * sizeof(T);
-    data = static_cast<T*>(std::align(64, n * sizeof(T), p, space));
-  }
-  std::vector<T> buf;
-  T* data;
 };
 
 enum class Mask { none, partial, all };
@@ -143,18 +111,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
         S.noalias() = Q * K.transpose();
         S *= scale;
         if (mk == Mask::partial) apply_mask(S, qt, kt, docb, window, ninf);
-        for (int i = 0; i < nq; i++) {
-          const T m_new = std::max(m[i], S.row(i).maxCoeff());
-          if (m_new == ninf) {  // nothing visible in this row yet
-            S.row(i).setZero();
-            continue;
-          }
-          const T alpha = std::exp(m[i] - m_new);  // rescales what was summed under the old max
-          S.row(i) = (S.row(i).array() - m_new).exp();
-          m[i] = m_new;
-          l[i] = l[i] * alpha + S.row(i).sum();
-          acc.row(i) *= alpha;
-        }
+        online_softmax_tile(S, m.data(), l.data(), acc);
         if (mk == Mask::partial) apply_mask(S, qt, kt, docb, window, T(0));  // exp(-inf) is not exactly 0 in Eigen
         acc.noalias() += S * V;
       }

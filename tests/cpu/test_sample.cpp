@@ -214,6 +214,32 @@ TEST_CASE("a chunked prefill leaves the logits and the cache of one-token steps"
   }
 }
 
+TEST_CASE("a long prefill: several row blocks and key tiles, the ring wrapping inside a chunk", "[sample][prefill]") {
+  // 150 positions: blocks of 64 rows and tiles of 64 keys cut the chunks unevenly; with W = 70
+  // and chunks of 30, the ring has 99 slots, so tiles end where it wraps.
+  for (int window : {0, 70}) {
+    CAPTURE(window);
+    Context c;
+    ContextGuard g(c);
+    ModelConfig cfg = small("llama");
+    cfg.sliding_window = window;
+    Transformer m(cfg);
+    const std::vector<float> h = host_params(m, 23);
+    std::vector<int> prompt(150);
+    Rng rng(5);
+    for (int& t : prompt) t = int(rng.uniform() * cfg.vocab) % cfg.vocab;
+    KvDecoder ref(m.cfg, m.params.specs(), h.data(), 152, 1);
+    std::vector<float> want = ref.prefill(prompt.data(), 150);
+    const std::vector<float> next = ref.step(7);
+    for (int chunk : {30, 100, 150}) {
+      CAPTURE(chunk);
+      KvDecoder dec(m.cfg, m.params.specs(), h.data(), 152, chunk);
+      CHECK(rel_diff(dec.prefill(prompt.data(), 150), want) < 1e-5);
+      CHECK(rel_diff(dec.step(7), next) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("the prefill against the full forward, and its refusals", "[sample][prefill]") {
   Context c;
   ContextGuard g(c);
