@@ -13,7 +13,8 @@
 #include "engine/llmc_format.h"
 #include "engine/safetensors.h"
 #include "engine/sample.h"
-#include "engine/trainer.h"  // now_ms
+#include "engine/planner.h"
+#include "engine/trainer.h"  // now_ms, physical_memory
 
 namespace ul {
 
@@ -146,6 +147,18 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg) : o_(o), cfg_(c
   if (!cfg.is_llama() && need > cfg.max_seq)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens exceed the model's max sequence " + std::to_string(cfg.max_seq));
+  if (need > INT32_MAX)
+    throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
+                             std::to_string(o.sample) + " new tokens exceed 2^31 - 1 positions");
+  // The sampler's memory, next to the run's: refused now rather than by the kernel's OOM killer
+  // after the training (Linux grants the memory, then kills the process that touches it).
+  const size_t bytes = KvDecoder::host_bytes(cfg, int(need)), ram = physical_memory();
+  if (bytes > ram)
+    throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
+                             std::to_string(o.sample) + " new tokens need " + std::to_string(bytes >> 20) +
+                             " MiB for the KV cache and a host copy of the weights, but this machine has " +
+                             std::to_string(ram >> 20) + " MiB" +
+                             (o.prompt_file.empty() ? "" : ": shorten --prompt-file " + o.prompt_file));
 }
 
 std::string RunOutputs::decode(const std::vector<int>& ids) const {

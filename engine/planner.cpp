@@ -18,6 +18,16 @@
 #include "parallel/comm_util.h"
 
 namespace ul {
+
+size_t param_count(const ModelConfig& m) {
+  const size_t L = m.layers, C = m.dim, Vp = m.padded_vocab, F = m.ffn_dim();
+  const size_t QKV = size_t(m.heads + 2 * m.kv_heads) * m.head_dim();
+  if (!m.is_llama())
+    return Vp * C + size_t(m.max_seq) * C + 2 * C +
+           L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C);
+  return (m.has_lm_head() ? 2 : 1) * Vp * C + C + L * (C + QKV * C + (m.qkv_bias ? QKV : 0) + C * C + C + 2 * F * C + C * F);
+}
+
 namespace {
 
 // The arena's accounting without memory: engine/arena.cpp's used() (64-byte rounding, marks).
@@ -33,16 +43,6 @@ struct SimArena {
   Mark mark() const { return {used}; }
   void release(const Mark& m) { used = m.used; }
 };
-
-// Elements of the parameter buffer: layers/transformer.cpp's constructor, shape by shape.
-size_t param_count(const ModelConfig& m) {
-  const size_t L = m.layers, C = m.dim, Vp = m.padded_vocab, F = m.ffn_dim();
-  const size_t QKV = size_t(m.heads + 2 * m.kv_heads) * m.head_dim();
-  if (!m.is_llama())
-    return Vp * C + size_t(m.max_seq) * C + 2 * C +
-           L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C);
-  return (m.has_lm_head() ? 2 : 1) * Vp * C + C + L * (C + QKV * C + (m.qkv_bias ? QKV : 0) + C * C + C + 2 * F * C + C * F);
-}
 
 // The classifier's rows per chunk: the op's own rule.
 int64_t classifier_rows(int64_t V, int64_t valid, Device d) { return classifier_chunk_rows(int(V), valid, d); }

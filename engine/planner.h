@@ -53,6 +53,9 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const PlanConfig& c);
+// Elements of the parameter buffer: layers/transformer.cpp's constructor, shape by shape (the
+// presets' counts are checked against their published models', tests/cpu/test_memory_features.cpp).
+size_t param_count(const ModelConfig& m);
 
 // The longest sequence (a multiple of 64 * sp) whose plan fits `budget` bytes per rank, or 0.
 int64_t longest_seq(PlanConfig c, double budget);

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "engine/planner.h"
 #include "layers/embedding.h"
 #include "layers/flash_tile.h"
 #include "layers/gelu.h"
@@ -41,6 +42,16 @@ KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs
   qkv_.resize(n * size_t(cfg_.heads + 2 * cfg_.kv_heads) * D);
   fc_.resize(n * (cfg_.is_llama() ? 2 * F : F)), act_.resize(n * F);
   logits_.resize(size_t(cfg_.vocab));
+}
+
+size_t KvDecoder::host_bytes(const ModelConfig& cfg, int max_len, int chunk) {
+  const size_t C = size_t(cfg.dim), D = size_t(cfg.head_dim()), F = size_t(cfg.ffn_dim());
+  const size_t n = size_t(std::max(1, std::min(chunk, max_len)));
+  size_t slots = size_t(std::max(1, max_len));
+  if (cfg.sliding_window > 0 && !cfg.full_every) slots = std::min(slots, size_t(cfg.sliding_window) + n - 1);
+  const size_t cache = 2 * size_t(cfg.layers) * slots * size_t(cfg.kv_heads) * D;
+  const size_t rows = n * (4 * C + size_t(cfg.heads + 2 * cfg.kv_heads) * D + (cfg.is_llama() ? 3 : 2) * F + 2);
+  return (cache + rows + size_t(cfg.vocab) + param_count(cfg)) * sizeof(float);
 }
 
 const float* KvDecoder::param(const std::string& name, int layer) const {

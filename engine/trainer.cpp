@@ -76,6 +76,8 @@ size_t peak_rss_bytes() {
   return 0;
 }
 
+size_t physical_memory() { return size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE)); }
+
 int threads_per_rank(const Options& o) {
   if (o.threads > 0) return o.threads;
   int ranks_here = o.comm == "local" ? o.ranks : 1;
@@ -182,7 +184,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   pc.world = world.size();
   const MemoryPlan plan = plan_memory(pc);
   planned_arena_ = plan.arena_peak;
-  const size_t ram = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+  const size_t ram = physical_memory();
   auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
   if (ctx_.device == Device::cpu && plan.total > ram)
     throw std::runtime_error("this run needs " + mib(plan.total) + " per rank (weights, gradients and AdamW state " +

@@ -116,6 +116,8 @@ double now_ms();
 
 // The peak resident memory of this process (VmHWM), 0 where /proc is not there.
 size_t peak_rss_bytes();
+// This machine's physical memory in bytes.
+size_t physical_memory();
 
 // Threads per rank: --threads, or the cores divided among the ranks of this process.
 int threads_per_rank(const Options& o);

@@ -411,6 +411,16 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   CHECK(r.out.find("--prompt and --prompt-file both give the prompt") != std::string::npos);
   r = run_cmd(train_cmd(common + " --prompt-file " + prompt.path));
   CHECK(r.out.find("--prompt-file needs --sample N") != std::string::npos);
+  // A cache larger than the machine is refused before training, as is a count past int positions.
+  prompt.write("hello");
+  r = run_cmd(train_cmd(common + " --sample 2000000000 --prompt-file " + prompt.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("new tokens need ") != std::string::npos);
+  CHECK(r.out.find("MiB for the KV cache and a host copy of the weights, but this machine has ") != std::string::npos);
+  CHECK(r.out.find("shorten --prompt-file " + prompt.path) != std::string::npos);
+  CHECK(r.out.find("step ") == std::string::npos);
+  r = run_cmd(train_cmd(common + " --sample 2147483647 --prompt ids:1,2"));
+  CHECK(r.out.find("exceed 2^31 - 1 positions") != std::string::npos);
   prompt.write("h\xc3\xa9llo");  // bytes 195 and 169 are outside a 50-token vocabulary
   r = run_cmd(train_cmd(common + " --vocab 50 --data passkey --sample 5 --prompt-file " + prompt.path));
   CHECK(r.code != 0);
