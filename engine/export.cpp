@@ -192,37 +192,46 @@ void RunOutputs::finish(const Transformer& model) const {
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
   }
-  if (o_.sample > 0) {
-    SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed};
-    KvDecoder dec(cfg_, P.specs(), host.data(), int(prompt_.size()) + o_.sample);
-    // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
-    const int n = int(prompt_.size());
-    const double start = now_ms();
-    double prefilled = start, last_beat = start;
-    const std::vector<int> out = generate(dec, prompt_, s, [&](int done) {
-      const double t = now_ms();
-      if (done == n) prefilled = t;
-      if (say && o_.heartbeat > 0 && done < n && t - last_beat >= o_.heartbeat * 1000) {
-        last_beat = t;
-        std::printf("  ...   prefill | %d/%d prompt tokens done | %.1f s\n", done, n, (t - start) / 1000);
-        std::fflush(stdout);
-      }
-    });
-    const double decode_s = (now_ms() - prefilled) / 1000;  // o_.sample - 1 forwards: the last token needs none
-    if (say) {
-      std::printf("sample  | %d prompt + %d new tokens | temperature %g | top-k %d | seed %llu | prefill %.0f tok/s",
-                  n, o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed,
-                  n / std::max(1e-6, (prefilled - start) / 1000));
-      if (o_.sample > 1) std::printf(" | decode %.1f tok/s", (o_.sample - 1) / std::max(1e-6, decode_s));
-      std::printf("\n");
-    }
-    // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at. A
-    // --prompt-file prompt (a book, perhaps) is not echoed: only what follows it.
-    const std::string head = o_.prompt_file.empty() ? decode(prompt_) + (tok_ || cfg_.vocab == 256 ? "" : " | ") : "";
-    const std::string text = head + decode(out) + "\n";
-    std::fwrite(text.data(), 1, text.size(), stdout);
-  }
+  if (o_.sample > 0) print_sample(host, P.specs(), -1);
   std::fflush(stdout);
+}
+
+void RunOutputs::sample(const Transformer& model, int step) const {
+  print_sample(model.params.to_host(), model.params.specs(), step);
+  std::fflush(stdout);
+}
+
+void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const {
+  const bool say = !o_.quiet;
+  SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed};
+  KvDecoder dec(cfg_, specs, host.data(), int(prompt_.size()) + o_.sample);
+  // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
+  const int n = int(prompt_.size());
+  const double start = now_ms();
+  double prefilled = start, last_beat = start;
+  const std::vector<int> out = generate(dec, prompt_, s, [&](int done) {
+    const double t = now_ms();
+    if (done == n) prefilled = t;
+    if (say && o_.heartbeat > 0 && done < n && t - last_beat >= o_.heartbeat * 1000) {
+      last_beat = t;
+      std::printf("  ...   prefill | %d/%d prompt tokens done | %.1f s\n", done, n, (t - start) / 1000);
+      std::fflush(stdout);
+    }
+  });
+  const double decode_s = (now_ms() - prefilled) / 1000;  // o_.sample - 1 forwards: the last token needs none
+  if (say) {
+    const std::string at = step >= 0 ? " step " + std::to_string(step) + " |" : "";
+    std::printf("sample  |%s %d prompt + %d new tokens | temperature %g | top-k %d | seed %llu | prefill %.0f tok/s",
+                at.c_str(), n, o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed,
+                n / std::max(1e-6, (prefilled - start) / 1000));
+    if (o_.sample > 1) std::printf(" | decode %.1f tok/s", (o_.sample - 1) / std::max(1e-6, decode_s));
+    std::printf("\n");
+  }
+  // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at. A
+  // --prompt-file prompt (a book, perhaps) is not echoed: only what follows it.
+  const std::string head = o_.prompt_file.empty() ? decode(prompt_) + (tok_ || cfg_.vocab == 256 ? "" : " | ") : "";
+  const std::string text = head + decode(out) + "\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
 }
 
 }  // namespace ul

@@ -36,9 +36,14 @@ class RunOutputs {
   RunOutputs(const Options& o, const ModelConfig& cfg);
   // Writes the exports (atomically) and prints the sample. Returns nothing: errors throw.
   void finish(const Transformer& model) const;
+  // --sample-every: the sample of the model at `step` of training, printed with the step.
+  void sample(const Transformer& model, int step) const;
 
  private:
   std::string decode(const std::vector<int>& ids) const;
+  // Generates o.sample tokens after the prompt from `host` (f32 parameters laid out as `specs`)
+  // and prints the sample line (with the training step, when step >= 0) and the text.
+  void print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const;
   Options o_;
   ModelConfig cfg_;
   std::unique_ptr<Tokenizer> tok_;

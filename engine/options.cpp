@@ -104,6 +104,8 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
                       write Hugging Face names and layouts + DIR/config.json
   --export-dtype f32|bf16     dtype of --export-safetensors                           [f32]
   --sample N          generate N tokens with a KV cache and print them
+  --sample-every K    also every K steps while training (the same prompt and seed each time:
+                      the texts differ by what the model learned)                [0: at the end]
   --prompt TEXT       its bytes (or BPE tokens, with --tokenizer), or ids:1,2,3
   --prompt-file FILE  the prompt is FILE's text (a long one: a book; it is not echoed back)
   --temperature X     0 = greedy                                                        [1.0]
@@ -199,7 +201,7 @@ Options parse_options(int argc, char** argv) {
       {"--heartbeat", [&o](const std::string& f, const std::string& v) { o.heartbeat = parse_float(f, v); }},
       {"--export-llmc", S(o.export_llmc)}, {"--export-llmc-version", I(o.export_llmc_version)},
       {"--export-safetensors", S(o.export_safetensors)}, {"--export-dtype", S(o.export_dtype)},
-      {"--sample", I(o.sample)}, {"--prompt", S(o.prompt)}, {"--prompt-file", S(o.prompt_file)}, {"--temperature", F(o.temperature)},
+      {"--sample", I(o.sample)}, {"--sample-every", I(o.sample_every)}, {"--prompt", S(o.prompt)}, {"--prompt-file", S(o.prompt_file)}, {"--temperature", F(o.temperature)},
       {"--top-k", I(o.top_k)}, {"--tokenizer", S(o.tokenizer)},
   };
   for (int i = 1; i < argc; i++) {
@@ -330,12 +332,13 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--export-llmc-version") && o.export_llmc.empty()) throw std::runtime_error("--export-llmc-version needs --export-llmc");
   if (o.set_by_user("--export-dtype") && o.export_safetensors.empty()) throw std::runtime_error("--export-dtype needs --export-safetensors");
   if (o.sample < 0) throw std::runtime_error("--sample must be >= 0");
+  if (o.sample_every < 0) throw std::runtime_error("--sample-every must be >= 0");
   if (o.top_k < 0) throw std::runtime_error("--top-k must be >= 0");
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be a finite number >= 0");
   if (o.set_by_user("--prompt-file") && o.prompt_file.empty()) throw std::runtime_error("--prompt-file: empty path");
   if (o.set_by_user("--prompt") && o.set_by_user("--prompt-file"))
     throw std::runtime_error("--prompt and --prompt-file both give the prompt: keep one");
-  for (const char* f : {"--prompt", "--prompt-file", "--temperature", "--top-k", "--tokenizer"})
+  for (const char* f : {"--prompt", "--prompt-file", "--sample-every", "--temperature", "--top-k", "--tokenizer"})
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which

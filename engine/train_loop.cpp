@@ -150,6 +150,9 @@ int train_rank(const Options& o, Comm& world) {
           "into documents (is --eot right?)\n", tr.document_start());
     bool last = s + 1 == o.steps;
     if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) run_eval(s + 1, last);
+    // --sample-every: rank 0 samples (the others go on to the next step's collectives and wait
+    // there); the last step's sample is finish()'s, after the run.
+    if (lead && o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last) outputs.sample(model, s + 1);
     if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
       const double t0 = now_ms();
       save_checkpoint(tr, o.save_dir, o.keep);

@@ -426,3 +426,29 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   CHECK(r.code != 0);
   CHECK(r.out.find("--prompt-file " + prompt.path + ": token 104 is outside the model's vocab of 50") != std::string::npos);
 }
+
+TEST_CASE("train --sample-every prints a sample every K steps and at the end, under sp too", "[sample][cli]") {
+  using namespace ul_test;
+  TempFile text;
+  text.path += ".txt";
+  text.write(std::string(3000, 'x') + "hello world " + std::string(1000, 'y'));
+  const std::string common = "--data text:" + text.path + " --seq 32 --batch 2 --threads 1 --eval-batches 1 --eval-every 0 "
+                             "--steps 5 --model llama --sample 4 --prompt hi --temperature 0";
+  for (const std::string layout : {"", " --ranks 2 --sp 2"}) {
+    CAPTURE(layout);
+    CmdResult r = run_cmd(train_cmd(common + layout + " --sample-every 2"));
+    REQUIRE(r.code == 0);
+    const size_t s2 = r.out.find("sample  | step 2 | 2 prompt + 4 new tokens"), s4 = r.out.find("sample  | step 4 |");
+    const size_t end = r.out.find("sample  | 2 prompt + 4 new tokens");
+    CHECK(s2 != std::string::npos);
+    CHECK(s4 != std::string::npos);
+    CHECK(end != std::string::npos);
+    CHECK(r.out.find("sample  | step 5") == std::string::npos);  // the last step's is the final one
+    CHECK((s2 < r.out.find("step     3/5") && r.out.find("step     3/5") < s4 && s4 < end));
+  }
+  CmdResult r = run_cmd(train_cmd("--steps 2 --sample-every 1"));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--sample-every needs --sample N") != std::string::npos);
+  r = run_cmd(train_cmd("--steps 2 --sample 2 --prompt ids:1 --sample-every -1"));
+  CHECK(r.out.find("--sample-every must be >= 0") != std::string::npos);
+}
