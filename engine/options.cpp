@@ -72,6 +72,9 @@ data and loop
                       10%, shards: its *val* files), e.g. a long book        [--data's own split]
   --loss-by-position  each eval also gives the val loss by position (in the document, with
                       --doc-mask), in power-of-two bands: does the model use its long context?
+  --probe-lengths L,L passkey / recall: after the run, the accuracy at these sequence lengths
+                      (passkey: by needle depth too), by KV-cache decoding on rank 0: how far
+                      retrieval reaches past --seq (README: "Long context")
   --profile-step N    cuda: time step N's kernels, GEMMs and copies with CUDA events and
                       print one row per op, the longest first (README: "CUDA backend")
 parallelism
@@ -201,6 +204,16 @@ Options parse_options(int argc, char** argv) {
       {"--heartbeat", [&o](const std::string& f, const std::string& v) { o.heartbeat = parse_float(f, v); }},
       {"--export-llmc", S(o.export_llmc)}, {"--export-llmc-version", I(o.export_llmc_version)},
       {"--export-safetensors", S(o.export_safetensors)}, {"--export-dtype", S(o.export_dtype)},
+      {"--probe-lengths", [&o](const std::string& f, const std::string& v) {
+         o.probe_lengths.clear();
+         for (size_t at = 0; at <= v.size();) {
+           const size_t comma = std::min(v.find(',', at), v.size());
+           const int T = parse_int32(f, v.substr(at, comma - at));
+           if (T < 1) throw std::runtime_error(f + ": lengths must be >= 1, got " + std::to_string(T));
+           o.probe_lengths.push_back(T);
+           at = comma + 1;
+         }
+       }},
       {"--sample", I(o.sample)}, {"--sample-every", I(o.sample_every)}, {"--prompt", S(o.prompt)}, {"--prompt-file", S(o.prompt_file)}, {"--temperature", F(o.temperature)},
       {"--top-k", I(o.top_k)}, {"--tokenizer", S(o.tokenizer)},
   };

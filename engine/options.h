@@ -25,6 +25,7 @@ struct Options {
   std::string val_data;       // --val-data: evals read this dataset's validation split ("": --data's)
   bool doc_mask = false;      // --doc-mask: attention and positions stay within each document
   bool loss_by_position = false;  // --loss-by-position: evals also give the val loss by position band
+  std::vector<int> probe_lengths;  // --probe-lengths: the task's accuracy at these lengths after the run
   int eot = -1;               // the id that starts each document (-1: the data's own, data/packing.h)
   int batch = 8, seq = 256, steps = 1500, grad_accum = 1;
   float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;

@@ -65,6 +65,17 @@ void RunLog::eval(int step, const EvalResult& e) {
   line(j.str());
 }
 
+void RunLog::length_probe(int step, const LengthProbe& p) {
+  JsonLine j;
+  j.add("type", "length").add("step", step).add("T", p.T).add("answers", p.answers);
+  for (const auto& [name, accuracy] : p.accuracy) {  // "depth 0.25" -> "acc_depth_0.25"
+    std::string key = "acc_" + name;
+    std::replace(key.begin(), key.end(), ' ', '_');
+    j.add(key, accuracy);
+  }
+  line(j.str());
+}
+
 std::vector<LogRecord> read_run_log(const std::string& path, int* skipped) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));

@@ -7,6 +7,8 @@
 //    "acc_depth_0":.., "acc_depth_0.25":.. .. "acc_depth_1":..: its probes, train_loop.cpp; with
 //    --loss-by-position "val_loss_pos_0":.., "val_loss_pos_64":.., ...: each band's val loss, by its
 //    first position)
+//   {"type":"length","step":1500,"T":1024,"answers":320,"acc_all":..,"acc_depth_0":.., ..}
+//    (--probe-lengths: one per length, after the run, for the model at that step)
 //   {"type":"resume","step":300}
 // A resumed run appends to the log after a resume record. Records past step 300 written before
 // it came from an attempt that died after its last checkpoint; readers drop them, so the log read
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/length_probe.h"
 #include "engine/trainer.h"
 
 namespace ul {
@@ -34,6 +37,7 @@ class RunLog {
 
   void step(int step, const StepResult& r, double tok_per_s);
   void eval(int step, const EvalResult& e);
+  void length_probe(int step, const LengthProbe& p);
   const std::string& path() const { return path_; }
 
  private:

@@ -7,6 +7,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/export.h"
+#include "engine/length_probe.h"
 #include "engine/loss_plot.h"
 #include "engine/run_log.h"
 #include "engine/trainer.h"
@@ -56,6 +57,7 @@ int train_rank(const Options& o, Comm& world) {
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
@@ -163,6 +165,24 @@ int train_rank(const Options& o, Comm& world) {
   // unless the run is there to export or sample (Options::evaluates).
   const bool eval_at_zero = o.steps == 0 && o.evaluates();
   if (eval_at_zero) run_eval(0, true);
+  // --probe-lengths: rank 0 alone, on a host copy of the weights; the other ranks are done.
+  if (lead && !o.probe_lengths.empty() && (o.steps == 0 || o.steps > start)) {
+    const std::vector<float> host = model.params.to_host();
+    const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
+    for (int T : o.probe_lengths) {
+      const double t0 = now_ms();
+      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), T, n);
+      std::string line;
+      for (const auto& [name, acc] : p.accuracy) {
+        char cell[96];
+        std::snprintf(cell, sizeof cell, " | %s: %.2f%%", name.c_str(), 100.0 * acc);
+        line += cell;
+      }
+      say("length %6d%s (accuracy, %lld answers each; %.1f s)\n", T, line.c_str(), (long long)p.answers,
+          (now_ms() - t0) / 1000);
+      if (log) log->length_probe(std::max(start, o.steps), p);
+    }
+  }
   if (log) {
     log.reset();  // closed: the plot reads it back
     const std::string svg = plot_path_for_log(log_path);

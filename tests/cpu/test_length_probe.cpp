@@ -1,0 +1,152 @@
+// --probe-lengths (engine/length_probe.h): the decoder's accuracy scores exactly what the full
+// forward predicts, the grid at the run's own length equals its eval (and its depth probes), the
+// log record, and the refusals.
+#include <catch2/catch.hpp>
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "data/dataset.h"
+#include "engine/length_probe.h"
+#include "engine/run_log.h"
+#include "model_logits.h"
+#include "run_cmd.h"
+#include "temp_dir.h"
+
+using namespace ul;
+using ul_test::full_logits;
+using ul_test::host_params;
+using ul_test::small;
+
+namespace {
+
+// Fixed sequences with the targets a test chose: a synthetic task, as far as the probe can tell.
+class FixedTask : public Dataset {
+ public:
+  FixedTask(std::vector<std::vector<int32_t>> in, std::vector<std::vector<int32_t>> tgt, int vocab)
+      : in_(std::move(in)), tgt_(std::move(tgt)), vocab_(vocab) {}
+  int vocab() const override { return vocab_; }
+  int64_t num_sequences(int) const override { return int64_t(in_.size()); }
+  void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override {
+    REQUIRE(T == int(in_[size_t(i)].size()));
+    std::copy(in_[size_t(i)].begin(), in_[size_t(i)].end(), inputs);
+    std::copy(tgt_[size_t(i)].begin(), tgt_[size_t(i)].end(), targets);
+  }
+  bool synthetic() const override { return true; }
+  std::string describe() const override { return "fixed"; }
+
+ private:
+  std::vector<std::vector<int32_t>> in_, tgt_;
+  int vocab_;
+};
+
+int argmax(const float* row, int V) {
+  int best = 0;
+  for (int v = 1; v < V; v++)
+    if (row[v] > row[best]) best = v;
+  return best;
+}
+
+// The number in "<label>12.34%" after position `from` of `text`, as a fraction.
+double percent_after(const std::string& text, const std::string& label, size_t from) {
+  const size_t at = text.find(label, from);
+  REQUIRE(at != std::string::npos);
+  return std::stod(text.substr(at + label.size())) / 100.0;
+}
+
+}  // namespace
+
+TEST_CASE("the decoded accuracy counts exactly the targets the full forward predicts", "[length_probe]") {
+  omp_set_num_threads(1);
+  for (int window : {0, 6}) {
+    CAPTURE(window);
+    Context c;
+    ContextGuard g(c);
+    ModelConfig cfg = small("llama");
+    cfg.sliding_window = window;
+    Transformer m(cfg);
+    const std::vector<float> h = host_params(m, 31);
+    const int T = 20, V = cfg.vocab;
+    std::vector<std::vector<int32_t>> in, hit, miss;
+    Rng rng(9);
+    for (int i = 0; i < 3; i++) {  // scored positions: the first one early, gaps, the last one last
+      std::vector<int32_t> seq(T);
+      for (int32_t& t : seq) t = int32_t(rng.uniform() * V) % V;
+      c.arena.reset();
+      const std::vector<float> logits = full_logits(m, seq);
+      std::vector<int32_t> right(T, -1), wrong(T, -1);
+      for (int t : {2 + i, 7, 8, 13, T - 1}) {
+        right[size_t(t)] = argmax(&logits[size_t(t) * V], V);
+        wrong[size_t(t)] = (right[size_t(t)] + 1) % V;
+      }
+      in.push_back(seq), hit.push_back(right), miss.push_back(wrong);
+    }
+    int64_t answers = 0;
+    CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 3, &answers) == 1.0);
+    CHECK(answers == 15);
+    CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, miss, V), T, 3, &answers) == 0.0);
+    // Two sequences of three: ten answers.
+    CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 2, &answers) == 1.0);
+    CHECK(answers == 10);
+  }
+}
+
+TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other lengths a row each, logged", "[length_probe][cli]") {
+  using namespace ul_test;
+  TempDir dir;
+  const std::string log = dir / "log.jsonl";
+  for (const std::string layout : {"", " --ranks 2 --sp 2"}) {
+    CAPTURE(layout);
+    CmdResult r = run_cmd(train_cmd("--steps 40 --eval-every 0 --eval-batches 2 --batch 4 --seq 96 --threads 1"
+                                    " --probe-lengths 96,40,200 --log " + log + layout));
+    REQUIRE(r.code == 0);
+    const size_t eval = r.out.find("eval     40 |"), probe = r.out.find("probe    40 |");
+    const size_t at96 = r.out.find("length     96 | all: "), at40 = r.out.find("length     40 |");
+    const size_t at200 = r.out.find("length    200 |");
+    REQUIRE((eval != std::string::npos && probe != std::string::npos && at96 != std::string::npos));
+    CHECK((at40 != std::string::npos && at200 != std::string::npos));
+    CHECK(r.out.find("(accuracy, 40 answers each;") != std::string::npos);  // 2 batches x 4 sequences x 5 digits
+    // At the run's own length the decoder scores what the eval's forward scored: the same argmax
+    // over 40 answers, so the same accuracy (one answer of slack for a near tie of two logits,
+    // whose order the decoder's other summation order may flip; both printed to 0.01%).
+    const double slack = 1.0 / 40 + 1e-4;
+    CHECK(std::fabs(percent_after(r.out, "length     96 | all: ", 0) - percent_after(r.out, "accuracy ", eval)) < slack);
+    for (const char* depth : {"depth 0: ", "depth 0.25: ", "depth 0.5: ", "depth 0.75: ", "depth 1: "}) {
+      CAPTURE(depth);
+      CHECK(std::fabs(percent_after(r.out, depth, at96) - percent_after(r.out, depth, probe)) < slack);
+    }
+    const std::vector<LogRecord> recs = read_run_log(log);
+    int rows = 0;
+    for (const LogRecord& rec : recs) {
+      if (rec.at("type") != "length") continue;
+      rows++;
+      CHECK(rec.count("acc_all") == 1);
+      CHECK(rec.count("acc_depth_0.75") == 1);
+      if (rec.at("T") == "96") CHECK(std::fabs(std::stod(rec.at("acc_all")) - percent_after(r.out, "length     96 | all: ", 0)) < 1e-4);
+    }
+    CHECK(rows == 3);
+  }
+}
+
+TEST_CASE("train --probe-lengths refuses what it cannot probe, before training", "[length_probe][cli]") {
+  using namespace ul_test;
+  TempDir dir;
+  const std::string text = dir / "t.txt";
+  std::ofstream(text) << std::string(5000, 'a');
+  struct Bad { std::string args, message; };
+  for (const Bad& b : {Bad{"--data text:" + text + " --probe-lengths 64", "--probe-lengths: text"},
+                       Bad{"--model gpt2 --max-seq 256 --probe-lengths 128,512", "--probe-lengths: 512 exceeds the model's max sequence 256"},
+                       Bad{"--probe-lengths 8", "--probe-lengths: passkey: sequence length 8 is too short"},
+                       Bad{"--probe-lengths 64,,128", "--probe-lengths: expected an integer, got ''"},
+                       Bad{"--probe-lengths 0", "--probe-lengths: lengths must be >= 1, got 0"}}) {
+    CAPTURE(b.args);
+    const CmdResult r = run_cmd(train_cmd("--steps 2 --threads 1 " + b.args));
+    CHECK(r.code != 0);
+    CHECK(r.out.find(b.message) != std::string::npos);
+    CHECK(r.out.find("step ") == std::string::npos);
+  }
+}
