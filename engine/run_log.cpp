@@ -76,6 +76,12 @@ void RunLog::length_probe(int step, const LengthProbe& p) {
   line(j.str());
 }
 
+void RunLog::stop(int step, const char* signal) {
+  JsonLine j;
+  j.add("type", "stop").add("step", step).add("signal", signal);
+  line(j.str());
+}
+
 std::vector<LogRecord> read_run_log(const std::string& path, int* skipped) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));

@@ -9,6 +9,7 @@
 //    first position)
 //   {"type":"length","step":1500,"T":1024,"answers":320,"acc_all":..,"acc_depth_0":.., ..}
 //    (--probe-lengths: one per length, after the run, for the model at that step)
+//   {"type":"stop","step":420,"signal":"SIGTERM"}   (a stop signal ended the run after that step)
 //   {"type":"resume","step":300}
 // A resumed run appends to the log after a resume record. Records past step 300 written before
 // it came from an attempt that died after its last checkpoint; readers drop them, so the log read
@@ -38,6 +39,7 @@ class RunLog {
   void step(int step, const StepResult& r, double tok_per_s);
   void eval(int step, const EvalResult& e);
   void length_probe(int step, const LengthProbe& p);
+  void stop(int step, const char* signal);
   const std::string& path() const { return path_; }
 
  private:

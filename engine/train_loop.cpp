@@ -10,6 +10,7 @@
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
 #include "engine/run_log.h"
+#include "engine/stop_signal.h"
 #include "engine/trainer.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/gpu_profile.h"
@@ -125,6 +126,8 @@ int train_rank(const Options& o, Comm& world) {
     if (!probes.empty()) say("probe %5d%s (accuracy, %lld answers each)\n", step, line.c_str(), (long long)answers);
     if (log) log->eval(step, ev);
   };
+  install_stop_handlers();
+  int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
   for (int s = start; s < o.steps; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
@@ -155,18 +158,30 @@ int train_rank(const Options& o, Comm& world) {
     // --sample-every: rank 0 samples (the others go on to the next step's collectives and wait
     // there); the last step's sample is finish()'s, after the run.
     if (lead && o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last) outputs.sample(model, s + 1);
-    if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last)) {
+    const bool saves = !o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last);
+    // A stop signal (engine/stop_signal.h) is acted on here, between steps, by every rank at once:
+    // the one that caught it may be alone (a signal sent to one process of an MPI job).
+    int32_t sig = stop_signal();
+    if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
+    const bool stop = sig != 0 && !last;
+    if (saves || (stop && !o.save_dir.empty())) {
       const double t0 = now_ms();
       save_checkpoint(tr, o.save_dir, o.keep);
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
     }
+    if (stop) {
+      stopped_by = sig, stopped_at = s + 1;
+      if (log) log->stop(s + 1, stop_signal_name(sig));
+      break;
+    }
   }
+
   // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once,
   // unless the run is there to export or sample (Options::evaluates).
   const bool eval_at_zero = o.steps == 0 && o.evaluates();
   if (eval_at_zero) run_eval(0, true);
   // --probe-lengths: rank 0 alone, on a host copy of the weights; the other ranks are done.
-  if (lead && !o.probe_lengths.empty() && (o.steps == 0 || o.steps > start)) {
+  if (lead && !o.probe_lengths.empty() && !stopped_by && (o.steps == 0 || o.steps > start)) {
     const std::vector<float> host = model.params.to_host();
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
@@ -196,7 +211,13 @@ int train_rank(const Options& o, Comm& world) {
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
-  if (lead && (eval_at_zero || o.steps > start)) {
+  if (lead && stopped_by) {  // no final eval, probes, exports or sample: the run is not over
+    const std::string what = o.save_dir.empty() ? "nothing saved (no --save-dir)"
+                                                : "checkpoint " + o.save_dir + "/" + step_dir_name(stopped_at) +
+                                                      ": continue with --resume";
+    std::printf("stopped | %s after step %d of %d | %s\n", stop_signal_name(stopped_by), stopped_at, o.steps,
+                what.c_str());
+  } else if (lead && (eval_at_zero || o.steps > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");
     else std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
     if (have_eval) {
@@ -206,6 +227,10 @@ int train_rank(const Options& o, Comm& world) {
     std::printf("\n");
   }
   model.progress = nullptr;  // sampling after the run is not a step
+  if (stopped_by) {
+    std::fflush(stdout);
+    return 128 + stopped_by;  // as a shell reports a process the signal ended
+  }
   if (lead) outputs.finish(model);
   return 0;
 }

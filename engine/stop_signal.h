@@ -1,0 +1,21 @@
+// Stopping a run cleanly when the scheduler asks: SIGTERM (what SLURM and Kubernetes send before
+// they kill a job), SIGINT (Ctrl-C) or SIGUSR1 (SLURM's `--signal=USR1@120`, a warning ahead of
+// the time limit). The first one only sets a flag: the step in flight finishes, every rank agrees
+// at the step boundary (a one-int all-reduce, so a signal that reached some ranks only stops them
+// all at the same step), a checkpoint is saved when there is a --save-dir, and train exits with
+// 128 + the signal's number, as a shell reports a process the signal ended. A second signal ends
+// the process at once (the checkpoint files are written atomically, so none is left half-done).
+#pragma once
+
+namespace ul {
+
+// Installs the handlers (once per process; later calls do nothing).
+void install_stop_handlers();
+// The first of those signals received so far, 0 when none.
+int stop_signal();
+// "SIGTERM", "SIGINT", "SIGUSR1" (else "a signal").
+const char* stop_signal_name(int sig);
+// Tests: forget the signal received.
+void clear_stop_signal();
+
+}  // namespace ul

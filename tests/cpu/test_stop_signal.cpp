@@ -1,0 +1,126 @@
+// A stop signal (engine/stop_signal.h) sent to a running `train`: it finishes the step, saves a
+// checkpoint, logs the stop and exits 128 + the signal; --resume then continues bit-exactly (the
+// losses after the stop are those of a run never stopped), also with ranks agreeing under sp 2.
+// A second signal ends the process at once.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/run_log.h"
+#include "run_cmd.h"
+#include "temp_dir.h"
+
+using namespace ul;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Stopped {
+  int status = 0;   // waitpid's
+  std::string out;  // stdout and stderr
+};
+
+// Runs train with `args`; once a line holding `after` is printed, sends it `sig`; with `twice`,
+// sends it again once train says it caught the first (two signals sent back to back would merge
+// into one pending signal). Then reads the rest and waits for it.
+Stopped run_and_signal(const std::string& args, const std::string& after, int sig, bool twice = false) {
+  int fd[2];
+  REQUIRE(::pipe(fd) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(fd[1], STDOUT_FILENO);
+    ::dup2(fd[1], STDERR_FILENO);
+    ::close(fd[0]);
+    ::close(fd[1]);
+    const std::string cmd = "exec " + ul_test::train_cmd(args);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fd[1]);
+  FILE* f = ::fdopen(fd[0], "r");
+  Stopped r;
+  bool sent = false, again = false;
+  char line[4096];
+  while (std::fgets(line, sizeof line, f)) {
+    r.out += line;
+    if (!sent && r.out.find(after) != std::string::npos) {
+      ::kill(pid, sig);
+      sent = true;
+    }
+    if (twice && sent && !again && r.out.find("again to stop now") != std::string::npos) {
+      ::kill(pid, sig);  // it is still finishing its step, or saving: either way it ends now
+      again = true;
+    }
+  }
+  std::fclose(f);
+  ::waitpid(pid, &r.status, 0);
+  CHECK(sent);
+  return r;
+}
+
+// step -> the loss text of a run log's step records.
+std::map<std::string, std::string> losses(const std::string& log) {
+  std::map<std::string, std::string> out;
+  for (const LogRecord& r : read_run_log(log))
+    if (r.at("type") == "step") out[r.at("step")] = r.at("loss");
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM, SIGINT, SIGUSR1: the step ends, a checkpoint is saved, --resume goes on bit-exactly", "[stop][cli]") {
+  struct Case { int sig; const char* name; std::string layout; };
+  for (const Case& k : {Case{SIGTERM, "SIGTERM", ""}, Case{SIGUSR1, "SIGUSR1", " --ranks 2 --sp 2"},
+                        Case{SIGINT, "SIGINT", " --ranks 2"}}) {
+    CAPTURE(k.name, k.layout);
+    ul_test::TempDir dir;
+    const std::string common = "--steps 40 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128" + k.layout;
+    const ul_test::CmdResult whole = ul_test::run_cmd(ul_test::train_cmd(common + " --log " + dir / "whole.jsonl"));
+    REQUIRE(whole.code == 0);
+    const std::string save = " --save-dir " + dir / "run";
+    const Stopped s = run_and_signal(common + save, "step     5/40", k.sig);
+    INFO(s.out);
+    REQUIRE(WIFEXITED(s.status));
+    CHECK(WEXITSTATUS(s.status) == 128 + k.sig);
+    const size_t at = s.out.find(std::string("stopped | ") + k.name + " after step ");
+    REQUIRE(at != std::string::npos);
+    const int step = std::stoi(s.out.substr(at + std::strlen("stopped | ") + std::strlen(k.name) + std::strlen(" after step ")));
+    CHECK(step >= 5);
+    CHECK(step < 40);
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08d", step);
+    CHECK(fs::exists(fs::path(dir / "run") / name / "COMPLETE"));
+    CHECK(s.out.find("continue with --resume") != std::string::npos);
+    CHECK(s.out.find("done |") == std::string::npos);
+    const std::vector<LogRecord> log = read_run_log(dir / "run/log.jsonl");
+    REQUIRE(!log.empty());
+    CHECK(log.back().at("type") == "stop");
+    CHECK(log.back().at("signal") == k.name);
+    // Resumed, it finishes the run with the losses of the run never stopped, to the last digit.
+    const ul_test::CmdResult rest = ul_test::run_cmd(ul_test::train_cmd(common + save + " --resume"));
+    REQUIRE(rest.code == 0);
+    CHECK(losses(dir / "run/log.jsonl") == losses(dir / "whole.jsonl"));
+  }
+}
+
+TEST_CASE("a second stop signal ends train at once, by that signal", "[stop][cli]") {
+  ul_test::TempDir dir;
+  // Steps of a few hundred ms, and a checkpoint to write after the one the first signal ends:
+  // the second signal finds it still running.
+  const Stopped s = run_and_signal("--model gpt2 --steps 50 --eval-every 0 --threads 1 --batch 8 --seq 512 --save-dir " +
+                                       dir / "run",
+                                   "step     2/50", SIGINT, true);
+  INFO(s.out);
+  REQUIRE(WIFSIGNALED(s.status));
+  CHECK(WTERMSIG(s.status) == SIGINT);
+  CHECK(s.out.find("stopped |") == std::string::npos);
+}
