@@ -27,7 +27,8 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
 }
 
 double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                        const Dataset& data, int T, int n, int64_t* answers) {
+                        const Dataset& data, int T, int n, int64_t* answers,
+                        const std::function<void(int)>& progress) {
   KvDecoder dec(cfg, specs, host, T);
   std::vector<int32_t> in(static_cast<size_t>(T)), tgt(static_cast<size_t>(T));
   std::vector<int> tokens(static_cast<size_t>(T));
@@ -49,19 +50,24 @@ double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& sp
       }
       if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
     }
+    if (progress) progress(i + 1);
   }
   *answers = valid;
   return valid ? double(correct) / double(valid) : 0.0;
 }
 
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int T, int n) {
+                         const Dataset& val, int T, int n, const std::function<void(const std::string&)>& progress) {
+  auto each = [&](const std::string& name) -> std::function<void(int)> {
+    if (!progress) return {};
+    return [&progress, name, n](int done) { progress(name + " " + std::to_string(done) + "/" + std::to_string(n) + " sequences"); };
+  };
   LengthProbe p;
   p.T = T;
-  p.accuracy.emplace_back("all", decoded_accuracy(cfg, specs, host, val, T, n, &p.answers));
+  p.accuracy.emplace_back("all", decoded_accuracy(cfg, specs, host, val, T, n, &p.answers, each("all")));
   for (const auto& [name, data] : val.probes()) {
     int64_t answers = 0;
-    p.accuracy.emplace_back(name, decoded_accuracy(cfg, specs, host, *data, T, n, &answers));
+    p.accuracy.emplace_back(name, decoded_accuracy(cfg, specs, host, *data, T, n, &answers, each(name)));
   }
   return p;
 }

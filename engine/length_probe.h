@@ -10,6 +10,7 @@
 // is it, the rule of the eval's accuracy, so at T = --seq both agree up to the rounding of nearly
 // tied logits (the decoder's sums run in another order).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,14 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
 
 // The fraction of the scored targets of data's sequences [0, n) at length T that the model
 // (host: its f32 parameters, laid out as specs) predicts; *answers: how many were scored.
+// progress, if given, is called after each sequence with the number done.
 double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                        const Dataset& data, int T, int n, int64_t* answers);
+                        const Dataset& data, int T, int n, int64_t* answers,
+                        const std::function<void(int)>& progress = {});
 
-// One row of the grid: the val data itself ("all") and each of its probes at length T.
+// One row of the grid: the val data itself ("all") and each of its probes at length T. progress,
+// if given, hears "all 3/64 sequences" (or "depth 0.25 ...") as it goes: train's --heartbeat.
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int T, int n);
+                         const Dataset& val, int T, int n, const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace ul

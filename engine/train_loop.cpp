@@ -186,7 +186,9 @@ int train_rank(const Options& o, Comm& world) {
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
       const double t0 = now_ms();
-      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), T, n);
+      beat.begin("length " + std::to_string(T));
+      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), T, n,
+                                         [&](const std::string& where) { if (!o.quiet && o.heartbeat > 0) beat.at(where); });
       std::string line;
       for (const auto& [name, acc] : p.accuracy) {
         char cell[96];
