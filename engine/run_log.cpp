@@ -52,14 +52,23 @@ void RunLog::step(int step, const StepResult& r, double tok_per_s) {
   line(j.str());
 }
 
-void RunLog::eval(int step, const EvalResult& e) {
-  JsonLine j;
-  j.add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy);
-  for (const auto& [name, accuracy] : e.probes) {  // "depth 0.25" -> "acc_depth_0.25"
+namespace {
+
+// Named accuracies as fields: "depth 0.25" -> "acc_depth_0.25".
+void add_accuracies(JsonLine& j, const std::vector<std::pair<std::string, double>>& named) {
+  for (const auto& [name, accuracy] : named) {
     std::string key = "acc_" + name;
     std::replace(key.begin(), key.end(), ' ', '_');
     j.add(key, accuracy);
   }
+}
+
+}  // namespace
+
+void RunLog::eval(int step, const EvalResult& e) {
+  JsonLine j;
+  j.add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy);
+  add_accuracies(j, e.probes);
   for (const PositionLoss& p : e.by_position)  // the band from position 64 on -> "val_loss_pos_64"
     if (p.count) j.add("val_loss_pos_" + std::to_string(p.lo), p.loss);
   line(j.str());
@@ -68,11 +77,7 @@ void RunLog::eval(int step, const EvalResult& e) {
 void RunLog::length_probe(int step, const LengthProbe& p) {
   JsonLine j;
   j.add("type", "length").add("step", step).add("T", p.T).add("answers", p.answers);
-  for (const auto& [name, accuracy] : p.accuracy) {  // "depth 0.25" -> "acc_depth_0.25"
-    std::string key = "acc_" + name;
-    std::replace(key.begin(), key.end(), ' ', '_');
-    j.add(key, accuracy);
-  }
+  add_accuracies(j, p.accuracy);
   line(j.str());
 }
 
