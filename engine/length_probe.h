@@ -1,14 +1,20 @@
-// --probe-lengths: how a run's synthetic task (passkey, recall) fares at sequence lengths other than
-// the one it trained at: the needle-in-a-haystack grid of long-context work, accuracy by (length,
-// needle depth). Does retrieval hold past the training length, and does --rope-scaling help?
+// --probe-lengths: how a run's model fares at sequence lengths other than the one it trained at.
+// On a synthetic task (passkey, recall): the needle-in-a-haystack grid of long-context work,
+// accuracy by (length, needle depth): does retrieval hold past the training length? On text: the
+// val loss at each length, overall and by position band: does the loss keep falling as the
+// context grows, or blow up past the trained positions (and does --rope-scaling help)?
 //
 // It runs on rank 0 from a host copy of the weights, through sampling's KV-cache decoder
 // (engine/sample.h), not the training forward: a length longer than --seq needs neither a larger
-// activation arena nor a sequence divisible by --sp. Each sequence is prefilled up to its first
-// scored position, then stepped token by token (teacher forced: the next input is the data's, not
-// the prediction); a scored target counts as correct when the logits' argmax (lowest id on ties)
-// is it, the rule of the eval's accuracy, so at T = --seq both agree up to the rounding of nearly
-// tied logits (the decoder's sums run in another order).
+// activation arena nor a sequence divisible by --sp. Synthetic: each sequence is prefilled up to
+// its first scored position, then stepped token by token (teacher forced: the next input is the
+// data's, not the prediction); a scored target counts as correct when the logits' argmax (lowest
+// id on ties) is it, the rule of the eval's accuracy. Text: every row's -log p(target), chunk by
+// chunk (KvDecoder::score), over windows of T + 1 tokens cut from the val split's own tokens as
+// the run reads them at --seq (val_stream), so a long window never reaches into the training text
+// (which moves with the length: text:FILE holds out its last 10% of whole sequences). At T = --seq
+// both equal the eval's, up to the rounding of the decoder's other summation order (tests hold
+// them to it).
 #pragma once
 #include <functional>
 #include <string>
@@ -16,19 +22,31 @@
 
 #include "data/dataset.h"
 #include "engine/params.h"
+#include "engine/trainer.h"
 #include "layers/transformer.h"
 
 namespace ul {
 
 struct LengthProbe {
   int T = 0;
-  int64_t answers = 0;  // scored targets per cell
-  std::vector<std::pair<std::string, double>> accuracy;  // "all" (the val data), then its probes ("depth 0.25", ...)
+  int64_t answers = 0;  // scored targets (per cell, on a synthetic task)
+  // Synthetic: "all" (the val data), then its probes ("depth 0.25", ...).
+  std::vector<std::pair<std::string, double>> accuracy;
+  // Text: the mean -log p over every target, and by position_bands(T).
+  double loss = 0;
+  std::vector<PositionLoss> by_position;
 };
 
-// Refuses, naming --probe-lengths, before any training: a task that is not synthetic, a length a
-// gpt2 model's learned positions do not reach, or one too short for the task.
-void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg);
+// Refuses, naming --probe-lengths, before any training: a length a gpt2 model's learned positions
+// do not reach, one too short for the task or longer than the val split holds, and text with
+// --doc-mask (the decoder attends across documents). seq: the run's --seq.
+void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, bool doc_mask,
+                         int seq);
+
+// The val split's tokens as one stream, read through its sequences at the run's length seq
+// (sequence 0's inputs, then 1's, ..., then the last one's final target), at most `tokens` of
+// them; fewer when the split holds fewer.
+std::vector<int32_t> val_stream(const Dataset& val, int seq, int64_t tokens);
 
 // The fraction of the scored targets of data's sequences [0, n) at length T that the model
 // (host: its f32 parameters, laid out as specs) predicts; *answers: how many were scored.
@@ -37,9 +55,17 @@ double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& sp
                         const Dataset& data, int T, int n, int64_t* answers,
                         const std::function<void(int)>& progress = {});
 
-// One row of the grid: the val data itself ("all") and each of its probes at length T. progress,
-// if given, hears "all 3/64 sequences" (or "depth 0.25 ...") as it goes: train's --heartbeat.
+// The mean -log p of every target of the first n windows of T + 1 tokens of `stream` (as many as
+// it holds, at least one), overall and by position_bands(T); progress as decoded_accuracy's.
+LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
+                         const std::vector<int32_t>& stream, int T, int n, const std::function<void(int)>& progress = {});
+
+// One row at length T: synthetic, the accuracy of the val data itself ("all") and of each of its
+// probes; text, decoded_loss. progress, if given, hears "all 3/64 sequences" (or "depth 0.25 ...")
+// as it goes: train's --heartbeat.
+// seq: the run's --seq (text reads val_stream(val, seq, ...)).
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int T, int n, const std::function<void(const std::string&)>& progress = {});
+                         const Dataset& val, int seq, int T, int n,
+                         const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace ul

@@ -63,14 +63,19 @@ void add_accuracies(JsonLine& j, const std::vector<std::pair<std::string, double
   }
 }
 
+// The band from position 64 on -> "val_loss_pos_64" (bands without a target are left out).
+void add_position_losses(JsonLine& j, const std::vector<PositionLoss>& bands) {
+  for (const PositionLoss& p : bands)
+    if (p.count) j.add("val_loss_pos_" + std::to_string(p.lo), p.loss);
+}
+
 }  // namespace
 
 void RunLog::eval(int step, const EvalResult& e) {
   JsonLine j;
   j.add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy);
   add_accuracies(j, e.probes);
-  for (const PositionLoss& p : e.by_position)  // the band from position 64 on -> "val_loss_pos_64"
-    if (p.count) j.add("val_loss_pos_" + std::to_string(p.lo), p.loss);
+  add_position_losses(j, e.by_position);
   line(j.str());
 }
 
@@ -78,6 +83,10 @@ void RunLog::length_probe(int step, const LengthProbe& p) {
   JsonLine j;
   j.add("type", "length").add("step", step).add("T", p.T).add("answers", p.answers);
   add_accuracies(j, p.accuracy);
+  if (p.accuracy.empty()) {  // text: the loss, overall and by band
+    j.add("val_loss", p.loss);
+    add_position_losses(j, p.by_position);
+  }
   line(j.str());
 }
 

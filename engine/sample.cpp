@@ -166,7 +166,7 @@ void KvDecoder::forward(const int* tokens, int n) {
   pos_ += n;
 }
 
-const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std::function<void(int)>& progress) {
+void KvDecoder::check_tokens(const int* tokens, int n) const {
   if (n < 1) throw std::runtime_error("sample: nothing to run (no tokens)");
   for (int i = 0; i < n; i++)
     if (tokens[i] < 0 || tokens[i] >= cfg_.vocab)
@@ -175,6 +175,41 @@ const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std
   if (int64_t(pos_) + n > max_len_)
     throw std::runtime_error("sample: the KV cache is full (" + std::to_string(max_len_) + " positions; " +
                              std::to_string(pos_) + " used, " + std::to_string(n) + " more asked for)");
+}
+
+void KvDecoder::score(const int* tokens, const int32_t* targets, int n, float* nll) {
+  check_tokens(tokens, n);
+  const int C = cfg_.dim, V = cfg_.vocab;
+  for (int i = 0; i < n; i++)
+    if (targets[i] >= V)
+      throw std::runtime_error("sample: target " + std::to_string(targets[i]) + " is outside the vocab of " +
+                               std::to_string(V));
+  row_logits_.resize(size_t(chunk_) * V);
+  const float* head = param(cfg_.head_name());
+  for (int done = 0; done < n;) {
+    const int rows = std::min(chunk_, n - done);
+    forward(tokens + done, rows);
+    norm(h_.data(), x_.data(), "lnfw", "lnfb", -1, rows);
+    cpu::linear_forward(row_logits_.data(), h_.data(), head, static_cast<const float*>(nullptr), rows, C, V);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < rows; i++) {  // -log softmax(logits)[target] = log sum exp(z - max) + max - z[target]
+      const int32_t t = targets[done + i];
+      if (t < 0) {
+        nll[done + i] = 0.0f;
+        continue;
+      }
+      const float* z = row_logits_.data() + size_t(i) * V;
+      const float mx = *std::max_element(z, z + V);
+      double sum = 0;
+      for (int v = 0; v < V; v++) sum += std::exp(double(z[v] - mx));
+      nll[done + i] = float(std::log(sum) + mx - z[t]);
+    }
+    done += rows;
+  }
+}
+
+const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std::function<void(int)>& progress) {
+  check_tokens(tokens, n);
   for (int done = 0; done < n;) {
     const int rows = std::min(chunk_, n - done);
     forward(tokens + done, rows);

@@ -39,12 +39,17 @@ class KvDecoder {
   // Throws, before running anything, when an id is outside the vocabulary or the cache is too small.
   const std::vector<float>& prefill(const int* tokens, int n, const std::function<void(int)>& progress = {});
   const std::vector<float>& step(int token) { return prefill(&token, 1); }
+  // Runs tokens[0, n) as prefill does, with the head on every row: nll[i] = -log p(targets[i] |
+  // tokens[0..i]) for each i with targets[i] >= 0 (0 where it is < 0). Same refusals as prefill,
+  // and a target outside the vocabulary.
+  void score(const int* tokens, const int32_t* targets, int n, float* nll);
   int position() const { return pos_; }
   void reset() { pos_ = 0; }
 
  private:
   const float* param(const std::string& name, int layer = -1) const;
   void norm(float* y, const float* x, const char* w, const char* b, int layer, int n);
+  void check_tokens(const int* tokens, int n) const;  // prefill's refusals, before anything runs
   void forward(const int* tokens, int n);  // n <= chunk_ rows at positions pos_ .. pos_ + n - 1
   // Row i of the chunk (position p = pos_ + i), one query per head, over positions [0, p] (with a
   // window W: (p - W, p]) in the cache, which already holds the chunk's own keys and values.
@@ -60,6 +65,7 @@ class KvDecoder {
   std::vector<float> kcache_, vcache_;  // (L, slots, KV, D) each
   std::vector<int32_t> tok_, pos_rows_;  // (chunk)
   std::vector<float> x_, h_, qkv_, att_, proj_, fc_, act_, stat_, logits_;  // (chunk, width) each
+  std::vector<float> row_logits_;  // (chunk, V): score()'s, made on its first call
 };
 
 struct SampleSettings {

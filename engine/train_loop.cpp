@@ -43,6 +43,18 @@ class Heartbeat {
   std::string what_;
 };
 
+// " | 0-63 3.1234 | 64-127 2.9876 ...": the val loss of each position band ("-": no target there).
+std::string position_cells(const std::vector<PositionLoss>& bands) {
+  std::string line;
+  for (const PositionLoss& p : bands) {
+    char cell[64];
+    if (p.count) std::snprintf(cell, sizeof cell, " | %d-%d %.4f", p.lo, p.hi - 1, p.loss);
+    else std::snprintf(cell, sizeof cell, " | %d-%d -", p.lo, p.hi - 1);
+    line += cell;
+  }
+  return line;
+}
+
 }  // namespace
 
 int train_rank(const Options& o, Comm& world) {
@@ -58,7 +70,7 @@ int train_rank(const Options& o, Comm& world) {
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg);
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.doc_mask, o.seq);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
@@ -100,16 +112,8 @@ int train_rank(const Options& o, Comm& world) {
           (long long)ev.answers);
     else
       say("eval  %5d | val loss %.4f\n", step, ev.loss);
-    if (!ev.by_position.empty()) {  // --loss-by-position: one line of bands
-      std::string line;
-      for (const PositionLoss& p : ev.by_position) {
-        char cell[64];
-        if (p.count) std::snprintf(cell, sizeof cell, " | %d-%d %.4f", p.lo, p.hi - 1, p.loss);
-        else std::snprintf(cell, sizeof cell, " | %d-%d -", p.lo, p.hi - 1);  // no target there
-        line += cell;
-      }
-      say("eval  %5d | val loss by position%s\n", step, line.c_str());
-    }
+    if (!ev.by_position.empty())  // --loss-by-position: one line of bands
+      say("eval  %5d | val loss by position%s\n", step, position_cells(ev.by_position).c_str());
     std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> probes;
     if (last) probes = tr.val_data().probes();
     std::string line;
@@ -187,7 +191,7 @@ int train_rank(const Options& o, Comm& world) {
     for (int T : o.probe_lengths) {
       const double t0 = now_ms();
       beat.begin("length " + std::to_string(T));
-      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), T, n,
+      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n,
                                          [&](const std::string& where) { if (!o.quiet && o.heartbeat > 0) beat.at(where); });
       std::string line;
       for (const auto& [name, acc] : p.accuracy) {
@@ -195,8 +199,13 @@ int train_rank(const Options& o, Comm& world) {
         std::snprintf(cell, sizeof cell, " | %s: %.2f%%", name.c_str(), 100.0 * acc);
         line += cell;
       }
-      say("length %6d%s (accuracy, %lld answers each; %.1f s)\n", T, line.c_str(), (long long)p.answers,
-          (now_ms() - t0) / 1000);
+      if (synthetic) {
+        say("length %6d%s (accuracy, %lld answers each; %.1f s)\n", T, line.c_str(), (long long)p.answers,
+            (now_ms() - t0) / 1000);
+      } else {
+        say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
+            position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
+      }
       if (log) log->length_probe(std::max(start, o.steps), p);
     }
   }

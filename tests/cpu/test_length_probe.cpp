@@ -1,6 +1,7 @@
 // --probe-lengths (engine/length_probe.h): the decoder's accuracy scores exactly what the full
-// forward predicts, the grid at the run's own length equals its eval (and its depth probes), the
-// log record, and the refusals.
+// forward predicts and its per-token losses are the full forward's; the rows at the run's own
+// length equal its eval (passkey: and its depth probes; text: and its loss by position); the log
+// records and the refusals.
 #include <catch2/catch.hpp>
 #include <omp.h>
 #include <unistd.h>
@@ -8,11 +9,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "data/dataset.h"
 #include "engine/length_probe.h"
 #include "engine/run_log.h"
+#include "engine/sample.h"
 #include "model_logits.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
@@ -95,6 +98,51 @@ TEST_CASE("the decoded accuracy counts exactly the targets the full forward pred
   }
 }
 
+TEST_CASE("KvDecoder::score gives the full forward's -log p of every target", "[length_probe]") {
+  omp_set_num_threads(1);
+  for (const std::string arch : {"gpt2", "llama"}) {
+    CAPTURE(arch);
+    Context c;
+    ContextGuard g(c);
+    Transformer m(small(arch));
+    const std::vector<float> h = host_params(m, 37);
+    const int T = 22, V = m.cfg.vocab;
+    std::vector<int32_t> seq(T), tgt(T);
+    Rng rng(4);
+    for (int t = 0; t < T; t++) {
+      seq[size_t(t)] = int32_t(rng.uniform() * V) % V;
+      tgt[size_t(t)] = t % 5 == 3 ? -1 : int32_t(rng.uniform() * V) % V;  // some ignored
+    }
+    const std::vector<float> logits = full_logits(m, seq);
+    const std::vector<int> tokens(seq.begin(), seq.end());
+    for (int chunk : {7, 64}) {
+      CAPTURE(chunk);
+      KvDecoder dec(m.cfg, m.params.specs(), h.data(), T, chunk);
+      std::vector<float> nll(T, -1.0f);
+      dec.score(tokens.data(), tgt.data(), T, nll.data());
+      CHECK(dec.position() == T);
+      for (int t = 0; t < T; t++) {
+        CAPTURE(t);
+        if (tgt[size_t(t)] < 0) {
+          CHECK(nll[size_t(t)] == 0.0f);
+          continue;
+        }
+        const float* z = &logits[size_t(t) * V];
+        double mx = z[0], sum = 0;
+        for (int v = 1; v < V; v++) mx = std::max(mx, double(z[v]));
+        for (int v = 0; v < V; v++) sum += std::exp(z[v] - mx);
+        const double want = std::log(sum) + mx - z[tgt[size_t(t)]];
+        CHECK(std::fabs(nll[size_t(t)] - want) < 1e-5 * std::max(1.0, want));
+      }
+    }
+    KvDecoder dec(m.cfg, m.params.specs(), h.data(), T);
+    std::vector<int32_t> bad = tgt;
+    bad[5] = V;
+    std::vector<float> nll(T);
+    CHECK_THROWS_WITH(dec.score(tokens.data(), bad.data(), T, nll.data()), Catch::Contains("target 50 is outside the vocab"));
+  }
+}
+
 TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other lengths a row each, logged", "[length_probe][cli]") {
   using namespace ul_test;
   TempDir dir;
@@ -138,9 +186,10 @@ TEST_CASE("train --probe-lengths refuses what it cannot probe, before training",
   const std::string text = dir / "t.txt";
   std::ofstream(text) << std::string(5000, 'a');
   struct Bad { std::string args, message; };
-  for (const Bad& b : {Bad{"--data text:" + text + " --probe-lengths 64", "--probe-lengths: text"},
-                       Bad{"--model gpt2 --max-seq 256 --probe-lengths 128,512", "--probe-lengths: 512 exceeds the model's max sequence 256"},
-                       Bad{"--probe-lengths 8", "--probe-lengths: passkey: sequence length 8 is too short"},
+  for (const Bad& b : {Bad{"--data text:" + text + " --doc-mask --eot 10 --probe-lengths 64", "--probe-lengths: the decoder attends across documents"},
+                       Bad{"--model llama --data text:" + text + " --seq 64 --probe-lengths 64,4096", "--probe-lengths 4096: the val split (text "},
+                       Bad{"--model gpt2 --max-seq 256 --probe-lengths 128,512", "--probe-lengths 512: longer than the model's max sequence 256"},
+                       Bad{"--probe-lengths 8", "--probe-lengths 8: passkey: sequence length 8 is too short"},
                        Bad{"--probe-lengths 64,,128", "--probe-lengths: expected an integer, got ''"},
                        Bad{"--probe-lengths 0", "--probe-lengths: lengths must be >= 1, got 0"}}) {
     CAPTURE(b.args);
@@ -148,5 +197,37 @@ TEST_CASE("train --probe-lengths refuses what it cannot probe, before training",
     CHECK(r.code != 0);
     CHECK(r.out.find(b.message) != std::string::npos);
     CHECK(r.out.find("step ") == std::string::npos);
+  }
+}
+
+TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss and its bands", "[length_probe][cli]") {
+  using namespace ul_test;
+  TempDir dir;
+  const std::string text = dir / "t.txt", log = dir / "log.jsonl";
+  {
+    std::ofstream f(text);
+    Rng rng(3);
+    for (int i = 0; i < 40000; i++) f << char('a' + int(rng.uniform() * 6) % 6) << (i % 7 == 6 ? " " : "");
+  }
+  for (const std::string layout : {"", " --ranks 2 --sp 2"}) {
+    CAPTURE(layout);
+    CmdResult r = run_cmd(train_cmd("--data text:" + text + " --model llama --steps 20 --eval-every 0 --eval-batches 2"
+                                    " --batch 2 --seq 128 --threads 1 --loss-by-position --probe-lengths 128,300 --log " +
+                                    log + layout));
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("length    300 | val loss ") != std::string::npos);
+    std::map<std::string, std::string> eval, at128;
+    for (const LogRecord& rec : read_run_log(log)) {
+      if (rec.at("type") == "eval") eval = rec;
+      if (rec.at("type") == "length" && rec.at("T") == "128") at128 = rec;
+    }
+    REQUIRE(!eval.empty());
+    REQUIRE(!at128.empty());
+    CHECK(at128.at("answers") == "512");  // 2 batches x 2 sequences x 128 targets
+    for (const char* key : {"val_loss", "val_loss_pos_0", "val_loss_pos_64"}) {
+      CAPTURE(key);
+      const double a = std::stod(eval.at(key)), b = std::stod(at128.at(key));
+      CHECK(std::fabs(a - b) < 1e-5 * a);
+    }
   }
 }
