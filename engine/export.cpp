@@ -203,7 +203,7 @@ void RunOutputs::sample(const Transformer& model, int step) const {
 
 void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const {
   const bool say = !o_.quiet;
-  SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed};
+  SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed, o_.top_p};
   KvDecoder dec(cfg_, specs, host.data(), int(prompt_.size()) + o_.sample);
   // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
   const int n = int(prompt_.size());
@@ -221,8 +221,8 @@ void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<
   const double decode_s = (now_ms() - prefilled) / 1000;  // o_.sample - 1 forwards: the last token needs none
   if (say) {
     const std::string at = step >= 0 ? " step " + std::to_string(step) + " |" : "";
-    std::printf("sample  |%s %d prompt + %d new tokens | temperature %g | top-k %d | seed %llu | prefill %.0f tok/s",
-                at.c_str(), n, o_.sample, double(o_.temperature), o_.top_k, (unsigned long long)o_.seed,
+    std::printf("sample  |%s %d prompt + %d new tokens | temperature %g | top-k %d | top-p %g | seed %llu | prefill %.0f tok/s",
+                at.c_str(), n, o_.sample, double(o_.temperature), o_.top_k, double(o_.top_p), (unsigned long long)o_.seed,
                 n / std::max(1e-6, (prefilled - start) / 1000));
     if (o_.sample > 1) std::printf(" | decode %.1f tok/s", (o_.sample - 1) / std::max(1e-6, decode_s));
     std::printf("\n");

@@ -113,6 +113,8 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --prompt-file FILE  the prompt is FILE's text (a long one: a book; it is not echoed back)
   --temperature X     0 = greedy                                                        [1.0]
   --top-k K           sample among the K most likely tokens (0: all)                    [0]
+  --top-p P           then among the fewest most likely whose probability adds up to P
+                      (nucleus sampling; 1: off)                                          [1]
   --tokenizer FILE    llm.c tokenizer (gpt2_tokenizer.bin) or HF tokenizer.json (GPT-2,
                       digits-apart, Llama 3 or SentencePiece-style) to encode the prompt and decode
 verification
@@ -215,7 +217,7 @@ Options parse_options(int argc, char** argv) {
          }
        }},
       {"--sample", I(o.sample)}, {"--sample-every", I(o.sample_every)}, {"--prompt", S(o.prompt)}, {"--prompt-file", S(o.prompt_file)}, {"--temperature", F(o.temperature)},
-      {"--top-k", I(o.top_k)}, {"--tokenizer", S(o.tokenizer)},
+      {"--top-k", I(o.top_k)}, {"--top-p", F(o.top_p)}, {"--tokenizer", S(o.tokenizer)},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i], v;
@@ -347,11 +349,12 @@ Options parse_options(int argc, char** argv) {
   if (o.sample < 0) throw std::runtime_error("--sample must be >= 0");
   if (o.sample_every < 0) throw std::runtime_error("--sample-every must be >= 0");
   if (o.top_k < 0) throw std::runtime_error("--top-k must be >= 0");
+  if (!(o.top_p > 0 && o.top_p <= 1)) throw std::runtime_error("--top-p must be in (0, 1]");
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be a finite number >= 0");
   if (o.set_by_user("--prompt-file") && o.prompt_file.empty()) throw std::runtime_error("--prompt-file: empty path");
   if (o.set_by_user("--prompt") && o.set_by_user("--prompt-file"))
     throw std::runtime_error("--prompt and --prompt-file both give the prompt: keep one");
-  for (const char* f : {"--prompt", "--prompt-file", "--sample-every", "--temperature", "--top-k", "--tokenizer"})
+  for (const char* f : {"--prompt", "--prompt-file", "--sample-every", "--temperature", "--top-k", "--top-p", "--tokenizer"})
     if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which

@@ -48,6 +48,7 @@ struct Options {
   std::string export_llmc, export_safetensors, export_dtype = "f32", tokenizer, prompt, prompt_file;
   int export_llmc_version = 3;
   int sample = 0, top_k = 0;  // sample: new tokens to generate; top_k 0: the whole vocabulary
+  float top_p = 1.0f;         // nucleus sampling's mass (1: off)
   int sample_every = 0;       // also sample every N steps while training (0: only at the end)
   float temperature = 1.0f;   // 0: greedy
   // checkpoints and logs (engine/checkpoint.h, engine/run_log.h)

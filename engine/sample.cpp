@@ -225,7 +225,7 @@ const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std
   return logits_;
 }
 
-int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng) {
+int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng, float top_p) {
   const int V = int(logits.size());
   if (V == 0) throw std::runtime_error("sample: empty logits");
   // Highest logit first; equal logits by lower id, so top-k 1 and greedy agree on ties.
@@ -243,25 +243,31 @@ int sample_token(const std::vector<float>& logits, float temperature, int top_k,
   std::vector<double> p(static_cast<size_t>(k));
   double sum = 0;
   for (int i = 0; i < k; i++) sum += p[size_t(i)] = std::exp((double(logits[size_t(ids[size_t(i)])]) - logits[size_t(ids[0])]) / temperature);
+  int keep = k;  // the nucleus: the most likely first, until their share reaches top_p
+  if (top_p < 1.0f) {
+    double mass = 0;
+    for (keep = 0; keep < k && mass < double(top_p) * sum;) mass += p[size_t(keep++)];
+    sum = mass;
+  }
   double u = rng.uniform() * sum;
-  for (int i = 0; i < k; i++) {
+  for (int i = 0; i < keep; i++) {
     if (u < p[size_t(i)]) return ids[size_t(i)];
     u -= p[size_t(i)];
   }
-  return ids[size_t(k - 1)];  // rounding left u at the very top
+  return ids[size_t(keep - 1)];  // rounding left u at the very top
 }
 
 std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const SampleSettings& s,
                           const std::function<void(int)>& progress) {
   if (prompt.empty()) throw std::runtime_error("sample: the prompt is empty (give --prompt)");
-  if (s.tokens < 0 || !(s.temperature >= 0) || s.top_k < 0)
-    throw std::runtime_error("sample: needs tokens >= 0, temperature >= 0 and top-k >= 0");
+  if (s.tokens < 0 || !(s.temperature >= 0) || s.top_k < 0 || !(s.top_p > 0 && s.top_p <= 1))
+    throw std::runtime_error("sample: needs tokens >= 0, temperature >= 0, top-k >= 0 and top-p in (0, 1]");
   Rng rng(s.seed);
   dec.reset();
   const std::vector<float>* logits = &dec.prefill(prompt.data(), int(prompt.size()), progress);
   std::vector<int> out;
   for (int i = 0; i < s.tokens; i++) {
-    out.push_back(sample_token(*logits, s.temperature, s.top_k, rng));
+    out.push_back(sample_token(*logits, s.temperature, s.top_k, rng, s.top_p));
     if (i + 1 < s.tokens) logits = &dec.step(out.back());  // the last token needs no forward
   }
   return out;

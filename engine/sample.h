@@ -73,11 +73,14 @@ struct SampleSettings {
   float temperature = 1.0f;  // 0: greedy (argmax)
   int top_k = 0;             // 0: the whole vocabulary
   uint64_t seed = 1337;
+  float top_p = 1.0f;        // nucleus: 1 = off
 };
 
 // The next token from `logits`: argmax when temperature is 0 or top_k is 1 (ties: lowest id);
-// else a draw from softmax(logits / temperature) restricted to the top_k highest.
-int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng);
+// else a draw from softmax(logits / temperature) restricted to the top_k highest and, with
+// top_p < 1, further to the fewest of those (most likely first) whose probabilities, renormalised
+// over the top_k, add up to top_p or more (nucleus sampling; at least one token).
+int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng, float top_p = 1.0f);
 
 // Feeds the prompt (prefill, in chunks; progress as KvDecoder::prefill's), then samples s.tokens
 // tokens one at a time; returns only the new ones. Throws when the prompt is empty, holds an id

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "engine/context.h"
@@ -265,6 +266,35 @@ TEST_CASE("the token sampler: argmax, ties, top-k, temperature", "[sample]") {
   seen.clear();
   for (int i = 0; i < 2000; i++) seen.insert(sample_token(logits, 1e3f, 0, rng));
   CHECK(seen.size() == logits.size());
+}
+
+TEST_CASE("top-p keeps the fewest most likely tokens whose probability reaches p", "[sample]") {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 at temperature 1.
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.05f), std::log(0.5f), std::log(0.15f)};
+  Rng rng(11);
+  auto draws = [&](int top_k, float top_p) {
+    std::map<int, int> n;
+    for (int i = 0; i < 4000; i++) n[sample_token(logits, 1.0f, top_k, rng, top_p)]++;
+    return n;
+  };
+  CHECK(draws(0, 0.45f) == std::map<int, int>{{2, 4000}});  // 0.5 alone reaches 0.45
+  const std::map<int, int> two = draws(0, 0.7f);             // 0.5 + 0.3: ids 2 and 0, 5 : 3
+  CHECK(two.size() == 2);
+  CHECK(std::abs(two.at(2) / 4000.0 - 0.625) < 0.03);
+  CHECK(draws(0, 0.81f).size() == 3);
+  CHECK(draws(0, 1.0f).size() == 4);
+  // After top-k 2 the shares are renormalised: 0.5 / 0.8 = 0.625 reaches 0.6 alone.
+  CHECK(draws(2, 0.6f) == std::map<int, int>{{2, 4000}});
+  CHECK(draws(2, 0.7f).size() == 2);
+  // Greedy ignores it; generate refuses a p outside (0, 1].
+  CHECK(sample_token(logits, 0.0f, 0, rng, 0.1f) == 2);
+  Context c;
+  ContextGuard g(c);
+  Transformer m(small("llama"));
+  const std::vector<float> h = host_params(m, 12);
+  KvDecoder dec(m.cfg, m.params.specs(), h.data(), 8);
+  SampleSettings bad{3, 1.0f, 0, 1, 0.0f};
+  CHECK_THROWS_WITH(generate(dec, {1}, bad), Catch::Contains("top-p in (0, 1]"));
 }
 
 TEST_CASE("prompts: bytes, ids:, tokenizer encoding, range checks", "[sample]") {
