@@ -5,6 +5,7 @@
 
 #include "engine/rng.h"
 #include "engine/sample.h"
+#include "parallel/communicator.h"
 
 namespace ul {
 
@@ -48,81 +49,141 @@ std::vector<int32_t> val_stream(const Dataset& val, int seq, int64_t tokens) {
   return out;
 }
 
-double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                        const Dataset& data, int T, int n, int64_t* answers,
-                        const std::function<void(int)>& progress) {
+namespace {
+
+// The windows [0, n) one rank takes: i % parts == part.
+struct Share {
+  int part = 0, parts = 1;
+  bool mine(int i) const { return i % parts == part; }
+  int count(int n) const { return n / parts + (part < n % parts ? 1 : 0); }
+};
+
+// {correct, valid} over this share of data's sequences [0, n) at length T.
+std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
+                                    const Dataset& data, int T, int n, Share share,
+                                    const std::function<void(int)>& progress) {
   KvDecoder dec(cfg, specs, host, T);
   std::vector<int32_t> in(static_cast<size_t>(T)), tgt(static_cast<size_t>(T));
   std::vector<int> tokens(static_cast<size_t>(T));
   Rng unused(0);  // greedy draws nothing
   int64_t valid = 0, correct = 0;
+  int done = 0;
   for (int i = 0; i < n; i++) {
+    if (!share.mine(i)) continue;
     data.sequence(i, T, in.data(), tgt.data());
     int first = 0, last = T - 1;
     while (first < T && tgt[size_t(first)] < 0) first++;
     while (last >= first && tgt[size_t(last)] < 0) last--;
-    if (first > last) continue;  // nothing scored in this one
-    tokens.assign(in.begin(), in.end());
-    dec.reset();
-    const std::vector<float>* logits = &dec.prefill(tokens.data(), first + 1);
-    for (int t = first; t <= last; t++) {
-      if (tgt[size_t(t)] >= 0) {
-        valid++;
-        correct += sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
+    if (first <= last) {  // else nothing is scored in this one
+      tokens.assign(in.begin(), in.end());
+      dec.reset();
+      const std::vector<float>* logits = &dec.prefill(tokens.data(), first + 1);
+      for (int t = first; t <= last; t++) {
+        if (tgt[size_t(t)] >= 0) {
+          valid++;
+          correct += sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
+        }
+        if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
       }
-      if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
     }
-    if (progress) progress(i + 1);
+    if (progress) progress(++done);
   }
-  *answers = valid;
-  return valid ? double(correct) / double(valid) : 0.0;
+  return {double(correct), double(valid)};
 }
 
-LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const std::vector<int32_t>& stream, int T, int n, const std::function<void(int)>& progress) {
-  const int windows = int(std::min<int64_t>(n, (int64_t(stream.size()) - 1) / T));
-  if (windows < 1) throw std::runtime_error("--probe-lengths " + std::to_string(T) + ": the val text is too short");
+// {sum of -log p, count} per position_bands(T) band over this share of the stream's windows.
+std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
+                              const std::vector<int32_t>& stream, int T, int windows, Share share,
+                              const std::function<void(int)>& progress) {
   KvDecoder dec(cfg, specs, host, T);
   std::vector<float> nll(static_cast<size_t>(T));
   const std::vector<std::pair<int, int>> bands = position_bands(T);
-  std::vector<double> sum(bands.size(), 0.0);
-  std::vector<int64_t> count(bands.size(), 0);
+  std::vector<double> sums(2 * bands.size(), 0.0);
+  int done = 0;
   for (int i = 0; i < windows; i++) {
+    if (!share.mine(i)) continue;
     const int32_t* w = stream.data() + int64_t(i) * T;  // inputs w[0, T), targets w[1, T]
     const std::vector<int> tokens(w, w + T);
     dec.reset();
     dec.score(tokens.data(), w + 1, T, nll.data());
     for (size_t k = 0; k < bands.size(); k++)
       for (int t = bands[k].first; t < bands[k].second; t++)
-        if (w[t + 1] >= 0) sum[k] += nll[size_t(t)], count[k]++;
-    if (progress) progress(i + 1);
+        if (w[t + 1] >= 0) sums[2 * k] += nll[size_t(t)], sums[2 * k + 1] += 1;
+    if (progress) progress(++done);
   }
+  return sums;
+}
+
+int windows_in(const std::vector<int32_t>& stream, int T, int n) {
+  const int w = int(std::min<int64_t>(n, (int64_t(stream.size()) - 1) / T));
+  if (w < 1) throw std::runtime_error("--probe-lengths " + std::to_string(T) + ": the val text is too short");
+  return w;
+}
+
+LengthProbe loss_probe(int T, const std::vector<double>& sums) {
+  const std::vector<std::pair<int, int>> bands = position_bands(T);
   LengthProbe p;
   p.T = T;
   double total = 0;
   for (size_t k = 0; k < bands.size(); k++) {
-    total += sum[k], p.answers += count[k];
-    p.by_position.push_back({bands[k].first, bands[k].second, count[k] ? sum[k] / double(count[k]) : 0.0, count[k]});
+    const double sum = sums[2 * k], count = sums[2 * k + 1];
+    total += sum, p.answers += int64_t(count);
+    p.by_position.push_back({bands[k].first, bands[k].second, count > 0 ? sum / count : 0.0, int64_t(count)});
   }
   p.loss = p.answers ? total / double(p.answers) : 0.0;
   return p;
 }
 
+}  // namespace
+
+double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
+                        const Dataset& data, int T, int n, int64_t* answers,
+                        const std::function<void(int)>& progress) {
+  const std::vector<double> c = accuracy_counts(cfg, specs, host, data, T, n, Share{}, progress);
+  *answers = int64_t(c[1]);
+  return c[1] > 0 ? c[0] / c[1] : 0.0;
+}
+
+LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
+                         const std::vector<int32_t>& stream, int T, int n, const std::function<void(int)>& progress) {
+  return loss_probe(T, loss_sums(cfg, specs, host, stream, T, windows_in(stream, T, n), Share{}, progress));
+}
+
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int seq, int T, int n,
+                         const Dataset& val, int seq, int T, int n, Comm* world,
                          const std::function<void(const std::string&)>& progress) {
-  auto each = [&](const std::string& name) -> std::function<void(int)> {
+  const Share share{world ? world->rank() : 0, world ? world->size() : 1};
+  auto each = [&](const std::string& name, int total) -> std::function<void(int)> {
     if (!progress) return {};
-    return [&progress, name, n](int done) { progress(name + " " + std::to_string(done) + "/" + std::to_string(n) + " sequences"); };
+    const std::string of = "/" + std::to_string(share.count(total)) + " sequences" +
+                           (share.parts > 1 ? " (this rank's share)" : "");
+    return [&progress, name, of](int done) { progress(name + " " + std::to_string(done) + of); };
   };
-  if (!val.synthetic()) return decoded_loss(cfg, specs, host, val_stream(val, seq, int64_t(n) * T + 1), T, n, each("all"));
+  // Each rank decodes its share of the windows; the sums of every cell meet in one all-reduce.
+  auto sum_over_ranks = [&](std::vector<double>& v) {
+    if (share.parts > 1) world->all_reduce(v.data(), v.size(), DType::f64, ReduceOp::sum);
+  };
+  if (!val.synthetic()) {
+    const std::vector<int32_t> stream = val_stream(val, seq, int64_t(n) * T + 1);
+    const int windows = windows_in(stream, T, n);
+    std::vector<double> sums = loss_sums(cfg, specs, host, stream, T, windows, share, each("all", windows));
+    sum_over_ranks(sums);
+    return loss_probe(T, sums);
+  }
+  std::vector<std::pair<std::string, const Dataset*>> cells = {{"all", &val}};
+  const auto probes = val.probes();
+  for (const auto& [name, data] : probes) cells.emplace_back(name, data.get());
+  std::vector<double> counts;  // {correct, valid} per cell
+  for (const auto& [name, data] : cells) {
+    const std::vector<double> c = accuracy_counts(cfg, specs, host, *data, T, n, share, each(name, n));
+    counts.insert(counts.end(), c.begin(), c.end());
+  }
+  sum_over_ranks(counts);
   LengthProbe p;
   p.T = T;
-  p.accuracy.emplace_back("all", decoded_accuracy(cfg, specs, host, val, T, n, &p.answers, each("all")));
-  for (const auto& [name, data] : val.probes()) {
-    int64_t answers = 0;
-    p.accuracy.emplace_back(name, decoded_accuracy(cfg, specs, host, *data, T, n, &answers, each(name)));
-  }
+  p.answers = int64_t(counts[1]);
+  for (size_t k = 0; k < cells.size(); k++)
+    p.accuracy.emplace_back(cells[k].first, counts[2 * k + 1] > 0 ? counts[2 * k] / counts[2 * k + 1] : 0.0);
   return p;
 }
 

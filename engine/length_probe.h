@@ -4,7 +4,8 @@
 // val loss at each length, overall and by position band: does the loss keep falling as the
 // context grows, or blow up past the trained positions (and does --rope-scaling help)?
 //
-// It runs on rank 0 from a host copy of the weights, through sampling's KV-cache decoder
+// It runs on every rank, each decoding a share of the windows, from a host copy of the weights,
+// through sampling's KV-cache decoder
 // (engine/sample.h), not the training forward: a length longer than --seq needs neither a larger
 // activation arena nor a sequence divisible by --sp. Synthetic: each sequence is prefilled up to
 // its first scored position, then stepped token by token (teacher forced: the next input is the
@@ -24,6 +25,7 @@
 #include "engine/params.h"
 #include "engine/trainer.h"
 #include "layers/transformer.h"
+#include "parallel/communicator.h"
 
 namespace ul {
 
@@ -63,9 +65,11 @@ LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& s
 // One row at length T: synthetic, the accuracy of the val data itself ("all") and of each of its
 // probes; text, decoded_loss. progress, if given, hears "all 3/64 sequences" (or "depth 0.25 ...")
 // as it goes: train's --heartbeat.
-// seq: the run's --seq (text reads val_stream(val, seq, ...)).
+// seq: the run's --seq (text reads val_stream(val, seq, ...)). world: when given, collective: each
+// rank decodes the windows i with i % size == rank, and the counts are all-reduced, so every rank
+// returns the whole row.
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int seq, int T, int n,
+                         const Dataset& val, int seq, int T, int n, Comm* world = nullptr,
                          const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace ul

@@ -72,7 +72,7 @@ data and loop
                       10%, shards: its *val* files), e.g. a long book        [--data's own split]
   --loss-by-position  each eval also gives the val loss by position (in the document, with
                       --doc-mask), in power-of-two bands: does the model use its long context?
-  --probe-lengths L,L after the run, one row per length by KV-cache decoding on rank 0: passkey /
+  --probe-lengths L,L after the run, one row per length by KV-cache decoding on the host: passkey /
                       recall accuracy (passkey: by needle depth too), text val loss by position:
                       how far the model reaches past --seq (README: "Long context")
   --profile-step N    cuda: time step N's kernels, GEMMs and copies with CUDA events and

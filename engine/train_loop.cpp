@@ -184,15 +184,17 @@ int train_rank(const Options& o, Comm& world) {
   // unless the run is there to export or sample (Options::evaluates).
   const bool eval_at_zero = o.steps == 0 && o.evaluates();
   if (eval_at_zero) run_eval(0, true);
-  // --probe-lengths: rank 0 alone, on a host copy of the weights; the other ranks are done.
-  if (lead && !o.probe_lengths.empty() && !stopped_by && (o.steps == 0 || o.steps > start)) {
+  // --probe-lengths: every rank decodes a share of the windows from a host copy of the weights.
+  if (!o.probe_lengths.empty() && !stopped_by && (o.steps == 0 || o.steps > start)) {
     const std::vector<float> host = model.params.to_host();
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
       const double t0 = now_ms();
       beat.begin("length " + std::to_string(T));
-      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n,
-                                         [&](const std::string& where) { if (!o.quiet && o.heartbeat > 0) beat.at(where); });
+      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n, &world,
+                                         [&](const std::string& where) {
+                                           if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
+                                         });
       std::string line;
       for (const auto& [name, acc] : p.accuracy) {
         char cell[96];
