@@ -5,9 +5,8 @@
 // context grows, or blow up past the trained positions (and does --rope-scaling help)?
 //
 // It runs on every rank, each decoding a share of the windows, from a host copy of the weights,
-// through sampling's KV-cache decoder
-// (engine/sample.h), not the training forward: a length longer than --seq needs neither a larger
-// activation arena nor a sequence divisible by --sp. Synthetic: each sequence is prefilled up to
+// through sampling's KV-cache decoder (engine/sample.h), not the training forward: a length longer
+// than --seq needs neither a larger activation arena nor a sequence divisible by --sp. Synthetic: each sequence is prefilled up to
 // its first scored position, then stepped token by token (teacher forced: the next input is the
 // data's, not the prediction); a scored target counts as correct when the logits' argmax (lowest
 // id on ties) is it, the rule of the eval's accuracy. Text: every row's -log p(target), chunk by
