@@ -9,6 +9,7 @@
 #include "engine/export.h"
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
+#include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/stop_signal.h"
 #include "engine/trainer.h"
@@ -215,6 +216,8 @@ int train_rank(const Options& o, Comm& world) {
     log.reset();  // closed: the plot reads it back
     const std::string svg = plot_path_for_log(log_path);
     if (write_loss_plot(log_path, svg)) say("plot    | %s\n", svg.c_str());
+    const std::string lengths_svg = probe_plot_path_for_log(log_path);  // --probe-lengths' table
+    if (write_probe_plot(log_path, lengths_svg)) say("plot    | %s\n", lengths_svg.c_str());
   }
   if (o.steps > start)
     say("memory  | arena high-water %.1f MiB (planned %.1f MiB) | peak RSS %.1f MiB (this process)\n",

@@ -14,6 +14,7 @@
 
 #include "data/dataset.h"
 #include "engine/length_probe.h"
+#include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/sample.h"
 #include "model_logits.h"
@@ -216,6 +217,7 @@ TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss an
                                     log + layout));
     REQUIRE(r.code == 0);
     CHECK(r.out.find("length    300 | val loss ") != std::string::npos);
+    CHECK(std::filesystem::exists(dir / "log_lengths.svg"));  // the table, beside the loss plot
     std::map<std::string, std::string> eval, at128;
     for (const LogRecord& rec : read_run_log(log)) {
       if (rec.at("type") == "eval") eval = rec;
@@ -230,4 +232,41 @@ TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss an
       CHECK(std::fabs(a - b) < 1e-5 * a);
     }
   }
+}
+
+TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by value", "[length_probe][plot]") {
+  auto rec = [](std::map<std::string, std::string> m) { return LogRecord(m.begin(), m.end()); };
+  // A passkey run probed at two lengths, and an older probe of another step that is not drawn.
+  const std::vector<LogRecord> passkey = {
+      rec({{"type", "step"}, {"step", "10"}, {"loss", "1"}}),
+      rec({{"type", "length"}, {"step", "5"}, {"T", "64"}, {"acc_all", "0.01"}}),
+      rec({{"type", "length"}, {"step", "10"}, {"T", "512"}, {"acc_all", "0.25"}, {"acc_depth_0", "0"}, {"acc_depth_1", "1"}}),
+      rec({{"type", "length"}, {"step", "10"}, {"T", "256"}, {"acc_all", "0.5"}, {"acc_depth_0", "0.375"}, {"acc_depth_1", "1"}}),
+  };
+  const std::string svg = probe_plot_svg(passkey);
+  auto count = [&](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
+    return n;
+  };
+  CHECK(count(svg, "<rect x=") == 6);  // 3 rows x 2 lengths; step 5's row is not drawn
+  CHECK(svg.find(">64<") == std::string::npos);
+  CHECK(svg.find(">256<") < svg.find(">512<"));  // lengths ascending
+  CHECK(svg.find(">37.5%<") != std::string::npos);
+  CHECK(svg.find(">depth 0<") < svg.find(">depth 1<"));
+  CHECK(svg.find("fill=\"#d73027\"") != std::string::npos);  // 0: red
+  CHECK(svg.find("fill=\"#1a9850\"") != std::string::npos);  // 1: green
+  // Text: the loss and its bands; a band a shorter length lacks is a grey "-".
+  const std::vector<LogRecord> text = {
+      rec({{"type", "length"}, {"step", "3"}, {"T", "128"}, {"val_loss", "3.5"}, {"val_loss_pos_0", "3.5"}}),
+      rec({{"type", "length"}, {"step", "3"}, {"T", "256"}, {"val_loss", "3.0"}, {"val_loss_pos_0", "3.25"}, {"val_loss_pos_128", "2.75"}}),
+  };
+  const std::string t = probe_plot_svg(text);
+  CHECK(count(t, "<rect x=") == 6);  // all positions, from 0, from 128 x 2 lengths
+  CHECK(count(t, ">-<") == 1);
+  CHECK(t.find(">from position 128<") != std::string::npos);
+  CHECK(t.find("fill=\"#1a9850\"") != std::string::npos);  // 2.75, the lowest
+  CHECK(t.find("fill=\"#d73027\"") != std::string::npos);  // 3.5, the highest
+  CHECK_THROWS_WITH(probe_plot_svg({passkey[0]}), Catch::Contains("no length row"));
+  CHECK(probe_plot_path_for_log("runs/a/log.jsonl") == "runs/a/log_lengths.svg");
 }
