@@ -142,6 +142,8 @@ int main(int argc, char** argv) {
   write(seed("cli", "train.txt"), cli({"--model", "llama", "--seq", "128", "--sp", "2", "--data", "text:a.txt",
                                        "--doc-mask", "--eot=10", "--memory", "24G", "--plan", "--lr", "1e-3",
                                        "--sliding-window", "64"}));
+  write(seed("cli", "sample.txt"), cli({"--probe-lengths", "64,128,256", "--sample", "8", "--top-p", "0.9",
+                                        "--sample-every", "5", "--prompt-file", "p.txt", "--top-k", "3"}));
   write(seed("cli", "prepare.txt"), cli({"--out", "dir", "--val-frac", "0.1", "--shard-tokens", "1000", "--eot", "0",
                                          "a.txt", "b.txt"}));
 
