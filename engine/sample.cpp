@@ -18,6 +18,31 @@
 
 namespace ul {
 
+namespace {
+
+// y (n, OC) = x (n, C) w^T (+ b), as cpu::linear_forward, but for the few rows of a decoding step
+// threaded over blocks of output rows: Eigen runs a product with one row of x as a matrix-vector
+// product on one thread, and decoding reads every weight once per token, so it is bound by how
+// fast the cores together stream the weights. Chunks of many rows go to the GEMM.
+void linear(float* y, const float* x, const float* w, const float* b, int n, int C, int OC) {
+  if (n > 4) return cpu::linear_forward(y, x, w, b, n, C, OC);
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const RowMat> X(x, n, C), W(w, OC, C);
+  Eigen::Map<RowMat> Y(y, n, OC);
+  constexpr int kBlock = 64;  // output rows per task: the order of every sum is fixed, whatever the threads
+  const bool team = int64_t(OC) * C >= (int64_t(1) << 16);
+#pragma omp parallel for schedule(static) if (team)
+  for (int o0 = 0; o0 < OC; o0 += kBlock) {
+    const int m = std::min(kBlock, OC - o0);
+    for (int r = 0; r < n; r++) {
+      Y.row(r).segment(o0, m).noalias() = X.row(r) * W.middleRows(o0, m).transpose();
+      if (b) Y.row(r).segment(o0, m) += Eigen::Map<const Eigen::RowVectorXf>(b + o0, m);
+    }
+  }
+}
+
+}  // namespace
+
 KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len,
                      int chunk)
     : cfg_(cfg), specs_(specs), params_(params), max_len_(max_len), chunk_(chunk) {
@@ -140,7 +165,7 @@ void KvDecoder::forward(const int* tokens, int n) {
   cpu::embedding_forward(x, tok_.data(), pos_rows_.data(), param("wte"), llama ? nullptr : param("wpe"), n, C);
   for (int l = 0; l < cfg_.layers; l++) {
     norm(h, x, "ln1w", "ln1b", l, n);
-    cpu::linear_forward(qkv, h, param("qkvw", l), cfg_.has_qkv_bias() ? param("qkvb", l) : nullptr, n, C, QKV);
+    linear(qkv, h, param("qkvw", l), cfg_.has_qkv_bias() ? param("qkvb", l) : nullptr, n, C, QKV);
     if (llama) cpu::rope_forward(qkv, qkv, pos_rows_.data(), n, Hq, Hkv, D, cfg_.rope());
     const size_t row = size_t(Hkv) * D;
     for (int i = 0; i < n; i++) {  // the chunk's keys and values join the cache before its rows attend
@@ -150,17 +175,17 @@ void KvDecoder::forward(const int* tokens, int n) {
       std::copy_n(r + size_t(Hq + Hkv) * D, row, vcache_.data() + at);
     }
     attend(att, qkv, l, n);
-    cpu::linear_forward(proj, att, param("attprojw", l), llama ? nullptr : param("attprojb", l), n, C, C);
+    linear(proj, att, param("attprojw", l), llama ? nullptr : param("attprojb", l), n, C, C);
     add(x, proj);
     norm(h, x, "ln2w", "ln2b", l, n);
     if (llama) {
-      cpu::linear_forward(fc_.data(), h, param("fcw", l), static_cast<const float*>(nullptr), n, C, 2 * F);
+      linear(fc_.data(), h, param("fcw", l), nullptr, n, C, 2 * F);
       cpu::swiglu_forward(act_.data(), fc_.data(), n, F);
     } else {
-      cpu::linear_forward(fc_.data(), h, param("fcw", l), param("fcb", l), n, C, F);
+      linear(fc_.data(), h, param("fcw", l), param("fcb", l), n, C, F);
       cpu::gelu_forward(act_.data(), fc_.data(), int64_t(n) * F);
     }
-    cpu::linear_forward(proj, act_.data(), param("fcprojw", l), llama ? nullptr : param("fcprojb", l), n, F, C);
+    linear(proj, act_.data(), param("fcprojw", l), llama ? nullptr : param("fcprojb", l), n, F, C);
     add(x, proj);
   }
   pos_ += n;
@@ -220,7 +245,7 @@ const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std
   // vocabulary; the padded rows are never scored).
   const int last = (n - 1) % chunk_;  // its row in the last chunk
   norm(h_.data(), x_.data() + size_t(last) * cfg_.dim, "lnfw", "lnfb", -1, 1);
-  cpu::linear_forward(logits_.data(), h_.data(), param(cfg_.head_name()), static_cast<const float*>(nullptr), 1, cfg_.dim,
+  linear(logits_.data(), h_.data(), param(cfg_.head_name()), nullptr, 1, cfg_.dim,
                       cfg_.vocab);
   return logits_;
 }
