@@ -150,14 +150,19 @@ std::string loss_plot_svg(const std::vector<LogRecord>& records) {
   return s;
 }
 
-bool write_loss_plot(const std::string& log_path, const std::string& svg_path) {
-  std::vector<LogRecord> records = read_run_log(log_path);
-  const bool any_step = std::any_of(records.begin(), records.end(), [](const LogRecord& r) {
+bool write_log_plot(const std::string& log_path, const std::string& svg_path, const char* type,
+                    std::string (*draw)(const std::vector<LogRecord>&)) {
+  const std::vector<LogRecord> records = read_run_log(log_path);
+  const bool any = std::any_of(records.begin(), records.end(), [type](const LogRecord& r) {
     auto t = r.find("type");
-    return t != r.end() && t->second == "step";
+    return t != r.end() && t->second == type;
   });
-  if (any_step) write_file_atomic(svg_path, loss_plot_svg(records));
-  return any_step;
+  if (any) write_file_atomic(svg_path, draw(records));
+  return any;
+}
+
+bool write_loss_plot(const std::string& log_path, const std::string& svg_path) {
+  return write_log_plot(log_path, svg_path, "step", loss_plot_svg);
 }
 
 }  // namespace ul

@@ -20,4 +20,9 @@ std::string loss_plot_svg(const std::vector<LogRecord>& records);
 // log holds no step to draw.
 bool write_loss_plot(const std::string& log_path, const std::string& svg_path);
 
+// The same for any drawing: when the log holds a record of type `type`, draw(records) is written
+// to svg_path atomically and true returned; else nothing is written.
+bool write_log_plot(const std::string& log_path, const std::string& svg_path, const char* type,
+                    std::string (*draw)(const std::vector<LogRecord>&));
+
 }  // namespace ul

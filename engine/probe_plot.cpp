@@ -142,13 +142,7 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records) {
 }
 
 bool write_probe_plot(const std::string& log_path, const std::string& svg_path) {
-  const std::vector<LogRecord> records = read_run_log(log_path);
-  const bool any = std::any_of(records.begin(), records.end(), [](const LogRecord& r) {
-    auto t = r.find("type");
-    return t != r.end() && t->second == "length";
-  });
-  if (any) write_file_atomic(svg_path, probe_plot_svg(records));
-  return any;
+  return write_log_plot(log_path, svg_path, "length", probe_plot_svg);
 }
 
 }  // namespace ul
