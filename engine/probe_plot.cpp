@@ -7,7 +7,6 @@
 #include <map>
 #include <stdexcept>
 
-#include "engine/file_io.h"
 #include "engine/loss_plot.h"
 
 namespace ul {
