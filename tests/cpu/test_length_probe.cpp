@@ -150,10 +150,10 @@ TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other length
   const std::string log = dir / "log.jsonl";
   for (const std::string layout : {"", " --ranks 2 --sp 2"}) {
     CAPTURE(layout);
-    CmdResult r = run_cmd(train_cmd("--steps 40 --eval-every 0 --eval-batches 2 --batch 4 --seq 96 --threads 1"
+    CmdResult r = run_cmd(train_cmd("--steps 10 --eval-every 0 --eval-batches 2 --batch 4 --seq 96 --threads 1"
                                     " --probe-lengths 96,40,200 --log " + log + layout));
     REQUIRE(r.code == 0);
-    const size_t eval = r.out.find("eval     40 |"), probe = r.out.find("probe    40 |");
+    const size_t eval = r.out.find("eval     10 |"), probe = r.out.find("probe    10 |");
     const size_t at96 = r.out.find("length     96 | all: "), at40 = r.out.find("length     40 |");
     const size_t at200 = r.out.find("length    200 |");
     REQUIRE((eval != std::string::npos && probe != std::string::npos && at96 != std::string::npos));

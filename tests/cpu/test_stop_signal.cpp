@@ -77,17 +77,17 @@ std::map<std::string, std::string> losses(const std::string& log) {
 
 }  // namespace
 
-TEST_CASE("SIGTERM, SIGINT, SIGUSR1: the step ends, a checkpoint is saved, --resume goes on bit-exactly", "[stop][cli]") {
+TEST_CASE("SIGTERM and SIGUSR1: the step ends, a checkpoint is saved, --resume goes on bit-exactly", "[stop][cli]") {
   struct Case { int sig; const char* name; std::string layout; };
-  for (const Case& k : {Case{SIGTERM, "SIGTERM", ""}, Case{SIGUSR1, "SIGUSR1", " --ranks 2 --sp 2"},
-                        Case{SIGINT, "SIGINT", " --ranks 2"}}) {
+  // (SIGINT: the next test case. Each case is three short runs, slow under the sanitizers.)
+  for (const Case& k : {Case{SIGTERM, "SIGTERM", ""}, Case{SIGUSR1, "SIGUSR1", " --ranks 2 --sp 2"}}) {
     CAPTURE(k.name, k.layout);
     ul_test::TempDir dir;
-    const std::string common = "--steps 40 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128" + k.layout;
+    const std::string common = "--steps 24 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128" + k.layout;
     const ul_test::CmdResult whole = ul_test::run_cmd(ul_test::train_cmd(common + " --log " + dir / "whole.jsonl"));
     REQUIRE(whole.code == 0);
     const std::string save = " --save-dir " + dir / "run";
-    const Stopped s = run_and_signal(common + save, "step     5/40", k.sig);
+    const Stopped s = run_and_signal(common + save, "step     5/24", k.sig);
     INFO(s.out);
     REQUIRE(WIFEXITED(s.status));
     CHECK(WEXITSTATUS(s.status) == 128 + k.sig);
@@ -95,7 +95,7 @@ TEST_CASE("SIGTERM, SIGINT, SIGUSR1: the step ends, a checkpoint is saved, --res
     REQUIRE(at != std::string::npos);
     const int step = std::stoi(s.out.substr(at + std::strlen("stopped | ") + std::strlen(k.name) + std::strlen(" after step ")));
     CHECK(step >= 5);
-    CHECK(step < 40);
+    CHECK(step < 24);
     char name[32];
     std::snprintf(name, sizeof name, "step_%08d", step);
     CHECK(fs::exists(fs::path(dir / "run") / name / "COMPLETE"));
