@@ -3,18 +3,15 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "data/packing.h"
 #include "engine/rng.h"
 #include "engine/sample.h"
 #include "parallel/communicator.h"
 
 namespace ul {
 
-void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, bool doc_mask,
-                         int seq) {
+void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq) {
   if (lengths.empty()) return;
-  if (!val.synthetic() && doc_mask)
-    throw std::runtime_error("--probe-lengths: the decoder attends across documents, so it cannot probe a "
-                             "--doc-mask run's text (drop one of the two)");
   std::vector<int32_t> in, tgt;
   for (int T : lengths) {
     const std::string where = "--probe-lengths " + std::to_string(T) + ": ";
@@ -60,9 +57,10 @@ struct Share {
 
 // {correct, valid} over this share of data's sequences [0, n) at length T.
 std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                                    const Dataset& data, int T, int n, Share share,
+                                    const Dataset& data, int T, int n, int32_t eot, Share share,
                                     const std::function<void(int)>& progress) {
   KvDecoder dec(cfg, specs, host, T);
+  dec.set_document_token(eot);
   std::vector<int32_t> in(static_cast<size_t>(T)), tgt(static_cast<size_t>(T));
   std::vector<int> tokens(static_cast<size_t>(T));
   Rng unused(0);  // greedy draws nothing
@@ -91,13 +89,20 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
   return {double(correct), double(valid)};
 }
 
-// {sum of -log p, count} per position_bands(T) band over this share of the stream's windows.
+// {sum of -log p, count} per position_bands(T) band over this share of the stream's windows. eot
+// >= 0: packed documents (--doc-mask): each window is split at that token, as the eval splits its
+// sequences (data/packing.h), and a target's band is its position in its document.
 std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                              const std::vector<int32_t>& stream, int T, int windows, Share share,
+                              const std::vector<int32_t>& stream, int T, int windows, int32_t eot, Share share,
                               const std::function<void(int)>& progress) {
   KvDecoder dec(cfg, specs, host, T);
+  dec.set_document_token(eot);
   std::vector<float> nll(static_cast<size_t>(T));
+  std::vector<int32_t> doc(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
   const std::vector<std::pair<int, int>> bands = position_bands(T);
+  std::vector<int> band_of(static_cast<size_t>(T));
+  for (size_t k = 0; k < bands.size(); k++)
+    std::fill(band_of.begin() + bands[k].first, band_of.begin() + bands[k].second, int(k));
   std::vector<double> sums(2 * bands.size(), 0.0);
   int done = 0;
   for (int i = 0; i < windows; i++) {
@@ -106,9 +111,12 @@ std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpe
     const std::vector<int> tokens(w, w + T);
     dec.reset();
     dec.score(tokens.data(), w + 1, T, nll.data());
-    for (size_t k = 0; k < bands.size(); k++)
-      for (int t = bands[k].first; t < bands[k].second; t++)
-        if (w[t + 1] >= 0) sums[2 * k] += nll[size_t(t)], sums[2 * k + 1] += 1;
+    document_layout(w, T, eot, doc.data(), pos.data());  // pos: t, or the position in its document
+    for (int t = 0; t < T; t++) {
+      if (w[t + 1] < 0) continue;
+      const int k = band_of[size_t(pos[size_t(t)])];
+      sums[2 * size_t(k)] += nll[size_t(t)], sums[2 * size_t(k) + 1] += 1;
+    }
     if (progress) progress(++done);
   }
   return sums;
@@ -139,18 +147,19 @@ LengthProbe loss_probe(int T, const std::vector<double>& sums) {
 double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                         const Dataset& data, int T, int n, int64_t* answers,
                         const std::function<void(int)>& progress) {
-  const std::vector<double> c = accuracy_counts(cfg, specs, host, data, T, n, Share{}, progress);
+  const std::vector<double> c = accuracy_counts(cfg, specs, host, data, T, n, -1, Share{}, progress);
   *answers = int64_t(c[1]);
   return c[1] > 0 ? c[0] / c[1] : 0.0;
 }
 
 LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const std::vector<int32_t>& stream, int T, int n, const std::function<void(int)>& progress) {
-  return loss_probe(T, loss_sums(cfg, specs, host, stream, T, windows_in(stream, T, n), Share{}, progress));
+                         const std::vector<int32_t>& stream, int T, int n, int32_t eot,
+                         const std::function<void(int)>& progress) {
+  return loss_probe(T, loss_sums(cfg, specs, host, stream, T, windows_in(stream, T, n), eot, Share{}, progress));
 }
 
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int seq, int T, int n, Comm* world,
+                         const Dataset& val, int seq, int T, int n, int32_t eot, Comm* world,
                          const std::function<void(const std::string&)>& progress) {
   const Share share{world ? world->rank() : 0, world ? world->size() : 1};
   auto each = [&](const std::string& name, int total) -> std::function<void(int)> {
@@ -166,7 +175,7 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   if (!val.synthetic()) {
     const std::vector<int32_t> stream = val_stream(val, seq, int64_t(n) * T + 1);
     const int windows = windows_in(stream, T, n);
-    std::vector<double> sums = loss_sums(cfg, specs, host, stream, T, windows, share, each("all", windows));
+    std::vector<double> sums = loss_sums(cfg, specs, host, stream, T, windows, eot, share, each("all", windows));
     sum_over_ranks(sums);
     return loss_probe(T, sums);
   }
@@ -175,7 +184,7 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   for (const auto& [name, data] : probes) cells.emplace_back(name, data.get());
   std::vector<double> counts;  // {correct, valid} per cell
   for (const auto& [name, data] : cells) {
-    const std::vector<double> c = accuracy_counts(cfg, specs, host, *data, T, n, share, each(name, n));
+    const std::vector<double> c = accuracy_counts(cfg, specs, host, *data, T, n, eot, share, each(name, n));
     counts.insert(counts.end(), c.begin(), c.end());
   }
   sum_over_ranks(counts);

@@ -12,9 +12,10 @@
 // id on ties) is it, the rule of the eval's accuracy. Text: every row's -log p(target), chunk by
 // chunk (KvDecoder::score), over windows of T + 1 tokens cut from the val split's own tokens as
 // the run reads them at --seq (val_stream), so a long window never reaches into the training text
-// (which moves with the length: text:FILE holds out its last 10% of whole sequences). At T = --seq
-// both equal the eval's, up to the rounding of the decoder's other summation order (tests hold
-// them to it).
+// (which moves with the length: text:FILE holds out its last 10% of whole sequences). With
+// --doc-mask the decoder splits windows into documents as the eval does (attention within each,
+// positions and bands from its start). At T = --seq both equal the eval's, up to the rounding of
+// the decoder's other summation order (tests hold them to it).
 #pragma once
 #include <functional>
 #include <string>
@@ -39,10 +40,9 @@ struct LengthProbe {
 };
 
 // Refuses, naming --probe-lengths, before any training: a length a gpt2 model's learned positions
-// do not reach, one too short for the task or longer than the val split holds, and text with
-// --doc-mask (the decoder attends across documents). seq: the run's --seq.
-void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, bool doc_mask,
-                         int seq);
+// do not reach, or one too short for the task or longer than the val split holds. seq: the run's
+// --seq.
+void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq);
 
 // The val split's tokens as one stream, read through its sequences at the run's length seq
 // (sequence 0's inputs, then 1's, ..., then the last one's final target), at most `tokens` of
@@ -58,17 +58,20 @@ double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& sp
 
 // The mean -log p of every target of the first n windows of T + 1 tokens of `stream` (as many as
 // it holds, at least one), overall and by position_bands(T); progress as decoded_accuracy's.
+// eot >= 0: packed documents opened by that token (--doc-mask): attention stays in each, positions
+// and bands count from its start.
 LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const std::vector<int32_t>& stream, int T, int n, const std::function<void(int)>& progress = {});
+                         const std::vector<int32_t>& stream, int T, int n, int32_t eot = -1,
+                         const std::function<void(int)>& progress = {});
 
 // One row at length T: synthetic, the accuracy of the val data itself ("all") and of each of its
 // probes; text, decoded_loss. progress, if given, hears "all 3/64 sequences" (or "depth 0.25 ...")
 // as it goes: train's --heartbeat.
-// seq: the run's --seq (text reads val_stream(val, seq, ...)). world: when given, collective: each
+// seq: the run's --seq (text reads val_stream(val, seq, ...)); eot: decoded_loss's. world: when given, collective: each
 // rank decodes the windows i with i % size == rank, and the counts are all-reduced, so every rank
 // returns the whole row.
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                         const Dataset& val, int seq, int T, int n, Comm* world = nullptr,
+                         const Dataset& val, int seq, int T, int n, int32_t eot = -1, Comm* world = nullptr,
                          const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace ul

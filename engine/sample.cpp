@@ -62,7 +62,7 @@ KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs
   const size_t cache = size_t(cfg_.layers) * size_t(slots_) * size_t(cfg_.kv_heads) * D;
   kcache_.assign(cache, 0.0f);
   vcache_.assign(cache, 0.0f);
-  tok_.resize(n), pos_rows_.resize(n);
+  tok_.resize(n), pos_rows_.resize(n), doc_rows_.resize(n);
   x_.resize(n * C), h_.resize(n * C), att_.resize(n * C), proj_.resize(n * C), stat_.resize(2 * n);
   qkv_.resize(n * size_t(cfg_.heads + 2 * cfg_.kv_heads) * D);
   fc_.resize(n * (cfg_.is_llama() ? 2 * F : F)), act_.resize(n * F);
@@ -95,8 +95,9 @@ void KvDecoder::norm(float* y, const float* x, const char* w, const char* b, int
 
 // For row i (position p) and query head h (kv head g = h / (Hq / Hkv)):
 //   s_t = q . k_t / sqrt(D) for t = t0..p,  out = sum_t softmax(s)_t v_t
-// over the cache — causal, since a row reads no position after its own. t0 is 0, or with a sliding
-// window W, p - W + 1: the W newest positions, this one included. Position t lives in slot
+// over the cache — causal, since a row reads no position after its own. t0 is the start of the
+// row's document (0 without packed documents), or with a sliding window W, p - W + 1 when that is
+// later: the W newest positions, this one included. Position t lives in slot
 // t % slots_ (a ring when every layer has a window; else slot t). Flash style, as the training
 // op (layers/attention.cpp): blocks of kRows rows of one head against tiles of up to kKeys cached
 // keys, scores by GEMM, an online softmax; a tile ends where the ring wraps, so that its keys are
@@ -122,24 +123,29 @@ void KvDecoder::attend(float* out, const float* qkv, int layer, int n) {
       for (int h = 0; h < Hq; h++) {
         const int r0 = rb * kRows, nr = std::min(kRows, n - r0), g = h / (Hq / Hkv);
         const int p0 = pos_ + r0, p1 = p0 + nr - 1;  // the block's first and last rows' positions
+        const int32_t* doc = doc_rows_.data() + r0;   // each row's document start (non-decreasing)
+        // Row i sees keys [first(i), p0 + i]: after its document's start and within the window.
+        auto first = [&](int i) { return std::max(doc[i], W > 0 ? p0 + i - W + 1 : 0); };
         const auto Q = cpu::rows(qkv, r0 * qkv_row + int64_t(h) * D, nr, D, qkv_row);
         Tile<float> acc(acc_buf.data, nr, D);  // (nr, D) unnormalised output
         acc.setZero();
         std::fill(m.begin(), m.end(), ninf);
         std::fill(l.begin(), l.end(), 0.0f);
-        for (int k0 = W > 0 ? std::max(0, p0 - W + 1) : 0; k0 <= p1;) {
+        for (int k0 = first(0); k0 <= p1;) {
           const int slot = k0 % slots_, nk = std::min({kKeys, p1 - k0 + 1, slots_ - slot});
           const auto Kt = cpu::rows(K, slot * row + int64_t(g) * D, nk, D, row);
           const auto Vt = cpu::rows(V, slot * row + int64_t(g) * D, nk, D, row);
           Tile<float> S(s_buf.data, nr, nk);  // (nr, nk) scores, then probabilities
           S.noalias() = Q * Kt.transpose();
           S *= scale;
-          // Some row misses some key: one after the first row, or one out of the last row's window.
-          const bool partial = k0 + nk - 1 > p0 || (W > 0 && p1 - k0 >= W);
+          // Some row misses some key: one after the first row, or one before the last row's first.
+          const bool partial = k0 + nk - 1 > p0 || k0 < first(nr - 1);
           auto mask = [&](float value) {
-            for (int i = 0; i < nr; i++)
+            for (int i = 0; i < nr; i++) {
+              const int lo = first(i), hi = p0 + i;
               for (int j = 0; j < nk; j++)
-                if (k0 + j > p0 + i || (W > 0 && p0 + i - (k0 + j) >= W)) S(i, j) = value;
+                if (k0 + j > hi || k0 + j < lo) S(i, j) = value;
+            }
           };
           if (partial) mask(ninf);
           cpu::online_softmax_tile(S, m.data(), l.data(), acc);
@@ -157,7 +163,11 @@ void KvDecoder::forward(const int* tokens, int n) {
   const int C = cfg_.dim, D = cfg_.head_dim(), Hq = cfg_.heads, Hkv = cfg_.kv_heads, F = cfg_.ffn_dim();
   const int QKV = (Hq + 2 * Hkv) * D;
   const bool llama = cfg_.is_llama();
-  for (int i = 0; i < n; i++) tok_[size_t(i)] = tokens[i], pos_rows_[size_t(i)] = pos_ + i;
+  for (int i = 0; i < n; i++) {
+    const int p = pos_ + i;
+    if (eot_ >= 0 && tokens[i] == eot_ && p > 0) doc_start_ = p;  // the EOT opens its document
+    tok_[size_t(i)] = tokens[i], pos_rows_[size_t(i)] = p - doc_start_, doc_rows_[size_t(i)] = doc_start_;
+  }
   float *x = x_.data(), *h = h_.data(), *qkv = qkv_.data(), *att = att_.data(), *proj = proj_.data();
   auto add = [&](float* y, const float* a) {  // the residual stream: y += a over (n, C)
     for (size_t k = 0; k < size_t(n) * C; k++) y[k] += a[k];

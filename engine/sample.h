@@ -44,7 +44,11 @@ class KvDecoder {
   // and a target outside the vocabulary.
   void score(const int* tokens, const int32_t* targets, int n, float* nll);
   int position() const { return pos_; }
-  void reset() { pos_ = 0; }
+  void reset() { pos_ = 0, doc_start_ = 0; }
+  // Packed documents, as --doc-mask trains them (data/packing.h): from now on each `eot` token
+  // opens a new document, whose rows attend only within it and count positions from 0 there
+  // (the RoPE angle, gpt2's learned position). -1: one document (the default).
+  void set_document_token(int32_t eot) { eot_ = eot; }
 
  private:
   const float* param(const std::string& name, int layer = -1) const;
@@ -63,7 +67,9 @@ class KvDecoder {
   // max_len), as a ring: a chunk's first row still reads W - 1 positions before the chunk.
   int slots_;
   std::vector<float> kcache_, vcache_;  // (L, slots, KV, D) each
-  std::vector<int32_t> tok_, pos_rows_;  // (chunk)
+  int32_t eot_ = -1;
+  int doc_start_ = 0;  // the position where the document of the last row run so far starts
+  std::vector<int32_t> tok_, pos_rows_, doc_rows_;  // (chunk): token, position in its document, document start
   std::vector<float> x_, h_, qkv_, att_, proj_, fc_, act_, stat_, logits_;  // (chunk, width) each
   std::vector<float> row_logits_;  // (chunk, V): score()'s, made on its first call
 };

@@ -71,7 +71,7 @@ int train_rank(const Options& o, Comm& world) {
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.doc_mask, o.seq);
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
@@ -192,7 +192,8 @@ int train_rank(const Options& o, Comm& world) {
     for (int T : o.probe_lengths) {
       const double t0 = now_ms();
       beat.begin("length " + std::to_string(T));
-      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n, &world,
+      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n,
+                                         tr.document_start(), &world,
                                          [&](const std::string& where) {
                                            if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
                                          });

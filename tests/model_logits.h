@@ -6,6 +6,7 @@
 
 #include "engine/context.h"
 #include "engine/device.h"
+#include "data/packing.h"
 #include "engine/rng.h"
 #include "layers/linear.h"
 #include "layers/transformer.h"
@@ -33,19 +34,20 @@ inline std::vector<float> host_params(ul::Transformer& m, uint64_t seed) {
 }
 
 // The full forward's logits (T, V) of one sequence: the model's final hidden state times the head.
-inline std::vector<float> full_logits(ul::Transformer& m, const std::vector<int32_t>& idx) {
+// eot >= 0: packed documents, each opened by that token, as --doc-mask trains them.
+inline std::vector<float> full_logits(ul::Transformer& m, const std::vector<int32_t>& idx, int32_t eot = -1) {
   using namespace ul;
   Context& c = ctx();
   Recording off(false);
   const int T = int(idx.size());
-  std::vector<int32_t> pos(idx.size()), tgt(idx.size(), 0);
-  for (int t = 0; t < T; t++) pos[size_t(t)] = t;
+  std::vector<int32_t> pos(idx.size()), doc(idx.size()), tgt(idx.size(), 0);
+  document_layout(idx.data(), T, eot, doc.data(), pos.data());
   auto ints = [&](const std::vector<int32_t>& v) {
     Tensor t = c.empty({1, T}, DType::i32);
     copy_from_host(t, v.data());
     return t;
   };
-  m.forward({ints(idx), ints(tgt), ints(pos), ints(pos), Tensor{}}, 0.0f, nullptr);
+  m.forward({ints(idx), ints(tgt), ints(pos), ints(pos), eot >= 0 ? ints(doc) : Tensor{}}, 0.0f, nullptr);
   const int C = m.cfg.dim, V = m.cfg.vocab;
   std::vector<float> logits(size_t(T) * V);
   const float* head = m.params.get(m.cfg.head_name()).f32();

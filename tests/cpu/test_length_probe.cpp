@@ -144,6 +144,52 @@ TEST_CASE("KvDecoder::score gives the full forward's -log p of every target", "[
   }
 }
 
+TEST_CASE("with packed documents the decoder attends within each and counts positions from its start", "[length_probe][doc]") {
+  omp_set_num_threads(1);
+  struct Case { std::string arch; int window; };
+  for (const Case& k : {Case{"gpt2", 0}, Case{"llama", 0}, Case{"llama", 5}}) {
+    CAPTURE(k.arch, k.window);
+    Context c;
+    ContextGuard g(c);
+    ModelConfig cfg = small(k.arch);
+    cfg.sliding_window = k.window;
+    Transformer m(cfg);
+    const std::vector<float> h = host_params(m, 41);
+    const int T = 23, V = cfg.vocab, eot = 7;
+    std::vector<int32_t> seq(T), tgt(T);
+    Rng rng(8);
+    for (int t = 0; t < T; t++) seq[size_t(t)] = 8 + int32_t(rng.uniform() * (V - 8)) % (V - 8), tgt[size_t(t)] = t % 4;
+    for (int t : {0, 6, 7, 15}) seq[size_t(t)] = eot;  // documents [0,6) [6,7) [7,15) [15,23)
+    const std::vector<float> logits = full_logits(m, seq, eot);
+    const std::vector<int> tokens(seq.begin(), seq.end());
+    for (int chunk : {4, 64}) {
+      CAPTURE(chunk);
+      KvDecoder dec(cfg, m.params.specs(), h.data(), T, chunk);
+      dec.set_document_token(eot);
+      std::vector<float> nll(T);
+      dec.score(tokens.data(), tgt.data(), T, nll.data());
+      for (int t = 0; t < T; t++) {
+        CAPTURE(t);
+        const float* z = &logits[size_t(t) * V];
+        double mx = z[0], sum = 0;
+        for (int v = 1; v < V; v++) mx = std::max(mx, double(z[v]));
+        for (int v = 0; v < V; v++) sum += std::exp(z[v] - mx);
+        const double want = std::log(sum) + mx - z[tgt[size_t(t)]];
+        CHECK(std::fabs(nll[size_t(t)] - want) < 1e-5 * std::max(1.0, want));
+      }
+    }
+    // Without the document token the same tokens give other losses after the first document.
+    KvDecoder open(cfg, m.params.specs(), h.data(), T);
+    std::vector<float> a(T), b(T);
+    open.score(tokens.data(), tgt.data(), T, a.data());
+    KvDecoder packed(cfg, m.params.specs(), h.data(), T);
+    packed.set_document_token(eot);
+    packed.score(tokens.data(), tgt.data(), T, b.data());
+    CHECK(a[3] == b[3]);
+    CHECK(std::fabs(a[20] - b[20]) > 1e-4);
+  }
+}
+
 TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other lengths a row each, logged", "[length_probe][cli]") {
   using namespace ul_test;
   TempDir dir;
@@ -187,8 +233,7 @@ TEST_CASE("train --probe-lengths refuses what it cannot probe, before training",
   const std::string text = dir / "t.txt";
   std::ofstream(text) << std::string(5000, 'a');
   struct Bad { std::string args, message; };
-  for (const Bad& b : {Bad{"--data text:" + text + " --doc-mask --eot 10 --probe-lengths 64", "--probe-lengths: the decoder attends across documents"},
-                       Bad{"--model llama --data text:" + text + " --seq 64 --probe-lengths 64,4096", "--probe-lengths 4096: the val split (text "},
+  for (const Bad& b : {Bad{"--model llama --data text:" + text + " --seq 64 --probe-lengths 64,4096", "--probe-lengths 4096: the val split (text "},
                        Bad{"--model gpt2 --max-seq 256 --probe-lengths 128,512", "--probe-lengths 512: longer than the model's max sequence 256"},
                        Bad{"--probe-lengths 8", "--probe-lengths 8: passkey: sequence length 8 is too short"},
                        Bad{"--probe-lengths 64,,128", "--probe-lengths: expected an integer, got ''"},
@@ -201,16 +246,18 @@ TEST_CASE("train --probe-lengths refuses what it cannot probe, before training",
   }
 }
 
-TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss and its bands", "[length_probe][cli]") {
+TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss and its bands, with --doc-mask too", "[length_probe][cli]") {
   using namespace ul_test;
   TempDir dir;
   const std::string text = dir / "t.txt", log = dir / "log.jsonl";
   {
     std::ofstream f(text);
     Rng rng(3);
-    for (int i = 0; i < 40000; i++) f << char('a' + int(rng.uniform() * 6) % 6) << (i % 7 == 6 ? " " : "");
+    for (int i = 0; i < 40000; i++) f << char('a' + int(rng.uniform() * 6) % 6) << (i % 7 == 6 ? " " : "") << (i % 90 == 89 ? "\n" : "");
   }
-  for (const std::string layout : {"", " --ranks 2 --sp 2"}) {
+  // Also with packed documents: a newline opens each (--eot 10, every ~100 bytes), so the bands count
+  // from line starts.
+  for (const std::string layout : {"", " --ranks 2 --sp 2", " --doc-mask --eot 10"}) {
     CAPTURE(layout);
     CmdResult r = run_cmd(train_cmd("--data text:" + text + " --model llama --steps 20 --eval-every 0 --eval-batches 2"
                                     " --batch 2 --seq 128 --threads 1 --loss-by-position --probe-lengths 128,300 --log " +
