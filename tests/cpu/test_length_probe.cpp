@@ -55,6 +55,14 @@ int argmax(const float* row, int V) {
   return best;
 }
 
+// -log softmax(z)[target] over V logits, in double.
+double neg_log_softmax(const float* z, int V, int target) {
+  double mx = z[0], sum = 0;
+  for (int v = 1; v < V; v++) mx = std::max(mx, double(z[v]));
+  for (int v = 0; v < V; v++) sum += std::exp(z[v] - mx);
+  return std::log(sum) + mx - z[target];
+}
+
 // The number in "<label>12.34%" after position `from` of `text`, as a fraction.
 double percent_after(const std::string& text, const std::string& label, size_t from) {
   const size_t at = text.find(label, from);
@@ -128,11 +136,7 @@ TEST_CASE("KvDecoder::score gives the full forward's -log p of every target", "[
           CHECK(nll[size_t(t)] == 0.0f);
           continue;
         }
-        const float* z = &logits[size_t(t) * V];
-        double mx = z[0], sum = 0;
-        for (int v = 1; v < V; v++) mx = std::max(mx, double(z[v]));
-        for (int v = 0; v < V; v++) sum += std::exp(z[v] - mx);
-        const double want = std::log(sum) + mx - z[tgt[size_t(t)]];
+        const double want = neg_log_softmax(&logits[size_t(t) * V], V, tgt[size_t(t)]);
         CHECK(std::fabs(nll[size_t(t)] - want) < 1e-5 * std::max(1.0, want));
       }
     }
@@ -170,11 +174,7 @@ TEST_CASE("with packed documents the decoder attends within each and counts posi
       dec.score(tokens.data(), tgt.data(), T, nll.data());
       for (int t = 0; t < T; t++) {
         CAPTURE(t);
-        const float* z = &logits[size_t(t) * V];
-        double mx = z[0], sum = 0;
-        for (int v = 1; v < V; v++) mx = std::max(mx, double(z[v]));
-        for (int v = 0; v < V; v++) sum += std::exp(z[v] - mx);
-        const double want = std::log(sum) + mx - z[tgt[size_t(t)]];
+        const double want = neg_log_softmax(&logits[size_t(t) * V], V, tgt[size_t(t)]);
         CHECK(std::fabs(nll[size_t(t)] - want) < 1e-5 * std::max(1.0, want));
       }
     }
