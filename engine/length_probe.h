@@ -40,9 +40,11 @@ struct LengthProbe {
 };
 
 // Refuses, naming --probe-lengths, before any training: a length a gpt2 model's learned positions
-// do not reach, or one too short for the task or longer than the val split holds. seq: the run's
-// --seq.
-void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq);
+// do not reach, one too short for the task or longer than the val split holds, or one whose
+// decoders (`decoders` of them in this process: its ranks) would not fit the machine's memory.
+// seq: the run's --seq.
+void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq,
+                         int decoders = 1);
 
 // The val split's tokens as one stream, read through its sequences at the run's length seq
 // (sequence 0's inputs, then 1's, ..., then the last one's final target), at most `tokens` of

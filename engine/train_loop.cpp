@@ -71,7 +71,7 @@ int train_rank(const Options& o, Comm& world) {
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq);
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, o.comm == "local" ? o.ranks : 1);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)

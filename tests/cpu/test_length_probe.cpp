@@ -233,7 +233,8 @@ TEST_CASE("train --probe-lengths refuses what it cannot probe, before training",
   const std::string text = dir / "t.txt";
   std::ofstream(text) << std::string(5000, 'a');
   struct Bad { std::string args, message; };
-  for (const Bad& b : {Bad{"--model llama --data text:" + text + " --seq 64 --probe-lengths 64,4096", "--probe-lengths 4096: the val split (text "},
+  for (const Bad& b : {Bad{"--model llama --probe-lengths 2000000000", "--probe-lengths 2000000000: the KV-cache decoder needs "},
+                       Bad{"--model llama --data text:" + text + " --seq 64 --probe-lengths 64,4096", "--probe-lengths 4096: the val split (text "},
                        Bad{"--model gpt2 --max-seq 256 --probe-lengths 128,512", "--probe-lengths 512: longer than the model's max sequence 256"},
                        Bad{"--probe-lengths 8", "--probe-lengths 8: passkey: sequence length 8 is too short"},
                        Bad{"--probe-lengths 64,,128", "--probe-lengths: expected an integer, got ''"},
