@@ -145,6 +145,7 @@ TEST_CASE("a chunked prefill leaves the logits and the cache of one-token steps"
   // Every layout a chunk can take against the cache: chunks of 1 (the steps themselves), shorter
   // than the window, longer than it (the ring then holds W + chunk - 1 positions), longer than the
   // prompt; full attention, a window in every layer and a hybrid; gpt2 and llama with GQA.
+  omp_set_num_threads(1);  // rows of a tiny model: a thread team per op would cost more than the work
   struct Case { std::string arch; int window, every; };
   for (const Case& k : {Case{"gpt2", 0, 0}, Case{"llama", 0, 0}, Case{"llama", 4, 0}, Case{"llama", 4, 2}}) {
     CAPTURE(k.arch, k.window, k.every);
@@ -183,6 +184,7 @@ TEST_CASE("a chunked prefill leaves the logits and the cache of one-token steps"
 TEST_CASE("a long prefill: several row blocks and key tiles, the ring wrapping inside a chunk", "[sample][prefill]") {
   // 150 positions: blocks of 64 rows and tiles of 64 keys cut the chunks unevenly; with W = 70
   // and chunks of 30, the ring has 99 slots, so tiles end where it wraps.
+  omp_set_num_threads(1);
   for (int window : {0, 70}) {
     CAPTURE(window);
     Context c;
