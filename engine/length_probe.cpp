@@ -19,16 +19,20 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
     if (!cfg.is_llama() && T > cfg.max_seq)
       throw std::runtime_error(where + "longer than the model's max sequence " + std::to_string(cfg.max_seq) +
                                " (gpt2's positions are learned)");
-    // Each decoder: its KV cache, buffers and weights (KvDecoder::host_bytes), score()'s logits of
-    // a chunk, and a window's tokens and losses. Checked before anything of length T is allocated.
-    const size_t one = KvDecoder::host_bytes(cfg, T) + size_t(KvDecoder::kDefaultChunk) * size_t(cfg.vocab) * 4 +
-                       size_t(T) * 20;
+    // Each decoder: its KV cache, buffers, score()'s logits and weights, and a window's tokens,
+    // layout and losses (5 values a position). Checked before anything of length T is allocated.
+    const size_t one = KvDecoder::host_bytes(cfg, T, true) + size_t(T) * 5 * 4;
     if (one * size_t(decoders) > physical_memory())
       throw std::runtime_error(where + "the KV-cache decoder needs " + std::to_string(one >> 20) + " MiB" +
                                (decoders > 1 ? " per rank (" + std::to_string(decoders) + " in this process)" : "") +
                                ", but this machine has " + std::to_string(physical_memory() >> 20) + " MiB");
     if (!val.synthetic()) {
-      const size_t held = val_stream(val, seq, int64_t(T) + 1).size();
+      size_t held = 0;
+      try {
+        held = val_stream(val, seq, int64_t(T) + 1).size();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(where + e.what());
+      }
       if (held < size_t(T) + 1)
         throw std::runtime_error(where + "the val split (" + val.describe() + ") holds " + std::to_string(held) +
                                  " tokens at --seq " + std::to_string(seq) + "; a window needs " + std::to_string(T + 1));

@@ -41,6 +41,14 @@ void linear(float* y, const float* x, const float* w, const float* b, int n, int
   }
 }
 
+// Positions the cache holds. With a window in every layer only the W newest positions before a row
+// are ever read: a ring of W + chunk - 1 slots holds those of a chunk's first row and the whole
+// chunk. Else every position, in its own slot.
+int cache_slots(const ModelConfig& cfg, int max_len, int chunk) {
+  if (cfg.sliding_window <= 0 || cfg.full_every) return max_len;
+  return int(std::min<int64_t>(max_len, int64_t(cfg.sliding_window) + std::min(chunk, max_len) - 1));
+}
+
 }  // namespace
 
 KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len,
@@ -52,11 +60,7 @@ KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs
   if (!cfg_.is_llama() && max_len > cfg_.max_seq)
     throw std::runtime_error("sample: " + std::to_string(max_len) + " positions exceed the model's max sequence " +
                              std::to_string(cfg_.max_seq) + " (gpt2 has learned positions)");
-  // With a window in every layer only the W newest positions before a row are ever read: a ring of
-  // W + chunk - 1 slots holds those of a chunk's first row and the whole chunk.
-  slots_ = max_len;
-  if (cfg_.sliding_window > 0 && !cfg_.full_every)
-    slots_ = int(std::min<int64_t>(max_len, int64_t(cfg_.sliding_window) + chunk - 1));
+  slots_ = cache_slots(cfg_, max_len, chunk);
   chunk_ = std::min(chunk, max_len);
   const size_t C = size_t(cfg_.dim), D = size_t(cfg_.head_dim()), F = size_t(cfg_.ffn_dim()), n = size_t(chunk_);
   const size_t cache = size_t(cfg_.layers) * size_t(slots_) * size_t(cfg_.kv_heads) * D;
@@ -69,14 +73,12 @@ KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs
   logits_.resize(size_t(cfg_.vocab));
 }
 
-size_t KvDecoder::host_bytes(const ModelConfig& cfg, int max_len, int chunk) {
-  const size_t C = size_t(cfg.dim), D = size_t(cfg.head_dim()), F = size_t(cfg.ffn_dim());
+size_t KvDecoder::host_bytes(const ModelConfig& cfg, int max_len, bool scoring, int chunk) {
+  const size_t C = size_t(cfg.dim), D = size_t(cfg.head_dim()), F = size_t(cfg.ffn_dim()), V = size_t(cfg.vocab);
   const size_t n = size_t(std::max(1, std::min(chunk, max_len)));
-  size_t slots = size_t(std::max(1, max_len));
-  if (cfg.sliding_window > 0 && !cfg.full_every) slots = std::min(slots, size_t(cfg.sliding_window) + n - 1);
-  const size_t cache = 2 * size_t(cfg.layers) * slots * size_t(cfg.kv_heads) * D;
+  const size_t cache = 2 * size_t(cfg.layers) * size_t(cache_slots(cfg, std::max(1, max_len), chunk)) * size_t(cfg.kv_heads) * D;
   const size_t rows = n * (4 * C + size_t(cfg.heads + 2 * cfg.kv_heads) * D + (cfg.is_llama() ? 3 : 2) * F + 2);
-  return (cache + rows + size_t(cfg.vocab) + param_count(cfg)) * sizeof(float);
+  return (cache + rows + V + (scoring ? n * V : 0) + param_count(cfg)) * sizeof(float);
 }
 
 const float* KvDecoder::param(const std::string& name, int layer) const {

@@ -29,9 +29,10 @@ class KvDecoder {
   KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* params, int max_len,
             int chunk = kDefaultChunk);
   static constexpr int kDefaultChunk = 256;
-  // What sampling max_len positions takes in host memory: the cache, the chunk's buffers and the
-  // f32 copy of the weights the decoder reads (made by its caller).
-  static size_t host_bytes(const ModelConfig& cfg, int max_len, int chunk = kDefaultChunk);
+  // What decoding max_len positions takes in host memory: the cache, the chunk's buffers (with
+  // `scoring`, score()'s logits of a chunk too) and the f32 copy of the weights the decoder reads
+  // (made by its caller).
+  static size_t host_bytes(const ModelConfig& cfg, int max_len, bool scoring = false, int chunk = kDefaultChunk);
 
   // Runs tokens[0, n) at the next n positions, `chunk` rows at a time, appending their K and V to
   // the cache; returns the logits of the token that follows the last (cfg.vocab values, the padded

@@ -24,9 +24,9 @@ void say(const char* text) {  // write(2) is async-signal-safe; printf is not
 void on_signal(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {
-    say(sig == SIGTERM ? "\ntrain: SIGTERM: stopping after this step (a checkpoint is saved with --save-dir); again to stop now\n"
-        : sig == SIGINT ? "\ntrain: SIGINT: stopping after this step (a checkpoint is saved with --save-dir); again to stop now\n"
-                        : "\ntrain: SIGUSR1: stopping after this step (a checkpoint is saved with --save-dir); again to stop now\n");
+    say("\ntrain: ");
+    say(stop_signal_name(sig));  // a string literal: no allocation in a handler
+    say(": stopping after this step (a checkpoint is saved with --save-dir); again to stop now\n");
     return;
   }
   // The second: the default action, now (the process ends by this signal).
