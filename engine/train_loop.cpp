@@ -133,6 +133,11 @@ int train_rank(const Options& o, Comm& world) {
   };
   install_stop_handlers();
   int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
+  auto agreed_stop_signal = [&] {
+    int32_t sig = stop_signal();
+    if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
+    return int(sig);
+  };
   for (int s = start; s < o.steps; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
@@ -158,23 +163,33 @@ int train_rank(const Options& o, Comm& world) {
     if (s == start && tr.document_start() >= 0 && r.packed == 0)  // a mask that splits nothing
       say("note    | --doc-mask: no sequence of this step holds token %d after its start, so none is split "
           "into documents (is --eot right?)\n", tr.document_start());
-    bool last = s + 1 == o.steps;
-    if ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last) run_eval(s + 1, last);
-    // --sample-every: rank 0 samples (the others go on to the next step's collectives and wait
-    // there); the last step's sample is finish()'s, after the run.
-    if (lead && o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last) outputs.sample(model, s + 1);
-    const bool saves = !o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last);
-    // A stop signal (engine/stop_signal.h) is acted on here, between steps, by every rank at once:
-    // the one that caught it may be alone (a signal sent to one process of an MPI job).
-    int32_t sig = stop_signal();
-    if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
-    const bool stop = sig != 0 && !last;
-    if (saves || (stop && !o.save_dir.empty())) {
+    const bool last = s + 1 == o.steps;
+    // A stop signal (engine/stop_signal.h) is acted on at the step boundary, by every rank at once
+    // (the one that caught it may be alone: a signal sent to one process of an MPI job), before the
+    // eval and the sample: a scheduler's grace period is for the checkpoint. At the last step too:
+    // the checkpoint holds the finished training, and the final evals, probes and exports are left.
+    int32_t sig = agreed_stop_signal();
+    bool saved = false;
+    auto save = [&] {
       const double t0 = now_ms();
       save_checkpoint(tr, o.save_dir, o.keep);
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
+      saved = true;
+    };
+    if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last || sig)) save();
+    if (!sig) {
+      const bool evals = (o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last;
+      if (evals) run_eval(s + 1, last);
+      // --sample-every: rank 0 samples (the others wait for it at the agreement below); the last
+      // step's sample is finish()'s, after the run.
+      const bool samples = o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last;
+      if (lead && samples) outputs.sample(model, s + 1);
+      if (evals || samples) {  // a signal during a long eval or sample stops the run now, not a step later
+        sig = agreed_stop_signal();
+        if (sig && !saved && !o.save_dir.empty()) save();
+      }
     }
-    if (stop) {
+    if (sig) {
       stopped_by = sig, stopped_at = s + 1;
       if (log) log->stop(s + 1, stop_signal_name(sig));
       break;
@@ -185,11 +200,21 @@ int train_rank(const Options& o, Comm& world) {
   // unless the run is there to export or sample (Options::evaluates).
   const bool eval_at_zero = o.steps == 0 && o.evaluates();
   if (eval_at_zero) run_eval(0, true);
+  // A signal after the loop, during the final evals and probes: what is left of them is skipped.
+  bool stopped_late = false;
+  auto stop_now = [&] {
+    if (stopped_by) return true;
+    if (!(stopped_by = agreed_stop_signal())) return false;
+    stopped_at = std::max(start, o.steps), stopped_late = true;
+    if (log) log->stop(stopped_at, stop_signal_name(stopped_by));
+    return true;
+  };
   // --probe-lengths: every rank decodes a share of the windows from a host copy of the weights.
-  if (!o.probe_lengths.empty() && !stopped_by && (o.steps == 0 || o.steps > start)) {
+  if (!o.probe_lengths.empty() && !stop_now() && (o.steps == 0 || o.steps > start)) {
     const std::vector<float> host = model.params.to_host();
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
+      if (stop_now()) break;
       const double t0 = now_ms();
       beat.begin("length " + std::to_string(T));
       const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n,
@@ -213,6 +238,7 @@ int train_rank(const Options& o, Comm& world) {
       if (log) log->length_probe(std::max(start, o.steps), p);
     }
   }
+  stop_now();  // the exports and the sample are not started after a signal
   if (log) {
     log.reset();  // closed: the plot reads it back
     const std::string svg = plot_path_for_log(log_path);
@@ -228,12 +254,21 @@ int train_rank(const Options& o, Comm& world) {
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
-  if (lead && stopped_by) {  // no final eval, probes, exports or sample: the run is not over
-    const std::string what = o.save_dir.empty() ? "nothing saved (no --save-dir)"
-                                                : "checkpoint " + o.save_dir + "/" + step_dir_name(stopped_at) +
-                                                      ": continue with --resume";
-    std::printf("stopped | %s after step %d of %d | %s\n", stop_signal_name(stopped_by), stopped_at, o.steps,
-                what.c_str());
+  if (lead && stopped_by) {  // what is left of the run (evals, probes, exports, sample) is skipped
+    const std::string sig = stop_signal_name(stopped_by), dir = o.save_dir + "/" + step_dir_name(stopped_at);
+    std::string what;
+    if (stopped_late)
+      what = "during the final evals and probes (step " + std::to_string(stopped_at) +
+             ") | the rest of them, the exports and the sample skipped";
+    else if (stopped_at < o.steps)
+      what = "after step " + std::to_string(stopped_at) + " of " + std::to_string(o.steps) + " | " +
+             (o.save_dir.empty() ? "nothing saved (no --save-dir)" : "checkpoint " + dir + ": continue with --resume");
+    else
+      what = "after the last step (" + std::to_string(stopped_at) + ") | " +
+             (o.save_dir.empty() ? "nothing saved (no --save-dir); the final eval, probes, exports and sample skipped"
+                                 : "checkpoint " + dir + ": the training is done; the final eval, probes, exports and "
+                                   "sample skipped (--steps 0 --checkpoint " + dir + "/model.bin runs them)");
+    std::printf("stopped | %s %s\n", sig.c_str(), what.c_str());
   } else if (lead && (eval_at_zero || o.steps > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");
     else std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);

@@ -124,3 +124,32 @@ TEST_CASE("a second stop signal ends train at once, by that signal", "[stop][cli
   CHECK(WTERMSIG(s.status) == SIGINT);
   CHECK(s.out.find("stopped |") == std::string::npos);
 }
+
+TEST_CASE("a stop signal at the last step or during the probes: the checkpoint is kept, the rest skipped", "[stop][cli]") {
+  // The signal goes out when the last step's line is printed (it lands at the step boundary, before
+  // the final eval) or the first length probe's (it lands during the six others, a second in all).
+  const std::string lengths = "256,384,512,640,768,896,1024";
+  struct Case { const char* after; const char* said; };
+  for (const Case& k : {Case{"step     6/6", "stopped | SIGTERM after the last step (6) | checkpoint "},
+                        Case{"length    256", "stopped | SIGTERM during the final evals and probes (step 6)"}}) {
+    CAPTURE(k.after);
+    ul_test::TempDir dir;
+    const Stopped s = run_and_signal("--steps 6 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128 --probe-lengths " +
+                                         lengths + " --save-dir " + dir / "run" + " --export-safetensors " + dir / "m/model.safetensors",
+                                     k.after, SIGTERM);
+    INFO(s.out);
+    REQUIRE(WIFEXITED(s.status));
+    CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
+    CHECK(s.out.find(k.said) != std::string::npos);
+    CHECK(s.out.find("done |") == std::string::npos);
+    CHECK(fs::exists(fs::path(dir / "run") / "step_00000006" / "COMPLETE"));
+    CHECK_FALSE(fs::exists(fs::path(dir / "m/model.safetensors")));  // the export is not started
+    size_t probed = 0;
+    for (size_t at = s.out.find("\nlength "); at != std::string::npos; at = s.out.find("\nlength ", at + 1)) probed++;
+    CHECK(probed < 7);
+    const std::vector<LogRecord> log = read_run_log(dir / "run/log.jsonl");
+    REQUIRE(!log.empty());
+    CHECK(log.back().at("type") == "stop");
+    CHECK(log.back().at("step") == "6");
+  }
+}
