@@ -110,7 +110,7 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
   return ids;
 }
 
-RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg) : o_(o), cfg_(cfg) {
+RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot) : o_(o), cfg_(cfg), eot_(eot) {
   // The export directories are made now, so that a path that cannot be written fails before training.
   for (const std::string& path : {o.export_llmc, o.export_safetensors}) {
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -205,6 +205,7 @@ void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<
   const bool say = !o_.quiet;
   SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed, o_.top_p};
   KvDecoder dec(cfg_, specs, host.data(), int(prompt_.size()) + o_.sample);
+  dec.set_document_token(eot_);  // -1: one document
   // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
   const int n = int(prompt_.size());
   const double start = now_ms();

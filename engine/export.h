@@ -3,6 +3,7 @@
 // --export-safetensors) and sample from it (--sample). README: "Interop: llm.c and Hugging Face",
 // "Sampling".
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +34,9 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
 // fails before any work; finish() runs on rank 0 after the last step.
 class RunOutputs {
  public:
-  RunOutputs(const Options& o, const ModelConfig& cfg);
+  // eot >= 0 (--doc-mask): the sample's prompt and continuation are split into documents at that
+  // token, as the model was trained (KvDecoder::set_document_token).
+  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot);
   // Writes the exports (atomically) and prints the sample. Returns nothing: errors throw.
   void finish(const Transformer& model) const;
   // --sample-every: the sample of the model at `step` of training, printed with the step.
@@ -46,6 +49,7 @@ class RunOutputs {
   void print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const;
   Options o_;
   ModelConfig cfg_;
+  int32_t eot_;
   std::unique_ptr<Tokenizer> tok_;
   std::vector<int> prompt_;
 };

@@ -67,7 +67,8 @@ int train_rank(const Options& o, Comm& world) {
     }
   };
   Trainer tr(o, world);
-  const RunOutputs outputs(o, tr.model().cfg);  // refuses bad export / sample flags before any step
+  // Refuses bad export / sample flags before any step; samples split documents as training does.
+  const RunOutputs outputs(o, tr.model().cfg, tr.document_start());
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy

@@ -290,3 +290,32 @@ TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]
   CHECK(r.code == 0);
   CHECK(r.out.find("note    |") == std::string::npos);
 }
+
+TEST_CASE("sampling with --doc-mask: a prompt's earlier documents do not reach its continuation", "[doc_mask][cli]") {
+  TempDir dir;
+  const std::string file = (dir.path / "lines.txt").string();
+  {
+    std::ofstream f(file, std::ios::binary);
+    for (int i = 0; i < 400; i++) f << "line " << (i * 7919) % 1000 << (i % 3 ? " ab" : " cde") << '\n';
+  }
+  // The text the model continues "\nline" with, after `before` (bytes, as ids) or nothing.
+  auto continuation = [&](const std::string& before, const std::string& flags) {
+    std::string ids = "ids:";
+    for (unsigned char c : before + "\nline") ids += std::to_string(int(c)) + ",";
+    ids.pop_back();
+    const auto r = ul_test::run_cmd(ul_test::train_cmd(
+        "--model llama --layers 2 --dim 32 --heads 4 --data text:" + file + " --steps 20 --seq 32 --batch 4 --eval-every 0 "
+        "--eval-batches 1 --threads 1 --sample 24 --temperature 1 --seed 5 --prompt " + ids + " " + flags));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const size_t at = r.out.find("\n", r.out.find("sample  |"));
+    REQUIRE(at != std::string::npos);
+    const std::string text = r.out.substr(at + 1);
+    REQUIRE(text.rfind(before + "\nline", 0) == 0);  // the prompt, echoed
+    return text.substr(before.size() + 5);
+  };
+  // As trained: the document opened by the prompt's last "\n" is all the continuation sees.
+  CHECK(continuation("line 12 ab", "--doc-mask --eot 10") == continuation("", "--doc-mask --eot 10"));
+  // Without the mask the earlier line does reach it (so the check above can fail).
+  CHECK(continuation("line 12 ab", "") != continuation("", ""));
+}
