@@ -204,6 +204,14 @@ using ul_test::TempDir;
 
 using ul_test::options;
 
+// 400 short lines of text in DIR/lines.txt (each a document with --eot 10); returns its path.
+std::string lines_file(const TempDir& dir) {
+  const std::string file = (dir.path / "lines.txt").string();
+  std::ofstream f(file, std::ios::binary);
+  for (int i = 0; i < 400; i++) f << "line " << (i * 7919) % 1000 << (i % 3 ? " ab" : " cde") << '\n';
+  return file;
+}
+
 // One Trainer step on `ranks` local ranks: the loss and rank 0's world-summed gradient.
 Result trainer_step(const std::string& args, int ranks) {
   Options o = options("--threads 1 --quiet --grad-clip 0 --eval-every 0 --seq 32 --batch 2 --layers 2 --dim 32 "
@@ -225,11 +233,7 @@ Result trainer_step(const std::string& args, int ranks) {
 
 TEST_CASE("the Trainer with --doc-mask: sp 2 equals sp 1, and an absent EOT changes nothing", "[doc_mask]") {
   TempDir dir;
-  const std::string file = (dir.path / "lines.txt").string();
-  {
-    std::ofstream f(file, std::ios::binary);
-    for (int i = 0; i < 400; i++) f << "line " << (i * 7919) % 1000 << (i % 3 ? " ab" : " cde") << '\n';
-  }
+  const std::string file = lines_file(dir);
   for (std::string model : {"gpt2", "llama"}) {
     INFO(model);
     const std::string base = "--model " + model + " --data text:" + file;
@@ -293,11 +297,7 @@ TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]
 
 TEST_CASE("sampling with --doc-mask: a prompt's earlier documents do not reach its continuation", "[doc_mask][cli]") {
   TempDir dir;
-  const std::string file = (dir.path / "lines.txt").string();
-  {
-    std::ofstream f(file, std::ios::binary);
-    for (int i = 0; i < 400; i++) f << "line " << (i * 7919) % 1000 << (i % 3 ? " ab" : " cde") << '\n';
-  }
+  const std::string file = lines_file(dir);
   // The text the model continues "\nline" with, after `before` (bytes, as ids) or nothing.
   auto continuation = [&](const std::string& before, const std::string& flags) {
     std::string ids = "ids:";
