@@ -129,11 +129,12 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
 
   Params& params = tr.model().params;
   const size_t n = params.numel();
+  // The f32 values on rank 0's host (a bf16 model's master weights, not their bf16 rounding;
+  // gathered from their owners when ZeRO-1 shards them).
+  std::vector<float> host = tr.host_params(rank == 0);
   if (rank == 0) {
     static std::atomic<int> saves{0};  // this process's saves, for the test hook
     const int nth = ++saves;
-    // The f32 values on the host (a bf16 model's master weights, not their bf16 rounding).
-    std::vector<float> host = params.to_host();
     if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
     write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n);
   }
@@ -216,16 +217,8 @@ void load_checkpoint(Trainer& tr, const std::string& root, int step) {
   device_copy(opt.m(), d, m.data(), Device::cpu, m.size() * sizeof(float));
   device_copy(opt.v(), d, v.data(), Device::cpu, v.size() * sizeof(float));
   opt.set_t(int(t));
-  // bf16: the weights as the run rounded them at step t (the file holds only the masters); every
-  // rank rounds every shard, each with the slicing of the AdamW that owns it.
-  if (opt.hi() - opt.lo() == n) {
-    opt.round_params(0, n);
-  } else {
-    for (int k = 0; k < g.world.size(); k++) {
-      const ZeroShard z = zero_shard(n, g.world.size(), k);
-      opt.round_params(z.lo, z.hi);
-    }
-  }
+  // bf16: the weights as the run rounded them at step t (the file holds only the masters).
+  tr.round_bf16_from_masters();
   tr.set_steps_done(step);
 }
 

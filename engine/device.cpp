@@ -2,9 +2,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 namespace ul {
 namespace {
@@ -48,8 +50,50 @@ const DeviceOps& device_ops(Device d) {
   return registry().ops[int(d)];
 }
 
-void* device_alloc(Device d, size_t bytes) { return device_ops(d).alloc(bytes); }
-void device_free(Device d, void* p) { if (p) device_ops(d).free(p); }
+namespace {
+// The live allocations of each device, for device_bytes_in_use. Few and long-lived (parameter
+// buffers, AdamW state, the arena's blocks), so a lock per call costs nothing that shows.
+struct Usage {
+  std::mutex mu;
+  std::unordered_map<void*, size_t> live[2];
+  size_t bytes[2] = {0, 0};
+};
+Usage& usage() {
+  static Usage u;
+  return u;
+}
+}  // namespace
+
+void* device_alloc(Device d, size_t bytes) {
+  void* p = device_ops(d).alloc(bytes);
+  if (p) {
+    Usage& u = usage();
+    std::lock_guard<std::mutex> lock(u.mu);
+    u.live[int(d)][p] = bytes;
+    u.bytes[int(d)] += bytes;
+  }
+  return p;
+}
+
+void device_free(Device d, void* p) {
+  if (!p) return;
+  {
+    Usage& u = usage();
+    std::lock_guard<std::mutex> lock(u.mu);
+    auto it = u.live[int(d)].find(p);
+    if (it != u.live[int(d)].end()) {
+      u.bytes[int(d)] -= it->second;
+      u.live[int(d)].erase(it);
+    }
+  }
+  device_ops(d).free(p);
+}
+
+size_t device_bytes_in_use(Device d) {
+  Usage& u = usage();
+  std::lock_guard<std::mutex> lock(u.mu);
+  return u.bytes[int(d)];
+}
 void device_zero(Device d, void* p, size_t bytes) { device_ops(d).set(p, 0, bytes); }
 void device_set(Device d, void* p, int byte, size_t bytes) { device_ops(d).set(p, byte, bytes); }
 

@@ -26,6 +26,9 @@ bool device_available(Device d);
 
 void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p);
+// Bytes on `d` from device_alloc not yet freed, in this process (every thread): what the memory
+// planner's per-rank figures are checked against (parameters, gradients, AdamW state, arena).
+size_t device_bytes_in_use(Device d);
 void device_zero(Device d, void* p, size_t bytes);
 void device_set(Device d, void* p, int byte, size_t bytes);
 // Copy `bytes` from (src on sd) to (dst on dd); either side may be the host.

@@ -173,13 +173,13 @@ std::string RunOutputs::decode(const std::vector<int>& ids) const {
   return s;
 }
 
-void RunOutputs::finish(const Transformer& model) const {
-  if (o_.export_llmc.empty() && o_.export_safetensors.empty() && o_.sample <= 0) return;
+bool RunOutputs::wants_params() const {
+  return !o_.export_llmc.empty() || !o_.export_safetensors.empty() || o_.sample > 0;
+}
+
+void RunOutputs::finish(const std::vector<float>& host, const std::vector<ParamSpec>& specs) const {
+  if (!wants_params()) return;
   const bool say = !o_.quiet;
-  const Params& P = model.params;
-  // The f32 values, whatever the training dtype: a copy as large as the model, made only when
-  // asked for (at the longest T a run fits, that copy is what would not).
-  const std::vector<float> host = P.to_host();
   if (!o_.export_llmc.empty()) {
     const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
     write_llmc_checkpoint(o_.export_llmc, lc, host.data(), o_.export_llmc_version);
@@ -188,16 +188,16 @@ void RunOutputs::finish(const Transformer& model) const {
   }
   if (!o_.export_safetensors.empty()) {
     const std::string dtype = o_.export_dtype == "bf16" ? "BF16" : "F32";
-    export_safetensors(o_.export_safetensors, cfg_, P.specs(), host.data(), dtype);
+    export_safetensors(o_.export_safetensors, cfg_, specs, host.data(), dtype);
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
   }
-  if (o_.sample > 0) print_sample(host, P.specs(), -1);
+  if (o_.sample > 0) print_sample(host, specs, -1);
   std::fflush(stdout);
 }
 
-void RunOutputs::sample(const Transformer& model, int step) const {
-  print_sample(model.params.to_host(), model.params.specs(), step);
+void RunOutputs::sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const {
+  print_sample(host, specs, step);
   std::fflush(stdout);
 }
 

@@ -37,10 +37,13 @@ class RunOutputs {
   // eot >= 0 (--doc-mask): the sample's prompt and continuation are split into documents at that
   // token, as the model was trained (KvDecoder::set_document_token).
   RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot);
-  // Writes the exports (atomically) and prints the sample. Returns nothing: errors throw.
-  void finish(const Transformer& model) const;
+  // Whether finish() has anything to do (an export or a sample): it then needs the weights.
+  bool wants_params() const;
+  // Writes the exports (atomically) and prints the sample, from `host` (the f32 values of every
+  // parameter, laid out as `specs`). Returns nothing: errors throw.
+  void finish(const std::vector<float>& host, const std::vector<ParamSpec>& specs) const;
   // --sample-every: the sample of the model at `step` of training, printed with the step.
-  void sample(const Transformer& model, int step) const;
+  void sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const;
 
  private:
   std::string decode(const std::vector<int>& ids) const;

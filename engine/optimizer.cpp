@@ -40,6 +40,10 @@ double sum_squares(const float* x, size_t n) {
 AdamW::AdamW(Params& params, AdamWConfig cfg, size_t lo, size_t hi) : params_(params), cfg_(cfg) {
   lo_ = std::min(lo, params.numel());
   hi_ = std::max(lo_, std::min(hi, params.numel()));
+  if (lo_ < params.master_lo() || hi_ > params.master_hi())  // a bf16 update needs the masters
+    throw std::runtime_error("AdamW: elements [" + std::to_string(lo_) + ", " + std::to_string(hi_) +
+                             ") reach past the master weights kept here [" + std::to_string(params.master_lo()) + ", " +
+                             std::to_string(params.master_hi()) + ")");
   size_t bytes = (hi_ - lo_) * sizeof(float);
   m_ = static_cast<float*>(device_alloc(params.device(), bytes));
   v_ = static_cast<float*>(device_alloc(params.device(), bytes));
@@ -87,7 +91,7 @@ void AdamW::step(float lr, float grad_scale) {
   if (n == 0) return;
   const cuda::DecaySegments segs{seg_ends_, seg_decay_, int(ends_.size())};
   if (params_.dtype() == DType::bf16)
-    cuda::adamw_update(static_cast<__nv_bfloat16*>(params_.raw()) + lo_, params_.master() + lo_, params_.grad() + lo_,
+    cuda::adamw_update(static_cast<__nv_bfloat16*>(params_.raw()) + lo_, params_.master_at(lo_), params_.grad() + lo_,
                        m_, v_, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, grad_scale, t_, cfg_.seed,
                        nullptr, lo_, segs);
   else
@@ -105,8 +109,11 @@ void AdamW::round_params(size_t lo, size_t hi) const {
 #if ULYSSES_HAVE_CUDA
   hi = std::min(hi, params_.numel());
   if (lo >= hi) return;
+  if (lo < params_.master_lo() || hi > params_.master_hi())
+    throw std::runtime_error("AdamW::round_params: elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                             ") reach past the master weights kept here");
   // The bits step() drew: they depend on the element's index only (and the seed and step).
-  cuda::round_master(static_cast<__nv_bfloat16*>(params_.raw()) + lo, params_.master() + lo, hi - lo, t_, cfg_.seed,
+  cuda::round_master(static_cast<__nv_bfloat16*>(params_.raw()) + lo, params_.master_at(lo), hi - lo, t_, cfg_.seed,
                      nullptr, lo);
 #else
   (void)lo, (void)hi;

@@ -70,7 +70,8 @@ double sum_squares(const float* x, size_t n, cudaStream_t s);
 class AdamW {
  public:
   // The state covers elements [lo, hi) of the parameter buffer (ZeRO-1: this rank's shard; by
-  // default all of it); step() updates only those, with each parameter's decay rule.
+  // default all of it); step() updates only those, with each parameter's decay rule. A bf16
+  // model's masters must cover them (Params::master_lo/hi).
   AdamW(Params& params, AdamWConfig cfg, size_t lo = 0, size_t hi = SIZE_MAX);
   ~AdamW();
   AdamW(const AdamW&) = delete;

@@ -1,5 +1,6 @@
 #include "engine/params.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -34,10 +35,22 @@ float* Params::data() const {
   return static_cast<float*>(data_);
 }
 
-float* Params::master() const { return dtype_ == DType::f32 ? static_cast<float*>(data_) : master_; }
+float* Params::master() const {
+  if (masters_sharded())
+    throw std::runtime_error("params: this process keeps the f32 master weights of elements [" + std::to_string(mlo_) +
+                             ", " + std::to_string(mhi_) + ") only (--zero 1), not all " + std::to_string(numel_));
+  return dtype_ == DType::f32 ? static_cast<float*>(data_) : master_;
+}
+
+float* Params::master_at(size_t i) const {
+  if (i < mlo_ || i > mhi_)
+    throw std::runtime_error("params: element " + std::to_string(i) + " is outside the master weights kept here [" +
+                             std::to_string(mlo_) + ", " + std::to_string(mhi_) + ")");
+  return dtype_ == DType::f32 ? static_cast<float*>(data_) + i : master_ + (i - mlo_);
+}
 
 void Params::load_host(const float* host) {
-  device_copy(master(), dev_, host, Device::cpu, numel_ * sizeof(float));
+  device_copy(master_at(mlo_), dev_, host + mlo_, Device::cpu, (mhi_ - mlo_) * sizeof(float));
   if (dtype_ != DType::bf16) return;
   std::vector<uint16_t> h(numel_);
   for (size_t i = 0; i < numel_; i++) h[i] = bf16_bits_nearest(host[i]);
@@ -57,7 +70,7 @@ void Params::add(const std::string& name, Shape shape, bool stacked, bool decay)
   specs_.push_back(s);
 }
 
-void Params::allocate(Device dev, Tape& tape, DType dtype) {
+void Params::allocate(Device dev, Tape& tape, DType dtype, MasterRange masters) {
   if (data_) throw std::runtime_error("params: allocated twice");
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw std::runtime_error(std::string("params: parameters are f32 or bf16, not ") + dtype_name(dtype));
@@ -68,9 +81,12 @@ void Params::allocate(Device dev, Tape& tape, DType dtype) {
   grad_ = static_cast<float*>(device_alloc(dev, bytes));
   device_zero(dev, data_, pbytes);
   device_zero(dev, grad_, bytes);
+  mlo_ = 0, mhi_ = numel_;
   if (dtype == DType::bf16) {
-    master_ = static_cast<float*>(device_alloc(dev, bytes));
-    device_zero(dev, master_, bytes);
+    mhi_ = std::min(masters.hi, numel_), mlo_ = std::min(masters.lo, mhi_);
+    const size_t mbytes = (mhi_ - mlo_) * sizeof(float);
+    master_ = static_cast<float*>(device_alloc(dev, mbytes));
+    device_zero(dev, master_, mbytes);
   }
   parts_.clear();
   for (const ParamSpec& s : specs_) {

@@ -3,6 +3,7 @@
 // A parameter may be "stacked" over layers (llm.c's layout: e.g. qkvw is (L, 3C, C) in the
 // buffer); each layer's slice is then its own tensor with its own gradient slot on the tape.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,13 @@ struct ParamSpec {
   size_t offset = 0; // element offset in the buffer
 };
 
+// The elements [lo, hi) of the buffer whose f32 master copy this process keeps, for bf16
+// parameters: ZeRO-1 shards the master weights with the AdamW state, so a rank holds 4 bytes per
+// parameter of its shard, not of the model. The default: all of them.
+struct MasterRange {
+  size_t lo = 0, hi = SIZE_MAX;
+};
+
 class Params {
  public:
   Params() = default;
@@ -28,8 +36,8 @@ class Params {
 
   void add(const std::string& name, Shape shape, bool stacked, bool decay);
   // Allocates the buffers (zeroed) on `dev`, the parameters in `dtype` (f32 or bf16), and gives
-  // each tensor a gradient slot on `tape`.
-  void allocate(Device dev, Tape& tape, DType dtype = DType::f32);
+  // each tensor a gradient slot on `tape`. bf16: the master copy covers `masters` only.
+  void allocate(Device dev, Tape& tape, DType dtype = DType::f32, MasterRange masters = {});
 
   // The tensor of `name` (layer `l` of a stacked parameter).
   const Tensor& get(const std::string& name, int l = -1) const;
@@ -40,8 +48,16 @@ class Params {
   void* raw() const { return data_; }     // the parameter buffer, numel() elements of dtype()
   float* data() const;                    // the same as f32; throws for a bf16 model
   float* master() const;                  // the f32 values: data() for f32, the master copy for bf16
+                                          // (throws when this process keeps only a shard of it)
+  // The master copy's elements [master_lo(), master_hi()): all for f32 or an unsharded bf16 model.
+  size_t master_lo() const { return mlo_; }
+  size_t master_hi() const { return mhi_; }
+  bool masters_sharded() const { return mhi_ - mlo_ != numel_; }
+  // Element i's f32 value, for master_lo() <= i <= master_hi() (throws otherwise).
+  float* master_at(size_t i) const;
   float* grad() const { return grad_; }   // always f32
-  // numel() host f32 values -> master() (and, bf16, the buffer rounded to nearest even), or back.
+  // numel() host f32 values -> the masters this process keeps (and, bf16, the whole buffer rounded
+  // to nearest even), or back (throws when the masters are sharded: Trainer::host_params gathers).
   void load_host(const float* host);
   std::vector<float> to_host() const;
   size_t numel() const { return numel_; }
@@ -52,7 +68,8 @@ class Params {
   std::vector<ParamSpec> specs_;
   std::vector<std::vector<Tensor>> parts_;  // per spec: one tensor, or one per layer
   void* data_ = nullptr;
-  float* master_ = nullptr;  // bf16 only
+  float* master_ = nullptr;  // bf16 only: elements [mlo_, mhi_)
+  size_t mlo_ = 0, mhi_ = 0;
   float* grad_ = nullptr;
   DType dtype_ = DType::f32;
   size_t numel_ = 0;

@@ -207,7 +207,8 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   const size_t shard = c.zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
   const bool bf16 = c.dtype == DType::bf16;
   p.params = n * dtype_size(c.dtype), p.grads = n * 4;
-  p.optim = shard * (bf16 ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16)
+  p.optim = shard * (bf16 ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16;
+                                       // ZeRO-1 shards them too: Trainer's MasterRange)
   Walk w(c);
   w.step();
   p.kept = w.kept, p.arena_peak = w.A.peak;
@@ -322,7 +323,8 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
   row("parameters         ", p.params, "");
   row("gradients          ", p.grads, "fp32");
-  row("optimizer state    ", p.optim, c.zero ? "AdamW m, v: this rank's shard" : "AdamW m, v");
+  const std::string state = c.dtype == DType::bf16 ? "AdamW m, v + fp32 master weights" : "AdamW m, v";
+  row("optimizer state    ", p.optim, (c.zero ? state + ": this rank's shard" : state).c_str());
   row("kept activations   ", p.kept, "alive when backward starts (arena)");
   row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");

@@ -184,7 +184,10 @@ int train_rank(const Options& o, Comm& world) {
       // --sample-every: rank 0 samples (the others wait for it at the agreement below); the last
       // step's sample is finish()'s, after the run.
       const bool samples = o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last;
-      if (lead && samples) outputs.sample(model, s + 1);
+      if (samples) {
+        const std::vector<float> host = tr.host_params(lead);  // collective when the masters are sharded
+        if (lead) outputs.sample(host, model.params.specs(), s + 1);
+      }
       if (evals || samples) {  // a signal during a long eval or sample stops the run now, not a step later
         sig = agreed_stop_signal();
         if (sig && !saved && !o.save_dir.empty()) save();
@@ -212,7 +215,7 @@ int train_rank(const Options& o, Comm& world) {
   };
   // --probe-lengths: every rank decodes a share of the windows from a host copy of the weights.
   if (!o.probe_lengths.empty() && !stop_now() && (o.steps == 0 || o.steps > start)) {
-    const std::vector<float> host = model.params.to_host();
+    const std::vector<float> host = tr.host_params();
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
       if (stop_now()) break;
@@ -284,7 +287,9 @@ int train_rank(const Options& o, Comm& world) {
     std::fflush(stdout);
     return 128 + stopped_by;  // as a shell reports a process the signal ended
   }
-  if (lead) outputs.finish(model);
+  // The f32 weights, on rank 0 only (a copy as large as the model: made when asked for).
+  const std::vector<float> host = outputs.wants_params() ? tr.host_params(lead) : std::vector<float>{};
+  if (lead) outputs.finish(host, model.params.specs());
   return 0;
 }
 

@@ -192,7 +192,16 @@ Trainer::Trainer(const Options& o, Comm& world)
                              "; `train --plan` shows every part) but this machine has " + mib(ram) +
                              ": try --recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
                              "or --zero 1 over more ranks");
-  model_ = std::make_unique<Transformer>(cfg, param_dtype(o));
+  // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
+  // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
+  MasterRange masters;
+  if (o.zero && param_dtype(o) == DType::bf16) {
+    const ZeroShard z = zero_shard(param_count(cfg), world.size(), world.rank());
+    masters = {z.lo, z.hi};
+  }
+  model_ = std::make_unique<Transformer>(cfg, param_dtype(o), masters);
+  if (model_->params.numel() != param_count(cfg))  // the shard bounds above came from the count
+    throw std::logic_error("planner: param_count disagrees with the model's parameter buffer");
   eot_ = doc_mask_eot(o, *train_, cfg.vocab);
   model_->recompute = o.recompute;
   model_->offload = o.offload;
@@ -285,15 +294,40 @@ StepResult Trainer::step() {
   r.lr = lr_at(step_, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac);
   opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
   if (o_.zero) {
-    // The f32 values (a bf16 model's master) of every shard; a bf16 model also takes each owner's
-    // rounded bf16 shard as it is, so the replicas stay bitwise equal.
-    zero_gather_params(g.world, P.master(), P.numel(), zero_scratch_);
+    // The f32 values of every shard (an f32 model's weights; a bf16 model's masters stay with their
+    // owners); a bf16 model takes each owner's rounded bf16 shard as it is, so the replicas stay
+    // bitwise equal.
+    if (!P.masters_sharded()) zero_gather_params(g.world, P.master(), P.numel(), zero_scratch_);
     if (P.dtype() == DType::bf16) zero_gather_bf16(g.world, P.raw(), P.numel(), zero_scratch_);
   }
   step_++;
   r.ms = now_ms() - t0;
   r.sent = minus(total_sent(g), before);
   return r;
+}
+
+std::vector<float> Trainer::host_params(bool want) {
+  Params& P = model_->params;
+  if (!P.masters_sharded()) return want ? P.to_host() : std::vector<float>{};
+  // Each owner's masters into its place in the gradient buffer (free between steps: the next
+  // step zeroes it first), then gathered there as ZeRO gathers an f32 model's weights.
+  const Device d = P.device();
+  float* all = P.grad();
+  device_copy(all + P.master_lo(), d, P.master_at(P.master_lo()), d, (P.master_hi() - P.master_lo()) * sizeof(float));
+  zero_gather_params(grid_.world, all, P.numel(), zero_scratch_);
+  std::vector<float> h(want ? P.numel() : 0);
+  if (want) device_copy(h.data(), Device::cpu, all, d, P.numel() * sizeof(float));
+  return h;
+}
+
+void Trainer::round_bf16_from_masters() {
+  Params& P = model_->params;
+  if (!P.masters_sharded()) {
+    opt_->round_params(0, P.numel());  // the bits depend on the element's index only, not on the shard
+    return;
+  }
+  opt_->round_params(P.master_lo(), P.master_hi());  // its own shard, then every owner's bits
+  zero_gather_bf16(grid_.world, P.raw(), P.numel(), zero_scratch_);
 }
 
 std::vector<std::pair<int, int>> position_bands(int T) {

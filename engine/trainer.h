@@ -83,6 +83,13 @@ class Trainer {
   // learning rate; the caller restores the parameters and the optimizer state that go with it.
   void set_steps_done(int s) { step_ = s; }
   AdamW& optimizer() { return *opt_; }
+  // The f32 values of every parameter (a bf16 model's masters) on this rank's host, if `want`
+  // (else empty). Collective when the masters are sharded (--zero 1 with bf16): every rank calls
+  // it, between steps (the shards are gathered in the gradient buffer, which the next step zeroes).
+  std::vector<float> host_params(bool want = true);
+  // After a checkpoint restored the masters and AdamW's t: the bf16 weights as the run rounded
+  // them (AdamW::round_params), every rank's alike. Collective when the masters are sharded.
+  void round_bf16_from_masters();
   size_t planned_arena() const { return planned_arena_; }
 
   const Options& options() const { return o_; }

@@ -111,4 +111,39 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
   }
 }
 
+TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the trainer allocates", UL_CUDA_TEST_TAG) {
+  // Device bytes from device_alloc while every rank's trainer is alive, against the plan's
+  // parameters + gradients + optimizer state (+ fp32 masters) + ZeRO's shard buffer + the arena's
+  // reservation, per rank times the ranks. The slack: AdamW's decay-run tables (bytes), and the planner's shard
+  // being the largest one (up to 12 bytes per rank more than the others).
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"--model gpt2 --precision bf16", 1},
+      {"--model gpt2 --precision bf16", 2},
+      {"--model gpt2 --precision bf16 --zero 1", 2},  // the masters sharded with m and v
+      {"--model llama --precision bf16 --zero 1 --sp 2", 4},
+      {"--model llama --precision fp32 --zero 1", 2},
+  };
+  for (const auto& [args, ranks] : runs) {
+    Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
+    LocalOptions lo;
+    lo.device = run_device(o);
+    const size_t before = device_bytes_in_use(Device::cuda);
+    size_t measured = 0;
+    run_local(ranks, [&](Comm& world) {
+      Trainer tr(o, world);
+      world.barrier();  // every rank's buffers are there
+      if (world.rank() == 0) measured = device_bytes_in_use(Device::cuda) - before;
+      world.barrier();
+    }, lo);
+    PlanConfig pc = plan_config(o);
+    pc.world = ranks;
+    const MemoryPlan p = plan_memory(pc);
+    const size_t reserved = (p.arena_peak + (size_t(2) << 20) - 1) & ~((size_t(2) << 20) - 1);  // Arena::reserve's 2 MiB steps
+    const size_t planned = size_t(ranks) * (p.params + p.grads + p.optim + p.comm + reserved);
+    INFO(args << " on " << ranks << " ranks: planned " << planned << " bytes, allocated " << measured);
+    CHECK(measured + size_t(ranks) * 12 * size_t(ranks) >= planned);
+    CHECK(measured <= planned + size_t(ranks) * 1024);
+  }
+}
+
 }  // namespace memory_cases

@@ -83,8 +83,9 @@ inline Run train(const std::string& args, int ranks, int steps, const std::funct
     Trainer tr(o, world);
     const Params& p = tr.model().params;
     const bool lead = world.rank() == 0;
+    std::vector<float> params0 = tr.host_params(lead);  // every rank: collective under ZeRO-1 in bf16
     if (lead) {
-      r.params0 = p.to_host();
+      r.params0 = std::move(params0);
       if (p.dtype() == DType::bf16) r.bf16_0 = bf16_buffer(p);
     }
     for (int s = 0; s < steps; s++) {
@@ -95,11 +96,14 @@ inline Run train(const std::string& args, int ranks, int steps, const std::funct
       device_copy(r.grads.back().data(), Device::cpu, p.grad(), p.device(), p.numel() * sizeof(float));
     }
     if (after) after(tr);
+    if (lead) {
+      r.specs = p.specs();
+      r.grad.resize(p.numel());
+      device_copy(r.grad.data(), Device::cpu, p.grad(), p.device(), r.grad.size() * sizeof(float));
+    }
+    std::vector<float> params = tr.host_params(lead);  // after the gradient: it gathers in its buffer
     if (!lead) return;
-    r.specs = p.specs();
-    r.grad.resize(p.numel());
-    device_copy(r.grad.data(), Device::cpu, p.grad(), p.device(), r.grad.size() * sizeof(float));
-    r.params = p.to_host();
+    r.params = std::move(params);
     if (p.dtype() == DType::bf16) r.bf16 = bf16_buffer(p);
   }, lo);
   return r;
@@ -259,33 +263,39 @@ TEST_CASE("train --device cuda --precision bf16: f32 masters, bf16 weights, clos
 
 TEST_CASE("a bf16 checkpoint holds the f32 master weights, and resumes from them", UL_CUDA_TEST_TAG) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("ulysses_train_cuda_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string args = "--model llama --device cuda --precision bf16 --steps 3";
-  Run saved = train(args, 1, 2, [&](Trainer& tr) { save_checkpoint(tr, dir.string(), 0); });
-  std::vector<float> file;
-  read_model_file((dir / step_dir_name(2) / "model.bin").string(), file);
-  CHECK(file == saved.params);
-  // Resumed from it, step 3 is the step an unbroken run takes.
-  Run whole = train(args, 1, 3);
-  Run resumed;
-  {
-    Options o = options(args + " --ranks 1 --save-dir " + dir.string() + " --resume");
+  // One rank, and ZeRO-1 over two, where each rank keeps its shard's masters: the save gathers
+  // them, the load takes each rank's shard back and rounds the bf16 weights as the run did.
+  for (const auto& [ranks, zero] : {std::pair<int, const char*>{1, ""}, {2, " --zero 1"}}) {
+    INFO("ranks " << ranks << zero);
+    const fs::path dir = fs::temp_directory_path() / ("ulysses_train_cuda_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string args = std::string("--model llama --device cuda --precision bf16 --steps 3 --batch 2") + zero;
+    Run saved = train(args, ranks, 2, [&](Trainer& tr) { save_checkpoint(tr, dir.string(), 0); });
+    std::vector<float> file;
+    read_model_file((dir / step_dir_name(2) / "model.bin").string(), file);
+    CHECK(file == saved.params);
+    // Resumed from it, step 3 is the step an unbroken run takes.
+    Run whole = train(args, ranks, 3);
+    Run resumed;
+    Options o = options(args + " --ranks " + std::to_string(ranks) + " --save-dir " + dir.string() + " --resume");
     LocalOptions lo;
     lo.device = run_device(o);
-    run_local(1, [&](Comm& world) {
+    run_local(ranks, [&](Comm& world) {
       Trainer tr(o, world);
       REQUIRE(start_from_save_dir(tr, o.save_dir, true) == 2);
-      resumed.losses.push_back(tr.step().loss);
-      resumed.params = tr.model().params.to_host();
+      const double loss = tr.step().loss;
+      std::vector<float> params = tr.host_params(world.rank() == 0);
+      if (world.rank() != 0) return;
+      resumed.losses.push_back(loss);
+      resumed.params = std::move(params);
       resumed.bf16 = bf16_buffer(tr.model().params);
     }, lo);
+    CHECK(resumed.losses[0] == whole.losses[2]);
+    CHECK(resumed.params == whole.params);
+    CHECK(resumed.bf16 == whole.bf16);
+    fs::remove_all(dir);
   }
-  CHECK(resumed.losses[0] == whole.losses[2]);
-  CHECK(resumed.params == whole.params);
-  CHECK(resumed.bf16 == whole.bf16);
-  fs::remove_all(dir);
 }
 
 }  // namespace train_cases

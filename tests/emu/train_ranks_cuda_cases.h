@@ -5,8 +5,9 @@
 //     within 1e-5 (of each tensor's largest element);
 //   - dp 2 vs one process on the same sequences, fp32: every step's loss and world-summed gradient
 //     within 1e-5, the weights after 3 steps within 1e-4 (Adam and eps: see train_cuda_cases.h);
-//   - ZeRO-1 over dp 2: fp32 bitwise equal to plain dp 2; bf16 keeps every rank's bf16 weights and
-//     masters bitwise equal (each shard's owner rounds, the others take its bits);
+//   - ZeRO-1 over dp 2: bitwise equal to plain dp 2 in fp32 and bf16 (losses, masters, bf16
+//     weights), each rank keeping the bf16 masters of its shard only (the owner rounds its shard,
+//     the others take its bits);
 //   - --check-state passes in fp32, sp 1 and sp 2, on a GPT-2 debug state with a head dim the CUDA
 //     attention runs (llm.c's tiny reference has head dim 8; see write_reference).
 #pragma once
@@ -16,6 +17,7 @@
 #include "engine/export.h"
 #include "engine/llmc_format.h"
 #include "layers/linear.h"
+#include "parallel/zero.h"
 
 namespace train_cases {
 
@@ -53,30 +55,33 @@ TEST_CASE("train --device cuda: dp 2 equals one process on the same sequences", 
   }
 }
 
-TEST_CASE("train --device cuda --zero 1: fp32 as without, bf16 replicas identical", UL_CUDA_TEST_TAG) {
+TEST_CASE("train --device cuda --zero 1: bitwise as without, fp32 and bf16 (masters sharded)", UL_CUDA_TEST_TAG) {
   const std::string a = "--model gpt2 --device cuda --batch 1";
-  Run plain = train(a + " --precision fp32", 2, 2), zero = train(a + " --precision fp32 --zero 1", 2, 2);
-  CHECK(zero.losses == plain.losses);
-  CHECK(zero.params == plain.params);
-  // bf16: every rank ends with the same bf16 weights and masters.
-  std::vector<std::vector<float>> masters(2);
-  std::vector<std::vector<uint16_t>> weights(2);
-  std::vector<double> loss(2);
+  for (const char* precision : {" --precision fp32", " --precision bf16"}) {
+    INFO(precision);
+    const Run plain = train(a + precision, 2, 2), zero = train(a + precision + " --zero 1", 2, 2);
+    CHECK(zero.losses == plain.losses);
+    CHECK(zero.params == plain.params);  // bf16: the masters, gathered from their owners
+    CHECK(zero.bf16 == plain.bf16);
+    CHECK(zero.params != zero.params0);  // the steps did move them
+  }
+  // bf16: each rank keeps the masters of its own shard only, and all end with the same bf16 weights.
   Options o = options(a + " --precision bf16 --zero 1 --ranks 2");
   LocalOptions lo;
   lo.device = run_device(o);
+  std::vector<std::vector<uint16_t>> weights(2);
   run_local(2, [&](Comm& world) {
     Trainer tr(o, world);
     tr.step();
-    loss[world.rank()] = tr.step().loss;
-    masters[world.rank()] = tr.model().params.to_host();
-    weights[world.rank()] = bf16_buffer(tr.model().params);
+    const Params& P = tr.model().params;
+    const ZeroShard z = zero_shard(P.numel(), 2, world.rank());
+    CHECK(P.masters_sharded());
+    CHECK(P.master_lo() == z.lo);
+    CHECK(P.master_hi() == z.hi);
+    CHECK_THROWS_WITH(P.to_host(), Catch::Contains("master weights of elements"));
+    weights[world.rank()] = bf16_buffer(P);
   }, lo);
-  Run bf = train(a + " --precision bf16", 2, 2);
-  CHECK(rel_diff(loss[0], bf.losses[1]) < 2e-2);
-  CHECK(masters[0] == masters[1]);
   CHECK(weights[0] == weights[1]);
-  CHECK(masters[0] != bf.params0);
 }
 
 // An llm.c debug state (format of engine/llmc_format.h) for a GPT-2 the CUDA attention can run:
