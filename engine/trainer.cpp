@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -62,6 +63,29 @@ int32_t doc_mask_eot(const Options& o, const Dataset& data, int model_vocab) {
     throw std::runtime_error("--doc-mask: the end-of-text id " + std::to_string(eot) + " is outside the model vocab " +
                              std::to_string(model_vocab) + " (no token could split documents); give --eot N");
   return eot;
+}
+
+int ranks_on_this_host(const Options& o, int world) {
+  if (o.comm == "local") return world;  // threads of this process
+  // Open MPI and MPICH say how many ranks share this node; others: assume one.
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name)) {
+      const int n = std::atoi(v);
+      if (n >= 1 && n <= world) return n;
+    }
+  return 1;
+}
+
+void check_host_memory(const MemoryPlan& plan, int ranks_here, size_t ram) {
+  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
+  const size_t need = plan.total * size_t(std::max(1, ranks_here));
+  if (need <= ram) return;
+  const std::string here = ranks_here > 1 ? " x " + std::to_string(ranks_here) + " ranks on this machine = " + mib(need) : "";
+  throw std::runtime_error("this run needs " + mib(plan.total) + " per rank" + here +
+                           " (per rank: weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
+                           ", activations " + mib(plan.arena_peak) + "; `train --plan` shows every part) but this machine has " +
+                           mib(ram) + ": try --recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
+                           "or --zero 1 over more ranks" + (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
 }
 
 double now_ms() {
@@ -184,14 +208,8 @@ Trainer::Trainer(const Options& o, Comm& world)
   pc.world = world.size();
   const MemoryPlan plan = plan_memory(pc);
   planned_arena_ = plan.arena_peak;
-  const size_t ram = physical_memory();
   auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
-  if (ctx_.device == Device::cpu && plan.total > ram)
-    throw std::runtime_error("this run needs " + mib(plan.total) + " per rank (weights, gradients and AdamW state " +
-                             mib(plan.params + plan.grads + plan.optim) + ", activations " + mib(plan.arena_peak) +
-                             "; `train --plan` shows every part) but this machine has " + mib(ram) +
-                             ": try --recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
-                             "or --zero 1 over more ranks");
+  if (ctx_.device == Device::cpu) check_host_memory(plan, ranks_on_this_host(o, world.size()), physical_memory());
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   MasterRange masters;

@@ -123,8 +123,16 @@ double now_ms();
 
 // The peak resident memory of this process (VmHWM), 0 where /proc is not there.
 size_t peak_rss_bytes();
+struct MemoryPlan;  // engine/planner.h
+
 // This machine's physical memory in bytes.
 size_t physical_memory();
+// The ranks of this run that share this machine's memory: all of them with --comm local (threads
+// of this process), else what Open MPI / MPICH say (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS), else 1.
+int ranks_on_this_host(const Options& o, int world);
+// Throws (naming every part and what shrinks it) when `ranks_here` ranks of this plan need more
+// than `ram` bytes: on the CPU, Linux would grant the memory and then kill the run using it.
+void check_host_memory(const MemoryPlan& plan, int ranks_here, size_t ram);
 
 // Threads per rank: --threads, or the cores divided among the ranks of this process.
 int threads_per_rank(const Options& o);

@@ -241,3 +241,22 @@ TEST_CASE("the planner counts the large presets' parameters as their published m
     CHECK(plan.params == p.second * 4);
   }
 }
+
+TEST_CASE("the host memory check counts every rank that shares the machine", "[memory]") {
+  MemoryPlan p;
+  p.params = 1 << 20, p.grads = 1 << 20, p.optim = 2 << 20, p.arena_peak = 6 << 20, p.total = 10 << 20;
+  CHECK_NOTHROW(check_host_memory(p, 1, 15 << 20));
+  // Two ranks as threads of one process (--comm local) need it twice.
+  CHECK_THROWS_WITH(check_host_memory(p, 2, 15 << 20),
+                    Catch::Contains("needs 10 MiB per rank x 2 ranks on this machine = 20 MiB") &&
+                        Catch::Contains("but this machine has 15 MiB") && Catch::Contains("fewer ranks on this machine"));
+  CHECK(ranks_on_this_host(options("--ranks 4"), 4) == 4);
+  // Under mpirun, the launcher says how many ranks share the node.
+  const Options mpi = options("--comm mpi");
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
+  CHECK(ranks_on_this_host(mpi, 8) == 3);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "junk", 1);
+  CHECK(ranks_on_this_host(mpi, 8) == 1);
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  CHECK(ranks_on_this_host(mpi, 8) == 1);
+}
