@@ -48,7 +48,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
 #if ULYSSES_HAVE_MPI
     MpiRuntime mpi(argc, argv);
     auto boot = mpi_world();
-    auto world = nccl_world_from(*boot, local % devices);
+    auto world = nccl_world_from(*boot, local % devices, o.comm_timeout);
     return run(o, *world);
 #else
     throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
@@ -56,7 +56,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   }
   const int rank = env_int({"RANK", "SLURM_PROCID"}, -1), size = env_int({"WORLD_SIZE", "SLURM_NTASKS"}, -1);
   if (rank < 0 || size < 1) throw std::runtime_error("--nccl-id-file: set RANK and WORLD_SIZE (or run under srun)");
-  auto world = nccl_world_from_file(o.nccl_id_file, rank, size, local % devices);
+  auto world = nccl_world_from_file(o.nccl_id_file, rank, size, local % devices, o.comm_timeout);
   return run(o, *world);
 }
 #endif
@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
     }
     LocalOptions local;
     local.device = run_device(o);
+    local.timeout_s = o.comm_timeout;
     int code = 0;
     run_local(o.ranks, [&](Comm& world) {
       int c = run(o, world);

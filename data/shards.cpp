@@ -106,6 +106,12 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
   // The headers' vocab when every file names one (the largest, if they differ).
   int named = 0;
   for (const Shard& s : shards_) named = (s.vocab > 0 && named >= 0) ? std::max(named, s.vocab) : -1;
+  // A model smaller than the vocabulary the files were written with is refused now, not at the
+  // first token past it (which a large dataset might reach only hours into the run).
+  if (model_vocab > 0 && named > model_vocab)
+    throw std::runtime_error("shards:" + glob_ + ": the files' headers name a vocabulary of " + std::to_string(named) +
+                             " tokens, larger than the model's " + std::to_string(model_vocab) +
+                             " (token ids up to " + std::to_string(named - 1) + " may occur)");
   vocab_ = model_vocab > 0 ? model_vocab : named > 0 ? named : default_vocab;
 }
 

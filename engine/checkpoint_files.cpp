@@ -342,7 +342,16 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           // packing changes what every step trains on (added after the first checkpoints: a
           // checkpoint without them was written without --doc-mask)
           {"doc_mask", o.doc_mask ? "true" : "false", "--doc-mask", "false"},
-          {"eot", n(o.eot), "--eot", "-1"}};
+          {"eot", n(o.eot), "--eot", "-1"},
+          // the schedule and AdamW's settings shape every later update (only --steps and --lr may
+          // change on a resume; checkpoints written before these fields are not checked for them)
+          {"warmup", n(o.warmup), "--warmup", kUnchecked},
+          {"final_lr_frac", json_quote(float_text(o.final_lr_frac)), "--final-lr-frac", kUnchecked},
+          {"weight_decay", json_quote(float_text(o.weight_decay)), "--weight-decay", kUnchecked},
+          {"beta1", json_quote(float_text(o.beta1)), "--beta1", kUnchecked},
+          {"beta2", json_quote(float_text(o.beta2)), "--beta2", kUnchecked},
+          {"adam_eps", json_quote(float_text(o.adam_eps)), "--adam-eps", kUnchecked},
+          {"grad_clip", json_quote(float_text(o.grad_clip)), "--grad-clip", kUnchecked}};
 }
 
 std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
@@ -376,6 +385,7 @@ void check_rank_file(const std::string& path, int step, int rank, const Grid& g,
   auto want = parse_flat_json(want_line.str(), "run options");
   for (const RunField& f : fields) {
     const auto it = have.find(f.key);
+    if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
     if (got != want[f.key])
       throw file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" +

@@ -54,9 +54,12 @@ void write_optim_file(const std::string& path, const OptimShard& s);
 OptimShard read_optim_file(const std::string& path);
 
 // What must match between a checkpoint and the run resuming it.
+// A RunField whose absence from an older checkpoint leaves it unchecked.
+inline constexpr const char* kUnchecked = "*";
 struct RunField {
   std::string key, json, flag;  // json: the value as JSON text; flag: what the user would change
   std::string absent = "";      // the value a checkpoint written before this field existed implies
+                                // ("": none, the field must be there; kUnchecked: not checked)
 };
 std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const Grid& g);
 

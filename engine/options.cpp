@@ -83,6 +83,9 @@ parallelism
                       nccl: GPUs (id bootstrapped over MPI, or --nccl-id-file)          [local]
   --nccl-id-file F    NCCL bootstrap without MPI: rank/size from RANK/WORLD_SIZE or SLURM_*
   --ranks N           world size for --comm local                                         [1]
+  --comm-timeout S    local, nccl: a rank waiting longer than S seconds in one collective
+                      fails the run (a hung or lost peer; rank 0 alone writing a large
+                      checkpoint or sampling keeps the others waiting)                  [600]
 long-context memory (README: "Long context")
   --recompute         keep only each block's input; replay the block in backward
   --offload           with --recompute on cuda: keep those block inputs in pinned host memory
@@ -204,6 +207,7 @@ Options parse_options(int argc, char** argv) {
       {"--memory", [&o](const std::string& f, const std::string& v) { o.memory = parse_bytes(f, v); }},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
       {"--heartbeat", [&o](const std::string& f, const std::string& v) { o.heartbeat = parse_float(f, v); }},
+      {"--comm-timeout", [&o](const std::string& f, const std::string& v) { o.comm_timeout = parse_float(f, v); }},
       {"--export-llmc", S(o.export_llmc)}, {"--export-llmc-version", I(o.export_llmc_version)},
       {"--export-safetensors", S(o.export_safetensors)}, {"--export-dtype", S(o.export_dtype)},
       {"--probe-lengths", [&o](const std::string& f, const std::string& v) {
@@ -276,6 +280,10 @@ Options parse_options(int argc, char** argv) {
                                 {"--heads", o.heads}, {"--kv-heads", o.kv_heads}, {"--vocab", o.vocab},
                                 {"--max-seq", o.max_seq}, {"--ffn", o.ffn}})
     if (o.set_by_user(flag)) positive(flag, v);
+  if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
+    throw std::runtime_error("--comm-timeout must be a finite number of seconds > 0");
+  if (o.set_by_user("--comm-timeout") && o.comm == "mpi")
+    throw std::runtime_error("--comm-timeout: MPI's collectives have no timeout here (mpirun ends a job whose rank died)");
   if (!(o.heartbeat >= 0) || !std::isfinite(o.heartbeat))
     throw std::runtime_error("--heartbeat must be a finite number of seconds >= 0");
   if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))
@@ -301,6 +309,8 @@ Options parse_options(int argc, char** argv) {
                              " the world is the launcher's (mpirun -np N, or WORLD_SIZE)");
   if (o.set_by_user("--nccl-id-file") && o.comm != "nccl") throw std::runtime_error("--nccl-id-file needs --comm nccl");
   if (o.set_by_user("--check-tol") && o.check_state.empty()) throw std::runtime_error("--check-tol needs --check-state");
+  if (!(o.check_tol > 0) || !std::isfinite(o.check_tol))  // nan or inf would pass every difference
+    throw std::runtime_error("--check-tol must be a finite number > 0");
   positive("--mlp-chunks", o.mlp_chunks);
   if (o.set_by_user("--profile-step")) {
     positive("--profile-step", o.profile_step);
@@ -360,8 +370,8 @@ Options parse_options(int argc, char** argv) {
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
   // is how a model's context is extended; --sliding-window and --full-attention-* likewise change
   // no weight.)
-  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--max-seq", "--ffn", "--tie-embeddings",
-                        "--qkv-bias", "--norm-eps"})
+  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--ffn",
+                        "--tie-embeddings", "--qkv-bias", "--norm-eps"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
       throw std::runtime_error(std::string(f) + ": the model's shape comes from --checkpoint " + o.checkpoint +
                                "; drop " + f);

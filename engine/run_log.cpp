@@ -49,6 +49,8 @@ void RunLog::step(int step, const StepResult& r, double tok_per_s) {
   j.add("lr", double(r.lr)).add("ms", r.ms, 6).add("tok_per_s", tok_per_s, 6);
   j.add("act_mib", r.act_bytes / MiB, 6).add("a2a_mib", r.sent.all_to_all / MiB, 6);
   j.add("ar_mib", r.sent.all_reduce / MiB, 6);
+  if (r.sent.reduce_scatter || r.sent.all_gather)  // ZeRO-1: the gradients' and the weights' traffic
+    j.add("rs_mib", r.sent.reduce_scatter / MiB, 6).add("ag_mib", r.sent.all_gather / MiB, 6);
   line(j.str());
 }
 

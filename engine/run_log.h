@@ -2,7 +2,8 @@
 // object per line, written by rank 0 only and flushed per line, so the log of a killed run is
 // whole up to its last step.
 //   {"type":"step","step":12,"loss":..,"grad_norm":..,"lr":..,"ms":..,"tok_per_s":..,
-//    "act_mib":..,"a2a_mib":..,"ar_mib":..}
+//    "act_mib":..,"a2a_mib":..,"ar_mib":..}   (with --zero 1 also "rs_mib":..,"ag_mib":..: the
+//    gradients' reduce-scatter and the weights' all-gather)
 //   {"type":"eval","step":100,"val_loss":..,"accuracy":..}   (the last eval of a passkey run also
 //    "acc_depth_0":.., "acc_depth_0.25":.. .. "acc_depth_1":..: its probes, train_loop.cpp; with
 //    --loss-by-position "val_loss_pos_0":.., "val_loss_pos_64":.., ...: each band's val loss, by its

@@ -13,6 +13,7 @@
 #include "engine/run_log.h"
 #include "engine/stop_signal.h"
 #include "engine/trainer.h"
+#include "parallel/data_parallel.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/gpu_profile.h"
 #endif
@@ -98,7 +99,7 @@ int train_rank(const Options& o, Comm& world) {
   double first_loss = 0, last_loss = 0;
   size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)
   EvalResult ev;
-  bool have_eval = false;
+  bool have_eval = false, final_eval = false;  // any eval so far; the one after the last step
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   Heartbeat beat(o.heartbeat);
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
@@ -108,7 +109,7 @@ int train_rank(const Options& o, Comm& world) {
   auto run_eval = [&](int step, bool last) {
     beat.begin("eval " + std::to_string(step));
     ev = tr.evaluate();
-    have_eval = true;
+    have_eval = true, final_eval = last;
     if (synthetic)
       say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", step, ev.loss, 100.0 * ev.accuracy,
           (long long)ev.answers);
@@ -157,11 +158,18 @@ int train_rank(const Options& o, Comm& world) {
     peak_act = std::max(peak_act, r.act_bytes);
     last_loss = r.loss;
     if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0));
-    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB\n",
+    // ZeRO-1 moves the gradients by reduce-scatter and the weights by all-gather: their own columns.
+    char zero_sent[64] = "";
+    if (o.zero)
+      std::snprintf(zero_sent, sizeof zero_sent, " rs %.2f MiB ag %.2f MiB", r.sent.reduce_scatter / 1048576.0,
+                    r.sent.all_gather / 1048576.0);
+    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB%s\n",
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
-        r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0);
+        r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0, zero_sent);
     if (!profile.empty()) say("%s", profile.c_str());
-    if (s == start && tr.document_start() >= 0 && r.packed == 0)  // a mask that splits nothing
+    // A mask that splits nothing on any rank (the sum counts each sp group's sequences sp times;
+    // only zero matters).
+    if (s == start && tr.document_start() >= 0 && global_count(world, r.packed) == 0)
       say("note    | --doc-mask: no sequence of this step holds token %d after its start, so none is split "
           "into documents (is --eot right?)\n", tr.document_start());
     const bool last = s + 1 == o.steps;
@@ -260,18 +268,23 @@ int train_rank(const Options& o, Comm& world) {
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
   if (lead && stopped_by) {  // what is left of the run (evals, probes, exports, sample) is skipped
     const std::string sig = stop_signal_name(stopped_by), dir = o.save_dir + "/" + step_dir_name(stopped_at);
+    std::string left;  // what the signal skipped of what follows the training
+    auto skip = [&](bool asked, const char* what) { if (asked) left += (left.empty() ? "" : ", ") + std::string(what); };
+    skip(!final_eval && !stopped_late, "the final eval");
+    skip(!o.probe_lengths.empty(), stopped_late ? "the rest of --probe-lengths" : "--probe-lengths");
+    skip(!o.export_llmc.empty() || !o.export_safetensors.empty(), "the exports");
+    skip(o.sample > 0, "the sample");
+    left = left.empty() ? "" : "; skipped: " + left;
     std::string what;
     if (stopped_late)
-      what = "during the final evals and probes (step " + std::to_string(stopped_at) +
-             ") | the rest of them, the exports and the sample skipped";
+      what = "during the final evals and probes (step " + std::to_string(stopped_at) + ")" + left;
     else if (stopped_at < o.steps)
       what = "after step " + std::to_string(stopped_at) + " of " + std::to_string(o.steps) + " | " +
              (o.save_dir.empty() ? "nothing saved (no --save-dir)" : "checkpoint " + dir + ": continue with --resume");
     else
       what = "after the last step (" + std::to_string(stopped_at) + ") | " +
-             (o.save_dir.empty() ? "nothing saved (no --save-dir); the final eval, probes, exports and sample skipped"
-                                 : "checkpoint " + dir + ": the training is done; the final eval, probes, exports and "
-                                   "sample skipped (--steps 0 --checkpoint " + dir + "/model.bin runs them)");
+             (o.save_dir.empty() ? "nothing saved (no --save-dir)" : "checkpoint " + dir + ": the training is done") + left +
+             (left.empty() || o.save_dir.empty() ? "" : " (--steps 0 --checkpoint " + dir + "/model.bin runs them)");
     std::printf("stopped | %s %s\n", sig.c_str(), what.c_str());
   } else if (lead && (eval_at_zero || o.steps > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");

@@ -269,7 +269,7 @@ StepResult Trainer::step() {
   int64_t local_valid = 0;
   for (int m = 0; m < A; m++) {
     int64_t first = ((int64_t(step_) * A + m) * g.dp + g.dp_rank) * o_.batch;
-    load_batch(*train_, first, o_.batch, o_.seq, g.sp, g.sp_rank, micro_[m], eot_);
+    named_load(*train_, "--data", first, micro_[m]);
     local_valid += micro_[m].valid;
   }
   int64_t packed = 0;  // a document id above 0 in a sequence: an EOT split it
@@ -324,6 +324,14 @@ StepResult Trainer::step() {
   return r;
 }
 
+void Trainer::named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const {
+  try {
+    load_batch(data, first, o_.batch, o_.seq, grid_.sp, grid_.sp_rank, hb, eot_);
+  } catch (const std::runtime_error& e) {  // a token id past the vocabulary, found as it is read
+    throw std::runtime_error(std::string(flag) + ": " + e.what());
+  }
+}
+
 std::vector<float> Trainer::host_params(bool want) {
   Params& P = model_->params;
   if (!P.masters_sharded()) return want ? P.to_host() : std::vector<float>{};
@@ -372,7 +380,7 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     ctx_.arena.reset();
     // Every eval reads the same held-out sequences, so successive val losses are comparable.
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
-    load_batch(data, first, o_.batch, o_.seq, g.sp, g.sp_rank, hb, eot_);
+    named_load(data, &data == val_.get() && !o_.val_data.empty() ? "--val-data" : "--data", first, hb);
     ModelInputs in = device_inputs(ctx_, hb);
     if (!bands.empty()) {
       row_loss.assign(hb.targets.size(), 0.f);

@@ -101,6 +101,8 @@ class Trainer {
   int32_t document_start() const { return eot_; }  // --doc-mask: the id documents start at; -1: no mask
 
  private:
+  // load_batch of this run's shape; an error (a token id past the vocabulary) names `flag`.
+  void named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const;
   Options o_;
   Grid grid_;
   Context ctx_;

@@ -33,8 +33,6 @@ import sys
 import tempfile
 import time
 
-import tiktoken
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_bpe import qwen2_layout  # noqa: E402 (the tools' shared definition of Qwen 2's layout)
 
@@ -47,6 +45,7 @@ QWEN_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
 
 
 def gpt2_encoding(ranks_file):
+    import tiktoken  # only the GPT-2 comparison needs it (--hf and --qwen2 use tokenizers)
     if not ranks_file:
         return tiktoken.get_encoding("gpt2")
     ranks = read_ranks(ranks_file)

@@ -165,6 +165,9 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + good.string() + " --seq 32", "rank_0.json: seq is 16 in the checkpoint but 32 in this run (--seq)");
   expect_refused(resume + good.string() + " --dim 64", "rank_0.json: dim is 32 in the checkpoint but 64 in this run (--dim)");
   expect_refused(resume + good.string() + " --model llama", "arch is gpt2 in the checkpoint but llama in this run (--model)");
+  // The schedule and AdamW's settings shape every later update: only --steps and --lr may change.
+  expect_refused(resume + good.string() + " --warmup 5", "warmup is 20 in the checkpoint but 5 in this run (--warmup)");
+  expect_refused(resume + good.string() + " --beta2 0.99", "beta2 is 0.95 in the checkpoint but 0.99 in this run (--beta2)");
   expect_refused(kArgs + " --save-dir " + good.string(), "already holds checkpoints");
   expect_refused(resume + (d / "empty").string(), "no complete checkpoint to resume from");
   expect_refused(kArgs + " --resume", "--resume needs --save-dir");
@@ -187,13 +190,14 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     REQUIRE(train(packed + " --steps 2 --save-dir " + old.string()).code == 0);
     const fs::path rank = old / "step_00000002" / "rank_0.json";
     std::string j = ul::read_whole_file(rank.string());
-    for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1"}) {
+    for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1", ",\"warmup\":20", ",\"grad_clip\":\"1\""}) {
       const size_t at = j.find(field);
       REQUIRE(at != std::string::npos);
       j.erase(at, std::strlen(field));
     }
     std::ofstream(rank) << j;
-    REQUIRE(train(packed + " --steps 3 --resume --save-dir " + old.string()).code == 0);
+    // Fields a checkpoint predates are not checked (the schedule's), or take the value it implies.
+    REQUIRE(train(packed + " --steps 3 --warmup 7 --resume --save-dir " + old.string()).code == 0);
   }
 
   // Refusing touched nothing: the good checkpoint and its log are as they were.

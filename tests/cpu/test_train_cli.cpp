@@ -61,6 +61,9 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--comm mpi --ranks 4", "--ranks sets the world of --comm local");
   expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
   expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
+  expect_refused("--checkpoint m.bin --check-state s.bin --check-tol nan", "--check-tol must be a finite number > 0");
+  expect_refused("--comm-timeout 0", "--comm-timeout must be a finite number of seconds > 0");
+  expect_refused("--comm mpi --comm-timeout 30", "--comm-timeout: MPI's collectives have no timeout");
   // A run larger than the machine (17 TB of activations): refused before allocating, saying what to shrink.
   expect_refused("--model llama --seq 1048576 --batch 1024", "but this machine has");
   expect_refused("--model gpt2 --ffn 100", "--ffn: gpt2's MLP is 4 x --dim");
@@ -164,6 +167,7 @@ TEST_CASE("train refuses bad files with a message naming them", "[cli]") {
   }
   expect_refused("--checkpoint " + trunc + " --steps 1", "truncated.bin");
   expect_refused("--checkpoint " + model + " --check-state " + trunc, "truncated.bin");
+  expect_refused("--checkpoint " + model + " --vocab 999 --steps 1", "--vocab: the model's shape comes from --checkpoint");
   // Bytes >= 100 in a text file are token ids outside --vocab 100.
   std::string text = (dir / "text.txt").string();
   { std::ofstream f(text); for (int i = 0; i < 400; i++) f << "zzzz hello world "; }

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -57,4 +58,29 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   refused("--data passkey --val-data text:" + a, {"--val-data", "a.txt", ">= the model vocab 32"});
   refused("--data text:" + a + " --val-data nosuch:x", {"--val-data", "unknown dataset \"nosuch:x\""});
   refused("--data text:" + a + " --val-data text:" + (dir.path / "none.txt").string(), {"--val-data", "none.txt"});
+  // llm.c shards name no vocabulary: an id past the model's is found as the eval reads it, and the
+  // error still names the flag, the file and the offset.
+  const std::string shard = (dir.path / "book_val.bin").string();
+  {
+    std::ofstream f(shard, std::ios::binary);
+    int32_t h[256] = {20240520, 1, 4096};
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+    for (int i = 0; i < 4096; i++) {
+      const uint16_t t = uint16_t(i == 100 ? 999 : i % 20);
+      f.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  refused("--data passkey --eval-batches 1 --batch 1 --seq 128 --val-data shards:" + shard,
+          {"--val-data: ", "book_val.bin", "token id 999", ">= the model vocab 32"});
+  // Shards whose headers name a vocabulary larger than the model's are refused before any step.
+  const std::string named = (dir.path / "named_val.bin").string();
+  {
+    std::ofstream f(named, std::ios::binary);
+    int32_t h[256] = {20240520, 1, 4096};
+    h[3] = 0x53594c55, h[4] = 300, h[5] = 299;  // data/shards.h: kShardTag, the vocabulary, the EOT
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+    const std::vector<uint16_t> t(4096, 7);
+    f.write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 2));
+  }
+  refused("--data passkey --val-data shards:" + named, {"named_val.bin", "headers name a vocabulary of 300 tokens, larger than the model's 32"});
 }
