@@ -165,8 +165,9 @@ std::string RunOutputs::decode(const std::vector<int>& ids) const {
   std::string s;
   if (tok_) {
     for (int id : ids) s += tok_->decode(id);
-  } else if (cfg_.vocab == 256) {  // byte-level data (text:FILE): a token is a byte
-    for (int id : ids) s += char(id);
+  } else if (cfg_.vocab == 256 || cfg_.vocab == 257) {
+    // Byte-level data: text:FILE (256), or `train prepare`'s byte shards (257: the EOT is 256).
+    for (int id : ids) s += id < 256 ? std::string(1, char(id)) : std::string("<|endoftext|>");
   } else {
     for (int id : ids) s += (s.empty() ? "ids: " : " ") + std::to_string(id);
   }
@@ -230,7 +231,7 @@ void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<
   }
   // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at. A
   // --prompt-file prompt (a book, perhaps) is not echoed: only what follows it.
-  const std::string head = o_.prompt_file.empty() ? decode(prompt_) + (tok_ || cfg_.vocab == 256 ? "" : " | ") : "";
+  const std::string head = o_.prompt_file.empty() ? decode(prompt_) + (tok_ || cfg_.vocab == 256 || cfg_.vocab == 257 ? "" : " | ") : "";
   const std::string text = head + decode(out) + "\n";
   std::fwrite(text.data(), 1, text.size(), stdout);
 }

@@ -116,14 +116,17 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   CHECK(named->vocab() == 257);
   CHECK(named->eot() == 256);
 
-  // And they train, packed with the document mask, as the hint line says.
+  // And they train, packed with the document mask, as the hint line says; a sample prints as text
+  // (bytes, the EOT as <|endoftext|>), not as ids.
   r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --doc-mask --seq 32 --batch 2 "
-                        "--steps 2 --eval-batches 1 --threads 1"));
+                        "--steps 2 --eval-batches 1 --threads 1 --sample 40 --prompt ids:104,105,256,104"));
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("vocab=257 (padded 384)") != std::string::npos);
   CHECK(r.out.find("--doc-mask: documents start at token 256") != std::string::npos);
   CHECK(r.out.find("done |") != std::string::npos);
+  CHECK(r.out.find("\nhi<|endoftext|>h") != std::string::npos);
+  CHECK(r.out.find("ids:") == std::string::npos);
 }
 
 TEST_CASE("prepare's header ints: checked, and the format's defaults when a file lacks them", "[prepare]") {
