@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "data/rng.h"
+#include "engine/file_io.h"
 
 namespace ul {
 
@@ -53,6 +54,7 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
     for (const std::string& path : files) {
       Shard s;
       s.path = path;
+      require_regular_file(path);
       int fd = ::open(path.c_str(), O_RDONLY);
       if (fd < 0) throw shard_error(path, std::string("cannot open shard: ") + std::strerror(errno));
       struct stat st{};

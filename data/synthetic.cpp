@@ -29,6 +29,8 @@ void emit(const std::vector<int32_t>& s, const std::vector<char>& scored, int T,
 
 RecallDataset::RecallDataset(Split split, uint64_t seed, RecallConfig cfg)
     : split_(split), seed_(seed), cfg_(cfg) {
+  if (cfg_.queries == 0 || cfg_.queries < -1)
+    throw std::runtime_error("recall: queries must be >= 1, or -1 for as many as fit (got " + std::to_string(cfg_.queries) + ")");
   if (cfg_.num_keys < 1 || cfg_.num_values < 2 || cfg_.pairs < 1 || cfg_.pairs > cfg_.num_keys)
     throw std::runtime_error("recall: need num_keys >= 1, num_values >= 2, 1 <= pairs <= num_keys (got " +
                              std::to_string(cfg_.num_keys) + ", " + std::to_string(cfg_.num_values) +

@@ -5,9 +5,12 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "engine/file_io.h"
+
 namespace ul {
 
 TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) : path_(path), split_(split) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open text file");
   bytes_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

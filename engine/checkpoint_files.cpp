@@ -89,6 +89,7 @@ uint32_t checksum(H h, const std::string& tail, const float* payload, uint64_t n
 template <class H, class T, class F>
 H read_checked(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
                std::string& tail, std::vector<float>& payload, T tail_of, F floats_of) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
   f.seekg(0, std::ios::end);

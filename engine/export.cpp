@@ -1,6 +1,7 @@
 #include "engine/export.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -40,6 +41,15 @@ ModelConfig hf_checkpoint_config(const std::string& path) {
   return hf_read_config(f);
 }
 
+void check_finite_weights(const std::string& path, const std::vector<ParamSpec>& specs, const float* host) {
+  for (const ParamSpec& s : specs)
+    for (size_t i = 0; i < size_t(s.shape.numel()); i++)
+      if (!std::isfinite(host[s.offset + i]))
+        throw std::runtime_error(path + ": tensor " + s.name + " holds a non-finite value (" +
+                                 std::to_string(host[s.offset + i]) + " at element " + std::to_string(i) +
+                                 "): the weights are damaged, not trainable");
+}
+
 ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& ckpt) {
   if (std::filesystem::is_directory(path))
     throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
@@ -63,6 +73,7 @@ void load_hf_checkpoint(const std::string& path, Transformer& model, bool say) {
     SafetensorsFile f(path);
     hf_import(f, model.cfg, model.params.specs(), host.data());
   }
+  check_finite_weights(path, model.params.specs(), host.data());
   model.params.load_host(host.data());  // the f32 values (a bf16 model's master copy, and its rounding)
 }
 

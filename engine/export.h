@@ -32,6 +32,9 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
 
 // Built on every rank before training, so that a bad flag combination, tokenizer file or prompt
 // fails before any work; finish() runs on rank 0 after the last step.
+// Throws naming `path`, the tensor and the element when a loaded weight is NaN or infinite.
+void check_finite_weights(const std::string& path, const std::vector<ParamSpec>& specs, const float* host);
+
 class RunOutputs {
  public:
   // eot >= 0 (--doc-mask): the sample's prompt and continuation are split into documents at that

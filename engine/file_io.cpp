@@ -1,6 +1,7 @@
 #include "engine/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -86,7 +87,18 @@ void fsync_dir(const std::string& dir) {
   if (!ok) throw sys_error(dir, "fsync of the directory failed");
 }
 
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  throw std::runtime_error(path + ": not a regular file (" +
+                           (S_ISDIR(st.st_mode)    ? "a directory"
+                            : S_ISFIFO(st.st_mode) ? "a pipe"
+                                                   : "a device or socket") +
+                           ")");
+}
+
 std::string read_whole_file(const std::string& path) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw sys_error(path, "cannot open");
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

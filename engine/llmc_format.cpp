@@ -9,6 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "engine/file_io.h"
 #include "engine/safetensors.h"
 
 namespace ul {
@@ -24,6 +25,7 @@ std::runtime_error file_error(const std::string& path, const std::string& what) 
 
 // The whole file, or an error naming it (missing / unreadable / shorter than a header).
 std::vector<char> read_file(const std::string& path, const char* kind) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -231,8 +231,13 @@ Options parse_options(int argc, char** argv) {
       v = a.substr(eq + 1);
       a = a.substr(0, eq);
     }
+    // A switch takes no value: --doc-mask=false would otherwise turn it on.
+    static const char* const kSwitches[] = {"--help", "--quiet", "--resume", "--recompute", "--offload", "--plan",
+                                            "--doc-mask", "--loss-by-position", "--tie-embeddings", "--qkv-bias"};
+    if (inline_value && std::find(std::begin(kSwitches), std::end(kSwitches), a) != std::end(kSwitches))
+      throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");
     if (a == "--help" || a == "-h") { o.help = true; continue; }
-    if (a == "--quiet") { o.quiet = true; continue; }
+    if (a == "--quiet") { o.quiet = true; o.given.push_back(a); continue; }
     if (a == "--resume") { o.resume = true; o.given.push_back(a); continue; }
     if (a == "--recompute") { o.recompute = true; o.given.push_back(a); continue; }
     if (a == "--offload") { o.offload = true; o.given.push_back(a); continue; }
@@ -256,8 +261,16 @@ Options parse_options(int argc, char** argv) {
   positive("--batch", o.batch);
   positive("--seq", o.seq);
   positive("--grad-accum", o.grad_accum);
+  // A step's micro-batches are all loaded before its first forward (the loss is normalised over
+  // the step): their tokens must stay countable, and their host copies are in the memory check.
+  if (int64_t(o.grad_accum) * o.batch * o.seq > INT32_MAX)
+    throw std::runtime_error("--grad-accum x --batch x --seq = " +
+                             std::to_string(int64_t(o.grad_accum) * o.batch * o.seq) +
+                             " tokens per rank per step, more than 2^31 - 1");
   positive("--sp", o.sp);
   positive("--ranks", o.ranks);
+  if (o.ranks > 1024)  // one thread per rank, each with its own context and buffers
+    throw std::runtime_error("--ranks " + std::to_string(o.ranks) + ": --comm local runs one thread per rank, at most 1024");
   positive("--eval-batches", o.eval_batches);
   if (o.steps < 0) throw std::runtime_error("--steps must be >= 0");
   if (o.warmup < 0) throw std::runtime_error("--warmup must be >= 0");
@@ -309,6 +322,14 @@ Options parse_options(int argc, char** argv) {
                              " the world is the launcher's (mpirun -np N, or WORLD_SIZE)");
   if (o.set_by_user("--nccl-id-file") && o.comm != "nccl") throw std::runtime_error("--nccl-id-file needs --comm nccl");
   if (o.set_by_user("--check-tol") && o.check_state.empty()) throw std::runtime_error("--check-tol needs --check-state");
+  // --check-state runs one forward/backward against the state file and exits: the training and
+  // output flags would be ignored without a word.
+  if (!o.check_state.empty())
+    for (const char* f : {"--steps", "--save-dir", "--resume", "--export-llmc", "--export-safetensors", "--sample",
+                          "--probe-lengths", "--log", "--lr", "--grad-accum"})
+      if (o.set_by_user(f)) throw std::runtime_error(std::string(f) + ": --check-state runs one step against its file and trains nothing; drop " + f);
+  if (o.set_by_user("--val-data") && o.val_data.empty())
+    throw std::runtime_error("--val-data: empty (give a dataset spec, or leave the flag out for --data's own split)");
   if (!(o.check_tol > 0) || !std::isfinite(o.check_tol))  // nan or inf would pass every difference
     throw std::runtime_error("--check-tol must be a finite number > 0");
   positive("--mlp-chunks", o.mlp_chunks);
@@ -411,7 +432,11 @@ void apply_window_flag(const Options& o, ModelConfig& c) {
     c.full_every = o.full_every;
     c.full_first = std::max(0, o.full_every - 1);  // the last layer of each group (Gemma's, GPT-OSS's)
   }
-  if (o.set_by_user("--full-attention-first")) c.full_first = o.full_first;
+  if (o.set_by_user("--full-attention-first")) {
+    if (!c.full_every)
+      throw std::runtime_error("--full-attention-first needs --full-attention-every (or a checkpoint with such a pattern)");
+    c.full_first = o.full_first;
+  }
 }
 
 void apply_trained_length(const Options& o, ModelConfig& c) {

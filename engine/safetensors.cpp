@@ -59,6 +59,7 @@ int64_t SafeTensorInfo::numel() const {
 namespace {
 // The first `bytes` bytes of path (fewer when the file is shorter), and the file's size.
 std::string read_prefix(const std::string& path, size_t bytes, size_t& file_size) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw st_error(path, std::string("cannot open: ") + std::strerror(errno));
   f.seekg(0, std::ios::end);

@@ -9,6 +9,7 @@
 #include "engine/export.h"
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
+#include "engine/output_paths.h"
 #include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/stop_signal.h"
@@ -67,6 +68,7 @@ int train_rank(const Options& o, Comm& world) {
       std::fflush(stdout);
     }
   };
+  check_output_paths(o);  // before anything is opened for writing: the log is, when the Trainer is made
   Trainer tr(o, world);
   // Refuses bad export / sample flags before any step; samples split documents as training does.
   const RunOutputs outputs(o, tr.model().cfg, tr.document_start());

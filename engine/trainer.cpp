@@ -209,7 +209,19 @@ Trainer::Trainer(const Options& o, Comm& world)
   const MemoryPlan plan = plan_memory(pc);
   planned_arena_ = plan.arena_peak;
   auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
-  if (ctx_.device == Device::cpu) check_host_memory(plan, ranks_on_this_host(o, world.size()), physical_memory());
+  // On the host whatever the device: the step's micro-batches (HostBatch: 5 int32 arrays of B x T
+  // at most), loaded before its first forward. On the CPU the whole plan is host memory too.
+  const size_t batches = size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t);
+  const int ranks_here = ranks_on_this_host(o, world.size());
+  if (batches * size_t(ranks_here) > physical_memory())
+    throw std::runtime_error("--grad-accum " + std::to_string(o.grad_accum) + ": a step's micro-batches, loaded before its "
+                             "first forward, need " + mib(batches) + " of host memory per rank, more than this machine's " +
+                             mib(physical_memory()) + (ranks_here > 1 ? " for " + std::to_string(ranks_here) + " ranks" : ""));
+  if (ctx_.device == Device::cpu) {
+    MemoryPlan host = plan;
+    host.total += batches;
+    check_host_memory(host, ranks_here, physical_memory());
+  }
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   MasterRange masters;
@@ -227,6 +239,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!ckpt.empty() && ckpt.size() != model_->params.numel())
     throw std::runtime_error(o.checkpoint + ": " + std::to_string(ckpt.size()) + " parameters, but its model shape has " +
                              std::to_string(model_->params.numel()));
+  if (!ckpt.empty()) check_finite_weights(o.checkpoint, model_->params.specs(), ckpt.data());
   if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
   else if (is_hf_checkpoint_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
   else model_->init_weights(o.seed);

@@ -17,7 +17,9 @@ namespace ul {
 namespace cpu {
 
 inline float exp_simd(float z) {
-  const float c = z < -87.f ? -87.f : (z > 88.f ? 88.f : z);
+  // A NaN z takes the low clamp (so the integer conversion below stays defined) and is returned
+  // as it came at the end: NaN propagates, as std::exp's does.
+  const float c = !(z >= -87.f) ? -87.f : (z > 88.f ? 88.f : z);
   // round(c / ln 2) to an integer: adding and taking away 1.5 * 2^23 leaves no fraction bits (exact
   // in float arithmetic, which the compiler may not reassociate without -ffast-math).
   const float n = (c * 1.44269504f + 12582912.f) - 12582912.f;
@@ -30,10 +32,10 @@ inline float exp_simd(float z) {
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  const int32_t bits = (int32_t(n) + 127) << 23;  // 2^n, n in [-126, 127]
+  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;  // 2^n, n in [-126, 127]
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return z > 88.f ? INFINITY : p * scale;
+  return z > 88.f ? INFINITY : (z != z ? z : p * scale);
 }
 inline double exp_simd(double z) { return std::exp(z); }
 

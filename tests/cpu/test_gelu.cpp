@@ -92,6 +92,7 @@ TEST_CASE("the CPU kernels' float exp is within 2 ulp of exp over [-87, 88]", "[
   CHECK(worst <= 2.0);
   CHECK(ul::cpu::exp_simd(0.f) == 1.f);
   CHECK(std::isinf(ul::cpu::exp_simd(88.5f)));  // overflows, as exp does
+  CHECK(std::isnan(ul::cpu::exp_simd(std::nanf(""))));  // NaN propagates (and converts no NaN to an int)
   CHECK(std::isinf(ul::cpu::exp_simd(INFINITY)));
   CHECK(ul::cpu::exp_simd(-200.f) == ul::cpu::exp_simd(-87.f));  // held at the smallest normal result
   CHECK(ul::cpu::exp_simd(-INFINITY) > 0.f);

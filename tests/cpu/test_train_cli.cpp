@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 
 using namespace ul_test;
 namespace fs = std::filesystem;
@@ -22,6 +24,47 @@ static void expect_refused(const std::string& args, const std::string& needle) {
   INFO("train " << args << "\n" << r.out);
   CHECK(r.code != 0);
   CHECK(r.out.find(needle) != std::string::npos);
+}
+
+TEST_CASE("train checks its outputs and inputs and switches before any work", "[cli]") {
+  TempDir dir;
+  const std::string d = dir.path.string(), text = d + "/book.txt";
+  { std::ofstream f(text); for (int i = 0; i < 300; i++) f << "line " << i << " of a small book\n"; }
+  const std::string run = "--data text:" + text + " --steps 1 --seq 32 --batch 1 --eval-batches 1 --threads 1";
+  // An output that is a directory, or that names an input or another output.
+  std::filesystem::create_directories(d + "/adir");
+  expect_refused(run + " --log " + d + "/adir", "--log: " + d + "/adir exists and is not a regular file (a directory)");
+  expect_refused(run + " --export-llmc " + d + "/adir", "--export-llmc: " + d + "/adir exists and is not a regular file");
+  expect_refused(run + " --log " + text, "--log " + text + " is --data's file: the run would overwrite its own input");
+  expect_refused(run + " --log " + d + "/x.bin --export-llmc " + d + "/./x.bin", "is also --log's: one would overwrite the other");
+  std::ifstream still(text);
+  std::string first;
+  std::getline(still, first);
+  CHECK(first == "line 0 of a small book");  // the refusal touched nothing
+  // Inputs that are not regular files are named, not read as empty or forever.
+  expect_refused("--data text:" + d + "/adir --steps 1", d + "/adir: not a regular file (a directory)");
+  expect_refused("--data text:/dev/zero --steps 1", "/dev/zero: not a regular file (a device or socket)");
+  // A switch takes no value; a flag only another mode reads is refused; impossible values too.
+  expect_refused("--tie-embeddings=0 --model llama", "--tie-embeddings is a switch and takes no value (got '0')");
+  expect_refused("--doc-mask=false", "--doc-mask is a switch");
+  expect_refused("--ranks 5000", "--ranks 5000: --comm local runs one thread per rank, at most 1024");
+  expect_refused("--grad-accum 100000000", "tokens per rank per step, more than 2^31 - 1");
+  expect_refused("--val-data ''", "--val-data: empty");
+  expect_refused("--data recall:queries=0", "recall: queries must be >= 1, or -1");
+  expect_refused("--model llama --sliding-window 8 --full-attention-first 0", "--full-attention-first needs --full-attention-every");
+  expect_refused("--model llama --sliding-window 8 --full-attention-every 5 --steps 1",
+                 "the model has only 2 layers, so no layer would attend to every earlier token");
+  expect_refused("--checkpoint m.bin --check-state s.bin --steps 3", "--steps: --check-state runs one step against its file");
+  // Weights that are not numbers are refused as the checkpoint loads, naming the file and tensor.
+  std::string model = source_path("tests/data/gpt2_tiny_model.bin"), nan_model = d + "/nan.bin";
+  {
+    std::ifstream in(model, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    const float nan = std::nanf("");
+    std::memcpy(&all[1024 + 4 * 100], &nan, 4);  // a value in wte (llm.c: 1024-byte header, then wte)
+    std::ofstream(nan_model, std::ios::binary) << all;
+  }
+  expect_refused("--checkpoint " + nan_model + " --steps 0 --seq 16 --data passkey", "nan.bin: tensor wte holds a non-finite value");
 }
 
 TEST_CASE("train refuses bad flags before any work", "[cli]") {

@@ -1,0 +1,87 @@
+#include "engine/output_paths.h"
+
+#include <glob.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/loss_plot.h"
+#include "engine/probe_plot.h"
+
+namespace ul {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A path as the file system resolves it, whether or not it exists yet (so "./a" and "a" match).
+std::string resolved(const std::string& path) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
+  return ec ? path : p.string();
+}
+
+// The files a data spec reads: text:FILE, or what shards:GLOB matches (synthetic tasks: none).
+std::vector<std::string> data_files(const std::string& spec) {
+  if (spec.rfind("text:", 0) == 0) return {spec.substr(5)};
+  std::vector<std::string> out;
+  if (spec.rfind("shards:", 0) == 0) {
+    glob_t g{};
+    if (glob(spec.c_str() + 7, 0, nullptr, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc; i++) out.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_output_paths(const Options& o) {
+  using Named = std::pair<std::string, std::string>;  // (flag, path)
+  std::vector<Named> outputs, inputs;
+  const std::string log = !o.log.empty() ? o.log : o.save_dir.empty() ? "" : o.save_dir + "/log.jsonl";
+  const std::string log_flag = !o.log.empty() ? "--log" : "--save-dir's log";
+  if (!log.empty()) {
+    outputs.push_back({log_flag, log});
+    outputs.push_back({log_flag + " (its loss plot)", plot_path_for_log(log)});
+    if (!o.probe_lengths.empty()) outputs.push_back({log_flag + " (its length plot)", probe_plot_path_for_log(log)});
+  }
+  if (!o.export_llmc.empty()) outputs.push_back({"--export-llmc", o.export_llmc});
+  if (!o.export_safetensors.empty()) {
+    outputs.push_back({"--export-safetensors", o.export_safetensors});
+    outputs.push_back({"--export-safetensors (its config.json)",
+                       (fs::path(o.export_safetensors).parent_path() / "config.json").string()});
+  }
+  for (const std::string& f : data_files(o.data)) inputs.push_back({"--data", f});
+  for (const std::string& f : data_files(o.val_data)) inputs.push_back({"--val-data", f});
+  for (const auto& [flag, path] : {Named{"--checkpoint", o.checkpoint}, Named{"--check-state", o.check_state},
+                                   Named{"--tokenizer", o.tokenizer}, Named{"--prompt-file", o.prompt_file}})
+    if (!path.empty()) inputs.push_back({flag, path});
+
+  for (size_t i = 0; i < outputs.size(); i++) {
+    const auto& [flag, path] = outputs[i];
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st))
+      throw std::runtime_error(flag + ": " + path + " exists and is not a regular file (" +
+                               (fs::is_directory(st) ? "a directory" : "a pipe, device or socket") +
+                               "); give a file path");
+    // The directory must take new files: each output is written as NAME.tmp, then renamed. (One
+    // that does not exist yet is made at start-up, and that failing is reported there.)
+    const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    if (fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) != 0)
+      throw std::runtime_error(flag + ": " + path + ": the directory " + dir.string() + " is not writable");
+    for (const auto& [in_flag, in_path] : inputs)
+      if (resolved(in_path) == resolved(path))
+        throw std::runtime_error(flag + " " + path + " is " + in_flag + "'s file: the run would overwrite its own input");
+    for (size_t j = 0; j < i; j++)
+      if (resolved(outputs[j].second) == resolved(path))
+        throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");
+  }
+}
+
+}  // namespace ul
