@@ -1,7 +1,10 @@
 #include "data/prepare.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -98,6 +101,10 @@ class ShardWriter {
     buf_.push_back(token);
     if (buf_.size() == 65536) flush();
     if (--in_shard_ == 0) flush();
+  }
+  // Every shard's bytes on disk, still under their .tmp names.
+  void sync() {
+    for (auto& f : files_) f->sync();
   }
   // Renames every shard into place once all of them are complete.
   void commit(std::vector<std::string>& written) {
@@ -221,8 +228,24 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   r.vocab = vocab;
   r.eot = eot;
   if (tok) r.encoding = std::string(tok->splitter()) + " BPE of " + o.tokenizer;
-  train_w.commit(r.shards);
-  val_w.commit(r.shards);
+  // The set appears whole or not at all: every file is made durable first (the slow part), then
+  // they are renamed with SIGINT, SIGTERM and SIGHUP held back, so that a stop signal cannot leave
+  // some shards in place and others not (a later run would train on part of the data without a
+  // word). A signal that arrives meanwhile is delivered once the renames are done.
+  train_w.sync();
+  val_w.sync();
+  sigset_t held, before;
+  sigemptyset(&held);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&held, sig);
+  pthread_sigmask(SIG_BLOCK, &held, &before);
+  try {
+    train_w.commit(r.shards);
+    val_w.commit(r.shards);
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
   return r;
 }
 

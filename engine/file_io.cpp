@@ -37,10 +37,8 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp
 }
 
 AtomicFile::~AtomicFile() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_.c_str());
-  }
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
 }
 
 void AtomicFile::write(const void* data, size_t bytes) {
@@ -54,19 +52,23 @@ void AtomicFile::write(const void* data, size_t bytes) {
   }
 }
 
-void AtomicFile::commit() {
+void AtomicFile::sync() {
+  if (fd_ < 0) return;
   if (::fsync(fd_) != 0) throw sys_error(tmp_, "fsync failed");
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) {
-    ::unlink(tmp_.c_str());
-    throw sys_error(tmp_, "close failed");
-  }
+  if (::close(fd) != 0) throw sys_error(tmp_, "close failed");  // the destructor removes the file
+}
+
+void AtomicFile::commit() {
+  if (committed_) return;
+  sync();
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     std::runtime_error e = sys_error(path_, "cannot rename the temporary file into place");
     ::unlink(tmp_.c_str());
     throw e;
   }
+  committed_ = true;
   fsync_dir(parent_dir(path_));
 }
 

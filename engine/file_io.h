@@ -24,12 +24,16 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* data, size_t bytes);
-  // fsync, close, rename over the final name, fsync the directory. Throws on any failure.
+  // fsync and close: every byte on disk, still under NAME.tmp (the slow half of a commit, so that
+  // a set of files can be made durable first and then renamed together). Idempotent.
+  void sync();
+  // sync(), rename over the final name, fsync the directory. Throws on any failure.
   void commit();
 
  private:
   std::string path_, tmp_;
   int fd_ = -1;
+  bool committed_ = false;
 };
 
 // The whole of `text` into `path`, atomically.

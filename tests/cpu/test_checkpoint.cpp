@@ -280,6 +280,28 @@ TEST_CASE("the run log has a record per step and eval, the plot has both series"
   fs::remove_all(d);
 }
 
+TEST_CASE("AtomicFile: sync keeps NAME.tmp, commit renames it, an uncommitted file leaves nothing", "[checkpoint]") {
+  const fs::path d = fresh_dir("atomic");
+  const std::string a = (d / "a.bin").string(), b = (d / "b.bin").string();
+  {
+    ul::AtomicFile fa(a), fb(b);
+    fa.write("aa", 2);
+    fb.write("bb", 2);
+    fa.sync();
+    fb.sync();  // both durable, neither in place yet
+    CHECK(fs::exists(a + ".tmp"));
+    CHECK_FALSE(fs::exists(a));
+    fa.commit();
+    CHECK(fs::exists(a));
+    CHECK_FALSE(fs::exists(a + ".tmp"));
+    // fb is never committed: its temporary goes with it.
+  }
+  CHECK(ul::read_whole_file(a) == "aa");
+  CHECK_FALSE(fs::exists(b));
+  CHECK_FALSE(fs::exists(b + ".tmp"));
+  fs::remove_all(d);
+}
+
 TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
   CHECK(ul::crc32(0, "123456789", 9) == 0xCBF43926u);
   CHECK(ul::crc32(ul::crc32(0, "1234", 4), "56789", 5) == 0xCBF43926u);
