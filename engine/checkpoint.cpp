@@ -189,6 +189,9 @@ void load_checkpoint(Trainer& tr, const std::string& root, int step) {
   size_t covered = 0;
   int64_t t = -1;
   const bool whole = std::ifstream(dir + "/" + optim_file_name(0, 1)).good();
+  if (!whole && !std::ifstream(dir + "/" + optim_file_name(0, 2)).good())
+    throw std::runtime_error(dir + ": no optimizer state: neither " + optim_file_name(0, 1) + " nor (--zero 1) " +
+                             optim_file_name(0, 2) + " is there");
   for (int k = 0, shards = 1; k < shards; k++) {
     // optim_file_name(k, any shards > 1) is optim_rank_k.bin; the count comes from shard 0's header
     const std::string path = dir + "/" + optim_file_name(whole ? 0 : k, whole ? 1 : 2);

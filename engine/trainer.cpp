@@ -194,7 +194,13 @@ Trainer::Trainer(const Options& o, Comm& world)
       throw std::runtime_error("--val-data " + o.val_data + ": its vocabulary (" + std::to_string(val_->vocab()) +
                                ") is larger than the model's (" + std::to_string(cfg.vocab) + ")");
   }
-  if (o.evaluates()) val_->num_sequences(o.seq);
+  if (o.evaluates()) {
+    try {
+      val_->num_sequences(o.seq);
+    } catch (const std::exception& e) {  // too short for --seq: say which flag's data
+      throw std::runtime_error(std::string(o.val_data.empty() ? "--data (its val split)" : "--val-data") + ": " + e.what());
+    }
+  }
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
   if (!cfg.is_llama() && o.seq > cfg.max_seq)

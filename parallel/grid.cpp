@@ -12,8 +12,8 @@ Grid::Grid(Comm& w, int sp_size) : world(w) {
     for (int s = 1; s <= n; s++)
       if (n % s == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(s);
     throw std::runtime_error("grid: sequence-parallel size " + std::to_string(sp_size) +
-                             " does not divide the world size " + std::to_string(n) + " (world = dp x sp); valid sp: " +
-                             valid);
+                             " does not divide the world size " + std::to_string(n) + " (world = dp x sp); sp values that divide it: " +
+                             valid + " (the model's heads and --seq must allow them too)");
   }
   sp = sp_size;
   dp = n / sp;

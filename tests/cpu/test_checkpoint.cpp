@@ -160,6 +160,8 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + magic.string(), "model.bin: bad magic 'XLYSMODL'");
   fs::path opt = damaged("optim", [&](const fs::path& s) { poke(s / "optim.bin", 500, 'x'); });
   expect_refused(resume + opt.string(), "optim.bin: checksum mismatch");
+  fs::path no_optim = damaged("no_optim", [](const fs::path& s) { fs::remove(s / "optim.bin"); });
+  expect_refused(resume + no_optim.string(), "no optimizer state: neither optim.bin nor (--zero 1) optim_rank_0.bin");
   fs::path json = damaged("json", [](const fs::path& s) { std::ofstream(s / "rank_0.json") << "{\"step\": 3,"; });
   expect_refused(resume + json.string(), "rank_0.json");
   expect_refused(resume + good.string() + " --seq 32", "rank_0.json: seq is 16 in the checkpoint but 32 in this run (--seq)");

@@ -218,7 +218,7 @@ TEST_CASE("grid 2 x 2: consecutive sp groups, strided dp groups, concurrent grou
 
 TEST_CASE("grid refuses a world size that sp does not divide", "[comm][local][grid]") {
   REQUIRE_THROWS_WITH(run_local(4, [](Comm& w) { Grid g(w, 3); }),
-                      Contains("does not divide the world size 4") && Contains("valid sp: 1, 2, 4"));
+                      Contains("does not divide the world size 4") && Contains("sp values that divide it: 1, 2, 4"));
 }
 
 TEST_CASE("data parallel: gradient all-reduce and global count", "[comm][local]") {

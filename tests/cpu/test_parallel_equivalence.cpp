@@ -293,7 +293,7 @@ TEST_CASE("train refuses layouts that cannot work and says what would", "[parall
     std::string args, problem, fix;
   };
   const Case cases[] = {
-      {"--sp 3 --ranks 4", "does not divide the world size 4", "valid sp: 1, 2, 4"},
+      {"--sp 3 --ranks 4", "does not divide the world size 4", "sp values that divide it: 1, 2, 4"},
       {"--heads 4 --sp 8 --ranks 8", "the query heads are not divisible by sp", "work for this model and sequence: 1, 2, 4"},
       {"--seq 100 --sp 3 --ranks 3", "not divisible by sp", "work for this model and sequence: 1, 2, 4"},
       {"--heads 6 --dim 96 --seq 100 --sp 3 --ranks 3", "the sequence length is not divisible by sp",

@@ -58,6 +58,9 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   refused("--data passkey --val-data text:" + a, {"--val-data", "a.txt", ">= the model vocab 32"});
   refused("--data text:" + a + " --val-data nosuch:x", {"--val-data", "unknown dataset \"nosuch:x\""});
   refused("--data text:" + a + " --val-data text:" + (dir.path / "none.txt").string(), {"--val-data", "none.txt"});
+  const std::string tiny = (dir.path / "tiny.txt").string();
+  std::ofstream(tiny) << "too short for a sequence";
+  refused("--data text:" + a + " --seq 64 --val-data text:" + tiny, {"--val-data: ", "tiny.txt", "too short"});
   // llm.c shards name no vocabulary: an id past the model's is found as the eval reads it, and the
   // error still names the flag, the file and the offset.
   const std::string shard = (dir.path / "book_val.bin").string();
