@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -345,7 +346,11 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (const JsonValue* t = j.find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_theta"));
     const JsonValue *act = j.find("hidden_act"), *sc = j.find("rope_scaling"), *hd = j.find("head_dim");
     if (const JsonValue* rp = j.find("rope_parameters"); rp && !rp->is(JsonValue::Kind::null)) {  // transformers 5.x
-      if (const JsonValue* t = rp->find("rope_theta")) c.rope_theta = float(t->as_double(where + ": rope_parameters.rope_theta"));
+      if (const JsonValue* t = rp->find("rope_theta")) {
+        const float theta = float(t->as_double(where + ": rope_parameters.rope_theta"));
+        refuse_unless(!j.find("rope_theta") || theta == c.rope_theta, "rope_theta and rope_parameters.rope_theta differ");
+        c.rope_theta = theta;
+      }
       c.rope_scaling = hf_rope_scaling(*rp, j, where + ": rope_parameters");
     } else if (sc && !sc->is(JsonValue::Kind::null)) {
       c.rope_scaling = hf_rope_scaling(*sc, j, where + ": rope_scaling");
@@ -414,6 +419,16 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
       } catch (const std::exception& e) {
         throw std::runtime_error(f.path() + ": __metadata__: " + e.what());
       }
+    }
+    // A config.json beside it must describe the same model: the metadata wins otherwise, and a
+    // config.json edited to another model (or one ulysses cannot run) would go unnoticed.
+    const std::string beside = hf_dir_of(f.path()) + "/config.json";
+    if (std::filesystem::is_regular_file(beside)) {
+      const ModelConfig meta = checked_config(c, f.path());
+      const ModelConfig json = checked_config(config_from_hf_json(hf_sibling_config(f.path(), ""), beside), beside);
+      if (meta.describe() != json.describe())
+        throw std::runtime_error(f.path() + ": its __metadata__ and the config.json beside it describe different models (" +
+                                 meta.describe() + " against " + json.describe() + "): correct or remove one");
     }
   } else {
     c = config_from_hf_json(hf_sibling_config(f.path(), "the file has no ulysses __metadata__"),

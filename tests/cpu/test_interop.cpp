@@ -312,8 +312,12 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
   CHECK(read_with("\"rms_norm_eps\":1e-06,", "").norm_eps == 1e-6f);
   CHECK(read_with("\"max_position_embeddings\":16,", "").max_seq == 32768);
   // A theta past float's range would read as inf (found by fuzz_hf_config): refused, not NaN angles.
-  CHECK_THROWS_WITH(read_with("\"rope_theta\":5000,\"factor\"", "\"rope_theta\":1e50,\"factor\""),
-                    Catch::Contains("--rope-theta"));
+  std::string huge = x.json;  // both places transformers reads it from (4.x: top level; 5.x: rope_parameters)
+  for (size_t at; (at = huge.find("\"rope_theta\":5000")) != std::string::npos;) huge.replace(at, 17, "\"rope_theta\":1e50");
+  CHECK_THROWS_WITH(x.read_with(huge), Catch::Contains("--rope-theta"));
+  // The two differing: transformers 4.x and 5.x would load different models.
+  CHECK_THROWS_WITH(read_with("\"rope_theta\":5000,\"factor\"", "\"rope_theta\":6000,\"factor\""),
+                    Catch::Contains("rope_theta and rope_parameters.rope_theta differ"));
   CHECK_THROWS_WITH(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"qwen3\""),
                     Catch::Contains("model_type 'qwen3'"));
   // As llama, the biases are not expected: the file's q/k/v biases are refused as unknown tensors.
@@ -334,6 +338,13 @@ TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral 
   CHECK(plain.json.find("\"model_type\":\"llama\"") != std::string::npos);
   CHECK(plain.json.find("sliding_window") == std::string::npos);
   CHECK(SafetensorsFile(plain.d / "model.safetensors").metadata().at("sliding_window") == "0");
+
+  // Our metadata and a config.json beside it must agree: one edited to another model is refused
+  // (the metadata would win without a word), and so is one ulysses could not run.
+  CHECK_THROWS_WITH(x.read_replaced("\"sliding_window\":6,", "\"sliding_window\":7,"),
+                    Catch::Contains("its __metadata__ and the config.json beside it describe different models"));
+  CHECK_THROWS_WITH(x.read_replaced("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\""), Catch::Contains("hidden_act"));
+  CHECK(x.read_with(x.json).describe() == x.cfg.describe());
 
   // Through config.json alone: what the file leaves out takes MistralConfig's defaults.
   x.drop_metadata();
