@@ -194,11 +194,19 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   std::error_code ec;
   fs::create_directories(o.out, ec);
   if (!fs::is_directory(o.out)) throw std::runtime_error(o.out + ": cannot create the output directory");
+  auto ends_with = [](const std::string& s, const char* tail) {
+    const size_t n = std::strlen(tail);
+    return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+  };
+  std::vector<fs::path> stale;  // text_*.bin.tmp: the temporaries of a run that was stopped
   for (const auto& e : fs::directory_iterator(o.out)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("text_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0)
+    if (name.rfind("text_", 0) != 0) continue;
+    if (ends_with(name, ".bin"))
       throw std::runtime_error(o.out + ": already holds shard " + name + " (remove the old shards or pick another --out)");
+    if (ends_with(name, ".bin.tmp")) stale.push_back(e.path());
   }
+  for (const fs::path& p : stale) fs::remove(p, ec);
 
   ShardWriter train_w(o.out, "train", train, o.shard_tokens, vocab, eot),
       val_w(o.out, "val", val, o.shard_tokens, vocab, eot);

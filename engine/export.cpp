@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -57,7 +58,18 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
                              "or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
   if (is_hf_checkpoint_path(path)) return hf_checkpoint_config(path);
   // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
-  ModelConfig cfg = is_model_file(path) ? read_model_file(path, ckpt) : gpt2_config(read_llmc_checkpoint(path, ckpt));
+  ModelConfig cfg;
+  if (is_model_file(path)) {
+    cfg = read_model_file(path, ckpt);
+  } else {
+    try {
+      cfg = gpt2_config(read_llmc_checkpoint(path, ckpt));
+    } catch (const std::runtime_error& e) {  // no format's magic: say which files --checkpoint takes
+      if (!std::strstr(e.what(), "bad magic")) throw;
+      throw std::runtime_error(std::string(e.what()) + "; --checkpoint takes an llm.c GPT-2 .bin, a ulysses model.bin, " +
+                               "a .safetensors file or a *.safetensors.index.json");
+    }
+  }
   cfg.validate();
   return cfg;
 }

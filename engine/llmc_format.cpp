@@ -183,8 +183,8 @@ DebugState read_debug_state(const std::string& path, const LlmcConfig& cfg) {
     throw file_error(path, "T = " + std::to_string(s.T) + " exceeds the model's maxT = " + std::to_string(cfg.max_seq));
   const size_t BT = size_t(s.B) * size_t(s.T), V = size_t(cfg.vocab), n = llmc_gpt2_num_params(cfg);
   check_size(path, bytes.size(), kHeaderBytes + 4 * (2 * BT + BT * V + 1 + n),
-             "B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + ", V = " + std::to_string(V) + " and " +
-                 std::to_string(n) + " gradients");
+             "B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + " and the model's V = " + std::to_string(V) +
+                 " and " + std::to_string(n) + " gradients (a state made with another model does not fit)");
   const char* p = bytes.data() + kHeaderBytes;
   auto take = [&](void* dst, size_t len) {
     std::memcpy(dst, p, len);

@@ -133,7 +133,11 @@ TEST_CASE("prepare's header ints: checked, and the format's defaults when a file
   TempDir d;
   std::ofstream(d.file("ok.txt")) << "some text for a shard, long enough for both splits\n";
   const std::string out = d.file("shards");
+  // A stopped run's temporaries are cleared (they are never shards: a glob of *.bin misses them).
+  std::filesystem::create_directories(out);
+  std::ofstream(out + "/text_train_000007.bin.tmp") << "left by a run that was stopped";
   REQUIRE(run_cmd(train_cmd("prepare --out " + out + " --val-frac 0 " + d.file("ok.txt"))).code == 0);
+  CHECK_FALSE(std::filesystem::exists(out + "/text_train_000007.bin.tmp"));
   const std::string shard = out + "/text_train_000000.bin";
   std::string bytes = bytes_of(shard);
   auto with_header = [&](const std::string& name, int slot, int32_t value) {

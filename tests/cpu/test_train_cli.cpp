@@ -200,6 +200,7 @@ TEST_CASE("train refuses bad files with a message naming them", "[cli]") {
   std::string bad = (dir / "bad_magic.bin").string();
   { std::ofstream f(bad, std::ios::binary); int h[256] = {12345, 3}; f.write((char*)h, sizeof h); }
   expect_refused("--checkpoint " + bad + " --steps 1", "bad_magic.bin");
+  expect_refused("--checkpoint " + bad + " --steps 1", "--checkpoint takes an llm.c GPT-2 .bin, a ulysses model.bin");
   std::string model = source_path("tests/data/gpt2_tiny_model.bin");
   std::string trunc = (dir / "truncated.bin").string();
   {
