@@ -237,14 +237,14 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   r.eot = eot;
   if (tok) r.encoding = std::string(tok->splitter()) + " BPE of " + o.tokenizer;
   // The set appears whole or not at all: every file is made durable first (the slow part), then
-  // they are renamed with SIGINT, SIGTERM and SIGHUP held back, so that a stop signal cannot leave
+  // they are renamed with the stop signals held back (SLURM's SIGUSR1 too), so that one cannot leave
   // some shards in place and others not (a later run would train on part of the data without a
   // word). A signal that arrives meanwhile is delivered once the renames are done.
   train_w.sync();
   val_w.sync();
   sigset_t held, before;
   sigemptyset(&held);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&held, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) sigaddset(&held, sig);
   pthread_sigmask(SIG_BLOCK, &held, &before);
   try {
     train_w.commit(r.shards);

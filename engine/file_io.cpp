@@ -89,9 +89,9 @@ void fsync_dir(const std::string& dir) {
   if (!ok) throw sys_error(dir, "fsync of the directory failed");
 }
 
-void require_regular_file(const std::string& path) {
+void require_regular_file(const std::string& path, bool allow_pipe) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || (allow_pipe && S_ISFIFO(st.st_mode))) return;
   throw std::runtime_error(path + ": not a regular file (" +
                            (S_ISDIR(st.st_mode)    ? "a directory"
                             : S_ISFIFO(st.st_mode) ? "a pipe"
@@ -100,7 +100,7 @@ void require_regular_file(const std::string& path) {
 }
 
 std::string read_whole_file(const std::string& path) {
-  require_regular_file(path);
+  require_regular_file(path, /*allow_pipe=*/true);  // read once, whole: a prompt may come down a pipe
   std::ifstream f(path, std::ios::binary);
   if (!f) throw sys_error(path, "cannot open");
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

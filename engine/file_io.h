@@ -43,9 +43,10 @@ void fsync_dir(const std::string& dir);
 // The whole file as bytes; throws naming the file when it cannot be read.
 std::string read_whole_file(const std::string& path);
 // Throws naming the path when it exists but is not a regular file: a directory would fail
-// mid-read with a stream error, /dev/zero would never end, a pipe reads once. (A missing path is
-// left to the open, which names it.)
-void require_regular_file(const std::string& path);
+// mid-read with a stream error, /dev/zero would never end, a pipe reads once (data and weights
+// are read more than once, or by every rank). A missing path is left to the open, which names it.
+// allow_pipe: a file read once, whole (--prompt-file /dev/stdin).
+void require_regular_file(const std::string& path, bool allow_pipe = false);
 
 // The shortest "%g" text that reads back as the same float: 0.707, 1e-06 (not 0.707000017,
 // 9.99999997e-07), for settings printed where people read them and parsed back.

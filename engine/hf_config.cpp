@@ -391,6 +391,20 @@ ModelConfig checked_config(ModelConfig c, const std::string& where) {
 
 }  // namespace
 
+namespace {
+
+// The model as it runs: shape, RoPE, eps, and each layer's window. (A pattern "every N from K"
+// is not unique: with one exempt layer, several N describe the same model.)
+std::string as_run(const ModelConfig& c) {
+  ModelConfig flat = c;
+  flat.full_every = flat.full_first = 0;
+  std::string s = flat.describe() + " | windows";
+  for (int l = 0; l < c.layers; l++) s += " " + std::to_string(c.window_of(l));
+  return s;
+}
+
+}  // namespace
+
 ModelConfig hf_read_config(const SafetensorsFile& f) {
   ModelConfig c;
   auto arch = f.metadata().find("arch");
@@ -426,7 +440,7 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
     if (std::filesystem::is_regular_file(beside)) {
       const ModelConfig meta = checked_config(c, f.path());
       const ModelConfig json = checked_config(config_from_hf_json(hf_sibling_config(f.path(), ""), beside), beside);
-      if (meta.describe() != json.describe())
+      if (as_run(meta) != as_run(json))
         throw std::runtime_error(f.path() + ": its __metadata__ and the config.json beside it describe different models (" +
                                  meta.describe() + " against " + json.describe() + "): correct or remove one");
     }

@@ -437,6 +437,13 @@ void apply_window_flag(const Options& o, ModelConfig& c) {
       throw std::runtime_error("--full-attention-first needs --full-attention-every (or a checkpoint with such a pattern)");
     c.full_first = o.full_first;
   }
+  // Flags that would exempt no layer (a window on all of them) say so; a checkpoint's own pattern
+  // is taken as it is (runs saved before this check may hold one).
+  if ((o.set_by_user("--full-attention-every") || o.set_by_user("--full-attention-first")) && c.full_every &&
+      c.full_first < c.full_every && c.full_first >= c.layers)  // (first >= every: validate names that)
+    throw std::runtime_error("--full-attention-every " + std::to_string(c.full_every) + " (from layer " +
+                             std::to_string(c.full_first) + "): the model has only " + std::to_string(c.layers) +
+                             " layers, so no layer would attend to every earlier token");
 }
 
 void apply_trained_length(const Options& o, ModelConfig& c) {

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/hf_format.h"
+#include "engine/hf_index.h"
 #include "engine/loss_plot.h"
 #include "engine/probe_plot.h"
 
@@ -58,6 +60,9 @@ void check_output_paths(const Options& o) {
   }
   for (const std::string& f : data_files(o.data)) inputs.push_back({"--data", f});
   for (const std::string& f : data_files(o.val_data)) inputs.push_back({"--val-data", f});
+  // A Hugging Face checkpoint's config.json is read too (an export beside it would replace it).
+  if (is_safetensors_path(o.checkpoint) || is_safetensors_index_path(o.checkpoint))
+    inputs.push_back({"--checkpoint (its config.json)", hf_dir_of(o.checkpoint) + "/config.json"});
   for (const auto& [flag, path] : {Named{"--checkpoint", o.checkpoint}, Named{"--check-state", o.check_state},
                                    Named{"--tokenizer", o.tokenizer}, Named{"--prompt-file", o.prompt_file}})
     if (!path.empty()) inputs.push_back({flag, path});

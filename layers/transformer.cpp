@@ -58,9 +58,6 @@ void ModelConfig::validate() const {
   if (full_every && !sliding_window) bad("--full-attention-every: which layers skip the window needs --sliding-window");
   if (full_first < 0 || full_first >= std::max(1, full_every))
     bad("--full-attention-first must be in [0, --full-attention-every), got " + std::to_string(full_first));
-  if (full_every && full_first >= layers)  // the pattern would exempt no layer: a window on all of them
-    bad("--full-attention-every " + std::to_string(full_every) + " (from layer " + std::to_string(full_first) +
-        "): the model has only " + std::to_string(layers) + " layers, so no layer would attend to every earlier token");
 }
 
 void ModelConfig::validate_for(Device d) const {

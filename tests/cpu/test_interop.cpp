@@ -390,6 +390,12 @@ TEST_CASE("HF configs: a llama with layers outside its window is written as mini
   CHECK(x.read().describe() == x.cfg.describe());  // from our __metadata__
   x.drop_metadata();
   CHECK(x.read_with(x.json).describe() == x.cfg.describe());  // from config.json
+  // One exempt layer has several "every N from K" spellings (every 4 from 1 and every 2 from 1,
+  // on 2 layers): our metadata and the config.json beside it still agree.
+  ModelConfig four = small("ministral");
+  four.full_every = 4;
+  HfExport y(four, 12);
+  CHECK(y.read().describe() == four.describe());
   // MinistralConfig: without layer_types every layer slides.
   const ModelConfig all = x.read_replaced("\"layer_types\":[\"sliding_attention\",\"full_attention\"],", "");
   CHECK((all.sliding_window == 6 && all.full_every == 0));

@@ -395,6 +395,11 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   REQUIRE(r.code == 0);
   CHECK(r.out.size() >= from_file.size());
   CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
+  // Down a pipe (read once, whole), the same prompt and the same text.
+  r = run_cmd("cat " + prompt.path + " | " + train_cmd(common + " --sample 5 --temperature 0 --prompt-file /dev/stdin"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("sample  | 700 prompt + 5 new tokens") != std::string::npos);
+  CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
   // Refusals name the flag and the file, before any step.
   r = run_cmd(train_cmd(common + " --sample 5 --prompt-file " + prompt.path + ".missing"));
   CHECK(r.code != 0);

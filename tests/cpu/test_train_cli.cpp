@@ -37,6 +37,11 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused(run + " --export-llmc " + d + "/adir", "--export-llmc: " + d + "/adir exists and is not a regular file");
   expect_refused(run + " --log " + text, "--log " + text + " is --data's file: the run would overwrite its own input");
   expect_refused(run + " --log " + d + "/x.bin --export-llmc " + d + "/./x.bin", "is also --log's: one would overwrite the other");
+  // An export beside a Hugging Face --checkpoint would replace the config.json it was read with.
+  const std::string hf = d + "/base/model.safetensors";
+  REQUIRE(run_cmd(train_cmd(run + " --model llama --export-safetensors " + hf)).code == 0);
+  expect_refused("--checkpoint " + hf + " --steps 1 --seq 32 --export-safetensors " + d + "/base/long.safetensors",
+                 "base/config.json is --checkpoint (its config.json)'s file");
   std::ifstream still(text);
   std::string first;
   std::getline(still, first);

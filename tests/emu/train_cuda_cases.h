@@ -95,12 +95,12 @@ inline Run train(const std::string& args, int ranks, int steps, const std::funct
       r.grads.emplace_back(p.numel());
       device_copy(r.grads.back().data(), Device::cpu, p.grad(), p.device(), p.numel() * sizeof(float));
     }
-    if (after) after(tr);
-    if (lead) {
+    if (lead) {  // before after(): a save under ZeRO-1 in bf16 gathers the masters in the gradient buffer
       r.specs = p.specs();
       r.grad.resize(p.numel());
       device_copy(r.grad.data(), Device::cpu, p.grad(), p.device(), r.grad.size() * sizeof(float));
     }
+    if (after) after(tr);
     std::vector<float> params = tr.host_params(lead);  // after the gradient: it gathers in its buffer
     if (!lead) return;
     r.params = std::move(params);
