@@ -12,7 +12,6 @@
 #include "engine/device.h"
 #include "engine/file_io.h"
 #include "engine/trainer.h"
-#include "parallel/zero.h"
 
 namespace ul {
 

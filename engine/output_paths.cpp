@@ -45,7 +45,7 @@ std::vector<std::string> data_files(const std::string& spec) {
 void check_output_paths(const Options& o) {
   using Named = std::pair<std::string, std::string>;  // (flag, path)
   std::vector<Named> outputs, inputs;
-  const std::string log = !o.log.empty() ? o.log : o.save_dir.empty() ? "" : o.save_dir + "/log.jsonl";
+  const std::string log = o.log_path();
   const std::string log_flag = !o.log.empty() ? "--log" : "--save-dir's log";
   if (!log.empty()) {
     outputs.push_back({log_flag, log});

@@ -94,7 +94,7 @@ int train_rank(const Options& o, Comm& world) {
   if (o.resume)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
-  const std::string log_path = !o.log.empty() ? o.log : o.save_dir.empty() ? "" : o.save_dir + "/log.jsonl";
+  const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;
   if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1);
 

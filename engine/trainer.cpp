@@ -76,16 +76,25 @@ int ranks_on_this_host(const Options& o, int world) {
   return 1;
 }
 
-void check_host_memory(const MemoryPlan& plan, int ranks_here, size_t ram) {
-  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
-  const size_t need = plan.total * size_t(std::max(1, ranks_here));
+namespace {
+std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }  // whole MiB, for messages
+}  // namespace
+
+void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram) {
+  const size_t per_rank = batches + (plan_on_host ? plan.total : 0);
+  const size_t need = per_rank * size_t(std::max(1, ranks_here));
   if (need <= ram) return;
   const std::string here = ranks_here > 1 ? " x " + std::to_string(ranks_here) + " ranks on this machine = " + mib(need) : "";
-  throw std::runtime_error("this run needs " + mib(plan.total) + " per rank" + here +
-                           " (per rank: weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
-                           ", activations " + mib(plan.arena_peak) + "; `train --plan` shows every part) but this machine has " +
-                           mib(ram) + ": try --recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
-                           "or --zero 1 over more ranks" + (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
+  const std::string parts = plan_on_host ? "weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
+                                               ", activations " + mib(plan.arena_peak) + ", "
+                                         : "";
+  throw std::runtime_error("this run needs " + mib(per_rank) + " of host memory per rank" + here + " (per rank: " + parts +
+                           "the step's micro-batches " + mib(batches) + ", loaded before its first forward; `train --plan` "
+                           "shows every part) but this machine has " + mib(ram) + ": try " +
+                           (plan_on_host ? "--recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
+                                           "or --zero 1 over more ranks"
+                                         : "a smaller --grad-accum, --batch or --seq") +
+                           (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
 }
 
 double now_ms() {
@@ -214,20 +223,10 @@ Trainer::Trainer(const Options& o, Comm& world)
   pc.world = world.size();
   const MemoryPlan plan = plan_memory(pc);
   planned_arena_ = plan.arena_peak;
-  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
   // On the host whatever the device: the step's micro-batches (HostBatch: 5 int32 arrays of B x T
   // at most), loaded before its first forward. On the CPU the whole plan is host memory too.
-  const size_t batches = size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t);
-  const int ranks_here = ranks_on_this_host(o, world.size());
-  if (batches * size_t(ranks_here) > physical_memory())
-    throw std::runtime_error("--grad-accum " + std::to_string(o.grad_accum) + ": a step's micro-batches, loaded before its "
-                             "first forward, need " + mib(batches) + " of host memory per rank, more than this machine's " +
-                             mib(physical_memory()) + (ranks_here > 1 ? " for " + std::to_string(ranks_here) + " ranks" : ""));
-  if (ctx_.device == Device::cpu) {
-    MemoryPlan host = plan;
-    host.total += batches;
-    check_host_memory(host, ranks_here, physical_memory());
-  }
+  check_host_memory(plan, size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t), ctx_.device == Device::cpu,
+                    ranks_on_this_host(o, world.size()), physical_memory());
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   MasterRange masters;

@@ -132,9 +132,11 @@ size_t physical_memory();
 // The ranks of this run that share this machine's memory: all of them with --comm local (threads
 // of this process), else what Open MPI / MPICH say (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS), else 1.
 int ranks_on_this_host(const Options& o, int world);
-// Throws (naming every part and what shrinks it) when `ranks_here` ranks of this plan need more
-// than `ram` bytes: on the CPU, Linux would grant the memory and then kill the run using it.
-void check_host_memory(const MemoryPlan& plan, int ranks_here, size_t ram);
+// Throws (naming every part and what shrinks it) when `ranks_here` ranks need more than `ram`
+// bytes of host memory: each the step's micro-batches (`batches` bytes), plus the whole plan when
+// it lives on the host (`plan_on_host`: the CPU device). Linux would grant the memory, then kill
+// the run using it.
+void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram);
 
 // Threads per rank: --threads, or the cores divided among the ranks of this process.
 int threads_per_rank(const Options& o);

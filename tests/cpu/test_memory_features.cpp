@@ -245,11 +245,17 @@ TEST_CASE("the planner counts the large presets' parameters as their published m
 TEST_CASE("the host memory check counts every rank that shares the machine", "[memory]") {
   MemoryPlan p;
   p.params = 1 << 20, p.grads = 1 << 20, p.optim = 2 << 20, p.arena_peak = 6 << 20, p.total = 10 << 20;
-  CHECK_NOTHROW(check_host_memory(p, 1, 15 << 20));
+  const size_t batches = 1 << 20;  // the step's micro-batches
+  CHECK_NOTHROW(check_host_memory(p, batches, true, 1, 15 << 20));
   // Two ranks as threads of one process (--comm local) need it twice.
-  CHECK_THROWS_WITH(check_host_memory(p, 2, 15 << 20),
-                    Catch::Contains("needs 10 MiB per rank x 2 ranks on this machine = 20 MiB") &&
-                        Catch::Contains("but this machine has 15 MiB") && Catch::Contains("fewer ranks on this machine"));
+  CHECK_THROWS_WITH(check_host_memory(p, batches, true, 2, 15 << 20),
+                    Catch::Contains("needs 11 MiB of host memory per rank x 2 ranks on this machine = 22 MiB") &&
+                        Catch::Contains("the step's micro-batches 1 MiB") && Catch::Contains("but this machine has 15 MiB") &&
+                        Catch::Contains("fewer ranks on this machine"));
+  // On a GPU only the micro-batches are host memory.
+  CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 15 << 20));
+  CHECK_THROWS_WITH(check_host_memory(p, 10 << 20, false, 2, 15 << 20),
+                    Catch::Contains("needs 10 MiB of host memory per rank") && Catch::Contains("a smaller --grad-accum"));
   CHECK(ranks_on_this_host(options("--ranks 4"), 4) == 4);
   // Under mpirun, the launcher says how many ranks share the node.
   const Options mpi = options("--comm mpi");
