@@ -84,8 +84,9 @@ std::vector<int> complete_steps(const std::string& root) {
   return steps;
 }
 
-int start_from_save_dir(Trainer& tr, const std::string& root, bool resume) {
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved) {
   Comm& world = tr.grid().world;
+  saved = run_layout(tr.options(), tr.grid());
   int newest = -1;
   if (world.rank() == 0) {
     std::error_code ec;
@@ -107,7 +108,7 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume) {
   if (newest < 0)
     throw std::runtime_error(root + ": no complete checkpoint to resume from (--resume); run without --resume to start "
                                     "fresh");
-  load_checkpoint(tr, root, newest);
+  saved = load_checkpoint(tr, root, newest);
   world.barrier();
   return newest;
 }
@@ -150,7 +151,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     s.v = to_host(opt.v(), params.device(), count);
     write_optim_file(dir + "/" + optim_file_name(s.shard, s.shards), s);
   }
-  write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g,
+  write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g, run_layout(tr.options(), g),
                   run_fields(tr.options(), tr.model().cfg, g));
   g.world.barrier();  // every rank's files are durable: only now may the directory count
 
@@ -164,14 +165,19 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   }
 }
 
-void load_checkpoint(Trainer& tr, const std::string& root, int step) {
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   Grid& g = tr.grid();
   const int rank = g.world.rank();
   const std::string dir = root + "/" + step_dir_name(step);
   Params& params = tr.model().params;
   const size_t n = params.numel();
 
-  check_rank_file(dir + "/" + rank_file_name(rank), step, rank, g, run_fields(tr.options(), tr.model().cfg, g));
+  // rank_0.json is in every checkpoint, whatever its world: the options and the layout it was saved
+  // at. At the same layout each rank also checks its own file, its place in the grid included.
+  const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, g);
+  const RunLayout run = run_layout(tr.options(), g);
+  const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr);
+  if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g);
 
   const std::string model_path = dir + "/model.bin";
   std::vector<float> p;
@@ -222,6 +228,7 @@ void load_checkpoint(Trainer& tr, const std::string& root, int step) {
   // bf16: the weights as the run rounded them at step t (the file holds only the masters).
   tr.round_bf16_from_masters();
   tr.set_steps_done(step);
+  return saved;
 }
 
 }  // namespace ul

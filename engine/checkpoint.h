@@ -15,7 +15,9 @@
 // Resume is bit-exact: parameters, AdamW m, v and t, and the step counter are restored; everything
 // else a step reads (its batches, its learning rate) is a function of the step and of options that
 // are checked to match (engine/checkpoint_files.h: run_fields) — or, for --steps and --lr, the
-// user's deliberate choice.
+// user's deliberate choice. A resume may also change the layout (--ranks, --sp, --batch,
+// --grad-accum; --zero too) while a step's sequences stay the same (RunLayout): nothing in the files
+// depends on it, so the run goes on within float rounding of the one never stopped.
 //
 // TEST HOOK: the environment variable ULYSSES_TEST_CRASH_IN_SAVE=N makes the N-th save of this
 // process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety
@@ -23,6 +25,8 @@
 #pragma once
 #include <string>
 #include <vector>
+
+#include "engine/checkpoint_files.h"
 
 namespace ul {
 
@@ -34,8 +38,9 @@ std::vector<int> complete_steps(const std::string& root);  // steps with COMPLET
 // Collective. Prepares `root` for this run: creates it and removes incomplete step directories
 // (rank 0). With resume: loads the newest complete checkpoint into `tr` and returns its step, or
 // throws when there is none. Without: throws when `root` already holds a complete checkpoint (a
-// fresh run must not mix with an old one), else returns 0.
-int start_from_save_dir(Trainer& tr, const std::string& root, bool resume);
+// fresh run must not mix with an old one), else returns 0. `saved` gets the layout the loaded
+// checkpoint was saved at (this run's when there is none).
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved);
 
 // Collective: saves tr's state after tr.steps_done() steps into root/step_NNNNNNNN; keep > 0
 // then leaves only the `keep` newest complete checkpoints.
@@ -43,7 +48,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep);
 
 // This rank only: checks root/step_NNNNNNNN against the run (options, model shape, file integrity)
 // and loads it into tr. Throws std::runtime_error naming the file and the problem; tr is changed
-// only once every file has passed its checks.
-void load_checkpoint(Trainer& tr, const std::string& root, int step);
+// only once every file has passed its checks. Returns the layout the checkpoint was saved at.
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step);
 
 }  // namespace ul

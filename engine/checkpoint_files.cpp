@@ -333,11 +333,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"sliding_window", n(c.sliding_window), "--sliding-window", "0"},
           {"full_attention_every", n(c.full_every), "--full-attention-every", "0"},
           {"full_attention_first", n(c.full_first), "--full-attention-first", "0"},
-          {"batch", n(o.batch), "--batch"},
           {"seq", n(o.seq), "--seq"},
-          {"grad_accum", n(o.grad_accum), "--grad-accum"},
-          {"dp", n(g.dp), "--ranks / --sp"},
-          {"sp", n(g.sp), "--sp"},
           {"data", json_quote(o.data), "--data"},
           {"seed", std::to_string(o.seed), "--seed"},
           // packing changes what every step trains on (added after the first checkpoints: a
@@ -357,17 +353,27 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
 
 std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
 
-void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields) {
+std::string RunLayout::str() const {
+  return "dp " + std::to_string(dp) + " x sp " + std::to_string(sp) + ", batch " + std::to_string(batch) +
+         ", grad-accum " + std::to_string(grad_accum);
+}
+
+RunLayout run_layout(const Options& o, const Grid& g) { return {o.batch, o.grad_accum, g.dp, g.sp}; }
+
+void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const RunLayout& layout,
+                     const std::vector<RunField>& fields) {
   JsonLine j;
   j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
   j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
   // Every dataset is random access, so where the data stands is just the optimizer steps done.
   j.add("data_position", step);
+  j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
   write_file_atomic(path, j.str() + "\n");
 }
 
-void check_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields) {
+RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
+                          const Grid* place) {
   auto have = parse_flat_json(read_whole_file(path), path);
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = have.find(key);
@@ -379,8 +385,14 @@ void check_rank_file(const std::string& path, int step, int rank, const Grid& g,
     if (field(key) != std::to_string(want))
       throw file_error(path, std::string(key) + " is " + field(key) + " but " + what + " is " + std::to_string(want));
   };
-  // The options first: a different --sp also moves this rank in the grid, and the option is what
-  // the user has to change.
+  auto count = [&](const char* key) {
+    const std::string& v = field(key);
+    char* end = nullptr;
+    const long x = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || x < 1 || x > (1 << 30)) throw file_error(path, std::string(key) + " is '" + v + "'");
+    return int(x);
+  };
+  // The options first: they are what the user has to change.
   JsonLine want_line;
   for (const RunField& f : fields) want_line.add_raw(f.key, f.json);
   auto want = parse_flat_json(want_line.str(), "run options");
@@ -392,11 +404,28 @@ void check_rank_file(const std::string& path, int step, int rank, const Grid& g,
       throw file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" +
                                  f.flag + ")");
   }
+  const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp")};
+  const int64_t G = saved.sequences_per_step();
+  if (G != run.sequences_per_step()) {
+    // What would keep G on this run's ranks: another --batch, else another --grad-accum.
+    std::string hint;
+    if (G % (int64_t(run.grad_accum) * run.dp) == 0)
+      hint = ", e.g. --batch " + std::to_string(G / (int64_t(run.grad_accum) * run.dp));
+    else if (G % (int64_t(run.batch) * run.dp) == 0)
+      hint = ", e.g. --grad-accum " + std::to_string(G / (int64_t(run.batch) * run.dp));
+    throw file_error(path, "the checkpoint's steps train on " + std::to_string(G) + " sequences each (" + saved.str() +
+                               ") but this run's on " + std::to_string(run.sequences_per_step()) + " (" + run.str() +
+                               "): another layout resumes when --batch x --grad-accum x dp stays " + std::to_string(G) +
+                               hint);
+  }
   expect("step", step, "the directory's step");
   expect("data_position", step, "the directory's step");
-  expect("rank", rank, "this rank");
-  expect("dp_rank", g.dp_rank, "this rank's dp rank");
-  expect("sp_rank", g.sp_rank, "this rank's sp rank");
+  if (place) {
+    expect("rank", place->world.rank(), "this rank");
+    expect("dp_rank", place->dp_rank, "this rank's dp rank");
+    expect("sp_rank", place->sp_rank, "this rank's sp rank");
+  }
+  return saved;
 }
 
 }  // namespace ul

@@ -16,8 +16,8 @@
 //   u64 offset | u64 count | i32 shard | i32 shards  (56 bytes), then m[count], v[count] fp32.
 //   Today one shard holds everything (optim.bin, written by rank 0); a ZeRO-1 optimizer writes
 //   optim_rank_R.bin per shard and the loader gathers them by the (offset, count) in each header.
-// rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_position and every
-//   option that must be equal on resume (run_fields below).
+// rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_position, the run's
+//   layout (batch, grad_accum, dp, sp) and every option that must be equal on resume (run_fields).
 //
 // The crc32 covers the header (with the crc field zero) and the payload. Every reader checks
 // magic, version, exact size and checksum and throws std::runtime_error naming the file.
@@ -61,11 +61,31 @@ struct RunField {
   std::string absent = "";      // the value a checkpoint written before this field existed implies
                                 // ("": none, the field must be there; kUnchecked: not checked)
 };
+// Every option that must be equal on resume (the layout's four are not among them: RunLayout).
 std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const Grid& g);
 
+// How a step's sequences are spread: --batch per rank and micro-batch, --grad-accum micro-batches,
+// dp replicas, each sequence cut into sp slices. Step s trains on sequences [s G, (s + 1) G) with
+// G = batch x grad_accum x dp whatever the four are (Trainer::step), and the loss is normalised
+// over all of them, so a resume may change the layout when G stays: the same sequences and the
+// same sums, added in another order (within float rounding of the run never stopped, not bit-exact).
+struct RunLayout {
+  int batch = 0, grad_accum = 0, dp = 0, sp = 0;
+  int64_t sequences_per_step() const { return int64_t(batch) * grad_accum * dp; }
+  bool operator==(const RunLayout& o) const {
+    return batch == o.batch && grad_accum == o.grad_accum && dp == o.dp && sp == o.sp;
+  }
+  std::string str() const;  // "dp 2 x sp 1, batch 8, grad-accum 1"
+};
+RunLayout run_layout(const Options& o, const Grid& g);
+
 std::string rank_file_name(int rank);  // "rank_R.json"
-void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields);
-// Checks the step, the rank's place in the grid and every field; throws naming the file and field.
-void check_rank_file(const std::string& path, int step, int rank, const Grid& g, const std::vector<RunField>& fields);
+void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const RunLayout& layout,
+                     const std::vector<RunField>& fields);
+// Checks the step, every field and that the layout's sequences per step equal `run`'s; with
+// `place` (a rank resuming at the layout it was saved at, reading its own file) also the rank's
+// place in the grid. Throws naming the file and field; returns the layout the file was saved at.
+RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
+                          const Grid* place);
 
 }  // namespace ul

@@ -97,7 +97,8 @@ checkpoints, logs and output
   --save-dir DIR      save resumable checkpoints in DIR/step_NNNNNNNN (and at the last step)
   --save-every N      also save every N steps                                             [0: end only]
   --keep K            keep only the K newest checkpoints                                  [0: all]
-  --resume            continue from the newest complete checkpoint in --save-dir
+  --resume            continue from the newest complete checkpoint in --save-dir (on other
+                      --ranks/--sp/--batch/--grad-accum too, if batch x grad-accum x dp stays)
   --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
                                                          [DIR/log.jsonl with --save-dir, else none]
   --quiet             only the final summary

@@ -90,10 +90,15 @@ int train_rank(const Options& o, Comm& world) {
 
   // Where this run starts: step 0, or the newest complete checkpoint under --resume.
   int start = 0;
-  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume);
+  const RunLayout spread = run_layout(o, g);
+  RunLayout saved = spread;
+  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved);
   if (o.resume)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
+  if (!(saved == spread))
+    say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
+        "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)spread.sequences_per_step());
   const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;
   if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1);

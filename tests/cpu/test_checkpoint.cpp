@@ -1,13 +1,15 @@
 // Checkpoints, the run log and the loss plot, through the train binary: resume is bit-exact
-// (1 rank, 2 ranks x sp 2, gpt2 and llama), a crash in the middle of a save leaves the previous
+// (1 rank, 2 ranks x sp 2, gpt2 and llama) and follows the run on another layout, a crash in the middle of a save leaves the previous
 // checkpoint usable, --keep prunes, damaged or mismatched checkpoints are refused naming the file,
 // the log has a record per step and eval, and the plot has both series.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -93,6 +95,66 @@ TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[checkpoint
       fs::remove_all(d);
     }
   }
+}
+
+// A resume on another layout (engine/checkpoint_files.h: RunLayout): the same sequences a step, so
+// the run goes on as the one never stopped, within float rounding (the sums change order).
+TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoint]") {
+  // The checkpoint: dp 2, batch 2 (4 sequences a step), saved at step 3 of 6; with and without ZeRO.
+  // An eval reads --eval-batches x dp x batch sequences: with half the batch, two evals' worth.
+  const std::string base = "--dim 32 --heads 2 --layers 1 --seq 16 --steps 6 --eval-every 0 --eval-batches 1 "
+                           "--threads 1 --model llama --kv-heads 2";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> saved_resumed = {
+      {"--ranks 2 --batch 2", {"--ranks 1 --batch 4", "--ranks 2 --sp 2 --batch 4", "--ranks 1 --batch 2 --grad-accum 2 --eval-batches 2"}},
+      {"--ranks 2 --batch 2 --zero 1", {"--ranks 4 --sp 2 --batch 2 --zero 1", "--ranks 1 --batch 4"}},
+  };
+  fs::path d = fresh_dir("layout");
+  int n = 0;
+  for (auto& [saved, resumes] : saved_resumed) {
+    const fs::path full = d / ("full" + std::to_string(n));
+    REQUIRE(train(base + " " + saved + " --save-dir " + full.string()).code == 0);
+    std::vector<float> want;
+    ul::read_model_file((full / "step_00000006" / "model.bin").string(), want);
+    const std::vector<ul::LogRecord> full_log = ul::read_run_log((full / "log.jsonl").string());
+    for (const std::string& resumed : resumes) {
+      const fs::path part = d / ("part" + std::to_string(n++));
+      INFO(saved << " -> " << resumed);
+      REQUIRE(train(base + " " + saved + " --steps 3 --save-dir " + part.string()).code == 0);
+      CmdResult r = train(base + " " + resumed + " --resume --save-dir " + part.string());
+      REQUIRE(r.code == 0);
+      CHECK(r.out.find("resume  | another layout: saved at dp 2 x sp 1, batch 2, grad-accum 1; now ") != std::string::npos);
+      // Each step's record and the last eval's (the part run also evaluated at its step 3).
+      std::map<std::string, ul::LogRecord> by_step;
+      for (const ul::LogRecord& rec : ul::read_run_log((part / "log.jsonl").string()))
+        by_step[rec.at("type") + rec.at("step")] = rec;
+      for (const ul::LogRecord& rec : full_log) {
+        const std::string key = rec.at("type") + rec.at("step");
+        REQUIRE(by_step.count(key));
+        for (const char* field : {"loss", "grad_norm", "val_loss"}) {
+          if (!rec.count(field)) continue;
+          const double a = std::stod(rec.at(field)), b = std::stod(by_step[key].at(field));
+          INFO(key << " " << field << ": " << a << " vs " << b);
+          CHECK(std::abs(a - b) <= 1e-5 * std::abs(a));
+        }
+      }
+      // The weights after three more AdamW steps: its m and v were restored on the new layout too.
+      std::vector<float> got;
+      ul::read_model_file((part / "step_00000006" / "model.bin").string(), got);
+      REQUIRE(got.size() == want.size());
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < got.size(); i++) diff = std::max(diff, double(std::abs(got[i] - want[i]))),
+                                              scale = std::max(scale, double(std::abs(want[i])));
+      CHECK(diff <= 1e-5 * scale);
+      // And on from there at its own layout: bit-exact again (its own rank files are checked).
+      REQUIRE(train(base + " " + resumed + " --steps 7 --resume --save-dir " + part.string()).code == 0);
+    }
+  }
+  // Another number of sequences a step is another run: refused, with a --batch that would keep it.
+  expect_refused(base + " --ranks 1 --batch 2 --steps 7 --resume --save-dir " + (d / "part0").string(),
+                 "rank_0.json: the checkpoint's steps train on 4 sequences each (dp 1 x sp 1, batch 4, grad-accum 1) but "
+                 "this run's on 2 (dp 1 x sp 1, batch 2, grad-accum 1): another layout resumes when --batch x "
+                 "--grad-accum x dp stays 4, e.g. --batch 4");
+  fs::remove_all(d);
 }
 
 TEST_CASE("a crash in the middle of a save leaves the previous checkpoint loadable", "[checkpoint]") {
