@@ -138,14 +138,24 @@ float clip_factor(double norm, float max_norm) {
   return float(max_norm / norm);
 }
 
-float lr_at(int step, int steps, int warmup, float lr, float final_frac) {
-  if (step < warmup) return lr * float(step + 1) / float(warmup);
-  int decay_steps = steps - warmup;
-  if (decay_steps <= 1) return lr;
-  double progress = double(step - warmup) / double(decay_steps - 1);
+float lr_at(int step, const LrSchedule& s) {
+  if (step < s.warmup) return s.lr * float(step + 1) / float(s.warmup);
+  if (s.kind == "constant") return s.lr;
+  if (s.kind == "wsd") {
+    // The decay's steps: the last round(decay_frac * steps), after the warmup; step `first` is the
+    // first to go down, the last step lands on lr * final_frac.
+    const int n = std::min(std::max(1, int(std::lround(double(s.decay_frac) * s.steps))), std::max(1, s.steps - s.warmup));
+    const int first = s.steps - n;
+    if (step < first) return s.lr;
+    const double progress = std::min(1.0, double(step - first + 1) / double(n));
+    return float(s.lr * (1.0 - (1.0 - s.final_frac) * progress));
+  }
+  int decay_steps = s.steps - s.warmup;
+  if (decay_steps <= 1) return s.lr;
+  double progress = double(step - s.warmup) / double(decay_steps - 1);
   if (progress > 1) progress = 1;
   double cosine = 0.5 * (1.0 + std::cos(3.141592653589793 * progress));
-  return float(lr * (final_frac + (1.0 - final_frac) * cosine));
+  return float(s.lr * (s.final_frac + (1.0 - s.final_frac) * cosine));
 }
 
 }  // namespace ul

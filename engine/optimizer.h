@@ -4,6 +4,7 @@
 //   p -= lr * wd * p                         (only parameters whose spec says decay: 2-D weights)
 //   p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
 #pragma once
+#include <string>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -114,7 +115,19 @@ double sum_squares_on(Device d, const float* x, size_t n);
 double grad_global_norm(const Params& params);
 // min(1, max_norm / norm): the factor that clips the gradient to max_norm (max_norm <= 0: no clip).
 float clip_factor(double norm, float max_norm);
-// Linear warmup over `warmup` steps to lr, then cosine decay to lr * final_frac at the last step.
-float lr_at(int step, int steps, int warmup, float lr, float final_frac);
+// The learning rate of step `step` (0-based) of `steps`: linear warmup over `warmup` steps to lr,
+// then by `schedule` (Options::schedule):
+//   cosine    decay to lr * final_frac at the last step;
+//   wsd       lr until the last round(decay_frac * steps) steps (at least one, none in the warmup),
+//             which decay linearly to lr * final_frac at the last step (the warmup-stable-decay
+//             schedule: a run lengthened before its decay sees the same rates, so --steps may grow
+//             on a resume without a jump);
+//   constant  lr.
+struct LrSchedule {
+  std::string kind = "cosine";
+  int steps = 1, warmup = 0;
+  float lr = 0, final_frac = 0.1f, decay_frac = 0.2f;
+};
+float lr_at(int step, const LrSchedule& s);
 
 }  // namespace ul

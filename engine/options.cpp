@@ -54,8 +54,13 @@ data and loop
                       or --sample only when --eval-batches is given)                      [1500]
   --grad-accum N      micro-batches per optimizer step                                    [1]
   --lr X              peak learning rate                                                  [3e-3]
-  --warmup N          linear warmup steps, then cosine decay to lr * final-lr-frac        [20]
-  --final-lr-frac X                                                                       [0.1]
+  --warmup N          linear warmup steps, then the --schedule                            [20]
+  --schedule NAME     cosine: decay to lr * final-lr-frac at the last step; wsd (warmup-
+                      stable-decay): lr held, then the last --decay-frac of the steps linear
+                      to it (a resume may lengthen --steps before the decay); constant: held
+                                                                                     [cosine]
+  --decay-frac X      wsd: the fraction of --steps that decays                            [0.2]
+  --final-lr-frac X   the decay's end, a fraction of --lr (cosine, wsd)                   [0.1]
   --weight-decay X    AdamW decoupled decay on 2-D weights                                [0.1]
   --grad-clip X       clip the gradient global norm (0: off)                              [1.0]
   --beta1 X --beta2 X AdamW's first and second moment decays                       [0.9, 0.95]
@@ -192,7 +197,8 @@ Options parse_options(int argc, char** argv) {
       {"--full-attention-first", I(o.full_first)}, {"--data", S(o.data)}, {"--val-data", S(o.val_data)},
       {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
-      {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)},
+      {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)}, {"--schedule", S(o.schedule)},
+      {"--decay-frac", F(o.decay_frac)},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
       {"--beta1", F(o.beta1)}, {"--beta2", F(o.beta2)}, {"--adam-eps", F(o.adam_eps)},
       {"--seed", [&o](const std::string& f, const std::string& v) {
@@ -279,7 +285,16 @@ Options parse_options(int argc, char** argv) {
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) throw std::runtime_error("--lr must be a finite number > 0");
   if (!(o.final_lr_frac >= 0 && o.final_lr_frac <= 1))
-    throw std::runtime_error("--final-lr-frac must be in [0, 1] (the cosine decay's floor, as a fraction of --lr)");
+    throw std::runtime_error("--final-lr-frac must be in [0, 1] (the decay's floor, as a fraction of --lr)");
+  if (o.schedule != "cosine" && o.schedule != "wsd" && o.schedule != "constant")
+    throw std::runtime_error("--schedule must be cosine, wsd or constant, got '" + o.schedule + "'");
+  if (!(o.decay_frac > 0 && o.decay_frac <= 1))
+    throw std::runtime_error("--decay-frac must be in (0, 1] (the fraction of --steps that decays)");
+  // Flags the schedule would ignore without a word.
+  if (o.set_by_user("--decay-frac") && o.schedule != "wsd")
+    throw std::runtime_error("--decay-frac is for --schedule wsd (this run's schedule is " + o.schedule + ")");
+  if (o.set_by_user("--final-lr-frac") && o.schedule == "constant")
+    throw std::runtime_error("--final-lr-frac: --schedule constant does not decay");
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     throw std::runtime_error("--weight-decay must be a finite number >= 0");
   if (!(o.grad_clip >= 0) || !std::isfinite(o.grad_clip))

@@ -31,6 +31,10 @@ struct Options {
   float lr = 3e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
   float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;  // AdamW's moment decays and denominator floor
   int warmup = 20;
+  // --schedule after the warmup: cosine to lr * final_lr_frac at the last step; wsd: lr held, then
+  // the last decay_frac of the steps linear to it; constant: lr held (engine/optimizer.h: lr_at).
+  std::string schedule = "cosine";
+  float decay_frac = 0.2f;
   uint64_t seed = 1337;
   int threads = 0;            // 0: all cores
   // backend: --device cpu|cuda; --precision fp32|bf16 ("" until parsed: bf16 on cuda, fp32 on cpu)

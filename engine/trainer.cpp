@@ -327,7 +327,7 @@ StepResult Trainer::step() {
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     throw std::runtime_error("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +
                              std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr");
-  r.lr = lr_at(step_, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac);
+  r.lr = lr_at(step_, {o_.schedule, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac, o_.decay_frac});
   opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
   if (o_.zero) {
     // The f32 values of every shard (an f32 model's weights; a bf16 model's masters stay with their

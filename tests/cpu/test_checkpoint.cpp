@@ -232,6 +232,7 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   // The schedule and AdamW's settings shape every later update: only --steps and --lr may change.
   expect_refused(resume + good.string() + " --warmup 5", "warmup is 20 in the checkpoint but 5 in this run (--warmup)");
   expect_refused(resume + good.string() + " --beta2 0.99", "beta2 is 0.95 in the checkpoint but 0.99 in this run (--beta2)");
+  expect_refused(resume + good.string() + " --schedule wsd", "schedule is cosine in the checkpoint but wsd in this run (--schedule)");
   expect_refused(kArgs + " --save-dir " + good.string(), "already holds checkpoints");
   expect_refused(resume + (d / "empty").string(), "no complete checkpoint to resume from");
   expect_refused(kArgs + " --resume", "--resume needs --save-dir");
@@ -254,7 +255,8 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     REQUIRE(train(packed + " --steps 2 --save-dir " + old.string()).code == 0);
     const fs::path rank = old / "step_00000002" / "rank_0.json";
     std::string j = ul::read_whole_file(rank.string());
-    for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1", ",\"warmup\":20", ",\"grad_clip\":\"1\""}) {
+    for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1", ",\"warmup\":20", ",\"grad_clip\":\"1\"",
+                              ",\"schedule\":\"cosine\"", ",\"decay_frac\":\"0.2\""}) {
       const size_t at = j.find(field);
       REQUIRE(at != std::string::npos);
       j.erase(at, std::strlen(field));

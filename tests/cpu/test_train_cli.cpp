@@ -97,6 +97,10 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--lr 1e39", "--lr must be a finite number > 0");  // inf as a float
   expect_refused("--final-lr-frac 2", "--final-lr-frac must be in [0, 1]");
   expect_refused("--final-lr-frac nan", "--final-lr-frac must be in [0, 1]");
+  expect_refused("--schedule linear", "--schedule must be cosine, wsd or constant, got 'linear'");
+  expect_refused("--schedule wsd --decay-frac 0", "--decay-frac must be in (0, 1]");
+  expect_refused("--decay-frac 0.5", "--decay-frac is for --schedule wsd (this run's schedule is cosine)");
+  expect_refused("--schedule constant --final-lr-frac 0.5", "--final-lr-frac: --schedule constant does not decay");
   expect_refused("--weight-decay -0.1", "--weight-decay must be a finite number >= 0");
   expect_refused("--grad-clip -1", "--grad-clip must be a finite number >= 0");
   expect_refused("--beta1 1", "--beta1 must be in [0, 1)");
@@ -233,6 +237,39 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   CHECK(r.out.find("check-state: PASS") != std::string::npos);
   for (const char* name : {"logits", "loss", "wte", "wpe", "qkvw", "fcprojb", "lnfb"})
     CHECK(r.out.find(name) != std::string::npos);
+}
+
+TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[cli][optimizer]") {
+  const float lr = 3e-3f, fin = 0.1f;
+  auto at = [&](const char* kind, int step, int steps, float decay_frac = 0.2f) {
+    return double(ul::lr_at(step, {kind, steps, 4, lr, fin, decay_frac}));
+  };
+  for (const char* kind : {"cosine", "wsd", "constant"})
+    for (int s = 0; s < 4; s++) CHECK(at(kind, s, 20) == Approx(lr * (s + 1) / 4.0).epsilon(1e-6));  // the warmup
+  // cosine: lr at the first step after the warmup, lr * fin at the last, half way at the middle.
+  CHECK(at("cosine", 4, 20) == Approx(lr).epsilon(1e-6));
+  CHECK(at("cosine", 19, 20) == Approx(lr * fin).epsilon(1e-6));
+  CHECK(at("cosine", 12, 21) == Approx(lr * (fin + 1) / 2).epsilon(1e-6));  // 8 of the 16 steps after step 4
+  // wsd, 20 steps, decay 0.2: steps 4-15 at lr, then 16-19 down in four equal notches to lr * fin.
+  for (int s = 4; s < 16; s++) CHECK(at("wsd", s, 20) == Approx(lr).epsilon(1e-6));
+  for (int k = 1; k <= 4; k++) CHECK(at("wsd", 15 + k, 20) == Approx(lr * (1 - (1 - fin) * k / 4.0)).epsilon(1e-6));
+  // Lengthened to 40 steps before its decay: the same rates until the new decay (step 32).
+  for (int s = 0; s < 32; s++) CHECK(at("wsd", s, 40) == (s < 16 ? at("wsd", s, 20) : double(lr)));
+  CHECK(at("wsd", 39, 40) == Approx(lr * fin).epsilon(1e-6));
+  CHECK(at("wsd", 19, 20, 1.0f) == Approx(lr * fin).epsilon(1e-6));  // all of it: decays from the warmup's end
+  CHECK(at("wsd", 4, 20, 1.0f) < lr);
+  for (int s = 4; s < 20; s++) CHECK(at("constant", s, 20) == double(lr));
+  // The flags reach the trainer's steps.
+  ul::Options o = options("--threads 1 --quiet --eval-every 0 --seq 16 --batch 1 --layers 1 --dim 32 --steps 10 "
+                          "--warmup 2 --schedule wsd --decay-frac 0.5");
+  std::vector<double> got;
+  ul::run_local(1, [&](ul::Comm& world) {
+    ul::Trainer tr(o, world);
+    for (int s = 0; s < 10; s++) got.push_back(tr.step().lr);
+  });
+  for (int s = 0; s < 10; s++) CHECK(got[s] == double(ul::lr_at(s, {"wsd", 10, 2, o.lr, o.final_lr_frac, 0.5f})));
+  CHECK(got[4] == o.lr);  // steps 5-9 decay: the first a fifth of the way
+  CHECK(got[5] == Approx(o.lr * (1 - (1 - o.final_lr_frac) / 5)).epsilon(1e-6));
 }
 
 TEST_CASE("the optimizer flags beta1 and beta2 and adam-eps reach AdamW", "[cli][optimizer]") {
