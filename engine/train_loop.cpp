@@ -1,6 +1,8 @@
 // train_rank(): the loop `train` runs on every rank (engine/trainer.h): where to start (a fresh run
 // or the newest checkpoint), each step's log line, evals, checkpoints, the JSON log and its plot,
 // and the summary at the end. Only rank 0 prints.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -45,6 +47,17 @@ class Heartbeat {
   double every_ms_, start_ = 0, last_ = 0;
   std::string what_;
 };
+
+// The time left, to the precision that matters: "45s", "12m05s", "3h07m", "2d04h".
+std::string eta_text(double seconds) {
+  const long long t = std::llround(std::max(0.0, std::min(seconds, 1e9)));
+  char b[32];
+  if (t < 60) std::snprintf(b, sizeof b, "%llds", t);
+  else if (t < 3600) std::snprintf(b, sizeof b, "%lldm%02llds", t / 60, t % 60);
+  else if (t < 86400) std::snprintf(b, sizeof b, "%lldh%02lldm", t / 3600, t % 3600 / 60);
+  else std::snprintf(b, sizeof b, "%lldd%02lldh", t / 86400, t % 86400 / 3600);
+  return b;
+}
 
 // " | 0-63 3.1234 | 64-127 2.9876 ...": the val loss of each position band ("-": no target there).
 std::string position_cells(const std::vector<PositionLoss>& bands) {
@@ -147,6 +160,7 @@ int train_rank(const Options& o, Comm& world) {
     if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
     return int(sig);
   };
+  const double loop_t0 = now_ms();  // the ETA: this process's wall time per step so far, evals and saves included
   for (int s = start; s < o.steps; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
@@ -170,9 +184,12 @@ int train_rank(const Options& o, Comm& world) {
     if (o.zero)
       std::snprintf(zero_sent, sizeof zero_sent, " rs %.2f MiB ag %.2f MiB", r.sent.reduce_scatter / 1048576.0,
                     r.sent.all_gather / 1048576.0);
-    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB%s\n",
+    const std::string eta = s + 1 < o.steps ? " | eta " + eta_text((now_ms() - loop_t0) / 1000.0 / (s + 1 - start) *
+                                                                   (o.steps - s - 1))
+                                            : "";
+    say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB%s%s\n",
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
-        r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0, zero_sent);
+        r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0, zero_sent, eta.c_str());
     if (!profile.empty()) say("%s", profile.c_str());
     // A mask that splits nothing on any rank (the sum counts each sp group's sequences sp times;
     // only zero matters).
