@@ -363,8 +363,8 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors
   // come from the arena (256-byte aligned); the tensor-core kernels need that alignment too.
   constexpr int kV = kPackElems<T>;
-  if (!pack_aligned({dout, out}))
-    throw std::runtime_error("attention_backward: dout and out must be 16-byte aligned");
+  if (!pack_aligned({dout, out, qkv, dqkv}))
+    throw std::runtime_error("attention_backward: dout, out, qkv and dqkv must be 16-byte aligned");
   const int64_t rows = int64_t(B) * Tn * Hq;
   const int g = std::min(32, D / kV);  // lanes per row
   launch("attention_rowdot", attention_rowdot_kernel<T, kV>, dim3(ceil_div(rows * g, 256)), dim3(256), 0, s, Di, dout,

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "layers/attention_tiles.cuh"
+#include "layers/elementwise.cuh"
 
 namespace ul {
 namespace cuda {
@@ -181,6 +182,8 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
                        int D, cudaStream_t s) {
   const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;  // a grid of no blocks is an invalid launch
+  // cp.async and ldmatrix move 16-byte rows: a view at an odd offset would fault on the GPU.
+  if (!pack_aligned({qkv, out})) throw std::runtime_error("attention_forward: qkv and out must be 16-byte aligned");
   const float scale = softmax_scale(D);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
