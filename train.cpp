@@ -30,6 +30,22 @@ static int run(const Options& o, Comm& world) {
   return o.check_state.empty() ? train_rank(o, world) : check_state_rank(o, world);
 }
 
+#if ULYSSES_HAVE_MPI
+// A job of processes: one that fails alone must not leave the others waiting in a collective (an
+// exception unwinding past MpiRuntime would MPI_Finalize first, and the job would hang with no
+// message): print why, then end the job.
+static int run_mpi_job(const Options& o, Comm& world) {
+  try {
+    return run(o, world);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: error: %s\n", e.what());
+    std::fflush(stderr);
+    abort_job_if_shared(1);
+    return 1;
+  }
+}
+#endif
+
 #if ULYSSES_HAVE_NCCL
 // An integer from the first of these environment variables that is set, else `fallback`.
 static int env_int(std::initializer_list<const char*> names, int fallback) {
@@ -49,7 +65,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
     MpiRuntime mpi(argc, argv);
     auto boot = mpi_world();
     auto world = nccl_world_from(*boot, local % devices, o.comm_timeout);
-    return run(o, *world);
+    return run_mpi_job(o, *world);
 #else
     throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
 #endif
@@ -82,7 +98,7 @@ int main(int argc, char** argv) {
 #if ULYSSES_HAVE_MPI
       MpiRuntime mpi(&argc, &argv);
       auto world = mpi_world(run_device(o));  // device buffers are staged through the host
-      return run(o, *world);
+      return run_mpi_job(o, *world);
 #else
       throw std::runtime_error("--comm mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif

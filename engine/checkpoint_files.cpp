@@ -334,6 +334,8 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const G
           {"full_attention_every", n(c.full_every), "--full-attention-every", "0"},
           {"full_attention_first", n(c.full_first), "--full-attention-first", "0"},
           {"seq", n(o.seq), "--seq"},
+          // bf16 and fp32 runs differ in every step's arithmetic (a CUDA run is bf16 unless told)
+          {"precision", json_quote(o.precision), "--precision", kUnchecked},
           {"data", json_quote(o.data), "--data"},
           {"seed", std::to_string(o.seed), "--seed"},
           // packing changes what every step trains on (added after the first checkpoints: a

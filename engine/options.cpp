@@ -369,6 +369,9 @@ Options parse_options(int argc, char** argv) {
   if (o.keep < 0) throw std::runtime_error("--keep must be >= 0");
   for (const char* f : {"--save-every", "--keep", "--resume"})
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
+  if (o.resume && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0
+    throw std::runtime_error("--resume with --steps 0 trains nothing; to evaluate, sample or export a checkpoint: "
+                             "--steps 0 --checkpoint DIR/step_NNNNNNNN/model.bin");
   if (o.set_by_user("--save-dir") && o.save_dir.empty()) throw std::runtime_error("--save-dir: empty path");
   if (o.set_by_user("--log") && o.log.empty()) throw std::runtime_error("--log: empty path");
   if (o.set_by_user("--eot") && !o.doc_mask) throw std::runtime_error("--eot needs --doc-mask");

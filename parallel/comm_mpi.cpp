@@ -28,6 +28,15 @@ MpiRuntime::~MpiRuntime() {
   if (owns_ && !fin) MPI_Finalize();
 }
 
+void abort_job_if_shared(int code) {
+  int init = 0, fin = 0, size = 1;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 namespace {
 
 // bf16 has no MPI type: it moves as 16-bit integers and is reduced in f32 (see reduce()).

@@ -28,4 +28,10 @@ class MpiRuntime {
 // initialised. device: where the buffers handed to the collectives live.
 std::unique_ptr<Comm> mpi_world(Device device = Device::cpu);
 
+// For a rank that failed (an exception), after it printed why: a job of several processes is ended
+// with MPI_Abort, since the others may be waiting for it in a collective they would never leave (a
+// damaged rank_R.json read by one rank alone, a full disk under rank 0's save). Returns when MPI is
+// not running or the job has one process, for the caller's own exit.
+void abort_job_if_shared(int code);
+
 }  // namespace ul

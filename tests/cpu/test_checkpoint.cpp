@@ -233,6 +233,7 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + good.string() + " --warmup 5", "warmup is 20 in the checkpoint but 5 in this run (--warmup)");
   expect_refused(resume + good.string() + " --beta2 0.99", "beta2 is 0.95 in the checkpoint but 0.99 in this run (--beta2)");
   expect_refused(resume + good.string() + " --schedule wsd", "schedule is cosine in the checkpoint but wsd in this run (--schedule)");
+  expect_refused(resume + good.string() + " --steps 0", "--resume with --steps 0 trains nothing");
   expect_refused(kArgs + " --save-dir " + good.string(), "already holds checkpoints");
   expect_refused(resume + (d / "empty").string(), "no complete checkpoint to resume from");
   expect_refused(kArgs + " --resume", "--resume needs --save-dir");

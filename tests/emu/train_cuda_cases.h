@@ -305,6 +305,24 @@ TEST_CASE("a bf16 checkpoint holds the f32 master weights, and resumes from them
     CHECK(resumed.losses[0] == whole.losses[2]);
     CHECK(resumed.params == whole.params);
     CHECK(resumed.bf16 == whole.bf16);
+    // Another precision is another run's arithmetic: refused, naming the flag (a CUDA run is bf16
+    // unless told, so an fp32 run resumed without --precision fp32 would have switched silently).
+    Options fp32 = options("--model llama --device cuda --precision fp32 --steps 3 --batch 2" + std::string(zero) +
+                           " --ranks " + std::to_string(ranks) + " --save-dir " + dir.string() + " --resume");
+    LocalOptions lo;
+    lo.device = run_device(fp32);
+    std::string refused;
+    run_local(ranks, [&](Comm& world) {
+      Trainer tr(fp32, world);
+      RunLayout saved;
+      try {
+        start_from_save_dir(tr, fp32.save_dir, true, saved);
+      } catch (const std::runtime_error& e) {
+        if (world.rank() == 0) refused = e.what();
+      }
+    }, lo);
+    CHECK(refused.find("rank_0.json: precision is bf16 in the checkpoint but fp32 in this run (--precision)") !=
+          std::string::npos);
     if (ranks == 2) {
       // On one rank with twice the batch (the same 4 sequences a step, README "Checkpoints"): the
       // masters' shards gathered from both files round to the very weights the two ranks had.

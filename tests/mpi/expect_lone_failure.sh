@@ -1,0 +1,21 @@
+#!/bin/sh
+# One rank fails alone (its rank_1.json is gone, which only rank 1 reads on a resume at the same
+# layout) while the others wait in a collective: the job must end promptly, non-zero, naming the
+# file, instead of hanging with no message.
+#   expect_lone_failure.sh DIR command [args...]   (mpirun ... train ..., without --steps,
+#   --save-dir and --resume, which this script adds)
+dir=$1
+shift
+rm -rf "$dir" && mkdir -p "$dir" || exit 1
+"$@" --steps 2 --save-dir "$dir/run" > "$dir/saved.txt" 2>&1 || { cat "$dir/saved.txt"; echo "expect_lone_failure: the first run failed"; exit 1; }
+rm "$dir/run/step_00000002/rank_1.json" || exit 1
+start=$(date +%s)
+timeout 90 "$@" --steps 4 --save-dir "$dir/run" --resume > "$dir/failed.txt" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+cat "$dir/failed.txt"
+echo "expect_lone_failure: status $rc after ${elapsed} s"
+if [ "$rc" -eq 0 ]; then echo "expect_lone_failure: the resume succeeded, a failure was expected"; exit 1; fi
+if [ "$rc" -eq 124 ]; then echo "expect_lone_failure: the job hung (killed by timeout)"; exit 1; fi
+if ! grep -q "train: error: .*rank_1.json" "$dir/failed.txt"; then echo "expect_lone_failure: no message naming rank_1.json"; exit 1; fi
+exit 0
