@@ -200,7 +200,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   for (int k = 0, shards = 1; k < shards; k++) {
     // optim_file_name(k, any shards > 1) is optim_rank_k.bin; the count comes from shard 0's header
     const std::string path = dir + "/" + optim_file_name(whole ? 0 : k, whole ? 1 : 2);
-    OptimShard s = read_optim_file(path);
+    OptimShard s = read_optim_file(path, lo, hi);
     if (!whole && k == 0) shards = s.shards;
     if (s.numel != n || s.shard != k || s.shards != (whole ? 1 : shards))
       throw std::runtime_error(path + ": holds shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards) +
@@ -211,9 +211,9 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
                                std::to_string(step));
     if (t >= 0 && s.t != t) throw std::runtime_error(path + ": AdamW step count differs between the shards");
     t = s.t;
-    const size_t a = std::max<size_t>(lo, s.offset), b = std::min<size_t>(hi, s.offset + s.count);
-    for (size_t i = a; i < b; i++) m[i - lo] = s.m[i - s.offset], v[i - lo] = s.v[i - s.offset];
-    covered += b > a ? b - a : 0;
+    std::copy(s.m.begin(), s.m.end(), m.begin() + long(s.kept - lo));  // [kept, kept + size) within [lo, hi)
+    std::copy(s.v.begin(), s.v.end(), v.begin() + long(s.kept - lo));
+    covered += s.m.size();
   }
   if (covered != hi - lo)
     throw std::runtime_error(dir + ": the optimizer files cover " + std::to_string(covered) + " of this rank's " +

@@ -1,5 +1,6 @@
 #include "engine/checkpoint_files.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,10 +86,13 @@ uint32_t checksum(H h, const std::string& tail, const float* payload, uint64_t n
 
 // Reads header, its version's tail and payload, checking (in this order) size >= header, magic,
 // version (1 to max_version), exact size and checksum. tail_of(header) is the number of bytes
-// after the header that belong to it; floats_of(header) the payload length the header promises.
-template <class H, class T, class F>
-H read_checked(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
-               std::string& tail, std::vector<float>& payload, T tail_of, F floats_of) {
+// after the header that belong to it; floats_of(header) the payload length the header promises
+// (it may throw on a header that cannot be right). The payload goes to sink(first, x, k) in pieces
+// (floats [first, first + k) of it), so a reader that wants a part holds only that part; the
+// checksum is known only at the end, so a caller keeps nothing it was given when this throws.
+template <class H, class T, class F, class S>
+H read_checked_stream(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
+                      std::string& tail, T tail_of, F floats_of, S sink) {
   require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
@@ -119,16 +123,39 @@ H read_checked(const std::string& path, const char* kind, const char (&magic)[8]
     throw file_error(path, std::string(n > body / sizeof(float) ? "truncated" : "trailing bytes") + ": " +
                                std::to_string(size) + " bytes, but its header promises " + std::to_string(n) +
                                " floats after the " + std::to_string(sizeof(H) + tail.size()) + "-byte header");
-  payload.resize(n);
-  f.read(reinterpret_cast<char*>(payload.data()), std::streamsize(n * sizeof(float)));
-  if (!f) throw file_error(path, "read failed");
-  const uint32_t crc = checksum(h, tail, payload.data(), n);
+  H zeroed = h;
+  zeroed.crc = 0;
+  uint32_t crc = crc32(crc32(0, &zeroed, sizeof zeroed), tail.data(), tail.size());
+  std::vector<float> piece(std::min<uint64_t>(n, uint64_t(1) << 22));  // 16 MiB at a time
+  for (uint64_t first = 0; first < n;) {
+    const size_t k = size_t(std::min<uint64_t>(piece.size(), n - first));
+    f.read(reinterpret_cast<char*>(piece.data()), std::streamsize(k * sizeof(float)));
+    if (!f) throw file_error(path, "read failed");
+    crc = crc32(crc, piece.data(), k * sizeof(float));
+    sink(first, piece.data(), k);
+    first += k;
+  }
   if (crc != h.crc) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "checksum mismatch (stored %08x, computed %08x): the file is corrupt", h.crc, crc);
     throw file_error(path, buf);
   }
   return h;
+}
+
+// The same, the whole payload into `payload`.
+template <class H, class T, class F>
+H read_checked(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
+               std::string& tail, std::vector<float>& payload, T tail_of, F floats_of) {
+  return read_checked_stream<H>(path, kind, magic, max_version, tail, tail_of,
+                                [&](const H& h) {
+                                  const uint64_t n = floats_of(h);
+                                  payload.resize(n);
+                                  return n;
+                                },
+                                [&](uint64_t first, const float* x, size_t k) {
+                                  std::memcpy(payload.data() + first, x, k * sizeof(float));
+                                });
 }
 
 // The header and (version 2) its tail for cfg.
@@ -292,25 +319,37 @@ void write_optim_file(const std::string& path, const OptimShard& s) {
   f.commit();
 }
 
-OptimShard read_optim_file(const std::string& path) {
-  std::vector<float> mv;
+OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
   std::string tail;
-  OptimHeader h = read_checked<OptimHeader>(
-      path, "a ulysses optimizer file", kOptimMagic, 1, tail, mv, [](const OptimHeader&) { return size_t(0); },
+  OptimShard s;
+  read_checked_stream<OptimHeader>(
+      path, "a ulysses optimizer file", kOptimMagic, 1, tail, [](const OptimHeader&) { return size_t(0); },
       [&](const OptimHeader& x) {
         if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
+        // offset > numel first: offset + count could wrap around past 2^64 and look small.
+        if (x.shards < 1 || x.shard < 0 || x.shard >= x.shards || x.offset > x.numel || x.count > x.numel - x.offset ||
+            x.t < 0)
+          throw file_error(path, "inconsistent header: shard " + std::to_string(x.shard) + " of " +
+                                     std::to_string(x.shards) + ", elements [" + std::to_string(x.offset) + ", " +
+                                     std::to_string(x.offset + x.count) + ") of " + std::to_string(x.numel) + ", t " +
+                                     std::to_string(x.t));
+        s.t = x.t, s.numel = x.numel, s.offset = x.offset, s.count = x.count, s.shard = x.shard, s.shards = x.shards;
+        // The buffer elements kept: this shard's within [lo, hi).
+        s.kept = std::min(std::max(lo, x.offset), x.offset + x.count);
+        const uint64_t end = std::max(s.kept, std::min(hi, x.offset + x.count));
+        s.m.resize(end - s.kept), s.v.resize(end - s.kept);
         return 2 * x.count;
+      },
+      [&](uint64_t first, const float* x, size_t k) {
+        // Payload floats [0, count) are m, [count, 2 count) are v, each of elements [offset, offset + count).
+        auto keep = [&](std::vector<float>& dst, uint64_t part) {  // part: where this half starts in the payload
+          const uint64_t from = std::max(first, part + (s.kept - s.offset));
+          const uint64_t to = std::min<uint64_t>(first + k, part + (s.kept - s.offset) + dst.size());
+          if (from < to) std::memcpy(dst.data() + (from - part - (s.kept - s.offset)), x + (from - first), (to - from) * 4);
+        };
+        keep(s.m, 0);
+        keep(s.v, s.count);
       });
-  // offset > numel first: offset + count could wrap around past 2^64 and look small.
-  if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.offset > h.numel || h.count > h.numel - h.offset ||
-      h.t < 0)
-    throw file_error(path, "inconsistent header: shard " + std::to_string(h.shard) + " of " + std::to_string(h.shards) +
-                               ", elements [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
-                               ") of " + std::to_string(h.numel) + ", t " + std::to_string(h.t));
-  OptimShard s;
-  s.t = h.t, s.numel = h.numel, s.offset = h.offset, s.count = h.count, s.shard = h.shard, s.shards = h.shards;
-  s.m.assign(mv.begin(), mv.begin() + h.count);
-  s.v.assign(mv.begin() + h.count, mv.end());
   return s;
 }
 

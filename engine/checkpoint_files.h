@@ -45,13 +45,17 @@ void check_model_config(const std::string& path, const ModelConfig& in_file, con
 struct OptimShard {
   int64_t t = 0;           // AdamW updates taken (bias correction)
   uint64_t numel = 0;      // the whole parameter buffer
-  uint64_t offset = 0, count = 0;
+  uint64_t offset = 0, count = 0;  // the shard: elements [offset, offset + count) of the buffer
   int shard = 0, shards = 1;
-  std::vector<float> m, v;  // count each
+  std::vector<float> m, v;  // written: count each; read: elements [kept, kept + m.size()) of the buffer
+  uint64_t kept = 0;
 };
 std::string optim_file_name(int shard, int shards);  // "optim.bin" when shards == 1
 void write_optim_file(const std::string& path, const OptimShard& s);
-OptimShard read_optim_file(const std::string& path);
+// Checks the whole file (header, size, checksum) but keeps only the shard's elements inside [lo, hi)
+// (all of them by default), reading it in pieces: a resuming rank holds its own range of each file,
+// not the file.
+OptimShard read_optim_file(const std::string& path, uint64_t lo = 0, uint64_t hi = UINT64_MAX);
 
 // What must match between a checkpoint and the run resuming it.
 // A RunField whose absence from an older checkpoint leaves it unchecked.

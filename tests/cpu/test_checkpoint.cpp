@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -366,6 +367,42 @@ TEST_CASE("AtomicFile: sync keeps NAME.tmp, commit renames it, an uncommitted fi
   CHECK(ul::read_whole_file(a) == "aa");
   CHECK_FALSE(fs::exists(b));
   CHECK_FALSE(fs::exists(b + ".tmp"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("an optimizer file read through a window keeps just that range", "[checkpoint]") {
+  // 2.5M elements: m and v span two 16 MiB pieces of the reader, the first holding all of m and
+  // part of v; the shard sits at [1000, 1000 + count) of a larger buffer.
+  ul::OptimShard w;
+  w.t = 7, w.numel = 3'000'000, w.offset = 1000, w.count = 2'500'000, w.shard = 1, w.shards = 3;
+  w.m.resize(w.count), w.v.resize(w.count);
+  for (size_t i = 0; i < w.count; i++) w.m[i] = float(i), w.v[i] = -float(i) - 0.5f;
+  const fs::path d = fresh_dir("optim_window");
+  const std::string path = (d / "optim_rank_1.bin").string();
+  ul::write_optim_file(path, w);
+  const std::vector<std::pair<uint64_t, uint64_t>> windows = {
+      {0, UINT64_MAX}, {0, 500}, {2'600'000, 3'000'000}, {0, 1500}, {2'400'000, 2'600'000}, {1'234'567, 1'234'568},
+      {4'194'000, 4'195'000}};  // ... the last past the shard's end
+  for (auto [lo, hi] : windows) {
+    INFO("window [" << lo << ", " << hi << ")");
+    const ul::OptimShard r = ul::read_optim_file(path, lo, hi);
+    CHECK((r.t == w.t && r.numel == w.numel && r.offset == w.offset && r.count == w.count && r.shard == 1));
+    const uint64_t a = std::clamp<uint64_t>(lo, w.offset, w.offset + w.count);
+    const uint64_t b = std::clamp<uint64_t>(hi, a, w.offset + w.count);
+    REQUIRE(r.kept == a);
+    REQUIRE(r.m.size() == b - a);
+    REQUIRE(r.v.size() == b - a);
+    size_t wrong = 0;
+    for (uint64_t e = a; e < b; e++) wrong += r.m[e - a] != w.m[e - w.offset] || r.v[e - a] != w.v[e - w.offset];
+    CHECK(wrong == 0);
+  }
+  // A window does not skip the checks: a flipped byte in v's last piece is still found.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('x');
+  }
+  CHECK_THROWS_WITH(ul::read_optim_file(path, 0, 500), Catch::Contains("checksum mismatch"));
   fs::remove_all(d);
 }
 
