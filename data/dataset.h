@@ -31,6 +31,12 @@ class Dataset {
   virtual std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> probes() const { return {}; }
 };
 
+// Where the held-out validation split of a stream of n tokens starts (text:, and shards: without
+// val files): its last tenth, counted in tokens, so the cut is the same at every length T and an
+// eval at another --seq reads nothing the run trained on. Train sequences lie in tokens [0, start]
+// (the last one's final target may be token `start`), val sequences begin at it.
+inline int64_t holdout_start(int64_t n) { return n - n / 10; }
+
 // spec: "recall" | "passkey" | "text:FILE" | "shards:GLOB".
 // model_vocab: the model's vocabulary; a token id >= it is an error naming the file (and, for
 // shards, the offset). model_vocab <= 0 means "use the dataset's own vocab()".

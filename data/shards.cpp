@@ -121,29 +121,41 @@ ShardDataset::~ShardDataset() {
   for (Shard& s : shards_) munmap(s.map, s.map_len);
 }
 
-void ShardDataset::layout(int T, int64_t& first, int64_t& n) const {
-  if (T < 1) throw std::runtime_error("shards:" + glob_ + ": sequence length must be >= 1");
+std::vector<std::pair<int64_t, int64_t>> ShardDataset::spans() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
   int64_t total = 0;
-  for (const Shard& s : shards_) total += (s.count - 1) / T;
-  first = 0;
-  n = total;
-  if (holdout_) {
-    const int64_t val = std::min(total, std::max<int64_t>(1, total / 10));
-    if (split_ == Split::val) first = total - val, n = val;
-    else n = total - val;
+  for (const Shard& s : shards_) total += s.count;
+  const int64_t cut = holdout_ ? holdout_start(total) : total;  // a global token index
+  int64_t g0 = 0;  // where this shard starts in the stream
+  for (const Shard& s : shards_) {
+    int64_t lo = 0, hi = s.count;
+    if (holdout_ && split_ == Split::train) hi = std::clamp<int64_t>(cut + 1 - g0, 0, s.count);  // tokens [0, cut]
+    if (holdout_ && split_ == Split::val) lo = std::clamp<int64_t>(cut - g0, 0, s.count);        // tokens [cut, end)
+    out.emplace_back(lo, hi);
+    g0 += s.count;
   }
+  return out;
+}
+
+int64_t ShardDataset::count_sequences(int T) const {
+  if (T < 1) throw std::runtime_error("shards:" + glob_ + ": sequence length must be >= 1");
+  int64_t n = 0;
+  for (auto [lo, hi] : spans()) n += hi - lo > T ? (hi - lo - 1) / T : 0;
   if (n < 1) {
     // A sequence is T + 1 tokens (inputs and shifted targets) inside one shard.
     int64_t tokens = 0, largest = 0;
-    for (const Shard& s : shards_) tokens += s.count, largest = std::max(largest, s.count);
+    for (auto [lo, hi] : spans()) tokens += hi - lo, largest = std::max(largest, hi - lo);
     throw std::runtime_error(
         "shards:" + glob_ + ": the " + split_name(split_) + " split has no sequence of length " + std::to_string(T) +
-        " (its " + std::to_string(shards_.size()) + " file(s) hold " + std::to_string(tokens) + " tokens, the largest " +
-        std::to_string(largest) + ", and a sequence needs T + 1 = " + std::to_string(int64_t(T) + 1) +
-        " in one file" + (holdout_ ? "; " + std::to_string(total) + " sequence(s) in all, 10% held out as val" : "") +
-        "): use a smaller --seq" +
-        (split_ == Split::val && !holdout_ ? ", or a larger --val-frac in train prepare" : ""));
+        " (its " + (holdout_ ? std::string(split_ == Split::val ? "last 10% of the" : "first 90% of the") + " " : "") +
+        std::to_string(shards_.size()) + " file(s) hold" + (holdout_ ? "s " : " ") + std::to_string(tokens) +
+        " tokens, the largest piece " + std::to_string(largest) + ", and a sequence needs T + 1 = " +
+        std::to_string(int64_t(T) + 1) + " in one file): use a smaller --seq" +
+        (split_ == Split::val ? (holdout_ ? ", give --val-data, or write *val* files (train prepare --val-frac)"
+                                          : ", or a larger --val-frac in train prepare")
+                              : ""));
   }
+  return n;
 }
 
 int32_t ShardDataset::eot() const {
@@ -157,11 +169,7 @@ int32_t ShardDataset::eot() const {
   return widths == 1 ? 50256 : widths == 2 ? 128000 : -1;
 }
 
-int64_t ShardDataset::num_sequences(int T) const {
-  int64_t first, n;
-  layout(T, first, n);
-  return n;
-}
+int64_t ShardDataset::num_sequences(int T) const { return count_sequences(T); }
 
 int64_t ShardDataset::permute(int64_t j, int64_t n, uint64_t key) {
   if (n <= 1) return 0;
@@ -185,18 +193,20 @@ int64_t ShardDataset::permute(int64_t j, int64_t n, uint64_t key) {
 }
 
 void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
-  int64_t first, n;
-  layout(T, first, n);
+  const int64_t n = count_sequences(T);
   int64_t j = i % n;
   if (split_ == Split::train) j = permute(j, n, mix64(seed_) ^ mix64(uint64_t(i / n) + 0x5eed));
-  int64_t g = first + j;
-  for (const Shard& s : shards_) {
-    const int64_t ns = (s.count - 1) / T;
+  int64_t g = j;
+  const std::vector<std::pair<int64_t, int64_t>> span = spans();
+  for (size_t k = 0; k < shards_.size(); k++) {
+    const Shard& s = shards_[k];
+    const auto [lo, hi] = span[k];
+    const int64_t ns = hi - lo > T ? (hi - lo - 1) / T : 0;
     if (g >= ns) {
       g -= ns;
       continue;
     }
-    const int64_t off = g * T;
+    const int64_t off = lo + g * T;
     for (int t = 0; t <= T; t++) {
       uint32_t id;
       if (s.width == 2) {

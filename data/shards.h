@@ -6,14 +6,17 @@
 // every file says the same, they are the default vocab and --eot, instead of the format's.
 //
 // Split: files whose name contains "val" are the val split, the others train; with no val file,
-// the last 10% (at least 1) of the train sequences are held out as val.
+// the last 10% of the train files' tokens (in sorted file order) are held out as val, the same cut
+// at every T (data/dataset.h: holdout_start).
 // Sequences never cross a shard boundary (shards are independent document collections, as in
-// llm.c): shard k gives (count_k - 1) / T sequences of T inputs + T shifted targets, and the
-// split's sequences are those of its shards in sorted file order.
+// llm.c): the split's part of shard k, [lo_k, hi_k) (all of it but at the holdout's cut), gives
+// (hi_k - lo_k - 1) / T sequences of T inputs + T shifted targets, and the split's sequences are
+// those of its shards in sorted file order.
 // Train order is shuffled per epoch: index i -> epoch e = i / n, position i % n, mapped through a
 // permutation of [0, n) seeded by (seed, e). The permutation is a keyed Feistel network with cycle
 // walking: O(1) per lookup and no table, so any rank can map any index. Val is read in order.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "data/dataset.h"
@@ -54,8 +57,10 @@ class ShardDataset : public Dataset {
     size_t map_len = 0;
     const uint8_t* tokens() const { return static_cast<const uint8_t*>(map) + 1024; }
   };
-  // Sequences of all shards (in order) and the range [first, first + n) this split uses.
-  void layout(int T, int64_t& first, int64_t& n) const;
+  // The tokens [lo, hi) of each shard (in order) that this split reads (T does not matter).
+  std::vector<std::pair<int64_t, int64_t>> spans() const;
+  // The split's number of sequences at length T; throws naming the glob when it has none.
+  int64_t count_sequences(int T) const;
 
   std::string glob_;
   Split split_;

@@ -26,22 +26,23 @@ TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) 
 
 int64_t TextDataset::num_sequences(int T) const {
   if (T < 1) throw std::runtime_error(path_ + ": sequence length must be >= 1");
-  const int64_t total = (int64_t(bytes_.size()) - 1) / T;
-  const int64_t val = std::max<int64_t>(1, total / 10);
-  const int64_t n = split_ == Split::val ? std::min(val, total) : total - val;
+  const int64_t size = int64_t(bytes_.size()), cut = holdout_start(size);
+  // train: bytes [0, cut] hold cut / T sequences; val: bytes [cut, size) hold (size - cut - 1) / T.
+  const int64_t n = split_ == Split::val ? (size - cut - 1) / T : cut / T;
   if (n < 1)
-    throw std::runtime_error(path_ + ": too short for sequence length " + std::to_string(T) + ": " +
-                             std::to_string(bytes_.size()) + " bytes give " + std::to_string(total) +
-                             " sequence(s), and the " + split_name(split_) + " split gets none (need " +
-                             std::to_string(2 * int64_t(T) + 1) + " bytes for one train and one val)");
+    throw std::runtime_error(path_ + ": too short for sequence length " + std::to_string(T) + ": its " +
+                             split_name(split_) + " split (" +
+                             (split_ == Split::val ? "the last 10%, " + std::to_string(size - cut) + " of "
+                                                   : "the first 90%, " + std::to_string(cut + 1) + " of ") +
+                             std::to_string(size) + " bytes) holds no sequence of " + std::to_string(int64_t(T) + 1) +
+                             " bytes" + (split_ == Split::val ? "; give --val-data, or a smaller --seq" : ""));
   return n;
 }
 
 void TextDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
   const int64_t n = num_sequences(T);
-  const int64_t total = (int64_t(bytes_.size()) - 1) / T;
-  const int64_t first = split_ == Split::val ? total - n : 0;
-  const uint8_t* p = bytes_.data() + (first + i % n) * int64_t(T);
+  const int64_t first = split_ == Split::val ? holdout_start(int64_t(bytes_.size())) : 0;
+  const uint8_t* p = bytes_.data() + first + (i % n) * int64_t(T);
   for (int t = 0; t < T; t++) {
     inputs[t] = p[t];
     targets[t] = p[t + 1];

@@ -1,8 +1,9 @@
 // "text:FILE": a file's bytes are the token stream (vocab 256, no tokenizer needed), for quick
 // character-level experiments. At length T, sequence j of the stream covers tokens [j*T, j*T+T]
-// (T inputs and their T shifted targets; consecutive sequences share one boundary token), giving
-// (len-1)/T sequences. The last 10% of them (at least 1) are the val split, the rest train; both
-// are read in order, and an index past the split's end wraps into the next epoch.
+// (T inputs and their T shifted targets; consecutive sequences share one boundary token). The last
+// 10% of the bytes are the val split, the rest train (data/dataset.h: holdout_start, the same cut
+// at every T); each split is cut into sequences from its own start, both are read in order, and an
+// index past the split's end wraps into the next epoch.
 #pragma once
 #include <vector>
 

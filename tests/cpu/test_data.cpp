@@ -203,24 +203,43 @@ TEST_CASE("open_dataset rejects unknown specs and too small a model vocab", "[da
 TEST_CASE("text: bytes are tokens, sequences tile the stream, the last 10% are val", "[data]") {
   TempDir dir;
   std::vector<uint8_t> bytes(1001);
-  for (size_t k = 0; k < bytes.size(); k++) bytes[k] = uint8_t((k * 37 + k / 256) % 256);
+  // Hashed bytes: any 7 in a row occur once, so a window's bytes say where it is.
+  for (size_t k = 0; k < bytes.size(); k++) bytes[k] = uint8_t((uint32_t(k + 1) * 2654435761u) >> 24);
   const std::string path = dir.file("t.txt");
   write_bytes(path, bytes);
   auto tr = ul::open_dataset("text:" + path, ul::Split::train, 0, 0);
   auto va = ul::open_dataset("text:" + path, ul::Split::val, 0, 0);
-  const int T = 10;  // 100 sequences: 90 train, 10 val
   CHECK(tr->vocab() == 256);
+  // The last 100 bytes are val: bytes [0, 901] hold 90 train sequences of T = 10, bytes [901, 1001)
+  // 9 val ones.
+  const int T = 10;
   CHECK(tr->num_sequences(T) == 90);
-  CHECK(va->num_sequences(T) == 10);
-  for (int64_t i = 0; i < 100; i++) {
+  CHECK(va->num_sequences(T) == 9);
+  for (int64_t i = 0; i < 99; i++) {
+    const int64_t at = i < 90 ? i * T : 901 + (i - 90) * T;
     auto [x, y] = i < 90 ? get(*tr, i, T) : get(*va, i - 90, T);
     for (int t = 0; t < T; t++) {
-      CHECK(x[t] == bytes[i * T + t]);
-      CHECK(y[t] == bytes[i * T + t + 1]);  // the last target is the next sequence's first input
+      CHECK(x[t] == bytes[at + t]);
+      CHECK(y[t] == bytes[at + t + 1]);  // the last target is the next sequence's first input
     }
   }
   CHECK(get(*tr, 90, T) == get(*tr, 0, T));  // the next epoch starts over
-  CHECK(get(*va, 13, T) == get(*va, 3, T));
+  CHECK(get(*va, 12, T) == get(*va, 3, T));
+  // The cut is the same at every length: an eval at a longer --seq reads no byte a run at a
+  // shorter one trained on (beyond the one they share: the train split's last target).
+  for (int L : {7, 10, 33, 99}) {
+    INFO("T = " << L);
+    const int64_t ntr = tr->num_sequences(L), nva = va->num_sequences(L);
+    CHECK(ntr == 901 / L);
+    CHECK(nva == 99 / L);
+    auto where = [&](const std::vector<int32_t>& x) {
+      for (int64_t k = 0; k + L <= 1001; k++)
+        if (std::equal(x.begin(), x.end(), bytes.begin() + k)) return k;
+      return int64_t(-1);
+    };
+    CHECK(where(get(*tr, ntr - 1, L).first) + L <= 901);  // the last train target is byte 901 at most
+    CHECK(where(get(*va, 0, L).first) == 901);
+  }
 }
 
 TEST_CASE("text: missing, empty, too short and out-of-vocab files are errors naming the file", "[data]") {
@@ -257,7 +276,9 @@ TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split
     const int32_t magic = width == 2 ? 20240520 : 20240801, version = width == 2 ? 1 : 7;
     const std::string sub = dir.file("w" + std::to_string(width));
     fs::create_directories(sub);
-    const int sizes[3] = {81, 45, 33};  // 10 + 5 + 4 = 19 sequences of T = 8
+    // 159 tokens; no val file, so the last 15 are val (the cut at token 144, 18 into the last shard):
+    // train 10 + 5 + 2 sequences of T = 8 (the last shard's [0, 19)), val 1 (its [18, 33)).
+    const int sizes[3] = {81, 45, 33};
     for (int s = 0; s < 3; s++) {
       std::vector<uint32_t> tok(sizes[s]);
       for (int k = 0; k < sizes[s]; k++) tok[k] = base + uint32_t(s * 1000 + k);
@@ -266,13 +287,13 @@ TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split
     const int vocab = int(base) + 3000;
     auto tr = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::train, 9, vocab);
     auto va = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::val, 9, vocab);
-    REQUIRE(tr->num_sequences(T) == 18);  // no val file: the last 10% (1 sequence) is held out
+    REQUIRE(tr->num_sequences(T) == 17);
     REQUIRE(va->num_sequences(T) == 1);
     auto [vx, vy] = get(*va, 0, T);
-    CHECK(vx[0] == int32_t(base + 2000 + 24));  // the last sequence of the last shard
+    CHECK(vx[0] == int32_t(base + 2000 + 18));  // the val part starts at the cut
     std::set<int32_t> starts;
     Seq order0, order1;
-    for (int64_t i = 0; i < 36; i++) {
+    for (int64_t i = 0; i < 34; i++) {
       auto [x, y] = get(*tr, i, T);
       const int32_t pos = (x[0] - int32_t(base)) % 1000;
       CHECK(pos % T == 0);
@@ -281,15 +302,16 @@ TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split
         CHECK(y[t] == x[0] + t + 1);
       }
       CHECK(x[0] != vx[0]);
-      (i < 18 ? order0 : order1).push_back(x[0]);
-      if (i < 18) starts.insert(x[0]);
+      if (x[0] >= int32_t(base + 2000)) CHECK(y[T - 1] <= int32_t(base + 2000 + 18));  // nothing past the cut
+      (i < 17 ? order0 : order1).push_back(x[0]);
+      if (i < 17) starts.insert(x[0]);
     }
-    CHECK(starts.size() == 18);  // epoch 0 visits every train sequence once
+    CHECK(starts.size() == 17);  // epoch 0 visits every train sequence once
     CHECK(std::set<int32_t>(order1.begin(), order1.end()) == starts);
     CHECK(order0 != order1);  // each epoch has its own order
     auto other = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::train, 10, vocab);
     Seq order_other;
-    for (int64_t i = 0; i < 18; i++) order_other.push_back(get(*other, i, T).first[0]);
+    for (int64_t i = 0; i < 17; i++) order_other.push_back(get(*other, i, T).first[0]);
     CHECK(order_other != order0);
   }
   // A file named *val* is the val split, the rest train.

@@ -251,10 +251,10 @@ TEST_CASE("the Trainer with --doc-mask: sp 2 equals sp 1, and an absent EOT chan
 TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]") {
   TempDir dir;
   auto shard = [&](const std::string& name, int32_t magic, int32_t version, int width) {
-    int32_t h[256] = {magic, version, 8};
+    int32_t h[256] = {magic, version, 80};  // the last 10% of both files' tokens (16) hold a val sequence
     std::ofstream f((dir.path / name).string(), std::ios::binary);
     f.write(reinterpret_cast<const char*>(h), 1024);
-    std::vector<char> zeros(size_t(8) * width, 0);
+    std::vector<char> zeros(size_t(80) * width, 0);
     f.write(zeros.data(), std::streamsize(zeros.size()));
   };
   shard("gpt2.bin", 20240520, 1, 2);
