@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -32,6 +33,12 @@ std::string basename_of(const std::string& path) {
 
 }  // namespace
 
+bool ShardDataset::is_val_name(const std::string& name) {
+  for (size_t at = name.find("val"); at != std::string::npos; at = name.find("val", at + 1))
+    if (at == 0 || !std::isalnum(static_cast<unsigned char>(name[at - 1]))) return true;
+  return false;
+}
+
 ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t seed, int model_vocab)
     : glob_(pattern), split_(split), seed_(seed) {
   glob_t g{};
@@ -40,14 +47,15 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
   if (rc == 0)
     for (size_t k = 0; k < g.gl_pathc; k++) {
       std::string p = g.gl_pathv[k];
-      (basename_of(p).find("val") != std::string::npos ? val_files : train_files).push_back(p);
+      (is_val_name(basename_of(p)) ? val_files : train_files).push_back(p);
     }
   globfree(&g);
   if (train_files.empty() && val_files.empty()) throw std::runtime_error("shards:" + pattern + ": no file matches");
   holdout_ = val_files.empty();
   const auto& files = (split == Split::val && !holdout_) ? val_files : train_files;
   if (files.empty())
-    throw std::runtime_error("shards:" + pattern + ": no train file (every match has \"val\" in its name)");
+    throw std::runtime_error("shards:" + pattern + ": no train file (every match is a val file: a word of its name starts "
+                             "with \"val\"); to evaluate them, give the glob as --val-data");
 
   int default_vocab = 0;
   try {

@@ -5,7 +5,8 @@
 // llm.c's readers ignore): [3] = kShardTag ('ULYS'), [4] = vocab, [5] = the end-of-text id. When
 // every file says the same, they are the default vocab and --eot, instead of the format's.
 //
-// Split: files whose name contains "val" are the val split, the others train; with no val file,
+// Split: files with a word of their name starting with "val" (fineweb_val_000.bin, validation.bin;
+// not interval.bin or eval.bin) are the val split, the others train; with no val file,
 // the last 10% of the train files' tokens (in sorted file order) are held out as val, the same cut
 // at every T (data/dataset.h: holdout_start).
 // Sequences never cross a shard boundary (shards are independent document collections, as in
@@ -46,6 +47,9 @@ class ShardDataset : public Dataset {
 
   // A permutation of [0, n) keyed by key: exposed for tests.
   static int64_t permute(int64_t j, int64_t n, uint64_t key);
+  // Whether a file name makes a val shard: "val" at its start or after a character that is not a
+  // letter or digit.
+  static bool is_val_name(const std::string& name);
 
  private:
   struct Shard {

@@ -88,7 +88,8 @@ int train_rank(const Options& o, Comm& world) {
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, o.comm == "local" ? o.ranks : 1);
+  // Every rank on this machine decodes at once: each gets its share of the memory.
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, ranks_on_this_host(o, world.size()));
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
@@ -96,6 +97,18 @@ int train_rank(const Options& o, Comm& world) {
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
+  // An eval reads --eval-batches x dp x --batch val sequences; past the split's end they wrap.
+  const int64_t eval_reads = int64_t(o.eval_batches) * g.dp * o.batch;
+  const int64_t val_holds = o.evaluates() ? tr.val_data().num_sequences(o.seq) : -1;  // -1: unlimited (synthetic)
+  if (val_holds >= 0 && eval_reads > val_holds)
+    say("note    | an eval reads %lld val sequences (--eval-batches x dp x --batch) but the val split holds %lld at "
+        "--seq %d: some count more than once\n", (long long)eval_reads, (long long)val_holds, o.seq);
+  // Packing splits --val-data's sequences at the training data's end-of-text token, the one the
+  // model learned documents by; data that names another says so.
+  if (tr.document_start() >= 0 && !o.val_data.empty() && tr.val_data().eot() >= 0 &&
+      tr.val_data().eot() != tr.document_start())
+    say("note    | --doc-mask: --val-data's files start documents at token %d, the run at %d (--eot): its "
+        "sequences are split at %d\n", tr.val_data().eot(), tr.document_start(), tr.document_start());
   say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",

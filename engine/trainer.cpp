@@ -185,29 +185,30 @@ Trainer::Trainer(const Options& o, Comm& world)
   // vocabulary bounds the data's token ids.
   const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;
   train_ = open_dataset(o.data, Split::train, o.seed, vocab);
-  if (o.val_data.empty()) val_ = open_dataset(o.data, Split::val, o.seed, vocab);
   // A split too short for --seq fails now, not at the first step or (hours later) the first eval.
   if (o.steps > 0) train_->num_sequences(o.seq);
   if (o.checkpoint.empty()) cfg = model_config(o, train_->vocab());
   if (train_->vocab() > cfg.vocab)
     throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +
                              ") is smaller than the data's (" + std::to_string(train_->vocab()) + ")");
-  // --val-data: another dataset's validation split, its token ids bounded by the model's vocabulary.
-  if (!o.val_data.empty()) {
-    try {
-      val_ = open_dataset(o.val_data, Split::val, o.seed, cfg.vocab);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("--val-data: ") + e.what());
-    }
-    if (val_->vocab() > cfg.vocab)
-      throw std::runtime_error("--val-data " + o.val_data + ": its vocabulary (" + std::to_string(val_->vocab()) +
-                               ") is larger than the model's (" + std::to_string(cfg.vocab) + ")");
+  // The val split (--data's own, or --val-data's), its token ids bounded by the model's vocabulary:
+  // val files whose headers name none would otherwise be read against their format's (50257 for
+  // GPT-2's), and an id past the model's rows found only at the first eval, or not at all.
+  const std::string val_flag = o.val_data.empty() ? "--data (its val split)" : "--val-data";
+  try {
+    val_ = open_dataset(o.val_data.empty() ? o.data : o.val_data, Split::val, o.seed, cfg.vocab);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(val_flag + ": " + e.what());
   }
+  if (val_->vocab() > cfg.vocab)
+    throw std::runtime_error(val_flag + " " + (o.val_data.empty() ? o.data : o.val_data) + ": its vocabulary (" +
+                             std::to_string(val_->vocab()) + ") is larger than the model's (" + std::to_string(cfg.vocab) +
+                             ")");
   if (o.evaluates()) {
     try {
       val_->num_sequences(o.seq);
     } catch (const std::exception& e) {  // too short for --seq: say which flag's data
-      throw std::runtime_error(std::string(o.val_data.empty() ? "--data (its val split)" : "--val-data") + ": " + e.what());
+      throw std::runtime_error(val_flag + ": " + e.what());
     }
   }
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing

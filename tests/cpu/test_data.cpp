@@ -326,6 +326,17 @@ TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split
   CHECK(get(*tr, 1, T).first[0] == 5);
   CHECK(get(*va, 2, T).first[0] == 7);
   CHECK(ul::open_dataset("shards:" + sub + "/*val*", ul::Split::val, 0, 0)->vocab() == 50257);
+  // A val file is one with a word of its name starting with "val"; a glob of val files alone has
+  // no train split (evaluating them is --val-data's job).
+  for (const char* name : {"fineweb_val_000.bin", "validation.bin", "val.bin", "shakespeare-val.bin", "a.val.bin"})
+    CHECK(ul::ShardDataset::is_val_name(name));
+  for (const char* name : {"interval_000.bin", "eval_000.bin", "fineweb_train_000.bin", "oval.bin", "x2val.bin"})
+    CHECK_FALSE(ul::ShardDataset::is_val_name(name));
+  write_shard(sub + "/fineweb_interval_000.bin", std::vector<uint32_t>(17, 9));
+  auto tr2 = ul::open_dataset("shards:" + sub + "/fineweb_*.bin", ul::Split::train, 0, 50257);
+  CHECK(tr2->num_sequences(T) == 4);  // the interval file is train
+  require_error([&] { ul::open_dataset("shards:" + sub + "/*_val_*", ul::Split::train, 0, 0); },
+                {"no train file", "--val-data"});
 }
 
 TEST_CASE("shards: bad files are errors naming the file and the problem", "[data]") {

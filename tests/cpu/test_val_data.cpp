@@ -87,3 +87,42 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   }
   refused("--data passkey --val-data shards:" + named, {"named_val.bin", "headers name a vocabulary of 300 tokens, larger than the model's 32"});
 }
+
+TEST_CASE("--data's own val split is read against the model's vocabulary; a short split and another EOT are noted", "[val_data]") {
+  TempDir dir;
+  auto shard = [&](const std::string& name, const std::vector<uint16_t>& t, int vocab, int eot) {
+    std::ofstream f((dir.path / name).string(), std::ios::binary);
+    int32_t h[256] = {20240520, 1, int32_t(t.size())};
+    if (vocab > 0) h[3] = 0x53594c55, h[4] = vocab, h[5] = eot;  // data/shards.h: kShardTag
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+    f.write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 2));
+  };
+  std::vector<uint16_t> train(4000), val(2000);
+  for (size_t i = 0; i < train.size(); i++) train[i] = uint16_t(i % 250);
+  for (size_t i = 0; i < val.size(); i++) val[i] = uint16_t(i == 50 ? 300 : i % 250);
+  shard("d_train_0.bin", train, 257, 256);
+  shard("d_val_0.bin", val, 0, -1);  // names no vocabulary: its format's would be GPT-2's 50257
+  const std::string base = "--steps 1 --threads 1 --seq 64 --batch 2 --layers 1 --dim 32 --heads 2 ";
+  // Id 300 is past the model's 257 (though inside its padded rows): found at the eval, named.
+  ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 2 --data 'shards:" +
+                                                             (dir.path / "d_*.bin").string() + "'"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("d_val_0.bin: token id 300 at token offset 50 is >= the model vocab 257") != std::string::npos);
+  // A val split smaller than an eval: the note says the eval counts some sequences twice.
+  const std::string text = (dir.path / "t.txt").string();
+  write_text(text, "alpha", 100);
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 8 --data text:" + text));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("note    | an eval reads 16 val sequences (--eval-batches x dp x --batch) but the val split holds 1 at "
+                   "--seq 64") != std::string::npos);
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1"));  // passkey: unlimited, no note
+  CHECK(r.out.find("note") == std::string::npos);
+  // --doc-mask splits --val-data at the run's end-of-text token; data that names another is noted.
+  shard("e_val_0.bin", std::vector<uint16_t>(2000, 7), 300, 299);
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --vocab 300 --doc-mask --eot 10 --data text:" + text +
+                                          " --val-data shards:" + (dir.path / "e_val_0.bin").string()));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("note    | --doc-mask: --val-data's files start documents at token 299, the run at 10") !=
+        std::string::npos);
+}
