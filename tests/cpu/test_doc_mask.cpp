@@ -292,7 +292,7 @@ TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]
   CHECK(r.out.find("--doc-mask: documents start at token 255") != std::string::npos);
   r = ul_test::run_cmd(ul_test::train_cmd(run + " --eot 10"));
   CHECK(r.code == 0);
-  CHECK(r.out.find("note    |") == std::string::npos);
+  CHECK(r.out.find("note    | --doc-mask") == std::string::npos);
 }
 
 TEST_CASE("sampling with --doc-mask: a prompt's earlier documents do not reach its continuation", "[doc_mask][cli]") {

@@ -88,7 +88,7 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   refused("--data passkey --val-data shards:" + named, {"named_val.bin", "headers name a vocabulary of 300 tokens, larger than the model's 32"});
 }
 
-TEST_CASE("--data's own val split is read against the model's vocabulary; a short split and another EOT are noted", "[val_data]") {
+TEST_CASE("the data's own val split is read against the model's vocabulary and a short split or another EOT is noted", "[val_data]") {
   TempDir dir;
   auto shard = [&](const std::string& name, const std::vector<uint16_t>& t, int vocab, int eot) {
     std::ofstream f((dir.path / name).string(), std::ios::binary);
