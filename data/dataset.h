@@ -21,6 +21,9 @@ class Dataset {
   // Indices past one epoch wrap into the next epoch (reshuffled where the source shuffles).
   virtual void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const = 0;
   virtual bool synthetic() const { return false; }  // evals report exact-match accuracy when true
+  // Whether sequence i + 1 at length T starts at sequence i's last target (the two tile one
+  // stretch of text, as --probe-lengths' long windows need); false past the split's end.
+  virtual bool continues(int64_t i, int T) const { return i + 1 < num_sequences(T); }
   // The id that starts each document in the token stream (--doc-mask's default --eot), -1: none known.
   virtual int32_t eot() const { return -1; }
   virtual std::string describe() const = 0;         // one line for the log

@@ -179,6 +179,17 @@ int32_t ShardDataset::eot() const {
 
 int64_t ShardDataset::num_sequences(int T) const { return count_sequences(T); }
 
+bool ShardDataset::continues(int64_t i, int T) const {
+  if (split_ == Split::train || i + 1 >= count_sequences(T)) return false;
+  int64_t g = i;
+  for (auto [lo, hi] : spans()) {
+    const int64_t ns = hi - lo > T ? (hi - lo - 1) / T : 0;
+    if (g < ns) return g + 1 < ns;
+    g -= ns;
+  }
+  return false;
+}
+
 int64_t ShardDataset::permute(int64_t j, int64_t n, uint64_t key) {
   if (n <= 1) return 0;
   // Feistel network on 2h bits (2^2h >= n, < 4n); cycle walking maps it onto [0, n).

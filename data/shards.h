@@ -42,6 +42,8 @@ class ShardDataset : public Dataset {
   // file names the same; -1 when the files mix.
   int32_t eot() const override;
   int64_t num_sequences(int T) const override;  // throws naming the glob when it is 0
+  // Val (read in order): the next sequence is in the same file; train (shuffled): never.
+  bool continues(int64_t i, int T) const override;
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   std::string describe() const override;
 

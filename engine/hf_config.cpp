@@ -316,6 +316,16 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const JsonValue* inner = j.find("n_inner");
     refuse_unless(!inner || inner->is(JsonValue::Kind::null) || inner->as_int(where) == 4 * c.dim, "n_inner is not 4 * n_embd");
     eps_ok("layer_norm_epsilon");
+    // Attention scaled otherwise than by 1/sqrt(head dim) (Stanford CRFM's GPT-2s scale by the
+    // layer's index too): another model.
+    auto flag = [&](const char* key, bool want) {
+      const JsonValue* v = j.find(key);
+      if (v && !v->is(JsonValue::Kind::null) && !v->is(JsonValue::Kind::boolean))
+        throw std::runtime_error(where + ": " + key + " is not true or false");
+      refuse_unless(!v || v->is(JsonValue::Kind::null) || v->b == want, std::string(key) + " is " + (want ? "false" : "true"));
+    };
+    flag("scale_attn_weights", true);
+    flag("scale_attn_by_inverse_layer_idx", false);
   } else if (type == "llama" || type == "qwen2" || type == "mistral" || type == "ministral") {
     // Qwen 2: llama with a q/k/v bias; Mistral: llama with a sliding window (or none: null);
     // Ministral: Mistral with layer_types (the layers without the window).
@@ -352,6 +362,11 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
         c.rope_theta = theta;
       }
       c.rope_scaling = hf_rope_scaling(*rp, j, where + ": rope_parameters");
+      // Versions of transformers differ in which of the two they read when both are there (4.x:
+      // rope_scaling only): a file where they disagree has no one meaning.
+      if (sc && !sc->is(JsonValue::Kind::null))
+        refuse_unless(rope_scaling_str(hf_rope_scaling(*sc, j, where + ": rope_scaling")) == rope_scaling_str(c.rope_scaling),
+                      "rope_scaling and rope_parameters differ");
     } else if (sc && !sc->is(JsonValue::Kind::null)) {
       c.rope_scaling = hf_rope_scaling(*sc, j, where + ": rope_scaling");
     }

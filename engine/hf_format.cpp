@@ -126,8 +126,15 @@ std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<
 
 void export_safetensors(const std::string& path, const ModelConfig& cfg, const std::vector<ParamSpec>& specs,
                         const float* data, const std::string& dtype) {
+  // config.json is on disk (as config.json.tmp) before the weights are written, and renamed right
+  // after them: a failure on the way (a full disk under the large file) leaves the old pair as it
+  // was, never new weights beside an old config.json.
+  AtomicFile config(hf_dir_of(path) + "/config.json");
+  const std::string json = hf_config_json(cfg, dtype == "BF16" ? "bfloat16" : "float32");
+  config.write(json.data(), json.size());
+  config.sync();
   write_safetensors(path, hf_tensors(cfg, specs, data), hf_metadata(cfg), dtype);
-  write_file_atomic(hf_dir_of(path) + "/config.json", hf_config_json(cfg, dtype == "BF16" ? "bfloat16" : "float32"));
+  config.commit();
 }
 
 namespace {

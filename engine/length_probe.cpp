@@ -27,15 +27,16 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
                                (decoders > 1 ? " per rank (" + std::to_string(decoders) + " in this process)" : "") +
                                ", but this machine has " + std::to_string(physical_memory() >> 20) + " MiB");
     if (!val.synthetic()) {
-      size_t held = 0;
+      size_t held = 0;  // the longest stretch: a window lies in one
       try {
-        held = val_stream(val, seq, int64_t(T) + 1).size();
+        for (const std::vector<int32_t>& run : val_runs(val, seq, int64_t(T) + 1)) held = std::max(held, run.size());
       } catch (const std::exception& e) {
         throw std::runtime_error(where + e.what());
       }
       if (held < size_t(T) + 1)
         throw std::runtime_error(where + "the val split (" + val.describe() + ") holds " + std::to_string(held) +
-                                 " tokens at --seq " + std::to_string(seq) + "; a window needs " + std::to_string(T + 1));
+                                 " tokens in a row at --seq " + std::to_string(seq) + "; a window needs " +
+                                 std::to_string(T + 1));
       continue;
     }
     in.resize(size_t(T)), tgt.resize(size_t(T));
@@ -47,16 +48,21 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
   }
 }
 
-std::vector<int32_t> val_stream(const Dataset& val, int seq, int64_t tokens) {
-  const int64_t n = std::min<int64_t>(val.num_sequences(seq), (tokens + seq - 1) / seq);
-  std::vector<int32_t> out, in(static_cast<size_t>(seq)), tgt(static_cast<size_t>(seq));
-  for (int64_t i = 0; i < n; i++) {
+std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int64_t tokens) {
+  const int64_t n = val.num_sequences(seq);
+  std::vector<std::vector<int32_t>> runs;
+  std::vector<int32_t> in(static_cast<size_t>(seq)), tgt(static_cast<size_t>(seq));
+  bool open = false;  // the last run goes on with the next sequence
+  int64_t total = 0;
+  for (int64_t i = 0; i < n && total < tokens; i++) {
     val.sequence(i, seq, in.data(), tgt.data());
-    out.insert(out.end(), in.begin(), in.end());
-    if (i + 1 == n) out.push_back(tgt.back());
+    if (!open) runs.emplace_back();
+    runs.back().insert(runs.back().end(), in.begin(), in.end());
+    total += seq;
+    open = val.continues(i, seq);
+    if (!open || total >= tokens) runs.back().push_back(tgt.back());  // the stretch ends with its last target
   }
-  if (int64_t(out.size()) > tokens) out.resize(size_t(tokens));
-  return out;
+  return runs;
 }
 
 namespace {
@@ -106,7 +112,7 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
 // >= 0: packed documents (--doc-mask): each window is split at that token, as the eval splits its
 // sequences (data/packing.h), and a target's band is its position in its document.
 std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                              const std::vector<int32_t>& stream, int T, int windows, int32_t eot, Share share,
+                              const std::vector<const int32_t*>& windows, int T, int32_t eot, Share share,
                               const std::function<void(int)>& progress) {
   KvDecoder dec(cfg, specs, host, T);
   dec.set_document_token(eot);
@@ -118,9 +124,9 @@ std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpe
     std::fill(band_of.begin() + bands[k].first, band_of.begin() + bands[k].second, int(k));
   std::vector<double> sums(2 * bands.size(), 0.0);
   int done = 0;
-  for (int i = 0; i < windows; i++) {
+  for (int i = 0; i < int(windows.size()); i++) {
     if (!share.mine(i)) continue;
-    const int32_t* w = stream.data() + int64_t(i) * T;  // inputs w[0, T), targets w[1, T]
+    const int32_t* w = windows[size_t(i)];  // inputs w[0, T), targets w[1, T]
     const std::vector<int> tokens(w, w + T);
     dec.reset();
     dec.score(tokens.data(), w + 1, T, nll.data());
@@ -135,9 +141,13 @@ std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpe
   return sums;
 }
 
-int windows_in(const std::vector<int32_t>& stream, int T, int n) {
-  const int w = int(std::min<int64_t>(n, (int64_t(stream.size()) - 1) / T));
-  if (w < 1) throw std::runtime_error("--probe-lengths " + std::to_string(T) + ": the val text is too short");
+// The first n windows of T + 1 tokens (where each starts), run by run: stride T within a run, as
+// the run's sequences at length T would tile it; none crosses from one run to the next.
+std::vector<const int32_t*> windows_in(const std::vector<std::vector<int32_t>>& runs, int T, int n) {
+  std::vector<const int32_t*> w;
+  for (const std::vector<int32_t>& run : runs)
+    for (int64_t at = 0; at + T < int64_t(run.size()) && int(w.size()) < n; at += T) w.push_back(run.data() + at);
+  if (w.empty()) throw std::runtime_error("--probe-lengths " + std::to_string(T) + ": the val text is too short");
   return w;
 }
 
@@ -168,7 +178,7 @@ double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& sp
 LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const std::vector<int32_t>& stream, int T, int n, int32_t eot,
                          const std::function<void(int)>& progress) {
-  return loss_probe(T, loss_sums(cfg, specs, host, stream, T, windows_in(stream, T, n), eot, Share{}, progress));
+  return loss_probe(T, loss_sums(cfg, specs, host, windows_in({stream}, T, n), T, eot, Share{}, progress));
 }
 
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
@@ -186,9 +196,9 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
     if (share.parts > 1) world->all_reduce(v.data(), v.size(), DType::f64, ReduceOp::sum);
   };
   if (!val.synthetic()) {
-    const std::vector<int32_t> stream = val_stream(val, seq, int64_t(n) * T + 1);
-    const int windows = windows_in(stream, T, n);
-    std::vector<double> sums = loss_sums(cfg, specs, host, stream, T, windows, eot, share, each("all", windows));
+    const std::vector<std::vector<int32_t>> runs = val_runs(val, seq, int64_t(n) * (T + 1));
+    const std::vector<const int32_t*> windows = windows_in(runs, T, n);
+    std::vector<double> sums = loss_sums(cfg, specs, host, windows, T, eot, share, each("all", int(windows.size())));
     sum_over_ranks(sums);
     return loss_probe(T, sums);
   }

@@ -11,8 +11,8 @@
 // data's, not the prediction); a scored target counts as correct when the logits' argmax (lowest
 // id on ties) is it, the rule of the eval's accuracy. Text: every row's -log p(target), chunk by
 // chunk (KvDecoder::score), over windows of T + 1 tokens cut from the val split's own tokens as
-// the run reads them at --seq (val_stream), so a long window never reaches into the training text
-// (which moves with the length: text:FILE holds out its last 10% of whole sequences). With
+// the run reads them at --seq (val_runs), so a long window never reaches into the training text
+// nor across the gap between two of the split's files. With
 // --doc-mask the decoder splits windows into documents as the eval does (attention within each,
 // positions and bands from its start). At T = --seq both equal the eval's, up to the rounding of
 // the decoder's other summation order (tests hold them to it).
@@ -46,10 +46,11 @@ struct LengthProbe {
 void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq,
                          int decoders = 1);
 
-// The val split's tokens as one stream, read through its sequences at the run's length seq
-// (sequence 0's inputs, then 1's, ..., then the last one's final target), at most `tokens` of
-// them; fewer when the split holds fewer.
-std::vector<int32_t> val_stream(const Dataset& val, int seq, int64_t tokens);
+// The val split's tokens read through its sequences at the run's length seq, as stretches of
+// text: consecutive sequences that continue each other (Dataset::continues) join into one (their
+// inputs, then the last one's final target); a new stretch starts where one does not (another
+// shard file). About `tokens` in all (a whole sequence more at most); fewer when the split holds fewer.
+std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int64_t tokens);
 
 // The fraction of the scored targets of data's sequences [0, n) at length T that the model
 // (host: its f32 parameters, laid out as specs) predicts; *answers: how many were scored.
@@ -69,7 +70,7 @@ LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& s
 // One row at length T: synthetic, the accuracy of the val data itself ("all") and of each of its
 // probes; text, decoded_loss. progress, if given, hears "all 3/64 sequences" (or "depth 0.25 ...")
 // as it goes: train's --heartbeat.
-// seq: the run's --seq (text reads val_stream(val, seq, ...)); eot: decoded_loss's. world: when given, collective: each
+// seq: the run's --seq (text reads val_runs(val, seq, ...), windows within each stretch); eot: decoded_loss's. world: when given, collective: each
 // rank decodes the windows i with i % size == rank, and the counts are all-reduced, so every rank
 // returns the whole row.
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,

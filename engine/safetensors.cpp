@@ -119,9 +119,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
       const int64_t x = d.as_int(where + " shape");
       if (x < 0) throw st_error(path, "tensor '" + name + "': negative dimension " + std::to_string(x));
       t.shape.push_back(x);
-      // Every partial product stays below the file size (or hits a zero), so it cannot overflow.
-      if (uint64_t(x) != 0 && numel > (uint64_t(1) << 62) / uint64_t(x))
-        throw st_error(path, "tensor '" + name + "': shape is absurdly large");
+      // Every partial product times the element size stays within the data section (or hits a
+      // zero), so numel * esize below cannot overflow.
+      if (uint64_t(x) != 0 && numel > data_bytes / esize / uint64_t(x))
+        throw st_error(path, "tensor '" + name + "': shape is larger than the file's " + std::to_string(data_bytes) +
+                                 " data bytes");
       numel *= uint64_t(x);
     }
     if (!off->is(JsonValue::Kind::array) || off->items.size() != 2)

@@ -265,6 +265,11 @@ const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std
 int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng, float top_p) {
   const int V = int(logits.size());
   if (V == 0) throw std::runtime_error("sample: empty logits");
+  // A diverged model's NaN would defeat every comparison below (and the nucleus would keep nothing).
+  for (int v = 0; v < V; v++)
+    if (!std::isfinite(logits[size_t(v)]))
+      throw std::runtime_error("sample: the model's logit for token " + std::to_string(v) + " is " +
+                               std::to_string(logits[size_t(v)]) + ": its weights have diverged");
   // Highest logit first; equal logits by lower id, so top-k 1 and greedy agree on ties.
   auto before = [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b); };
   if (temperature == 0.0f || top_k == 1) {

@@ -267,8 +267,10 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
   CHECK(rope_scaling_str(x.read().rope_scaling) == rope_scaling_str(cfg.rope_scaling));
   // Through config.json alone, each key left out in turn: transformers' defaults fill it.
   x.drop_metadata();
-  auto read_with = [&](const std::string& rope) {
+  auto read_with = [&](const std::string& rope) {  // a 5.x config: rope_parameters alone
     std::string c = x.json;
+    const size_t old = c.find("\"rope_scaling\":");
+    c.erase(old, c.find('}', old) + 2 - old);  // with its comma
     const size_t at = c.find("\"rope_parameters\":");
     c.replace(at, c.find('}', at) + 1 - at, "\"rope_parameters\":" + rope);
     return rope_scaling_str(x.read_with(c).rope_scaling);
@@ -318,6 +320,10 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
   // The two differing: transformers 4.x and 5.x would load different models.
   CHECK_THROWS_WITH(read_with("\"rope_theta\":5000,\"factor\"", "\"rope_theta\":6000,\"factor\""),
                     Catch::Contains("rope_theta and rope_parameters.rope_theta differ"));
+  // rope_scaling and rope_parameters disagreeing (4.x reads one, 5.x the other): refused too.
+  CHECK_THROWS_WITH(read_with("\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":",
+                              "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":9"),
+                    Catch::Contains("rope_scaling and rope_parameters differ"));
   CHECK_THROWS_WITH(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"qwen3\""),
                     Catch::Contains("model_type 'qwen3'"));
   // As llama, the biases are not expected: the file's q/k/v biases are refused as unknown tensors.
@@ -568,6 +574,14 @@ TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[in
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains(p) && Catch::Contains("config.json"));
   write_bytes(d / "config.json", R"({"model_type":"gpt2","n_embd":32,"n_layer":2,"n_head":4,"n_positions":16,"vocab_size":50,"activation_function":"relu"})");
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("activation_function"));
+  // Attention scaled otherwise (Stanford CRFM's GPT-2s also divide by the layer's index): refused.
+  const std::string gpt2 = R"({"model_type":"gpt2","n_embd":32,"n_layer":2,"n_head":4,"n_positions":16,"vocab_size":50)";
+  write_bytes(d / "config.json", gpt2 + R"(,"scale_attn_by_inverse_layer_idx":true})");
+  CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("scale_attn_by_inverse_layer_idx is true"));
+  write_bytes(d / "config.json", gpt2 + R"(,"scale_attn_weights":false})");
+  CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("scale_attn_weights is false"));
+  write_bytes(d / "config.json", gpt2 + R"(,"scale_attn_weights":true,"scale_attn_by_inverse_layer_idx":false})");
+  CHECK(hf_read_config(SafetensorsFile(p)).dim == 32);  // transformers' defaults, written out
   write_bytes(d / "config.json", R"({"model_type":"bert"})");
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("model_type 'bert'"));
 }

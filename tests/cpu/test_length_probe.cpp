@@ -280,6 +280,28 @@ TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss an
       CHECK(std::fabs(a - b) < 1e-5 * a);
     }
   }
+
+  // Val split over several shard files: a stretch of text ends with each (its last (count - 1) % T
+  // tokens are in no sequence), so the windows stay inside one file, and at --seq are the eval's
+  // sequences exactly (joined across files, each file's last target was the next file's first token).
+  const std::string sh = dir / "sh";
+  REQUIRE(run_cmd(train_cmd("prepare --out " + sh + " --val-frac 0.5 --shard-tokens 300 " + text)).code == 0);
+  CmdResult r = run_cmd(train_cmd("--data 'shards:" + sh + "/text_*.bin' --model llama --steps 20 --eval-every 0 "
+                                  "--eval-batches 2 --batch 2 --seq 128 --threads 1 --probe-lengths 128,256 --log " + log));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::map<std::string, std::string> eval, at128;
+  for (const LogRecord& rec : read_run_log(log)) {
+    if (rec.at("type") == "eval") eval = rec;
+    if (rec.at("type") == "length" && rec.at("T") == "128") at128 = rec;
+  }
+  REQUIRE((!eval.empty() && !at128.empty()));
+  CHECK(std::fabs(std::stod(eval.at("val_loss")) - std::stod(at128.at("val_loss"))) < 1e-5 * std::stod(eval.at("val_loss")));
+  CHECK(r.out.find("length    256 | val loss ") != std::string::npos);  // 257 tokens: one file's stretch
+  r = run_cmd(train_cmd("--data 'shards:" + sh + "/text_*.bin' --model llama --steps 1 --seq 128 --threads 1 "
+                        "--probe-lengths 300"));
+  CHECK(r.out.find("--probe-lengths 300: the val split") != std::string::npos);
+  CHECK(r.out.find("holds 257 tokens in a row at --seq 128; a window needs 301") != std::string::npos);
 }
 
 TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by value", "[length_probe][plot]") {

@@ -268,6 +268,13 @@ TEST_CASE("the token sampler: argmax, ties, top-k, temperature", "[sample]") {
   seen.clear();
   for (int i = 0; i < 2000; i++) seen.insert(sample_token(logits, 1e3f, 0, rng));
   CHECK(seen.size() == logits.size());
+  // A diverged model's NaN or inf is refused, naming the token (NaN defeated every comparison, and
+  // with top-p the nucleus kept nothing and read before its start).
+  std::vector<float> bad = logits;
+  bad[4] = std::nanf("");
+  CHECK_THROWS_WITH(sample_token(bad, 1.0f, 0, rng, 0.9f), Catch::Contains("logit for token 4 is nan"));
+  bad[4] = INFINITY;
+  CHECK_THROWS_WITH(sample_token(bad, 0.0f, 0, rng), Catch::Contains("diverged"));
 }
 
 TEST_CASE("top-p keeps the fewest most likely tokens whose probability reaches p", "[sample]") {
