@@ -3,6 +3,7 @@
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
 //   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -59,12 +60,16 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
     throw std::runtime_error("--comm nccl: no CUDA device is visible");
-  const int local = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}, 0);
+  const int local = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}, -1);
+  // The GPU first, before MPI starts: a CUDA-aware MPI would otherwise open a context on GPU 0 in
+  // every process of the node.
+  if (cudaSetDevice(std::max(local, 0) % devices) != cudaSuccess)
+    throw std::runtime_error("--comm nccl: cannot select GPU " + std::to_string(std::max(local, 0) % devices));
   if (o.nccl_id_file.empty()) {
 #if ULYSSES_HAVE_MPI
     MpiRuntime mpi(argc, argv);
     auto boot = mpi_world();
-    auto world = nccl_world_from(*boot, local % devices, o.comm_timeout);
+    auto world = nccl_world_from(*boot, std::max(local, 0) % devices, o.comm_timeout);
     return run_mpi_job(o, *world);
 #else
     throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
@@ -72,7 +77,11 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   }
   const int rank = env_int({"RANK", "SLURM_PROCID"}, -1), size = env_int({"WORLD_SIZE", "SLURM_NTASKS"}, -1);
   if (rank < 0 || size < 1) throw std::runtime_error("--nccl-id-file: set RANK and WORLD_SIZE (or run under srun)");
-  auto world = nccl_world_from_file(o.nccl_id_file, rank, size, local % devices, o.comm_timeout);
+  // Without its rank on this machine every process would take GPU 0 (NCCL refuses two ranks on one).
+  if (local < 0 && size > 1 && devices > 1)
+    throw std::runtime_error("--nccl-id-file: set LOCAL_RANK (or run under srun: SLURM_LOCALID), the process's rank "
+                             "on its machine, which picks its GPU");
+  auto world = nccl_world_from_file(o.nccl_id_file, rank, size, std::max(local, 0) % devices, o.comm_timeout);
   return run(o, *world);
 }
 #endif

@@ -197,7 +197,9 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     };
     Algo chosen;
     // Any refusal of the epilogue (not supported, or invalid for these types) falls back to bias_rows.
-    chosen.epilogue_bias = bias != nullptr && ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
+    // The epilogue reads the bias in 16-byte vectors on some GPUs whatever the heuristic says: a bias
+    // at another offset of the parameter buffer (--dim 100) takes bias_rows instead.
+    chosen.epilogue_bias = bias != nullptr && alignment(bias) >= 16 && ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
     if (!chosen.epilogue_bias) {
       const cublasStatus_t st = ask(false);
       if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);

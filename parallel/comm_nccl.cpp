@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <thread>
 
@@ -48,13 +50,16 @@ class NcclComm : public Comm {
   }
   ~NcclComm() override {
     if (staging_) cudaFree(staging_);
-    if (comm_) ncclCommDestroy(comm_);
+    // Destroyed while an error unwinds the stack: abort, which does not wait for the peers (a
+    // destroy may, and the error would never reach the caller that ends the job).
+    if (comm_) std::uncaught_exceptions() > 0 ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
 
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    own_work_done("all_reduce");
     Staged s(*this, buf, count * dtype_size(t), true);
     check_nccl(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
                "all_reduce");
@@ -63,6 +68,7 @@ class NcclComm : public Comm {
     stats.all_reduce += comm_volume::all_reduce(count, t, size_);
   }
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
+    own_work_done("all_to_all");
     // NCCL >= 2.28 has ncclAlltoAll; older ones get the classic grouped send/recv.
 #if NCCL_VERSION_CODE >= 22800
     check_nccl(ncclAlltoAll(send, recv, count, nccl_type(t), comm_, nullptr), "all_to_all");
@@ -79,17 +85,20 @@ class NcclComm : public Comm {
     stats.all_to_all += comm_volume::all_to_all(count, t, size_);
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
+    own_work_done("all_gather");
     check_nccl(ncclAllGather(send, recv, count, nccl_type(t), comm_, nullptr), "all_gather");
     finish("all_gather");
     stats.all_gather += comm_volume::all_gather(count, t, size_);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
+    own_work_done("reduce_scatter");
     check_nccl(ncclReduceScatter(send, recv, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
                "reduce_scatter");
     finish("reduce_scatter");
     stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size_);
   }
   void broadcast(void* buf, size_t count, DType t, int root) override {
+    own_work_done("broadcast");
     Staged s(*this, buf, count * dtype_size(t), rank_ == root);
     check_nccl(ncclBroadcast(s.ptr, s.ptr, count, nccl_type(t), root, comm_, nullptr), "broadcast");
     finish("broadcast");
@@ -131,6 +140,12 @@ class NcclComm : public Comm {
       staging_bytes_ = bytes;
     }
     return staging_;
+  }
+
+  // This rank's own queued kernels first, with no deadline: the host may run a whole backward ahead
+  // of the GPU, and finish()'s clock is for the peers, not for this rank's compute.
+  void own_work_done(const char* what) {
+    check_cuda(cudaStreamSynchronize(nullptr), (std::string("the kernels queued before ") + what).c_str());
   }
 
   // Waits for the enqueued collective with a deadline, watching NCCL's asynchronous errors.
@@ -177,14 +192,29 @@ std::unique_ptr<Comm> nccl_world_from(Comm& bootstrap, int device, double timeou
   return make(id, bootstrap.rank(), bootstrap.size(), device, timeout_s);
 }
 
+static std::string nccl_job_token() {
+  for (const char* v : {"ULYSSES_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"})
+    if (const char* x = std::getenv(v); x && *x) {
+      std::string t = std::string(v) + "=" + x;
+      if (const char* step = std::getenv("SLURM_STEP_ID"); step && std::string(v) == "SLURM_JOB_ID") t += "." + std::string(step);
+      return t;
+    }
+  return "";
+}
+
 std::unique_ptr<Comm> nccl_world_from_file(const std::string& id_file, int rank, int size, int device,
                                            double timeout_s) {
+  // The file holds the job's token (nccl_job_token: every rank of one job computes the same) and
+  // the id: a rank that finds another job's file, left by a run that died before removing it, waits
+  // for this job's instead of joining a root that is gone.
+  const std::string token = nccl_job_token();
   ncclUniqueId id{};
   if (rank == 0) {
     check_nccl(ncclGetUniqueId(&id), "unique id");
     std::string tmp = id_file + ".tmp";
     {
       std::ofstream f(tmp, std::ios::binary);
+      f << token << '\n';
       f.write(reinterpret_cast<const char*>(&id), sizeof id);
       if (!f) throw CommError("nccl: cannot write the id file " + tmp);
     }
@@ -193,13 +223,19 @@ std::unique_ptr<Comm> nccl_world_from_file(const std::string& id_file, int rank,
     auto start = std::chrono::steady_clock::now();
     for (;;) {
       std::ifstream f(id_file, std::ios::binary);
-      if (f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
+      std::string theirs;
+      if (std::getline(f, theirs) && theirs == token && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
-        throw CommError("nccl: no id file " + id_file + " from rank 0 after " + std::to_string(timeout_s) + " s");
+        throw CommError("nccl: no id file " + id_file + " from rank 0 of this job" +
+                        (token.empty() ? std::string() : " (" + token + ")") + " after " + std::to_string(timeout_s) +
+                        " s");
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  return make(id, rank, size, device, timeout_s);
+  std::unique_ptr<Comm> world = make(id, rank, size, device, timeout_s);
+  // Every rank has joined (the init is collective), so every rank has read it: a later job must not.
+  if (rank == 0) std::remove(id_file.c_str());
+  return world;
 }
 
 }  // namespace ul
