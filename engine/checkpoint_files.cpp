@@ -147,13 +147,13 @@ H read_checked_stream(const std::string& path, const char* kind, const char (&ma
 template <class H, class T, class F>
 H read_checked(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
                std::string& tail, std::vector<float>& payload, T tail_of, F floats_of) {
+  uint64_t n = 0;
+  payload.clear();
   return read_checked_stream<H>(path, kind, magic, max_version, tail, tail_of,
-                                [&](const H& h) {
-                                  const uint64_t n = floats_of(h);
-                                  payload.resize(n);
-                                  return n;
-                                },
+                                [&](const H& h) { return n = floats_of(h); },
                                 [&](uint64_t first, const float* x, size_t k) {
+                                  // Sized at the first piece: only after the header's promise met the file's size.
+                                  if (first == 0) payload.resize(n);
                                   std::memcpy(payload.data() + first, x, k * sizeof(float));
                                 });
 }
@@ -322,6 +322,7 @@ void write_optim_file(const std::string& path, const OptimShard& s) {
 OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
   std::string tail;
   OptimShard s;
+  uint64_t kept_end = 0;
   read_checked_stream<OptimHeader>(
       path, "a ulysses optimizer file", kOptimMagic, 1, tail, [](const OptimHeader&) { return size_t(0); },
       [&](const OptimHeader& x) {
@@ -336,11 +337,12 @@ OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
         s.t = x.t, s.numel = x.numel, s.offset = x.offset, s.count = x.count, s.shard = x.shard, s.shards = x.shards;
         // The buffer elements kept: this shard's within [lo, hi).
         s.kept = std::min(std::max(lo, x.offset), x.offset + x.count);
-        const uint64_t end = std::max(s.kept, std::min(hi, x.offset + x.count));
-        s.m.resize(end - s.kept), s.v.resize(end - s.kept);
+        kept_end = std::max(s.kept, std::min(hi, x.offset + x.count));
         return 2 * x.count;
       },
       [&](uint64_t first, const float* x, size_t k) {
+        // Sized at the first piece: only after the header's promise met the file's size.
+        if (first == 0) s.m.resize(kept_end - s.kept), s.v.resize(kept_end - s.kept);
         // Payload floats [0, count) are m, [count, 2 count) are v, each of elements [offset, offset + count).
         auto keep = [&](std::vector<float>& dst, uint64_t part) {  // part: where this half starts in the payload
           const uint64_t from = std::max(first, part + (s.kept - s.offset));

@@ -81,19 +81,24 @@ std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }  
 }  // namespace
 
 void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram) {
-  const size_t per_rank = batches + (plan_on_host ? plan.total : 0);
+  // A device run's host side: --offload's pinned block inputs and collectives staged through host memory.
+  const size_t device_host = plan_on_host ? 0 : plan.pinned_host + plan.host_comm;
+  const size_t per_rank = batches + (plan_on_host ? plan.total : device_host);
   const size_t need = per_rank * size_t(std::max(1, ranks_here));
   if (need <= ram) return;
   const std::string here = ranks_here > 1 ? " x " + std::to_string(ranks_here) + " ranks on this machine = " + mib(need) : "";
-  const std::string parts = plan_on_host ? "weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
-                                               ", activations " + mib(plan.arena_peak) + ", "
-                                         : "";
+  std::string parts = plan_on_host ? "weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
+                                         ", activations " + mib(plan.arena_peak) + ", "
+                                   : "";
+  if (plan.pinned_host && !plan_on_host) parts += "--offload's pinned block inputs " + mib(plan.pinned_host) + ", ";
+  if (plan.host_comm && !plan_on_host) parts += "collectives staged through the host " + mib(plan.host_comm) + ", ";
   throw std::runtime_error("this run needs " + mib(per_rank) + " of host memory per rank" + here + " (per rank: " + parts +
                            "the step's micro-batches " + mib(batches) + ", loaded before its first forward; `train --plan` "
                            "shows every part) but this machine has " + mib(ram) + ": try " +
                            (plan_on_host ? "--recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
                                            "or --zero 1 over more ranks"
-                                         : "a smaller --grad-accum, --batch or --seq") +
+                                         : std::string(plan.pinned_host ? "without --offload, or " : "") +
+                                               "a smaller --grad-accum, --batch or --seq") +
                            (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
 }
 

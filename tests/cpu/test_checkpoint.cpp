@@ -221,6 +221,21 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + flip.string(), "model.bin: checksum mismatch");
   fs::path magic = damaged("magic", [&](const fs::path& s) { poke(s / "model.bin", 0, 'X'); });
   expect_refused(resume + magic.string(), "model.bin: bad magic 'XLYSMODL'");
+  // A header that promises more than the file holds is refused before anything that large is
+  // allocated (fuzz_model_file / fuzz_optim_file found both readers sizing their buffers first).
+  auto poke_u64 = [](const fs::path& file, size_t at, uint64_t v) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(at));
+    f.write(reinterpret_cast<const char*>(&v), 8);
+  };
+  fs::path big_model = damaged("big_model", [&](const fs::path& s) { poke_u64(s / "model.bin", 72, uint64_t(1) << 60); });
+  expect_refused(resume + big_model.string(), "model.bin: truncated");
+  fs::path big_optim = damaged("big_optim", [&](const fs::path& s) {
+    poke_u64(s / "optim.bin", 24, uint64_t(1) << 40);  // numel and count: a consistent header, 8 TB of payload
+    poke_u64(s / "optim.bin", 40, uint64_t(1) << 40);
+  });
+  CHECK_THROWS_WITH(ul::read_optim_file((big_optim / "step_00000003" / "optim.bin").string()),
+                    Catch::Contains("optim.bin: truncated"));
   fs::path opt = damaged("optim", [&](const fs::path& s) { poke(s / "optim.bin", 500, 'x'); });
   expect_refused(resume + opt.string(), "optim.bin: checksum mismatch");
   fs::path no_optim = damaged("no_optim", [](const fs::path& s) { fs::remove(s / "optim.bin"); });

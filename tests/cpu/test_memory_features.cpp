@@ -256,6 +256,13 @@ TEST_CASE("the host memory check counts every rank that shares the machine", "[m
   CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 15 << 20));
   CHECK_THROWS_WITH(check_host_memory(p, 10 << 20, false, 2, 15 << 20),
                     Catch::Contains("needs 10 MiB of host memory per rank") && Catch::Contains("a smaller --grad-accum"));
+  // ... and --offload's pinned block inputs and collectives staged through the host, per rank.
+  p.pinned_host = 5 << 20, p.host_comm = 1 << 20;
+  CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 15 << 20));
+  CHECK_THROWS_WITH(check_host_memory(p, batches, false, 3, 15 << 20),
+                    Catch::Contains("needs 7 MiB of host memory per rank x 3 ranks on this machine = 21 MiB") &&
+                        Catch::Contains("--offload's pinned block inputs 5 MiB") &&
+                        Catch::Contains("collectives staged through the host 1 MiB") && Catch::Contains("without --offload"));
   CHECK(ranks_on_this_host(options("--ranks 4"), 4) == 4);
   // Under mpirun, the launcher says how many ranks share the node.
   const Options mpi = options("--comm mpi");
