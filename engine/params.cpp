@@ -70,7 +70,7 @@ void Params::add(const std::string& name, Shape shape, bool stacked, bool decay)
   specs_.push_back(s);
 }
 
-void Params::allocate(Device dev, Tape& tape, DType dtype, MasterRange masters) {
+void Params::allocate(Device dev, Tape& tape, DType dtype, MasterRange masters, bool grads) {
   if (data_) throw std::runtime_error("params: allocated twice");
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw std::runtime_error(std::string("params: parameters are f32 or bf16, not ") + dtype_name(dtype));
@@ -78,9 +78,11 @@ void Params::allocate(Device dev, Tape& tape, DType dtype, MasterRange masters) 
   dtype_ = dtype;
   const size_t bytes = numel_ * sizeof(float), pbytes = numel_ * dtype_size(dtype);
   data_ = device_alloc(dev, pbytes);
-  grad_ = static_cast<float*>(device_alloc(dev, bytes));
   device_zero(dev, data_, pbytes);
-  device_zero(dev, grad_, bytes);
+  if (grads) {
+    grad_ = static_cast<float*>(device_alloc(dev, bytes));
+    device_zero(dev, grad_, bytes);
+  }
   mlo_ = 0, mhi_ = numel_;
   if (dtype == DType::bf16) {
     mhi_ = std::min(masters.hi, numel_), mlo_ = std::min(masters.lo, mhi_);
@@ -105,7 +107,7 @@ void Params::allocate(Device dev, Tape& tape, DType dtype, MasterRange masters) 
       t.shape = one;
       t.dtype = dtype;
       t.device = dev;
-      t.gid = tape.param_slot(grad_ + s.offset + l * each);
+      t.gid = grads ? tape.param_slot(grad_ + s.offset + l * each) : -1;
       parts.push_back(t);
     }
     parts_.push_back(parts);
@@ -128,6 +130,9 @@ const Tensor& Params::get(const std::string& name, int l) const {
   throw std::runtime_error("params: no parameter named '" + name + "'");
 }
 
-void Params::zero_grad() { device_zero(dev_, grad_, numel_ * sizeof(float)); }
+void Params::zero_grad() {
+  if (!grad_) throw std::runtime_error("params: allocated without gradients (a model only evaluated)");
+  device_zero(dev_, grad_, numel_ * sizeof(float));
+}
 
 }  // namespace ul

@@ -36,8 +36,9 @@ class Params {
 
   void add(const std::string& name, Shape shape, bool stacked, bool decay);
   // Allocates the buffers (zeroed) on `dev`, the parameters in `dtype` (f32 or bf16), and gives
-  // each tensor a gradient slot on `tape`. bf16: the master copy covers `masters` only.
-  void allocate(Device dev, Tape& tape, DType dtype = DType::f32, MasterRange masters = {});
+  // each tensor a gradient slot on `tape`. bf16: the master copy covers `masters` only. grads false
+  // (a model only evaluated, --steps 0): no gradient buffer, no slots.
+  void allocate(Device dev, Tape& tape, DType dtype = DType::f32, MasterRange masters = {}, bool grads = true);
 
   // The tensor of `name` (layer `l` of a stacked parameter).
   const Tensor& get(const std::string& name, int l = -1) const;
@@ -55,7 +56,7 @@ class Params {
   bool masters_sharded() const { return mhi_ - mlo_ != numel_; }
   // Element i's f32 value, for master_lo() <= i <= master_hi() (throws otherwise).
   float* master_at(size_t i) const;
-  float* grad() const { return grad_; }   // always f32
+  float* grad() const { return grad_; }   // always f32; nullptr when allocated without gradients
   // numel() host f32 values -> the masters this process keeps (and, bf16, the whole buffer rounded
   // to nearest even), or back (throws when the masters are sharded: Trainer::host_params gathers).
   void load_host(const float* host);

@@ -204,11 +204,13 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   const ModelConfig& m = c.model;
   const bool cuda = c.device == Device::cuda;
   const size_t n = param_count(m), world = size_t(c.world);
-  const size_t shard = c.zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
+  const bool zero = c.zero && c.trains;  // a model only evaluated has nothing to shard
+  const size_t shard = zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
   const bool bf16 = c.dtype == DType::bf16;
-  p.params = n * dtype_size(c.dtype), p.grads = n * 4;
+  p.params = n * dtype_size(c.dtype), p.grads = c.trains ? n * 4 : 0;
   p.optim = shard * (bf16 ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16;
                                        // ZeRO-1 shards them too: Trainer's MasterRange)
+  if (!c.trains) p.optim = bf16 ? n * 4 : 0;  // the masters alone (exports and samples read them)
   Walk w(c);
   w.step();
   p.kept = w.kept, p.arena_peak = w.A.peak;
@@ -220,9 +222,9 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   // collective through host memory (parallel/comm_local.cpp): the gradient's whole buffer with the
   // slice, or an all-to-all's send and receive buffers, whichever is larger; not device memory.
   const size_t slice = ((n + world - 1) / world) * 4;
-  if (c.world > 1) p.comm = c.zero ? (n / world) * 4 : c.local_comm && !cuda ? slice : 0;
+  if (c.world > 1) p.comm = zero ? (n / world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
   if (c.world > 1 && c.local_comm && cuda)
-    p.host_comm = std::max(n * 4 + slice, size_t(2) * size_t(w.N) * size_t(w.QKV) * size_t(w.a));
+    p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.N) * size_t(w.QKV) * size_t(w.a));
   if (c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
 
@@ -307,6 +309,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.doc_mask = o.doc_mask;
   c.recompute = o.recompute, c.offload = o.offload, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
   c.local_comm = o.comm == "local";
+  c.trains = o.steps > 0;
   c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;
@@ -322,13 +325,15 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
     << (c.zero ? " | zero 1" : "") << "\n";
   auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
   row("parameters         ", p.params, "");
-  row("gradients          ", p.grads, "fp32");
-  const std::string state = c.dtype == DType::bf16 ? "AdamW m, v + fp32 master weights" : "AdamW m, v";
-  row("optimizer state    ", p.optim, (c.zero ? state + ": this rank's shard" : state).c_str());
+  row("gradients          ", p.grads, c.trains ? "fp32" : "none: --steps 0 trains nothing");
+  const std::string state = !c.trains ? (c.dtype == DType::bf16 ? "fp32 master weights alone (--steps 0)" : "none (--steps 0)")
+                            : c.dtype == DType::bf16 ? "AdamW m, v + fp32 master weights"
+                                                     : "AdamW m, v";
+  row("optimizer state    ", p.optim, (c.zero && c.trains ? state + ": this rank's shard" : state).c_str());
   row("kept activations   ", p.kept, "alive when backward starts (arena)");
   row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
-  row("comm buffers       ", p.comm, c.zero ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
+  row("comm buffers       ", p.comm, c.zero && c.trains ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
   if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
   if (p.host_comm) row("host staging       ", p.host_comm, "--comm local on a device: collectives through host memory, outside the total");

@@ -235,12 +235,15 @@ Trainer::Trainer(const Options& o, Comm& world)
                     ranks_on_this_host(o, world.size()), physical_memory());
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
+  // A model only evaluated (--steps 0) gets no gradients, AdamW state or ZeRO shards: an 8B model's
+  // eval needs its weights (and masters), not the 12 bytes a parameter of training state.
+  const bool trains = o.steps > 0;
   MasterRange masters;
-  if (o.zero && param_dtype(o) == DType::bf16) {
+  if (trains && o.zero && param_dtype(o) == DType::bf16) {
     const ZeroShard z = zero_shard(param_count(cfg), world.size(), world.rank());
     masters = {z.lo, z.hi};
   }
-  model_ = std::make_unique<Transformer>(cfg, param_dtype(o), masters);
+  model_ = std::make_unique<Transformer>(cfg, param_dtype(o), masters, trains);
   if (model_->params.numel() != param_count(cfg))  // the shard bounds above came from the count
     throw std::logic_error("planner: param_count disagrees with the model's parameter buffer");
   eot_ = doc_mask_eot(o, *train_, cfg.vocab);
@@ -260,7 +263,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   ac.beta2 = o.beta2;
   ac.eps = o.adam_eps;
   ac.seed = o.seed;
-  if (o.zero) {  // ZeRO-1: this rank's AdamW state covers only its shard of the buffer
+  if (!trains) {
+    // no optimizer: step() refuses
+  } else if (o.zero) {  // ZeRO-1: this rank's AdamW state covers only its shard of the buffer
     const size_t n = model_->params.numel();
     ZeroShard z = zero_shard(n, world.size(), world.rank());
     opt_ = std::make_unique<AdamW>(model_->params, ac, z.lo, z.hi);
@@ -284,6 +289,7 @@ Trainer::Trainer(const Options& o, Comm& world)
 Trainer::~Trainer() { device_free(ctx_.device, zero_scratch_); }
 
 StepResult Trainer::step() {
+  if (!opt_) throw std::logic_error("Trainer::step: this trainer was made for --steps 0 (no gradients or optimizer)");
   Grid& g = grid_;
   const int A = o_.grad_accum;
   double t0 = now_ms();

@@ -82,7 +82,10 @@ class Trainer {
   // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its batches and
   // learning rate; the caller restores the parameters and the optimizer state that go with it.
   void set_steps_done(int s) { step_ = s; }
-  AdamW& optimizer() { return *opt_; }
+  AdamW& optimizer() {  // a trainer made for --steps 0 has none
+    if (!opt_) throw std::logic_error("Trainer::optimizer: this trainer was made for --steps 0");
+    return *opt_;
+  }
   // The f32 values of every parameter (a bf16 model's masters) on this rank's host, if `want`
   // (else empty). Collective when the masters are sharded (--zero 1 with bf16): every rank calls
   // it, between steps (the shards are gathered in the gradient buffer, which the next step zeroes).

@@ -82,7 +82,7 @@ std::string ModelConfig::describe() const {
   return s.str();
 }
 
-Transformer::Transformer(const ModelConfig& c, DType dtype, MasterRange masters) : cfg(c) {
+Transformer::Transformer(const ModelConfig& c, DType dtype, MasterRange masters, bool grads) : cfg(c) {
   cfg.validate();
   const int64_t L = cfg.layers, C = cfg.dim, Vp = cfg.padded_vocab, D = cfg.head_dim();
   const int64_t QKV = (cfg.heads + 2 * cfg.kv_heads) * D, F = cfg.ffn_dim();
@@ -116,7 +116,7 @@ Transformer::Transformer(const ModelConfig& c, DType dtype, MasterRange masters)
     p.add("lnfw", {C}, false, false);
     if (cfg.has_lm_head()) p.add("lm_head", {Vp, C}, false, true);
   }
-  p.allocate(ctx().device, ctx().tape, dtype, masters);
+  p.allocate(ctx().device, ctx().tape, dtype, masters, grads);
 }
 
 void Transformer::init_weights(uint64_t seed) {

@@ -78,8 +78,8 @@ class Transformer {
  public:
   // Builds the parameter list (llm.c order for gpt2) and allocates it on the current context,
   // the parameters in `dtype` (f32, or bf16 on cuda; gradients and master weights stay f32, the
-  // masters of `masters` only: Params::allocate).
-  explicit Transformer(const ModelConfig& cfg, DType dtype = DType::f32, MasterRange masters = {});
+  // masters of `masters` only: Params::allocate; no gradients at all when `grads` is false).
+  explicit Transformer(const ModelConfig& cfg, DType dtype = DType::f32, MasterRange masters = {}, bool grads = true);
   // GPT-2 init: N(0, 0.02), residual projections / sqrt(2L); drawn in f32 on the host, so a bf16
   // model's master weights are these values exactly and its bf16 weights their rounding.
   void init_weights(uint64_t seed);

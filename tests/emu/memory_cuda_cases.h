@@ -112,6 +112,7 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
 }
 
 TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the trainer allocates", UL_CUDA_TEST_TAG) {
+  // (A --steps 0 trainer allocates its weights and the arena alone: checked below too.)
   // Device bytes from device_alloc while every rank's trainer is alive, against the plan's
   // parameters + gradients + optimizer state (+ fp32 masters) + ZeRO's shard buffer + the arena's
   // reservation, per rank times the ranks. The slack: AdamW's decay-run tables (bytes), and the planner's shard
@@ -122,6 +123,9 @@ TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the 
       {"--model gpt2 --precision bf16 --zero 1", 2},  // the masters sharded with m and v
       {"--model llama --precision bf16 --zero 1 --sp 2", 4},
       {"--model llama --precision fp32 --zero 1", 2},
+      // Only evaluated: weights and masters, no gradients, AdamW state or ZeRO shard (--zero ignored).
+      {"--model llama --precision bf16 --zero 1 --steps 0", 2},
+      {"--model gpt2 --precision fp32 --steps 0", 1},
   };
   for (const auto& [args, ranks] : runs) {
     Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
