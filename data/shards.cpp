@@ -123,13 +123,14 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
                              " tokens, larger than the model's " + std::to_string(model_vocab) +
                              " (token ids up to " + std::to_string(named - 1) + " may occur)");
   vocab_ = model_vocab > 0 ? model_vocab : named > 0 ? named : default_vocab;
+  spans_ = compute_spans();
 }
 
 ShardDataset::~ShardDataset() {
   for (Shard& s : shards_) munmap(s.map, s.map_len);
 }
 
-std::vector<std::pair<int64_t, int64_t>> ShardDataset::spans() const {
+std::vector<std::pair<int64_t, int64_t>> ShardDataset::compute_spans() const {
   std::vector<std::pair<int64_t, int64_t>> out;
   int64_t total = 0;
   for (const Shard& s : shards_) total += s.count;
@@ -148,11 +149,11 @@ std::vector<std::pair<int64_t, int64_t>> ShardDataset::spans() const {
 int64_t ShardDataset::count_sequences(int T) const {
   if (T < 1) throw std::runtime_error("shards:" + glob_ + ": sequence length must be >= 1");
   int64_t n = 0;
-  for (auto [lo, hi] : spans()) n += hi - lo > T ? (hi - lo - 1) / T : 0;
+  for (auto [lo, hi] : spans_) n += hi - lo > T ? (hi - lo - 1) / T : 0;
   if (n < 1) {
     // A sequence is T + 1 tokens (inputs and shifted targets) inside one shard.
     int64_t tokens = 0, largest = 0;
-    for (auto [lo, hi] : spans()) tokens += hi - lo, largest = std::max(largest, hi - lo);
+    for (auto [lo, hi] : spans_) tokens += hi - lo, largest = std::max(largest, hi - lo);
     throw std::runtime_error(
         "shards:" + glob_ + ": the " + split_name(split_) + " split has no sequence of length " + std::to_string(T) +
         " (its " + (holdout_ ? std::string(split_ == Split::val ? "last 10% of the" : "first 90% of the") + " " : "") +
@@ -182,7 +183,7 @@ int64_t ShardDataset::num_sequences(int T) const { return count_sequences(T); }
 bool ShardDataset::continues(int64_t i, int T) const {
   if (split_ == Split::train || i + 1 >= count_sequences(T)) return false;
   int64_t g = i;
-  for (auto [lo, hi] : spans()) {
+  for (auto [lo, hi] : spans_) {
     const int64_t ns = hi - lo > T ? (hi - lo - 1) / T : 0;
     if (g < ns) return g + 1 < ns;
     g -= ns;
@@ -216,7 +217,7 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
   int64_t j = i % n;
   if (split_ == Split::train) j = permute(j, n, mix64(seed_) ^ mix64(uint64_t(i / n) + 0x5eed));
   int64_t g = j;
-  const std::vector<std::pair<int64_t, int64_t>> span = spans();
+  const std::vector<std::pair<int64_t, int64_t>>& span = spans_;
   for (size_t k = 0; k < shards_.size(); k++) {
     const Shard& s = shards_[k];
     const auto [lo, hi] = span[k];

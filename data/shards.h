@@ -63,8 +63,9 @@ class ShardDataset : public Dataset {
     size_t map_len = 0;
     const uint8_t* tokens() const { return static_cast<const uint8_t*>(map) + 1024; }
   };
-  // The tokens [lo, hi) of each shard (in order) that this split reads (T does not matter).
-  std::vector<std::pair<int64_t, int64_t>> spans() const;
+  // The tokens [lo, hi) of each shard (in order) that this split reads (T does not matter): made
+  // once, by the constructor.
+  std::vector<std::pair<int64_t, int64_t>> compute_spans() const;
   // The split's number of sequences at length T; throws naming the glob when it has none.
   int64_t count_sequences(int T) const;
 
@@ -74,6 +75,7 @@ class ShardDataset : public Dataset {
   int vocab_ = 0;
   bool holdout_ = false;  // no val files: both splits come from the train files
   std::vector<Shard> shards_;
+  std::vector<std::pair<int64_t, int64_t>> spans_;  // compute_spans()
 };
 
 }  // namespace ul

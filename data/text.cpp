@@ -28,7 +28,7 @@ int64_t TextDataset::num_sequences(int T) const {
   if (T < 1) throw std::runtime_error(path_ + ": sequence length must be >= 1");
   const int64_t size = int64_t(bytes_.size()), cut = holdout_start(size);
   // train: bytes [0, cut] hold cut / T sequences; val: bytes [cut, size) hold (size - cut - 1) / T.
-  const int64_t n = split_ == Split::val ? (size - cut - 1) / T : cut / T;
+  const int64_t n = split_ == Split::val ? (size - cut - 1) / T : std::min(cut, size - 1) / T;
   if (n < 1)
     throw std::runtime_error(path_ + ": too short for sequence length " + std::to_string(T) + ": its " +
                              split_name(split_) + " split (" +

@@ -123,9 +123,7 @@ H read_checked_stream(const std::string& path, const char* kind, const char (&ma
     throw file_error(path, std::string(n > body / sizeof(float) ? "truncated" : "trailing bytes") + ": " +
                                std::to_string(size) + " bytes, but its header promises " + std::to_string(n) +
                                " floats after the " + std::to_string(sizeof(H) + tail.size()) + "-byte header");
-  H zeroed = h;
-  zeroed.crc = 0;
-  uint32_t crc = crc32(crc32(0, &zeroed, sizeof zeroed), tail.data(), tail.size());
+  uint32_t crc = checksum(h, tail, nullptr, 0);  // the header (crc zeroed) and its tail; the payload follows
   std::vector<float> piece(std::min<uint64_t>(n, uint64_t(1) << 22));  // 16 MiB at a time
   for (uint64_t first = 0; first < n;) {
     const size_t k = size_t(std::min<uint64_t>(piece.size(), n - first));
@@ -355,7 +353,7 @@ OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
   return s;
 }
 
-std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const Grid& g) {
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& c) {
   auto n = [](int64_t v) { return std::to_string(v); };
   return {{"arch", json_quote(c.arch), "--model"},
           {"layers", n(c.layers), "--layers"},

@@ -29,7 +29,7 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
     if (!val.synthetic()) {
       size_t held = 0;  // the longest stretch: a window lies in one
       try {
-        for (const std::vector<int32_t>& run : val_runs(val, seq, int64_t(T) + 1)) held = std::max(held, run.size());
+        for (const std::vector<int32_t>& run : val_runs(val, seq, T, 1)) held = std::max(held, run.size());
       } catch (const std::exception& e) {
         throw std::runtime_error(where + e.what());
       }
@@ -48,19 +48,25 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
   }
 }
 
-std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int64_t tokens) {
+std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int T, int windows) {
   const int64_t n = val.num_sequences(seq);
   std::vector<std::vector<int32_t>> runs;
   std::vector<int32_t> in(static_cast<size_t>(seq)), tgt(static_cast<size_t>(seq));
-  bool open = false;  // the last run goes on with the next sequence
-  int64_t total = 0;
-  for (int64_t i = 0; i < n && total < tokens; i++) {
+  int64_t done = 0;   // windows of T + 1 tokens in the stretches closed so far
+  bool open = false;  // the last stretch goes on with the next sequence
+  for (int64_t i = 0; i < n && done < windows; i++) {
     val.sequence(i, seq, in.data(), tgt.data());
     if (!open) runs.emplace_back();
-    runs.back().insert(runs.back().end(), in.begin(), in.end());
-    total += seq;
+    std::vector<int32_t>& run = runs.back();
+    run.insert(run.end(), in.begin(), in.end());
     open = val.continues(i, seq);
-    if (!open || total >= tokens) runs.back().push_back(tgt.back());  // the stretch ends with its last target
+    // With its last target the stretch so far gives (size + 1 - 1) / T windows.
+    const bool enough = done + int64_t(run.size()) / T >= windows;
+    if (!open || enough) {  // the stretch ends (or is long enough) with this sequence's last target
+      run.push_back(tgt.back());
+      done += (int64_t(run.size()) - 1) / T;
+      open = false;
+    }
   }
   return runs;
 }
@@ -196,7 +202,7 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
     if (share.parts > 1) world->all_reduce(v.data(), v.size(), DType::f64, ReduceOp::sum);
   };
   if (!val.synthetic()) {
-    const std::vector<std::vector<int32_t>> runs = val_runs(val, seq, int64_t(n) * (T + 1));
+    const std::vector<std::vector<int32_t>> runs = val_runs(val, seq, T, n);
     const std::vector<const int32_t*> windows = windows_in(runs, T, n);
     std::vector<double> sums = loss_sums(cfg, specs, host, windows, T, eot, share, each("all", int(windows.size())));
     sum_over_ranks(sums);

@@ -49,8 +49,9 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
 // The val split's tokens read through its sequences at the run's length seq, as stretches of
 // text: consecutive sequences that continue each other (Dataset::continues) join into one (their
 // inputs, then the last one's final target); a new stretch starts where one does not (another
-// shard file). About `tokens` in all (a whole sequence more at most); fewer when the split holds fewer.
-std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int64_t tokens);
+// shard file). Read until the stretches hold `windows` windows of T + 1 tokens (each within one
+// stretch), or to the split's end.
+std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int T, int windows);
 
 // The fraction of the scored targets of data's sequences [0, n) at length T that the model
 // (host: its f32 parameters, laid out as specs) predicts; *answers: how many were scored.

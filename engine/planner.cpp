@@ -234,12 +234,15 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   if (P > 1) {
     const size_t scatter = size_t(w.B) * w.Tl * w.W * w.D, gather = size_t(w.B) * w.Tl * w.Hql * w.D;
     p.a2a_layer_fwd = comm_volume::all_to_all(scatter, adt, P) + comm_volume::all_to_all(gather, adt, P);
-    // forward, backward, and with recompute the replayed forward: per layer, per micro-batch
-    p.sent.all_to_all = p.a2a_layer_fwd * (c.recompute ? 3 : 2) * m.layers * c.grad_accum;
+    // forward, backward, and with recompute the replayed forward: per layer, per micro-batch (an
+    // eval-only run: one forward a batch)
+    p.sent.all_to_all = p.a2a_layer_fwd * (c.trains ? (c.recompute ? 3 : 2) * c.grad_accum : 1) * m.layers;
   }
   if (W > 1) {
     p.sent.all_reduce = 2 * comm_volume::all_reduce(1, DType::f64, W);  // valid count, loss
-    if (!c.zero) {
+    if (!c.trains) {
+      // no gradients to reduce
+    } else if (!c.zero) {
       p.sent.all_reduce += comm_volume::all_reduce(n, DType::f32, W);
     } else {  // parallel/zero.h: equal shards by reduce-scatter / all-gather, the tail by the world
       const size_t s = n / world, tail = n - s * world;
@@ -322,7 +325,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   s << "plan | per rank: batch " << c.batch << " x seq " << c.seq << " (" << c.seq / c.sp << " tokens here) | world "
     << c.world << " = dp " << c.world / c.sp << " x sp " << c.sp << " | " << device_name(c.device) << " " << dtype_name(c.dtype)
     << (c.recompute ? " | recompute" : "") << (c.offload ? " | offload" : "") << (c.mlp_chunks > 1 ? " | mlp chunks " + std::to_string(c.mlp_chunks) : "")
-    << (c.zero ? " | zero 1" : "") << "\n";
+    << (c.zero && c.trains ? " | zero 1" : "") << (c.trains ? "" : " | --steps 0: eval only") << "\n";
   auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
   row("parameters         ", p.params, "");
   row("gradients          ", p.grads, c.trains ? "fp32" : "none: --steps 0 trains nothing");
@@ -337,10 +340,11 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
   if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
   if (p.host_comm) row("host staging       ", p.host_comm, "--comm local on a device: collectives through host memory, outside the total");
-  s << "plan | bytes sent per step by this rank:";
+  s << (c.trains ? "plan | bytes sent per step by this rank:" : "plan | bytes sent per eval batch by this rank:");
   s << " all-to-all " << mib(double(p.sent.all_to_all)) << " (" << mib(double(p.a2a_layer_fwd)) << " per layer per direction)";
   s << " | all-reduce " << mib(double(p.sent.all_reduce));
-  if (c.zero) s << " | reduce-scatter " << mib(double(p.sent.reduce_scatter)) << " | all-gather " << mib(double(p.sent.all_gather));
+  if (c.zero && c.trains)
+    s << " | reduce-scatter " << mib(double(p.sent.reduce_scatter)) << " | all-gather " << mib(double(p.sent.all_gather));
   s << "\n";
   if (budget > 0) {
     const int64_t T = longest_seq(c, budget);

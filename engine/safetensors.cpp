@@ -114,14 +114,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
     const size_t esize = safetensors_dtype_size(t.dtype);
     if (esize == 0) throw st_error(path, "tensor '" + name + "': unknown dtype '" + t.dtype + "'");
     if (!sh->is(JsonValue::Kind::array)) throw st_error(path, "tensor '" + name + "': shape is not an array");
-    uint64_t numel = 1;
     for (const JsonValue& d : sh->items) {
       const int64_t x = d.as_int(where + " shape");
       if (x < 0) throw st_error(path, "tensor '" + name + "': negative dimension " + std::to_string(x));
       t.shape.push_back(x);
-      // Every partial product times the element size stays within the data section (or hits a
-      // zero), so numel * esize below cannot overflow.
-      if (uint64_t(x) != 0 && numel > data_bytes / esize / uint64_t(x))
+    }
+    // An empty tensor holds no bytes whatever its other dimensions; otherwise every partial product
+    // times the element size stays within the data section, so numel * esize below cannot overflow.
+    uint64_t numel = std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end() ? 0 : 1;
+    for (int64_t x : t.shape) {
+      if (numel == 0) break;
+      if (numel > data_bytes / esize / uint64_t(x))
         throw st_error(path, "tensor '" + name + "': shape is larger than the file's " + std::to_string(data_bytes) +
                                  " data bytes");
       numel *= uint64_t(x);

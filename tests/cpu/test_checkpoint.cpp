@@ -146,7 +146,7 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
       for (size_t i = 0; i < got.size(); i++) diff = std::max(diff, double(std::abs(got[i] - want[i]))),
                                               scale = std::max(scale, double(std::abs(want[i])));
       CHECK(diff <= 1e-5 * scale);
-      // And on from there at its own layout: bit-exact again (its own rank files are checked).
+      // And on from there at its own layout: the checkpoint it saved resumes (each rank's own file checked).
       REQUIRE(train(base + " " + resumed + " --steps 7 --resume --save-dir " + part.string()).code == 0);
     }
   }

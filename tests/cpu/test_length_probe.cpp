@@ -3,6 +3,7 @@
 // length equal its eval (passkey: and its depth probes; text: and its loss by position); the log
 // records and the refusals.
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <omp.h>
 #include <unistd.h>
 
@@ -302,6 +303,25 @@ TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss an
                         "--probe-lengths 300"));
   CHECK(r.out.find("--probe-lengths 300: the val split") != std::string::npos);
   CHECK(r.out.find("holds 257 tokens in a row at --seq 128; a window needs 301") != std::string::npos);
+  // A short first val file does not hide a long second one: windows are counted stretch by stretch.
+  const std::string mixed = dir / "mixed";
+  std::filesystem::create_directories(mixed);
+  auto shard = [&](const std::string& name, int count) {
+    std::ofstream f(mixed + "/" + name, std::ios::binary);
+    int32_t h[256] = {20240520, 1, count};
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+    for (int i = 0; i < count; i++) {
+      const uint16_t t = uint16_t(97 + (i * 7) % 20);
+      f.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  };
+  shard("d_train_0.bin", 4000);
+  shard("d_val_0.bin", 100);
+  shard("d_val_1.bin", 5000);
+  r = run_cmd(train_cmd("--data 'shards:" + mixed + "/*.bin' --vocab 128 --model llama --steps 1 --seq 64 --threads 1 "
+                        "--eval-batches 1 --probe-lengths 100"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("length    100 | val loss") != std::string::npos);
 }
 
 TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by value", "[length_probe][plot]") {

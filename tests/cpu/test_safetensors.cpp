@@ -101,6 +101,9 @@ TEST_CASE("safetensors refuses corrupt files naming the file and the problem", "
       {raw_file("{" + one("t", "F32", "2", "0,8") + "," + one("t", "F32", "2", "0,8") + "}", z8), "duplicate key"},
       {raw_file(R"({"__metadata__":{"a":1}})", ""), "not a string"},
   };
+  // An empty tensor holds no bytes, whatever its other dimensions.
+  write_bytes(p, raw_file("{" + one("t", "F32", "1000,0", "0,0") + "}", ""));
+  CHECK_NOTHROW(SafetensorsFile(p));
   for (const auto& [bytes, words] : bad) {
     check_refused(p, bytes, words);
     // Reading only the header finds the same problems: the offsets are checked against the file's size.

@@ -112,7 +112,8 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
 }
 
 TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the trainer allocates", UL_CUDA_TEST_TAG) {
-  // (A --steps 0 trainer allocates its weights and the arena alone: checked below too.)
+  // (A --steps 0 trainer allocates its weights, a bf16 model's masters and the arena alone: checked
+  // below too.)
   // Device bytes from device_alloc while every rank's trainer is alive, against the plan's
   // parameters + gradients + optimizer state (+ fp32 masters) + ZeRO's shard buffer + the arena's
   // reservation, per rank times the ranks. The slack: AdamW's decay-run tables (bytes), and the planner's shard
