@@ -31,6 +31,9 @@ std::string basename_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// Sequences of T + 1 tokens (one shared with the next) that tokens [lo, hi) of one file hold.
+int64_t sequences_in(int64_t lo, int64_t hi, int T) { return hi - lo > T ? (hi - lo - 1) / T : 0; }
+
 }  // namespace
 
 bool ShardDataset::is_val_name(const std::string& name) {
@@ -149,7 +152,7 @@ std::vector<std::pair<int64_t, int64_t>> ShardDataset::compute_spans() const {
 int64_t ShardDataset::count_sequences(int T) const {
   if (T < 1) throw std::runtime_error("shards:" + glob_ + ": sequence length must be >= 1");
   int64_t n = 0;
-  for (auto [lo, hi] : spans_) n += hi - lo > T ? (hi - lo - 1) / T : 0;
+  for (auto [lo, hi] : spans_) n += sequences_in(lo, hi, T);
   if (n < 1) {
     // A sequence is T + 1 tokens (inputs and shifted targets) inside one shard.
     int64_t tokens = 0, largest = 0;
@@ -184,7 +187,7 @@ bool ShardDataset::continues(int64_t i, int T) const {
   if (split_ == Split::train || i + 1 >= count_sequences(T)) return false;
   int64_t g = i;
   for (auto [lo, hi] : spans_) {
-    const int64_t ns = hi - lo > T ? (hi - lo - 1) / T : 0;
+    const int64_t ns = sequences_in(lo, hi, T);
     if (g < ns) return g + 1 < ns;
     g -= ns;
   }
@@ -221,7 +224,7 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
   for (size_t k = 0; k < shards_.size(); k++) {
     const Shard& s = shards_[k];
     const auto [lo, hi] = span[k];
-    const int64_t ns = hi - lo > T ? (hi - lo - 1) / T : 0;
+    const int64_t ns = sequences_in(lo, hi, T);
     if (g >= ns) {
       g -= ns;
       continue;
