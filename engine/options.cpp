@@ -138,6 +138,10 @@ bool Options::set_by_user(const std::string& flag) const {
   return std::find(given.begin(), given.end(), flag) != given.end();
 }
 
+bool Options::reads_host_weights() const {
+  return !export_llmc.empty() || !export_safetensors.empty() || sample > 0 || sample_every > 0 || !probe_lengths.empty();
+}
+
 bool Options::evaluates() const {
   return steps > 0 || set_by_user("--eval-batches") ||
          (export_llmc.empty() && export_safetensors.empty() && sample == 0);

@@ -76,6 +76,9 @@ struct Options {
   // there to export or sample (a conversion of a large model should not spend minutes on an eval
   // nobody asked for) and --eval-batches does not ask for one.
   bool evaluates() const;
+  // Whether the run reads a host copy of its f32 weights: to export, sample or probe lengths (the
+  // decoder's). A bf16 model only evaluated without them keeps no f32 master weights.
+  bool reads_host_weights() const;
   // The run log's path: --log, else DIR/log.jsonl with --save-dir, else "" (no log).
   std::string log_path() const { return !log.empty() ? log : save_dir.empty() ? "" : save_dir + "/log.jsonl"; }
   std::vector<std::string> given;  // flags given on the command line, for presets and checks

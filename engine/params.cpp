@@ -36,6 +36,9 @@ float* Params::data() const {
 }
 
 float* Params::master() const {
+  if (!has_masters())
+    throw std::logic_error("params: this bf16 model keeps no f32 master weights (a --steps 0 run that exports, samples "
+                           "and probes nothing)");
   if (masters_sharded())
     throw std::runtime_error("params: this process keeps the f32 master weights of elements [" + std::to_string(mlo_) +
                              ", " + std::to_string(mhi_) + ") only (--zero 1), not all " + std::to_string(numel_));
@@ -50,7 +53,7 @@ float* Params::master_at(size_t i) const {
 }
 
 void Params::load_host(const float* host) {
-  device_copy(master_at(mlo_), dev_, host + mlo_, Device::cpu, (mhi_ - mlo_) * sizeof(float));
+  if (mhi_ > mlo_) device_copy(master_at(mlo_), dev_, host + mlo_, Device::cpu, (mhi_ - mlo_) * sizeof(float));
   if (dtype_ != DType::bf16) return;
   std::vector<uint16_t> h(numel_);
   for (size_t i = 0; i < numel_; i++) h[i] = bf16_bits_nearest(host[i]);
@@ -87,8 +90,10 @@ void Params::allocate(Device dev, Tape& tape, DType dtype, MasterRange masters, 
   if (dtype == DType::bf16) {
     mhi_ = std::min(masters.hi, numel_), mlo_ = std::min(masters.lo, mhi_);
     const size_t mbytes = (mhi_ - mlo_) * sizeof(float);
-    master_ = static_cast<float*>(device_alloc(dev, mbytes));
-    device_zero(dev, master_, mbytes);
+    if (mbytes) {
+      master_ = static_cast<float*>(device_alloc(dev, mbytes));
+      device_zero(dev, master_, mbytes);
+    }
   }
   parts_.clear();
   for (const ParamSpec& s : specs_) {

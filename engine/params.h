@@ -22,9 +22,11 @@ struct ParamSpec {
 
 // The elements [lo, hi) of the buffer whose f32 master copy this process keeps, for bf16
 // parameters: ZeRO-1 shards the master weights with the AdamW state, so a rank holds 4 bytes per
-// parameter of its shard, not of the model. The default: all of them.
+// parameter of its shard, not of the model. The default: all of them; none() for a bf16 model only
+// evaluated (its weights are all it reads).
 struct MasterRange {
   size_t lo = 0, hi = SIZE_MAX;
+  static MasterRange none() { return {0, 0}; }
 };
 
 class Params {
@@ -54,6 +56,7 @@ class Params {
   size_t master_lo() const { return mlo_; }
   size_t master_hi() const { return mhi_; }
   bool masters_sharded() const { return mhi_ - mlo_ != numel_; }
+  bool has_masters() const { return mhi_ > mlo_ || numel_ == 0; }  // false: a bf16 model without them
   // Element i's f32 value, for master_lo() <= i <= master_hi() (throws otherwise).
   float* master_at(size_t i) const;
   float* grad() const { return grad_; }   // always f32; nullptr when allocated without gradients

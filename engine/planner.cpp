@@ -158,9 +158,40 @@ struct Walk {
     norm_scratch(N);                                             // norm 1
   }
 
-  void step() {
+  void inputs() {
     f32(N), f32(N), f32(N), f32(B * T);  // idx, targets, pos, pos_full (i32)
     if (c.doc_mask) f32(B * T);          // doc_full
+  }
+  // The classifier's chunk of scratch, in a scope of its own. The CUDA op sizes its chunks by all
+  // rows, the CPU op by the scored ones (layers/classifier.cpp).
+  void classifier() {
+    auto m = A.mark();
+    const int64_t rows = cuda || c.valid_rows < 0 ? N : c.valid_rows;
+    const int64_t V = c.model.vocab, R = classifier_rows(V, rows, c.device);
+    if (cuda) A.alloc(scratch::classifier(N, V, R, size_t(a)));
+    else f32(R * V + 2 * R * C);
+    A.release(m);
+  }
+
+  // An eval's forward (--steps 0 plans this alone): nothing records, so every block runs in a
+  // scope and writes its output into one of two buffers (layers/transformer.cpp, Transformer::block),
+  // whatever --recompute says; the classifier makes no gradient.
+  void eval() {
+    inputs();
+    act(N * C);              // embedding
+    act(N * C), act(N * C);  // the two buffers the block outputs alternate through
+    for (int l = 0; l < c.model.layers; l++) {
+      auto m = A.mark();
+      block_fwd();
+      A.release(m);
+    }
+    norm(N);
+    kept = A.used;
+    classifier();
+  }
+
+  void step() {
+    inputs();
     act(N * C);                          // embedding
     const bool offload = c.recompute && c.offload;
     if (offload) act(N * C), act(N * C);  // the two buffers the block outputs rotate through
@@ -174,15 +205,7 @@ struct Walk {
     norm(N);
     act(N * C);  // d(final norm out), before the classifier's scope
     kept = A.used;
-    {
-      auto m = A.mark();
-      // The CUDA op sizes its chunks by all rows, the CPU op by the scored ones (layers/classifier.cpp).
-      const int64_t rows = cuda || c.valid_rows < 0 ? N : c.valid_rows;
-      const int64_t V = c.model.vocab, R = classifier_rows(V, rows, c.device);
-      if (cuda) A.alloc(scratch::classifier(N, V, R, size_t(a)));
-      else f32(R * V + 2 * R * C);
-      A.release(m);
-    }
+    classifier();
     act(N * C), norm_scratch(N);  // final norm backward: d(last block out)
     // Each block's backward: d(x), [the replay,] the nodes; then d(x) moves into d(y)'s memory
     // and the arena drops back to where it was (layers/transformer.cpp, scoped_backward).
@@ -210,13 +233,14 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   p.params = n * dtype_size(c.dtype), p.grads = c.trains ? n * 4 : 0;
   p.optim = shard * (bf16 ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16;
                                        // ZeRO-1 shards them too: Trainer's MasterRange)
-  if (!c.trains) p.optim = bf16 ? n * 4 : 0;  // the masters alone (exports and samples read them)
+  if (!c.trains) p.optim = bf16 && c.host_weights ? n * 4 : 0;  // the masters alone, for a host copy
   Walk w(c);
-  w.step();
+  c.trains ? w.step() : w.eval();
   p.kept = w.kept, p.arena_peak = w.A.peak;
   p.transient = p.arena_peak - p.kept;
-  // Outside the arena: the CPU attention backward's row sums; cuBLASLt's workspace on cuda.
-  p.workspace = cuda ? scratch::kCublasLtWorkspace : size_t(c.batch) * w.Hql * c.seq * 4;
+  // Outside the arena: the CPU attention backward's row sums (none in an eval); cuBLASLt's
+  // workspace on cuda.
+  p.workspace = cuda ? scratch::kCublasLtWorkspace : c.trains ? size_t(c.batch) * w.Hql * c.seq * 4 : 0;
   // ZeRO's shard buffer (device memory on a device); the local communicator's all-reduce keeps one
   // rank's slice of the gradient (host memory). On a device the local communicator stages each
   // collective through host memory (parallel/comm_local.cpp): the gradient's whole buffer with the
@@ -313,6 +337,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.recompute = o.recompute, c.offload = o.offload, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
   c.local_comm = o.comm == "local";
   c.trains = o.steps > 0;
+  c.host_weights = o.reads_host_weights();
   c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;
@@ -329,12 +354,18 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
   row("parameters         ", p.params, "");
   row("gradients          ", p.grads, c.trains ? "fp32" : "none: --steps 0 trains nothing");
-  const std::string state = !c.trains ? (c.dtype == DType::bf16 ? "fp32 master weights alone (--steps 0)" : "none (--steps 0)")
+  const std::string state = !c.trains ? (p.optim ? "fp32 master weights alone (--steps 0: a host copy to export, sample or probe)"
+                                                 : "none (--steps 0)")
                             : c.dtype == DType::bf16 ? "AdamW m, v + fp32 master weights"
                                                      : "AdamW m, v";
   row("optimizer state    ", p.optim, (c.zero && c.trains ? state + ": this rank's shard" : state).c_str());
-  row("kept activations   ", p.kept, "alive when backward starts (arena)");
-  row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
+  if (c.trains) {
+    row("kept activations   ", p.kept, "alive when backward starts (arena)");
+    row("peak transient     ", p.transient, "activation gradients + scratch on top (arena)");
+  } else {
+    row("held activations   ", p.kept, "embedding, two block outputs, final norm (arena)");
+    row("peak transient     ", p.transient, "one block's activations or the classifier's chunk (arena)");
+  }
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
   row("comm buffers       ", p.comm, c.zero && c.trains ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");

@@ -4,7 +4,8 @@
 // Activation memory is not estimated from a formula: the planner walks the model op by op in the
 // order the real code runs it (forward, the classifier, backward with gradients allocated lazily,
 // recompute replays, tiled MLP slices, the all-to-all scratch scopes) and feeds every allocation to
-// a twin of the arena's accounting (same 64-byte rounding, same marks and releases). Its
+// a twin of the arena's accounting (same 64-byte rounding, same marks and releases); a run that
+// only evaluates (--steps 0) is planned as its eval's forward, one block at a time. Its
 // high-water mark is what Arena::high_water() reports for the step, byte for byte (tests on the
 // CPU and the emulated CUDA device), and what the Trainer reserves before its first step. Static memory (parameters, gradients, AdamW state, ZeRO shards) and bytes communicated
 // per step follow the Trainer's code and communicator.h's byte formulas.
@@ -34,7 +35,10 @@ struct PlanConfig {
   DType dtype = DType::f32;                   // parameters and activations (bf16: --precision bf16 on cuda)
   bool local_comm = true;                     // the local communicator keeps a slice of the all-reduce
   int64_t valid_rows = -1;                    // rows with a valid target (sizes the classifier chunk); -1: all
-  bool trains = true;                         // false (--steps 0): no gradients, AdamW state or ZeRO
+  bool trains = true;                         // false (--steps 0): no gradients, AdamW state or ZeRO,
+                                              // and the arena an eval's forward needs
+  bool host_weights = true;                   // --steps 0 with bf16: f32 masters kept for a host copy
+                                              // (Options::reads_host_weights)
 };
 
 struct MemoryPlan {
@@ -42,6 +46,7 @@ struct MemoryPlan {
   size_t params = 0, grads = 0, optim = 0;    // optim: AdamW m, v (+ fp32 master weights on cuda)
   size_t kept = 0;       // activations alive at the end of the forward (arena in use then)
   size_t arena_peak = 0; // arena high-water of the step: kept + activation gradients + transients
+                         // (--steps 0: of an eval batch's forward)
   size_t transient = 0;  // arena_peak - kept
   size_t workspace = 0;  // heap scratch outside the arena (CPU attention backward)
   size_t comm = 0;       // communication buffers (local all-reduce slice, ZeRO shard buffer)

@@ -295,9 +295,12 @@ int train_rank(const Options& o, Comm& world) {
     const std::string lengths_svg = probe_plot_path_for_log(log_path);  // --probe-lengths' table
     if (write_probe_plot(log_path, lengths_svg)) say("plot    | %s\n", lengths_svg.c_str());
   }
-  if (o.steps > start)
-    say("memory  | arena high-water %.1f MiB (planned %.1f MiB) | peak RSS %.1f MiB (this process)\n",
-        peak_act / 1048576.0, tr.planned_arena() / 1048576.0, peak_rss_bytes() / 1048576.0);
+  // A --steps 0 run's arena held its evals' forwards alone (nothing resets the high-water there).
+  const bool eval_only = o.steps == 0 && have_eval;
+  if (o.steps > start || eval_only)
+    say("memory  | arena high-water %.1f MiB (planned %.1f MiB%s) | peak RSS %.1f MiB (this process)\n",
+        (eval_only ? tr.context().arena.high_water() : peak_act) / 1048576.0, tr.planned_arena() / 1048576.0,
+        eval_only ? ": an eval's forward" : "", peak_rss_bytes() / 1048576.0);
   if (tr.context().arena.blocks() > 1)  // a planner bug, not the user's: say so rather than hide it
     say("memory  | note: the arena outgrew the planned reservation (%zu blocks, %.1f MiB held)\n",
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);

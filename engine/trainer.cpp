@@ -236,10 +236,13 @@ Trainer::Trainer(const Options& o, Comm& world)
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   // A model only evaluated (--steps 0) gets no gradients, AdamW state or ZeRO shards: an 8B model's
-  // eval needs its weights (and masters), not the 12 bytes a parameter of training state.
+  // eval needs its weights, not the 12 bytes a parameter of training state, nor the f32 masters
+  // unless it makes a host copy of them.
   const bool trains = o.steps > 0;
   MasterRange masters;
-  if (trains && o.zero && param_dtype(o) == DType::bf16) {
+  if (!trains && !o.reads_host_weights()) {
+    masters = MasterRange::none();  // bf16: the weights are all an eval reads (f32: they are the masters)
+  } else if (trains && o.zero && param_dtype(o) == DType::bf16) {
     const ZeroShard z = zero_shard(param_count(cfg), world.size(), world.rank());
     masters = {z.lo, z.hi};
   }
@@ -364,6 +367,7 @@ void Trainer::named_load(const Dataset& data, const char* flag, int64_t first, H
 
 std::vector<float> Trainer::host_params(bool want) {
   Params& P = model_->params;
+  if (!P.has_masters()) P.master();  // throws: the run was set up without them (Options::reads_host_weights)
   if (!P.masters_sharded()) return want ? P.to_host() : std::vector<float>{};
   // Each owner's masters into its place in the gradient buffer (free between steps: the next
   // step zeroes it first), then gathered there as ZeRO gathers an f32 model's weights.

@@ -186,6 +186,51 @@ TEST_CASE("the planner matches the measured arena high-water and bytes per colle
   }
 }
 
+TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte", "[memory][planner]") {
+  // One rank: the CPU classifier's chunk follows the batch's scored rows, which the eval reports
+  // (EvalResult::answers); under sp 2 each rank's differ, so there the reservation must hold.
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"--model gpt2 --layers 4", 1},
+      {"--model gpt2 --layers 4 --recompute --mlp-chunks 3", 1},  // an eval runs one block at a time anyway
+      {"--model llama --doc-mask --eot 10 --data text:" ULYSSES_SOURCE_DIR "/README.md", 1},
+      {"--model llama --sp 2 --mlp-chunks 2", 2},
+  };
+  for (const auto& [args, ranks] : runs) {
+    Options o = full_options(args + " --steps 0 --eval-batches 1", ranks);
+    std::vector<size_t> measured(ranks), blocks(ranks);
+    int64_t answers = 0;
+    run_local(ranks, [&](Comm& world) {
+      Trainer tr(o, world);
+      tr.context().arena.reset_high_water();
+      const EvalResult e = tr.evaluate();
+      measured[world.rank()] = tr.context().arena.high_water();
+      blocks[world.rank()] = tr.context().arena.blocks();
+      if (world.rank() == 0) answers = e.answers;
+    });
+    PlanConfig pc = plan_config(o);
+    const MemoryPlan reserved = plan_memory(pc);  // every row scored: the largest classifier chunk
+    pc.valid_rows = answers;
+    const MemoryPlan exact = plan_memory(pc);
+    pc.trains = true;
+    const MemoryPlan training = plan_memory(pc);
+    INFO(args << ": planned " << exact.arena_peak << " (reserved " << reserved.arena_peak << "), measured "
+              << measured[0] << "; a training step's " << training.arena_peak);
+    if (ranks == 1) CHECK(exact.arena_peak == measured[0]);
+    for (int r = 0; r < ranks; r++) {
+      CHECK(measured[r] <= reserved.arena_peak);
+      CHECK(blocks[r] == 1);
+    }
+    CHECK(exact.arena_peak < training.arena_peak);
+    CHECK(reserved.grads == 0);
+    CHECK(reserved.workspace == 0);  // the row sums are the attention backward's
+  }
+  // Four layers more add nothing to an eval's activations (one block at a time), and most of a
+  // training step's.
+  auto peak = [](const std::string& args) { return plan_memory(plan_config(full_options(args, 1))).arena_peak; };
+  CHECK(peak("--layers 8 --steps 0") == peak("--layers 4 --steps 0"));
+  CHECK(peak("--layers 8") > peak("--layers 4") + 3 * (peak("--layers 4 --steps 0") / 2));
+}
+
 // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only means
 // something in the normal build, so the sanitizer build does not have this test at all (a test
 // case that returned early would fail there: catch_main warns about test cases that check nothing).

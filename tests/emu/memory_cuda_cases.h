@@ -8,7 +8,8 @@
 //     emulator defers the side stream's copies until an event makes them visible
 //     (engine/cuda_emu/runtime.cpp), so a missing wait would hand a block stale data and fail here;
 //   - the planner's arena peak equals the measured one byte for byte, in fp32 and bf16, with and
-//     without recompute, offload, tiled MLP and sp 2, and the trainer's reservation is never outgrown.
+//     without recompute, offload, tiled MLP and sp 2, and the trainer's reservation is never outgrown;
+//     a --steps 0 run's is its eval's forward, byte for byte.
 #pragma once
 #include "options_from.h"
 #include <catch2/catch.hpp>
@@ -111,9 +112,72 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
   }
 }
 
+TEST_CASE("a --steps 0 run reserves its eval's forward on the device, byte for byte", UL_CUDA_TEST_TAG "[memory][planner]") {
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"--model gpt2 --precision bf16", 1},
+      {"--model llama --precision fp32 --recompute --offload", 1},  // an eval neither replays nor offloads
+      {"--model llama --precision bf16 --sp 2 --mlp-chunks 3", 2},
+      {"--model gpt2 --precision bf16 --sp 2 --batch 1", 2},
+  };
+  for (const auto& [args, ranks] : runs) {
+    Options o = ul_test::options(std::string(kCommon) + " " + args + " --steps 0 --eval-batches 1 --ranks " +
+                                 std::to_string(ranks));
+    LocalOptions lo;
+    lo.device = run_device(o);
+    std::vector<size_t> measured(ranks), blocks(ranks);
+    run_local(ranks, [&](Comm& world) {
+      Trainer tr(o, world);
+      tr.context().arena.reset_high_water();
+      tr.evaluate();
+      measured[world.rank()] = tr.context().arena.high_water();
+      blocks[world.rank()] = tr.context().arena.blocks();
+    }, lo);
+    PlanConfig pc = plan_config(o);
+    const MemoryPlan p = plan_memory(pc);
+    pc.trains = true;
+    const size_t training = plan_memory(pc).arena_peak;
+    for (int r = 0; r < ranks; r++) {
+      INFO(args << " rank " << r << ": planned " << p.arena_peak << ", measured " << measured[r] << "; training "
+                << training);
+      CHECK(p.arena_peak == measured[r]);
+      CHECK(blocks[r] == 1);
+      CHECK(p.arena_peak < training);
+    }
+  }
+}
+
+TEST_CASE("a bf16 model only evaluated keeps no f32 masters and evaluates as one that keeps them", UL_CUDA_TEST_TAG "[memory]") {
+  // The same initial weights (one seed), with nothing reading a host copy and with --sample 4: the
+  // eval reads the bf16 weights alone, so the losses agree to the bit.
+  const std::string base = std::string(kCommon) + " --model llama --precision bf16 --steps 0 --eval-batches 2 --ranks 1";
+  double loss[2] = {0, 0};
+  bool masters[2] = {true, false}, threw = false;
+  for (int with : {0, 1}) {
+    Options o = ul_test::options(base + (with ? " --sample 4" : ""));
+    LocalOptions lo;
+    lo.device = run_device(o);
+    run_local(1, [&](Comm& world) {
+      Trainer tr(o, world);
+      loss[with] = tr.evaluate().loss;
+      masters[with] = tr.model().params.has_masters();
+      if (!with) {
+        try {
+          tr.host_params();
+        } catch (const std::logic_error&) {
+          threw = true;
+        }
+      }
+    }, lo);
+  }
+  CHECK(!masters[0]);
+  CHECK(masters[1]);
+  CHECK(loss[0] == loss[1]);
+  CHECK(threw);  // a host copy asked of a model set up without one is a bug, said as one
+}
+
 TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the trainer allocates", UL_CUDA_TEST_TAG) {
-  // (A --steps 0 trainer allocates its weights, a bf16 model's masters and the arena alone: checked
-  // below too.)
+  // (A --steps 0 trainer allocates its weights and the arena alone, and a bf16 model's masters only
+  // for a host copy of the weights: checked below too.)
   // Device bytes from device_alloc while every rank's trainer is alive, against the plan's
   // parameters + gradients + optimizer state (+ fp32 masters) + ZeRO's shard buffer + the arena's
   // reservation, per rank times the ranks. The slack: AdamW's decay-run tables (bytes), and the planner's shard
@@ -124,9 +188,11 @@ TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the 
       {"--model gpt2 --precision bf16 --zero 1", 2},  // the masters sharded with m and v
       {"--model llama --precision bf16 --zero 1 --sp 2", 4},
       {"--model llama --precision fp32 --zero 1", 2},
-      // Only evaluated: weights and masters, no gradients, AdamW state or ZeRO shard (--zero ignored).
+      // Only evaluated: the weights alone, no gradients, AdamW state, ZeRO shard (--zero ignored) or
+      // f32 masters; these too when the run reads a host copy of the weights (here to sample).
       {"--model llama --precision bf16 --zero 1 --steps 0", 2},
       {"--model gpt2 --precision fp32 --steps 0", 1},
+      {"--model gpt2 --precision bf16 --steps 0 --sample 4", 1},
   };
   for (const auto& [args, ranks] : runs) {
     Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
