@@ -249,7 +249,7 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   if (c.world > 1) p.comm = zero ? (n / world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
   if (c.world > 1 && c.local_comm && cuda)
     p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.N) * size_t(w.QKV) * size_t(w.a));
-  if (c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
+  if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
 
   // Bytes sent per step (Trainer::step and parallel/ulysses.cpp, with communicator.h's formulas).
@@ -369,7 +369,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
   row("comm buffers       ", p.comm, c.zero && c.trains ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
-  if (c.offload) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
+  if (p.pinned_host) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
   if (p.host_comm) row("host staging       ", p.host_comm, "--comm local on a device: collectives through host memory, outside the total");
   s << (c.trains ? "plan | bytes sent per step by this rank:" : "plan | bytes sent per eval batch by this rank:");
   s << " all-to-all " << mib(double(p.sent.all_to_all)) << " (" << mib(double(p.a2a_layer_fwd)) << " per layer per direction)";

@@ -229,6 +229,12 @@ TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte"
   auto peak = [](const std::string& args) { return plan_memory(plan_config(full_options(args, 1))).arena_peak; };
   CHECK(peak("--layers 8 --steps 0") == peak("--layers 4 --steps 0"));
   CHECK(peak("--layers 8") > peak("--layers 4") + 3 * (peak("--layers 4 --steps 0") / 2));
+  // Nor does an eval offload: no pinned host memory is planned (or allocated) for it.
+  PlanConfig offloads = plan_config(full_options("--recompute --layers 4", 1));
+  offloads.device = Device::cuda, offloads.offload = true;
+  CHECK(plan_memory(offloads).pinned_host > 0);
+  offloads.trains = false;
+  CHECK(plan_memory(offloads).pinned_host == 0);
 }
 
 // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only means
