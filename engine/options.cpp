@@ -89,8 +89,8 @@ parallelism
   --nccl-id-file F    NCCL bootstrap without MPI: rank/size from RANK/WORLD_SIZE or SLURM_*
   --ranks N           world size for --comm local                                         [1]
   --comm-timeout S    local, nccl: a rank waiting longer than S seconds in one collective
-                      fails the run (a hung or lost peer; rank 0 alone writing a large
-                      checkpoint or sampling keeps the others waiting)                  [600]
+                      (or in NCCL's init) fails the run (a hung or lost peer; rank 0 alone
+                      writing a large checkpoint or sampling keeps the others waiting)  [600]
 long-context memory (README: "Long context")
   --recompute         keep only each block's input; replay the block in backward
   --offload           with --recompute on cuda: keep those block inputs in pinned host memory

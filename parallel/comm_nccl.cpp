@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "parallel/comm_util.h"
+#include "parallel/watchdog.h"
 
 namespace ul {
 namespace {
@@ -175,10 +176,26 @@ class NcclComm : public Comm {
   size_t staging_bytes_ = 0;
 };
 
+// What a bootstrap wait that never ends does once --comm-timeout has passed: NCCL's init cannot be
+// interrupted and returns only when every rank has joined, so the process says why and exits
+// (under mpirun or srun the launcher then ends the job's other ranks).
+Watchdog init_deadline(const char* what, int rank, int size, double timeout_s) {
+  return Watchdog(timeout_s, [=] {
+    std::fprintf(stderr, "train: error: nccl: rank %d of %d waited %.0f s (--comm-timeout) in %s for the job's other "
+                 "ranks: one never started, died before joining, or was given another --nccl-id-file or world size; "
+                 "exiting\n", rank, size, timeout_s, what);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
+}
+
 std::unique_ptr<Comm> make(const ncclUniqueId& id, int rank, int size, int device, double timeout_s) {
   check_cuda(cudaSetDevice(device), "set device");
   ncclComm_t c = nullptr;
-  check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
+  {
+    Watchdog deadline = init_deadline("the communicator's init", rank, size, timeout_s);
+    check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
+  }
   return std::make_unique<NcclComm>(c, device, timeout_s);
 }
 
@@ -188,7 +205,10 @@ std::unique_ptr<Comm> nccl_world_from(Comm& bootstrap, int device, double timeou
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
   static_assert(sizeof(ncclUniqueId) % 4 == 0, "the id travels as int32 words");
-  bootstrap.broadcast(&id, sizeof id / 4, DType::i32, 0);
+  {
+    Watchdog deadline = init_deadline("the id's broadcast", bootstrap.rank(), bootstrap.size(), timeout_s);
+    bootstrap.broadcast(&id, sizeof id / 4, DType::i32, 0);
+  }
   return make(id, bootstrap.rank(), bootstrap.size(), device, timeout_s);
 }
 

@@ -21,6 +21,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/grid.h"
 #include "parallel/ulysses.h"
+#include "parallel/watchdog.h"
 
 using namespace ul;
 using Catch::Matchers::Contains;
@@ -302,6 +303,23 @@ TEST_CASE("a wait longer than the timeout throws CommError naming the collective
   }, opt), CommError);
   CHECK(seconds_since(t0) < 5);
   CHECK_THAT(seen, Contains("all_reduce timed out") && Contains("waiting for rank(s) 1"));
+}
+
+// The deadline NCCL's init runs under (parallel/comm_nccl.cpp): it fires once, on its own thread,
+// only when the scope outlives it.
+TEST_CASE("a watchdog fires after its deadline and never once its scope has ended", "[comm][failure]") {
+  std::atomic<int> fired{0};
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    Watchdog w(0.05, [&] { fired++; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(fired == 1);  // while the scope is still open: the wait it guards never returned
+  }
+  {
+    Watchdog w(30, [&] { fired++; });  // ends at once: its destructor does not wait out the 30 s
+  }
+  CHECK(fired == 1);
+  CHECK(seconds_since(t0) < 5);
 }
 
 TEST_CASE("mismatched or missing collectives throw instead of corrupting or hanging", "[comm][local][failure]") {
