@@ -28,6 +28,7 @@ struct Recorder {
   std::vector<Record> records;
   std::vector<cudaEvent_t> pool;  // created events not in use
   uint64_t generation = 0;        // counts the times the records were dropped
+  int open_spans = 0;             // Spans begun and not yet closed on this thread
 
   ~Recorder() {
     // At thread or process exit the runtime may already be unloading: errors are ignored.
@@ -74,6 +75,8 @@ void stop() { recorder().on = false; }
 
 void Span::begin(std::string name, cudaStream_t stream, double flops) {
   Recorder& rec = recorder();
+  open_ = true;
+  if (rec.open_spans++ > 0) return;  // inside another op's span: its time is that op's
   Record r;
   r.name = std::move(name);
   r.begin = rec.take_event();
@@ -87,8 +90,9 @@ void Span::begin(std::string name, cudaStream_t stream, double flops) {
 }
 
 Span::~Span() {
-  if (record_ == kNone) return;
   Recorder& rec = recorder();
+  if (open_) rec.open_spans--;
+  if (record_ == kNone) return;
   if (generation_ != rec.generation) return;  // a report() inside the op dropped the record
   // Not checked: a destructor must not throw, and an op that failed has already thrown its error.
   if (cudaEventRecord(rec.records[record_].end, stream_) == cudaSuccess) rec.records[record_].closed = true;

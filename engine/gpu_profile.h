@@ -46,7 +46,9 @@ std::vector<Row> report();
 std::string table(const std::vector<Row>& rows, double wall_ms);
 
 // Brackets one op: begin() records the first event (only call it when enabled()), the destructor
-// the second, so an op that throws is still closed.
+// the second, so an op that throws is still closed. A span begun inside another on the same thread
+// (the bias kernel a GEMM launches when cuBLASLt's epilogue cannot add it) records nothing: its time
+// is the outer op's, and counting it twice would make the table add up to more than the ops took.
 class Span {
  public:
   Span() = default;
@@ -57,7 +59,8 @@ class Span {
 
  private:
   static constexpr size_t kNone = ~size_t(0);
-  size_t record_ = kNone;    // index into the recorder's list; kNone when not begun
+  size_t record_ = kNone;    // index into the recorder's list; kNone when not begun or nested
+  bool open_ = false;        // begun: counted among the thread's open spans
   uint64_t generation_ = 0;  // the list's generation at begin(): a report() since then dropped it
   cudaStream_t stream_ = nullptr;
 };

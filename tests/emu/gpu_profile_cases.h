@@ -34,6 +34,10 @@ inline void some_ops(ul::Context& c) {
   b.set(std::vector<float>(b.n, 1.f));
   for (int i = 0; i < 2; i++) ul::cuda::gemm<float, float>(d.p, a.p, b.p, nullptr, 6, 7, 5, false, false, false, "t", nullptr);
   ul::cuda::gemm<float, float>(d.p, a.p, b.p, nullptr, 6, 7, 1, false, false, false, "t", nullptr);
+  // No product, a bias: the GEMM launches its bias kernel inside its own span.
+  cuda_cases::DeviceBuffer<float> bias(7);
+  bias.set(std::vector<float>(bias.n, 2.f));
+  ul::cuda::gemm<float, float>(d.p, a.p, b.p, bias.p, 6, 7, 0, false, false, false, "t", nullptr);
   ul::device_zero(c.device, g.ptr, g.nbytes());
 }
 
@@ -71,6 +75,11 @@ TEST_CASE("gpu profile: a row per kernel name and GEMM shape, with calls and FLO
   const auto* g1 = find(rows, "t M=6 N=7 K=1");
   REQUIRE(g1 != nullptr);
   CHECK(g1->calls == 1);
+  // The bias kernel's time is the GEMM's row, not a row of its own as well.
+  const auto* g0 = find(rows, "t M=6 N=7 K=0");
+  REQUIRE(g0 != nullptr);
+  CHECK(g0->calls == 1);
+  CHECK(find(rows, "gemm_bias_rows") == nullptr);
   const auto* memset = find(rows, "cudaMemset");
   REQUIRE(memset != nullptr);
   CHECK(memset->calls >= 1);
