@@ -1,6 +1,7 @@
 #include "engine/export.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "engine/sample.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"  // now_ms, physical_memory
+#include "parallel/communicator.h"
 
 namespace ul {
 
@@ -124,16 +126,49 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
     const size_t comma = std::min(text.find(',', at), text.size());
     const std::string item = text.substr(at, comma - at);
     char* end = nullptr;
+    errno = 0;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end) throw std::runtime_error("--prompt: '" + item + "' is not a token id (ids:1,2,3)");
-    ids.push_back(int(std::max(-1L, std::min(v, long(1) << 30))));
+    if (errno == ERANGE || v < 0 || v >= vocab)
+      throw std::runtime_error("--prompt: token " + item + " is outside the model's vocab of " + std::to_string(vocab));
+    ids.push_back(int(v));
     at = comma + 1;
   }
   check_ids(ids, vocab, "--prompt", "");
   return ids;
 }
 
-RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot) : o_(o), cfg_(cfg), eot_(eot) {
+namespace {
+
+// A file every rank reads, read by rank 0 alone and sent to the others: a pipe (--prompt-file
+// /dev/stdin) gives its bytes once, and under mpirun only rank 0 has the job's stdin. A file rank 0
+// cannot read fails on every rank, with rank 0's message.
+std::string read_once(const std::string& path, Comm* world) {
+  if (!world || world->size() == 1) return read_whole_file(path);
+  std::string text, error;
+  if (world->rank() == 0) {
+    try {
+      text = read_whole_file(path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // [failed, bytes] (f64: exact to 2^53), then the text or the error's message as int32 words.
+  const std::string& sent = error.empty() ? text : error;
+  double head[2] = {error.empty() ? 0.0 : 1.0, double(sent.size())};
+  world->broadcast(head, 2, DType::f64, 0);
+  const size_t n = size_t(head[1]);
+  std::vector<int32_t> words((n + 3) / 4);
+  if (world->rank() == 0 && n) std::memcpy(words.data(), sent.data(), n);
+  world->broadcast(words.data(), words.size(), DType::i32, 0);
+  const std::string got(reinterpret_cast<const char*>(words.data()), n);
+  if (head[0] != 0) throw std::runtime_error(got);
+  return got;
+}
+
+}  // namespace
+
+RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world) : o_(o), cfg_(cfg), eot_(eot) {
   // The export directories are made now, so that a path that cannot be written fails before training.
   for (const std::string& path : {o.export_llmc, o.export_safetensors}) {
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -146,17 +181,14 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot) : 
   if (!o.export_llmc.empty() && cfg.is_llama())
     throw std::runtime_error("--export-llmc: llm.c's checkpoint format holds gpt2 models only; use --export-safetensors");
   if (o.sample <= 0) return;
-  if (!o.tokenizer.empty()) {
-    tok_ = std::make_unique<Tokenizer>(o.tokenizer);
-    if (tok_->vocab() < cfg.vocab)
-      throw std::runtime_error(o.tokenizer + ": the tokenizer has " + std::to_string(tok_->vocab()) +
-                               " tokens, fewer than the model's vocab of " + std::to_string(cfg.vocab));
-  }
+  // A tokenizer may have fewer tokens than the model has rows (Qwen 2.5: 151665 for 151936): the
+  // sampler then draws among the tokenizer's ids alone (print_sample).
+  if (!o.tokenizer.empty()) tok_ = std::make_unique<Tokenizer>(o.tokenizer, read_once(o.tokenizer, world));
   if (!o.prompt_file.empty()) {
     const std::string where = "--prompt-file " + o.prompt_file;
     std::string text;
     try {
-      text = read_whole_file(o.prompt_file);
+      text = read_once(o.prompt_file, world);
     } catch (const std::exception& e) {
       throw std::runtime_error("--prompt-file: " + std::string(e.what()));
     }
@@ -228,6 +260,7 @@ void RunOutputs::sample(const std::vector<float>& host, const std::vector<ParamS
 void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const {
   const bool say = !o_.quiet;
   SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed, o_.top_p};
+  if (tok_ && tok_->vocab() < cfg_.vocab) s.vocab = tok_->vocab();  // ids it can decode
   KvDecoder dec(cfg_, specs, host.data(), int(prompt_.size()) + o_.sample);
   dec.set_document_token(eot_);  // -1: one document
   // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.

@@ -15,6 +15,8 @@
 
 namespace ul {
 
+class Comm;
+
 // The GPT-2 an llm.c checkpoint header describes (heads = kv heads), not yet validated.
 ModelConfig gpt2_config(const LlmcConfig& lc);
 
@@ -39,7 +41,9 @@ class RunOutputs {
  public:
   // eot >= 0 (--doc-mask): the sample's prompt and continuation are split into documents at that
   // token, as the model was trained (KvDecoder::set_document_token).
-  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot);
+  // `world`: the tokenizer and --prompt-file are read by its rank 0 and sent to the others (a pipe
+  // can be read once); null: read here.
+  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world = nullptr);
   // Whether finish() has anything to do (an export or a sample): it then needs the weights.
   bool wants_params() const;
   // Writes the exports (atomically) and prints the sample, from `host` (the f32 values of every

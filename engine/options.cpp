@@ -406,6 +406,10 @@ Options parse_options(int argc, char** argv) {
   if (!(o.top_p > 0 && o.top_p <= 1)) throw std::runtime_error("--top-p must be in (0, 1]");
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw std::runtime_error("--temperature must be a finite number >= 0");
   if (o.set_by_user("--prompt-file") && o.prompt_file.empty()) throw std::runtime_error("--prompt-file: empty path");
+  if (o.set_by_user("--prompt") && o.prompt.empty())
+    throw std::runtime_error("--prompt: empty (give text or ids:1,2,3; without --prompt a --tokenizer's end-of-text token opens the sample)");
+  if (o.sample_every > 0 && o.steps == 0)
+    throw std::runtime_error("--sample-every: --steps 0 trains nothing; --sample N alone samples the model once");
   if (o.set_by_user("--prompt") && o.set_by_user("--prompt-file"))
     throw std::runtime_error("--prompt and --prompt-file both give the prompt: keep one");
   for (const char* f : {"--prompt", "--prompt-file", "--sample-every", "--temperature", "--top-k", "--top-p", "--tokenizer"})

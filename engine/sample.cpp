@@ -308,7 +308,12 @@ std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const 
   dec.reset();
   const std::vector<float>* logits = &dec.prefill(prompt.data(), int(prompt.size()), progress);
   std::vector<int> out;
+  std::vector<float> known;  // the logits of the ids below s.vocab
   for (int i = 0; i < s.tokens; i++) {
+    if (s.vocab > 0 && size_t(s.vocab) < logits->size()) {
+      known.assign(logits->begin(), logits->begin() + s.vocab);
+      logits = &known;
+    }
     out.push_back(sample_token(*logits, s.temperature, s.top_k, rng, s.top_p));
     if (i + 1 < s.tokens) logits = &dec.step(out.back());  // the last token needs no forward
   }

@@ -81,6 +81,8 @@ struct SampleSettings {
   int top_k = 0;             // 0: the whole vocabulary
   uint64_t seed = 1337;
   float top_p = 1.0f;        // nucleus: 1 = off
+  int vocab = 0;             // >0: only ids below it are drawn (a tokenizer smaller than the model's
+                             // vocab: Qwen 2.5's 151665 tokens for 151936 rows); 0: every id
 };
 
 // The next token from `logits`: argmax when temperature is 0 or top_k is 1 (ties: lowest id);

@@ -25,8 +25,9 @@ std::runtime_error tok_error(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(const std::string& path) : path_(path) {
-  const std::string bytes = read_whole_file(path);
+Tokenizer::Tokenizer(const std::string& path) : Tokenizer(path, read_whole_file(path)) {}
+
+Tokenizer::Tokenizer(const std::string& path, const std::string& bytes) : path_(path) {
   std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && bytes[first] == '{') read_hf_json(bytes);

@@ -36,6 +36,7 @@ namespace ul {
 class Tokenizer {
  public:
   explicit Tokenizer(const std::string& path);
+  Tokenizer(const std::string& path, const std::string& bytes);  // the file's bytes, already read
   // Its maps view into its own token strings: a copy would view the original's. A move keeps
   // the strings where they are (the vector's buffer changes hands).
   Tokenizer(const Tokenizer&) = delete;

@@ -84,7 +84,7 @@ int train_rank(const Options& o, Comm& world) {
   check_output_paths(o);  // before anything is opened for writing: the log is, when the Trainer is made
   Trainer tr(o, world);
   // Refuses bad export / sample flags before any step; samples split documents as training does.
-  const RunOutputs outputs(o, tr.model().cfg, tr.document_start());
+  const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world);
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy

@@ -251,6 +251,20 @@ TEST_CASE("greedy is deterministic, top-k 1 is greedy, sampling is seeded", "[sa
   CHECK_THROWS_WITH(generate(dec, prompt, {30, 1.0f, 0, 1}), Catch::Contains("KV cache is full"));
   CHECK_THROWS_WITH(generate(dec, {}, {3, 1.0f, 0, 1}), Catch::Contains("prompt is empty"));
   CHECK_THROWS_WITH(generate(dec, {50}, {3, 1.0f, 0, 1}), Catch::Contains("outside the vocab"));
+  // A tokenizer with fewer tokens than the model's rows: only its ids are drawn. Greedy among the
+  // first 5 ids is the argmax of those 5 logits at every step.
+  SampleSettings known{12, 0.0f, 0, 1};
+  known.vocab = 5;
+  const std::vector<int> limited = generate(dec, prompt, known);
+  dec.reset();
+  const std::vector<float>* logits = &dec.prefill(prompt.data(), int(prompt.size()));
+  for (int id : limited) {
+    REQUIRE(id < 5);
+    CHECK(id == int(std::max_element(logits->begin(), logits->begin() + 5) - logits->begin()));
+    logits = &dec.step(id);
+  }
+  known.temperature = 2.0f, known.tokens = 20;
+  for (int id : generate(dec, prompt, known)) CHECK(id < 5);
 }
 
 TEST_CASE("the token sampler: argmax, ties, top-k, temperature", "[sample]") {
@@ -311,6 +325,10 @@ TEST_CASE("prompts: bytes, ids:, tokenizer encoding, range checks", "[sample]") 
   CHECK(parse_prompt("ids:1,2,30", 31, nullptr) == std::vector<int>{1, 2, 30});
   CHECK_THROWS_WITH(parse_prompt("ids:1,,2", 31, nullptr), Catch::Contains("not a token id"));
   CHECK_THROWS_WITH(parse_prompt("ids:31", 31, nullptr), Catch::Contains("outside the model's vocab of 31"));
+  // The id as typed, not clamped (it once said -1 for -3 and 1073741824 for a number past a long).
+  CHECK_THROWS_WITH(parse_prompt("ids:-3", 31, nullptr), Catch::Contains("token -3 is outside"));
+  CHECK_THROWS_WITH(parse_prompt("ids:99999999999999999999", 31, nullptr),
+                    Catch::Contains("token 99999999999999999999 is outside"));
   CHECK_THROWS_WITH(parse_prompt("a", 64, nullptr), Catch::Contains("ids:1,2,3"));
   TempFile f;
   // 256 bytes, then the merges a+b (256) and ab+c (257), then the EOT (258); more in test_bpe.cpp.
@@ -359,6 +377,11 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   REQUIRE(r.code == 0);
   CHECK(r.out.find("sample  | 5 prompt + 6 new tokens") != std::string::npos);
   CHECK(r.out.find("\nhello") != std::string::npos);
+  // A model with more rows than the tokenizer has tokens (Qwen 2.5's 151936 for 151665): sampled
+  // among the tokenizer's (an id past it could not be decoded; it was refused before).
+  r = run_cmd(train_cmd(common + " --vocab 300 --sample 40 --prompt 'hello' --tokenizer " + tok.path));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("sample  | 5 prompt + 40 new tokens") != std::string::npos);
   tok.write(tok_file(20240328, 1, 300, 0, bytes));
   r = run_cmd(train_cmd(common + " --sample 6 --prompt 'hello' --tokenizer " + tok.path));
   CHECK(r.code != 0);
@@ -407,11 +430,21 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   REQUIRE(r.code == 0);
   CHECK(r.out.find("sample  | 700 prompt + 5 new tokens") != std::string::npos);
   CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
-  // Refusals name the flag and the file, before any step.
-  r = run_cmd(train_cmd(common + " --sample 5 --prompt-file " + prompt.path + ".missing"));
+  // Two ranks, one pipe: rank 0 reads it and sends its bytes (each rank once read it: the second
+  // found it empty, or blocked forever on a named pipe).
+  r = run_cmd("cat " + prompt.path + " | " + train_cmd(common + " --ranks 2 --sample 5 --temperature 0 --prompt-file /dev/stdin"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("sample  | 700 prompt + 5 new tokens") != std::string::npos);
+  // Refusals name the flag and the file, before any step; under two ranks too (rank 0's message).
+  for (const std::string ranks : {"", " --ranks 2"}) {
+    r = run_cmd(train_cmd(common + ranks + " --sample 5 --prompt-file " + prompt.path + ".missing"));
+    CHECK(r.code != 0);
+    CHECK(r.out.find("--prompt-file: " + prompt.path + ".missing") != std::string::npos);
+    CHECK(r.out.find("step ") == std::string::npos);
+  }
+  r = run_cmd(train_cmd(common + " --sample 5 --prompt ''"));
   CHECK(r.code != 0);
-  CHECK(r.out.find("--prompt-file: " + prompt.path + ".missing") != std::string::npos);
-  CHECK(r.out.find("step ") == std::string::npos);
+  CHECK(r.out.find("--prompt: empty") != std::string::npos);
   prompt.write("");
   r = run_cmd(train_cmd(common + " --sample 5 --prompt-file " + prompt.path));
   CHECK(r.code != 0);
@@ -460,4 +493,7 @@ TEST_CASE("train --sample-every prints a sample every K steps and at the end, un
   CHECK(r.out.find("--sample-every needs --sample N") != std::string::npos);
   r = run_cmd(train_cmd("--steps 2 --sample 2 --prompt ids:1 --sample-every -1"));
   CHECK(r.out.find("--sample-every must be >= 0") != std::string::npos);
+  r = run_cmd(train_cmd("--steps 0 --sample 2 --prompt ids:1 --sample-every 1"));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--sample-every: --steps 0 trains nothing") != std::string::npos);
 }
