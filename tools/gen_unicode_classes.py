@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Writes engine/unicode_tables.inc: the code point ranges of the three character classes GPT-2's
 pre-tokenizer uses (engine/pretokenize.h): letters \\p{L}, numbers \\p{N} and white space \\s (the
-White_Space property). The classes are read from the `regex` package (pip install regex), the same
-Unicode classes tiktoken's Rust regex uses, up to the Unicode version of each.
+White_Space property). The classes are read from the `regex` package, which must know Unicode 16.0
+exactly: the version tiktoken 0.14's and tokenizers 0.23's regex engines know, so that a character
+new in Unicode 17 (CJK Extension J, ...) is "other" here as there. `pip install regex==2025.9.1`
+(later releases carry Unicode 17; the script refuses them).
 
 Run from anywhere: python3 tools/gen_unicode_classes.py
 """
@@ -41,7 +43,14 @@ def table(name, rs):
     return f"const Range {name}[] = {{\n" + "\n".join(lines) + "\n};\n"
 
 
+def unicode_16_exactly():
+    # U+1C89 CYRILLIC CAPITAL LETTER TJE is new in 16.0; U+323B0, CJK Extension J's first, in 17.0.
+    return regex.match(r"\p{L}", "\u1C89") is not None and regex.match(r"\p{L}", "\U000323B0") is None
+
+
 def main():
+    if not unicode_16_exactly():
+        sys.exit(f"regex {regex.__version__} does not know Unicode 16.0 exactly: pip install regex==2025.9.1")
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     out = os.path.join(root, "engine", "unicode_tables.inc")
     letters, numbers, spaces = ranges(r"\p{L}"), ranges(r"\p{N}"), ranges(r"\s")

@@ -63,6 +63,11 @@ TEST_CASE("GPT-2 pre-tokenizer: words keep their space, classes split, white spa
   CHECK(pieces("a\x1c\x1f b") == V{"a", "\x1c\x1f", " b"});
   CHECK(pieces("e\u0301") == V{"e", "\u0301"});  // a combining mark (Mn) is not a letter
   CHECK(pieces("🙂🚀 🙂") == V{"🙂🚀", " 🙂"});
+  // Unicode 16.0's classes, the reference encoders' (tiktoken 0.14, tokenizers 0.23): U+1C89 (new
+  // in 16.0) is a letter; U+323B0 (CJK Extension J) and U+088F, new in 17.0, are not yet: symbols,
+  // split as tokenizers splits them (a table from Unicode 17 once made them letters).
+  CHECK(pieces("x\u1C89") == V{"x\u1C89"});
+  CHECK(pieces("\U000323B0's x\u088F1") == V{"\U000323B0'", "s", " x", "\u088F", "1"});
 }
 
 TEST_CASE("invalid UTF-8 is refused naming its byte offset", "[bpe]") {
