@@ -58,6 +58,9 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
     throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
                              "Hugging Face .safetensors (or a sharded checkpoint's model.safetensors.index.json), " +
                              "or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
+  // Before a format is picked by the file's magic: a missing model.bin read as "an llm.c checkpoint".
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw std::runtime_error("--checkpoint " + path + ": no such file");
   if (is_hf_checkpoint_path(path)) return hf_checkpoint_config(path);
   // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
   ModelConfig cfg;
@@ -73,6 +76,11 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
     }
   }
   cfg.validate();
+  // Every weight of that shape, or the file is refused: a header whose count says 0 once passed as
+  // "no weights here" and the run started from random ones.
+  if (ckpt.size() != param_count(cfg))
+    throw std::runtime_error(path + ": " + std::to_string(ckpt.size()) + " weights, but the model its header describes has " +
+                             std::to_string(param_count(cfg)));
   return cfg;
 }
 

@@ -117,6 +117,10 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     j.add_raw("rope_parameters", hf_rope_json(c, true).str());
     if (!c.qkv_bias && !c.sliding_window) j.add_raw("attention_bias", "false").add_raw("mlp_bias", "false");
     j.add_raw("tie_word_embeddings", c.tie_embeddings ? "true" : "false");
+    // Said, not left to transformers' defaults (Llama's and Mistral's: 1 and 2, which in Llama 3's
+    // vocabulary is "#": generate() would stop there). The model file does not know its tokenizer's
+    // ids; a generation_config.json beside the export (the original model's) gives them.
+    j.add_raw("bos_token_id", "null").add_raw("eos_token_id", "null");
   }
   j.add("torch_dtype", torch_dtype);
   return j.str() + "\n";
@@ -387,7 +391,10 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
 int meta_int(const SafetensorsFile& f, const char* key) {
   auto it = f.metadata().find(key);
   if (it == f.metadata().end()) throw std::runtime_error(f.path() + ": __metadata__ has no '" + key + "'");
-  return int(parse_json(it->second, f.path() + ": __metadata__ " + key).as_int(f.path() + ": __metadata__ " + key));
+  const auto v = parse_json(it->second, f.path() + ": __metadata__ " + key).as_int(f.path() + ": __metadata__ " + key);
+  if (v < INT32_MIN || v > INT32_MAX)  // narrowed, 2^32 + 2 layers read as 2
+    throw std::runtime_error(f.path() + ": __metadata__ " + key + " " + std::to_string(v) + " is out of range");
+  return int(v);
 }
 
 // The padded vocabulary and the checks every config read from a file gets, naming `where`.

@@ -1,5 +1,6 @@
 #include "engine/hf_index.h"
 
+#include <filesystem>
 #include <iterator>
 #include <set>
 #include <stdexcept>
@@ -30,7 +31,11 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
   }
   const std::string dir = hf_dir_of(path);
   idx.files.assign(names.begin(), names.end());
-  for (std::string& f : idx.files) f = dir + "/" + f;
+  for (std::string& f : idx.files) {
+    f = dir + "/" + f;
+    // Every shard before the first is read: a missing last one was found after minutes of loading.
+    if (!std::filesystem::is_regular_file(f)) throw bad("weight_map names " + f + ", which is not there");
+  }
   for (const auto& [tensor, file] : map->fields)
     idx.file_of[tensor] = size_t(std::distance(names.begin(), names.find(file.text)));
   return idx;

@@ -9,6 +9,7 @@
 
 #include "engine/context.h"
 #include "engine/device.h"
+#include "engine/file_io.h"
 #include "engine/rng.h"
 #include "layers/attention.h"
 #include "layers/embedding.h"
@@ -71,11 +72,13 @@ void ModelConfig::validate_for(Device d) const {
 std::string ModelConfig::describe() const {
   std::ostringstream s;
   s << arch << " layers=" << layers << " dim=" << dim << " heads=" << heads;
-  if (is_llama()) s << " kv_heads=" << kv_heads << " ffn=" << ffn_dim() << " rope_theta=" << rope_theta;
+  // Floats as the shortest text that reads back to them: two configs that describe alike are alike
+  // (the check of a checkpoint's metadata against its config.json compares these lines).
+  if (is_llama()) s << " kv_heads=" << kv_heads << " ffn=" << ffn_dim() << " rope_theta=" << float_text(rope_theta);
   if (is_llama() && rope_scaling.kind != RopeScaling::kNone) s << " rope_scaling=" << rope_scaling_str(rope_scaling);
   if (is_llama() && tie_embeddings) s << " tied";
   if (is_llama() && qkv_bias) s << " qkv_bias";
-  if (is_llama() && norm_eps != 1e-5f) s << " norm_eps=" << norm_eps;
+  if (is_llama() && norm_eps != 1e-5f) s << " norm_eps=" << float_text(norm_eps);
   if (is_llama() && sliding_window) s << " sliding_window=" << sliding_window;
   if (full_every) s << " full_attention=every " << full_every << " from " << full_first;
   s << " vocab=" << vocab << " (padded " << padded_vocab << ") max_seq=" << max_seq;

@@ -323,6 +323,16 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   expect_refused(rest + " --steps 1 --checkpoint " + model + " --dim 64",
                  "--dim: the model's shape comes from --checkpoint " + model);
   expect_refused(rest + " --steps 1 --checkpoint " + (d / "run").string(), "is a directory; give a file");
+  // A header whose weight count is 0 (it once started the run from random weights, silently), and
+  // a model.bin that is not there (it was read as an llm.c checkpoint, and said so).
+  std::vector<float> values;
+  const ul::ModelConfig cfg = ul::read_model_file(model, values);
+  const std::string empty = (d / "empty_model.bin").string();
+  ul::write_model_file(empty, cfg, values.data(), 0);
+  expect_refused(rest + " --steps 0 --checkpoint " + empty, empty + ": 0 weights, but the model its header describes has " +
+                                                               std::to_string(values.size()));
+  expect_refused(rest + " --steps 0 --checkpoint " + (d / "gone" / "model.bin").string(),
+                 "--checkpoint " + (d / "gone" / "model.bin").string() + ": no such file");
   // Its vocabulary bounds the data's: the recall task needs 64 tokens, the model has 32 (passkey's).
   expect_refused(rest + " --steps 1 --data recall --checkpoint " + model, "recall: the task's vocab 64 exceeds the model vocab 32");
   fs::remove_all(d);

@@ -350,7 +350,30 @@ TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral 
   CHECK_THROWS_WITH(x.read_replaced("\"sliding_window\":6,", "\"sliding_window\":7,"),
                     Catch::Contains("its __metadata__ and the config.json beside it describe different models"));
   CHECK_THROWS_WITH(x.read_replaced("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\""), Catch::Contains("hidden_act"));
+  // A theta 4e-7 apart (in the 7th digit) is another model too: the comparison once printed 6.
+  {
+    const size_t at = x.json.find("\"rope_theta\":") + 13, end = x.json.find(',', at);
+    const std::string theta = x.json.substr(at, end - at);
+    char moved[32];
+    std::snprintf(moved, sizeof moved, "%.9g", std::stod(theta) * (1 + 4e-7));
+    std::string edited = x.json;  // both places: rope_theta and rope_parameters' (5.x)
+    const std::string from = "\"rope_theta\":" + theta, to = "\"rope_theta\":" + std::string(moved);
+    for (size_t p = edited.find(from); p != std::string::npos; p = edited.find(from, p + to.size()))
+      edited.replace(p, from.size(), to);
+    CHECK_THROWS_WITH(x.read_with(edited), Catch::Contains("describe different models"));
+  }
   CHECK(x.read_with(x.json).describe() == x.cfg.describe());
+  // A metadata integer past int's range is refused, not narrowed (2^32 + 2 layers read as 2).
+  {
+    const SafetensorsFile ours(x.d / "model.safetensors");
+    std::map<std::string, std::string> meta = ours.metadata();
+    meta["layers"] = "4294967298";
+    write_safetensors(x.d / "model.safetensors", hf_tensors(x.cfg, x.m.params.specs(), x.h.data()), meta, "F32");
+    CHECK_THROWS_WITH(x.read(), Catch::Contains("__metadata__ layers 4294967298 is out of range"));
+    meta["layers"] = std::to_string(x.cfg.layers);
+    write_safetensors(x.d / "model.safetensors", hf_tensors(x.cfg, x.m.params.specs(), x.h.data()), meta, "F32");
+    CHECK(x.read().describe() == x.cfg.describe());
+  }
 
   // Through config.json alone: what the file leaves out takes MistralConfig's defaults.
   x.drop_metadata();
@@ -513,10 +536,11 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json) imports bit-exact
   REQUIRE(moved.find(e) != std::string::npos);
   write_index(moved.replace(moved.find(e), e.size(), "\"" + all[0].name + "\":\"model-00002"));
   refused("is not in " + index + "'s weight_map for this file");
-  // A shard missing: named.
+  // A shard missing: named as the index is read, before the first shard is (it was found only when
+  // the loader reached it, after every shard before it).
   write_index(map);
   std::filesystem::remove(x.d / "model-00003-of-00003.safetensors");
-  refused("model-00003-of-00003.safetensors");
+  CHECK_THROWS_WITH(read_safetensors_index(index), Catch::Contains("model-00003-of-00003.safetensors, which is not there"));
   // A tied head that is not the embedding, in its own shard.
   shards[2].back().data[0] += 1.0f;  // lm_head.weight was dealt last: i % 3 == 2 for this model's count
   REQUIRE(shards[2].back().name == "lm_head.weight");
