@@ -36,6 +36,55 @@ int64_t sequences_in(int64_t lo, int64_t hi, int T) { return hi - lo > T ? (hi -
 
 }  // namespace
 
+ShardDataset::Shard ShardDataset::read_header(const std::string& path) {
+  Shard s;
+  s.path = path;
+  require_regular_file(path);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw shard_error(path, std::string("cannot open shard: ") + std::strerror(errno));
+  struct stat st{};
+  fstat(fd, &st);
+  const int64_t size = st.st_size;
+  int32_t header[256];
+  const bool whole = size >= 1024 && ::pread(fd, header, 1024, 0) == 1024;
+  ::close(fd);
+  if (!whole) throw shard_error(path, "truncated shard: " + std::to_string(size) + " bytes, shorter than the 1024-byte header");
+  auto fail = [&](const std::string& what) { return shard_error(path, what); };
+  if (header[0] == kMagicGpt2) {
+    if (header[1] != 1) throw fail("unsupported version " + std::to_string(header[1]) + " (magic 20240520 needs version 1)");
+    s.width = 2;
+  } else if (header[0] == kMagicLlama3) {
+    if (header[1] != 7 && header[1] != 2)
+      throw fail("unsupported version " + std::to_string(header[1]) + " (magic 20240801 needs version 7 or 2)");
+    s.width = 4;
+  } else {
+    throw fail("bad magic " + std::to_string(header[0]) + " (expected 20240520 or 20240801, an llm.c token shard)");
+  }
+  if (header[3] == kShardTag) {  // the tokenizer named: vocab, end-of-text id
+    const int64_t most = s.width == 2 ? 65536 : INT32_MAX;
+    if (header[4] < 1 || header[4] > most || header[5] < 0 || header[5] >= header[4])
+      throw fail("header names vocab " + std::to_string(header[4]) + " and end-of-text " + std::to_string(header[5]) +
+                 " (need 1 <= vocab <= " + std::to_string(most) + ", 0 <= eot < vocab)");
+    s.vocab = header[4], s.eot = header[5];
+  }
+  s.count = header[2];
+  if (s.count <= 0) throw fail("header token count " + std::to_string(s.count) + " (must be > 0)");
+  const int64_t want = 1024 + s.count * s.width;
+  if (size != want)
+    throw fail(std::string(size < want ? "truncated shard" : "trailing bytes") + ": " + std::to_string(size) +
+               " bytes, but the header's " + std::to_string(s.count) + " tokens need " + std::to_string(want));
+  return s;
+}
+
+std::string ShardDataset::Shard::kind() const {
+  // The format's tokenizer when the header names none: llm.c's GPT-2 (uint16) or llama-3 (uint32).
+  const int32_t v = vocab > 0 ? vocab : width == 2 ? kDefaultVocabGpt2 : kDefaultVocabLlama3;
+  const int32_t e = effective_eot();
+  return "vocab " + std::to_string(v) + ", end-of-text " + std::to_string(e);
+}
+
+int32_t ShardDataset::Shard::effective_eot() const { return vocab > 0 ? eot : width == 2 ? 50256 : 128000; }
+
 bool ShardDataset::is_val_name(const std::string& name) {
   for (size_t at = name.find("val"); at != std::string::npos; at = name.find("val", at + 1))
     if (at == 0 || !std::isalnum(static_cast<unsigned char>(name[at - 1]))) return true;
@@ -60,53 +109,25 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
     throw std::runtime_error("shards:" + pattern + ": no train file (every match is a val file: a word of its name starts "
                              "with \"val\"); to evaluate them, give the glob as --val-data");
 
-  int default_vocab = 0;
+  // Every file the glob matches, val and train, is read by one tokenizer: its headers must agree on
+  // the vocabulary and end-of-text id (named, or the format's). A mix (GPT-2 and llama-3 shards,
+  // byte shards beside BPE ones, val files of another tokenizer) once trained at the largest vocab.
+  std::vector<std::string> everything = train_files;
+  everything.insert(everything.end(), val_files.begin(), val_files.end());
+  auto said = [](const Shard& s) { return s.kind() + (s.vocab > 0 ? "" : " (its format's: the header names none)"); };
+  const Shard first = read_header(everything.front());
+  for (const std::string& path : everything) {
+    const Shard s = read_header(path);
+    if (s.kind() != first.kind())
+      throw std::runtime_error("shards:" + pattern + ": the files were written by different tokenizers (" + first.path +
+                               ": " + said(first) + "; " + path + ": " + said(s) + "); give one tokenizer's files");
+  }
   try {
     for (const std::string& path : files) {
-      Shard s;
-      s.path = path;
-      require_regular_file(path);
+      Shard s = read_header(path);
       int fd = ::open(path.c_str(), O_RDONLY);
       if (fd < 0) throw shard_error(path, std::string("cannot open shard: ") + std::strerror(errno));
-      struct stat st{};
-      fstat(fd, &st);
-      const int64_t size = st.st_size;
-      int32_t header[256];
-      if (size < 1024 || ::pread(fd, header, 1024, 0) != 1024) {
-        ::close(fd);
-        throw shard_error(path, "truncated shard: " + std::to_string(size) + " bytes, shorter than the 1024-byte header");
-      }
-      auto fail = [&](const std::string& what) {
-        ::close(fd);
-        return shard_error(path, what);
-      };
-      if (header[0] == kMagicGpt2) {
-        if (header[1] != 1) throw fail("unsupported version " + std::to_string(header[1]) + " (magic 20240520 needs version 1)");
-        s.width = 2;
-        default_vocab = std::max(default_vocab, kDefaultVocabGpt2);
-      } else if (header[0] == kMagicLlama3) {
-        if (header[1] != 7 && header[1] != 2)
-          throw fail("unsupported version " + std::to_string(header[1]) + " (magic 20240801 needs version 7 or 2)");
-        s.width = 4;
-        default_vocab = std::max(default_vocab, kDefaultVocabLlama3);
-      } else {
-        throw fail("bad magic " + std::to_string(header[0]) +
-                   " (expected 20240520 or 20240801, an llm.c token shard)");
-      }
-      if (header[3] == kShardTag) {  // the tokenizer named: vocab, end-of-text id
-        const int64_t most = s.width == 2 ? 65536 : INT32_MAX;
-        if (header[4] < 1 || header[4] > most || header[5] < 0 || header[5] >= header[4])
-          throw fail("header names vocab " + std::to_string(header[4]) + " and end-of-text " +
-                     std::to_string(header[5]) + " (need 1 <= vocab <= " + std::to_string(most) + ", 0 <= eot < vocab)");
-        s.vocab = header[4], s.eot = header[5];
-      }
-      s.count = header[2];
-      if (s.count <= 0) throw fail("header token count " + std::to_string(s.count) + " (must be > 0)");
-      const int64_t want = 1024 + s.count * s.width;
-      if (size != want)
-        throw fail(std::string(size < want ? "truncated shard" : "trailing bytes") + ": " + std::to_string(size) +
-                   " bytes, but the header's " + std::to_string(s.count) + " tokens need " + std::to_string(want));
-      s.map_len = size_t(size);
+      s.map_len = size_t(1024 + s.count * s.width);
       s.map = mmap(nullptr, s.map_len, PROT_READ, MAP_PRIVATE, fd, 0);
       ::close(fd);
       if (s.map == MAP_FAILED) throw shard_error(path, std::string("mmap failed: ") + std::strerror(errno));
@@ -116,6 +137,7 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
     for (Shard& s : shards_) munmap(s.map, s.map_len);  // the destructor will not run
     throw;
   }
+  const int default_vocab = shards_.front().width == 2 ? kDefaultVocabGpt2 : kDefaultVocabLlama3;
   // The headers' vocab when every file names one (the largest, if they differ).
   int named = 0;
   for (const Shard& s : shards_) named = (s.vocab > 0 && named >= 0) ? std::max(named, s.vocab) : -1;
@@ -170,16 +192,7 @@ int64_t ShardDataset::count_sequences(int T) const {
   return n;
 }
 
-int32_t ShardDataset::eot() const {
-  if (shards_.front().vocab > 0) {  // named in the headers: every file must name the same
-    for (const Shard& s : shards_)
-      if (s.eot != shards_.front().eot) return -1;
-    return shards_.front().eot;
-  }
-  int widths = 0;  // bit 0: uint16 files seen, bit 1: uint32 files seen
-  for (const Shard& s : shards_) widths |= s.vocab > 0 ? 4 : s.width == 2 ? 1 : 2;
-  return widths == 1 ? 50256 : widths == 2 ? 128000 : -1;
-}
+int32_t ShardDataset::eot() const { return shards_.front().effective_eot(); }  // every file's (the constructor)
 
 int64_t ShardDataset::num_sequences(int T) const { return count_sequences(T); }
 
@@ -230,6 +243,8 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
       continue;
     }
     const int64_t off = lo + g * T;
+    // An id past the vocabulary the file's header names is as damaged as one past the model's.
+    const uint32_t limit = uint32_t(s.vocab > 0 ? std::min(s.vocab, vocab_) : vocab_);
     for (int t = 0; t <= T; t++) {
       uint32_t id;
       if (s.width == 2) {
@@ -239,9 +254,10 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
       } else {
         std::memcpy(&id, s.tokens() + (off + t) * 4, 4);
       }
-      if (id >= uint32_t(vocab_))
-        throw shard_error(s.path, "token id " + std::to_string(id) + " at token offset " + std::to_string(off + t) +
-                                      " is >= the model vocab " + std::to_string(vocab_));
+      if (id >= limit)
+        throw shard_error(s.path, "token id " + std::to_string(id) + " at token offset " + std::to_string(off + t) + " is >= " +
+                                      (limit == uint32_t(vocab_) ? "the model vocab " : "the vocab its header names, ") +
+                                      std::to_string(limit));
       if (t < T) inputs[t] = int32_t(id);
       if (t > 0) targets[t - 1] = int32_t(id);
     }

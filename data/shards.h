@@ -38,8 +38,8 @@ class ShardDataset : public Dataset {
 
   int vocab() const override { return vocab_; }
   // llm.c's writers start every document with one token: 50256 <|endoftext|> in uint16 GPT-2
-  // shards, 128000 <|begin_of_text|> in uint32 llama-3 shards; the one the headers name when every
-  // file names the same; -1 when the files mix.
+  // shards, 128000 <|begin_of_text|> in uint32 llama-3 shards, or the one the headers name (every
+  // file the glob matches must agree: the constructor refuses a mix).
   int32_t eot() const override;
   int64_t num_sequences(int T) const override;  // throws naming the glob when it is 0
   // Val (read in order): the next sequence is in the same file; train (shuffled): never.
@@ -62,7 +62,11 @@ class ShardDataset : public Dataset {
     void* map = nullptr;
     size_t map_len = 0;
     const uint8_t* tokens() const { return static_cast<const uint8_t*>(map) + 1024; }
+    int32_t effective_eot() const;  // the header's, else the format's
+    std::string kind() const;       // "vocab V, end-of-text E": the header's, else the format's
   };
+  // A file's header, validated against its size (not mapped).
+  static Shard read_header(const std::string& path);
   // The tokens [lo, hi) of each shard (in order) that this split reads (T does not matter): made
   // once, by the constructor.
   std::vector<std::pair<int64_t, int64_t>> compute_spans() const;

@@ -44,6 +44,12 @@ inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1)
 #define UL_UNROLL
 #endif
 
+#ifndef UL_STATIC_SMEM
+// Static shared memory: `UL_STATIC_SMEM(float, s, [32]);` (the emulator fills it with NaN bytes at
+// each block's start, engine/cuda_emu/cuda_emu.h).
+#define UL_STATIC_SMEM(T, name, dims) __shared__ T name dims
+#endif
+
 #ifndef UL_DYNAMIC_SMEM
 // One byte array viewed as T: declaring `extern __shared__ T name[]` with a different T in each
 // template instance would be a conflicting redeclaration.

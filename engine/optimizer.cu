@@ -89,7 +89,7 @@ __global__ void round_master_kernel(__nv_bfloat16* __restrict__ params, const fl
 
 // Sum of the block's values, the same order every run; the total is valid in thread 0.
 __device__ __forceinline__ float block_sum(float v) {
-  __shared__ float s_warp[kThreads / 32];
+  UL_STATIC_SMEM(float, s_warp, [kThreads / 32]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   v = warp_sum(v);
   if (lane == 0) s_warp[warp] = v;

@@ -61,7 +61,7 @@ template <class T>
 __global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ loss, int32_t* __restrict__ hit,
                                              const float* logits, const int32_t* __restrict__ targets, int V,
                                              float grad_scale) {
-  __shared__ RowStats s_warp[kMaxThreads / 32];
+  UL_STATIC_SMEM(RowStats, s_warp, [kMaxThreads / 32]);
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t = targets[row];
   const float* lr = logits + size_t(row) * V;

@@ -35,7 +35,7 @@ struct Outs {
 
 template <int K, int V, class Term>
 __global__ void partial_kernel(float* __restrict__ partial, Term term, int N, int C, int chunk_rows) {
-  __shared__ float s_acc[K][kRowLanes][kColTile * V];
+  UL_STATIC_SMEM(float, s_acc, [K][kRowLanes][kColTile * V]);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = (blockIdx.x * kColTile + tx) * V;  // this thread's first column
   const int chunk = blockIdx.y, chunks = gridDim.y;

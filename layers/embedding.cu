@@ -81,7 +81,7 @@ __device__ __forceinline__ int64_t pair_low(int64_t t, int64_t j) { return (t / 
 // min(k/2, tile/2) down to 1. k_first = 2, k_last = tile sorts each tile (alternating directions,
 // as the full network wants); k_first = k_last = k > tile finishes merge stage k below the tile.
 __global__ void embedding_sort_tile_kernel(uint64_t* __restrict__ keys, int64_t k_first, int64_t k_last) {
-  __shared__ uint64_t s[kSortTile];
+  UL_STATIC_SMEM(uint64_t, s, [kSortTile]);
   const int tile = 2 * blockDim.x;
   const int64_t base = int64_t(blockIdx.x) * tile;
   for (int i = threadIdx.x; i < tile; i += blockDim.x) s[i] = keys[base + i];

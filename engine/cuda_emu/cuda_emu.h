@@ -9,8 +9,12 @@
 //     barrier or __syncwarp shows; blocks are spread over OpenMP threads;
 //   - threadIdx/blockIdx/blockDim/gridDim are thread_local variables that the scheduler sets before
 //     resuming a fiber, so they always describe the fiber that runs;
-//   - __shared__ is `static thread_local`: one copy per OS thread, which is one copy per block in
-//     flight, since an OS thread runs one block at a time from its first fiber to its last;
+//   - static shared memory, declared UL_STATIC_SMEM(T, name, [N]...) (engine/cuda_launch.h), is a
+//     `static thread_local` array: one copy per OS thread, which is one copy per block in flight,
+//     since an OS thread runs one block at a time from its first fiber to its last. The first
+//     thread of each block to reach the declaration fills it with 0xff bytes (NaN), as the GPU
+//     leaves it undefined at a block's start: a read before any write shows instead of reading
+//     the previous block's values. A plain __shared__ declaration does not compile here;
 //   - __syncthreads() parks the fiber until every thread of the block has arrived; a barrier that
 //     only part of the block can reach is reported as an error, not a hang;
 //   - warp collectives (shuffles, __syncwarp, votes) park each lane until all lanes named in the
@@ -37,7 +41,11 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static thread_local
+// Kernels declare static shared memory with UL_STATIC_SMEM, which poisons it per block.
+#define __shared__ static_assert(false, "declare static shared memory with UL_STATIC_SMEM(T, name, [N])");
+#define UL_STATIC_SMEM(T, name, dims) \
+  static thread_local T name dims;     \
+  ::ul_emu::static_smem(&name, sizeof(name))
 // Dynamic shared memory, spelled the same on both paths (see engine/cuda_launch.h for nvcc's).
 #define UL_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::ul_emu::dynamic_smem())
 
@@ -59,6 +67,10 @@ void syncthreads();
 // with the participating lanes in the high 32).
 uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width);
 void* dynamic_smem();  // this block's dynamic shared memory (nullptr when the launch asked for none)
+// A static shared array's declaration, run by every thread: the block's first fills it with 0xff
+// bytes; past 48 KiB of static shared memory in a block (the GPU's limit), or 227 KiB with the
+// dynamic, the launch fails.
+void static_smem(void* array, size_t bytes);
 
 // cp.async (engine/async_copy.h): `bytes` (4, 8 or 16) from src to dst, of which the first
 // src_bytes are read and the rest zero-filled. The destination turns to NaN bytes when the copy is

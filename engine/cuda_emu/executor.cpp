@@ -110,6 +110,9 @@ struct Worker {
   unsigned barriers = 0;  // __syncthreads completed: each one restarts the warp order
   int exited = 0;
   std::exception_ptr error;
+  uint64_t block_serial = 0;  // counts the blocks this OS thread has run
+  std::vector<std::pair<void*, uint64_t>> static_arrays;  // each static shared array: the block that last poisoned it
+  size_t static_bytes = 0;    // the block's static shared memory so far
 
   ~Worker() {
     if (stacks) munmap(stacks, size_t(n_stacks) * (page + kStackBytes));
@@ -245,8 +248,11 @@ void run_block(Worker& w, uint3 block_idx) {
     const int lanes = w.n - k * 32 < 32 ? w.n - k * 32 : 32;
     wp.live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
   }
-  // Shared memory starts as garbage on a GPU; NaN bits make a read-before-write show.
+  // Shared memory starts as garbage on a GPU; NaN bits make a read-before-write show (the static
+  // arrays are filled as the block first reaches them: static_smem).
   if (w.smem_bytes) std::memset(w.smem, 0xff, w.smem_bytes);
+  w.block_serial++;
+  w.static_bytes = 0;
   const unsigned bx = blockDim.x, by = blockDim.y;
   for (int i = 0; i < w.n; i++) {
     Fiber& f = w.fibers[i];
@@ -402,6 +408,22 @@ void cp_async_wait(int pending) {
 void* dynamic_smem() {
   Worker& w = in_kernel("dynamic shared memory");
   return w.smem_bytes ? w.smem : nullptr;
+}
+
+void static_smem(void* array, size_t bytes) {
+  Worker& w = in_kernel("static shared memory");
+  auto it = std::find_if(w.static_arrays.begin(), w.static_arrays.end(), [&](const auto& a) { return a.first == array; });
+  if (it != w.static_arrays.end() && it->second == w.block_serial) return;  // this block's already
+  if (it == w.static_arrays.end()) it = w.static_arrays.insert(w.static_arrays.end(), {array, 0});
+  it->second = w.block_serial;
+  std::memset(array, 0xff, bytes);
+  w.static_bytes += bytes;
+  if (w.static_bytes > kDefaultDynamicSmem)
+    throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static shared memory (the GPU allows 48 KiB; "
+                             "use dynamic shared memory for more)");
+  if (w.static_bytes + w.smem_bytes > kMaxDynamicSmem)
+    throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
+                             " of dynamic shared memory: past sm_90's 227 KiB a block");
 }
 
 bool set_max_dynamic_smem(const void* kernel, size_t bytes) {

@@ -151,15 +151,43 @@ TEST_CASE("prepare's header ints: checked, and the format's defaults when a file
     const std::string bad = with_header("bad.bin", slot, value);
     ul_test::require_error([&] { ul::open_dataset("shards:" + bad, ul::Split::train, 1, 0); }, {bad, "header names vocab"});
   }
-  // Without the tag (an llm.c shard), the format's defaults; mixed with a tagged one, no EOT is known.
+  // Without the tag (an llm.c shard), the format's defaults. Beside a tagged one of another
+  // tokenizer (bytes, 257): refused, naming both (it once trained at the larger vocab, no EOT known);
+  // beside one tagged with GPT-2's own vocab and EOT, the same tokenizer: taken.
   const std::string plain = with_header("plain.bin", 3, 0);
   auto p = ul::open_dataset("shards:" + plain, ul::Split::train, 1, 0);
   CHECK(p->vocab() == 50257);
   CHECK(p->eot() == 50256);
   std::filesystem::copy_file(shard, d.file("plain_b.bin"));
-  auto mixed = ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0);
-  CHECK(mixed->vocab() == 50257);
-  CHECK(mixed->eot() == -1);
+  ul_test::require_error([&] { ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0); },
+                         {"different tokenizers", plain + ": vocab 50257, end-of-text 50256 (its format's",
+                          d.file("plain_b.bin") + ": vocab 257, end-of-text 256"});
+  // A val file of another tokenizer in the glob counts too, though the train split never reads it.
+  std::filesystem::rename(d.file("plain_b.bin"), d.file("plain_val.bin"));
+  ul_test::require_error([&] { ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0); },
+                         {"different tokenizers"});
+  std::filesystem::remove(d.file("plain_val.bin"));
+  {
+    std::string b = bytes;
+    const int32_t vocab = 50257, eot = 50256;
+    std::memcpy(&b[16], &vocab, 4), std::memcpy(&b[20], &eot, 4);
+    std::ofstream(d.file("plain_gpt2.bin"), std::ios::binary) << b;
+  }
+  auto same = ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0);
+  CHECK(same->vocab() == 50257);
+  CHECK(same->eot() == 50256);
+  // An id past the vocabulary the header names (257) but inside the model's: refused as it is read.
+  {
+    std::string b = bytes;
+    const uint16_t id = 1000;
+    std::memcpy(&b[1024 + 2 * 5], &id, 2);
+    std::ofstream(d.file("big_id.bin"), std::ios::binary) << b;
+  }
+  auto big = ul::open_dataset("shards:" + d.file("big_id.bin"), ul::Split::train, 1, 2000);
+  std::vector<int32_t> in(8), tg(8);
+  ul_test::require_error([&] {
+    for (int64_t i = 0; i < big->num_sequences(8); i++) big->sequence(i, 8, in.data(), tg.data());
+  }, {d.file("big_id.bin"), "token id 1000 at token offset 5 is >= the vocab its header names, 257"});
 }
 
 TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {

@@ -101,7 +101,7 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   for (size_t i = 0; i < train.size(); i++) train[i] = uint16_t(i % 250);
   for (size_t i = 0; i < val.size(); i++) val[i] = uint16_t(i == 50 ? 300 : i % 250);
   shard("d_train_0.bin", train, 257, 256);
-  shard("d_val_0.bin", val, 0, -1);  // names no vocabulary: its format's would be GPT-2's 50257
+  shard("d_val_0.bin", val, 257, 256);  // the train file's tokenizer (a glob of two is refused)
   const std::string base = "--steps 1 --threads 1 --seq 64 --batch 2 --layers 1 --dim 32 --heads 2 ";
   // Id 300 is past the model's 257 (though inside its padded rows): found at the eval, named.
   ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 2 --data 'shards:" +

@@ -50,7 +50,7 @@ __global__ void indices_kernel(int* out) {
 
 // Tree reduction of 256 values per block in static shared memory.
 __global__ void block_sum_kernel(int* out, const int* in) {
-  __shared__ int s[256];
+  UL_STATIC_SMEM(int, s, [256]);
   const int t = threadIdx.x;
   s[t] = in[blockIdx.x * 256 + t];
   __syncthreads();
@@ -65,8 +65,8 @@ __global__ void block_sum_kernel(int* out, const int* in) {
 // and checks the shared slot that thread 0 fills with the block index: a block that saw another
 // block's shared memory would fail one or the other.
 __global__ void reverse_kernel(int* data, int* owner_ok, int rounds) {
-  __shared__ int s[128];
-  __shared__ int owner;
+  UL_STATIC_SMEM(int, s, [128]);
+  UL_STATIC_SMEM(int, owner, );
   const int t = threadIdx.x, n = blockDim.x;
   int* d = data + blockIdx.x * n;
   if (t == 0) owner = blockIdx.x;
@@ -155,10 +155,24 @@ __global__ void split_warp_kernel(int* out) {
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
   else __syncthreads();
 }
+// Thread 0 of each block reads a static shared word before anything writes it (undefined on the
+// GPU: the emulator's NaN bytes), then leaves the block's index there for the next block to find.
+__global__ void unwritten_smem_kernel(unsigned* out) {
+  UL_STATIC_SMEM(unsigned, word, [2]);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = word[1];
+    word[1] = blockIdx.x;
+  }
+}
+__global__ void too_much_static_smem_kernel(int* out) {
+  UL_STATIC_SMEM(char, big, [48 * 1024 + 16]);
+  big[threadIdx.x] = 1;
+  out[0] = big[0];
+}
 // Lane 0 of each warp reads a shared word and then writes its warp number + 1 there, with no
 // barrier between the warps: what each reads tells which warp ran first. out: (block, warp).
 __global__ void warp_order_kernel(int* out) {
-  __shared__ int word;
+  UL_STATIC_SMEM(int, word, );
   if (threadIdx.x == 0) word = 0;
   __syncthreads();
   const int warp = threadIdx.x / 32;
@@ -169,7 +183,7 @@ __global__ void warp_order_kernel(int* out) {
 }
 // Lanes 0 and 31 of one warp the same way, with no __syncwarp between them. out: (block, 2).
 __global__ void lane_order_kernel(int* out) {
-  __shared__ int word;
+  UL_STATIC_SMEM(int, word, );
   if (threadIdx.x == 0) word = 0;
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -234,7 +248,7 @@ TEST_CASE("emu: shared memory and __syncthreads give a block reduction", "[emu]"
   }
 }
 
-TEST_CASE("emu: __shared__ is private to each block, also with blocks on several OS threads", "[emu]") {
+TEST_CASE("emu: static shared memory is private to each block, also with blocks on several OS threads", "[emu]") {
   const int blocks = 96, n = 128;
   std::vector<int> in(blocks * n);
   std::iota(in.begin(), in.end(), 0);
@@ -248,6 +262,17 @@ TEST_CASE("emu: __shared__ is private to each block, also with blocks on several
   CHECK(d.get() == in);
   const std::vector<int> owner_ok = ok.get();
   CHECK(std::count(owner_ok.begin(), owner_ok.end(), 1) == blocks * n);
+}
+
+TEST_CASE("emu: static shared memory starts as NaN bytes in every block and past 48 KiB is refused", "[emu]") {
+  const int blocks = 40;
+  DeviceBuffer<unsigned> out(blocks);
+  ul::launch("unwritten", unwritten_smem_kernel, dim3(blocks), dim3(64), 0, nullptr, out.p);
+  // Not the previous block's index, which a block on the same OS thread once found there.
+  for (unsigned v : out.get()) CHECK(v == 0xffffffffu);
+  DeviceBuffer<int> one(1);
+  CHECK_THROWS_WITH(ul::launch("big", too_much_static_smem_kernel, dim3(1), dim3(32), 0, nullptr, one.p),
+                    Catch::Contains("49168 bytes of static shared memory (the GPU allows 48 KiB"));
 }
 
 TEST_CASE("emu: dynamic shared memory", "[emu]") {
