@@ -27,6 +27,10 @@ class Dataset {
   // The id that starts each document in the token stream (--doc-mask's default --eot), -1: none known.
   virtual int32_t eot() const { return -1; }
   virtual std::string describe() const = 0;         // one line for the log
+  // What the tokens are, for a resume to check that its files did not change since the save (the
+  // shuffle, the sequences and the held-out cut all follow them): "" when the spec and seed say it
+  // all (the synthetic tasks).
+  virtual std::string identity() const { return ""; }
   // For a task that fits itself to the length: what a sequence of length T holds ("" otherwise).
   virtual std::string layout(int) const { return ""; }
   // The same task with one random setting held fixed, named by it, for the breakdown printed after

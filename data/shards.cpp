@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -263,6 +264,20 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
     }
     return;
   }
+}
+
+std::string ShardDataset::identity() const {
+  uint64_t h = mix64(holdout_ ? 1 : 2);
+  int64_t tokens = 0;
+  auto add = [&h](uint64_t x) { h = mix64(h ^ mix64(x)); };
+  for (const Shard& s : shards_) {
+    for (unsigned char c : basename_of(s.path)) add(c);
+    add(uint64_t(s.count)), add(uint64_t(s.width)), add(uint64_t(uint32_t(s.vocab))), add(uint64_t(uint32_t(s.eot)));
+    tokens += s.count;
+  }
+  char digest[24];
+  std::snprintf(digest, sizeof digest, "%016llx", (unsigned long long)h);
+  return std::to_string(shards_.size()) + " file(s), " + std::to_string(tokens) + " tokens, digest " + digest;
 }
 
 std::string ShardDataset::describe() const {

@@ -46,6 +46,10 @@ class ShardDataset : public Dataset {
   bool continues(int64_t i, int T) const override;
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   std::string describe() const override;
+  // The split's files (names, token counts, tokenizer) as "N file(s), T tokens, digest X": the
+  // contents are not read (terabytes), but a file added, removed, renamed, cut or rewritten at
+  // another length changes it.
+  std::string identity() const override;
 
   // A permutation of [0, n) keyed by key: exposed for tests.
   static int64_t permute(int64_t j, int64_t n, uint64_t key);

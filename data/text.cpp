@@ -1,6 +1,7 @@
 #include "data/text.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -47,6 +48,12 @@ void TextDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) 
     inputs[t] = p[t];
     targets[t] = p[t + 1];
   }
+}
+
+std::string TextDataset::identity() const {
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08x", crc32(0, bytes_.data(), bytes_.size()));
+  return std::to_string(bytes_.size()) + " bytes, crc32 " + crc;
 }
 
 std::string TextDataset::describe() const {

@@ -21,6 +21,7 @@ class TextDataset : public Dataset {
   int64_t num_sequences(int T) const override;
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   std::string describe() const override;
+  std::string identity() const override;  // "N bytes, crc32 X"
 
  private:
   std::string path_;

@@ -152,7 +152,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     write_optim_file(dir + "/" + optim_file_name(s.shard, s.shards), s);
   }
   write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g, run_layout(tr.options(), g),
-                  run_fields(tr.options(), tr.model().cfg));
+                  run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()));
   g.world.barrier();  // every rank's files are durable: only now may the directory count
 
   if (rank == 0) {
@@ -174,7 +174,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
 
   // rank_0.json is in every checkpoint, whatever its world: the options and the layout it was saved
   // at. At the same layout each rank also checks its own file, its place in the grid included.
-  const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg);
+  const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, tr.train_data().identity());
   const RunLayout run = run_layout(tr.options(), g);
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr);
   if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g);

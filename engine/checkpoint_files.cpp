@@ -353,7 +353,7 @@ OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
   return s;
 }
 
-std::vector<RunField> run_fields(const Options& o, const ModelConfig& c) {
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const std::string& data) {
   auto n = [](int64_t v) { return std::to_string(v); };
   return {{"arch", json_quote(c.arch), "--model"},
           {"layers", n(c.layers), "--layers"},
@@ -376,6 +376,9 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c) {
           // bf16 and fp32 runs differ in every step's arithmetic (a CUDA run is bf16 unless told)
           {"precision", json_quote(o.precision), "--precision", kUnchecked},
           {"data", json_quote(o.data), "--data"},
+          // the same spec over other files (one added, rewritten, cut) shuffles and cuts otherwise
+          // (checkpoints written before this field are not checked for it)
+          {"data_files", json_quote(data), "--data: its files changed since the save", kUnchecked},
           {"seed", std::to_string(o.seed), "--seed"},
           // packing changes what every step trains on (added after the first checkpoints: a
           // checkpoint without them was written without --doc-mask)

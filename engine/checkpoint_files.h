@@ -66,7 +66,8 @@ struct RunField {
                                 // ("": none, the field must be there; kUnchecked: not checked)
 };
 // Every option that must be equal on resume (the layout's four are not among them: RunLayout).
-std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg);
+// `data`: the training split's Dataset::identity() (its files as they are now).
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const std::string& data);
 
 // How a step's sequences are spread: --batch per rank and micro-batch, --grad-accum micro-batches,
 // dp replicas, each sequence cut into sp slices. Step s trains on sequences [s G, (s + 1) G) with

@@ -272,12 +272,25 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     REQUIRE(train(packed + " --steps 2 --save-dir " + old.string()).code == 0);
     const fs::path rank = old / "step_00000002" / "rank_0.json";
     std::string j = ul::read_whole_file(rank.string());
+    // The data's text changed since the save (the same spec, other bytes): the shuffle and the
+    // held-out cut moved, so the resume is refused, naming what changed.
+    const std::string saved_text = ul::read_whole_file(text.string());
+    std::ofstream(text, std::ios::app) << std::string(500, 'c');
+    expect_refused(packed + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string(),
+                   "data_files is 5002 bytes, crc32 ");
+    expect_refused(packed + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string(),
+                   "in this run (--data: its files changed since the save)");
+    std::ofstream(text) << saved_text;
+    REQUIRE(train(packed + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string()).code == 0);
     for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1", ",\"warmup\":20", ",\"grad_clip\":\"1\"",
                               ",\"schedule\":\"cosine\"", ",\"decay_frac\":\"0.2\""}) {
       const size_t at = j.find(field);
       REQUIRE(at != std::string::npos);
       j.erase(at, std::strlen(field));
     }
+    const size_t files = j.find(",\"data_files\":\"");  // its value too, up to the closing quote
+    REQUIRE(files != std::string::npos);
+    j.erase(files, j.find('"', files + 15) + 1 - files);
     std::ofstream(rank) << j;
     // Fields a checkpoint predates are not checked (the schedule's), or take the value it implies.
     REQUIRE(train(packed + " --steps 3 --warmup 7 --resume --save-dir " + old.string()).code == 0);

@@ -176,6 +176,18 @@ TEST_CASE("prepare's header ints: checked, and the format's defaults when a file
   auto same = ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0);
   CHECK(same->vocab() == 50257);
   CHECK(same->eot() == 50256);
+  // What a resume checks (Dataset::identity): the same files say the same; one file more, or one
+  // cut to another length, does not.
+  CHECK(ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0)->identity() == same->identity());
+  CHECK(same->identity().rfind("2 file(s), ", 0) == 0);
+  CHECK(p->identity() != same->identity());
+  {
+    std::string b = bytes;
+    const int32_t fewer = int32_t((b.size() - 1024) / 2 - 1), vocab = 50257, eot = 50256;
+    std::memcpy(&b[8], &fewer, 4), std::memcpy(&b[16], &vocab, 4), std::memcpy(&b[20], &eot, 4);
+    std::ofstream(d.file("plain_gpt2.bin"), std::ios::binary) << b.substr(0, b.size() - 2);
+  }
+  CHECK(ul::open_dataset("shards:" + d.file("plain*.bin"), ul::Split::train, 1, 0)->identity() != same->identity());
   // An id past the vocabulary the header names (257) but inside the model's: refused as it is read.
   {
     std::string b = bytes;
