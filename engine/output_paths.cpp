@@ -27,6 +27,14 @@ std::string resolved(const std::string& path) {
   return ec ? path : p.string();
 }
 
+// Whether two paths name one file: the same resolved path, or, both existing, the same inode (a
+// hard link to the training text, which the log's truncating open would have emptied).
+bool same_file(const std::string& a, const std::string& b) {
+  if (resolved(a) == resolved(b)) return true;
+  std::error_code ec;
+  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec) && !ec;
+}
+
 // The files a data spec reads: text:FILE, or what shards:GLOB matches (synthetic tasks: none).
 std::vector<std::string> data_files(const std::string& spec) {
   if (spec.rfind("text:", 0) == 0) return {spec.substr(5)};
@@ -60,9 +68,17 @@ void check_output_paths(const Options& o) {
   }
   for (const std::string& f : data_files(o.data)) inputs.push_back({"--data", f});
   for (const std::string& f : data_files(o.val_data)) inputs.push_back({"--val-data", f});
-  // A Hugging Face checkpoint's config.json is read too (an export beside it would replace it).
+  // A Hugging Face checkpoint's config.json is read too (an export beside it would replace it), and
+  // a sharded one's every shard.
   if (is_safetensors_path(o.checkpoint) || is_safetensors_index_path(o.checkpoint))
     inputs.push_back({"--checkpoint (its config.json)", hf_dir_of(o.checkpoint) + "/config.json"});
+  if (is_safetensors_index_path(o.checkpoint)) {
+    try {
+      for (const std::string& shard : read_safetensors_index(o.checkpoint).files) inputs.push_back({"--checkpoint (a shard)", shard});
+    } catch (const std::exception&) {
+      // a bad index is refused, naming it, when the model is loaded
+    }
+  }
   for (const auto& [flag, path] : {Named{"--checkpoint", o.checkpoint}, Named{"--check-state", o.check_state},
                                    Named{"--tokenizer", o.tokenizer}, Named{"--prompt-file", o.prompt_file}})
     if (!path.empty()) inputs.push_back({flag, path});
@@ -81,10 +97,12 @@ void check_output_paths(const Options& o) {
     if (fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) != 0)
       throw std::runtime_error(flag + ": " + path + ": the directory " + dir.string() + " is not writable");
     for (const auto& [in_flag, in_path] : inputs)
-      if (resolved(in_path) == resolved(path))
+      if (same_file(in_path, path))
         throw std::runtime_error(flag + " " + path + " is " + in_flag + "'s file: the run would overwrite its own input");
+    if (!o.save_dir.empty() && same_file(o.save_dir, path))
+      throw std::runtime_error(flag + " " + path + " is --save-dir's directory; give a file path");
     for (size_t j = 0; j < i; j++)
-      if (resolved(outputs[j].second) == resolved(path))
+      if (same_file(outputs[j].second, path))
         throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");
   }
 }

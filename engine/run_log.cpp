@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -26,6 +27,10 @@ bool ends_without_newline(const std::string& path) {
 
 RunLog::RunLog(const std::string& path, int resume_step) : path_(path) {
   const bool torn = resume_step >= 0 && ends_without_newline(path);
+  // Its directory is made as the exports' are (--log runs/today/log.jsonl before runs/today exists).
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
   f_ = std::fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
   if (!f_) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   if (torn) std::fputc('\n', f_);

@@ -37,11 +37,23 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused(run + " --export-llmc " + d + "/adir", "--export-llmc: " + d + "/adir exists and is not a regular file");
   expect_refused(run + " --log " + text, "--log " + text + " is --data's file: the run would overwrite its own input");
   expect_refused(run + " --log " + d + "/x.bin --export-llmc " + d + "/./x.bin", "is also --log's: one would overwrite the other");
+  // A hard link to the text is the text (the log's open would have emptied it); the save
+  // directory is not a log file.
+  fs::create_hard_link(text, d + "/hard.txt");
+  expect_refused(run + " --log " + d + "/hard.txt", "--log " + d + "/hard.txt is --data's file");
+  expect_refused(run + " --log " + d + "/sd --save-dir " + d + "/sd", "--log " + d + "/sd is --save-dir's directory");
+  // A log in a directory that does not exist yet: made, as an export's is.
+  REQUIRE(run_cmd(train_cmd(run + " --quiet --log " + d + "/new/dir/log.jsonl")).code == 0);
+  CHECK(fs::file_size(d + "/new/dir/log.jsonl") > 0);
   // An export beside a Hugging Face --checkpoint would replace the config.json it was read with.
   const std::string hf = d + "/base/model.safetensors";
   REQUIRE(run_cmd(train_cmd(run + " --model llama --export-safetensors " + hf)).code == 0);
   expect_refused("--checkpoint " + hf + " --steps 1 --seq 32 --export-safetensors " + d + "/base/long.safetensors",
                  "base/config.json is --checkpoint (its config.json)'s file");
+  // A sharded checkpoint's shards are its inputs too (the log once overwrote one).
+  const std::string index = d + "/base/model.safetensors.index.json";
+  std::ofstream(index) << "{\"weight_map\":{\"model.embed_tokens.weight\":\"model.safetensors\"}}";
+  expect_refused("--checkpoint " + index + " --steps 1 --seq 32 --log " + hf, hf + " is --checkpoint (a shard)'s file");
   std::ifstream still(text);
   std::string first;
   std::getline(still, first);
