@@ -151,7 +151,8 @@ float lr_at(int step, const LrSchedule& s) {
     return float(s.lr * (1.0 - (1.0 - s.final_frac) * progress));
   }
   int decay_steps = s.steps - s.warmup;
-  if (decay_steps <= 1) return s.lr;
+  // One step after the warmup is the last: it lands on the floor, as wsd's does (it once stayed at lr).
+  if (decay_steps <= 1) return s.lr * s.final_frac;
   double progress = double(step - s.warmup) / double(decay_steps - 1);
   if (progress > 1) progress = 1;
   double cosine = 0.5 * (1.0 + std::cos(3.141592653589793 * progress));

@@ -97,6 +97,26 @@ int train_rank(const Options& o, Comm& world) {
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
+  // The same for training: a step's sequences (G) past the train split's end wrap into the next
+  // epoch, so a split smaller than G trains on some sequences several times in every step.
+  const int64_t step_reads = int64_t(o.grad_accum) * g.dp * o.batch;
+  const int64_t train_holds = o.steps > 0 ? tr.train_data().num_sequences(o.seq) : -1;
+  if (train_holds >= 0 && step_reads > train_holds)
+    say("note    | a step reads %lld train sequences (--batch x --grad-accum x dp) but the train split holds %lld at "
+        "--seq %d: each step repeats some\n", (long long)step_reads, (long long)train_holds, o.seq);
+  // A run no longer than its warmup never reaches --lr, nor decays.
+  if (o.steps > 0 && o.steps <= o.warmup && o.schedule != "constant")
+    say("note    | --steps %d <= --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
+        double(o.lr) * o.steps / o.warmup, double(o.lr));
+  // --steps 0 reads no training flag: a command line copied from a training run would keep them.
+  if (o.steps == 0) {
+    std::string unread;
+    for (const char* f : {"--lr", "--warmup", "--schedule", "--decay-frac", "--final-lr-frac", "--weight-decay",
+                          "--grad-clip", "--beta1", "--beta2", "--adam-eps", "--grad-accum", "--zero", "--recompute",
+                          "--offload", "--save-every", "--keep"})
+      if (o.set_by_user(f)) unread += std::string(unread.empty() ? "" : ", ") + f;
+    if (!unread.empty()) say("note    | --steps 0 trains nothing: %s not read\n", unread.c_str());
+  }
   // An eval reads --eval-batches x dp x --batch val sequences; past the split's end they wrap.
   const int64_t eval_reads = int64_t(o.eval_batches) * g.dp * o.batch;
   const int64_t val_holds = o.evaluates() ? tr.val_data().num_sequences(o.seq) : -1;  // -1: unlimited (synthetic)

@@ -84,6 +84,28 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused("--checkpoint " + nan_model + " --steps 0 --seq 16 --data passkey", "nan.bin: tensor wte holds a non-finite value");
 }
 
+TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
+  TempDir dir;
+  const std::string text = dir.path.string() + "/t.txt";
+  std::ofstream(text) << std::string(2000, 'a');
+  const std::string base = "--data text:" + text + " --seq 32 --eval-batches 1 --threads 1 --layers 1 --dim 32 ";
+  // A run inside its warmup (the default 20 steps) never reaches --lr.
+  CmdResult r = run_cmd(train_cmd(base + "--batch 1 --steps 4"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --steps 4 <= --warmup 20: the run ends inside the warmup, at lr 0.0006 (--lr 0.003)") !=
+        std::string::npos);
+  CHECK(run_cmd(train_cmd(base + "--batch 1 --steps 4 --warmup 2")).out.find("inside the warmup") == std::string::npos);
+  // A train split (56 sequences of 32 bytes) smaller than a step's 64: some repeat in every step.
+  r = run_cmd(train_cmd(base + "--batch 32 --grad-accum 2 --steps 1 --warmup 1"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("a step reads 64 train sequences (--batch x --grad-accum x dp) but the train split holds 56") !=
+        std::string::npos);
+  // An evaluation reads no training flag, and says which it was given.
+  r = run_cmd(train_cmd(base + "--batch 1 --steps 0 --lr 1 --grad-clip 0 --beta1 0.8"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --steps 0 trains nothing: --lr, --grad-clip, --beta1 not read") != std::string::npos);
+}
+
 TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
@@ -262,6 +284,9 @@ TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[c
   CHECK(at("cosine", 4, 20) == Approx(lr).epsilon(1e-6));
   CHECK(at("cosine", 19, 20) == Approx(lr * fin).epsilon(1e-6));
   CHECK(at("cosine", 12, 21) == Approx(lr * (fin + 1) / 2).epsilon(1e-6));  // 8 of the 16 steps after step 4
+  // One step after the warmup: it is the last, on the floor as wsd's is (it once stayed at lr).
+  CHECK(at("cosine", 4, 5) == Approx(lr * fin).epsilon(1e-6));
+  CHECK(at("wsd", 4, 5) == Approx(lr * fin).epsilon(1e-6));
   // wsd, 20 steps, decay 0.2: steps 4-15 at lr, then 16-19 down in four equal notches to lr * fin.
   for (int s = 4; s < 16; s++) CHECK(at("wsd", s, 20) == Approx(lr).epsilon(1e-6));
   for (int k = 1; k <= 4; k++) CHECK(at("wsd", 15 + k, 20) == Approx(lr * (1 - (1 - fin) * k / 4.0)).epsilon(1e-6));
