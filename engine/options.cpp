@@ -66,7 +66,7 @@ data and loop
   --beta1 X --beta2 X AdamW's first and second moment decays                       [0.9, 0.95]
   --adam-eps X        AdamW's floor under sqrt(v): the update is m / (sqrt(v) + eps)      [1e-8]
   --seed N                                                                                [1337]
-  --threads N         OpenMP threads per rank (0: all cores / ranks)                      [0]
+  --threads N         OpenMP threads per rank (0: the cores / the ranks on this machine)  [0]
   --device cpu|cuda   where the model runs (cuda: a build with -DULYSSES_CUDA=ON, or the
                       emulated device of -DULYSSES_CUDA_EMULATION=ON)                     [cpu]
   --precision fp32|bf16  parameter and activation dtype; bf16 keeps f32 gradients and f32
@@ -172,7 +172,7 @@ double parse_bytes(const std::string& flag, const std::string& v) {
     num.pop_back();
   }
   double x = parse_float(flag, num) * unit;
-  if (!(x > 0)) throw std::runtime_error(flag + ": expected a positive size like 24G, got '" + v + "'");
+  if (!(x > 0) || !std::isfinite(x)) throw std::runtime_error(flag + ": expected a positive size like 24G, got '" + v + "'");
   return x;
 }
 
@@ -227,6 +227,8 @@ Options parse_options(int argc, char** argv) {
            const size_t comma = std::min(v.find(',', at), v.size());
            const int T = parse_int32(f, v.substr(at, comma - at));
            if (T < 1) throw std::runtime_error(f + ": lengths must be >= 1, got " + std::to_string(T));
+           if (std::find(o.probe_lengths.begin(), o.probe_lengths.end(), T) != o.probe_lengths.end())
+             throw std::runtime_error(f + ": length " + std::to_string(T) + " is given twice");
            o.probe_lengths.push_back(T);
            at = comma + 1;
          }
@@ -287,6 +289,8 @@ Options parse_options(int argc, char** argv) {
   if (o.warmup < 0) throw std::runtime_error("--warmup must be >= 0");
   if (o.eval_every < 0) throw std::runtime_error("--eval-every must be >= 0");
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
+  if (o.threads > 1024)  // OpenMP could not create them (100000 crashed the process)
+    throw std::runtime_error("--threads " + std::to_string(o.threads) + ": at most 1024 OpenMP threads per rank");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) throw std::runtime_error("--lr must be a finite number > 0");
   if (!(o.final_lr_frac >= 0 && o.final_lr_frac <= 1))
     throw std::runtime_error("--final-lr-frac must be in [0, 1] (the decay's floor, as a fraction of --lr)");

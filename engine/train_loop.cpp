@@ -132,7 +132,7 @@ int train_rank(const Options& o, Comm& world) {
   say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
-      world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o), o.batch, o.seq, o.grad_accum);
+      world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o, world.size()), o.batch, o.seq, o.grad_accum);
 
   // Where this run starts: step 0, or the newest complete checkpoint under --resume.
   int start = 0;
@@ -279,7 +279,9 @@ int train_rank(const Options& o, Comm& world) {
     return true;
   };
   // --probe-lengths: every rank decodes a share of the windows from a host copy of the weights.
-  if (!o.probe_lengths.empty() && !stop_now() && (o.steps == 0 || o.steps > start)) {
+  // Also after a resume that had nothing left to train: the probes run on the model as loaded, as
+  // the exports do (they were once skipped there without a word).
+  if (!o.probe_lengths.empty() && !stop_now()) {
     const std::vector<float> host = tr.host_params();
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
@@ -363,6 +365,12 @@ int train_rank(const Options& o, Comm& world) {
   // The f32 weights, on rank 0 only (a copy as large as the model: made when asked for).
   const std::vector<float> host = outputs.wants_params() ? tr.host_params(lead) : std::vector<float>{};
   if (lead) outputs.finish(host, model.params.specs());
+  // A signal while they ran: they finished (written whole), and the exit status still says so.
+  if (lead && stop_signal()) {
+    std::printf("stopped | %s during the exports and the sample, which finished\n", stop_signal_name(stop_signal()));
+    std::fflush(stdout);
+    return 128 + stop_signal();
+  }
   return 0;
 }
 

@@ -116,10 +116,10 @@ size_t peak_rss_bytes() {
 
 size_t physical_memory() { return size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE)); }
 
-int threads_per_rank(const Options& o) {
+int threads_per_rank(const Options& o, int world) {
   if (o.threads > 0) return o.threads;
-  int ranks_here = o.comm == "local" ? o.ranks : 1;
-  return std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, ranks_here));
+  // The cores shared by every rank on this machine (under mpirun each once took them all).
+  return std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, ranks_on_this_host(o, world)));
 }
 
 namespace {
@@ -178,7 +178,7 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 
 Trainer::Trainer(const Options& o, Comm& world)
     : o_(o), grid_(world, o.sp), ctx_(run_device(o)), guard_(ctx_) {
-  omp_set_num_threads(threads_per_rank(o));
+  omp_set_num_threads(threads_per_rank(o, world.size()));
   std::vector<float> ckpt;
   ModelConfig cfg;
   if (!o.checkpoint.empty()) {

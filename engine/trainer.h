@@ -141,7 +141,8 @@ int ranks_on_this_host(const Options& o, int world);
 // the run using it.
 void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram);
 
-// Threads per rank: --threads, or the cores divided among the ranks of this process.
-int threads_per_rank(const Options& o);
+// Threads per rank: --threads, or the cores divided among the ranks on this machine
+// (ranks_on_this_host: --comm local's threads, or mpirun's ranks on the node).
+int threads_per_rank(const Options& o, int world);
 
 }  // namespace ul

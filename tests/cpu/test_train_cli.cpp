@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "engine/optimizer.h"
@@ -107,6 +108,21 @@ TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
 }
 
 TEST_CASE("train refuses bad flags before any work", "[cli]") {
+  // In process (no run): more threads than OpenMP makes (100000 crashed), an infinite --memory,
+  // a length probed twice.
+  CHECK_THROWS_WITH(options("--threads 2000"), Catch::Contains("--threads 2000: at most 1024"));
+  CHECK_THROWS_WITH(options("--plan --memory inf"), Catch::Contains("--memory: expected a positive size like 24G, got 'inf'"));
+  CHECK_THROWS_WITH(options("--probe-lengths 128,64,64"), Catch::Contains("--probe-lengths: length 64 is given twice"));
+  // The cores are shared by the ranks on this machine: under mpirun, the node's as Open MPI says.
+  {
+    ul::Options o = options("--comm mpi");
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    const int hw = int(std::thread::hardware_concurrency());
+    CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw / 2));
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw));
+    CHECK(ul::threads_per_rank(options("--ranks 2"), 2) == std::max(1, hw / 2));
+  }
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
   expect_refused("--batch x", "--batch: expected an integer");
