@@ -31,6 +31,14 @@ class Dataset {
   // shuffle, the sequences and the held-out cut all follow them): "" when the spec and seed say it
   // all (the synthetic tasks).
   virtual std::string identity() const { return ""; }
+  // The token ranges [lo, hi) of each file this split reads (inputs and targets), in order; none
+  // for the synthetic tasks. A split's last target and the next split's first input may be one
+  // token (holdout_start).
+  struct FileSpan {
+    std::string path;
+    int64_t lo, hi;
+  };
+  virtual std::vector<FileSpan> file_spans() const { return {}; }
   // For a task that fits itself to the length: what a sequence of length T holds ("" otherwise).
   virtual std::string layout(int) const { return ""; }
   // The same task with one random setting held fixed, named by it, for the breakdown printed after

@@ -266,6 +266,13 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
   }
 }
 
+std::vector<Dataset::FileSpan> ShardDataset::file_spans() const {
+  std::vector<FileSpan> out;
+  for (size_t k = 0; k < shards_.size(); k++)
+    if (spans_[k].second > spans_[k].first) out.push_back({shards_[k].path, spans_[k].first, spans_[k].second});
+  return out;
+}
+
 std::string ShardDataset::identity() const {
   uint64_t h = mix64(holdout_ ? 1 : 2);
   int64_t tokens = 0;

@@ -50,6 +50,7 @@ class ShardDataset : public Dataset {
   // contents are not read (terabytes), but a file added, removed, renamed, cut or rewritten at
   // another length changes it.
   std::string identity() const override;
+  std::vector<FileSpan> file_spans() const override;
 
   // A permutation of [0, n) keyed by key: exposed for tests.
   static int64_t permute(int64_t j, int64_t n, uint64_t key);

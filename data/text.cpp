@@ -50,6 +50,12 @@ void TextDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) 
   }
 }
 
+std::vector<Dataset::FileSpan> TextDataset::file_spans() const {
+  const int64_t size = int64_t(bytes_.size()), cut = holdout_start(size);
+  if (split_ == Split::val) return {{path_, cut, size}};
+  return {{path_, 0, std::min(cut + 1, size)}};
+}
+
 std::string TextDataset::identity() const {
   char crc[16];
   std::snprintf(crc, sizeof crc, "%08x", crc32(0, bytes_.data(), bytes_.size()));

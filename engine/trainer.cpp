@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -205,6 +206,19 @@ Trainer::Trainer(const Options& o, Comm& world)
   } catch (const std::exception& e) {
     throw std::runtime_error(val_flag + ": " + e.what());
   }
+  // --val-data's split must hold nothing the run trains on (its held-out tail of a file that --data
+  // trains on whole, say): the val loss would measure memory, not generalisation. One shared token
+  // is the boundary of a file's two splits.
+  if (!o.val_data.empty() && o.steps > 0)
+    for (const Dataset::FileSpan& v : val_->file_spans())
+      for (const Dataset::FileSpan& t : train_->file_spans()) {
+        std::error_code ec;
+        if (std::min(v.hi, t.hi) - std::max(v.lo, t.lo) > 1 && std::filesystem::equivalent(v.path, t.path, ec))
+          throw std::runtime_error("--val-data: " + v.path + "'s tokens [" + std::to_string(v.lo) + ", " +
+                                   std::to_string(v.hi) + ") are also in --data's training split (its tokens [" +
+                                   std::to_string(t.lo) + ", " + std::to_string(t.hi) + ")): the evals would read "
+                                   "what the run trains on; give val files (a word of the name starting with \"val\")");
+      }
   if (val_->vocab() > cfg.vocab)
     throw std::runtime_error(val_flag + " " + (o.val_data.empty() ? o.data : o.val_data) + ": its vocabulary (" +
                              std::to_string(val_->vocab()) + ") is larger than the model's (" + std::to_string(cfg.vocab) +
