@@ -1,5 +1,6 @@
 #include "data/dataset.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <stdexcept>
@@ -37,7 +38,7 @@ std::map<std::string, double> task_args(const std::string& spec, const std::stri
     const char* v = eq == std::string::npos ? "" : item.c_str() + eq + 1;
     double x = std::strtod(v, &end);
     if (!*v || *end) throw std::runtime_error("--data " + spec + ": '" + key + "' needs a number, got '" + v + "'");
-    out[key] = x;
+    if (!out.emplace(key, x).second) throw std::runtime_error("--data " + spec + ": '" + key + "' is given twice");
   }
   return out;
 }
@@ -46,11 +47,17 @@ void require(bool ok, const std::string& spec, const std::string& what) {
   if (!ok) throw std::runtime_error("--data " + spec + ": " + what);
 }
 
+// A setting that counts something: a whole number an int holds (checked before the cast, which
+// is undefined past int's range).
+int whole(const std::string& spec, const std::string& key, double v) {
+  require(v >= -2147483648.0 && v <= 2147483647.0 && v == std::floor(v), spec, key + " must be an integer");
+  return int(v);
+}
+
 RecallConfig recall_config(const std::string& spec, const std::string& list) {
   RecallConfig c;
   for (auto& [k, v] : task_args(spec, list, {"pairs", "gap", "queries", "keys", "values"})) {
-    int n = int(v);
-    require(double(n) == v, spec, k + " must be an integer");
+    const int n = whole(spec, k, v);
     if (k == "pairs") c.pairs = n;
     if (k == "gap") c.gap = n;
     if (k == "queries") c.queries = n;
@@ -68,8 +75,8 @@ PasskeyConfig passkey_config(const std::string& spec, const std::string& list) {
   PasskeyConfig c;
   for (auto& [k, v] : task_args(spec, list, {"digits", "depth", "filler"})) {
     if (k == "depth") c.depth = v;
-    if (k == "digits") c.digits = int(v);
-    if (k == "filler") c.filler_words = int(v);
+    if (k == "digits") c.digits = whole(spec, k, v);
+    if (k == "filler") c.filler_words = whole(spec, k, v);
   }
   require(c.digits >= 1, spec, "digits must be >= 1");
   require(c.filler_words >= 1, spec, "filler must be >= 1");

@@ -188,9 +188,12 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   }
   const int64_t val = std::llround(o.val_frac * double(total)), train = total - val;
   if (train < 2 || (o.val_frac > 0 && val < 2))
-    throw std::runtime_error("prepare: " + std::to_string(total) + " tokens are too few for a train split" +
-                             (o.val_frac > 0 ? " and a val split of " + std::to_string(o.val_frac) : "") +
-                             " (each needs >= 2 tokens)");
+    throw std::runtime_error("prepare: " + std::to_string(total) + " tokens give a train split of " + std::to_string(train) +
+                             (o.val_frac > 0 ? " and, at --val-frac " + float_text(float(o.val_frac)) + ", a val split of " +
+                                                   std::to_string(val)
+                                             : "") +
+                             " (each needs >= 2 tokens): " +
+                             (train < 2 ? std::string("give more text") : "use --val-frac 0 (no val split) or a larger one"));
   std::error_code ec;
   fs::create_directories(o.out, ec);
   if (!fs::is_directory(o.out)) throw std::runtime_error(o.out + ": cannot create the output directory");

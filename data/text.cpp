@@ -34,7 +34,7 @@ int64_t TextDataset::num_sequences(int T) const {
     throw std::runtime_error(path_ + ": too short for sequence length " + std::to_string(T) + ": its " +
                              split_name(split_) + " split (" +
                              (split_ == Split::val ? "the last 10%, " + std::to_string(size - cut) + " of "
-                                                   : "the first 90%, " + std::to_string(cut + 1) + " of ") +
+                                                   : "the first 90%, " + std::to_string(std::min(cut + 1, size)) + " of ") +
                              std::to_string(size) + " bytes) holds no sequence of " + std::to_string(int64_t(T) + 1) +
                              " bytes" + (split_ == Split::val ? "; give --val-data, or a smaller --seq" : ""));
   return n;

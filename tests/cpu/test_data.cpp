@@ -377,6 +377,12 @@ TEST_CASE("shards: bad files are errors naming the file and the problem", "[data
 }
 
 TEST_CASE("task settings in the data spec reach the generator", "[data]") {
+  // Counts are whole numbers an int holds (2.5 digits once ran as 2; 1e10 was an undefined cast),
+  // and a setting is given once.
+  for (const char* bad : {"passkey:digits=2.5", "passkey:digits=1e10", "passkey:filler=3.5", "recall:pairs=1e12"})
+    CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1), Catch::Contains("must be an integer"));
+  CHECK_THROWS_WITH(ul::open_dataset("passkey:digits=3,digits=4", ul::Split::train, 1, -1),
+                    Catch::Contains("'digits' is given twice"));
   // depth 0: the needle right after BOS; depth 1: right before the query. Recall: 4 pairs.
   auto near = ul::open_dataset("passkey:depth=0,digits=3", ul::Split::train, 1, -1);
   auto far = ul::open_dataset("passkey:depth=1,digits=3", ul::Split::train, 1, -1);

@@ -215,6 +215,9 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
       {"--out " + out + " " + d.path.string(), "cannot open input file"},  // a directory
       {"--out " + out + " --eot 0 " + d.file("ok.txt") + " " + d.file("nul.txt"), "nul.txt: byte 0 at offset 2"},
       {"--out " + out + " --val-frac 1 " + d.file("ok.txt"), "--val-frac must be in [0, 1)"},
+      // A fraction that leaves the val split under 2 tokens says so (it once printed "a val split of 0.000000").
+      {"--out " + out + " --val-frac 0.00000001 " + d.file("ok.txt"),
+       "at --val-frac 1e-08, a val split of 0 (each needs >= 2 tokens): use --val-frac 0 (no val split) or a larger one"},
       {"--out " + out + " --shard-tokens 0 " + d.file("ok.txt"), "--shard-tokens must be"},
       {"--out " + out + " --eot 70000 " + d.file("ok.txt"), "--eot must be in [0, 65535]"},
       {"--out " + out + " --bogus 1 " + d.file("ok.txt"), "unknown flag '--bogus'"},
