@@ -382,7 +382,22 @@ TEST_CASE("the run log has a record per step and eval, the plot has both series"
   CHECK(svg.find("<polyline id=\"val-loss\"") != std::string::npos);
   CHECK(svg.find(">step</text>") != std::string::npos);
   CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("<g id=\"val-markers\"") != std::string::npos);
   CHECK_FALSE(fs::exists(d / "run.svg.tmp"));
+  // An eval at every one of 100000 steps: both series thinned to a few thousand points, no markers.
+  {
+    std::vector<ul::LogRecord> many;
+    for (int s = 1; s <= 100000; s++) {
+      const std::map<std::string, std::string> st = {{"type", "step"}, {"step", std::to_string(s)}, {"loss", "3"}};
+      const std::map<std::string, std::string> ev = {{"type", "eval"}, {"step", std::to_string(s)}, {"val_loss", "2.5"}};
+      many.emplace_back(st.begin(), st.end());
+      many.emplace_back(ev.begin(), ev.end());
+    }
+    const std::string big = ul::loss_plot_svg(many);
+    CHECK(big.size() < 200000);
+    CHECK(big.find("<polyline id=\"val-loss\"") != std::string::npos);
+    CHECK(big.find("<g id=\"val-markers\"") == std::string::npos);
+  }
   fs::remove_all(d);
 }
 
