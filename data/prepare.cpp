@@ -31,7 +31,7 @@ const char* prepare_usage() {
   from them.
   --out DIR           where the shards go (created; must not hold text_*.bin shards yet)
   --val-frac X        the last X of the tokens form DIR/text_val_*.bin (0: no val shard)   [0.1]
-  --shard-tokens N    tokens per shard at most                                       [100000000]
+  --shard-tokens N    tokens per shard at most (a training sequence lies within one)  [100000000]
   --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
   --tokenizer FILE    encode with an llm.c tokenizer (gpt2_tokenizer.bin, version 2: it names
                       the EOT) or a Hugging Face tokenizer.json (GPT-2, digits-apart, Llama 3,
@@ -271,6 +271,10 @@ int prepare_main(int argc, char** argv) {
   std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, vocab %d, EOT %d)\n",
               o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
               r.encoding.c_str(), r.vocab, r.eot);
+  // A sequence never crosses a shard (data/shards.h): small shards bound --seq and waste each one's tail.
+  if (r.train_tokens > o.shard_tokens && o.shard_tokens < 1048576)
+    std::printf("note    | shards of %lld tokens: a training sequence lies within one shard, so --seq must be below "
+                "that, and each shard's last partial sequence goes unused\n", (long long)o.shard_tokens);
   // The headers name the vocab and the EOT: the run takes them from there.
   std::printf("train with: train --data 'shards:%s/text_*.bin' --doc-mask\n", o.out.c_str());
   return 0;

@@ -69,6 +69,7 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("train with: train --data 'shards:" + out + "/text_*.bin' --doc-mask\n") != std::string::npos);
+  CHECK(r.out.find("note    | shards of 500 tokens: a training sequence lies within one shard") != std::string::npos);
 
   // The stream: EOT, a, EOT, b; its last 20% (rounded) is val.
   std::vector<int32_t> stream{256};
