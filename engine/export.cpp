@@ -189,9 +189,24 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
   if (!o.export_llmc.empty() && cfg.is_llama())
     throw std::runtime_error("--export-llmc: llm.c's checkpoint format holds gpt2 models only; use --export-safetensors");
   if (o.sample <= 0) return;
-  // A tokenizer may have fewer tokens than the model has rows (Qwen 2.5: 151665 for 151936): the
-  // sampler then draws among the tokenizer's ids alone (print_sample).
-  if (!o.tokenizer.empty()) tok_ = std::make_unique<Tokenizer>(o.tokenizer, read_once(o.tokenizer, world));
+  // A tokenizer may have a few fewer tokens than the model has ids (Qwen 2.5: 151665 for 151936,
+  // the rest padding): the sampler then draws among the tokenizer's ids alone (print_sample). Far
+  // fewer is another model's tokenizer (GPT-2's 50257 for Llama 3's 128256): refused.
+  constexpr int kUnnamedIds = 1024;
+  if (!o.tokenizer.empty()) {
+    std::string bytes;
+    try {
+      bytes = read_once(o.tokenizer, world);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("--tokenizer: " + std::string(e.what()));
+    }
+    tok_ = std::make_unique<Tokenizer>(o.tokenizer, bytes);
+    if (tok_->vocab() < cfg.vocab - kUnnamedIds)
+      throw std::runtime_error(o.tokenizer + ": the tokenizer has " + std::to_string(tok_->vocab()) +
+                               " tokens, the model's vocab " + std::to_string(cfg.vocab) +
+                               ": not this model's tokenizer (at most " + std::to_string(kUnnamedIds) +
+                               " of the model's ids may be past it)");
+  }
   if (!o.prompt_file.empty()) {
     const std::string where = "--prompt-file " + o.prompt_file;
     std::string text;
@@ -206,6 +221,12 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     prompt_ = parse_prompt(o.prompt, cfg.vocab, tok_.get());
   } else if (tok_ && tok_->eot() >= 0 && tok_->eot() < cfg.vocab) prompt_ = {tok_->eot()};  // llm.c starts from <|endoftext|>
   else throw std::runtime_error("--sample needs --prompt (text, or ids:1,2,3) or --prompt-file");
+  // An ids: prompt past the tokenizer would be decoded for the output only after the training.
+  if (tok_)
+    for (int id : prompt_)
+      if (id >= tok_->vocab())
+        throw std::runtime_error("--prompt: token " + std::to_string(id) + " is outside the tokenizer's vocab of " +
+                                 std::to_string(tok_->vocab()) + " (" + o.tokenizer + ")");
   const int64_t need = int64_t(prompt_.size()) + o.sample;
   if (!cfg.is_llama() && need > cfg.max_seq)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"
 
@@ -28,10 +29,20 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
   }
 }
 
+// In chunks fixed by n, added in order: the same bits whatever the threads (an OpenMP reduction
+// combines the threads' sums in the order they finish, and the norm fed the clip factor).
 double sum_squares(const float* x, size_t n) {
+  const size_t chunk = size_t(1) << 16, K = (n + chunk - 1) / chunk;
+  std::vector<double> part(K, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < int64_t(K); k++) {
+    double s = 0;
+    const size_t end = std::min(n, size_t(k + 1) * chunk);
+    for (size_t i = size_t(k) * chunk; i < end; i++) s += double(x[i]) * x[i];
+    part[size_t(k)] = s;
+  }
   double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-  for (size_t i = 0; i < n; i++) s += double(x[i]) * x[i];
+  for (double p : part) s += p;
   return s;
 }
 

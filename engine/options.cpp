@@ -317,8 +317,10 @@ Options parse_options(int argc, char** argv) {
                                 {"--heads", o.heads}, {"--kv-heads", o.kv_heads}, {"--vocab", o.vocab},
                                 {"--max-seq", o.max_seq}, {"--ffn", o.ffn}})
     if (o.set_by_user(flag)) positive(flag, v);
-  if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
-    throw std::runtime_error("--comm-timeout must be a finite number of seconds > 0");
+  // At most 1e7 s (116 days): a deadline is a clock reading in nanoseconds, and 1e10 s past now
+  // overflows it into the past (every collective then timed out at once).
+  if (!(o.comm_timeout > 0) || !(o.comm_timeout <= 1e7))
+    throw std::runtime_error("--comm-timeout must be a number of seconds in (0, 1e7]");
   if (o.set_by_user("--comm-timeout") && o.comm == "mpi")
     throw std::runtime_error("--comm-timeout: MPI's collectives have no timeout here (mpirun ends a job whose rank died)");
   if (!(o.heartbeat >= 0) || !std::isfinite(o.heartbeat))

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "layers/op_util.h"
+#include "layers/row_sums.h"
 
 namespace ul {
 namespace cpu {
@@ -30,38 +31,32 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* 
 template <class T>
 void layernorm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean,
                         const T* rstd, int N, int C) {
-#pragma omp parallel
-  {
-    // dw, db are sums over rows: each thread keeps its own partial sums, then adds them in.
-    std::vector<T> dw_part(C, T(0)), db_part(C, T(0));
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; n++) {
-      const T* xr = x + size_t(n) * C;
-      const T* dyr = dy + size_t(n) * C;
-      T* dxr = dx + size_t(n) * C;
-      T m = mean[n], s = rstd[n];
-      T g_mean = 0, gx_mean = 0;
-      for (int c = 0; c < C; c++) {
-        T xhat = (xr[c] - m) * s;
-        T g = dyr[c] * w[c];
-        g_mean += g;
-        gx_mean += g * xhat;
-      }
-      g_mean /= C;
-      gx_mean /= C;
-      for (int c = 0; c < C; c++) {
-        T xhat = (xr[c] - m) * s;
-        T g = dyr[c] * w[c];
-        dxr[c] += s * (g - g_mean - xhat * gx_mean);
-        dw_part[c] += dyr[c] * xhat;
-        db_part[c] += dyr[c];
-      }
-    }
-#pragma omp critical
+  // dw, db are sums over rows, in a fixed order (layers/row_sums.h): [dw | db] per chunk.
+  const std::vector<T> sums = chunked_row_sums<T>(N, 2 * C, [&](int n, T* part) {
+    const T* xr = x + size_t(n) * C;
+    const T* dyr = dy + size_t(n) * C;
+    T* dxr = dx + size_t(n) * C;
+    T m = mean[n], s = rstd[n];
+    T g_mean = 0, gx_mean = 0;
     for (int c = 0; c < C; c++) {
-      dw[c] += dw_part[c];
-      db[c] += db_part[c];
+      T xhat = (xr[c] - m) * s;
+      T g = dyr[c] * w[c];
+      g_mean += g;
+      gx_mean += g * xhat;
     }
+    g_mean /= C;
+    gx_mean /= C;
+    for (int c = 0; c < C; c++) {
+      T xhat = (xr[c] - m) * s;
+      T g = dyr[c] * w[c];
+      dxr[c] += s * (g - g_mean - xhat * gx_mean);
+      part[c] += dyr[c] * xhat;
+      part[C + c] += dyr[c];
+    }
+  });
+  for (int c = 0; c < C; c++) {
+    dw[c] += sums[size_t(c)];
+    db[c] += sums[size_t(C + c)];
   }
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "layers/op_util.h"
+#include "layers/row_sums.h"
 
 namespace ul {
 namespace cpu {
@@ -25,28 +26,22 @@ void rmsnorm_forward(T* y, T* rrms, const T* x, const T* w, int N, int C, double
 
 template <class T>
 void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rrms, int N, int C) {
-#pragma omp parallel
-  {
-    // dw is a sum over rows: per-thread partial sums, added in at the end.
-    std::vector<T> dw_part(C, T(0));
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; n++) {
-      const T* xr = x + size_t(n) * C;
-      const T* dyr = dy + size_t(n) * C;
-      T* dxr = dx + size_t(n) * C;
-      const T r = rrms[n];
-      T gx_mean = 0;  // mean_c(g * x), g = dy * w
-      for (int c = 0; c < C; c++) gx_mean += dyr[c] * w[c] * xr[c];
-      gx_mean /= C;
-      const T k = r * r * gx_mean;
-      for (int c = 0; c < C; c++) {
-        dxr[c] += r * (dyr[c] * w[c] - xr[c] * k);
-        dw_part[c] += dyr[c] * xr[c] * r;
-      }
+  // dw is a sum over rows, in a fixed order (layers/row_sums.h).
+  const std::vector<T> sums = chunked_row_sums<T>(N, C, [&](int n, T* part) {
+    const T* xr = x + size_t(n) * C;
+    const T* dyr = dy + size_t(n) * C;
+    T* dxr = dx + size_t(n) * C;
+    const T r = rrms[n];
+    T gx_mean = 0;  // mean_c(g * x), g = dy * w
+    for (int c = 0; c < C; c++) gx_mean += dyr[c] * w[c] * xr[c];
+    gx_mean /= C;
+    const T k = r * r * gx_mean;
+    for (int c = 0; c < C; c++) {
+      dxr[c] += r * (dyr[c] * w[c] - xr[c] * k);
+      part[c] += dyr[c] * xr[c] * r;
     }
-#pragma omp critical
-    for (int c = 0; c < C; c++) dw[c] += dw_part[c];
-  }
+  });
+  for (int c = 0; c < C; c++) dw[c] += sums[size_t(c)];
 }
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, double);

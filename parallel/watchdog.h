@@ -4,6 +4,7 @@
 // `seconds`, `expire` runs on the watchdog's own thread; the NCCL bootstrap's says which wait ran
 // out and ends the process (parallel/comm_nccl.cpp), since nothing can return from inside the init.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -14,10 +15,13 @@ namespace ul {
 
 class Watchdog {
  public:
+  // seconds at most 1e7 (longer counts as 1e7): past about 9e9 the wait's deadline in nanoseconds
+  // overflows, and the watchdog would fire at once.
   Watchdog(double seconds, std::function<void()> expire) : expire_(std::move(expire)) {
     thread_ = std::thread([this, seconds] {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) expire_();
+      const auto wait = std::chrono::duration<double>(std::min(seconds, 1e7));
+      if (!cv_.wait_for(lock, wait, [this] { return done_; })) expire_();
     });
   }
   ~Watchdog() {  // the scope ended in time (or unwound): `expire` never runs after this

@@ -318,6 +318,10 @@ TEST_CASE("a watchdog fires after its deadline and never once its scope has ende
   {
     Watchdog w(30, [&] { fired++; });  // ends at once: its destructor does not wait out the 30 s
   }
+  {
+    Watchdog w(1e300, [&] { fired++; });  // "never": held to 1e7 s (a longer deadline overflowed and fired at once)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   CHECK(fired == 1);
   CHECK(seconds_since(t0) < 5);
 }

@@ -382,6 +382,17 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   r = run_cmd(train_cmd(common + " --vocab 300 --sample 40 --prompt 'hello' --tokenizer " + tok.path));
   REQUIRE(r.code == 0);
   CHECK(r.out.find("sample  | 5 prompt + 40 new tokens") != std::string::npos);
+  // ... but an ids: prompt past the tokenizer is refused before training (decoding it for the
+  // output failed after), and a tokenizer far smaller than the model is another model's.
+  r = run_cmd(train_cmd(common + " --vocab 300 --sample 4 --prompt ids:280 --tokenizer " + tok.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--prompt: token 280 is outside the tokenizer's vocab of 256") != std::string::npos);
+  CHECK(r.out.find("step ") == std::string::npos);
+  r = run_cmd(train_cmd(common + " --vocab 2000 --sample 4 --prompt hi --tokenizer " + tok.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("the tokenizer has 256 tokens, the model's vocab 2000: not this model's tokenizer") != std::string::npos);
+  r = run_cmd(train_cmd(common + " --sample 4 --prompt hi --tokenizer " + tok.path + ".missing"));
+  CHECK(r.out.find("--tokenizer: " + tok.path + ".missing") != std::string::npos);
   tok.write(tok_file(20240328, 1, 300, 0, bytes));
   r = run_cmd(train_cmd(common + " --sample 6 --prompt 'hello' --tokenizer " + tok.path));
   CHECK(r.code != 0);

@@ -164,7 +164,9 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
   expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
   expect_refused("--checkpoint m.bin --check-state s.bin --check-tol nan", "--check-tol must be a finite number > 0");
-  expect_refused("--comm-timeout 0", "--comm-timeout must be a finite number of seconds > 0");
+  expect_refused("--comm-timeout 0", "--comm-timeout must be a number of seconds in (0, 1e7]");
+  // 1e10 s past now overflows a clock reading in nanoseconds: every wait would have timed out at once.
+  CHECK_THROWS_WITH(options("--comm-timeout 1e10"), Catch::Contains("in (0, 1e7]"));
   expect_refused("--comm mpi --comm-timeout 30", "--comm-timeout: MPI's collectives have no timeout");
   // A run larger than the machine (17 TB of activations): refused before allocating, saying what to shrink.
   expect_refused("--model llama --seq 1048576 --batch 1024", "but this machine has");

@@ -1,0 +1,33 @@
+// Sums over rows (a norm's weight and bias gradients) that come out bit for bit the same whatever
+// the OpenMP thread count or timing: the rows are cut into chunks fixed by N alone, one thread sums
+// a chunk in row order into its own partial, and the partials are added in chunk order. (Partials
+// per thread added under `omp critical` arrive in whatever order the threads finish, and float
+// addition is not associative: the last bits of a step's gradient changed from run to run.)
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace ul {
+namespace cpu {
+
+// per_row(n, sums) does row n's own work and adds its W terms into sums[0..W); returns the W sums
+// over every row.
+template <class T, class F>
+std::vector<T> chunked_row_sums(int N, int W, F&& per_row) {
+  const int K = std::max(1, std::min(64, (N + 63) / 64));  // chunks of 64 rows or more, at most 64
+  std::vector<T> parts(size_t(K) * size_t(W), T(0));
+#pragma omp parallel for schedule(static)
+  for (int k = 0; k < K; k++) {
+    T* p = parts.data() + size_t(k) * size_t(W);
+    const int end = int(int64_t(N) * (k + 1) / K);
+    for (int n = int(int64_t(N) * k / K); n < end; n++) per_row(n, p);
+  }
+  std::vector<T> sums(parts.begin(), parts.begin() + W);
+  for (int k = 1; k < K; k++)
+    for (int i = 0; i < W; i++) sums[size_t(i)] += parts[size_t(k) * size_t(W) + size_t(i)];
+  return sums;
+}
+
+}  // namespace cpu
+}  // namespace ul
