@@ -31,6 +31,9 @@ class Dataset {
   // shuffle, the sequences and the held-out cut all follow them): "" when the spec and seed say it
   // all (the synthetic tasks).
   virtual std::string identity() const { return ""; }
+  // The tokenizer the files name ("vocab V, end-of-text E": token shards), "" when they name none
+  // that could differ (bytes, the synthetic tasks). --val-data must match --data's.
+  virtual std::string token_kind() const { return ""; }
   // The token ranges [lo, hi) of each file this split reads (inputs and targets), in order; none
   // for the synthetic tasks. A split's last target and the next split's first input may be one
   // token (holdout_start).

@@ -284,7 +284,8 @@ std::string ShardDataset::identity() const {
   }
   char digest[24];
   std::snprintf(digest, sizeof digest, "%016llx", (unsigned long long)h);
-  return std::to_string(shards_.size()) + " file(s), " + std::to_string(tokens) + " tokens, digest " + digest;
+  return std::to_string(shards_.size()) + " file(s), " + std::to_string(tokens) + " tokens" +
+         (holdout_ ? " (the last 10% held out)" : "") + ", digest " + digest;
 }
 
 std::string ShardDataset::describe() const {

@@ -51,6 +51,7 @@ class ShardDataset : public Dataset {
   // another length changes it.
   std::string identity() const override;
   std::vector<FileSpan> file_spans() const override;
+  std::string token_kind() const override { return shards_.front().kind(); }
 
   // A permutation of [0, n) keyed by key: exposed for tests.
   static int64_t permute(int64_t j, int64_t n, uint64_t key);

@@ -46,7 +46,7 @@ float* Params::master() const {
 }
 
 float* Params::master_at(size_t i) const {
-  if (i < mlo_ || i > mhi_)
+  if (!has_masters() || i < mlo_ || i > mhi_)
     throw std::runtime_error("params: element " + std::to_string(i) + " is outside the master weights kept here [" +
                              std::to_string(mlo_) + ", " + std::to_string(mhi_) + ")");
   return dtype_ == DType::f32 ? static_cast<float*>(data_) + i : master_ + (i - mlo_);

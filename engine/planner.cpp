@@ -235,7 +235,8 @@ MemoryPlan plan_memory(const PlanConfig& c) {
                                        // ZeRO-1 shards them too: Trainer's MasterRange)
   if (!c.trains) p.optim = bf16 && c.host_weights ? n * 4 : 0;  // the masters alone, for a host copy
   Walk w(c);
-  c.trains ? w.step() : w.eval();
+  if (c.trains) w.step();
+  else if (c.evaluates) w.eval();  // else nothing runs on the device: exports and samples read a host copy
   p.kept = w.kept, p.arena_peak = w.A.peak;
   p.transient = p.arena_peak - p.kept;
   // Outside the arena: the CPU attention backward's row sums (none in an eval); cuBLASLt's
@@ -338,6 +339,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.local_comm = o.comm == "local";
   c.trains = o.steps > 0;
   c.host_weights = o.reads_host_weights();
+  c.evaluates = o.evaluates();
   c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;

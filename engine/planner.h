@@ -37,6 +37,7 @@ struct PlanConfig {
   int64_t valid_rows = -1;                    // rows with a valid target (sizes the classifier chunk); -1: all
   bool trains = true;                         // false (--steps 0): no gradients, AdamW state or ZeRO,
                                               // and the arena an eval's forward needs
+  bool evaluates = true;                      // --steps 0 without an eval (an export, a sample): no arena
   bool host_weights = true;                   // --steps 0 with bf16: f32 masters kept for a host copy
                                               // (Options::reads_host_weights)
 };

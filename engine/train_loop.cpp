@@ -105,13 +105,13 @@ int train_rank(const Options& o, Comm& world) {
     say("note    | a step reads %lld train sequences (--batch x --grad-accum x dp) but the train split holds %lld at "
         "--seq %d: each step repeats some\n", (long long)step_reads, (long long)train_holds, o.seq);
   // A run no longer than its warmup never reaches --lr, nor decays.
-  if (o.steps > 0 && o.steps <= o.warmup && o.schedule != "constant")
-    say("note    | --steps %d <= --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
+  if (o.steps > 0 && o.steps < o.warmup)
+    say("note    | --steps %d < --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
         double(o.lr) * o.steps / o.warmup, double(o.lr));
   // --steps 0 reads no training flag: a command line copied from a training run would keep them.
   if (o.steps == 0) {
     std::string unread;
-    for (const char* f : {"--lr", "--warmup", "--schedule", "--decay-frac", "--final-lr-frac", "--weight-decay",
+    for (const char* f : {"--lr", "--warmup", "--schedule", "--decay-frac", "--final-lr-frac", "--weight-decay", "--eval-every",
                           "--grad-clip", "--beta1", "--beta2", "--adam-eps", "--grad-accum", "--zero", "--recompute",
                           "--offload", "--save-every", "--keep"})
       if (o.set_by_user(f)) unread += std::string(unread.empty() ? "" : ", ") + f;
@@ -367,7 +367,8 @@ int train_rank(const Options& o, Comm& world) {
   if (lead) outputs.finish(host, model.params.specs());
   // A signal while they ran: they finished (written whole), and the exit status still says so.
   if (lead && stop_signal()) {
-    std::printf("stopped | %s during the exports and the sample, which finished\n", stop_signal_name(stop_signal()));
+    std::printf("stopped | %s %s\n", stop_signal_name(stop_signal()),
+                outputs.wants_params() ? "during the exports and the sample, which finished" : "as the run ended");
     std::fflush(stdout);
     return 128 + stop_signal();
   }

@@ -68,8 +68,8 @@ int32_t doc_mask_eot(const Options& o, const Dataset& data, int model_vocab) {
 
 int ranks_on_this_host(const Options& o, int world) {
   if (o.comm == "local") return world;  // threads of this process
-  // Open MPI and MPICH say how many ranks share this node; others: assume one.
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+  // Open MPI, MPICH, torchrun and SLURM say how many ranks share this node; others: assume one.
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"})
     if (const char* v = std::getenv(name)) {
       const int n = std::atoi(v);
       if (n >= 1 && n <= world) return n;
@@ -206,6 +206,11 @@ Trainer::Trainer(const Options& o, Comm& world)
   } catch (const std::exception& e) {
     throw std::runtime_error(val_flag + ": " + e.what());
   }
+  // --val-data's files must be the same tokenizer's as --data's: another's ids mean other text.
+  if (!o.val_data.empty() && !train_->token_kind().empty() && !val_->token_kind().empty() &&
+      train_->token_kind() != val_->token_kind())
+    throw std::runtime_error("--val-data " + o.val_data + ": its files were written by another tokenizer (" +
+                             val_->token_kind() + ") than --data's (" + train_->token_kind() + ")");
   // --val-data's split must hold nothing the run trains on (its held-out tail of a file that --data
   // trains on whole, say): the val loss would measure memory, not generalisation. One shared token
   // is the boundary of a file's two splits.
@@ -267,9 +272,6 @@ Trainer::Trainer(const Options& o, Comm& world)
   model_->recompute = o.recompute;
   model_->offload = o.offload;
   model_->mlp_chunks = o.mlp_chunks;
-  if (!ckpt.empty() && ckpt.size() != model_->params.numel())
-    throw std::runtime_error(o.checkpoint + ": " + std::to_string(ckpt.size()) + " parameters, but its model shape has " +
-                             std::to_string(model_->params.numel()));
   if (!ckpt.empty()) check_finite_weights(o.checkpoint, model_->params.specs(), ckpt.data());
   if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
   else if (is_hf_checkpoint_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);

@@ -228,6 +228,9 @@ TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte"
   // training step's.
   auto peak = [](const std::string& args) { return plan_memory(plan_config(full_options(args, 1))).arena_peak; };
   CHECK(peak("--layers 8 --steps 0") == peak("--layers 4 --steps 0"));
+  // A --steps 0 run that only samples (or exports) evaluates nothing: it reserves no arena.
+  CHECK(peak("--steps 0 --sample 2 --prompt ids:1") == 0);
+  CHECK(peak("--steps 0 --sample 2 --prompt ids:1 --eval-batches 1") == peak("--steps 0"));
   CHECK(peak("--layers 8") > peak("--layers 4") + 3 * (peak("--layers 4 --steps 0") / 2));
   // Nor does an eval offload: no pinned host memory is planned (or allocated) for it.
   PlanConfig offloads = plan_config(full_options("--recompute --layers 4", 1));

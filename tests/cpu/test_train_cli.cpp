@@ -93,7 +93,7 @@ TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
   // A run inside its warmup (the default 20 steps) never reaches --lr.
   CmdResult r = run_cmd(train_cmd(base + "--batch 1 --steps 4"));
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("note    | --steps 4 <= --warmup 20: the run ends inside the warmup, at lr 0.0006 (--lr 0.003)") !=
+  CHECK(r.out.find("note    | --steps 4 < --warmup 20: the run ends inside the warmup, at lr 0.0006 (--lr 0.003)") !=
         std::string::npos);
   CHECK(run_cmd(train_cmd(base + "--batch 1 --steps 4 --warmup 2")).out.find("inside the warmup") == std::string::npos);
   // A train split (56 sequences of 32 bytes) smaller than a step's 64: some repeat in every step.
@@ -120,6 +120,9 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     const int hw = int(std::thread::hardware_concurrency());
     CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw / 2));
     ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    ::setenv("LOCAL_WORLD_SIZE", "4", 1);  // torchrun's
+    CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw / 4));
+    ::unsetenv("LOCAL_WORLD_SIZE");
     CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw));
     CHECK(ul::threads_per_rank(options("--ranks 2"), 2) == std::max(1, hw / 2));
   }

@@ -98,6 +98,10 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   refused("--data 'shards:" + (dir.path / "p_*.bin").string() + "' --vocab 64 --seq 64 --val-data shards:" +
               (dir.path / "p_train_0.bin").string(),
           {"--val-data: ", "p_train_0.bin's tokens [3600, 4000) are also in --data's training split (its tokens [0, 4000))"});
+  // A --val-data of another tokenizer (its ids are other text) is refused.
+  refused("--data 'shards:" + (dir.path / "p_*.bin").string() + "' --vocab 512 --seq 64 --val-data shards:" + named,
+          {"--val-data shards:", "written by another tokenizer (vocab 300, end-of-text 299) than --data's (vocab 50257, "
+                                 "end-of-text 50256)"});
   const ul_test::CmdResult own = ul_test::run_cmd(ul_test::train_cmd(
       "--data text:" + a + " --val-data text:" + a + " --steps 1 --threads 1 --seq 64 --batch 1 --eval-batches 1"));
   CHECK(own.code == 0);

@@ -91,6 +91,29 @@ TEST_CASE("gpu profile: a row per kernel name and GEMM shape, with calls and FLO
   CHECK(ul::gpu_profile::report().empty());
 }
 
+TEST_CASE("gpu profile: a span inside another records nothing of its own", UL_CUDA_TEST_TAG "[profile]") {
+  using namespace gpu_profile_cases;
+  ul::init_cuda_backend();
+  ul::Context c(ul::Device::cuda);
+  ul::ContextGuard guard(c);
+  ul::Tensor x = c.zeros({3, 5});
+  ul::gpu_profile::start();
+  {
+    ul::gpu_profile::Span outer;
+    outer.begin("outer op", nullptr);
+    ul::add(x, x);  // its kernel's span opens inside the outer one
+  }
+  ul::add(x, x);  // and alone, a row of its own
+  ul::gpu_profile::stop();
+  const auto rows = ul::gpu_profile::report();
+  const auto* outer = find(rows, "outer op");
+  REQUIRE(outer != nullptr);
+  CHECK(outer->calls == 1);
+  const auto* add = find(rows, "residual_forward");
+  REQUIRE(add != nullptr);
+  CHECK(add->calls == 1);
+}
+
 TEST_CASE("gpu profile: start() drops an earlier run's records", UL_CUDA_TEST_TAG "[profile]") {
   using namespace gpu_profile_cases;
   ul::init_cuda_backend();
