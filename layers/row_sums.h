@@ -15,9 +15,10 @@ namespace cpu {
 // over every row.
 template <class T, class F>
 std::vector<T> chunked_row_sums(int N, int W, F&& per_row) {
-  // Chunks of 16 rows or more, at most 64: enough to keep the cores of a machine busy on a short
-  // micro-batch (GPT-2 124M at B = 4, T = 64: 16 chunks), few enough that the partials stay small.
-  const int K = std::max(1, std::min(64, (N + 15) / 16));
+  // Chunks of 16 rows or more, at most 256: enough to keep the cores of a machine busy on a short
+  // micro-batch (GPT-2 124M at B = 4, T = 64: 16 chunks), few enough that the partials stay small
+  // (8 MiB at most for two sums of 4096 columns).
+  const int K = std::max(1, std::min(256, (N + 15) / 16));
   std::vector<T> parts(size_t(K) * size_t(W), T(0));
 #pragma omp parallel for schedule(static)
   for (int k = 0; k < K; k++) {

@@ -28,9 +28,17 @@
 // switch, which took half of an emulated kernel's time (every barrier and warp collective switches
 // twice per thread). On x86-64 a switch saves only what the System V ABI says a call preserves:
 // rbx, rbp, r12-r15, the SSE control word (MXCSR) and the x87 control word, then swaps stacks.
-// Elsewhere, under AddressSanitizer (which must see stack switches) or with -DUL_EMU_UCONTEXT,
-// ucontext as before.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(UL_EMU_UCONTEXT)
+// Elsewhere, under a sanitizer (which must see stack switches), with shadow stacks (CET: the
+// switch does not swap them) or with -DUL_EMU_UCONTEXT, ucontext as before.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UL_EMU_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)  // clang's spelling
+#define UL_EMU_SANITIZED 1
+#endif
+#endif
+#if defined(__x86_64__) && !defined(UL_EMU_SANITIZED) && !(defined(__CET__) && (__CET__ & 2)) && \
+    !defined(UL_EMU_UCONTEXT)
 #define UL_EMU_FAST_SWITCH 1
 // ul_emu_switch(&save_sp, load_sp): pushes the callee-saved state on this stack, stores the stack
 // pointer in *save_sp, loads load_sp and pops the state saved there.
@@ -38,6 +46,8 @@ extern "C" void ul_emu_switch(void** save_sp, void* load_sp);
 asm(R"(
   .text
   .p2align 4
+  .globl ul_emu_switch
+  .hidden ul_emu_switch
   .type ul_emu_switch, @function
 ul_emu_switch:
   pushq %rbp
