@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "data/rng.h"
@@ -116,16 +117,17 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
   std::vector<std::string> everything = train_files;
   everything.insert(everything.end(), val_files.begin(), val_files.end());
   auto said = [](const Shard& s) { return s.kind() + (s.vocab > 0 ? "" : " (its format's: the header names none)"); };
-  const Shard first = read_header(everything.front());
+  std::map<std::string, Shard> headers;  // each file read once
   for (const std::string& path : everything) {
-    const Shard s = read_header(path);
+    const Shard& s = headers.emplace(path, read_header(path)).first->second;
+    const Shard& first = headers.at(everything.front());
     if (s.kind() != first.kind())
       throw std::runtime_error("shards:" + pattern + ": the files were written by different tokenizers (" + first.path +
                                ": " + said(first) + "; " + path + ": " + said(s) + "); give one tokenizer's files");
   }
   try {
     for (const std::string& path : files) {
-      Shard s = read_header(path);
+      Shard s = headers.at(path);
       int fd = ::open(path.c_str(), O_RDONLY);
       if (fd < 0) throw shard_error(path, std::string("cannot open shard: ") + std::strerror(errno));
       s.map_len = size_t(1024 + s.count * s.width);
