@@ -1,6 +1,7 @@
 #include "data/synthetic.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -35,6 +36,10 @@ RecallDataset::RecallDataset(Split split, uint64_t seed, RecallConfig cfg)
     throw std::runtime_error("recall: need num_keys >= 1, num_values >= 2, 1 <= pairs <= num_keys (got " +
                              std::to_string(cfg_.num_keys) + ", " + std::to_string(cfg_.num_values) +
                              ", " + std::to_string(cfg_.pairs) + ")");
+  if (3 + int64_t(cfg_.num_keys) + cfg_.num_values > INT32_MAX)
+    throw std::runtime_error("recall: num_keys + num_values + 3 = " +
+                             std::to_string(3 + int64_t(cfg_.num_keys) + cfg_.num_values) +
+                             " token ids, more than 2^31 - 1");
 }
 
 RecallDataset::Layout RecallDataset::layout_at(int T) const {
@@ -120,14 +125,19 @@ PasskeyDataset::PasskeyDataset(Split split, uint64_t seed, PasskeyConfig cfg)
     : split_(split), seed_(seed), cfg_(cfg) {
   if (cfg_.digits < 1 || cfg_.filler_words < 1 || cfg_.depth > 1.0)
     throw std::runtime_error("passkey: need digits >= 1, filler_words >= 1, depth <= 1 (or < 0 for random)");
+  if (13 + int64_t(cfg_.filler_words) > INT32_MAX)
+    throw std::runtime_error("passkey: filler_words + 13 = " + std::to_string(13 + int64_t(cfg_.filler_words)) +
+                             " token ids, more than 2^31 - 1");
 }
 
 void PasskeyDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
   const int n = cfg_.digits, L = T + 1;
-  const int filler = L - (2 * n + 3);  // BOS, KEY, n digits, QUERY, n digits
-  if (filler < 0)
+  // In 64 bits: digits near 2^30 must not wrap the room left into a positive number.
+  const int64_t room = int64_t(L) - (2 * int64_t(n) + 3);  // BOS, KEY, n digits, QUERY, n digits
+  if (room < 0)
     throw std::runtime_error("passkey: sequence length " + std::to_string(T) + " is too short for " +
-                             std::to_string(n) + " digits (need T >= " + std::to_string(2 * n + 2) + ")");
+                             std::to_string(n) + " digits (need T >= " + std::to_string(2 * int64_t(n) + 2) + ")");
+  const int filler = int(room);  // < L
   DataRng rng(seed_, stream_id(2, split_), uint64_t(i));
   std::vector<int32_t> s(L);
   std::vector<char> scored(L, 0);

@@ -4,6 +4,7 @@
 #include "layers/scratch_sizes.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -290,9 +291,12 @@ int64_t longest_seq(PlanConfig c, double budget) {
     if (!x.model.is_llama() && x.model.max_seq < T) x.model.max_seq = int(T);
     return double(plan_memory(x).total) <= budget;
   };
-  if (!fits(unit)) return 0;
+  // No longer than train accepts: a step's grad_accum x batch x seq tokens fit an int (options.cpp).
+  const int64_t cap = std::min<int64_t>(int64_t(1) << 30, INT32_MAX / (int64_t(c.batch) * c.grad_accum)) / unit;
+  if (cap < 1 || !fits(unit)) return 0;
   int64_t lo = 1, hi = 2;  // in units: lo fits
-  while (hi * unit < (int64_t(1) << 30) && fits(hi * unit)) lo = hi, hi *= 2;
+  while (hi <= cap && fits(hi * unit)) lo = hi, hi *= 2;
+  hi = std::min(hi, cap + 1);  // hi does not fit, or is past the cap
   while (hi - lo > 1) {
     int64_t mid = (lo + hi) / 2;
     (fits(mid * unit) ? lo : hi) = mid;

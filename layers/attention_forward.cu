@@ -88,7 +88,10 @@ __global__ void __launch_bounds__(W * 32)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m[r], mx[r] * scale2);
-      alpha[r] = m_new == ninf ? 1.f : fast_exp2(m[r] - m_new);  // nothing visible yet: nothing to rescale
+      // Nothing visible yet, or no new maximum: nothing to rescale. The second test keeps an
+      // all-masked tile from multiplying by ex2.approx(0), whose exactness PTX does not promise:
+      // tiles a 128-row block walks and a 64-row one skips must change no bits.
+      alpha[r] = (m_new == ninf || m_new == m[r]) ? 1.f : fast_exp2(m[r] - m_new);
       m[r] = m_new;
     }
     UL_UNROLL for (int j = 0; j < 8; j++)

@@ -290,6 +290,15 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
                                 " is not supported; the CUDA kernels are built for D = 16, 32, 64 or 128");
   if (window < 0)
     throw std::invalid_argument("attention (CUDA): the sliding window must be >= 0, got " + std::to_string(window));
+  // The kernels' grids are (tiles, heads, sequences): y and z stop at 65535 on every GPU.
+  if (B > 65535 || Hq > 65535)
+    throw std::invalid_argument("attention (CUDA): " +
+                                (B > 65535 ? "batch " + std::to_string(B) + " sequences" : std::to_string(Hq) + " heads") +
+                                " per call, more than the 65535 a grid dimension holds (fewer per micro-batch: "
+                                "--grad-accum)");
+  // A window of T or more hides nothing (q - k < T always): no window at all, which also keeps
+  // k + window - 1 in last_query() from overflowing an int for windows near INT_MAX.
+  if (window >= Tn) window = 0;
   return Geometry{B, Tn, Hq, Hkv, D, Hq / Hkv, int(ceil_div(Tn, kTile)), window};
 }
 

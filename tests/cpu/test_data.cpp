@@ -383,6 +383,16 @@ TEST_CASE("task settings in the data spec reach the generator", "[data]") {
     CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1), Catch::Contains("must be an integer"));
   CHECK_THROWS_WITH(ul::open_dataset("passkey:digits=3,digits=4", ul::Split::train, 1, -1),
                     Catch::Contains("'digits' is given twice"));
+  // Counts near 2^31 once wrapped: 2n + 3 for the digits passed the length check (and the
+  // sequence overran its buffer), keys + values + 3 made a negative vocab.
+  std::vector<int32_t> in1(257), tg1(257);
+  CHECK_THROWS_WITH(ul::open_dataset("passkey:digits=1200000000", ul::Split::train, 1, -1)
+                        ->sequence(0, 256, in1.data(), tg1.data()),
+                    Catch::Contains("is too short for 1200000000 digits (need T >= 2400000002)"));
+  CHECK_THROWS_WITH(ul::open_dataset("recall:keys=2000000000,values=2000000000", ul::Split::train, 1, -1),
+                    Catch::Contains("more than 2^31 - 1"));
+  CHECK_THROWS_WITH(ul::open_dataset("passkey:filler=2147483640", ul::Split::train, 1, -1),
+                    Catch::Contains("more than 2^31 - 1"));
   // depth 0: the needle right after BOS; depth 1: right before the query. Recall: 4 pairs.
   auto near = ul::open_dataset("passkey:depth=0,digits=3", ul::Split::train, 1, -1);
   auto far = ul::open_dataset("passkey:depth=1,digits=3", ul::Split::train, 1, -1);

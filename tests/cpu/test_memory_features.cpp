@@ -8,6 +8,8 @@
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
 #include "options_from.h"
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -238,6 +240,17 @@ TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte"
   CHECK(plan_memory(offloads).pinned_host > 0);
   offloads.trains = false;
   CHECK(plan_memory(offloads).pinned_host == 0);
+}
+
+TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][planner]") {
+  // A budget nothing fills: the search stops where grad_accum x batch x seq would pass 2^31 - 1
+  // tokens (it once named 2^30 - 64 at --batch 8, which train refuses).
+  PlanConfig c = plan_config(full_options("--layers 1 --dim 64 --heads 2 --batch 8 --grad-accum 3", 1));
+  const int64_t T = longest_seq(c, 1e30);
+  CHECK(T > 0);
+  CHECK(T % 64 == 0);
+  CHECK(T * 8 * 3 <= INT32_MAX);
+  CHECK((T + 64) * 8 * 3 > INT32_MAX);  // and not far below it
 }
 
 // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only means

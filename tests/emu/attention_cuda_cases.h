@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -74,6 +75,7 @@ const Case kCases[] = {
     {1, 200, 2, 2, 16, Docs::none, 1},
     {1, 200, 2, 1, 16, Docs::cycling, 2},
     {1, 330, 2, 1, 32, Docs::packed, 70},
+    {1, 70, 2, 1, 32, Docs::none, INT_MAX},  // as wide as an int allows: no window (k + W overflowed)
 };
 
 constexpr double kBf16Rel = 1.0 / 128;
