@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <string>
@@ -38,6 +39,16 @@ void abort_job_if_shared(int code) {
 }
 
 namespace {
+size_t g_max_count = INT_MAX;
+}  // namespace
+
+void set_mpi_max_count(size_t elements) {
+  if (elements < 1 || elements > size_t(INT_MAX))
+    throw CommError("mpi: the largest count a call carries must be in [1, INT_MAX], got " + std::to_string(elements));
+  g_max_count = elements;
+}
+
+namespace {
 
 // bf16 has no MPI type: it moves as 16-bit integers and is reduced in f32 (see reduce()).
 MPI_Datatype mpi_type(DType t) {
@@ -51,6 +62,31 @@ MPI_Datatype mpi_type(DType t) {
 }
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
+
+// `len` consecutive elements of `base` whose extent is `stride_bytes`: block j of a collective's
+// buffer then starts at j * stride_bytes, so one call moves a piece [off, off + len) of every
+// rank's block of `count` elements (stride = count * element size), in place, without packing.
+class PieceType {
+ public:
+  PieceType(size_t len, MPI_Datatype base, size_t stride_bytes) {
+    MPI_Datatype run = MPI_DATATYPE_NULL;
+    ok_ = MPI_Type_contiguous(int(len), base, &run) == MPI_SUCCESS &&
+          MPI_Type_create_resized(run, 0, MPI_Aint(stride_bytes), &type_) == MPI_SUCCESS &&
+          MPI_Type_commit(&type_) == MPI_SUCCESS;
+    if (run != MPI_DATATYPE_NULL) MPI_Type_free(&run);
+    if (!ok_) throw CommError("mpi: cannot build a datatype of " + std::to_string(len) + " elements");
+  }
+  ~PieceType() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  PieceType(const PieceType&) = delete;
+  PieceType& operator=(const PieceType&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  bool ok_ = false;
+};
 
 std::vector<float> widen(const void* bf16, size_t n) {
   std::vector<float> f(n);
@@ -84,46 +120,66 @@ class MpiComm : public Comm {
     Staged s(device_, buf, count * dtype_size(t), true);
     if (t == DType::bf16) {
       std::vector<float> f = widen(s.host(), count);
-      for (size_t off = 0; off < count; off += INT_MAX)
+      for (size_t off = 0; off < count; off += g_max_count)
         check(MPI_Allreduce(MPI_IN_PLACE, f.data() + off, piece(count - off), MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
       narrow(s.host(), f.data(), count);
     } else {
       char* p = static_cast<char*>(s.host());
-      for (size_t off = 0; off < count; off += INT_MAX)
+      for (size_t off = 0; off < count; off += g_max_count)
         check(MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), piece(count - off), mpi_type(t), mpi_op(op), comm_),
               "MPI_Allreduce");
     }
     s.copy_out();
   }
 
+  // Above g_max_count elements per rank: one call per piece [off, off + len) of every rank's
+  // block, the blocks strided by a resized datatype (PieceType).
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
-    refuse_large(count, "all_to_all");
     stats.all_to_all += comm_volume::all_to_all(count, t, size_);
-    const size_t bytes = size_t(size_) * count * dtype_size(t);
+    const size_t es = dtype_size(t), bytes = size_t(size_) * count * es;
     Staged in(device_, send, bytes, true), out(device_, recv, bytes, false);
-    check(MPI_Alltoall(in.host(), int(count), mpi_type(t), out.host(), int(count), mpi_type(t), comm_), "MPI_Alltoall");
+    const char* src = static_cast<const char*>(in.host());
+    char* dst = static_cast<char*>(out.host());
+    if (count <= g_max_count) {
+      check(MPI_Alltoall(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_), "MPI_Alltoall");
+    } else {
+      for (size_t off = 0; off < count; off += g_max_count) {
+        const PieceType piece_t(piece(count - off), mpi_type(t), count * es);
+        check(MPI_Alltoall(src + off * es, 1, piece_t.get(), dst + off * es, 1, piece_t.get(), comm_), "MPI_Alltoall");
+      }
+    }
     out.copy_out();
   }
 
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
-    refuse_large(count, "all_gather");
     stats.all_gather += comm_volume::all_gather(count, t, size_);
-    Staged in(device_, send, count * dtype_size(t), true), out(device_, recv, size_t(size_) * count * dtype_size(t), false);
-    check(MPI_Allgather(in.host(), int(count), mpi_type(t), out.host(), int(count), mpi_type(t), comm_), "MPI_Allgather");
+    const size_t es = dtype_size(t);
+    Staged in(device_, send, count * es, true), out(device_, recv, size_t(size_) * count * es, false);
+    const char* src = static_cast<const char*>(in.host());
+    char* dst = static_cast<char*>(out.host());
+    if (count <= g_max_count) {
+      check(MPI_Allgather(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_), "MPI_Allgather");
+    } else {
+      for (size_t off = 0; off < count; off += g_max_count) {
+        const int len = piece(count - off);
+        const PieceType piece_t(size_t(len), mpi_type(t), count * es);
+        check(MPI_Allgather(src + off * es, len, mpi_type(t), dst + off * es, 1, piece_t.get(), comm_), "MPI_Allgather");
+      }
+    }
     out.copy_out();
   }
 
+  // Pieces are packed (each rank's part of a piece made contiguous) rather than strided: a
+  // reduction over a derived datatype is left to MPI implementations' goodwill.
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
-    refuse_large(count, "reduce_scatter");
     stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size_);
     Staged in(device_, send, size_t(size_) * count * dtype_size(t), true), out(device_, recv, count * dtype_size(t), false);
     if (t == DType::bf16) {
       std::vector<float> f = widen(in.host(), size_t(size_) * count), r(count);
-      check(MPI_Reduce_scatter_block(f.data(), r.data(), int(count), MPI_FLOAT, mpi_op(op), comm_), "MPI_Reduce_scatter_block");
+      reduce_scatter_host(f.data(), r.data(), count, MPI_FLOAT, sizeof(float), op);
       narrow(out.host(), r.data(), count);
     } else {
-      check(MPI_Reduce_scatter_block(in.host(), out.host(), int(count), mpi_type(t), mpi_op(op), comm_),
-            "MPI_Reduce_scatter_block");
+      reduce_scatter_host(in.host(), out.host(), count, mpi_type(t), dtype_size(t), op);
     }
     out.copy_out();
   }
@@ -135,7 +191,7 @@ class MpiComm : public Comm {
     stats.broadcast += comm_volume::broadcast(count, t, size_, rank_ == root);
     Staged s(device_, buf, count * dtype_size(t), rank_ == root);
     char* p = static_cast<char*>(s.host());
-    for (size_t off = 0; off < count; off += INT_MAX)
+    for (size_t off = 0; off < count; off += g_max_count)
       check(MPI_Bcast(p + off * dtype_size(t), piece(count - off), mpi_type(t), root, comm_), "MPI_Bcast");
     s.copy_out();
   }
@@ -151,12 +207,26 @@ class MpiComm : public Comm {
   }
 
  private:
-  static int piece(size_t left) { return int(left < size_t(INT_MAX) ? left : size_t(INT_MAX)); }
+  static int piece(size_t left) { return int(left < g_max_count ? left : g_max_count); }
 
-  void refuse_large(size_t count, const char* what) const {
-    if (count > size_t(INT_MAX))
-      throw CommError(std::string("mpi: ") + what + " of " + std::to_string(count) + " elements per rank exceeds " +
-                      "MPI's int count (" + std::to_string(INT_MAX) + "); split it into smaller calls");
+  // send: size_ blocks of `count` elements of `es` bytes; recv: this rank's reduced block.
+  void reduce_scatter_host(const void* send, void* recv, size_t count, MPI_Datatype type, size_t es, ReduceOp op) {
+    if (count <= g_max_count) {
+      check(MPI_Reduce_scatter_block(send, recv, int(count), type, mpi_op(op), comm_), "MPI_Reduce_scatter_block");
+      return;
+    }
+    const char* src = static_cast<const char*>(send);
+    char* dst = static_cast<char*>(recv);
+    // Pieces of at most 2^24 elements per rank here: the packed copy is size_ of them, not size_ x 2^31.
+    const size_t step = std::min(g_max_count, size_t(1) << 24);
+    std::vector<char> packed(size_t(size_) * step * es);
+    for (size_t off = 0; off < count; off += step) {
+      const size_t len = std::min(step, count - off);
+      for (int j = 0; j < size_; j++)
+        std::memcpy(packed.data() + size_t(j) * len * es, src + (size_t(j) * count + off) * es, len * es);
+      check(MPI_Reduce_scatter_block(packed.data(), dst + off * es, int(len), type, mpi_op(op), comm_),
+            "MPI_Reduce_scatter_block");
+    }
   }
 
   void check(int err, const char* what) const {

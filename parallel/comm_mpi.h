@@ -28,6 +28,11 @@ class MpiRuntime {
 // initialised. device: where the buffers handed to the collectives live.
 std::unique_ptr<Comm> mpi_world(Device device = Device::cpu);
 
+// The most elements one MPI call carries: MPI counts are ints, so a collective of more elements per
+// rank (a ZeRO shard of an 8B model over 2 ranks, an all-to-all of a long sequence) goes in pieces
+// of at most this many. INT_MAX unless lowered, which tests do to run the pieces on small buffers.
+void set_mpi_max_count(size_t elements);
+
 // For a rank that failed (an exception), after it printed why: a job of several processes is ended
 // with MPI_Abort, since the others may be waiting for it in a collective they would never leave (a
 // damaged rank_R.json read by one rank alone, a full disk under rank 0's save). Returns when MPI is
