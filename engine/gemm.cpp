@@ -1,10 +1,12 @@
 // The GEMM's portable twin for the emulated CUDA backend (the cuBLASLt version is engine/gemm.cu):
-// the emulated device memory is host memory, so Eigen's GEMM runs on it directly. bf16 operands are
-// widened to float first and D is rounded to TD once at the end, the order cuBLASLt follows
-// (fp32 accumulation, one rounding of alpha·AB + beta·C + bias). Empty in the other builds.
+// the emulated device memory is host memory, so the CPU's blocked Eigen GEMM (layers/gemm_blocks.h)
+// runs on it directly. bf16 operands are widened to float first and D is rounded to TD once at the
+// end, the order cuBLASLt follows (fp32 accumulation, one rounding of alpha·AB + beta·C + bias).
+// Empty in the other builds.
 #if ULYSSES_CUDA_EMULATED
 #include "engine/gemm.h"
 #include "engine/gpu_profile.h"
+#include "layers/gemm_blocks.h"
 
 #include <Eigen/Core>
 #include <stdexcept>
@@ -63,10 +65,11 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   if (K > 0) {
     // Stored shapes, then the op: A is (M, K) or (K, M)^T; B is (K, N) or (N, K)^T.
     MapCM A(af, trans_a ? K : M, trans_a ? M : K), B(bf, trans_b ? N : K, trans_b ? K : N);
-    if (!trans_a && !trans_b) acc.noalias() += A * B;
-    else if (!trans_a) acc.noalias() += A * B.transpose();
-    else if (!trans_b) acc.noalias() += A.transpose() * B;
-    else acc.noalias() += A.transpose() * B.transpose();
+    MapM D(acc.data(), M, N);  // blocks fixed by the shape: the same bits at any thread count
+    if (!trans_a && !trans_b) cpu::gemm_add(D, A, B);
+    else if (!trans_a) cpu::gemm_add(D, A, B.transpose());
+    else if (!trans_b) cpu::gemm_add(D, A.transpose(), B);
+    else cpu::gemm_add(D, A.transpose(), B.transpose());
   }
   const float* src = acc.data();
   for (size_t i = 0, n = size_t(M) * N; i < n; i++) d[i] = narrow<TD>(src[i]);

@@ -1,12 +1,11 @@
 #include "layers/linear.h"
 
-#include <omp.h>
-
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 
+#include "layers/gemm_blocks.h"
 #include "layers/op_util.h"
 
 namespace ul {
@@ -18,58 +17,6 @@ template <class T> using MapM = Eigen::Map<RowMat<T>>;
 template <class T> using MapCM = Eigen::Map<const RowMat<T>>;
 template <class T> using MapRowV = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 template <class T> using MapCRowV = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>;
-
-namespace {
-
-// dst += a b, at most kMaxBlockCols columns at a time, one Eigen GEMM each. Why: Eigen packs the whole
-// (K, width) right operand into one buffer it allocates per call, and at the classifier's width
-// (25152 columns of 768 per thread) that is ~39 MB, past glibc's largest mmap threshold (32 MB), so
-// every call mapped fresh pages and faulted them in (~150 MB of page clearing per GPT-2 step).
-// 4096 columns keep it under 13 MB at K = 768, which the heap reuses; the left operand is repacked per chunk,
-// a copy of (M, K) per 4096 x M x K multiply-adds.
-constexpr int64_t kMaxBlockCols = 4096;
-
-template <class Dst, class A, class B> void product_add(Dst dst, const A& a, const B& b) {
-  for (int64_t j = 0; j < dst.cols(); j += kMaxBlockCols) {
-    const int64_t w = std::min(kMaxBlockCols, int64_t(dst.cols()) - j);
-    dst.middleCols(j, w).noalias() += a * b.middleCols(j, w);
-  }
-}
-
-// dst += a b, multi-threaded by splitting dst into one block of rows (or of columns, whichever
-// dimension is longer) per OpenMP thread, each a single-threaded Eigen GEMM (Eigen runs serially
-// inside a parallel region). Why not Eigen's own OpenMP GEMM: its threads share packed panels and
-// spin-wait on each other at every panel, so when the cores are also busy with anything else
-// (another rank's thread, a compile) one preempted thread stalls the other, and the rate drops
-// severalfold; independent blocks meet once, at the end. Each thread packs the whole of the operand
-// that is not split, which costs ~threads / (split length) of the work: under 1% at these shapes.
-// Called inside a parallel region, it runs serially.
-template <class Dst, class A, class B> void gemm_add(Dst dst, const A& a, const B& b) {
-  const int64_t M = dst.rows(), N = dst.cols(), K = a.cols();
-  const bool by_rows = M >= N;
-  const int64_t len = by_rows ? M : N;
-  // Column blocks start at multiples of 16 floats (a cache line); rows are any split.
-  const int64_t unit = by_rows ? 1 : 16;
-  // At least ~4M multiply-adds (~0.1 ms of one core) per thread, so small GEMMs stay serial.
-  int64_t threads = std::min<int64_t>({int64_t(omp_get_max_threads()), M * N * K / (int64_t(1) << 22), len / unit});
-  if (threads <= 1 || omp_in_parallel()) {
-    product_add(dst, a, b);
-    return;
-  }
-#pragma omp parallel num_threads(int(threads))
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t i0 = len * t / nt / unit * unit, i1 = t + 1 == nt ? len : len * (t + 1) / nt / unit * unit;
-    if (i1 > i0) {
-      if (by_rows)
-        product_add(dst.middleRows(i0, i1 - i0), a.middleRows(i0, i1 - i0), b);
-      else
-        product_add(dst.middleCols(i0, i1 - i0), a, b.middleCols(i0, i1 - i0));
-    }
-  }
-}
-
-}  // namespace
 
 template <class T> void linear_forward(T* y, const T* x, const T* w, const T* b, int N, int C, int OC) {
   MapM<T> Y(y, N, OC);                 // (N, OC)

@@ -1,8 +1,8 @@
 // Linear layer (PyTorch/llm.c weight layout).  x: (N, C),  w: (OC, C),  b: (OC) or none
 //   y = x w^T + b                                   (N, OC)
 // Backward:  dx += dy w  (N, C),   dw += dy^T x  (OC, C),   db += sum_n dy  (OC)
-// The CPU backend maps the buffers as row-major Eigen matrices: Eigen's GEMM, multi-threaded
-// through OpenMP, does the work.
+// The CPU backend maps the buffers as row-major Eigen matrices: Eigen's GEMM on blocks fixed by
+// the shape, shared out to OpenMP threads (layers/gemm_blocks.h), so any --threads gives the same bits.
 #pragma once
 #include <cstddef>
 
