@@ -1,9 +1,15 @@
 #include "engine/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -21,7 +27,8 @@ namespace {
 
 const char* kComplete = "COMPLETE";
 
-// The step of a directory named step_<digits>, or -1.
+// The step of a directory named as step_dir_name(step) names it, or -1: step_5 is not step 5's
+// (a load reads step_00000005), so it is no checkpoint.
 int parse_step_dir(const std::string& name) {
   if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return -1;
   if (name.size() > 5 + 9) return -1;  // more digits than an int holds
@@ -30,7 +37,7 @@ int parse_step_dir(const std::string& name) {
     if (name[i] < '0' || name[i] > '9') return -1;
     step = step * 10 + (name[i] - '0');
   }
-  return step;
+  return name == step_dir_name(step) ? step : -1;
 }
 
 // Every step directory under root, with whether it is complete.
@@ -58,6 +65,17 @@ void remove_step_dir(const std::string& root, int step) {
   fsync_dir(root);
 }
 
+// remove_step_dir for what only tidies up (a crashed save's leftover, a checkpoint past --keep): a
+// directory that will not go (a file held open on NFS, permissions) is reported, not fatal, so it
+// neither stops a run whose checkpoint was just saved nor blocks every later resume.
+void remove_or_warn(const std::string& root, int step, const char* what) {
+  try {
+    remove_step_dir(root, step);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning | %s (%s): left in place\n", e.what(), what);
+  }
+}
+
 int crash_hook_save() {
   const char* v = std::getenv("ULYSSES_TEST_CRASH_IN_SAVE");
   return v ? std::atoi(v) : 0;
@@ -70,6 +88,45 @@ std::vector<float> to_host(const float* p, Device d, size_t n) {
 }
 
 }  // namespace
+
+SaveDirLock::SaveDirLock(const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
+  const std::string path = (fs::path(root) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error(path + ": cannot open the save directory's lock: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      char who[256] = {};
+      const ssize_t got = ::pread(fd_, who, sizeof who - 1, 0);
+      std::string holder = got > 0 ? std::string(who, size_t(got)) : "";
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+      ::close(fd_);
+      fd_ = -1;
+      throw std::runtime_error(root + ": another run is using this --save-dir (" +
+                               (holder.empty() ? std::string("its process holds ") + path : holder) +
+                               "); two runs in one directory delete each other's checkpoints: wait for it to end, "
+                               "or choose another --save-dir");
+    }
+    ::close(fd_);
+    fd_ = -1;
+    std::fprintf(stderr, "warning | %s: cannot lock (%s): make sure no other run uses this --save-dir\n", path.c_str(),
+                 std::strerror(err));
+    return;
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  // Who holds it, for the refusal's message only: nothing depends on these bytes being there.
+  const bool noted = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, who.data(), who.size(), 0) == ssize_t(who.size());
+  (void)noted;
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
 
 std::string step_dir_name(int step) {
   char buf[32];
@@ -93,7 +150,7 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     fs::create_directories(root, ec);
     if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
     for (auto& [step, complete] : list_step_dirs(root)) {
-      if (!complete) remove_step_dir(root, step);  // a save that crashed
+      if (!complete) remove_or_warn(root, step, "a save that crashed");
       else newest = step;
     }
   }
@@ -132,11 +189,12 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   // The f32 values on rank 0's host (a bf16 model's master weights, not their bf16 rounding;
   // gathered from their owners when ZeRO-1 shards them).
   std::vector<float> host = tr.host_params(rank == 0);
+  std::vector<std::pair<std::string, uint32_t>> crcs;  // of the files this rank writes, for its rank file
   if (rank == 0) {
     static std::atomic<int> saves{0};  // this process's saves, for the test hook
     const int nth = ++saves;
     if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
-    write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n);
+    crcs.push_back({"model.bin", write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n)});
   }
   // The owner of each optimizer shard writes it: rank 0 the whole state, or (ZeRO-1) every rank
   // its own slice, optim_rank_R.bin.
@@ -149,10 +207,11 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     s.shard = sharded ? rank : 0, s.shards = sharded ? g.world.size() : 1;
     s.m = to_host(opt.m(), params.device(), count);
     s.v = to_host(opt.v(), params.device(), count);
-    write_optim_file(dir + "/" + optim_file_name(s.shard, s.shards), s);
+    const std::string name = optim_file_name(s.shard, s.shards);
+    crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
   }
   write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g, run_layout(tr.options(), g),
-                  run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()));
+                  run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()), crcs);
   g.world.barrier();  // every rank's files are durable: only now may the directory count
 
   if (rank == 0) {
@@ -160,7 +219,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     fsync_dir(root);
     if (keep > 0) {
       std::vector<int> steps = complete_steps(root);
-      for (size_t i = 0; i + size_t(keep) < steps.size(); i++) remove_step_dir(root, steps[i]);
+      for (size_t i = 0; i + size_t(keep) < steps.size(); i++) remove_or_warn(root, steps[i], "past --keep");
     }
   }
 }
@@ -179,9 +238,23 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr);
   if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g);
 
+  // Each binary file against the crc32 its writer's rank file recorded: a model.bin or optimizer
+  // file of another checkpoint or run put in this one's place is refused, not loaded.
+  auto check_crc = [&](const std::string& path, const std::string& name, int writer, uint32_t crc) {
+    const std::string rank_path = dir + "/" + rank_file_name(writer);
+    const int64_t want = recorded_crc(rank_path, name);
+    if (want >= 0 && uint32_t(want) != crc) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ": its crc32 is %08x but %s recorded %08x for it", crc, rank_file_name(writer).c_str(),
+                    unsigned(want));
+      throw std::runtime_error(path + buf + ": a file of another checkpoint or run");
+    }
+  };
   const std::string model_path = dir + "/model.bin";
   std::vector<float> p;
-  check_model_config(model_path, read_model_file(model_path, p), tr.model().cfg);
+  uint32_t model_crc = 0;
+  check_model_config(model_path, read_model_file(model_path, p, &model_crc), tr.model().cfg);
+  check_crc(model_path, "model.bin", 0, model_crc);
   if (p.size() != n)
     throw std::runtime_error(model_path + ": holds " + std::to_string(p.size()) + " parameters but this model has " +
                              std::to_string(n));
@@ -206,9 +279,11 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
       throw std::runtime_error(path + ": holds shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards) +
                                " of " + std::to_string(s.numel) + " parameters; expected shard " + std::to_string(k) +
                                " of " + std::to_string(n));
-    if (s.t > step)
-      throw std::runtime_error(path + ": AdamW step count t = " + std::to_string(s.t) + " exceeds the checkpoint's step " +
-                               std::to_string(step));
+    // Every step takes one AdamW update: t is the step the state was saved at.
+    if (s.t != step)
+      throw std::runtime_error(path + ": AdamW step count t = " + std::to_string(s.t) + " but the checkpoint is step " +
+                               std::to_string(step) + ": a file of another checkpoint");
+    check_crc(path, optim_file_name(whole ? 0 : k, whole ? 1 : 2), whole ? 0 : k, s.crc);
     if (t >= 0 && s.t != t) throw std::runtime_error(path + ": AdamW step count differs between the shards");
     t = s.t;
     if (!s.m.empty()) {  // [kept, kept + size) within [lo, hi)

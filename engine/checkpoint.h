@@ -32,6 +32,22 @@ namespace ul {
 
 class Trainer;
 
+// One run at a time in a --save-dir: rank 0 holds an exclusive flock on DIR/.lock from start-up
+// to the end of the run. A second run into the same directory (a requeued job whose first instance
+// still runs, a double submit) is refused before it removes the other's half-written checkpoint as
+// a crashed save, or rewrites its log. The kernel drops the lock when the process ends, however it
+// ends, so none is ever left stale. A filesystem without locks gets a warning, not a refusal.
+class SaveDirLock {
+ public:
+  explicit SaveDirLock(const std::string& root);  // creates root; throws naming the holder
+  ~SaveDirLock();
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 std::string step_dir_name(int step);                       // "step_00000100"
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 

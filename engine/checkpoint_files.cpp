@@ -195,7 +195,7 @@ std::string json_number(double v) {
 
 }  // namespace
 
-void write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
+uint32_t write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
   std::string tail;
   ModelHeader h = model_header(cfg, params, numel, tail);
   AtomicFile f(path);
@@ -203,6 +203,7 @@ void write_model_file(const std::string& path, const ModelConfig& cfg, const flo
   f.write(tail.data(), tail.size());
   f.write(params, numel * sizeof(float));
   f.commit();
+  return h.crc;
 }
 
 void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel) {
@@ -216,12 +217,13 @@ void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg,
   std::abort();
 }
 
-ModelConfig read_model_file(const std::string& path, std::vector<float>& params) {
+ModelConfig read_model_file(const std::string& path, std::vector<float>& params, uint32_t* crc) {
   std::string tail;
   ModelHeader h = read_checked<ModelHeader>(
       path, "a ulysses model file", kModelMagic, 4, tail, params,
       [](const ModelHeader& x) { return model_tail_bytes(x.version); },
       [](const ModelHeader& x) { return x.numel; });
+  if (crc) *crc = h.crc;  // read_checked verified it
   ModelConfig c;
   c.arch = std::string(h.arch, strnlen(h.arch, sizeof h.arch));
   c.layers = h.layers, c.dim = h.dim, c.heads = h.heads, c.kv_heads = h.kv_heads;
@@ -303,7 +305,7 @@ std::string optim_file_name(int shard, int shards) {
   return shards == 1 ? "optim.bin" : "optim_rank_" + std::to_string(shard) + ".bin";
 }
 
-void write_optim_file(const std::string& path, const OptimShard& s) {
+uint32_t write_optim_file(const std::string& path, const OptimShard& s) {
   OptimHeader h;
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kOptimMagic, 8);
@@ -315,6 +317,7 @@ void write_optim_file(const std::string& path, const OptimShard& s) {
   f.write(s.m.data(), s.count * sizeof(float));
   f.write(s.v.data(), s.count * sizeof(float));
   f.commit();
+  return h.crc;
 }
 
 OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
@@ -333,6 +336,7 @@ OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
                                      std::to_string(x.offset + x.count) + ") of " + std::to_string(x.numel) + ", t " +
                                      std::to_string(x.t));
         s.t = x.t, s.numel = x.numel, s.offset = x.offset, s.count = x.count, s.shard = x.shard, s.shards = x.shards;
+        s.crc = x.crc;  // the stream's check compares it with the bytes before returning
         // The buffer elements kept: this shard's within [lo, hi).
         s.kept = std::min(std::max(lo, x.offset), x.offset + x.count);
         kept_end = std::max(s.kept, std::min(hi, x.offset + x.count));
@@ -401,21 +405,37 @@ std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + "
 
 std::string RunLayout::str() const {
   return "dp " + std::to_string(dp) + " x sp " + std::to_string(sp) + ", batch " + std::to_string(batch) +
-         ", grad-accum " + std::to_string(grad_accum);
+         ", grad-accum " + std::to_string(grad_accum) + (zero > 0 ? ", --zero " + std::to_string(zero) : "") +
+         (mlp_chunks > 1 ? ", --mlp-chunks " + std::to_string(mlp_chunks) : "");
 }
 
-RunLayout run_layout(const Options& o, const Grid& g) { return {o.batch, o.grad_accum, g.dp, g.sp}; }
+RunLayout run_layout(const Options& o, const Grid& g) {
+  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks};
+}
 
 void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const RunLayout& layout,
-                     const std::vector<RunField>& fields) {
+                     const std::vector<RunField>& fields, const std::vector<std::pair<std::string, uint32_t>>& crcs) {
   JsonLine j;
   j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
   j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
   // Every dataset is random access, so where the data stands is just the optimizer steps done.
   j.add("data_position", step);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
+  j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
+  for (const auto& [name, crc] : crcs) j.add_raw("crc " + name, std::to_string(crc));
   write_file_atomic(path, j.str() + "\n");
+}
+
+int64_t recorded_crc(const std::string& path, const std::string& name) {
+  const auto have = parse_flat_json(read_whole_file(path), path);
+  const auto it = have.find("crc " + name);
+  if (it == have.end()) return -1;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || v > 0xffffffffull)
+    throw file_error(path, "'crc " + name + "' is '" + it->second + "', not a crc32");
+  return int64_t(v);
 }
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
@@ -427,6 +447,8 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     return it->second;
   };
   if (field("format") != "ulysses-rank") throw file_error(path, "format is '" + field("format") + "', not ulysses-rank");
+  if (field("version") != std::to_string(kVersion))
+    throw file_error(path, "version " + field("version") + " (this build reads version " + std::to_string(kVersion) + ")");
   auto expect = [&](const char* key, int want, const char* what) {
     if (field(key) != std::to_string(want))
       throw file_error(path, std::string(key) + " is " + field(key) + " but " + what + " is " + std::to_string(want));
@@ -450,7 +472,16 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
       throw file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" +
                                  f.flag + ")");
   }
-  const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp")};
+  RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp")};
+  auto optional = [&](const char* key, int lowest) {  // absent: -1 (a checkpoint from before the field)
+    if (!have.count(key)) return -1;
+    const std::string& v = field(key);
+    char* end = nullptr;
+    const long x = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || x < lowest || x > (1 << 30)) throw file_error(path, std::string(key) + " is '" + v + "'");
+    return int(x);
+  };
+  saved.zero = optional("zero", 0), saved.mlp_chunks = optional("mlp_chunks", 1);
   const int64_t G = saved.sequences_per_step();
   if (G != run.sequences_per_step()) {
     // What would keep G on this run's ranks: another --batch, else another --grad-accum.

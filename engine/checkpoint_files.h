@@ -24,6 +24,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/options.h"
@@ -33,10 +34,12 @@ namespace ul {
 
 struct Grid;
 
-void write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
+// Returns the file's crc32 (rank_R.json records it: the checkpoint's files are tied to each other).
+uint32_t write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
 // Test hook (engine/checkpoint.h): writes half of path.tmp, then abort()s.
 void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
-ModelConfig read_model_file(const std::string& path, std::vector<float>& params);
+// crc, when given, gets the file's (verified) crc32.
+ModelConfig read_model_file(const std::string& path, std::vector<float>& params, uint32_t* crc = nullptr);
 // Whether the file at path begins with model.bin's magic (false when it cannot be read).
 bool is_model_file(const std::string& path);
 // Throws "PATH: FIELD is X in the checkpoint but Y in this run (--FLAG)" at the first difference.
@@ -49,9 +52,10 @@ struct OptimShard {
   int shard = 0, shards = 1;
   std::vector<float> m, v;  // written: count each; read: elements [kept, kept + m.size()) of the buffer
   uint64_t kept = 0;
+  uint32_t crc = 0;         // read: the file's verified crc32
 };
 std::string optim_file_name(int shard, int shards);  // "optim.bin" when shards == 1
-void write_optim_file(const std::string& path, const OptimShard& s);
+uint32_t write_optim_file(const std::string& path, const OptimShard& s);  // returns the file's crc32
 // Checks the whole file (header, size, checksum) but keeps only the shard's elements inside [lo, hi)
 // (all of them by default), reading it in pieces: a resuming rank holds its own range of each file,
 // not the file.
@@ -74,19 +78,35 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const
 // G = batch x grad_accum x dp whatever the four are (Trainer::step), and the loss is normalised
 // over all of them, so a resume may change the layout when G stays: the same sequences and the
 // same sums, added in another order (within float rounding of the run never stopped, not bit-exact).
+// --zero and --mlp-chunks change no sequence either, but the order of some sums (the gradient norm
+// over shards, the MLP's weight gradients over chunks): a resume may change them too, not
+// bit-exactly. -1: a checkpoint written before they were recorded (taken as unchanged).
 struct RunLayout {
   int batch = 0, grad_accum = 0, dp = 0, sp = 0;
+  int zero = -1, mlp_chunks = -1;
   int64_t sequences_per_step() const { return int64_t(batch) * grad_accum * dp; }
+  // The same spread of sequences over ranks (each rank's file then describes its place).
   bool operator==(const RunLayout& o) const {
     return batch == o.batch && grad_accum == o.grad_accum && dp == o.dp && sp == o.sp;
   }
-  std::string str() const;  // "dp 2 x sp 1, batch 8, grad-accum 1"
+  // The same spread and the same sums: a resume continues bit-exactly.
+  bool same_sums(const RunLayout& o) const {
+    auto same = [](int a, int b) { return a < 0 || b < 0 || a == b; };
+    return *this == o && same(zero, o.zero) && same(mlp_chunks, o.mlp_chunks);
+  }
+  std::string str() const;  // "dp 2 x sp 1, batch 8, grad-accum 1" (+ ", --zero 1", ", --mlp-chunks 4")
 };
 RunLayout run_layout(const Options& o, const Grid& g);
 
 std::string rank_file_name(int rank);  // "rank_R.json"
+// crcs: the crc32 of each file this rank wrote into the checkpoint (model.bin, its optimizer file),
+// by name, so that a load can tell a file of another checkpoint or run put in its place.
 void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const RunLayout& layout,
-                     const std::vector<RunField>& fields);
+                     const std::vector<RunField>& fields,
+                     const std::vector<std::pair<std::string, uint32_t>>& crcs = {});
+// The crc32 the rank file at `path` recorded for the checkpoint file `name`, or -1 when it has none
+// (a checkpoint written before rank files recorded them).
+int64_t recorded_crc(const std::string& path, const std::string& name);
 // Checks the step, every field and that the layout's sequences per step equal `run`'s; with
 // `place` (a rank resuming at the layout it was saved at, reading its own file) also the rank's
 // place in the grid. Throws naming the file and field; returns the layout the file was saved at.

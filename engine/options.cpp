@@ -74,7 +74,7 @@ data and loop
   --eval-every N      validation every N steps (and at the end; 0: only at the end)       [250]
   --eval-batches N    validation micro-batches per eval                                   [8]
   --val-data SPEC     evaluate on another dataset's validation split (as --data; text: its last
-                      10%, shards: its *val* files), e.g. a long book        [--data's own split]
+                      10%, shards: its val-named files), e.g. a long book   [--data's own split]
   --loss-by-position  each eval also gives the val loss by position (in the document, with
                       --doc-mask), in power-of-two bands: does the model use its long context?
   --probe-lengths L,L after the run, one row per length by KV-cache decoding on the host: passkey /

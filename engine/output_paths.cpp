@@ -101,6 +101,12 @@ void check_output_paths(const Options& o) {
         throw std::runtime_error(flag + " " + path + " is " + in_flag + "'s file: the run would overwrite its own input");
     if (!o.save_dir.empty() && same_file(o.save_dir, path))
       throw std::runtime_error(flag + " " + path + " is --save-dir's directory; give a file path");
+    if (!o.save_dir.empty()) {  // a checkpoint's files are the run's own: an export there would replace one
+      const fs::path rel = fs::weakly_canonical(path, ec).lexically_relative(fs::weakly_canonical(o.save_dir, ec));
+      if (!rel.empty() && rel.begin()->string().rfind("step_", 0) == 0)
+        throw std::runtime_error(flag + " " + path + " is inside --save-dir's checkpoint " + rel.begin()->string() +
+                                 "; write it elsewhere");
+    }
     for (size_t j = 0; j < i; j++)
       if (same_file(outputs[j].second, path))
         throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");

@@ -82,6 +82,9 @@ int train_rank(const Options& o, Comm& world) {
     }
   };
   check_output_paths(o);  // before anything is opened for writing: the log is, when the Trainer is made
+  // Before anything in --save-dir is touched (its crashed saves removed, its log opened).
+  std::unique_ptr<SaveDirLock> save_dir_lock;
+  if (lead && !o.save_dir.empty()) save_dir_lock = std::make_unique<SaveDirLock>(o.save_dir);
   Trainer tr(o, world);
   // Refuses bad export / sample flags before any step; samples split documents as training does.
   const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world);
@@ -142,7 +145,7 @@ int train_rank(const Options& o, Comm& world) {
   if (o.resume)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
-  if (!(saved == spread))
+  if (!saved.same_sums(spread))
     say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)spread.sequences_per_step());
   const std::string log_path = o.log_path();

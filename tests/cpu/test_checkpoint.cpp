@@ -106,7 +106,8 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
   const std::string base = "--dim 32 --heads 2 --layers 1 --seq 16 --steps 6 --eval-every 0 --eval-batches 1 "
                            "--threads 1 --model llama --kv-heads 2";
   const std::vector<std::pair<std::string, std::vector<std::string>>> saved_resumed = {
-      {"--ranks 2 --batch 2", {"--ranks 1 --batch 4", "--ranks 2 --sp 2 --batch 4", "--ranks 1 --batch 2 --grad-accum 2 --eval-batches 2"}},
+      {"--ranks 2 --batch 2", {"--ranks 1 --batch 4", "--ranks 2 --sp 2 --batch 4", "--ranks 1 --batch 2 --grad-accum 2 --eval-batches 2",
+                               "--ranks 2 --batch 2 --zero 1 --mlp-chunks 2"}},  // the same spread, other sums
       {"--ranks 2 --batch 2 --zero 1", {"--ranks 4 --sp 2 --batch 2 --zero 1", "--ranks 1 --batch 4"}},
   };
   fs::path d = fresh_dir("layout");
@@ -123,7 +124,9 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
       REQUIRE(train(base + " " + saved + " --steps 3 --save-dir " + part.string()).code == 0);
       CmdResult r = train(base + " " + resumed + " --resume --save-dir " + part.string());
       REQUIRE(r.code == 0);
-      CHECK(r.out.find("resume  | another layout: saved at dp 2 x sp 1, batch 2, grad-accum 1; now ") != std::string::npos);
+      const std::string zero = saved.find("--zero") != std::string::npos ? ", --zero 1" : "";
+      CHECK(r.out.find("resume  | another layout: saved at dp 2 x sp 1, batch 2, grad-accum 1" + zero + "; now ") !=
+            std::string::npos);
       // Each step's record and the last eval's (the part run also evaluated at its step 3).
       std::map<std::string, ul::LogRecord> by_step;
       for (const ul::LogRecord& rec : ul::read_run_log((part / "log.jsonl").string()))
@@ -155,6 +158,12 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
                  "rank_0.json: the checkpoint's steps train on 4 sequences each (dp 1 x sp 1, batch 4, grad-accum 1) but "
                  "this run's on 2 (dp 1 x sp 1, batch 2, grad-accum 1): another layout resumes when --batch x "
                  "--grad-accum x dp stays 4, e.g. --batch 4");
+  // --zero and --mlp-chunks are said too: they keep the sequences but not the order of the sums.
+  CmdResult sums = train(base + " --ranks 2 --batch 2 --zero 1 --mlp-chunks 2 --steps 8 --resume --save-dir " +
+                         (d / "full0").string());
+  REQUIRE(sums.code == 0);
+  CHECK(sums.out.find("another layout: saved at dp 2 x sp 1, batch 2, grad-accum 1; now dp 2 x sp 1, batch 2, "
+                      "grad-accum 1, --zero 1, --mlp-chunks 2: the same 4 sequences a step") != std::string::npos);
   fs::remove_all(d);
 }
 
@@ -240,6 +249,35 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + opt.string(), "optim.bin: checksum mismatch");
   fs::path no_optim = damaged("no_optim", [](const fs::path& s) { fs::remove(s / "optim.bin"); });
   expect_refused(resume + no_optim.string(), "no optimizer state: neither optim.bin nor (--zero 1) optim_rank_0.bin");
+  // Files of another run or step in this checkpoint's place: each rank file records the crc32 of
+  // the files its rank wrote, and AdamW's step count is the checkpoint's step.
+  const fs::path other = d / "other", two = d / "two";
+  REQUIRE(train(kArgs + " --steps 3 --seed 7 --save-dir " + other.string()).code == 0);
+  REQUIRE(train(kArgs + " --steps 2 --save-dir " + two.string()).code == 0);
+  fs::path swapped = damaged("swapped", [&](const fs::path& s) {
+    fs::copy_file(other / "step_00000003" / "model.bin", s / "model.bin", fs::copy_options::overwrite_existing);
+  });
+  expect_refused(resume + swapped.string(), "a file of another checkpoint or run");
+  expect_refused(resume + swapped.string(), "model.bin: its crc32 is ");
+  fs::path swapped_opt = damaged("swapped_opt", [&](const fs::path& s) {
+    fs::copy_file(other / "step_00000003" / "optim.bin", s / "optim.bin", fs::copy_options::overwrite_existing);
+  });
+  expect_refused(resume + swapped_opt.string(), "optim.bin: its crc32 is ");
+  fs::path earlier = damaged("earlier", [&](const fs::path& s) {
+    fs::copy_file(two / "step_00000002" / "optim.bin", s / "optim.bin", fs::copy_options::overwrite_existing);
+  });
+  expect_refused(resume + earlier.string(), "optim.bin: AdamW step count t = 2 but the checkpoint is step 3");
+  // A directory named otherwise than a save names it (step_3, not step_00000003) is no checkpoint.
+  fs::path odd = damaged("odd", [&](const fs::path& s) { fs::rename(s, s.parent_path() / "step_3"); });
+  expect_refused(resume + odd.string(), "no complete checkpoint to resume from");
+  fs::path version = damaged("version", [&](const fs::path& s) {
+    std::string j = ul::read_whole_file((s / "rank_0.json").string());
+    const size_t at = j.find("\"version\":1");
+    REQUIRE(at != std::string::npos);
+    j.replace(at, 11, "\"version\":7");
+    std::ofstream(s / "rank_0.json") << j;
+  });
+  expect_refused(resume + version.string(), "rank_0.json: version 7 (this build reads version 1)");
   fs::path json = damaged("json", [](const fs::path& s) { std::ofstream(s / "rank_0.json") << "{\"step\": 3,"; });
   expect_refused(resume + json.string(), "rank_0.json");
   expect_refused(resume + good.string() + " --seq 32", "rank_0.json: seq is 16 in the checkpoint but 32 in this run (--seq)");
@@ -300,6 +338,24 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   CHECK(ul::complete_steps(good.string()) == std::vector<int>{3});
   CHECK(history(good / "log.jsonl").size() == 5);  // 3 steps, evals at 2 and 3
   REQUIRE(train(resume + good.string()).code == 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("a second run into a --save-dir in use is refused, and touches nothing there", "[checkpoint]") {
+  fs::path d = fresh_dir("lock"), dir = d / "run";
+  REQUIRE(train(kArgs + " --steps 2 --save-dir " + dir.string()).code == 0);
+  const std::string before = bytes_of(dir / "log.jsonl");
+  {
+    // Held as a running train holds it (a requeued job whose first instance still runs).
+    ul::SaveDirLock held(dir.string());
+    expect_refused(kArgs + " --steps 4 --resume --save-dir " + dir.string(),
+                   "another run is using this --save-dir (pid " + std::to_string(::getpid()) + " on ");
+    CHECK(bytes_of(dir / "log.jsonl") == before);
+    CHECK(ul::complete_steps(dir.string()) == std::vector<int>{2});
+  }
+  // The lock goes with its holder, however it ends: the same resume now runs.
+  REQUIRE(train(kArgs + " --steps 4 --resume --save-dir " + dir.string()).code == 0);
+  CHECK(ul::complete_steps(dir.string()) == std::vector<int>{2, 4});
   fs::remove_all(d);
 }
 

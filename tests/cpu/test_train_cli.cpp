@@ -43,6 +43,9 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   fs::create_hard_link(text, d + "/hard.txt");
   expect_refused(run + " --log " + d + "/hard.txt", "--log " + d + "/hard.txt is --data's file");
   expect_refused(run + " --log " + d + "/sd --save-dir " + d + "/sd", "--log " + d + "/sd is --save-dir's directory");
+  // Nor may an output land in a checkpoint (an export once replaced a step's model.bin).
+  expect_refused(run + " --save-dir " + d + "/sd --export-llmc " + d + "/sd/step_00000001/model.bin",
+                 "--export-llmc " + d + "/sd/step_00000001/model.bin is inside --save-dir's checkpoint step_00000001");
   // A log in a directory that does not exist yet: made, as an export's is.
   REQUIRE(run_cmd(train_cmd(run + " --quiet --log " + d + "/new/dir/log.jsonl")).code == 0);
   CHECK(fs::file_size(d + "/new/dir/log.jsonl") > 0);
