@@ -64,7 +64,17 @@ Tensor Arena::make(Shape s, DType t, bool zero) {
   return x;
 }
 
+void Arena::poison_above(size_t block, size_t offset) {
+  for (size_t b = block; b <= cur_ && b < blocks_.size(); b++) {
+    const size_t lo = b == block ? offset : 0, hi = b == cur_ ? off_ : blocks_[b].size;
+    if (hi > lo) device_set(dev_, blocks_[b].base + lo, 0xff, hi - lo);
+  }
+}
+
 void Arena::release(const Mark& m) {
+  // Marks nest: one above the top was taken inside a scope already released (out of order).
+  if (m.used > used_) throw std::logic_error("Arena::release: a mark above what is in use (released out of order)");
+  if (poison_) poison_above(m.block, m.offset);
   cur_ = m.block;
   off_ = m.offset;
   used_ = m.used;
@@ -81,6 +91,7 @@ void Arena::reserve(size_t bytes) {
 }
 
 void Arena::reset() {
+  if (poison_) poison_above(0, 0);
   cur_ = 0;
   off_ = 0;
   used_ = 0;

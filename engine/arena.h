@@ -19,7 +19,9 @@ namespace ul {
 // Poisoning: every uninitialised allocation is filled with 0xff bytes (NaN in f32 and bf16, -1 in
 // i32), so an op that reads memory it never wrote (a `+=` into a gradient nobody zeroed, a kernel
 // tail left unwritten) poisons its result instead of reading what the previous op or step left
-// there. For tests and debugging: it costs a memset per allocation. On when the environment
+// there. What a release or reset frees is poisoned too, so a tensor read after its scope ended reads
+// NaN even where nothing was allocated over it since. For tests and debugging: it costs a memset
+// per allocation and per release. On when the environment
 // variable ULYSSES_POISON_ARENA is set (to anything but 0) as the arena is made; CI runs the
 // sanitizer and emulated tests with it.
 bool arena_poison_from_env();
@@ -56,6 +58,7 @@ class Arena {
  private:
   struct Block { char* base; size_t size; };
   void* take(size_t bytes);  // alloc without the poison
+  void poison_above(size_t block, size_t offset);  // [offset, top) of `block`, and the blocks after it up to cur_
   Tensor make(Shape s, DType t, bool zero);
   Device dev_;
   size_t block_bytes_;

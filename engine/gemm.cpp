@@ -39,6 +39,8 @@ const float* as_float(const T* p, size_t n, std::vector<float>& keep) {
 
 }  // namespace
 
+void gemm_prepare() {}  // no handle, no workspace: Eigen packs into its own buffers
+
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
           bool accumulate, const char* op, cudaStream_t s) {

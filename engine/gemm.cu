@@ -121,6 +121,8 @@ struct Desc {
 
 }  // namespace
 
+void gemm_prepare() { lt_for_current_device(); }
+
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
           bool accumulate, const char* op, cudaStream_t s) {

@@ -12,8 +12,8 @@
 //
 // Under ULYSSES_CUDA: cuBLASLt (engine/gemm.cu), one handle and one 32 MiB workspace per device
 // and host thread, created on first use; the bias is cuBLASLt's BIAS epilogue. Under
-// ULYSSES_CUDA_EMULATION: the portable twin (engine/gemm.cpp), Eigen's GEMM on the (host-memory)
-// device buffers. Both throw std::runtime_error naming `op` and the shapes on any failure.
+// ULYSSES_CUDA_EMULATION: the portable twin (engine/gemm.cpp), the CPU's blocked Eigen GEMM on the
+// (host-memory) device buffers. Both throw std::runtime_error naming `op` and the shapes on any failure.
 // Under --profile (engine/gpu_profile.h) each call is one row named by gemm_profile_name, with its
 // 2 M N K FLOPs, so the report gives each GEMM shape's rate.
 #pragma once
@@ -29,6 +29,11 @@ namespace cuda {
 inline std::string gemm_profile_name(const char* op, int M, int N, int K) {
   return std::string(op) + " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
+
+// Creates the calling thread's cuBLASLt handle and 32 MiB workspace now rather than at the first
+// GEMM: the trainer does it before it reserves its arena, so that a run too large for the device
+// fails at start-up, not at its first forward. Nothing under emulation.
+void gemm_prepare();
 
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,

@@ -87,7 +87,9 @@ struct Walk {
     A.alloc(bytes);
     A.release(m);
   }
-  void linear_scratch(int64_t rows, int64_t OC) { if (!llama) transient(scratch::linear_backward(rows, OC)); }  // bias
+  // A linear with a bias sums its output gradient's columns through scratch: gpt2's every linear,
+  // llama's q/k/v projection with a bias (Qwen 2).
+  void linear_scratch(int64_t rows, int64_t OC, bool bias) { if (bias) transient(scratch::linear_backward(rows, OC)); }
   void norm_scratch(int64_t rows) {
     transient(llama ? scratch::rmsnorm_backward(rows, C) : scratch::layernorm_backward(rows, C));
   }
@@ -95,10 +97,10 @@ struct Walk {
   void mlp_fwd(int64_t rows) { act(rows * F1), act(rows * F), act(rows * C); }
   // Its backward when the output gradient exists: d(act), d(fc); d(input) only when `dx`.
   void mlp_bwd(int64_t rows, bool dx) {
-    act(rows * F), linear_scratch(rows, C);                     // proj
+    act(rows * F), linear_scratch(rows, C, !llama);             // proj
     act(rows * F1);                                             // gelu | swiglu
     if (dx) act(rows * C);                                      // fc
-    linear_scratch(rows, F1);
+    linear_scratch(rows, F1, !llama);
   }
   int64_t chunk_rows() const { return (N + std::min<int64_t>(c.mlp_chunks, N) - 1) / std::min<int64_t>(c.mlp_chunks, N); }
   bool tiled() const { return std::min<int64_t>(c.mlp_chunks, N) > 1; }
@@ -148,14 +150,14 @@ struct Walk {
     }
     norm_scratch(N);                                             // norm 2
     act(N * C);                                                  // residual 1: d(attproj out)
-    act(N * C), linear_scratch(N, C);                            // attproj: d(att)
+    act(N * C), linear_scratch(N, C, !llama);                    // attproj: d(att)
     if (P > 1) act(B * T * Hql * D), exchange(N * C, true, true);  // gather
     act(P > 1 ? B * T * W * D : N * QKV);                        // attention: d(qkv as it saw it)
     transient(scratch::attention_backward(B, T, Hql));
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);             // rope
     // scatter: the local qkv's gradient, which at batch 1 reuses the sent gradient's memory
     if (P > 1) B > 1 ? act(N * QKV) : void(), exchange(B * T * W * D, B > 1, true);
-    act(N * C), linear_scratch(N, QKV);                          // qkv linear: d(norm1 out)
+    act(N * C), linear_scratch(N, QKV, c.model.has_qkv_bias());  // qkv linear: d(norm1 out)
     norm_scratch(N);                                             // norm 1
   }
 
@@ -250,7 +252,9 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   const size_t slice = ((n + world - 1) / world) * 4;
   if (c.world > 1) p.comm = zero ? (n / world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
   if (c.world > 1 && c.local_comm && cuda)
-    p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.N) * size_t(w.QKV) * size_t(w.a));
+    // An all-to-all's buffers hold every rank's W heads of the whole sequence: B T W D each, more
+    // than N QKV when kv heads are replicated (fewer than sp).
+    p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a));
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
 
@@ -287,8 +291,12 @@ int64_t longest_seq(PlanConfig c, double budget) {
   auto fits = [&](int64_t T) {
     PlanConfig x = c;
     x.seq = int(T);
-    // gpt2's learned positions grow with T (train sets --max-seq to --seq when it is not given)
-    if (!x.model.is_llama() && x.model.max_seq < T) x.model.max_seq = int(T);
+    // gpt2's learned positions grow with T (train sets --max-seq to --seq when it is not given);
+    // given, or a checkpoint's, they bound it: train refuses a longer --seq
+    if (!x.model.is_llama() && x.model.max_seq < T) {
+      if (c.max_seq_fixed) return false;
+      x.model.max_seq = int(T);
+    }
     return double(plan_memory(x).total) <= budget;
   };
   // No longer than train accepts: a step's grad_accum x batch x seq tokens fit an int (options.cpp).
@@ -344,6 +352,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.trains = o.steps > 0;
   c.host_weights = o.reads_host_weights();
   c.evaluates = o.evaluates();
+  c.max_seq_fixed = o.set_by_user("--max-seq") || !o.checkpoint.empty();
   c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
   return c;

@@ -16,6 +16,9 @@
 #include "data/packing.h"
 #include "engine/device.h"
 #include "engine/export.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/gemm.h"
+#endif
 #include "engine/hf_format.h"
 #include "engine/llmc_format.h"
 #include "engine/planner.h"
@@ -296,6 +299,10 @@ Trainer::Trainer(const Options& o, Comm& world)
   // The step's activation memory as planned (engine/planner.h, every target valid: the largest
   // classifier chunk), held as one block from the start: no block tail is wasted, and a run too
   // large for the device fails here rather than in the middle of a step.
+#if ULYSSES_HAVE_CUDA
+  // cuBLASLt's workspace (the plan's `workspace` row) before the arena: it too is there from the start.
+  if (ctx_.device == Device::cuda) cuda::gemm_prepare();
+#endif
   try {
     ctx_.arena.reserve(planned_arena_);
   } catch (const std::exception& e) {  // a device too small: say which memory, and what shrinks it

@@ -11,7 +11,9 @@ ZeroShard zero_shard(size_t n, int world, int rank) {
   return z;
 }
 
-size_t zero_scratch_elems(size_t n, int world) { return n / size_t(world); }
+// One rank shards nothing: every collective above returns at once, so no buffer (it was a whole
+// gradient's worth of device memory the plan never counted).
+size_t zero_scratch_elems(size_t n, int world) { return world > 1 ? n / size_t(world) : 0; }
 
 void zero_reduce_gradients(Comm& world, float* grad, size_t n, float* scratch) {
   const int W = world.size(), k = world.rank();

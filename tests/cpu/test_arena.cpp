@@ -58,3 +58,27 @@ TEST_CASE("arena: poisoned allocations read NaN until written, zeroed ones read 
   a.reset();
   CHECK(*static_cast<float*>(a.alloc(sizeof(float))) == 2.f);
 }
+
+TEST_CASE("arena: what a release or reset frees reads NaN, and marks release in order", "[arena]") {
+  // Poisoned at release, not only at the next allocation: a tensor read after its scope ended
+  // (nothing allocated over it since) reads NaN, not the values it held.
+  Arena a(Device::cpu, 256);  // small blocks: a scope spanning two of them
+  a.set_poison(true);
+  float* kept = static_cast<float*>(a.alloc(8 * sizeof(float)));
+  for (int i = 0; i < 8; i++) kept[i] = 1.f;
+  const Arena::Mark outer = a.mark();
+  float* x = static_cast<float*>(a.alloc(32 * sizeof(float)));  // the rest of block 0
+  float* y = static_cast<float*>(a.alloc(48 * sizeof(float)));  // a second block
+  for (int i = 0; i < 32; i++) x[i] = 3.f;
+  for (int i = 0; i < 48; i++) y[i] = 4.f;
+  REQUIRE(a.blocks() == 2);
+  const Arena::Mark inner = a.mark();
+  a.release(outer);
+  for (int i = 0; i < 32; i++) CHECK(std::isnan(x[i]));
+  for (int i = 0; i < 48; i++) CHECK(std::isnan(y[i]));
+  for (int i = 0; i < 8; i++) CHECK(kept[i] == 1.f);  // below the mark: untouched
+  // The inner mark belonged to the released scope: releasing it now is a bug, said at once.
+  CHECK_THROWS_WITH(a.release(inner), Catch::Contains("released out of order"));
+  a.reset();
+  for (int i = 0; i < 8; i++) CHECK(std::isnan(kept[i]));
+}

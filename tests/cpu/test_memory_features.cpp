@@ -251,6 +251,9 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
   CHECK(T % 64 == 0);
   CHECK(T * 8 * 3 <= INT32_MAX);
   CHECK((T + 64) * 8 * 3 > INT32_MAX);  // and not far below it
+  // gpt2's positions, written out with --max-seq, bound it too (train refuses a longer --seq).
+  PlanConfig fixed = plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 256", 1));
+  CHECK(longest_seq(fixed, 1e30) == 256);
 }
 
 // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only means

@@ -93,6 +93,7 @@ TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TES
       {"--model llama --precision bf16 --recompute --offload --sp 2", 2},
       {"--model gpt2 --precision fp32 --sp 2 --recompute --mlp-chunks 2", 2},
       {"--model llama --precision fp32 --sp 2", 2},
+      {"--model llama --precision fp32 --qkv-bias", 1},  // Qwen 2's q/k/v bias: its column-sum scratch
       {"--model gpt2 --precision bf16 --sp 2 --batch 1", 2},  // batch 1: the all-to-alls skip buffers
       // many layers, a classifier chunk larger than a block: an eval must not outgrow the step
       {"--model gpt2 --precision bf16 --recompute --offload --layers 12 --vocab 8192", 1},
@@ -188,6 +189,7 @@ TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the 
       {"--model gpt2 --precision bf16 --zero 1", 2},  // the masters sharded with m and v
       {"--model llama --precision bf16 --zero 1 --sp 2", 4},
       {"--model llama --precision fp32 --zero 1", 2},
+      {"--model gpt2 --precision fp32 --zero 1", 1},  // one rank shards nothing: no shard buffer
       // Only evaluated: the weights alone, no gradients, AdamW state, ZeRO shard (--zero ignored) or
       // f32 masters; these too when the run reads a host copy of the weights (here to sample).
       {"--model llama --precision bf16 --zero 1 --steps 0", 2},
