@@ -196,6 +196,21 @@ int train_rank(const Options& o, Comm& world) {
     if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
     return int(sig);
   };
+  // The eval due at the step a resume starts from may never have run: a stop signal saves before
+  // its step's eval and skips it (a scheduler's grace period is for the checkpoint), and a run can
+  // die during one. The log read back tells (rank 0 has it); the eval runs now if it is missing, so
+  // the val history matches the run never stopped.
+  if (o.resume && start > 0 && start < o.steps && o.eval_every > 0 && start % o.eval_every == 0) {
+    int32_t missing = 0;
+    if (lead && log) {
+      missing = 1;
+      for (const LogRecord& rec : read_run_log(log->path()))
+        if (rec.count("type") && rec.at("type") == "eval" && rec.count("step") && rec.at("step") == std::to_string(start))
+          missing = 0;
+    }
+    world.broadcast(&missing, 1, DType::i32, 0);
+    if (missing) run_eval(start, false);
+  }
   const double loop_t0 = now_ms();  // the ETA: this process's wall time per step so far, evals and saves included
   for (int s = start; s < o.steps; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));

@@ -98,6 +98,37 @@ TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[checkpoint
   }
 }
 
+TEST_CASE("an eval the stopped run skipped at its last step runs when it resumes", "[checkpoint]") {
+  // A stop signal saves before its step's eval and skips it: here the log of a run that ended at
+  // step 4 with its eval at 4 removed. The resume runs that eval first, so the val history is the
+  // uninterrupted run's; with the eval in the log it runs none twice.
+  fs::path d = fresh_dir("eval_at_resume");
+  const std::string args = kArgs + " --schedule constant --save-dir ";  // the same lr at any --steps
+  REQUIRE(train(args + (d / "full").string()).code == 0);
+  auto evals = [](const fs::path& log) {
+    std::vector<std::string> v;
+    for (const ul::LogRecord& r : ul::read_run_log(log.string()))
+      if (r.at("type") == "eval") v.push_back(r.at("step") + " " + r.at("val_loss"));
+    return v;
+  };
+  for (bool drop : {true, false}) {
+    INFO((drop ? "eval 4 dropped from the log" : "eval 4 in the log"));
+    const fs::path part = d / (drop ? "dropped" : "kept");
+    REQUIRE(train(args + part.string() + " --steps 4").code == 0);
+    if (drop) {
+      std::string log = bytes_of(part / "log.jsonl");
+      const size_t at = log.find("{\"type\":\"eval\",\"step\":4,");
+      REQUIRE(at != std::string::npos);
+      log.erase(at, log.find('\n', at) + 1 - at);
+      std::ofstream(part / "log.jsonl", std::ios::trunc) << log;
+      REQUIRE(evals(part / "log.jsonl").size() == 1);
+    }
+    REQUIRE(train(args + part.string() + " --resume").code == 0);
+    CHECK(evals(part / "log.jsonl") == evals(d / "full" / "log.jsonl"));
+  }
+  fs::remove_all(d);
+}
+
 // A resume on another layout (engine/checkpoint_files.h: RunLayout): the same sequences a step, so
 // the run goes on as the one never stopped, within float rounding (the sums change order).
 TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoint]") {
