@@ -8,6 +8,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "engine/file_io.h"
 
 namespace ul {
@@ -45,6 +47,12 @@ void RunLog::line(const std::string& json) {
   // Flushed per line: whoever tails the log (or reads it after a crash) sees every finished step.
   if (std::fputs((json + "\n").c_str(), f_) < 0 || std::fflush(f_) != 0)
     throw std::runtime_error(path_ + ": writing the run log failed: " + std::strerror(errno));
+}
+
+void RunLog::sync() {
+  // EINVAL: a file that cannot be synced (nothing to make durable there).
+  if (std::fflush(f_) != 0 || (::fsync(::fileno(f_)) != 0 && errno != EINVAL))
+    throw std::runtime_error(path_ + ": syncing the run log failed: " + std::strerror(errno));
 }
 
 void RunLog::step(int step, const StepResult& r, double tok_per_s) {

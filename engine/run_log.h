@@ -42,6 +42,9 @@ class RunLog {
   void eval(int step, const EvalResult& e);
   void length_probe(int step, const LengthProbe& p);
   void stop(int step, const char* signal);
+  // Makes every line so far durable (fsync): called with each checkpoint, so that after a power
+  // loss the log reaches at least the step the resume starts from.
+  void sync();
   const std::string& path() const { return path_; }
 
  private:

@@ -257,6 +257,7 @@ int train_rank(const Options& o, Comm& world) {
     auto save = [&] {
       const double t0 = now_ms();
       save_checkpoint(tr, o.save_dir, o.keep);
+      if (log) log->sync();
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
       saved = true;
     };
