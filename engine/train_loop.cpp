@@ -111,6 +111,10 @@ int train_rank(const Options& o, Comm& world) {
   if (o.steps > 0 && o.steps < o.warmup)
     say("note    | --steps %d < --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
         double(o.lr) * o.steps / o.warmup, double(o.lr));
+  // --offload moves the block inputs the backward reads last: the final two stay on the device.
+  if (o.offload && o.steps > 0 && model.cfg.layers <= 2)
+    say("note    | --offload with %d layer(s) moves nothing to the host (the last two block inputs stay on the "
+        "device): plain --recompute holds the same or less\n", model.cfg.layers);
   // --steps 0 reads no training flag: a command line copied from a training run would keep them.
   if (o.steps == 0) {
     std::string unread;

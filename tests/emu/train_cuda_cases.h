@@ -220,6 +220,19 @@ TEST_CASE("train --profile-step prints that step's GPU time per op, and no other
                         Catch::Contains("linear forward M=64"));
 }
 
+TEST_CASE("train --device cuda --offload says when it has nothing to move", UL_CUDA_TEST_TAG) {
+  // The last two block inputs never leave the device: with two layers (the default model's) the
+  // flag moves nothing, and a note says so; with three, the first input goes out and no note.
+  const std::string run = "--device cuda --recompute --offload --steps 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1";
+  const ul_test::CmdResult two = ul_test::run_cmd(ul_test::train_cmd(run));
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  CHECK(two.out.find("note    | --offload with 2 layer(s) moves nothing to the host") != std::string::npos);
+  const ul_test::CmdResult three = ul_test::run_cmd(ul_test::train_cmd(run + " --layers 3"));
+  REQUIRE(three.code == 0);
+  CHECK(three.out.find("--offload with") == std::string::npos);
+}
+
 TEST_CASE("train --device cuda refuses a head dim the attention kernels are not built for", UL_CUDA_TEST_TAG) {
   const ul_test::CmdResult r =
       ul_test::run_cmd(ul_test::train_cmd("--device cuda --dim 96 --heads 2 --steps 1 --eval-every 0 --quiet"));
