@@ -24,6 +24,7 @@
 #include "engine/planner.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
+#include "launcher_env.h"
 #include "run_cmd.h"
 
 using namespace ul;
@@ -335,6 +336,7 @@ TEST_CASE("the host memory check counts every rank that shares the machine", "[m
                         Catch::Contains("collectives staged through the host 1 MiB") && Catch::Contains("without --offload"));
   CHECK(ranks_on_this_host(options("--ranks 4"), 4) == 4);
   // Under mpirun, the launcher says how many ranks share the node.
+  const ul_test::ClearLauncherEnv clean;  // as if not under a launcher, whatever runs the tests
   const Options mpi = options("--comm mpi");
   ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
   CHECK(ranks_on_this_host(mpi, 8) == 3);

@@ -7,13 +7,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/optimizer.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
+#include "launcher_env.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
@@ -118,6 +121,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   CHECK_THROWS_WITH(options("--probe-lengths 128,64,64"), Catch::Contains("--probe-lengths: length 64 is given twice"));
   // The cores are shared by the ranks on this machine: under mpirun, the node's as Open MPI says.
   {
+    const ul_test::ClearLauncherEnv clean;  // as if not under a launcher, whatever runs the tests
     ul::Options o = options("--comm mpi");
     ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
     const int hw = int(std::thread::hardware_concurrency());
@@ -386,4 +390,55 @@ TEST_CASE("the optimizer flags beta1 and beta2 and adam-eps reach AdamW", "[cli]
   CHECK(worse == 0);
   CHECK(shown_eps > n / 10);
   CHECK(shown_betas > n / 10);
+}
+
+TEST_CASE("weight decay and gradient clipping act as defined, decay on the matrices only", "[cli][optimizer]") {
+  // One step replayed in double from the recorded (unclipped) gradients. A clip of 0.05 binds
+  // (the norm at init is ~5); Adam's first step is g / (|g| + eps), blind to g's scale unless eps
+  // is near it, so eps is 1e-3 here and a wrong clip factor moves most parameters. Decay 0.3 at
+  // lr 0.01 takes 0.3% off each weight of a matrix and nothing off a bias or a norm's gain.
+  ul::Options o = options("--threads 1 --quiet --eval-every 0 --seq 32 --batch 2 --layers 1 --dim 32 --warmup 0 "
+                          "--lr 0.01 --schedule constant --grad-clip 0.05 --weight-decay 0.3 --adam-eps 1e-3");
+  std::vector<float> p0, g, p1;
+  std::vector<ul::ParamSpec> specs;
+  ul::StepResult r;
+  ul::run_local(1, [&](ul::Comm& world) {
+    ul::Trainer tr(o, world);
+    const ul::Params& ps = tr.model().params;
+    specs = ps.specs();
+    p0.assign(ps.data(), ps.data() + ps.numel());
+    r = tr.step();
+    g.assign(ps.grad(), ps.grad() + ps.numel());
+    p1.assign(ps.data(), ps.data() + ps.numel());
+  });
+  std::set<std::string> decayed;
+  for (const ul::ParamSpec& s : specs)
+    if (s.decay) decayed.insert(s.name);
+  CHECK(decayed == std::set<std::string>{"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"});
+  // The clip factor itself: min(1, max / norm); 0 turns clipping off; a norm that is not finite
+  // is the step's error, not a factor.
+  CHECK(ul::clip_factor(2.0, 1.f) == 0.5f);
+  CHECK(ul::clip_factor(0.5, 1.f) == 1.f);
+  CHECK(ul::clip_factor(7.0, 0.f) == 1.f);
+  REQUIRE(r.grad_norm > 10 * o.grad_clip);
+  const double clip = double(o.grad_clip) / r.grad_norm, lr = r.lr, b1 = o.beta1, b2 = o.beta2, eps = o.adam_eps;
+  size_t worse = 0, checked = 0, shown_clip = 0;
+  double worst = 0;
+  auto update = [&](double gi) { return lr / (1 - b1) * ((1 - b1) * gi) / (std::sqrt((1 - b2) * gi * gi / (1 - b2)) + eps); };
+  for (const ul::ParamSpec& s : specs)
+    for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
+      const double decayed_p = p0[i] - (s.decay ? lr * o.weight_decay * p0[i] : 0.0);
+      const double want = decayed_p - update(g[i] * clip);
+      const double tol = 8 * 6e-8 * (std::fabs(want) + lr);  // AdamW's float roundings (test above)
+      const double err = std::fabs(double(p1[i]) - want);
+      worst = std::max(worst, err / tol);
+      worse += err > tol;
+      shown_clip += std::fabs(update(g[i]) - update(g[i] * clip)) > 100 * tol;  // what no clip would give
+      checked++;
+    }
+  INFO(checked << " parameters; worst error " << worst << " of the tolerance; " << shown_clip
+               << " tell the clip from none");
+  CHECK(checked == p0.size());
+  CHECK(worse == 0);
+  CHECK(shown_clip > checked / 10);  // (rows of unused tokens and positions have no gradient)
 }
