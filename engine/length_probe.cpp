@@ -1,6 +1,7 @@
 #include "engine/length_probe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "data/packing.h"
@@ -90,6 +91,7 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
   std::vector<int> tokens(static_cast<size_t>(T));
   Rng unused(0);  // greedy draws nothing
   int64_t valid = 0, correct = 0;
+  double nll = 0;  // -log p of the scored targets, as the eval's loss
   int done = 0;
   for (int i = 0; i < n; i++) {
     if (!share.mine(i)) continue;
@@ -105,13 +107,17 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
         if (tgt[size_t(t)] >= 0) {
           valid++;
           correct += sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
+          const float mx = *std::max_element(logits->begin(), logits->end());
+          double sum = 0;
+          for (const float z : *logits) sum += std::exp(double(z - mx));
+          nll += std::log(sum) + mx - (*logits)[size_t(tgt[size_t(t)])];
         }
         if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
       }
     }
     if (progress) progress(++done);
   }
-  return {double(correct), double(valid)};
+  return {double(correct), double(valid), nll};
 }
 
 // {sum of -log p, count} per position_bands(T) band over this share of the stream's windows. eot
@@ -211,7 +217,7 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   std::vector<std::pair<std::string, const Dataset*>> cells = {{"all", &val}};
   const auto probes = val.probes();
   for (const auto& [name, data] : probes) cells.emplace_back(name, data.get());
-  std::vector<double> counts;  // {correct, valid} per cell
+  std::vector<double> counts;  // {correct, valid, sum of -log p} per cell
   for (const auto& [name, data] : cells) {
     const std::vector<double> c = accuracy_counts(cfg, specs, host, *data, T, n, eot, share, each(name, n));
     counts.insert(counts.end(), c.begin(), c.end());
@@ -220,8 +226,9 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   LengthProbe p;
   p.T = T;
   p.answers = int64_t(counts[1]);
+  p.loss = counts[1] > 0 ? counts[2] / counts[1] : 0.0;  // the val data's ("all")
   for (size_t k = 0; k < cells.size(); k++)
-    p.accuracy.emplace_back(cells[k].first, counts[2 * k + 1] > 0 ? counts[2 * k] / counts[2 * k + 1] : 0.0);
+    p.accuracy.emplace_back(cells[k].first, counts[3 * k + 1] > 0 ? counts[3 * k] / counts[3 * k + 1] : 0.0);
   return p;
 }
 

@@ -34,7 +34,8 @@ struct LengthProbe {
   int64_t answers = 0;  // scored targets (per cell, on a synthetic task)
   // Synthetic: "all" (the val data), then its probes ("depth 0.25", ...).
   std::vector<std::pair<std::string, double>> accuracy;
-  // Text: the mean -log p over every target, and by position_bands(T).
+  // The mean -log p over every target (synthetic: of the val data's scored ones, as the eval's val
+  // loss); text also by position_bands(T).
   double loss = 0;
   std::vector<PositionLoss> by_position;
 };

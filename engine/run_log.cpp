@@ -98,10 +98,8 @@ void RunLog::length_probe(int step, const LengthProbe& p) {
   JsonLine j;
   j.add("type", "length").add("step", step).add("T", p.T).add("answers", p.answers);
   add_accuracies(j, p.accuracy);
-  if (p.accuracy.empty()) {  // text: the loss, overall and by band
-    j.add("val_loss", p.loss);
-    add_position_losses(j, p.by_position);
-  }
+  j.add("val_loss", p.loss);
+  add_position_losses(j, p.by_position);  // text: by band
   line(j.str());
 }
 

@@ -323,8 +323,8 @@ int train_rank(const Options& o, Comm& world) {
         line += cell;
       }
       if (synthetic) {
-        say("length %6d%s (accuracy, %lld answers each; %.1f s)\n", T, line.c_str(), (long long)p.answers,
-            (now_ms() - t0) / 1000);
+        say("length %6d%s | val loss %.4f (accuracy, %lld answers each; %.1f s)\n", T, line.c_str(), p.loss,
+            (long long)p.answers, (now_ms() - t0) / 1000);
       } else {
         say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);

@@ -211,6 +211,14 @@ TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other length
     // whose order the decoder's other summation order may flip; both printed to 0.01%).
     const double slack = 1.0 / 40 + 1e-4;
     CHECK(std::fabs(percent_after(r.out, "length     96 | all: ", 0) - percent_after(r.out, "accuracy ", eval)) < slack);
+    // A model this young predicts one digit everywhere (10%): the loss tells more. The decoder's
+    // -log p of the same 40 answers is the eval's val loss, to float rounding.
+    double eval_loss = -1, row_loss = -2;
+    for (const LogRecord& rec : read_run_log(log)) {
+      if (rec.at("type") == "eval") eval_loss = std::stod(rec.at("val_loss"));
+      if (rec.at("type") == "length" && rec.at("T") == "96") row_loss = std::stod(rec.at("val_loss"));
+    }
+    CHECK(std::fabs(row_loss - eval_loss) < 1e-5 * eval_loss);
     for (const char* depth : {"depth 0: ", "depth 0.25: ", "depth 0.5: ", "depth 0.75: ", "depth 1: "}) {
       CAPTURE(depth);
       CHECK(std::fabs(percent_after(r.out, depth, at96) - percent_after(r.out, depth, probe)) < slack);
