@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -50,6 +51,19 @@ void install_stop_handlers() {
 int stop_signal() { return g_signal.load(); }
 
 void clear_stop_signal() { g_signal.store(0); }
+
+void test_hold(const std::string& point) {
+  static const std::string points = [] {
+    const char* v = std::getenv("ULYSSES_TEST_HOLD");
+    return v ? "," + std::string(v) + "," : std::string();
+  }();
+  if (points.empty() || points.find("," + point + ",") == std::string::npos) return;
+  const int first = stop_signal();  // "save" waits for the one after it
+  for (int ms = 0; ms < 60000; ms++) {
+    if (stop_signal() && (point != "save" || stop_signal() != first)) return;
+    ::usleep(1000);
+  }
+}
 
 const char* stop_signal_name(int sig) {
   switch (sig) {

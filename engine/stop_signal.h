@@ -6,6 +6,7 @@
 // 128 + the signal's number, as a shell reports a process the signal ended. A second signal ends
 // the process at once (the checkpoint files are written atomically, so none is left half-done).
 #pragma once
+#include <string>
 
 namespace ul {
 
@@ -17,5 +18,12 @@ int stop_signal();
 const char* stop_signal_name(int sig);
 // Tests: forget the signal received.
 void clear_stop_signal();
+
+// TEST HOOK: with ULYSSES_TEST_HOLD=P1,P2,... train waits at each named point until a stop signal
+// has arrived (at most 60 s), so a test's signal lands there and nowhere else, however loaded the
+// machine: "step N" (after step N's line), "length T" (after that probe row), "save" (inside a
+// checkpoint's save, for a second signal: the first is what made that save; the second ends the
+// process). Unset in normal use: then a call costs one string compare.
+void test_hold(const std::string& point);
 
 }  // namespace ul

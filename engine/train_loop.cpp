@@ -246,6 +246,7 @@ int train_rank(const Options& o, Comm& world) {
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
         r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0, zero_sent, eta.c_str());
     if (!profile.empty()) say("%s", profile.c_str());
+    test_hold("step " + std::to_string(s + 1));
     // A mask that splits nothing on any rank (the sum counts each sp group's sequences sp times;
     // only zero matters).
     if (s == start && tr.document_start() >= 0 && global_count(world, r.packed) == 0)
@@ -259,6 +260,7 @@ int train_rank(const Options& o, Comm& world) {
     int32_t sig = agreed_stop_signal();
     bool saved = false;
     auto save = [&] {
+      test_hold("save");
       const double t0 = now_ms();
       save_checkpoint(tr, o.save_dir, o.keep);
       if (log) log->sync();
@@ -330,6 +332,7 @@ int train_rank(const Options& o, Comm& world) {
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
       }
       if (log) log->length_probe(std::max(start, o.steps), p);
+      test_hold("length " + std::to_string(T));
     }
   }
   stop_now();  // the exports and the sample are not started after a signal

@@ -30,8 +30,11 @@ struct Stopped {
 
 // Runs train with `args`; once a line holding `after` is printed, sends it `sig`; with `twice`,
 // sends it again once train says it caught the first (two signals sent back to back would merge
-// into one pending signal). Then reads the rest and waits for it.
-Stopped run_and_signal(const std::string& args, const std::string& after, int sig, bool twice = false) {
+// into one pending signal). Then reads the rest and waits for it. hold: ULYSSES_TEST_HOLD's points
+// (engine/stop_signal.h), where train waits for the signal: it lands there however slow the
+// machine is, not a step or a probe later.
+Stopped run_and_signal(const std::string& args, const std::string& after, int sig, bool twice = false,
+                       const std::string& hold = "") {
   int fd[2];
   REQUIRE(::pipe(fd) == 0);
   const pid_t pid = ::fork();
@@ -41,6 +44,7 @@ Stopped run_and_signal(const std::string& args, const std::string& after, int si
     ::dup2(fd[1], STDERR_FILENO);
     ::close(fd[0]);
     ::close(fd[1]);
+    if (!hold.empty()) ::setenv("ULYSSES_TEST_HOLD", hold.c_str(), 1);
     const std::string cmd = "exec " + ul_test::train_cmd(args);
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
@@ -87,15 +91,14 @@ TEST_CASE("SIGTERM and SIGUSR1: the step ends, a checkpoint is saved, --resume g
     const ul_test::CmdResult whole = ul_test::run_cmd(ul_test::train_cmd(common + " --log " + dir / "whole.jsonl"));
     REQUIRE(whole.code == 0);
     const std::string save = " --save-dir " + dir / "run";
-    const Stopped s = run_and_signal(common + save, "step     5/24", k.sig);
+    const Stopped s = run_and_signal(common + save, "step     5/24", k.sig, false, "step 5");
     INFO(s.out);
     REQUIRE(WIFEXITED(s.status));
     CHECK(WEXITSTATUS(s.status) == 128 + k.sig);
     const size_t at = s.out.find(std::string("stopped | ") + k.name + " after step ");
     REQUIRE(at != std::string::npos);
     const int step = std::stoi(s.out.substr(at + std::strlen("stopped | ") + std::strlen(k.name) + std::strlen(" after step ")));
-    CHECK(step >= 5);
-    CHECK(step < 24);
+    CHECK(step == 5);  // held there until the signal came
     char name[32];
     std::snprintf(name, sizeof name, "step_%08d", step);
     CHECK(fs::exists(fs::path(dir / "run") / name / "COMPLETE"));
@@ -114,29 +117,30 @@ TEST_CASE("SIGTERM and SIGUSR1: the step ends, a checkpoint is saved, --resume g
 
 TEST_CASE("a second stop signal ends train at once, by that signal", "[stop][cli]") {
   ul_test::TempDir dir;
-  // Steps of a few hundred ms, and a checkpoint to write after the one the first signal ends:
-  // the second signal finds it still running.
-  const Stopped s = run_and_signal("--model gpt2 --steps 50 --eval-every 0 --threads 1 --batch 8 --seq 512 --save-dir " +
-                                       dir / "run",
-                                   "step     2/50", SIGINT, true);
+  // The first signal lands at step 2 (train holds there for it), which makes train save; the save
+  // holds until the second comes, which ends the process there.
+  const Stopped s = run_and_signal("--steps 50 --eval-every 0 --threads 1 --batch 4 --seq 128 --save-dir " + dir / "run",
+                                   "step     2/50", SIGINT, true, "step 2,save");
   INFO(s.out);
   REQUIRE(WIFSIGNALED(s.status));
   CHECK(WTERMSIG(s.status) == SIGINT);
   CHECK(s.out.find("stopped |") == std::string::npos);
+  CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));  // ended inside that save
 }
 
 TEST_CASE("a stop signal at the last step or during the probes: the checkpoint is kept, the rest skipped", "[stop][cli]") {
   // The signal goes out when the last step's line is printed (it lands at the step boundary, before
-  // the final eval) or the first length probe's (it lands during the six others, a second in all).
+  // the final eval) or the first length probe's (it lands before the six others): train holds at
+  // either point until it comes.
   const std::string lengths = "256,384,512,640,768,896,1024";
-  struct Case { const char* after; const char* said; };
-  for (const Case& k : {Case{"step     6/6", "stopped | SIGTERM after the last step (6) | checkpoint "},
-                        Case{"length    256", "stopped | SIGTERM during the final evals and probes (step 6)"}}) {
+  struct Case { const char* after; const char* said; const char* hold; };
+  for (const Case& k : {Case{"step     6/6", "stopped | SIGTERM after the last step (6) | checkpoint ", "step 6"},
+                        Case{"length    256", "stopped | SIGTERM during the final evals and probes (step 6)", "length 256"}}) {
     CAPTURE(k.after);
     ul_test::TempDir dir;
     const Stopped s = run_and_signal("--steps 6 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128 --probe-lengths " +
                                          lengths + " --save-dir " + dir / "run" + " --export-safetensors " + dir / "m/model.safetensors",
-                                     k.after, SIGTERM);
+                                     k.after, SIGTERM, false, k.hold);
     INFO(s.out);
     REQUIRE(WIFEXITED(s.status));
     CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
@@ -146,7 +150,7 @@ TEST_CASE("a stop signal at the last step or during the probes: the checkpoint i
     CHECK_FALSE(fs::exists(fs::path(dir / "m/model.safetensors")));  // the export is not started
     size_t probed = 0;
     for (size_t at = s.out.find("\nlength "); at != std::string::npos; at = s.out.find("\nlength ", at + 1)) probed++;
-    CHECK(probed < 7);
+    CHECK(probed == (k.hold == std::string("step 6") ? 0 : 1));
     const std::vector<LogRecord> log = read_run_log(dir / "run/log.jsonl");
     REQUIRE(!log.empty());
     CHECK(log.back().at("type") == "stop");
