@@ -181,6 +181,35 @@ TEST_CASE("a chunked prefill leaves the logits and the cache of one-token steps"
   }
 }
 
+TEST_CASE("the decoder gives the same bits on 1 and 4 threads, prefill and steps", "[sample][threads]") {
+  // dim 256: the one-row products cross the thread-team threshold (OC x C >= 2^16) and a prefill
+  // of 150 positions spreads its row blocks and heads over the threads. Every sum has a fixed order
+  // (blocks of 64 output rows, the GEMM's blocks fixed by shape): the logits match to the bit.
+  for (const std::string arch : {"gpt2", "llama"}) {
+    CAPTURE(arch);
+    Context c;
+    ContextGuard g(c);
+    ModelConfig cfg = small(arch);
+    cfg.dim = 256, cfg.heads = 4, cfg.kv_heads = arch == "llama" ? 2 : 4, cfg.ffn = arch == "llama" ? 512 : 0;
+    cfg.max_seq = 160;
+    Transformer m(cfg);
+    const std::vector<float> h = host_params(m, 23);
+    std::vector<int> prompt(150);
+    for (int t = 0; t < 150; t++) prompt[size_t(t)] = (t * 17 + 3) % cfg.vocab;
+    auto run = [&](int threads) {
+      omp_set_num_threads(threads);
+      KvDecoder dec(m.cfg, m.params.specs(), h.data(), 160, 32);
+      std::vector<std::vector<float>> out = {dec.prefill(prompt.data(), 150)};
+      for (int t : {4, 11, 30}) out.push_back(dec.step(t));
+      return out;
+    };
+    const auto one = run(1), four = run(4);
+    omp_set_num_threads(1);
+    REQUIRE(one.size() == four.size());
+    for (size_t i = 0; i < one.size(); i++) CHECK(one[i] == four[i]);
+  }
+}
+
 TEST_CASE("a long prefill: several row blocks and key tiles, the ring wrapping inside a chunk", "[sample][prefill]") {
   // 150 positions: blocks of 64 rows and tiles of 64 keys cut the chunks unevenly; with W = 70
   // and chunks of 30, the ring has 99 slots, so tiles end where it wraps.

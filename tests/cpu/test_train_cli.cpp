@@ -133,6 +133,12 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw));
     CHECK(ul::threads_per_rank(options("--ranks 2"), 2) == std::max(1, hw / 2));
   }
+  // A flag given twice counts as given last (a script appends overrides to a base line).
+  CHECK(options("--steps 3 --lr 0.1 --steps 5").steps == 5);
+  CHECK(options("--data recall --data passkey").data == "passkey");
+  // A step whose loss or gradient norm is not finite stops the run, saying what to change.
+  expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite");
+  expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "try a lower --lr");
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
   expect_refused("--batch x", "--batch: expected an integer");
