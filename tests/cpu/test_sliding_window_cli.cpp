@@ -244,7 +244,10 @@ TEST_CASE("a sliding window changes training unless it spans the sequence, and s
   const std::vector<double> hybrid = losses("hybrid", "--layers 2 --sliding-window 8 --full-attention-every 2"),
                             hybrid_sp2 = losses("hybrid_sp2", "--layers 2 --sliding-window 8 --full-attention-every 2 "
                                                               "--ranks 2 --sp 2"),
-                            all2 = losses("all2", "--layers 2 --sliding-window 8"), none2 = losses("none2", "--layers 2");
+                            all2 = losses("all2", "--layers 2 --sliding-window 8"), none2 = losses("none2", "--layers 2"),
+                            // the other layer without the window: layer 0 full, layer 1 windowed
+                            swapped = losses("swapped", "--layers 2 --sliding-window 8 --full-attention-every 2 "
+                                                        "--full-attention-first 0");
   bool differs = false;
   for (size_t i = 0; i < full.size(); i++) {
     CAPTURE(i, full[i], w8[i], w32[i], w8_sp2[i]);
@@ -261,6 +264,7 @@ TEST_CASE("a sliding window changes training unless it spans the sequence, and s
     CHECK(std::fabs(hybrid_sp2[i] - hybrid[i]) <= 1e-5 * std::fabs(hybrid[i]));
     CHECK(std::fabs(hybrid[i] - all2[i]) > 1e-6 * std::fabs(all2[i]));    // layer 1 is not windowed
     CHECK(std::fabs(hybrid[i] - none2[i]) > 1e-6 * std::fabs(none2[i]));  // layer 0 is
+    CHECK(std::fabs(hybrid[i] - swapped[i]) > 1e-6 * std::fabs(swapped[i]));  // and the right one
   }
 }
 
