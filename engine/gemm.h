@@ -1,5 +1,7 @@
 // The one matrix multiply of the CUDA backend, over row-major buffers in device memory:
 //   D (M, N) = op(A) (M, K) · op(B) (K, N)   [+ D, when accumulate]   [+ bias (N) on every row]
+// (not both: a bias cuBLASLt's epilogue cannot take is added to D first, which would round a bf16 D
+// twice; the layers add a bias only in a forward, which writes D, so the pair is refused.)
 // A is stored (M, K), or (K, M) when trans_a; B is stored (K, N), or (N, K) when trans_b.
 // What the layers ask of it (linear, classifier; x: (N, C), w: (OC, C), y: (N, OC)):
 //   forward      y  = x w^T + b     gemm(y, x, w, b, N, OC, C, false, true, false)

@@ -86,6 +86,11 @@ int c_row(int lane, int i) { return (lane >> 2) + (i < 2 ? 0 : 8); }
 int c_col(int lane, int i) { return (lane % 4) * 2 + (i & 1); }
 
 // Reference: C + A B in double from the bf16 values, and sum |A| |B| for the rounding bound.
+// An m16n8k16 output is 16 exact bf16 products (8-bit significands: exact in fp32) and C, summed in
+// fp32: 17 additions, each off by at most one ulp of a partial sum no larger than the terms' |sum|
+// (tensor cores may truncate rather than round: one ulp, not half), so 17 x 2^-23 of it.
+constexpr double kAccumTol = 17 * 0x1p-23;
+
 struct Ref {
   double v, mag;
 };
@@ -140,10 +145,9 @@ TEST_CASE("mma.m16n8k16 bf16 follows the PTX fragment layout", UL_CUDA_TEST_TAG 
       for (int i = 0; i < 4; i++) {
         const Ref r = product(A[w], B[w], C[w][c_row(l, i) * 8 + c_col(l, i)], c_row(l, i), c_col(l, i));
         const double got = out[(w * 32 + l) * 4 + i];
-        // float accumulation of 17 terms: a few ulps of the magnitudes summed
-        if (!(std::fabs(got - r.v) <= 1e-6 * r.mag)) {
+        if (!(std::fabs(got - r.v) <= kAccumTol * r.mag)) {
           if (bad++ < 5) INFO("warp " << w << " lane " << l << " c" << i << ": got " << got << ", want " << r.v);
-          CHECK(std::fabs(got - r.v) <= 1e-6 * r.mag);
+          CHECK(std::fabs(got - r.v) <= kAccumTol * r.mag);
         }
       }
   CHECK(bad == 0);
@@ -197,7 +201,7 @@ TEST_CASE("ldmatrix fragment loaders read shared tiles in the PTX layout", UL_CU
           const Ref r = product(As[w], Bs[w], 0.f, c_row(l, i), 8 * half + c_col(l, i), 16);
           for (const std::vector<float>* c : {&c1, &c2}) {
             const double got = (*c)[((w * 32 + l) * 2 + half) * 4 + i];
-            if (!(std::fabs(got - r.v) <= 1e-6 * r.mag)) bad++;  // NaN (a padding element read) fails too
+            if (!(std::fabs(got - r.v) <= kAccumTol * r.mag)) bad++;  // NaN (a padding element read) fails too
           }
         }
   CHECK(bad == 0);
