@@ -64,7 +64,7 @@ echo "== build (${SECONDS} s)"
 # tests build apart: a failure there still leaves the benchmarks.
 gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
 configure() {
-  run_for 120 "$LOGS/configure.log" cmake -S . -B build-gpu "${gen[@]}" -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF \
+  run_for 120 "$LOGS/configure.log" cmake -S . -B build-gpu ${gen[@]+"${gen[@]}"} -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF \
     -DCMAKE_PREFIX_PATH="$PWD/.carry" "$@"
 }
 build() { run_for 300 "$LOGS/$1.log" cmake --build build-gpu -j "$(nproc)" --target "${@:2}"; }
@@ -84,7 +84,7 @@ else
   exit 1
 fi
 build build_tests tests_gpu; rc=$?
-[ "$rc" -eq 0 ] && row "build: the gpu tests" "ok (${SECONDS} s)" || row "build: the gpu tests" "FAILED: $(why $rc "$LOGS/build_tests.log")"
+if [ "$rc" -eq 0 ]; then row "build: the gpu tests" "ok (${SECONDS} s)"; else row "build: the gpu tests" "FAILED: $(why $rc "$LOGS/build_tests.log")"; fi
 
 echo "== tests labelled gpu (${SECONDS} s)"
 # A minute at most per test (one that hangs costs that, not the run); four at once on the one GPU.
@@ -154,12 +154,12 @@ row "classifier GEMMs logits/dx/dw TFLOP/s by rows" "${gemms:-n/a (see $LOGS/ker
 
 echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384) (${SECONDS} s)"
 lc="--device cuda --model gpt2-124M --batch 1 --seq 16384 --steps 4 --eval-every 0 --eval-batches 1 --recompute --mlp-chunks 4"
-run_for 90 "$LOGS/recompute.log" ./build-gpu/train $lc
-run_for 90 "$LOGS/offload.log" ./build-gpu/train $lc --offload
+run_for 90 "$LOGS/recompute.log" ./build-gpu/train $lc; rc_r=$?
+run_for 90 "$LOGS/offload.log" ./build-gpu/train $lc --offload; rc_o=$?
 step_ms() { grep -o '| [0-9.]* ms |' "$1" | tail -1 | grep -o '[0-9.]*'; }
 act_mib() { grep -o 'act [0-9.]* MiB' "$1" | tail -1 | grep -o '[0-9.]*'; }
-ms_act() { local ms act; ms=$(step_ms "$1"); act=$(act_mib "$1"); [ -n "$ms" ] && echo "$ms ms, $act MiB" || echo "no result"; }
-row "step ms, act MiB: recompute | + offload" "$(ms_act "$LOGS/recompute.log") | $(ms_act "$LOGS/offload.log")"
+ms_act() { local ms act; ms=$(step_ms "$1"); act=$(act_mib "$1"); if [ -n "$ms" ]; then echo "$ms ms, $act MiB"; else why "$2" "$1"; fi; }
+row "step ms, act MiB: recompute | + offload" "$(ms_act "$LOGS/recompute.log" $rc_r) | $(ms_act "$LOGS/offload.log" $rc_o)"
 
 echo "== attention with 128 query rows a block (forward and dq pass) against 64 (${SECONDS} s)"
 # The same kernels with twice the rows per block: each K/V tile fetched serves twice the rows (see

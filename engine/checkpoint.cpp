@@ -27,6 +27,8 @@ namespace {
 
 const char* kComplete = "COMPLETE";
 
+}  // namespace
+
 // The step of a directory named as step_dir_name(step) names it, or -1: step_5 is not step 5's
 // (a load reads step_00000005), so it is no checkpoint.
 int parse_step_dir(const std::string& name) {
@@ -39,6 +41,8 @@ int parse_step_dir(const std::string& name) {
   }
   return name == step_dir_name(step) ? step : -1;
 }
+
+namespace {
 
 // Every step directory under root, with whether it is complete.
 std::vector<std::pair<int, bool>> list_step_dirs(const std::string& root) {
@@ -66,13 +70,20 @@ void remove_step_dir(const std::string& root, int step) {
 }
 
 // remove_step_dir for what only tidies up (a crashed save's leftover, a checkpoint past --keep): a
-// directory that will not go (a file held open on NFS, permissions) is reported, not fatal, so it
-// neither stops a run whose checkpoint was just saved nor blocks every later resume.
+// directory that will not go (a file held open on NFS, permissions) is renamed out of the way
+// (step_00000004.stale.PID: no step name, so no checkpoint, and its step free for the next save,
+// which is often exactly that step), else left with a warning: neither stops a run whose
+// checkpoint was just saved nor blocks every later resume.
 void remove_or_warn(const std::string& root, int step, const char* what) {
   try {
     remove_step_dir(root, step);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "warning | %s (%s): left in place\n", e.what(), what);
+    const fs::path dir = fs::path(root) / step_dir_name(step);
+    const fs::path aside = fs::path(root) / (step_dir_name(step) + ".stale." + std::to_string(::getpid()));
+    std::error_code ec;
+    fs::rename(dir, aside, ec);
+    std::fprintf(stderr, "warning | %s (%s): %s\n", e.what(), what,
+                 ec ? "left in place" : ("moved to " + aside.string()).c_str());
   }
 }
 
@@ -94,8 +105,16 @@ SaveDirLock::SaveDirLock(const std::string& root) {
   fs::create_directories(root, ec);
   if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
   const std::string path = (fs::path(root) / ".lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw std::runtime_error(path + ": cannot open the save directory's lock: " + std::strerror(errno));
+  // 0666 less the umask: a teammate resuming a shared run can open it too. A directory this run
+  // cannot write (a read-only snapshot it only evaluates or exports from) is locked through a
+  // read-only descriptor, and one where not even that opens only warns.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    std::fprintf(stderr, "warning | %s: cannot open the lock (%s): make sure no other run uses this --save-dir\n",
+                 path.c_str(), std::strerror(errno));
+    return;
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
@@ -108,7 +127,8 @@ SaveDirLock::SaveDirLock(const std::string& root) {
       throw std::runtime_error(root + ": another run is using this --save-dir (" +
                                (holder.empty() ? std::string("its process holds ") + path : holder) +
                                "); two runs in one directory delete each other's checkpoints: wait for it to end, "
-                               "or choose another --save-dir");
+                               "or choose another --save-dir (if that holder is gone, as after a node crash on "
+                               "NFSv3, remove " + path + ")");
     }
     ::close(fd_);
     fd_ = -1;
@@ -176,7 +196,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   const std::string dir = root + "/" + step_dir_name(step);
   if (rank == 0) {
     // A directory for this step can only be the leftover of an attempt that crashed.
-    if (fs::exists(dir)) remove_step_dir(root, step);
+    if (fs::exists(dir)) remove_or_warn(root, step, "a save that crashed");
     std::error_code ec;
     fs::create_directory(dir, ec);
     if (ec) throw std::runtime_error(dir + ": cannot create the checkpoint directory: " + ec.message());

@@ -36,7 +36,10 @@ class Trainer;
 // to the end of the run. A second run into the same directory (a requeued job whose first instance
 // still runs, a double submit) is refused before it removes the other's half-written checkpoint as
 // a crashed save, or rewrites its log. The kernel drops the lock when the process ends, however it
-// ends, so none is ever left stale. A filesystem without locks gets a warning, not a refusal.
+// ends (NFSv3 keeps a crashed node's until it is back: removing DIR/.lock clears it). A directory
+// it cannot write is locked read-only; where the lock cannot be opened, a warning, not a refusal.
+// flock reaches as far as the filesystem makes it: NFS without locking, or Lustre's localflock,
+// only one node.
 class SaveDirLock {
  public:
   explicit SaveDirLock(const std::string& root);  // creates root; throws naming the holder
@@ -49,6 +52,7 @@ class SaveDirLock {
 };
 
 std::string step_dir_name(int step);                       // "step_00000100"
+int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 
 // Collective. Prepares `root` for this run: creates it and removes incomplete step directories

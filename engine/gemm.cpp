@@ -48,7 +48,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     throw std::runtime_error(std::string(op) + ": gemm (" + std::to_string(M) + ", " + std::to_string(K) + ") x (" +
                              std::to_string(K) + ", " + std::to_string(N) + ") with a negative size or a null buffer");
   if (bias && accumulate)  // as the cuBLASLt version, which would round a bf16 D twice (engine/gemm.h)
-    throw std::invalid_argument(std::string(op) + ": gemm with a bias and accumulate (see engine/gemm.h)");
+    throw std::runtime_error(std::string(op) + ": gemm with a bias and accumulate (see engine/gemm.h)");
   if (M == 0 || N == 0) return;
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);

@@ -130,7 +130,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   const std::string what = problem(op, M, N, K, trans_a, trans_b);
   if (M < 0 || N < 0 || K < 0 || (M > 0 && N > 0 && (!d || (K > 0 && (!a || !b)))))
     throw std::runtime_error(what + ": a negative size or a null buffer");
-  if (bias && accumulate) throw std::invalid_argument(what + ": gemm with a bias and accumulate (see engine/gemm.h)");
+  if (bias && accumulate) throw std::runtime_error(what + ": gemm with a bias and accumulate (see engine/gemm.h)");
   if (M == 0 || N == 0) return;
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);

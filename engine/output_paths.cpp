@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/hf_format.h"
 #include "engine/hf_index.h"
 #include "engine/loss_plot.h"
@@ -103,7 +104,7 @@ void check_output_paths(const Options& o) {
       throw std::runtime_error(flag + " " + path + " is --save-dir's directory; give a file path");
     if (!o.save_dir.empty()) {  // a checkpoint's files are the run's own: an export there would replace one
       const fs::path rel = fs::weakly_canonical(path, ec).lexically_relative(fs::weakly_canonical(o.save_dir, ec));
-      if (!rel.empty() && rel.begin()->string().rfind("step_", 0) == 0)
+      if (!rel.empty() && parse_step_dir(rel.begin()->string()) >= 0)
         throw std::runtime_error(flag + " " + path + " is inside --save-dir's checkpoint " + rel.begin()->string() +
                                  "; write it elsewhere");
     }

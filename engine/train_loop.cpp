@@ -214,9 +214,14 @@ int train_rank(const Options& o, Comm& world) {
     }
     world.broadcast(&missing, 1, DType::i32, 0);
     if (missing) run_eval(start, false);
+    // A signal during that eval stops the run now (the checkpoint at `start` is there already).
+    if (const int32_t sig = missing ? agreed_stop_signal() : 0) {
+      stopped_by = sig, stopped_at = start;
+      if (log) log->stop(start, stop_signal_name(sig));
+    }
   }
   const double loop_t0 = now_ms();  // the ETA: this process's wall time per step so far, evals and saves included
-  for (int s = start; s < o.steps; s++) {
+  for (int s = start; s < o.steps && !stopped_by; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
     const bool profiled = o.profile_step == s + 1;
@@ -262,8 +267,8 @@ int train_rank(const Options& o, Comm& world) {
     auto save = [&] {
       test_hold("save");
       const double t0 = now_ms();
+      if (log) log->sync();  // first: a durable checkpoint of step s has a log that reaches step s
       save_checkpoint(tr, o.save_dir, o.keep);
-      if (log) log->sync();
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
       saved = true;
     };

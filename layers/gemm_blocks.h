@@ -56,11 +56,13 @@ template <class Dst, class A, class B> void gemm_add(Dst dst, const A& a, const 
   const int64_t M = dst.rows(), N = dst.cols(), K = a.cols();
   const bool by_rows = M >= N;
   const int64_t len = by_rows ? M : N, other = by_rows ? N : M;
-  // Blocks of a multiple of 256 rows or columns (column blocks then start on 64-byte lines), each
-  // at least ~4M multiply-adds (~0.1 ms of one core), so that a small GEMM stays one block. Each
-  // block packs all of the operand that is not split: at most 1/256 of its multiply-adds.
+  // Blocks of a multiple of 16 rows or columns (column blocks then start on 64-byte lines): about
+  // 48 of them (48 shares out evenly over 2, 3, 4, 6, 8, 12, 16, 24 or 48 threads), but none under
+  // 128 (each block packs all of the operand that is not split: at most 1/128 of its work) nor
+  // under ~4M multiply-adds (~0.1 ms of one core), so that a small GEMM stays one block.
+  auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
   const int64_t per_line = std::max<int64_t>(1, other * K);
-  const int64_t block = std::max<int64_t>(1, ((int64_t(1) << 22) / per_line + 255) / 256) * 256;
+  const int64_t block = std::max({int64_t(128), round16((len + 47) / 48), round16(((int64_t(1) << 22) + per_line - 1) / per_line)});
   const int64_t blocks = (len + block - 1) / block;
   auto run = [&](int64_t i) {
     const gemm_detail::OneEigenThread serial;

@@ -40,6 +40,10 @@ void abort_job_if_shared(int code) {
 
 namespace {
 size_t g_max_count = INT_MAX;
+
+// The elements of `es` bytes one call carries: g_max_count, and at most 1 GiB (some MPI stacks
+// mishandle messages past 2 GiB even when the count fits an int).
+size_t max_piece(size_t es) { return std::min(g_max_count, std::max<size_t>(1, (size_t(1) << 30) / es)); }
 }  // namespace
 
 void set_mpi_max_count(size_t elements) {
@@ -70,11 +74,14 @@ class PieceType {
  public:
   PieceType(size_t len, MPI_Datatype base, size_t stride_bytes) {
     MPI_Datatype run = MPI_DATATYPE_NULL;
-    ok_ = MPI_Type_contiguous(int(len), base, &run) == MPI_SUCCESS &&
-          MPI_Type_create_resized(run, 0, MPI_Aint(stride_bytes), &type_) == MPI_SUCCESS &&
-          MPI_Type_commit(&type_) == MPI_SUCCESS;
+    const bool ok = MPI_Type_contiguous(int(len), base, &run) == MPI_SUCCESS &&
+                    MPI_Type_create_resized(run, 0, MPI_Aint(stride_bytes), &type_) == MPI_SUCCESS &&
+                    MPI_Type_commit(&type_) == MPI_SUCCESS;
     if (run != MPI_DATATYPE_NULL) MPI_Type_free(&run);
-    if (!ok_) throw CommError("mpi: cannot build a datatype of " + std::to_string(len) + " elements");
+    if (!ok) {
+      if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+      throw CommError("mpi: cannot build a datatype of " + std::to_string(len) + " elements");
+    }
   }
   ~PieceType() {
     if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
@@ -85,7 +92,6 @@ class PieceType {
 
  private:
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
-  bool ok_ = false;
 };
 
 std::vector<float> widen(const void* bf16, size_t n) {
@@ -120,19 +126,19 @@ class MpiComm : public Comm {
     Staged s(device_, buf, count * dtype_size(t), true);
     if (t == DType::bf16) {
       std::vector<float> f = widen(s.host(), count);
-      for (size_t off = 0; off < count; off += g_max_count)
-        check(MPI_Allreduce(MPI_IN_PLACE, f.data() + off, piece(count - off), MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
+      for (size_t off = 0; off < count; off += max_piece(4))
+        check(MPI_Allreduce(MPI_IN_PLACE, f.data() + off, piece(count - off, 4), MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
       narrow(s.host(), f.data(), count);
     } else {
       char* p = static_cast<char*>(s.host());
-      for (size_t off = 0; off < count; off += g_max_count)
-        check(MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), piece(count - off), mpi_type(t), mpi_op(op), comm_),
+      for (size_t off = 0; off < count; off += max_piece(dtype_size(t)))
+        check(MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), piece(count - off, dtype_size(t)), mpi_type(t), mpi_op(op), comm_),
               "MPI_Allreduce");
     }
     s.copy_out();
   }
 
-  // Above g_max_count elements per rank: one call per piece [off, off + len) of every rank's
+  // Above max_piece elements per rank: one call per piece [off, off + len) of every rank's
   // block, the blocks strided by a resized datatype (PieceType).
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
     stats.all_to_all += comm_volume::all_to_all(count, t, size_);
@@ -140,11 +146,11 @@ class MpiComm : public Comm {
     Staged in(device_, send, bytes, true), out(device_, recv, bytes, false);
     const char* src = static_cast<const char*>(in.host());
     char* dst = static_cast<char*>(out.host());
-    if (count <= g_max_count) {
+    if (count <= max_piece(es)) {
       check(MPI_Alltoall(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_), "MPI_Alltoall");
     } else {
-      for (size_t off = 0; off < count; off += g_max_count) {
-        const PieceType piece_t(piece(count - off), mpi_type(t), count * es);
+      for (size_t off = 0; off < count; off += max_piece(es)) {
+        const PieceType piece_t(piece(count - off, es), mpi_type(t), count * es);
         check(MPI_Alltoall(src + off * es, 1, piece_t.get(), dst + off * es, 1, piece_t.get(), comm_), "MPI_Alltoall");
       }
     }
@@ -157,11 +163,11 @@ class MpiComm : public Comm {
     Staged in(device_, send, count * es, true), out(device_, recv, size_t(size_) * count * es, false);
     const char* src = static_cast<const char*>(in.host());
     char* dst = static_cast<char*>(out.host());
-    if (count <= g_max_count) {
+    if (count <= max_piece(es)) {
       check(MPI_Allgather(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_), "MPI_Allgather");
     } else {
-      for (size_t off = 0; off < count; off += g_max_count) {
-        const int len = piece(count - off);
+      for (size_t off = 0; off < count; off += max_piece(es)) {
+        const int len = piece(count - off, es);
         const PieceType piece_t(size_t(len), mpi_type(t), count * es);
         check(MPI_Allgather(src + off * es, len, mpi_type(t), dst + off * es, 1, piece_t.get(), comm_), "MPI_Allgather");
       }
@@ -191,8 +197,8 @@ class MpiComm : public Comm {
     stats.broadcast += comm_volume::broadcast(count, t, size_, rank_ == root);
     Staged s(device_, buf, count * dtype_size(t), rank_ == root);
     char* p = static_cast<char*>(s.host());
-    for (size_t off = 0; off < count; off += g_max_count)
-      check(MPI_Bcast(p + off * dtype_size(t), piece(count - off), mpi_type(t), root, comm_), "MPI_Bcast");
+    for (size_t off = 0; off < count; off += max_piece(dtype_size(t)))
+      check(MPI_Bcast(p + off * dtype_size(t), piece(count - off, dtype_size(t)), mpi_type(t), root, comm_), "MPI_Bcast");
     s.copy_out();
   }
 
@@ -207,18 +213,18 @@ class MpiComm : public Comm {
   }
 
  private:
-  static int piece(size_t left) { return int(left < g_max_count ? left : g_max_count); }
+  static int piece(size_t left, size_t es) { return int(std::min(left, max_piece(es))); }
 
   // send: size_ blocks of `count` elements of `es` bytes; recv: this rank's reduced block.
   void reduce_scatter_host(const void* send, void* recv, size_t count, MPI_Datatype type, size_t es, ReduceOp op) {
-    if (count <= g_max_count) {
+    if (count <= max_piece(es)) {
       check(MPI_Reduce_scatter_block(send, recv, int(count), type, mpi_op(op), comm_), "MPI_Reduce_scatter_block");
       return;
     }
     const char* src = static_cast<const char*>(send);
     char* dst = static_cast<char*>(recv);
     // Pieces of at most 2^24 elements per rank here: the packed copy is size_ of them, not size_ x 2^31.
-    const size_t step = std::min(g_max_count, size_t(1) << 24);
+    const size_t step = std::min(max_piece(es), size_t(1) << 24);
     std::vector<char> packed(size_t(size_) * step * es);
     for (size_t off = 0; off < count; off += step) {
       const size_t len = std::min(step, count - off);

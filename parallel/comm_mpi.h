@@ -28,9 +28,10 @@ class MpiRuntime {
 // initialised. device: where the buffers handed to the collectives live.
 std::unique_ptr<Comm> mpi_world(Device device = Device::cpu);
 
-// The most elements one MPI call carries: MPI counts are ints, so a collective of more elements per
-// rank (a ZeRO shard of an 8B model over 2 ranks, an all-to-all of a long sequence) goes in pieces
-// of at most this many. INT_MAX unless lowered, which tests do to run the pieces on small buffers.
+// The most elements one MPI call carries: MPI counts are ints, and some MPI stacks mishandle
+// messages past 2 GiB, so a collective of more (a ZeRO shard of an 8B model over 2 ranks, an
+// all-to-all of a long sequence) goes in pieces of at most this many elements and 1 GiB. INT_MAX
+// unless lowered, which tests do to run the pieces on small buffers.
 void set_mpi_max_count(size_t elements);
 
 // For a rank that failed (an exception), after it printed why: a job of several processes is ended

@@ -1,6 +1,6 @@
 // A CPU training step is the same bits at any thread count: every op's parallel loop either writes
 // disjoint outputs or sums in an order fixed by the sizes (layers/row_sums.h, the GEMM's blocks in
-// layers/linear.cpp), so a run resumed with another --threads, or on a machine with other cores,
+// layers/gemm_blocks.h), so a run resumed with another --threads (on the same CPU model and build)
 // continues on the very losses it would have had.
 #include <catch2/catch.hpp>
 #include <omp.h>

@@ -49,6 +49,8 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   // Nor may an output land in a checkpoint (an export once replaced a step's model.bin).
   expect_refused(run + " --save-dir " + d + "/sd --export-llmc " + d + "/sd/step_00000001/model.bin",
                  "--export-llmc " + d + "/sd/step_00000001/model.bin is inside --save-dir's checkpoint step_00000001");
+  // (A file beside the checkpoints whose name only starts like one is no checkpoint.)
+  REQUIRE(run_cmd(train_cmd(run + " --quiet --save-dir " + d + "/sd2 --export-llmc " + d + "/sd2/step_final.bin")).code == 0);
   // A log in a directory that does not exist yet: made, as an export's is.
   REQUIRE(run_cmd(train_cmd(run + " --quiet --log " + d + "/new/dir/log.jsonl")).code == 0);
   CHECK(fs::file_size(d + "/new/dir/log.jsonl") > 0);

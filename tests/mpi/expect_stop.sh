@@ -39,8 +39,9 @@ cat "$out"
 grep -q "stopped | SIG$sig after step 3 " "$out" || fail "no 'stopped | SIG$sig after step 3' line"
 [ -f "$dir/run/step_00000003/COMPLETE" ] || fail "no complete checkpoint at step 3"
 ranks=$(grep -o '^world   | [0-9]* rank' "$out" | grep -o '[0-9]*')
+[ -n "$ranks" ] || fail "no 'world' line in the stopped run's output"
 r=0
-while [ "$r" -lt "${ranks:-0}" ]; do
+while [ "$r" -lt "$ranks" ]; do
   [ -f "$dir/run/step_00000003/rank_$r.json" ] || fail "no rank_$r.json at step 3"
   r=$((r + 1))
 done
