@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -424,11 +425,39 @@ void write_rank_file(const std::string& path, int step, int rank, const Grid& g,
   j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
   for (const auto& [name, crc] : crcs) j.add_raw("crc " + name, std::to_string(crc));
-  write_file_atomic(path, j.str() + "\n");
+  // Last, its own checksum: the CRC-32 of the text before it (from "{" to the comma), so that a
+  // damaged key (a field then read as absent, and so unchecked) is refused like a damaged value.
+  std::string text = j.str();
+  text.pop_back();  // the closing "}"
+  text += ",\"crc32\":" + std::to_string(crc32(0, text.data(), text.size())) + "}\n";
+  write_file_atomic(path, text);
 }
 
+namespace {
+
+// A rank file's fields, after its own crc32 (when it has one: files from before it did not) was
+// checked against its text.
+std::map<std::string, std::string> read_rank_fields(const std::string& path) {
+  const std::string text = read_whole_file(path);
+  const size_t at = text.rfind(",\"crc32\":");
+  if (at != std::string::npos) {
+    char* end = nullptr;
+    const unsigned long long stored = std::strtoull(text.c_str() + at + 9, &end, 10);
+    const uint32_t computed = crc32(0, text.data(), at);
+    if (*end != '}' || stored != computed) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "checksum mismatch (stored %llu, computed %u): the file is corrupt", stored,
+                    unsigned(computed));
+      throw file_error(path, buf);
+    }
+  }
+  return parse_flat_json(text, path);
+}
+
+}  // namespace
+
 int64_t recorded_crc(const std::string& path, const std::string& name) {
-  const auto have = parse_flat_json(read_whole_file(path), path);
+  const auto have = read_rank_fields(path);
   const auto it = have.find("crc " + name);
   if (it == have.end()) return -1;
   char* end = nullptr;
@@ -440,7 +469,7 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
                           const Grid* place) {
-  auto have = parse_flat_json(read_whole_file(path), path);
+  auto have = read_rank_fields(path);
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = have.find(key);
     if (it == have.end()) throw file_error(path, "field '" + key + "' is missing");

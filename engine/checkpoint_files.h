@@ -17,7 +17,9 @@
 //   Today one shard holds everything (optim.bin, written by rank 0); a ZeRO-1 optimizer writes
 //   optim_rank_R.bin per shard and the loader gathers them by the (offset, count) in each header.
 // rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_position, the run's
-//   layout (batch, grad_accum, dp, sp) and every option that must be equal on resume (run_fields).
+//   layout (batch, grad_accum, dp, sp, zero, mlp_chunks), every option that must be equal on resume
+//   (run_fields), the crc32 of each binary file that rank wrote ("crc model.bin": ...), and last
+//   "crc32": the CRC-32 of the text before that field (files from before it lack it: unchecked).
 //
 // The crc32 covers the header (with the crc field zero) and the payload. Every reader checks
 // magic, version, exact size and checksum and throws std::runtime_error naming the file.

@@ -57,6 +57,13 @@ std::vector<std::string> history(const fs::path& log) {
 
 std::string bytes_of(const fs::path& p) { return ul::read_whole_file(p.string()); }
 
+// A rank file as written before it carried its own checksum (the last field, "crc32").
+std::string strip_crc(std::string j) {
+  const size_t at = j.rfind(",\"crc32\":");
+  REQUIRE(at != std::string::npos);
+  return j.substr(0, at) + "}\n";
+}
+
 void expect_refused(const std::string& args, const std::string& needle) {
   CmdResult r = run_cmd(train_cmd(args));
   INFO("train " << args << "\n" << r.out);
@@ -301,8 +308,19 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   // A directory named otherwise than a save names it (step_3, not step_00000003) is no checkpoint.
   fs::path odd = damaged("odd", [&](const fs::path& s) { fs::rename(s, s.parent_path() / "step_3"); });
   expect_refused(resume + odd.string(), "no complete checkpoint to resume from");
-  fs::path version = damaged("version", [&](const fs::path& s) {
+  // A rank file checks its own text: a damaged key (a field then read as absent, so unchecked) is
+  // refused like a damaged value. Without the checksum (as files from before it), a newer version
+  // is refused by its number.
+  fs::path key = damaged("key", [&](const fs::path& s) {
     std::string j = ul::read_whole_file((s / "rank_0.json").string());
+    const size_t at = j.find("\"warmup\"");
+    REQUIRE(at != std::string::npos);
+    j[at + 1] = 'W';
+    std::ofstream(s / "rank_0.json") << j;
+  });
+  expect_refused(resume + key.string(), "rank_0.json: checksum mismatch");
+  fs::path version = damaged("version", [&](const fs::path& s) {
+    std::string j = strip_crc(ul::read_whole_file((s / "rank_0.json").string()));
     const size_t at = j.find("\"version\":1");
     REQUIRE(at != std::string::npos);
     j.replace(at, 11, "\"version\":7");
@@ -340,7 +358,7 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     const fs::path old = d / "old";
     REQUIRE(train(packed + " --steps 2 --save-dir " + old.string()).code == 0);
     const fs::path rank = old / "step_00000002" / "rank_0.json";
-    std::string j = ul::read_whole_file(rank.string());
+    std::string j = strip_crc(ul::read_whole_file(rank.string()));  // as a file from before it was added
     // The data's text changed since the save (the same spec, other bytes): the shuffle and the
     // held-out cut moved, so the resume is refused, naming what changed.
     const std::string saved_text = ul::read_whole_file(text.string());
