@@ -115,9 +115,8 @@ sed -n '/^profile:/,$p' "$LOGS/gpt2_b32.log" | awk 'NR > 2 && NR <= 10' | while 
 done
 
 echo "== attention vs PyTorch SDPA (${SECONDS} s)"
-# Both best of 5; TFLOP/s = forward 4 T^2 D H / 2 (causal) x 3.5 for forward + backward, both sides.
-# Ours is timed on the host around the op and a device sync (its tape's bookkeeping included),
-# SDPA with CUDA events: at T = 4K, about half a millisecond of work, that favours SDPA a little.
+# Both best of 5, both timed with CUDA events around the calls (the host's launches included);
+# TFLOP/s = forward 4 T^2 D H / 2 (causal) x 3.5 for forward + backward, both sides.
 run_for 150 "$LOGS/attn_ours.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 \
   --seqs 4096,16384,65536 --dims 64,128 --reps 5; rc_ours=$?
 run_for 150 "$LOGS/attn_sdpa.log" python3 bench/sdpa_reference.py --seqs 4096,16384,65536 --dims 64,128 --heads 16
