@@ -89,7 +89,10 @@ if [ "$rc" -eq 0 ]; then row "build: the gpu tests" "ok (${SECONDS} s)"; else ro
 echo "== tests labelled gpu (${SECONDS} s)"
 # A minute at most per test (one that hangs costs that, not the run); four at once on the one GPU.
 if [ -x build-gpu/tests/test_attention_gpu ]; then
-  (cd build-gpu && run_for 180 "../$LOGS/ctest_gpu.log" ctest -L gpu --output-on-failure --timeout 60 -j 4); rc=$?
+  # CUDA_LAUNCH_BLOCKING: a kernel's fault is reported at its launch, naming it (ul::launch checks
+  # after each), not at some later call; these tests time nothing.
+  (cd build-gpu && CUDA_LAUNCH_BLOCKING=1 run_for 180 "../$LOGS/ctest_gpu.log" ctest -L gpu --output-on-failure \
+    --timeout 60 -j 4); rc=$?
   summary=$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu.log" | tail -1)
   row "ctest -L gpu" "${summary:-$(why $rc "$LOGS/ctest_gpu.log")}"
   # ctest lists the failures after "The following tests FAILED:", one "  N - name (Failed)" a line.

@@ -57,8 +57,10 @@ __device__ __forceinline__ RowStats warp_combine(RowStats v) {
 
 // Grid (R), block (a multiple of 32, <= 1024). logits: (R, V) fp32; dlogits: (R, V) T or null.
 // No __restrict__ on logits / dlogits: they may be one buffer (T = float).
+// Launch bounds: the blocks reach kMaxThreads, so nvcc must keep the registers to what that many
+// threads may hold (or the launch fails with "too many resources"), which the emulator cannot see.
 template <class T>
-__global__ void softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ loss, int32_t* __restrict__ hit,
+__global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ loss, int32_t* __restrict__ hit,
                                              const float* logits, const int32_t* __restrict__ targets, int V,
                                              float grad_scale) {
   UL_STATIC_SMEM(RowStats, s_warp, [kMaxThreads / 32]);

@@ -80,7 +80,9 @@ __device__ __forceinline__ int64_t pair_low(int64_t t, int64_t j) { return (t / 
 // the network's stages (k, j) for every k in [k_first, k_last] (powers of two) and j from
 // min(k/2, tile/2) down to 1. k_first = 2, k_last = tile sorts each tile (alternating directions,
 // as the full network wants); k_first = k_last = k > tile finishes merge stage k below the tile.
-__global__ void embedding_sort_tile_kernel(uint64_t* __restrict__ keys, int64_t k_first, int64_t k_last) {
+// Up to kSortTile / 2 threads a block: launch bounds keep nvcc's registers to what that many may hold.
+__global__ void __launch_bounds__(kSortTile / 2) embedding_sort_tile_kernel(uint64_t* __restrict__ keys, int64_t k_first,
+                                                                            int64_t k_last) {
   UL_STATIC_SMEM(uint64_t, s, [kSortTile]);
   const int tile = 2 * blockDim.x;
   const int64_t base = int64_t(blockIdx.x) * tile;

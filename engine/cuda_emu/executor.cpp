@@ -347,7 +347,7 @@ std::string deadlock_report(Worker& w) {
   return s + " (a barrier or warp collective that part of the block or warp never reaches)";
 }
 
-void run_block(Worker& w, uint3 block_idx) {
+void run_block(Worker& w, uint3 block_idx, unsigned flip) {
   blockIdx = block_idx;
   w.at_barrier = 0;
   w.exited = 0;
@@ -388,7 +388,9 @@ void run_block(Worker& w, uint3 block_idx) {
   // warp's lanes are not in lockstep either: one lane's shared-memory write is visible to another
   // only after a __syncwarp (or a barrier), and reading it earlier shows as a stale value.
   const int warps = (w.n + 31) / 32;
-  const bool reverse = (block_idx.x + block_idx.y + block_idx.z) % 2 == 1;
+  // Alternating by launch too (flip: the launching thread's count): a one-block grid is not always
+  // walked forward.
+  const bool reverse = (block_idx.x + block_idx.y + block_idx.z + flip) % 2 == 1;
   w.barriers = 0;
   for (;;) {
     bool ran = false;
@@ -553,6 +555,8 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
   if (t_worker.in_block)
     throw std::runtime_error(std::string("kernel '") + name + "' launched from inside a kernel");
   check_config(name, kernel, grid, block, smem_bytes);
+  static thread_local unsigned launches = 0;  // this thread's: the same sequence on every run
+  const unsigned flip = launches++ & 1u;
   const long long gx = grid.x, gy = grid.y;
   const long long blocks = gx * gy * grid.z;
   std::atomic<bool> failed{false};
@@ -581,7 +585,7 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
       if (!ready || failed.load(std::memory_order_relaxed)) continue;
       const uint3 idx = {unsigned(b % gx), unsigned(b / gx % gy), unsigned(b / (gx * gy))};
       try {
-        run_block(w, idx);
+        run_block(w, idx, flip);
       } catch (const std::exception& e) {
 #pragma omp critical(ul_emu_error)
         if (message.empty()) message = "block " + coord(idx) + ": " + e.what();

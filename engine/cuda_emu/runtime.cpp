@@ -77,6 +77,7 @@ bool valid_kind(cudaMemcpyKind k) { return k >= cudaMemcpyHostToHost && k <= cud
 struct Mapping {
   char* base;
   size_t len;
+  size_t bytes, rounded;  // asked for; with the rounding up to 256 (poisoned, checked at the free)
 };
 struct Mappings {
   std::mutex mu;
@@ -103,12 +104,14 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   mprotect(base + data, page, PROT_NONE);  // the guard page
   char* q = base + data - rounded;
   // Fresh device memory reads as NaN (all bits set) in f32 and bf16, so a kernel that reads what
-  // nothing wrote poisons its result instead of silently reading zeros.
-  std::memset(q, 0xff, bytes);
+  // nothing wrote poisons its result instead of silently reading zeros. The rounding's slack past
+  // the end too: a read just past a buffer reads NaN (on a GPU, a neighbour's data), and a write
+  // there is caught when the buffer is freed.
+  std::memset(q, 0xff, rounded);
   {
     Mappings& ms = mappings();
     std::lock_guard<std::mutex> lock(ms.mu);
-    ms.by_ptr[q] = {base, data + page};
+    ms.by_ptr[q] = {base, data + page, bytes, rounded};
   }
   *p = q;
   return cudaSuccess;
@@ -126,6 +129,13 @@ cudaError_t cudaFree(void* p) {
     m = it->second;
     ms.by_ptr.erase(it);
   }
+  const unsigned char* tail = static_cast<const unsigned char*>(p) + m.bytes;
+  for (size_t i = 0; i < m.rounded - m.bytes; i++)
+    if (tail[i] != 0xff) {  // on a GPU: a neighbouring buffer corrupted without a word
+      std::fprintf(stderr, "cuda_emu: something wrote %zu byte(s) past the end of a %zu-byte cudaMalloc buffer\n",
+                   i + 1, m.bytes);
+      std::abort();
+    }
   munmap(m.base, m.len);
   return cudaSuccess;
 }
