@@ -52,6 +52,10 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   if (M == 0 || N == 0) return;
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);
+  if (K == 0) {  // no product: the kernel the cuBLASLt version launches (engine/gemm_bias.cu)
+    gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
+    return;
+  }
   std::vector<float> a_keep, b_keep, d_keep;
   const float* af = as_float(a, size_t(M) * K, a_keep);
   const float* bf = as_float(b, size_t(K) * N, b_keep);

@@ -88,23 +88,6 @@ Lt& lt_for_current_device() {
   return lt;
 }
 
-// D (M, N) = (accumulate ? D : 0) + bias on every row: the bias when the product is empty (K = 0)
-// or when cuBLASLt offers no algorithm with the BIAS epilogue; the GEMM then accumulates onto it.
-template <class TD>
-__global__ void bias_rows_kernel(TD* __restrict__ d, const TD* __restrict__ bias, int M, int N, bool accumulate) {
-  const size_t total = size_t(M) * N;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const float base = accumulate ? to_float(d[i]) : 0.f;
-    d[i] = from_float<TD>(base + (bias ? to_float(bias[i % N]) : 0.f));
-  }
-}
-
-template <class TD>
-void bias_rows(TD* d, const TD* bias, int M, int N, bool accumulate, cudaStream_t s) {
-  const unsigned blocks = unsigned(std::min<long long>(ceil_div(size_t(M) * N, 256), 4096));
-  launch("gemm_bias_rows", bias_rows_kernel<TD>, dim3(blocks), dim3(256), 0, s, d, bias, M, N, accumulate);
-}
-
 // RAII for the per-call descriptors.
 struct Desc {
   cublasLtMatmulDesc_t op = nullptr;
@@ -135,7 +118,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);
   if (K == 0) {  // no product: D = (accumulate ? D : 0) + bias
-    bias_rows<TD>(d, bias, M, N, accumulate, s);
+    gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
     return;
   }
   Lt& lt = lt_for_current_device();
@@ -157,7 +140,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
            "cublasLtMatrixLayoutCreate(A)", what);
   check_lt(cublasLtMatrixLayoutCreate(&desc.d, td, N, M, N), "cublasLtMatrixLayoutCreate(D)", what);
 
-  // The bias through the epilogue, unless the heuristic has nothing for it (then bias_rows first).
+  // The bias through the epilogue, unless the heuristic has nothing for it (then gemm_bias_rows first).
   const uint32_t al_first = alignment(b), al_second = alignment(a), al_d = alignment(d);
   const std::array<int64_t, 12> key{M, N, K, trans_a, trans_b, accumulate, int64_t(ta), int64_t(td),
                                     al_first, al_second, al_d, bias ? int64_t(alignment(bias)) : -1};
@@ -199,9 +182,9 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
                                             &n_results);
     };
     Algo chosen;
-    // Any refusal of the epilogue (not supported, or invalid for these types) falls back to bias_rows.
+    // Any refusal of the epilogue (not supported, or invalid for these types) falls back to gemm_bias_rows.
     // The epilogue reads the bias in 16-byte vectors on some GPUs whatever the heuristic says: a bias
-    // at another offset of the parameter buffer (--dim 100) takes bias_rows instead.
+    // at another offset of the parameter buffer (--dim 100) takes gemm_bias_rows instead.
     chosen.epilogue_bias = bias != nullptr && alignment(bias) >= 16 && ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
     if (!chosen.epilogue_bias) {
       const cublasStatus_t st = ask(false);
@@ -219,7 +202,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
 
   float beta = accumulate ? 1.f : 0.f;
   if (bias && !found->second.epilogue_bias) {
-    bias_rows<TD>(d, bias, M, N, accumulate, s);
+    gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
     beta = 1.f;
   }
   const float alpha = 1.f;

@@ -37,6 +37,12 @@ inline std::string gemm_profile_name(const char* op, int M, int N, int K) {
 // fails at start-up, not at its first forward. Nothing under emulation.
 void gemm_prepare();
 
+// D (M, N) = (accumulate ? D : 0) + bias (N) on every row (bias may be null), rounded to TD once:
+// a GEMM's result when its product is empty (K = 0), and cuBLASLt's fallback before the product
+// when its bias epilogue is refused. TD: float or __nv_bfloat16. (engine/gemm_bias.cu)
+template <class TD>
+void gemm_bias_rows(TD* d, const TD* bias, int M, int N, bool accumulate, cudaStream_t s);
+
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
           bool accumulate, const char* op, cudaStream_t s);
