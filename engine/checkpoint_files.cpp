@@ -482,11 +482,14 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (field(key) != std::to_string(want))
       throw file_error(path, std::string(key) + " is " + field(key) + " but " + what + " is " + std::to_string(want));
   };
-  auto count = [&](const char* key) {
+  // An integer field in [lowest, 2^30]. optional: absent reads -1 (a checkpoint from before it).
+  auto count = [&](const char* key, int lowest = 1, bool optional = false) {
+    if (optional && !have.count(key)) return -1;
     const std::string& v = field(key);
     char* end = nullptr;
     const long x = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || x < 1 || x > (1 << 30)) throw file_error(path, std::string(key) + " is '" + v + "'");
+    if (v.empty() || *end != '\0' || x < lowest || x > (1 << 30))
+      throw file_error(path, std::string(key) + " is '" + v + "'");
     return int(x);
   };
   // The options first: they are what the user has to change.
@@ -501,16 +504,8 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
       throw file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" +
                                  f.flag + ")");
   }
-  RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp")};
-  auto optional = [&](const char* key, int lowest) {  // absent: -1 (a checkpoint from before the field)
-    if (!have.count(key)) return -1;
-    const std::string& v = field(key);
-    char* end = nullptr;
-    const long x = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || x < lowest || x > (1 << 30)) throw file_error(path, std::string(key) + " is '" + v + "'");
-    return int(x);
-  };
-  saved.zero = optional("zero", 0), saved.mlp_chunks = optional("mlp_chunks", 1);
+  const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
+                        count("zero", 0, true), count("mlp_chunks", 1, true)};
   const int64_t G = saved.sequences_per_step();
   if (G != run.sequences_per_step()) {
     // What would keep G on this run's ranks: another --batch, else another --grad-accum.

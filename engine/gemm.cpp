@@ -59,7 +59,7 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   std::vector<float> a_keep, b_keep, d_keep;
   const float* af = as_float(a, size_t(M) * K, a_keep);
   const float* bf = as_float(b, size_t(K) * N, b_keep);
-  // The result in float: D's current value (accumulate) or zero, then + bias, + the product.
+  // The result in float: D's current value (accumulate) or zero, then + bias, + the product (K > 0 here).
   RowMat acc(M, N);
   if (accumulate)
     acc = MapCM(as_float(d, size_t(M) * N, d_keep), M, N);
@@ -70,15 +70,13 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     const float* bias_f = as_float(bias, size_t(N), bias_keep);
     acc.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_f, N);
   }
-  if (K > 0) {
-    // Stored shapes, then the op: A is (M, K) or (K, M)^T; B is (K, N) or (N, K)^T.
-    MapCM A(af, trans_a ? K : M, trans_a ? M : K), B(bf, trans_b ? N : K, trans_b ? K : N);
-    MapM D(acc.data(), M, N);  // blocks fixed by the shape: the same bits at any thread count
-    if (!trans_a && !trans_b) cpu::gemm_add(D, A, B);
-    else if (!trans_a) cpu::gemm_add(D, A, B.transpose());
-    else if (!trans_b) cpu::gemm_add(D, A.transpose(), B);
-    else cpu::gemm_add(D, A.transpose(), B.transpose());
-  }
+  // Stored shapes, then the op: A is (M, K) or (K, M)^T; B is (K, N) or (N, K)^T.
+  MapCM A(af, trans_a ? K : M, trans_a ? M : K), B(bf, trans_b ? N : K, trans_b ? K : N);
+  MapM D(acc.data(), M, N);  // blocks fixed by the shape: the same bits at any thread count
+  if (!trans_a && !trans_b) cpu::gemm_add(D, A, B);
+  else if (!trans_a) cpu::gemm_add(D, A, B.transpose());
+  else if (!trans_b) cpu::gemm_add(D, A.transpose(), B);
+  else cpu::gemm_add(D, A.transpose(), B.transpose());
   const float* src = acc.data();
   for (size_t i = 0, n = size_t(M) * N; i < n; i++) d[i] = narrow<TD>(src[i]);
 }

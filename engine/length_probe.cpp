@@ -1,7 +1,6 @@
 #include "engine/length_probe.h"
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 
 #include "data/packing.h"
@@ -107,10 +106,7 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
         if (tgt[size_t(t)] >= 0) {
           valid++;
           correct += sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
-          const float mx = *std::max_element(logits->begin(), logits->end());
-          double sum = 0;
-          for (const float z : *logits) sum += std::exp(double(z - mx));
-          nll += std::log(sum) + mx - (*logits)[size_t(tgt[size_t(t)])];
+          nll += token_nll(logits->data(), int(logits->size()), tgt[size_t(t)]);
         }
         if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
       }

@@ -229,20 +229,23 @@ void KvDecoder::score(const int* tokens, const int32_t* targets, int n, float* n
     norm(h_.data(), x_.data(), "lnfw", "lnfb", -1, rows);
     cpu::linear_forward(row_logits_.data(), h_.data(), head, static_cast<const float*>(nullptr), rows, C, V);
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < rows; i++) {  // -log softmax(logits)[target] = log sum exp(z - max) + max - z[target]
+    for (int i = 0; i < rows; i++) {
       const int32_t t = targets[done + i];
       if (t < 0) {
         nll[done + i] = 0.0f;
         continue;
       }
-      const float* z = row_logits_.data() + size_t(i) * V;
-      const float mx = *std::max_element(z, z + V);
-      double sum = 0;
-      for (int v = 0; v < V; v++) sum += std::exp(double(z[v] - mx));
-      nll[done + i] = float(std::log(sum) + mx - z[t]);
+      nll[done + i] = float(token_nll(row_logits_.data() + size_t(i) * V, V, t));
     }
     done += rows;
   }
+}
+
+double token_nll(const float* z, int V, int target) {
+  const float mx = *std::max_element(z, z + V);
+  double sum = 0;
+  for (int v = 0; v < V; v++) sum += std::exp(double(z[v] - mx));
+  return std::log(sum) + mx - z[target];
 }
 
 const std::vector<float>& KvDecoder::prefill(const int* tokens, int n, const std::function<void(int)>& progress) {

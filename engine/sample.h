@@ -91,6 +91,9 @@ struct SampleSettings {
 // over the top_k, add up to top_p or more (nucleus sampling; at least one token).
 int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng, float top_p = 1.0f);
 
+// -log softmax(z)[target] over the V logits z, summed in double: log sum exp(z - max) + max - z[target].
+double token_nll(const float* z, int V, int target);
+
 // Feeds the prompt (prefill, in chunks; progress as KvDecoder::prefill's), then samples s.tokens
 // tokens one at a time; returns only the new ones. Throws when the prompt is empty, holds an id
 // outside the vocabulary, or prompt + tokens exceeds the cache.

@@ -58,11 +58,9 @@ void test_hold(const std::string& point) {
     return v ? "," + std::string(v) + "," : std::string();
   }();
   if (points.empty() || points.find("," + point + ",") == std::string::npos) return;
-  const int first = stop_signal();  // "save" waits for the one after it
-  for (int ms = 0; ms < 60000; ms++) {
-    if (stop_signal() && (point != "save" || stop_signal() != first)) return;
-    ::usleep(1000);
-  }
+  // "save" is reached because of a first signal: it waits out its 60 s, or the second one, which
+  // ends the process. The others return once a signal is there.
+  for (int ms = 0; ms < 60000 && (point == "save" || !stop_signal()); ms++) ::usleep(1000);
 }
 
 const char* stop_signal_name(int sig) {
