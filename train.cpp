@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <initializer_list>
 #include <exception>
 #include <string>
 
@@ -19,9 +18,11 @@
 #if ULYSSES_HAVE_MPI
 #include "parallel/comm_mpi.h"
 #endif
+#include "parallel/launcher.h"
+#if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
+#endif
 #if ULYSSES_HAVE_NCCL
-#include <cuda_runtime.h>
-
 #include "parallel/comm_nccl.h"
 #endif
 
@@ -47,41 +48,58 @@ static int run_mpi_job(const Options& o, Comm& world) {
 }
 #endif
 
-#if ULYSSES_HAVE_NCCL
-// An integer from the first of these environment variables that is set, else `fallback`.
-static int env_int(std::initializer_list<const char*> names, int fallback) {
-  for (const char* n : names)
-    if (const char* v = std::getenv(n)) return std::atoi(v);
-  return fallback;
+#if ULYSSES_HAVE_MPI
+// An MPI the launcher did not wire up (srun with an MPI built without its PMI support) starts each
+// process as a world of its own: N copies of the run, each rank 0, each writing the same files.
+static void check_mpi_world(const Comm& world) {
+  const Launcher l = detect_launcher();
+  if (world.size() == 1 && l.size > 1)
+    throw std::runtime_error("MPI sees a world of 1 rank, but " + l.name + " started " + std::to_string(l.size) + " (" +
+                             l.vars + "): this MPI is not wired to that launcher (under srun it needs Slurm's PMI or "
+                             "PMIx support; else start the ranks with mpirun)");
 }
+#endif
 
-// One GPU per process: the process's rank within its node picks the device.
-static int run_nccl(const Options& o, int* argc, char*** argv) {
+#if ULYSSES_HAVE_CUDA
+// One GPU per process: its rank on this machine, as its launcher says (parallel/launcher.h), picks
+// the device. Before MPI starts: a CUDA-aware MPI would otherwise open a context on GPU 0 in every
+// process of the machine. Returns the device.
+static int select_gpu(const std::string& flag, const Launcher& l) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-    throw std::runtime_error("--comm nccl: no CUDA device is visible");
-  const int local = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}, -1);
-  // The GPU first, before MPI starts: a CUDA-aware MPI would otherwise open a context on GPU 0 in
-  // every process of the node.
-  if (cudaSetDevice(std::max(local, 0) % devices) != cudaSuccess)
-    throw std::runtime_error("--comm nccl: cannot select GPU " + std::to_string(std::max(local, 0) % devices));
+    throw std::runtime_error(flag + ": no CUDA device is visible");
+  const int gpu = std::max(l.local_rank, 0) % devices;
+  if (cudaSetDevice(gpu) != cudaSuccess) throw std::runtime_error(flag + ": cannot select GPU " + std::to_string(gpu));
+  return gpu;
+}
+#endif
+
+#if ULYSSES_HAVE_NCCL
+static int run_nccl(const Options& o, int* argc, char*** argv) {
+  const Launcher l = detect_launcher();
+  const int gpu = select_gpu("--comm nccl", l);
   if (o.nccl_id_file.empty()) {
 #if ULYSSES_HAVE_MPI
     MpiRuntime mpi(argc, argv);
     auto boot = mpi_world();
-    auto world = nccl_world_from(*boot, std::max(local, 0) % devices, o.comm_timeout);
+    check_mpi_world(*boot);
+    auto world = nccl_world_from(*boot, gpu, o.comm_timeout);
     return run_mpi_job(o, *world);
 #else
     throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
 #endif
   }
-  const int rank = env_int({"RANK", "SLURM_PROCID"}, -1), size = env_int({"WORLD_SIZE", "SLURM_NTASKS"}, -1);
-  if (rank < 0 || size < 1) throw std::runtime_error("--nccl-id-file: set RANK and WORLD_SIZE (or run under srun)");
+  if (l.rank < 0 || l.size < 1 || l.rank >= l.size)
+    throw std::runtime_error("--nccl-id-file: no rank and world size from a launcher: start under torchrun, srun or "
+                             "mpirun, or set RANK and WORLD_SIZE (and LOCAL_RANK)" +
+                             (l.name.empty() ? std::string() : "; read " + l.vars));
   // Without its rank on this machine every process would take GPU 0 (NCCL refuses two ranks on one).
-  if (local < 0 && size > 1 && devices > 1)
-    throw std::runtime_error("--nccl-id-file: set LOCAL_RANK (or run under srun: SLURM_LOCALID), the process's rank "
-                             "on its machine, which picks its GPU");
-  auto world = nccl_world_from_file(o.nccl_id_file, rank, size, std::max(local, 0) % devices, o.comm_timeout);
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  if (l.local_rank < 0 && l.size > 1 && devices > 1)
+    throw std::runtime_error("--nccl-id-file: " + l.name + " gives no rank on this machine (read " + l.vars +
+                             "), which picks the GPU: set LOCAL_RANK");
+  auto world = nccl_world_from_file(o.nccl_id_file, l.rank, l.size, gpu, o.comm_timeout);
   return run(o, *world);
 }
 #endif
@@ -105,8 +123,12 @@ int main(int argc, char** argv) {
     }
     if (o.comm == "mpi") {
 #if ULYSSES_HAVE_MPI
+#if ULYSSES_HAVE_CUDA
+      if (run_device(o) == Device::cuda) select_gpu("--comm mpi --device cuda", detect_launcher());
+#endif
       MpiRuntime mpi(&argc, &argv);
       auto world = mpi_world(run_device(o));  // device buffers are staged through the host
+      check_mpi_world(*world);
       return run_mpi_job(o, *world);
 #else
       throw std::runtime_error("--comm mpi: this build has no MPI (install libopenmpi-dev and rebuild)");

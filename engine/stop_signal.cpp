@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -12,26 +14,47 @@ namespace ul {
 
 namespace {
 
-std::atomic<int> g_signal{0};  // lock-free: safe to store from a handler
+std::atomic<int> g_signal{0};           // lock-free: safe to store from a handler
+std::atomic<long long> g_first_ms{0};  // when the first came (CLOCK_MONOTONIC)
+std::atomic<int> g_count{0};           // signals received (the test hold "save" waits for a second)
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
+static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+constexpr long long kRepeatMs = 2000;  // a second SIGINT sooner than this is the same Ctrl-C delivered twice
 
 void say(const char* text) {  // write(2) is async-signal-safe; printf is not
   ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
   (void)ignored;
 }
 
+long long monotonic_ms() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 void on_signal(int sig) {
+  g_count.fetch_add(1);
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {
+    g_first_ms.store(monotonic_ms());
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
-    say(": stopping after this step (a checkpoint is saved with --save-dir); again to stop now\n");
+    say(": stopping after this step (a checkpoint is saved with --save-dir); Ctrl-C again to stop now\n");
     return;
   }
-  // The second: the default action, now (the process ends by this signal).
-  std::signal(sig, SIG_DFL);
+  // A later one. Only a person means "now": a SIGINT (Ctrl-C) at least kRepeatMs after the first.
+  // Schedulers and launchers send one signal twice (to the job and to each task, or forwarded by
+  // mpirun), or SIGTERM at the time limit after an early SIGUSR1: ending then would lose the very
+  // checkpoint the stop is for. Noted, and the save goes on.
+  if (sig != SIGINT || monotonic_ms() - g_first_ms.load() < kRepeatMs) {
+    say("train: ");
+    say(stop_signal_name(sig));
+    say(" again: already stopping after this step (Ctrl-C a second time stops now)\n");
+    return;
+  }
+  std::signal(sig, SIG_DFL);  // the default action, now (the process ends by this signal)
   std::raise(sig);
 }
 
@@ -50,7 +73,10 @@ void install_stop_handlers() {
 
 int stop_signal() { return g_signal.load(); }
 
-void clear_stop_signal() { g_signal.store(0); }
+void clear_stop_signal() {
+  g_signal.store(0);
+  g_count.store(0);
+}
 
 void test_hold(const std::string& point) {
   static const std::string points = [] {
@@ -58,9 +84,10 @@ void test_hold(const std::string& point) {
     return v ? "," + std::string(v) + "," : std::string();
   }();
   if (points.empty() || points.find("," + point + ",") == std::string::npos) return;
-  // "save" is reached because of a first signal: it waits out its 60 s, or the second one, which
-  // ends the process. The others return once a signal is there.
-  for (int ms = 0; ms < 60000 && (point == "save" || !stop_signal()); ms++) ::usleep(1000);
+  // "save" is reached because of a first signal: it waits for a second one (which ends the process,
+  // or is noted and the save goes on) or its 60 s. The others return once a signal is there.
+  const int want = point == "save" ? 2 : 1;
+  for (int ms = 0; ms < 60000 && g_count.load() < want; ms++) ::usleep(1000);
 }
 
 const char* stop_signal_name(int sig) {

@@ -3,8 +3,11 @@
 // the time limit). The first one only sets a flag: the step in flight finishes, every rank agrees
 // at the step boundary (a one-int all-reduce, so a signal that reached some ranks only stops them
 // all at the same step), a checkpoint is saved when there is a --save-dir, and train exits with
-// 128 + the signal's number, as a shell reports a process the signal ended. A second signal ends
-// the process at once (the checkpoint files are written atomically, so none is left half-done).
+// 128 + the signal's number, as a shell reports a process the signal ended. A second SIGINT
+// (Ctrl-C) two seconds or more after the first ends the process at once (the checkpoint files are
+// written atomically, so none is left half-done); any other repeat is noted and changes nothing:
+// schedulers and launchers deliver one signal twice, or SIGTERM at the time limit after an early
+// SIGUSR1, and ending then would lose the checkpoint the stop is for.
 #pragma once
 #include <string>
 
@@ -22,8 +25,8 @@ void clear_stop_signal();
 // TEST HOOK: with ULYSSES_TEST_HOLD=P1,P2,... train waits at each named point until a stop signal
 // has arrived (at most 60 s), so a test's signal lands there and nowhere else, however loaded the
 // machine: "step N" (after step N's line), "length T" (after that probe row), "save" (inside a
-// checkpoint's save, for a second signal: the first is what made that save; the second ends the
-// process). Unset in normal use: then a call costs one string compare.
+// checkpoint's save, until a second signal: the first is what made that save; the second ends the
+// process, or is noted and the save goes on). Unset in normal use: then a call costs one string compare.
 void test_hold(const std::string& point);
 
 }  // namespace ul

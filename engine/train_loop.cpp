@@ -92,7 +92,7 @@ int train_rank(const Options& o, Comm& world) {
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
   // Every rank on this machine decodes at once: each gets its share of the memory.
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, ranks_on_this_host(o, world.size()));
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.hosts().ranks_here());
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
@@ -139,7 +139,17 @@ int train_rank(const Options& o, Comm& world) {
   say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
-      world.size(), g.dp, g.sp, world.backend(), threads_per_rank(o, world.size()), o.batch, o.seq, o.grad_accum);
+      world.size(), g.dp, g.sp, world.backend(), tr.threads(), o.batch, o.seq, o.grad_accum);
+  // Where the ranks landed (parallel/hosts.h): an sp group split over machines runs its all-to-alls
+  // over the network, and every step waits for it.
+  const std::vector<int> across = sp_groups_across_hosts(tr.hosts(), g.sp);
+  if (!across.empty())
+    say("note    | %zu of %d sp group(s) span machines (the first: ranks %d-%d): their all-to-alls cross the network; "
+        "give each machine a multiple of --sp %d ranks, numbered machine by machine (mpirun --map-by slot, srun's "
+        "block distribution)\n", across.size(), g.dp, across[0] * g.sp, across[0] * g.sp + g.sp - 1, g.sp);
+  if (const std::string gpu = shared_gpu(tr.hosts()); !gpu.empty())
+    say("note    | %s: each rank picks its GPU by its rank on the machine (the launcher's local rank): give each rank "
+        "its own, or expect them to share its memory and time\n", gpu.c_str());
 
   // Where this run starts: step 0, or the newest complete checkpoint under --resume.
   int start = 0;

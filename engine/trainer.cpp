@@ -11,17 +11,19 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
-#include <thread>
 
 #include "data/packing.h"
 #include "engine/device.h"
 #include "engine/export.h"
+#include "engine/file_io.h"
 #if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
 #include "engine/gemm.h"
 #endif
 #include "engine/hf_format.h"
 #include "engine/llmc_format.h"
 #include "engine/planner.h"
+#include "engine/ranks_agree.h"
 #include "parallel/data_parallel.h"
 #include "parallel/ulysses.h"
 #include "parallel/zero.h"
@@ -69,17 +71,6 @@ int32_t doc_mask_eot(const Options& o, const Dataset& data, int model_vocab) {
   return eot;
 }
 
-int ranks_on_this_host(const Options& o, int world) {
-  if (o.comm == "local") return world;  // threads of this process
-  // Open MPI, MPICH, torchrun and SLURM say how many ranks share this node; others: assume one.
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"})
-    if (const char* v = std::getenv(name)) {
-      const int n = std::atoi(v);
-      if (n >= 1 && n <= world) return n;
-    }
-  return 1;
-}
-
 namespace {
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }  // whole MiB, for messages
 }  // namespace
@@ -118,13 +109,7 @@ size_t peak_rss_bytes() {
   return 0;
 }
 
-size_t physical_memory() { return size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE)); }
-
-int threads_per_rank(const Options& o, int world) {
-  if (o.threads > 0) return o.threads;
-  // The cores shared by every rank on this machine (under mpirun each once took them all).
-  return std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, ranks_on_this_host(o, world)));
-}
+size_t physical_memory() { return memory_limit(); }
 
 namespace {
 
@@ -168,6 +153,18 @@ CommStats total_sent(Grid& g) {
   return s;
 }
 
+// This process's CUDA device, for the host map; -1 on the CPU, and on the emulator (every process
+// has its own emulated device, which two ranks cannot share).
+int this_gpu(const Options& o) {
+#if ULYSSES_HAVE_CUDA && !ULYSSES_CUDA_EMULATED
+  int d = -1;
+  if (run_device(o) == Device::cuda && cudaGetDevice(&d) == cudaSuccess) return d;
+#else
+  (void)o;
+#endif
+  return -1;
+}
+
 }  // namespace
 
 ModelInputs device_inputs(Context& c, const HostBatch& hb) {
@@ -181,8 +178,9 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 }
 
 Trainer::Trainer(const Options& o, Comm& world)
-    : o_(o), grid_(world, o.sp), ctx_(run_device(o)), guard_(ctx_) {
-  omp_set_num_threads(threads_per_rank(o, world.size()));
+    : o_(o), grid_(world, o.sp), hosts_(host_map(world, this_gpu(o))), threads_(threads_for_rank(o.threads, hosts_)),
+      ctx_(run_device(o)), guard_(ctx_) {
+  omp_set_num_threads(threads_);
   std::vector<float> ckpt;
   ModelConfig cfg;
   if (!o.checkpoint.empty()) {
@@ -238,6 +236,15 @@ Trainer::Trainer(const Options& o, Comm& world)
       throw std::runtime_error(val_flag + ": " + e.what());
     }
   }
+  // Every rank the same job, before anything large is read or allocated (engine/ranks_agree.h).
+  std::vector<RunField> fields = run_fields(o, cfg, train_->identity());
+  fields.push_back({"val_files", json_quote(val_->identity()), val_flag});
+  fields.push_back({"layout", json_quote(run_layout(o, grid_).str()), "--batch, --grad-accum, --sp, --zero, --mlp-chunks"});
+  fields.push_back({"steps", std::to_string(o.steps), "--steps"});  // the collectives' count
+  fields.push_back({"lr", float_text(o.lr), "--lr"});
+  fields.push_back({"eval_every", std::to_string(o.eval_every), "--eval-every"});
+  fields.push_back({"save_every", std::to_string(o.save_every), "--save-every"});
+  check_ranks_agree(world, fields);
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
   if (!cfg.is_llama() && o.seq > cfg.max_seq)
@@ -254,7 +261,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   // On the host whatever the device: the step's micro-batches (HostBatch: 5 int32 arrays of B x T
   // at most), loaded before its first forward. On the CPU the whole plan is host memory too.
   check_host_memory(plan, size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t), ctx_.device == Device::cpu,
-                    ranks_on_this_host(o, world.size()), physical_memory());
+                    hosts_.ranks_here(), physical_memory());
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   // A model only evaluated (--steps 0) gets no gradients, AdamW state or ZeRO shards: an 8B model's
@@ -320,8 +327,9 @@ StepResult Trainer::step() {
   const int A = o_.grad_accum;
   double t0 = now_ms();
   CommStats before = total_sent(g);
-  // Every micro-batch of the step is loaded first, so the loss can be normalised by the number of
-  // valid targets of the whole step, over the whole world, before any backward runs.
+  // Every micro-batch of the step is loaded first, so the number of valid targets of the whole
+  // step, over the whole world, and with it the loss gradient's scale 1/count, is known before
+  // the first forward: the classifier applies it during the forward (no seed gradient).
   int64_t local_valid = 0;
   for (int m = 0; m < A; m++) {
     int64_t first = ((int64_t(step_) * A + m) * g.dp + g.dp_rank) * o_.batch;
@@ -346,6 +354,8 @@ StepResult Trainer::step() {
     ctx_.arena.reset_high_water();
     Recording rec(true);
     CrossEntropyStats s = model_->forward(device_inputs(ctx_, micro_[m]), scale, g.sp_group.get());
+    // No loss to seed: the classifier (the tape's last op) already added the loss gradient,
+    // scaled by 1/count, during the forward; the walk starts from what it wrote.
     ctx_.tape.backward();
     loss_sum += s.loss_sum;
     r.act_bytes = std::max(r.act_bytes, ctx_.arena.high_water());

@@ -15,6 +15,7 @@
 #include "layers/transformer.h"
 #include "parallel/communicator.h"
 #include "parallel/grid.h"
+#include "parallel/hosts.h"
 
 namespace ul {
 
@@ -97,6 +98,8 @@ class Trainer {
 
   const Options& options() const { return o_; }
   Grid& grid() { return grid_; }
+  const HostMap& hosts() const { return hosts_; }  // which ranks share this machine and its cores
+  int threads() const { return threads_; }
   Context& context() { return ctx_; }
   Transformer& model() { return *model_; }
   const Dataset& train_data() const { return *train_; }
@@ -108,6 +111,8 @@ class Trainer {
   void named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const;
   Options o_;
   Grid grid_;
+  HostMap hosts_;
+  int threads_ = 1;
   Context ctx_;
   ContextGuard guard_;
   std::unique_ptr<Dataset> train_, val_;
@@ -130,19 +135,13 @@ double now_ms();
 size_t peak_rss_bytes();
 struct MemoryPlan;  // engine/planner.h
 
-// This machine's physical memory in bytes.
+// The memory this process may use: the machine's, or less where a cgroup caps it (parallel/hosts.h).
 size_t physical_memory();
-// The ranks of this run that share this machine's memory: all of them with --comm local (threads
-// of this process), else what Open MPI / MPICH say (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS), else 1.
-int ranks_on_this_host(const Options& o, int world);
 // Throws (naming every part and what shrinks it) when `ranks_here` ranks need more than `ram`
 // bytes of host memory: each the step's micro-batches (`batches` bytes), plus the whole plan when
-// it lives on the host (`plan_on_host`: the CPU device). Linux would grant the memory, then kill
+// it lives on the host (`plan_on_host`: the CPU device), else the plan's host side (--offload's
+// pinned block inputs, collectives staged through host memory). Linux would grant the memory, then kill
 // the run using it.
 void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram);
-
-// Threads per rank: --threads, or the cores divided among the ranks on this machine
-// (ranks_on_this_host: --comm local's threads, or mpirun's ranks on the node).
-int threads_per_rank(const Options& o, int world);
 
 }  // namespace ul

@@ -92,7 +92,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
     std::vector<T> m(kTile), l(kTile);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < int64_t(B) * Hq * nt; task++) {
-      // Later query tiles have more key tiles to walk: hand them out first.
+      // Within each (b, h), later query tiles (more key tiles to walk) are handed out first.
       const int qt = nt - 1 - int(task % nt), h = int(task / nt % Hq), b = int(task / nt / Hq);
       const int g = h / L.group, q0 = qt * kTile, nq = L.tile_len(qt);
       const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
@@ -168,7 +168,8 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   {
     Scratch<T> s_buf(kTile * kTile), ds_buf(kTile * kTile), a_buf(size_t(kTile) * D), b_buf(size_t(kTile) * D);
     // Pass 1: dk, dv. One task owns one key tile of one kv head, so it alone writes those rows of
-    // dqkv; it walks every query tile at or after it, for every query head of the group.
+    // dqkv; it walks every query tile from it up to the last one whose window reaches it (causal: to
+    // the end), for every query head of the group.
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t task = 0; task < int64_t(B) * Hkv * nt; task++) {
       const int kt = int(task % nt), g = int(task / nt % Hkv), b = int(task / nt / Hkv);

@@ -15,8 +15,8 @@ namespace {
 using namespace attn;
 
 // Di[b, h, t] = sum_c dout * out over the row (b, t, h). A group of g lanes per row, each taking
-// V elements at a time (16-byte packs when they fit, g = D / V, so one load per lane covers the
-// row), the group's sums added with shuffles; 32 / g rows per warp, 256 threads per block.
+// one 16-byte pack of V elements (g = D / V, so one load per lane covers the row; the launch
+// below requires the alignment), the group's sums added with shuffles; 32 / g rows per warp, 256 threads per block.
 template <class T, int V>
 __global__ void attention_rowdot_kernel(float* __restrict__ Di, const T* __restrict__ dout, const T* __restrict__ out,
                                         Geometry G, int g) {

@@ -5,8 +5,9 @@
 // Flash attention on CUDA (the math is in attention.h; the CPU flash loop it must match is in
 // attention.cpp). T is float or __nv_bfloat16; softmax statistics and every sum are float.
 //
-// Both element types walk the same tiles as the CPU: 64-row query tiles against 64-key tiles
-// (causal: key tile kt <= query tile qt), and the two-pass backward: dk/dv per (b, kv head, key
+// The bf16 kernels walk the CPU's tiles, with its skipping rule: 64-row query tiles against 64-key
+// tiles (causal: key tile kt <= query tile qt); the f32 kernels take 64 query rows per block but
+// step over keys 32 at a time, skipping only what the window excludes. Both use the two-pass backward: dk/dv per (b, kv head, key
 // tile) over the group's query heads and the later query tiles, then dq per (b, head, query block).
 // A bf16 forward or dq block takes one query tile (4 warps, the default) or two (8 warps; see
 // set_attention_query_rows): each row still meets the same key tiles in the same order, and a warp
@@ -14,8 +15,8 @@
 // Every element of dqkv is owned by one thread of one block, so there are no atomics and the
 // result does not depend on scheduling (deterministic).
 //
-// bf16: tensor cores (engine/mma.h, m16n8k16). A block is 4 warps; a warp owns 16 rows of the
-//   tile. Its own operand (Q and dout in the forward and dq pass) stays in registers as A fragments
+// bf16: tensor cores (engine/mma.h, m16n8k16). A dk/dv block is 4 warps, a forward or dq block 4
+//   or 8 (set_attention_query_rows); a warp owns 16 rows of the tile. Its own operand (Q and dout in the forward and dq pass) stays in registers as A fragments
 //   for the whole block; the other side streams through shared memory in two stages: cp.async
 //   (engine/async_copy.h) copies the next tile in while the tensor cores work on this one. Tile
 //   rows are padded by 8 elements so that ldmatrix (the fragment loads, .trans for the row-major B
@@ -23,9 +24,10 @@
 //   reads their fragments with ldmatrix per step (in registers they spill at D = 128). The score
 //   accumulators are laid out exactly like the A fragment of the next product (P V, P^T dO, dS K,
 //   ...), so probabilities go from registers to the tensor cores without shared memory. The
-//   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Only the diagonal tile
-//   tests visibility element by element; with a document mask, tile pairs that share no document
-//   are skipped and pairs inside one document need only the causal test (the CPU's tiles and rule);
+//   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Visibility is tested
+//   element by element only where a tile needs it (KeyTiles::masked): the diagonal, a tile at the
+//   window's edge, a dk/dv tile whose queries run past T, a pair not inside one document; tile pairs
+//   that share no document are skipped (the CPU's tiles and rule);
 //   with a sliding window, tiles wholly older than it are never visited (O(T W) work, not O(T^2)).
 // f32: the verification precision, plain FMA: a query row (forward, dq) or key row (dk/dv) per
 //   group of S consecutive lanes (FmaSplit), its rows in registers, split over the group's lanes
@@ -51,7 +53,7 @@ namespace attn {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kTile = 64;     // keys per tile, and query rows per block of the dk/dv pass (the CPU's tile too)
+constexpr int kTile = 64;     // keys per tile, and the query rows of each step of the dk/dv pass (the CPU's tile too)
 constexpr int kWarps = 4;     // bf16 dk/dv pass: 4 warps x 16 keys = one tile
 constexpr int kFmaRows = 32;  // f32 kernels: rows of the other side staged per step
 

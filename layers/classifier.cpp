@@ -227,6 +227,9 @@ CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, con
   // The gradient slots first: allocated on first use from the arena, they must outlive the scope.
   float* dx = grad && x.requires_grad() ? c.tape.gradf(x) : nullptr;
   float* dw = grad && w.requires_grad() ? c.tape.gradf(w) : nullptr;
+  // Sized by the valid rows (the CUDA twin sizes them by all rows), so with ignored targets the
+  // CPU's arena peak is below the planner's, which plans every target valid: a smaller scratch,
+  // not a planner error.
   const int R = classifier_chunk_rows(V, n_valid, Device::cpu);
   ArenaScope scope(c.arena);  // one chunk of scratch, released on return
   float* scratch = static_cast<float*>(c.arena.alloc(scratch_elems(R, C, V) * sizeof(float)));

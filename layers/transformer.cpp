@@ -153,7 +153,8 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
     // (B, Tl, Hq + 2 Hkv, D) -> (B, T, Hq/P + 2 KVl, D): every token, this rank's heads.
     // The local qkv is only the all-to-all's input (the linear's backward reads its input, not
     // its output, and the scatter's backward writes d(qkv) afresh), so it lives in a scope and
-    // the scatter writes into a buffer allocated below it: 3 C per token per layer not kept.
+    // the scatter writes into a buffer allocated below it: (Hq + 2 Hkv) D values per token per layer
+    // not kept (3 C for multi-head attention).
     Context& c = ctx();
     const HeadSplit hs{Hq, Hkv, sp->size()};
     Tensor out = c.empty({B, Tl * sp->size(), hs.width(), D}, h.dtype);
@@ -162,11 +163,18 @@ Tensor Transformer::attention_block(const Tensor& h, int l, const ModelInputs& i
       Tensor local = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
       qkv = ulysses_scatter_heads(local, Hq, Hkv, *sp, &out);
     }
+    // From here attention sees local head counts, and its rule "query h reads kv h / (Hq / Hkv)"
+    // still picks the right kv head: with Hkv >= P each rank holds whole groups (Hq/P queries,
+    // Hkv/P kv heads, the same group size); with Hkv < P a rank's Hq/P queries all lie in one
+    // group, whose kv head is the one replica it received.
     Hkv = hs.kv_local();
     Hq = hs.q_local();
   } else {
     qkv = linear(h, params.get("qkvw", l), bias).view({B, Tl, Hq + 2 * Hkv, D});
   }
+  // RoPE is per token and could run before the scatter; here it runs once on what attention
+  // reads, with the global positions (pos_full; restarting per document under --doc-mask). With
+  // Hkv < P each replicated kv head is rotated on each of its P / Hkv ranks.
   if (cfg.is_llama()) qkv = rope(qkv, in.pos_full, Hq, Hkv, cfg.rope());
   // Under SP the op sees the whole sequence for its heads, so the window needs nothing more here.
   Tensor att = attention(qkv, Hq, Hkv, in.doc_full, cfg.window_of(l));  // (B, T, Hq_local, D)
@@ -282,6 +290,8 @@ Tensor Transformer::scoped_backward(const Tensor& x, const std::function<Tensor(
   *out = y;
   c.tape.push("block_backward_open", [=] {
     Tape& tape = ctx().tape;
+    // The order matters: y's gradient below the mark, x's above it. At the close, x's gradient is
+    // moved into y's dead buffer, so the release drops x's original buffer with the rest.
     tape.grad(y);  // normally made by the block above; made here if not, so that it stays below
     *below = ctx().arena.mark();
     tape.grad(x);

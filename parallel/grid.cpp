@@ -19,6 +19,8 @@ Grid::Grid(Comm& w, int sp_size) : world(w) {
   dp = n / sp;
   dp_rank = w.rank() / sp;
   sp_rank = w.rank() % sp;
+  // key = sp_rank: rank j of the sp group holds token slice j ([j Tl, (j+1) Tl)); the batch
+  // loader and the all-to-all's chunk order (chunk j = rank j's tokens) both rely on it.
   sp_group = w.split(/*color=*/dp_rank, /*key=*/sp_rank);
   dp_group = w.split(/*color=*/sp_rank, /*key=*/dp_rank);
 }

@@ -184,8 +184,8 @@ void exchange(Comm& comm, size_t chunk, const T* src, T* dst, Pack pack, Unpack 
   T* recv = dst ? dst : static_cast<T*>(arena.alloc(bytes));
   if (send) pack(send);
 #if ULYSSES_HAVE_CUDA
-  // The communicator reads send from its own thread (local, MPI) or stream: the pack kernel must
-  // have finished. (NCCL on op_stream() would be ordered already; one sync per all-to-all is cheap.)
+  // The communicator reads send from its own thread (local, MPI) or stream: the kernel that wrote
+  // it must have finished (the pack, or with batch 1 the op that produced the tensor itself). (NCCL on op_stream() would be ordered already; one sync per all-to-all is cheap.)
   if (comm.device() == Device::cuda) UL_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
 #endif
   comm.all_to_all(send ? send : src, recv, chunk, dtype_of<T>());
@@ -216,7 +216,8 @@ Tensor scatter_heads(const Tensor& qkv, const HeadSplit& hs, Comm& comm, const T
       T* dout = static_cast<T*>(tape.grad_if_any(out));
       // Batch 1, the long-context case: dout is sent as it lies and is dead once sent, so the
       // local qkv's gradient (first written here; never larger than dout) is put in its memory,
-      // rather than in a third buffer of that size next to dout and the received chunks.
+      // rather than in a third buffer of that size next to dout and the received chunks. Only
+      // when nothing has written qkv's gradient yet: adopting dout's memory would discard it.
       const bool reuse = B == 1 && dout && qkv.requires_grad() && !tape.grad_if_any(qkv);
       if (reuse) {
         exchange<T>(*cm, chunk, dout, nullptr, [](T*) {}, [&](const T* recv) {
@@ -255,6 +256,8 @@ Tensor gather_heads(const Tensor& y, const HeadSplit& hs, Comm& comm) {
     c.tape.push("ulysses_gather_heads", [=] {
       const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
       T* dy = grad_or_scratch_as<T>(y);
+      // Never received in place, even at batch 1: dy is added to (+=, other ops may have written
+      // it), so the chunks land in scratch and chunks_to_sequence accumulates them.
       exchange<T>(*cm, chunk, nullptr, nullptr,
                   [&](T* send) {
                     if (dout) k.heads_to_chunks(send, dout, hs, B, Tl, D);

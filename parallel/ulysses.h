@@ -55,7 +55,7 @@ void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R);
 #if ULYSSES_HAVE_CUDA
 namespace cuda {
 // The same four permutes on device buffers, T = float or __nv_bfloat16, same shapes and semantics
-// as cpu:: above. One thread per element of the output, so nothing races: chunks_to_heads sums a
+// as cpu:: above. One thread per output pack (16 bytes, or one element when packs do not fit), so nothing races: chunks_to_heads sums a
 // replicated kv head's P/Hkv copies in rank order (in fp32, rounded once), as the CPU loop does.
 template <class T>
 void heads_to_chunks(T* send, const T* src, const HeadSplit& hs, int B, int Tl, int D, cudaStream_t s);
@@ -70,7 +70,8 @@ void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R, cuda
 #endif
 
 // Refuses (std::runtime_error, before any work) heads % sp, kv_heads % sp when kv_heads >= sp,
-// sp % kv_heads when kv_heads < sp, seq % sp; the message lists the sp values that would work.
+// sp % kv_heads when kv_heads < sp, seq % sp (the message lists the sp values that would work),
+// any value below 1, and query heads that are not a multiple of the kv heads.
 void check_ulysses_config(int heads, int kv_heads, int seq, int sp);
 
 // On the cpu the tensors are f32; on cuda f32 or bf16 (the comm gets device buffers, so it must be

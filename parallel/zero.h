@@ -5,7 +5,9 @@
 // Shards are contiguous: with s = n / world, rank k owns [k s, (k+1) s), and the last rank also
 // owns the tail [world s, n) (fewer than `world` elements). So no buffer needs padding:
 //   gradients: reduce_scatter of the first world * s elements (sum), all_reduce of the tail;
-//   parameters: all_gather of the shards, broadcast of the tail from the last rank.
+//   parameters: all_gather of the shards, broadcast of the tail from the last rank (f32 runs;
+//   a bf16 run gathers the owners' rounded bf16 weights the same way, and its f32 masters, sharded
+//   like m and v, are never gathered except for a host copy: engine/trainer.cpp).
 // The bytes sent are those of one all-reduce (reduce-scatter + all-gather) plus the tail.
 #pragma once
 #include <cstddef>
@@ -19,7 +21,8 @@ struct ZeroShard {
 };
 
 ZeroShard zero_shard(size_t n, int world, int rank);
-// Scratch both calls need: n / world elements, on the buffers' device.
+// Scratch both calls need: n / world elements, on the buffers' device (none for one rank, where both
+// calls return at once).
 size_t zero_scratch_elems(size_t n, int world);
 
 // Collective. After it, grad[lo, hi) of this rank's shard holds the world sum (the rest is stale).

@@ -8,7 +8,9 @@
 using namespace ul_test;
 
 TEST_CASE("embedding backward matches float64 central differences", "[embedding]") {
-  for (auto [N, V, maxT, C] : {std::tuple{6, 5, 4, 3}, std::tuple{11, 3, 7, 9}, std::tuple{1, 1, 1, 1}}) {
+  for (auto shape : {std::tuple{6, 5, 4, 3}, std::tuple{11, 3, 7, 9}, std::tuple{1, 1, 1, 1}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), V = std::get<1>(shape), maxT = std::get<2>(shape), C = std::get<3>(shape);
     auto idx = rand_ints(N, V, 61 + C), pos = rand_ints(N, maxT, 62 + C);  // V < N: ids repeat
     Vec wte = randn(V * C, 63), wpe = randn(maxT * C, 64);
     gradcheck("embedding", {&wte, &wpe},

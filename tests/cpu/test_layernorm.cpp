@@ -11,7 +11,9 @@
 using namespace ul_test;
 
 TEST_CASE("layernorm backward matches float64 central differences", "[layernorm]") {
-  for (auto [N, C] : {std::pair{3, 8}, std::pair{5, 33}}) {
+  for (auto shape : {std::pair{3, 8}, std::pair{5, 33}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), C = std::get<1>(shape);
     Vec x = randn(N * C, 1), w = randn(C, 2), b = randn(C, 3);
     Vec mean(N), rstd(N);
     gradcheck("layernorm", {&x, &w, &b},

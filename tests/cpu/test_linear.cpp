@@ -7,7 +7,9 @@ using namespace ul_test;
 
 TEST_CASE("linear backward matches float64 central differences", "[linear]") {
   // Odd sizes, so no GEMM panel or vector width divides them.
-  for (auto [N, C, OC] : {std::tuple{3, 5, 7}, std::tuple{17, 13, 11}, std::tuple{1, 33, 2}}) {
+  for (auto shape : {std::tuple{3, 5, 7}, std::tuple{17, 13, 11}, std::tuple{1, 33, 2}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), C = std::get<1>(shape), OC = std::get<2>(shape);
     Vec x = randn(size_t(N) * C, 1), w = randn(size_t(OC) * C, 2), b = randn(OC, 3);
     SECTION("with bias " + std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC)) {
       gradcheck("linear", {&x, &w, &b},
@@ -30,7 +32,9 @@ TEST_CASE("linear float forward and backward match naive loops", "[linear]") {
   // Large enough that the GEMMs are blocked and split across threads (at a column boundary that is
   // not a multiple of 16 for OC and C); the wide shapes cross the 4096-column chunks the CPU GEMM
   // multiplies a block in (forward's y for OC = 9001, the backward's dx and dw for C = 8209).
-  for (auto [N, C, OC] : {std::tuple{67, 131, 1031}, std::tuple{5, 37, 9001}, std::tuple{3, 8209, 5}}) {
+  for (auto shape : {std::tuple{67, 131, 1031}, std::tuple{5, 37, 9001}, std::tuple{3, 8209, 5}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), C = std::get<1>(shape), OC = std::get<2>(shape);
     SECTION(std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC)) {
       auto x = randn_f(size_t(N) * C, 4), w = randn_f(size_t(OC) * C, 5), b = randn_f(OC, 6), dy = randn_f(size_t(N) * OC, 7);
       std::vector<float> y(size_t(N) * OC, NAN);  // poisoned: every element must be written

@@ -26,7 +26,6 @@
 #include "engine/run_log.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
-#include "launcher_env.h"
 #include "run_cmd.h"
 
 using namespace ul;
@@ -356,14 +355,4 @@ TEST_CASE("the host memory check counts every rank that shares the machine", "[m
                     Catch::Contains("needs 7 MiB of host memory per rank x 3 ranks on this machine = 21 MiB") &&
                         Catch::Contains("--offload's pinned block inputs 5 MiB") &&
                         Catch::Contains("collectives staged through the host 1 MiB") && Catch::Contains("without --offload"));
-  CHECK(ranks_on_this_host(options("--ranks 4"), 4) == 4);
-  // Under mpirun, the launcher says how many ranks share the node.
-  const ul_test::ClearLauncherEnv clean;  // as if not under a launcher, whatever runs the tests
-  const Options mpi = options("--comm mpi");
-  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
-  CHECK(ranks_on_this_host(mpi, 8) == 3);
-  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "junk", 1);
-  CHECK(ranks_on_this_host(mpi, 8) == 1);
-  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  CHECK(ranks_on_this_host(mpi, 8) == 1);
 }

@@ -8,7 +8,9 @@
 using namespace ul_test;
 
 TEST_CASE("rmsnorm backward matches float64 central differences", "[rmsnorm]") {
-  for (auto [N, C] : {std::pair{3, 8}, std::pair{5, 33}, std::pair{7, 1}}) {
+  for (auto shape : {std::pair{3, 8}, std::pair{5, 33}, std::pair{7, 1}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), C = std::get<1>(shape);
     Vec x = randn(N * C, 1), w = randn(C, 2), rrms(N);
     gradcheck("rmsnorm", {&x, &w},
         [&](Vec& y) { y.resize(N * C); ul::cpu::rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C); },

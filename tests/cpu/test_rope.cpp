@@ -9,8 +9,10 @@
 using namespace ul_test;
 
 TEST_CASE("rope backward matches float64 central differences", "[rope]") {
-  for (auto [N, Hq, Hkv, D] : {std::tuple{3, 2, 1, 4}, std::tuple{5, 3, 1, 6}, std::tuple{2, 1, 1, 2},
-                               std::tuple{4, 4, 2, 10}}) {
+  for (auto shape : {std::tuple{3, 2, 1, 4}, std::tuple{5, 3, 1, 6}, std::tuple{2, 1, 1, 2},
+                     std::tuple{4, 4, 2, 10}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), Hq = std::get<1>(shape), Hkv = std::get<2>(shape), D = std::get<3>(shape);
     const int H = Hq + 2 * Hkv;
     Vec x = randn(N * H * D, 81 + D);
     auto pos = rand_ints(N, 5000, 82 + D);

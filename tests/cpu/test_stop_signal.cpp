@@ -1,7 +1,7 @@
 // A stop signal (engine/stop_signal.h) sent to a running `train`: it finishes the step, saves a
 // checkpoint, logs the stop and exits 128 + the signal; --resume then continues bit-exactly (the
 // losses after the stop are those of a run never stopped), also with ranks agreeing under sp 2.
-// A second signal ends the process at once.
+// A second Ctrl-C ends the process at once; any other repeat is noted and the save goes on.
 #include <catch2/catch.hpp>
 #include <signal.h>
 #include <sys/wait.h>
@@ -28,13 +28,13 @@ struct Stopped {
   std::string out;  // stdout and stderr
 };
 
-// Runs train with `args`; once a line holding `after` is printed, sends it `sig`; with `twice`,
-// sends it again once train says it caught the first (two signals sent back to back would merge
-// into one pending signal). Then reads the rest and waits for it. hold: ULYSSES_TEST_HOLD's points
+// Runs train with `args`; once a line holding `after` is printed, sends it `sig`; with `second`,
+// sends that signal `delay_ms` after train says it caught the first (two signals sent back to back
+// would merge into one pending signal). Then reads the rest and waits for it. hold: ULYSSES_TEST_HOLD's points
 // (engine/stop_signal.h), where train waits for the signal: it lands there however slow the
 // machine is, not a step or a probe later.
-Stopped run_and_signal(const std::string& args, const std::string& after, int sig, bool twice = false,
-                       const std::string& hold = "") {
+Stopped run_and_signal(const std::string& args, const std::string& after, int sig, int second = 0,
+                       const std::string& hold = "", int delay_ms = 0) {
   int fd[2];
   REQUIRE(::pipe(fd) == 0);
   const pid_t pid = ::fork();
@@ -60,8 +60,9 @@ Stopped run_and_signal(const std::string& args, const std::string& after, int si
       ::kill(pid, sig);
       sent = true;
     }
-    if (twice && sent && !again && r.out.find("again to stop now") != std::string::npos) {
-      ::kill(pid, sig);  // it is still finishing its step, or saving: either way it ends now
+    if (second && sent && !again && r.out.find("again to stop now") != std::string::npos) {
+      ::usleep(useconds_t(delay_ms) * 1000);
+      ::kill(pid, second);  // it is still finishing its step, or saving (held there)
       again = true;
     }
   }
@@ -91,7 +92,7 @@ TEST_CASE("SIGTERM and SIGUSR1: the step ends, a checkpoint is saved, --resume g
     const ul_test::CmdResult whole = ul_test::run_cmd(ul_test::train_cmd(common + " --log " + dir / "whole.jsonl"));
     REQUIRE(whole.code == 0);
     const std::string save = " --save-dir " + dir / "run";
-    const Stopped s = run_and_signal(common + save, "step     5/24", k.sig, false, "step 5");
+    const Stopped s = run_and_signal(common + save, "step     5/24", k.sig, 0, "step 5");
     INFO(s.out);
     REQUIRE(WIFEXITED(s.status));
     CHECK(WEXITSTATUS(s.status) == 128 + k.sig);
@@ -115,17 +116,36 @@ TEST_CASE("SIGTERM and SIGUSR1: the step ends, a checkpoint is saved, --resume g
   }
 }
 
-TEST_CASE("a second stop signal ends train at once, by that signal", "[stop][cli]") {
-  ul_test::TempDir dir;
+TEST_CASE("a second stop signal ends train only as a later Ctrl-C: other repeats are noted", "[stop][cli]") {
   // The first signal lands at step 2 (train holds there for it), which makes train save; the save
-  // holds until the second comes, which ends the process there.
-  const Stopped s = run_and_signal("--steps 50 --eval-every 0 --threads 1 --batch 4 --seq 128 --save-dir " + dir / "run",
-                                   "step     2/50", SIGINT, true, "step 2,save");
-  INFO(s.out);
-  REQUIRE(WIFSIGNALED(s.status));
-  CHECK(WTERMSIG(s.status) == SIGINT);
-  CHECK(s.out.find("stopped |") == std::string::npos);
-  CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));  // ended inside that save
+  // holds until the second comes.
+  const std::string args = "--steps 50 --eval-every 0 --threads 1 --batch 4 --seq 128 --save-dir ";
+  {
+    // Ctrl-C, then Ctrl-C again 2.2 s later: a person wants it now; it ends inside the save.
+    ul_test::TempDir dir;
+    const Stopped s = run_and_signal(args + dir / "run", "step     2/50", SIGINT, SIGINT, "step 2,save", 2200);
+    INFO(s.out);
+    REQUIRE(WIFSIGNALED(s.status));
+    CHECK(WTERMSIG(s.status) == SIGINT);
+    CHECK(s.out.find("stopped |") == std::string::npos);
+    CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));
+  }
+  // A scheduler's repeats: SIGTERM twice, SIGUSR1's warning then SIGTERM at the time limit, one
+  // Ctrl-C delivered twice (to train and through a launcher). Noted; the checkpoint completes.
+  struct Case { int first, second, delay_ms; const char* first_name; const char* noted; };
+  for (const Case& k : {Case{SIGTERM, SIGTERM, 0, "SIGTERM", "SIGTERM again: already stopping"},
+                        Case{SIGUSR1, SIGTERM, 0, "SIGUSR1", "SIGTERM again: already stopping"},
+                        Case{SIGINT, SIGINT, 0, "SIGINT", "SIGINT again: already stopping"}}) {
+    CAPTURE(k.first_name, k.second);
+    ul_test::TempDir dir;
+    const Stopped s = run_and_signal(args + dir / "run", "step     2/50", k.first, k.second, "step 2,save", k.delay_ms);
+    INFO(s.out);
+    REQUIRE(WIFEXITED(s.status));
+    CHECK(WEXITSTATUS(s.status) == 128 + k.first);
+    CHECK(s.out.find(k.noted) != std::string::npos);
+    CHECK(s.out.find(std::string("stopped | ") + k.first_name + " after step 2") != std::string::npos);
+    CHECK(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));
+  }
 }
 
 TEST_CASE("a stop signal at the last step or during the probes: the checkpoint is kept, the rest skipped", "[stop][cli]") {
@@ -140,7 +160,7 @@ TEST_CASE("a stop signal at the last step or during the probes: the checkpoint i
     ul_test::TempDir dir;
     const Stopped s = run_and_signal("--steps 6 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128 --probe-lengths " +
                                          lengths + " --save-dir " + dir / "run" + " --export-safetensors " + dir / "m/model.safetensors",
-                                     k.after, SIGTERM, false, k.hold);
+                                     k.after, SIGTERM, 0, k.hold);
     INFO(s.out);
     REQUIRE(WIFEXITED(s.status));
     CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);

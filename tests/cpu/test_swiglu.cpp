@@ -9,7 +9,9 @@
 using namespace ul_test;
 
 TEST_CASE("swiglu backward matches float64 central differences", "[swiglu]") {
-  for (auto [N, F] : {std::pair{3, 4}, std::pair{5, 7}, std::pair{1, 1}}) {
+  for (auto shape : {std::pair{3, 4}, std::pair{5, 7}, std::pair{1, 1}}) {
+    // named copies: a lambda may not capture a structured binding in C++17 (clang refuses)
+    const int N = std::get<0>(shape), F = std::get<1>(shape);
     Vec x = randn(N * 2 * F, 31 + F, 2.0);
     gradcheck("swiglu", {&x},
         [&](Vec& y) { y.resize(N * F); ul::cpu::swiglu_forward(y.data(), x.data(), N, F); },

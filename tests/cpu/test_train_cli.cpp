@@ -10,13 +10,11 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/optimizer.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
-#include "launcher_env.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
@@ -121,20 +119,6 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   CHECK_THROWS_WITH(options("--threads 2000"), Catch::Contains("--threads 2000: at most 1024"));
   CHECK_THROWS_WITH(options("--plan --memory inf"), Catch::Contains("--memory: expected a positive size like 24G, got 'inf'"));
   CHECK_THROWS_WITH(options("--probe-lengths 128,64,64"), Catch::Contains("--probe-lengths: length 64 is given twice"));
-  // The cores are shared by the ranks on this machine: under mpirun, the node's as Open MPI says.
-  {
-    const ul_test::ClearLauncherEnv clean;  // as if not under a launcher, whatever runs the tests
-    ul::Options o = options("--comm mpi");
-    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
-    const int hw = int(std::thread::hardware_concurrency());
-    CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw / 2));
-    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    ::setenv("LOCAL_WORLD_SIZE", "4", 1);  // torchrun's
-    CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw / 4));
-    ::unsetenv("LOCAL_WORLD_SIZE");
-    CHECK(ul::threads_per_rank(o, 4) == std::max(1, hw));
-    CHECK(ul::threads_per_rank(options("--ranks 2"), 2) == std::max(1, hw / 2));
-  }
   // A flag given twice counts as given last (a script appends overrides to a base line).
   CHECK(options("--steps 3 --lr 0.1 --steps 5").steps == 5);
   CHECK(options("--data recall --data passkey").data == "passkey");

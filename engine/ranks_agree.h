@@ -1,0 +1,20 @@
+// Every rank of a run must run the same job: the same flags, model and data files. Each rank reads
+// its own command line and lists its own files, so a node whose view differs (a copy of the data on
+// node-local disk that is incomplete, an NFS directory listing that lags a `train prepare` just
+// run, a job script that sets a flag per node) would train an sp group on slices of different
+// sequences, or a dp replica on another schedule, and nothing would fail. Checked once at start-up:
+// one all-gather of a CRC-32 per field.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_files.h"
+#include "parallel/communicator.h"
+
+namespace ul {
+
+// Collective. Throws on every rank, naming the first rank and field (and the flag that sets it)
+// where a rank differs from rank 0, with this rank's own value; every rank must pass the same keys.
+void check_ranks_agree(Comm& world, const std::vector<RunField>& fields);
+
+}  // namespace ul

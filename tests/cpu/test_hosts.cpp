@@ -1,0 +1,120 @@
+// Where a process stands in its job: its launcher's variables (parallel/launcher.h), the machines
+// and CPU sets of the ranks (parallel/hosts.h), and the memory a cgroup leaves it.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "launcher_env.h"
+#include "parallel/comm_local.h"
+#include "parallel/hosts.h"
+#include "parallel/launcher.h"
+#include "temp_dir.h"
+
+using namespace ul;
+
+TEST_CASE("the innermost launcher's variables are read together, never mixed", "[hosts]") {
+  const ul_test::ClearLauncherEnv clean;
+  auto set = [](std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto [k, v] : vars) ::setenv(k, v, 1);
+  };
+  CHECK(detect_launcher().name.empty());
+  CHECK(detect_launcher().local_rank == -1);
+  // srun alone.
+  set({{"SLURM_PROCID", "9"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "16"}, {"SLURM_LOCALID", "1"}});
+  Launcher l = detect_launcher();
+  CHECK((l.name == "srun" && l.rank == 9 && l.size == 16 && l.local_rank == 1));
+  // torchrun under srun: every worker inherits SLURM_LOCALID 1 (its srun task's); LOCAL_RANK is its own.
+  set({{"RANK", "13"}, {"WORLD_SIZE", "32"}, {"LOCAL_RANK", "5"}});
+  l = detect_launcher();
+  CHECK((l.name == "torchrun" && l.rank == 13 && l.size == 32 && l.local_rank == 5));
+  for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK"}) ::unsetenv(k);
+  // mpirun inside the allocation: the orted's SLURM_PROCID is inherited, Open MPI's own win.
+  set({{"OMPI_COMM_WORLD_RANK", "11"}, {"OMPI_COMM_WORLD_SIZE", "24"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}});
+  l = detect_launcher();
+  CHECK((l.name == "Open MPI" && l.rank == 11 && l.size == 24 && l.local_rank == 3));
+  for (const char* k : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}) ::unsetenv(k);
+  // MPICH's mpiexec through srun-started proxies: its own local rank, not the proxy's SLURM_LOCALID.
+  set({{"PMI_RANK", "6"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "2"}});
+  l = detect_launcher();
+  CHECK((l.name == "MPICH" && l.rank == 6 && l.size == 8 && l.local_rank == 2));
+  // srun --mpi=pmi2 starts the ranks itself: no MPI_LOCALRANKID, and SLURM_PROCID is the rank.
+  ::unsetenv("MPI_LOCALRANKID");
+  CHECK(detect_launcher().local_rank == -1);  // SLURM_PROCID 9 is another process's rank here
+  set({{"SLURM_PROCID", "6"}});
+  CHECK(detect_launcher().local_rank == 1);
+  for (const char* k : {"PMI_RANK", "PMI_SIZE"}) ::unsetenv(k);
+  // A batch script's own shell (no srun step) is one process, not a task of one.
+  ::unsetenv("SLURM_STEP_ID");
+  CHECK(detect_launcher().name.empty());
+  // Set by hand; junk is not a number.
+  set({{"RANK", "1"}, {"WORLD_SIZE", "2x"}});
+  l = detect_launcher();
+  CHECK((l.name == "RANK and WORLD_SIZE" && l.rank == 1 && l.size == -1 && l.local_rank == -1));
+}
+
+TEST_CASE("the host map counts the ranks and CPU sets of each machine", "[hosts]") {
+  // Ranks 0-3 on machine A, 4-7 on B; A's ranks bound to their own cores in pairs, B's unbound.
+  const std::vector<uint64_t> machine = {7, 7, 7, 7, 9, 9, 9, 9};
+  const std::vector<uint32_t> cpus = {1, 1, 2, 2, 5, 5, 5, 5};
+  const std::vector<int> gpu = {0, 1, 2, 3, 0, 1, 2, 3};
+  HostMap a = host_map_of(machine, cpus, gpu, 2, 16);
+  CHECK(a.hosts() == 2);
+  CHECK(a.ranks_here() == 4);
+  CHECK(a.sharing_cpus() == 2);
+  CHECK(threads_for_rank(0, a) == 8);  // 16 cores shared by 2 ranks
+  CHECK(threads_for_rank(3, a) == 3);  // --threads wins
+  HostMap b = host_map_of(machine, cpus, gpu, 5, 64);
+  CHECK(b.sharing_cpus() == 4);
+  CHECK(threads_for_rank(0, b) == 16);
+  CHECK(threads_for_rank(0, host_map_of(machine, cpus, gpu, 5, 3)) == 1);  // never 0
+  // sp groups of consecutive ranks: 4 stays on a machine, 8 spans both; so do 3's groups 1.
+  CHECK(sp_groups_across_hosts(a, 4).empty());
+  CHECK(sp_groups_across_hosts(a, 8) == std::vector<int>{0});
+  CHECK(sp_groups_across_hosts(host_map_of({7, 7, 7, 9, 9, 9}, std::vector<uint32_t>(6), std::vector<int>(6, -1), 0, 1), 2) ==
+        std::vector<int>{1});
+  // Round-robin placement (mpirun --map-by node): every pair spans.
+  CHECK(sp_groups_across_hosts(host_map_of({7, 9, 7, 9}, std::vector<uint32_t>(4), std::vector<int>(4, -1), 0, 1), 2) ==
+        std::vector<int>{0, 1});
+  CHECK(shared_gpu(a).empty());
+  CHECK(shared_gpu(host_map_of({7, 7, 9}, {1, 1, 1}, {0, 0, 0}, 0, 1)) == "ranks 0 and 1 share GPU 0 of one machine");
+  CHECK(shared_gpu(host_map_of({7, 9}, {1, 1}, {0, 0}, 0, 1)).empty());       // two machines' GPU 0
+  CHECK(shared_gpu(host_map_of({7, 7}, {1, 1}, {-1, -1}, 0, 1)).empty());     // no GPU
+}
+
+TEST_CASE("host_map: the local communicator's ranks are one machine", "[hosts]") {
+  std::vector<int> here(3), threads(3);
+  run_local(3, [&](Comm& w) {
+    const HostMap m = host_map(w, 0);
+    here[w.rank()] = m.ranks_here();
+    threads[w.rank()] = threads_for_rank(0, m);
+  });
+  for (int r = 0; r < 3; r++) {
+    CHECK(here[r] == 3);
+    CHECK(threads[r] >= 1);
+  }
+  CHECK(shared_gpu(host_map_of({1, 1, 1}, {0, 0, 0}, {-1, -1, -1}, 0, 2)).empty());
+}
+
+TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]") {
+  ul_test::TempDir dir;
+  const std::string root = dir.path.string();
+  auto write = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(root + rel).parent_path());
+    std::ofstream(root + rel) << text;
+  };
+  // v2: the job's own group says max, its parent (SLURM's job step) 8 GiB.
+  write("/slurm/job_1/step_0/memory.max", "max\n");
+  write("/slurm/job_1/memory.max", "8589934592\n");
+  CHECK(cgroup_memory_limit("0::/slurm/job_1/step_0\n", root) == size_t(8) << 30);
+  CHECK(cgroup_memory_limit("0::/other\n", root) == SIZE_MAX);
+  // v1: the memory controller's line; inside a container its group is the root.
+  write("/memory/docker/abc/memory.limit_in_bytes", "4294967296\n");
+  CHECK(cgroup_memory_limit("4:memory:/docker/abc\n3:cpuset:/\n", root) == size_t(4) << 30);
+  write("/memory/memory.limit_in_bytes", "2147483648\n");
+  CHECK(cgroup_memory_limit("4:cpu,memory:/elsewhere\n", root) == size_t(2) << 30);
+  CHECK(cgroup_memory_limit("", root) == SIZE_MAX);
+  CHECK(memory_limit() > 0);
+}
