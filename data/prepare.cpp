@@ -163,8 +163,13 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const std::string& path : o.files) {
+    // The type first: opening a pipe would block until a writer comes.
+    if (!fs::is_regular_file(path)) {
+      require_regular_file(path);  // names a directory, pipe or device
+      throw std::runtime_error(path + ": cannot open input file");
+    }
     std::ifstream f(path, std::ios::binary);
-    if (!f || !fs::is_regular_file(path)) throw std::runtime_error(path + ": cannot open input file");
+    if (!f) throw std::runtime_error(path + ": cannot open input file");
     if (tok) continue;
     std::vector<char> chunk(1 << 20);
     int64_t size = 0;

@@ -37,6 +37,13 @@ void hidden_to_host(float* dst, const Tensor& t) {
 
 }  // namespace
 
+// |ours - ref|, infinite when either is NaN or infinite: std::max drops a NaN (every comparison
+// with it is false), and a reference or a result holding one must fail, not pass unseen.
+static double abs_diff(double ours, double ref) {
+  const double d = std::fabs(ours - ref);
+  return std::isfinite(d) ? d : INFINITY;
+}
+
 int check_state_rank(const Options& o, Comm& world) {
   const bool lead = world.rank() == 0;
   int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, o.ranks));
@@ -111,7 +118,7 @@ int check_state_rank(const Options& o, Comm& world) {
       for (int v = 0; v < V; v++) {
         double ours = logits[(size_t(b) * Tl + t) * V + v];
         double ref = st.logits[(size_t(b0 + b) * T + t0 + t) * V + v];
-        logit_stats[0] = std::max(logit_stats[0], std::fabs(ours - ref));
+        logit_stats[0] = std::max(logit_stats[0], abs_diff(ours, ref));
         logit_stats[1] = std::max(logit_stats[1], std::fabs(ref));
       }
   world.all_reduce(logit_stats, 2, DType::f64, ReduceOp::max);
@@ -130,11 +137,11 @@ int check_state_rank(const Options& o, Comm& world) {
   };
   report("logits", logit_stats[0], logit_stats[1]);
   double loss = loss_sum / count;
-  report("loss", std::fabs(loss - st.loss), std::fabs(st.loss));
+  report("loss", abs_diff(loss, st.loss), std::fabs(st.loss));
   for (const ParamSpec& p : model.params.specs()) {
     double diff = 0, ref = 0;
     for (size_t i = p.offset; i < p.offset + size_t(p.shape.numel()); i++) {
-      diff = std::max(diff, double(std::fabs(grads[i] - st.grads[i])));
+      diff = std::max(diff, abs_diff(grads[i], st.grads[i]));
       ref = std::max(ref, double(std::fabs(st.grads[i])));
     }
     report(p.name, diff, ref);

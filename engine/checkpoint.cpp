@@ -100,8 +100,9 @@ std::vector<float> to_host(const float* p, Device d, size_t n) {
 
 }  // namespace
 
-SaveDirLock::SaveDirLock(const std::string& root) {
+SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
   std::error_code ec;
+  made_ = !fs::exists(root, ec);
   fs::create_directories(root, ec);
   if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
   const std::string path = (fs::path(root) / ".lock").string();
@@ -145,6 +146,15 @@ SaveDirLock::SaveDirLock(const std::string& root) {
 }
 
 SaveDirLock::~SaveDirLock() {
+  std::error_code ec;
+  if (made_ && fd_ >= 0) {
+    bool only_lock = true;
+    for (const auto& e : fs::directory_iterator(root_, ec)) only_lock = only_lock && e.path().filename() == ".lock";
+    if (!ec && only_lock) {
+      fs::remove(fs::path(root_) / ".lock", ec);
+      fs::remove(root_, ec);
+    }
+  }
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 

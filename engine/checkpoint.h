@@ -43,12 +43,16 @@ class Trainer;
 class SaveDirLock {
  public:
   explicit SaveDirLock(const std::string& root);  // creates root; throws naming the holder
+  // A directory this lock made and the run left holding nothing else (a run refused before its
+  // first write) is removed with the lock: a refusal leaves no output behind.
   ~SaveDirLock();
   SaveDirLock(const SaveDirLock&) = delete;
   SaveDirLock& operator=(const SaveDirLock&) = delete;
 
  private:
   int fd_ = -1;
+  std::string root_;
+  bool made_ = false;  // root did not exist before
 };
 
 std::string step_dir_name(int step);                       // "step_00000100"

@@ -61,6 +61,7 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
   // Before a format is picked by the file's magic: a missing model.bin read as "an llm.c checkpoint".
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw std::runtime_error("--checkpoint " + path + ": no such file");
+  require_regular_file(path);  // its magic is read first: a pipe would block there
   if (is_hf_checkpoint_path(path)) return hf_checkpoint_config(path);
   // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
   ModelConfig cfg;
@@ -150,12 +151,13 @@ namespace {
 // A file every rank reads, read by rank 0 alone and sent to the others: a pipe (--prompt-file
 // /dev/stdin) gives its bytes once, and under mpirun only rank 0 has the job's stdin. A file rank 0
 // cannot read fails on every rank, with rank 0's message.
-std::string read_once(const std::string& path, Comm* world) {
-  if (!world || world->size() == 1) return read_whole_file(path);
+// allow_pipe: --prompt-file (a tokenizer is read again by other tools: a file).
+std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
+  if (!world || world->size() == 1) return read_whole_file(path, allow_pipe);
   std::string text, error;
   if (world->rank() == 0) {
     try {
-      text = read_whole_file(path);
+      text = read_whole_file(path, allow_pipe);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -195,7 +197,7 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
   if (!o.tokenizer.empty()) {
     std::string bytes;
     try {
-      bytes = read_once(o.tokenizer, world);
+      bytes = read_once(o.tokenizer, world, /*allow_pipe=*/false);
     } catch (const std::exception& e) {
       throw std::runtime_error("--tokenizer: " + std::string(e.what()));
     }
@@ -210,7 +212,7 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     const std::string where = "--prompt-file " + o.prompt_file;
     std::string text;
     try {
-      text = read_once(o.prompt_file, world);
+      text = read_once(o.prompt_file, world, /*allow_pipe=*/true);
     } catch (const std::exception& e) {
       throw std::runtime_error("--prompt-file: " + std::string(e.what()));
     }

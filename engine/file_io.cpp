@@ -99,8 +99,8 @@ void require_regular_file(const std::string& path, bool allow_pipe) {
                            ")");
 }
 
-std::string read_whole_file(const std::string& path) {
-  require_regular_file(path, /*allow_pipe=*/true);  // read once, whole: a prompt may come down a pipe
+std::string read_whole_file(const std::string& path, bool allow_pipe) {
+  require_regular_file(path, allow_pipe);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw sys_error(path, "cannot open");
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

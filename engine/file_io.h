@@ -40,8 +40,9 @@ class AtomicFile {
 void write_file_atomic(const std::string& path, const std::string& text);
 // Makes the entries of a directory (creations, renames, removals) durable.
 void fsync_dir(const std::string& dir);
-// The whole file as bytes; throws naming the file when it cannot be read.
-std::string read_whole_file(const std::string& path);
+// The whole file as bytes; throws naming the file when it cannot be read, or when it is not a
+// regular file (a pipe would block, or give its bytes once) unless allow_pipe (a --prompt-file).
+std::string read_whole_file(const std::string& path, bool allow_pipe = false);
 // Throws naming the path when it exists but is not a regular file: a directory would fail
 // mid-read with a stream error, /dev/zero would never end, a pipe reads once (data and weights
 // are read more than once, or by every rank). A missing path is left to the open, which names it.

@@ -163,6 +163,16 @@ double parse_float(const std::string& flag, const std::string& v) {
   return x;
 }
 
+// A float flag's value: a finite number that rounds to 0 or infinity in float would then be
+// refused by a range check it meets (--lr 1e-50 "must be > 0"): say what happened instead.
+float to_float(const std::string& flag, const std::string& text, double x) {
+  const float f = float(x);
+  if (std::isfinite(x) && ((x != 0 && f == 0) || std::isinf(f)))
+    throw std::runtime_error(flag + ": " + text + " is outside the range of a float (magnitudes from about 1e-38 "
+                             "to 3.4e38)");
+  return f;
+}
+
 double parse_bytes(const std::string& flag, const std::string& v) {
   std::string num = v;
   double unit = 1;
@@ -191,7 +201,7 @@ Options parse_options(int argc, char** argv) {
   Options o;
   using Setter = std::function<void(const std::string&, const std::string&)>;
   auto I = [](int& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = parse_int32(f, v); }; };
-  auto F = [](float& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = float(parse_float(f, v)); }; };
+  auto F = [](float& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = to_float(f, v, parse_float(f, v)); }; };
   auto S = [](std::string& x) -> Setter { return [&x](const std::string&, const std::string& v) { x = v; }; };
   std::map<std::string, Setter> with_value = {
       {"--model", S(o.model)}, {"--layers", I(o.layers)}, {"--dim", I(o.dim)}, {"--heads", I(o.heads)},
@@ -291,6 +301,10 @@ Options parse_options(int argc, char** argv) {
   if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (o.threads > 1024)  // OpenMP could not create them (100000 crashed the process)
     throw std::runtime_error("--threads " + std::to_string(o.threads) + ": at most 1024 OpenMP threads per rank");
+  // --comm local's ranks are threads of this process, each with its own OpenMP team.
+  if (o.comm == "local" && int64_t(o.ranks) * std::max(1, o.threads) > 1024)
+    throw std::runtime_error("--ranks " + std::to_string(o.ranks) + " x --threads " + std::to_string(o.threads) +
+                             ": more than 1024 threads in one process (--comm local runs every rank here)");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) throw std::runtime_error("--lr must be a finite number > 0");
   if (!(o.final_lr_frac >= 0 && o.final_lr_frac <= 1))
     throw std::runtime_error("--final-lr-frac must be in [0, 1] (the decay's floor, as a fraction of --lr)");
@@ -317,6 +331,8 @@ Options parse_options(int argc, char** argv) {
                                 {"--heads", o.heads}, {"--kv-heads", o.kv_heads}, {"--vocab", o.vocab},
                                 {"--max-seq", o.max_seq}, {"--ffn", o.ffn}})
     if (o.set_by_user(flag)) positive(flag, v);
+  // The planner walks every layer before the run starts: 2^31 of them would take minutes to refuse.
+  if (o.layers > 100000) throw std::runtime_error("--layers " + std::to_string(o.layers) + ": at most 100000");
   // At most 1e7 s (116 days): a deadline is a clock reading in nanoseconds, and 1e10 s past now
   // overflows it into the past (every collective then timed out at once).
   if (!(o.comm_timeout > 0) || !(o.comm_timeout <= 1e7))
@@ -397,7 +413,9 @@ Options parse_options(int argc, char** argv) {
   if (o.export_dtype != "f32" && o.export_dtype != "bf16")
     throw std::runtime_error("--export-dtype: expected f32 or bf16, got '" + o.export_dtype + "'");
   const std::pair<const char*, const std::string*> paths[] = {
-      {"--export-llmc", &o.export_llmc}, {"--export-safetensors", &o.export_safetensors}, {"--tokenizer", &o.tokenizer}};
+      {"--export-llmc", &o.export_llmc}, {"--export-safetensors", &o.export_safetensors}, {"--tokenizer", &o.tokenizer},
+      {"--checkpoint", &o.checkpoint}, {"--check-state", &o.check_state},
+      {"--nccl-id-file", &o.nccl_id_file}};
   for (const auto& [flag, path] : paths)
     if (o.set_by_user(flag) && path->empty()) throw std::runtime_error(std::string(flag) + ": empty path");
   const std::string ext = ".safetensors";  // --checkpoint tells the formats apart by this name

@@ -1,7 +1,11 @@
 #include "engine/output_paths.h"
 
+#include <fcntl.h>
 #include <glob.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <stdexcept>
@@ -49,6 +53,24 @@ std::vector<std::string> data_files(const std::string& spec) {
   return out;
 }
 
+// Whether NAME.tmp, the name every output is first written under, can be made in its directory:
+// what access(W_OK) misses (root passes it on /proc and /sys; a name too long). "" when it can (or
+// the directory is made later, at start-up, or the .tmp is there already), else why not.
+std::string cannot_create(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return "";
+  }
+  const int err = errno;
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (err == EEXIST || (err == ENOENT && !fs::is_directory(parent.empty() ? fs::path(".") : parent, ec))) return "";
+  return std::strerror(err);
+}
+
 }  // namespace
 
 void check_output_paths(const Options& o) {
@@ -87,6 +109,8 @@ void check_output_paths(const Options& o) {
   for (size_t i = 0; i < outputs.size(); i++) {
     const auto& [flag, path] = outputs[i];
     std::error_code ec;
+    if (path.back() == '/' || fs::path(path).filename() == "." || fs::path(path).filename() == "..")
+      throw std::runtime_error(flag + ": " + path + " names a directory; give a file path");
     const fs::file_status st = fs::status(path, ec);
     if (fs::exists(st) && !fs::is_regular_file(st))
       throw std::runtime_error(flag + ": " + path + " exists and is not a regular file (" +
@@ -97,6 +121,8 @@ void check_output_paths(const Options& o) {
     const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
     if (fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) != 0)
       throw std::runtime_error(flag + ": " + path + ": the directory " + dir.string() + " is not writable");
+    if (const std::string why = cannot_create(path); !why.empty())
+      throw std::runtime_error(flag + ": " + path + ": cannot create a file there (" + why + ")");
     for (const auto& [in_flag, in_path] : inputs)
       if (same_file(in_path, path))
         throw std::runtime_error(flag + " " + path + " is " + in_flag + "'s file: the run would overwrite its own input");
@@ -107,6 +133,8 @@ void check_output_paths(const Options& o) {
       if (!rel.empty() && parse_step_dir(rel.begin()->string()) >= 0)
         throw std::runtime_error(flag + " " + path + " is inside --save-dir's checkpoint " + rel.begin()->string() +
                                  "; write it elsewhere");
+      if (rel == ".lock")  // the run's lock (engine/checkpoint.h): the next run would empty it
+        throw std::runtime_error(flag + " " + path + " is --save-dir's lock file; write it elsewhere");
     }
     for (size_t j = 0; j < i; j++)
       if (same_file(outputs[j].second, path))

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -146,7 +147,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--batch 4294967297", "--batch: 4294967297 is out of range");  // int(...) would make it 1
   expect_refused("--steps 99999999999999999999", "--steps: 99999999999999999999 is out of range");
   expect_refused("--lr inf", "--lr must be a finite number > 0");
-  expect_refused("--lr 1e39", "--lr must be a finite number > 0");  // inf as a float
+  expect_refused("--lr 1e39", "--lr: 1e39 is outside the range of a float");  // inf as a float
   expect_refused("--final-lr-frac 2", "--final-lr-frac must be in [0, 1]");
   expect_refused("--final-lr-frac nan", "--final-lr-frac must be in [0, 1]");
   expect_refused("--schedule linear", "--schedule must be cosine, wsd or constant, got 'linear'");
@@ -175,7 +176,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--model gpt2 --ffn 100", "--ffn: gpt2's MLP is 4 x --dim");
   expect_refused("--rope-theta 500", "--rope-theta: gpt2 has learned positions");
   expect_refused("--seed -1", "--seed must be >= 0");
-  expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature must be a finite number >= 0");
+  expect_refused("--temperature 1e39 --sample 3 --prompt ab", "--temperature: 1e39 is outside the range of a float");
   // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
   for (const char* f : {"--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--ffn"})
     expect_refused(std::string(f) + " 0", std::string(f) + " must be >= 1");
@@ -291,6 +292,25 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   CHECK(r.out.find("check-state: PASS") != std::string::npos);
   for (const char* name : {"logits", "loss", "wte", "wpe", "qkvw", "fcprojb", "lnfb"})
     CHECK(r.out.find(name) != std::string::npos);
+  // A NaN in the reference fails (std::max dropped it, and a damaged reference passed): one logit,
+  // then one gradient (the file's last float, lnfb's).
+  ul_test::TempDir dir;
+  std::ifstream in(source_path("tests/data/gpt2_tiny_state.bin"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int32_t header[256];
+  std::memcpy(header, bytes.data(), sizeof header);
+  const size_t first_logit = sizeof header + 8 * size_t(header[2]) * size_t(header[3]);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const size_t at : {first_logit, bytes.size() - sizeof(float)}) {
+    std::string bad = bytes;
+    std::memcpy(&bad[at], &nan, sizeof nan);
+    const std::string path = (dir.path / "nan_state.bin").string();
+    std::ofstream(path, std::ios::binary) << bad;
+    const CmdResult n = run_cmd(train_cmd("--checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") + " --check-state " + path));
+    INFO(n.out);
+    CHECK(n.code == 1);
+    CHECK(n.out.find("check-state: FAIL") != std::string::npos);
+  }
 }
 
 TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[cli][optimizer]") {

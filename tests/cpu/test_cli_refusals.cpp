@@ -1,0 +1,91 @@
+// Refusals a sweep of bad command lines found missing: each exits 1 at once with a message naming
+// the flag or the file, and leaves nothing behind (before: a hang, a silent success, a crash, or a
+// refusal only after the training).
+#include <catch2/catch.hpp>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "run_cmd.h"
+#include "temp_dir.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The files under `dir`, as relative paths.
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) out.push_back(fs::relative(e.path(), dir).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large flags at once", "[cli]") {
+  ul_test::TempDir dir;
+  const fs::path d = dir.path;
+  REQUIRE(::mkfifo((d / "pipe.bin").c_str(), 0600) == 0);
+  REQUIRE(::mkfifo((d / "pipe.safetensors.index.json").c_str(), 0600) == 0);
+  const std::string long_name = (d / (std::string(300, 'b') + ".bin")).string();
+  struct Case { std::string args, said; };
+  const std::vector<Case> cases = {
+      // A pipe would block the open or the format's magic read forever.
+      {"--steps 0 --checkpoint " + (d / "pipe.bin").string(), "pipe.bin: not a regular file (a pipe)"},
+      {"--steps 0 --checkpoint " + (d / "pipe.safetensors.index.json").string(), "not a regular file (a pipe)"},
+      {"--steps 1 --sample 4 --tokenizer " + (d / "pipe.bin").string(), "pipe.bin: not a regular file (a pipe)"},
+      // An empty path was read as "no checkpoint": a random model evaluated and exported.
+      {"--steps 0 --checkpoint ''", "--checkpoint: empty path"},
+      {"--check-state ''", "--check-state: empty path"},
+      {"--val-data ''", "--val-data: empty"},
+      // A value that rounds to 0 or infinity in float met a range check it seemed to pass.
+      {"--lr 1e-50", "--lr: 1e-50 is outside the range of a float"},
+      {"--top-p 1e-60 --sample 2", "--top-p: 1e-60 is outside the range of a float"},
+      {"--rope-theta 1e39 --model llama", "--rope-theta: 1e39 is outside the range of a float"},
+      // The planner would walk 2^31 layers before refusing; OpenMP died creating 128 x 1024 threads.
+      {"--layers 2147483647", "--layers 2147483647: at most 100000"},
+      {"--ranks 128 --threads 1024", "--ranks 128 x --threads 1024: more than 1024 threads in one process"},
+      // Outputs found bad only after the training, which then lost them.
+      {"--steps 1 --export-llmc /proc/ulysses_x.bin", "--export-llmc: /proc/ulysses_x.bin: cannot create a file there"},
+      {"--steps 1 --export-llmc " + long_name, "cannot create a file there (File name too long)"},
+      {"--steps 1 --export-llmc " + (d / "newdir").string() + "/", "newdir/ names a directory; give a file path"},
+      {"--steps 1 --log " + (d / "logdir").string() + "/", "--log: " + (d / "logdir").string() + "/ names a directory"},
+      // The save dir's lock: the next run into it would empty the export.
+      {"--steps 1 --save-dir " + (d / "sd").string() + " --export-llmc " + (d / "sd/.lock").string(),
+       "is --save-dir's lock file; write it elsewhere"},
+  };
+  const std::vector<std::string> before = listing(d);
+  for (const Case& k : cases) {
+    CAPTURE(k.args);
+    const std::string threads = k.args.find("--threads") == std::string::npos ? " --threads 1" : "";
+    const ul_test::CmdResult r = ul_test::run_cmd("timeout 60 " + ul_test::train_cmd(k.args + " --quiet" + threads));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find(k.said) != std::string::npos);
+    CHECK(listing(d) == before);  // nothing made: no save dir, no log dir, no export
+  }
+  // A refused --resume into a directory it had to make takes the directory (and its lock) away.
+  const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--steps 1 --quiet --save-dir " + (d / "never").string() + " --resume"));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("no complete checkpoint to resume from") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "never"));
+  // ... but not one that was there before.
+  fs::create_directory(d / "there");
+  CHECK(ul_test::run_cmd(ul_test::train_cmd("--steps 1 --quiet --save-dir " + (d / "there").string() + " --resume")).code == 1);
+  CHECK(fs::exists(d / "there"));
+}
+
+TEST_CASE("train prepare refuses a pipe as input instead of blocking on it", "[cli][prepare]") {
+  ul_test::TempDir dir;
+  const fs::path d = dir.path;
+  REQUIRE(::mkfifo((d / "in.txt").c_str(), 0600) == 0);
+  const ul_test::CmdResult r = ul_test::run_cmd("timeout 60 " + ul_test::train_cmd("prepare --out " + (d / "o").string() + " " + (d / "in.txt").string()));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("in.txt: not a regular file (a pipe)") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "o"));
+}
