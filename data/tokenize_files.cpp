@@ -87,9 +87,20 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
     for (unsigned k = 1; k < std::min<size_t>(threads, units.size()); k++) pool.emplace_back(work, false);
     work(true);  // this thread also reports progress
     for (auto& t : pool) t.join();
+    const size_t n_docs = texts.size();
+    std::vector<std::string>().swap(texts);  // encoded: the text goes before its tokens are joined
+    std::vector<size_t> count(n_docs, 0);
     for (Unit& x : units) {
       if (!x.error.empty()) throw std::runtime_error(files[first + x.doc] + ": " + x.error);
-      docs[first + x.doc].insert(docs[first + x.doc].end(), x.ids.begin(), x.ids.end());
+      count[x.doc] += x.ids.size();
+    }
+    // Each document's pieces joined in order, into exactly its size (no doubling growth), each piece
+    // freed once copied: at the peak the tokens are held about once, not twice.
+    for (Unit& x : units) {
+      std::vector<int32_t>& doc = docs[first + x.doc];
+      if (doc.empty()) doc.reserve(count[x.doc]);
+      doc.insert(doc.end(), x.ids.begin(), x.ids.end());
+      std::vector<int32_t>().swap(x.ids);
     }
   }
   return docs;

@@ -194,6 +194,10 @@ void Tokenizer::read_hf_json(const std::string& text) {
   }
   for (const auto& t : added) {  // an added token may repeat a vocab entry (GPT-2's <|endoftext|>)
     if (t.id < 0) throw bad("added token id " + std::to_string(t.id));
+    // ... the same text at the same id; another text there would make two tokens one id.
+    if (kind[size_t(t.id)] == 1 && tokens_[size_t(t.id)] != t.text)
+      throw bad("added token '" + t.text + "' has id " + std::to_string(t.id) + ", which the vocabulary gives to '" +
+                tokens_[size_t(t.id)] + "'");
     tokens_[size_t(t.id)] = t.text, kind[size_t(t.id)] = 2;
   }
   for (int64_t i = 0; i < n; i++)

@@ -212,18 +212,20 @@ Trainer::Trainer(const Options& o, Comm& world)
       train_->token_kind() != val_->token_kind())
     throw std::runtime_error("--val-data " + o.val_data + ": its files were written by another tokenizer (" +
                              val_->token_kind() + ") than --data's (" + train_->token_kind() + ")");
-  // --val-data's split must hold nothing the run trains on (its held-out tail of a file that --data
-  // trains on whole, say): the val loss would measure memory, not generalisation. One shared token
-  // is the boundary of a file's two splits.
-  if (!o.val_data.empty() && o.steps > 0)
+  // The val split must hold nothing the run trains on (--val-data's held-out tail of a file that
+  // --data trains on whole; a val shard that is a link to a training shard): the val loss would
+  // measure memory, not generalisation. One shared token is the boundary of a file's two splits.
+  if (o.steps > 0)
     for (const Dataset::FileSpan& v : val_->file_spans())
       for (const Dataset::FileSpan& t : train_->file_spans()) {
         std::error_code ec;
         if (std::min(v.hi, t.hi) - std::max(v.lo, t.lo) > 1 && std::filesystem::equivalent(v.path, t.path, ec))
-          throw std::runtime_error("--val-data: " + v.path + "'s tokens [" + std::to_string(v.lo) + ", " +
-                                   std::to_string(v.hi) + ") are also in --data's training split (its tokens [" +
+          throw std::runtime_error(val_flag + ": " + v.path + "'s tokens [" + std::to_string(v.lo) + ", " +
+                                   std::to_string(v.hi) + ") are also in --data's training split (" +
+                                   (v.path == t.path ? "its" : t.path + "'s, the same file,") + " tokens [" +
                                    std::to_string(t.lo) + ", " + std::to_string(t.hi) + ")): the evals would read "
-                                   "what the run trains on; give val files (a word of the name starting with \"val\")");
+                                   "what the run trains on; give val files of their own (a word of the name starting "
+                                   "with \"val\")");
       }
   if (val_->vocab() > cfg.vocab)
     throw std::runtime_error(val_flag + " " + (o.val_data.empty() ? o.data : o.val_data) + ": its vocabulary (" +
@@ -247,7 +249,8 @@ Trainer::Trainer(const Options& o, Comm& world)
   check_ranks_agree(world, fields);
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
-  if (!cfg.is_llama() && o.seq > cfg.max_seq)
+  // A --steps 0 run that only exports or samples reads no sequence: the default --seq is not its.
+  if (!cfg.is_llama() && o.seq > cfg.max_seq && (o.evaluates() || o.set_by_user("--seq")))
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
                              std::to_string(cfg.max_seq) + " (learned positions)");
   apply_trained_length(o, cfg);

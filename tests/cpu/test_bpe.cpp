@@ -324,6 +324,8 @@ TEST_CASE("tokenizer.json: what would encode differently is refused, naming the 
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model is WordPiece, not BPE"},
       {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback"},
       {"\"Ġ\": 220,", "\"Ġ\": 9999,", "no token has id 220"},
+      // an added token on a vocabulary token's id: two texts, one id
+      {"\"id\": 576,", "\"id\": 5,", "added token '<|begin_of_text|>' has id 5, which the vocabulary gives to '&'"},
   };
   for (const auto& b : bad) {
     CAPTURE(b.words);

@@ -89,3 +89,19 @@ TEST_CASE("train prepare refuses a pipe as input instead of blocking on it", "[c
   CHECK(r.out.find("in.txt: not a regular file (a pipe)") != std::string::npos);
   CHECK_FALSE(fs::exists(d / "o"));
 }
+
+TEST_CASE("a --steps 0 run that only exports or samples is not held to the default --seq", "[cli]") {
+  // The tiny reference model has 16 learned positions; the default --seq is 256. Given, it is checked.
+  ul_test::TempDir dir;
+  const std::string model = " --steps 0 --quiet --checkpoint " + ul_test::source_path("tests/data/gpt2_tiny_model.bin");
+  const std::string out = (dir.path / "conv/model.safetensors").string();
+  ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(model + " --export-safetensors " + out));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(fs::exists(out));
+  r = ul_test::run_cmd(ul_test::train_cmd(model + " --sample 5 --prompt ids:1,2"));
+  CHECK(r.code == 0);
+  r = ul_test::run_cmd(ul_test::train_cmd(model + " --sample 5 --prompt ids:1,2 --seq 256"));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("--seq 256 exceeds the model's max sequence 16") != std::string::npos);
+}

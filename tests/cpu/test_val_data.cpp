@@ -105,6 +105,13 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   const ul_test::CmdResult own = ul_test::run_cmd(ul_test::train_cmd(
       "--data text:" + a + " --val-data text:" + a + " --steps 1 --threads 1 --seq 64 --batch 1 --eval-batches 1"));
   CHECK(own.code == 0);
+  // --data's own val shard, a link to one of its training shards: the same tokens under a val name.
+  std::filesystem::create_directory(dir.path / "linked");
+  std::filesystem::copy_file(dir.path / "p_train_0.bin", dir.path / "linked/a_train.bin");
+  std::filesystem::create_hard_link(dir.path / "linked/a_train.bin", dir.path / "linked/a_val.bin");
+  refused("--data 'shards:" + (dir.path / "linked/*.bin").string() + "' --vocab 64 --seq 64",
+          {"--data (its val split): ", "a_val.bin's tokens [0, 4000) are also in --data's training split (",
+           "a_train.bin's, the same file, tokens [0, 4000))"});
 }
 
 TEST_CASE("the data's own val split is read against the model's vocabulary and a short split or another EOT is noted", "[val_data]") {
