@@ -212,7 +212,13 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
     if (name.rfind("text_", 0) != 0) continue;
     if (ends_with(name, ".bin"))
       throw std::runtime_error(o.out + ": already holds shard " + name + " (remove the old shards or pick another --out)");
-    if (ends_with(name, ".bin.tmp")) stale.push_back(e.path());
+    if (!ends_with(name, ".bin.tmp")) continue;
+    // An input that happens to carry a temporary's name is an input: never removed.
+    for (const std::string& in : o.files)
+      if (fs::equivalent(in, e.path(), ec))
+        throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + o.out +
+                                 " (which it would remove): move it or pick another --out");
+    stale.push_back(e.path());
   }
   for (const fs::path& p : stale) fs::remove(p, ec);
 

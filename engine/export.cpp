@@ -54,13 +54,16 @@ void check_finite_weights(const std::string& path, const std::vector<ParamSpec>&
 }
 
 ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& ckpt) {
-  if (std::filesystem::is_directory(path))
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)  // a name too long, a component not a directory
+    throw std::runtime_error("--checkpoint " + path + ": " + ec.message());
+  if (std::filesystem::is_directory(st))
     throw std::runtime_error("--checkpoint " + path + " is a directory; give a file: an llm.c .bin, a " +
                              "Hugging Face .safetensors (or a sharded checkpoint's model.safetensors.index.json), " +
                              "or a ulysses model.bin (DIR/step_NNNNNNNN/model.bin)");
   // Before a format is picked by the file's magic: a missing model.bin read as "an llm.c checkpoint".
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw std::runtime_error("--checkpoint " + path + ": no such file");
+  if (!std::filesystem::exists(st)) throw std::runtime_error("--checkpoint " + path + ": no such file");
   require_regular_file(path);  // its magic is read first: a pipe would block there
   if (is_hf_checkpoint_path(path)) return hf_checkpoint_config(path);
   // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).

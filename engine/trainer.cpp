@@ -191,7 +191,11 @@ Trainer::Trainer(const Options& o, Comm& world)
   // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
   // vocabulary bounds the data's token ids.
   const int vocab = o.vocab > 0 || o.checkpoint.empty() ? o.vocab : cfg.vocab;
-  train_ = open_dataset(o.data, Split::train, o.seed, vocab);
+  try {
+    train_ = open_dataset(o.data, Split::train, o.seed, vocab);
+  } catch (const std::exception& e) {  // which flag's files: --val-data's are named the same way
+    throw std::runtime_error("--data: " + std::string(e.what()));
+  }
   // A split too short for --seq fails now, not at the first step or (hours later) the first eval.
   if (o.steps > 0) train_->num_sequences(o.seq);
   if (o.checkpoint.empty()) cfg = model_config(o, train_->vocab());

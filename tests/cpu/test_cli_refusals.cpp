@@ -88,6 +88,15 @@ TEST_CASE("train prepare refuses a pipe as input instead of blocking on it", "[c
   CHECK(r.code == 1);
   CHECK(r.out.find("in.txt: not a regular file (a pipe)") != std::string::npos);
   CHECK_FALSE(fs::exists(d / "o"));
+  // An input named like a temporary of a stopped prepare, inside --out: refused, not removed.
+  fs::create_directory(d / "o2");
+  const fs::path in = d / "o2/text_train_000000.bin.tmp";
+  std::ofstream(in) << "some text to encode\n";
+  const ul_test::CmdResult t = ul_test::run_cmd(ul_test::train_cmd("prepare --out " + (d / "o2").string() + " " + in.string()));
+  INFO(t.out);
+  CHECK(t.code == 1);
+  CHECK(t.out.find("an input file named like one of prepare's temporaries") != std::string::npos);
+  CHECK(fs::exists(in));
 }
 
 TEST_CASE("a --steps 0 run that only exports or samples is not held to the default --seq", "[cli]") {
