@@ -6,11 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
-#include <fstream>
 #include <thread>
 
 #include "parallel/comm_util.h"
+#include "parallel/id_file.h"
 #include "parallel/watchdog.h"
 
 namespace ul {
@@ -212,49 +213,27 @@ std::unique_ptr<Comm> nccl_world_from(Comm& bootstrap, int device, double timeou
   return make(id, bootstrap.rank(), bootstrap.size(), device, timeout_s);
 }
 
-static std::string nccl_job_token() {
-  for (const char* v : {"ULYSSES_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"})
-    if (const char* x = std::getenv(v); x && *x) {
-      std::string t = std::string(v) + "=" + x;
-      if (const char* step = std::getenv("SLURM_STEP_ID"); step && std::string(v) == "SLURM_JOB_ID") t += "." + std::string(step);
-      return t;
-    }
-  return "";
-}
-
 std::unique_ptr<Comm> nccl_world_from_file(const std::string& id_file, int rank, int size, int device,
                                            double timeout_s) {
-  // The file holds the job's token (nccl_job_token: every rank of one job computes the same) and
-  // the id: a rank that finds another job's file, left by a run that died before removing it, waits
-  // for this job's instead of joining a root that is gone.
-  const std::string token = nccl_job_token();
+  // parallel/id_file.h: the token keeps this job's ranks off a file another job or a dead run left.
+  const std::string token = id_file_job_token();
   ncclUniqueId id{};
+  std::string bytes;
   if (rank == 0) {
+    if (!id_file_token_unique(token))
+      std::fprintf(stderr, "warning | --nccl-id-file: no job id tells this run's file from another's (%s): set "
+                           "ULYSSES_JOB_ID (or torchrun's --rdzv-id) to something unique per run\n",
+                   token.empty() ? "none of ULYSSES_JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID is set" : token.c_str());
     check_nccl(ncclGetUniqueId(&id), "unique id");
-    std::string tmp = id_file + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f << token << '\n';
-      f.write(reinterpret_cast<const char*>(&id), sizeof id);
-      if (!f) throw CommError("nccl: cannot write the id file " + tmp);
-    }
-    if (std::rename(tmp.c_str(), id_file.c_str()) != 0) throw CommError("nccl: cannot rename " + tmp + " to " + id_file);
+    bytes.assign(reinterpret_cast<const char*>(&id), sizeof id);
+    write_id_file(id_file, token, bytes);
   } else {
-    auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      std::ifstream f(id_file, std::ios::binary);
-      std::string theirs;
-      if (std::getline(f, theirs) && theirs == token && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
-        throw CommError("nccl: no id file " + id_file + " from rank 0 of this job" +
-                        (token.empty() ? std::string() : " (" + token + ")") + " after " + std::to_string(timeout_s) +
-                        " s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    bytes = wait_for_id_file(id_file, token, sizeof id, timeout_s);
+    std::memcpy(&id, bytes.data(), sizeof id);
   }
   std::unique_ptr<Comm> world = make(id, rank, size, device, timeout_s);
   // Every rank has joined (the init is collective), so every rank has read it: a later job must not.
-  if (rank == 0) std::remove(id_file.c_str());
+  if (rank == 0) remove_id_file_if_ours(id_file, token, bytes);
   return world;
 }
 

@@ -1,0 +1,90 @@
+#include "parallel/id_file.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "parallel/communicator.h"
+
+namespace ul {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+// The file's token line and id, or false when it is not there (yet) or is cut short.
+bool read_file(const std::string& path, size_t bytes, std::string& token, std::string& id) {
+  std::ifstream f(path, std::ios::binary);
+  if (!std::getline(f, token)) return false;
+  id.assign(bytes, '\0');
+  return bool(f.read(&id[0], std::streamsize(bytes)));
+}
+
+}  // namespace
+
+std::string id_file_job_token() {
+  if (const char* v = env("ULYSSES_JOB_ID")) return std::string("ULYSSES_JOB_ID=") + v;
+  if (const char* v = env("SLURM_JOB_ID")) {
+    std::string t = std::string("SLURM_JOB_ID=") + v;
+    if (const char* step = env("SLURM_STEP_ID")) t += "." + std::string(step);
+    if (const char* n = env("SLURM_RESTART_COUNT")) t += " restart " + std::string(n);
+    return t;
+  }
+  if (const char* v = env("TORCHELASTIC_RUN_ID")) {
+    std::string t = std::string("TORCHELASTIC_RUN_ID=") + v;
+    if (const char* n = env("TORCHELASTIC_RESTART_COUNT")) t += " restart " + std::string(n);
+    return t;
+  }
+  return "";
+}
+
+bool id_file_token_unique(const std::string& token) {
+  return !token.empty() && token.rfind("TORCHELASTIC_RUN_ID=none", 0) != 0;
+}
+
+void write_id_file(const std::string& path, const std::string& token, const std::string& id) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
+  const std::string tmp = path + ".tmp." + host + "." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << token << '\n';
+    f.write(id.data(), std::streamsize(id.size()));
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw CommError("--nccl-id-file: cannot write " + tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw CommError("--nccl-id-file: cannot rename " + tmp + " to " + path);
+  }
+}
+
+std::string wait_for_id_file(const std::string& path, const std::string& token, size_t bytes, double timeout_s) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    std::string theirs, id;
+    if (read_file(path, bytes, theirs, id) && theirs == token) return id;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
+      throw CommError("--nccl-id-file: no id file " + path + " from rank 0 of this job" +
+                      (token.empty() ? std::string() : " (" + token + ")") + " after " + std::to_string(timeout_s) +
+                      " s: the path must be on a filesystem every node shares, and rank 0 must have started");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void remove_id_file_if_ours(const std::string& path, const std::string& token, const std::string& id) {
+  std::string theirs, now;
+  if (read_file(path, id.size(), theirs, now) && theirs == token && now == id) std::remove(path.c_str());
+}
+
+}  // namespace ul
