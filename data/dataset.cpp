@@ -80,7 +80,7 @@ PasskeyConfig passkey_config(const std::string& spec, const std::string& list) {
   }
   require(c.digits >= 1, spec, "digits must be >= 1");
   require(c.filler_words >= 1, spec, "filler must be >= 1");
-  require(c.depth < 0 || c.depth <= 1, spec, "depth is a fraction in [0, 1] (or -1: random per sequence)");
+  require(c.depth == -1 || (c.depth >= 0 && c.depth <= 1), spec, "depth is a fraction in [0, 1] (or -1: random per sequence)");
   return c;
 }
 

@@ -123,8 +123,8 @@ std::string RecallDataset::describe() const {
 
 PasskeyDataset::PasskeyDataset(Split split, uint64_t seed, PasskeyConfig cfg)
     : split_(split), seed_(seed), cfg_(cfg) {
-  if (cfg_.digits < 1 || cfg_.filler_words < 1 || cfg_.depth > 1.0)
-    throw std::runtime_error("passkey: need digits >= 1, filler_words >= 1, depth <= 1 (or < 0 for random)");
+  if (cfg_.digits < 1 || cfg_.filler_words < 1 || !(cfg_.depth == -1.0 || (cfg_.depth >= 0 && cfg_.depth <= 1)))
+    throw std::runtime_error("passkey: need digits >= 1, filler_words >= 1, depth in [0, 1] (or -1 for random)");
   if (13 + int64_t(cfg_.filler_words) > INT32_MAX)
     throw std::runtime_error("passkey: filler_words + 13 = " + std::to_string(13 + int64_t(cfg_.filler_words)) +
                              " token ids, more than 2^31 - 1");

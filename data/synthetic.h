@@ -42,7 +42,7 @@ struct RecallConfig {
 
 struct PasskeyConfig {
   int digits = 5;         // passkey length
-  double depth = -1.0;    // needle position in [0, 1] of the filler; < 0: uniform random per sequence
+  double depth = -1.0;    // needle position in [0, 1] of the filler; -1: uniform random per sequence
   int filler_words = 19;  // distinct filler tokens (defaults: vocab 32)
 };
 

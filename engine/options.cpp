@@ -370,6 +370,11 @@ Options parse_options(int argc, char** argv) {
     for (const char* f : {"--steps", "--save-dir", "--resume", "--export-llmc", "--export-safetensors", "--sample",
                           "--probe-lengths", "--log", "--lr", "--grad-accum"})
       if (o.set_by_user(f)) throw std::runtime_error(std::string(f) + ": --check-state runs one step against its file and trains nothing; drop " + f);
+  if (!o.check_state.empty())
+    for (const char* f : {"--seq", "--batch", "--data", "--val-data", "--eval-batches", "--eval-every", "--loss-by-position"})
+      if (o.set_by_user(f))
+        throw std::runtime_error(std::string(f) + ": --check-state takes its tokens (batch and length) from its file and "
+                                 "evaluates nothing else; drop " + f);
   if (o.set_by_user("--val-data") && o.val_data.empty())
     throw std::runtime_error("--val-data: empty (give a dataset spec, or leave the flag out for --data's own split)");
   if (!(o.check_tol > 0) || !std::isfinite(o.check_tol))  // nan or inf would pass every difference

@@ -122,7 +122,12 @@ int train_rank(const Options& o, Comm& world) {
                           "--grad-clip", "--beta1", "--beta2", "--adam-eps", "--grad-accum", "--zero", "--recompute",
                           "--offload", "--save-every", "--keep"})
       if (o.set_by_user(f)) unread += std::string(unread.empty() ? "" : ", ") + f;
-    if (!unread.empty()) say("note    | --steps 0 trains nothing: %s not read\n", unread.c_str());
+    // An export or sample alone evaluates nothing (--eval-batches asks for the eval).
+    if (!o.evaluates())
+      for (const char* f : {"--val-data", "--loss-by-position"})
+        if (o.set_by_user(f)) unread += std::string(unread.empty() ? "" : ", ") + f;
+    if (!unread.empty()) say("note    | --steps 0 trains nothing%s: %s not read\n",
+                             o.evaluates() ? "" : " and evaluates nothing (give --eval-batches N for an eval)", unread.c_str());
   }
   // An eval reads --eval-batches x dp x --batch val sequences; past the split's end they wrap.
   const int64_t eval_reads = int64_t(o.eval_batches) * g.dp * o.batch;

@@ -36,11 +36,14 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
   else throw bad("unknown kind '" + kind + "'");
   bool has_factor = false, has_attn = false, has_orig = false;
   const bool yarn = s.kind == RopeScaling::kYarn;
+  std::vector<std::string> seen;  // a key given twice: which one counts is a guess
   for (size_t at = colon == std::string::npos ? spec.size() : colon + 1; at < spec.size();) {
     const size_t comma = std::min(spec.find(',', at), spec.size());
     const std::string item = spec.substr(at, comma - at), key = item.substr(0, item.find('='));
     at = comma + 1;
     if (item.find('=') == std::string::npos) throw bad("'" + item + "' is not key=value");
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) throw bad(key + " is given twice");
+    seen.push_back(key);
     const std::string v = item.substr(key.size() + 1);
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);

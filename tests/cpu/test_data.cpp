@@ -383,6 +383,10 @@ TEST_CASE("task settings in the data spec reach the generator", "[data]") {
     CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1), Catch::Contains("must be an integer"));
   CHECK_THROWS_WITH(ul::open_dataset("passkey:digits=3,digits=4", ul::Split::train, 1, -1),
                     Catch::Contains("'digits' is given twice"));
+  // depth: a fraction, or -1 for random (-0.5 was taken as random too).
+  for (const char* bad : {"passkey:depth=-0.5", "passkey:depth=1.5", "passkey:depth=-2"})
+    CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1), Catch::Contains("depth is a fraction in [0, 1]"));
+  CHECK_NOTHROW(ul::open_dataset("passkey:depth=-1", ul::Split::train, 1, -1));
   // Counts near 2^31 once wrapped: 2n + 3 for the digits passed the length check (and the
   // sequence overran its buffer), keys + values + 3 made a negative vocab.
   std::vector<int32_t> in1(257), tg1(257);

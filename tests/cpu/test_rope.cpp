@@ -240,7 +240,7 @@ TEST_CASE("rope scaling specs: parsed, printed back, and refused naming the prob
       {"linear:factor=0", "factor must be > 0"},     {"linear:factor=x", "'x' is not a number"},
       {"linear:low=1,factor=2", "unknown key 'low'"}, {"llama3:factor=8,low=4,high=4", "0 < low_freq_factor < high_freq_factor"},
       {"llama3:factor=8,orig=0.5", "orig must be"},  {"none:factor=2", "none takes no settings"},
-      {"llama3:factor", "not key=value"}};
+      {"llama3:factor", "not key=value"},          {"linear:factor=2,factor=3", "factor is given twice"}};
   for (const auto& b : bad) {
     CAPTURE(b.first);
     CHECK_THROWS_WITH(ul::parse_rope_scaling(b.first), Catch::Contains("--rope-scaling '" + std::string(b.first) + "'") &&

@@ -80,6 +80,8 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused("--model llama --sliding-window 8 --full-attention-every 5 --steps 1",
                  "the model has only 2 layers, so no layer would attend to every earlier token");
   expect_refused("--checkpoint m.bin --check-state s.bin --steps 3", "--steps: --check-state runs one step against its file");
+  expect_refused("--checkpoint m.bin --check-state s.bin --seq 8", "--seq: --check-state takes its tokens (batch and length) from its file");
+  expect_refused("--checkpoint m.bin --check-state s.bin --data passkey", "--data: --check-state takes its tokens");
   // Weights that are not numbers are refused as the checkpoint loads, naming the file and tensor.
   std::string model = source_path("tests/data/gpt2_tiny_model.bin"), nan_model = d + "/nan.bin";
   {
@@ -112,6 +114,13 @@ TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
   r = run_cmd(train_cmd(base + "--batch 1 --steps 0 --lr 1 --grad-clip 0 --beta1 0.8"));
   REQUIRE(r.code == 0);
   CHECK(r.out.find("note    | --steps 0 trains nothing: --lr, --grad-clip, --beta1 not read") != std::string::npos);
+  // An export alone evaluates nothing either: its eval flags are named too.
+  const std::string out = (dir.path / "e.bin").string();
+  r = run_cmd(train_cmd("--data text:" + text + " --seq 32 --threads 1 --layers 1 --dim 32 --steps 0 --export-llmc " + out +
+                        " --val-data text:" + text + " --loss-by-position --lr 1"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --steps 0 trains nothing and evaluates nothing (give --eval-batches N for an eval): --lr, "
+                   "--val-data, --loss-by-position not read") != std::string::npos);
 }
 
 TEST_CASE("train refuses bad flags before any work", "[cli]") {
