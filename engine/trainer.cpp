@@ -75,10 +75,11 @@ namespace {
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }  // whole MiB, for messages
 }  // namespace
 
-void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram) {
+void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram,
+                       size_t load) {
   // A device run's host side: --offload's pinned block inputs and collectives staged through host memory.
   const size_t device_host = plan_on_host ? 0 : plan.pinned_host + plan.host_comm;
-  const size_t per_rank = batches + (plan_on_host ? plan.total : device_host);
+  const size_t per_rank = batches + (plan_on_host ? plan.total : device_host) + load;
   const size_t need = per_rank * size_t(std::max(1, ranks_here));
   if (need <= ram) return;
   const std::string here = ranks_here > 1 ? " x " + std::to_string(ranks_here) + " ranks on this machine = " + mib(need) : "";
@@ -87,6 +88,7 @@ void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host
                                    : "";
   if (plan.pinned_host && !plan_on_host) parts += "--offload's pinned block inputs " + mib(plan.pinned_host) + ", ";
   if (plan.host_comm && !plan_on_host) parts += "collectives staged through the host " + mib(plan.host_comm) + ", ";
+  if (load) parts += "the checkpoint's f32 copy while it loads " + mib(load) + ", ";
   throw std::runtime_error("this run needs " + mib(per_rank) + " of host memory per rank" + here + " (per rank: " + parts +
                            "the step's micro-batches " + mib(batches) + ", loaded before its first forward; `train --plan` "
                            "shows every part) but this machine has " + mib(ram) + ": try " +
@@ -267,8 +269,16 @@ Trainer::Trainer(const Options& o, Comm& world)
   planned_arena_ = plan.arena_peak;
   // On the host whatever the device: the step's micro-batches (HostBatch: 5 int32 arrays of B x T
   // at most), loaded before its first forward. On the CPU the whole plan is host memory too.
+  // Loading a checkpoint holds an f32 copy of the model on every rank's host until it is in place
+  // (resuming, also this rank's share of AdamW's m and v). On the CPU a --checkpoint's copy is freed
+  // before the optimizer and the arena exist, so there only a resume adds to the plan.
+  const size_t n_params = param_count(cfg);
+  const ZeroShard mine = o.zero ? zero_shard(n_params, world.size(), world.rank()) : ZeroShard{0, n_params};
+  size_t load = 0;
+  if (o.resume) load = 4 * n_params + 8 * (mine.hi - mine.lo);
+  else if (!o.checkpoint.empty() && ctx_.device != Device::cpu) load = 4 * n_params;
   check_host_memory(plan, size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t), ctx_.device == Device::cpu,
-                    hosts_.ranks_here(), physical_memory());
+                    hosts_.ranks_here(), physical_memory(), load);
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   // A model only evaluated (--steps 0) gets no gradients, AdamW state or ZeRO shards: an 8B model's
@@ -293,6 +303,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
   else if (is_hf_checkpoint_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
   else model_->init_weights(o.seed);
+  std::vector<float>().swap(ckpt);  // loaded: its host memory goes before the optimizer's and the arena's
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;
   ac.beta1 = o.beta1;

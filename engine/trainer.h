@@ -140,8 +140,9 @@ size_t physical_memory();
 // Throws (naming every part and what shrinks it) when `ranks_here` ranks need more than `ram`
 // bytes of host memory: each the step's micro-batches (`batches` bytes), plus the whole plan when
 // it lives on the host (`plan_on_host`: the CPU device), else the plan's host side (--offload's
-// pinned block inputs, collectives staged through host memory). Linux would grant the memory, then kill
-// the run using it.
-void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram);
+// pinned block inputs, collectives staged through host memory), plus `load`: a checkpoint's f32 copy
+// while it loads. Linux would grant the memory, then kill the run using it.
+void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram,
+                       size_t load = 0);
 
 }  // namespace ul

@@ -351,6 +351,10 @@ TEST_CASE("the host memory check counts every rank that shares the machine", "[m
   // ... and --offload's pinned block inputs and collectives staged through the host, per rank.
   p.pinned_host = 5 << 20, p.host_comm = 1 << 20;
   CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 15 << 20));
+  // A checkpoint's f32 copy while it loads, per rank.
+  CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 17 << 20, 1 << 20));
+  CHECK_THROWS_WITH(check_host_memory(p, batches, false, 2, 15 << 20, 1 << 20),
+                    Catch::Contains("the checkpoint's f32 copy while it loads 1 MiB"));
   CHECK_THROWS_WITH(check_host_memory(p, batches, false, 3, 15 << 20),
                     Catch::Contains("needs 7 MiB of host memory per rank x 3 ranks on this machine = 21 MiB") &&
                         Catch::Contains("--offload's pinned block inputs 5 MiB") &&
