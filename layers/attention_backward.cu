@@ -272,6 +272,10 @@ __global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
         Di_s[i] = q0 + i < G.Tn ? Di[G.lse(b, h, q0 + i)] : 0.f;
       }
       __syncthreads();
+      // The step's 32 query rows summed apart, then added once (as the forward's keys: one row at a
+      // time, a long key column's small terms were rounded away).
+      float sdk[W], sdv[W];
+      UL_UNROLL for (int i = 0; i < W; i++) sdk[i] = sdv[i] = 0.f;
       for (int r = 0; r < kFmaRows; r++) {
         const float* qi = Qs + r * D + part;
         const float* oi = dOs + r * D + part;
@@ -286,10 +290,14 @@ __global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
           const float p = expf(s * scale - lse_s[r]);
           const float ds = p * (dp - Di_s[r]);
           UL_UNROLL for (int i = 0; i < W; i++) {
-            dv[i] += p * oi[i * S];
-            dk[i] += ds * qi[i * S];
+            sdv[i] += p * oi[i * S];
+            sdk[i] += ds * qi[i * S];
           }
         }
+      }
+      UL_UNROLL for (int i = 0; i < W; i++) {
+        dv[i] += sdv[i];
+        dk[i] += sdk[i];
       }
     }
   if (key >= G.Tn) return;
@@ -329,6 +337,8 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     __syncthreads();
     stage_kv_rows_f32<D>(Ks, Vs, qkv, G, b, kvh, k0);
     __syncthreads();
+    float sdq[W];  // the step's 32 keys summed apart, then added once (as dk and dv)
+    UL_UNROLL for (int i = 0; i < W; i++) sdq[i] = 0.f;
     for (int j = 0; j < kFmaRows; j++) {
       const float* kj = Ks + j * D + part;
       const float* vj = Vs + j * D + part;
@@ -341,9 +351,10 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
       dp = group_sum<S>(dp);
       if (visible(q, k0 + j, G, docb)) {
         const float ds = expf(s * scale - lse_q) * (dp - Di_q);
-        UL_UNROLL for (int i = 0; i < W; i++) dq[i] += ds * kj[i * S];
+        UL_UNROLL for (int i = 0; i < W; i++) sdq[i] += ds * kj[i * S];
       }
     }
+    UL_UNROLL for (int i = 0; i < W; i++) dq[i] += sdq[i];
   }
   if (q >= G.Tn) return;
   float* dqrow = dqkv + G.qkv(b, q, h) + part;

@@ -164,14 +164,19 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     if (m_new == ninf) continue;  // nothing visible yet
     const float alpha = expf(m - m_new);
     m = m_new;
-    l *= alpha;
-    UL_UNROLL for (int i = 0; i < W; i++) acc[i] *= alpha;
+    // The step's 32 terms summed apart, then added to the row's sums once: added one key at a time,
+    // a long row's small terms were rounded away (lse 1e-3 low at T = 1e6, 1e-2 at 1e7); the CPU
+    // and the bf16 kernels sum a tile first too.
+    float ls = 0.f, as[W];
+    UL_UNROLL for (int i = 0; i < W; i++) as[i] = 0.f;
     UL_UNROLL for (int j = 0; j < kFmaRows; j++) {
       if (s[j] == ninf) continue;
       const float p = expf(s[j] - m);
-      l += p;
-      UL_UNROLL for (int i = 0; i < W; i++) acc[i] += p * Vs[j * D + i * S + part];
+      ls += p;
+      UL_UNROLL for (int i = 0; i < W; i++) as[i] += p * Vs[j * D + i * S + part];
     }
+    l = l * alpha + ls;
+    UL_UNROLL for (int i = 0; i < W; i++) acc[i] = acc[i] * alpha + as[i];
   }
   if (q >= G.Tn) return;
   UL_UNROLL for (int i = 0; i < W; i++) out[G.out(b, q, h) + i * S + part] = acc[i] / l;
