@@ -45,11 +45,15 @@ void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const c
   if (gpu_profile::enabled()) span.begin(name, nullptr);
   UL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
 }
+// cudaMemcpyDefault: the direction from the pointers (unified addressing). A collective of a GPU run
+// under MPI stages its buffers through the host with these copies, and some of those buffers are
+// host memory (a stop flag, a step number): a fixed direction that does not match the pointers is
+// undefined behaviour; Default copies either.
 void cuda_to_host(void* dst, const void* src, size_t bytes) {
-  copy(dst, src, bytes, cudaMemcpyDeviceToHost, "cudaMemcpy device to host");
+  copy(dst, src, bytes, cudaMemcpyDefault, "cudaMemcpy device to host");
 }
 void cuda_from_host(void* dst, const void* src, size_t bytes) {
-  copy(dst, src, bytes, cudaMemcpyHostToDevice, "cudaMemcpy host to device");
+  copy(dst, src, bytes, cudaMemcpyDefault, "cudaMemcpy host to device");
 }
 void cuda_within(void* dst, const void* src, size_t bytes) {
   copy(dst, src, bytes, cudaMemcpyDeviceToDevice, "cudaMemcpy device to device");

@@ -51,7 +51,8 @@ class NcclComm : public Comm {
     check_nccl(ncclCommCount(c, &size_), "size");
   }
   ~NcclComm() override {
-    if (staging_) cudaFree(staging_);
+    for (void* s : staging_)
+      if (s) cudaFree(s);
     // Destroyed while an error unwinds the stack: abort, which does not wait for the peers (a
     // destroy may, and the error would never reach the caller that ends the job).
     if (comm_) std::uncaught_exceptions() > 0 ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
@@ -88,8 +89,12 @@ class NcclComm : public Comm {
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
     own_work_done("all_gather");
-    check_nccl(ncclAllGather(send, recv, count, nccl_type(t), comm_, nullptr), "all_gather");
+    // Host buffers too (the start-up checks gather a few host ints), through two staging buffers.
+    Staged in(*this, const_cast<void*>(send), count * dtype_size(t), true, 0);
+    Staged out(*this, recv, size_t(size_) * count * dtype_size(t), false, 1);
+    check_nccl(ncclAllGather(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_gather");
     finish("all_gather");
+    out.back();
     stats.all_gather += comm_volume::all_gather(count, t, size_);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
@@ -121,9 +126,9 @@ class NcclComm : public Comm {
  private:
   // A host buffer goes through a device staging buffer; a device buffer is used as it is.
   struct Staged {
-    Staged(NcclComm& c, void* user, size_t bytes, bool copy_in) : c(c), user(user), bytes(bytes) {
+    Staged(NcclComm& c, void* user, size_t bytes, bool copy_in, int slot = 0) : c(c), user(user), bytes(bytes) {
       if (bytes == 0 || on_device(user)) { ptr = user; return; }
-      ptr = c.staging(bytes);
+      ptr = c.staging(bytes, slot);
       if (copy_in) check_cuda(cudaMemcpy(ptr, user, bytes, cudaMemcpyHostToDevice), "stage in");
     }
     void back() {
@@ -135,13 +140,14 @@ class NcclComm : public Comm {
     void* ptr = nullptr;
   };
 
-  void* staging(size_t bytes) {
-    if (bytes > staging_bytes_) {
-      if (staging_) cudaFree(staging_);
-      check_cuda(cudaMalloc(&staging_, bytes), "staging buffer");
-      staging_bytes_ = bytes;
+  void* staging(size_t bytes, int slot) {
+    if (bytes > staging_bytes_[slot]) {
+      if (staging_[slot]) cudaFree(staging_[slot]);
+      staging_[slot] = nullptr;
+      check_cuda(cudaMalloc(&staging_[slot], bytes), "staging buffer");
+      staging_bytes_[slot] = bytes;
     }
-    return staging_;
+    return staging_[slot];
   }
 
   // This rank's own queued kernels first, with no deadline: the host may run a whole backward ahead
@@ -173,8 +179,8 @@ class NcclComm : public Comm {
   ncclComm_t comm_;
   int device_, rank_ = 0, size_ = 1;
   double timeout_;
-  void* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
+  void* staging_[2] = {nullptr, nullptr};  // a collective with two host buffers (all_gather) takes both
+  size_t staging_bytes_[2] = {0, 0};
 };
 
 // What a bootstrap wait that never ends does once --comm-timeout has passed: NCCL's init cannot be
