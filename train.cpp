@@ -53,7 +53,8 @@ static int run_mpi_job(const Options& o, Comm& world) {
 // process as a world of its own: N copies of the run, each rank 0, each writing the same files.
 static void check_mpi_world(const Comm& world) {
   const Launcher l = detect_launcher();
-  if (world.size() == 1 && l.size > 1)
+  // A launcher that started this process; RANK and WORLD_SIZE alone may be a pod's leftovers.
+  if (world.size() == 1 && l.size > 1 && l.name != "RANK and WORLD_SIZE")
     throw std::runtime_error("MPI sees a world of 1 rank, but " + l.name + " started " + std::to_string(l.size) + " (" +
                              l.vars + "): this MPI is not wired to that launcher (under srun it needs Slurm's PMI or "
                              "PMIx support; else start the ranks with mpirun)");

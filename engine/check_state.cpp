@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
-#include <thread>
 
 #include "engine/context.h"
 #include "engine/device.h"
@@ -18,6 +17,7 @@
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grid.h"
+#include "parallel/hosts.h"
 #include "parallel/ulysses.h"
 
 namespace ul {
@@ -46,8 +46,7 @@ static double abs_diff(double ours, double ref) {
 
 int check_state_rank(const Options& o, Comm& world) {
   const bool lead = world.rank() == 0;
-  int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, o.ranks));
-  omp_set_num_threads(threads);
+  omp_set_num_threads(threads_for_rank(o.threads, host_map(world)));  // as a training run's (parallel/hosts.h)
   Grid g(world, o.sp);
   Context c(run_device(o));
   ContextGuard guard(c);

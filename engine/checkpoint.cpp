@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "engine/device.h"
 #include "engine/file_io.h"
 #include "engine/trainer.h"
+#include "parallel/hosts.h"
 
 namespace ul {
 
@@ -102,7 +104,12 @@ std::vector<float> to_host(const float* p, Device d, size_t n) {
 
 SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
   std::error_code ec;
-  made_ = !fs::exists(root, ec);
+  // The topmost directory this lock makes (--save-dir runs/a/b with runs/ there: runs/a), to take
+  // away again when the run is refused before it writes anything.
+  for (fs::path p = fs::absolute(root, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made_ = p.string();
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(root, ec);
   if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
   const std::string path = (fs::path(root) / ".lock").string();
@@ -137,9 +144,17 @@ SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
                  std::strerror(err));
     return;
   }
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
-  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  // Locked, but is it still the directory's lock? A run refused at the same moment removes a lock
+  // file it made (with the directory): a lock on that removed file would guard nothing.
+  struct stat held {}, now {};
+  if (::fstat(fd_, &held) != 0 || ::stat(path.c_str(), &now) != 0 || held.st_ino != now.st_ino ||
+      held.st_dev != now.st_dev) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error(path + ": the lock file was removed while this run took it (another run starting in "
+                             "this --save-dir at the same moment?): start it again");
+  }
+  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
   // Who holds it, for the refusal's message only: nothing depends on these bytes being there.
   const bool noted = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, who.data(), who.size(), 0) == ssize_t(who.size());
   (void)noted;
@@ -147,12 +162,15 @@ SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
 
 SaveDirLock::~SaveDirLock() {
   std::error_code ec;
-  if (made_ && fd_ >= 0) {
+  if (!made_.empty() && fd_ >= 0) {
+    // Nothing but the lock in it (no step, no log): the run wrote nothing, and leaves nothing.
     bool only_lock = true;
-    for (const auto& e : fs::directory_iterator(root_, ec)) only_lock = only_lock && e.path().filename() == ".lock";
+    fs::directory_iterator it(root_, ec), end;
+    for (; !ec && it != end; it.increment(ec)) only_lock = only_lock && it->path().filename() == ".lock";
     if (!ec && only_lock) {
       fs::remove(fs::path(root_) / ".lock", ec);
-      fs::remove(root_, ec);
+      for (fs::path p = fs::absolute(root_, ec); fs::remove(p, ec) && p.string() != made_; p = p.parent_path()) {
+      }
     }
   }
   if (fd_ >= 0) ::close(fd_);  // releases the flock

@@ -52,7 +52,7 @@ class SaveDirLock {
  private:
   int fd_ = -1;
   std::string root_;
-  bool made_ = false;  // root did not exist before
+  std::string made_;  // the topmost directory this lock made ("" when root was there)
 };
 
 std::string step_dir_name(int step);                       // "step_00000100"

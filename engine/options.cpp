@@ -142,6 +142,13 @@ bool Options::reads_host_weights() const {
   return !export_llmc.empty() || !export_safetensors.empty() || sample > 0 || sample_every > 0 || !probe_lengths.empty();
 }
 
+std::string Options::shared_command_line() const {
+  std::string line;
+  for (const auto& [flag, value] : args)
+    if (flag != "--threads" && flag != "--quiet") line += (line.empty() ? "" : " ") + flag + (value.empty() ? "" : " " + value);
+  return line;
+}
+
 bool Options::evaluates() const {
   return steps > 0 || set_by_user("--eval-batches") ||
          (export_llmc.empty() && export_safetensors.empty() && sample == 0);
@@ -260,15 +267,15 @@ Options parse_options(int argc, char** argv) {
     if (inline_value && std::find(std::begin(kSwitches), std::end(kSwitches), a) != std::end(kSwitches))
       throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");
     if (a == "--help" || a == "-h") { o.help = true; continue; }
-    if (a == "--quiet") { o.quiet = true; o.given.push_back(a); continue; }
-    if (a == "--resume") { o.resume = true; o.given.push_back(a); continue; }
-    if (a == "--recompute") { o.recompute = true; o.given.push_back(a); continue; }
-    if (a == "--offload") { o.offload = true; o.given.push_back(a); continue; }
-    if (a == "--plan") { o.plan = true; o.given.push_back(a); continue; }
-    if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); continue; }
-    if (a == "--loss-by-position") { o.loss_by_position = true; o.given.push_back(a); continue; }
-    if (a == "--tie-embeddings") { o.tie_embeddings = true; o.given.push_back(a); continue; }
-    if (a == "--qkv-bias") { o.qkv_bias = true; o.given.push_back(a); continue; }
+    if (a == "--quiet") { o.quiet = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--resume") { o.resume = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--recompute") { o.recompute = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--offload") { o.offload = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--plan") { o.plan = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--loss-by-position") { o.loss_by_position = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--tie-embeddings") { o.tie_embeddings = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--qkv-bias") { o.qkv_bias = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
@@ -277,6 +284,7 @@ Options parse_options(int argc, char** argv) {
     }
     it->second(a, v);
     o.given.push_back(a);
+    o.args.push_back({a, v});
   }
   auto positive = [](const char* flag, long v) {
     if (v < 1) throw std::runtime_error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
@@ -366,15 +374,17 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--check-tol") && o.check_state.empty()) throw std::runtime_error("--check-tol needs --check-state");
   // --check-state runs one forward/backward against the state file and exits: the training and
   // output flags would be ignored without a word.
-  if (!o.check_state.empty())
-    for (const char* f : {"--steps", "--save-dir", "--resume", "--export-llmc", "--export-safetensors", "--sample",
-                          "--probe-lengths", "--log", "--lr", "--grad-accum"})
-      if (o.set_by_user(f)) throw std::runtime_error(std::string(f) + ": --check-state runs one step against its file and trains nothing; drop " + f);
-  if (!o.check_state.empty())
-    for (const char* f : {"--seq", "--batch", "--data", "--val-data", "--eval-batches", "--eval-every", "--loss-by-position"})
-      if (o.set_by_user(f))
-        throw std::runtime_error(std::string(f) + ": --check-state takes its tokens (batch and length) from its file and "
-                                 "evaluates nothing else; drop " + f);
+  if (!o.check_state.empty()) {
+    const char* trains = "--check-state runs one step against its file and trains nothing";
+    const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
+    const std::pair<const char*, const char*> unread[] = {
+        {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--export-llmc", trains},
+        {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
+        {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
+        {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads}};
+    for (const auto& [f, why] : unread)
+      if (o.set_by_user(f)) throw std::runtime_error(std::string(f) + ": " + why + "; drop " + f);
+  }
   if (o.set_by_user("--val-data") && o.val_data.empty())
     throw std::runtime_error("--val-data: empty (give a dataset spec, or leave the flag out for --data's own split)");
   if (!(o.check_tol > 0) || !std::isfinite(o.check_tol))  // nan or inf would pass every difference

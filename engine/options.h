@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "layers/transformer.h"
@@ -82,6 +83,11 @@ struct Options {
   // The run log's path: --log, else DIR/log.jsonl with --save-dir, else "" (no log).
   std::string log_path() const { return !log.empty() ? log : save_dir.empty() ? "" : save_dir + "/log.jsonl"; }
   std::vector<std::string> given;  // flags given on the command line, for presets and checks
+  // The command line as parsed: each flag given and its value ("" for a switch), in order.
+  std::vector<std::pair<std::string, std::string>> args;
+  // The command line as every rank must have it: `args` without the flags a rank may set for
+  // itself (--threads, --quiet), as "--flag value" words.
+  std::string shared_command_line() const;
 };
 
 // Parses argv; throws std::runtime_error naming the flag on an unknown flag or bad value.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -54,14 +55,18 @@ std::vector<std::string> data_files(const std::string& spec) {
 }
 
 // Whether NAME.tmp, the name every output is first written under, can be made in its directory:
-// what access(W_OK) misses (root passes it on /proc and /sys; a name too long). "" when it can (or
-// the directory is made later, at start-up, or the .tmp is there already), else why not.
+// what access(W_OK) misses (root passes it on /proc and /sys; a name too long). Tried as NAME.prb,
+// as long a name that no writer uses (a run writing NAME.tmp now keeps it). "" when it can (or the
+// directory is made later, at start-up), else why not.
 std::string cannot_create(const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  struct stat st {};
+  if (::lstat((path + ".tmp").c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return path + ".tmp is there and is not a regular file";
+  const std::string probe = path + ".prb";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd >= 0) {
     ::close(fd);
-    ::unlink(tmp.c_str());
+    ::unlink(probe.c_str());
     return "";
   }
   const int err = errno;

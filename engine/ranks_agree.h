@@ -3,7 +3,9 @@
 // node-local disk that is incomplete, an NFS directory listing that lags a `train prepare` just
 // run, a job script that sets a flag per node) would train an sp group on slices of different
 // sequences, or a dp replica on another schedule, and nothing would fail. Checked once at start-up:
-// one all-gather of a CRC-32 per field.
+// one all-gather of a CRC-32 per field: what a checkpoint records (model, data files, schedule), the
+// val files, the layout, and last the whole command line but --threads and --quiet. Not the bytes
+// of a --checkpoint: the same path is taken to hold the same weights.
 #pragma once
 #include <string>
 #include <vector>

@@ -21,7 +21,9 @@ static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only 
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
-constexpr long long kRepeatMs = 2000;  // a second SIGINT sooner than this is the same Ctrl-C delivered twice
+// A second SIGINT sooner than this after the first is the same Ctrl-C delivered twice. Read once as
+// the handlers are installed (getenv is not safe in a handler): ULYSSES_TEST_REPEAT_MS, for tests.
+std::atomic<long long> g_repeat_ms{2000};
 
 void say(const char* text) {  // write(2) is async-signal-safe; printf is not
   ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
@@ -44,14 +46,16 @@ void on_signal(int sig) {
     say(": stopping after this step (a checkpoint is saved with --save-dir); Ctrl-C again to stop now\n");
     return;
   }
-  // A later one. Only a person means "now": a SIGINT (Ctrl-C) at least kRepeatMs after the first.
+  // The first's time, or (a handler on another thread between its exchange and its store) now.
+  const long long first = g_first_ms.load(), since = first ? monotonic_ms() - first : 0;
+  // A later one. Only a person means "now": a SIGINT (Ctrl-C) two seconds or more after the first.
   // Schedulers and launchers send one signal twice (to the job and to each task, or forwarded by
   // mpirun), or SIGTERM at the time limit after an early SIGUSR1: ending then would lose the very
   // checkpoint the stop is for. Noted, and the save goes on.
-  if (sig != SIGINT || monotonic_ms() - g_first_ms.load() < kRepeatMs) {
+  if (sig != SIGINT || since < g_repeat_ms.load()) {
     say("train: ");
     say(stop_signal_name(sig));
-    say(" again: already stopping after this step (Ctrl-C a second time stops now)\n");
+    say(" again: already stopping after this step (a Ctrl-C two seconds after the first stops now)\n");
     return;
   }
   std::signal(sig, SIG_DFL);  // the default action, now (the process ends by this signal)
@@ -63,9 +67,13 @@ void on_signal(int sig) {
 void install_stop_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
+    if (const char* v = std::getenv("ULYSSES_TEST_REPEAT_MS")) g_repeat_ms.store(std::atoll(v));
     struct sigaction sa {};
     sa.sa_handler = on_signal;
+    // While one of them is handled the others wait: the handler's first-signal bookkeeping is
+    // not interrupted halfway by its own second call on this thread.
     sigemptyset(&sa.sa_mask);
+    for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);
     sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts goes on
     for (int sig : kSignals) sigaction(sig, &sa, nullptr);
   });

@@ -244,7 +244,7 @@ Trainer::Trainer(const Options& o, Comm& world)
       throw std::runtime_error(val_flag + ": " + e.what());
     }
   }
-  // Every rank the same job, before anything large is read or allocated (engine/ranks_agree.h).
+  // Every rank the same job, before the model is built and its weights loaded (engine/ranks_agree.h).
   std::vector<RunField> fields = run_fields(o, cfg, train_->identity());
   fields.push_back({"val_files", json_quote(val_->identity()), val_flag});
   fields.push_back({"layout", json_quote(run_layout(o, grid_).str()), "--batch, --grad-accum, --sp, --zero, --mlp-chunks"});
@@ -252,6 +252,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   fields.push_back({"lr", float_text(o.lr), "--lr"});
   fields.push_back({"eval_every", std::to_string(o.eval_every), "--eval-every"});
   fields.push_back({"save_every", std::to_string(o.save_every), "--save-every"});
+  // Last, so that a field above names what differs first: every other flag (--probe-lengths,
+  // --eval-batches, the --checkpoint path...), each of which would hang or mislead on some ranks.
+  fields.push_back({"command_line", json_quote(o.shared_command_line()), "the command line, but --threads and --quiet"});
   check_ranks_agree(world, fields);
   cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
@@ -271,14 +274,20 @@ Trainer::Trainer(const Options& o, Comm& world)
   // at most), loaded before its first forward. On the CPU the whole plan is host memory too.
   // Loading a checkpoint holds an f32 copy of the model on every rank's host until it is in place
   // (resuming, also this rank's share of AdamW's m and v). On the CPU a --checkpoint's copy is freed
-  // before the optimizer and the arena exist, so there only a resume adds to the plan.
+  // before the gradients, the optimizer and the arena exist, which hold more than it: there only a
+  // resume, or a --steps 0 run (no gradients nor optimizer), adds it to the plan.
   const size_t n_params = param_count(cfg);
   const ZeroShard mine = o.zero ? zero_shard(n_params, world.size(), world.rank()) : ZeroShard{0, n_params};
   size_t load = 0;
   if (o.resume) load = 4 * n_params + 8 * (mine.hi - mine.lo);
-  else if (!o.checkpoint.empty() && ctx_.device != Device::cpu) load = 4 * n_params;
-  check_host_memory(plan, size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t), ctx_.device == Device::cpu,
-                    hosts_.ranks_here(), physical_memory(), load);
+  else if (!o.checkpoint.empty() && (ctx_.device != Device::cpu || o.steps == 0)) load = 4 * n_params;
+  const size_t batches = size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t);
+  const bool on_host = ctx_.device == Device::cpu;
+  // Against this process's limit, with the ranks that draw on it; where that is a cgroup's of its
+  // own (containers sharing a machine), the machine's memory against all of its ranks too.
+  check_host_memory(plan, batches, on_host, hosts_.sharing_memory(), physical_memory(), load);
+  if (hosts_.sharing_memory() != hosts_.ranks_here())
+    check_host_memory(plan, batches, on_host, hosts_.ranks_here(), physical_memory_bytes(), load);
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   // A model only evaluated (--steps 0) gets no gradients, AdamW state or ZeRO shards: an 8B model's

@@ -1,6 +1,8 @@
 #include "parallel/hosts.h"
 
+#include <omp.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,32 +25,84 @@ uint64_t this_machine_id() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string id;
   if (f && std::getline(f, id) && !id.empty()) return fnv1a("boot " + id);
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return fnv1a(std::string("host ") + name);
+  return fnv1a("host " + host_name());
 }
 
-// This process's CPU set: its hash and its size.
-std::pair<uint32_t, int> this_cpuset() {
+// A hash of this process's CPU set (which ranks share cores). Its size is not read from here: with
+// OMP_PROC_BIND set, the OpenMP runtime pins this thread to one place before main, and the set
+// then shows that place alone.
+uint32_t this_cpuset() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) {
-    const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return {0u, int(std::max(1L, n))};
-  }
-  std::string bits(reinterpret_cast<const char*>(&set), sizeof set);
-  return {uint32_t(fnv1a(bits)), std::max(1, CPU_COUNT(&set))};
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  return uint32_t(fnv1a(std::string(reinterpret_cast<const char*>(&set), sizeof set)));
 }
 
-// A number of bytes from a cgroup file ("max", a missing file: SIZE_MAX).
+// A number of bytes from a cgroup file; SIZE_MAX for "max", a missing file, or v1's "unlimited"
+// (a number near 2^63).
 size_t limit_in(const std::string& path) {
   std::ifstream f(path);
   unsigned long long v = 0;
-  if (!f || !(f >> v)) return SIZE_MAX;
+  if (!f || !(f >> v) || v >= (1ull << 62)) return SIZE_MAX;
   return size_t(v);
 }
 
+// The tightest limit in `file` on the group DIR/PATH and its ancestors, and the directory that
+// set it ("" when none does).
+std::pair<size_t, std::string> tightest(const std::string& dir, std::string path, const char* file) {
+  std::pair<size_t, std::string> best{SIZE_MAX, ""};
+  for (;;) {
+    const std::string group = dir + (path == "/" ? "" : path);
+    const size_t v = limit_in(group + "/" + file);
+    if (v < best.first) best = {v, group};
+    if (path.empty() || path == "/") break;
+    path = path.substr(0, path.rfind('/'));
+    if (path.empty()) path = "/";
+  }
+  return best;
+}
+
+// The memory limit that applies to this process and the cgroup directory that sets it.
+std::pair<size_t, std::string> cgroup_limit(const std::string& proc_cgroup, const std::string& root) {
+  std::pair<size_t, std::string> best{SIZE_MAX, ""};
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    // "ID:CONTROLLERS:PATH"; v2 is "0::PATH", v1's memory line names "memory" among its controllers.
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::pair<size_t, std::string> x{SIZE_MAX, ""};
+    if (controllers.empty() && line.compare(0, a, "0") == 0) x = tightest(root, path, "memory.max");
+    else if (("," + controllers + ",").find(",memory,") != std::string::npos)
+      x = tightest(root + "/memory", path, "memory.limit_in_bytes");  // inside a container the root is its group
+    if (x.first < best.first) best = x;
+  }
+  return best;
+}
+
+std::string read_text(const char* path) {
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
+// Which memory this process draws from: its cgroup's limit (the directory's inode tells groups
+// apart even where namespaces show every container its own as "/"), or the machine's.
+uint32_t this_memory_domain() {
+  const auto [limit, dir] = cgroup_limit(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
+  struct stat st {};
+  if (limit == SIZE_MAX || dir.empty() || ::stat(dir.c_str(), &st) != 0) return 0;  // the machine's
+  return uint32_t(fnv1a(std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(limit)));
+}
+
 }  // namespace
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
 
 int HostMap::hosts() const { return host.empty() ? 1 : *std::max_element(host.begin(), host.end()) + 1; }
 
@@ -62,10 +116,16 @@ int HostMap::sharing_cpus() const {
   return std::max(1, n);
 }
 
+int HostMap::sharing_memory() const {
+  int n = 0;
+  for (size_t r = 0; r < host.size(); r++) n += host[r] == host[rank] && memory[r] == memory[rank];
+  return std::max(1, n);
+}
+
 HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint32_t>& cpuset,
-                    const std::vector<int>& gpu, int rank, int cpus) {
+                    const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus) {
   HostMap m;
-  m.rank = rank, m.cpus = std::max(1, cpus), m.cpuset = cpuset, m.gpu = gpu;
+  m.rank = rank, m.cpus = std::max(1, cpus), m.cpuset = cpuset, m.memory = memory, m.gpu = gpu;
   std::vector<uint64_t> seen;
   for (uint64_t id : machine) {
     auto it = std::find(seen.begin(), seen.end(), id);
@@ -77,26 +137,27 @@ HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint
 
 HostMap host_map(Comm& world, int gpu) {
   const int P = world.size();
-  const auto [set, cpus] = this_cpuset();
-  // The local communicator's ranks are threads of this process: one machine, one CPU set.
+  const uint32_t set = this_cpuset(), mem = this_memory_domain();
+  const int cpus = omp_get_num_procs();  // the CPU set as the process started, before any pinning
+  // The local communicator's ranks are threads of this process: one machine, one CPU set, one
+  // memory; their GPU is one by design (gpu -1: not a sharing to note).
   if (P == 1 || std::strcmp(world.backend(), "local") == 0)
-    return host_map_of(std::vector<uint64_t>(P, 0), std::vector<uint32_t>(P, set), std::vector<int>(P, -1), world.rank(),
-                       cpus);
+    return host_map_of(std::vector<uint64_t>(P, 0), std::vector<uint32_t>(P, set), std::vector<uint32_t>(P, mem),
+                       std::vector<int>(P, P == 1 ? gpu : -1), world.rank(), cpus);
   const uint64_t id = this_machine_id();
-  constexpr int K = 4;
-  int32_t mine[K] = {int32_t(uint32_t(id)), int32_t(uint32_t(id >> 32)), int32_t(set), gpu};
+  constexpr int K = 5;
+  int32_t mine[K] = {int32_t(uint32_t(id)), int32_t(uint32_t(id >> 32)), int32_t(set), int32_t(mem), gpu};
   std::vector<int32_t> all(size_t(K) * P);
   world.all_gather(mine, all.data(), K, DType::i32);
   std::vector<uint64_t> machine(P);
-  std::vector<uint32_t> sets(P);
+  std::vector<uint32_t> sets(P), mems(P);
   std::vector<int> gpus(P);
   for (int r = 0; r < P; r++) {
     const int32_t* x = &all[size_t(K) * r];
     machine[r] = uint64_t(uint32_t(x[0])) | uint64_t(uint32_t(x[1])) << 32;
-    sets[r] = uint32_t(x[2]);
-    gpus[r] = x[3];
+    sets[r] = uint32_t(x[2]), mems[r] = uint32_t(x[3]), gpus[r] = x[4];
   }
-  return host_map_of(machine, sets, gpus, world.rank(), cpus);
+  return host_map_of(machine, sets, mems, gpus, world.rank(), cpus);
 }
 
 std::string shared_gpu(const HostMap& m) {
@@ -125,37 +186,13 @@ int threads_for_rank(int threads_flag, const HostMap& m) {
 }
 
 size_t cgroup_memory_limit(const std::string& proc_cgroup, const std::string& root) {
-  size_t limit = SIZE_MAX;
-  std::istringstream lines(proc_cgroup);
-  for (std::string line; std::getline(lines, line);) {
-    // "ID:CONTROLLERS:PATH"; v2 is "0::PATH", v1's memory line names "memory" among its controllers.
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    std::string path = line.substr(b + 1);
-    if (controllers.empty() && line.compare(0, a, "0") == 0) {
-      // v2: a limit on any ancestor applies too.
-      for (;;) {
-        limit = std::min(limit, limit_in(root + path + (path == "/" ? "" : "/") + "memory.max"));
-        if (path.empty() || path == "/") break;
-        path = path.substr(0, path.rfind('/'));
-        if (path.empty()) path = "/";
-      }
-    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-      // v1: the group's own file, or inside a container (its group mounted as the root) the root's.
-      limit = std::min(limit, limit_in(root + "/memory" + path + (path == "/" ? "" : "/") + "memory.limit_in_bytes"));
-      limit = std::min(limit, limit_in(root + "/memory/memory.limit_in_bytes"));
-    }
-  }
-  return limit;
+  return cgroup_limit(proc_cgroup, root).first;
 }
 
+size_t physical_memory_bytes() { return size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE)); }
+
 size_t memory_limit() {
-  const size_t physical = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
-  std::ifstream f("/proc/self/cgroup");
-  std::stringstream text;
-  text << f.rdbuf();
-  return std::min(physical, cgroup_memory_limit(text.str(), "/sys/fs/cgroup"));
+  return std::min(physical_memory_bytes(), cgroup_memory_limit(read_text("/proc/self/cgroup"), "/sys/fs/cgroup"));
 }
 
 }  // namespace ul

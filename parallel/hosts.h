@@ -1,11 +1,15 @@
-// Which ranks share a machine, and which of them share CPU cores: one all-gather at start-up of a
-// machine id and a CPU set per rank. Launchers say this in their own variables, and not always
-// (srun without --ntasks-per-node, a hand-written hostfile); the ranks themselves always know.
-//   - the machine id is the kernel's boot id (containers on one machine share it, and its memory);
-//     the host name where it cannot be read;
+// Which ranks share a machine, its cores, its memory and its GPUs: one all-gather at start-up of a
+// machine id, a CPU set, a memory domain and a GPU per rank. Launchers say some of this in their
+// own variables, and not always (srun without --ntasks-per-node, a hand-written hostfile); the
+// ranks themselves always know.
+//   - the machine id is the kernel's boot id (containers on one machine share it); the host name
+//     where it cannot be read;
 //   - the CPU set is this process's affinity (sched_getaffinity): mpirun binding each rank to its
-//     cores, srun --cpus-per-task, taskset or a container's cpuset all show there.
+//     cores, srun --cpus-per-task, taskset or a container's cpuset all show there;
+//   - the memory domain is the cgroup whose limit applies (SLURM's --mem, a container's), or the
+//     machine's when none does: two containers on one machine each have their own limit.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,20 +21,22 @@ namespace ul {
 struct HostMap {
   std::vector<int> host;         // host[r]: rank r's machine, numbered in order of first appearance
   std::vector<uint32_t> cpuset;  // cpuset[r]: a hash of rank r's CPU set
+  std::vector<uint32_t> memory;  // memory[r]: rank r's memory domain (0: its machine's)
   std::vector<int> gpu;          // gpu[r]: rank r's CUDA device on its machine, -1: none given
   int rank = 0;                  // this rank
-  int cpus = 1;                  // the CPUs this rank may run on
+  int cpus = 1;                  // the CPUs this rank's process may run on
   int hosts() const;
   int ranks_here() const;        // ranks on this rank's machine, itself included
   int sharing_cpus() const;      // ranks on this machine with the same CPU set, itself included
+  int sharing_memory() const;    // ranks on this machine drawing on the same memory limit
 };
 
-// Collective over `world` (threads of one process are one machine with one CPU set, and share
-// their GPU by design: their gpu is -1). gpu: this process's CUDA device, -1 for none.
+// Collective over `world` (threads of one process are one machine with one CPU set and memory, and
+// share their GPU by design: their gpu is -1). gpu: this process's CUDA device, -1 for none.
 HostMap host_map(Comm& world, int gpu = -1);
 // The same map from given ids (for tests and for host_map).
 HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint32_t>& cpuset,
-                    const std::vector<int>& gpu, int rank, int cpus);
+                    const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus);
 
 // The sequence-parallel groups (sp consecutive ranks, parallel/grid.h) whose ranks are on more than
 // one machine: their all-to-alls cross the network. Empty when every group stays on one machine.
@@ -43,13 +49,16 @@ std::string shared_gpu(const HostMap& m);
 // of this machine that have the same one.
 int threads_for_rank(int threads_flag, const HostMap& m);
 
-// This process's memory limit: the machine's physical memory, or less where a cgroup (SLURM's
-// --mem, a container's limit) caps it.
+// This machine's name (gethostname), "?" when it cannot be read.
+std::string host_name();
+// The machine's physical memory.
+size_t physical_memory_bytes();
+// This process's memory limit: the machine's physical memory, or less where a cgroup caps it.
 size_t memory_limit();
 // The tightest cgroup memory limit for a process whose /proc/self/cgroup reads `proc_cgroup`, with
-// the cgroup filesystem mounted at `root` (v2: ROOT/PATH/memory.max and its parents'; v1:
-// ROOT/memory/PATH/memory.limit_in_bytes, or ROOT/memory/memory.limit_in_bytes inside a
-// container). SIZE_MAX when none applies.
+// the cgroup filesystem mounted at `root`: v2's ROOT/PATH/memory.max, v1's
+// ROOT/memory/PATH/memory.limit_in_bytes (inside a container its group is ROOT/memory), each with
+// its ancestors' (SLURM sets --mem on the job's group, not the task's). SIZE_MAX when none applies.
 size_t cgroup_memory_limit(const std::string& proc_cgroup, const std::string& root);
 
 }  // namespace ul

@@ -9,15 +9,12 @@
 #include <thread>
 
 #include "parallel/communicator.h"
+#include "parallel/hosts.h"
+#include "parallel/launcher.h"
 
 namespace ul {
 
 namespace {
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
 
 // The file's token line and id, or false when it is not there (yet) or is cut short.
 bool read_file(const std::string& path, size_t bytes, std::string& token, std::string& id) {
@@ -30,19 +27,22 @@ bool read_file(const std::string& path, size_t bytes, std::string& token, std::s
 }  // namespace
 
 std::string id_file_job_token() {
-  if (const char* v = env("ULYSSES_JOB_ID")) return std::string("ULYSSES_JOB_ID=") + v;
-  if (const char* v = env("SLURM_JOB_ID")) {
-    std::string t = std::string("SLURM_JOB_ID=") + v;
-    if (const char* step = env("SLURM_STEP_ID")) t += "." + std::string(step);
-    if (const char* n = env("SLURM_RESTART_COUNT")) t += " restart " + std::string(n);
-    return t;
+  std::string t;
+  if (const char* v = env_value("ULYSSES_JOB_ID")) {
+    t = std::string("ULYSSES_JOB_ID=") + v;
+  } else if (const char* j = env_value("SLURM_JOB_ID")) {
+    t = std::string("SLURM_JOB_ID=") + j;
+    if (const char* step = env_value("SLURM_STEP_ID")) t += "." + std::string(step);
+  } else if (const char* r = env_value("TORCHELASTIC_RUN_ID")) {
+    t = std::string("TORCHELASTIC_RUN_ID=") + r;
+  } else {
+    return "";
   }
-  if (const char* v = env("TORCHELASTIC_RUN_ID")) {
-    std::string t = std::string("TORCHELASTIC_RUN_ID=") + v;
-    if (const char* n = env("TORCHELASTIC_RESTART_COUNT")) t += " restart " + std::string(n);
-    return t;
-  }
-  return "";
+  // Whichever id names the job, a restart of it (a requeue, torchrun restarting its workers under
+  // srun) is not the attempt that died.
+  if (const char* n = env_value("SLURM_RESTART_COUNT")) t += " slurm restart " + std::string(n);
+  if (const char* n = env_value("TORCHELASTIC_RESTART_COUNT")) t += " torchrun restart " + std::string(n);
+  return t;
 }
 
 bool id_file_token_unique(const std::string& token) {
@@ -50,9 +50,7 @@ bool id_file_token_unique(const std::string& token) {
 }
 
 void write_id_file(const std::string& path, const std::string& token, const std::string& id) {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
-  const std::string tmp = path + ".tmp." + host + "." + std::to_string(::getpid());
+  const std::string tmp = path + ".tmp." + host_name() + "." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary);
     f << token << '\n';

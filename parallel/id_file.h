@@ -10,7 +10,7 @@
 
 namespace ul {
 
-// "SLURM_JOB_ID=123.0 restart 1", "TORCHELASTIC_RUN_ID=abc restart 0", "ULYSSES_JOB_ID=x", or ""
+// "SLURM_JOB_ID=123.0 slurm restart 1", "TORCHELASTIC_RUN_ID=abc torchrun restart 0", "ULYSSES_JOB_ID=x", or ""
 // when none is set. The restart counts tell a requeued job (same job id) from its dead first run.
 std::string id_file_job_token();
 // Whether the token tells this job from others: not "" (nothing set) nor torchrun's default

@@ -7,10 +7,7 @@ namespace ul {
 
 namespace {
 
-bool set(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v;
-}
+bool set(const char* name) { return env_value(name) != nullptr; }
 
 // A non-negative integer, or -1 when unset or not wholly a number.
 int number(const char* name) {
@@ -22,6 +19,11 @@ int number(const char* name) {
 }
 
 }  // namespace
+
+const char* env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
 
 Launcher detect_launcher() {
   Launcher l;

@@ -22,4 +22,7 @@ struct Launcher {
 // From this process's environment, read each time.
 Launcher detect_launcher();
 
+// An environment variable's value, or nullptr when it is unset or empty.
+const char* env_value(const char* name);
+
 }  // namespace ul

@@ -60,28 +60,33 @@ TEST_CASE("the host map counts the ranks and CPU sets of each machine", "[hosts]
   const std::vector<uint64_t> machine = {7, 7, 7, 7, 9, 9, 9, 9};
   const std::vector<uint32_t> cpus = {1, 1, 2, 2, 5, 5, 5, 5};
   const std::vector<int> gpu = {0, 1, 2, 3, 0, 1, 2, 3};
-  HostMap a = host_map_of(machine, cpus, gpu, 2, 16);
+  const std::vector<uint32_t> mem(8, 0);  // no cgroup limit: each machine's memory
+  HostMap a = host_map_of(machine, cpus, mem, gpu, 2, 16);
   CHECK(a.hosts() == 2);
   CHECK(a.ranks_here() == 4);
   CHECK(a.sharing_cpus() == 2);
+  CHECK(a.sharing_memory() == 4);
+  // Two containers on machine 7 with limits of their own (ranks 0-1 and 2-3): each counts its own.
+  CHECK(host_map_of(machine, cpus, {3, 3, 4, 4, 0, 0, 0, 0}, gpu, 2, 16).sharing_memory() == 2);
+  CHECK(host_map_of(machine, cpus, {3, 3, 4, 4, 0, 0, 0, 0}, gpu, 2, 16).ranks_here() == 4);
   CHECK(threads_for_rank(0, a) == 8);  // 16 cores shared by 2 ranks
   CHECK(threads_for_rank(3, a) == 3);  // --threads wins
-  HostMap b = host_map_of(machine, cpus, gpu, 5, 64);
+  HostMap b = host_map_of(machine, cpus, mem, gpu, 5, 64);
   CHECK(b.sharing_cpus() == 4);
   CHECK(threads_for_rank(0, b) == 16);
-  CHECK(threads_for_rank(0, host_map_of(machine, cpus, gpu, 5, 3)) == 1);  // never 0
+  CHECK(threads_for_rank(0, host_map_of(machine, cpus, mem, gpu, 5, 3)) == 1);  // never 0
   // sp groups of consecutive ranks: 4 stays on a machine, 8 spans both; so do 3's groups 1.
   CHECK(sp_groups_across_hosts(a, 4).empty());
   CHECK(sp_groups_across_hosts(a, 8) == std::vector<int>{0});
-  CHECK(sp_groups_across_hosts(host_map_of({7, 7, 7, 9, 9, 9}, std::vector<uint32_t>(6), std::vector<int>(6, -1), 0, 1), 2) ==
+  CHECK(sp_groups_across_hosts(host_map_of({7, 7, 7, 9, 9, 9}, std::vector<uint32_t>(6), std::vector<uint32_t>(6), std::vector<int>(6, -1), 0, 1), 2) ==
         std::vector<int>{1});
   // Round-robin placement (mpirun --map-by node): every pair spans.
-  CHECK(sp_groups_across_hosts(host_map_of({7, 9, 7, 9}, std::vector<uint32_t>(4), std::vector<int>(4, -1), 0, 1), 2) ==
+  CHECK(sp_groups_across_hosts(host_map_of({7, 9, 7, 9}, std::vector<uint32_t>(4), std::vector<uint32_t>(4), std::vector<int>(4, -1), 0, 1), 2) ==
         std::vector<int>{0, 1});
   CHECK(shared_gpu(a).empty());
-  CHECK(shared_gpu(host_map_of({7, 7, 9}, {1, 1, 1}, {0, 0, 0}, 0, 1)) == "ranks 0 and 1 share GPU 0 of one machine");
-  CHECK(shared_gpu(host_map_of({7, 9}, {1, 1}, {0, 0}, 0, 1)).empty());       // two machines' GPU 0
-  CHECK(shared_gpu(host_map_of({7, 7}, {1, 1}, {-1, -1}, 0, 1)).empty());     // no GPU
+  CHECK(shared_gpu(host_map_of({7, 7, 9}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, 0, 1)) == "ranks 0 and 1 share GPU 0 of one machine");
+  CHECK(shared_gpu(host_map_of({7, 9}, {1, 1}, {0, 0}, {0, 0}, 0, 1)).empty());       // two machines' GPU 0
+  CHECK(shared_gpu(host_map_of({7, 7}, {1, 1}, {0, 0}, {-1, -1}, 0, 1)).empty());     // no GPU
 }
 
 TEST_CASE("host_map: the local communicator's ranks are one machine", "[hosts]") {
@@ -95,7 +100,7 @@ TEST_CASE("host_map: the local communicator's ranks are one machine", "[hosts]")
     CHECK(here[r] == 3);
     CHECK(threads[r] >= 1);
   }
-  CHECK(shared_gpu(host_map_of({1, 1, 1}, {0, 0, 0}, {-1, -1, -1}, 0, 2)).empty());
+  CHECK(shared_gpu(host_map_of({1, 1, 1}, {0, 0, 0}, {0, 0, 0}, {-1, -1, -1}, 0, 2)).empty());
 }
 
 TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]") {
@@ -116,5 +121,17 @@ TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]"
   write("/memory/memory.limit_in_bytes", "2147483648\n");
   CHECK(cgroup_memory_limit("4:cpu,memory:/elsewhere\n", root) == size_t(2) << 30);
   CHECK(cgroup_memory_limit("", root) == SIZE_MAX);
-  CHECK(memory_limit() > 0);
+  // v1 under SLURM: --mem on the job's group, the task's own unlimited (v1 writes ~2^63 for that).
+  ul_test::TempDir v1;
+  const std::string r1 = v1.path.string();
+  auto write1 = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(r1 + rel).parent_path());
+    std::ofstream(r1 + rel) << text;
+  };
+  write1("/memory/slurm/job_7/memory.limit_in_bytes", "1073741824\n");
+  write1("/memory/slurm/job_7/step_0/task_0/memory.limit_in_bytes", "9223372036854771712\n");
+  CHECK(cgroup_memory_limit("4:memory:/slurm/job_7/step_0/task_0\n", r1) == size_t(1) << 30);
+  write1("/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  CHECK(cgroup_memory_limit("4:memory:/other\n", r1) == SIZE_MAX);
+  CHECK(memory_limit() <= physical_memory_bytes());
 }

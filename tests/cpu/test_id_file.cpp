@@ -46,14 +46,14 @@ TEST_CASE("the id file's job token tells a requeued job from its dead first run"
   ::setenv("SLURM_STEP_ID", "0", 1);
   CHECK(id_file_job_token() == "SLURM_JOB_ID=123.0");
   ::setenv("SLURM_RESTART_COUNT", "1", 1);  // the same job id, requeued
-  CHECK(id_file_job_token() == "SLURM_JOB_ID=123.0 restart 1");
+  CHECK(id_file_job_token() == "SLURM_JOB_ID=123.0 slurm restart 1");
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);  // torchrun under srun, its workers restarted
+  CHECK(id_file_job_token() == "SLURM_JOB_ID=123.0 slurm restart 1 torchrun restart 2");
   ::setenv("ULYSSES_JOB_ID", "mine", 1);  // the user's own wins
-  CHECK(id_file_job_token() == "ULYSSES_JOB_ID=mine");
-  ::unsetenv("ULYSSES_JOB_ID");
-  ::unsetenv("SLURM_JOB_ID");
+  CHECK(id_file_job_token() == "ULYSSES_JOB_ID=mine slurm restart 1 torchrun restart 2");
+  for (const char* n : {"ULYSSES_JOB_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}) ::unsetenv(n);
   ::setenv("TORCHELASTIC_RUN_ID", "none", 1);  // torchrun without --rdzv-id: every job's
-  ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
-  CHECK(id_file_job_token() == "TORCHELASTIC_RUN_ID=none restart 2");
+  CHECK(id_file_job_token() == "TORCHELASTIC_RUN_ID=none torchrun restart 2");
   CHECK_FALSE(id_file_token_unique(id_file_job_token()));
   ::setenv("TORCHELASTIC_RUN_ID", "run7", 1);
   CHECK(id_file_token_unique(id_file_job_token()));

@@ -83,4 +83,10 @@ TEST_CASE("a trainer whose ranks see other flags or other data refuses to start"
   // The same spec: a dp replica on another schedule.
   const std::vector<std::string> steps = start("--data text:" + a + " --steps 2", "--data text:" + a + " --steps 3");
   for (const std::string& m : steps) CHECK(m.find("rank 1 runs with another steps than rank 0 (--steps)") != std::string::npos);
+  // Any other flag: the command line, each rank's own in its message (--threads may differ).
+  const std::vector<std::string> evals = start("--data text:" + a + " --eval-batches 1", "--data text:" + a + " --eval-batches 2");
+  CHECK(evals[0].find("rank 1 runs with another command_line than rank 0") != std::string::npos);
+  CHECK(evals[1].find("--eval-batches 2") != std::string::npos);
+  const std::vector<std::string> threads = start("--data text:" + a + " --threads 2", "--data text:" + a + " --quiet");
+  CHECK((threads[0].empty() && threads[1].empty()));
 }

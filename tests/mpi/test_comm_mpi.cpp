@@ -18,6 +18,7 @@
 #include "parallel/comm_util.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grid.h"
+#include "parallel/hosts.h"
 
 using namespace ul;
 
@@ -140,6 +141,24 @@ TEST_CASE("mpi split and grid", "[comm][mpi][grid]") {
   grid.dp_group->all_gather(&me, col.data(), 1, DType::i32);
   for (int k = 0; k < grid.dp; k++) CHECK(col[k] == 2 * k + r % 2);
   CHECK(global_count(c, r + 1) == int64_t(P) * (P + 1) / 2);
+}
+
+TEST_CASE("mpi host map: the ranks find they share one machine, its cores and its memory", "[comm][mpi][hosts]") {
+  // Processes of one mpirun here (the local communicator's shortcut is not taken): the all-gather
+  // of machine ids, CPU sets, memory domains and GPUs, packed as int32 words.
+  Comm& c = world();
+  const int P = c.size();
+  const HostMap m = host_map(c, c.rank());  // each rank its own GPU number
+  CHECK(m.hosts() == 1);
+  CHECK(m.ranks_here() == P);
+  CHECK(m.sharing_memory() == P);
+  CHECK(int(m.gpu.size()) == P);
+  for (int r = 0; r < P; r++) CHECK(m.gpu[r] == r);
+  CHECK(shared_gpu(m).empty());
+  CHECK(sp_groups_across_hosts(m, P).empty());
+  CHECK(threads_for_rank(0, m) >= 1);
+  const HostMap same = host_map(c, 0);  // every rank GPU 0
+  if (P > 1) CHECK(shared_gpu(same) == "ranks 0 and 1 share GPU 0 of one machine");
 }
 
 TEST_CASE("mpi stats count the bytes sent to other ranks", "[comm][mpi]") {
