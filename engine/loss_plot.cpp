@@ -156,8 +156,8 @@ std::string loss_plot_svg(const std::vector<LogRecord>& records) {
 }
 
 bool write_log_plot(const std::string& log_path, const std::string& svg_path, const char* type,
-                    std::string (*draw)(const std::vector<LogRecord>&)) {
-  const std::vector<LogRecord> records = read_run_log(log_path);
+                    std::string (*draw)(const std::vector<LogRecord>&), const LogFilter& keep) {
+  const std::vector<LogRecord> records = read_run_log(log_path, nullptr, keep);
   const bool any = std::any_of(records.begin(), records.end(), [type](const LogRecord& r) {
     auto t = r.find("type");
     return t != r.end() && t->second == type;
@@ -167,7 +167,7 @@ bool write_log_plot(const std::string& log_path, const std::string& svg_path, co
 }
 
 bool write_loss_plot(const std::string& log_path, const std::string& svg_path) {
-  return write_log_plot(log_path, svg_path, "step", loss_plot_svg);
+  return write_log_plot(log_path, svg_path, "step", loss_plot_svg, {{"step", "eval"}, {"loss", "val_loss"}});
 }
 
 }  // namespace ul

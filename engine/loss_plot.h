@@ -21,8 +21,8 @@ std::string loss_plot_svg(const std::vector<LogRecord>& records);
 bool write_loss_plot(const std::string& log_path, const std::string& svg_path);
 
 // The same for any drawing: when the log holds a record of type `type`, draw(records) is written
-// to svg_path atomically and true returned; else nothing is written.
+// to svg_path atomically and true returned; else nothing is written. `keep`: what draw reads.
 bool write_log_plot(const std::string& log_path, const std::string& svg_path, const char* type,
-                    std::string (*draw)(const std::vector<LogRecord>&));
+                    std::string (*draw)(const std::vector<LogRecord>&), const LogFilter& keep);
 
 }  // namespace ul

@@ -141,7 +141,7 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records) {
 }
 
 bool write_probe_plot(const std::string& log_path, const std::string& svg_path) {
-  return write_log_plot(log_path, svg_path, "length", probe_plot_svg);
+  return write_log_plot(log_path, svg_path, "length", probe_plot_svg, {{"length"}, {}});
 }
 
 }  // namespace ul

@@ -109,14 +109,22 @@ void RunLog::stop(int step, const char* signal) {
   line(j.str());
 }
 
-std::vector<LogRecord> read_run_log(const std::string& path, int* skipped) {
+std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const LogFilter& filter) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   std::vector<LogRecord> out;
+  std::vector<long> steps, highest;  // each kept record's step, and the highest up to it
   int bad = 0;
   std::string text;
+  // The writer's own spelling (JsonLine): a line of no wanted type is passed over unparsed.
+  auto wanted = [&](const std::string& line) {
+    if (filter.types.empty() || line.find("\"type\":\"resume\"") != std::string::npos) return true;
+    for (const std::string& t : filter.types)
+      if (line.find("\"type\":\"" + t + "\"") != std::string::npos) return true;
+    return false;
+  };
   for (int line_no = 1; std::getline(f, text); line_no++) {
-    if (text.empty()) continue;
+    if (text.empty() || !wanted(text)) continue;
     LogRecord r;
     try {
       r = parse_flat_json(text, path + ":" + std::to_string(line_no));
@@ -129,16 +137,36 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped) {
       bad++;
       continue;
     }
+    const long at = std::atol(step->second.c_str());
     if (type->second == "resume") {
       // The resumed run continues from this step: what an earlier attempt logged after it is void.
-      const long resumed = std::atol(step->second.c_str());
-      std::vector<LogRecord> kept;
-      for (LogRecord& x : out)
-        if (std::atol(x["step"].c_str()) <= resumed) kept.push_back(std::move(x));
-      out.swap(kept);
+      // Records come in step order, so those are at the back; only a log out of order (edited by
+      // hand) needs the whole walk.
+      while (!out.empty() && steps.back() > at) out.pop_back(), steps.pop_back(), highest.pop_back();
+      if (!highest.empty() && highest.back() > at) {
+        std::vector<LogRecord> kept;
+        std::vector<long> kept_steps, kept_highest;
+        for (size_t i = 0; i < out.size(); i++)
+          if (steps[i] <= at) {
+            kept.push_back(std::move(out[i])), kept_steps.push_back(steps[i]);
+            kept_highest.push_back(std::max(kept_highest.empty() ? steps[i] : kept_highest.back(), steps[i]));
+          }
+        out.swap(kept), steps.swap(kept_steps), highest.swap(kept_highest);
+      }
       continue;
     }
+    if (!filter.types.empty() &&
+        std::find(filter.types.begin(), filter.types.end(), type->second) == filter.types.end())
+      continue;
+    if (!filter.fields.empty())
+      for (auto it = r.begin(); it != r.end();)
+        it = it->first == "type" || it->first == "step" ||
+                     std::find(filter.fields.begin(), filter.fields.end(), it->first) != filter.fields.end()
+                 ? std::next(it)
+                 : r.erase(it);
     out.push_back(std::move(r));
+    steps.push_back(at);
+    highest.push_back(std::max(highest.empty() ? at : highest.back(), at));
   }
   if (skipped) *skipped = bad;
   return out;

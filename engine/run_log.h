@@ -56,8 +56,16 @@ class RunLog {
 
 using LogRecord = std::map<std::string, std::string>;  // field -> value text (parse_flat_json)
 
+// What a reader keeps of a log: a long run's log holds millions of records, and each kept one is
+// a map of its fields. A line of another type is passed over before it is parsed.
+struct LogFilter {
+  std::vector<std::string> types;   // only records of these types (empty: every type)
+  std::vector<std::string> fields;  // only these fields besides type and step (empty: every field)
+};
+
 // The records of the run as it stands (resume records applied, then dropped). Lines that do not
-// parse — the torn last line of a killed run — are skipped and counted in *skipped.
-std::vector<LogRecord> read_run_log(const std::string& path, int* skipped = nullptr);
+// parse — the torn last line of a killed run — are skipped and counted in *skipped. Linear in the
+// log's length however many resumes it holds.
+std::vector<LogRecord> read_run_log(const std::string& path, int* skipped = nullptr, const LogFilter& filter = {});
 
 }  // namespace ul

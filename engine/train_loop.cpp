@@ -223,7 +223,7 @@ int train_rank(const Options& o, Comm& world) {
     int32_t missing = 0;
     if (lead && log) {
       missing = 1;
-      for (const LogRecord& rec : read_run_log(log->path()))
+      for (const LogRecord& rec : read_run_log(log->path(), nullptr, {{"eval"}, {"step"}}))
         if (rec.count("type") && rec.at("type") == "eval" && rec.count("step") && rec.at("step") == std::to_string(start))
           missing = 0;
     }

@@ -590,6 +590,45 @@ TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
   CHECK(recs[0]["step"] == "1");
   CHECK(ul::plot_path_for_log(log) == (d / "log.svg").string());
   CHECK(ul::plot_path_for_log("run.txt") == "run.txt.svg");
+
+  // Many resumes (each voids what its attempt logged after its step), a filter by type and field,
+  // and a log out of step order (edited by hand), which still drops every record after a resume.
+  const std::string many = (d / "many.jsonl").string();
+  {
+    std::ofstream f(many);
+    int step = 0;
+    for (int attempt = 0; attempt < 300; attempt++) {
+      for (int k = 0; k < 5; k++, step++) {
+        f << "{\"type\":\"step\",\"step\":" << step << ",\"loss\":" << step << ",\"ms\":1}\n";
+        if (step % 4 == 0) f << "{\"type\":\"eval\",\"step\":" << step << ",\"val_loss\":0.5}\n";
+      }
+      step -= 2;  // died two steps after its last save: the next attempt resumes there
+      f << "{\"type\":\"resume\",\"step\":" << step - 1 << "}\n";
+    }
+  }
+  const auto all = ul::read_run_log(many);
+  REQUIRE(all.size() > 0);
+  long last = -1;
+  size_t steps = 0;
+  for (const auto& r : all) {
+    const long s = std::atol(r.at("step").c_str());
+    CHECK(s >= last);  // each step once, in order: the voided attempts' tails are gone
+    if (r.at("type") == "step") {
+      CHECK(s != last);
+      steps++;
+    }
+    last = s;
+  }
+  CHECK(steps == 300 * 3);  // each attempt logs 5 steps and its resume keeps the first 3
+  const auto evals = ul::read_run_log(many, nullptr, {{"eval"}, {"step"}});
+  for (const auto& r : evals) CHECK((r.at("type") == "eval" && r.size() == 2));
+  CHECK(evals.size() == size_t(std::count_if(all.begin(), all.end(), [](const ul::LogRecord& r) { return r.at("type") == "eval"; })));
+  const std::string unordered = (d / "unordered.jsonl").string();
+  std::ofstream(unordered) << "{\"type\":\"step\",\"step\":5,\"loss\":1}\n{\"type\":\"step\",\"step\":2,\"loss\":1}\n"
+                           << "{\"type\":\"resume\",\"step\":3}\n";
+  const auto kept = ul::read_run_log(unordered);
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].at("step") == "2");
   fs::remove_all(d);
 }
 
