@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -35,13 +36,13 @@ const char* kComplete = "COMPLETE";
 // (a load reads step_00000005), so it is no checkpoint.
 int parse_step_dir(const std::string& name) {
   if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return -1;
-  if (name.size() > 5 + 9) return -1;  // more digits than an int holds
-  int step = 0;
+  if (name.size() > 5 + 10) return -1;  // more digits than an int holds (step_%08d of 2^31 - 1: 10)
+  int64_t step = 0;
   for (size_t i = 5; i < name.size(); i++) {
     if (name[i] < '0' || name[i] > '9') return -1;
     step = step * 10 + (name[i] - '0');
   }
-  return name == step_dir_name(step) ? step : -1;
+  return step <= INT32_MAX && name == step_dir_name(int(step)) ? int(step) : -1;
 }
 
 namespace {
@@ -81,7 +82,11 @@ void remove_or_warn(const std::string& root, int step, const char* what) {
     remove_step_dir(root, step);
   } catch (const std::exception& e) {
     const fs::path dir = fs::path(root) / step_dir_name(step);
-    const fs::path aside = fs::path(root) / (step_dir_name(step) + ".stale." + std::to_string(::getpid()));
+    // The process id alone repeats (containers start at the same one): the time too.
+    const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    const fs::path aside =
+        fs::path(root) / (step_dir_name(step) + ".stale." + std::to_string(::getpid()) + "." + std::to_string(ms));
     std::error_code ec;
     fs::rename(dir, aside, ec);
     std::fprintf(stderr, "warning | %s (%s): %s\n", e.what(), what,
@@ -197,6 +202,19 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     std::error_code ec;
     fs::create_directories(root, ec);
     if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
+    // What an earlier run had to move aside (remove_or_warn): tried again, quietly (what still
+    // will not go stays for the next run).
+    std::vector<fs::path> stale;
+    fs::directory_iterator it(root, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("step_", 0) == 0 && name.find(".stale.") != std::string::npos) stale.push_back(it->path());
+    }
+    for (const fs::path& p : stale) {
+      std::error_code gone;
+      fs::remove_all(p, gone);
+    }
+    ec.clear();
     for (auto& [step, complete] : list_step_dirs(root)) {
       if (!complete) remove_or_warn(root, step, "a save that crashed");
       else newest = step;

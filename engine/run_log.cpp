@@ -109,6 +109,12 @@ void RunLog::stop(int step, const char* signal) {
   line(j.str());
 }
 
+void RunLog::error(int step, const std::string& message) {
+  JsonLine j;
+  j.add("type", "error").add("step", step).add("message", message);
+  line(j.str());
+}
+
 std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const LogFilter& filter) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));

@@ -43,6 +43,7 @@ class RunLog {
   void eval(int step, const EvalResult& e);
   void length_probe(int step, const LengthProbe& p);
   void stop(int step, const char* signal);
+  void error(int step, const std::string& message);  // the step failed: {"type":"error",...}
   // Makes every line so far durable (fsync): called with each checkpoint, so that after a power
   // loss the log reaches at least the step the resume starts from.
   void sync();

@@ -242,7 +242,15 @@ int train_rank(const Options& o, Comm& world) {
     const bool profiled = o.profile_step == s + 1;
     if (profiled) gpu_profile::start();  // this rank's ops only (each rank's thread records its own)
 #endif
-    StepResult r = tr.step();
+    StepResult r;
+    try {
+      r = tr.step();
+    } catch (const std::exception& e) {
+      // In the log too: an unattended run resumed by its scheduler fails here again, and the log
+      // is what says why (a step that fails is the same step on every resume).
+      if (log) log->error(s + 1, e.what());
+      throw;
+    }
     std::string profile;  // the step's GPU time per op, printed under its line
 #if ULYSSES_HAVE_CUDA
     if (profiled) {

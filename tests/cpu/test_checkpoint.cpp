@@ -240,10 +240,23 @@ TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoi
   int dirs = 0;
   for (const auto& e : fs::directory_iterator(d)) dirs += e.is_directory();
   CHECK(dirs == 2);
-  // Resuming and saving more keeps the count.
+  // Resuming and saving more keeps the count; what an earlier run moved aside (undeletable then)
+  // is tried again and goes.
+  fs::create_directories(d / "step_00000003.stale.77.1700000000000" / "sub");
   REQUIRE(train(kArgs + " --steps 8 --save-every 1 --keep 2 --resume --save-dir " + d.string()).code == 0);
   CHECK(ul::complete_steps(d.string()) == std::vector<int>{7, 8});
+  CHECK_FALSE(fs::exists(d / "step_00000003.stale.77.1700000000000"));
   fs::remove_all(d);
+}
+
+TEST_CASE("step directories up to 2^31 - 1 are checkpoints; other names are not", "[checkpoint]") {
+  CHECK(ul::parse_step_dir("step_00000004") == 4);
+  CHECK(ul::parse_step_dir("step_1000000000") == 1000000000);  // 10 digits from 10^9 on
+  CHECK(ul::parse_step_dir("step_2147483647") == 2147483647);
+  CHECK(ul::parse_step_dir("step_2147483648") == -1);
+  CHECK(ul::parse_step_dir("step_4") == -1);  // not the canonical name
+  CHECK(ul::parse_step_dir("step_00000004.stale.7") == -1);
+  CHECK(ul::parse_step_dir("step_99999999999") == -1);
 }
 
 TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "[checkpoint]") {

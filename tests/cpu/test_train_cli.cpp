@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/optimizer.h"
+#include "engine/run_log.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
 #include "run_cmd.h"
@@ -135,6 +136,17 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   // A step whose loss or gradient norm is not finite stops the run, saying what to change.
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite");
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "try a lower --lr");
+  {
+    // ... and says so in its log, where an unattended run's history is read.
+    TempDir dir;
+    const std::string log = (dir.path / "log.jsonl").string();
+    CHECK(run_cmd(train_cmd("--steps 3 --lr 1e20 --warmup 0 --threads 1 --log " + log)).code != 0);
+    const std::vector<ul::LogRecord> recs = ul::read_run_log(log);
+    REQUIRE_FALSE(recs.empty());
+    CHECK(recs.back().at("type") == "error");
+    CHECK(recs.back().at("step") == "2");
+    CHECK(recs.back().at("message").find("loss or gradient norm is not finite") != std::string::npos);
+  }
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
   expect_refused("--batch x", "--batch: expected an integer");
