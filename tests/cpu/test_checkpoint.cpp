@@ -249,7 +249,7 @@ TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoi
   fs::remove_all(d);
 }
 
-TEST_CASE("step directories up to 2^31 - 1 are checkpoints; other names are not", "[checkpoint]") {
+TEST_CASE("step directories up to 2^31 - 1 are checkpoints and other names are not", "[checkpoint]") {
   CHECK(ul::parse_step_dir("step_00000004") == 4);
   CHECK(ul::parse_step_dir("step_1000000000") == 1000000000);  // 10 digits from 10^9 on
   CHECK(ul::parse_step_dir("step_2147483647") == 2147483647);
