@@ -104,12 +104,14 @@ TEST_CASE("host_map: the local communicator's ranks are one machine", "[hosts]")
 }
 
 TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]") {
-  ul_test::TempDir dir;
-  const std::string root = dir.path.string();
-  auto write = [&](const std::string& rel, const std::string& text) {
-    std::filesystem::create_directories(std::filesystem::path(root + rel).parent_path());
-    std::ofstream(root + rel) << text;
+  ul_test::TempDir dir, v1;  // two cgroup trees
+  const std::string root = dir.path.string(), r1 = v1.path.string();
+  auto write_in = [](const std::string& tree, const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(tree + rel).parent_path());
+    std::ofstream(tree + rel) << text;
   };
+  auto write = [&](const std::string& rel, const std::string& text) { write_in(root, rel, text); };
+  auto write1 = [&](const std::string& rel, const std::string& text) { write_in(r1, rel, text); };
   // v2: the job's own group says max, its parent (SLURM's job step) 8 GiB.
   write("/slurm/job_1/step_0/memory.max", "max\n");
   write("/slurm/job_1/memory.max", "8589934592\n");
@@ -122,12 +124,6 @@ TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]"
   CHECK(cgroup_memory_limit("4:cpu,memory:/elsewhere\n", root) == size_t(2) << 30);
   CHECK(cgroup_memory_limit("", root) == SIZE_MAX);
   // v1 under SLURM: --mem on the job's group, the task's own unlimited (v1 writes ~2^63 for that).
-  ul_test::TempDir v1;
-  const std::string r1 = v1.path.string();
-  auto write1 = [&](const std::string& rel, const std::string& text) {
-    std::filesystem::create_directories(std::filesystem::path(r1 + rel).parent_path());
-    std::ofstream(r1 + rel) << text;
-  };
   write1("/memory/slurm/job_7/memory.limit_in_bytes", "1073741824\n");
   write1("/memory/slurm/job_7/step_0/task_0/memory.limit_in_bytes", "9223372036854771712\n");
   CHECK(cgroup_memory_limit("4:memory:/slurm/job_7/step_0/task_0\n", r1) == size_t(1) << 30);

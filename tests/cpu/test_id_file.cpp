@@ -13,27 +13,18 @@
 
 #include "parallel/communicator.h"
 #include "parallel/id_file.h"
+#include "launcher_env.h"
 #include "temp_dir.h"
 
 using namespace ul;
 
 namespace {
 
-// The token's variables cleared for a test and restored after it.
-struct TokenEnv {
-  std::vector<std::pair<std::string, std::string>> saved;
-  static constexpr const char* kNames[] = {"ULYSSES_JOB_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT",
-                                           "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"};
-  TokenEnv() {
-    for (const char* n : kNames) {
-      if (const char* v = std::getenv(n)) saved.push_back({n, v});
-      ::unsetenv(n);
-    }
-  }
-  ~TokenEnv() {
-    for (const char* n : kNames) ::unsetenv(n);
-    for (const auto& [n, v] : saved) ::setenv(n.c_str(), v.c_str(), 1);
-  }
+// The token's variables, cleared for a test and restored after it.
+struct TokenEnv : ul_test::ClearEnv {
+  TokenEnv()
+      : ClearEnv({"ULYSSES_JOB_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+                  "TORCHELASTIC_RESTART_COUNT"}) {}
 };
 
 }  // namespace

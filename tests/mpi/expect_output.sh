@@ -1,13 +1,15 @@
 #!/bin/sh
-# Runs a command that must SUCCEED and print a line containing PATTERN (a fixed string):
-#   expect_output.sh PATTERN command [args...]
-# Exit 0 only when the command's status is 0 and PATTERN is in its output (stdout + stderr).
+# Runs a command that must end with STATUS (0 unless --status says otherwise: 1 for a refusal) and
+# print a line containing PATTERN (a fixed string):
+#   expect_output.sh [--status N] PATTERN command [args...]
+want=0
+if [ "$1" = "--status" ]; then want=$2; shift 2; fi
 pattern=$1
 shift
 out=$("$@" 2>&1)
 rc=$?
 printf '%s\n' "$out"
-if [ "$rc" -ne 0 ]; then echo "expect_output: status $rc (expected 0)"; exit 1; fi
+if [ "$rc" -ne "$want" ]; then echo "expect_output: status $rc (expected $want)"; exit 1; fi
 if ! printf '%s\n' "$out" | grep -qF -- "$pattern"; then echo "expect_output: '$pattern' not in the output"; exit 1; fi
-echo "expect_output: status 0, found '$pattern'"
+echo "expect_output: status $rc, found '$pattern'"
 exit 0
