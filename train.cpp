@@ -64,13 +64,14 @@ static void check_mpi_world(const Comm& world) {
 #if ULYSSES_HAVE_CUDA
 // One GPU per process: its rank on this machine, as its launcher says (parallel/launcher.h), picks
 // the device. Before MPI starts: a CUDA-aware MPI would otherwise open a context on GPU 0 in every
-// process of the machine. Returns the device.
-static int select_gpu(const std::string& flag, const Launcher& l) {
+// process of the machine. Returns the device; *count: the devices visible.
+static int select_gpu(const std::string& flag, const Launcher& l, int* count = nullptr) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
     throw std::runtime_error(flag + ": no CUDA device is visible");
   const int gpu = std::max(l.local_rank, 0) % devices;
   if (cudaSetDevice(gpu) != cudaSuccess) throw std::runtime_error(flag + ": cannot select GPU " + std::to_string(gpu));
+  if (count) *count = devices;
   return gpu;
 }
 #endif
@@ -78,7 +79,8 @@ static int select_gpu(const std::string& flag, const Launcher& l) {
 #if ULYSSES_HAVE_NCCL
 static int run_nccl(const Options& o, int* argc, char*** argv) {
   const Launcher l = detect_launcher();
-  const int gpu = select_gpu("--comm nccl", l);
+  int devices = 0;
+  const int gpu = select_gpu("--comm nccl", l, &devices);
   if (o.nccl_id_file.empty()) {
 #if ULYSSES_HAVE_MPI
     MpiRuntime mpi(argc, argv);
@@ -95,8 +97,6 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
                              "mpirun, or set RANK and WORLD_SIZE (and LOCAL_RANK)" +
                              (l.name.empty() ? std::string() : "; read " + l.vars));
   // Without its rank on this machine every process would take GPU 0 (NCCL refuses two ranks on one).
-  int devices = 0;
-  cudaGetDeviceCount(&devices);
   if (l.local_rank < 0 && l.size > 1 && devices > 1)
     throw std::runtime_error("--nccl-id-file: " + l.name + " gives no rank on this machine (read " + l.vars +
                              "), which picks the GPU: set LOCAL_RANK");
