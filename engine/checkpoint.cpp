@@ -197,7 +197,7 @@ std::vector<int> complete_steps(const std::string& root) {
 int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved) {
   Comm& world = tr.grid().world;
   saved = run_layout(tr.options(), tr.grid());
-  int newest = -1;
+  int newest = -1, older = -1;  // the newest complete checkpoint, and the one before it
   if (world.rank() == 0) {
     std::error_code ec;
     fs::create_directories(root, ec);
@@ -217,11 +217,13 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     ec.clear();
     for (auto& [step, complete] : list_step_dirs(root)) {
       if (!complete) remove_or_warn(root, step, "a save that crashed");
-      else newest = step;
+      else older = newest, newest = step;
     }
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
-  world.broadcast(&newest, 1, DType::i32, 0);
+  int32_t steps[2] = {newest, older};
+  world.broadcast(steps, 2, DType::i32, 0);
+  newest = steps[0], older = steps[1];
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
@@ -231,7 +233,16 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   if (newest < 0)
     throw std::runtime_error(root + ": no complete checkpoint to resume from (--resume); run without --resume to start "
                                     "fresh");
-  saved = load_checkpoint(tr, root, newest);
+  try {
+    saved = load_checkpoint(tr, root, newest);
+  } catch (const std::runtime_error& e) {
+    // A damaged newest checkpoint would stop every resume: say how to continue from the one before
+    // (not done unasked: a refusal for another flag or layout would move every checkpoint aside).
+    if (older < 0) throw;
+    const std::string dir = root + "/" + step_dir_name(newest);
+    throw std::runtime_error(std::string(e.what()) + " (if " + dir + " is damaged, move it aside: mv " + dir + " " + dir +
+                             ".bad, and --resume continues from " + step_dir_name(older) + ")");
+  }
   world.barrier();
   return newest;
 }

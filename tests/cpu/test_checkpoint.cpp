@@ -403,6 +403,30 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   fs::remove_all(d);
 }
 
+TEST_CASE("a damaged newest checkpoint: the refusal says how to resume from the one before", "[checkpoint]") {
+  fs::path d = fresh_dir("older");
+  REQUIRE(train(kArgs + " --steps 3 --save-every 1 --save-dir " + d.string()).code == 0);
+  {
+    std::fstream f(d / "step_00000003" / "model.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1000);
+    f.put('x');
+  }
+  const std::string newest = (d / "step_00000003").string();
+  expect_refused(kArgs + " --steps 4 --resume --save-dir " + d.string(),
+                 "model.bin: checksum mismatch");
+  expect_refused(kArgs + " --steps 4 --resume --save-dir " + d.string(),
+                 "(if " + newest + " is damaged, move it aside: mv " + newest + " " + newest +
+                     ".bad, and --resume continues from step_00000002)");
+  // Doing so works: the run goes on from step 2, and the name aside is no checkpoint.
+  fs::rename(newest, newest + ".bad");
+  const ul_test::CmdResult r = train(kArgs + " --steps 4 --resume --save-dir " + d.string());
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(ul::read_whole_file((d / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":2}") != std::string::npos);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{1, 2, 4});
+  fs::remove_all(d);
+}
+
 TEST_CASE("a second run into a --save-dir in use is refused, and touches nothing there", "[checkpoint]") {
   fs::path d = fresh_dir("lock"), dir = d / "run";
   REQUIRE(train(kArgs + " --steps 2 --save-dir " + dir.string()).code == 0);
