@@ -74,8 +74,8 @@ void remove_step_dir(const std::string& root, int step) {
 
 // remove_step_dir for what only tidies up (a crashed save's leftover, a checkpoint past --keep): a
 // directory that will not go (a file held open on NFS, permissions) is renamed out of the way
-// (step_00000004.stale.PID: no step name, so no checkpoint, and its step free for the next save,
-// which is often exactly that step), else left with a warning: neither stops a run whose
+// (step_00000004.stale.PID.TIME: no step name, so no checkpoint, and its step free for the next
+// save, which is often exactly that step; the next run tries it again), else left with a warning: neither stops a run whose
 // checkpoint was just saved nor blocks every later resume.
 void remove_or_warn(const std::string& root, int step, const char* what) {
   try {

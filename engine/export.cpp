@@ -17,7 +17,7 @@
 #include "engine/safetensors.h"
 #include "engine/sample.h"
 #include "engine/planner.h"
-#include "engine/trainer.h"  // now_ms, physical_memory
+#include "engine/trainer.h"  // now_ms; memory_limit (parallel/hosts.h)
 #include "parallel/communicator.h"
 
 namespace ul {
@@ -240,7 +240,7 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
                              std::to_string(o.sample) + " new tokens exceed 2^31 - 1 positions");
   // The sampler's memory, next to the run's: refused now rather than by the kernel's OOM killer
   // after the training (Linux grants the memory, then kills the process that touches it).
-  const size_t bytes = KvDecoder::host_bytes(cfg, int(need)), ram = physical_memory();
+  const size_t bytes = KvDecoder::host_bytes(cfg, int(need)), ram = memory_limit();
   if (bytes > ram)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens need " + std::to_string(bytes >> 20) +

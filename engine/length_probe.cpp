@@ -7,6 +7,7 @@
 #include "engine/rng.h"
 #include "engine/sample.h"
 #include "parallel/communicator.h"
+#include "parallel/hosts.h"
 
 namespace ul {
 
@@ -22,10 +23,10 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
     // Each decoder: its KV cache, buffers, score()'s logits and weights, and a window's tokens,
     // layout and losses (5 values a position). Checked before anything of length T is allocated.
     const size_t one = KvDecoder::host_bytes(cfg, T, true) + size_t(T) * 5 * 4;
-    if (one * size_t(decoders) > physical_memory())
+    if (one * size_t(decoders) > memory_limit())
       throw std::runtime_error(where + "the KV-cache decoder needs " + std::to_string(one >> 20) + " MiB" +
                                (decoders > 1 ? " per rank (" + std::to_string(decoders) + " in this process)" : "") +
-                               ", but this machine has " + std::to_string(physical_memory() >> 20) + " MiB");
+                               ", but this machine has " + std::to_string(memory_limit() >> 20) + " MiB");
     if (!val.synthetic()) {
       size_t held = 0;  // the longest stretch: a window lies in one
       try {

@@ -119,7 +119,8 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   std::vector<LogRecord> out;
-  std::vector<long> steps, highest;  // each kept record's step, and the highest up to it
+  std::vector<long> steps;  // each kept record's step
+  bool in_order = true;     // steps never went down (only a log edited by hand has them do so)
   int bad = 0;
   std::string text;
   // The writer's own spelling (JsonLine): a line of no wanted type is passed over unparsed.
@@ -148,16 +149,14 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const
       // The resumed run continues from this step: what an earlier attempt logged after it is void.
       // Records come in step order, so those are at the back; only a log out of order (edited by
       // hand) needs the whole walk.
-      while (!out.empty() && steps.back() > at) out.pop_back(), steps.pop_back(), highest.pop_back();
-      if (!highest.empty() && highest.back() > at) {
+      if (in_order) {
+        while (!out.empty() && steps.back() > at) out.pop_back(), steps.pop_back();
+      } else {
         std::vector<LogRecord> kept;
-        std::vector<long> kept_steps, kept_highest;
+        std::vector<long> kept_steps;
         for (size_t i = 0; i < out.size(); i++)
-          if (steps[i] <= at) {
-            kept.push_back(std::move(out[i])), kept_steps.push_back(steps[i]);
-            kept_highest.push_back(std::max(kept_highest.empty() ? steps[i] : kept_highest.back(), steps[i]));
-          }
-        out.swap(kept), steps.swap(kept_steps), highest.swap(kept_highest);
+          if (steps[i] <= at) kept.push_back(std::move(out[i])), kept_steps.push_back(steps[i]);
+        out.swap(kept), steps.swap(kept_steps);
       }
       continue;
     }
@@ -170,9 +169,9 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const
                      std::find(filter.fields.begin(), filter.fields.end(), it->first) != filter.fields.end()
                  ? std::next(it)
                  : r.erase(it);
+    in_order = in_order && (steps.empty() || at >= steps.back());
     out.push_back(std::move(r));
     steps.push_back(at);
-    highest.push_back(std::max(highest.empty() ? at : highest.back(), at));
   }
   if (skipped) *skipped = bad;
   return out;

@@ -111,7 +111,6 @@ size_t peak_rss_bytes() {
   return 0;
 }
 
-size_t physical_memory() { return memory_limit(); }
 
 namespace {
 
@@ -285,7 +284,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   const bool on_host = ctx_.device == Device::cpu;
   // Against this process's limit, with the ranks that draw on it; where that is a cgroup's of its
   // own (containers sharing a machine), the machine's memory against all of its ranks too.
-  check_host_memory(plan, batches, on_host, hosts_.sharing_memory(), physical_memory(), load);
+  check_host_memory(plan, batches, on_host, hosts_.sharing_memory(), memory_limit(), load);
   if (hosts_.sharing_memory() != hosts_.ranks_here())
     check_host_memory(plan, batches, on_host, hosts_.ranks_here(), physical_memory_bytes(), load);
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those

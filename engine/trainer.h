@@ -135,8 +135,6 @@ double now_ms();
 size_t peak_rss_bytes();
 struct MemoryPlan;  // engine/planner.h
 
-// The memory this process may use: the machine's, or less where a cgroup caps it (parallel/hosts.h).
-size_t physical_memory();
 // Throws (naming every part and what shrinks it) when `ranks_here` ranks need more than `ram`
 // bytes of host memory: each the step's micro-batches (`batches` bytes), plus the whole plan when
 // it lives on the host (`plan_on_host`: the CPU device), else the plan's host side (--offload's
