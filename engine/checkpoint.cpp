@@ -194,10 +194,14 @@ std::vector<int> complete_steps(const std::string& root) {
   return steps;
 }
 
-int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved) {
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved, int resume_step,
+                        std::vector<std::string>* rolled_back) {
   Comm& world = tr.grid().world;
   saved = run_layout(tr.options(), tr.grid());
-  int newest = -1, older = -1;  // the newest complete checkpoint, and the one before it
+  // The checkpoint to load (the newest, or --resume-step's when it is complete, else -1), the
+  // complete one before it, and the newest.
+  int chosen = -1, older = -1, newest = -1;
+  std::vector<int> after;  // complete checkpoints newer than the chosen one (a rollback moves them aside)
   if (world.rank() == 0) {
     std::error_code ec;
     fs::create_directories(root, ec);
@@ -215,15 +219,22 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
       fs::remove_all(p, gone);
     }
     ec.clear();
-    for (auto& [step, complete] : list_step_dirs(root)) {
-      if (!complete) remove_or_warn(root, step, "a save that crashed");
-      else older = newest, newest = step;
+    std::vector<int> complete;
+    for (auto& [step, done] : list_step_dirs(root)) {
+      if (!done) remove_or_warn(root, step, "a save that crashed");
+      else complete.push_back(step);
+    }
+    if (!complete.empty()) newest = complete.back();
+    for (int step : complete) {
+      if (resume_step >= 0 ? step < resume_step : step < newest) older = step;
+      else if (step == (resume_step >= 0 ? resume_step : newest)) chosen = step;
+      else if (chosen >= 0) after.push_back(step);
     }
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
-  int32_t steps[2] = {newest, older};
-  world.broadcast(steps, 2, DType::i32, 0);
-  newest = steps[0], older = steps[1];
+  int32_t steps[3] = {chosen, older, newest};
+  world.broadcast(steps, 3, DType::i32, 0);
+  chosen = steps[0], older = steps[1], newest = steps[2];
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
@@ -231,20 +242,48 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     return 0;
   }
   if (newest < 0)
-    throw std::runtime_error(root + ": no complete checkpoint to resume from (--resume); run without --resume to start "
-                                    "fresh");
+    throw std::runtime_error(root + ": no complete checkpoint to resume from (" +
+                             (resume_step >= 0 ? "--resume-step" : "--resume") + "); run without it to start fresh");
+  if (chosen < 0)
+    throw std::runtime_error(root + "/" + step_dir_name(resume_step) + ": no such complete checkpoint (--resume-step " +
+                             std::to_string(resume_step) + "); the newest is " + step_dir_name(newest) +
+                             (older >= 0 ? ", the newest before step " + std::to_string(resume_step) + " is " +
+                                               step_dir_name(older)
+                                         : ""));
   try {
-    saved = load_checkpoint(tr, root, newest);
+    saved = load_checkpoint(tr, root, chosen);
   } catch (const std::runtime_error& e) {
-    // A damaged newest checkpoint would stop every resume: say how to continue from the one before
-    // (not done unasked: a refusal for another flag or layout would move every checkpoint aside).
+    // A damaged checkpoint would stop every resume: say how to continue from the one before (not
+    // done unasked: a refusal for another flag or layout would move every checkpoint aside).
     if (older < 0) throw;
-    const std::string dir = root + "/" + step_dir_name(newest);
-    throw std::runtime_error(std::string(e.what()) + " (if " + dir + " is damaged, move it aside: mv " + dir + " " + dir +
-                             ".bad, and --resume continues from " + step_dir_name(older) + ")");
+    const std::string dir = root + "/" + step_dir_name(chosen);
+    throw std::runtime_error(std::string(e.what()) + " (if " + dir + " is damaged, " +
+                             (resume_step >= 0 ? "--resume-step " + std::to_string(older) + " continues from " +
+                                                     step_dir_name(older)
+                                               : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
+                                                     step_dir_name(older)) + ")");
   }
-  world.barrier();
-  return newest;
+  world.barrier();  // every rank has its state: only now are the newer checkpoints let go
+  // A rollback: the checkpoints after the chosen one belong to the history this run replaces. They
+  // are renamed, not deleted (the user may still want them), to names that are no checkpoint, so
+  // that --keep, a later --resume and the next saves (often at their very steps) see only this run's.
+  if (world.rank() == 0 && !after.empty()) {
+    const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    for (int step : after) {
+      const fs::path dir = fs::path(root) / step_dir_name(step);
+      const fs::path aside = fs::path(root) / (step_dir_name(step) + ".rolled-back." + std::to_string(ms));
+      std::error_code ec;
+      fs::rename(dir, aside, ec);
+      // Left in place, it would be the newest checkpoint again for the next --resume.
+      if (ec)
+        throw std::runtime_error(dir.string() + ": cannot move it aside for --resume-step " + std::to_string(chosen) +
+                                 " (to " + aside.string() + "): " + ec.message());
+      if (rolled_back) rolled_back->push_back(aside.string());
+    }
+    fsync_dir(root);
+  }
+  return chosen;
 }
 
 void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
@@ -287,7 +326,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     const std::string name = optim_file_name(s.shard, s.shards);
     crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
   }
-  write_rank_file(dir + "/" + rank_file_name(rank), step, rank, g, run_layout(tr.options(), g),
+  write_rank_file(dir + "/" + rank_file_name(rank), step, tr.data_position(), rank, g, run_layout(tr.options(), g),
                   run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()), crcs);
   g.world.barrier();  // every rank's files are durable: only now may the directory count
 
@@ -312,8 +351,13 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   // at. At the same layout each rank also checks its own file, its place in the grid included.
   const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, tr.train_data().identity());
   const RunLayout run = run_layout(tr.options(), g);
-  const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr);
-  if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g);
+  int64_t data = step;  // the data position, rank 0's (every rank's file records the same)
+  const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr, &data);
+  int64_t own = data;
+  if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own);
+  if (own != data)
+    throw std::runtime_error(dir + "/" + rank_file_name(rank) + ": data_position " + std::to_string(own) + " but " +
+                             rank_file_name(0) + " has " + std::to_string(data));
 
   // Each binary file against the crc32 its writer's rank file recorded: a model.bin or optimizer
   // file of another checkpoint or run put in this one's place is refused, not loaded.
@@ -381,7 +425,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   opt.set_t(int(t));
   // bf16: the weights as the run rounded them at step t (the file holds only the masters).
   tr.round_bf16_from_masters();
-  tr.set_steps_done(step);
+  tr.set_steps_done(step, data);
   return saved;
 }
 

@@ -60,11 +60,13 @@ int parse_step_dir(const std::string& name);               // "step_00000100" ->
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 
 // Collective. Prepares `root` for this run: creates it and removes incomplete step directories
-// (rank 0). With resume: loads the newest complete checkpoint into `tr` and returns its step, or
-// throws when there is none. Without: throws when `root` already holds a complete checkpoint (a
-// fresh run must not mix with an old one), else returns 0. `saved` gets the layout the loaded
-// checkpoint was saved at (this run's when there is none).
-int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved);
+// (rank 0). With resume: loads the newest complete checkpoint into `tr` (resume_step >= 0: that
+// step's, and then rank 0 renames every newer one to step_N.rolled-back.TIME, listed in
+// `rolled_back`) and returns its step, or throws when there is none. Without: throws when `root`
+// already holds a complete checkpoint (a fresh run must not mix with an old one), else returns 0.
+// `saved` gets the layout the loaded checkpoint was saved at (this run's when there is none).
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved, int resume_step = -1,
+                        std::vector<std::string>* rolled_back = nullptr);
 
 // Collective: saves tr's state after tr.steps_done() steps into root/step_NNNNNNNN; keep > 0
 // then leaves only the `keep` newest complete checkpoints.

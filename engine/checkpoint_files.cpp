@@ -1,6 +1,7 @@
 #include "engine/checkpoint_files.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -414,13 +415,15 @@ RunLayout run_layout(const Options& o, const Grid& g) {
   return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks};
 }
 
-void write_rank_file(const std::string& path, int step, int rank, const Grid& g, const RunLayout& layout,
+void write_rank_file(const std::string& path, int step, int64_t data_position, int rank, const Grid& g,
+                     const RunLayout& layout,
                      const std::vector<RunField>& fields, const std::vector<std::pair<std::string, uint32_t>>& crcs) {
   JsonLine j;
   j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
   j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
-  // Every dataset is random access, so where the data stands is just the optimizer steps done.
-  j.add("data_position", step);
+  // Every dataset is random access, so where the data stands is one number: the optimizer steps
+  // done, plus the steps' sequences a rollback skipped (--skip-batches).
+  j.add("data_position", data_position);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
   j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
@@ -468,7 +471,7 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
 }
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
-                          const Grid* place) {
+                          const Grid* place, int64_t* data_position) {
   auto have = read_rank_fields(path);
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = have.find(key);
@@ -520,7 +523,16 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
                                hint);
   }
   expect("step", step, "the directory's step");
-  expect("data_position", step, "the directory's step");
+  // The data never falls behind the steps (it is the step count plus the batches skipped). A build
+  // from before --skip-batches refuses a position past the step: it would not skip.
+  const std::string& pos = field("data_position");
+  char* end = nullptr;
+  errno = 0;
+  const long long d = std::strtoll(pos.c_str(), &end, 10);
+  if (pos.empty() || *end != '\0' || errno == ERANGE || d < step || d - step > INT32_MAX)
+    throw file_error(path, "data_position is '" + pos + "' but the directory's step is " + std::to_string(step) +
+                               " (the position is the step plus the batches skipped)");
+  if (data_position) *data_position = d;
   if (place) {
     expect("rank", place->world.rank(), "this rank");
     expect("dp_rank", place->dp_rank, "this rank's dp rank");

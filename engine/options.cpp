@@ -104,6 +104,9 @@ checkpoints, logs and output
   --keep K            keep only the K newest checkpoints                                  [0: all]
   --resume            continue from the newest complete checkpoint in --save-dir (on other
                       --ranks/--sp/--batch/--grad-accum too, if batch x grad-accum x dp stays)
+  --resume-step N     resume from DIR/step_N instead (roll back: newer checkpoints are moved
+                      aside as step_M.rolled-back.TIME, the log's records past N are dropped)
+  --skip-batches K    on this resume, skip the next K steps' sequences (a loss spike's data)
   --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
                                                          [DIR/log.jsonl with --save-dir, else none]
   --quiet             only the final summary
@@ -231,7 +234,7 @@ Options parse_options(int argc, char** argv) {
       {"--profile-step", I(o.profile_step)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--nccl-id-file", S(o.nccl_id_file)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
       {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
-      {"--keep", I(o.keep)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
+      {"--keep", I(o.keep)}, {"--resume-step", I(o.resume_step)}, {"--skip-batches", I(o.skip_batches)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
       {"--memory", [&o](const std::string& f, const std::string& v) { o.memory = parse_bytes(f, v); }},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
       {"--heartbeat", [&o](const std::string& f, const std::string& v) { o.heartbeat = parse_float(f, v); }},
@@ -378,7 +381,8 @@ Options parse_options(int argc, char** argv) {
     const char* trains = "--check-state runs one step against its file and trains nothing";
     const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
     const std::pair<const char*, const char*> unread[] = {
-        {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--export-llmc", trains},
+        {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--resume-step", trains},
+        {"--skip-batches", trains}, {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
         {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
         {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads}};
@@ -408,10 +412,21 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--memory") && !o.plan) throw std::runtime_error("--memory needs --plan");
   if (o.save_every < 0) throw std::runtime_error("--save-every must be >= 0");
   if (o.keep < 0) throw std::runtime_error("--keep must be >= 0");
-  for (const char* f : {"--save-every", "--keep", "--resume"})
+  for (const char* f : {"--save-every", "--keep", "--resume", "--resume-step"})
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
+  if (o.set_by_user("--resume-step")) {
+    // Step 0 is never saved (a save follows a step), and every checkpoint's step is an int.
+    positive("--resume-step", o.resume_step);
+    o.resume = true;  // --resume from another checkpoint than the newest
+  }
+  if (o.set_by_user("--skip-batches")) {
+    if (!o.resume)
+      throw std::runtime_error("--skip-batches moves a resumed run's data ahead: it needs --resume or --resume-step");
+    positive("--skip-batches", o.skip_batches);
+  }
   if (o.resume && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0
-    throw std::runtime_error("--resume with --steps 0 trains nothing; to evaluate, sample or export a checkpoint: "
+    throw std::runtime_error(std::string(o.set_by_user("--resume-step") ? "--resume-step" : "--resume") +
+                             " with --steps 0 trains nothing; to evaluate, sample or export a checkpoint: "
                              "--steps 0 --checkpoint DIR/step_NNNNNNNN/model.bin");
   if (o.set_by_user("--save-dir") && o.save_dir.empty()) throw std::runtime_error("--save-dir: empty path");
   if (o.set_by_user("--log") && o.log.empty()) throw std::runtime_error("--log: empty path");

@@ -61,6 +61,10 @@ struct Options {
   std::string save_dir, log;  // log: "" = save_dir/log.jsonl when saving, else no log
   int save_every = 0, keep = 0;  // 0: save only at the end / keep every checkpoint
   bool resume = false;
+  // Rolling back (README "Rolling back past a loss spike"): resume from this step's checkpoint, not
+  // the newest (-1: the newest; the newer ones are moved aside), and move the data skip_batches
+  // steps' sequences ahead (K x G sequences trained on by no step).
+  int resume_step = -1, skip_batches = 0;
   // long-context memory (engine/planner.h): recompute, tiled MLP, ZeRO-1, and the memory planner
   bool recompute = false;
   bool offload = false;       // cuda + recompute: the kept block inputs in pinned host memory

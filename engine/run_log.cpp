@@ -27,7 +27,7 @@ bool ends_without_newline(const std::string& path) {
 
 }  // namespace
 
-RunLog::RunLog(const std::string& path, int resume_step) : path_(path) {
+RunLog::RunLog(const std::string& path, int resume_step, int64_t data_position) : path_(path) {
   const bool torn = resume_step >= 0 && ends_without_newline(path);
   // Its directory is made as the exports' are (--log runs/today/log.jsonl before runs/today exists).
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -36,7 +36,12 @@ RunLog::RunLog(const std::string& path, int resume_step) : path_(path) {
   f_ = std::fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
   if (!f_) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   if (torn) std::fputc('\n', f_);
-  if (resume_step >= 0) line(JsonLine().add("type", "resume").add("step", resume_step).str());
+  if (resume_step >= 0) {
+    JsonLine j;
+    j.add("type", "resume").add("step", resume_step);
+    if (data_position > resume_step) j.add("data_position", data_position);  // batches skipped
+    line(j.str());
+  }
 }
 
 RunLog::~RunLog() {

@@ -160,16 +160,26 @@ int train_rank(const Options& o, Comm& world) {
   int start = 0;
   const RunLayout spread = run_layout(o, g);
   RunLayout saved = spread;
-  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved);
+  std::vector<std::string> rolled_back;  // --resume-step: the newer checkpoints, moved aside
+  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved, o.resume_step, &rolled_back);
   if (o.resume)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
+  if (!rolled_back.empty())
+    say("resume  | rolled back: %zu newer checkpoint(s) moved aside (%s%s), no longer resumable\n", rolled_back.size(),
+        rolled_back.front().c_str(), rolled_back.size() > 1 ? ", ..." : "");
+  if (o.skip_batches > 0) {
+    tr.skip_batches(o.skip_batches);
+    say("resume  | skipping %d steps' sequences (%lld): step %d trains on the data of step %lld of the run never "
+        "rolled back\n", o.skip_batches, (long long)(int64_t(o.skip_batches) * spread.sequences_per_step()), start + 1,
+        (long long)(tr.data_position() + 1));
+  }
   if (!saved.same_sums(spread))
     say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)spread.sequences_per_step());
   const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;
-  if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1);
+  if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1, tr.data_position());
 
   double first_loss = 0, last_loss = 0;
   size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)

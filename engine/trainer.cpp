@@ -347,8 +347,17 @@ Trainer::Trainer(const Options& o, Comm& world)
 
 Trainer::~Trainer() { device_free(ctx_.device, zero_scratch_); }
 
+void Trainer::check_current(const char* what) const {
+  // Ops find their arena and tape through the thread's current context: under another trainer's
+  // they would write into its buffers (a second Trainer built on this thread after this one).
+  if (ctx_or_null() != &ctx_)
+    throw std::logic_error(std::string("Trainer::") + what + ": another context is current on this thread (a Trainer "
+                           "built on it since this one, still alive): one Trainer per thread at a time");
+}
+
 StepResult Trainer::step() {
   if (!opt_) throw std::logic_error("Trainer::step: this trainer was made for --steps 0 (no gradients or optimizer)");
+  check_current("step");
   Grid& g = grid_;
   const int A = o_.grad_accum;
   double t0 = now_ms();
@@ -358,7 +367,7 @@ StepResult Trainer::step() {
   // the first forward: the classifier applies it during the forward (no seed gradient).
   int64_t local_valid = 0;
   for (int m = 0; m < A; m++) {
-    int64_t first = ((int64_t(step_) * A + m) * g.dp + g.dp_rank) * o_.batch;
+    int64_t first = ((data_position() * A + m) * g.dp + g.dp_rank) * o_.batch;
     named_load(*train_, "--data", first, micro_[m]);
     local_valid += micro_[m].valid;
   }
@@ -367,7 +376,11 @@ StepResult Trainer::step() {
     for (size_t b = 0; b < hb.doc_full.size(); b += size_t(hb.T))
       packed += std::any_of(hb.doc_full.begin() + long(b), hb.doc_full.begin() + long(b) + hb.T, [](int32_t d) { return d > 0; });
   const int64_t count = global_count(g.world, local_valid);
-  if (count == 0) throw std::runtime_error("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch");
+  // Both refusals below fail the same way on every resume: the way on is past this step's data.
+  const std::string past = "resume from the checkpoint of step N before it with --resume-step N --skip-batches K, "
+                           "K > " + std::to_string(step_) + " - N, to train past its data";
+  if (count == 0)
+    throw std::runtime_error("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch; " + past);
   const float scale = float(1.0 / double(count));
 
   StepResult r;
@@ -400,7 +413,7 @@ StepResult Trainer::step() {
   }
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     throw std::runtime_error("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +
-                             std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr");
+                             std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr, or " + past);
   r.lr = lr_at(step_, {o_.schedule, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac, o_.decay_frac});
   opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
   if (o_.zero) {
@@ -414,6 +427,17 @@ StepResult Trainer::step() {
   r.ms = now_ms() - t0;
   r.sent = minus(total_sent(g), before);
   return r;
+}
+
+void Trainer::set_steps_done(int s, int64_t data) {
+  if (s < 0 || data < s) throw std::logic_error("Trainer::set_steps_done: data position before the step");
+  step_ = s;
+  skipped_ = data - s;
+}
+
+void Trainer::skip_batches(int64_t k) {
+  if (k < 0) throw std::logic_error("Trainer::skip_batches: k < 0");
+  skipped_ += k;
 }
 
 void Trainer::named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const {
@@ -458,6 +482,7 @@ std::vector<std::pair<int, int>> position_bands(int T) {
 }
 
 EvalResult Trainer::evaluate(const Dataset& data) {
+  check_current("evaluate");
   Grid& g = grid_;
   Recording off(false);
   // loss_sum, valid, correct; then with --loss-by-position (loss_sum, valid) per band.

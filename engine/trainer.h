@@ -71,18 +71,27 @@ struct EvalResult {
 
 class Trainer {
  public:
-  // Must be constructed on the thread that will run it (it installs its Context there).
+  // Must be constructed on the thread that will run it (it installs its Context there), one at a
+  // time per thread: step() and evaluate() refuse to run under another trainer's context.
   Trainer(const Options& o, Comm& world);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
-  StepResult step();      // one optimizer step: micro-batches [step * A, step * A + A)
+  // One optimizer step: micro-batches [d * A, d * A + A) of the data, d = data_position().
+  StepResult step();
   EvalResult evaluate() { return evaluate(*val_); }  // eval_batches micro-batches of the val split, no tape
   EvalResult evaluate(const Dataset& data);           // the same on another dataset (a probe of the task)
   int steps_done() const { return step_; }
-  // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its batches and
-  // learning rate; the caller restores the parameters and the optimizer state that go with it.
-  void set_steps_done(int s) { step_ = s; }
+  // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its learning rate
+  // and the batches after data position `data` (>= s; s: none skipped); the caller restores the
+  // parameters and the optimizer state that go with it.
+  void set_steps_done(int s, int64_t data);
+  // Where the data stands, in steps of G sequences: the next step() trains on the sequences step
+  // data_position() + 1 of a run never rolled back would. steps_done() + the batches skipped
+  // (--skip-batches); checkpoints record it.
+  int64_t data_position() const { return step_ + skipped_; }
+  // The next step's data moves k steps' sequences ahead (k >= 0), for this run and every later one.
+  void skip_batches(int64_t k);
   AdamW& optimizer() {  // a trainer made for --steps 0 has none
     if (!opt_) throw std::logic_error("Trainer::optimizer: this trainer was made for --steps 0");
     return *opt_;
@@ -107,6 +116,7 @@ class Trainer {
   int32_t document_start() const { return eot_; }  // --doc-mask: the id documents start at; -1: no mask
 
  private:
+  void check_current(const char* what) const;  // throws unless ctx_ is the thread's context
   // load_batch of this run's shape; an error (a token id past the vocabulary) names `flag`.
   void named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const;
   Options o_;
@@ -123,6 +133,7 @@ class Trainer {
   size_t planned_arena_ = 0;  // the arena's reservation: the planner's peak for this run
   int32_t eot_ = -1;  // --doc-mask: the end-of-text id that splits documents; -1: no mask
   int step_ = 0;
+  int64_t skipped_ = 0;  // steps' sequences no step trained on (data_position() - step_)
 };
 
 // The whole job on this rank, with logs (only rank 0 prints; engine/train_loop.cpp). Returns the exit code.

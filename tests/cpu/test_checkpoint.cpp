@@ -18,6 +18,9 @@
 #include "engine/file_io.h"
 #include "engine/loss_plot.h"
 #include "engine/run_log.h"
+#include "engine/trainer.h"
+#include "options_from.h"
+#include "parallel/comm_local.h"
 #include "run_cmd.h"
 
 using namespace ul_test;
@@ -427,6 +430,117 @@ TEST_CASE("a damaged newest checkpoint: the refusal says how to resume from the 
   fs::remove_all(d);
 }
 
+TEST_CASE("a rollback with --resume-step: the older checkpoint goes on bit-exactly, the newer ones are moved aside",
+          "[checkpoint][rollback]") {
+  fs::path d = fresh_dir("rollback");
+  const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  const std::vector<std::string> first = history(d / "log.jsonl");
+  const std::string model6 = bytes_of(d / "step_00000006" / "model.bin");
+  CmdResult r = train(args + " --resume-step 2");
+  REQUIRE(r.code == 0);
+  // The same steps again from step 2: the same bits (data and learning rate depend on the step),
+  // and the log read back is one history, the records after step 2 of the first attempt dropped.
+  CHECK(history(d / "log.jsonl") == first);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
+  CHECK(bytes_of(d / "step_00000006" / "model.bin") == model6);
+  // The first attempt's steps 4 and 6 are kept under names that are no checkpoint.
+  std::vector<std::string> aside;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename().string().find(".rolled-back.") != std::string::npos) {
+      aside.push_back(e.path().filename().string().substr(0, 13));
+      CHECK(fs::exists(e.path() / "COMPLETE"));
+    }
+  std::sort(aside.begin(), aside.end());
+  CHECK(aside == std::vector<std::string>{"step_00000004", "step_00000006"});
+  // --resume-step of the newest moves nothing.
+  REQUIRE(train(args + " --resume-step 6 --steps 7").code == 0);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 7});
+  fs::remove_all(d);
+}
+
+TEST_CASE("skipping batches moves the data ahead, and checkpoints keep the skip", "[checkpoint][rollback]") {
+  // A step after a skip of K trains on the sequences of the step K later: its loss (taken before
+  // the update) is the loss of a run at that step's position on the same weights.
+  const ul::Options o = ul_test::options("--dim 32 --heads 2 --layers 1 --seq 16 --batch 2 --threads 1");
+  // One trainer at a time: each installs its context on the thread.
+  auto first_loss = [&](const std::function<void(ul::Trainer&)>& place) {
+    double loss = 0;
+    ul::run_local(1, [&](ul::Comm& world) {
+      ul::Trainer tr(o, world);
+      place(tr);
+      const int64_t at = tr.data_position();
+      loss = tr.step().loss;
+      CHECK(tr.data_position() == at + 1);
+    });
+    return loss;
+  };
+  const double skipped = first_loss([](ul::Trainer& tr) {
+    tr.skip_batches(3);
+    CHECK(tr.data_position() == 3);
+    CHECK(tr.steps_done() == 0);
+  });
+  const double later = first_loss([](ul::Trainer& tr) { tr.set_steps_done(3, 3); });
+  const double plain = first_loss([](ul::Trainer&) {});
+  CHECK(skipped == later);
+  CHECK(skipped != plain);
+
+  // Through train: roll back to step 2 skipping 2 steps' data; the checkpoints after it record
+  // the position (step + 2), the log's resume record too, and a resume from one of them goes on
+  // with the skip: the same bits as the run that skipped, which differs from the first attempt.
+  fs::path d = fresh_dir("skip");
+  const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  const std::vector<std::string> first = history(d / "log.jsonl");
+  REQUIRE(train(args + " --resume-step 2 --skip-batches 2").code == 0);
+  const std::vector<std::string> skipping = history(d / "log.jsonl");
+  REQUIRE(skipping.size() == first.size());
+  CHECK(std::equal(first.begin(), first.begin() + 3, skipping.begin()));  // steps 1, 2 and the eval at 2
+  CHECK(skipping.back() != first.back());
+  CHECK(ul::read_whole_file((d / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":2,\"data_position\":4}") !=
+        std::string::npos);
+  CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"step\":4,") != std::string::npos);
+  CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"data_position\":6,") != std::string::npos);
+  REQUIRE(train(args + " --resume-step 4").code == 0);
+  CHECK(history(d / "log.jsonl") == skipping);
+  fs::remove_all(d);
+}
+
+TEST_CASE("rollback flags: a missing step names the ones there, and bad values are refused", "[checkpoint][rollback][cli]") {
+  fs::path d = fresh_dir("rollback_flags");
+  const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  expect_refused(args + " --resume-step 3", "step_00000003: no such complete checkpoint (--resume-step 3); the newest "
+                                           "is step_00000006, the newest before step 3 is step_00000002");
+  expect_refused(args + " --resume-step 1", "the newest is step_00000006");
+  expect_refused(args + " --resume-step 0", "--resume-step must be >= 1, got 0");
+  expect_refused(args + " --skip-batches 2", "--skip-batches moves a resumed run's data ahead: it needs --resume or "
+                                             "--resume-step");
+  expect_refused(args + " --resume --skip-batches 0", "--skip-batches must be >= 1, got 0");
+  expect_refused(kArgs + " --resume-step 2", "--resume-step needs --save-dir");
+  expect_refused(args + " --resume-step 2 --steps 0", "--resume-step with --steps 0 trains nothing");
+  // A damaged checkpoint chosen by step: the refusal names the one before to roll back to.
+  {
+    std::fstream f(d / "step_00000004" / "model.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1000);
+    f.put('x');
+  }
+  expect_refused(args + " --resume-step 4", "--resume-step 2 continues from step_00000002)");
+  // Nothing was moved by the refused runs.
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
+  // A rank file whose data position is behind its step (a skip is only ever forward) is refused.
+  {
+    const fs::path rank = d / "step_00000006" / "rank_0.json";
+    std::string j = strip_crc(bytes_of(rank));
+    const size_t at = j.find("\"data_position\":6");
+    REQUIRE(at != std::string::npos);
+    j.replace(at, 17, "\"data_position\":5");
+    std::ofstream(rank) << j;
+  }
+  expect_refused(args + " --resume", "rank_0.json: data_position is '5' but the directory's step is 6");
+  fs::remove_all(d);
+}
+
 TEST_CASE("a second run into a --save-dir in use is refused, and touches nothing there", "[checkpoint]") {
   fs::path d = fresh_dir("lock"), dir = d / "run";
   REQUIRE(train(kArgs + " --steps 2 --save-dir " + dir.string()).code == 0);
@@ -672,7 +786,7 @@ TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
 TEST_CASE("checkpoint and log flags: listed in --help, bad values refused", "[checkpoint][cli]") {
   CmdResult help = run_cmd(train_cmd("--help"));
   CHECK(help.code == 0);
-  for (const char* f : {"--save-dir", "--save-every", "--keep", "--resume", "--log"})
+  for (const char* f : {"--save-dir", "--save-every", "--keep", "--resume", "--resume-step", "--skip-batches", "--log"})
     CHECK(help.out.find(f) != std::string::npos);
   expect_refused("--save-every 2", "--save-every needs --save-dir");
   expect_refused("--keep 2", "--keep needs --save-dir");

@@ -370,6 +370,23 @@ TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[c
   CHECK(got[5] == Approx(o.lr * (1 - (1 - o.final_lr_frac) / 5)).epsilon(1e-6));
 }
 
+TEST_CASE("a Trainer refuses to run under another one's context on its thread", "[trainer]") {
+  // The second trainer's context is current on the thread while it lives: the first, stepping,
+  // would take its arena and tape (a NaN norm, seen once); it refuses instead, and runs again
+  // once the second is gone.
+  const ul::Options o = options("--threads 1 --quiet --seq 16 --batch 1 --layers 1 --dim 32");
+  ul::run_local(1, [&](ul::Comm& world) {
+    ul::Trainer first(o, world);
+    {
+      ul::Trainer second(o, world);
+      CHECK_THROWS_WITH(first.step(), Catch::Contains("Trainer::step: another context is current on this thread"));
+      CHECK_THROWS_WITH(first.evaluate(), Catch::Contains("Trainer::evaluate: another context is current"));
+      CHECK(std::isfinite(second.step().grad_norm));
+    }
+    CHECK(std::isfinite(first.step().grad_norm));
+  });
+}
+
 TEST_CASE("the optimizer flags beta1 and beta2 and adam-eps reach AdamW", "[cli][optimizer]") {
   // Two steps with these flags, replayed in double from the recorded gradients. Step 2 is where the
   // betas show (at step 1 bias correction cancels them); eps 1e-3 is near the gradients' own size,
