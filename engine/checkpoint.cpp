@@ -326,7 +326,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     const std::string name = optim_file_name(s.shard, s.shards);
     crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
   }
-  write_rank_file(dir + "/" + rank_file_name(rank), step, tr.data_position(), rank, g, run_layout(tr.options(), g),
+  write_rank_file(dir + "/" + rank_file_name(rank), step, tr.next_sequence(), rank, g, run_layout(tr.options(), g),
                   run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()), crcs);
   g.world.barrier();  // every rank's files are durable: only now may the directory count
 
@@ -351,12 +351,14 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   // at. At the same layout each rank also checks its own file, its place in the grid included.
   const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, tr.train_data().identity());
   const RunLayout run = run_layout(tr.options(), g);
-  int64_t data = step;  // the data position, rank 0's (every rank's file records the same)
-  const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr, &data);
+  const bool new_g = tr.options().change_global_batch;
+  int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
+  const RunLayout saved =
+      check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr, &data, new_g);
   int64_t own = data;
-  if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own);
+  if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own, new_g);
   if (own != data)
-    throw std::runtime_error(dir + "/" + rank_file_name(rank) + ": data_position " + std::to_string(own) + " but " +
+    throw std::runtime_error(dir + "/" + rank_file_name(rank) + ": data_sequence " + std::to_string(own) + " but " +
                              rank_file_name(0) + " has " + std::to_string(data));
 
   // Each binary file against the crc32 its writer's rank file recorded: a model.bin or optimizer

@@ -12,12 +12,15 @@
 // removed at the next start. Deleting a checkpoint removes COMPLETE first, so a crash while
 // deleting leaves an ignored directory, never a damaged "complete" one.
 //
-// Resume is bit-exact: parameters, AdamW m, v and t, and the step counter are restored; everything
-// else a step reads (its batches, its learning rate) is a function of the step and of options that
-// are checked to match (engine/checkpoint_files.h: run_fields) — or, for --steps and --lr, the
-// user's deliberate choice. A resume may also change the layout (--ranks, --sp, --batch,
-// --grad-accum; --zero too) while a step's sequences stay the same (RunLayout): nothing in the files
-// depends on it, so the run goes on within float rounding of the one never stopped.
+// Resume is bit-exact: parameters, AdamW m, v and t, the step counter and the data's place (the
+// next step's first sequence) are restored; everything else a step reads (its batches, its learning
+// rate) is a function of those and of options that are checked to match
+// (engine/checkpoint_files.h: run_fields) — or, for --steps and --lr, the user's deliberate choice.
+// A resume may also change the layout (--ranks, --sp, --batch, --grad-accum; --zero too) while a
+// step's sequences stay the same (RunLayout): nothing in the files depends on it, so the run goes
+// on within float rounding of the one never stopped. A rollback (--resume-step) loads an older
+// checkpoint and moves the newer ones aside; --skip-batches and --change-global-batch move the
+// data's place or change G on purpose.
 //
 // TEST HOOK: the environment variable ULYSSES_TEST_CRASH_IN_SAVE=N makes the N-th save of this
 // process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety

@@ -415,15 +415,16 @@ RunLayout run_layout(const Options& o, const Grid& g) {
   return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks};
 }
 
-void write_rank_file(const std::string& path, int step, int64_t data_position, int rank, const Grid& g,
+void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
                      const RunLayout& layout,
                      const std::vector<RunField>& fields, const std::vector<std::pair<std::string, uint32_t>>& crcs) {
   JsonLine j;
   j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
   j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
-  // Every dataset is random access, so where the data stands is one number: the optimizer steps
-  // done, plus the steps' sequences a rollback skipped (--skip-batches).
-  j.add("data_position", data_position);
+  // Every dataset is random access, so where the data stands is one number: the first sequence the
+  // next step trains on (step x G, unless a rollback skipped data or G changed on a resume). A build
+  // from before it, finding no data_position, refuses the file rather than resume in the wrong place.
+  j.add("data_sequence", next_sequence);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
   j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
@@ -471,7 +472,7 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
 }
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
-                          const Grid* place, int64_t* data_position) {
+                          const Grid* place, int64_t* next_sequence, bool new_g) {
   auto have = read_rank_fields(path);
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = have.find(key);
@@ -510,7 +511,7 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
   const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
                         count("zero", 0, true), count("mlp_chunks", 1, true)};
   const int64_t G = saved.sequences_per_step();
-  if (G != run.sequences_per_step()) {
+  if (G != run.sequences_per_step() && !new_g) {
     // What would keep G on this run's ranks: another --batch, else another --grad-accum.
     std::string hint;
     if (G % (int64_t(run.grad_accum) * run.dp) == 0)
@@ -520,19 +521,24 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     throw file_error(path, "the checkpoint's steps train on " + std::to_string(G) + " sequences each (" + saved.str() +
                                ") but this run's on " + std::to_string(run.sequences_per_step()) + " (" + run.str() +
                                "): another layout resumes when --batch x --grad-accum x dp stays " + std::to_string(G) +
-                               hint);
+                               hint + " (or, to train on " + std::to_string(run.sequences_per_step()) +
+                               " a step from here on, --change-global-batch)");
   }
   expect("step", step, "the directory's step");
-  // The data never falls behind the steps (it is the step count plus the batches skipped). A build
-  // from before --skip-batches refuses a position past the step: it would not skip.
-  const std::string& pos = field("data_position");
-  char* end = nullptr;
-  errno = 0;
-  const long long d = std::strtoll(pos.c_str(), &end, 10);
-  if (pos.empty() || *end != '\0' || errno == ERANGE || d < step || d - step > INT32_MAX)
-    throw file_error(path, "data_position is '" + pos + "' but the directory's step is " + std::to_string(step) +
-                               " (the position is the step plus the batches skipped)");
-  if (data_position) *data_position = d;
+  // Where the data stands: the first sequence of the next step (a file from before data_sequence
+  // has data_position, the step, and never skipped data nor changed G: step x G).
+  int64_t next = int64_t(step) * G;
+  if (have.count("data_sequence")) {
+    const std::string& v = field("data_sequence");
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno == ERANGE || x < 0) throw file_error(path, "data_sequence is '" + v + "'");
+    next = x;
+  } else {
+    expect("data_position", step, "the directory's step");
+  }
+  if (next_sequence) *next_sequence = next;
   if (place) {
     expect("rank", place->world.rank(), "this rank");
     expect("dp_rank", place->dp_rank, "this rank's dp rank");

@@ -16,8 +16,9 @@
 //   u64 offset | u64 count | i32 shard | i32 shards  (56 bytes), then m[count], v[count] fp32.
 //   Today one shard holds everything (optim.bin, written by rank 0); a ZeRO-1 optimizer writes
 //   optim_rank_R.bin per shard and the loader gathers them by the (offset, count) in each header.
-// rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_position (the data's
-//   place in steps of G sequences: step + the batches --skip-batches skipped), the run's
+// rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_sequence (the first
+//   sequence the next step trains on: Trainer::next_sequence(); files from before it have
+//   data_position, the step, for step x G), the run's
 //   layout (batch, grad_accum, dp, sp, zero, mlp_chunks), every option that must be equal on resume
 //   (run_fields), the crc32 of each binary file that rank wrote ("crc model.bin": ...), and last
 //   "crc32": the CRC-32 of the text before that field (files from before it lack it: unchecked).
@@ -104,18 +105,19 @@ RunLayout run_layout(const Options& o, const Grid& g);
 std::string rank_file_name(int rank);  // "rank_R.json"
 // crcs: the crc32 of each file this rank wrote into the checkpoint (model.bin, its optimizer file),
 // by name, so that a load can tell a file of another checkpoint or run put in its place.
-void write_rank_file(const std::string& path, int step, int64_t data_position, int rank, const Grid& g,
+void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
                      const RunLayout& layout,
                      const std::vector<RunField>& fields,
                      const std::vector<std::pair<std::string, uint32_t>>& crcs = {});
 // The crc32 the rank file at `path` recorded for the checkpoint file `name`, or -1 when it has none
 // (a checkpoint written before rank files recorded them).
 int64_t recorded_crc(const std::string& path, const std::string& name);
-// Checks the step, every field and that the layout's sequences per step equal `run`'s; with
+// Checks the step, every field and that the layout's sequences per step equal `run`'s (unless
+// `new_g`: --change-global-batch); with
 // `place` (a rank resuming at the layout it was saved at, reading its own file) also the rank's
 // place in the grid. Throws naming the file and field; returns the layout the file was saved at,
-// and its data position (>= step) in `data_position` when given.
+// and the first sequence of the next step in `next_sequence` when given.
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
-                          const Grid* place, int64_t* data_position = nullptr);
+                          const Grid* place, int64_t* next_sequence = nullptr, bool new_g = false);
 
 }  // namespace ul

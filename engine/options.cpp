@@ -107,6 +107,9 @@ checkpoints, logs and output
   --resume-step N     resume from DIR/step_N instead (roll back: newer checkpoints are moved
                       aside as step_M.rolled-back.TIME, the log's records past N are dropped)
   --skip-batches K    on this resume, skip the next K steps' sequences (a loss spike's data)
+  --change-global-batch
+                      on this resume, let batch x grad-accum x dp change: the data goes on
+                      from the checkpoint's next sequence, that many a step
   --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
                                                          [DIR/log.jsonl with --save-dir, else none]
   --quiet             only the final summary
@@ -266,12 +269,14 @@ Options parse_options(int argc, char** argv) {
     }
     // A switch takes no value: --doc-mask=false would otherwise turn it on.
     static const char* const kSwitches[] = {"--help", "--quiet", "--resume", "--recompute", "--offload", "--plan",
-                                            "--doc-mask", "--loss-by-position", "--tie-embeddings", "--qkv-bias"};
+                                            "--doc-mask", "--loss-by-position", "--tie-embeddings", "--qkv-bias",
+                                            "--change-global-batch"};
     if (inline_value && std::find(std::begin(kSwitches), std::end(kSwitches), a) != std::end(kSwitches))
       throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");
     if (a == "--help" || a == "-h") { o.help = true; continue; }
     if (a == "--quiet") { o.quiet = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--resume") { o.resume = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--change-global-batch") { o.change_global_batch = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--recompute") { o.recompute = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--offload") { o.offload = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--plan") { o.plan = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
@@ -382,7 +387,7 @@ Options parse_options(int argc, char** argv) {
     const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
     const std::pair<const char*, const char*> unread[] = {
         {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--resume-step", trains},
-        {"--skip-batches", trains}, {"--export-llmc", trains},
+        {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
         {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
         {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads}};
@@ -419,6 +424,9 @@ Options parse_options(int argc, char** argv) {
     positive("--resume-step", o.resume_step);
     o.resume = true;  // --resume from another checkpoint than the newest
   }
+  if (o.change_global_batch && !o.resume)
+    throw std::runtime_error("--change-global-batch lets a resume change batch x grad-accum x dp: it needs --resume or "
+                             "--resume-step");
   if (o.set_by_user("--skip-batches")) {
     if (!o.resume)
       throw std::runtime_error("--skip-batches moves a resumed run's data ahead: it needs --resume or --resume-step");

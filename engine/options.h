@@ -65,6 +65,9 @@ struct Options {
   // the newest (-1: the newest; the newer ones are moved aside), and move the data skip_batches
   // steps' sequences ahead (K x G sequences trained on by no step).
   int resume_step = -1, skip_batches = 0;
+  // A resume may change G (batch x grad_accum x dp): the data goes on from the checkpoint's next
+  // sequence, G' a step (refused without it: another G is another run).
+  bool change_global_batch = false;
   // long-context memory (engine/planner.h): recompute, tiled MLP, ZeRO-1, and the memory planner
   bool recompute = false;
   bool offload = false;       // cuda + recompute: the kept block inputs in pinned host memory

@@ -13,8 +13,8 @@
 //    the answers' on a synthetic task; on text "val_loss":.. and "val_loss_pos_N":.. instead of
 //    the accuracies)
 //   {"type":"stop","step":420,"signal":"SIGTERM"}   (a stop signal ended the run after that step)
-//   {"type":"resume","step":300}   (after --skip-batches also "data_position":500: the next step
-//    trains on the data of step 501 of the run never rolled back)
+//   {"type":"resume","step":300}   (with "data_sequence":8000, the first sequence of step 301,
+//    when it is not 300 G: --skip-batches or --change-global-batch, now or before)
 // A resumed run appends to the log after a resume record. Records past step 300 written before
 // it came from an attempt that died after its last checkpoint; readers drop them, so the log read
 // back is the history of the run that continues.
@@ -35,8 +35,8 @@ class RunLog {
  public:
   // resume_step < 0: a fresh run, the file is truncated. Else the file is appended to (after a
   // newline if a killed run left its last line unfinished), starting with a resume record (with
-  // the data position when batches were skipped: data_position > resume_step).
-  RunLog(const std::string& path, int resume_step, int64_t data_position = -1);
+  // the next step's first sequence when it is given, >= 0).
+  RunLog(const std::string& path, int resume_step, int64_t data_sequence = -1);
   ~RunLog();
   RunLog(const RunLog&) = delete;
   RunLog& operator=(const RunLog&) = delete;

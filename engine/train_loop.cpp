@@ -168,18 +168,28 @@ int train_rank(const Options& o, Comm& world) {
   if (!rolled_back.empty())
     say("resume  | rolled back: %zu newer checkpoint(s) moved aside (%s%s), no longer resumable\n", rolled_back.size(),
         rolled_back.front().c_str(), rolled_back.size() > 1 ? ", ..." : "");
+  const int64_t G = spread.sequences_per_step(), G_saved = saved.sequences_per_step();
+  if (G != G_saved)  // only with --change-global-batch (check_rank_file refuses it otherwise)
+    say("resume  | another global batch: saved at %lld sequences a step (%s), now %lld (%s): the data goes on from "
+        "sequence %lld (not the run never stopped)\n", (long long)G_saved, saved.str().c_str(), (long long)G,
+        spread.str().c_str(), (long long)tr.next_sequence());
+  else if (!saved.same_sums(spread))
+    say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
+        "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
+  else if (o.change_global_batch)
+    say("note    | --change-global-batch: this resume keeps the checkpoint's %lld sequences a step\n", (long long)G);
   if (o.skip_batches > 0) {
     tr.skip_batches(o.skip_batches);
-    say("resume  | skipping %d steps' sequences (%lld): step %d trains on the data of step %lld of the run never "
-        "rolled back\n", o.skip_batches, (long long)(int64_t(o.skip_batches) * spread.sequences_per_step()), start + 1,
-        (long long)(tr.data_position() + 1));
+    say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
+        o.skip_batches, (long long)(int64_t(o.skip_batches) * G), start + 1, (long long)tr.next_sequence(),
+        (long long)(tr.next_sequence() + G - 1));
   }
-  if (!saved.same_sums(spread))
-    say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
-        "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)spread.sequences_per_step());
   const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;
-  if (lead && !log_path.empty()) log = std::make_unique<RunLog>(log_path, o.resume ? start : -1, tr.data_position());
+  // The resume record names the data's place when it is not where the step puts it.
+  if (lead && !log_path.empty())
+    log = std::make_unique<RunLog>(log_path, o.resume ? start : -1,
+                                   tr.next_sequence() != int64_t(start) * G ? tr.next_sequence() : -1);
 
   double first_loss = 0, last_loss = 0;
   size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)

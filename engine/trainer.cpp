@@ -367,7 +367,7 @@ StepResult Trainer::step() {
   // the first forward: the classifier applies it during the forward (no seed gradient).
   int64_t local_valid = 0;
   for (int m = 0; m < A; m++) {
-    int64_t first = ((data_position() * A + m) * g.dp + g.dp_rank) * o_.batch;
+    const int64_t first = next_seq_ + (int64_t(m) * g.dp + g.dp_rank) * o_.batch;
     named_load(*train_, "--data", first, micro_[m]);
     local_valid += micro_[m].valid;
   }
@@ -424,20 +424,23 @@ StepResult Trainer::step() {
     if (P.dtype() == DType::bf16) zero_gather_bf16(g.world, P.raw(), P.numel(), zero_scratch_);
   }
   step_++;
+  next_seq_ += sequences_per_step();
   r.ms = now_ms() - t0;
   r.sent = minus(total_sent(g), before);
   return r;
 }
 
-void Trainer::set_steps_done(int s, int64_t data) {
-  if (s < 0 || data < s) throw std::logic_error("Trainer::set_steps_done: data position before the step");
+void Trainer::set_steps_done(int s, int64_t next_sequence) {
+  if (s < 0 || next_sequence < 0) throw std::logic_error("Trainer::set_steps_done: negative step or sequence");
   step_ = s;
-  skipped_ = data - s;
+  next_seq_ = next_sequence;
 }
+
+int64_t Trainer::sequences_per_step() const { return int64_t(o_.batch) * o_.grad_accum * grid_.dp; }
 
 void Trainer::skip_batches(int64_t k) {
   if (k < 0) throw std::logic_error("Trainer::skip_batches: k < 0");
-  skipped_ += k;
+  next_seq_ += k * sequences_per_step();
 }
 
 void Trainer::named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const {

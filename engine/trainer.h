@@ -77,20 +77,23 @@ class Trainer {
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
-  // One optimizer step: micro-batches [d * A, d * A + A) of the data, d = data_position().
+  // One optimizer step on the G = batch x grad_accum x dp sequences from next_sequence() on
+  // (this rank's: micro-batch m of dp rank r starts at next_sequence() + (m dp + r) batch).
   StepResult step();
   EvalResult evaluate() { return evaluate(*val_); }  // eval_batches micro-batches of the val split, no tape
   EvalResult evaluate(const Dataset& data);           // the same on another dataset (a probe of the task)
   int steps_done() const { return step_; }
-  // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its learning rate
-  // and the batches after data position `data` (>= s; s: none skipped); the caller restores the
-  // parameters and the optimizer state that go with it.
-  void set_steps_done(int s, int64_t data);
-  // Where the data stands, in steps of G sequences: the next step() trains on the sequences step
-  // data_position() + 1 of a run never rolled back would. steps_done() + the batches skipped
-  // (--skip-batches); checkpoints record it.
-  int64_t data_position() const { return step_ + skipped_; }
-  // The next step's data moves k steps' sequences ahead (k >= 0), for this run and every later one.
+  // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its learning rate,
+  // training on the sequences from `next_sequence` on; the caller restores the parameters and the
+  // optimizer state that go with it.
+  void set_steps_done(int s, int64_t next_sequence);
+  // Where the data stands: the first sequence the next step trains on. Each step moves it G on, so
+  // it is steps_done() x G for a run that never skipped data (--skip-batches) nor changed G
+  // (--change-global-batch); checkpoints record it.
+  int64_t next_sequence() const { return next_seq_; }
+  // G: the sequences one step trains on, over the world.
+  int64_t sequences_per_step() const;
+  // The next step's data moves k steps' sequences (k G) ahead, k >= 0, for this run and every later one.
   void skip_batches(int64_t k);
   AdamW& optimizer() {  // a trainer made for --steps 0 has none
     if (!opt_) throw std::logic_error("Trainer::optimizer: this trainer was made for --steps 0");
@@ -133,7 +136,7 @@ class Trainer {
   size_t planned_arena_ = 0;  // the arena's reservation: the planner's peak for this run
   int32_t eot_ = -1;  // --doc-mask: the end-of-text id that splits documents; -1: no mask
   int step_ = 0;
-  int64_t skipped_ = 0;  // steps' sequences no step trained on (data_position() - step_)
+  int64_t next_seq_ = 0;  // next_sequence()
 };
 
 // The whole job on this rank, with logs (only rank 0 prints; engine/train_loop.cpp). Returns the exit code.

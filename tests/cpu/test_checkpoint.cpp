@@ -469,24 +469,24 @@ TEST_CASE("skipping batches moves the data ahead, and checkpoints keep the skip"
     ul::run_local(1, [&](ul::Comm& world) {
       ul::Trainer tr(o, world);
       place(tr);
-      const int64_t at = tr.data_position();
+      const int64_t at = tr.next_sequence();
       loss = tr.step().loss;
-      CHECK(tr.data_position() == at + 1);
+      CHECK(tr.next_sequence() == at + 2);  // G = batch 2
     });
     return loss;
   };
   const double skipped = first_loss([](ul::Trainer& tr) {
     tr.skip_batches(3);
-    CHECK(tr.data_position() == 3);
+    CHECK(tr.next_sequence() == 6);
     CHECK(tr.steps_done() == 0);
   });
-  const double later = first_loss([](ul::Trainer& tr) { tr.set_steps_done(3, 3); });
+  const double later = first_loss([](ul::Trainer& tr) { tr.set_steps_done(3, 6); });
   const double plain = first_loss([](ul::Trainer&) {});
   CHECK(skipped == later);
   CHECK(skipped != plain);
 
   // Through train: roll back to step 2 skipping 2 steps' data; the checkpoints after it record
-  // the position (step + 2), the log's resume record too, and a resume from one of them goes on
+  // the data's place (sequence 4 G on from step 2's), the log's resume record too, and a resume from one of them goes on
   // with the skip: the same bits as the run that skipped, which differs from the first attempt.
   fs::path d = fresh_dir("skip");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
@@ -497,12 +497,52 @@ TEST_CASE("skipping batches moves the data ahead, and checkpoints keep the skip"
   REQUIRE(skipping.size() == first.size());
   CHECK(std::equal(first.begin(), first.begin() + 3, skipping.begin()));  // steps 1, 2 and the eval at 2
   CHECK(skipping.back() != first.back());
-  CHECK(ul::read_whole_file((d / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":2,\"data_position\":4}") !=
+  CHECK(ul::read_whole_file((d / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":2,\"data_sequence\":8}") !=
         std::string::npos);
   CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"step\":4,") != std::string::npos);
-  CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"data_position\":6,") != std::string::npos);
+  CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"data_sequence\":12,") != std::string::npos);
   REQUIRE(train(args + " --resume-step 4").code == 0);
   CHECK(history(d / "log.jsonl") == skipping);
+  fs::remove_all(d);
+}
+
+TEST_CASE("a resume may change the global batch with --change-global-batch, going on from its sequence",
+          "[checkpoint][rollback]") {
+  // The data's place is a sequence, not a step: a step of batch 4 from sequence 2 trains on what
+  // two micro-batches of 2 from there do (2, 3 then 4, 5), within rounding.
+  auto first_loss = [](const std::string& layout, int64_t from) {
+    const ul::Options o = ul_test::options("--dim 32 --heads 2 --layers 1 --seq 16 --threads 1 " + layout);
+    double loss = 0;
+    ul::run_local(1, [&](ul::Comm& world) {
+      ul::Trainer tr(o, world);
+      tr.set_steps_done(0, from);
+      loss = tr.step().loss;
+    });
+    return loss;
+  };
+  const double one = first_loss("--batch 4", 2), two = first_loss("--batch 2 --grad-accum 2", 2);
+  CHECK(one == Approx(two).epsilon(1e-6));
+  CHECK(std::abs(one - first_loss("--batch 4", 0)) > 1e-4);
+
+  fs::path d = fresh_dir("new_g");
+  const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();  // --batch 2: G = 2
+  REQUIRE(train(args).code == 0);
+  expect_refused(args + " --resume-step 2 --batch 4",
+                 "(or, to train on 4 a step from here on, --change-global-batch)");
+  const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet"));  // the resume lines are wanted
+  CmdResult r = train(loud + " --save-every 2 --save-dir " + d.string() + " --resume-step 2 --batch 4 --change-global-batch");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | another global batch: saved at 2 sequences a step (dp 1 x sp 1, batch 2, grad-accum 1), "
+                   "now 4 (dp 1 x sp 1, batch 4, grad-accum 1): the data goes on from sequence 4") != std::string::npos);
+  CHECK(ul::read_whole_file((d / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":2,\"data_sequence\":4}") !=
+        std::string::npos);
+  CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"data_sequence\":12,") != std::string::npos);
+  CHECK(bytes_of(d / "step_00000006" / "rank_0.json").find("\"data_sequence\":20,") != std::string::npos);
+  // From then on G = 4 is the checkpoints' own: a resume keeps it without the flag.
+  REQUIRE(train(args + " --resume --batch 4 --steps 7").code == 0);
+  CHECK(bytes_of(d / "step_00000007" / "rank_0.json").find("\"data_sequence\":24,") != std::string::npos);
+  expect_refused(kArgs + " --change-global-batch", "--change-global-batch lets a resume change batch x grad-accum x dp: "
+                                                   "it needs --resume or --resume-step");
   fs::remove_all(d);
 }
 
@@ -528,16 +568,23 @@ TEST_CASE("rollback flags: a missing step names the ones there, and bad values a
   expect_refused(args + " --resume-step 4", "--resume-step 2 continues from step_00000002)");
   // Nothing was moved by the refused runs.
   CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
-  // A rank file whose data position is behind its step (a skip is only ever forward) is refused.
-  {
-    const fs::path rank = d / "step_00000006" / "rank_0.json";
-    std::string j = strip_crc(bytes_of(rank));
-    const size_t at = j.find("\"data_position\":6");
+  // A rank file from before data_sequence has data_position, the step: it resumes at step x G;
+  // one that says another step is refused, and so is a negative sequence.
+  const fs::path rank = d / "step_00000006" / "rank_0.json";
+  const std::string now = strip_crc(bytes_of(rank));
+  auto with = [&](const std::string& field) {
+    std::string j = now;
+    const size_t at = j.find("\"data_sequence\":12,");
     REQUIRE(at != std::string::npos);
-    j.replace(at, 17, "\"data_position\":5");
-    std::ofstream(rank) << j;
-  }
-  expect_refused(args + " --resume", "rank_0.json: data_position is '5' but the directory's step is 6");
+    std::ofstream(rank) << j.replace(at, 19, field + ",");
+  };
+  with("\"data_position\":5");
+  expect_refused(args + " --resume --steps 7", "rank_0.json: data_position is 5 but the directory's step is 6");
+  with("\"data_sequence\":-1");
+  expect_refused(args + " --resume --steps 7", "rank_0.json: data_sequence is '-1'");
+  with("\"data_position\":6");
+  REQUIRE(train(args + " --resume --steps 7").code == 0);
+  CHECK(bytes_of(d / "step_00000007" / "rank_0.json").find("\"data_sequence\":14,") != std::string::npos);
   fs::remove_all(d);
 }
 
