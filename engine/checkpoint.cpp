@@ -13,12 +13,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <stdexcept>
 
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
+#include "engine/rollback_record.h"
 #include "engine/trainer.h"
 #include "parallel/hosts.h"
 
@@ -194,67 +196,129 @@ std::vector<int> complete_steps(const std::string& root) {
   return steps;
 }
 
-int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved, int resume_step,
-                        std::vector<std::string>* rolled_back) {
-  Comm& world = tr.grid().world;
-  saved = run_layout(tr.options(), tr.grid());
-  // The checkpoint to load (the newest, or --resume-step's when it is complete, else -1), the
-  // complete one before it, and the newest.
+namespace {
+
+// What rank 0 finds in a save directory (after tidying it: stale leftovers tried again, crashed
+// saves removed): the checkpoint to load (the newest, or --resume-step's when it is complete, else
+// -1), the complete one before it, the newest, and the complete ones after the chosen one.
+struct SaveDirScan {
   int chosen = -1, older = -1, newest = -1;
-  std::vector<int> after;  // complete checkpoints newer than the chosen one (a rollback moves them aside)
-  if (world.rank() == 0) {
+  std::vector<int> after;
+};
+
+SaveDirScan scan_save_dir(const std::string& root, int resume_step) {
+  SaveDirScan s;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
+  // What an earlier run had to move aside (remove_or_warn): tried again, quietly (what still will
+  // not go stays for the next run).
+  std::vector<fs::path> stale;
+  fs::directory_iterator it(root, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("step_", 0) == 0 && name.find(".stale.") != std::string::npos) stale.push_back(it->path());
+  }
+  for (const fs::path& p : stale) {
+    std::error_code gone;
+    fs::remove_all(p, gone);
+  }
+  std::vector<int> complete;
+  for (auto& [step, done] : list_step_dirs(root)) {
+    if (!done) remove_or_warn(root, step, "a save that crashed");
+    else complete.push_back(step);
+  }
+  if (!complete.empty()) s.newest = complete.back();
+  const int want = resume_step >= 0 ? resume_step : s.newest;
+  for (int step : complete) {
+    if (step < want) s.older = step;
+    else if (step == want) s.chosen = step;
+    else if (s.chosen >= 0) s.after.push_back(step);
+  }
+  return s;
+}
+
+// A rollback's other half (rank 0, once every rank has loaded step `to`): the checkpoints after it
+// belong to the history this run replaces. They are renamed, not deleted (the user may still want
+// them), to names that are no checkpoint, so that --keep, a later --resume and the next saves (often
+// at their very steps) see only this run's; the newest first, so that a rename that fails leaves
+// the ones still in place a run of steps right after `to`, never a gap.
+std::vector<std::string> move_aside(const std::string& root, const std::vector<int>& after, int to) {
+  const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+  std::vector<std::string> moved;
+  for (auto step = after.rbegin(); step != after.rend(); ++step) {
+    const fs::path dir = fs::path(root) / step_dir_name(*step);
+    const fs::path aside = fs::path(root) / (step_dir_name(*step) + ".rolled-back." + std::to_string(ms));
     std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
-    // What an earlier run had to move aside (remove_or_warn): tried again, quietly (what still
-    // will not go stays for the next run).
-    std::vector<fs::path> stale;
-    fs::directory_iterator it(root, ec), end;
-    for (; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.rfind("step_", 0) == 0 && name.find(".stale.") != std::string::npos) stale.push_back(it->path());
-    }
-    for (const fs::path& p : stale) {
-      std::error_code gone;
-      fs::remove_all(p, gone);
-    }
-    ec.clear();
-    std::vector<int> complete;
-    for (auto& [step, done] : list_step_dirs(root)) {
-      if (!done) remove_or_warn(root, step, "a save that crashed");
-      else complete.push_back(step);
-    }
-    if (!complete.empty()) newest = complete.back();
-    for (int step : complete) {
-      if (resume_step >= 0 ? step < resume_step : step < newest) older = step;
-      else if (step == (resume_step >= 0 ? resume_step : newest)) chosen = step;
-      else if (chosen >= 0) after.push_back(step);
-    }
+    fs::rename(dir, aside, ec);
+    // Left in place, it would be the newest checkpoint again for the next --resume.
+    if (ec)
+      throw std::runtime_error(dir.string() + ": cannot move it aside for --resume-step " + std::to_string(to) + " (to " +
+                               aside.string() + "): " + ec.message() + (moved.empty() ? "" : "; moved already: ") +
+                               [&] {
+                                 std::string list;
+                                 for (const std::string& m : moved) list += (list.empty() ? "" : ", ") + m;
+                                 return list;
+                               }());
+    moved.push_back(aside.string());
+  }
+  fsync_dir(root);
+  return moved;
+}
+
+}  // namespace
+
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved, ResumeNotes* notes) {
+  Comm& world = tr.grid().world;
+  const Options& o = tr.options();
+  const int resume_step = resume ? o.resume_step : -1;
+  saved = run_layout(o, tr.grid());
+  SaveDirScan scan;
+  std::optional<RollbackRecord> record;
+  if (world.rank() == 0) {
+    scan = scan_save_dir(root, resume_step);
+    if (resume) record = read_rollback_record(root);
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
-  int32_t steps[3] = {chosen, older, newest};
-  world.broadcast(steps, 3, DType::i32, 0);
-  chosen = steps[0], older = steps[1], newest = steps[2];
+  int64_t v[7] = {scan.chosen, scan.older, scan.newest, record.has_value(), 0, 0, 0};
+  if (record) v[4] = record->step, v[5] = record->data_sequence, v[6] = record->sequences_per_step;
+  world.broadcast(v, 2 * 7, DType::i32, 0);  // as words: the values are only copied
+  const int chosen = int(v[0]), older = int(v[1]), newest = int(v[2]);
+  if (v[3] && !record) record = RollbackRecord{int(v[4]), v[5], v[6], 0, 0};
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
                                "); pass --resume to continue that run, or choose another --save-dir");
     return 0;
   }
+  const char* flag = resume_step >= 0 ? "--resume-step" : "--resume";
   if (newest < 0)
-    throw std::runtime_error(root + ": no complete checkpoint to resume from (" +
-                             (resume_step >= 0 ? "--resume-step" : "--resume") + "); run without it to start fresh");
+    throw std::runtime_error(root + ": no complete checkpoint to resume from (" + flag + "); run without it to start fresh");
   if (chosen < 0)
     throw std::runtime_error(root + "/" + step_dir_name(resume_step) + ": no such complete checkpoint (--resume-step " +
                              std::to_string(resume_step) + "); the newest is " + step_dir_name(newest) +
                              (older >= 0 ? ", the newest before step " + std::to_string(resume_step) + " is " +
                                                step_dir_name(older)
                                          : ""));
+  // The same rollback again after the run it started has saved (a requeued job script that still
+  // says --resume-step N) would move that run's checkpoints aside too.
+  if (resume_step >= 0 && record && record->step == resume_step && newest > resume_step)
+    throw std::runtime_error(root + ": --resume-step " + std::to_string(resume_step) + " was done before (" +
+                             rollback_record_path(root) + ") and the run it started has saved up to " +
+                             step_dir_name(newest) + " since: continue it with --resume, without --resume-step and " +
+                             "--skip-batches (to roll back to step " + std::to_string(resume_step) +
+                             " once more, remove " + rollback_record_path(root) + " first)");
+  // A rollback whose run has not saved yet: step_N's files hold the data's place of the history
+  // it replaced, the record the one the rollback chose.
+  const bool pending = resume_step < 0 && record && record->step == chosen;
   try {
-    saved = load_checkpoint(tr, root, chosen);
+    saved = load_checkpoint(tr, root, chosen, pending ? &*record : nullptr);
+  } catch (const RunMismatch&) {
+    throw;  // this run's flags, not the checkpoint: an older one would be refused the same way
   } catch (const std::runtime_error& e) {
     // A damaged checkpoint would stop every resume: say how to continue from the one before (not
-    // done unasked: a refusal for another flag or layout would move every checkpoint aside).
+    // done unasked: the checkpoint may be sound and the fault elsewhere).
     if (older < 0) throw;
     const std::string dir = root + "/" + step_dir_name(chosen);
     throw std::runtime_error(std::string(e.what()) + " (if " + dir + " is damaged, " +
@@ -263,25 +327,29 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                                                : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
                                                      step_dir_name(older)) + ")");
   }
+  if (pending && notes) notes->applied = record;
+  if (resume_step < 0) {
+    world.barrier();
+    return chosen;
+  }
+  // A rollback: checked before anything in the directory changes.
+  if (chosen >= o.steps)
+    throw std::runtime_error("--resume-step " + std::to_string(chosen) + ": nothing to train, --steps is " +
+                             std::to_string(o.steps) + ": give the run's --steps (it may change on a resume; the " +
+                             "schedule follows it)");
+  if (o.skip_batches > 0) tr.skip_batches(o.skip_batches);
   world.barrier();  // every rank has its state: only now are the newer checkpoints let go
-  // A rollback: the checkpoints after the chosen one belong to the history this run replaces. They
-  // are renamed, not deleted (the user may still want them), to names that are no checkpoint, so
-  // that --keep, a later --resume and the next saves (often at their very steps) see only this run's.
-  if (world.rank() == 0 && !after.empty()) {
-    const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
-    for (int step : after) {
-      const fs::path dir = fs::path(root) / step_dir_name(step);
-      const fs::path aside = fs::path(root) / (step_dir_name(step) + ".rolled-back." + std::to_string(ms));
-      std::error_code ec;
-      fs::rename(dir, aside, ec);
-      // Left in place, it would be the newest checkpoint again for the next --resume.
-      if (ec)
-        throw std::runtime_error(dir.string() + ": cannot move it aside for --resume-step " + std::to_string(chosen) +
-                                 " (to " + aside.string() + "): " + ec.message());
-      if (rolled_back) rolled_back->push_back(aside.string());
-    }
-    fsync_dir(root);
+  if (world.rank() == 0) {
+    std::vector<std::string> moved = move_aside(root, scan.after, chosen);
+    RollbackRecord r;
+    r.step = chosen;
+    r.data_sequence = tr.next_sequence();
+    r.sequences_per_step = tr.sequences_per_step();
+    r.skip_batches = o.skip_batches;
+    r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+    write_rollback_record(root, r);
+    if (notes) notes->moved = std::move(moved);
   }
   return chosen;
 }
@@ -340,7 +408,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   }
 }
 
-RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending) {
   Grid& g = tr.grid();
   const int rank = g.world.rank();
   const std::string dir = root + "/" + step_dir_name(step);
@@ -351,15 +419,25 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step) {
   // at. At the same layout each rank also checks its own file, its place in the grid included.
   const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, tr.train_data().identity());
   const RunLayout run = run_layout(tr.options(), g);
+  // A pending rollback's G is the one to keep (the files have the history's before it).
   const bool new_g = tr.options().change_global_batch;
   int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
-  const RunLayout saved =
-      check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr, &data, new_g);
+  const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
+                                          &data, new_g || pending);
   int64_t own = data;
-  if (saved == run && rank != 0) check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own, new_g);
+  if (saved == run && rank != 0)
+    check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own, new_g || pending);
   if (own != data)
     throw std::runtime_error(dir + "/" + rank_file_name(rank) + ": data_sequence " + std::to_string(own) + " but " +
                              rank_file_name(0) + " has " + std::to_string(data));
+  if (pending) {
+    if (!new_g && pending->sequences_per_step != run.sequences_per_step())
+      throw RunMismatch(rollback_record_path(root) + ": the rollback to step " + std::to_string(step) + " trains on " +
+                        std::to_string(pending->sequences_per_step) + " sequences a step but this run on " +
+                        std::to_string(run.sequences_per_step()) + " (" + run.str() + "): keep --batch x --grad-accum " +
+                        "x dp at " + std::to_string(pending->sequences_per_step) + ", or --change-global-batch");
+    data = pending->data_sequence;
+  }
 
   // Each binary file against the crc32 its writer's rank file recorded: a model.bin or optimizer
   // file of another checkpoint or run put in this one's place is refused, not loaded.

@@ -26,10 +26,12 @@
 // process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety
 // tests use it to kill a run in the middle of a save. Unset (or 0) in normal use.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/checkpoint_files.h"
+#include "engine/rollback_record.h"
 
 namespace ul {
 
@@ -62,22 +64,31 @@ std::string step_dir_name(int step);                       // "step_00000100"
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 
+// What a resume did besides loading, for its log lines (rank 0's).
+struct ResumeNotes {
+  std::vector<std::string> moved;          // --resume-step: the newer checkpoints, renamed aside
+  std::optional<RollbackRecord> applied;   // a plain --resume that took a pending rollback's data place
+};
+
 // Collective. Prepares `root` for this run: creates it and removes incomplete step directories
-// (rank 0). With resume: loads the newest complete checkpoint into `tr` (resume_step >= 0: that
-// step's, and then rank 0 renames every newer one to step_N.rolled-back.TIME, listed in
-// `rolled_back`) and returns its step, or throws when there is none. Without: throws when `root`
-// already holds a complete checkpoint (a fresh run must not mix with an old one), else returns 0.
-// `saved` gets the layout the loaded checkpoint was saved at (this run's when there is none).
-int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved, int resume_step = -1,
-                        std::vector<std::string>* rolled_back = nullptr);
+// (rank 0). With resume: loads the newest complete checkpoint into `tr` and returns its step, or
+// throws when there is none; under --resume-step N that step's instead, and then (a rollback, the
+// options' --skip-batches applied) rank 0 renames every newer one to step_M.rolled-back.TIME and
+// writes root/rollback.json (engine/rollback_record.h). Without resume: throws when `root` already
+// holds a complete checkpoint (a fresh run must not mix with an old one), else returns 0. `saved`
+// gets the layout the loaded checkpoint was saved at (this run's when there is none).
+int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved,
+                        ResumeNotes* notes = nullptr);
 
 // Collective: saves tr's state after tr.steps_done() steps into root/step_NNNNNNNN; keep > 0
 // then leaves only the `keep` newest complete checkpoints.
 void save_checkpoint(Trainer& tr, const std::string& root, int keep);
 
 // This rank only: checks root/step_NNNNNNNN against the run (options, model shape, file integrity)
-// and loads it into tr. Throws std::runtime_error naming the file and the problem; tr is changed
-// only once every file has passed its checks. Returns the layout the checkpoint was saved at.
-RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step);
+// and loads it into tr. Throws std::runtime_error naming the file and the problem (RunMismatch for
+// this run's flags); tr is changed only once every file has passed its checks. Returns the layout
+// the checkpoint was saved at. `pending`: a rollback to this step whose run has not saved yet: its
+// data place and G stand instead of the files'.
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr);
 
 }  // namespace ul

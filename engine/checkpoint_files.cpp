@@ -281,7 +281,9 @@ bool is_model_file(const std::string& path) {
 void check_model_config(const std::string& path, const ModelConfig& a, const ModelConfig& b) {
   auto differ = [&](const char* field, const std::string& x, const std::string& y, const char* flag) {
     if (x != y)
-      throw file_error(path, std::string(field) + " is " + x + " in the checkpoint but " + y + " in this run (" + flag + ")");
+      throw RunMismatch(
+          file_error(path, std::string(field) + " is " + x + " in the checkpoint but " + y + " in this run (" + flag + ")")
+              .what());
   };
   auto s = [](int v) { return std::to_string(v); };
   differ("arch", a.arch, b.arch, "--model");
@@ -425,6 +427,8 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   // next step trains on (step x G, unless a rollback skipped data or G changed on a resume). A build
   // from before it, finding no data_position, refuses the file rather than resume in the wrong place.
   j.add("data_sequence", next_sequence);
+  // Where it is the step's own place, the field an older build reads too (it then resumes it).
+  if (next_sequence == int64_t(step) * layout.sequences_per_step()) j.add("data_position", step);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
   j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
@@ -505,8 +509,9 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
     if (got != want[f.key])
-      throw file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" +
-                                 f.flag + ")");
+      throw RunMismatch(file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] +
+                                             " in this run (" + f.flag + ")")
+                            .what());
   }
   const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
                         count("zero", 0, true), count("mlp_chunks", 1, true)};
@@ -518,11 +523,11 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
       hint = ", e.g. --batch " + std::to_string(G / (int64_t(run.grad_accum) * run.dp));
     else if (G % (int64_t(run.batch) * run.dp) == 0)
       hint = ", e.g. --grad-accum " + std::to_string(G / (int64_t(run.batch) * run.dp));
-    throw file_error(path, "the checkpoint's steps train on " + std::to_string(G) + " sequences each (" + saved.str() +
+    throw RunMismatch(file_error(path, "the checkpoint's steps train on " + std::to_string(G) + " sequences each (" + saved.str() +
                                ") but this run's on " + std::to_string(run.sequences_per_step()) + " (" + run.str() +
                                "): another layout resumes when --batch x --grad-accum x dp stays " + std::to_string(G) +
                                hint + " (or, to train on " + std::to_string(run.sequences_per_step()) +
-                               " a step from here on, --change-global-batch)");
+                               " a step from here on, --change-global-batch)").what());
   }
   expect("step", step, "the directory's step");
   // Where the data stands: the first sequence of the next step (a file from before data_sequence
@@ -533,7 +538,8 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     char* end = nullptr;
     errno = 0;
     const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || errno == ERANGE || x < 0) throw file_error(path, "data_sequence is '" + v + "'");
+    if (v.empty() || *end != '\0' || errno == ERANGE || x < 0 || x > (int64_t(1) << 62))
+      throw file_error(path, "data_sequence is '" + v + "'");
     next = x;
   } else {
     expect("data_position", step, "the directory's step");

@@ -27,6 +27,7 @@
 // magic, version, exact size and checksum and throws std::runtime_error naming the file.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,12 @@
 namespace ul {
 
 struct Grid;
+
+// A checkpoint that is sound but made for other flags than this run's (another --seq, model, G):
+// the message names the flag. Not a damaged file: an older checkpoint would be refused the same way.
+struct RunMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // Returns the file's crc32 (rank_R.json records it: the checkpoint's files are tied to each other).
 uint32_t write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
@@ -79,7 +86,8 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const
 
 // How a step's sequences are spread: --batch per rank and micro-batch, --grad-accum micro-batches,
 // dp replicas, each sequence cut into sp slices. Step s trains on sequences [s G, (s + 1) G) with
-// G = batch x grad_accum x dp whatever the four are (Trainer::step), and the loss is normalised
+// G = batch x grad_accum x dp whatever the four are (Trainer::step; counted from the data's place
+// after a rollback's skip or a change of G), and the loss is normalised
 // over all of them, so a resume may change the layout when G stays: the same sequences and the
 // same sums, added in another order (within float rounding of the run never stopped, not bit-exact).
 // --zero and --mlp-chunks change no sequence either, but the order of some sums (the gradient norm

@@ -106,7 +106,7 @@ checkpoints, logs and output
                       --ranks/--sp/--batch/--grad-accum too, if batch x grad-accum x dp stays)
   --resume-step N     resume from DIR/step_N instead (roll back: newer checkpoints are moved
                       aside as step_M.rolled-back.TIME, the log's records past N are dropped)
-  --skip-batches K    on this resume, skip the next K steps' sequences (a loss spike's data)
+  --skip-batches K    with --resume-step, skip the next K steps' sequences (a spike's data)
   --change-global-batch
                       on this resume, let batch x grad-accum x dp change: the data goes on
                       from the checkpoint's next sequence, that many a step
@@ -428,8 +428,11 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--change-global-batch lets a resume change batch x grad-accum x dp: it needs --resume or "
                              "--resume-step");
   if (o.set_by_user("--skip-batches")) {
-    if (!o.resume)
-      throw std::runtime_error("--skip-batches moves a resumed run's data ahead: it needs --resume or --resume-step");
+    // Only with a rollback: its record (DIR/rollback.json) refuses the same command run again
+    // after the run went on, where --resume --skip-batches in a requeued script would skip again.
+    if (!o.set_by_user("--resume-step"))
+      throw std::runtime_error("--skip-batches moves a resumed run's data ahead: it needs --resume-step N (the "
+                               "checkpoint to go on from; the newest one is fine)");
     positive("--skip-batches", o.skip_batches);
   }
   if (o.resume && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0

@@ -160,16 +160,21 @@ int train_rank(const Options& o, Comm& world) {
   int start = 0;
   const RunLayout spread = run_layout(o, g);
   RunLayout saved = spread;
-  std::vector<std::string> rolled_back;  // --resume-step: the newer checkpoints, moved aside
-  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved, o.resume_step, &rolled_back);
+  ResumeNotes notes;  // a rollback's moves, or the pending rollback a plain resume took up
+  if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved, &notes);
   if (o.resume)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
-  if (!rolled_back.empty())
-    say("resume  | rolled back: %zu newer checkpoint(s) moved aside (%s%s), no longer resumable\n", rolled_back.size(),
-        rolled_back.front().c_str(), rolled_back.size() > 1 ? ", ..." : "");
+  if (!notes.moved.empty())  // newest first
+    say("resume  | rolled back: %s%s moved aside, no longer resumable (delete them when sure)\n",
+        notes.moved.back().c_str(),
+        notes.moved.size() > 1 ? (" and the " + std::to_string(notes.moved.size() - 1) + " newer").c_str() : "");
+  if (notes.applied)
+    say("resume  | the rollback to this step of %s (%s): step %d trains on sequences from %lld, %lld a step\n",
+        rollback_time(*notes.applied).c_str(), rollback_record_path(o.save_dir).c_str(), start + 1,
+        (long long)notes.applied->data_sequence, (long long)notes.applied->sequences_per_step);
   const int64_t G = spread.sequences_per_step(), G_saved = saved.sequences_per_step();
-  if (G != G_saved)  // only with --change-global-batch (check_rank_file refuses it otherwise)
+  if (G != G_saved)  // --change-global-batch, now or in the pending rollback (else refused)
     say("resume  | another global batch: saved at %lld sequences a step (%s), now %lld (%s): the data goes on from "
         "sequence %lld (not the run never stopped)\n", (long long)G_saved, saved.str().c_str(), (long long)G,
         spread.str().c_str(), (long long)tr.next_sequence());
@@ -178,12 +183,10 @@ int train_rank(const Options& o, Comm& world) {
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
   else if (o.change_global_batch)
     say("note    | --change-global-batch: this resume keeps the checkpoint's %lld sequences a step\n", (long long)G);
-  if (o.skip_batches > 0) {
-    tr.skip_batches(o.skip_batches);
+  if (o.skip_batches > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
     say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
         o.skip_batches, (long long)(int64_t(o.skip_batches) * G), start + 1, (long long)tr.next_sequence(),
         (long long)(tr.next_sequence() + G - 1));
-  }
   const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;
   // The resume record names the data's place when it is not where the step puts it.

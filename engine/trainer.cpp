@@ -440,6 +440,9 @@ int64_t Trainer::sequences_per_step() const { return int64_t(o_.batch) * o_.grad
 
 void Trainer::skip_batches(int64_t k) {
   if (k < 0) throw std::logic_error("Trainer::skip_batches: k < 0");
+  // 2^62: checkpoints refuse a place past it (its int64 arithmetic then stays far from overflow).
+  if (k > ((int64_t(1) << 62) - next_seq_) / sequences_per_step())
+    throw std::runtime_error("--skip-batches " + std::to_string(k) + ": the data's place would pass 2^62 sequences");
   next_seq_ += k * sequences_per_step();
 }
 

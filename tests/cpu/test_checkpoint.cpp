@@ -453,9 +453,51 @@ TEST_CASE("a rollback with --resume-step: the older checkpoint goes on bit-exact
     }
   std::sort(aside.begin(), aside.end());
   CHECK(aside == std::vector<std::string>{"step_00000004", "step_00000006"});
+  // A checkpoint at its step's own data place also has the field older builds read.
+  CHECK(bytes_of(d / "step_00000006" / "rank_0.json").find("\"data_sequence\":12,\"data_position\":6,") !=
+        std::string::npos);
+  // The same command again (a requeued job script) would move this run's checkpoints aside too:
+  // refused, naming the record, and nothing moves.
+  expect_refused(args + " --resume-step 2", "--resume-step 2 was done before (" + (d / "rollback.json").string() +
+                                                ") and the run it started has saved up to step_00000006 since: "
+                                                "continue it with --resume");
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
+  // A rollback with nothing to train (--steps at or below its step) is refused before it moves anything.
+  expect_refused(args + " --resume-step 4 --steps 4", "--resume-step 4: nothing to train, --steps is 4");
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
   // --resume-step of the newest moves nothing.
   REQUIRE(train(args + " --resume-step 6 --steps 7").code == 0);
   CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 7});
+  fs::remove_all(d);
+}
+
+TEST_CASE("a rollback that dies before its first save: a plain resume keeps its skip and its G", "[checkpoint][rollback]") {
+  // The rollback's run crashes in its first save (step 4): step 2 is the newest again, and its
+  // files still hold the data's place of the history the rollback replaced. The record in
+  // DIR/rollback.json stands in for them: the resume trains on the skipped run's data, the same
+  // bits as the rollback never interrupted.
+  fs::path d = fresh_dir("rollback_crash");
+  for (const std::string name : {"whole", "crashed"}) {
+    const std::string args = kArgs + " --save-every 2 --save-dir " + (d / name).string();
+    REQUIRE(train(args).code == 0);
+    const std::string roll = args + " --resume-step 2 --skip-batches 2 --batch 4 --change-global-batch";
+    if (name == "whole") {
+      REQUIRE(train(roll).code == 0);
+      continue;
+    }
+    CHECK(train(roll, "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
+    CHECK(ul::complete_steps((d / name).string()) == std::vector<int>{2});
+    // G = 4 is the rollback's: without it (the old --batch 2) the resume is refused, naming the record.
+    expect_refused(args + " --resume", "rollback.json: the rollback to step 2 trains on 4 sequences a step but this "
+                                       "run on 2");
+    const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet"));
+    CmdResult r = train(loud + " --save-every 2 --save-dir " + (d / name).string() + " --resume --batch 4");
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("(" + (d / name / "rollback.json").string() + "): step 3 trains on sequences from 12, 4 a step") !=
+          std::string::npos);
+  }
+  CHECK(history(d / "crashed" / "log.jsonl") == history(d / "whole" / "log.jsonl"));
+  CHECK(bytes_of(d / "crashed" / "step_00000006" / "model.bin") == bytes_of(d / "whole" / "step_00000006" / "model.bin"));
   fs::remove_all(d);
 }
 
@@ -529,6 +571,8 @@ TEST_CASE("a resume may change the global batch with --change-global-batch, goin
   REQUIRE(train(args).code == 0);
   expect_refused(args + " --resume-step 2 --batch 4",
                  "(or, to train on 4 a step from here on, --change-global-batch)");
+  // A refusal for this run's flags does not suggest the checkpoint might be damaged.
+  CHECK(run_cmd(train_cmd(args + " --resume-step 2 --batch 4")).out.find("is damaged") == std::string::npos);
   const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet"));  // the resume lines are wanted
   CmdResult r = train(loud + " --save-every 2 --save-dir " + d.string() + " --resume-step 2 --batch 4 --change-global-batch");
   REQUIRE(r.code == 0);
@@ -554,9 +598,9 @@ TEST_CASE("rollback flags: a missing step names the ones there, and bad values a
                                            "is step_00000006, the newest before step 3 is step_00000002");
   expect_refused(args + " --resume-step 1", "the newest is step_00000006");
   expect_refused(args + " --resume-step 0", "--resume-step must be >= 1, got 0");
-  expect_refused(args + " --skip-batches 2", "--skip-batches moves a resumed run's data ahead: it needs --resume or "
-                                             "--resume-step");
-  expect_refused(args + " --resume --skip-batches 0", "--skip-batches must be >= 1, got 0");
+  expect_refused(args + " --resume --skip-batches 2", "--skip-batches moves a resumed run's data ahead: it needs "
+                                                      "--resume-step N");
+  expect_refused(args + " --resume-step 6 --skip-batches 0", "--skip-batches must be >= 1, got 0");
   expect_refused(kArgs + " --resume-step 2", "--resume-step needs --save-dir");
   expect_refused(args + " --resume-step 2 --steps 0", "--resume-step with --steps 0 trains nothing");
   // A damaged checkpoint chosen by step: the refusal names the one before to roll back to.
@@ -574,9 +618,10 @@ TEST_CASE("rollback flags: a missing step names the ones there, and bad values a
   const std::string now = strip_crc(bytes_of(rank));
   auto with = [&](const std::string& field) {
     std::string j = now;
-    const size_t at = j.find("\"data_sequence\":12,");
+    const std::string place = "\"data_sequence\":12,\"data_position\":6,";
+    const size_t at = j.find(place);
     REQUIRE(at != std::string::npos);
-    std::ofstream(rank) << j.replace(at, 19, field + ",");
+    std::ofstream(rank) << j.replace(at, place.size(), field + ",");
   };
   with("\"data_position\":5");
   expect_refused(args + " --resume --steps 7", "rank_0.json: data_position is 5 but the directory's step is 6");
