@@ -476,29 +476,32 @@ TEST_CASE("a rollback that dies before its first save: a plain resume keeps its 
   // files still hold the data's place of the history the rollback replaced. The record in
   // DIR/rollback.json stands in for them: the resume trains on the skipped run's data, the same
   // bits as the rollback never interrupted.
-  fs::path d = fresh_dir("rollback_crash");
-  for (const std::string name : {"whole", "crashed"}) {
-    const std::string args = kArgs + " --save-every 2 --save-dir " + (d / name).string();
-    REQUIRE(train(args).code == 0);
-    const std::string roll = args + " --resume-step 2 --skip-batches 2 --batch 4 --change-global-batch";
-    if (name == "whole") {
-      REQUIRE(train(roll).code == 0);
-      continue;
+  // Also at sp 2: rank 0 reads the record, every rank takes it.
+  for (const std::string layout : {"", " --ranks 2 --sp 2"}) DYNAMIC_SECTION("layout '" << layout << "'") {
+    fs::path d = fresh_dir("rollback_crash");
+    for (const std::string name : {"whole", "crashed"}) {
+      const std::string args = kArgs + layout + " --save-every 2 --save-dir " + (d / name).string();
+      REQUIRE(train(args).code == 0);
+      const std::string roll = args + " --resume-step 2 --skip-batches 2 --batch 4 --change-global-batch";
+      if (name == "whole") {
+        REQUIRE(train(roll).code == 0);
+        continue;
+      }
+      CHECK(train(roll, "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
+      CHECK(ul::complete_steps((d / name).string()) == std::vector<int>{2});
+      // G = 4 is the rollback's: without it (the old --batch 2) the resume is refused, naming the record.
+      expect_refused(args + " --resume", "rollback.json: the rollback to step 2 trains on 4 sequences a step but this "
+                                         "run on 2");
+      const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet"));
+      CmdResult r = train(loud + layout + " --save-every 2 --save-dir " + (d / name).string() + " --resume --batch 4");
+      REQUIRE(r.code == 0);
+      CHECK(r.out.find("(" + (d / name / "rollback.json").string() + "): step 3 trains on sequences from 12, 4 a step") !=
+            std::string::npos);
     }
-    CHECK(train(roll, "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
-    CHECK(ul::complete_steps((d / name).string()) == std::vector<int>{2});
-    // G = 4 is the rollback's: without it (the old --batch 2) the resume is refused, naming the record.
-    expect_refused(args + " --resume", "rollback.json: the rollback to step 2 trains on 4 sequences a step but this "
-                                       "run on 2");
-    const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet"));
-    CmdResult r = train(loud + " --save-every 2 --save-dir " + (d / name).string() + " --resume --batch 4");
-    REQUIRE(r.code == 0);
-    CHECK(r.out.find("(" + (d / name / "rollback.json").string() + "): step 3 trains on sequences from 12, 4 a step") !=
-          std::string::npos);
+    CHECK(history(d / "crashed" / "log.jsonl") == history(d / "whole" / "log.jsonl"));
+    CHECK(bytes_of(d / "crashed" / "step_00000006" / "model.bin") == bytes_of(d / "whole" / "step_00000006" / "model.bin"));
+    fs::remove_all(d);
   }
-  CHECK(history(d / "crashed" / "log.jsonl") == history(d / "whole" / "log.jsonl"));
-  CHECK(bytes_of(d / "crashed" / "step_00000006" / "model.bin") == bytes_of(d / "whole" / "step_00000006" / "model.bin"));
-  fs::remove_all(d);
 }
 
 TEST_CASE("skipping batches moves the data ahead, and checkpoints keep the skip", "[checkpoint][rollback]") {
