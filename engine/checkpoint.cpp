@@ -20,6 +20,7 @@
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
+#include "engine/ranks_agree.h"
 #include "engine/rollback_record.h"
 #include "engine/trainer.h"
 #include "parallel/hosts.h"
@@ -327,6 +328,7 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                                                : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
                                                      step_dir_name(older)) + ")");
   }
+  check_same_weights(world, tr.model().params.fingerprint(), root + "/" + step_dir_name(chosen) + "/model.bin");
   if (pending && notes) notes->applied = record;
   if (resume_step < 0) {
     world.barrier();

@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/device.h"
+#include "engine/file_io.h"
 
 namespace ul {
 
@@ -64,6 +66,19 @@ std::vector<float> Params::to_host() const {
   std::vector<float> h(numel_);
   device_copy(h.data(), Device::cpu, master(), dev_, numel_ * sizeof(float));
   return h;
+}
+
+uint32_t Params::fingerprint() const {
+  const size_t span = std::min<size_t>(64, numel_), spans = span ? std::min<size_t>(256, (numel_ + span - 1) / span) : 0;
+  const size_t e = dtype_size(dtype_);
+  std::vector<unsigned char> sample(spans * span * e);
+  for (size_t i = 0; i < spans; i++) {
+    // Evenly spread from the first element to the last (the first span at 0, the last ending at numel).
+    const size_t at = spans > 1 ? (numel_ - span) * i / (spans - 1) : 0;
+    device_copy(sample.data() + i * span * e, Device::cpu, static_cast<const unsigned char*>(data_) + at * e, dev_,
+                span * e);
+  }
+  return crc32(0, sample.data(), sample.size());
 }
 
 void Params::add(const std::string& name, Shape shape, bool stacked, bool decay) {

@@ -64,6 +64,11 @@ class Params {
   // to nearest even), or back (throws when the masters are sharded: Trainer::host_params gathers).
   void load_host(const float* host);
   std::vector<float> to_host() const;
+  // A CRC-32 of a sample of the weights as the forward reads them (dtype()'s bytes: 256 spans of 64
+  // elements spread over the buffer, 64 KiB from the device at most): equal on ranks that hold the
+  // same weights, different for weights of another checkpoint or seed (they differ everywhere),
+  // cheap at any size. Not a checksum of every byte: the files' own CRCs are that.
+  uint32_t fingerprint() const;
   size_t numel() const { return numel_; }
   Device device() const { return dev_; }
   void zero_grad();

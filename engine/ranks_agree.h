@@ -4,9 +4,11 @@
 // run, a job script that sets a flag per node) would train an sp group on slices of different
 // sequences, or a dp replica on another schedule, and nothing would fail. Checked once at start-up:
 // one all-gather of a CRC-32 per field: what a checkpoint records (model, data files, schedule), the
-// val files, the layout, and last the whole command line but --threads and --quiet. Not the bytes
-// of a --checkpoint: the same path is taken to hold the same weights.
+// val files, the layout, and last the whole command line but --threads and --quiet. The weights
+// are compared once loaded (check_same_weights): the same --checkpoint or --save-dir path may hold
+// other bytes on another node.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,5 +20,10 @@ namespace ul {
 // Collective. Throws on every rank, naming the first rank and field (and the flag that sets it)
 // where a rank differs from rank 0, with this rank's own value; every rank must pass the same keys.
 void check_ranks_agree(Comm& world, const std::vector<RunField>& fields);
+
+// Collective. Throws on every rank when a rank's weights, once loaded from `source` (a checkpoint
+// path, or "the initial weights of --seed N"), differ from rank 0's (Params::fingerprint: a sample).
+// dp replicas that start apart never meet again: the all-reduced gradients keep them apart.
+void check_same_weights(Comm& world, uint32_t fingerprint, const std::string& source);
 
 }  // namespace ul

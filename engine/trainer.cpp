@@ -312,6 +312,10 @@ Trainer::Trainer(const Options& o, Comm& world)
   else if (is_hf_checkpoint_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
   else model_->init_weights(o.seed);
   std::vector<float>().swap(ckpt);  // loaded: its host memory goes before the optimizer's and the arena's
+  // Every replica from the same weights: the same path may hold other bytes on another node.
+  check_same_weights(world, model_->params.fingerprint(),
+                     o.checkpoint.empty() ? "the initial weights of --seed " + std::to_string(o.seed)
+                                          : "--checkpoint " + o.checkpoint);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;
   ac.beta1 = o.beta1;

@@ -90,3 +90,33 @@ TEST_CASE("a trainer whose ranks see other flags or other data refuses to start"
   const std::vector<std::string> threads = start("--data text:" + a + " --threads 2", "--data text:" + a + " --quiet");
   CHECK((threads[0].empty() && threads[1].empty()));
 }
+
+TEST_CASE("the weights once loaded: a fingerprint that tells other weights apart, compared over the ranks",
+          "[ranks_agree]") {
+  // Params::fingerprint samples the buffer: equal for equal weights, different for another seed's
+  // (they differ everywhere) and for one sampled element changed.
+  auto fingerprints = [](const std::string& args) {
+    const ul::Options o = ul_test::options("--dim 32 --heads 2 --layers 1 --seq 16 --threads 1 " + args);
+    std::vector<uint32_t> fp;
+    ul::run_local(1, [&](ul::Comm& world) {
+      ul::Trainer tr(o, world);
+      ul::Params& p = tr.model().params;
+      fp.push_back(p.fingerprint());
+      p.data()[0] += 1.0f;  // the first element is always sampled
+      fp.push_back(p.fingerprint());
+    });
+    return fp;
+  };
+  const std::vector<uint32_t> a = fingerprints("--seed 1"), b = fingerprints("--seed 1"), c = fingerprints("--seed 2");
+  CHECK(a == b);
+  CHECK(a[0] != c[0]);
+  CHECK(a[0] != a[1]);
+  // Over the ranks: rank 2 of 3 with other weights is refused on every rank, naming the source.
+  const std::vector<std::string> odd = messages_of(3, [&](ul::Comm& w) {
+    ul::check_same_weights(w, w.rank() == 2 ? 7u : 5u, "--checkpoint m.bin");
+  });
+  for (const std::string& m : odd)
+    CHECK(m.find("rank 2 holds other weights than rank 0 after loading --checkpoint m.bin") != std::string::npos);
+  const std::vector<std::string> same = messages_of(3, [&](ul::Comm& w) { ul::check_same_weights(w, 5u, "x"); });
+  for (const std::string& m : same) CHECK(m.empty());
+}
