@@ -199,15 +199,20 @@ std::vector<int> complete_steps(const std::string& root) {
 
 namespace {
 
+// step_dir_id of root's step directory.
+std::string step_id(const std::string& root, int step) { return step_dir_id(root + "/" + step_dir_name(step)); }
+
 // What rank 0 finds in a save directory (after tidying it: stale leftovers tried again, crashed
-// saves removed): the checkpoint to load (the newest, or --resume-step's when it is complete, else
-// -1), the complete one before it, the newest, and the complete ones after the chosen one.
+// saves removed, a rollback's interrupted moves finished): the checkpoint to load (the newest, or
+// --resume-step's when it is complete, else -1), the complete one before it, the newest, the one
+// before the newest, and the complete ones after the chosen one.
 struct SaveDirScan {
-  int chosen = -1, older = -1, newest = -1;
+  int chosen = -1, older = -1, newest = -1, before_newest = -1;
   std::vector<int> after;
+  std::vector<std::string> finished;  // a rollback's moves this start completed
 };
 
-SaveDirScan scan_save_dir(const std::string& root, int resume_step) {
+SaveDirScan scan_save_dir(const std::string& root, int resume_step, const std::optional<RollbackRecord>& record) {
   SaveDirScan s;
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -224,12 +229,26 @@ SaveDirScan scan_save_dir(const std::string& root, int resume_step) {
     std::error_code gone;
     fs::remove_all(p, gone);
   }
+  // A rollback interrupted between its record and its last rename: the checkpoints it was moving
+  // (the same directories as then) go aside now, under the names the others got.
+  if (record)
+    for (const auto& [step, id] : record->moving) {
+      const fs::path dir = fs::path(root) / step_dir_name(step);
+      if (step_id(root, step) != id) continue;
+      const fs::path aside = fs::path(root) / (step_dir_name(step) + ".rolled-back." + std::to_string(record->time_ms));
+      fs::rename(dir, aside, ec);
+      if (ec)
+        throw std::runtime_error(dir.string() + ": cannot move it aside for the rollback to step " +
+                                 std::to_string(record->step) + " (" + rollback_record_path(root) + "): " + ec.message());
+      s.finished.push_back(aside.string());
+    }
   std::vector<int> complete;
   for (auto& [step, done] : list_step_dirs(root)) {
     if (!done) remove_or_warn(root, step, "a save that crashed");
     else complete.push_back(step);
   }
   if (!complete.empty()) s.newest = complete.back();
+  if (complete.size() > 1) s.before_newest = complete[complete.size() - 2];
   const int want = resume_step >= 0 ? resume_step : s.newest;
   for (int step : complete) {
     if (step < want) s.older = step;
@@ -239,29 +258,23 @@ SaveDirScan scan_save_dir(const std::string& root, int resume_step) {
   return s;
 }
 
-// A rollback's other half (rank 0, once every rank has loaded step `to`): the checkpoints after it
-// belong to the history this run replaces. They are renamed, not deleted (the user may still want
-// them), to names that are no checkpoint, so that --keep, a later --resume and the next saves (often
-// at their very steps) see only this run's; the newest first, so that a rename that fails leaves
-// the ones still in place a run of steps right after `to`, never a gap.
-std::vector<std::string> move_aside(const std::string& root, const std::vector<int>& after, int to) {
-  const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+// A rollback's other half (rank 0, once every rank has loaded step `to` and the record is written):
+// the checkpoints after it belong to the history this run replaces. They are renamed, not deleted
+// (the user may still want them), to names that are no checkpoint, so that --keep, a later --resume
+// and the next saves (often at their very steps) see only this run's; the newest first, so that a
+// rename that fails leaves the ones still in place a run of steps right after `to`, never a gap
+// (and the next start finishes the moves from the record).
+std::vector<std::string> move_aside(const std::string& root, const std::vector<int>& after, int to, int64_t suffix) {
   std::vector<std::string> moved;
   for (auto step = after.rbegin(); step != after.rend(); ++step) {
     const fs::path dir = fs::path(root) / step_dir_name(*step);
-    const fs::path aside = fs::path(root) / (step_dir_name(*step) + ".rolled-back." + std::to_string(ms));
+    const fs::path aside = fs::path(root) / (step_dir_name(*step) + ".rolled-back." + std::to_string(suffix));
     std::error_code ec;
     fs::rename(dir, aside, ec);
-    // Left in place, it would be the newest checkpoint again for the next --resume.
     if (ec)
       throw std::runtime_error(dir.string() + ": cannot move it aside for --resume-step " + std::to_string(to) + " (to " +
-                               aside.string() + "): " + ec.message() + (moved.empty() ? "" : "; moved already: ") +
-                               [&] {
-                                 std::string list;
-                                 for (const std::string& m : moved) list += (list.empty() ? "" : ", ") + m;
-                                 return list;
-                               }());
+                               aside.string() + "): " + ec.message() + " (the next start tries again: " +
+                               rollback_record_path(root) + " lists it)");
     moved.push_back(aside.string());
   }
   fsync_dir(root);
@@ -277,16 +290,26 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   saved = run_layout(o, tr.grid());
   SaveDirScan scan;
   std::optional<RollbackRecord> record;
+  bool here = false;  // the record is of the chosen checkpoint (its step, the same model)
   if (world.rank() == 0) {
-    scan = scan_save_dir(root, resume_step);
+    // A fresh run reads no record: one left without checkpoints belonged to a deleted history.
     if (resume) record = read_rollback_record(root);
+    scan = scan_save_dir(root, resume_step, record);
+    here = record && record->step == scan.chosen && step_id(root, scan.chosen) == record->step_id;
+    if (!resume && scan.newest < 0) {
+      std::error_code gone;
+      fs::remove(rollback_record_path(root), gone);
+    }
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
-  int64_t v[7] = {scan.chosen, scan.older, scan.newest, record.has_value(), 0, 0, 0};
-  if (record) v[4] = record->step, v[5] = record->data_sequence, v[6] = record->sequences_per_step;
-  world.broadcast(v, 2 * 7, DType::i32, 0);  // as words: the values are only copied
-  const int chosen = int(v[0]), older = int(v[1]), newest = int(v[2]);
-  if (v[3] && !record) record = RollbackRecord{int(v[4]), v[5], v[6], 0, 0};
+  int64_t v[9] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0};
+  if (here) v[5] = record->step, v[6] = record->data_sequence, v[7] = record->sequences_per_step, v[8] = record->skip_batches;
+  world.broadcast(v, 2 * 9, DType::i32, 0);  // as words: the values are only copied
+  int chosen = int(v[0]), older = int(v[1]);
+  const int newest = int(v[2]), before_newest = int(v[3]);
+  here = v[4] != 0;
+  if (here && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}};
+  if (notes) notes->finished = scan.finished;
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
@@ -302,35 +325,45 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                              (older >= 0 ? ", the newest before step " + std::to_string(resume_step) + " is " +
                                                step_dir_name(older)
                                          : ""));
-  // The same rollback again after the run it started has saved (a requeued job script that still
-  // says --resume-step N) would move that run's checkpoints aside too.
-  if (resume_step >= 0 && record && record->step == resume_step && newest > resume_step)
-    throw std::runtime_error(root + ": --resume-step " + std::to_string(resume_step) + " was done before (" +
-                             rollback_record_path(root) + ") and the run it started has saved up to " +
-                             step_dir_name(newest) + " since: continue it with --resume, without --resume-step and " +
-                             "--skip-batches (to roll back to step " + std::to_string(resume_step) +
-                             " once more, remove " + rollback_record_path(root) + " first)");
+  // The rollback to this step was done, and the run it started has saved since: the same command
+  // again (a requeued job script that still says --resume-step N) goes on from that run's newest
+  // checkpoint, as --resume would; another skip or G for the same step would be a second rollback.
+  bool rollback = resume_step >= 0;
+  if (rollback && here && newest > chosen) {
+    const int64_t G = run_layout(o, tr.grid()).sequences_per_step();
+    if (record->skip_batches != o.skip_batches || record->sequences_per_step != G)
+      throw std::runtime_error(root + ": the rollback to step " + std::to_string(chosen) + " (" +
+                               rollback_record_path(root) + ": --skip-batches " + std::to_string(record->skip_batches) +
+                               ", " + std::to_string(record->sequences_per_step) + " sequences a step) was done and the " +
+                               "run it started has saved up to " + step_dir_name(newest) + " since; this command asks " +
+                               "for --skip-batches " + std::to_string(o.skip_batches) + ", " + std::to_string(G) +
+                               ": continue that run with --resume, or remove " + rollback_record_path(root) +
+                               " to roll back to step " + std::to_string(chosen) + " once more");
+    if (notes) notes->repeat = true;
+    rollback = false, older = before_newest, chosen = newest, here = false;
+  }
   // A rollback whose run has not saved yet: step_N's files hold the data's place of the history
   // it replaced, the record the one the rollback chose.
-  const bool pending = resume_step < 0 && record && record->step == chosen;
+  const bool pending = !rollback && here && chosen == record->step;
   try {
     saved = load_checkpoint(tr, root, chosen, pending ? &*record : nullptr);
   } catch (const RunMismatch&) {
     throw;  // this run's flags, not the checkpoint: an older one would be refused the same way
   } catch (const std::runtime_error& e) {
     // A damaged checkpoint would stop every resume: say how to continue from the one before (not
-    // done unasked: the checkpoint may be sound and the fault elsewhere).
-    if (older < 0) throw;
+    // done unasked: the checkpoint may be sound and the fault elsewhere). Not for a pending
+    // rollback's step: the one before has no record of its skip.
+    if (older < 0 || pending) throw;
     const std::string dir = root + "/" + step_dir_name(chosen);
     throw std::runtime_error(std::string(e.what()) + " (if " + dir + " is damaged, " +
-                             (resume_step >= 0 ? "--resume-step " + std::to_string(older) + " continues from " +
-                                                     step_dir_name(older)
-                                               : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
-                                                     step_dir_name(older)) + ")");
+                             (rollback ? "--resume-step " + std::to_string(older) + " continues from " +
+                                             step_dir_name(older)
+                                       : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
+                                             step_dir_name(older)) + ")");
   }
   check_same_weights(world, tr.model().params.fingerprint(), root + "/" + step_dir_name(chosen) + "/model.bin");
   if (pending && notes) notes->applied = record;
-  if (resume_step < 0) {
+  if (!rollback) {
     world.barrier();
     return chosen;
   }
@@ -342,15 +375,19 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   if (o.skip_batches > 0) tr.skip_batches(o.skip_batches);
   world.barrier();  // every rank has its state: only now are the newer checkpoints let go
   if (world.rank() == 0) {
-    std::vector<std::string> moved = move_aside(root, scan.after, chosen);
+    // The record first: a crash or a failed rename among the moves leaves them listed, for the
+    // next start to finish.
     RollbackRecord r;
     r.step = chosen;
+    r.step_id = step_id(root, chosen);
     r.data_sequence = tr.next_sequence();
     r.sequences_per_step = tr.sequences_per_step();
     r.skip_batches = o.skip_batches;
     r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
+    for (int step : scan.after) r.moving.push_back({step, step_id(root, step)});
     write_rollback_record(root, r);
+    std::vector<std::string> moved = move_aside(root, scan.after, chosen, r.time_ms);
     if (notes) notes->moved = std::move(moved);
   }
   return chosen;
@@ -456,8 +493,10 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const std::string model_path = dir + "/model.bin";
   std::vector<float> p;
   uint32_t model_crc = 0;
-  check_model_config(model_path, read_model_file(model_path, p, &model_crc), tr.model().cfg);
+  // The CRC first: a model.bin of another run put in this one's place is that, not a flag to change.
+  const ModelConfig in_file = read_model_file(model_path, p, &model_crc);
   check_crc(model_path, "model.bin", 0, model_crc);
+  check_model_config(model_path, in_file, tr.model().cfg);
   if (p.size() != n)
     throw std::runtime_error(model_path + ": holds " + std::to_string(p.size()) + " parameters but this model has " +
                              std::to_string(n));

@@ -67,16 +67,21 @@ std::vector<int> complete_steps(const std::string& root);  // steps with COMPLET
 // What a resume did besides loading, for its log lines (rank 0's).
 struct ResumeNotes {
   std::vector<std::string> moved;          // --resume-step: the newer checkpoints, renamed aside
+  std::vector<std::string> finished;       // an interrupted rollback's moves, completed at this start
   std::optional<RollbackRecord> applied;   // a plain --resume that took a pending rollback's data place
+  bool repeat = false;                     // the same --resume-step again after its run saved: a --resume
 };
 
 // Collective. Prepares `root` for this run: creates it and removes incomplete step directories
 // (rank 0). With resume: loads the newest complete checkpoint into `tr` and returns its step, or
 // throws when there is none; under --resume-step N that step's instead, and then (a rollback, the
-// options' --skip-batches applied) rank 0 renames every newer one to step_M.rolled-back.TIME and
-// writes root/rollback.json (engine/rollback_record.h). Without resume: throws when `root` already
-// holds a complete checkpoint (a fresh run must not mix with an old one), else returns 0. `saved`
-// gets the layout the loaded checkpoint was saved at (this run's when there is none).
+// options' --skip-batches applied) rank 0 writes root/rollback.json and renames every newer one to
+// step_M.rolled-back.TIME. The record (engine/rollback_record.h) then also serves: a plain resume
+// of step N before the rolled-back run saved takes its data place and G; the same --resume-step N
+// after it saved goes on from the newest (ResumeNotes::repeat), another skip or G is refused; moves
+// a crash interrupted are finished. Without resume: throws when `root` already holds a complete
+// checkpoint (a fresh run must not mix with an old one), else removes a stale record and returns 0.
+// `saved` gets the layout the loaded checkpoint was saved at (this run's when there is none).
 int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLayout& saved,
                         ResumeNotes* notes = nullptr);
 

@@ -165,6 +165,11 @@ int train_rank(const Options& o, Comm& world) {
   if (o.resume)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
+  if (notes.repeat)
+    say("resume  | --resume-step %d was done before (%s) and its run has saved since: going on from its newest "
+        "checkpoint, as --resume would\n", o.resume_step, rollback_record_path(o.save_dir).c_str());
+  for (const std::string& dir : notes.finished)
+    say("resume  | an interrupted rollback's move finished: %s\n", dir.c_str());
   if (!notes.moved.empty())  // newest first
     say("resume  | rolled back: %s%s moved aside, no longer resumable (delete them when sure)\n",
         notes.moved.back().c_str(),
@@ -174,18 +179,20 @@ int train_rank(const Options& o, Comm& world) {
         rollback_time(*notes.applied).c_str(), rollback_record_path(o.save_dir).c_str(), start + 1,
         (long long)notes.applied->data_sequence, (long long)notes.applied->sequences_per_step);
   const int64_t G = spread.sequences_per_step(), G_saved = saved.sequences_per_step();
+  // The steps' data this start skipped (a rollback's; not the same command repeated after its run saved).
+  const int skipped = o.resume_step >= 0 && !notes.repeat ? o.skip_batches : 0;
   if (G != G_saved)  // --change-global-batch, now or in the pending rollback (else refused)
     say("resume  | another global batch: saved at %lld sequences a step (%s), now %lld (%s): the data goes on from "
         "sequence %lld (not the run never stopped)\n", (long long)G_saved, saved.str().c_str(), (long long)G,
-        spread.str().c_str(), (long long)tr.next_sequence());
+        spread.str().c_str(), (long long)(tr.next_sequence() - int64_t(skipped) * G));
   else if (!saved.same_sums(spread))
     say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
   else if (o.change_global_batch)
     say("note    | --change-global-batch: this resume keeps the checkpoint's %lld sequences a step\n", (long long)G);
-  if (o.skip_batches > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
+  if (skipped > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
     say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
-        o.skip_batches, (long long)(int64_t(o.skip_batches) * G), start + 1, (long long)tr.next_sequence(),
+        skipped, (long long)(int64_t(skipped) * G), start + 1, (long long)tr.next_sequence(),
         (long long)(tr.next_sequence() + G - 1));
   const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;

@@ -381,8 +381,10 @@ StepResult Trainer::step() {
       packed += std::any_of(hb.doc_full.begin() + long(b), hb.doc_full.begin() + long(b) + hb.T, [](int32_t d) { return d > 0; });
   const int64_t count = global_count(g.world, local_valid);
   // Both refusals below fail the same way on every resume: the way on is past this step's data.
-  const std::string past = "resume from the checkpoint of step N before it with --resume-step N --skip-batches K, "
-                           "K > " + std::to_string(step_) + " - N, to train past its data";
+  const std::string past = "this step trains on sequences " + std::to_string(next_seq_) + " to " +
+                           std::to_string(next_seq_ + sequences_per_step() - 1) + ": resume from a checkpoint before " +
+                           "it with --resume-step N --skip-batches K, K enough for step N + 1 to start past them (its " +
+                           "resume line says where it starts)";
   if (count == 0)
     throw std::runtime_error("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch; " + past);
   const float scale = float(1.0 / double(count));

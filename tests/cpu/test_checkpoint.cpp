@@ -456,18 +456,25 @@ TEST_CASE("a rollback with --resume-step: the older checkpoint goes on bit-exact
   // A checkpoint at its step's own data place also has the field older builds read.
   CHECK(bytes_of(d / "step_00000006" / "rank_0.json").find("\"data_sequence\":12,\"data_position\":6,") !=
         std::string::npos);
-  // The same command again (a requeued job script) would move this run's checkpoints aside too:
-  // refused, naming the record, and nothing moves.
-  expect_refused(args + " --resume-step 2", "--resume-step 2 was done before (" + (d / "rollback.json").string() +
-                                                ") and the run it started has saved up to step_00000006 since: "
-                                                "continue it with --resume");
-  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
+  // The same command again (a requeued job script) goes on from this run's newest checkpoint, as
+  // --resume would, instead of moving its checkpoints aside too; another skip for that step is refused.
+  const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet")) + " --save-every 2 --save-dir " + d.string();
+  r = train(loud + " --resume-step 2 --steps 8");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --resume-step 2 was done before (" + (d / "rollback.json").string() +
+                   ") and its run has saved since: going on from its newest checkpoint") != std::string::npos);
+  CHECK(r.out.find("continuing after step 6 of 8") != std::string::npos);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 8});
+  expect_refused(args + " --resume-step 2 --skip-batches 1 --steps 10",
+                 "the rollback to step 2 (" + (d / "rollback.json").string() + ": --skip-batches 0, 2 sequences a "
+                 "step) was done and the run it started has saved up to step_00000008 since");
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 8});
   // A rollback with nothing to train (--steps at or below its step) is refused before it moves anything.
   expect_refused(args + " --resume-step 4 --steps 4", "--resume-step 4: nothing to train, --steps is 4");
-  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 8});
   // --resume-step of the newest moves nothing.
-  REQUIRE(train(args + " --resume-step 6 --steps 7").code == 0);
-  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 7});
+  REQUIRE(train(args + " --resume-step 8 --steps 9").code == 0);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6, 8, 9});
   fs::remove_all(d);
 }
 
@@ -502,6 +509,53 @@ TEST_CASE("a rollback that dies before its first save: a plain resume keeps its 
     CHECK(bytes_of(d / "crashed" / "step_00000006" / "model.bin") == bytes_of(d / "whole" / "step_00000006" / "model.bin"));
     fs::remove_all(d);
   }
+}
+
+TEST_CASE("a rollback interrupted among its moves: the next start finishes them from its record",
+          "[checkpoint][rollback]") {
+  // The record is written before the renames. Here the rollback's run dies in its first save, and
+  // its two moved checkpoints are put back by hand under their step names: the state of a crash
+  // right after the record. A plain --resume moves them aside again and goes on as the rollback would.
+  fs::path d = fresh_dir("rollback_moves");
+  const std::string whole = kArgs + " --save-every 2 --save-dir " + (d / "whole").string();
+  const std::string cut = kArgs + " --save-every 2 --save-dir " + (d / "cut").string();
+  REQUIRE(train(whole).code == 0);
+  REQUIRE(train(cut).code == 0);
+  REQUIRE(train(whole + " --resume-step 2 --skip-batches 1").code == 0);
+  CHECK(train(cut + " --resume-step 2 --skip-batches 1", "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
+  fs::remove_all(d / "cut" / "step_00000004");  // the crashed save's leftover
+  for (const auto& e : fs::directory_iterator(d / "cut")) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".rolled-back.") != std::string::npos) fs::rename(e.path(), d / "cut" / name.substr(0, 13));
+  }
+  REQUIRE(ul::complete_steps((d / "cut").string()) == std::vector<int>{2, 4, 6});
+  const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet")) + " --save-every 2 --save-dir " + (d / "cut").string();
+  CmdResult r = train(loud + " --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | an interrupted rollback's move finished: " + (d / "cut" / "step_00000006").string() +
+                   ".rolled-back.") != std::string::npos);
+  CHECK(r.out.find("continuing after step 2 of 6") != std::string::npos);
+  CHECK(history(d / "cut" / "log.jsonl") == history(d / "whole" / "log.jsonl"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("a fresh run removes a rollback record its directory kept from a deleted history", "[checkpoint][rollback]") {
+  fs::path d = fresh_dir("rollback_stale");
+  const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  REQUIRE(train(args + " --resume-step 4 --skip-batches 3").code == 0);
+  REQUIRE(fs::exists(d / "rollback.json"));
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename().string().rfind("step_", 0) == 0) fs::remove_all(e.path());
+  // A new run from step 0: its step 4 is not the one rolled back to, and its data is its own.
+  REQUIRE(train(kArgs + " --steps 4 --save-every 2 --save-dir " + d.string()).code == 0);
+  CHECK_FALSE(fs::exists(d / "rollback.json"));
+  REQUIRE(train(args + " --resume").code == 0);
+  CHECK(bytes_of(d / "step_00000006" / "rank_0.json").find("\"data_sequence\":12,") != std::string::npos);
+  // And its first rollback to step 4 is a rollback, not a repeat of the deleted history's.
+  REQUIRE(train(args + " --resume-step 4 --skip-batches 1").code == 0);
+  CHECK(bytes_of(d / "step_00000006" / "rank_0.json").find("\"data_sequence\":14,") != std::string::npos);
+  fs::remove_all(d);
 }
 
 TEST_CASE("skipping batches moves the data ahead, and checkpoints keep the skip", "[checkpoint][rollback]") {
@@ -606,6 +660,17 @@ TEST_CASE("rollback flags: a missing step names the ones there, and bad values a
   expect_refused(args + " --resume-step 6 --skip-batches 0", "--skip-batches must be >= 1, got 0");
   expect_refused(kArgs + " --resume-step 2", "--resume-step needs --save-dir");
   expect_refused(args + " --resume-step 2 --steps 0", "--resume-step with --steps 0 trains nothing");
+  // A model.bin of another run's shape put in a checkpoint is another run's file (its CRC is not the
+  // one the rank file recorded), not a flag to change: the hint to roll back further comes with it.
+  {
+    const fs::path other = d.string() + "_other";
+    REQUIRE(train(kArgs + " --dim 64 --steps 2 --save-dir " + other.string()).code == 0);
+    fs::copy_file(other / "step_00000002" / "model.bin", d / "step_00000004" / "model.bin",
+                  fs::copy_options::overwrite_existing);
+    fs::remove_all(other);
+  }
+  expect_refused(args + " --resume-step 4", "model.bin: its crc32 is ");
+  expect_refused(args + " --resume-step 4", "--resume-step 2 continues from step_00000002)");
   // A damaged checkpoint chosen by step: the refusal names the one before to roll back to.
   {
     std::fstream f(d / "step_00000004" / "model.bin", std::ios::in | std::ios::out | std::ios::binary);
