@@ -302,13 +302,13 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     }
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
-  int64_t v[9] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0};
-  if (here) v[5] = record->step, v[6] = record->data_sequence, v[7] = record->sequences_per_step, v[8] = record->skip_batches;
-  world.broadcast(v, 2 * 9, DType::i32, 0);  // as words: the values are only copied
+  int64_t v[10] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, record.has_value(), 0, 0, 0, 0};
+  if (record) v[6] = record->step, v[7] = record->data_sequence, v[8] = record->sequences_per_step, v[9] = record->skip_batches;
+  world.broadcast(v, 2 * 10, DType::i32, 0);  // as words: the values are only copied
   int chosen = int(v[0]), older = int(v[1]);
   const int newest = int(v[2]), before_newest = int(v[3]);
   here = v[4] != 0;
-  if (here && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}};
+  if (v[5] && !record) record = RollbackRecord{int(v[6]), "", v[7], v[8], int(v[9]), 0, {}};
   if (notes) notes->finished = scan.finished;
   if (!resume) {
     if (newest >= 0)
@@ -319,29 +319,30 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   const char* flag = resume_step >= 0 ? "--resume-step" : "--resume";
   if (newest < 0)
     throw std::runtime_error(root + ": no complete checkpoint to resume from (" + flag + "); run without it to start fresh");
+  // The rollback to this step was done, and the run it started has saved since (step N itself may
+  // be gone since, to --keep): the same command again (a requeued job script that still says
+  // --resume-step N) goes on from that run's newest checkpoint, as --resume would; another skip or
+  // G for the same step would be a second rollback.
+  bool rollback = resume_step >= 0;
+  if (rollback && record && record->step == resume_step && (here || chosen < 0) && newest > resume_step) {
+    const int64_t G = run_layout(o, tr.grid()).sequences_per_step();
+    if (record->skip_batches != o.skip_batches || record->sequences_per_step != G)
+      throw std::runtime_error(root + ": the rollback to step " + std::to_string(resume_step) + " (" +
+                               rollback_record_path(root) + ": --skip-batches " + std::to_string(record->skip_batches) +
+                               ", " + std::to_string(record->sequences_per_step) + " sequences a step) was done and the " +
+                               "run it started has saved up to " + step_dir_name(newest) + " since; this command asks " +
+                               "for --skip-batches " + std::to_string(o.skip_batches) + ", " + std::to_string(G) +
+                               ": continue that run with --resume, or remove " + rollback_record_path(root) +
+                               " to roll back to step " + std::to_string(resume_step) + " once more");
+    if (notes) notes->repeat = true;
+    rollback = false, older = before_newest, chosen = newest, here = false;
+  }
   if (chosen < 0)
     throw std::runtime_error(root + "/" + step_dir_name(resume_step) + ": no such complete checkpoint (--resume-step " +
                              std::to_string(resume_step) + "); the newest is " + step_dir_name(newest) +
                              (older >= 0 ? ", the newest before step " + std::to_string(resume_step) + " is " +
                                                step_dir_name(older)
                                          : ""));
-  // The rollback to this step was done, and the run it started has saved since: the same command
-  // again (a requeued job script that still says --resume-step N) goes on from that run's newest
-  // checkpoint, as --resume would; another skip or G for the same step would be a second rollback.
-  bool rollback = resume_step >= 0;
-  if (rollback && here && newest > chosen) {
-    const int64_t G = run_layout(o, tr.grid()).sequences_per_step();
-    if (record->skip_batches != o.skip_batches || record->sequences_per_step != G)
-      throw std::runtime_error(root + ": the rollback to step " + std::to_string(chosen) + " (" +
-                               rollback_record_path(root) + ": --skip-batches " + std::to_string(record->skip_batches) +
-                               ", " + std::to_string(record->sequences_per_step) + " sequences a step) was done and the " +
-                               "run it started has saved up to " + step_dir_name(newest) + " since; this command asks " +
-                               "for --skip-batches " + std::to_string(o.skip_batches) + ", " + std::to_string(G) +
-                               ": continue that run with --resume, or remove " + rollback_record_path(root) +
-                               " to roll back to step " + std::to_string(chosen) + " once more");
-    if (notes) notes->repeat = true;
-    rollback = false, older = before_newest, chosen = newest, here = false;
-  }
   // A rollback whose run has not saved yet: step_N's files hold the data's place of the history
   // it replaced, the record the one the rollback chose.
   const bool pending = !rollback && here && chosen == record->step;

@@ -539,6 +539,21 @@ TEST_CASE("a rollback interrupted among its moves: the next start finishes them 
   fs::remove_all(d);
 }
 
+TEST_CASE("the same rollback command again goes on even after --keep pruned the step it rolled back to",
+          "[checkpoint][rollback]") {
+  fs::path d = fresh_dir("rollback_keep");
+  const std::string args = kArgs + " --save-every 2 --keep 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  REQUIRE(train(args + " --resume-step 4 --skip-batches 1 --steps 8").code == 0);
+  REQUIRE(ul::complete_steps(d.string()) == std::vector<int>{6, 8});  // step 4 pruned
+  REQUIRE(train(args + " --resume-step 4 --skip-batches 1 --steps 10").code == 0);
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{8, 10});
+  // Its data place went on from the rollback's: 4 x 2 + 1 x 2 + 6 steps x 2.
+  CHECK(bytes_of(d / "step_00000010" / "rank_0.json").find("\"data_sequence\":22,") != std::string::npos);
+  expect_refused(args + " --resume-step 4 --steps 12", "the rollback to step 4 (");
+  fs::remove_all(d);
+}
+
 TEST_CASE("a fresh run removes a rollback record its directory kept from a deleted history", "[checkpoint][rollback]") {
   fs::path d = fresh_dir("rollback_stale");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
