@@ -241,6 +241,9 @@ SaveDirScan scan_save_dir(const std::string& root, int resume_step, const std::o
         throw std::runtime_error(dir.string() + ": cannot move it aside for the rollback to step " +
                                  std::to_string(record->step) + " (" + rollback_record_path(root) + "): " + ec.message());
       s.finished.push_back(aside.string());
+      // Now, not with the resume's lines: a refusal below must not hide what this start moved.
+      std::fprintf(stderr, "resume  | %s: moved aside now, finishing the rollback to step %d that %s lists\n",
+                   aside.string().c_str(), record->step, rollback_record_path(root).c_str());
     }
   std::vector<int> complete;
   for (auto& [step, done] : list_step_dirs(root)) {
@@ -296,19 +299,31 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     if (resume) record = read_rollback_record(root);
     scan = scan_save_dir(root, resume_step, record);
     here = record && record->step == scan.chosen && step_id(root, scan.chosen) == record->step_id;
+    if (record && record->step == scan.chosen && !here)
+      std::fprintf(stderr, "note    | %s names %s, but the one here now is another save of that step: the record "
+                   "is not applied to it\n", rollback_record_path(root).c_str(), step_dir_name(scan.chosen).c_str());
     if (!resume && scan.newest < 0) {
       std::error_code gone;
       fs::remove(rollback_record_path(root), gone);
     }
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
-  int64_t v[10] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, record.has_value(), 0, 0, 0, 0};
-  if (record) v[6] = record->step, v[7] = record->data_sequence, v[8] = record->sequences_per_step, v[9] = record->skip_batches;
-  world.broadcast(v, 2 * 10, DType::i32, 0);  // as words: the values are only copied
+  // The rollback to --resume-step's step the record remembers (the latest, or an earlier one): -1 none.
+  int64_t done_skip = -1, done_g = 0;
+  if (record && resume_step >= 0) {
+    if (record->step == resume_step) done_skip = record->skip_batches, done_g = record->sequences_per_step;
+    else
+      for (const RollbackRecord::Earlier& e : record->earlier)
+        if (e.step == resume_step) done_skip = e.skip_batches, done_g = e.sequences_per_step;
+  }
+  int64_t v[11] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0, done_skip, done_g};
+  if (here) v[5] = record->step, v[6] = record->data_sequence, v[7] = record->sequences_per_step, v[8] = record->skip_batches;
+  world.broadcast(v, 2 * 11, DType::i32, 0);  // as words: the values are only copied
   int chosen = int(v[0]), older = int(v[1]);
   const int newest = int(v[2]), before_newest = int(v[3]);
   here = v[4] != 0;
-  if (v[5] && !record) record = RollbackRecord{int(v[6]), "", v[7], v[8], int(v[9]), 0, {}};
+  if (here && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}, {}};
+  done_skip = v[9], done_g = v[10];
   if (notes) notes->finished = scan.finished;
   if (!resume) {
     if (newest >= 0)
@@ -319,21 +334,24 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   const char* flag = resume_step >= 0 ? "--resume-step" : "--resume";
   if (newest < 0)
     throw std::runtime_error(root + ": no complete checkpoint to resume from (" + flag + "); run without it to start fresh");
-  // The rollback to this step was done, and the run it started has saved since (step N itself may
-  // be gone since, to --keep): the same command again (a requeued job script that still says
-  // --resume-step N) goes on from that run's newest checkpoint, as --resume would; another skip or
-  // G for the same step would be a second rollback.
+  // A rollback to this step was done (the record's, or an earlier one it remembers), and the runs
+  // since have saved past it (step N itself may be gone since, to --keep): the same command again
+  // (a requeued job script that still says --resume-step N) goes on from the newest checkpoint, as
+  // --resume would; another skip or G for that step would be a second rollback, refused.
   bool rollback = resume_step >= 0;
-  if (rollback && record && record->step == resume_step && (here || chosen < 0) && newest > resume_step) {
+  if (rollback && done_skip >= 0 && newest > resume_step) {
     const int64_t G = run_layout(o, tr.grid()).sequences_per_step();
-    if (record->skip_batches != o.skip_batches || record->sequences_per_step != G)
-      throw std::runtime_error(root + ": the rollback to step " + std::to_string(resume_step) + " (" +
-                               rollback_record_path(root) + ": --skip-batches " + std::to_string(record->skip_batches) +
-                               ", " + std::to_string(record->sequences_per_step) + " sequences a step) was done and the " +
-                               "run it started has saved up to " + step_dir_name(newest) + " since; this command asks " +
-                               "for --skip-batches " + std::to_string(o.skip_batches) + ", " + std::to_string(G) +
-                               ": continue that run with --resume, or remove " + rollback_record_path(root) +
-                               " to roll back to step " + std::to_string(resume_step) + " once more");
+    if (done_skip != o.skip_batches || done_g != G)
+      throw std::runtime_error(root + ": a rollback to step " + std::to_string(resume_step) + " with --skip-batches " +
+                               std::to_string(done_skip) + " at " + std::to_string(done_g) + " sequences a step (" +
+                               rollback_record_path(root) + ") was done, and the run has saved up to " +
+                               step_dir_name(newest) + " since; this command asks for --skip-batches " +
+                               std::to_string(o.skip_batches) + " at " + std::to_string(G) + ": continue the run with " +
+                               "--resume" +
+                               (chosen >= 0 ? ", or remove " + rollback_record_path(root) + " to roll back to step " +
+                                                  std::to_string(resume_step) + " once more"
+                                            : " (" + step_dir_name(resume_step) + " itself is gone: roll back to a step " +
+                                                  "still there)"));
     if (notes) notes->repeat = true;
     rollback = false, older = before_newest, chosen = newest, here = false;
   }
@@ -362,7 +380,8 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                                        : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
                                              step_dir_name(older)) + ")");
   }
-  check_same_weights(world, tr.model().params.fingerprint(), root + "/" + step_dir_name(chosen) + "/model.bin");
+  check_same_weights(world, tr.model().params.fingerprint(), "loading " + root + "/" + step_dir_name(chosen) + "/model.bin",
+                     kSameFile);
   if (pending && notes) notes->applied = record;
   if (!rollback) {
     world.barrier();
@@ -387,6 +406,10 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
     for (int step : scan.after) r.moving.push_back({step, step_id(root, step)});
+    if (record) {  // the rollbacks before this one, for their job scripts' repeats
+      r.earlier = record->earlier;
+      r.earlier.push_back({record->step, record->skip_batches, record->sequences_per_step});
+    }
     write_rollback_record(root, r);
     std::vector<std::string> moved = move_aside(root, scan.after, chosen, r.time_ms);
     if (notes) notes->moved = std::move(moved);

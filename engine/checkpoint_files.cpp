@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -431,6 +432,12 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   if (next_sequence == int64_t(step) * layout.sequences_per_step()) j.add("data_position", step);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
   j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
+  // A number this save draws, to tell it from another save of the same step with the same bytes
+  // (a rollback without a skip): DIR/rollback.json names checkpoints by it (engine/rollback_record.h).
+  std::random_device rd;
+  char id[24];
+  std::snprintf(id, sizeof id, "%08x%08x", unsigned(rd()), unsigned(rd()));
+  j.add("save_id", id);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
   for (const auto& [name, crc] : crcs) j.add_raw("crc " + name, std::to_string(crc));
   // Last, its own checksum: the CRC-32 of the text before it (from "{" to the comma), so that a

@@ -19,14 +19,20 @@ struct Context {
 
 Context& ctx();                 // the calling thread's context; throws if none is set
 Context* ctx_or_null();
-void set_ctx(Context* c);
+// The thread's contexts are a stack: the current one is the newest guard's still alive. A guard
+// that ends out of order (a Trainer replaced by another built before the old one is destroyed)
+// takes out only its own entry, so the other stays current and none left points at a dead one.
+void push_ctx(Context* c);
+void pop_ctx(Context* c);       // removes c's newest entry
 
 class ContextGuard {            // makes c current for a scope
  public:
-  explicit ContextGuard(Context& c) : prev_(ctx_or_null()) { set_ctx(&c); }
-  ~ContextGuard() { set_ctx(prev_); }
+  explicit ContextGuard(Context& c) : c_(&c) { push_ctx(c_); }
+  ~ContextGuard() { pop_ctx(c_); }
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
  private:
-  Context* prev_;
+  Context* c_;
 };
 
 class Recording {               // turns the tape's recording on or off for a scope

@@ -433,7 +433,8 @@ Options parse_options(int argc, char** argv) {
     if (!o.set_by_user("--resume-step"))
       throw std::runtime_error("--skip-batches moves a resumed run's data ahead: it needs --resume-step N (the "
                                "checkpoint to go on from; the newest one is fine)");
-    positive("--skip-batches", o.skip_batches);
+    // 0 is a rollback without a skip (a job script with K as a parameter).
+    if (o.skip_batches < 0) throw std::runtime_error("--skip-batches must be >= 0, got " + std::to_string(o.skip_batches));
   }
   if (o.resume && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0
     throw std::runtime_error(std::string(o.set_by_user("--resume-step") ? "--resume-step" : "--resume") +

@@ -30,16 +30,15 @@ void check_ranks_agree(Comm& world, const std::vector<RunField>& fields) {
       }
 }
 
-void check_same_weights(Comm& world, uint32_t fingerprint, const std::string& source) {
+void check_same_weights(Comm& world, uint32_t fingerprint, const std::string& source, const std::string& cause) {
   const int P = world.size();
   if (P == 1) return;
   std::vector<uint32_t> all(static_cast<size_t>(P));
   world.all_gather(&fingerprint, all.data(), 1, DType::i32);
   for (int r = 1; r < P; r++)
     if (all[size_t(r)] != all[0])
-      throw std::runtime_error("rank " + std::to_string(r) + " holds other weights than rank 0 after loading " + source +
-                               " (a sample of them differs): every node must read the same bytes there (a node's own "
-                               "stale copy, a file rewritten while the job started?)");
+      throw std::runtime_error("rank " + std::to_string(r) + " holds other weights than rank 0 after " + source +
+                               " (a sample of them differs): " + cause);
 }
 
 }  // namespace ul

@@ -21,9 +21,14 @@ namespace ul {
 // where a rank differs from rank 0, with this rank's own value; every rank must pass the same keys.
 void check_ranks_agree(Comm& world, const std::vector<RunField>& fields);
 
-// Collective. Throws on every rank when a rank's weights, once loaded from `source` (a checkpoint
-// path, or "the initial weights of --seed N"), differ from rank 0's (Params::fingerprint: a sample).
-// dp replicas that start apart never meet again: the all-reduced gradients keep them apart.
-void check_same_weights(Comm& world, uint32_t fingerprint, const std::string& source);
+// The reason for check_same_weights' refusal after loading a file that every node must hold alike.
+inline constexpr const char* kSameFile =
+    "every node must read the same bytes there (a node's own stale copy, a file rewritten while the job started?)";
+
+// Collective. Throws on every rank when a rank's weights, once made (`source`: "loading PATH",
+// "initializing them from --seed N"), differ from rank 0's (Params::fingerprint: a sample), with
+// `cause`, what to look at. dp replicas that start apart never meet again: the all-reduced
+// gradients keep them apart.
+void check_same_weights(Comm& world, uint32_t fingerprint, const std::string& source, const std::string& cause);
 
 }  // namespace ul

@@ -9,15 +9,17 @@
 //     train on the skipped data again;
 //   - once that run has saved past N, the same command again (a requeued job script) goes on from
 //     the newest checkpoint as --resume would, instead of moving that run's checkpoints aside too;
-//     another --skip-batches or G for the same step is refused (remove the record to roll back to
-//     step N once more).
+//     so does the command of any earlier rollback the record remembers (a later rollback keeps
+//     them in "earlier"); another skip or G for such a step is refused (remove the record to roll
+//     back to that step once more).
 // A fresh run in the directory (no checkpoint left) removes it: it belonged to a deleted history.
-// Checkpoints are named in it by step and identity (step_dir_id: the directory's inode and its
-// COMPLETE's mtime), not by content: a rollback without a skip saves the same bits again, in new
-// directories, and those are not the ones it moved.
-// {"format":"ulysses-rollback","step":N,"step_id":"INO:NS","data_sequence":S,"sequences_per_step":G,
-//  "skip_batches":K,"time_ms":T,"moving":"6@INO:NS,8@INO:NS"}  (S: the first sequence of step N + 1,
-//  after the skip; G: the run's, after any change)
+// Checkpoints are named in it by step and identity (step_dir_id: the save_id their rank_0.json
+// carries, a random number each save draws), not by content: a rollback without a skip saves the
+// same bits again, in new directories, and those are not the ones it moved; a copy of the
+// directory (cp -a, rsync, a restore) keeps them.
+// {"format":"ulysses-rollback","step":N,"step_id":"ID","data_sequence":S,"sequences_per_step":G,
+//  "skip_batches":K,"time_ms":T,"moving":"6@ID,8@ID","earlier":"2:1:16,..."}  (S: the first
+//  sequence of step N + 1, after the skip; G: the run's, after any change; earlier: step:K:G each)
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -35,12 +37,17 @@ struct RollbackRecord {
   int skip_batches = 0;
   int64_t time_ms = 0;             // when (ms since the epoch; also the moved directories' suffix)
   std::vector<std::pair<int, std::string>> moving;  // the newer checkpoints to move aside, with their identities
+  struct Earlier {
+    int step = 0, skip_batches = 0;
+    int64_t sequences_per_step = 0;
+  };
+  std::vector<Earlier> earlier;    // the rollbacks before this one, oldest first
 };
 
 std::string rollback_record_path(const std::string& root);  // root/rollback.json
-// A checkpoint directory's identity: "INODE:NS", the directory's inode and its COMPLETE file's
-// modification time in ns ("" when either cannot be read: no match). A new save of the same step
-// is a new directory with a new COMPLETE: another identity, whatever its bytes.
+// A checkpoint directory's identity: "save ID", the save_id its rank_0.json carries; for a
+// checkpoint from before save_id, "inode INO:NS", the directory's inode and its COMPLETE file's
+// modification time in ns (which a copy does not keep); "" when neither can be read (no match).
 std::string step_dir_id(const std::string& dir);
 // The record in root, if there is one; throws naming the file (and what to do) when it is damaged.
 std::optional<RollbackRecord> read_rollback_record(const std::string& root);

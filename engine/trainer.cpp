@@ -313,9 +313,12 @@ Trainer::Trainer(const Options& o, Comm& world)
   else model_->init_weights(o.seed);
   std::vector<float>().swap(ckpt);  // loaded: its host memory goes before the optimizer's and the arena's
   // Every replica from the same weights: the same path may hold other bytes on another node.
-  check_same_weights(world, model_->params.fingerprint(),
-                     o.checkpoint.empty() ? "the initial weights of --seed " + std::to_string(o.seed)
-                                          : "--checkpoint " + o.checkpoint);
+  if (o.checkpoint.empty())
+    check_same_weights(world, model_->params.fingerprint(), "initializing them from --seed " + std::to_string(o.seed),
+                       "every rank draws the same numbers from the seed (another build, or another math library, on "
+                       "some node?)");
+  else
+    check_same_weights(world, model_->params.fingerprint(), "loading --checkpoint " + o.checkpoint, kSameFile);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;
   ac.beta1 = o.beta1;
@@ -356,7 +359,7 @@ void Trainer::check_current(const char* what) const {
   // they would write into its buffers (a second Trainer built on this thread after this one).
   if (ctx_or_null() != &ctx_)
     throw std::logic_error(std::string("Trainer::") + what + ": another context is current on this thread (a Trainer "
-                           "built on it since this one, still alive): one Trainer per thread at a time");
+                           "or ContextGuard made on it since this one, still alive): one Trainer per thread at a time");
 }
 
 StepResult Trainer::step() {

@@ -113,10 +113,10 @@ TEST_CASE("the weights once loaded: a fingerprint that tells other weights apart
   CHECK(a[0] != a[1]);
   // Over the ranks: rank 2 of 3 with other weights is refused on every rank, naming the source.
   const std::vector<std::string> odd = messages_of(3, [&](ul::Comm& w) {
-    ul::check_same_weights(w, w.rank() == 2 ? 7u : 5u, "--checkpoint m.bin");
+    ul::check_same_weights(w, w.rank() == 2 ? 7u : 5u, "loading --checkpoint m.bin", ul::kSameFile);
   });
   for (const std::string& m : odd)
     CHECK(m.find("rank 2 holds other weights than rank 0 after loading --checkpoint m.bin") != std::string::npos);
-  const std::vector<std::string> same = messages_of(3, [&](ul::Comm& w) { ul::check_same_weights(w, 5u, "x"); });
+  const std::vector<std::string> same = messages_of(3, [&](ul::Comm& w) { ul::check_same_weights(w, 5u, "x", "y"); });
   for (const std::string& m : same) CHECK(m.empty());
 }

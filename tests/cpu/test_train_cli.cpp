@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/context.h"
 #include "engine/optimizer.h"
 #include "engine/run_log.h"
 #include "engine/trainer.h"
@@ -384,6 +386,15 @@ TEST_CASE("a Trainer refuses to run under another one's context on its thread", 
       CHECK(std::isfinite(second.step().grad_norm));
     }
     CHECK(std::isfinite(first.step().grad_norm));
+  });
+  // Replaced by another (built before the old one goes): the new one stays current, and once it is
+  // gone too no context is left pointing at a dead trainer's.
+  ul::run_local(1, [&](ul::Comm& world) {
+    auto tr = std::make_unique<ul::Trainer>(o, world);
+    tr = std::make_unique<ul::Trainer>(o, world);
+    CHECK(std::isfinite(tr->step().grad_norm));
+    tr.reset();
+    CHECK(ul::ctx_or_null() == nullptr);
   });
 }
 
