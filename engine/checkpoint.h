@@ -28,6 +28,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/checkpoint_files.h"
@@ -63,6 +64,11 @@ class SaveDirLock {
 std::string step_dir_name(int step);                       // "step_00000100"
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
+// Every step directory under root, with whether it is complete (has COMPLETE), ascending.
+std::vector<std::pair<int, bool>> list_step_dirs(const std::string& root);
+// Removes root/step_N, COMPLETE first (a crashed save's leftover, a checkpoint past --keep); one
+// that will not go is renamed step_N.stale.PID.TIME or left, with a warning naming `what`.
+void remove_or_warn(const std::string& root, int step, const char* what);
 
 // What a resume did besides loading, for its log lines (rank 0's).
 struct ResumeNotes {
@@ -72,7 +78,7 @@ struct ResumeNotes {
   bool repeat = false;                     // the same --resume-step again after its run saved: a --resume
 };
 
-// Collective. Prepares `root` for this run: creates it and removes incomplete step directories
+// Collective (engine/resume.cpp). Prepares `root` for this run: creates it and removes incomplete step directories
 // (rank 0). With resume: loads the newest complete checkpoint into `tr` and returns its step, or
 // throws when there is none; under --resume-step N that step's instead, and then (a rollback, the
 // options' --skip-batches applied) rank 0 writes root/rollback.json and renames every newer one to
