@@ -73,7 +73,6 @@ void remove_or_warn(const std::string& root, int step, const char* what);
 // What a resume did besides loading, for its log lines (rank 0's).
 struct ResumeNotes {
   std::vector<std::string> moved;          // --resume-step: the newer checkpoints, renamed aside
-  std::vector<std::string> finished;       // an interrupted rollback's moves, completed at this start
   std::optional<RollbackRecord> applied;   // a plain --resume that took a pending rollback's data place
   bool repeat = false;                     // the same --resume-step again after its run saved: a --resume
 };

@@ -25,13 +25,12 @@ namespace {
 std::string step_id(const std::string& root, int step) { return step_dir_id(root + "/" + step_dir_name(step)); }
 
 // What rank 0 finds in a save directory (after tidying it: stale leftovers tried again, crashed
-// saves removed, a rollback's interrupted moves finished): the checkpoint to load (the newest, or
-// --resume-step's when it is complete, else -1), the complete one before it, the newest, the one
-// before the newest, and the complete ones after the chosen one.
+// saves removed, a rollback's interrupted moves finished, each said at once): the checkpoint to
+// load (the newest, or --resume-step's when it is complete, else -1), the complete one before it,
+// the newest, the one before the newest, and the complete ones after the chosen one.
 struct SaveDirScan {
   int chosen = -1, older = -1, newest = -1, before_newest = -1;
   std::vector<int> after;
-  std::vector<std::string> finished;  // a rollback's moves this start completed
 };
 
 SaveDirScan scan_save_dir(const std::string& root, int resume_step, const std::optional<RollbackRecord>& record) {
@@ -56,13 +55,12 @@ SaveDirScan scan_save_dir(const std::string& root, int resume_step, const std::o
   if (record)
     for (const auto& [step, id] : record->moving) {
       const fs::path dir = fs::path(root) / step_dir_name(step);
-      if (step_id(root, step) != id) continue;
+      if (id.empty() || step_id(root, step) != id) continue;  // "": unreadable then, no match now
       const fs::path aside = fs::path(root) / (step_dir_name(step) + ".rolled-back." + std::to_string(record->time_ms));
       fs::rename(dir, aside, ec);
       if (ec)
         throw std::runtime_error(dir.string() + ": cannot move it aside for the rollback to step " +
                                  std::to_string(record->step) + " (" + rollback_record_path(root) + "): " + ec.message());
-      s.finished.push_back(aside.string());
       // Now, not with the resume's lines: a refusal below must not hide what this start moved.
       std::fprintf(stderr, "resume  | %s: moved aside now, finishing the rollback to step %d that %s lists\n",
                    aside.string().c_str(), record->step, rollback_record_path(root).c_str());
@@ -120,7 +118,8 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     // A fresh run reads no record: one left without checkpoints belonged to a deleted history.
     if (resume) record = read_rollback_record(root);
     scan = scan_save_dir(root, resume_step, record);
-    here = record && record->step == scan.chosen && step_id(root, scan.chosen) == record->step_id;
+    here = record && record->step == scan.chosen && !record->step_id.empty() &&
+           step_id(root, scan.chosen) == record->step_id;
     if (record && record->step == scan.chosen && !here)
       std::fprintf(stderr, "note    | %s names %s, but the one here now is another save of that step: the record "
                    "is not applied to it\n", rollback_record_path(root).c_str(), step_dir_name(scan.chosen).c_str());
@@ -146,7 +145,6 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   here = v[4] != 0;
   if (here && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}, {}};
   done_skip = v[9], done_g = v[10];
-  if (notes) notes->finished = scan.finished;
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +

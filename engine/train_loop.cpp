@@ -169,8 +169,6 @@ int train_rank(const Options& o, Comm& world) {
     say("resume  | --resume-step %d was done before (%s) and its run has saved since: going on from its newest "
         "checkpoint, as --resume would (to roll back to step %d once more, remove that record first)\n", o.resume_step,
         rollback_record_path(o.save_dir).c_str(), o.resume_step);
-  for (const std::string& dir : notes.finished)
-    say("resume  | an interrupted rollback's move finished: %s\n", dir.c_str());
   if (!notes.moved.empty())  // newest first
     say("resume  | rolled back: %s%s moved aside, no longer resumable (delete them when sure)\n",
         notes.moved.back().c_str(),

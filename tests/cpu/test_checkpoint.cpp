@@ -542,8 +542,9 @@ TEST_CASE("a rollback interrupted among its moves: the next start finishes them 
   const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet")) + " --save-every 2 --save-dir " + (d / "cut").string();
   CmdResult r = train(loud + " --resume");
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("resume  | an interrupted rollback's move finished: " + (d / "cut" / "step_00000006").string() +
-                   ".rolled-back.") != std::string::npos);
+  CHECK(r.out.find("resume  | " + (d / "cut" / "step_00000006").string() + ".rolled-back.") != std::string::npos);
+  CHECK(r.out.find(": moved aside now, finishing the rollback to step 2 that " + (d / "cut" / "rollback.json").string() +
+                   " lists") != std::string::npos);
   CHECK(r.out.find("continuing after step 2 of 6") != std::string::npos);
   CHECK(history(d / "cut" / "log.jsonl") == history(d / "whole" / "log.jsonl"));
   fs::remove_all(d);
