@@ -121,8 +121,11 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     here = record && record->step == scan.chosen && !record->step_id.empty() &&
            step_id(root, scan.chosen) == record->step_id;
     if (record && record->step == scan.chosen && !here)
-      std::fprintf(stderr, "note    | %s names %s, but the one here now is another save of that step: the record "
-                   "is not applied to it\n", rollback_record_path(root).c_str(), step_dir_name(scan.chosen).c_str());
+      std::fprintf(stderr, "note    | %s names %s, but the one here now is not that save (another save of that "
+                   "step, or a copy of a checkpoint without a save_id, whose identity a copy does not keep): the "
+                   "record is not applied (if it is the rollback's own, copied, run the rollback's command again: "
+                   "--resume-step %d --skip-batches %d)\n", rollback_record_path(root).c_str(),
+                   step_dir_name(scan.chosen).c_str(), record->step, record->skip_batches);
     if (!resume && scan.newest < 0) {
       std::error_code gone;
       fs::remove(rollback_record_path(root), gone);
@@ -130,21 +133,22 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   }
   // Rank 0 decides, so that every rank loads the same step (or refuses the same way).
   // The rollback to --resume-step's step the record remembers (the latest, or an earlier one): -1 none.
-  int64_t done_skip = -1, done_g = 0;
+  int64_t done_skip = -1, done_g = 0, done_earlier = 0;
   if (record && resume_step >= 0) {
     if (record->step == resume_step) done_skip = record->skip_batches, done_g = record->sequences_per_step;
     else
       for (const RollbackRecord::Earlier& e : record->earlier)
-        if (e.step == resume_step) done_skip = e.skip_batches, done_g = e.sequences_per_step;
+        if (e.step == resume_step) done_skip = e.skip_batches, done_g = e.sequences_per_step, done_earlier = 1;
   }
-  int64_t v[11] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0, done_skip, done_g};
+  int64_t v[12] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0, done_skip, done_g,
+                   done_earlier};
   if (here) v[5] = record->step, v[6] = record->data_sequence, v[7] = record->sequences_per_step, v[8] = record->skip_batches;
-  world.broadcast(v, 2 * 11, DType::i32, 0);  // as words: the values are only copied
+  world.broadcast(v, 2 * 12, DType::i32, 0);  // as words: the values are only copied
   int chosen = int(v[0]), older = int(v[1]);
   const int newest = int(v[2]), before_newest = int(v[3]);
   here = v[4] != 0;
   if (here && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}, {}};
-  done_skip = v[9], done_g = v[10];
+  done_skip = v[9], done_g = v[10], done_earlier = v[11];
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
@@ -155,11 +159,13 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   if (newest < 0)
     throw std::runtime_error(root + ": no complete checkpoint to resume from (" + flag + "); run without it to start fresh");
   // A rollback to this step was done (the record's, or an earlier one it remembers), and the runs
-  // since have saved past it (step N itself may be gone since, to --keep): the same command again
-  // (a requeued job script that still says --resume-step N) goes on from the newest checkpoint, as
-  // --resume would; another skip or G for that step would be a second rollback, refused.
+  // since have saved past it (step N itself may be gone since, to --keep), or, for an earlier one,
+  // up to it (a later rollback moved that step_N aside: the one there now is a later save): the
+  // same command again (a requeued job script that still says --resume-step N) goes on from the
+  // newest checkpoint, as --resume would; another skip or G for that step would be a second
+  // rollback, refused.
   bool rollback = resume_step >= 0;
-  if (rollback && done_skip >= 0 && newest > resume_step) {
+  if (rollback && done_skip >= 0 && (newest > resume_step || (done_earlier && newest == resume_step))) {
     const int64_t G = run_layout(o, tr.grid()).sequences_per_step();
     if (done_skip != o.skip_batches || done_g != G)
       throw std::runtime_error(root + ": a rollback to step " + std::to_string(resume_step) + " with --skip-batches " +

@@ -588,6 +588,28 @@ TEST_CASE("the rollback record holds in a copy of the directory, and remembers e
   fs::remove_all(d);
 }
 
+TEST_CASE("an earlier rollback's command, requeued when the later history has saved just its step, goes on",
+          "[checkpoint][rollback]") {
+  // A rollback to 6, then one to 2 (which moves that step_6 aside); the run from 2 saves a new
+  // step_6 and stops. The first job script again (--resume-step 6 --skip-batches 1) must go on from
+  // it as --resume would, not skip another step's data from the later history's step 6.
+  fs::path d = fresh_dir("rollback_earlier");
+  const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args + " --steps 8").code == 0);
+  REQUIRE(train(args + " --steps 8 --resume-step 6 --skip-batches 1").code == 0);
+  REQUIRE(train(args + " --steps 4 --resume-step 2 --skip-batches 1").code == 0);
+  REQUIRE(train(args + " --steps 6 --resume").code == 0);
+  REQUIRE(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
+  CHECK(bytes_of(d / "step_00000006" / "rank_0.json").find("\"data_sequence\":14,") != std::string::npos);
+  const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet")) + " --save-every 2 --save-dir " + d.string();
+  CmdResult r = train(loud + " --steps 8 --resume-step 6 --skip-batches 1");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("--resume-step 6 was done before") != std::string::npos);
+  CHECK(r.out.find("skipping") == std::string::npos);
+  CHECK(bytes_of(d / "step_00000008" / "rank_0.json").find("\"data_sequence\":18,") != std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST_CASE("a fresh run removes a rollback record its directory kept from a deleted history", "[checkpoint][rollback]") {
   fs::path d = fresh_dir("rollback_stale");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
