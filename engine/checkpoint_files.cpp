@@ -81,6 +81,9 @@ std::runtime_error file_error(const std::string& path, const std::string& what) 
   return std::runtime_error(path + ": " + what);
 }
 
+// The same for a sound file made for other flags than this run's.
+RunMismatch mismatch(const std::string& path, const std::string& what) { return RunMismatch(path + ": " + what); }
+
 template <class H>
 uint32_t checksum(H h, const std::string& tail, const float* payload, uint64_t n) {
   h.crc = 0;
@@ -282,9 +285,7 @@ bool is_model_file(const std::string& path) {
 void check_model_config(const std::string& path, const ModelConfig& a, const ModelConfig& b) {
   auto differ = [&](const char* field, const std::string& x, const std::string& y, const char* flag) {
     if (x != y)
-      throw RunMismatch(
-          file_error(path, std::string(field) + " is " + x + " in the checkpoint but " + y + " in this run (" + flag + ")")
-              .what());
+      throw mismatch(path, std::string(field) + " is " + x + " in the checkpoint but " + y + " in this run (" + flag + ")");
   };
   auto s = [](int v) { return std::to_string(v); };
   differ("arch", a.arch, b.arch, "--model");
@@ -475,11 +476,9 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
   const auto have = read_rank_fields(path);
   const auto it = have.find("crc " + name);
   if (it == have.end()) return -1;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0' || v > 0xffffffffull)
-    throw file_error(path, "'crc " + name + "' is '" + it->second + "', not a crc32");
-  return int64_t(v);
+  const std::optional<int64_t> v = parse_decimal(it->second, 0, 0xffffffffll);
+  if (!v) throw file_error(path, "'crc " + name + "' is '" + it->second + "', not a crc32");
+  return *v;
 }
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
@@ -500,12 +499,9 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
   // An integer field in [lowest, 2^30]. optional: absent reads -1 (a checkpoint from before it).
   auto count = [&](const char* key, int lowest = 1, bool optional = false) {
     if (optional && !have.count(key)) return -1;
-    const std::string& v = field(key);
-    char* end = nullptr;
-    const long x = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || x < lowest || x > (1 << 30))
-      throw file_error(path, std::string(key) + " is '" + v + "'");
-    return int(x);
+    const std::optional<int64_t> x = parse_decimal(field(key), lowest, 1 << 30);
+    if (!x) throw file_error(path, std::string(key) + " is '" + field(key) + "'");
+    return int(*x);
   };
   // The options first: they are what the user has to change.
   JsonLine want_line;
@@ -516,9 +512,7 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
     if (got != want[f.key])
-      throw RunMismatch(file_error(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] +
-                                             " in this run (" + f.flag + ")")
-                            .what());
+      throw mismatch(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" + f.flag + ")");
   }
   const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
                         count("zero", 0, true), count("mlp_chunks", 1, true)};
@@ -530,24 +524,20 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
       hint = ", e.g. --batch " + std::to_string(G / (int64_t(run.grad_accum) * run.dp));
     else if (G % (int64_t(run.batch) * run.dp) == 0)
       hint = ", e.g. --grad-accum " + std::to_string(G / (int64_t(run.batch) * run.dp));
-    throw RunMismatch(file_error(path, "the checkpoint's steps train on " + std::to_string(G) + " sequences each (" + saved.str() +
+    throw mismatch(path, "the checkpoint's steps train on " + std::to_string(G) + " sequences each (" + saved.str() +
                                ") but this run's on " + std::to_string(run.sequences_per_step()) + " (" + run.str() +
                                "): another layout resumes when --batch x --grad-accum x dp stays " + std::to_string(G) +
                                hint + " (or, to train on " + std::to_string(run.sequences_per_step()) +
-                               " a step from here on, --change-global-batch)").what());
+                               " a step from here on, --change-global-batch)");
   }
   expect("step", step, "the directory's step");
   // Where the data stands: the first sequence of the next step (a file from before data_sequence
   // has data_position, the step, and never skipped data nor changed G: step x G).
   int64_t next = int64_t(step) * G;
   if (have.count("data_sequence")) {
-    const std::string& v = field("data_sequence");
-    char* end = nullptr;
-    errno = 0;
-    const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || errno == ERANGE || x < 0 || x > (int64_t(1) << 62))
-      throw file_error(path, "data_sequence is '" + v + "'");
-    next = x;
+    const std::optional<int64_t> x = parse_decimal(field("data_sequence"), 0, int64_t(1) << 62);
+    if (!x) throw file_error(path, "data_sequence is '" + field("data_sequence") + "'");
+    next = *x;
   } else {
     expect("data_position", step, "the directory's step");
   }

@@ -158,6 +158,15 @@ JsonLine& JsonLine::add(const std::string& key, double value, int digits) {
   return add_raw(key, buf);
 }
 
+std::optional<int64_t> parse_decimal(const std::string& text, int64_t lo, int64_t hi) {
+  const size_t digits = text.size() - (!text.empty() && text[0] == '-');
+  if (digits == 0 || text.find_first_not_of("0123456789", text.size() - digits) != std::string::npos) return std::nullopt;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE || v < lo || v > hi) return std::nullopt;
+  return int64_t(v);
+}
+
 std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& where) {
   size_t i = 0;
   auto fail = [&](const std::string& what) -> std::runtime_error {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace ul {
@@ -80,5 +81,8 @@ std::string json_quote(const std::string& s);
 // / null as written (so a uint64 seed or a double keeps its exact digits). Nested objects and
 // arrays are refused. Throws std::runtime_error prefixed with `where`.
 std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& where);
+// A field's text as a base-10 integer in [lo, hi]: digits with an optional leading '-', nothing
+// else (no spaces, no '+', no wrap-around of a negative into a large unsigned); else nullopt.
+std::optional<int64_t> parse_decimal(const std::string& text, int64_t lo, int64_t hi);
 
 }  // namespace ul

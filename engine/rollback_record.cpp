@@ -2,12 +2,13 @@
 
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "engine/file_io.h"
 
@@ -15,44 +16,40 @@ namespace ul {
 
 namespace {
 
-// "6@INO:NS,8@INO:NS" -> {{6, "INO:NS"}, {8, "INO:NS"}}; throws std::invalid_argument on anything else.
-std::vector<std::pair<int, std::string>> parse_moving(const std::string& text) {
-  std::vector<std::pair<int, std::string>> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t end = text.find(',', at);
+// text cut at each `sep` ("" gives none).
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find(sep, at);
     if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(at, end - at);
-    const size_t sep = item.find('@');
-    char* e = nullptr;
-    errno = 0;
-    const long step = sep == std::string::npos ? -1 : std::strtol(item.c_str(), &e, 10);
-    if (sep == std::string::npos || e != item.c_str() + sep || errno == ERANGE || step < 1 || step > INT32_MAX ||
-        sep + 1 == item.size())
-      throw std::invalid_argument("'" + item + "'");
-    out.push_back({int(step), item.substr(sep + 1)});
+    out.push_back(text.substr(at, end - at));
     at = end + 1;
   }
   return out;
 }
 
-// "2:1:16,6:0:32" -> the earlier rollbacks; throws std::invalid_argument on anything else.
+// "6@ID,8@ID" -> {{6, "ID"}, {8, "ID"}}; throws std::invalid_argument on anything else.
+std::vector<std::pair<int, std::string>> parse_moving(const std::string& text) {
+  std::vector<std::pair<int, std::string>> out;
+  for (const std::string& item : split(text, ',')) {
+    const size_t sep = item.find('@');
+    const std::optional<int64_t> step = parse_decimal(item.substr(0, sep), 1, INT32_MAX);
+    if (sep == std::string::npos || !step || sep + 1 == item.size()) throw std::invalid_argument("'" + item + "'");
+    out.push_back({int(*step), item.substr(sep + 1)});
+  }
+  return out;
+}
+
+// "2:1:16,6:0:32" -> the earlier rollbacks (step:skip:G); throws std::invalid_argument on anything else.
 std::vector<RollbackRecord::Earlier> parse_earlier(const std::string& text) {
   std::vector<RollbackRecord::Earlier> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t end = text.find(',', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(at, end - at);
-    char *e1 = nullptr, *e2 = nullptr, *e3 = nullptr;
-    errno = 0;
-    const long step = std::strtol(item.c_str(), &e1, 10);
-    const long skip = *e1 == ':' ? std::strtol(e1 + 1, &e2, 10) : -1;
-    const long long g = e2 && *e2 == ':' ? std::strtoll(e2 + 1, &e3, 10) : -1;
-    if (!e3 || *e3 != '\0' || errno == ERANGE || step < 1 || step > INT32_MAX || skip < 0 || skip > INT32_MAX || g < 1)
-      throw std::invalid_argument("'" + item + "'");
-    out.push_back({int(step), int(skip), int64_t(g)});
-    at = end + 1;
+  for (const std::string& item : split(text, ',')) {
+    const std::vector<std::string> f = split(item, ':');
+    const std::optional<int64_t> step = f.size() == 3 ? parse_decimal(f[0], 1, INT32_MAX) : std::nullopt;
+    const std::optional<int64_t> skip = f.size() == 3 ? parse_decimal(f[1], 0, INT32_MAX) : std::nullopt;
+    const std::optional<int64_t> g = f.size() == 3 ? parse_decimal(f[2], 1, int64_t(1) << 62) : std::nullopt;
+    if (!step || !skip || !g) throw std::invalid_argument("'" + item + "'");
+    out.push_back({int(*step), int(*skip), *g});
   }
   return out;
 }
@@ -88,13 +85,9 @@ std::optional<RollbackRecord> read_rollback_record(const std::string& root) {
       return it->second;
     };
     auto number = [&](const char* key, int64_t lo, int64_t hi) {
-      const std::string& v = text(key);
-      char* end = nullptr;
-      errno = 0;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi)
-        throw std::runtime_error(path + ": " + key + " is '" + v + "'");
-      return int64_t(x);
+      const std::optional<int64_t> x = parse_decimal(text(key), lo, hi);
+      if (!x) throw std::runtime_error(path + ": " + key + " is '" + text(key) + "'");
+      return *x;
     };
     if (text("format") != "ulysses-rollback") throw std::runtime_error(path + ": format is not ulysses-rollback");
     RollbackRecord r;

@@ -448,7 +448,8 @@ TEST_CASE("a rollback with --resume-step: the older checkpoint goes on bit-exact
   const std::string model6 = bytes_of(d / "step_00000006" / "model.bin");
   CmdResult r = train(args + " --resume-step 2");
   REQUIRE(r.code == 0);
-  // The same steps again from step 2: the same bits (data and learning rate depend on the step),
+  // The same steps again from step 2: the same bits (the data follows the data place step 2 saved,
+  // the learning rate the step),
   // and the log read back is one history, the records after step 2 of the first attempt dropped.
   CHECK(history(d / "log.jsonl") == first);
   CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});
@@ -947,6 +948,12 @@ TEST_CASE("an optimizer file read through a window keeps just that range", "[che
 }
 
 TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
+  // parse_decimal: the whole text an integer in range, nothing else.
+  CHECK(ul::parse_decimal("12", 0, 20) == int64_t(12));
+  CHECK(ul::parse_decimal("-1", -1, 5) == int64_t(-1));
+  CHECK(ul::parse_decimal("4294967295", 0, 0xffffffffll) == int64_t(4294967295ll));
+  for (const char* bad : {"", "-", "+3", " 3", "3 ", "3x", "1e3", "21", "-2", "99999999999999999999"})
+    CHECK_FALSE(ul::parse_decimal(bad, -1, 20).has_value());
   CHECK(ul::crc32(0, "123456789", 9) == 0xCBF43926u);
   CHECK(ul::crc32(ul::crc32(0, "1234", 4), "56789", 5) == 0xCBF43926u);
   const double x = 0.1 + 0.2;
