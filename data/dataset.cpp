@@ -13,6 +13,14 @@ namespace ul {
 
 const char* split_name(Split s) { return s == Split::train ? "train" : "val"; }
 
+int64_t sequence_at_length(const Dataset& d, int64_t next, int T_from, int T_to) {
+  const int64_t n_from = d.num_sequences(T_from), n_to = d.num_sequences(T_to);
+  if (n_from < 0 || next < 0) return next;  // synthetic
+  const int64_t epoch = next / n_from, read = (next % n_from) * T_from;  // tokens into the epoch
+  const int64_t at = (read + T_to - 1) / T_to;
+  return at < n_to ? epoch * n_to + at : (epoch + 1) * n_to;
+}
+
 namespace {
 
 // "key=value,key=value" after a task's name (e.g. "passkey:depth=0.9,digits=7") into numbers,

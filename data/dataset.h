@@ -55,6 +55,14 @@ class Dataset {
 // (the last one's final target may be token `start`), val sequences begin at it.
 inline int64_t holdout_start(int64_t n) { return n - n / 10; }
 
+// Where a run whose next sequence at length T_from was `next` goes on at length T_to (a resume with
+// --change-seq): in the same epoch, at the place in it where sequences of T_from stopped, rounded up
+// to a whole sequence of T_to (nothing read twice in the epoch; up to T_to - 1 tokens never read);
+// past its last one, at the next epoch's first. A source read in order (text:) so goes on with the
+// next unread text; a shuffled one (shards:) with its epoch's remaining share, in T_to's order, not
+// T_from's (some windows overlap ones read). Synthetic tasks (every sequence a fresh draw): `next`.
+int64_t sequence_at_length(const Dataset& d, int64_t next, int T_from, int T_to);
+
 // spec: "recall" | "passkey" | "text:FILE" | "shards:GLOB".
 // model_vocab: the model's vocabulary; a token id >= it is an error naming the file (and, for
 // shards, the offset). model_vocab <= 0 means "use the dataset's own vocab()".

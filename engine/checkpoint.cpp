@@ -264,12 +264,13 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const RunLayout run = run_layout(tr.options(), g);
   // A pending rollback's G is the one to keep (the files have the history's before it).
   const bool new_g = tr.options().change_global_batch;
+  const ResumeChanges changes{new_g || pending, tr.options().change_seq};
   int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
-                                          &data, new_g || pending);
+                                          &data, changes);
   int64_t own = data;
   if (saved == run && rank != 0)
-    check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own, new_g || pending);
+    check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own, changes);
   if (own != data)
     throw std::runtime_error(dir + "/" + rank_file_name(rank) + ": data_sequence " + std::to_string(own) + " but " +
                              rank_file_name(0) + " has " + std::to_string(data));
@@ -279,8 +280,10 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
                         std::to_string(pending->sequences_per_step) + " sequences a step but this run on " +
                         std::to_string(run.sequences_per_step()) + " (" + run.str() + "): keep --batch x --grad-accum " +
                         "x dp at " + std::to_string(pending->sequences_per_step) + ", or --change-global-batch");
-    data = pending->data_sequence;
+    data = pending->data_sequence;  // in sequences of this checkpoint's --seq too (a rollback keeps it)
   }
+  // --change-seq: the same place in the data's epoch, in sequences of the new length.
+  if (saved.seq != run.seq) data = sequence_at_length(tr.train_data(), data, saved.seq, run.seq);
 
   // Each binary file against the crc32 its writer's rank file recorded: a model.bin or optimizer
   // file of another checkpoint or run put in this one's place is refused, not loaded.
@@ -300,7 +303,13 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   // The CRC first: a model.bin of another run put in this one's place is that, not a flag to change.
   const ModelConfig in_file = read_model_file(model_path, p, &model_crc);
   check_crc(model_path, "model.bin", 0, model_crc);
-  check_model_config(model_path, in_file, tr.model().cfg);
+  ModelConfig trained = in_file;
+  // --change-seq: a llama's max_seq, the longest --seq it trained at, has grown with this run's
+  // (apply_trained_length); it never shrinks (give --max-seq to keep a longer one).
+  if (changes.seq && trained.is_llama() && trained.max_seq < tr.model().cfg.max_seq &&
+      tr.model().cfg.max_seq == tr.options().seq)
+    trained.max_seq = tr.model().cfg.max_seq;
+  check_model_config(model_path, trained, tr.model().cfg);
   if (p.size() != n)
     throw std::runtime_error(model_path + ": holds " + std::to_string(p.size()) + " parameters but this model has " +
                              std::to_string(n));

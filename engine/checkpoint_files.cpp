@@ -416,7 +416,7 @@ std::string RunLayout::str() const {
 }
 
 RunLayout run_layout(const Options& o, const Grid& g) {
-  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks};
+  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq};
 }
 
 void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
@@ -482,7 +482,7 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
 }
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
-                          const Grid* place, int64_t* next_sequence, bool new_g) {
+                          const Grid* place, int64_t* next_sequence, ResumeChanges changes) {
   auto have = read_rank_fields(path);
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = have.find(key);
@@ -507,17 +507,30 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
   JsonLine want_line;
   for (const RunField& f : fields) want_line.add_raw(f.key, f.json);
   auto want = parse_flat_json(want_line.str(), "run options");
+  const bool llama = want["arch"] == "llama";
   for (const RunField& f : fields) {
     const auto it = have.find(f.key);
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
-    if (got != want[f.key])
-      throw mismatch(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" + f.flag + ")");
+    if (got == want[f.key] || (changes.seq && f.key == "seq")) continue;
+    // A llama's max_seq is the longest --seq it trained at (no weight depends on it): under
+    // --change-seq it grows with --seq (not shrinks: model.bin's header is checked for that);
+    // without it, another --seq is what differs (its field, after this one, says so).
+    if (llama && f.key == "max_seq" && (changes.seq || have.count("seq") == 0 || have.at("seq") != want["seq"])) continue;
+    std::string hint;
+    if (f.key == "seq")
+      hint = " (or, to go on at --seq " + want[f.key] + " with the checkpoint's AdamW state and schedule, --change-seq)";
+    const std::optional<int64_t> rows = parse_decimal(got, 1, 1 << 30), seq = parse_decimal(want["seq"], 1, 1 << 30);
+    if (f.key == "max_seq" && !llama && rows && seq && *seq > *rows)  // --seq raised a gpt2's max_seq with it
+      hint = ": gpt2 learns one position embedding per place, and the checkpoint's end at " + got + ": --seq " +
+             want["seq"] + " is another model";
+    throw mismatch(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" + f.flag +
+                             ")" + hint);
   }
-  const RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
-                        count("zero", 0, true), count("mlp_chunks", 1, true)};
+  RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
+                  count("zero", 0, true), count("mlp_chunks", 1, true), count("seq")};
   const int64_t G = saved.sequences_per_step();
-  if (G != run.sequences_per_step() && !new_g) {
+  if (G != run.sequences_per_step() && !changes.global_batch) {
     // What would keep G on this run's ranks: another --batch, else another --grad-accum.
     std::string hint;
     if (G % (int64_t(run.grad_accum) * run.dp) == 0)

@@ -97,6 +97,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const
 struct RunLayout {
   int batch = 0, grad_accum = 0, dp = 0, sp = 0;
   int zero = -1, mlp_chunks = -1;
+  int seq = 0;  // --seq: not part of the spread; a resume changes it only with --change-seq
   int64_t sequences_per_step() const { return int64_t(batch) * grad_accum * dp; }
   // The same spread of sequences over ranks (each rank's file then describes its place).
   bool operator==(const RunLayout& o) const {
@@ -121,12 +122,17 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
 // The crc32 the rank file at `path` recorded for the checkpoint file `name`, or -1 when it has none
 // (a checkpoint written before rank files recorded them).
 int64_t recorded_crc(const std::string& path, const std::string& name);
-// Checks the step, every field and that the layout's sequences per step equal `run`'s (unless
-// `new_g`: --change-global-batch); with
-// `place` (a rank resuming at the layout it was saved at, reading its own file) also the rank's
-// place in the grid. Throws naming the file and field; returns the layout the file was saved at,
-// and the first sequence of the next step in `next_sequence` when given.
+// What a resume may change that would otherwise be another run.
+struct ResumeChanges {
+  bool global_batch = false;  // --change-global-batch (or a pending rollback's G)
+  bool seq = false;           // --change-seq (and a llama's max_seq, the trained length, growing with it)
+};
+// Checks the step, every field and that the layout's sequences per step equal `run`'s (but what
+// `changes` allows); with `place` (a rank resuming at the layout it was saved at, reading its own
+// file) also the rank's place in the grid. Throws naming the file and field; returns the layout
+// (and --seq) the file was saved at, and the first sequence of the next step in `next_sequence`
+// when given (in sequences of the saved --seq).
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
-                          const Grid* place, int64_t* next_sequence = nullptr, bool new_g = false);
+                          const Grid* place, int64_t* next_sequence = nullptr, ResumeChanges changes = {});
 
 }  // namespace ul

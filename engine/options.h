@@ -68,6 +68,9 @@ struct Options {
   // A resume may change G (batch x grad_accum x dp): the data goes on from the checkpoint's next
   // sequence, G' a step (refused without it: another G is another run).
   bool change_global_batch = false;
+  // A resume may change --seq (a context grown in stages): the data goes on at the same place in
+  // its epoch (data/dataset.h: sequence_at_length); refused without it.
+  bool change_seq = false;
   // long-context memory (engine/planner.h): recompute, tiled MLP, ZeRO-1, and the memory planner
   bool recompute = false;
   bool offload = false;       // cuda + recompute: the kept block inputs in pinned host memory

@@ -189,6 +189,13 @@ int train_rank(const Options& o, Comm& world) {
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
   else if (o.change_global_batch)
     say("note    | --change-global-batch: this resume keeps the checkpoint's %lld sequences a step\n", (long long)G);
+  if (saved.seq != o.seq)  // --change-seq (else refused)
+    say("resume  | another sequence length: saved at --seq %d, now %d: step %d trains on sequences from %lld at %d "
+        "(%s); AdamW's state and the schedule go on\n", saved.seq, o.seq, start + 1, (long long)tr.next_sequence(),
+        o.seq, tr.train_data().num_sequences(o.seq) < 0 ? "a fresh draw each, as before"
+                                                        : "where the data's epoch stood, at the new length");
+  else if (o.change_seq)
+    say("note    | --change-seq: this resume keeps the checkpoint's --seq %d\n", o.seq);
   if (skipped > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
     say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
         skipped, (long long)(int64_t(skipped) * G), start + 1, (long long)tr.next_sequence(),
@@ -198,7 +205,8 @@ int train_rank(const Options& o, Comm& world) {
   // The resume record names the data's place when it is not where the step puts it.
   if (lead && !log_path.empty())
     log = std::make_unique<RunLog>(log_path, o.resume ? start : -1,
-                                   tr.next_sequence() != int64_t(start) * G ? tr.next_sequence() : -1);
+                                   tr.next_sequence() != int64_t(start) * G ? tr.next_sequence() : -1,
+                                   saved.seq != o.seq ? o.seq : 0);
 
   double first_loss = 0, last_loss = 0;
   size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)

@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "engine/checkpoint.h"
+#include "engine/checkpoint_files.h"
 #include "engine/file_io.h"
 #include "engine/loss_plot.h"
 #include "engine/run_log.h"
@@ -716,6 +717,90 @@ TEST_CASE("a resume may change the global batch with --change-global-batch, goin
   CHECK(bytes_of(d / "step_00000007" / "rank_0.json").find("\"data_sequence\":24,") != std::string::npos);
   expect_refused(kArgs + " --change-global-batch", "--change-global-batch lets a resume change batch x grad-accum x dp: "
                                                    "it needs --resume or --resume-step");
+  fs::remove_all(d);
+}
+
+TEST_CASE("a resume at another length (--change-seq) keeps AdamW's state and the schedule, the data where its epoch stood",
+          "[checkpoint][change-seq]") {
+  fs::path d = fresh_dir("change_seq");
+  {
+    std::ofstream f(d / "t.txt", std::ios::binary);
+    for (int k = 0; k < 6000; k++) f.put(char('a' + (k * 7 + k / 13) % 26));
+  }
+  const std::string data = "--batch 2 --eval-every 0 --threads 1 --data text:" + (d / "t.txt").string();
+  const std::string base = "--dim 32 --heads 2 --layers 1 " + data;
+  const std::string args = base + " --save-every 2 --save-dir " + (d / "run").string();
+  REQUIRE(train(args + " --seq 16 --steps 4 --quiet").code == 0);  // steps 1-4: sequences [0, 8) of 16 bytes
+  expect_refused(args + " --seq 32 --steps 6 --resume",
+                 "seq is 16 in the checkpoint but 32 in this run (--seq) (or, to go on at --seq 32 with the "
+                 "checkpoint's AdamW state and schedule, --change-seq)");
+  CmdResult r = train(args + " --seq 32 --steps 6 --resume --change-seq");
+  REQUIRE(r.code == 0);
+  // 8 x 16 bytes read: at 32, sequence 4 is the next unread text.
+  CHECK(r.out.find("resume  | another sequence length: saved at --seq 16, now 32: step 5 trains on sequences from 4 "
+                   "at 32 (where the data's epoch stood, at the new length); AdamW's state and the schedule go on") !=
+        std::string::npos);
+  CHECK(ul::read_whole_file((d / "run" / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":4,"
+                                                                      "\"data_sequence\":4,\"seq\":32}") != std::string::npos);
+  const std::string six = bytes_of(d / "run" / "step_00000006" / "rank_0.json");
+  CHECK(six.find("\"data_sequence\":8,") != std::string::npos);
+  CHECK(six.find("\"seq\":32,") != std::string::npos);
+  // Step 5's loss is that of step 4's weights on sequences 4 and 5 at length 32 (the forward does
+  // not read the optimizer), its learning rate the schedule's at step 5 (an uninterrupted run's).
+  const std::vector<ul::LogRecord> log = ul::read_run_log((d / "run" / "log.jsonl").string());
+  const auto at = [&](const std::vector<ul::LogRecord>& l, int step) {
+    for (const ul::LogRecord& x : l)
+      if (x.at("type") == "step" && x.at("step") == std::to_string(step)) return x;
+    FAIL("no step " << step << " in the log");
+    return ul::LogRecord{};
+  };
+  double fresh = 0;
+  const ul::Options o = ul_test::options(data + " --seq 32 --checkpoint " +
+                                         (d / "run" / "step_00000004" / "model.bin").string());
+  ul::run_local(1, [&](ul::Comm& world) {
+    ul::Trainer tr(o, world);
+    tr.set_steps_done(0, 4);
+    fresh = tr.step().loss;
+  });
+  CHECK(std::stod(at(log, 5).at("loss")) == fresh);
+  REQUIRE(train(base + " --seq 16 --steps 6 --quiet --log " + (d / "straight.jsonl").string()).code == 0);
+  CHECK(at(log, 5).at("lr") == at(ul::read_run_log((d / "straight.jsonl").string()), 5).at("lr"));
+  // AdamW's count went on: step 6's optimizer file is taken as step 6's (else refused) by the next
+  // resume, which needs no flag now the checkpoints are at 32; with it, a note; back down to 16 on
+  // two ranks at sp 2: 8 x 32 bytes read, so sequence 16 at 16.
+  r = train(args + " --seq 32 --steps 7 --resume --change-seq");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --change-seq: this resume keeps the checkpoint's --seq 32") != std::string::npos);
+  CHECK(bytes_of(d / "run" / "step_00000007" / "rank_0.json").find("\"data_sequence\":10,") != std::string::npos);
+  REQUIRE(train(args + " --seq 16 --steps 8 --resume --change-seq --ranks 2 --sp 2 --quiet").code == 0);
+  CHECK(bytes_of(d / "run" / "step_00000008" / "rank_1.json").find("\"data_sequence\":22,") != std::string::npos);
+  expect_refused(args + " --seq 16 --steps 9 --change-seq", "--change-seq lets a resume change --seq: it needs --resume");
+  expect_refused(args + " --seq 32 --steps 9 --resume-step 8 --change-seq",
+                 "--change-seq with --resume-step: roll back at the checkpoint's --seq");
+  fs::remove_all(d);
+}
+
+TEST_CASE("a llama's trained length (max_seq) grows with --change-seq, never shrinks unasked, and a gpt2's is its shape",
+          "[checkpoint][change-seq]") {
+  fs::path d = fresh_dir("change_seq_llama");
+  const std::string args = kArgs + " --model llama --kv-heads 1 --max-seq 16 --save-dir " + d.string();
+  REQUIRE(train(args + " --seq 16 --steps 2").code == 0);
+  expect_refused(args + " --seq 32 --steps 4 --resume", "(or, to go on at --seq 32");
+  REQUIRE(train(args + " --seq 32 --steps 4 --resume --change-seq").code == 0);
+  // model.bin's header (read back through its config) and the rank file say 32 now.
+  std::vector<float> w;
+  CHECK(ul::read_model_file((d / "step_00000004" / "model.bin").string(), w).max_seq == 32);
+  CHECK(bytes_of(d / "step_00000004" / "rank_0.json").find("\"max_seq\":32,") != std::string::npos);
+  expect_refused(args + " --seq 16 --steps 6 --resume --change-seq",
+                 "max_seq is 32 in the checkpoint but 16 in this run (--max-seq)");
+  REQUIRE(train(kArgs + " --model llama --kv-heads 1 --max-seq 32 --save-dir " + d.string() +
+                " --seq 16 --steps 6 --resume --change-seq").code == 0);
+  // A gpt2's learned positions: a length past them is another model (passkey: any length's data).
+  fs::remove_all(d);
+  REQUIRE(train(kArgs + " --save-dir " + d.string() + " --seq 16 --steps 2").code == 0);
+  expect_refused(kArgs + " --save-dir " + d.string() + " --seq 2048 --steps 4 --resume --change-seq",
+                 "max_seq is 1024 in the checkpoint but 2048 in this run (--max-seq): gpt2 learns one position "
+                 "embedding per place, and the checkpoint's end at 1024: --seq 2048 is another model");
   fs::remove_all(d);
 }
 

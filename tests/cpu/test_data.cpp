@@ -339,6 +339,54 @@ TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split
                 {"no train file", "--val-data"});
 }
 
+TEST_CASE("sequence_at_length: a resume at another --seq goes on where the epoch stood", "[data][change-seq]") {
+  TempDir dir;
+  // Byte k of the text is k % 251, so an input reveals its offset; 1000 bytes: train [0, 900].
+  std::vector<uint8_t> bytes(1000);
+  for (size_t k = 0; k < bytes.size(); k++) bytes[k] = uint8_t(k % 251);
+  write_bytes(dir.file("t.txt"), bytes);
+  auto text = ul::open_dataset("text:" + dir.file("t.txt"), ul::Split::train, 1, 0);
+  // Read in order: at T = 8, 5 sequences read bytes [0, 40); at 16 the next unread one starts at 48.
+  CHECK(ul::sequence_at_length(*text, 5, 8, 16) == 3);
+  CHECK(get(*text, 3, 16).first[0] == 48);
+  CHECK(ul::sequence_at_length(*text, 6, 8, 16) == 3);   // [0, 48) read: 48 is next
+  CHECK(ul::sequence_at_length(*text, 3, 16, 8) == 6);   // shorter: the same place
+  CHECK(ul::sequence_at_length(*text, 0, 8, 24) == 0);
+  // Every index of three epochs, lengths up and down, against the rule: the same epoch, the first
+  // sequence at the new length that starts at or after what the old ones read, else the next
+  // epoch's first (checked through the bytes the new sequence reads).
+  for (auto [from, to] : {std::pair{8, 16}, {16, 8}, {7, 32}, {32, 7}, {8, 8}}) {
+    const int64_t n_from = text->num_sequences(from), n_to = text->num_sequences(to);
+    for (int64_t next = 0; next < 3 * n_from; next++) {
+      INFO("--seq " << from << " -> " << to << ", sequence " << next);
+      const int64_t r = ul::sequence_at_length(*text, next, from, to), read = (next % n_from) * from;
+      const int64_t epoch = next / n_from;
+      if (r / n_to == epoch) {
+        const int64_t start = (r % n_to) * to;
+        CHECK(start >= read);
+        CHECK(start < read + to);
+        CHECK(get(*text, r, to).first[0] == int32_t(start % 251));
+      } else {
+        CHECK(r == (epoch + 1) * n_to);
+        CHECK((n_to - 1) * to < read);  // no sequence of that epoch at the new length was left unread
+      }
+    }
+  }
+  // Shards (shuffled per epoch): the epoch is kept, and its share read.
+  const std::string sub = dir.file("shards");
+  fs::create_directories(sub);
+  write_shard(sub + "/train_000.bin", std::vector<uint32_t>(600, 3));
+  write_shard(sub + "/train_001.bin", std::vector<uint32_t>(500, 4));
+  auto shards = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::train, 9, 0);
+  const int64_t n8 = shards->num_sequences(8), n32 = shards->num_sequences(32);
+  CHECK(ul::sequence_at_length(*shards, 2 * n8 + 8, 8, 32) == 2 * n32 + 2);
+  CHECK(ul::sequence_at_length(*shards, 2 * n8 + 9, 8, 32) == 2 * n32 + 3);
+  CHECK(ul::sequence_at_length(*shards, 3 * n8 - 1, 8, 32) == 3 * n32);  // the epoch's last: the next one's first
+  // Synthetic tasks: each sequence is a fresh draw at any length; the count goes on.
+  auto passkey = ul::open_dataset("passkey", ul::Split::train, 1, 0);
+  CHECK(ul::sequence_at_length(*passkey, 77, 64, 256) == 77);
+}
+
 TEST_CASE("shards: bad files are errors naming the file and the problem", "[data]") {
   TempDir dir;
   std::vector<uint32_t> tok(40, 3);
