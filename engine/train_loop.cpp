@@ -174,9 +174,10 @@ int train_rank(const Options& o, Comm& world) {
         notes.moved.back().c_str(),
         notes.moved.size() > 1 ? (" and the " + std::to_string(notes.moved.size() - 1) + " newer").c_str() : "");
   if (notes.applied)
-    say("resume  | the rollback to this step of %s (%s): step %d trains on sequences from %lld, %lld a step\n",
+    say("resume  | the rollback to this step of %s (%s): step %d trains on sequences from %lld, %lld a step%s\n",
         rollback_time(*notes.applied).c_str(), rollback_record_path(o.save_dir).c_str(), start + 1,
-        (long long)notes.applied->data_sequence, (long long)notes.applied->sequences_per_step);
+        (long long)notes.applied->data_sequence, (long long)notes.applied->sequences_per_step,
+        saved.seq != o.seq ? (" (at --seq " + std::to_string(saved.seq) + ")").c_str() : "");
   const int64_t G = spread.sequences_per_step(), G_saved = saved.sequences_per_step();
   // The steps' data this start skipped (a rollback's; not the same command repeated after its run saved).
   const int skipped = o.resume_step >= 0 && !notes.repeat ? o.skip_batches : 0;

@@ -579,7 +579,7 @@ TEST_CASE("the rollback record holds in a copy of the directory, and remembers e
   fs::copy(d / "a", d / "b", fs::copy_options::recursive);
   CmdResult r = train(loud + (d / "b").string() + " --resume");
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("step 3 trains on sequences from 6, 2 a step") != std::string::npos);
+  CHECK(r.out.find("step 3 trains on sequences from 6, 2 a step (at --seq 16)\n") != std::string::npos);
   // Two rollbacks, then the first one's job script again: it goes on, moving nothing.
   REQUIRE(train(args + (d / "b").string() + " --resume-step 4 --skip-batches 2 --steps 8").code == 0);
   REQUIRE(ul::complete_steps((d / "b").string()) == std::vector<int>{2, 4, 6, 8});
@@ -774,6 +774,17 @@ TEST_CASE("a resume at another length (--change-seq) keeps AdamW's state and the
   CHECK(bytes_of(d / "run" / "step_00000007" / "rank_0.json").find("\"data_sequence\":10,") != std::string::npos);
   REQUIRE(train(args + " --seq 16 --steps 8 --resume --change-seq --ranks 2 --sp 2 --quiet").code == 0);
   CHECK(bytes_of(d / "run" / "step_00000008" / "rank_1.json").find("\"data_sequence\":22,") != std::string::npos);
+  // A rollback (at its checkpoint's length) that died in its first save is taken up by a plain
+  // resume at another length: the rollback's place (step 2's 4 sequences of 16, one step of 2
+  // skipped: 6) at 32 is 3, and steps 3 and 4 train on [3, 7).
+  fs::remove_all(d / "run");
+  REQUIRE(train(args + " --seq 16 --steps 6 --quiet").code == 0);
+  CHECK(train(args + " --seq 16 --steps 6 --quiet --resume-step 2 --skip-batches 1", "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
+  r = train(args + " --seq 32 --steps 6 --resume --change-seq");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("step 3 trains on sequences from 6, 2 a step (at --seq 16)\n") != std::string::npos);
+  CHECK(r.out.find("saved at --seq 16, now 32: step 3 trains on sequences from 3 at 32") != std::string::npos);
+  CHECK(bytes_of(d / "run" / "step_00000004" / "rank_0.json").find("\"data_sequence\":7,") != std::string::npos);
   expect_refused(args + " --seq 16 --steps 9 --change-seq", "--change-seq lets a resume change --seq: it needs --resume");
   expect_refused(args + " --seq 32 --steps 9 --resume-step 8 --change-seq",
                  "--change-seq with --resume-step: roll back at the checkpoint's --seq");
