@@ -16,8 +16,10 @@ const char* split_name(Split s) { return s == Split::train ? "train" : "val"; }
 int64_t sequence_at_length(const Dataset& d, int64_t next, int T_from, int T_to) {
   const int64_t n_from = d.num_sequences(T_from), n_to = d.num_sequences(T_to);
   if (n_from < 0 || next < 0) return next;  // synthetic
-  const int64_t epoch = next / n_from, read = (next % n_from) * T_from;  // tokens into the epoch
-  const int64_t at = (read + T_to - 1) / T_to;
+  const int64_t epoch = next / n_from, done = next % n_from;  // sequences of T_from read in the epoch
+  // (128-bit: a trillion-token epoch of short sequences has ~2^40 of them, squared past 64 bits)
+  const int64_t at = d.shuffled() ? int64_t((__int128(done) * n_to + n_from - 1) / n_from)  // its share
+                                  : (done * T_from + T_to - 1) / T_to;  // its tokens, in sequences of T_to
   return at < n_to ? epoch * n_to + at : (epoch + 1) * n_to;
 }
 

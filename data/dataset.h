@@ -21,6 +21,8 @@ class Dataset {
   // Indices past one epoch wrap into the next epoch (reshuffled where the source shuffles).
   virtual void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const = 0;
   virtual bool synthetic() const { return false; }  // evals report exact-match accuracy when true
+  // Whether each epoch reads the sequences in an order of its own (shards: train), not in place order.
+  virtual bool shuffled() const { return false; }
   // Whether sequence i + 1 at length T starts at sequence i's last target (the two tile one
   // stretch of text, as --probe-lengths' long windows need); false past the split's end.
   virtual bool continues(int64_t i, int T) const { return i + 1 < num_sequences(T); }
@@ -56,11 +58,14 @@ class Dataset {
 inline int64_t holdout_start(int64_t n) { return n - n / 10; }
 
 // Where a run whose next sequence at length T_from was `next` goes on at length T_to (a resume with
-// --change-seq): in the same epoch, at the place in it where sequences of T_from stopped, rounded up
-// to a whole sequence of T_to (nothing read twice in the epoch; up to T_to - 1 tokens never read);
-// past its last one, at the next epoch's first. A source read in order (text:) so goes on with the
-// next unread text; a shuffled one (shards:) with its epoch's remaining share, in T_to's order, not
-// T_from's (some windows overlap ones read). Synthetic tasks (every sequence a fresh draw): `next`.
+// --change-seq), in the same epoch (past its last sequence: at the next epoch's first):
+//  - read in order (text:): at the first sequence of T_to that starts where those of T_from
+//    stopped or after (nothing read twice; up to T_to - 1 tokens never read): the next unread text;
+//  - shuffled (shards:): at the same share of the epoch, rounded up (a shard cut into windows of
+//    T_to loses another remainder than at T_from, so the epoch holds other token counts), in
+//    T_to's order, not T_from's: some of the rest overlaps windows read, some text is not read
+//    this epoch;
+//  - synthetic tasks (every sequence a fresh draw): `next`.
 int64_t sequence_at_length(const Dataset& d, int64_t next, int T_from, int T_to);
 
 // spec: "recall" | "passkey" | "text:FILE" | "shards:GLOB".

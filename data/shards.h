@@ -44,6 +44,7 @@ class ShardDataset : public Dataset {
   int64_t num_sequences(int T) const override;  // throws naming the glob when it is 0
   // Val (read in order): the next sequence is in the same file; train (shuffled): never.
   bool continues(int64_t i, int T) const override;
+  bool shuffled() const override { return split_ == Split::train; }
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   std::string describe() const override;
   // The split's files (names, token counts, tokenizer) as "N file(s), T tokens, digest X": the

@@ -251,7 +251,8 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   }
 }
 
-RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending) {
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending,
+                          std::string* rope_before) {
   Grid& g = tr.grid();
   const int rank = g.world.rank();
   const std::string dir = root + "/" + step_dir_name(step);
@@ -264,7 +265,8 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const RunLayout run = run_layout(tr.options(), g);
   // A pending rollback's G is the one to keep (the files have the history's before it).
   const bool new_g = tr.options().change_global_batch;
-  const ResumeChanges changes{new_g || pending, tr.options().change_seq};
+  const ResumeChanges changes{new_g || pending, tr.options().change_seq, tr.options().change_rope,
+                              tr.options().resume_step >= 0};
   int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
                                           &data, changes);
@@ -309,6 +311,12 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   if (changes.seq && trained.is_llama() && trained.max_seq < tr.model().cfg.max_seq &&
       tr.model().cfg.max_seq == tr.options().seq)
     trained.max_seq = tr.model().cfg.max_seq;
+  // --change-rope: the weights go on under this run's rotation (no weight depends on it).
+  if (changes.rope) {
+    trained.rope_theta = tr.model().cfg.rope_theta;
+    trained.rope_scaling = tr.model().cfg.rope_scaling;
+    if (rope_before && rope_text(in_file) != rope_text(trained)) *rope_before = rope_text(in_file);
+  }
   check_model_config(model_path, trained, tr.model().cfg);
   if (p.size() != n)
     throw std::runtime_error(model_path + ": holds " + std::to_string(p.size()) + " parameters but this model has " +

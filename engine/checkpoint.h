@@ -20,7 +20,8 @@
 // step's sequences stay the same (RunLayout): nothing in the files depends on it, so the run goes
 // on within float rounding of the one never stopped. A rollback (--resume-step) loads an older
 // checkpoint and moves the newer ones aside; --skip-batches and --change-global-batch move the
-// data's place or change G on purpose.
+// data's place or change G on purpose; --change-seq changes the length (the data's place mapped to
+// it: data/dataset.h sequence_at_length) and --change-rope a llama's RoPE.
 //
 // TEST HOOK: the environment variable ULYSSES_TEST_CRASH_IN_SAVE=N makes the N-th save of this
 // process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety
@@ -75,6 +76,7 @@ struct ResumeNotes {
   std::vector<std::string> moved;          // --resume-step: the newer checkpoints, renamed aside
   std::optional<RollbackRecord> applied;   // a plain --resume that took a pending rollback's data place
   bool repeat = false;                     // the same --resume-step again after its run saved: a --resume
+  std::string rope_before;                 // --change-rope: the checkpoint's RoPE, where this run's differs
 };
 
 // Collective (engine/resume.cpp). Prepares `root` for this run: creates it and removes incomplete step directories
@@ -98,7 +100,9 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep);
 // and loads it into tr. Throws std::runtime_error naming the file and the problem (RunMismatch for
 // this run's flags); tr is changed only once every file has passed its checks. Returns the layout
 // the checkpoint was saved at. `pending`: a rollback to this step whose run has not saved yet: its
-// data place and G stand instead of the files'.
-RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr);
+// data place and G stand instead of the files'. `rope_before`: set to the checkpoint's RoPE (rope_text)
+// when --change-rope changed it.
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr,
+                          std::string* rope_before = nullptr);
 
 }  // namespace ul

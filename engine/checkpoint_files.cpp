@@ -307,6 +307,11 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("full_attention_first", s(a.full_first), s(b.full_first), "--full-attention-first");
 }
 
+std::string rope_text(const ModelConfig& c) {
+  const std::string scaling = rope_scaling_str(c.rope_scaling);
+  return "theta " + json_number(c.rope_theta) + (scaling == "none" ? "" : ", scaling " + scaling);
+}
+
 std::string optim_file_name(int shard, int shards) {
   return shards == 1 ? "optim.bin" : "optim_rank_" + std::to_string(shard) + ".bin";
 }
@@ -426,7 +431,7 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
   j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
   // Every dataset is random access, so where the data stands is one number: the first sequence the
-  // next step trains on (step x G, unless a rollback skipped data or G changed on a resume). A build
+  // next step trains on (step x G, unless a rollback skipped data or G or --seq changed on a resume). A build
   // from before it, finding no data_position, refuses the file rather than resume in the wrong place.
   j.add("data_sequence", next_sequence);
   // Where it is the step's own place, the field an older build reads too (it then resumes it).
@@ -513,17 +518,23 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
     if (got == want[f.key] || (changes.seq && f.key == "seq")) continue;
+    if (changes.rope && (f.key == "rope_theta" || f.key == "rope_scaling")) continue;
     // A llama's max_seq is the longest --seq it trained at (no weight depends on it): under
-    // --change-seq it grows with --seq (not shrinks: model.bin's header is checked for that);
-    // without it, another --seq is what differs (its field, after this one, says so).
+    // --change-seq it may grow to --seq (model.bin's header is checked against that in
+    // load_checkpoint); without it, another --seq is what differs (its field, after this one, says so).
     if (llama && f.key == "max_seq" && (changes.seq || have.count("seq") == 0 || have.at("seq") != want["seq"])) continue;
     std::string hint;
     if (f.key == "seq")
-      hint = " (or, to go on at --seq " + want[f.key] + " with the checkpoint's AdamW state and schedule, --change-seq)";
+      hint = changes.rollback ? " (a rollback keeps its checkpoint's length: --seq " + got + ")"
+                              : " (or, to go on at --seq " + want[f.key] + " with the checkpoint's AdamW state and "
+                                "schedule, --change-seq)";
+    if (f.key == "rope_theta" || f.key == "rope_scaling")
+      hint = " (or, to go on with this RoPE from the checkpoint's weights and AdamW state, --change-rope)";
     const std::optional<int64_t> rows = parse_decimal(got, 1, 1 << 30), seq = parse_decimal(want["seq"], 1, 1 << 30);
-    if (f.key == "max_seq" && !llama && rows && seq && *seq > *rows)  // --seq raised a gpt2's max_seq with it
-      hint = ": gpt2 learns one position embedding per place, and the checkpoint's end at " + got + ": --seq " +
-             want["seq"] + " is another model";
+    if (f.key == "max_seq" && !llama && rows && seq)  // a gpt2's positions, sized to --seq past 1024
+      hint = *seq > *rows ? ": gpt2 learns one position embedding per place, and the checkpoint's end at " + got +
+                                ": --seq " + want["seq"] + " is another model"
+                          : ": a gpt2's positions are its shape: --max-seq " + got + " keeps them";
     throw mismatch(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" + f.flag +
                              ")" + hint);
   }

@@ -56,6 +56,8 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params,
 bool is_model_file(const std::string& path);
 // Throws "PATH: FIELD is X in the checkpoint but Y in this run (--FLAG)" at the first difference.
 void check_model_config(const std::string& path, const ModelConfig& in_file, const ModelConfig& in_run);
+// A llama's RoPE in words: "theta 10000" (and ", scaling llama3:factor=8,..." when scaled).
+std::string rope_text(const ModelConfig& c);
 
 struct OptimShard {
   int64_t t = 0;           // AdamW updates taken (bias correction)
@@ -126,6 +128,8 @@ int64_t recorded_crc(const std::string& path, const std::string& name);
 struct ResumeChanges {
   bool global_batch = false;  // --change-global-batch (or a pending rollback's G)
   bool seq = false;           // --change-seq (and a llama's max_seq, the trained length, growing with it)
+  bool rope = false;          // --change-rope: rope_theta and rope_scaling
+  bool rollback = false;      // --resume-step (no --change-seq: its refusals say so)
 };
 // Checks the step, every field and that the layout's sequences per step equal `run`'s (but what
 // `changes` allows); with `place` (a rank resuming at the layout it was saved at, reading its own

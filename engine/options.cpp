@@ -112,6 +112,7 @@ checkpoints, logs and output
                       from the checkpoint's next sequence, that many a step
   --change-seq        on this resume, let --seq change (a context grown in stages): AdamW's
                       state and the schedule go on, the data from where its epoch stood
+  --change-rope       on this resume, let --rope-theta and --rope-scaling change (llama)
   --log FILE          JSON-lines run log, and FILE without .jsonl + .svg: the loss plot
                                                          [DIR/log.jsonl with --save-dir, else none]
   --quiet             only the final summary
@@ -272,7 +273,7 @@ Options parse_options(int argc, char** argv) {
     // A switch takes no value: --doc-mask=false would otherwise turn it on.
     static const char* const kSwitches[] = {"--help", "--quiet", "--resume", "--recompute", "--offload", "--plan",
                                             "--doc-mask", "--loss-by-position", "--tie-embeddings", "--qkv-bias",
-                                            "--change-global-batch", "--change-seq"};
+                                            "--change-global-batch", "--change-seq", "--change-rope"};
     if (inline_value && std::find(std::begin(kSwitches), std::end(kSwitches), a) != std::end(kSwitches))
       throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");
     if (a == "--help" || a == "-h") { o.help = true; continue; }
@@ -280,6 +281,7 @@ Options parse_options(int argc, char** argv) {
     if (a == "--resume") { o.resume = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--change-global-batch") { o.change_global_batch = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--change-seq") { o.change_seq = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    if (a == "--change-rope") { o.change_rope = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--recompute") { o.recompute = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--offload") { o.offload = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
     if (a == "--plan") { o.plan = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
@@ -390,7 +392,7 @@ Options parse_options(int argc, char** argv) {
     const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
     const std::pair<const char*, const char*> unread[] = {
         {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--resume-step", trains},
-        {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains},
+        {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains}, {"--change-rope", trains},
         {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
         {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
@@ -431,14 +433,20 @@ Options parse_options(int argc, char** argv) {
   if (o.change_global_batch && !o.resume)
     throw std::runtime_error("--change-global-batch lets a resume change batch x grad-accum x dp: it needs --resume or "
                              "--resume-step");
+  if (o.change_seq && !o.set_by_user("--seq"))  // the default 256 would be a change nobody asked for
+    throw std::runtime_error("--change-seq needs --seq: the length this resume goes on at");
   if (o.change_seq && !o.resume)
     throw std::runtime_error("--change-seq lets a resume change --seq: it needs --resume (to start another run from a "
                              "checkpoint's weights at another length: --checkpoint DIR/step_NNNNNNNN/model.bin)");
+  if (o.change_rope && !o.resume)
+    throw std::runtime_error("--change-rope lets a resume change --rope-theta and --rope-scaling: it needs --resume or "
+                             "--resume-step (to start another run from a checkpoint's weights with another RoPE: "
+                             "--checkpoint DIR/step_NNNNNNNN/model.bin with --rope-theta or --rope-scaling)");
   // A rollback keeps its checkpoint's length: DIR/rollback.json counts the data's place in
   // sequences of that length, for every later start that applies or repeats it.
   if (o.change_seq && o.set_by_user("--resume-step"))
     throw std::runtime_error("--change-seq with --resume-step: roll back at the checkpoint's --seq, then change it at a "
-                             "later --resume, once the rolled-back run has saved");
+                             "later --resume");
   if (o.set_by_user("--skip-batches")) {
     // Only with a rollback: its record (DIR/rollback.json) refuses the same command run again
     // after the run went on, where --resume --skip-batches in a requeued script would skip again.

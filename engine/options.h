@@ -71,6 +71,9 @@ struct Options {
   // A resume may change --seq (a context grown in stages): the data goes on at the same place in
   // its epoch (data/dataset.h: sequence_at_length); refused without it.
   bool change_seq = false;
+  // A resume may change a llama's RoPE (--rope-theta, --rope-scaling: a larger base as the context
+  // grows); the weights and AdamW's state go on under the new rotation. Refused without it.
+  bool change_rope = false;
   // long-context memory (engine/planner.h): recompute, tiled MLP, ZeRO-1, and the memory planner
   bool recompute = false;
   bool offload = false;       // cuda + recompute: the kept block inputs in pinned host memory

@@ -62,6 +62,11 @@ std::string cannot_create(const std::string& path) {
   struct stat st {};
   if (::lstat((path + ".tmp").c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     return path + ".tmp is there and is not a regular file";
+  // Whether the directory is there, asked before the probe: rank 0 may make it (--save-dir) while
+  // another rank probes, which then fails with ENOENT and would find the directory there after.
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  const bool parent_there = fs::is_directory(parent.empty() ? fs::path(".") : parent, ec);
   const std::string probe = path + ".prb";
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd >= 0) {
@@ -70,9 +75,7 @@ std::string cannot_create(const std::string& path) {
     return "";
   }
   const int err = errno;
-  std::error_code ec;
-  const fs::path parent = fs::path(path).parent_path();
-  if (err == EEXIST || (err == ENOENT && !fs::is_directory(parent.empty() ? fs::path(".") : parent, ec))) return "";
+  if (err == EEXIST || (err == ENOENT && !parent_there)) return "";
   return std::strerror(err);
 }
 

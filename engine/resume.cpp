@@ -191,7 +191,7 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   // it replaced, the record the one the rollback chose.
   const bool pending = !rollback && here && chosen == record->step;
   try {
-    saved = load_checkpoint(tr, root, chosen, pending ? &*record : nullptr);
+    saved = load_checkpoint(tr, root, chosen, pending ? &*record : nullptr, notes ? &notes->rope_before : nullptr);
   } catch (const RunMismatch&) {
     throw;  // this run's flags, not the checkpoint: an older one would be refused the same way
   } catch (const std::runtime_error& e) {

@@ -27,7 +27,8 @@ bool ends_without_newline(const std::string& path) {
 
 }  // namespace
 
-RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, int seq) : path_(path) {
+RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, int seq, const std::string& rope)
+    : path_(path) {
   const bool torn = resume_step >= 0 && ends_without_newline(path);
   // Its directory is made as the exports' are (--log runs/today/log.jsonl before runs/today exists).
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -41,6 +42,7 @@ RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, 
     j.add("type", "resume").add("step", resume_step);
     if (data_sequence >= 0) j.add("data_sequence", data_sequence);
     if (seq > 0) j.add("seq", seq);
+    if (!rope.empty()) j.add("rope", rope);
     line(j.str());
   }
 }

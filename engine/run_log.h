@@ -15,7 +15,8 @@
 //   {"type":"stop","step":420,"signal":"SIGTERM"}   (a stop signal ended the run after that step)
 //   {"type":"resume","step":300}   (with "data_sequence":8000, the first sequence of step 301,
 //    when it is not 300 G: --skip-batches, --change-global-batch or --change-seq, now or before;
-//    with "seq":65536 when this resume changed --seq: the steps after it train at that length)
+//    with "seq":65536 when this resume changed --seq: the steps after it train at that length, and
+//    "rope":"theta 500000" when it changed the RoPE)
 // A resumed run appends to the log after a resume record. Records past step 300 written before
 // it came from an attempt that died after its last checkpoint; readers drop them, so the log read
 // back is the history of the run that continues.
@@ -36,8 +37,10 @@ class RunLog {
  public:
   // resume_step < 0: a fresh run, the file is truncated. Else the file is appended to (after a
   // newline if a killed run left its last line unfinished), starting with a resume record (with
-  // the next step's first sequence when it is given, >= 0, and the new --seq when it is > 0).
-  RunLog(const std::string& path, int resume_step, int64_t data_sequence = -1, int seq = 0);
+  // the next step's first sequence when it is given, >= 0, the new --seq when it is > 0, and the
+  // new RoPE (rope_text) when it is not empty).
+  RunLog(const std::string& path, int resume_step, int64_t data_sequence = -1, int seq = 0,
+         const std::string& rope = "");
   ~RunLog();
   RunLog(const RunLog&) = delete;
   RunLog& operator=(const RunLog&) = delete;

@@ -197,6 +197,11 @@ int train_rank(const Options& o, Comm& world) {
                                                         : "where the data's epoch stood, at the new length");
   else if (o.change_seq)
     say("note    | --change-seq: this resume keeps the checkpoint's --seq %d\n", o.seq);
+  if (!notes.rope_before.empty())  // --change-rope (else refused)
+    say("resume  | another RoPE: saved with %s, now %s: the weights and AdamW's state go on under the new rotation\n",
+        notes.rope_before.c_str(), rope_text(tr.model().cfg).c_str());
+  else if (o.change_rope)
+    say("note    | --change-rope: this resume keeps the checkpoint's RoPE (%s)\n", rope_text(tr.model().cfg).c_str());
   if (skipped > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
     say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
         skipped, (long long)(int64_t(skipped) * G), start + 1, (long long)tr.next_sequence(),
@@ -207,7 +212,8 @@ int train_rank(const Options& o, Comm& world) {
   if (lead && !log_path.empty())
     log = std::make_unique<RunLog>(log_path, o.resume ? start : -1,
                                    tr.next_sequence() != int64_t(start) * G ? tr.next_sequence() : -1,
-                                   saved.seq != o.seq ? o.seq : 0);
+                                   saved.seq != o.seq ? o.seq : 0,
+                                   notes.rope_before.empty() ? "" : rope_text(tr.model().cfg));
 
   double first_loss = 0, last_loss = 0;
   size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)
@@ -256,8 +262,10 @@ int train_rank(const Options& o, Comm& world) {
   // The eval due at the step a resume starts from may never have run: a stop signal saves before
   // its step's eval and skips it (a scheduler's grace period is for the checkpoint), and a run can
   // die during one. The log read back tells (rank 0 has it); the eval runs now if it is missing, so
-  // the val history matches the run never stopped.
-  if (o.resume && start > 0 && start < o.steps && o.eval_every > 0 && start % o.eval_every == 0) {
+  // the val history matches the run never stopped. Not at another --seq or RoPE: that eval would
+  // be the new stage's, logged as the old one's step.
+  if (o.resume && start > 0 && start < o.steps && o.eval_every > 0 && start % o.eval_every == 0 &&
+      saved.seq == o.seq && notes.rope_before.empty()) {
     int32_t missing = 0;
     if (lead && log) {
       missing = 1;

@@ -89,7 +89,8 @@ class Trainer {
   void set_steps_done(int s, int64_t next_sequence);
   // Where the data stands: the first sequence the next step trains on. Each step moves it G on, so
   // it is steps_done() x G for a run that never skipped data (--skip-batches) nor changed G
-  // (--change-global-batch); checkpoints record it.
+  // (--change-global-batch) or the length (--change-seq: it is mapped to the new one); checkpoints
+  // record it.
   int64_t next_sequence() const { return next_seq_; }
   // G: the sequences one step trains on, over the world.
   int64_t sequences_per_step() const;

@@ -13,6 +13,7 @@
 #include <map>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
@@ -579,7 +580,7 @@ TEST_CASE("the rollback record holds in a copy of the directory, and remembers e
   fs::copy(d / "a", d / "b", fs::copy_options::recursive);
   CmdResult r = train(loud + (d / "b").string() + " --resume");
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("step 3 trains on sequences from 6, 2 a step (at --seq 16)\n") != std::string::npos);
+  CHECK(r.out.find("step 3 trains on sequences from 6, 2 a step") != std::string::npos);
   // Two rollbacks, then the first one's job script again: it goes on, moving nothing.
   REQUIRE(train(args + (d / "b").string() + " --resume-step 4 --skip-batches 2 --steps 8").code == 0);
   REQUIRE(ul::complete_steps((d / "b").string()) == std::vector<int>{2, 4, 6, 8});
@@ -767,7 +768,7 @@ TEST_CASE("a resume at another length (--change-seq) keeps AdamW's state and the
   CHECK(at(log, 5).at("lr") == at(ul::read_run_log((d / "straight.jsonl").string()), 5).at("lr"));
   // AdamW's count went on: step 6's optimizer file is taken as step 6's (else refused) by the next
   // resume, which needs no flag now the checkpoints are at 32; with it, a note; back down to 16 on
-  // two ranks at sp 2: 8 x 32 bytes read, so sequence 16 at 16.
+  // two ranks at sp 2 from step 7: 10 x 32 bytes read, so sequence 20 at 16, and step 8's [20, 22).
   r = train(args + " --seq 32 --steps 7 --resume --change-seq");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("note    | --change-seq: this resume keeps the checkpoint's --seq 32") != std::string::npos);
@@ -785,9 +786,36 @@ TEST_CASE("a resume at another length (--change-seq) keeps AdamW's state and the
   CHECK(r.out.find("step 3 trains on sequences from 6, 2 a step (at --seq 16)\n") != std::string::npos);
   CHECK(r.out.find("saved at --seq 16, now 32: step 3 trains on sequences from 3 at 32") != std::string::npos);
   CHECK(bytes_of(d / "run" / "step_00000004" / "rank_0.json").find("\"data_sequence\":7,") != std::string::npos);
+  // The rollback's job script, requeued now that the run has saved at 32, goes on from the newest
+  // checkpoint as --resume would: at its length, which the refusal names (not --change-seq).
+  expect_refused(args + " --seq 16 --steps 6 --resume-step 2 --skip-batches 1",
+                 "seq is 32 in the checkpoint but 16 in this run (--seq) (a rollback keeps its checkpoint's length: "
+                 "--seq 32)");
+  REQUIRE(train(args + " --seq 32 --steps 6 --resume-step 2 --skip-batches 1 --quiet").code == 0);
+  expect_refused(args + " --steps 9 --resume --change-seq", "--change-seq needs --seq: the length this resume goes on at");
   expect_refused(args + " --seq 16 --steps 9 --change-seq", "--change-seq lets a resume change --seq: it needs --resume");
   expect_refused(args + " --seq 32 --steps 9 --resume-step 8 --change-seq",
                  "--change-seq with --resume-step: roll back at the checkpoint's --seq");
+  // The eval a stop skipped at the saved step is not run at the new length (it would be logged as
+  // the old stage's): here the log lost step 4's eval, as a stop before it would leave it.
+  fs::remove_all(d / "run");
+  REQUIRE(train(args + " --seq 16 --steps 4 --eval-every 2 --eval-batches 1 --quiet").code == 0);
+  {
+    std::istringstream in(bytes_of(d / "run" / "log.jsonl"));
+    std::ofstream out(d / "run" / "log.jsonl.new");
+    for (std::string line; std::getline(in, line);)
+      if (line.find("{\"type\":\"eval\",\"step\":4,") == std::string::npos) out << line << "\n";
+  }
+  fs::rename(d / "run" / "log.jsonl.new", d / "run" / "log.jsonl");
+  fs::copy(d / "run", d / "same", fs::copy_options::recursive);
+  const std::string evals = base + " --save-every 2 --eval-every 2 --eval-batches 1 --steps 6 --resume --save-dir ";
+  r = train(evals + (d / "same").string() + " --seq 16");  // the same length: the missing eval runs first
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("eval      4 |") != std::string::npos);
+  r = train(evals + (d / "run").string() + " --seq 32 --change-seq");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("eval      4 |") == std::string::npos);
+  CHECK(r.out.find("eval      6 |") != std::string::npos);
   fs::remove_all(d);
 }
 
@@ -812,6 +840,66 @@ TEST_CASE("a llama's trained length (max_seq) grows with --change-seq, never shr
   expect_refused(kArgs + " --save-dir " + d.string() + " --seq 2048 --steps 4 --resume --change-seq",
                  "max_seq is 1024 in the checkpoint but 2048 in this run (--max-seq): gpt2 learns one position "
                  "embedding per place, and the checkpoint's end at 1024: --seq 2048 is another model");
+  // Sized past 1024 by its --seq, a gpt2's positions are kept at a shorter one by --max-seq.
+  fs::remove_all(d);
+  const std::string g = kArgs + " --batch 1 --save-dir " + d.string();
+  REQUIRE(train(g + " --seq 1040 --steps 2").code == 0);
+  expect_refused(g + " --seq 16 --steps 4 --resume --change-seq", "max_seq is 1040 in the checkpoint but 1024 in this "
+                 "run (--max-seq): a gpt2's positions are its shape: --max-seq 1040 keeps them");
+  REQUIRE(train(g + " --seq 16 --steps 4 --resume --change-seq --max-seq 1040").code == 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("a resume may change a llama's RoPE with --change-rope: the weights go on under the new rotation",
+          "[checkpoint][change-rope]") {
+  fs::path d = fresh_dir("change_rope");
+  const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet")) + " --model llama --kv-heads 1";
+  const std::string args = loud + " --save-dir " + d.string();
+  REQUIRE(train(args + " --steps 2").code == 0);
+  expect_refused(args + " --steps 4 --resume --rope-theta 40000",
+                 "rope_theta is 10000 in the checkpoint but 40000 in this run (--rope-theta) (or, to go on with this "
+                 "RoPE from the checkpoint's weights and AdamW state, --change-rope)");
+  CmdResult r = train(args + " --steps 4 --resume --rope-theta 40000 --change-rope");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | another RoPE: saved with theta 10000, now theta 40000: the weights and AdamW's state go "
+                   "on under the new rotation") != std::string::npos);
+  CHECK(ul::read_whole_file((d / "log.jsonl").string()).find("{\"type\":\"resume\",\"step\":2,\"rope\":\"theta 40000\"}") !=
+        std::string::npos);
+  std::vector<float> w;
+  CHECK(ul::read_model_file((d / "step_00000004" / "model.bin").string(), w).rope_theta == 40000.0f);
+  // Step 3's loss is step 2's weights' under the new rotation, on step 3's sequences [4, 6).
+  auto first_loss = [&](const std::string& theta) {
+    const ul::Options o = ul_test::options("--seq 16 --batch 2 --threads 1 --rope-theta " + theta + " --checkpoint " +
+                                           (d / "step_00000002" / "model.bin").string());
+    double loss = 0;
+    ul::run_local(1, [&](ul::Comm& world) {
+      ul::Trainer tr(o, world);
+      tr.set_steps_done(0, 4);
+      loss = tr.step().loss;
+    });
+    return loss;
+  };
+  double logged = 0;
+  for (const ul::LogRecord& x : ul::read_run_log((d / "log.jsonl").string()))
+    if (x.at("type") == "step" && x.at("step") == "3") logged = std::stod(x.at("loss"));
+  CHECK(logged == first_loss("40000"));
+  CHECK(logged != first_loss("10000"));
+  // A scaling too; then the checkpoints hold it, and a resume without the flag keeps it.
+  r = train(args + " --steps 6 --resume --rope-theta 40000 --rope-scaling linear:factor=2 --change-rope");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("saved with theta 40000, now theta 40000, scaling linear:factor=2:") != std::string::npos);
+  r = train(args + " --steps 7 --resume --rope-theta 40000 --rope-scaling linear:factor=2");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("RoPE") == std::string::npos);
+  r = train(args + " --steps 8 --resume --rope-theta 40000 --rope-scaling linear:factor=2 --change-rope");
+  CHECK(r.out.find("note    | --change-rope: this resume keeps the checkpoint's RoPE (theta 40000, scaling "
+                   "linear:factor=2)") != std::string::npos);
+  expect_refused(kArgs + " --steps 4 --change-rope", "--change-rope lets a resume change --rope-theta and --rope-scaling: "
+                                                     "it needs --resume or --resume-step");
+  fs::remove_all(d);
+  REQUIRE(train(kArgs + " --save-dir " + d.string() + " --steps 2").code == 0);
+  expect_refused(kArgs + " --save-dir " + d.string() + " --steps 4 --resume --change-rope",
+                 "--change-rope: gpt2 has learned positions, not RoPE (--model llama)");
   fs::remove_all(d);
 }
 

@@ -372,16 +372,34 @@ TEST_CASE("sequence_at_length: a resume at another --seq goes on where the epoch
       }
     }
   }
-  // Shards (shuffled per epoch): the epoch is kept, and its share read.
+  // Shards (shuffled per epoch): the epoch is kept, and the share of it read. Ten shards of 100
+  // tokens hold 10 x 12 windows of 8 but only 10 of 64 (each loses 35 tokens, not 3), so 84 of
+  // 120 read (70%) is 7 of 10 (a token count, 672 of 64, would end the epoch there).
   const std::string sub = dir.file("shards");
   fs::create_directories(sub);
-  write_shard(sub + "/train_000.bin", std::vector<uint32_t>(600, 3));
-  write_shard(sub + "/train_001.bin", std::vector<uint32_t>(500, 4));
+  for (int k = 0; k < 10; k++) write_shard(sub + "/train_00" + std::to_string(k) + ".bin", std::vector<uint32_t>(100, 3));
+  write_shard(sub + "/val_000.bin", std::vector<uint32_t>(300, 4));
   auto shards = ul::open_dataset("shards:" + sub + "/*.bin", ul::Split::train, 9, 0);
-  const int64_t n8 = shards->num_sequences(8), n32 = shards->num_sequences(32);
-  CHECK(ul::sequence_at_length(*shards, 2 * n8 + 8, 8, 32) == 2 * n32 + 2);
-  CHECK(ul::sequence_at_length(*shards, 2 * n8 + 9, 8, 32) == 2 * n32 + 3);
-  CHECK(ul::sequence_at_length(*shards, 3 * n8 - 1, 8, 32) == 3 * n32);  // the epoch's last: the next one's first
+  REQUIRE(shards->num_sequences(8) == 120);
+  REQUIRE(shards->num_sequences(64) == 10);
+  CHECK(ul::sequence_at_length(*shards, 84, 8, 64) == 7);
+  CHECK(ul::sequence_at_length(*shards, 2 * 120 + 84, 8, 64) == 2 * 10 + 7);
+  CHECK(ul::sequence_at_length(*shards, 7, 64, 8) == 84);
+  CHECK(ul::sequence_at_length(*shards, 119, 8, 64) == 10);  // 99%: the next epoch's first
+  for (auto [from, to] : {std::pair{8, 64}, {64, 8}, {8, 24}, {24, 8}}) {
+    const int64_t n_from = shards->num_sequences(from), n_to = shards->num_sequences(to);
+    for (int64_t next = 0; next < 3 * n_from; next++) {
+      INFO("--seq " << from << " -> " << to << ", sequence " << next);
+      const int64_t r = ul::sequence_at_length(*shards, next, from, to), done = next % n_from, epoch = next / n_from;
+      if (r / n_to == epoch) {  // the least share of the new epoch at or past the old one's
+        CHECK((r % n_to) * n_from >= done * n_to);
+        CHECK((r % n_to - 1) * n_from < done * n_to);
+      } else {
+        CHECK(r == (epoch + 1) * n_to);
+        CHECK((n_to - 1) * n_from < done * n_to);
+      }
+    }
+  }
   // Synthetic tasks: each sequence is a fresh draw at any length; the count goes on.
   auto passkey = ul::open_dataset("passkey", ul::Split::train, 1, 0);
   CHECK(ul::sequence_at_length(*passkey, 77, 64, 256) == 77);
