@@ -265,8 +265,9 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const RunLayout run = run_layout(tr.options(), g);
   // A pending rollback's G is the one to keep (the files have the history's before it).
   const bool new_g = tr.options().change_global_batch;
-  const ResumeChanges changes{new_g || pending, tr.options().change_seq, tr.options().change_rope,
-                              tr.options().resume_step >= 0};
+  const Options& o = tr.options();
+  const ResumeChanges changes{new_g || pending, o.change_seq, o.change_rope, o.resume_step >= 0,
+                              o.set_by_user("--rope-theta") || o.set_by_user("--rope-scaling")};
   int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
                                           &data, changes);

@@ -520,21 +520,28 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (got == want[f.key] || (changes.seq && f.key == "seq")) continue;
     if (changes.rope && (f.key == "rope_theta" || f.key == "rope_scaling")) continue;
     // A llama's max_seq is the longest --seq it trained at (no weight depends on it): under
-    // --change-seq it may grow to --seq (model.bin's header is checked against that in
-    // load_checkpoint); without it, another --seq is what differs (its field, after this one, says so).
-    if (llama && f.key == "max_seq" && (changes.seq || have.count("seq") == 0 || have.at("seq") != want["seq"])) continue;
+    // --change-seq it may grow to --seq (as load_checkpoint lets model.bin's header); without it,
+    // another --seq is what differs (its field, after this one, says so).
+    const std::optional<int64_t> rows = parse_decimal(got, 1, 1 << 30), seq = parse_decimal(want["seq"], 1, 1 << 30);
+    if (llama && f.key == "max_seq") {
+      const std::optional<int64_t> now = parse_decimal(want[f.key], 1, 1 << 30);
+      if (!changes.seq && (have.count("seq") == 0 || have.at("seq") != want["seq"])) continue;
+      if (changes.seq && rows && now && seq && *rows < *now && *now == *seq) continue;
+    }
     std::string hint;
     if (f.key == "seq")
       hint = changes.rollback ? " (a rollback keeps its checkpoint's length: --seq " + got + ")"
                               : " (or, to go on at --seq " + want[f.key] + " with the checkpoint's AdamW state and "
                                 "schedule, --change-seq)";
     if (f.key == "rope_theta" || f.key == "rope_scaling")
-      hint = " (or, to go on with this RoPE from the checkpoint's weights and AdamW state, --change-rope)";
-    const std::optional<int64_t> rows = parse_decimal(got, 1, 1 << 30), seq = parse_decimal(want["seq"], 1, 1 << 30);
+      hint = changes.rope_asked ? " (or, to go on with this RoPE from the checkpoint's weights and AdamW state, --change-rope)"
+                                : " (to go on with the checkpoint's, give " + f.flag + " " + got + ")";
     if (f.key == "max_seq" && !llama && rows && seq)  // a gpt2's positions, sized to --seq past 1024
       hint = *seq > *rows ? ": gpt2 learns one position embedding per place, and the checkpoint's end at " + got +
                                 ": --seq " + want["seq"] + " is another model"
                           : ": a gpt2's positions are its shape: --max-seq " + got + " keeps them";
+    if (f.key == "max_seq" && llama && rows)
+      hint = ": the longest length it trained at, which --max-seq " + got + " keeps";
     throw mismatch(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" + f.flag +
                              ")" + hint);
   }

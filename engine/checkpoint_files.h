@@ -130,6 +130,7 @@ struct ResumeChanges {
   bool seq = false;           // --change-seq (and a llama's max_seq, the trained length, growing with it)
   bool rope = false;          // --change-rope: rope_theta and rope_scaling
   bool rollback = false;      // --resume-step (no --change-seq: its refusals say so)
+  bool rope_asked = false;    // --rope-theta or --rope-scaling written out (else a refusal names the file's)
 };
 // Checks the step, every field and that the layout's sequences per step equal `run`'s (but what
 // `changes` allows); with `place` (a rank resuming at the layout it was saved at, reading its own

@@ -101,6 +101,8 @@ long-context memory (README: "Long context")
 checkpoints, logs and output
   --save-dir DIR      save resumable checkpoints in DIR/step_NNNNNNNN (and at the last step)
   --save-every N      also save every N steps                                             [0: end only]
+  --stop-after N      save after step N and stop (the schedule is still --steps'): one stage or
+                      job of a longer run, which --resume continues                     [0: at --steps]
   --keep K            keep only the K newest checkpoints                                  [0: all]
   --resume            continue from the newest complete checkpoint in --save-dir (on other
                       --ranks/--sp/--batch/--grad-accum too, if batch x grad-accum x dp stays)
@@ -240,6 +242,7 @@ Options parse_options(int argc, char** argv) {
       {"--profile-step", I(o.profile_step)},
       {"--sp", I(o.sp)}, {"--comm", S(o.comm)}, {"--nccl-id-file", S(o.nccl_id_file)}, {"--ranks", I(o.ranks)}, {"--checkpoint", S(o.checkpoint)},
       {"--check-state", S(o.check_state)}, {"--save-dir", S(o.save_dir)}, {"--save-every", I(o.save_every)},
+      {"--stop-after", I(o.stop_after)},
       {"--keep", I(o.keep)}, {"--resume-step", I(o.resume_step)}, {"--skip-batches", I(o.skip_batches)}, {"--log", S(o.log)}, {"--mlp-chunks", I(o.mlp_chunks)}, {"--zero", I(o.zero)},
       {"--memory", [&o](const std::string& f, const std::string& v) { o.memory = parse_bytes(f, v); }},
       {"--check-tol", [&o](const std::string& f, const std::string& v) { o.check_tol = parse_float(f, v); }},
@@ -392,7 +395,7 @@ Options parse_options(int argc, char** argv) {
     const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
     const std::pair<const char*, const char*> unread[] = {
         {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--resume-step", trains},
-        {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains}, {"--change-rope", trains},
+        {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains}, {"--change-rope", trains}, {"--stop-after", trains},
         {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
         {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
@@ -423,7 +426,13 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--memory") && !o.plan) throw std::runtime_error("--memory needs --plan");
   if (o.save_every < 0) throw std::runtime_error("--save-every must be >= 0");
   if (o.keep < 0) throw std::runtime_error("--keep must be >= 0");
-  for (const char* f : {"--save-every", "--keep", "--resume", "--resume-step"})
+  if (o.set_by_user("--stop-after")) {
+    positive("--stop-after", o.stop_after);
+    if (o.stop_after >= o.steps)
+      throw std::runtime_error("--stop-after " + std::to_string(o.stop_after) + " is not before the last step (--steps " +
+                               std::to_string(o.steps) + "): the run ends there anyway; drop --stop-after");
+  }
+  for (const char* f : {"--save-every", "--keep", "--resume", "--resume-step", "--stop-after"})
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
   if (o.set_by_user("--resume-step")) {
     // Step 0 is never saved (a save follows a step), and every checkpoint's step is an int.
@@ -438,6 +447,10 @@ Options parse_options(int argc, char** argv) {
   if (o.change_seq && !o.resume)
     throw std::runtime_error("--change-seq lets a resume change --seq: it needs --resume (to start another run from a "
                              "checkpoint's weights at another length: --checkpoint DIR/step_NNNNNNNN/model.bin)");
+  // The flag says the RoPE may change; these say to what (a preset's default would be a change
+  // nobody asked for).
+  if (o.change_rope && !o.set_by_user("--rope-theta") && !o.set_by_user("--rope-scaling"))
+    throw std::runtime_error("--change-rope needs --rope-theta or --rope-scaling: the RoPE this resume goes on with");
   if (o.change_rope && !o.resume)
     throw std::runtime_error("--change-rope lets a resume change --rope-theta and --rope-scaling: it needs --resume or "
                              "--resume-step (to start another run from a checkpoint's weights with another RoPE: "
@@ -503,8 +516,8 @@ Options parse_options(int argc, char** argv) {
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
   // is how a model's context is extended; --sliding-window and --full-attention-* likewise change
-  // no weight.)
-  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--ffn",
+  // no weight, nor does a llama's --max-seq: apply_checkpoint_flags.)
+  for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--ffn",
                         "--tie-embeddings", "--qkv-bias", "--norm-eps"})
     if (o.set_by_user(f) && !o.checkpoint.empty())
       throw std::runtime_error(std::string(f) + ": the model's shape comes from --checkpoint " + o.checkpoint +
@@ -557,6 +570,17 @@ void apply_window_flag(const Options& o, ModelConfig& c) {
     throw std::runtime_error("--full-attention-every " + std::to_string(c.full_every) + " (from layer " +
                              std::to_string(c.full_first) + "): the model has only " + std::to_string(c.layers) +
                              " layers, so no layer would attend to every earlier token");
+}
+
+void apply_checkpoint_flags(const Options& o, ModelConfig& c) {
+  apply_rope_flags(o, c);
+  apply_window_flag(o, c);
+  if (o.set_by_user("--max-seq")) {
+    if (!c.is_llama())
+      throw std::runtime_error("--max-seq: a gpt2's positions are its shape, which comes from --checkpoint " +
+                               o.checkpoint + "; drop --max-seq");
+    c.max_seq = o.max_seq;
+  }
 }
 
 void apply_trained_length(const Options& o, ModelConfig& c) {

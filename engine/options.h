@@ -60,6 +60,8 @@ struct Options {
   // checkpoints and logs (engine/checkpoint.h, engine/run_log.h)
   std::string save_dir, log;  // log: "" = save_dir/log.jsonl when saving, else no log
   int save_every = 0, keep = 0;  // 0: save only at the end / keep every checkpoint
+  // Save after this step and stop, the schedule still --steps' (a stage of a longer run; 0: none).
+  int stop_after = 0;
   bool resume = false;
   // Rolling back (README "Rolling back past a loss spike"): resume from this step's checkpoint, not
   // the newest (-1: the newest; the newer ones are moved aside), and move the data skip_batches
@@ -131,6 +133,9 @@ void apply_rope_flags(const Options& o, ModelConfig& c);
 // weight, so a checkpoint's can be set, changed or removed for a fine-tune; refused on gpt2. So do
 // --full-attention-every / --full-attention-first (which layers keep full attention).
 void apply_window_flag(const Options& o, ModelConfig& c);
+// What a --checkpoint's config takes from the flags: the two above, and a llama's --max-seq (the
+// trained length, which no weight depends on; a gpt2's is its position rows: refused).
+void apply_checkpoint_flags(const Options& o, ModelConfig& c);
 // RoPE sets no length limit: a llama trained past its max_seq (a checkpoint's
 // max_position_embeddings, when its context is being extended) has the longer one from then on, in
 // its checkpoints and in the max_position_embeddings its exports write. Train and --plan both apply it.

@@ -326,8 +326,7 @@ PlanConfig plan_config(const Options& o) {
   if (!o.checkpoint.empty()) {  // the run's model is the checkpoint's (with the RoPE flags, as train has it)
     std::vector<float> values;
     ModelConfig cfg = checkpoint_model_config(o.checkpoint, values);
-    apply_rope_flags(o, cfg);
-    apply_window_flag(o, cfg);
+    apply_checkpoint_flags(o, cfg);
     apply_trained_length(o, cfg);
     return plan_config(o, cfg);
   }

@@ -282,7 +282,10 @@ int train_rank(const Options& o, Comm& world) {
     }
   }
   const double loop_t0 = now_ms();  // the ETA: this process's wall time per step so far, evals and saves included
-  for (int s = start; s < o.steps && !stopped_by; s++) {
+  // --stop-after: the loop ends there, saved and evaluated; the schedule (and the final evals,
+  // probes, exports and sample, at --steps) are the whole run's.
+  const int until = o.stop_after > 0 ? o.stop_after : o.steps;
+  for (int s = start; s < until && !stopped_by; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
     const bool profiled = o.profile_step == s + 1;
@@ -313,9 +316,9 @@ int train_rank(const Options& o, Comm& world) {
     if (o.zero)
       std::snprintf(zero_sent, sizeof zero_sent, " rs %.2f MiB ag %.2f MiB", r.sent.reduce_scatter / 1048576.0,
                     r.sent.all_gather / 1048576.0);
-    const std::string eta = s + 1 < o.steps ? " | eta " + eta_text((now_ms() - loop_t0) / 1000.0 / (s + 1 - start) *
-                                                                   (o.steps - s - 1))
-                                            : "";
+    const std::string eta = s + 1 < until ? " | eta " + eta_text((now_ms() - loop_t0) / 1000.0 / (s + 1 - start) *
+                                                                 (until - s - 1))
+                                          : "";
     say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB%s%s\n",
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
         r.sent.all_to_all / 1048576.0, r.sent.all_reduce / 1048576.0, zero_sent, eta.c_str());
@@ -326,7 +329,7 @@ int train_rank(const Options& o, Comm& world) {
     if (s == start && tr.document_start() >= 0 && global_count(world, r.packed) == 0)
       say("note    | --doc-mask: no sequence of this step holds token %d after its start, so none is split "
           "into documents (is --eot right?)\n", tr.document_start());
-    const bool last = s + 1 == o.steps;
+    const bool last = s + 1 == o.steps, pause = s + 1 == o.stop_after;
     // A stop signal (engine/stop_signal.h) is acted on at the step boundary, by every rank at once
     // (the one that caught it may be alone: a signal sent to one process of an MPI job), before the
     // eval and the sample: a scheduler's grace period is for the checkpoint. At the last step too:
@@ -341,9 +344,9 @@ int train_rank(const Options& o, Comm& world) {
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
       saved = true;
     };
-    if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last || sig)) save();
+    if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last || pause || sig)) save();
     if (!sig) {
-      const bool evals = (o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last;
+      const bool evals = (o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last || pause;
       if (evals) run_eval(s + 1, last);
       // --sample-every: rank 0 samples (the others wait for it at the agreement below); the last
       // step's sample is finish()'s, after the run.
@@ -380,7 +383,8 @@ int train_rank(const Options& o, Comm& world) {
   // --probe-lengths: every rank decodes a share of the windows from a host copy of the weights.
   // Also after a resume that had nothing left to train: the probes run on the model as loaded, as
   // the exports do (they were once skipped there without a word).
-  if (!o.probe_lengths.empty() && !stop_now()) {
+  const bool paused = o.stop_after > 0 && !stopped_by;  // --stop-after: the run goes on later
+  if (!o.probe_lengths.empty() && !paused && !stop_now()) {
     const std::vector<float> host = tr.host_params();
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
@@ -428,6 +432,8 @@ int train_rank(const Options& o, Comm& world) {
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
+  else if (lead && paused && start >= o.stop_after)
+    std::printf("done | nothing to do: the checkpoint is at step %d and --stop-after is %d\n", start, o.stop_after);
   if (lead && stopped_by) {  // what is left of the run (evals, probes, exports, sample) is skipped
     const std::string sig = stop_signal_name(stopped_by), dir = o.save_dir + "/" + step_dir_name(stopped_at);
     std::string left;  // what the signal skipped of what follows the training
@@ -448,7 +454,7 @@ int train_rank(const Options& o, Comm& world) {
              (o.save_dir.empty() ? "nothing saved (no --save-dir)" : "checkpoint " + dir + ": the training is done") + left +
              (left.empty() || o.save_dir.empty() ? "" : " (--steps 0 --checkpoint " + dir + "/model.bin runs them)");
     std::printf("stopped | %s %s\n", sig.c_str(), what.c_str());
-  } else if (lead && (eval_at_zero || o.steps > start)) {
+  } else if (lead && (eval_at_zero || until > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");
     else std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
     if (have_eval) {
@@ -461,6 +467,12 @@ int train_rank(const Options& o, Comm& world) {
   if (stopped_by) {
     std::fflush(stdout);
     return 128 + stopped_by;  // as a shell reports a process the signal ended
+  }
+  if (paused) {  // the run's end (its exports and sample) is still to come
+    if (lead && until > start)
+      std::printf("paused  | after step %d of %d (--stop-after) | checkpoint %s/%s: continue with --resume\n", until,
+                  o.steps, o.save_dir.c_str(), step_dir_name(until).c_str());
+    return 0;
   }
   // The f32 weights, on rank 0 only (a copy as large as the model: made when asked for).
   const std::vector<float> host = outputs.wants_params() ? tr.host_params(lead) : std::vector<float>{};

@@ -186,8 +186,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   ModelConfig cfg;
   if (!o.checkpoint.empty()) {
     cfg = checkpoint_model_config(o.checkpoint, ckpt);
-    apply_rope_flags(o, cfg);
-    apply_window_flag(o, cfg);
+    apply_checkpoint_flags(o, cfg);
   }
   // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
   // vocabulary bounds the data's token ids.
@@ -261,8 +260,6 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!cfg.is_llama() && o.seq > cfg.max_seq && (o.evaluates() || o.set_by_user("--seq")))
     throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
                              std::to_string(cfg.max_seq) + " (learned positions)");
-  if (o.change_rope && !cfg.is_llama())
-    throw std::runtime_error("--change-rope: gpt2 has learned positions, not RoPE (--model llama)");
   apply_trained_length(o, cfg);
   // The run's memory as planned (engine/planner.h), before anything large is allocated. On the CPU
   // a run larger than the machine is refused here: Linux would grant the memory, then kill the run

@@ -834,6 +834,16 @@ TEST_CASE("a llama's trained length (max_seq) grows with --change-seq, never shr
                  "max_seq is 32 in the checkpoint but 16 in this run (--max-seq)");
   REQUIRE(train(kArgs + " --model llama --kv-heads 1 --max-seq 32 --save-dir " + d.string() +
                 " --seq 16 --steps 6 --resume --change-seq").code == 0);
+  // From a --checkpoint (the shape is the file's): --max-seq beside it is a llama's trained length.
+  const fs::path from = d / "step_00000006" / "model.bin", run = d / "from_checkpoint";
+  const std::string plain = "--batch 2 --eval-every 0 --threads 1 --quiet --checkpoint " + from.string() +
+                            " --save-dir " + run.string();
+  REQUIRE(train(plain + " --seq 64 --steps 2").code == 0);  // past the file's 32: 64 from here on
+  expect_refused(plain + " --seq 16 --steps 4 --resume --change-seq",
+                 "max_seq is 64 in the checkpoint but 32 in this run (--max-seq): the longest length it trained at, "
+                 "which --max-seq 64 keeps");
+  REQUIRE(train(plain + " --seq 16 --steps 4 --resume --change-seq --max-seq 64").code == 0);
+  CHECK(ul::read_model_file((run / "step_00000004" / "model.bin").string(), w).max_seq == 64);
   // A gpt2's learned positions: a length past them is another model (passkey: any length's data).
   fs::remove_all(d);
   REQUIRE(train(kArgs + " --save-dir " + d.string() + " --seq 16 --steps 2").code == 0);
@@ -847,6 +857,8 @@ TEST_CASE("a llama's trained length (max_seq) grows with --change-seq, never shr
   expect_refused(g + " --seq 16 --steps 4 --resume --change-seq", "max_seq is 1040 in the checkpoint but 1024 in this "
                  "run (--max-seq): a gpt2's positions are its shape: --max-seq 1040 keeps them");
   REQUIRE(train(g + " --seq 16 --steps 4 --resume --change-seq --max-seq 1040").code == 0);
+  expect_refused("--steps 0 --threads 1 --max-seq 2048 --checkpoint " + (d / "step_00000004" / "model.bin").string(),
+                 "--max-seq: a gpt2's positions are its shape, which comes from --checkpoint");
   fs::remove_all(d);
 }
 
@@ -894,12 +906,57 @@ TEST_CASE("a resume may change a llama's RoPE with --change-rope: the weights go
   r = train(args + " --steps 8 --resume --rope-theta 40000 --rope-scaling linear:factor=2 --change-rope");
   CHECK(r.out.find("note    | --change-rope: this resume keeps the checkpoint's RoPE (theta 40000, scaling "
                    "linear:factor=2)") != std::string::npos);
-  expect_refused(kArgs + " --steps 4 --change-rope", "--change-rope lets a resume change --rope-theta and --rope-scaling: "
-                                                     "it needs --resume or --resume-step");
+  // The RoPE flags dropped from a later stage's command: refused, naming the checkpoint's (the
+  // preset's default would be a change nobody asked for, so --change-rope needs them written out).
+  expect_refused(args + " --steps 9 --resume", "rope_theta is 40000 in the checkpoint but 10000 in this run "
+                                               "(--rope-theta) (to go on with the checkpoint's, give --rope-theta 40000)");
+  expect_refused(args + " --steps 9 --resume --change-rope", "--change-rope needs --rope-theta or --rope-scaling: the "
+                                                             "RoPE this resume goes on with");
+  expect_refused(loud + " --steps 4 --change-rope --rope-theta 40000",
+                 "--change-rope lets a resume change --rope-theta and --rope-scaling: it needs --resume or --resume-step");
   fs::remove_all(d);
   REQUIRE(train(kArgs + " --save-dir " + d.string() + " --steps 2").code == 0);
-  expect_refused(kArgs + " --save-dir " + d.string() + " --steps 4 --resume --change-rope",
-                 "--change-rope: gpt2 has learned positions, not RoPE (--model llama)");
+  expect_refused(kArgs + " --save-dir " + d.string() + " --steps 4 --resume --change-rope --rope-theta 40000",
+                 "--rope-theta: gpt2 has learned positions, not RoPE (--model llama)");
+  fs::remove_all(d);
+}
+
+TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --resume finishes it bit-exactly",
+          "[checkpoint][stop-after]") {
+  fs::path d = fresh_dir("stop_after");
+  // wsd with its decay in the last half: a run of --steps 3 would decay at once.
+  const std::string args = kArgs + " --schedule wsd --warmup 1 --decay-frac 0.5";
+  REQUIRE(train(args + " --log " + (d / "straight.jsonl").string()).code == 0);
+  const std::string run = args + " --save-dir " + (d / "run").string() + " --export-safetensors " +
+                          (d / "m.safetensors").string();
+  CmdResult r = train(run + " --stop-after 3");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("paused  | after step 3 of 6 (--stop-after) | checkpoint " + (d / "run").string() +
+                   "/step_00000003: continue with --resume") != std::string::npos);
+  CHECK(fs::exists(d / "run" / "step_00000003" / "COMPLETE"));
+  CHECK_FALSE(fs::exists(d / "m.safetensors"));  // the run's end is still to come
+  bool eval3 = false;
+  for (const ul::LogRecord& x : ul::read_run_log((d / "run" / "log.jsonl").string()))
+    eval3 = eval3 || (x.at("type") == "eval" && x.at("step") == "3");
+  CHECK(eval3);  // the stage ends with an eval, as a run does
+  r = train(run + " --stop-after 3 --resume");  // the stage's job requeued: nothing left of it
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | nothing to do: the checkpoint is at step 3 and --stop-after is 3") != std::string::npos);
+  REQUIRE(train(run + " --resume").code == 0);
+  CHECK(fs::exists(d / "m.safetensors"));
+  // Every step's loss and rate are the run's never paused, to the bit (the decay at steps 4-6).
+  auto steps = [](const fs::path& log) {
+    std::vector<std::string> v;
+    for (const ul::LogRecord& x : ul::read_run_log(log.string()))
+      if (x.at("type") == "step") v.push_back(x.at("step") + " " + x.at("loss") + " " + x.at("lr"));
+    return v;
+  };
+  CHECK(steps(d / "run" / "log.jsonl") == steps(d / "straight.jsonl"));
+  CHECK(steps(d / "straight.jsonl").size() == 6);
+  expect_refused(run + " --stop-after 6", "--stop-after 6 is not before the last step (--steps 6): the run ends there "
+                                          "anyway; drop --stop-after");
+  expect_refused(kArgs + " --stop-after 3", "--stop-after needs --save-dir");
+  expect_refused(run + " --stop-after 0", "--stop-after must be >= 1, got 0");
   fs::remove_all(d);
 }
 
