@@ -267,7 +267,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const bool new_g = tr.options().change_global_batch;
   const Options& o = tr.options();
   const ResumeChanges changes{new_g || pending, o.change_seq, o.change_rope, o.resume_step >= 0,
-                              o.set_by_user("--rope-theta") || o.set_by_user("--rope-scaling")};
+                              o.set_by_user("--rope-theta"), o.set_by_user("--rope-scaling")};
   int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
                                           &data, changes);
@@ -314,8 +314,8 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
     trained.max_seq = tr.model().cfg.max_seq;
   // --change-rope: the weights go on under this run's rotation (no weight depends on it).
   if (changes.rope) {
-    trained.rope_theta = tr.model().cfg.rope_theta;
-    trained.rope_scaling = tr.model().cfg.rope_scaling;
+    if (changes.theta_asked) trained.rope_theta = tr.model().cfg.rope_theta;
+    if (changes.scaling_asked) trained.rope_scaling = tr.model().cfg.rope_scaling;
     if (rope_before && rope_text(in_file) != rope_text(trained)) *rope_before = rope_text(in_file);
   }
   check_model_config(model_path, trained, tr.model().cfg);

@@ -77,6 +77,7 @@ struct ResumeNotes {
   std::optional<RollbackRecord> applied;   // a plain --resume that took a pending rollback's data place
   bool repeat = false;                     // the same --resume-step again after its run saved: a --resume
   std::string rope_before;                 // --change-rope: the checkpoint's RoPE, where this run's differs
+  bool stage_done = false;                 // --stop-after N, the newest past N: nothing loaded, nothing to do
 };
 
 // Collective (engine/resume.cpp). Prepares `root` for this run: creates it and removes incomplete step directories

@@ -518,7 +518,9 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
     if (got == want[f.key] || (changes.seq && f.key == "seq")) continue;
-    if (changes.rope && (f.key == "rope_theta" || f.key == "rope_scaling")) continue;
+    const bool rope_field = f.key == "rope_theta" || f.key == "rope_scaling";
+    const bool rope_asked = f.key == "rope_theta" ? changes.theta_asked : changes.scaling_asked;
+    if (rope_field && changes.rope && rope_asked) continue;
     // A llama's max_seq is the longest --seq it trained at (no weight depends on it): under
     // --change-seq it may grow to --seq (as load_checkpoint lets model.bin's header); without it,
     // another --seq is what differs (its field, after this one, says so).
@@ -533,9 +535,9 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
       hint = changes.rollback ? " (a rollback keeps its checkpoint's length: --seq " + got + ")"
                               : " (or, to go on at --seq " + want[f.key] + " with the checkpoint's AdamW state and "
                                 "schedule, --change-seq)";
-    if (f.key == "rope_theta" || f.key == "rope_scaling")
-      hint = changes.rope_asked ? " (or, to go on with this RoPE from the checkpoint's weights and AdamW state, --change-rope)"
-                                : " (to go on with the checkpoint's, give " + f.flag + " " + got + ")";
+    if (rope_field)
+      hint = rope_asked ? " (or, to go on with this RoPE from the checkpoint's weights and AdamW state, --change-rope)"
+                        : " (to go on with the checkpoint's, give " + f.flag + " " + got + ")";
     if (f.key == "max_seq" && !llama && rows && seq)  // a gpt2's positions, sized to --seq past 1024
       hint = *seq > *rows ? ": gpt2 learns one position embedding per place, and the checkpoint's end at " + got +
                                 ": --seq " + want["seq"] + " is another model"

@@ -128,9 +128,11 @@ int64_t recorded_crc(const std::string& path, const std::string& name);
 struct ResumeChanges {
   bool global_batch = false;  // --change-global-batch (or a pending rollback's G)
   bool seq = false;           // --change-seq (and a llama's max_seq, the trained length, growing with it)
-  bool rope = false;          // --change-rope: rope_theta and rope_scaling
+  bool rope = false;          // --change-rope: rope_theta and rope_scaling, each where its flag is given
   bool rollback = false;      // --resume-step (no --change-seq: its refusals say so)
-  bool rope_asked = false;    // --rope-theta or --rope-scaling written out (else a refusal names the file's)
+  // --rope-theta, --rope-scaling written out: --change-rope changes only those (a refusal of one
+  // not given names the checkpoint's value, not the flag: that would take the preset's).
+  bool theta_asked = false, scaling_asked = false;
 };
 // Checks the step, every field and that the layout's sequences per step equal `run`'s (but what
 // `changes` allows); with `place` (a rank resuming at the layout it was saved at, reading its own

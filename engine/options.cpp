@@ -102,7 +102,7 @@ checkpoints, logs and output
   --save-dir DIR      save resumable checkpoints in DIR/step_NNNNNNNN (and at the last step)
   --save-every N      also save every N steps                                             [0: end only]
   --stop-after N      save after step N and stop (the schedule is still --steps'): one stage or
-                      job of a longer run, which --resume continues                     [0: at --steps]
+                      job of a longer run, which --resume continues           [0 or --steps: at --steps]
   --keep K            keep only the K newest checkpoints                                  [0: all]
   --resume            continue from the newest complete checkpoint in --save-dir (on other
                       --ranks/--sp/--batch/--grad-accum too, if batch x grad-accum x dp stays)
@@ -399,7 +399,8 @@ Options parse_options(int argc, char** argv) {
         {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
         {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
-        {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads}};
+        {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads},
+        {"--max-seq", "--check-state runs the llm.c checkpoint as its file shapes it"}};
     for (const auto& [f, why] : unread)
       if (o.set_by_user(f)) throw std::runtime_error(std::string(f) + ": " + why + "; drop " + f);
   }
@@ -427,13 +428,16 @@ Options parse_options(int argc, char** argv) {
   if (o.save_every < 0) throw std::runtime_error("--save-every must be >= 0");
   if (o.keep < 0) throw std::runtime_error("--keep must be >= 0");
   if (o.set_by_user("--stop-after")) {
-    positive("--stop-after", o.stop_after);
-    if (o.stop_after >= o.steps)
-      throw std::runtime_error("--stop-after " + std::to_string(o.stop_after) + " is not before the last step (--steps " +
-                               std::to_string(o.steps) + "): the run ends there anyway; drop --stop-after");
+    if (o.stop_after < 0) throw std::runtime_error("--stop-after must be >= 0, got " + std::to_string(o.stop_after));
+    if (o.stop_after > o.steps)
+      throw std::runtime_error("--stop-after " + std::to_string(o.stop_after) + " is past the last step (--steps " +
+                               std::to_string(o.steps) + ")");
+    if (o.stop_after == o.steps) o.stop_after = 0;  // the run's own end (a job script's last stage)
   }
-  for (const char* f : {"--save-every", "--keep", "--resume", "--resume-step", "--stop-after"})
+  for (const char* f : {"--save-every", "--keep", "--resume", "--resume-step"})
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
+  if (o.stop_after > 0 && o.save_dir.empty())
+    throw std::runtime_error("--stop-after needs --save-dir (the run goes on from its checkpoint)");
   if (o.set_by_user("--resume-step")) {
     // Step 0 is never saved (a save follows a step), and every checkpoint's step is an int.
     positive("--resume-step", o.resume_step);

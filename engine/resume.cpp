@@ -187,6 +187,14 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                              (older >= 0 ? ", the newest before step " + std::to_string(resume_step) + " is " +
                                                step_dir_name(older)
                                          : ""));
+  // --stop-after N, and a later stage has saved past N (this stage's job requeued): nothing to do,
+  // and nothing to load (the newest may be at another length, RoPE or G than this command's). The
+  // same stage requeued (its own pause the newest) loads, to make up an eval a signal skipped there.
+  if (!rollback && o.stop_after > 0 && chosen > o.stop_after) {
+    world.barrier();
+    if (notes) notes->stage_done = true;
+    return chosen;
+  }
   // A rollback whose run has not saved yet: step_N's files hold the data's place of the history
   // it replaced, the record the one the rollback chose.
   const bool pending = !rollback && here && chosen == record->step;
@@ -218,6 +226,9 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
     throw std::runtime_error("--resume-step " + std::to_string(chosen) + ": nothing to train, --steps is " +
                              std::to_string(o.steps) + ": give the run's --steps (it may change on a resume; the " +
                              "schedule follows it)");
+  if (o.stop_after > 0 && chosen >= o.stop_after)
+    throw std::runtime_error("--resume-step " + std::to_string(chosen) + ": nothing to train before --stop-after " +
+                             std::to_string(o.stop_after) + ": give a later --stop-after (or none)");
   if (o.skip_batches > 0) tr.skip_batches(o.skip_batches);
   world.barrier();  // every rank has its state: only now are the newer checkpoints let go
   if (world.rank() == 0) {

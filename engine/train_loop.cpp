@@ -162,7 +162,7 @@ int train_rank(const Options& o, Comm& world) {
   RunLayout saved = spread;
   ResumeNotes notes;  // a rollback's moves, or the pending rollback a plain resume took up
   if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved, &notes);
-  if (o.resume)
+  if (o.resume && !notes.stage_done)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
   if (notes.repeat)
@@ -209,7 +209,7 @@ int train_rank(const Options& o, Comm& world) {
   const std::string log_path = o.log_path();
   std::unique_ptr<RunLog> log;
   // The resume record names the data's place when it is not where the step puts it.
-  if (lead && !log_path.empty())
+  if (lead && !log_path.empty() && !notes.stage_done)  // (a stage done has nothing to log)
     log = std::make_unique<RunLog>(log_path, o.resume ? start : -1,
                                    tr.next_sequence() != int64_t(start) * G ? tr.next_sequence() : -1,
                                    saved.seq != o.seq ? o.seq : 0,
@@ -264,8 +264,10 @@ int train_rank(const Options& o, Comm& world) {
   // die during one. The log read back tells (rank 0 has it); the eval runs now if it is missing, so
   // the val history matches the run never stopped. Not at another --seq or RoPE: that eval would
   // be the new stage's, logged as the old one's step.
-  if (o.resume && start > 0 && start < o.steps && o.eval_every > 0 && start % o.eval_every == 0 &&
-      saved.seq == o.seq && notes.rope_before.empty()) {
+  // --stop-after's step evaluates whatever --eval-every says.
+  if (o.resume && start > 0 && start < o.steps && !notes.stage_done &&
+      ((o.eval_every > 0 && start % o.eval_every == 0) || start == o.stop_after) && saved.seq == o.seq &&
+      notes.rope_before.empty()) {
     int32_t missing = 0;
     if (lead && log) {
       missing = 1;
@@ -413,7 +415,7 @@ int train_rank(const Options& o, Comm& world) {
       test_hold("length " + std::to_string(T));
     }
   }
-  stop_now();  // the exports and the sample are not started after a signal
+  if (!paused) stop_now();  // the exports and the sample are not started after a signal (a pause has none)
   if (log) {
     log.reset();  // closed: the plot reads it back
     const std::string svg = plot_path_for_log(log_path);
@@ -423,7 +425,7 @@ int train_rank(const Options& o, Comm& world) {
   }
   // A --steps 0 run's arena held its evals' forwards alone (nothing resets the high-water there).
   const bool eval_only = o.steps == 0 && have_eval;
-  if (o.steps > start || eval_only)
+  if (until > start || eval_only)
     say("memory  | arena high-water %.1f MiB (planned %.1f MiB%s) | peak RSS %.1f MiB (this process)\n",
         (eval_only ? tr.context().arena.high_water() : peak_act) / 1048576.0, tr.planned_arena() / 1048576.0,
         eval_only ? ": an eval's forward" : "", peak_rss_bytes() / 1048576.0);
@@ -456,11 +458,14 @@ int train_rank(const Options& o, Comm& world) {
     std::printf("stopped | %s %s\n", sig.c_str(), what.c_str());
   } else if (lead && (eval_at_zero || until > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");
-    else std::printf("done | train loss %.4f -> %.4f", first_loss, last_loss);
+    else std::printf("%s | train loss %.4f -> %.4f", paused ? "paused " : "done", first_loss, last_loss);
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);
       if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
     }
+    if (paused)
+      std::printf(" | after step %d of %d (--stop-after) | checkpoint %s/%s: continue with --resume", until, o.steps,
+                  o.save_dir.c_str(), step_dir_name(until).c_str());
     std::printf("\n");
   }
   model.progress = nullptr;  // sampling after the run is not a step
@@ -469,9 +474,11 @@ int train_rank(const Options& o, Comm& world) {
     return 128 + stopped_by;  // as a shell reports a process the signal ended
   }
   if (paused) {  // the run's end (its exports and sample) is still to come
-    if (lead && until > start)
-      std::printf("paused  | after step %d of %d (--stop-after) | checkpoint %s/%s: continue with --resume\n", until,
-                  o.steps, o.save_dir.c_str(), step_dir_name(until).c_str());
+    if (const int sig = stop_signal()) {  // the stage is saved; the exit status still says a signal came
+      if (lead) std::printf("stopped | %s as the stage ended\n", stop_signal_name(sig));
+      std::fflush(stdout);
+      return 128 + sig;
+    }
     return 0;
   }
   // The f32 weights, on rank 0 only (a copy as large as the model: made when asked for).

@@ -912,6 +912,12 @@ TEST_CASE("a resume may change a llama's RoPE with --change-rope: the weights go
                                                "(--rope-theta) (to go on with the checkpoint's, give --rope-theta 40000)");
   expect_refused(args + " --steps 9 --resume --change-rope", "--change-rope needs --rope-theta or --rope-scaling: the "
                                                              "RoPE this resume goes on with");
+  // One of the two dropped: --change-rope changes only what its flags say, so the other's refusal
+  // names the checkpoint's value (the preset's would be a change nobody asked for).
+  for (const char* change : {"", " --change-rope"})
+    expect_refused(args + " --steps 9 --resume --rope-theta 40000" + change,
+                   "rope_scaling is linear:factor=2 in the checkpoint but none in this run (--rope-scaling) (to go on "
+                   "with the checkpoint's, give --rope-scaling linear:factor=2)");
   expect_refused(loud + " --steps 4 --change-rope --rope-theta 40000",
                  "--change-rope lets a resume change --rope-theta and --rope-scaling: it needs --resume or --resume-step");
   fs::remove_all(d);
@@ -931,17 +937,36 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
                           (d / "m.safetensors").string();
   CmdResult r = train(run + " --stop-after 3");
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("paused  | after step 3 of 6 (--stop-after) | checkpoint " + (d / "run").string() +
-                   "/step_00000003: continue with --resume") != std::string::npos);
+  CHECK(r.out.find("paused  | train loss ") != std::string::npos);
+  CHECK(r.out.find(" | after step 3 of 6 (--stop-after) | checkpoint " + (d / "run").string() +
+                   "/step_00000003: continue with --resume\n") != std::string::npos);
+  CHECK(r.out.find("done |") == std::string::npos);
   CHECK(fs::exists(d / "run" / "step_00000003" / "COMPLETE"));
   CHECK_FALSE(fs::exists(d / "m.safetensors"));  // the run's end is still to come
-  bool eval3 = false;
-  for (const ul::LogRecord& x : ul::read_run_log((d / "run" / "log.jsonl").string()))
-    eval3 = eval3 || (x.at("type") == "eval" && x.at("step") == "3");
-  CHECK(eval3);  // the stage ends with an eval, as a run does
-  r = train(run + " --stop-after 3 --resume");  // the stage's job requeued: nothing left of it
+  auto evals_at_3 = [&] {
+    int n = 0;
+    for (const ul::LogRecord& x : ul::read_run_log((d / "run" / "log.jsonl").string()))
+      n += x.at("type") == "eval" && x.at("step") == "3";
+    return n;
+  };
+  CHECK(evals_at_3() == 1);  // the stage ends with an eval, as a run does
+  // The stage's job requeued: nothing left of it, but the pause's eval, when the log lacks it (a
+  // stop signal at that step saves and skips it), made up at its length.
+  {
+    std::istringstream in(bytes_of(d / "run" / "log.jsonl"));
+    std::ofstream out(d / "run" / "log.jsonl.new");
+    for (std::string line; std::getline(in, line);)
+      if (line.find("{\"type\":\"eval\",\"step\":3,") == std::string::npos) out << line << "\n";
+  }
+  fs::rename(d / "run" / "log.jsonl.new", d / "run" / "log.jsonl");
+  r = train(run + " --stop-after 3 --resume");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("done | nothing to do: the checkpoint is at step 3 and --stop-after is 3") != std::string::npos);
+  CHECK(evals_at_3() == 1);
+  REQUIRE(train(run + " --stop-after 3 --resume").code == 0);  // now it is there: not again
+  CHECK(evals_at_3() == 1);
+  // A rollback to the pause or past it has nothing to train before it: refused before any move.
+  expect_refused(run + " --stop-after 3 --resume-step 3", "--resume-step 3: nothing to train before --stop-after 3");
   REQUIRE(train(run + " --resume").code == 0);
   CHECK(fs::exists(d / "m.safetensors"));
   // Every step's loss and rate are the run's never paused, to the bit (the decay at steps 4-6).
@@ -953,10 +978,29 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
   };
   CHECK(steps(d / "run" / "log.jsonl") == steps(d / "straight.jsonl"));
   CHECK(steps(d / "straight.jsonl").size() == 6);
-  expect_refused(run + " --stop-after 6", "--stop-after 6 is not before the last step (--steps 6): the run ends there "
-                                          "anyway; drop --stop-after");
+  // A job script's stages as parameters: 0 and --steps are the run's own end.
+  REQUIRE(train(kArgs + " --stop-after 0").code == 0);
+  REQUIRE(train(kArgs + " --stop-after 6").code == 0);
+  expect_refused(run + " --stop-after 7", "--stop-after 7 is past the last step (--steps 6)");
   expect_refused(kArgs + " --stop-after 3", "--stop-after needs --save-dir");
-  expect_refused(run + " --stop-after 0", "--stop-after must be >= 1, got 0");
+  expect_refused(run + " --stop-after -1", "--stop-after must be >= 0, got -1");
+  fs::remove_all(d);
+
+  // Stage 1's job requeued after stage 2 (another length) saved past its pause: nothing to do,
+  // nothing loaded (its --seq is not the checkpoint's any more), nothing logged.
+  const std::string stage = kArgs + " --save-dir " + d.string();
+  REQUIRE(train(stage + " --stop-after 3").code == 0);
+  REQUIRE(train(stage + " --seq 32 --resume --change-seq --stop-after 5").code == 0);
+  const std::string log = bytes_of(d / "log.jsonl");
+  r = train(stage + " --stop-after 3 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | nothing to do: the checkpoint is at step 5 and --stop-after is 3") != std::string::npos);
+  CHECK(bytes_of(d / "log.jsonl") == log);
+  r = train(stage + " --seq 32 --resume --stop-after 5");  // stage 2's requeue: its own pause, loaded
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | nothing to do: the checkpoint is at step 5 and --stop-after is 5") != std::string::npos);
+  REQUIRE(train(stage + " --seq 32 --resume").code == 0);
+  CHECK(fs::exists(d / "step_00000006" / "COMPLETE"));
   fs::remove_all(d);
 }
 
