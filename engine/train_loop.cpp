@@ -188,19 +188,19 @@ int train_rank(const Options& o, Comm& world) {
   else if (!saved.same_sums(spread))
     say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
-  else if (o.change_global_batch)
+  else if (o.change_global_batch && !notes.stage_done)
     say("note    | --change-global-batch: this resume keeps the checkpoint's %lld sequences a step\n", (long long)G);
   if (saved.seq != o.seq)  // --change-seq (else refused)
     say("resume  | another sequence length: saved at --seq %d, now %d: step %d trains on sequences from %lld at %d "
         "(%s); AdamW's state and the schedule go on\n", saved.seq, o.seq, start + 1, (long long)tr.next_sequence(),
         o.seq, tr.train_data().num_sequences(o.seq) < 0 ? "a fresh draw each, as before"
                                                         : "where the data's epoch stood, at the new length");
-  else if (o.change_seq)
+  else if (o.change_seq && !notes.stage_done)
     say("note    | --change-seq: this resume keeps the checkpoint's --seq %d\n", o.seq);
   if (!notes.rope_before.empty())  // --change-rope (else refused)
     say("resume  | another RoPE: saved with %s, now %s: the weights and AdamW's state go on under the new rotation\n",
         notes.rope_before.c_str(), rope_text(tr.model().cfg).c_str());
-  else if (o.change_rope)
+  else if (o.change_rope && !notes.stage_done)
     say("note    | --change-rope: this resume keeps the checkpoint's RoPE (%s)\n", rope_text(tr.model().cfg).c_str());
   if (skipped > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
     say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
@@ -474,10 +474,10 @@ int train_rank(const Options& o, Comm& world) {
     return 128 + stopped_by;  // as a shell reports a process the signal ended
   }
   if (paused) {  // the run's end (its exports and sample) is still to come
-    if (const int sig = stop_signal()) {  // the stage is saved; the exit status still says a signal came
-      if (lead) std::printf("stopped | %s as the stage ended\n", stop_signal_name(sig));
+    if (lead && stop_signal()) {  // the stage is saved; the exit status still says a signal came
+      std::printf("stopped | %s as the stage ended\n", stop_signal_name(stop_signal()));
       std::fflush(stdout);
-      return 128 + sig;
+      return 128 + stop_signal();
     }
     return 0;
   }
