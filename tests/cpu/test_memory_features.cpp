@@ -261,7 +261,7 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
 // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only means
 // something in the normal build, so the sanitizer build does not have this test at all (a test
 // case that returned early would fail there: catch_main warns about test cases that check nothing).
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(ULYSSES_SANITIZED)
 TEST_CASE("the planner's total is the train binary's peak RSS within 10%", "[memory][planner]") {
   // Large enough that the process itself (code, libraries, thread stacks) is a few percent.
   for (const std::string args : {"--model gpt2 --layers 4 --dim 256 --seq 1024 --batch 2 --mlp-chunks 4",
