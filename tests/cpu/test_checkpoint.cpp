@@ -77,6 +77,17 @@ std::string unsaved(std::string j) {
   return strip_crc(j);
 }
 
+// The log without the records that start with `head` (a stop signal's skipped eval, say).
+void drop_log_records(const fs::path& log, const std::string& head) {
+  std::istringstream in(ul::read_whole_file(log.string()));
+  {
+    std::ofstream out(log.string() + ".new");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(head, 0) != 0) out << line << "\n";
+  }
+  fs::rename(log.string() + ".new", log);
+}
+
 void expect_refused(const std::string& args, const std::string& needle) {
   CmdResult r = run_cmd(train_cmd(args));
   INFO("train " << args << "\n" << r.out);
@@ -800,13 +811,7 @@ TEST_CASE("a resume at another length (--change-seq) keeps AdamW's state and the
   // the old stage's): here the log lost step 4's eval, as a stop before it would leave it.
   fs::remove_all(d / "run");
   REQUIRE(train(args + " --seq 16 --steps 4 --eval-every 2 --eval-batches 1 --quiet").code == 0);
-  {
-    std::istringstream in(bytes_of(d / "run" / "log.jsonl"));
-    std::ofstream out(d / "run" / "log.jsonl.new");
-    for (std::string line; std::getline(in, line);)
-      if (line.find("{\"type\":\"eval\",\"step\":4,") == std::string::npos) out << line << "\n";
-  }
-  fs::rename(d / "run" / "log.jsonl.new", d / "run" / "log.jsonl");
+  drop_log_records(d / "run" / "log.jsonl", "{\"type\":\"eval\",\"step\":4,");
   fs::copy(d / "run", d / "same", fs::copy_options::recursive);
   const std::string evals = base + " --save-every 2 --eval-every 2 --eval-batches 1 --steps 6 --resume --save-dir ";
   r = train(evals + (d / "same").string() + " --seq 16");  // the same length: the missing eval runs first
@@ -952,13 +957,7 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
   CHECK(evals_at_3() == 1);  // the stage ends with an eval, as a run does
   // The stage's job requeued: nothing left of it, but the pause's eval, when the log lacks it (a
   // stop signal at that step saves and skips it), made up at its length.
-  {
-    std::istringstream in(bytes_of(d / "run" / "log.jsonl"));
-    std::ofstream out(d / "run" / "log.jsonl.new");
-    for (std::string line; std::getline(in, line);)
-      if (line.find("{\"type\":\"eval\",\"step\":3,") == std::string::npos) out << line << "\n";
-  }
-  fs::rename(d / "run" / "log.jsonl.new", d / "run" / "log.jsonl");
+  drop_log_records(d / "run" / "log.jsonl", "{\"type\":\"eval\",\"step\":3,");
   r = train(run + " --stop-after 3 --resume");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("done | nothing to do: the checkpoint is at step 3 and --stop-after is 3") != std::string::npos);
