@@ -1,8 +1,10 @@
 // Causal attention forward + backward throughput through the op (so the same code runs the CPU
 // kernels or, in a CUDA build with --device cuda, the flash kernels). Prints TFLOP/s for each T
 // and head dim, counting the causal half of 4·T²·D per head forward and 2.5× that backward
-// (the convention of flash-attention papers). bench/sdpa_reference.py measures PyTorch's
-// scaled_dot_product_attention on the same shapes; bench/gpu_check.sh prints the ratio.
+// (the convention of flash-attention papers). On the CPU the last column is that rate over the
+// fp32 GEMM peak measured first in the same run (bench/gemm_peak.h: the same threads, the same
+// load); on a GPU bench/sdpa_reference.py measures PyTorch's scaled_dot_product_attention on the
+// same shapes and bench/gpu_check.sh prints the ratio.
 // --doc-len N adds a document mask of packed N-token documents: the FLOPs are still counted as
 // causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
 // --window W adds a sliding window of W keys (counted as causal too: compare the ms).
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "bench/bench_args.h"
+#include "bench/gemm_peak.h"
 #include "bench/guarded_main.h"
 #include "engine/context.h"
 #include "engine/device.h"
@@ -124,8 +127,11 @@ static int run(int argc, char** argv) {
 #endif
   }
   const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
-  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s %6s %8s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms",
-              "TFLOP/s", "doc-len", "rows", "window");
+  // The CPU's baseline: a 2048^3 product's rate on the threads the attention loops use.
+  const double peak_tflops = dev == Device::cpu ? eigen_gemm_peak_gflops(2048, 3) / 1000.0 : 0.0;
+  if (dev == Device::cpu) std::printf("fp32 GEMM peak (Eigen, 2048^3, this run): %.3f TFLOP/s\n", peak_tflops);
+  std::printf("%-6s %-5s %8s %5s %12s %12s %10s %8s %6s %8s %8s\n", "device", "dtype", "T", "D", "fwd ms", "fwd+bwd ms",
+              "TFLOP/s", "doc-len", "rows", "window", "vs GEMM");
   for (int D : dims)
     for (int T : seqs) {
       Context c(dev);
@@ -192,8 +198,11 @@ static int run(int argc, char** argv) {
       }
       const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0;  // causal: half the square
       const double total = fwd_flops * 3.5;                         // forward + backward (2.5x)
-      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.2f %8d %6d %8d\n", device.c_str(), dtype.c_str(), T, D, best_f,
-                  best_fb, total / (best_fb / 1000.0) / 1e12, doc_len, dev == Device::cuda ? query_rows : 0, window);
+      const double tflops = total / (best_fb / 1000.0) / 1e12;
+      char vs[16] = "-";  // a GPU's ratio is against SDPA, in gpu_check.sh
+      if (peak_tflops > 0) std::snprintf(vs, sizeof vs, "%.2f", tflops / peak_tflops);
+      std::printf("%-6s %-5s %8d %5d %12.2f %12.2f %10.3f %8d %6d %8d %8s\n", device.c_str(), dtype.c_str(), T, D, best_f,
+                  best_fb, tflops, doc_len, dev == Device::cuda ? query_rows : 0, window, vs);
       device_free(dev, qkv.ptr);
       if (doc.ptr) device_free(dev, doc.ptr);
     }

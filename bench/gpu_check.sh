@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one command for a machine with one NVIDIA GPU (CUDA 13, cuBLAS, PyTorch; no MPI,
 # no apt — Eigen and Catch2 come from .carry/, made by bench/carry_deps.sh on the development
-# machine and carried over). Within GPU_CHECK_DEADLINE seconds (420 by default), in this order:
+# machine and carried over, or from the system where it has them). Within GPU_CHECK_DEADLINE seconds (420 by default), in this order:
 #   1. build with real CUDA (sm_90): train and the benchmarks, then the gpu tests;
 #   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU);
@@ -52,8 +52,10 @@ why() { case $1 in 124|137) echo "timed out (see $2)" ;; 125) echo "skipped (out
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 row "machine" "${gpu:-no nvidia-smi} | nvcc $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1) | g++ $(c++ -dumpversion 2>/dev/null) | cmake $(cmake --version 2>/dev/null | head -1 | grep -o '[0-9.]*$') | torch $(timeout 30 python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none) | $(date -u +%F)"
-if [ ! -f .carry/share/eigen3/cmake/Eigen3Config.cmake ] || [ ! -f .carry/include/catch2/catch.hpp ]; then
-  row "build" "FAILED: .carry/ lacks Eigen or Catch2 (run bench/carry_deps.sh where they are installed, and carry .carry)"
+# Eigen and Catch2 from .carry/, else from the system (a machine with the Debian packages).
+has() { [ -f ".carry/$1" ] || [ -f "/usr/$1" ] || [ -f "/usr/local/$1" ]; }
+if ! has share/eigen3/cmake/Eigen3Config.cmake || ! has include/catch2/catch.hpp; then
+  row "build" "FAILED: no Eigen or Catch2 in .carry/ or the system (run bench/carry_deps.sh where they are installed, and carry .carry)"
   exit 1
 fi
 

@@ -52,6 +52,9 @@ RecallDataset::Layout RecallDataset::layout_at(int T) const {
   l.gap = cfg_.gap < 0 ? 0 : std::min(cfg_.gap, room - 2 * l.pairs);
   l.queries = (room - l.gap) / 2;  // queries = -1: as many as fit
   if (cfg_.queries > 0) l.queries = std::max(l.pairs, std::min(cfg_.queries, l.queries));
+  // gap = -1 with queries = -1: both ask for the spare room; the gap takes it (one round of queries
+  // at the end), which is what gap = -1 is for: the answers as far back as T allows.
+  if (cfg_.gap < 0 && cfg_.queries < 0) l.queries = l.pairs;
   if (cfg_.gap < 0) l.gap = room - 2 * l.queries;  // all spare room before the queries: they end the sequence
   return l;
 }
@@ -115,7 +118,9 @@ std::string RecallDataset::describe() const {
   return std::string("recall (") + split_name(split_) + "): " + std::to_string(cfg_.pairs) +
          " key/value pairs, " + std::to_string(cfg_.num_keys) + " keys, " + std::to_string(cfg_.num_values) +
          " values, gap " + (cfg_.gap < 0 ? std::string("to the end") : std::to_string(cfg_.gap)) + ", " +
-         (cfg_.queries < 0 ? std::string("queries fill the rest") : std::to_string(cfg_.queries) + " queries") +
+         (cfg_.queries >= 0   ? std::to_string(cfg_.queries) + " queries"
+          : cfg_.gap < 0      ? std::string("one round of queries")
+                              : std::string("queries fill the rest")) +
          ", vocab " + std::to_string(vocab());
 }
 

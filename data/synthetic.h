@@ -11,7 +11,8 @@
 // followed q_j among the pairs). The first round of queries can only be answered from the pairs,
 // at least `gap` tokens back; later rounds could also copy an earlier query's answer. With
 // queries = -1 they fill the sequence after the gap (many scored targets per sequence); with
-// gap = -1 all spare room goes into the gap, so the queries end the sequence.
+// gap = -1 all spare room goes into the gap, so the queries end the sequence (one round of them
+// unless queries = N).
 // Vocabulary: BOS=0, FILL=1, QUERY=2, keys [3, 3+K), values [3+K, 3+K+V).
 // Solving it needs an induction circuit (value tokens remember their key; the query key finds the
 // position after its earlier copy), which a 2-layer transformer can learn.
@@ -38,6 +39,7 @@ struct RecallConfig {
   int gap = 64;         // filler between the pairs and the queries (clipped to fit one round);
                         // -1: all spare room, so that the queries end the sequence
   int queries = -1;     // query/answer pairs (at least one round of every key); -1: fill the rest
+                        // (with gap = -1: one round)
 };
 
 struct PasskeyConfig {

@@ -374,6 +374,10 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     } else if (sc && !sc->is(JsonValue::Kind::null)) {
       c.rope_scaling = hf_rope_scaling(*sc, j, where + ": rope_scaling");
     }
+    // transformers 4.x reads the factor at the top level (5.x inside rope_parameters, above).
+    if (const JsonValue* p = non_null(j, "partial_rotary_factor"))
+      refuse_unless(p->as_double(where + ": partial_rotary_factor") == 1,
+                    "partial_rotary_factor is not 1");
     refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
     if (const JsonValue* tie = j.find("tie_word_embeddings")) c.tie_embeddings = tie->b;  // LlamaConfig's default: false
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),

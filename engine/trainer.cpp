@@ -244,6 +244,8 @@ Trainer::Trainer(const Options& o, Comm& world)
   }
   // Every rank the same job, before the model is built and its weights loaded (engine/ranks_agree.h).
   std::vector<RunField> fields = run_fields(o, cfg, train_->identity());
+  for (RunField& f : fields)  // a checkpoint's field names a change since the save: here it is --data's files
+    if (f.key == "data_files") f.flag = "--data";
   fields.push_back({"val_files", json_quote(val_->identity()), val_flag});
   fields.push_back({"layout", json_quote(run_layout(o, grid_).str()), "--batch, --grad-accum, --sp, --zero, --mlp-chunks"});
   fields.push_back({"steps", std::to_string(o.steps), "--steps"});  // the collectives' count

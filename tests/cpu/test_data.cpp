@@ -115,6 +115,16 @@ TEST_CASE("recall scores only the query keys, whose values sit far back", "[data
   auto [x, y] = get(ul::RecallDataset(ul::Split::val, 3, cfg), 0, 128);
   CHECK(x[128 - 16] == ul::RecallDataset::QUERY);
   CHECK(y[127] >= 0);
+  // gap = -1 with queries = -1 (the default): the gap takes the room, one round of queries ends the
+  // sequence (it was a gap of 0 or 1 with the queries filling the rest: no gap at all).
+  cfg.queries = -1;
+  const ul::RecallDataset far(ul::Split::val, 3, cfg);
+  CHECK(far.layout(128) == "at T = 128: 8 pairs, gap 95, 8 queries");
+  CHECK(far.describe().find("gap to the end, one round of queries") != std::string::npos);
+  std::tie(x, y) = get(far, 0, 128);
+  CHECK(x[128 - 16] == ul::RecallDataset::QUERY);
+  CHECK(y[127] >= 0);
+  cfg.queries = 8;
   // gap = 0 with one round: the queries follow the pairs and filler ends the sequence.
   cfg.gap = 0;
   std::tie(x, y) = get(ul::RecallDataset(ul::Split::val, 3, cfg), 0, 128);

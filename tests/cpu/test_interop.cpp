@@ -293,6 +293,13 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                     Catch::Contains("config.json") && Catch::Contains("0 < beta_slow < beta_fast"));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"default\",\"partial_rotary_factor\":0.5}"),
                     Catch::Contains("partial_rotary_factor"));
+  // transformers 4.x keeps it at the top level: refused there too; 1 (every pair) is read.
+  for (const char* factor : {"0.5", "1"}) {
+    std::string c = x.json;
+    c.insert(c.find('{') + 1, std::string("\"partial_rotary_factor\":") + factor + ",");
+    if (std::string(factor) == "1") CHECK_NOTHROW(x.read_with(c));
+    else CHECK_THROWS_WITH(x.read_with(c), Catch::Contains("config.json") && Catch::Contains("partial_rotary_factor is not 1"));
+  }
   // Position counts past an int are refused, not converted (found by fuzz_hf_config: UB in a cast).
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":5.5e92}"),
                     Catch::Contains("original_max_position_embeddings: expected an integer"));

@@ -2,7 +2,8 @@
 # Two "nodes" whose copies of one path differ: mpirun's MPMD form starts rank 0 in DIR/a and rank 1
 # in DIR/b, and the same relative --checkpoint (or --save-dir) names another file in each. Every
 # flag agrees, so only the weights, compared once loaded, can tell: the job must stop, naming the
-# path, on both a --checkpoint start and a --resume.
+# path, on both a --checkpoint start and a --resume. Other --data files under one path are told
+# apart by their identity, at start-up.
 #   expect_other_weights.sh DIR MPIEXEC TRAIN [mpiexec flags...]
 dir=$1 mpiexec=$2 train=$3
 shift 3
@@ -31,6 +32,17 @@ for case in checkpoint resume; do
     echo "expect_other_weights: $case: no message naming the weights' path"; exit 1
   fi
 done
+# Other text under one relative --data path: refused at start-up by the ranks' check, as --data's
+# (not as a checkpoint's files changed since a save: this run has none).
+printf 'alpha %04d\n' $(seq 1 300) > "$dir/a/c.txt" && printf 'omega %04d\n' $(seq 1 300) > "$dir/b/c.txt" || exit 1
+ARGS="--steps 1 --data text:c.txt"
+both "$dir/data.txt" "$@"
+rc=$?
+cat "$dir/data.txt"
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "expect_other_weights: data: expected a prompt failure"; exit 1; fi
+if ! grep -q "rank 1 runs with another data_files than rank 0 (--data):" "$dir/data.txt"; then
+  echo "expect_other_weights: data: no message naming --data"; exit 1
+fi
 # The same bytes in both places: the check passes (it compares weights, not paths).
 cp "$dir/a/m.bin" "$dir/b/m.bin" && ARGS="--steps 1 --checkpoint m.bin" && both "$dir/same.txt" "$@" ||
   { cat "$dir/same.txt"; echo "expect_other_weights: the same weights were refused"; exit 1; }
