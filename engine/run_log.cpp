@@ -63,7 +63,7 @@ void RunLog::sync() {
     throw std::runtime_error(path_ + ": syncing the run log failed: " + std::strerror(errno));
 }
 
-void RunLog::step(int step, const StepResult& r, double tok_per_s) {
+void RunLog::step(int step, const StepResult& r, double tok_per_s, double epoch) {
   const double MiB = 1048576.0;
   JsonLine j;
   j.add("type", "step").add("step", step).add("loss", r.loss).add("grad_norm", r.grad_norm);
@@ -72,6 +72,7 @@ void RunLog::step(int step, const StepResult& r, double tok_per_s) {
   j.add("ar_mib", r.sent.all_reduce / MiB, 6);
   if (r.sent.reduce_scatter || r.sent.all_gather)  // ZeRO-1: the gradients' and the weights' traffic
     j.add("rs_mib", r.sent.reduce_scatter / MiB, 6).add("ag_mib", r.sent.all_gather / MiB, 6);
+  if (epoch >= 0) j.add("epoch", epoch, 6);
   line(j.str());
 }
 

@@ -45,7 +45,8 @@ class RunLog {
   RunLog(const RunLog&) = delete;
   RunLog& operator=(const RunLog&) = delete;
 
-  void step(int step, const StepResult& r, double tok_per_s);
+  // epoch: the data's place after the step in epochs of the train split (< 0: unlimited data, left out).
+  void step(int step, const StepResult& r, double tok_per_s, double epoch = -1);
   void eval(int step, const EvalResult& e);
   void length_probe(int step, const LengthProbe& p);
   void stop(int step, const char* signal);

@@ -107,6 +107,9 @@ int train_rank(const Options& o, Comm& world) {
   if (train_holds >= 0 && step_reads > train_holds)
     say("note    | a step reads %lld train sequences (--batch x --grad-accum x dp) but the train split holds %lld at "
         "--seq %d: each step repeats some\n", (long long)step_reads, (long long)train_holds, o.seq);
+  // The data's place in epochs of the train split (the log's step records, the done line); -1 for
+  // unlimited (synthetic) data.
+  auto epoch_now = [&] { return train_holds > 0 ? double(tr.next_sequence()) / double(train_holds) : -1.0; };
   // A run no longer than its warmup never reaches --lr, nor decays.
   if (o.steps > 0 && o.steps < o.warmup)
     say("note    | --steps %d < --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
@@ -312,7 +315,7 @@ int train_rank(const Options& o, Comm& world) {
     if (s == start) first_loss = r.loss;
     peak_act = std::max(peak_act, r.act_bytes);
     last_loss = r.loss;
-    if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0));
+    if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0), epoch_now());
     // ZeRO-1 moves the gradients by reduce-scatter and the weights by all-gather: their own columns.
     char zero_sent[64] = "";
     if (o.zero)
@@ -463,6 +466,7 @@ int train_rank(const Options& o, Comm& world) {
       std::printf(" | val loss %.4f", ev.loss);
       if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
     }
+    if (!eval_at_zero && epoch_now() >= 0) std::printf(" | epoch %.2f", epoch_now());
     if (paused)
       std::printf(" | after step %d of %d (--stop-after) | checkpoint %s/%s: continue with --resume", until, o.steps,
                   o.save_dir.c_str(), step_dir_name(until).c_str());

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
 #include "engine/file_io.h"
@@ -1123,6 +1124,40 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   fs::remove_all(d);
 }
 
+TEST_CASE("on finite data each step record and the done line say the data's place in epochs, on across a resume",
+          "[log]") {
+  fs::path d = fresh_dir("epochs");
+  const std::string text = (d / "t.txt").string();
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 20; i++) f << "line " << i << " of a small text\n";
+  }
+  const int64_t n = ul::open_dataset("text:" + text, ul::Split::train, 1, 0)->num_sequences(16);
+  REQUIRE((n > 24 && n < 40));
+  // G = 2 x 2 x dp 2 = 8 sequences a step; 5 steps pass the split's end (the epoch wraps).
+  const std::string args = "--data text:" + text + " --dim 32 --heads 2 --layers 1 --seq 16 --batch 2 --grad-accum 2 "
+                           "--ranks 2 --eval-every 0 --eval-batches 1 --threads 1 --save-dir " + (d / "run").string();
+  CmdResult first = train(args + " --steps 5 --stop-after 3");
+  REQUIRE(first.code == 0);
+  CmdResult rest = train(args + " --steps 5 --resume");
+  REQUIRE(rest.code == 0);
+  char want[64];
+  std::snprintf(want, sizeof want, "| epoch %.2f", 40.0 / double(n));
+  CHECK(rest.out.find(want) != std::string::npos);
+  std::snprintf(want, sizeof want, "| epoch %.2f", 24.0 / double(n));
+  CHECK(first.out.find(want) != std::string::npos);  // the pause's line too
+  int steps = 0;
+  for (const ul::LogRecord& r : ul::read_run_log((d / "run" / "log.jsonl").string())) {
+    std::map<std::string, std::string> m(r.begin(), r.end());
+    if (m["type"] != "step") continue;
+    steps++;
+    REQUIRE(m.count("epoch") == 1);
+    CHECK(std::stod(m["epoch"]) == Approx(8.0 * std::stoi(m["step"]) / double(n)).epsilon(1e-5));
+  }
+  CHECK(steps == 5);
+  fs::remove_all(d);
+}
+
 TEST_CASE("the run log has a record per step and eval, the plot has both series", "[log]") {
   fs::path d = fresh_dir("log");
   REQUIRE(train(kArgs + " --log " + (d / "run.jsonl").string()).code == 0);
@@ -1145,6 +1180,7 @@ TEST_CASE("the run log has a record per step and eval, the plot has both series"
       for (const char* k : {"acc_depth_0", "acc_depth_0.25", "acc_depth_0.5", "acc_depth_0.75", "acc_depth_1"})
         CHECK(r.count(k) == (evals == 3 ? 1u : 0u));
     }
+    CHECK(r.count("epoch") == 0);  // synthetic data has no epochs
   }
   CHECK(steps == 6);
   CHECK(evals == 3);
