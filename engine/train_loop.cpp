@@ -345,7 +345,15 @@ int train_rank(const Options& o, Comm& world) {
       test_hold("save");
       const double t0 = now_ms();
       if (log) log->sync();  // first: a durable checkpoint of step s has a log that reaches step s
-      save_checkpoint(tr, o.save_dir, o.keep);
+      try {
+        save_checkpoint(tr, o.save_dir, o.keep);
+      } catch (const std::exception& e) {
+        // In the log too (a full disk, a quota): a requeued job fails at the same save, and the log
+        // is what says why. The older checkpoints are whole; the incomplete directory goes at the
+        // next start.
+        if (log) log->error(s + 1, "saving " + o.save_dir + "/" + step_dir_name(s + 1) + " failed: " + e.what());
+        throw;
+      }
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
       saved = true;
     };

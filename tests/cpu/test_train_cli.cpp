@@ -149,6 +149,25 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     CHECK(recs.back().at("step") == "2");
     CHECK(recs.back().at("message").find("loss or gradient norm is not finite") != std::string::npos);
   }
+  {
+    // A save that fails (a full disk, a quota: here a file-size limit, its signal ignored so that
+    // the write fails with EFBIG) stops the run naming the file, and its log says so; nothing counts
+    // as a checkpoint.
+    TempDir dir;
+    const std::string run = (dir.path / "run").string();
+    const CmdResult r = run_cmd("trap '' XFSZ; ulimit -f 64; " +
+                                train_cmd("--steps 2 --threads 1 --dim 32 --heads 2 --layers 1 --seq 16 --batch 2 "
+                                          "--eval-every 0 --eval-batches 1 --quiet --save-dir " + run));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find("step_00000002/model.bin.tmp: write failed") != std::string::npos);
+    const std::vector<ul::LogRecord> recs = ul::read_run_log(run + "/log.jsonl");
+    REQUIRE(recs.size() == 3);  // two steps, then the error
+    CHECK(recs.back().at("type") == "error");
+    CHECK(recs.back().at("step") == "2");
+    CHECK(recs.back().at("message").find("saving " + run + "/step_00000002 failed: ") != std::string::npos);
+    CHECK_FALSE(fs::exists(run + "/step_00000002/COMPLETE"));
+  }
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
   expect_refused("--batch x", "--batch: expected an integer");
