@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: one command for a machine with one NVIDIA GPU (CUDA 13, cuBLAS, PyTorch; no MPI,
 # no apt — Eigen and Catch2 come from .carry/, made by bench/carry_deps.sh on the development
-# machine and carried over, or from the system where it has them). Within GPU_CHECK_DEADLINE seconds (420 by default), in this order:
+# machine and carried over, or from the system where it has them). Within GPU_CHECK_DEADLINE
+# seconds (420 by default), in this order:
 #   1. build with real CUDA (sm_90): train and the benchmarks, then the gpu tests;
 #   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU);
