@@ -20,11 +20,13 @@ namespace cpu {
 namespace gemm_detail {
 
 // dst += a b, at most kMaxBlockCols columns at a time, one Eigen GEMM each. Why: Eigen packs the
-// whole (K, width) right operand into one buffer it allocates per call, and at the classifier's
-// width (25152 columns of 768 per thread) that is ~39 MB, past glibc's largest mmap threshold
-// (32 MB), so every call mapped fresh pages and faulted them in (~150 MB of page clearing per
-// GPT-2 step). 4096 columns keep it under 13 MB at K = 768, which the heap reuses; the left
-// operand is repacked per chunk, a copy of (M, K) per 4096 x M x K multiply-adds.
+// whole (K, width) right operand into one buffer it allocates per call; past glibc's largest mmap
+// threshold (32 MB) every call maps fresh pages and faults them in. That once cost ~150 MB of page
+// clearing per GPT-2 step (the classifier split by threads: 25152 columns of 768 each, ~39 MB);
+// the blocks below (about 48 a product) now keep GPT-2's calls far narrower, and this cap guards a
+// long side past 48 x 4096 columns. 4096 columns keep the buffer under 13 MB at K = 768, which the
+// heap reuses; the left operand is repacked per chunk, a copy of (M, K) per 4096 x M x K
+// multiply-adds.
 constexpr int64_t kMaxBlockCols = 4096;
 
 template <class Dst, class A, class B> void product_add(Dst dst, const A& a, const B& b) {

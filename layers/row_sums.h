@@ -15,9 +15,9 @@ namespace cpu {
 // over every row.
 template <class T, class F>
 std::vector<T> chunked_row_sums(int N, int W, F&& per_row) {
-  // Chunks of 16 rows or more, at most 256: enough to keep the cores of a machine busy on a short
-  // micro-batch (GPT-2 124M at B = 4, T = 64: 16 chunks), few enough that the partials stay small
-  // (8 MiB at most for two sums of 4096 columns).
+  // About N / 16 chunks (each of more than 8 rows, 16 when N is a multiple), at most 256: enough to
+  // keep the cores of a machine busy on a short micro-batch (GPT-2 124M at B = 4, T = 64: 16
+  // chunks), few enough that the partials stay small (8 MiB at most for two sums of 4096 columns).
   const int K = std::max(1, std::min(256, (N + 15) / 16));
   std::vector<T> parts(size_t(K) * size_t(W), T(0));
 #pragma omp parallel for schedule(static)
