@@ -16,6 +16,11 @@ namespace ul_test {
 
 using Vec = std::vector<double>;
 
+// The larger of a running worst error and a new one, a NaN counting as infinitely large:
+// std::max(m, NaN) is m, so a NaN difference (a poisoned output never written, a kernel that
+// produced NaN) would be dropped and the comparison pass. For differences, not for scales.
+inline double max_err(double m, double err) { return std::isnan(err) ? INFINITY : std::max(m, err); }
+
 inline Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
   std::mt19937_64 g(seed);
   std::normal_distribution<double> d(0.0, scale);
@@ -73,7 +78,7 @@ inline void gradcheck(const std::string& name, std::vector<Vec*> inputs,
       x[i] = keep;
       double num = (lp - lm) / (2 * h);
       double err = std::fabs(num - dx[k][i]) / std::max(1.0, max_ref);
-      worst = std::max(worst, err);
+      worst = max_err(worst, err);
     }
     INFO(name << ": input " << k << " worst error " << worst << " (relative to max |grad| " << max_ref << ")");
     CHECK(worst < rel_tol);
@@ -83,7 +88,7 @@ inline void gradcheck(const std::string& name, std::vector<Vec*> inputs,
 
 inline double max_abs_diff(const float* a, const float* b, size_t n) {
   double m = 0;
-  for (size_t i = 0; i < n; i++) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  for (size_t i = 0; i < n; i++) m = max_err(m, double(std::fabs(a[i] - b[i])));
   return m;
 }
 inline double max_abs(const float* a, size_t n) {

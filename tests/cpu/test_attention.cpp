@@ -128,7 +128,7 @@ std::vector<float> to_f(const Vec& v) { return std::vector<float>(v.begin(), v.e
 double rel_err(const std::vector<float>& a, const Vec& b) {
   double m = 0, r = 1e-3;
   for (size_t i = 0; i < b.size(); i++) {
-    m = std::max(m, std::fabs(double(a[i]) - b[i]));
+    m = ul_test::max_err(m, std::fabs(double(a[i]) - b[i]));
     r = std::max(r, std::fabs(b[i]));
   }
   return m / r;

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gradcheck.h"
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
@@ -210,7 +211,7 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
       ul::read_model_file((part / "step_00000006" / "model.bin").string(), got);
       REQUIRE(got.size() == want.size());
       double diff = 0, scale = 0;
-      for (size_t i = 0; i < got.size(); i++) diff = std::max(diff, double(std::abs(got[i] - want[i]))),
+      for (size_t i = 0; i < got.size(); i++) diff = ul_test::max_err(diff, double(std::abs(got[i] - want[i]))),
                                               scale = std::max(scale, double(std::abs(want[i])));
       CHECK(diff <= 1e-5 * scale);
       // And on from there at its own layout: the checkpoint it saved resumes (each rank's own file checked).
@@ -1019,21 +1020,28 @@ TEST_CASE("rollback flags: a missing step names the ones there, and bad values a
   expect_refused(args + " --resume-step 2 --steps 0", "--resume-step with --steps 0 trains nothing");
   // A model.bin of another run's shape put in a checkpoint is another run's file (its CRC is not the
   // one the rank file recorded), not a flag to change: the hint to roll back further comes with it.
+  const fs::path model4 = d / "step_00000004" / "model.bin", kept = d.string() + "_model4.bin";
+  fs::copy_file(model4, kept);
   {
     const fs::path other = d.string() + "_other";
     REQUIRE(train(kArgs + " --dim 64 --steps 2 --save-dir " + other.string()).code == 0);
-    fs::copy_file(other / "step_00000002" / "model.bin", d / "step_00000004" / "model.bin",
-                  fs::copy_options::overwrite_existing);
+    fs::copy_file(other / "step_00000002" / "model.bin", model4, fs::copy_options::overwrite_existing);
     fs::remove_all(other);
   }
   expect_refused(args + " --resume-step 4", "model.bin: its crc32 is ");
   expect_refused(args + " --resume-step 4", "--resume-step 2 continues from step_00000002)");
-  // A damaged checkpoint chosen by step: the refusal names the one before to roll back to.
+  // A damaged checkpoint chosen by step (its own model.bin back, one byte flipped): the refusal
+  // names the damage and the one before to roll back to.
+  fs::copy_file(kept, model4, fs::copy_options::overwrite_existing);
+  fs::remove(kept);
   {
-    std::fstream f(d / "step_00000004" / "model.bin", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(model4, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(1000);
+    const char c = char(f.get());
     f.seekp(1000);
-    f.put('x');
+    f.put(char(c ^ 0x5a));
   }
+  expect_refused(args + " --resume-step 4", "step_00000004/model.bin: checksum mismatch");
   expect_refused(args + " --resume-step 4", "--resume-step 2 continues from step_00000002)");
   // Nothing was moved by the refused runs.
   CHECK(ul::complete_steps(d.string()) == std::vector<int>{2, 4, 6});

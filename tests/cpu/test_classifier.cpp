@@ -79,7 +79,7 @@ TEST_CASE("classifier gradient matches float64 central differences of the mean l
       p[i] = keep - h;
       double lm = loss();
       p[i] = keep;
-      worst = std::max(worst, std::fabs((lp - lm) / (2 * h) - g[i]) / std::max(1.0, max_ref));
+      worst = ul_test::max_err(worst, std::fabs((lp - lm) / (2 * h) - g[i]) / std::max(1.0, max_ref));
     }
     INFO(what << ": worst error " << worst << " relative to max |grad| " << max_ref);
     CHECK(worst < 1e-6);

@@ -181,8 +181,8 @@ TEST_CASE("grid 2 x 2: consecutive sp groups, strided dp groups, concurrent grou
     sp_members[r] = {double(all[0]), double(all[1])};
     g.dp_group->all_gather(&me, all, 1, DType::i32);
     dp_members[r] = {double(all[0]), double(all[1])};
-    // Many collectives in both groups, interleaved differently on different ranks, so the sp and
-    // dp rendezvous of different groups run at the same time.
+    // Many collectives in both groups, the even ranks yielding between the two (other timings on
+    // different ranks), so the sp and dp rendezvous of different groups run at the same time.
     double s = 0, d = 0;
     for (int it = 0; it < 200; it++) {
       double x = r + it, y = 10 * r + it;

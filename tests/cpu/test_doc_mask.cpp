@@ -8,6 +8,7 @@
 //     gives bit-for-bit the unmasked run through the real Trainer;
 //   - the Trainer with --doc-mask at sp 2 equals sp 1; flag combinations that cannot work are refused.
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
+#include "gradcheck.h"
 #include "options_from.h"
 #include <catch2/catch.hpp>
 
@@ -131,7 +132,7 @@ void require_same_grads(const Result& got, const Result& want, double tol) {
   for (const ParamSpec& s : want.specs) {
     double diff = 0, ref = 0;
     for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
-      diff = std::max(diff, std::fabs(double(got.grad[i]) - double(want.grad[i])));
+      diff = ul_test::max_err(diff, std::fabs(double(got.grad[i]) - double(want.grad[i])));
       ref = std::max(ref, std::fabs(double(want.grad[i])));
     }
     INFO(s.name << ": max diff " << diff << ", max ref " << ref);

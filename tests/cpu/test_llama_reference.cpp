@@ -8,6 +8,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "gradcheck.h"
 #include "engine/context.h"
 #include "engine/device.h"
 #include "layers/transformer.h"
@@ -128,7 +129,7 @@ TEST_CASE("llama matches the PyTorch float64 reference (loss and every gradient)
       double max_ref = 0, max_diff = 0;
       for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
         max_ref = std::max(max_ref, double(std::fabs(r.grads[i])));
-        max_diff = std::max(max_diff, double(std::fabs(grads[i] - r.grads[i])));
+        max_diff = ul_test::max_err(max_diff, double(std::fabs(grads[i] - r.grads[i])));
       }
       INFO(s.name << ": max |grad diff| " << max_diff << ", max |grad| " << max_ref);
       CHECK(max_diff <= 1e-5 * max_ref);

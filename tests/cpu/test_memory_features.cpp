@@ -6,6 +6,7 @@
 //   - the planner's arena high-water, kept activations and bytes per collective against the
 //     measured ones, and its total against the train binary's peak RSS.
 // Rank threads only record results (Catch2 is not thread-safe); the checks run on the main thread.
+#include "gradcheck.h"
 #include "options_from.h"
 #include <algorithm>
 #include <climits>
@@ -77,7 +78,7 @@ void check_close(const std::vector<float>& a, const std::vector<float>& b, const
   for (const ParamSpec& s : specs) {
     double diff = 0, scale = 0;
     for (size_t i = s.offset; i < s.offset + size_t(s.shape.numel()); i++) {
-      diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      diff = ul_test::max_err(diff, double(std::fabs(a[i] - b[i])));
       scale = std::max(scale, double(std::fabs(a[i])));
     }
     INFO(what << ": " << s.name << " differs by " << diff << " (scale " << scale << ")");

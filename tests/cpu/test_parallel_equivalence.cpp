@@ -6,7 +6,7 @@
 //   - dp x sp (and dp x grad-accum) vs one process on the full batch: every step's loss and
 //     gradient, and every parameter after 20 AdamW steps (with an eps that keeps AdamW well
 //     conditioned, kAdamEps);
-//   - with the recall task's targets only at the end of the sequence, so that some sp ranks hold no
+//   - with the passkey task's targets only at the end of the sequence, so that some sp ranks hold no
 //     valid target at all (checked, not assumed);
 //   - the bytes each rank sends per step, against the formulas derived from parallel/ulysses.cpp and
 //     the communicator's accounting (communicator.h);
@@ -137,7 +137,7 @@ void check_uneven_targets(const std::vector<RankRun>& runs, int sp) {
     empty += runs[r].valid[0] == 0;
   }
   INFO("valid targets per sp rank: min " << lo << " max " << hi);
-  CHECK(empty >= 1);  // the recall task scores only answers, which end the sequence
+  CHECK(empty >= 1);  // the passkey task (the default data) scores only its answer, which ends the sequence
   CHECK(hi > 0);
 }
 
@@ -170,7 +170,7 @@ TEST_CASE("SP gives the loss and gradient of SP = 1: llama with grouped-query at
   check_sp_gradients("--model llama --heads 4 --kv-heads 4 --batch 2", 2);
 }
 
-TEST_CASE("the recall task leaves some sp ranks without any valid target", "[parallel][sp]") {
+TEST_CASE("the passkey task leaves some sp ranks without any valid target", "[parallel][sp]") {
   for (int sp : {2, 4}) {
     INFO("sp " << sp);
     std::vector<RankRun> runs = train("--model gpt2 --batch 2 --sp " + std::to_string(sp), sp, 0);

@@ -48,7 +48,7 @@ TEST_CASE("rope by p then by -p gives back x, V heads are copied exactly", "[rop
   ul::cpu::rope_forward(z.data(), y.data(), neg.data(), N, Hq, Hkv, D, 10000.f);
   double worst = 0, moved = 0;
   for (size_t i = 0; i < x.size(); i++) {
-    worst = std::max(worst, std::fabs(z[i] - x[i]));
+    worst = ul_test::max_err(worst, std::fabs(z[i] - x[i]));
     moved = std::max(moved, std::fabs(y[i] - x[i]));
   }
   CHECK(worst < 1e-12);
@@ -85,7 +85,7 @@ TEST_CASE("rope in float keeps its angles accurate at large positions", "[rope]"
   ul::cpu::rope_forward(y.data(), x.data(), pos.data(), N, Hq, Hkv, D, 500000.f);
   ul::cpu::rope_forward(yf.data(), xf.data(), pos.data(), N, Hq, Hkv, D, 500000.f);
   double worst = 0;
-  for (size_t i = 0; i < x.size(); i++) worst = std::max(worst, std::fabs(double(yf[i]) - y[i]));
+  for (size_t i = 0; i < x.size(); i++) worst = ul_test::max_err(worst, std::fabs(double(yf[i]) - y[i]));
   CHECK(worst < 1e-5);
 }
 

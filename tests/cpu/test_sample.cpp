@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "gradcheck.h"
 #include "engine/context.h"
 #include "engine/device.h"
 #include "engine/export.h"
@@ -70,7 +71,7 @@ TEST_CASE("the KV-cache logits equal the full forward's at every position", "[sa
       const std::vector<float>& kv = dec.step(seq[t]);
       for (int v = 0; v < V; v++) {
         const double ref = full[t * size_t(V) + size_t(v)];
-        worst = std::max(worst, std::fabs(kv[size_t(v)] - ref) / std::max(1.0, std::fabs(ref)));
+        worst = ul_test::max_err(worst, std::fabs(kv[size_t(v)] - ref) / std::max(1.0, std::fabs(ref)));
       }
       // Greedy picked the argmax of these logits at every generated position.
       if (t + 1 >= prompt.size() && t + 1 < seq.size()) CHECK(sample_token(kv, 0.0f, 0, *std::make_unique<Rng>(0)) == seq[t + 1]);
@@ -111,7 +112,7 @@ TEST_CASE("with a sliding window, greedy KV-cache decoding is the argmax of a fu
       Rng rng(0);
       CHECK(sample_token(last, 0.0f, 0, rng) == gen[i]);
       for (int v = 0; v < cfg.vocab; v++)
-        worst = std::max(worst, double(std::fabs((*kv)[size_t(v)] - last[size_t(v)]) / std::max(1.0f, std::fabs(last[size_t(v)]))));
+        worst = ul_test::max_err(worst, double(std::fabs((*kv)[size_t(v)] - last[size_t(v)]) / std::max(1.0f, std::fabs(last[size_t(v)]))));
       seq.push_back(gen[i]);
       kv = &dec.step(gen[i]);
     }
@@ -126,7 +127,7 @@ TEST_CASE("with a sliding window, greedy KV-cache decoding is the argmax of a fu
     for (size_t t = 0; t < seq.size(); t++) {
       const std::vector<float> a = dec.step(seq[t]), b = plain.step(seq[t]);
       double& d = t < 4 ? early : late;
-      for (int v = 0; v < cfg.vocab; v++) d = std::max(d, double(std::fabs(a[size_t(v)] - b[size_t(v)])));
+      for (int v = 0; v < cfg.vocab; v++) d = ul_test::max_err(d, double(std::fabs(a[size_t(v)] - b[size_t(v)])));
     }
     CHECK(early == 0);
     CHECK(late > 1e-3);
@@ -137,7 +138,7 @@ TEST_CASE("with a sliding window, greedy KV-cache decoding is the argmax of a fu
 double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (size_t v = 0; v < a.size(); v++)
-    worst = std::max(worst, std::fabs(double(a[v]) - b[v]) / std::max(1.0, std::fabs(double(b[v]))));
+    worst = ul_test::max_err(worst, std::fabs(double(a[v]) - b[v]) / std::max(1.0, std::fabs(double(b[v]))));
   return worst;
 }
 

@@ -143,6 +143,8 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   CHECK(r.out.find("note    | an eval reads 16 val sequences (--eval-batches x dp x --batch) but the val split holds 1 at "
                    "--seq 64") != std::string::npos);
   r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1"));  // passkey: unlimited, no note
+  REQUIRE(r.code == 0);  // a run that failed would print no note either
+  CHECK(r.out.find("done | train loss") != std::string::npos);
   CHECK(r.out.find("note    | an eval reads") == std::string::npos);
   // --doc-mask splits --val-data at the run's end-of-text token; data that names another is noted.
   shard("e_val_0.bin", std::vector<uint16_t>(2000, 7), 300, 299);
