@@ -48,6 +48,16 @@ class Heartbeat {
   std::string what_;
 };
 
+// The error record of a step or save that failed, best effort: a log that cannot be written (the
+// full disk that failed the save) must not replace the error being reported.
+void log_error(RunLog* log, int step, const std::string& message) {
+  if (!log) return;
+  try {
+    log->error(step, message);
+  } catch (const std::exception&) {
+  }
+}
+
 // The time left, to the precision that matters: "45s", "12m05s", "3h07m", "2d04h".
 std::string eta_text(double seconds) {
   const long long t = std::llround(std::max(0.0, std::min(seconds, 1e9)));
@@ -302,7 +312,7 @@ int train_rank(const Options& o, Comm& world) {
     } catch (const std::exception& e) {
       // In the log too: an unattended run resumed by its scheduler fails here again, and the log
       // is what says why (a step that fails is the same step on every resume).
-      if (log) log->error(s + 1, e.what());
+      log_error(log.get(), s + 1, e.what());
       throw;
     }
     std::string profile;  // the step's GPU time per op, printed under its line
@@ -351,7 +361,7 @@ int train_rank(const Options& o, Comm& world) {
         // In the log too (a full disk, a quota): a requeued job fails at the same save, and the log
         // is what says why. The older checkpoints are whole; the incomplete directory goes at the
         // next start.
-        if (log) log->error(s + 1, "saving " + o.save_dir + "/" + step_dir_name(s + 1) + " failed: " + e.what());
+        log_error(log.get(), s + 1, "saving " + o.save_dir + "/" + step_dir_name(s + 1) + " failed: " + e.what());
         throw;
       }
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);

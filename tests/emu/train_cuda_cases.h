@@ -15,6 +15,7 @@
 //     the f32 gradients within 5e-2 in relative L2 norm; the stochastic rounding is seeded, so two
 //     runs are bitwise equal; a checkpoint's model.bin holds the f32 master values.
 #pragma once
+#include "gradcheck.h"
 #include "options_from.h"
 #include <catch2/catch.hpp>
 
@@ -350,7 +351,7 @@ TEST_CASE("a bf16 checkpoint holds the f32 master weights, and resumes from them
       CHECK(std::fabs(one.losses[0] - whole.losses[2]) <= 1e-5 * std::fabs(whole.losses[2]));
       double diff = 0, scale = 0;
       for (size_t i = 0; i < one.params.size(); i++)
-        diff = std::isnan(one.params[i]) ? INFINITY : std::max(diff, double(std::fabs(one.params[i] - whole.params[i]))),
+        diff = ul_test::max_err(diff, double(std::fabs(one.params[i] - whole.params[i]))),
         scale = std::max(scale, double(std::fabs(whole.params[i])));
       INFO("max |master difference| " << diff << " of max |master| " << scale);
       CHECK(diff <= 1e-5 * scale);

@@ -26,11 +26,11 @@ if [ "$rc" -eq 0 ]; then echo "expect_failure: the command succeeded, a failure 
 if [ "$rc" -eq 124 ]; then echo "expect_failure: the command hung (killed by timeout)"; exit 1; fi
 if [ "$elapsed" -gt 60 ]; then echo "expect_failure: took ${elapsed} s (limit 60 s)"; exit 1; fi
 fail=0
-echo "$want" | while IFS= read -r w; do
+printf '%s\n' "$want" | while IFS= read -r w; do
   [ -z "$w" ] && continue
   grep -qF -- "$w" "$out" || { echo "expect_failure: no '$w' in the output"; exit 1; }
 done || fail=1
-echo "$not" | while IFS= read -r w; do
+printf '%s\n' "$not" | while IFS= read -r w; do
   [ -z "$w" ] && continue
   ! grep -qF -- "$w" "$out" || { echo "expect_failure: '$w' in the output"; exit 1; }
 done || fail=1
