@@ -39,6 +39,9 @@ static int run(const Options& o, Comm& world) {
 static int run_mpi_job(const Options& o, Comm& world) {
   try {
     return run(o, world);
+  } catch (const JobError& e) {  // every rank has it: each ends, no abort (communicator.h)
+    std::fprintf(stderr, "train: error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     std::fflush(stderr);

@@ -102,6 +102,34 @@ int crash_hook_save() {
   return v ? std::atoi(v) : 0;
 }
 
+// TEST HOOK (checkpoint.h): the rank whose writes fail, as a full disk would fail them; -1: none.
+int failing_rank_hook() {
+  const char* v = std::getenv("ULYSSES_TEST_FAIL_SAVE_RANK");
+  return v && *v ? std::atoi(v) : -1;
+}
+
+// After every rank tried to write its files (mine: its error, "" when it wrote them): whether any
+// failed. Every rank learns who failed and why, and throws the same error (the first failing
+// rank's), so that a rank that cannot write (a full disk, a quota) neither leaves the others
+// waiting at a barrier nor ends an MPI job alone: rank 0's log records the cause. It is also the
+// barrier after which the files count as written.
+void agree_on_writes(Comm& world, const std::string& mine) {
+  const int P = world.size();
+  if (P == 1) {
+    if (!mine.empty()) throw JobError(mine);
+    return;
+  }
+  constexpr size_t kWords = 256;  // each rank's message, up to 1 KiB
+  std::vector<int32_t> buf(kWords, 0), all(kWords * size_t(P));
+  std::memcpy(buf.data(), mine.data(), std::min(mine.size(), kWords * 4 - 1));
+  world.all_gather(buf.data(), all.data(), kWords, DType::i32);
+  for (int r = 0; r < P; r++) {
+    const char* text = reinterpret_cast<const char*>(all.data() + size_t(r) * kWords);
+    const std::string what(text, strnlen(text, kWords * 4));
+    if (!what.empty()) throw JobError(r == world.rank() ? what : "rank " + std::to_string(r) + ": " + what);
+  }
+}
+
 std::vector<float> to_host(const float* p, Device d, size_t n) {
   std::vector<float> h(n);
   device_copy(h.data(), Device::cpu, p, d, n * sizeof(float));
@@ -217,29 +245,39 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   // gathered from their owners when ZeRO-1 shards them).
   std::vector<float> host = tr.host_params(rank == 0);
   std::vector<std::pair<std::string, uint32_t>> crcs;  // of the files this rank writes, for its rank file
-  if (rank == 0) {
-    static std::atomic<int> saves{0};  // this process's saves, for the test hook
-    const int nth = ++saves;
-    if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
-    crcs.push_back({"model.bin", write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n)});
+  // This rank's files: a failure is caught, for every rank to learn of it (agree_on_writes).
+  auto write_files = [&] {
+    if (failing_rank_hook() == rank) throw std::runtime_error(dir + ": cannot write (ULYSSES_TEST_FAIL_SAVE_RANK)");
+    if (rank == 0) {
+      static std::atomic<int> saves{0};  // this process's saves, for the test hook
+      const int nth = ++saves;
+      if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
+      crcs.push_back({"model.bin", write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n)});
+    }
+    // The owner of each optimizer shard writes it: rank 0 the whole state, or (ZeRO-1) every rank
+    // its own slice, optim_rank_R.bin.
+    AdamW& opt = tr.optimizer();
+    const bool sharded = opt.hi() - opt.lo() != n;
+    if (rank == 0 || sharded) {
+      OptimShard s;
+      const size_t count = opt.hi() - opt.lo();
+      s.t = opt.t(), s.numel = n, s.offset = opt.lo(), s.count = count;
+      s.shard = sharded ? rank : 0, s.shards = sharded ? g.world.size() : 1;
+      s.m = to_host(opt.m(), params.device(), count);
+      s.v = to_host(opt.v(), params.device(), count);
+      const std::string name = optim_file_name(s.shard, s.shards);
+      crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
+    }
+    write_rank_file(dir + "/" + rank_file_name(rank), step, tr.next_sequence(), rank, g, run_layout(tr.options(), g),
+                    run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()), crcs);
+  };
+  std::string failed;
+  try {
+    write_files();
+  } catch (const std::exception& e) {
+    failed = e.what();
   }
-  // The owner of each optimizer shard writes it: rank 0 the whole state, or (ZeRO-1) every rank
-  // its own slice, optim_rank_R.bin.
-  AdamW& opt = tr.optimizer();
-  const bool sharded = opt.hi() - opt.lo() != n;
-  if (rank == 0 || sharded) {
-    OptimShard s;
-    const size_t count = opt.hi() - opt.lo();
-    s.t = opt.t(), s.numel = n, s.offset = opt.lo(), s.count = count;
-    s.shard = sharded ? rank : 0, s.shards = sharded ? g.world.size() : 1;
-    s.m = to_host(opt.m(), params.device(), count);
-    s.v = to_host(opt.v(), params.device(), count);
-    const std::string name = optim_file_name(s.shard, s.shards);
-    crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
-  }
-  write_rank_file(dir + "/" + rank_file_name(rank), step, tr.next_sequence(), rank, g, run_layout(tr.options(), g),
-                  run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()), crcs);
-  g.world.barrier();  // every rank's files are durable: only now may the directory count
+  agree_on_writes(g.world, failed);  // every rank's files are durable: only now may the directory count
 
   if (rank == 0) {
     write_file_atomic(dir + "/" + kComplete, "step " + std::to_string(step) + "\n");

@@ -26,6 +26,8 @@
 // TEST HOOK: the environment variable ULYSSES_TEST_CRASH_IN_SAVE=N makes the N-th save of this
 // process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety
 // tests use it to kill a run in the middle of a save. Unset (or 0) in normal use.
+// TEST HOOK: ULYSSES_TEST_FAIL_SAVE_RANK=R makes rank R's writes of every save fail with an error,
+// as a full disk would: every rank then stops with it (rank 0 logging it). Unset in normal use.
 #pragma once
 #include <optional>
 #include <string>

@@ -15,6 +15,14 @@
 
 namespace ul {
 
+// An error that every rank of the world throws together, having agreed on it through a collective
+// (a checkpoint a rank could not write): an MPI job then ends on each rank (status 1, MPI finalized)
+// rather than by MPI_Abort from whichever rank gets there first, which may kill rank 0 before its
+// log records the cause.
+struct JobError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 enum class ReduceOp { sum, max };
 
 struct CommError : std::runtime_error {

@@ -172,6 +172,23 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     CHECK(recs.back().at("message").find("saving " + run + "/step_00000002 failed: ") != std::string::npos);
     CHECK_FALSE(fs::exists(run + "/step_00000002/COMPLETE"));
   }
+  {
+    // One rank of two cannot write (a test hook, as a full disk): both stop with its error, and rank
+    // 0's log names the rank and the cause.
+    TempDir dir;
+    const std::string run = (dir.path / "run").string();
+    const CmdResult r = run_cmd("ULYSSES_TEST_FAIL_SAVE_RANK=1 " +
+                                train_cmd("--ranks 2 --steps 2 --threads 1 --dim 32 --heads 2 --layers 1 --seq 16 "
+                                          "--batch 2 --eval-every 0 --eval-batches 1 --quiet --save-dir " + run));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    const std::vector<ul::LogRecord> recs = ul::read_run_log(run + "/log.jsonl");
+    REQUIRE(recs.size() == 3);
+    CHECK(recs.back().at("type") == "error");
+    CHECK(recs.back().at("message") == "saving " + run + "/step_00000002 failed: rank 1: " + run +
+                                           "/step_00000002: cannot write (ULYSSES_TEST_FAIL_SAVE_RANK)");
+    CHECK_FALSE(fs::exists(run + "/step_00000002/COMPLETE"));
+  }
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
   expect_refused("--batch x", "--batch: expected an integer");
