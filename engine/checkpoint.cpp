@@ -108,8 +108,8 @@ int failing_rank_hook() {
   return v && *v ? std::atoi(v) : -1;
 }
 
-// After every rank tried to write its files (mine: its error, "" when it wrote them): whether any
-// failed. Every rank learns who failed and why, and throws the same error (the first failing
+// After every rank tried to write its files (mine: its error, "" when it wrote them). Collective:
+// if any failed, every rank learns who and why and throws the same error (the first failing
 // rank's), so that a rank that cannot write (a full disk, a quota) neither leaves the others
 // waiting at a barrier nor ends an MPI job alone: rank 0's log records the cause. It is also the
 // barrier after which the files count as written.

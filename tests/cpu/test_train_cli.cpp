@@ -153,41 +153,39 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     CHECK(recs.back().at("step") == "2");
     CHECK(recs.back().at("message").find("loss or gradient norm is not finite") != std::string::npos);
   }
-  {
-    // A save that fails (a full disk, a quota: here a file-size limit, its signal ignored so that
-    // the write fails with EFBIG) stops the run naming the file, and its log says so; nothing counts
-    // as a checkpoint.
+  // A save that fails: `prefix` makes it fail (shell commands or variables before train). Returns
+  // the run's output and its log's last record, which must be the error of step 2's save; nothing
+  // counts as a checkpoint.
+  auto failed_save = [](const std::string& prefix, const std::string& flags) {
     TempDir dir;
     const std::string run = (dir.path / "run").string();
-    const CmdResult r = run_cmd("trap '' XFSZ; ulimit -f 64; " +
-                                train_cmd("--steps 2 --threads 1 --dim 32 --heads 2 --layers 1 --seq 16 --batch 2 "
-                                          "--eval-every 0 --eval-batches 1 --quiet --save-dir " + run));
+    const CmdResult r = run_cmd(prefix + train_cmd(flags + " --steps 2 --threads 1 --dim 32 --heads 2 --layers 1 "
+                                                   "--seq 16 --batch 2 --eval-every 0 --eval-batches 1 --quiet "
+                                                   "--save-dir " + run));
     INFO(r.out);
     CHECK(r.code == 1);
-    CHECK(r.out.find("step_00000002/model.bin.tmp: write failed") != std::string::npos);
+    CHECK_FALSE(fs::exists(run + "/step_00000002/COMPLETE"));
     const std::vector<ul::LogRecord> recs = ul::read_run_log(run + "/log.jsonl");
     REQUIRE(recs.size() == 3);  // two steps, then the error
     CHECK(recs.back().at("type") == "error");
     CHECK(recs.back().at("step") == "2");
-    CHECK(recs.back().at("message").find("saving " + run + "/step_00000002 failed: ") != std::string::npos);
-    CHECK_FALSE(fs::exists(run + "/step_00000002/COMPLETE"));
+    const std::string message = recs.back().at("message"), want = "saving " + run + "/step_00000002 failed: ";
+    CHECK(message.rfind(want, 0) == 0);
+    return std::make_pair(r.out, message.substr(std::min(want.size(), message.size())));
+  };
+  {
+    // A full disk or a quota: here a file-size limit, its signal ignored so that the write fails
+    // with EFBIG. The run stops naming the file, and its log says so.
+    const auto [out, cause] = failed_save("trap '' XFSZ; ulimit -f 64; ", "");
+    CHECK(out.find("step_00000002/model.bin.tmp: write failed") != std::string::npos);
+    CHECK(cause.find("step_00000002/model.bin.tmp: write failed") != std::string::npos);
   }
   {
     // One rank of two cannot write (a test hook, as a full disk): both stop with its error, and rank
     // 0's log names the rank and the cause.
-    TempDir dir;
-    const std::string run = (dir.path / "run").string();
-    const CmdResult r = run_cmd("ULYSSES_TEST_FAIL_SAVE_RANK=1 " +
-                                train_cmd("--ranks 2 --steps 2 --threads 1 --dim 32 --heads 2 --layers 1 --seq 16 "
-                                          "--batch 2 --eval-every 0 --eval-batches 1 --quiet --save-dir " + run));
-    INFO(r.out);
-    CHECK(r.code == 1);
-    const std::vector<ul::LogRecord> recs = ul::read_run_log(run + "/log.jsonl");
-    REQUIRE(recs.size() == 3);
-    CHECK(recs.back().at("type") == "error");
-    CHECK(recs.back().at("message") == "saving " + run + "/step_00000002 failed: rank 1: " + run +
-                                           "/step_00000002: cannot write (ULYSSES_TEST_FAIL_SAVE_RANK)");
-    CHECK_FALSE(fs::exists(run + "/step_00000002/COMPLETE"));
+    const auto [out, cause] = failed_save("ULYSSES_TEST_FAIL_SAVE_RANK=1 ", "--ranks 2");
+    CHECK(cause.rfind("rank 1: ", 0) == 0);
+    CHECK(cause.find("/step_00000002: cannot write (ULYSSES_TEST_FAIL_SAVE_RANK)") != std::string::npos);
   }
   expect_refused("--no-such-flag", "unknown flag '--no-such-flag'");
   expect_refused("--steps", "--steps: missing value");
