@@ -4,7 +4,8 @@
 // whatever machine runs it. Reference points on a 2-core machine: llm.c's CPU trainer ~8 s/step,
 // PyTorch CPU ~11.5 s/step (as given in the issue that set the target: <= 2.0 s).
 //   ./build/bench_gpt2_step --help   prints the flags and their defaults (the usage string below is the one list)
-// On cuda it also prints tokens/s and MFU against the H100/H200 dense bf16 peak (989 TFLOP/s), and
+// On cuda it also prints tokens/s and MFU against the GPU's dense bf16 peak (bench/gpu_peak.h: 989
+// TFLOP/s on an H100 SXM or H200; --peak-tflops for a GPU the table does not know), and
 // with --profile one more step's GPU time per op (engine/gpu_profile.h): each kernel, each GEMM
 // shape with its TFLOP/s, each memset and copy, the longest first.
 #include <omp.h>
@@ -22,6 +23,7 @@
 #include "engine/context.h"
 #include "engine/device.h"
 #if ULYSSES_HAVE_CUDA
+#include "bench/gpu_peak.h"
 #include "engine/gpu_profile.h"
 #endif
 #include "engine/optimizer.h"
@@ -46,13 +48,15 @@ void print_profile(Step&& step) {
 static int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_gpt2_step [--steps 5] [--threads N] [--model gpt2-124M] [--batch 4] [--seq 64]\n"
-                 "                       [--device cpu|cuda] [--precision fp32|bf16] [--profile]");
+                 "                       [--device cpu|cuda] [--precision fp32|bf16] [--profile] [--peak-tflops X]");
   const int steps = args.positive("--steps", 5), B = args.positive("--batch", 4);
   const int T = args.positive("--seq", 64), threads = int(args.integer("--threads", 0, 0, 4096));
   const std::string model = args.text("--model", "gpt2-124M"), device = args.text("--device", "cpu");
   const std::string precision = args.text("--precision", "");
   const bool profile = args.flag("--profile");
+  const double peak_tflops = double(args.integer("--peak-tflops", 0, 1, 100000));  // cuda only
   args.done();
+  (void)peak_tflops;
   if (threads > 0) omp_set_num_threads(threads);
   Options o;
   o.model = model;
@@ -114,9 +118,14 @@ static int run(int argc, char** argv) {
   if (c.device == Device::cuda) {  // the GPU figures: throughput and model FLOPs utilisation
     std::printf("model %s | %s | B=%d T=%d | %.1f GFLOP per step\n", cfg.describe().c_str(), o.precision.c_str(), B, T,
                 flops / 1e9);
-    std::printf("step time: best %.2f ms, median %.2f ms | tokens/s %.0f | MFU %.1f%%\n", best, median,
-                B * T / (best / 1000.0), 100.0 * flops / (best / 1000.0) / 989e12);
 #if ULYSSES_HAVE_CUDA
+    const GpuPeak gpu = gpu_peak(peak_tflops);
+    std::printf("step time: best %.2f ms, median %.2f ms | tokens/s %.0f | ", best, median, B * T / (best / 1000.0));
+    if (gpu.tflops > 0)
+      std::printf("MFU %.1f%% of %.0f TFLOP/s (%s)\n", 100.0 * flops / (best / 1000.0) / (gpu.tflops * 1e12), gpu.tflops,
+                  gpu.name.c_str());
+    else
+      std::printf("MFU unknown: no dense bf16 peak known for %s (give --peak-tflops)\n", gpu.name.c_str());
     if (profile) print_profile(step);
 #endif
     return 0;

@@ -72,4 +72,10 @@ else()
   message(STATUS "ulysses: NCCL not found: no nccl communicator")
 endif()
 target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1)
-message(STATUS "ulysses: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
+# What the start-up check names when the GPU is not among them (engine/cuda_runtime.cu); commas,
+# as a ';' would split the definition.
+string(REPLACE ";" "," ULYSSES_CUDA_ARCH_LIST "${CMAKE_CUDA_ARCHITECTURES}")
+set_property(SOURCE ${PROJECT_SOURCE_DIR}/engine/cuda_runtime.cu APPEND PROPERTY
+  COMPILE_DEFINITIONS "ULYSSES_CUDA_ARCHS=\"${ULYSSES_CUDA_ARCH_LIST}\"")
+message(STATUS "ulysses: CUDA backend for CMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES} "
+               "(nvcc ${CMAKE_CUDA_COMPILER_VERSION})")

@@ -17,6 +17,11 @@
 #pragma once
 #include "engine/cuda_launch.h"
 
+// Device code for an older GPU would fail in ptxas with "Feature ... requires sm_80": say it plainly.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "ulysses' kernels need sm_80 or newer (bf16 mma.sync, cp.async): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
+#endif
+
 #if defined(__CUDACC__) || ULYSSES_CUDA_EMULATED
 
 namespace ul {

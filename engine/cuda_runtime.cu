@@ -3,12 +3,16 @@
 #include "engine/cuda_runtime.h"
 
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "engine/cuda_launch.h"
 #include "engine/device.h"
 #include "engine/gpu_profile.h"
+#if ULYSSES_CUDA_EMULATED
+#include "engine/cuda_emu/gpu_models.h"
+#endif
 
 namespace ul {
 namespace {
@@ -60,7 +64,50 @@ void cuda_within(void* dst, const void* src, size_t bytes) {
 }
 void cuda_sync() { UL_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+// A kernel of this build, asked for its attributes: the runtime answers "no kernel image" when the
+// build has none for the device, which otherwise surfaces at the first launch of some op.
+__global__ void device_probe_kernel() {}
+
+// The GPUs this build has kernels for, as CMake was told.
+std::string built_archs() {
+#if ULYSSES_CUDA_EMULATED
+  const std::string a = ul_emu::kernel_archs();
+  return a.empty() ? "every GPU (emulated)" : a;
+#else
+  return ULYSSES_CUDA_ARCHS;
+#endif
+}
+
 }  // namespace
+
+std::string cuda_device_problem() {
+  int d = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&d));
+  cudaDeviceProp p;
+  UL_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  const std::string gpu = "GPU " + std::to_string(d) + " (" + p.name + ", compute capability " +
+                          std::to_string(p.major) + "." + std::to_string(p.minor) + ")";
+  if (p.major < 8)
+    return "--device cuda: " + gpu + " is too old: ulysses' kernels need compute capability 8.0 or newer "
+           "(bf16 tensor cores and cp.async: A100, RTX 30xx, L40S, H100 and later)";
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncGetAttributes(&a, device_probe_kernel);
+  if (e == cudaSuccess) return "";
+  cudaGetLastError();  // not sticky, but leave nothing for the next check to find
+  const std::string sm = std::to_string(p.major) + std::to_string(p.minor);
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+    return "--device cuda: this build has no kernels for " + gpu + ": it was built for " + built_archs() +
+           " (CMAKE_CUDA_ARCHITECTURES); rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + sm +
+           " (or native: the GPUs of the machine that builds; README \"CUDA backend\")";
+  return "--device cuda: " + gpu + ": cannot query this build's kernels (" + cudaGetErrorString(e) + ")";
+}
+
+size_t cuda_smem_optin() {
+  int d = 0, bytes = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&d));
+  UL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, d));
+  return size_t(bytes);
+}
 
 void init_cuda_backend() {
   static std::once_flag once;
@@ -74,6 +121,16 @@ void init_cuda_backend() {
     register_device_ops(Device::cuda,
                         {cuda_alloc, cuda_free, cuda_set, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
   });
+  // Each device this process uses, once (a process drives one GPU; tests may switch).
+  static std::mutex mu;
+  static std::set<int> checked;
+  int d = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&d));
+  std::lock_guard<std::mutex> lock(mu);
+  if (checked.count(d)) return;
+  const std::string problem = cuda_device_problem();
+  if (!problem.empty()) throw std::runtime_error(problem);
+  checked.insert(d);
 }
 
 }  // namespace ul

@@ -13,6 +13,9 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <cstddef>
+#include <string>
+
 namespace ul {
 
 // Registers the DeviceOps of Device::cuda (cudaMalloc, cudaFree, cudaMemset, cudaMemcpy,
@@ -20,6 +23,16 @@ namespace ul {
 // later calls do nothing, and it is safe from several threads. Throws when no device is visible.
 // It is an explicit call rather than a static initialiser on purpose: the engine is a static
 // library, and the linker drops an object file that nothing references, initialiser and all.
+// It also checks the current device for this build (cuda_device_problem) the first time it sees it.
 void init_cuda_backend();
+
+// What stops this build from running on the current device, or "" when nothing does: a GPU older
+// than sm_80 (the kernels use bf16 tensor cores and cp.async), or a build with no kernels for it
+// (CMAKE_CUDA_ARCHITECTURES for another GPU), each said with its GPU and the fix.
+std::string cuda_device_problem();
+
+// The dynamic shared memory a block may opt in to on the current device, in bytes (99 KiB on
+// sm_86, sm_89 and sm_120; 163 KiB on sm_80; 227 KiB on sm_90 and sm_100).
+size_t cuda_smem_optin();
 
 }  // namespace ul

@@ -54,6 +54,14 @@ size_t attention_backward_scratch_bytes(int B, int Tn, int Hq);
 // but 64 or 128 throws std::invalid_argument.
 int set_attention_query_rows(int rows);
 int attention_query_rows();
+
+// Stages of (Q, dout) tiles the bf16 dk/dv pass keeps in shared memory: 2 (fetch the next while
+// multiplying this one) or 1 (fetch, then multiply). 0, the default: 2 where the device lets a
+// block hold them (at D = 128 that is 105472 bytes: sm_80, sm_90, sm_100), else 1 (sm_86, sm_89,
+// sm_120 allow 101376). The same results either way, to the bit. Process-wide, for benchmarks and
+// tests: returns the previous value; anything but 0, 1 or 2 throws std::invalid_argument.
+int set_attention_dkv_stages(int stages);
+int attention_dkv_stages();
 }  // namespace cuda
 #endif
 

@@ -2,8 +2,10 @@
 // (tensor-core kernels for bf16, FMA kernels for f32), and their launch. The design, and what the
 // kernels share, is in attention_tiles.cuh.
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
+#include "engine/cuda_runtime.h"
 #include "layers/attention_tiles.cuh"
 #include "layers/elementwise.cuh"
 #include "layers/scratch_sizes.h"
@@ -40,11 +42,12 @@ __global__ void attention_rowdot_kernel(float* __restrict__ Di, const T* __restr
 }
 
 // Pass 1, bf16. grid (nt, Hkv, B), block 128; warp w owns keys k0 + 16 w .. + 15 of the tile.
-// smem: the block's K and V tiles (2 x 64 x (D + 8) bf16, read as A fragments by ldmatrix); two
-// stages of (Q tile, dout tile) (4 x 64 x (D + 8) bf16), then two stages of the tile's queries' lse
-// and Di (4 x 64 f32). The block walks (query head of the group, query tile from kt on) in order,
-// fetching step i + 1 while it multiplies step i.
-template <int D>
+// smem: the block's K and V tiles (2 x 64 x (D + 8) bf16, read as A fragments by ldmatrix); S
+// stages of (Q tile, dout tile) (2 S x 64 x (D + 8) bf16), then S stages of the tile's queries' lse
+// and Di (2 S x 64 f32). The block walks (query head of the group, query tile from kt on) in order;
+// with S = 2 it fetches step i + 1 while it multiplies step i, with S = 1 (a GPU whose blocks may
+// not hold two stages at D = 128: mma_dkv_smem) after it. The same arithmetic either way.
+template <int D, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_backward_dkv_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ Di,
@@ -55,7 +58,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const bf16* Ks = smem;          // (64, LD)
   const bf16* Vs = smem + kElems;  // (64, LD)
   // stage s: Q at smem + (2 + 2 s) kElems, dout after it; lse at stats + 2 s 64, Di after it
-  float* stats = reinterpret_cast<float*>(smem + 6 * kElems);
+  static_assert(S == 1 || S == 2, "one or two stages");
+  float* stats = reinterpret_cast<float*>(smem + (2 + 2 * S) * kElems);
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = lane_id(), warp = threadIdx.x / 32, t = lane % 4;
   const int k0 = kt * kTile;
@@ -91,17 +95,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float scale2 = scale * kLog2e;  // scores to the base-2 exponent
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};  // (16, D) each
   for (int i = 0, step = 0; i < steps; step++) {
-    const int next = next_step(i + 1);
-    if (next < steps) {
+    const int next = next_step(i + 1), stage = S == 2 ? step & 1 : 0;
+    if (S == 2 && next < steps) {
       fetch(next, (step + 1) & 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     const int qt = kt + i % nqt, q0 = qt * kTile;
-    const bf16* Qs = smem + (2 + 2 * (step & 1)) * kElems;
+    const bf16* Qs = smem + (2 + 2 * stage) * kElems;
     const bf16* dOs = Qs + kElems;
-    float* lse_s = stats + (step & 1) * 2 * kTile;
+    float* lse_s = stats + stage * 2 * kTile;
     const float* Di_s = lse_s + kTile;
     // lse to base 2, each element by the thread whose copy brought it (landed at its own wait; the
     // barrier after this publishes it).
@@ -135,7 +139,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       mma_col_tile<D>(dv, ap, dOs + kk * 16 * LD, LD);
       mma_col_tile<D>(dk, ads, Qs + kk * 16 * LD, LD);
     }
-    __syncthreads();  // this stage is free for the step after next
+    __syncthreads();  // this stage is free for the step after next (S = 2), or for the next (S = 1)
+    if (S == 1 && next < steps) fetch(next, 0);
     i = next;
   }
 
@@ -365,6 +370,32 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
 
 size_t attention_backward_scratch_bytes(int B, int Tn, int Hq) { return scratch::attention_backward(B, Tn, Hq); }
 
+namespace {
+std::atomic<int> g_dkv_stages{0};
+
+// The stages the dk/dv pass runs with at head dim D on the current device: as set, or (0) two
+// where a block may hold them, else one. A setting the device cannot hold is refused by name.
+int dkv_stages(int D) {
+  const size_t optin = cuda_smem_optin();
+  int stages = g_dkv_stages.load(std::memory_order_relaxed);
+  if (stages == 0) stages = mma_dkv_smem(D, 2) <= optin ? 2 : 1;
+  if (mma_dkv_smem(D, stages) > optin)
+    throw std::runtime_error("attention backward: the dk/dv pass at head dim " + std::to_string(D) + " with " +
+                             std::to_string(stages) + " stage(s) needs " + std::to_string(mma_dkv_smem(D, stages)) +
+                             " bytes of shared memory a block; this GPU allows " + std::to_string(optin));
+  return stages;
+}
+}  // namespace
+
+int attention_dkv_stages() { return g_dkv_stages.load(std::memory_order_relaxed); }
+
+int set_attention_dkv_stages(int stages) {
+  if (stages < 0 || stages > 2)
+    throw std::invalid_argument("attention: dk/dv stages must be 0 (as the GPU allows), 1 or 2, got " +
+                                std::to_string(stages));
+  return g_dkv_stages.exchange(stages);
+}
+
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
                         int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s) {
@@ -390,9 +421,15 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       launch("attention_backward_dq_fma", attention_backward_dq_fma_kernel<kD>, dim3(G.nt, Hq, B),
              dim3(FmaSplit<kD, 32>::kThreads), fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
     } else {
-      allow_smem(attention_backward_dkv_mma_kernel<kD>, mma_dkv_smem(kD));
-      launch("attention_backward_dkv_mma", attention_backward_dkv_mma_kernel<kD>, dim3(G.nt, Hkv, B),
-             dim3(kWarps * 32), mma_dkv_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+      auto dkv = [&](auto stages) {
+        constexpr int kS = decltype(stages)::value;
+        auto* kernel = attention_backward_dkv_mma_kernel<kD, kS>;
+        allow_smem(kernel, mma_dkv_smem(kD, kS));
+        launch("attention_backward_dkv_mma", kernel, dim3(G.nt, Hkv, B), dim3(kWarps * 32), mma_dkv_smem(kD, kS), s,
+               dqkv, dout, lse, Di, qkv, doc, G, scale);
+      };
+      if (dkv_stages(kD) == 2) dkv(std::integral_constant<int, 2>{});
+      else dkv(std::integral_constant<int, 1>{});
       auto dq = [&](auto w) {
         constexpr int kW = decltype(w)::value;
         auto* kernel = attention_backward_dq_mma_kernel<kD, kW>;

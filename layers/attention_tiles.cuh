@@ -317,9 +317,13 @@ void with_head_dim(int D, F&& f) {
   throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) + " is not supported");
 }
 
-// Two stages of two tiles (forward, dq); the dk/dv pass adds its K and V tiles and the statistics.
+// Two stages of two tiles (forward, dq); the dk/dv pass has its K and V tiles and `stages` stages of
+// (Q tile, dout tile, lse and Di rows): 2 x 64 x 136 x 2 + 2 x (2 x 64 x 136 x 2 + 2 x 64 x 4) =
+// 105472 bytes at D = 128 with two stages, over the 101376 of sm_86, sm_89 and sm_120; one: 70144.
 constexpr size_t mma_stages_smem(int D) { return size_t(4) * kTileElems(D) * sizeof(bf16); }
-constexpr size_t mma_dkv_smem(int D) { return size_t(6) * kTileElems(D) * sizeof(bf16) + 4 * kTile * sizeof(float); }
+constexpr size_t mma_dkv_smem(int D, int stages) {
+  return size_t(2 + 2 * stages) * kTileElems(D) * sizeof(bf16) + size_t(2 * stages) * kTile * sizeof(float);
+}
 constexpr size_t fma_rows_smem(int D) { return size_t(2) * kFmaRows * D * sizeof(float); }
 
 // A launch with over 48 KiB of dynamic shared memory must raise the kernel's limit first.

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/cuda_emu/cuda_emu.h"
+#include "engine/cuda_emu/gpu_models.h"
 
 // Switching fibers: glibc's swapcontext saves and restores the signal mask, two system calls per
 // switch, which took half of an emulated kernel's time (every barrier and warp collective switches
@@ -83,7 +84,7 @@ namespace {
 constexpr int kMaxThreads = 1024;            // per block, as on every GPU since Fermi
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr size_t kStackBytes = 64 << 10;     // per fiber; kernels keep little on the stack
-constexpr size_t kMaxDynamicSmem = 227 << 10;  // sm_90's opt-in limit
+constexpr size_t kMaxDynamicSmem = 227 << 10;  // the largest opt-in of any GPU (sm_90, sm_100): the mapping's size
 constexpr size_t kDefaultDynamicSmem = 48 << 10;  // more needs cudaFuncSetAttribute first
 
 enum class Wait : uint8_t { ready, barrier, warp, exited };
@@ -421,22 +422,31 @@ void run_block(Worker& w, uint3 block_idx, unsigned flip) {
 std::mutex g_smem_mu;
 std::map<const void*, size_t> g_smem_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 
-size_t smem_limit(const void* kernel) {
+size_t smem_limit(const void* kernel) {  // cudaFuncAttributeMaxDynamicSharedMemorySize, or 48 KiB
   std::lock_guard<std::mutex> lock(g_smem_mu);
   const auto it = g_smem_opt_in.find(kernel);
   return it == g_smem_opt_in.end() ? kDefaultDynamicSmem : std::max(kDefaultDynamicSmem, it->second);
 }
 
+// The emulated GPU's opt-in limit (ULYSSES_EMU_GPU): what a launch or cudaFuncSetAttribute may ask.
+size_t device_smem_optin() { return std::min(kMaxDynamicSmem, emulated_gpu().smem_optin); }
+
 void check_config(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem) {
   auto bad = [&](const std::string& why) {
     throw std::runtime_error(std::string("kernel '") + name + "': invalid configuration argument: " + why);
   };
+  const GpuModel& gpu = emulated_gpu();
+  if (!has_kernel_image(kernel_archs(), gpu.major, gpu.minor))
+    throw std::runtime_error(std::string("kernel '") + name +
+                             "': no kernel image is available for execution on the device");
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (threads == 0 || threads > kMaxThreads || block.z > 64)
     bad("block " + coord({block.x, block.y, block.z}) + " (1 to 1024 threads, z at most 64)");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
     bad("grid " + coord({grid.x, grid.y, grid.z}));
-  if (smem > kMaxDynamicSmem) bad(std::to_string(smem) + " bytes of dynamic shared memory");
+  if (smem > device_smem_optin())
+    bad(std::to_string(smem) + " bytes of dynamic shared memory (" + gpu.name + " allows " +
+        std::to_string(device_smem_optin()) + ")");
   if (smem > smem_limit(kernel))
     bad(std::to_string(smem) + " bytes of dynamic shared memory without cudaFuncSetAttribute(kernel, "
         "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first (the default limit is 48 KiB)");
@@ -538,17 +548,20 @@ void static_smem(void* array, size_t bytes) {
   if (w.static_bytes > kDefaultDynamicSmem)
     throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static shared memory (the GPU allows 48 KiB; "
                              "use dynamic shared memory for more)");
-  if (w.static_bytes + w.smem_bytes > kMaxDynamicSmem)
+  if (w.static_bytes + w.smem_bytes > device_smem_optin())
     throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
-                             " of dynamic shared memory: past sm_90's 227 KiB a block");
+                             " of dynamic shared memory: past the " + std::to_string(device_smem_optin()) +
+                             " bytes a block " + emulated_gpu().name + " allows");
 }
 
 bool set_max_dynamic_smem(const void* kernel, size_t bytes) {
-  if (bytes > kMaxDynamicSmem) return false;
+  if (bytes > device_smem_optin()) return false;
   std::lock_guard<std::mutex> lock(g_smem_mu);
   g_smem_opt_in[kernel] = bytes;
   return true;
 }
+
+size_t kernel_smem_limit(const void* kernel) { return smem_limit(kernel); }
 
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               const std::function<void()>& body) {

@@ -2,10 +2,13 @@
 // the copies of a non-blocking stream, which are deferred (see CUstream_st).
 #include "engine/cuda_emu/runtime.h"
 
+#include "engine/cuda_emu/gpu_models.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -275,6 +278,8 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorCudartUnloading: return "driver shutting down";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
@@ -300,8 +305,47 @@ cudaError_t cudaGetDevice(int* d) {
   return cudaSuccess;
 }
 
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (!p) return fail(cudaErrorInvalidValue);
+  if (d != 0) return fail(cudaErrorInvalidDevice);
+  const ul_emu::GpuModel& m = ul_emu::emulated_gpu();
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "%s", m.name);
+  p->totalGlobalMem = m.memory;
+  p->sharedMemPerBlockOptin = m.smem_optin;
+  p->major = m.major;
+  p->minor = m.minor;
+  p->multiProcessorCount = m.sms;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
+  if (!value) return fail(cudaErrorInvalidValue);
+  if (d != 0) return fail(cudaErrorInvalidDevice);
+  const ul_emu::GpuModel& m = ul_emu::emulated_gpu();
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = m.sms; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = m.major; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = m.minor; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(m.smem_optin); return cudaSuccess;
+  }
+  return fail(cudaErrorInvalidValue);
+}
+
 namespace ul_emu {
 bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // executor.cpp: checked at launch
+size_t kernel_smem_limit(const void* kernel);                 // executor.cpp
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
+  if (!a || !func) return fail(cudaErrorInvalidValue);
+  const ul_emu::GpuModel& m = ul_emu::emulated_gpu();
+  if (!ul_emu::has_kernel_image(ul_emu::kernel_archs(), m.major, m.minor))
+    return fail(cudaErrorNoKernelImageForDevice);
+  *a = cudaFuncAttributes{};
+  a->maxThreadsPerBlock = 1024;
+  a->maxDynamicSharedSizeBytes = int(ul_emu::kernel_smem_limit(func));
+  return cudaSuccess;
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {

@@ -19,7 +19,9 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorCudartUnloading = 4,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDeviceFunction = 98,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNoKernelImageForDevice = 209,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
@@ -83,12 +85,42 @@ cudaError_t cudaGetDeviceCount(int* n);  // one emulated device
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaGetDevice(int* d);
 
+// The device's properties: those of the GPU model ULYSSES_EMU_GPU names (engine/cuda_emu/gpu_models.h;
+// an H100 by default). Only the fields and attributes the engine reads.
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlockOptin;
+  int major, minor;
+  int multiProcessorCount;
+};
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d);
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d);
+
 // Kernel attributes: only the one the engine sets (over 48 KiB of dynamic shared memory).
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
 template <class T>
 inline cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
+// A kernel's attributes; cudaErrorNoKernelImageForDevice when the "binary" has no image for the
+// emulated GPU (ULYSSES_EMU_KERNEL_ARCHS), as the real call says for a build for another GPU.
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes;
+  int maxThreadsPerBlock;
+  int maxDynamicSharedSizeBytes;
+};
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func);
+template <class T>
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, T* entry) {
+  return cudaFuncGetAttributes(a, reinterpret_cast<const void*>(entry));
 }
 
 // Typed overloads, as the real cuda_runtime.h has them: cudaMalloc(&float_ptr, bytes).

@@ -217,6 +217,13 @@ struct QueryRows {
   ~QueryRows() { ul::cuda::set_attention_query_rows(old); }
 };
 
+// Sets the stages of the bf16 dk/dv pass for a scope.
+struct DkvStages {
+  int old;
+  explicit DkvStages(int stages) : old(ul::cuda::set_attention_dkv_stages(stages)) {}
+  ~DkvStages() { ul::cuda::set_attention_dkv_stages(old); }
+};
+
 struct OpResult {
   std::vector<float> out, dqkv;
 };
@@ -278,6 +285,33 @@ TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores, 64 
   }
   CHECK_THROWS_WITH(ul::cuda::set_attention_query_rows(96), Catch::Contains("64 or 128"));
   CHECK(ul::cuda::attention_query_rows() == 64);
+}
+
+// The dk/dv pass with one stage of (Q, dout) tiles, as on GPUs whose blocks hold 99 KiB (sm_86,
+// sm_89, sm_120) at D = 128, fetches after each step instead of during it: the same arithmetic in
+// the same order, so the same bits as two stages, and both match the CPU. The cases of several
+// query tiles a key tile (the one stage refilled), with documents, windows and both wide heads.
+TEST_CASE("attention CUDA backward: one stage of the dk/dv pass gives two stages' bits", UL_CUDA_TEST_TAG "[attention]") {
+  using namespace attn_cases;
+  int ran = 0;
+  for (const Case& c : kCases) {
+    if (c.D < 64 || c.Tn < 130) continue;
+    KernelResult<__nv_bfloat16> one, two;
+    {
+      DkvStages stages(1);
+      one = check_kernels<__nv_bfloat16>(c);
+    }
+    {
+      DkvStages stages(2);
+      two = check_kernels<__nv_bfloat16>(c);
+    }
+    INFO("T=" << c.Tn << " D=" << c.D << ": one stage against two");
+    CHECK(same_bits(one.dqkv, two.dqkv));
+    ran++;
+  }
+  CHECK(ran >= 5);
+  CHECK_THROWS_WITH(ul::cuda::set_attention_dkv_stages(3), Catch::Contains("0 (as the GPU allows), 1 or 2"));
+  CHECK(ul::cuda::attention_dkv_stages() == 0);
 }
 
 namespace attn_cases {
