@@ -128,7 +128,9 @@ int main(int argc, char** argv) {
     if (o.comm == "mpi") {
 #if ULYSSES_HAVE_MPI
 #if ULYSSES_HAVE_CUDA
-      if (run_device(o) == Device::cuda) select_gpu("--comm mpi --device cuda", detect_launcher());
+      // The GPU first: run_device's check of it (init_cuda_backend) opens a context on the current
+      // device, which must be this rank's, not GPU 0 in every process of the machine.
+      if (o.device == "cuda") select_gpu("--comm mpi --device cuda", detect_launcher());
 #endif
       MpiRuntime mpi(&argc, &argv);
       auto world = mpi_world(run_device(o));  // device buffers are staged through the host

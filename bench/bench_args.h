@@ -9,6 +9,7 @@
 //   args.done();  // after the last read: unknown flags are errors
 #pragma once
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -64,6 +65,13 @@ class BenchArgs {
     return a ? in_range(name, parsed(ul::parse_int, name, value(*a)), lo, hi) : def;
   }
   int positive(const char* name, int def) { return int(integer(name, def, 1, INT_MAX)); }  // a count, >= 1
+  double real(const char* name, double def) {  // a finite number > 0
+    Arg* a = find(name);
+    if (!a) return def;
+    const double v = parsed(ul::parse_float, name, value(*a));
+    if (!(v > 0) || !std::isfinite(v)) fail(std::string(name) + " must be a finite number > 0, got " + value(*a));
+    return v;
+  }
   double bytes(const char* name, double def) {  // "24G", "512M", ...
     Arg* a = find(name);
     return a ? parsed(ul::parse_bytes, name, value(*a)) : def;

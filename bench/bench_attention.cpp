@@ -9,7 +9,8 @@
 // causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
 // --window W adds a sliding window of W keys (counted as causal too: compare the ms).
 // --query-rows 64|128 picks the bf16 CUDA kernels' query rows per block (forward and dq pass;
-// layers/attention.h); the last column says which ran.
+// layers/attention.h); the last column says which ran. --dkv-stages 1|2 the bf16 dk/dv pass's stages
+// of (Q, dout) tiles (0, the default: as the GPU allows; layers/attention.h).
 //   ./build/bench_attention --help   prints the flags and their defaults (the usage string below is the one list)
 #include <chrono>
 #include <climits>
@@ -98,21 +99,25 @@ static int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,2048]\n"
                  "                       [--dims 64] [--reps 3] [--doc-len N] [--window W]\n"
-                 "                       [--query-rows 64|128]");
+                 "                       [--query-rows 64|128] [--dkv-stages 0|1|2]");
   const std::string device = args.text("--device", "cpu"), dtype = args.text("--dtype", "f32");
   const int H = args.positive("--heads", 16), reps = args.positive("--reps", 3);
   const int doc_len = int(args.integer("--doc-len", 0, 0, INT_MAX));  // 0: no document mask
   const int window = int(args.integer("--window", 0, 0, INT_MAX));    // 0: no sliding window
   const bool rows_given = args.given("--query-rows");
   const int query_rows = int(args.integer("--query-rows", 64));
+  const bool stages_given = args.given("--dkv-stages");
+  const int dkv_stages = int(args.integer("--dkv-stages", 0));  // cuda only
   const std::vector<int> seqs = args.ints("--seqs", {1024, 2048}, 1), dims = args.ints("--dims", {64}, 1);
   args.done();
+  (void)dkv_stages;
   if ((device != "cpu" && device != "cuda") || (dtype != "f32" && dtype != "bf16")) {
     std::fprintf(stderr, "--device is cpu or cuda, --dtype f32 or bf16 (got %s, %s)\n", device.c_str(), dtype.c_str());
     return 2;
   }
-  if (rows_given && device != "cuda") {
-    std::fprintf(stderr, "--query-rows picks the CUDA kernels' blocks: it needs --device cuda\n");
+  if ((rows_given || stages_given) && device != "cuda") {
+    std::fprintf(stderr, "%s picks the CUDA kernels' blocks: it needs --device cuda\n",
+                 rows_given ? "--query-rows" : "--dkv-stages");
     return 2;
   }
   Device dev = Device::cpu;
@@ -120,6 +125,7 @@ static int run(int argc, char** argv) {
 #if ULYSSES_HAVE_CUDA
     init_cuda_backend();
     cuda::set_attention_query_rows(query_rows);  // throws on anything but 64 or 128
+    cuda::set_attention_dkv_stages(dkv_stages);  // throws on anything but 0, 1 or 2
     dev = Device::cuda;
 #else
     std::fprintf(stderr, "this build has no CUDA backend\n");

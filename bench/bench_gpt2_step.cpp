@@ -54,7 +54,7 @@ static int run(int argc, char** argv) {
   const std::string model = args.text("--model", "gpt2-124M"), device = args.text("--device", "cpu");
   const std::string precision = args.text("--precision", "");
   const bool profile = args.flag("--profile");
-  const double peak_tflops = double(args.integer("--peak-tflops", 0, 1, 100000));  // cuda only
+  const double peak_tflops = args.real("--peak-tflops", 0);  // cuda only
   args.done();
   (void)peak_tflops;
   if (threads > 0) omp_set_num_threads(threads);

@@ -12,8 +12,8 @@
 #   5. SP on one GPU: the local communicator with 2 ranks against 1 rank;
 #   6. the memory-bound kernels' GB/s against a device-to-device copy, the classifier's GEMMs by
 #      chunk size; --offload's step time and device activations against --recompute alone at
-#      T = 16K; 128 query rows a block against 64; packed documents and a sliding window against
-#      causal only;
+#      T = 16K; 128 query rows a block against 64; one stage of the dk/dv pass against two;
+#      packed documents and a sliding window against causal only;
 #   7. with time to spare, the bf16 attention kernels' test under compute-sanitizer memcheck.
 # Every step runs under `timeout -k` with what is left before the deadline (train catches SIGTERM
 # to finish its step: -k kills it if that hangs), a step with too little left is skipped with a
@@ -177,6 +177,15 @@ while read -r dev dt T D f fb tf doc rows; do
   row "attention T=$T D=$D fwd | fwd+bwd ms, 64 rows -> 128 rows" "${base:-n/a} -> $f $fb"
 done < "$LOGS/attn_rows128.log"
 grep -q '^cuda ' "$LOGS/attn_rows128.log" || row "attention, 128 query rows" "$(why $rc "$LOGS/attn_rows128.log")"
+
+echo "== attention's dk/dv pass with one stage of (Q, dout) tiles against two, at D = 128 (${SECONDS} s)"
+# One stage is what sm_86/89/120 run (a block there holds 99 KiB); on an A100 it also lets two
+# blocks share an SM where two stages fit one. Which is faster where both fit decides the default.
+run_for 60 "$LOGS/attn_dkv1.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384 \
+  --dims 128 --reps 5 --dkv-stages 1; rc=$?
+two_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 128 {print $6}' "$LOGS/attn_ours.log")
+one_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 128 {print $6}' "$LOGS/attn_dkv1.log")
+row "attention T=16K D=128 fwd+bwd ms: dk/dv 2 stages | 1 stage" "${two_ms:-n/a} | ${one_ms:-$(why $rc "$LOGS/attn_dkv1.log")}"
 
 echo "== attention with packed 2K-token documents (tiles that share none are skipped) (${SECONDS} s)"
 run_for 60 "$LOGS/attn_docs.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384 \

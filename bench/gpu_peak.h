@@ -1,6 +1,7 @@
 // The dense bf16 tensor-core peak (fp32 accumulate, no sparsity) of the GPU a benchmark runs on,
 // the denominator of its MFU: from the device's name, for the data-centre GPUs whose figure NVIDIA
-// publishes; 0 for any other (a benchmark then asks for --peak-tflops rather than guess).
+// publishes and this table holds; 0 for any other (a benchmark then asks for --peak-tflops rather
+// than guess).
 #pragma once
 #include <string>
 
@@ -14,7 +15,8 @@ struct GpuPeak {
 
 inline double dense_bf16_peak_tflops(const std::string& name) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H100") || has("H200")) return has("PCIe") ? 756 : has("NVL") ? 835 : 989;  // SXM: 989
+  if (has("GB200")) return 2500;
+  if (has("H100") || has("H200")) return has("PCIe") ? 756 : has("NVL") ? 835 : 989;  // SXM, GH200: 989
   if (has("B200")) return 2250;
   if (has("A100")) return 312;
   if (has("L40S")) return 362;

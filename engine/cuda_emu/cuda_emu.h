@@ -68,8 +68,8 @@ void syncthreads();
 uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width);
 void* dynamic_smem();  // this block's dynamic shared memory (nullptr when the launch asked for none)
 // A static shared array's declaration, run by every thread: the block's first fills it with 0xff
-// bytes; past 48 KiB of static shared memory in a block (the GPU's limit), or 227 KiB with the
-// dynamic, the launch fails.
+// bytes; past 48 KiB of static shared memory in a block (the GPU's limit), or the emulated GPU's
+// opt-in limit with the dynamic (227 KiB on an H100: gpu_models.h), the launch fails.
 void static_smem(void* array, size_t bytes);
 
 // cp.async (engine/async_copy.h): `bytes` (4, 8 or 16) from src to dst, of which the first
@@ -87,7 +87,7 @@ void cp_async_wait(int pending);  // retires all but the `pending` newest commit
 // cudaFuncSetAttribute on the GPU.
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               const std::function<void()>& body);
-bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // false past sm_90's 227 KiB
+bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // false past the emulated GPU's opt-in limit
 
 template <class... P, class... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,

@@ -51,14 +51,18 @@ bool has_kernel_image(const std::string& archs, int major, int minor) {
     const std::string item = archs.substr(at, end - at);
     size_t digits = 0;
     while (digits < item.size() && item[digits] >= '0' && item[digits] <= '9') digits++;
-    const std::string kind = item.substr(digits);
+    const char variant = digits < item.size() && (item[digits] == 'a' || item[digits] == 'f') ? item[digits] : 0;
+    const std::string kind = item.substr(digits + (variant ? 1 : 0));
     if (digits == 0 || digits > 3 || (kind != "" && kind != "-real" && kind != "-virtual"))
       throw std::runtime_error("ULYSSES_EMU_KERNEL_ARCHS=" + archs + ": cannot read '" + item +
-                               "' (a list of NN, NN-real or NN-virtual)");
+                               "' (a list of NN, NNa or NNf, each optionally -real or -virtual)");
     const int arch = std::stoi(item.substr(0, digits));
     const bool sass = kind != "-virtual", ptx = kind != "-real";
-    if (sass && arch / 10 == major && arch % 10 <= minor) return true;
-    if (ptx && arch <= cc) return true;
+    const bool family = arch / 10 == major && arch % 10 <= minor;
+    if (variant == 'a' && arch == cc) return true;  // SASS or PTX: this capability alone
+    if (variant == 'f' && family) return true;
+    if (!variant && sass && family) return true;
+    if (!variant && ptx && arch <= cc) return true;
     at = end + 1;
   }
   return false;

@@ -30,7 +30,9 @@ std::string kernel_archs();
 // Whether a build for `archs` (CMake's list: "NN" is SASS and PTX for sm_NN, "NN-real" SASS only,
 // "NN-virtual" PTX only) runs on compute capability major.minor, by CUDA's rules: SASS for sm_XY
 // runs on X.Z for Z >= Y (same major); PTX for compute_XY is compiled by the driver for any
-// capability >= X.Y. "" means every GPU. A malformed list throws std::runtime_error.
+// capability >= X.Y. The arch-specific "NNa" (sm_90a, sm_100a: SASS and PTX) runs on X.Y alone,
+// the family-specific "NNf" (sm_100f) on X.Z for Z >= Y. "" means every GPU. A malformed list
+// (or CMake's "native", "all", which only CMake resolves) throws std::runtime_error.
 bool has_kernel_image(const std::string& archs, int major, int minor);
 
 }  // namespace ul_emu

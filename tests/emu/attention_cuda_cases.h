@@ -31,6 +31,7 @@
 #include "engine/cuda_launch.h"
 #include "cuda_cases_util.h"
 #include "engine/device.h"
+#include "engine/gpu_profile.h"
 #include "gradcheck.h"
 #include "layers/attention.h"
 
@@ -224,6 +225,26 @@ struct DkvStages {
   ~DkvStages() { ul::cuda::set_attention_dkv_stages(old); }
 };
 
+// The names of the kernels f launched (through the GPU profile: each launch is a row).
+template <class F>
+std::vector<std::string> kernels_run(F&& f) {
+  ul::gpu_profile::start();
+  try {
+    f();
+  } catch (...) {
+    ul::gpu_profile::stop();
+    ul::gpu_profile::report();
+    throw;
+  }
+  ul::gpu_profile::stop();
+  std::vector<std::string> names;
+  for (const ul::gpu_profile::Row& r : ul::gpu_profile::report()) names.push_back(r.name);
+  return names;
+}
+inline bool launched(const std::vector<std::string>& names, const std::string& kernel) {
+  return std::find(names.begin(), names.end(), kernel) != names.end();
+}
+
 struct OpResult {
   std::vector<float> out, dqkv;
 };
@@ -293,23 +314,28 @@ TEST_CASE("attention CUDA kernels match the CPU backend (bf16, tensor cores, 64 
 // query tiles a key tile (the one stage refilled), with documents, windows and both wide heads.
 TEST_CASE("attention CUDA backward: one stage of the dk/dv pass gives two stages' bits", UL_CUDA_TEST_TAG "[attention]") {
   using namespace attn_cases;
-  int ran = 0;
+  int cases = 0;
   for (const Case& c : kCases) {
     if (c.D < 64 || c.Tn < 130) continue;
     KernelResult<__nv_bfloat16> one, two;
+    std::vector<std::string> ran1, ran2;
     {
       DkvStages stages(1);
-      one = check_kernels<__nv_bfloat16>(c);
+      ran1 = kernels_run([&] { one = check_kernels<__nv_bfloat16>(c); });
     }
     {
       DkvStages stages(2);
-      two = check_kernels<__nv_bfloat16>(c);
+      ran2 = kernels_run([&] { two = check_kernels<__nv_bfloat16>(c); });
     }
     INFO("T=" << c.Tn << " D=" << c.D << ": one stage against two");
+    CHECK(launched(ran1, "attention_backward_dkv_mma_1stage"));
+    CHECK_FALSE(launched(ran1, "attention_backward_dkv_mma"));
+    CHECK(launched(ran2, "attention_backward_dkv_mma"));
+    CHECK_FALSE(launched(ran2, "attention_backward_dkv_mma_1stage"));
     CHECK(same_bits(one.dqkv, two.dqkv));
-    ran++;
+    cases++;
   }
-  CHECK(ran >= 5);
+  CHECK(cases >= 5);
   CHECK_THROWS_WITH(ul::cuda::set_attention_dkv_stages(3), Catch::Contains("0 (as the GPU allows), 1 or 2"));
   CHECK(ul::cuda::attention_dkv_stages() == 0);
 }

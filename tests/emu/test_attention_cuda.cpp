@@ -14,7 +14,10 @@ TEST_CASE("attention CUDA backward on a GPU with 99 KiB of shared memory a block
   CHECK(ul::cuda_smem_optin() == 101376);
   REQUIRE(ul::cuda::attention_dkv_stages() == 0);
   const Case wide{1, 200, 2, 1, 128, Docs::cycling};
-  check_kernels<__nv_bfloat16>(wide);  // against the CPU, at the stages the device holds
+  // Against the CPU, at the stages the device holds: one.
+  const std::vector<std::string> names = kernels_run([&] { check_kernels<__nv_bfloat16>(wide); });
+  CHECK(launched(names, "attention_backward_dkv_mma_1stage"));
+  CHECK_FALSE(launched(names, "attention_backward_dkv_mma"));
   DkvStages two(2);
   CHECK_THROWS_WITH(check_kernels<__nv_bfloat16>(wide),
                     Catch::Contains("head dim 128 with 2 stage(s) needs 105472 bytes") &&

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "engine/cuda_runtime.h"
 #include "layers/attention.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 
 using ul_test::EmuGpu;
 
@@ -33,6 +35,12 @@ TEST_CASE("emulator: a build runs on a GPU by CUDA's rules (SASS within a major,
   CHECK(has_kernel_image("80-virtual", 9, 0));
   CHECK(has_kernel_image("75;80,90", 8, 6));
   CHECK_FALSE(has_kernel_image("90;100", 8, 0));
+  CHECK(has_kernel_image("90a", 9, 0));  // arch-specific: that capability alone, as SASS or PTX
+  CHECK_FALSE(has_kernel_image("90a", 10, 0));
+  CHECK_FALSE(has_kernel_image("90a-virtual", 10, 0));
+  CHECK(has_kernel_image("100f", 10, 3));  // family-specific: 10.x
+  CHECK_FALSE(has_kernel_image("100f", 12, 0));
+  CHECK_FALSE(has_kernel_image("100a-real", 10, 3));
   CHECK_THROWS_WITH(has_kernel_image("native", 9, 0), Catch::Contains("cannot read 'native'"));
   CHECK_THROWS_WITH(has_kernel_image("90-fake", 9, 0), Catch::Contains("cannot read '90-fake'"));
   EmuGpu gpu("tesla-p100", "");
@@ -97,13 +105,33 @@ TEST_CASE("train --device cuda on an emulated V100 or a wrong build: the refusal
   CHECK_THAT(a100.out, Catch::Contains("rebuild with -DCMAKE_CUDA_ARCHITECTURES=80"));
 }
 
-TEST_CASE("train --device cuda --precision bf16 at head dim 128 on an emulated L40S", "[emu]") {
-  // One layer of a llama with two heads of 128: a forward and a backward through every kernel.
-  const ul_test::CmdResult r = ul_test::run_cmd(
-      "ULYSSES_EMU_GPU=l40s " +
-      ul_test::train_cmd("--device cuda --precision bf16 --model llama --layers 1 --dim 256 --heads 2 --kv-heads 1 "
-                         "--steps 2 --seq 64 --batch 1 --eval-every 0 --eval-batches 1"));
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("step     2/2"));
+TEST_CASE("train --device cuda --precision bf16 at head dim 128 on an emulated L40S: the H100's losses, bit for bit", "[emu]") {
+  // One layer of a llama with two heads of 128, two steps: every kernel forward and backward, the
+  // dk/dv pass with one stage on the L40S and two on the H100. The log holds each loss and norm
+  // to 17 digits.
+  ul_test::TempDir dir;
+  auto run = [&](const char* gpu) {
+    const std::string log = dir.file(std::string(gpu) + ".jsonl");
+    const ul_test::CmdResult r = ul_test::run_cmd(
+        "ULYSSES_EMU_GPU=" + std::string(gpu) + " " +
+        ul_test::train_cmd("--device cuda --precision bf16 --model llama --layers 1 --dim 256 --heads 2 "
+                           "--kv-heads 1 --steps 2 --seq 64 --batch 1 --eval-every 0 --eval-batches 1 --quiet --log " +
+                           log));
+    INFO(gpu << ": " << r.out);
+    REQUIRE(r.code == 0);
+    std::ifstream in(log);
+    std::vector<std::string> fields;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"type\":\"step\"") == std::string::npos) continue;
+      for (const char* key : {"\"loss\":", "\"grad_norm\":"}) {
+        const size_t at = line.find(key);
+        REQUIRE(at != std::string::npos);
+        fields.push_back(line.substr(at, line.find(',', at) - at));
+      }
+    }
+    return fields;
+  };
+  const std::vector<std::string> l40s = run("l40s"), h100 = run("h100");
+  CHECK(l40s.size() == 4);
+  CHECK(l40s == h100);
 }
