@@ -3,7 +3,8 @@
 # no apt — Eigen and Catch2 come from .carry/, made by bench/carry_deps.sh on the development
 # machine and carried over, or from the system where it has them). Within GPU_CHECK_DEADLINE
 # seconds (420 by default), in this order:
-#   1. build with real CUDA (sm_90): train and the benchmarks, then the gpu tests;
+#   1. build with real CUDA (sm_90, or GPU_CHECK_ARCH: 80 for an A100, 89 for an L40S or RTX 4090,
+#      native for the GPU here): train and the benchmarks, then the gpu tests;
 #   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU);
 #   3. GPT-2 124M (bf16, T = 1024) tokens/s and MFU (and one profiled step: the longest ops);
@@ -66,9 +67,10 @@ echo "== build (${SECONDS} s)"
 # them so), the build is retried once telling it to accept it, and the table says so. The gpu
 # tests build apart: a failure there still leaves the benchmarks.
 gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
+arch=${GPU_CHECK_ARCH:-90}
 configure() {
   run_for 120 "$LOGS/configure.log" cmake -S . -B build-gpu ${gen[@]+"${gen[@]}"} -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF \
-    -DCMAKE_PREFIX_PATH="$PWD/.carry" "$@"
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$PWD/.carry" "$@"
 }
 build() { run_for 300 "$LOGS/$1.log" cmake --build build-gpu -j "$(nproc)" --target "${@:2}"; }
 note=""
@@ -80,9 +82,9 @@ if ! { configure && build build train bench_gpt2_step bench_attention bench_kern
   fi
 fi
 if [ -x build-gpu/train ] && [ -x build-gpu/bench_attention ]; then
-  row "build (nvcc, sm_90): train, benchmarks" "ok${note} (${SECONDS} s)"
+  row "build (nvcc, sm_$arch): train, benchmarks" "ok${note} (${SECONDS} s)"
 else
-  row "build (nvcc, sm_90): train, benchmarks" "FAILED (see $LOGS/configure.log, $LOGS/build.log)"
+  row "build (nvcc, sm_$arch): train, benchmarks" "FAILED (see $LOGS/configure.log, $LOGS/build.log)"
   for f in "$LOGS/configure.log" "$LOGS/build.log"; do [ -f "$f" ] && tail -n 30 "$f"; done
   exit 1
 fi

@@ -191,6 +191,9 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
     docs = tokenize_files(*tok, o.files, progress);
     for (const auto& d : docs) total += int64_t(d.size()) + 1;
   }
+  PrepareResult r;
+  for (size_t i = 0; i < o.files.size(); i++)
+    if (tok ? docs[i].empty() : sizes[i] == 0) r.empty.push_back(o.files[i]);
   const int64_t val = std::llround(o.val_frac * double(total)), train = total - val;
   if (train < 2 || (o.val_frac > 0 && val < 2))
     throw std::runtime_error("prepare: " + std::to_string(total) + " tokens give a train split of " + std::to_string(train) +
@@ -244,7 +247,6 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
       throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(sizes[i]) + " bytes, then " +
                                std::to_string(size) + ")");
   }
-  PrepareResult r;
   r.train_tokens = train;
   r.val_tokens = val;
   r.vocab = vocab;
@@ -282,6 +284,8 @@ int prepare_main(int argc, char** argv) {
   std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, vocab %d, EOT %d)\n",
               o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
               r.encoding.c_str(), r.vocab, r.eot);
+  // An empty input is no error (a corpus may hold some), but a typo'd or truncated file shows here.
+  for (const std::string& f : r.empty) std::printf("note    | %s is empty: it adds nothing but a document boundary\n", f.c_str());
   // A sequence never crosses a shard (data/shards.h): small shards bound --seq and waste each one's tail.
   if (r.train_tokens > o.shard_tokens && o.shard_tokens < 1048576)
     std::printf("note    | shards of %lld tokens: a training sequence lies within one shard, so --seq must be below "

@@ -48,6 +48,7 @@ struct PrepareResult {
   int vocab = 257;                  // max(256, eot + 1), or the tokenizer's
   int eot = 256;
   std::string encoding = "bytes";   // or "GPT-2 BPE of FILE" / "Llama 3 BPE of FILE"
+  std::vector<std::string> empty;   // inputs with no text: each only adds a document's EOT
 };
 // Throws std::runtime_error naming the file and the problem; on error no shard has been written.
 // `progress`: a line every few seconds while a tokenizer encodes.

@@ -2,8 +2,9 @@
 // Compiled by nvcc (ULYSSES_CUDA) or as C++ over the emulated runtime (ULYSSES_CUDA_EMULATION).
 #include "engine/cuda_runtime.h"
 
+#include <cstdio>
+#include <map>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -68,6 +69,10 @@ void cuda_sync() { UL_CUDA_CHECK(cudaDeviceSynchronize()); }
 // build has none for the device, which otherwise surfaces at the first launch of some op.
 __global__ void device_probe_kernel() {}
 
+// The devices init_cuda_backend has checked, with their memory then.
+std::mutex g_checked_mu;
+std::map<int, GpuInfo> g_checked;
+
 // The GPUs this build has kernels for, as CMake was told.
 std::string built_archs() {
 #if ULYSSES_CUDA_EMULATED
@@ -115,22 +120,49 @@ void init_cuda_backend() {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     // The usual causes: no GPU, no driver, or a driver older than this build's CUDA runtime.
+    if (e == cudaErrorInsufficientDriver)
+      throw std::runtime_error(std::string("--device cuda: ") + cudaGetErrorString(e) +
+                               ": update the NVIDIA driver to one of this build's CUDA or newer (CUDA 13: the 580 "
+                               "series); nvidia-smi shows the driver and the newest CUDA it runs");
     if (e != cudaSuccess)
       throw std::runtime_error(std::string("--device cuda: no usable CUDA device (") + cudaGetErrorString(e) + ")");
     if (n == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
     register_device_ops(Device::cuda,
                         {cuda_alloc, cuda_free, cuda_set, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
   });
-  // Each device this process uses, once (a process drives one GPU; tests may switch).
-  static std::mutex mu;
-  static std::set<int> checked;
+  // Each device this process uses, once (a process drives one GPU; tests may switch), and its
+  // memory then, before this process allocates any: what a run's plan must fit.
   int d = 0;
   UL_CUDA_CHECK(cudaGetDevice(&d));
-  std::lock_guard<std::mutex> lock(mu);
-  if (checked.count(d)) return;
+  std::lock_guard<std::mutex> lock(g_checked_mu);
+  if (g_checked.count(d)) return;
   const std::string problem = cuda_device_problem();
   if (!problem.empty()) throw std::runtime_error(problem);
-  checked.insert(d);
+  GpuInfo m;
+  m.device = d;
+  cudaDeviceProp p;
+  UL_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  m.name = p.name;
+  m.major = p.major;
+  m.minor = p.minor;
+  UL_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  g_checked[d] = m;
+}
+
+std::string GpuInfo::describe() const {
+  char mem[64];
+  std::snprintf(mem, sizeof mem, "%.1f of %.1f GiB free", double(free) / (1 << 30), double(total) / (1 << 30));
+  return "GPU " + std::to_string(device) + " (" + name + ", compute capability " + std::to_string(major) + "." +
+         std::to_string(minor) + ", " + mem + ")";
+}
+
+GpuInfo cuda_gpu_at_start() {
+  int d = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&d));
+  std::lock_guard<std::mutex> lock(g_checked_mu);
+  const auto it = g_checked.find(d);
+  if (it == g_checked.end()) throw std::logic_error("cuda_gpu_at_start: init_cuda_backend has not seen this device");
+  return it->second;
 }
 
 }  // namespace ul

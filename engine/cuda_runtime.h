@@ -31,6 +31,17 @@ void init_cuda_backend();
 // (CMAKE_CUDA_ARCHITECTURES for another GPU), each said with its GPU and the fix.
 std::string cuda_device_problem();
 
+// The current device as this process first checked it (init_cuda_backend, before any allocation
+// of its own): its name, compute capability and memory, free and total, in bytes.
+struct GpuInfo {
+  int device = 0;
+  std::string name;
+  int major = 0, minor = 0;
+  size_t free = 0, total = 0;
+  std::string describe() const;  // "GPU 0 (NAME, compute capability 9.0, 79.1 of 79.6 GiB free)"
+};
+GpuInfo cuda_gpu_at_start();
+
 // The dynamic shared memory a block may opt in to on the current device, in bytes (99 KiB on
 // sm_86, sm_89 and sm_120; 163 KiB on sm_80; 227 KiB on sm_90 and sm_100).
 size_t cuda_smem_optin();

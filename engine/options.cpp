@@ -199,8 +199,14 @@ double parse_bytes(const std::string& flag, const std::string& v) {
     unit = std::pow(1024.0, double(units.find(char(std::toupper(num.back()))) + 1));
     num.pop_back();
   }
-  double x = parse_float(flag, num) * unit;
-  if (!(x > 0) || !std::isfinite(x)) throw std::runtime_error(flag + ": expected a positive size like 24G, got '" + v + "'");
+  const std::string form = ": expected a positive size like 24G (bytes, or K, M, G, T: powers of 1024), got '" + v + "'";
+  double x = 0;
+  try {
+    x = parse_float(flag, num) * unit;
+  } catch (const std::runtime_error&) {  // "24GB", "24 G": say the form, not only that it is no number
+    throw std::runtime_error(flag + form);
+  }
+  if (!(x > 0) || !std::isfinite(x)) throw std::runtime_error(flag + form);
   return x;
 }
 

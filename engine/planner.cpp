@@ -396,7 +396,13 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
     s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
     if (T == 0) s << " (not even " << 64 * c.sp << ": try --recompute, --mlp-chunks, --zero 1, a larger --sp)";
     s << "\n";
+    if (double(p.total) > budget)
+      s << "plan | --seq " << c.seq << " does not fit " << mib(budget) << " per rank: " << mib(double(p.total) - budget)
+        << " over\n";
   }
+  if (c.zero && c.trains && c.world == 1)
+    s << "plan | note: --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "
+         "over several ranks\n";
   return s.str();
 }
 

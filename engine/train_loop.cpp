@@ -18,6 +18,7 @@
 #include "engine/trainer.h"
 #include "parallel/data_parallel.h"
 #if ULYSSES_HAVE_CUDA
+#include "engine/cuda_runtime.h"
 #include "engine/gpu_profile.h"
 #endif
 
@@ -128,6 +129,15 @@ int train_rank(const Options& o, Comm& world) {
   if (o.offload && o.steps > 0 && model.cfg.layers <= 2)
     say("note    | --offload with %d layer(s) moves nothing to the host (the last two block inputs stay on the "
         "device): plain --recompute holds the same or less\n", model.cfg.layers);
+  // A checkpoint trained with a RoPE scaling (Llama 3.1/3.2's llama3 rule) runs with the flag's instead.
+  if (!tr.replaced_rope_scaling().empty())
+    say("note    | --rope-scaling %s replaces %s's own %s (the scaling its weights were trained with): for a length "
+        "it already reaches, leave the flag out\n", o.rope_scaling.c_str(), o.checkpoint.c_str(),
+        tr.replaced_rope_scaling().c_str());
+  // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.
+  if (o.zero && o.steps > 0 && world.size() == 1)
+    say("note    | --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "
+        "over several ranks\n");
   // --steps 0 reads no training flag: a command line copied from a training run would keep them.
   if (o.steps == 0) {
     std::string unread;
@@ -154,8 +164,12 @@ int train_rank(const Options& o, Comm& world) {
       tr.val_data().eot() != tr.document_start())
     say("note    | --doc-mask: --val-data's files start documents at token %d, the run at %d (--eot): its "
         "sequences are split at %d\n", tr.val_data().eot(), tr.document_start(), tr.document_start());
-  say("device  | %s, %s parameters and activations (f32 gradients%s)\n", device_name(tr.context().device),
-      o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "");
+  std::string gpu;  // which GPU rank 0 runs on, and its memory before the run took any
+#if ULYSSES_HAVE_CUDA
+  if (tr.context().device == Device::cuda) gpu = " | " + cuda_gpu_at_start().describe();
+#endif
+  say("device  | %s, %s parameters and activations (f32 gradients%s)%s\n", device_name(tr.context().device),
+      o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "", gpu.c_str());
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
       world.size(), g.dp, g.sp, world.backend(), tr.threads(), o.batch, o.seq, o.grad_accum);
   // Where the ranks landed (parallel/hosts.h): an sp group split over machines runs its all-to-alls

@@ -24,6 +24,7 @@
 #include "engine/llmc_format.h"
 #include "engine/planner.h"
 #include "engine/ranks_agree.h"
+#include "layers/rope.h"
 #include "parallel/data_parallel.h"
 #include "parallel/ulysses.h"
 #include "parallel/zero.h"
@@ -97,6 +98,37 @@ void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host
                                          : std::string(plan.pinned_host ? "without --offload, or " : "") +
                                                "a smaller --grad-accum, --batch or --seq") +
                            (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
+}
+
+std::string memory_shrinks(const Options& o, int world) {
+  std::string s = !o.recompute ? "--recompute, " : !o.offload ? "--offload, " : "";
+  if (o.mlp_chunks < 8) s += "--mlp-chunks 8, ";
+  s += "a larger --sp, a smaller --batch or --seq";
+  if (!o.zero) s += world > 1 ? ", --zero 1" : ", --zero 1 over more ranks";
+  return s;
+}
+
+void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, const std::string& gpu,
+                         const std::string& shrink) {
+  const size_t need = plan.total * size_t(std::max(1, ranks_on_gpu));
+  if (need <= free) return;
+  // The --memory to plan with: what it had free less 0.5 GiB for what no plan holds (the CUDA
+  // libraries' own buffers: cuBLASLt's, NCCL's), rounded down to a tenth.
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1fG",
+                std::max(0.0, std::floor((double(free) / double(size_t(1) << 30) - 0.5) * 10) / 10));
+  const std::string here =
+      ranks_on_gpu > 1 ? " x " + std::to_string(ranks_on_gpu) + " ranks on this GPU = " + mib(need) : "";
+  std::string parts = "weights " + mib(plan.params) + ", gradients " + mib(plan.grads) + ", AdamW state and f32 masters " +
+                      mib(plan.optim) + ", activations " + mib(plan.arena_peak);
+  if (plan.workspace) parts += ", workspace " + mib(plan.workspace);
+  if (plan.comm) parts += ", communication " + mib(plan.comm);
+  throw std::runtime_error("this run needs " + mib(plan.total) + " of GPU memory per rank" + here + " (" + parts +
+                           "; `train --plan` shows every part) but " + gpu + " had " + mib(free) +
+                           " free when the run started: try " + shrink +
+                           (ranks_on_gpu > 1 ? ", or fewer ranks on this GPU" : "") +
+                           "; `train --plan --memory " + gib + "` with this run's flags finds the longest --seq that fits "
+                           "(what the GPU had free, less 0.5G for the CUDA libraries' own buffers)");
 }
 
 double now_ms() {
@@ -186,7 +218,10 @@ Trainer::Trainer(const Options& o, Comm& world)
   ModelConfig cfg;
   if (!o.checkpoint.empty()) {
     cfg = checkpoint_model_config(o.checkpoint, ckpt);
+    const std::string own = rope_scaling_str(cfg.rope_scaling);
     apply_checkpoint_flags(o, cfg);
+    if (o.set_by_user("--rope-scaling") && own != "none" && own != rope_scaling_str(cfg.rope_scaling))
+      replaced_rope_scaling_ = own;
   }
   // The data's vocabulary sizes a new model (unless --vocab says otherwise); a checkpoint's
   // vocabulary bounds the data's token ids.
@@ -288,6 +323,13 @@ Trainer::Trainer(const Options& o, Comm& world)
   check_host_memory(plan, batches, on_host, hosts_.sharing_memory(), memory_limit(), load);
   if (hosts_.sharing_memory() != hosts_.ranks_here())
     check_host_memory(plan, batches, on_host, hosts_.ranks_here(), physical_memory_bytes(), load);
+#if ULYSSES_HAVE_CUDA
+  if (ctx_.device == Device::cuda) {
+    const GpuInfo gpu = cuda_gpu_at_start();
+    check_device_memory(plan, hosts_.sharing_gpu(), gpu.free, "GPU " + std::to_string(gpu.device) + " (" + gpu.name + ")",
+                        memory_shrinks(o, world.size()));
+  }
+#endif
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
   // of its own shard (the only ones its update reads), 4 bytes per parameter of the model less.
   // A model only evaluated (--steps 0) gets no gradients, AdamW state or ZeRO shards: an 8B model's

@@ -112,6 +112,8 @@ class Trainer {
   const Options& options() const { return o_; }
   Grid& grid() { return grid_; }
   const HostMap& hosts() const { return hosts_; }  // which ranks share this machine and its cores
+  // The --checkpoint's own RoPE scaling that --rope-scaling replaced ("" when none was replaced).
+  const std::string& replaced_rope_scaling() const { return replaced_rope_scaling_; }
   int threads() const { return threads_; }
   Context& context() { return ctx_; }
   Transformer& model() { return *model_; }
@@ -126,6 +128,7 @@ class Trainer {
   Options o_;
   Grid grid_;
   HostMap hosts_;
+  std::string replaced_rope_scaling_;
   int threads_ = 1;
   Context ctx_;
   ContextGuard guard_;
@@ -157,5 +160,16 @@ struct MemoryPlan;  // engine/planner.h
 // while it loads. Linux would grant the memory, then kill the run using it.
 void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram,
                        size_t load = 0);
+
+// Throws (naming every part, the GPU and what shrinks the run) when `ranks_on_gpu` ranks' plans
+// exceed `free`, the bytes the GPU had free when this process first checked it: every one of
+// those bytes is allocated at start-up, so such a run could only fail at its first cudaMalloc
+// too large, with less said.
+// `shrink`: what to try, as memory_shrinks says it.
+void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, const std::string& gpu,
+                         const std::string& shrink);
+// The flags that would shrink a device run's memory, less those it has: "--recompute, ..., a
+// smaller --batch or --seq".
+std::string memory_shrinks(const Options& o, int world);
 
 }  // namespace ul

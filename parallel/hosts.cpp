@@ -122,6 +122,12 @@ int HostMap::sharing_memory() const {
   return std::max(1, n);
 }
 
+int HostMap::sharing_gpu() const {
+  int n = 0;
+  for (size_t r = 0; r < host.size(); r++) n += host[r] == host[rank] && gpu[r] == gpu[rank];
+  return std::max(1, n);
+}
+
 HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint32_t>& cpuset,
                     const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus) {
   HostMap m;

@@ -29,6 +29,7 @@ struct HostMap {
   int ranks_here() const;        // ranks on this rank's machine, itself included
   int sharing_cpus() const;      // ranks on this machine with the same CPU set, itself included
   int sharing_memory() const;    // ranks on this machine drawing on the same memory limit
+  int sharing_gpu() const;       // ranks on this machine with this rank's GPU (threads: all of them)
 };
 
 // Collective over `world` (threads of one process are one machine with one CPU set and memory, and

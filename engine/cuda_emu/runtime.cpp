@@ -85,6 +85,7 @@ struct Mapping {
 struct Mappings {
   std::mutex mu;
   std::unordered_map<void*, Mapping> by_ptr;
+  size_t held = 0;  // bytes cudaMalloc was asked for and not yet freed
 };
 // Never destroyed: static destructors elsewhere may still free device memory at exit.
 Mappings& mappings() {
@@ -115,6 +116,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     Mappings& ms = mappings();
     std::lock_guard<std::mutex> lock(ms.mu);
     ms.by_ptr[q] = {base, data + page, bytes, rounded};
+    ms.held += bytes;
   }
   *p = q;
   return cudaSuccess;
@@ -131,6 +133,7 @@ cudaError_t cudaFree(void* p) {
     if (it == ms.by_ptr.end()) return fail(cudaErrorInvalidValue);  // not from cudaMalloc, or freed twice
     m = it->second;
     ms.by_ptr.erase(it);
+    ms.held -= m.bytes;
   }
   const unsigned char* tail = static_cast<const unsigned char*>(p) + m.bytes;
   for (size_t i = 0; i < m.rounded - m.bytes; i++)
@@ -276,6 +279,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorCudartUnloading: return "driver shutting down";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidDeviceFunction: return "invalid device function";
@@ -330,6 +334,15 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(m.smem_optin); return cudaSuccess;
   }
   return fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (!free || !total) return fail(cudaErrorInvalidValue);
+  *total = ul_emu::emulated_gpu().memory;
+  Mappings& ms = mappings();
+  std::lock_guard<std::mutex> lock(ms.mu);
+  *free = ms.held < *total ? *total - ms.held : 0;
+  return cudaSuccess;
 }
 
 namespace ul_emu {

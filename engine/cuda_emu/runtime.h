@@ -18,6 +18,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorCudartUnloading = 4,
+  cudaErrorInsufficientDriver = 35,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDeviceFunction = 98,
   cudaErrorInvalidDevice = 101,
@@ -102,6 +103,8 @@ enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d);
+// total: the model's memory; free: that less what cudaMalloc holds (never below 0).
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 
 // Kernel attributes: only the one the engine sets (over 48 KiB of dynamic shared memory).
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };

@@ -41,7 +41,7 @@ TEST_CASE("benchmarks refuse bad flags with the flag's name and their usage, bef
       {"bench_gemm 3", "unexpected argument '3'", 2},
       {"bench_gemm --reps 0", "--reps must be >= 1, got 0", 2},
       {"bench_gpt2_step --threads 5000", "--threads must be <= 4096, got 5000", 2},
-      {"bench_long_context --memory 24X", "--memory: expected a number, got '24X'", 2},
+      {"bench_long_context --memory 24X", "--memory: expected a positive size like 24G (bytes, or K, M, G, T", 2},
       {"bench_gpt2_step --profile 3", "--profile takes no value (got '3')", 2},
       {"bench_gpt2_step --peak-tflops x", "--peak-tflops: expected a number, got 'x'", 2},
       {"bench_gpt2_step --peak-tflops 0", "--peak-tflops must be a finite number > 0, got 0", 2},

@@ -46,10 +46,17 @@ TEST_CASE("rope scaling flag: trains, saves, resumes only unchanged, and overrid
   const std::string from = "--seq 32 --batch 2 --eval-batches 1 --threads 1 --steps 1 --checkpoint " + model;
   r = run_cmd(train_cmd(from));
   CHECK(r.out.find("rope_scaling=llama3:factor=8,low=1,high=4,orig=16") != std::string::npos);
+  CHECK(r.out.find("replaces") == std::string::npos);
+  r = run_cmd(train_cmd(from + " " + scaled));  // its own again: nothing replaced
+  CHECK(r.code == 0);
+  CHECK(r.out.find("replaces") == std::string::npos);
   r = run_cmd(train_cmd(from + " --rope-theta 500000 --rope-scaling linear:factor=4"));
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("rope_theta=500000 rope_scaling=linear:factor=4") != std::string::npos);
+  // Said, as a model trained with llama3 scaling (Llama 3.1, 3.2) loses it.
+  CHECK(r.out.find("note    | --rope-scaling linear:factor=4 replaces " + model +
+                   "'s own llama3:factor=8,low=1,high=4,orig=16") != std::string::npos);
   r = run_cmd(train_cmd(from + " --rope-scaling none"));
   CHECK(r.out.find("rope_theta=10000 vocab=") != std::string::npos);
   r = run_cmd(train_cmd(from + " --plan --rope-scaling linear:factor=4"));  // the plan shows what train would run

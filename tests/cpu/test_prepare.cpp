@@ -130,6 +130,21 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   CHECK(r.out.find("ids:") == std::string::npos);
 }
 
+TEST_CASE("prepare names an empty input file (a typo'd or truncated one shows), bytes or BPE", "[prepare]") {
+  TempDir d;
+  std::ofstream(d.file("a.txt")) << "some text to train on, long enough for both splits\n";
+  std::ofstream(d.file("empty.txt")).flush();
+  for (const std::string& tok : {std::string(), " --tokenizer " + ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin")}) {
+    const std::string out = d.file(tok.empty() ? "bytes" : "bpe");
+    auto r = run_cmd(train_cmd("prepare --out " + out + tok + " " + d.file("a.txt") + " " + d.file("empty.txt")));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("note    | " + d.file("empty.txt") + " is empty: it adds nothing but a document boundary") !=
+          std::string::npos);
+    CHECK(r.out.find(d.file("a.txt") + " is empty") == std::string::npos);
+  }
+}
+
 TEST_CASE("prepare's header ints: checked, and the format's defaults when a file lacks them", "[prepare]") {
   TempDir d;
   std::ofstream(d.file("ok.txt")) << "some text for a shard, long enough for both splits\n";

@@ -134,7 +134,9 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   // In process (no run): more threads than OpenMP makes (100000 crashed), an infinite --memory,
   // a length probed twice.
   CHECK_THROWS_WITH(options("--threads 2000"), Catch::Contains("--threads 2000: at most 1024"));
-  CHECK_THROWS_WITH(options("--plan --memory inf"), Catch::Contains("--memory: expected a positive size like 24G, got 'inf'"));
+  CHECK_THROWS_WITH(options("--plan --memory inf"), Catch::Contains("--memory: expected a positive size like 24G (bytes, "
+                                                                     "or K, M, G, T: powers of 1024), got 'inf'"));
+  CHECK_THROWS_WITH(options("--plan --memory 24GB"), Catch::Contains("like 24G (bytes, or K, M, G, T: powers of 1024), got '24GB'"));
   CHECK_THROWS_WITH(options("--probe-lengths 128,64,64"), Catch::Contains("--probe-lengths: length 64 is given twice"));
   // A flag given twice counts as given last (a script appends overrides to a base line).
   CHECK(options("--steps 3 --lr 0.1 --steps 5").steps == 5);
@@ -241,6 +243,25 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   // The model overrides mean "the preset's" at 0 only by default; written out, 0 is refused.
   for (const char* f : {"--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--ffn"})
     expect_refused(std::string(f) + " 0", std::string(f) + " must be >= 1");
+}
+
+TEST_CASE("train --plan says when this --seq does not fit --memory, and that --zero 1 on one rank shards nothing", "[cli][planner]") {
+  const std::string plan = "--plan --model llama-3.2-1B --device cuda --batch 1 --recompute --offload --mlp-chunks 8";
+  CmdResult over = run_cmd(train_cmd(plan + " --seq 65536 --memory 24G"));
+  INFO(over.out);
+  CHECK(over.code == 0);
+  CHECK_THAT(over.out, Catch::Contains("plan | --seq 65536 does not fit") && Catch::Contains("GiB over"));
+  CmdResult fits = run_cmd(train_cmd(plan + " --seq 8192 --memory 24G"));
+  CHECK(fits.out.find("does not fit") == std::string::npos);
+  CHECK(fits.out.find("--zero 1 with one rank") == std::string::npos);
+  CmdResult zero = run_cmd(train_cmd(plan + " --seq 8192 --zero 1"));
+  CHECK_THAT(zero.out, Catch::Contains("note: --zero 1 with one rank shards nothing"));
+  CmdResult zero2 = run_cmd(train_cmd(plan + " --seq 8192 --zero 1 --ranks 2"));
+  CHECK(zero2.out.find("--zero 1 with one rank") == std::string::npos);
+  // A run says it too.
+  CmdResult run = run_cmd(train_cmd("--zero 1 --steps 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1"));
+  CHECK(run.code == 0);
+  CHECK_THAT(run.out, Catch::Contains("note    | --zero 1 with one rank shards nothing"));
 }
 
 TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][planner]") {

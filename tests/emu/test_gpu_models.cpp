@@ -132,6 +132,26 @@ TEST_CASE("train --device cuda --precision bf16 at head dim 128 on an emulated L
     return fields;
   };
   const std::vector<std::string> l40s = run("l40s"), h100 = run("h100");
+  // The device line names the GPU (and what it had free: the emulator's 44 GiB, less nothing yet).
+  const ul_test::CmdResult line = ul_test::run_cmd(
+      "ULYSSES_EMU_GPU=l40s " + ul_test::train_cmd("--device cuda --steps 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1"));
+  CHECK_THAT(line.out, Catch::Contains("| GPU 0 (NVIDIA L40S (emulated), compute capability 8.9, 44.0 of 44.0 GiB free)"));
   CHECK(l40s.size() == 4);
   CHECK(l40s == h100);
+}
+
+TEST_CASE("train --device cuda refuses a run larger than the GPU's free memory before allocating it", "[emu]") {
+  // Llama 3.2 1B at 64K on a 24 GB card: its plan is past 24 GiB. The refusal names the GPU, what it
+  // had free and what to shrink, and comes before the first large cudaMalloc (which failed bare).
+  const ul_test::CmdResult r = ul_test::run_cmd(
+      "ULYSSES_EMU_GPU=rtx4090 " +
+      ul_test::train_cmd("--device cuda --model llama-3.2-1B --seq 65536 --batch 1 --steps 1 --recompute "
+                         "--mlp-chunks 8 --eval-every 0 --quiet"));
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Catch::Contains("of GPU memory per rank (weights ") &&
+                        Catch::Contains("but GPU 0 (NVIDIA GeForce RTX 4090 (emulated)) had 24576 MiB free when the run "
+                                        "started") &&
+                        Catch::Contains("`train --plan --memory 23.5G`"));
+  CHECK(r.out.find("cudaMalloc") == std::string::npos);
 }
