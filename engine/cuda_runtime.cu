@@ -73,6 +73,15 @@ __global__ void device_probe_kernel() {}
 std::mutex g_checked_mu;
 std::map<int, GpuInfo> g_checked;
 
+// The CUDA runtime this build links, "13.0".
+std::string runtime_version() {
+#ifdef CUDART_VERSION
+  return std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+#else
+  return "(emulated)";
+#endif
+}
+
 // The GPUs this build has kernels for, as CMake was told.
 std::string built_archs() {
 #if ULYSSES_CUDA_EMULATED
@@ -122,8 +131,9 @@ void init_cuda_backend() {
     // The usual causes: no GPU, no driver, or a driver older than this build's CUDA runtime.
     if (e == cudaErrorInsufficientDriver)
       throw std::runtime_error(std::string("--device cuda: ") + cudaGetErrorString(e) +
-                               ": update the NVIDIA driver to one of this build's CUDA or newer (CUDA 13: the 580 "
-                               "series); nvidia-smi shows the driver and the newest CUDA it runs");
+                               ": update the NVIDIA driver to one that runs CUDA " + runtime_version() +
+                               " (this build's; CUDA 13 needs the 580 series or newer): nvidia-smi shows the driver "
+                               "and the newest CUDA it runs");
     if (e != cudaSuccess)
       throw std::runtime_error(std::string("--device cuda: no usable CUDA device (") + cudaGetErrorString(e) + ")");
     if (n == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");

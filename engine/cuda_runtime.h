@@ -31,8 +31,9 @@ void init_cuda_backend();
 // (CMAKE_CUDA_ARCHITECTURES for another GPU), each said with its GPU and the fix.
 std::string cuda_device_problem();
 
-// The current device as this process first checked it (init_cuda_backend, before any allocation
-// of its own): its name, compute capability and memory, free and total, in bytes.
+// The current device as this process first checked it (init_cuda_backend: before the engine
+// allocates anything there; under --comm nccl, after NCCL's communicator took its buffers): its
+// name, compute capability and memory, free and total, in bytes.
 struct GpuInfo {
   int device = 0;
   std::string name;

@@ -357,6 +357,17 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   return c;
 }
 
+std::string memory_shrinks(const PlanConfig& c) {
+  std::string s;
+  if (c.trains) s += !c.recompute ? "--recompute, " : !c.offload && c.device == Device::cuda ? "--offload, " : "";
+  if (c.mlp_chunks < 8) s += "--mlp-chunks 8, ";
+  // A rank more on the same GPU (or CPU) holds a whole model more: sp and ZeRO pay over more of them.
+  const std::string more = c.device == Device::cuda ? " over more GPUs" : " over more machines";
+  s += "a larger --sp" + more + ", a smaller --batch or --seq";
+  if (c.trains && !c.zero) s += c.world > 1 ? ", --zero 1" : ", --zero 1" + more;
+  return s;
+}
+
 std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget) {
   const bool cuda_plan = c.device == Device::cuda;
   std::ostringstream s;
@@ -394,7 +405,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   if (budget > 0) {
     const int64_t T = longest_seq(c, budget);
     s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
-    if (T == 0) s << " (not even " << 64 * c.sp << ": try --recompute, --mlp-chunks, --zero 1, a larger --sp)";
+    if (T == 0) s << " (not even " << 64 * c.sp << ": try " << memory_shrinks(c) << ")";
     s << "\n";
     if (double(p.total) > budget)
       s << "plan | --seq " << c.seq << " does not fit " << mib(budget) << " per rank: " << mib(double(p.total) - budget)

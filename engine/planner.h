@@ -69,6 +69,10 @@ size_t param_count(const ModelConfig& m);
 // The longest sequence (a multiple of 64 * sp) whose plan fits `budget` bytes per rank, or 0.
 int64_t longest_seq(PlanConfig c, double budget);
 
+// The flags that would shrink this run's memory, less those it has and those it would not read
+// (an eval: no --recompute, no --zero): "--recompute, --mlp-chunks 8, ...".
+std::string memory_shrinks(const PlanConfig& c);
+
 // The plan for these options (what `train --plan` prints), and the printing itself.
 PlanConfig plan_config(const Options& o);
 PlanConfig plan_config(const Options& o, const ModelConfig& model);  // the model already known

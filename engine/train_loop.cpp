@@ -129,8 +129,9 @@ int train_rank(const Options& o, Comm& world) {
   if (o.offload && o.steps > 0 && model.cfg.layers <= 2)
     say("note    | --offload with %d layer(s) moves nothing to the host (the last two block inputs stay on the "
         "device): plain --recompute holds the same or less\n", model.cfg.layers);
-  // A checkpoint trained with a RoPE scaling (Llama 3.1/3.2's llama3 rule) runs with the flag's instead.
-  if (!tr.replaced_rope_scaling().empty())
+  // A checkpoint trained with a RoPE scaling (Llama 3.1/3.2's llama3 rule) runs with the flag's
+  // instead. (A resume's weights come from --save-dir, trained with what the run gave them.)
+  if (!tr.replaced_rope_scaling().empty() && !o.resume)
     say("note    | --rope-scaling %s replaces %s's own %s (the scaling its weights were trained with): for a length "
         "it already reaches, leave the flag out\n", o.rope_scaling.c_str(), o.checkpoint.c_str(),
         tr.replaced_rope_scaling().c_str());

@@ -100,27 +100,21 @@ void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host
                            (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
 }
 
-std::string memory_shrinks(const Options& o, int world) {
-  std::string s = !o.recompute ? "--recompute, " : !o.offload ? "--offload, " : "";
-  if (o.mlp_chunks < 8) s += "--mlp-chunks 8, ";
-  s += "a larger --sp, a smaller --batch or --seq";
-  if (!o.zero) s += world > 1 ? ", --zero 1" : ", --zero 1 over more ranks";
-  return s;
-}
-
 void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, const std::string& gpu,
-                         const std::string& shrink) {
+                         const std::string& shrink, bool masters) {
   const size_t need = plan.total * size_t(std::max(1, ranks_on_gpu));
   if (need <= free) return;
-  // The --memory to plan with: what it had free less 0.5 GiB for what no plan holds (the CUDA
-  // libraries' own buffers: cuBLASLt's, NCCL's), rounded down to a tenth.
+  // The --memory to plan with (a rank's): its share of what the GPU had free, less 0.5 GiB for what
+  // no plan holds (the CUDA libraries' own buffers: cuBLASLt's, NCCL's), rounded down to a tenth.
+  const double share = double(free) / double(size_t(1) << 30) / std::max(1, ranks_on_gpu);
   char gib[32];
-  std::snprintf(gib, sizeof gib, "%.1fG",
-                std::max(0.0, std::floor((double(free) / double(size_t(1) << 30) - 0.5) * 10) / 10));
+  std::snprintf(gib, sizeof gib, "%.1fG", std::max(0.0, std::floor((share - 0.5) * 10) / 10));
   const std::string here =
       ranks_on_gpu > 1 ? " x " + std::to_string(ranks_on_gpu) + " ranks on this GPU = " + mib(need) : "";
-  std::string parts = "weights " + mib(plan.params) + ", gradients " + mib(plan.grads) + ", AdamW state and f32 masters " +
-                      mib(plan.optim) + ", activations " + mib(plan.arena_peak);
+  std::string parts = "weights " + mib(plan.params);  // an eval has no gradients nor AdamW state
+  if (plan.grads) parts += ", gradients " + mib(plan.grads);
+  if (plan.optim) parts += std::string(masters ? ", AdamW state and f32 masters " : ", AdamW state ") + mib(plan.optim);
+  parts += ", activations " + mib(plan.arena_peak);
   if (plan.workspace) parts += ", workspace " + mib(plan.workspace);
   if (plan.comm) parts += ", communication " + mib(plan.comm);
   throw std::runtime_error("this run needs " + mib(plan.total) + " of GPU memory per rank" + here + " (" + parts +
@@ -188,14 +182,32 @@ CommStats total_sent(Grid& g) {
 
 // This process's CUDA device, for the host map; -1 on the CPU, and on the emulator (every process
 // has its own emulated device, which two ranks cannot share).
-int this_gpu(const Options& o) {
-#if ULYSSES_HAVE_CUDA && !ULYSSES_CUDA_EMULATED
-  int d = -1;
-  if (run_device(o) == Device::cuda && cudaGetDevice(&d) == cudaSuccess) return d;
+// This process's GPU: its number and its identity (a hash of its UUID, never 0), for the host map.
+// Numbers repeat across processes that each see one GPU (all "GPU 0"); UUIDs do not. The emulator
+// is one GPU per process.
+struct GpuRef {
+  int number = -1;
+  uint32_t id = 0;
+};
+GpuRef this_gpu(const Options& o) {
+  GpuRef g;
+#if ULYSSES_HAVE_CUDA
+  cudaDeviceProp p;
+  if (run_device(o) == Device::cuda && cudaGetDevice(&g.number) == cudaSuccess &&
+      cudaGetDeviceProperties(&p, g.number) == cudaSuccess) {
+    uint32_t h = 2166136261u;  // FNV-1a over the 16 bytes
+    for (char c : p.uuid.bytes) h = (h ^ uint8_t(c)) * 16777619u;
+    g.id = h ? h : 1;
+  }
 #else
   (void)o;
 #endif
-  return -1;
+  return g;
+}
+
+HostMap hosts_of(Comm& world, const Options& o) {
+  const GpuRef g = this_gpu(o);
+  return host_map(world, g.number, g.id);
 }
 
 }  // namespace
@@ -211,7 +223,7 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 }
 
 Trainer::Trainer(const Options& o, Comm& world)
-    : o_(o), grid_(world, o.sp), hosts_(host_map(world, this_gpu(o))), threads_(threads_for_rank(o.threads, hosts_)),
+    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_)),
       ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_);
   std::vector<float> ckpt;
@@ -327,7 +339,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (ctx_.device == Device::cuda) {
     const GpuInfo gpu = cuda_gpu_at_start();
     check_device_memory(plan, hosts_.sharing_gpu(), gpu.free, "GPU " + std::to_string(gpu.device) + " (" + gpu.name + ")",
-                        memory_shrinks(o, world.size()));
+                        memory_shrinks(pc), param_dtype(o) == DType::bf16);
   }
 #endif
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those

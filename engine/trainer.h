@@ -165,11 +165,9 @@ void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host
 // exceed `free`, the bytes the GPU had free when this process first checked it: every one of
 // those bytes is allocated at start-up, so such a run could only fail at its first cudaMalloc
 // too large, with less said.
-// `shrink`: what to try, as memory_shrinks says it.
+// `shrink`: what to try (memory_shrinks, engine/planner.h); `masters`: the AdamW row holds bf16's
+// f32 master weights too.
 void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, const std::string& gpu,
-                         const std::string& shrink);
-// The flags that would shrink a device run's memory, less those it has: "--recompute, ..., a
-// smaller --batch or --seq".
-std::string memory_shrinks(const Options& o, int world);
+                         const std::string& shrink, bool masters);
 
 }  // namespace ul

@@ -124,14 +124,20 @@ int HostMap::sharing_memory() const {
 
 int HostMap::sharing_gpu() const {
   int n = 0;
-  for (size_t r = 0; r < host.size(); r++) n += host[r] == host[rank] && gpu[r] == gpu[rank];
+  for (size_t r = 0; r < host.size(); r++) n += host[r] == host[rank] && gpu_id[r] == gpu_id[rank];
   return std::max(1, n);
 }
 
+// A device number as an identity, where no UUID is known: 0 for none.
+static uint32_t id_of_number(int gpu) { return gpu >= 0 ? uint32_t(gpu) + 1 : 0; }
+
 HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint32_t>& cpuset,
-                    const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus) {
+                    const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus,
+                    const std::vector<uint32_t>& gpu_id) {
   HostMap m;
-  m.rank = rank, m.cpus = std::max(1, cpus), m.cpuset = cpuset, m.memory = memory, m.gpu = gpu;
+  m.rank = rank, m.cpus = std::max(1, cpus), m.cpuset = cpuset, m.memory = memory, m.gpu = gpu, m.gpu_id = gpu_id;
+  if (m.gpu_id.empty())
+    for (int g : gpu) m.gpu_id.push_back(id_of_number(g));
   std::vector<uint64_t> seen;
   for (uint64_t id : machine) {
     auto it = std::find(seen.begin(), seen.end(), id);
@@ -141,7 +147,8 @@ HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint
   return m;
 }
 
-HostMap host_map(Comm& world, int gpu) {
+HostMap host_map(Comm& world, int gpu, uint32_t gpu_id) {
+  if (gpu_id == 0) gpu_id = id_of_number(gpu);
   const int P = world.size();
   const uint32_t set = this_cpuset(), mem = this_memory_domain();
   const int cpus = omp_get_num_procs();  // the CPU set as the process started, before any pinning
@@ -149,27 +156,30 @@ HostMap host_map(Comm& world, int gpu) {
   // memory; their GPU is one by design (gpu -1: not a sharing to note).
   if (P == 1 || std::strcmp(world.backend(), "local") == 0)
     return host_map_of(std::vector<uint64_t>(P, 0), std::vector<uint32_t>(P, set), std::vector<uint32_t>(P, mem),
-                       std::vector<int>(P, P == 1 ? gpu : -1), world.rank(), cpus);
+                       std::vector<int>(P, P == 1 ? gpu : -1), world.rank(), cpus,
+                       std::vector<uint32_t>(P, P == 1 ? gpu_id : 0));
   const uint64_t id = this_machine_id();
-  constexpr int K = 5;
-  int32_t mine[K] = {int32_t(uint32_t(id)), int32_t(uint32_t(id >> 32)), int32_t(set), int32_t(mem), gpu};
+  constexpr int K = 6;
+  int32_t mine[K] = {int32_t(uint32_t(id)), int32_t(uint32_t(id >> 32)), int32_t(set), int32_t(mem), gpu,
+                     int32_t(gpu_id)};
   std::vector<int32_t> all(size_t(K) * P);
   world.all_gather(mine, all.data(), K, DType::i32);
   std::vector<uint64_t> machine(P);
   std::vector<uint32_t> sets(P), mems(P);
   std::vector<int> gpus(P);
+  std::vector<uint32_t> ids(P);
   for (int r = 0; r < P; r++) {
     const int32_t* x = &all[size_t(K) * r];
     machine[r] = uint64_t(uint32_t(x[0])) | uint64_t(uint32_t(x[1])) << 32;
-    sets[r] = uint32_t(x[2]), mems[r] = uint32_t(x[3]), gpus[r] = x[4];
+    sets[r] = uint32_t(x[2]), mems[r] = uint32_t(x[3]), gpus[r] = x[4], ids[r] = uint32_t(x[5]);
   }
-  return host_map_of(machine, sets, mems, gpus, world.rank(), cpus);
+  return host_map_of(machine, sets, mems, gpus, world.rank(), cpus, ids);
 }
 
 std::string shared_gpu(const HostMap& m) {
   for (size_t a = 0; a < m.gpu.size(); a++)
     for (size_t b = a + 1; b < m.gpu.size(); b++)
-      if (m.gpu[a] >= 0 && m.gpu[a] == m.gpu[b] && m.host[a] == m.host[b])
+      if (m.gpu_id[a] != 0 && m.gpu_id[a] == m.gpu_id[b] && m.host[a] == m.host[b])
         return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " share GPU " + std::to_string(m.gpu[a]) +
                " of one machine";
   return "";

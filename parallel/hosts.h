@@ -23,21 +23,26 @@ struct HostMap {
   std::vector<uint32_t> cpuset;  // cpuset[r]: a hash of rank r's CPU set
   std::vector<uint32_t> memory;  // memory[r]: rank r's memory domain (0: its machine's)
   std::vector<int> gpu;          // gpu[r]: rank r's CUDA device on its machine, -1: none given
+  // gpu_id[r]: which physical GPU that is (a hash of its UUID; 0: none). Device numbers repeat
+  // where each process sees only its own GPU (srun --gpus-per-task, one-GPU containers: all "GPU 0").
+  std::vector<uint32_t> gpu_id;
   int rank = 0;                  // this rank
   int cpus = 1;                  // the CPUs this rank's process may run on
   int hosts() const;
   int ranks_here() const;        // ranks on this rank's machine, itself included
   int sharing_cpus() const;      // ranks on this machine with the same CPU set, itself included
   int sharing_memory() const;    // ranks on this machine drawing on the same memory limit
-  int sharing_gpu() const;       // ranks on this machine with this rank's GPU (threads: all of them)
+  int sharing_gpu() const;       // ranks on this machine on this rank's GPU (threads: all of them)
 };
 
 // Collective over `world` (threads of one process are one machine with one CPU set and memory, and
-// share their GPU by design: their gpu is -1). gpu: this process's CUDA device, -1 for none.
-HostMap host_map(Comm& world, int gpu = -1);
-// The same map from given ids (for tests and for host_map).
+// share their GPU by design: their gpu is -1). gpu: this process's CUDA device, -1 for none;
+// gpu_id: its identity (a UUID's hash), 0 to take the device number for it.
+HostMap host_map(Comm& world, int gpu = -1, uint32_t gpu_id = 0);
+// The same map from given ids (for tests and for host_map); gpu_id empty: from the device numbers.
 HostMap host_map_of(const std::vector<uint64_t>& machine, const std::vector<uint32_t>& cpuset,
-                    const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus);
+                    const std::vector<uint32_t>& memory, const std::vector<int>& gpu, int rank, int cpus,
+                    const std::vector<uint32_t>& gpu_id = {});
 
 // The sequence-parallel groups (sp consecutive ranks, parallel/grid.h) whose ranks are on more than
 // one machine: their all-to-alls cross the network. Empty when every group stays on one machine.

@@ -315,6 +315,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   const ul_emu::GpuModel& m = ul_emu::emulated_gpu();
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "%s", m.name);
+  const pid_t pid = getpid();
+  std::memcpy(p->uuid.bytes, &pid, sizeof pid);
   p->totalGlobalMem = m.memory;
   p->sharedMemPerBlockOptin = m.smem_optin;
   p->major = m.major;

@@ -88,8 +88,13 @@ cudaError_t cudaGetDevice(int* d);
 
 // The device's properties: those of the GPU model ULYSSES_EMU_GPU names (engine/cuda_emu/gpu_models.h;
 // an H100 by default). Only the fields and attributes the engine reads.
+struct CUuuid_st {
+  char bytes[16];
+};
+typedef CUuuid_st cudaUUID_t;
 struct cudaDeviceProp {
   char name[256];
+  cudaUUID_t uuid;  // one emulated GPU per process: from the process id
   size_t totalGlobalMem;
   size_t sharedMemPerBlockOptin;
   int major, minor;

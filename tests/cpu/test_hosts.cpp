@@ -87,17 +87,28 @@ TEST_CASE("the host map counts the ranks and CPU sets of each machine", "[hosts]
   CHECK(shared_gpu(host_map_of({7, 7, 9}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, 0, 1)) == "ranks 0 and 1 share GPU 0 of one machine");
   CHECK(shared_gpu(host_map_of({7, 9}, {1, 1}, {0, 0}, {0, 0}, 0, 1)).empty());       // two machines' GPU 0
   CHECK(shared_gpu(host_map_of({7, 7}, {1, 1}, {0, 0}, {-1, -1}, 0, 1)).empty());     // no GPU
+  // Ranks on one GPU draw on its memory together (the start-up check of a GPU run counts them).
+  CHECK(host_map_of({7, 7, 9}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, 0, 1).sharing_gpu() == 2);
+  CHECK(host_map_of({7, 7, 7}, {1, 1, 1}, {0, 0, 0}, {0, 1, 0}, 1, 1).sharing_gpu() == 1);
+  // Each process sees its own GPU as GPU 0 (srun --gpus-per-task, one-GPU containers): the GPUs'
+  // UUIDs tell them apart, so no note and no count of three on one GPU.
+  const HostMap own = host_map_of({7, 7, 7}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, 0, 1, {11, 12, 13});
+  CHECK(shared_gpu(own).empty());
+  CHECK(own.sharing_gpu() == 1);
+  CHECK(shared_gpu(host_map_of({7, 7}, {1, 1}, {0, 0}, {0, 3}, 0, 1, {11, 11})) == "ranks 0 and 1 share GPU 0 of one machine");
 }
 
 TEST_CASE("host_map: the local communicator's ranks are one machine", "[hosts]") {
-  std::vector<int> here(3), threads(3);
+  std::vector<int> here(3), threads(3), sharing(3);
   run_local(3, [&](Comm& w) {
     const HostMap m = host_map(w, 0);
     here[w.rank()] = m.ranks_here();
+    sharing[w.rank()] = m.sharing_gpu();
     threads[w.rank()] = threads_for_rank(0, m);
   });
   for (int r = 0; r < 3; r++) {
     CHECK(here[r] == 3);
+    CHECK(sharing[r] == 3);  // threads of one process: its one GPU
     CHECK(threads[r] >= 1);
   }
   CHECK(shared_gpu(host_map_of({1, 1, 1}, {0, 0, 0}, {0, 0, 0}, {-1, -1, -1}, 0, 2)).empty());

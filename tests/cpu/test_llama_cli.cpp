@@ -59,6 +59,7 @@ TEST_CASE("rope scaling flag: trains, saves, resumes only unchanged, and overrid
                    "'s own llama3:factor=8,low=1,high=4,orig=16") != std::string::npos);
   r = run_cmd(train_cmd(from + " --rope-scaling none"));
   CHECK(r.out.find("rope_theta=10000 vocab=") != std::string::npos);
+  CHECK(r.out.find("note    | --rope-scaling none replaces " + model + "'s own llama3") != std::string::npos);
   r = run_cmd(train_cmd(from + " --plan --rope-scaling linear:factor=4"));  // the plan shows what train would run
   CHECK(r.out.find("plan | llama") != std::string::npos);
   CHECK(r.out.find("rope_scaling=linear:factor=4") != std::string::npos);

@@ -339,30 +339,49 @@ TEST_CASE("the GPU memory check: the plan of every rank on the GPU against what 
   MemoryPlan p;
   p.params = 1 << 20, p.grads = 2 << 20, p.optim = 3 << 20, p.arena_peak = 4 << 20, p.total = 10 << 20;
   const std::string shrink = "--recompute, a smaller --seq";
-  CHECK_NOTHROW(check_device_memory(p, 1, 10 << 20, "GPU 0 (X)", shrink));  // exactly full: every byte is planned
-  CHECK_THROWS_WITH(check_device_memory(p, 1, (10 << 20) - 1, "GPU 0 (NVIDIA GeForce RTX 4090)", shrink),
+  CHECK_NOTHROW(check_device_memory(p, 1, 10 << 20, "GPU 0 (X)", shrink, true));  // exactly full: every byte is planned
+  CHECK_THROWS_WITH(check_device_memory(p, 1, (10 << 20) - 1, "GPU 0 (NVIDIA GeForce RTX 4090)", shrink, true),
                     Catch::Contains("needs 10 MiB of GPU memory per rank (weights 1 MiB, gradients 2 MiB, AdamW state "
                                     "and f32 masters 3 MiB, activations 4 MiB;") &&
                         Catch::Contains("but GPU 0 (NVIDIA GeForce RTX 4090) had 9 MiB free when the run started") &&
                         Catch::Contains("try --recompute, a smaller --seq;") && !Catch::Contains("fewer ranks"));
   // Ranks as threads of one process (--comm local) share its GPU.
-  CHECK_NOTHROW(check_device_memory(p, 2, 20 << 20, "GPU 0 (X)", shrink));
-  CHECK_THROWS_WITH(check_device_memory(p, 3, 20 << 20, "GPU 0 (X)", shrink),
+  CHECK_NOTHROW(check_device_memory(p, 2, 20 << 20, "GPU 0 (X)", shrink, true));
+  CHECK_THROWS_WITH(check_device_memory(p, 3, 20 << 20, "GPU 0 (X)", shrink, true),
                     Catch::Contains("x 3 ranks on this GPU = 30 MiB") && Catch::Contains("fewer ranks on this GPU"));
-  // The --memory it suggests for --plan: less 0.5 GiB, rounded down: 23.96 GiB free -> 23.4G.
+  // fp32 has no masters; an eval neither gradients nor AdamW state: only what it holds is named.
+  CHECK_THROWS_WITH(check_device_memory(p, 1, 1 << 20, "GPU 0 (X)", shrink, false),
+                    Catch::Contains("gradients 2 MiB, AdamW state 3 MiB, activations"));
+  MemoryPlan eval = p;
+  eval.grads = eval.optim = 0;
+  CHECK_THROWS_WITH(check_device_memory(eval, 1, 1 << 20, "GPU 0 (X)", shrink, true),
+                    Catch::Contains("(weights 1 MiB, activations 4 MiB;"));
+  // The --memory it suggests for --plan, a rank's: its share less 0.5 GiB, rounded down: 23.96 GiB
+  // free -> 23.4G; with 3 ranks on the GPU, 7.98 - 0.5 -> 7.4G.
   p.total = size_t(30) << 30;
-  CHECK_THROWS_WITH(check_device_memory(p, 1, size_t(23.96 * double(size_t(1) << 30)), "GPU 0 (X)", shrink),
+  const size_t free = size_t(23.96 * double(size_t(1) << 30));
+  CHECK_THROWS_WITH(check_device_memory(p, 1, free, "GPU 0 (X)", shrink, true),
                     Catch::Contains("`train --plan --memory 23.4G` with this run's flags"));
+  CHECK_THROWS_WITH(check_device_memory(p, 3, free, "GPU 0 (X)", shrink, true),
+                    Catch::Contains("`train --plan --memory 7.4G` with this run's flags"));
 }
 
 TEST_CASE("the memory hints name only the flags a run does not have yet", "[memory]") {
-  CHECK(memory_shrinks(options(""), 1) ==
-        "--recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, --zero 1 over more ranks");
-  CHECK(memory_shrinks(options("--recompute --mlp-chunks 8"), 2) ==
-        "--offload, a larger --sp, a smaller --batch or --seq, --zero 1");
-  Options o = options("--recompute --mlp-chunks 16 --zero 1");
-  o.offload = true;  // a cuda run's (the flag is refused on the CPU)
-  CHECK(memory_shrinks(o, 2) == "a larger --sp, a smaller --batch or --seq");
+  auto shrinks = [](const std::string& args, int world) {
+    PlanConfig c = plan_config(options(args));
+    c.world = world;
+    return memory_shrinks(c);
+  };
+  CHECK(shrinks("--plan --device cuda", 1) == "--recompute, --mlp-chunks 8, a larger --sp over more GPUs, a smaller --batch or "
+                                       "--seq, --zero 1 over more GPUs");
+  CHECK(shrinks("--plan --device cuda --recompute --mlp-chunks 8", 2) ==
+        "--offload, a larger --sp over more GPUs, a smaller --batch or --seq, --zero 1");
+  CHECK(shrinks("--plan --device cuda --recompute --offload --mlp-chunks 16 --zero 1", 2) ==
+        "a larger --sp over more GPUs, a smaller --batch or --seq");
+  // The CPU has no --offload; an eval (--steps 0) reads neither --recompute nor --zero.
+  CHECK(shrinks("--recompute", 1) ==
+        "--mlp-chunks 8, a larger --sp over more machines, a smaller --batch or --seq, --zero 1 over more machines");
+  CHECK(shrinks("--plan --device cuda --steps 0", 1) == "--mlp-chunks 8, a larger --sp over more GPUs, a smaller --batch or --seq");
 }
 
 TEST_CASE("the host memory check counts every rank that shares the machine", "[memory]") {

@@ -157,8 +157,14 @@ TEST_CASE("mpi host map: the ranks find they share one machine, its cores and it
   CHECK(shared_gpu(m).empty());
   CHECK(sp_groups_across_hosts(m, P).empty());
   CHECK(threads_for_rank(0, m) >= 1);
+  CHECK(m.sharing_gpu() == 1);
   const HostMap same = host_map(c, 0);  // every rank GPU 0
   if (P > 1) CHECK(shared_gpu(same) == "ranks 0 and 1 share GPU 0 of one machine");
+  CHECK(same.sharing_gpu() == P);
+  // Each process sees its own GPU as GPU 0 (srun --gpus-per-task): their UUIDs tell them apart.
+  const HostMap own = host_map(c, 0, 1000 + uint32_t(c.rank()));
+  CHECK(shared_gpu(own).empty());
+  CHECK(own.sharing_gpu() == 1);
 }
 
 TEST_CASE("mpi stats count the bytes sent to other ranks", "[comm][mpi]") {
