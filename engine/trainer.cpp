@@ -180,8 +180,6 @@ CommStats total_sent(Grid& g) {
   return s;
 }
 
-// This process's CUDA device, for the host map; -1 on the CPU, and on the emulator (every process
-// has its own emulated device, which two ranks cannot share).
 // This process's GPU: its number and its identity (a hash of its UUID, never 0), for the host map.
 // Numbers repeat across processes that each see one GPU (all "GPU 0"); UUIDs do not. The emulator
 // is one GPU per process.
