@@ -92,13 +92,8 @@ std::string built_archs() {
 #endif
 }
 
-}  // namespace
-
-std::string cuda_device_problem() {
-  int d = 0;
-  UL_CUDA_CHECK(cudaGetDevice(&d));
-  cudaDeviceProp p;
-  UL_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+// cuda_device_problem for device d, whose properties are p.
+std::string device_problem(int d, const cudaDeviceProp& p) {
   const std::string gpu = "GPU " + std::to_string(d) + " (" + p.name + ", compute capability " +
                           std::to_string(p.major) + "." + std::to_string(p.minor) + ")";
   if (p.major < 8)
@@ -114,6 +109,16 @@ std::string cuda_device_problem() {
            " (CMAKE_CUDA_ARCHITECTURES); rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + sm +
            " (or native: the GPUs of the machine that builds; README \"CUDA backend\")";
   return "--device cuda: " + gpu + ": cannot query this build's kernels (" + cudaGetErrorString(e) + ")";
+}
+
+}  // namespace
+
+std::string cuda_device_problem() {
+  int d = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&d));
+  cudaDeviceProp p;
+  UL_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return device_problem(d, p);
 }
 
 size_t cuda_smem_optin() {
@@ -146,13 +151,16 @@ void init_cuda_backend() {
   UL_CUDA_CHECK(cudaGetDevice(&d));
   std::lock_guard<std::mutex> lock(g_checked_mu);
   if (g_checked.count(d)) return;
-  const std::string problem = cuda_device_problem();
+  cudaDeviceProp p;
+  UL_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  const std::string problem = device_problem(d, p);
   if (!problem.empty()) throw std::runtime_error(problem);
   GpuInfo m;
   m.device = d;
-  cudaDeviceProp p;
-  UL_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
   m.name = p.name;
+  uint32_t h = 2166136261u;  // FNV-1a over the UUID's 16 bytes
+  for (char c : p.uuid.bytes) h = (h ^ uint8_t(c)) * 16777619u;
+  m.id = h ? h : 1;
   m.major = p.major;
   m.minor = p.minor;
   UL_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));

@@ -14,6 +14,7 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace ul {
@@ -38,6 +39,8 @@ struct GpuInfo {
   int device = 0;
   std::string name;
   int major = 0, minor = 0;
+  uint32_t id = 0;  // a hash of its UUID, never 0: which physical GPU (numbers repeat across
+                    // processes that each see only their own; the emulator: one GPU a process)
   size_t free = 0, total = 0;
   std::string describe() const;  // "GPU 0 (NAME, compute capability 9.0, 79.1 of 79.6 GiB free)"
 };

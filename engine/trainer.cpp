@@ -180,32 +180,18 @@ CommStats total_sent(Grid& g) {
   return s;
 }
 
-// This process's GPU: its number and its identity (a hash of its UUID, never 0), for the host map.
-// Numbers repeat across processes that each see one GPU (all "GPU 0"); UUIDs do not. The emulator
-// is one GPU per process.
-struct GpuRef {
-  int number = -1;
-  uint32_t id = 0;
-};
-GpuRef this_gpu(const Options& o) {
-  GpuRef g;
+// The host map, with this process's GPU by number and by identity (GpuInfo::id): numbers repeat
+// across processes that each see one GPU (all "GPU 0"), UUIDs do not.
+HostMap hosts_of(Comm& world, const Options& o) {
 #if ULYSSES_HAVE_CUDA
-  cudaDeviceProp p;
-  if (run_device(o) == Device::cuda && cudaGetDevice(&g.number) == cudaSuccess &&
-      cudaGetDeviceProperties(&p, g.number) == cudaSuccess) {
-    uint32_t h = 2166136261u;  // FNV-1a over the 16 bytes
-    for (char c : p.uuid.bytes) h = (h ^ uint8_t(c)) * 16777619u;
-    g.id = h ? h : 1;
+  if (run_device(o) == Device::cuda) {
+    const GpuInfo g = cuda_gpu_at_start();
+    return host_map(world, g.device, g.id);
   }
 #else
   (void)o;
 #endif
-  return g;
-}
-
-HostMap hosts_of(Comm& world, const Options& o) {
-  const GpuRef g = this_gpu(o);
-  return host_map(world, g.number, g.id);
+  return host_map(world);
 }
 
 }  // namespace
