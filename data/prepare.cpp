@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "data/jsonl.h"
 #include "data/shards.h"
 #include "data/tokenize_files.h"
 #include "engine/file_io.h"
@@ -24,8 +25,9 @@ namespace ul {
 
 const char* prepare_usage() {
   return R"(usage: train prepare --out DIR [flags] FILES...
-  Text files -> llm.c token shards (uint16, magic 20240520): each file is one document, written as
-  the end-of-text id (EOT) then its tokens. The tokens are its bytes (vocabulary: 256 bytes + the
+  Text files -> llm.c token shards (uint16, magic 20240520): each file is one document (a file
+  named *.jsonl, JSON Lines: each line's "text" field), written as the end-of-text id (EOT) then
+  its tokens. The tokens are its bytes (vocabulary: 256 bytes + the
   EOT, 257 by default), or with --tokenizer the byte-level BPE of its UTF-8 text (that file's
   vocabulary and EOT). The headers name both, so a run on the shards takes its vocab and --eot
   from them.
@@ -37,6 +39,7 @@ const char* prepare_usage() {
                       the EOT) or a Hugging Face tokenizer.json (GPT-2, digits-apart, Llama 3,
                       or SentencePiece-style: Llama 2, TinyLlama);
                       a vocabulary above 65536 writes uint32 shards (magic 20240801)
+  --json-key KEY      the field of each .jsonl line that holds its document's text       [text]
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
@@ -56,7 +59,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected an integer, got '" + v + "'");
     return int64_t(x);
   };
-  bool eot_given = false;
+  bool eot_given = false, key_given = false;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     if (a.rfind("--", 0) != 0) {
@@ -69,6 +72,11 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else if (a == "--val-frac") o.val_frac = number(a, v);
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);
     else if (a == "--tokenizer") o.tokenizer = v;
+    else if (a == "--json-key") {
+      if (v.empty()) throw std::runtime_error("prepare: --json-key: empty field name");
+      o.json_key = v;
+      key_given = true;
+    }
     else if (a == "--eot") {
       eot_given = true;
       const int64_t e = integer(a, v);
@@ -81,6 +89,9 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
   if (eot_given && !o.tokenizer.empty())
     throw std::runtime_error("prepare: --eot with --tokenizer: the tokenizer file names its end-of-text id");
   if (o.files.empty()) throw std::runtime_error("prepare: no input files");
+  if (key_given && std::none_of(o.files.begin(), o.files.end(), is_jsonl))
+    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is a .jsonl file (a file with another name "
+                             "is one document, read whole)");
   if (!(o.val_frac >= 0 && o.val_frac < 1)) throw std::runtime_error("prepare: --val-frac must be in [0, 1)");
   // The header's token count is an int32.
   if (o.shard_tokens < 1 || o.shard_tokens > INT32_MAX)
@@ -160,9 +171,17 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   }
   // Check every input before anything is written: present, readable, and free of a byte-valued EOT
   // (or, with a tokenizer, encoded whole).
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> sizes;                          // bytes: each input's (a .jsonl: its texts')
+  std::vector<int64_t> per_file(o.files.size(), 1);    // documents (a .jsonl: its lines with text)
   int64_t total = 0;
-  for (const std::string& path : o.files) {
+  auto eot_clash = [&](const std::string& where, int64_t offset) {
+    return std::runtime_error(where + ": byte " + std::to_string(o.eot) + " at offset " + std::to_string(offset) +
+                              " is the end-of-text id (--eot " + std::to_string(o.eot) +
+                              "); use the default --eot 256, which no byte can collide with");
+  };
+  for (size_t i = 0; i < o.files.size(); i++) {
+    const std::string& path = o.files[i];
+    if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
     // The type first: opening a pipe would block until a writer comes.
     if (!fs::is_regular_file(path)) {
       require_regular_file(path);  // names a directory, pipe or device
@@ -171,29 +190,47 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error(path + ": cannot open input file");
     if (tok) continue;
-    std::vector<char> chunk(1 << 20);
     int64_t size = 0;
-    while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
-      const size_t n = size_t(f.gcount());
-      if (o.eot < 256)
-        if (const void* hit = std::memchr(chunk.data(), o.eot, n))
-          throw std::runtime_error(path + ": byte " + std::to_string(o.eot) + " at offset " +
-                                   std::to_string(size + (static_cast<const char*>(hit) - chunk.data())) +
-                                   " is the end-of-text id (--eot " + std::to_string(o.eot) +
-                                   "); use the default --eot 256, which no byte can collide with");
-      size += int64_t(n);
+    if (is_jsonl(path)) {
+      JsonlReader lines(path, o.json_key);
+      std::string text;
+      for (per_file[i] = 0; lines.next(text); per_file[i]++) {
+        if (o.eot < 256)
+          if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
+            throw eot_clash(lines.where() + " (its text)", static_cast<const char*>(hit) - text.data());
+        size += int64_t(text.size());
+      }
+    } else {
+      std::vector<char> chunk(1 << 20);
+      while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
+        const size_t n = size_t(f.gcount());
+        if (o.eot < 256)
+          if (const void* hit = std::memchr(chunk.data(), o.eot, n))
+            throw eot_clash(path, size + (static_cast<const char*>(hit) - chunk.data()));
+        size += int64_t(n);
+      }
     }
     sizes.push_back(size);
-    total += size + 1;  // the document's EOT
+    total += size + per_file[i];  // each document's EOT
   }
-  std::vector<std::vector<int32_t>> docs;
+  std::vector<std::vector<int32_t>> docs;  // with a tokenizer: every document's tokens, in order
   if (tok) {
-    docs = tokenize_files(*tok, o.files, progress);
+    docs = tokenize_files(*tok, o.files, o.json_key, progress, per_file);
     for (const auto& d : docs) total += int64_t(d.size()) + 1;
   }
   PrepareResult r;
-  for (size_t i = 0; i < o.files.size(); i++)
-    if (tok ? docs[i].empty() : sizes[i] == 0) r.empty.push_back(o.files[i]);
+  for (size_t i = 0, doc = 0; i < o.files.size(); i++) {
+    r.documents += per_file[i];
+    if (!is_jsonl(o.files[i])) {
+      if (tok ? docs[doc++].empty() : sizes[i] == 0) r.empty.push_back(o.files[i]);
+      continue;
+    }
+    if (per_file[i] == 0) r.empty.push_back(o.files[i]);
+    if (!tok) continue;  // the bytes path counts a .jsonl's empty documents as it writes them
+    int64_t none = 0;
+    for (int64_t j = 0; j < per_file[i]; j++) none += docs[doc++].empty();
+    if (none > 0) r.empty_docs.push_back({o.files[i], {none, per_file[i]}});
+  }
   const int64_t val = std::llround(o.val_frac * double(total)), train = total - val;
   if (train < 2 || (o.val_frac > 0 && val < 2))
     throw std::runtime_error("prepare: " + std::to_string(total) + " tokens give a train split of " + std::to_string(train) +
@@ -229,13 +266,33 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
       val_w(o.out, "val", val, o.shard_tokens, vocab, eot);
   int64_t k = 0;  // tokens of the stream so far: the first `train` go to the train split
   auto push = [&](uint32_t t) { (k++ < train ? train_w : val_w).push(t); };
-  for (size_t i = 0; i < o.files.size(); i++) {
-    push(uint32_t(eot));
+  for (size_t i = 0, doc = 0; i < o.files.size(); i++) {
     if (tok) {
-      for (int32_t t : docs[i]) push(uint32_t(t));
-      std::vector<int32_t>().swap(docs[i]);  // written: free it
+      for (int64_t j = 0; j < per_file[i]; j++, doc++) {
+        push(uint32_t(eot));
+        for (int32_t t : docs[doc]) push(uint32_t(t));
+        std::vector<int32_t>().swap(docs[doc]);  // written: free it
+      }
       continue;
     }
+    if (is_jsonl(o.files[i])) {
+      JsonlReader lines(o.files[i], o.json_key);
+      std::string text;
+      int64_t n = 0, none = 0, size = 0;
+      for (; lines.next(text); n++) {
+        push(uint32_t(eot));
+        for (char c : text) push(uint8_t(c));
+        size += int64_t(text.size());
+        none += text.empty();
+      }
+      if (n != per_file[i] || size != sizes[i])
+        throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(per_file[i]) +
+                                 " documents of " + std::to_string(sizes[i]) + " bytes, then " + std::to_string(n) +
+                                 " of " + std::to_string(size) + ")");
+      if (none > 0) r.empty_docs.push_back({o.files[i], {none, n}});
+      continue;
+    }
+    push(uint32_t(eot));
     std::ifstream f(o.files[i], std::ios::binary);
     std::vector<char> chunk(1 << 20);
     int64_t size = 0;
@@ -281,11 +338,17 @@ int prepare_main(int argc, char** argv) {
     }
   const PrepareOptions o = parse_prepare_options(argc, argv);
   const PrepareResult r = prepare_shards(o, true);
-  std::printf("prepare | %zu file(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, vocab %d, EOT %d)\n",
-              o.files.size(), (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
+  std::printf("prepare | %zu file(s), %lld document(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, "
+              "vocab %d, EOT %d)\n",
+              o.files.size(), (long long)r.documents, (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
               r.encoding.c_str(), r.vocab, r.eot);
   // An empty input is no error (a corpus may hold some), but a typo'd or truncated file shows here.
-  for (const std::string& f : r.empty) std::printf("note    | %s is empty: it adds nothing but a document boundary\n", f.c_str());
+  for (const std::string& f : r.empty)
+    std::printf(is_jsonl(f) ? "note    | %s holds no document (no line that is not blank): it adds nothing\n"
+                            : "note    | %s is empty: it adds nothing but a document boundary\n", f.c_str());
+  for (const auto& [f, n] : r.empty_docs)
+    std::printf("note    | %s: empty documents: %lld of %lld (each adds nothing but a document boundary)\n",
+                f.c_str(), (long long)n.first, (long long)n.second);
   // A sequence never crosses a shard (data/shards.h): small shards bound --seq and waste each one's tail.
   if (r.train_tokens > o.shard_tokens && o.shard_tokens < 1048576)
     std::printf("note    | shards of %lld tokens: a training sequence lies within one shard, so --seq must be below "

@@ -2,8 +2,9 @@
 // 20240801, version 7, uint32 tokens for a vocabulary above 65536), so a corpus of plain files
 // trains through shards:GLOB with the shuffle, the val split and --doc-mask.
 //
-// Each file is one document, written as the end-of-text id (EOT) then its tokens: llm.c's layout,
-// where <|endoftext|> opens every document (data/packing.h). The tokens are
+// Each file is one document, or, for a name ending in .jsonl (JSON Lines: data/jsonl.h), each line's
+// --json-key field; each document is written as the end-of-text id (EOT) then its tokens: llm.c's
+// layout, where <|endoftext|> opens every document (data/packing.h). The tokens are
 //  - by default the file's bytes (0..255), with EOT = 256: vocab 257. An EOT outside the byte range
 //    is the clean choice: any file (binary, any encoding, NUL bytes included) is taken as is and
 //    the EOT can never be confused with text; the price is one embedding row. `--eot B` with
@@ -25,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ul {
@@ -35,6 +37,7 @@ struct PrepareOptions {
   int64_t shard_tokens = 100000000;  // llm.c's shard size
   int eot = 256;
   std::string tokenizer;  // empty: byte tokens
+  std::string json_key = "text";  // the field of each .jsonl line that holds the document
   std::vector<std::string> files;
 };
 
@@ -48,7 +51,10 @@ struct PrepareResult {
   int vocab = 257;                  // max(256, eot + 1), or the tokenizer's
   int eot = 256;
   std::string encoding = "bytes";   // or "GPT-2 BPE of FILE" / "Llama 3 BPE of FILE"
-  std::vector<std::string> empty;   // inputs with no text: each only adds a document's EOT
+  int64_t documents = 0;
+  std::vector<std::string> empty;   // inputs with no text: each only adds a document's EOT (a .jsonl: nothing)
+  // .jsonl inputs with some empty documents: (file, empty, of how many)
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> empty_docs;
 };
 // Throws std::runtime_error naming the file and the problem; on error no shard has been written.
 // `progress`: a line every few seconds while a tokenizer encodes.

@@ -3,19 +3,29 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
 
+#include "data/jsonl.h"
 #include "engine/file_io.h"
 
 namespace ul {
 
 namespace {
 
-constexpr size_t kBatchBytes = size_t(256) << 20, kPieceBytes = size_t(1) << 20;
+constexpr size_t kPieceBytes = size_t(1) << 20;
+
+// The text read and encoded at a time: 256 MiB (test hook: ULYSSES_TEST_PREPARE_BATCH_BYTES, so
+// that a few small documents span several batches, a .jsonl file's lines among them).
+size_t batch_bytes() {
+  const char* v = std::getenv("ULYSSES_TEST_PREPARE_BATCH_BYTES");
+  return v && *v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(256) << 20;
+}
 
 bool ascii_letter(char c) { return unsigned((c | 0x20) - 'a') < 26; }
 
@@ -28,10 +38,12 @@ struct Unit {
 }  // namespace
 
 std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
-                                                 bool progress) {
+                                                 const std::string& json_key, bool progress,
+                                                 std::vector<int64_t>& docs_per_file) {
   namespace fs = std::filesystem;
   using clock = std::chrono::steady_clock;
-  std::vector<std::vector<int32_t>> docs(files.size());
+  std::vector<std::vector<int32_t>> docs;
+  docs_per_file.assign(files.size(), 0);
   size_t total = 0;
   std::atomic<size_t> done{0};
   for (const std::string& f : files) {
@@ -41,13 +53,31 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   const auto start = clock::now();
   auto last = start;
+  const size_t batch = batch_bytes();
+  std::unique_ptr<JsonlReader> lines;  // the .jsonl input being read (it may span batches)
   for (size_t f = 0; f < files.size();) {
-    std::vector<std::string> texts;
-    const size_t first = f;
-    for (size_t bytes = 0; f < files.size() && (texts.empty() || bytes < kBatchBytes); f++) {
-      texts.push_back(read_whole_file(files[f]));
+    std::vector<std::string> texts, where;  // where: each text's file (and line) for messages
+    for (size_t bytes = 0; f < files.size() && (texts.empty() || bytes < batch);) {
+      if (is_jsonl(files[f])) {
+        if (!lines) lines = std::make_unique<JsonlReader>(files[f], json_key);
+        std::string t;
+        if (!lines->next(t)) {
+          lines.reset();
+          f++;
+          continue;
+        }
+        texts.push_back(std::move(t));
+        where.push_back(lines->where());
+      } else {
+        texts.push_back(read_whole_file(files[f]));
+        where.push_back(files[f]);
+      }
+      docs_per_file[f]++;
       bytes += texts.back().size();
+      if (!lines) f++;
     }
+    const size_t first = docs.size();
+    docs.resize(first + texts.size());
     std::vector<Unit> units;
     for (size_t d = 0; d < texts.size(); d++) {
       const std::string& t = texts[d];
@@ -91,7 +121,7 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
     std::vector<std::string>().swap(texts);  // encoded: the text goes before its tokens are joined
     std::vector<size_t> count(n_docs, 0);
     for (Unit& x : units) {
-      if (!x.error.empty()) throw std::runtime_error(files[first + x.doc] + ": " + x.error);
+      if (!x.error.empty()) throw std::runtime_error(where[x.doc] + ": " + x.error);
       count[x.doc] += x.ids.size();
     }
     // Each document's pieces joined in order, into exactly its size (no doubling growth), each piece

@@ -8,13 +8,16 @@
 
 namespace ul {
 
-// Each file's tokens (without any EOT). Files are read in batches of about 256 MiB of text, and a
-// file above 1 MiB is cut into pieces at word boundaries when the tokenizer allows it
-// (Tokenizer::cuts_at_words: a letter followed by a space, where every byte-level pattern ends a
-// piece and NFC changes nothing, so the cut changes no token); the pieces of a batch are encoded
-// in parallel. Prints progress every few seconds when `progress` is set. Throws
-// std::runtime_error naming the file (and the byte offset) of the first problem in file order.
+// Each document's tokens (without any EOT), in input order: a file is one document, a .jsonl file
+// one a line (its `json_key` field, data/jsonl.h); docs_per_file gets each input's count. Documents
+// are read in batches of about 256 MiB of text, and one above 1 MiB is cut into pieces at word
+// boundaries when the tokenizer allows it (Tokenizer::cuts_at_words: a letter followed by a space,
+// where every byte-level pattern ends a piece and NFC changes nothing, so the cut changes no
+// token); the pieces of a batch are encoded in parallel. Prints progress every few seconds when
+// `progress` is set. Throws std::runtime_error naming the file (its line, for .jsonl, and the byte
+// offset) of the first problem in input order.
 std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
-                                                 bool progress);
+                                                 const std::string& json_key, bool progress,
+                                                 std::vector<int64_t>& docs_per_file);
 
 }  // namespace ul

@@ -1,0 +1,151 @@
+// `train prepare` on JSON Lines (data/jsonl.h): each line of a .jsonl input is one document, its
+// --json-key field (decoded JSON: escapes, \u with surrogate pairs). Checked by equivalence: the
+// shards are byte for byte those of the same documents given as files of their own, for byte tokens
+// and for BPE, also when the documents span several of the encoder's batches; and bad lines,
+// compressed inputs and a --json-key nothing reads are refused, naming the file and line, with
+// nothing written.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "run_cmd.h"
+#include "temp_dir.h"
+
+namespace fs = std::filesystem;
+using ul_test::run_cmd;
+using ul_test::TempDir;
+using ul_test::train_cmd;
+
+namespace {
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// Every shard prepare wrote into dir, by name, as bytes.
+std::vector<std::pair<std::string, std::string>> shards_in(const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> s;
+  for (const auto& e : fs::directory_iterator(dir)) s.push_back({e.path().filename().string(), bytes_of(e.path())});
+  std::sort(s.begin(), s.end());
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("prepare: a .jsonl input is one document a line, the same shards as those documents in files", "[prepare]") {
+  TempDir d;
+  // The documents, as the JSON lines will decode them: escapes, a non-ASCII letter and an emoji
+  // (\u00e9, a surrogate pair), an empty one, words for the BPE to merge.
+  const std::vector<std::string> texts = {
+      "Hello\nworld \"quoted\" back\\slash \xc3\xa9\xf0\x9f\x98\x80 tab\there",
+      "",
+      "the second document, with the same words: hello world hello world",
+      "third"};
+  write(d.file("docs.jsonl"),
+        "{\"id\": 1, \"text\": \"Hello\\nworld \\\"quoted\\\" back\\\\slash \\u00e9\\ud83d\\ude00 tab\\there\"}\n"
+        "\n"                                                          // blank: skipped
+        "{\"meta\": {\"n\": [1, 2]}, \"text\": \"\"}\r\n"             // CRLF, a nested field, no text
+        "{\"text\": \"the second document, with the same words: hello world hello world\"}\n"
+        "  {\"text\":\"third\"}");                                    // no newline at the end
+  write(d.file("content.jsonl"), "{\"content\": \"the second document, with the same words: hello world hello world\"}\n");
+  write(d.file("plain.txt"), "a plain file between them: one document");
+  std::vector<std::string> files;
+  for (size_t i = 0; i < texts.size(); i++) {
+    files.push_back(d.file("doc" + std::to_string(i) + ".txt"));
+    write(files.back(), texts[i]);
+  }
+  const std::string gpt2 = " --tokenizer " + ul_test::source_path("tests/data/bpe_tiny_gpt2.json");
+  for (const std::string& tok : {std::string(), gpt2}) {
+    for (const char* batch : {"", "40"}) {  // 40 bytes: the encoder's batches end inside the .jsonl
+      if (tok.empty() && *batch) continue;  // byte tokens have no batches
+      INFO("tokenizer '" << tok << "', batch '" << batch << "'");
+      const std::string tag = std::string(tok.empty() ? "bytes" : "bpe") + batch;
+      const std::string env = *batch ? std::string("ULYSSES_TEST_PREPARE_BATCH_BYTES=") + batch + " " : "";
+      const std::string a = d.file("jsonl_" + tag), b = d.file("files_" + tag);
+      auto r = run_cmd(env + train_cmd("prepare --val-frac 0.3 --shard-tokens 40 --out " + a + tok + " " +
+                                       d.file("docs.jsonl") + " " + d.file("plain.txt") + " " + d.file("content.jsonl") +
+                                       " --json-key text"));
+      INFO(r.out);
+      // --json-key applies to every .jsonl: content.jsonl has no "text" field.
+      CHECK(r.code == 1);
+      CHECK(r.out.find("content.jsonl line 1: no \"text\" field (it has \"content\"); --json-key names the field") !=
+            std::string::npos);
+      CHECK(!fs::exists(a));
+      r = run_cmd(env + train_cmd("prepare --val-frac 0.3 --shard-tokens 40 --out " + a + tok + " " +
+                                  d.file("docs.jsonl") + " " + d.file("plain.txt")));
+      INFO(r.out);
+      REQUIRE(r.code == 0);
+      CHECK(r.out.find("prepare | 2 file(s), 5 document(s) -> ") != std::string::npos);
+      CHECK(r.out.find("docs.jsonl: empty documents: 1 of 4 (each adds nothing but a document boundary)") !=
+            std::string::npos);
+      r = run_cmd(train_cmd("prepare --val-frac 0.3 --shard-tokens 40 --out " + b + tok + " " + files[0] + " " +
+                            files[1] + " " + files[2] + " " + files[3] + " " + d.file("plain.txt")));
+      INFO(r.out);
+      REQUIRE(r.code == 0);
+      const auto want = shards_in(b);
+      CHECK(want.size() >= 3);  // a few train shards and a val one: the cut falls inside the documents
+      CHECK(shards_in(a) == want);
+
+      // Another field name, read by --json-key: document 3 alone, as its own file gives it.
+      const std::string c = d.file("content_" + tag), e = d.file("file3_" + tag);
+      REQUIRE(run_cmd(train_cmd("prepare --val-frac 0 --out " + c + tok + " --json-key content " +
+                                d.file("content.jsonl"))).code == 0);
+      REQUIRE(run_cmd(train_cmd("prepare --val-frac 0 --out " + e + tok + " " + files[2])).code == 0);
+      CHECK(shards_in(c) == shards_in(e));
+    }
+  }
+}
+
+TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a compressed input, writing nothing",
+          "[prepare]") {
+  TempDir d;
+  write(d.file("ok.jsonl"), "{\"text\": \"some text for a shard, long enough for both splits\"}\n");
+  write(d.file("ok.txt"), "some text for a shard, long enough for both splits\n");
+  write(d.file("syntax.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \"cut off\n");
+  write(d.file("array.jsonl"), "{\"text\": \"fine\"}\n\n[\"text\", \"x\"]\n");
+  write(d.file("number.jsonl"), "{\"text\": 12}\n");
+  write(d.file("newline.jsonl"), "{\"text\": \"one line\"}\n{\"text\": \"two\\nlines\"}\n");
+  write(d.file("dup.jsonl"), "{\"text\": \"a\", \"text\": \"b\"}\n");
+  write(d.file("corpus.jsonl.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  write(d.file("corpus.parquet"), "PAR1");
+  const std::string out = d.file("out");
+  struct Case {
+    std::string args, message;
+  };
+  const Case cases[] = {
+      {d.file("ok.jsonl") + " " + d.file("syntax.jsonl"), "syntax.jsonl line 2: invalid JSON at byte"},
+      {d.file("array.jsonl"), "array.jsonl line 3: not a JSON object"},
+      {d.file("number.jsonl"), "number.jsonl line 1: its \"text\" field is not a string"},
+      {d.file("dup.jsonl"), "dup.jsonl line 1: "},
+      {"--eot 10 " + d.file("newline.jsonl"), "newline.jsonl line 2 (its text): byte 10 at offset 3 is the end-of-text id"},
+      {"--json-key body " + d.file("ok.jsonl"), "ok.jsonl line 1: no \"body\" field (it has \"text\")"},
+      {"--json-key body " + d.file("ok.txt"), "--json-key body: no input is a .jsonl file"},
+      {"--json-key '' " + d.file("ok.jsonl"), "--json-key: empty field name"},
+      {d.file("ok.txt") + " " + d.file("corpus.jsonl.gz"), "corpus.jsonl.gz: a compressed file (prepare reads plain text and "
+                                                           ".jsonl): decompress it first, e.g. gunzip -k "},
+      {d.file("corpus.parquet"), "corpus.parquet: a Parquet table"},
+  };
+  for (const std::string& tok : {std::string(), " --tokenizer " + ul_test::source_path("tests/data/bpe_tiny_gpt2.json")})
+    for (const Case& c : cases) {
+      if (!tok.empty() && c.args.rfind("--eot", 0) == 0) continue;  // a tokenizer names its own EOT
+      auto r = run_cmd(train_cmd("prepare --out " + out + tok + " " + c.args));
+      INFO(c.args << tok << "\n" << r.out);
+      CHECK(r.code == 1);
+      CHECK(r.out.find(c.message) != std::string::npos);
+      CHECK((!fs::exists(out) || fs::is_empty(out)));
+    }
+  // A .jsonl without a line of text adds nothing, and says so.
+  write(d.file("blank.jsonl"), "\n  \n");
+  auto r = run_cmd(train_cmd("prepare --val-frac 0 --out " + out + " " + d.file("ok.txt") + " " + d.file("blank.jsonl")));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("blank.jsonl holds no document (no line that is not blank): it adds nothing") != std::string::npos);
+  CHECK(r.out.find("prepare | 2 file(s), 1 document(s) -> ") != std::string::npos);
+}
