@@ -26,10 +26,10 @@ namespace ul {
 const char* prepare_usage() {
   return R"(usage: train prepare --out DIR [flags] FILES...
   Text files -> llm.c token shards (uint16, magic 20240520): each file is one document (a file
-  named *.jsonl, JSON Lines: each line's "text" field), written as the end-of-text id (EOT) then
-  its tokens. The tokens are its bytes (vocabulary: 256 bytes + the
-  EOT, 257 by default), or with --tokenizer the byte-level BPE of its UTF-8 text (that file's
-  vocabulary and EOT). The headers name both, so a run on the shards takes its vocab and --eot
+  named *.jsonl or *.ndjson, JSON Lines: each line's "text" field), written as the end-of-text id
+  (EOT) then its tokens. The tokens are its bytes (vocabulary: 256 bytes + the EOT, 257 by
+  default), or with --tokenizer the byte-level BPE of its UTF-8 text (that file's vocabulary and
+  EOT). The headers name both, so a run on the shards takes its vocab and --eot
   from them.
   --out DIR           where the shards go (created; must not hold text_*.bin shards yet)
   --val-frac X        the last X of the tokens form DIR/text_val_*.bin (0: no val shard)   [0.1]
@@ -181,7 +181,6 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
   };
   for (size_t i = 0; i < o.files.size(); i++) {
     const std::string& path = o.files[i];
-    if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
     // The type first: opening a pipe would block until a writer comes.
     if (!fs::is_regular_file(path)) {
       require_regular_file(path);  // names a directory, pipe or device
@@ -189,17 +188,20 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
     }
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error(path + ": cannot open input file");
-    if (tok) continue;
+    if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
     int64_t size = 0;
     if (is_jsonl(path)) {
+      // Read through with a tokenizer too: a bad line is found now, not after hours of encoding.
       JsonlReader lines(path, o.json_key);
       std::string text;
       for (per_file[i] = 0; lines.next(text); per_file[i]++) {
-        if (o.eot < 256)
+        if (!tok && o.eot < 256)
           if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
             throw eot_clash(lines.where() + " (its text)", static_cast<const char*>(hit) - text.data());
         size += int64_t(text.size());
       }
+    } else if (tok) {
+      size = int64_t(fs::file_size(path));
     } else {
       std::vector<char> chunk(1 << 20);
       while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
@@ -211,11 +213,18 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
       }
     }
     sizes.push_back(size);
-    total += size + per_file[i];  // each document's EOT
+    if (!tok) total += size + per_file[i];  // each document's EOT
   }
   std::vector<std::vector<int32_t>> docs;  // with a tokenizer: every document's tokens, in order
   if (tok) {
-    docs = tokenize_files(*tok, o.files, o.json_key, progress, per_file);
+    int64_t text_bytes = 0;
+    for (int64_t b : sizes) text_bytes += b;
+    std::vector<int64_t> read;
+    docs = tokenize_files(*tok, o.files, o.json_key, size_t(text_bytes), progress, read);
+    for (size_t i = 0; i < o.files.size(); i++)
+      if (read[i] != per_file[i])
+        throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(per_file[i]) +
+                                 " documents, then " + std::to_string(read[i]) + ")");
     for (const auto& d : docs) total += int64_t(d.size()) + 1;
   }
   PrepareResult r;

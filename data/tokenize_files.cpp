@@ -5,11 +5,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "data/jsonl.h"
 #include "engine/file_io.h"
@@ -26,6 +26,9 @@ size_t batch_bytes() {
   const char* v = std::getenv("ULYSSES_TEST_PREPARE_BATCH_BYTES");
   return v && *v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(256) << 20;
 }
+// And at most this many documents: a batch of short .jsonl lines costs far more than its text in
+// strings and work items (about 7x at 30 bytes a document).
+constexpr size_t kBatchDocs = size_t(1) << 16;
 
 bool ascii_letter(char c) { return unsigned((c | 0x20) - 'a') < 26; }
 
@@ -38,26 +41,22 @@ struct Unit {
 }  // namespace
 
 std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
-                                                 const std::string& json_key, bool progress,
+                                                 const std::string& json_key, size_t text_bytes, bool progress,
                                                  std::vector<int64_t>& docs_per_file) {
-  namespace fs = std::filesystem;
   using clock = std::chrono::steady_clock;
   std::vector<std::vector<int32_t>> docs;
   docs_per_file.assign(files.size(), 0);
-  size_t total = 0;
+  const size_t total = text_bytes;
   std::atomic<size_t> done{0};
-  for (const std::string& f : files) {
-    std::error_code ec;
-    total += size_t(fs::file_size(f, ec));
-  }
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   const auto start = clock::now();
   auto last = start;
   const size_t batch = batch_bytes();
   std::unique_ptr<JsonlReader> lines;  // the .jsonl input being read (it may span batches)
   for (size_t f = 0; f < files.size();) {
-    std::vector<std::string> texts, where;  // where: each text's file (and line) for messages
-    for (size_t bytes = 0; f < files.size() && (texts.empty() || bytes < batch);) {
+    std::vector<std::string> texts;
+    std::vector<std::pair<size_t, int64_t>> where;  // each text's file and (.jsonl) line, for messages
+    for (size_t bytes = 0; f < files.size() && (texts.empty() || (bytes < batch && texts.size() < kBatchDocs));) {
       if (is_jsonl(files[f])) {
         if (!lines) lines = std::make_unique<JsonlReader>(files[f], json_key);
         std::string t;
@@ -67,10 +66,10 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
           continue;
         }
         texts.push_back(std::move(t));
-        where.push_back(lines->where());
+        where.push_back({f, lines->line()});
       } else {
         texts.push_back(read_whole_file(files[f]));
-        where.push_back(files[f]);
+        where.push_back({f, 0});
       }
       docs_per_file[f]++;
       bytes += texts.back().size();
@@ -121,7 +120,11 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
     std::vector<std::string>().swap(texts);  // encoded: the text goes before its tokens are joined
     std::vector<size_t> count(n_docs, 0);
     for (Unit& x : units) {
-      if (!x.error.empty()) throw std::runtime_error(where[x.doc] + ": " + x.error);
+      if (!x.error.empty()) {
+        const auto [file, line] = where[x.doc];
+        throw std::runtime_error(files[file] + (line > 0 ? " line " + std::to_string(line) + " (its text)" : "") + ": " +
+                                 x.error);
+      }
       count[x.doc] += x.ids.size();
     }
     // Each document's pieces joined in order, into exactly its size (no doubling growth), each piece

@@ -1,7 +1,9 @@
 #include "engine/json.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <stdexcept>
 
 namespace ul {
@@ -84,6 +86,16 @@ class Parser {
     if (literal("false")) { v.kind = JsonValue::Kind::boolean; return v; }
     if (literal("null")) return v;
     v.kind = JsonValue::Kind::number;
+    // Python's json module writes a float that is not finite as NaN, Infinity or -Infinity (not
+    // JSON, but what every json.dumps of a dataset's metadata may hold): numbers, kept as text.
+    for (const char* word : {"NaN", "Infinity", "-Infinity"})
+      if (literal(word)) return v.text = word, v;
+    if (c != '-' && (c < '0' || c > '9')) {
+      char what[48];
+      std::snprintf(what, sizeof what, c >= 0x20 && c < 0x7f ? "unexpected character '%c'" : "unexpected byte 0x%02x",
+                    c >= 0x20 && c < 0x7f ? c : unsigned(uint8_t(c)));
+      fail(what);
+    }
     v.text = number();
     return v;
   }
@@ -190,7 +202,10 @@ int64_t JsonValue::as_int(const std::string& where) const {
 
 double JsonValue::as_double(const std::string& where) const {
   if (kind != Kind::number) throw std::runtime_error(where + ": expected a number");
-  return std::strtod(text.c_str(), nullptr);
+  const double x = std::strtod(text.c_str(), nullptr);
+  // NaN and Infinity parse (Python writes them), and 1e999 overflows: no setting is meant to be either.
+  if (!std::isfinite(x)) throw std::runtime_error(where + ": expected a finite number, got " + text);
+  return x;
 }
 
 const std::string& JsonValue::as_string(const std::string& where) const {

@@ -1,10 +1,13 @@
-// A small JSON value and a strict parser, for the two JSON documents that interop reads: the header
-// of a safetensors file and a Hugging Face config.json. Both nest (objects of objects, arrays of
-// numbers), which the flat parser in engine/file_io.h refuses on purpose.
+// A small JSON value and a strict parser, for the JSON that interop and prepare read: the header of
+// a safetensors file, a Hugging Face config.json and tokenizer.json, the lines of a .jsonl corpus.
+// They nest (objects of objects, arrays of numbers), which the flat parser in engine/file_io.h
+// refuses on purpose.
 //
 // Strict means: one value, then only whitespace; no trailing commas, no comments, no duplicate keys,
 // no control characters inside strings, \u escapes (with surrogate pairs) decoded to UTF-8. Numbers
-// keep their text so that an int64 offset is not rounded through a double.
+// keep their text so that an int64 offset is not rounded through a double. One extension: NaN,
+// Infinity and -Infinity, which Python's json module writes for floats that are not finite (a
+// dataset's metadata in a .jsonl line), parse as numbers; as_int and as_double refuse them.
 #pragma once
 #include <cstdint>
 #include <map>

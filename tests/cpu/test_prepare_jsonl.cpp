@@ -42,14 +42,15 @@ std::vector<std::pair<std::string, std::string>> shards_in(const std::string& di
 TEST_CASE("prepare: a .jsonl input is one document a line, the same shards as those documents in files", "[prepare]") {
   TempDir d;
   // The documents, as the JSON lines will decode them: escapes, a non-ASCII letter and an emoji
-  // (\u00e9, a surrogate pair), an empty one, words for the BPE to merge.
+  // (\u00e9, a surrogate pair), an empty one, words for the BPE to merge; the file starts with a
+  // UTF-8 byte-order mark, and a field the documents do not read holds Python's NaN.
   const std::vector<std::string> texts = {
       "Hello\nworld \"quoted\" back\\slash \xc3\xa9\xf0\x9f\x98\x80 tab\there",
       "",
       "the second document, with the same words: hello world hello world",
       "third"};
   write(d.file("docs.jsonl"),
-        "{\"id\": 1, \"text\": \"Hello\\nworld \\\"quoted\\\" back\\\\slash \\u00e9\\ud83d\\ude00 tab\\there\"}\n"
+        "\xef\xbb\xbf{\"id\": 1, \"score\": NaN, \"text\": \"Hello\\nworld \\\"quoted\\\" back\\\\slash \\u00e9\\ud83d\\ude00 tab\\there\"}\n"
         "\n"                                                          // blank: skipped
         "{\"meta\": {\"n\": [1, 2]}, \"text\": \"\"}\r\n"             // CRLF, a nested field, no text
         "{\"text\": \"the second document, with the same words: hello world hello world\"}\n"
@@ -114,13 +115,35 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   write(d.file("newline.jsonl"), "{\"text\": \"one line\"}\n{\"text\": \"two\\nlines\"}\n");
   write(d.file("dup.jsonl"), "{\"text\": \"a\", \"text\": \"b\"}\n");
   write(d.file("corpus.jsonl.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  write(d.file("gzip.jsonl"), std::string("\x1f\x8b\x08\x00", 4));  // by content, whatever the name
+  write(d.file("c4.json.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  write(d.file("notes.TXT.GZ"), "plain text, but named as compressed");
+  write(d.file("zstd.txt"), std::string("\x28\xb5\x2f\xfd\x00", 5));
+  write(d.file("bzip2.txt"), "BZh91AY&SY and then the compressed blocks");
+  std::string tar(600, '\0');
+  tar.replace(0, 8, "docs.txt");
+  tar.replace(257, 5, "ustar");
+  write(d.file("docs.tar.txt"), tar);
+  write(d.file("c4.json"), "{\"text\": \"a line of JSON Lines in a file named .json\"}\n");
+  write(d.file("bare.jsonl"), "{\"text\": hello}\n");
+  write(d.file("latin1.jsonl"), "{\"text\": \"caf\xe9\"}\n");  // not UTF-8: bytes as they are, refused by BPE
   write(d.file("corpus.parquet"), "PAR1");
   const std::string out = d.file("out");
   struct Case {
     std::string args, message;
+    bool bpe_only = false;
   };
   const Case cases[] = {
       {d.file("ok.jsonl") + " " + d.file("syntax.jsonl"), "syntax.jsonl line 2: invalid JSON at byte"},
+      {d.file("bare.jsonl"), "bare.jsonl line 1: invalid JSON at byte 9: unexpected character 'h'"},
+      {d.file("latin1.jsonl"), "latin1.jsonl line 1 (its text): ", true},
+      {d.file("gzip.jsonl"), "gzip.jsonl: gzip-compressed (prepare reads plain text and JSON Lines): unpack it first"},
+      {d.file("c4.json.gz"), "(gunzip -k " + d.file("c4.json.gz") + "); a JSON Lines file then needs a name ending in .jsonl"},
+      {d.file("notes.TXT.GZ"), "notes.TXT.GZ: named as a compressed file or an archive"},
+      {d.file("zstd.txt"), "zstd.txt: zstd-compressed"},
+      {d.file("bzip2.txt"), "bzip2.txt: bzip2-compressed"},
+      {d.file("docs.tar.txt"), "docs.tar.txt: a tar archive"},
+      {d.file("c4.json"), "c4.json: a .json file is read as JSON Lines only when its name ends in .jsonl (or .ndjson)"},
       {d.file("array.jsonl"), "array.jsonl line 3: not a JSON object"},
       {d.file("number.jsonl"), "number.jsonl line 1: its \"text\" field is not a string"},
       {d.file("dup.jsonl"), "dup.jsonl line 1: "},
@@ -128,22 +151,33 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {"--json-key body " + d.file("ok.jsonl"), "ok.jsonl line 1: no \"body\" field (it has \"text\")"},
       {"--json-key body " + d.file("ok.txt"), "--json-key body: no input is a .jsonl file"},
       {"--json-key '' " + d.file("ok.jsonl"), "--json-key: empty field name"},
-      {d.file("ok.txt") + " " + d.file("corpus.jsonl.gz"), "corpus.jsonl.gz: a compressed file (prepare reads plain text and "
-                                                           ".jsonl): decompress it first, e.g. gunzip -k "},
+      {d.file("ok.txt") + " " + d.file("corpus.jsonl.gz"), "corpus.jsonl.gz: gzip-compressed"},
       {d.file("corpus.parquet"), "corpus.parquet: a Parquet table"},
   };
   for (const std::string& tok : {std::string(), " --tokenizer " + ul_test::source_path("tests/data/bpe_tiny_gpt2.json")})
     for (const Case& c : cases) {
       if (!tok.empty() && c.args.rfind("--eot", 0) == 0) continue;  // a tokenizer names its own EOT
+      if (tok.empty() && c.bpe_only) continue;
       auto r = run_cmd(train_cmd("prepare --out " + out + tok + " " + c.args));
       INFO(c.args << tok << "\n" << r.out);
       CHECK(r.code == 1);
       CHECK(r.out.find(c.message) != std::string::npos);
       CHECK((!fs::exists(out) || fs::is_empty(out)));
     }
+  // Latin-1 inside a JSON string is taken as the bytes it is without a tokenizer (as a file's would be).
+  REQUIRE(run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("latin1") + " " + d.file("ok.txt") + " " +
+                            d.file("latin1.jsonl"))).code == 0);
+  // JSON Lines by name in any case, or .ndjson.
+  write(d.file("UPPER.JSONL"), "{\"text\": \"one\"}\n{\"text\": \"two\"}\n");
+  write(d.file("lines.ndjson"), "{\"text\": \"three\"}\n");
+  auto r = run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("named") + " " + d.file("UPPER.JSONL") + " " +
+                             d.file("lines.ndjson")));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("prepare | 2 file(s), 3 document(s) -> 14 train + 0 val tokens") != std::string::npos);
   // A .jsonl without a line of text adds nothing, and says so.
   write(d.file("blank.jsonl"), "\n  \n");
-  auto r = run_cmd(train_cmd("prepare --val-frac 0 --out " + out + " " + d.file("ok.txt") + " " + d.file("blank.jsonl")));
+  r = run_cmd(train_cmd("prepare --val-frac 0 --out " + out + " " + d.file("ok.txt") + " " + d.file("blank.jsonl")));
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("blank.jsonl holds no document (no line that is not blank): it adds nothing") != std::string::npos);
