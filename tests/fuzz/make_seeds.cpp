@@ -163,6 +163,9 @@ int main(int argc, char** argv) {
         R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},)"
         R"("model":{"type":"BPE","dropout":null,"ignore_merges":false,"vocab":{"a":0,"b":1,"ab":2},)"
         R"("merges":[["a","b"]]}})");
+  // JSON Lines for prepare: escapes, a surrogate pair, a blank line, CRLF, another field, a BOM.
+  write(seed("jsonl", "docs.jsonl"), "\xef\xbb\xbf{\"text\": \"a\\nb \\u00e9\\ud83d\\ude00\", \"id\": 1}\n\n"
+                                     "{\"meta\": {\"x\": [1, NaN]}, \"text\": \"\"}\r\n{\"text\":\"c\"}");
   // Texts for the BPE encoder: words, contractions, runs of white space, non-ASCII classes.
   write(seed("bpe", "words.txt"), "the thing's in  the\n\n  ring, don't 123 4.5!\t\t<|endoftext|>");
   write(seed("bpe", "unicode.txt"), "café é! Москва 東京 🙂 ½Ⅻ a\u00a0b\u3000c e\u0301 \x1c");
