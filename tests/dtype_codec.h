@@ -1,8 +1,10 @@
 // Host values of a dtype <-> doubles, for the communicator tests: they send small integers, which
 // every dtype (f32, f64, i32, bf16) holds exactly, so a test compares doubles whatever was sent.
+// And the two bf16 values around a float, for the tests of stochastic rounding.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -34,6 +36,17 @@ inline std::vector<double> decode(const std::vector<char>& b, ul::DType t) {
     if (t == DType::bf16) { uint16_t x; std::memcpy(&x, p, 2); v[i] = ul::bf16_to_f32(x); }
   }
   return v;
+}
+
+// The two bf16 values around x (x itself twice when it is one): toward zero, and away from it.
+inline std::pair<float, float> bf16_neighbours(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t lo = u & 0xffff0000u, hi = (u & 0xffffu) ? lo + 0x10000u : lo;
+  float a, b;
+  std::memcpy(&a, &lo, 4);
+  std::memcpy(&b, &hi, 4);
+  return {a, b};
 }
 
 }  // namespace ul_test

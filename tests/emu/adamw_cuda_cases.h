@@ -8,6 +8,7 @@
 //     round-to-nearest would be off by 100) and the same seed gives the same bits;
 //   - sum_squares: within 1e-5 relative of the CPU's float64 sum, and the same bits on a rerun.
 #pragma once
+#include "dtype_codec.h"
 #include "emu/cuda_cases_util.h"
 #include "engine/optimizer.h"
 
@@ -20,16 +21,7 @@ using namespace cuda_cases;
 
 constexpr float kLr = 3e-3f, kB1 = 0.9f, kB2 = 0.95f, kEps = 1e-8f, kWd = 0.1f, kScale = 0.7f;
 
-// The two bf16 values around x (x itself twice when it is one): toward zero, and away from it.
-inline std::pair<float, float> bf16_neighbours(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const uint32_t lo = u & 0xffff0000u, hi = (u & 0xffffu) ? lo + 0x10000u : lo;
-  float a, b;
-  std::memcpy(&a, &lo, 4);
-  std::memcpy(&b, &hi, 4);
-  return {a, b};
-}
+using ul_test::bf16_neighbours;
 
 // f32 AdamW state twice: on the host for the CPU update, on the device for the kernel. Parameters
 // random (from seed), moments zero; g is the step's gradient, on both sides.

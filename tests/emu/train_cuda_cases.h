@@ -31,6 +31,7 @@
 
 #include <unistd.h>
 
+#include "dtype_codec.h"
 #include "run_cmd.h"
 
 #include "engine/checkpoint.h"
@@ -260,13 +261,27 @@ TEST_CASE("train --device cuda --precision bf16: f32 masters, bf16 weights, clos
     CHECK(rel_diff(bf.losses[1], cpu.losses[1]) < 2e-2);
     const double g = rel_l2(bf.grad, cpu.grad);
     INFO("step 2 gradient, relative L2 difference " << g);
-    CHECK(g < 5e-2);
+    CHECK(g < 2e-2);  // at most the worst tensor's, below
+    // Per tensor too: a small tensor (a norm's gain, a bias) wholly wrong would hide in the norm of
+    // the whole buffer.
+    double worst = 0;
+    std::string worst_name;
+    for (const ParamSpec& s : cpu.specs) {
+      const auto part = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + long(s.offset), v.begin() + long(s.offset + size_t(s.shape.numel())));
+      };
+      const double t = rel_l2(part(bf.grad), part(cpu.grad));
+      if (!(t < worst)) worst = t, worst_name = s.name;
+    }
+    INFO("the worst tensor's gradient: " << worst_name << ", relative L2 difference " << worst);
+    CHECK(worst < 2e-2);  // per tensor 0.0031-0.0082 measured (emulated, three models)
     // After the steps each bf16 weight is one of the two bf16 neighbours of its f32 master (the
     // stochastic rounding), and the masters kept what bf16 cannot hold.
     size_t off = 0, finer = 0;
     for (size_t i = 0; i < bf.params.size(); i++) {
       const float w = bf16_value(bf.bf16[i]), p = bf.params[i];
-      off += std::fabs(double(w) - p) > std::ldexp(std::fabs(double(p)), -7) + 1e-30;
+      const auto [lo, hi] = ul_test::bf16_neighbours(p);
+      off += !(w == lo || w == hi);
       finer += bf16_value(nearest_bf16(p)) != p;
     }
     CHECK(off == 0);
