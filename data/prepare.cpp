@@ -40,6 +40,8 @@ const char* prepare_usage() {
                       or SentencePiece-style: Llama 2, TinyLlama);
                       a vocabulary above 65536 writes uint32 shards (magic 20240801)
   --json-key KEY      the field of each .jsonl line that holds its document's text       [text]
+  --files-from LIST   more inputs, one path a line of LIST (after those named here; - reads
+                      standard input): e.g. find books -name '*.txt' | sort > LIST
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
@@ -59,7 +61,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected an integer, got '" + v + "'");
     return int64_t(x);
   };
-  bool eot_given = false, key_given = false;
+  bool eot_given = false;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     if (a.rfind("--", 0) != 0) {
@@ -72,10 +74,13 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else if (a == "--val-frac") o.val_frac = number(a, v);
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);
     else if (a == "--tokenizer") o.tokenizer = v;
+    else if (a == "--files-from") {
+      if (v.empty()) throw std::runtime_error("prepare: --files-from: empty path");
+      o.files_from = v;
+    }
     else if (a == "--json-key") {
       if (v.empty()) throw std::runtime_error("prepare: --json-key: empty field name");
       o.json_key = v;
-      key_given = true;
     }
     else if (a == "--eot") {
       eot_given = true;
@@ -88,10 +93,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
   if (o.out.empty()) throw std::runtime_error("prepare: --out DIR is required");
   if (eot_given && !o.tokenizer.empty())
     throw std::runtime_error("prepare: --eot with --tokenizer: the tokenizer file names its end-of-text id");
-  if (o.files.empty()) throw std::runtime_error("prepare: no input files");
-  if (key_given && std::none_of(o.files.begin(), o.files.end(), is_jsonl))
-    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is a .jsonl file (a file with another name "
-                             "is one document, read whole)");
+  if (o.files.empty() && o.files_from.empty()) throw std::runtime_error("prepare: no input files");
   if (!(o.val_frac >= 0 && o.val_frac < 1)) throw std::runtime_error("prepare: --val-frac must be in [0, 1)");
   // The header's token count is an int32.
   if (o.shard_tokens < 1 || o.shard_tokens > INT32_MAX)
@@ -157,7 +159,42 @@ class ShardWriter {
 
 }  // namespace
 
-PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
+namespace {
+
+// o's inputs with those --files-from lists appended: one path a line, blank lines skipped (a
+// trailing \r too: a list written on Windows); and --json-key checked against them all.
+PrepareOptions with_listed_files(PrepareOptions o) {
+  if (!o.files_from.empty()) {
+    std::string text;
+    try {
+      text = read_whole_file(o.files_from == "-" ? "/dev/stdin" : o.files_from, true);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("prepare: --files-from: ") + e.what());
+    }
+    size_t listed = 0;
+    for (size_t at = 0; at < text.size();) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      std::string path = text.substr(at, end - at);
+      if (!path.empty() && path.back() == '\r') path.pop_back();
+      if (!path.empty()) o.files.push_back(path), listed++;
+      at = end + 1;
+    }
+    if (listed == 0)
+      throw std::runtime_error("prepare: --files-from " + o.files_from + " lists no file" +
+                               (o.files.empty() ? " (and no input is named on the command line)" : ""));
+  }
+  // A --json-key that no input reads (the default "text" is never an error).
+  if (o.json_key != "text" && std::none_of(o.files.begin(), o.files.end(), is_jsonl))
+    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is a .jsonl file (a file with another "
+                             "name is one document, read whole)");
+  return o;
+}
+
+}  // namespace
+
+PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
+  const PrepareOptions o = with_listed_files(given);
   std::unique_ptr<Tokenizer> tok;
   int eot = o.eot, vocab = std::max(256, o.eot + 1);
   if (!o.tokenizer.empty()) {
@@ -313,6 +350,7 @@ PrepareResult prepare_shards(const PrepareOptions& o, bool progress) {
       throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(sizes[i]) + " bytes, then " +
                                std::to_string(size) + ")");
   }
+  r.inputs = o.files.size();
   r.train_tokens = train;
   r.val_tokens = val;
   r.vocab = vocab;
@@ -349,7 +387,7 @@ int prepare_main(int argc, char** argv) {
   const PrepareResult r = prepare_shards(o, true);
   std::printf("prepare | %zu file(s), %lld document(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, "
               "vocab %d, EOT %d)\n",
-              o.files.size(), (long long)r.documents, (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
+              r.inputs, (long long)r.documents, (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),
               r.encoding.c_str(), r.vocab, r.eot);
   // An empty input is no error (a corpus may hold some), but a typo'd or truncated file shows here.
   for (const std::string& f : r.empty)

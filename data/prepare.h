@@ -39,6 +39,9 @@ struct PrepareOptions {
   std::string tokenizer;  // empty: byte tokens
   std::string json_key = "text";  // the field of each .jsonl line that holds the document
   std::vector<std::string> files;
+  // --files-from LIST: more inputs, one path a line (after those on the command line; read by
+  // prepare_shards, not the parser): a corpus of more files than a command line holds.
+  std::string files_from;
 };
 
 // Parses `prepare [flags] FILES...` (argv[0] is "prepare"); throws naming the flag.
@@ -51,6 +54,7 @@ struct PrepareResult {
   int vocab = 257;                  // max(256, eot + 1), or the tokenizer's
   int eot = 256;
   std::string encoding = "bytes";   // or "GPT-2 BPE of FILE" / "Llama 3 BPE of FILE"
+  size_t inputs = 0;  // files read (those --files-from listed too)
   int64_t documents = 0;
   std::vector<std::string> empty;   // inputs with no text: each only adds a document's EOT (a .jsonl: nothing)
   // .jsonl inputs with some empty documents: (file, empty, of how many)

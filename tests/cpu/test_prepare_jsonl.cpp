@@ -183,3 +183,49 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   CHECK(r.out.find("blank.jsonl holds no document (no line that is not blank): it adds nothing") != std::string::npos);
   CHECK(r.out.find("prepare | 2 file(s), 1 document(s) -> ") != std::string::npos);
 }
+
+TEST_CASE("prepare --files-from: the inputs a list names, after those given, as if named in order", "[prepare]") {
+  TempDir d;
+  write(d.file("a.txt"), "the first document, named on the command line");
+  write(d.file("b.txt"), "the second, listed");
+  write(d.file("c.jsonl"), "{\"text\": \"a third\"}\n{\"text\": \"and a fourth, also listed\"}\n");
+  write(d.file("list"), d.file("b.txt") + "\r\n\n" + d.file("c.jsonl") + "\n");  // CRLF and a blank line
+  const std::string named = d.file("named"), listed = d.file("listed"), piped = d.file("piped");
+  auto r = run_cmd(train_cmd("prepare --val-frac 0.2 --out " + named + " " + d.file("a.txt") + " " + d.file("b.txt") + " " +
+                             d.file("c.jsonl")));
+  REQUIRE(r.code == 0);
+  r = run_cmd(train_cmd("prepare --val-frac 0.2 --out " + listed + " " + d.file("a.txt") + " --files-from " + d.file("list")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("prepare | 3 file(s), 4 document(s) -> ") != std::string::npos);
+  CHECK(shards_in(listed) == shards_in(named));
+  r = run_cmd("printf '%s\\n' " + d.file("a.txt") + " " + d.file("b.txt") + " " + d.file("c.jsonl") + " | " +
+              train_cmd("prepare --val-frac 0.2 --out " + piped + " --files-from -"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(shards_in(piped) == shards_in(named));
+
+  // Refused, with nothing written: a list that is not there, one that lists nothing, a listed file
+  // that is not there, and --json-key with no .jsonl among the inputs.
+  write(d.file("empty"), "\n\n");
+  write(d.file("missing"), d.file("nowhere.txt") + "\n");
+  write(d.file("texts"), d.file("a.txt") + "\n");
+  const std::string out = d.file("out");
+  struct Case {
+    std::string args, message;
+  };
+  const Case cases[] = {
+      {"--files-from " + d.file("no_list"), "prepare: --files-from: " + d.file("no_list") + ": cannot open"},
+      {"--files-from " + d.file("empty"), "--files-from " + d.file("empty") + " lists no file (and no input is named"},
+      {"--files-from " + d.file("missing"), "nowhere.txt: cannot open input file"},
+      {"--json-key body --files-from " + d.file("texts"), "--json-key body: no input is a .jsonl file"},
+      {"--files-from ''", "--files-from: empty path"},
+  };
+  for (const Case& c : cases) {
+    r = run_cmd(train_cmd("prepare --out " + out + " " + c.args));
+    INFO(c.args << "\n" << r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find(c.message) != std::string::npos);
+    CHECK(!fs::exists(out));
+  }
+}
