@@ -13,12 +13,6 @@ namespace ul {
 // Whether prepare reads the file as JSON Lines: its name ends in .jsonl or .ndjson (any case).
 bool is_jsonl(const std::string& path);
 
-// What prepare refuses before reading: compressed data or an archive (by its first bytes, then by
-// its name), a Parquet or Arrow table, a .json file (C4 and Dolma name JSON Lines so: read whole it
-// would be one document of JSON syntax). Each would otherwise become tokens of its bytes (or, with a
-// tokenizer, an invalid-UTF-8 error at some offset). "" when the input is fine, else the message.
-std::string unreadable_input(const std::string& path);
-
 class JsonlReader {
  public:
   JsonlReader(const std::string& path, const std::string& key);  // throws naming the file

@@ -10,9 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
+#include <tuple>
 #include <memory>
 #include <stdexcept>
 
+#include "data/input_check.h"
 #include "data/jsonl.h"
 #include "data/shards.h"
 #include "data/tokenize_files.h"
@@ -40,8 +44,10 @@ const char* prepare_usage() {
                       or SentencePiece-style: Llama 2, TinyLlama);
                       a vocabulary above 65536 writes uint32 shards (magic 20240801)
   --json-key KEY      the field of each .jsonl line that holds its document's text       [text]
-  --files-from LIST   more inputs, one path a line of LIST (after those named here; - reads
-                      standard input): e.g. find books -name '*.txt' | sort > LIST
+  --files-from LIST   more inputs, one path a line of LIST (or NUL-separated, as find -print0
+                      writes; - reads standard input), after those named here; repeatable
+  --raw               take every input as it is: no refusal of compressed data, archives,
+                      tables, or a .json file of JSON Lines
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
@@ -68,6 +74,10 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
       o.files.push_back(a);
       continue;
     }
+    if (a == "--raw") {  // the one flag without a value
+      o.raw = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::runtime_error("prepare: " + a + ": missing value");
     const std::string v = argv[++i];
     if (a == "--out") o.out = v;
@@ -76,7 +86,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else if (a == "--tokenizer") o.tokenizer = v;
     else if (a == "--files-from") {
       if (v.empty()) throw std::runtime_error("prepare: --files-from: empty path");
-      o.files_from = v;
+      o.files_from.push_back(v);
     }
     else if (a == "--json-key") {
       if (v.empty()) throw std::runtime_error("prepare: --json-key: empty field name");
@@ -161,34 +171,64 @@ class ShardWriter {
 
 namespace {
 
-// o's inputs with those --files-from lists appended: one path a line, blank lines skipped (a
-// trailing \r too: a list written on Windows); and --json-key checked against them all.
+// o's inputs with those its --files-from lists name appended, in order: one path a line (blank
+// lines and a trailing \r skipped: a list written on Windows), or one per NUL byte when the list
+// holds any (find -print0: a path may hold a newline, never a NUL). A path is relative to the
+// working directory, as on the command line. And --json-key checked against them all.
 PrepareOptions with_listed_files(PrepareOptions o) {
-  if (!o.files_from.empty()) {
+  for (const std::string& list : o.files_from) {
+    const std::string name = list == "-" ? "- (standard input)" : list;
     std::string text;
     try {
-      text = read_whole_file(o.files_from == "-" ? "/dev/stdin" : o.files_from, true);
+      if (list == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      else text = read_whole_file(list, true);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("prepare: --files-from: ") + e.what());
     }
+    if (text.compare(0, 3, "\xef\xbb\xbf") == 0) text.erase(0, 3);  // a byte-order mark
+    const char sep = text.find('\0') != std::string::npos ? '\0' : '\n';
     size_t listed = 0;
-    for (size_t at = 0; at < text.size();) {
-      size_t end = text.find('\n', at);
+    int64_t line = 0;
+    for (size_t at = 0; at < text.size(); at++) {
+      size_t end = text.find(sep, at);
       if (end == std::string::npos) end = text.size();
       std::string path = text.substr(at, end - at);
-      if (!path.empty() && path.back() == '\r') path.pop_back();
-      if (!path.empty()) o.files.push_back(path), listed++;
-      at = end + 1;
+      at = end;
+      line++;
+      if (sep == '\n' && !path.empty() && path.back() == '\r') path.pop_back();
+      if (path.find_first_not_of(" \t") == std::string::npos) continue;
+      std::error_code ec;
+      if (!fs::exists(path, ec))
+        throw std::runtime_error("prepare: --files-from " + name + (sep ? " line " : " entry ") + std::to_string(line) +
+                                 ": '" + path + "' does not exist (a listed path is relative to the working directory)");
+      o.files.push_back(path), listed++;
     }
     if (listed == 0)
-      throw std::runtime_error("prepare: --files-from " + o.files_from + " lists no file" +
-                               (o.files.empty() ? " (and no input is named on the command line)" : ""));
+      throw std::runtime_error("prepare: --files-from " + name + " lists no file" +
+                               (o.files.empty() ? " (and no input is named before it)" : ""));
   }
   // A --json-key that no input reads (the default "text" is never an error).
   if (o.json_key != "text" && std::none_of(o.files.begin(), o.files.end(), is_jsonl))
     throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is a .jsonl file (a file with another "
                              "name is one document, read whole)");
   return o;
+}
+
+std::runtime_error changed_while_read(const std::string& path, const std::string& before, const std::string& after) {
+  return std::runtime_error(path + ": changed while being read (" + before + ", then " + after + ")");
+}
+
+// Each document of a .jsonl input, in order, to fn(text, reader); returns its documents and bytes.
+template <class Fn>
+std::pair<int64_t, int64_t> jsonl_documents(const std::string& path, const std::string& key, Fn fn) {
+  JsonlReader lines(path, key);
+  std::string text;
+  int64_t n = 0, bytes = 0;
+  for (; lines.next(text); n++) {
+    fn(text, lines);
+    bytes += int64_t(text.size());
+  }
+  return {n, bytes};
 }
 
 }  // namespace
@@ -225,18 +265,16 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     }
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error(path + ": cannot open input file");
-    if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
+    if (!o.raw)
+      if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
     int64_t size = 0;
     if (is_jsonl(path)) {
       // Read through with a tokenizer too: a bad line is found now, not after hours of encoding.
-      JsonlReader lines(path, o.json_key);
-      std::string text;
-      for (per_file[i] = 0; lines.next(text); per_file[i]++) {
+      std::tie(per_file[i], size) = jsonl_documents(path, o.json_key, [&](const std::string& text, const JsonlReader& at) {
         if (!tok && o.eot < 256)
           if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
-            throw eot_clash(lines.where() + " (its text)", static_cast<const char*>(hit) - text.data());
-        size += int64_t(text.size());
-      }
+            throw eot_clash(at.where() + " (its text)", static_cast<const char*>(hit) - text.data());
+      });
     } else if (tok) {
       size = int64_t(fs::file_size(path));
     } else {
@@ -260,8 +298,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     docs = tokenize_files(*tok, o.files, o.json_key, size_t(text_bytes), progress, read);
     for (size_t i = 0; i < o.files.size(); i++)
       if (read[i] != per_file[i])
-        throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(per_file[i]) +
-                                 " documents, then " + std::to_string(read[i]) + ")");
+        throw changed_while_read(o.files[i], std::to_string(per_file[i]) + " documents", std::to_string(read[i]));
     for (const auto& d : docs) total += int64_t(d.size()) + 1;
   }
   PrepareResult r;
@@ -288,10 +325,6 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   std::error_code ec;
   fs::create_directories(o.out, ec);
   if (!fs::is_directory(o.out)) throw std::runtime_error(o.out + ": cannot create the output directory");
-  auto ends_with = [](const std::string& s, const char* tail) {
-    const size_t n = std::strlen(tail);
-    return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
-  };
   std::vector<fs::path> stale;  // text_*.bin.tmp: the temporaries of a run that was stopped
   for (const auto& e : fs::directory_iterator(o.out)) {
     const std::string name = e.path().filename().string();
@@ -322,19 +355,15 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
       continue;
     }
     if (is_jsonl(o.files[i])) {
-      JsonlReader lines(o.files[i], o.json_key);
-      std::string text;
-      int64_t n = 0, none = 0, size = 0;
-      for (; lines.next(text); n++) {
+      int64_t none = 0;
+      const auto [n, size] = jsonl_documents(o.files[i], o.json_key, [&](const std::string& text, const JsonlReader&) {
         push(uint32_t(eot));
         for (char c : text) push(uint8_t(c));
-        size += int64_t(text.size());
         none += text.empty();
-      }
+      });
       if (n != per_file[i] || size != sizes[i])
-        throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(per_file[i]) +
-                                 " documents of " + std::to_string(sizes[i]) + " bytes, then " + std::to_string(n) +
-                                 " of " + std::to_string(size) + ")");
+        throw changed_while_read(o.files[i], std::to_string(per_file[i]) + " documents of " + std::to_string(sizes[i]) +
+                                                 " bytes", std::to_string(n) + " of " + std::to_string(size));
       if (none > 0) r.empty_docs.push_back({o.files[i], {none, n}});
       continue;
     }
@@ -347,8 +376,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
       size += f.gcount();
     }
     if (!f.eof() || size != sizes[i])
-      throw std::runtime_error(o.files[i] + ": changed while being read (" + std::to_string(sizes[i]) + " bytes, then " +
-                               std::to_string(size) + ")");
+      throw changed_while_read(o.files[i], std::to_string(sizes[i]) + " bytes", std::to_string(size));
   }
   r.inputs = o.files.size();
   r.train_tokens = train;

@@ -7,7 +7,9 @@
 // layout, where <|endoftext|> opens every document (data/packing.h). The tokens are
 //  - by default the file's bytes (0..255), with EOT = 256: vocab 257. An EOT outside the byte range
 //    is the clean choice: any file (binary, any encoding, NUL bytes included) is taken as is and
-//    the EOT can never be confused with text; the price is one embedding row. `--eot B` with
+//    the EOT can never be confused with text; the price is one embedding row. Compressed data,
+//    archives and tables are refused unless --raw (data/input_check.h): such bytes are seldom
+//    meant. `--eot B` with
 //    B < 256 is allowed (e.g. to match text:FILE runs with `--eot 0`), and then a file containing
 //    byte B is refused, naming the file and offset;
 //  - with --tokenizer FILE (an llm.c tokenizer such as gpt2_tokenizer.bin, or a Hugging Face
@@ -39,9 +41,10 @@ struct PrepareOptions {
   std::string tokenizer;  // empty: byte tokens
   std::string json_key = "text";  // the field of each .jsonl line that holds the document
   std::vector<std::string> files;
-  // --files-from LIST: more inputs, one path a line (after those on the command line; read by
-  // prepare_shards, not the parser): a corpus of more files than a command line holds.
-  std::string files_from;
+  // --files-from LIST (repeatable): more inputs, one path a line, after those on the command line;
+  // read by prepare_shards, not the parser: a corpus of more files than a command line holds.
+  std::vector<std::string> files_from;
+  bool raw = false;  // --raw: no refusal of compressed, archived or tabular inputs (data/input_check.h)
 };
 
 // Parses `prepare [flags] FILES...` (argv[0] is "prepare"); throws naming the flag.

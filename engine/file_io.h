@@ -44,6 +44,10 @@ void fsync_dir(const std::string& dir);
 // The whole file as bytes; throws naming the file when it cannot be read, or when it is not a
 // regular file (a pipe would block, or give its bytes once) unless allow_pipe (a --prompt-file).
 std::string read_whole_file(const std::string& path, bool allow_pipe = false);
+// Whether s (a file name) ends with tail.
+inline bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
 // Throws naming the path when it exists but is not a regular file: a directory would fail
 // mid-read with a stream error, /dev/zero would never end, a pipe reads once (data and weights
 // are read more than once, or by every rank). A missing path is left to the open, which names it.

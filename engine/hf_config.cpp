@@ -379,11 +379,13 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
       refuse_unless(p->as_double(where + ": partial_rotary_factor") == 1,
                     "partial_rotary_factor is not 1");
     refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
-    if (const JsonValue* tie = j.find("tie_word_embeddings")) c.tie_embeddings = tie->b;  // LlamaConfig's default: false
+    if (const JsonValue* tie = j.find("tie_word_embeddings"))  // LlamaConfig's default: false
+      c.tie_embeddings = tie->as_bool(where + ": tie_word_embeddings");
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),
                   "head_dim is not hidden_size / num_attention_heads");
     if (!mistral)  // MistralForCausalLM has no biases whatever the config says
-      for (const char* b : {"attention_bias", "mlp_bias"}) refuse_unless(!j.find(b) || !j.find(b)->b, std::string(b) + " is true");
+      for (const char* b : {"attention_bias", "mlp_bias"})
+        refuse_unless(!j.find(b) || !j.find(b)->as_bool(where + ": " + b), std::string(b) + " is true");
     if (const JsonValue* e = j.find("rms_norm_eps")) c.norm_eps = float(e->as_double(where + ": rms_norm_eps"));
     refuse_unless(c.norm_eps > 0 && c.norm_eps < 1, "rms_norm_eps is not in (0, 1)");
   } else {

@@ -208,6 +208,11 @@ double JsonValue::as_double(const std::string& where) const {
   return x;
 }
 
+bool JsonValue::as_bool(const std::string& where) const {
+  if (kind != Kind::boolean && kind != Kind::null) throw std::runtime_error(where + ": expected true or false");
+  return b;
+}
+
 const std::string& JsonValue::as_string(const std::string& where) const {
   if (kind != Kind::string) throw std::runtime_error(where + ": expected a string");
   return text;

@@ -29,6 +29,7 @@ struct JsonValue {
   int64_t as_int(const std::string& where) const;  // a number that is an exact integer
   double as_double(const std::string& where) const;
   const std::string& as_string(const std::string& where) const;
+  bool as_bool(const std::string& where) const;  // true or false; null reads as false (Python's falsy None)
 };
 
 // Throws std::runtime_error "WHERE: invalid JSON at byte N: ..." on any malformed input.

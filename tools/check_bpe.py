@@ -13,6 +13,7 @@ tiktoken ranks (151643 tokens; the file Qwen's own tiktoken-based tokenizer read
 example in the dashscope package): its NFC normalizer, Split regex and ByteLevel, the merges each
 token's BPE reaches it by, and Qwen 2.5's added tokens (14 special, 8 found in text). --write-tokenizer
 keeps that file.
+A .jsonl or .ndjson input is one document a line, its "text" field, as `train prepare` reads it.
 Prints the files, tokens, mismatches (none, or the first with its context) and both encoders' times.
 
   python3 tools/check_bpe.py [--ranks gpt2.tiktoken | --hf tokenizer.json | --qwen2 qwen.tiktoken]
@@ -26,6 +27,7 @@ import argparse
 import array
 import base64
 import glob
+import json
 import os
 import struct
 import subprocess
@@ -35,6 +37,20 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_bpe import qwen2_layout  # noqa: E402 (the tools' shared definition of Qwen 2's layout)
+
+def documents(files):
+    """Each document's text, as `train prepare` takes them: a file whole, a JSON Lines file a line."""
+    for p in files:
+        if not p.lower().endswith((".jsonl", ".ndjson")):
+            yield open(p, encoding="utf-8", newline="").read()  # the bytes as they are: no \r\n -> \n
+            continue
+        with open(p, "rb") as f:
+            for k, line in enumerate(f.read().split(b"\n")):
+                if k == 0 and line.startswith(b"\xef\xbb\xbf"):
+                    line = line[3:]
+                if line.strip(b" \t\r"):
+                    yield json.loads(line)["text"]
+
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -149,8 +165,7 @@ def main():
         got = got.tolist()
         t0 = time.time()
         want, nbytes = [], 0
-        for p in a.files:
-            text = open(p, encoding="utf-8", newline="").read()  # the bytes as they are: no \r\n -> \n
+        for text in documents(a.files):
             nbytes += len(text.encode())
             want += [eot] + encode(text)
         theirs = time.time() - t0

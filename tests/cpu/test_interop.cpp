@@ -335,6 +335,11 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
                     Catch::Contains("model_type 'qwen3'"));
   // As llama, the biases are not expected: the file's q/k/v biases are refused as unknown tensors.
   CHECK_THROWS(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"llama\",\"attention_bias\":true"));
+  // A flag that is not true or false (Python's NaN parses as a number) is refused, not read as false.
+  CHECK_THROWS_WITH(read_with("\"model_type\":\"qwen2\"", "\"model_type\":\"llama\",\"attention_bias\":NaN"),
+                    Catch::Contains("attention_bias: expected true or false"));
+  CHECK_THROWS_WITH(read_with("\"tie_word_embeddings\":true", "\"tie_word_embeddings\":1"),
+                    Catch::Contains("tie_word_embeddings: expected true or false"));
 }
 
 TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral read as transformers reads it",

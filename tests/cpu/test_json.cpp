@@ -45,3 +45,15 @@ TEST_CASE("json: still strict elsewhere, and an unexpected character is named", 
     CHECK_THROWS_WITH(parse_json(c.text, "t.json"), Catch::Contains(c.message));
   }
 }
+
+TEST_CASE("json: as_bool takes true, false and null, nothing else", "[json]") {
+  const JsonValue v = parse_json(R"({"t": true, "f": false, "n": null, "one": 1, "nan": NaN, "s": "true"})", "t.json");
+  CHECK(v.find("t")->as_bool("t"));
+  CHECK_FALSE(v.find("f")->as_bool("f"));
+  CHECK_FALSE(v.find("n")->as_bool("n"));
+  for (const char* k : {"one", "nan", "s"}) {
+    INFO(k);
+    CHECK_THROWS_WITH(v.find(k)->as_bool(std::string("t.json: ") + k),
+                      Catch::Contains(std::string("t.json: ") + k + ": expected true or false"));
+  }
+}

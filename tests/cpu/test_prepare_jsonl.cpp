@@ -138,12 +138,14 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {d.file("bare.jsonl"), "bare.jsonl line 1: invalid JSON at byte 9: unexpected character 'h'"},
       {d.file("latin1.jsonl"), "latin1.jsonl line 1 (its text): ", true},
       {d.file("gzip.jsonl"), "gzip.jsonl: gzip-compressed (prepare reads plain text and JSON Lines): unpack it first"},
-      {d.file("c4.json.gz"), "(gunzip -k " + d.file("c4.json.gz") + "); a JSON Lines file then needs a name ending in .jsonl"},
+      // The command that unpacks it, into the name that reads it as it should: C4's .json.gz -> .jsonl.
+      {d.file("c4.json.gz"), "unpack it first: gzip -dc '" + d.file("c4.json.gz") + "' > '" + d.file("c4.jsonl") + "'"},
+      {d.file("gzip.jsonl"), "gzip -dc '" + d.file("gzip.jsonl") + "' > '" + d.file("unpacked_gzip.jsonl") + "' (--raw"},
       {d.file("notes.TXT.GZ"), "notes.TXT.GZ: named as a compressed file or an archive"},
       {d.file("zstd.txt"), "zstd.txt: zstd-compressed"},
       {d.file("bzip2.txt"), "bzip2.txt: bzip2-compressed"},
       {d.file("docs.tar.txt"), "docs.tar.txt: a tar archive"},
-      {d.file("c4.json"), "c4.json: a .json file is read as JSON Lines only when its name ends in .jsonl (or .ndjson)"},
+      {d.file("c4.json"), "c4.json: a .json file whose first line is a JSON object: JSON Lines, as C4 and Dolma name it"},
       {d.file("array.jsonl"), "array.jsonl line 3: not a JSON object"},
       {d.file("number.jsonl"), "number.jsonl line 1: its \"text\" field is not a string"},
       {d.file("dup.jsonl"), "dup.jsonl line 1: "},
@@ -164,6 +166,15 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       CHECK(r.out.find(c.message) != std::string::npos);
       CHECK((!fs::exists(out) || fs::is_empty(out)));
     }
+  // A pretty-printed .json (a code corpus' package.json) is text, one document; --raw takes a
+  // compressed file as its bytes, and a JSON Lines .json as one document of JSON.
+  write(d.file("package.json"), "{\n  \"name\": \"x\",\n  \"version\": \"1.0.0\"\n}\n");
+  for (const std::string& args : {d.file("package.json"), "--raw " + d.file("corpus.jsonl.gz") + " " + d.file("c4.json")}) {
+    const std::string o = d.file("raw" + std::to_string(args.size()));
+    auto ok = run_cmd(train_cmd("prepare --val-frac 0 --out " + o + " " + d.file("ok.txt") + " " + args));
+    INFO(args << "\n" << ok.out);
+    CHECK(ok.code == 0);
+  }
   // Latin-1 inside a JSON string is taken as the bytes it is without a tokenizer (as a file's would be).
   REQUIRE(run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("latin1") + " " + d.file("ok.txt") + " " +
                             d.file("latin1.jsonl"))).code == 0);
@@ -189,7 +200,10 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
   write(d.file("a.txt"), "the first document, named on the command line");
   write(d.file("b.txt"), "the second, listed");
   write(d.file("c.jsonl"), "{\"text\": \"a third\"}\n{\"text\": \"and a fourth, also listed\"}\n");
-  write(d.file("list"), d.file("b.txt") + "\r\n\n" + d.file("c.jsonl") + "\n");  // CRLF and a blank line
+  write(d.file("list"), d.file("b.txt") + "\r\n\n  \n" + d.file("c.jsonl") + "\n");  // CRLF, blank lines
+  write(d.file("list_b"), d.file("b.txt") + "\n");
+  write(d.file("list_c"), "\xef\xbb\xbf" + d.file("c.jsonl"));                      // a BOM, no newline
+  write(d.file("list0"), d.file("b.txt") + std::string(1, '\0') + d.file("c.jsonl") + std::string(1, '\0'));
   const std::string named = d.file("named"), listed = d.file("listed"), piped = d.file("piped");
   auto r = run_cmd(train_cmd("prepare --val-frac 0.2 --out " + named + " " + d.file("a.txt") + " " + d.file("b.txt") + " " +
                              d.file("c.jsonl")));
@@ -204,6 +218,14 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(shards_in(piped) == shards_in(named));
+  // Two lists, one after the other; a NUL-separated one (find -print0).
+  const std::string two = d.file("two"), nul = d.file("nul");
+  REQUIRE(run_cmd(train_cmd("prepare --val-frac 0.2 --out " + two + " " + d.file("a.txt") + " --files-from " +
+                            d.file("list_b") + " --files-from " + d.file("list_c"))).code == 0);
+  CHECK(shards_in(two) == shards_in(named));
+  REQUIRE(run_cmd(train_cmd("prepare --val-frac 0.2 --out " + nul + " " + d.file("a.txt") + " --files-from " +
+                            d.file("list0"))).code == 0);
+  CHECK(shards_in(nul) == shards_in(named));
 
   // Refused, with nothing written: a list that is not there, one that lists nothing, a listed file
   // that is not there, and --json-key with no .jsonl among the inputs.
@@ -217,7 +239,9 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
   const Case cases[] = {
       {"--files-from " + d.file("no_list"), "prepare: --files-from: " + d.file("no_list") + ": cannot open"},
       {"--files-from " + d.file("empty"), "--files-from " + d.file("empty") + " lists no file (and no input is named"},
-      {"--files-from " + d.file("missing"), "nowhere.txt: cannot open input file"},
+      {"--files-from - < /dev/null", "--files-from - (standard input) lists no file"},
+      {"--files-from " + d.file("missing"), "--files-from " + d.file("missing") + " line 1: '" + d.file("nowhere.txt") +
+                                                "' does not exist (a listed path is relative to the working directory)"},
       {"--json-key body --files-from " + d.file("texts"), "--json-key body: no input is a .jsonl file"},
       {"--files-from ''", "--files-from: empty path"},
   };

@@ -1,6 +1,7 @@
 // `train prepare`'s JSON Lines reader (data/jsonl.h) and its check of what an input is: any bytes
 // as a .jsonl file either refuse cleanly, naming the file, or give documents from increasing line
 // numbers, none more than its line holds.
+#include "data/input_check.h"
 #include "data/jsonl.h"
 #include "fuzz_util.h"
 

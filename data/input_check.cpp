@@ -1,0 +1,112 @@
+#include "data/input_check.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+#include "engine/json.h"
+
+namespace ul {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// A path as the shell reads it back, whatever it holds (spaces, quotes).
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Packed {
+  const char* magic;
+  size_t len;
+  const char *what, *suffix, *unpack;  // unpack: a command that writes the data to stdout
+};
+// Each signature holds bytes that are no text's first (control bytes; bzip2's is checked further).
+const Packed kCompressed[] = {{"\x1f\x8b", 2, "gzip-compressed", ".gz", "gzip -dc"},
+                              {"\x28\xb5\x2f\xfd", 4, "zstd-compressed", ".zst", "zstd -dc"},
+                              {"\xfd" "7zXZ\0", 6, "xz-compressed", ".xz", "xz -dc"},
+                              {"\x04\x22\x4d\x18", 4, "lz4-compressed", ".lz4", "lz4 -dc"},
+                              {"BZh", 3, "bzip2-compressed", ".bz2", "bzip2 -dc"}};
+const Packed kArchives[] = {{"PK\x03\x04", 4, "a zip archive", ".zip", "unzip"},
+                            {"7z\xbc\xaf\x27\x1c", 6, "a 7-Zip archive", ".7z", "7z x"}};
+
+const char* kRaw = " (--raw takes every input as it is)";
+
+// The command that unpacks `path` into a name prepare reads as it should: the suffix dropped
+// (c4.json.gz -> c4.jsonl: C4's JSON Lines), or "unpacked_" before the name when it has none.
+std::string unpack_hint(const std::string& path, const Packed& p) {
+  std::string out = path;
+  if (ends_with(lower(out), p.suffix)) {
+    out.resize(out.size() - std::strlen(p.suffix));
+  } else {
+    const size_t slash = out.rfind('/');
+    out.insert(slash == std::string::npos ? 0 : slash + 1, "unpacked_");
+  }
+  if (ends_with(lower(out), ".json")) out += "l";
+  return std::string(p.unpack) + " " + quoted(path) + " > " + quoted(out);
+}
+
+// Whether the first line of the file is one whole JSON object (JSON Lines), not the "{" that
+// opens a pretty-printed document.
+bool first_line_is_object(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string line;
+  while (std::getline(f, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  }
+  if (line.compare(0, 3, "\xef\xbb\xbf") == 0) line.erase(0, 3);
+  try {
+    return parse_json(line, path).is(JsonValue::Kind::object);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::string unreadable_input(const std::string& path) {
+  const std::string name = lower(path);
+  unsigned char head[512] = {};
+  size_t n = 0;
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    n = std::fread(head, 1, sizeof head, f);
+    std::fclose(f);
+  }
+  auto starts = [&](const Packed& p) { return n >= p.len && std::memcmp(head, p.magic, p.len) == 0; };
+  for (const Packed& p : kCompressed) {
+    // bzip2: "BZh", the block size 1-9, then the first block's magic (pi's digits 1AY&SY).
+    const bool bzip2 = std::strcmp(p.suffix, ".bz2") == 0;
+    if (starts(p) && (!bzip2 || (n >= 10 && head[3] >= '1' && head[3] <= '9' && std::memcmp(head + 4, "1AY&SY", 6) == 0)))
+      return path + ": " + p.what + " (prepare reads plain text and JSON Lines): unpack it first: " + unpack_hint(path, p) +
+             kRaw;
+  }
+  for (const Packed& p : kArchives)
+    if (starts(p))
+      return path + ": " + p.what + " (prepare reads plain text and JSON Lines): extract its files (" + p.unpack + " " +
+             quoted(path) + ") and give them" + kRaw;
+  if (n >= 262 && std::memcmp(head + 257, "ustar", 5) == 0)
+    return path + ": a tar archive (prepare reads plain text and JSON Lines): extract its files (tar xf " + quoted(path) +
+           ") and give them" + kRaw;
+  for (const char* z : {".gz", ".zst", ".bz2", ".xz", ".lz4", ".zip", ".tar", ".7z"})
+    if (ends_with(name, z))
+      return path + ": named as a compressed file or an archive (prepare reads plain text and JSON Lines): unpack it "
+                    "first" + std::string(kRaw);
+  if (ends_with(name, ".parquet") || ends_with(name, ".arrow"))
+    return path + ": a " + (ends_with(name, ".arrow") ? "Arrow" : "Parquet") +
+           " table (prepare reads plain text and JSON Lines): export it as JSON Lines first, e.g. with the datasets "
+           "library: Dataset.from_file or load_dataset, then .to_json(\"F.jsonl\")" + kRaw;
+  if (ends_with(name, ".json") && first_line_is_object(path))
+    return path + ": a .json file whose first line is a JSON object: JSON Lines, as C4 and Dolma name it; name it .jsonl "
+                  "(or .ndjson) to read one document a line" + std::string(kRaw);
+  return "";
+}
+
+}  // namespace ul

@@ -1,0 +1,19 @@
+// What `train prepare` refuses to take as text before reading it: each would otherwise become
+// tokens of its bytes (or, with a tokenizer, an invalid-UTF-8 error at some offset), a corpus
+// trained on as noise without a word.
+//   - compressed data and archives, by their first bytes (gzip, zstd, xz, bzip2, lz4, zip, 7-Zip,
+//     tar: every signature holds bytes no text starts with) or, failing that, their name;
+//   - Parquet and Arrow tables, by name;
+//   - a .json file whose first line is a whole JSON object: JSON Lines under C4's and Dolma's name
+//     for it (read whole it would be one document of JSON syntax). A pretty-printed .json (a
+//     package.json in a code corpus: its first line is "{") is text.
+// --raw skips the check: such bytes trained on on purpose.
+#pragma once
+#include <string>
+
+namespace ul {
+
+// "" when the input may be read as text, else the message, naming the file and what to do.
+std::string unreadable_input(const std::string& path);
+
+}  // namespace ul
