@@ -7,7 +7,6 @@
 #include <stdexcept>
 
 #include "engine/file_io.h"
-#include "engine/json.h"
 
 namespace ul {
 
@@ -41,33 +40,49 @@ const Packed kArchives[] = {{"PK\x03\x04", 4, "a zip archive", ".zip", "unzip"},
 
 const char* kRaw = " (--raw takes every input as it is)";
 
+// A path a command takes as a file, never as an option: "./-x.gz", not "-x.gz".
+std::string as_operand(const std::string& path) { return path.compare(0, 1, "-") == 0 ? "./" + path : path; }
+
 // The command that unpacks `path` into a name prepare reads as it should: the suffix dropped
 // (c4.json.gz -> c4.jsonl: C4's JSON Lines), or "unpacked_" before the name when it has none.
 std::string unpack_hint(const std::string& path, const Packed& p) {
   std::string out = path;
-  if (ends_with(lower(out), p.suffix)) {
-    out.resize(out.size() - std::strlen(p.suffix));
-  } else {
-    const size_t slash = out.rfind('/');
-    out.insert(slash == std::string::npos ? 0 : slash + 1, "unpacked_");
-  }
+  if (ends_with(lower(out), p.suffix)) out.resize(out.size() - std::strlen(p.suffix));
+  const size_t slash = out.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
+  if (out.size() == base || out == path) out.insert(base, "unpacked_");  // no suffix, or nothing but it
   if (ends_with(lower(out), ".json")) out += "l";
-  return std::string(p.unpack) + " " + quoted(path) + " > " + quoted(out);
+  return std::string(p.unpack) + " " + quoted(as_operand(path)) + " > " + quoted(as_operand(out));
 }
 
-// Whether the first line of the file is one whole JSON object (JSON Lines), not the "{" that
-// opens a pretty-printed document.
-bool first_line_is_object(const std::string& path) {
+// Whether the file looks like JSON Lines: its first two lines that are not blank each one object
+// on its line ("{...}"), judged by their shape within the first 1 MiB of each, not parsed (a
+// line the strict parser refuses is still JSON Lines here, where .jsonl would name it; a
+// one-line minified .json is one object, not lines of them; a pretty-printed one starts "{" alone).
+bool looks_like_json_lines(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  std::string line;
-  while (std::getline(f, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  constexpr size_t kLook = size_t(1) << 20;
+  int objects = 0;
+  for (int lines = 0; lines < 2 && f;) {
+    std::string line;
+    bool whole = false;  // the line's end was seen within kLook bytes
+    for (int c; (c = f.get()) != EOF;) {
+      if (c == '\n') {
+        whole = true;
+        break;
+      }
+      if (line.size() < kLook) line += char(c);
+    }
+    whole = whole || f.eof();
+    if (lines == 0 && objects == 0 && line.compare(0, 3, "\xef\xbb\xbf") == 0) line.erase(0, 3);
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;  // blank
+    lines++;
+    const size_t last = line.find_last_not_of(" \t\r");
+    const bool object = line[first] == '{' && last > first && (line.size() >= kLook || !whole || line[last] == '}');
+    if (!object) return false;
+    objects++;
   }
-  if (line.compare(0, 3, "\xef\xbb\xbf") == 0) line.erase(0, 3);
-  try {
-    return parse_json(line, path).is(JsonValue::Kind::object);
-  } catch (const std::exception&) {
-    return false;
-  }
+  return objects == 2;
 }
 
 }  // namespace
@@ -91,10 +106,10 @@ std::string unreadable_input(const std::string& path) {
   for (const Packed& p : kArchives)
     if (starts(p))
       return path + ": " + p.what + " (prepare reads plain text and JSON Lines): extract its files (" + p.unpack + " " +
-             quoted(path) + ") and give them" + kRaw;
+             quoted(as_operand(path)) + ") and give them" + kRaw;
   if (n >= 262 && std::memcmp(head + 257, "ustar", 5) == 0)
-    return path + ": a tar archive (prepare reads plain text and JSON Lines): extract its files (tar xf " + quoted(path) +
-           ") and give them" + kRaw;
+    return path + ": a tar archive (prepare reads plain text and JSON Lines): extract its files (tar xf " +
+           quoted(as_operand(path)) + ") and give them" + kRaw;
   for (const char* z : {".gz", ".zst", ".bz2", ".xz", ".lz4", ".zip", ".tar", ".7z"})
     if (ends_with(name, z))
       return path + ": named as a compressed file or an archive (prepare reads plain text and JSON Lines): unpack it "
@@ -103,9 +118,9 @@ std::string unreadable_input(const std::string& path) {
     return path + ": a " + (ends_with(name, ".arrow") ? "Arrow" : "Parquet") +
            " table (prepare reads plain text and JSON Lines): export it as JSON Lines first, e.g. with the datasets "
            "library: Dataset.from_file or load_dataset, then .to_json(\"F.jsonl\")" + kRaw;
-  if (ends_with(name, ".json") && first_line_is_object(path))
-    return path + ": a .json file whose first line is a JSON object: JSON Lines, as C4 and Dolma name it; name it .jsonl "
-                  "(or .ndjson) to read one document a line" + std::string(kRaw);
+  if (ends_with(name, ".json") && looks_like_json_lines(path))
+    return path + ": a .json file of one JSON object a line: JSON Lines, as C4 and Dolma name it; name it .jsonl (or "
+                  ".ndjson) to read one document a line" + std::string(kRaw);
   return "";
 }
 

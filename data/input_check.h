@@ -4,9 +4,10 @@
 //   - compressed data and archives, by their first bytes (gzip, zstd, xz, bzip2, lz4, zip, 7-Zip,
 //     tar: every signature holds bytes no text starts with) or, failing that, their name;
 //   - Parquet and Arrow tables, by name;
-//   - a .json file whose first line is a whole JSON object: JSON Lines under C4's and Dolma's name
-//     for it (read whole it would be one document of JSON syntax). A pretty-printed .json (a
-//     package.json in a code corpus: its first line is "{") is text.
+//   - a .json file whose first two lines are each one JSON object: JSON Lines under C4's and
+//     Dolma's name for it (read whole it would be one document of JSON syntax). A pretty-printed
+//     .json (a package.json in a code corpus: its first line is "{") or a minified one-line one
+//     is text.
 // --raw skips the check: such bytes trained on on purpose.
 #pragma once
 #include <string>

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <iterator>
 #include <tuple>
+#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -80,6 +81,9 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw std::runtime_error("prepare: " + a + ": missing value");
     const std::string v = argv[++i];
+    // `--out --raw`: a flag where the value should be is a value forgotten, not a directory's name.
+    if (v.rfind("--", 0) == 0)
+      throw std::runtime_error("prepare: " + a + ": missing value (the next argument, " + v + ", is a flag)");
     if (a == "--out") o.out = v;
     else if (a == "--val-frac") o.val_frac = number(a, v);
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);
@@ -171,6 +175,21 @@ class ShardWriter {
 
 namespace {
 
+// A path quoted for a message, control bytes escaped (\r would move the cursor back over it).
+std::string printable(const std::string& path) {
+  std::string q = "'";
+  for (unsigned char c : path) {
+    if (c >= 0x20 && c != 0x7f) {
+      q += char(c);
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : "\\x%02x", c);
+    q += esc;
+  }
+  return q + "'";
+}
+
 // o's inputs with those its --files-from lists name appended, in order: one path a line (blank
 // lines and a trailing \r skipped: a list written on Windows), or one per NUL byte when the list
 // holds any (find -print0: a path may hold a newline, never a NUL). A path is relative to the
@@ -186,6 +205,9 @@ PrepareOptions with_listed_files(PrepareOptions o) {
       throw std::runtime_error(std::string("prepare: --files-from: ") + e.what());
     }
     if (text.compare(0, 3, "\xef\xbb\xbf") == 0) text.erase(0, 3);  // a byte-order mark
+    if (text.compare(0, 2, "\xff\xfe") == 0 || text.compare(0, 2, "\xfe\xff") == 0)
+      throw std::runtime_error("prepare: --files-from " + name + ": UTF-16 text (as PowerShell's > writes): write the list "
+                               "as UTF-8");
     const char sep = text.find('\0') != std::string::npos ? '\0' : '\n';
     size_t listed = 0;
     int64_t line = 0;
@@ -196,11 +218,14 @@ PrepareOptions with_listed_files(PrepareOptions o) {
       at = end;
       line++;
       if (sep == '\n' && !path.empty() && path.back() == '\r') path.pop_back();
-      if (path.find_first_not_of(" \t") == std::string::npos) continue;
+      // Blank: nothing (NUL-separated, only an empty entry: a name may be a space).
+      if (sep == '\n' ? path.find_first_not_of(" \t") == std::string::npos : path.empty()) continue;
       std::error_code ec;
       if (!fs::exists(path, ec))
         throw std::runtime_error("prepare: --files-from " + name + (sep ? " line " : " entry ") + std::to_string(line) +
-                                 ": '" + path + "' does not exist (a listed path is relative to the working directory)");
+                                 ": " + printable(path) +
+                                 (ec ? ": " + ec.message()
+                                     : " does not exist (a listed path is relative to the working directory)"));
       o.files.push_back(path), listed++;
     }
     if (listed == 0)
@@ -212,6 +237,24 @@ PrepareOptions with_listed_files(PrepareOptions o) {
     throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is a .jsonl file (a file with another "
                              "name is one document, read whole)");
   return o;
+}
+
+// The inputs given more than once (the same file by any path: overlapping lists), with their
+// counts: no error (repeating a file is a way to weight it), but said.
+std::vector<std::pair<std::string, int>> repeated_inputs(const std::vector<std::string>& files) {
+  std::map<std::string, std::pair<std::string, int>> seen;  // canonical path -> (first name, count)
+  std::vector<std::string> order;
+  for (const std::string& f : files) {
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(f, ec).string();
+    auto [it, fresh] = seen.try_emplace(ec ? f : key, f, 0);
+    if (fresh) order.push_back(it->first);
+    it->second.second++;
+  }
+  std::vector<std::pair<std::string, int>> out;
+  for (const std::string& k : order)
+    if (seen[k].second > 1) out.push_back(seen[k]);
+  return out;
 }
 
 std::runtime_error changed_while_read(const std::string& path, const std::string& before, const std::string& after) {
@@ -379,6 +422,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
       throw changed_while_read(o.files[i], std::to_string(sizes[i]) + " bytes", std::to_string(size));
   }
   r.inputs = o.files.size();
+  r.repeated = repeated_inputs(o.files);
   r.train_tokens = train;
   r.val_tokens = val;
   r.vocab = vocab;
@@ -421,6 +465,9 @@ int prepare_main(int argc, char** argv) {
   for (const std::string& f : r.empty)
     std::printf(is_jsonl(f) ? "note    | %s holds no document (no line that is not blank): it adds nothing\n"
                             : "note    | %s is empty: it adds nothing but a document boundary\n", f.c_str());
+  for (const auto& [f, n] : r.repeated)
+    std::printf("note    | %s is given %d times (by these or other paths): its documents are in the shards %d times\n",
+                f.c_str(), n, n);
   for (const auto& [f, n] : r.empty_docs)
     std::printf("note    | %s: empty documents: %lld of %lld (each adds nothing but a document boundary)\n",
                 f.c_str(), (long long)n.first, (long long)n.second);

@@ -58,6 +58,7 @@ struct PrepareResult {
   int eot = 256;
   std::string encoding = "bytes";   // or "GPT-2 BPE of FILE" / "Llama 3 BPE of FILE"
   size_t inputs = 0;  // files read (those --files-from listed too)
+  std::vector<std::pair<std::string, int>> repeated;  // inputs given more than once, and how often
   int64_t documents = 0;
   std::vector<std::string> empty;   // inputs with no text: each only adds a document's EOT (a .jsonl: nothing)
   // .jsonl inputs with some empty documents: (file, empty, of how many)

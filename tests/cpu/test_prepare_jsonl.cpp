@@ -124,7 +124,9 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   tar.replace(0, 8, "docs.txt");
   tar.replace(257, 5, "ustar");
   write(d.file("docs.tar.txt"), tar);
-  write(d.file("c4.json"), "{\"text\": \"a line of JSON Lines in a file named .json\"}\n");
+  write(d.file("c4.json"), "{\"text\": \"JSON Lines in a file named .json\"}\n{\"text\": \"line two\"}\n");
+  // JSON Lines by shape, whether or not the strict parser takes its lines (an unpaired surrogate).
+  write(d.file("surrogate.json"), "{\"text\": \"a\\ud800\"}\n\n{\"text\": \"b\"}");
   write(d.file("bare.jsonl"), "{\"text\": hello}\n");
   write(d.file("latin1.jsonl"), "{\"text\": \"caf\xe9\"}\n");  // not UTF-8: bytes as they are, refused by BPE
   write(d.file("corpus.parquet"), "PAR1");
@@ -145,7 +147,9 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {d.file("zstd.txt"), "zstd.txt: zstd-compressed"},
       {d.file("bzip2.txt"), "bzip2.txt: bzip2-compressed"},
       {d.file("docs.tar.txt"), "docs.tar.txt: a tar archive"},
-      {d.file("c4.json"), "c4.json: a .json file whose first line is a JSON object: JSON Lines, as C4 and Dolma name it"},
+      {d.file("c4.json"), "c4.json: a .json file of one JSON object a line: JSON Lines, as C4 and Dolma name it"},
+      {d.file("surrogate.json"), "surrogate.json: a .json file of one JSON object a line"},
+      {"--out --raw " + d.file("ok.txt"), "--out: missing value (the next argument, --raw, is a flag)"},
       {d.file("array.jsonl"), "array.jsonl line 3: not a JSON object"},
       {d.file("number.jsonl"), "number.jsonl line 1: its \"text\" field is not a string"},
       {d.file("dup.jsonl"), "dup.jsonl line 1: "},
@@ -166,15 +170,24 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       CHECK(r.out.find(c.message) != std::string::npos);
       CHECK((!fs::exists(out) || fs::is_empty(out)));
     }
-  // A pretty-printed .json (a code corpus' package.json) is text, one document; --raw takes a
-  // compressed file as its bytes, and a JSON Lines .json as one document of JSON.
+  // A pretty-printed .json (a code corpus' package.json) and a minified one-line one are text, one
+  // document each; --raw takes a compressed file as its bytes, and a JSON Lines .json as one
+  // document of JSON.
   write(d.file("package.json"), "{\n  \"name\": \"x\",\n  \"version\": \"1.0.0\"\n}\n");
-  for (const std::string& args : {d.file("package.json"), "--raw " + d.file("corpus.jsonl.gz") + " " + d.file("c4.json")}) {
+  write(d.file("tsconfig.json"), "{\"compilerOptions\": {\"strict\": true}}\n");
+  for (const std::string& args : {d.file("package.json") + " " + d.file("tsconfig.json"),
+                                  "--raw " + d.file("corpus.jsonl.gz") + " " + d.file("c4.json")}) {
     const std::string o = d.file("raw" + std::to_string(args.size()));
     auto ok = run_cmd(train_cmd("prepare --val-frac 0 --out " + o + " " + d.file("ok.txt") + " " + args));
     INFO(args << "\n" << ok.out);
     CHECK(ok.code == 0);
+    CHECK(ok.out.find("prepare | 3 file(s), 3 document(s) -> ") != std::string::npos);
   }
+  // The unpack command takes a name that starts with '-' as a file, not an option.
+  write(d.file("-x.txt.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  auto dash = run_cmd("cd " + d.path.string() + " && " + train_cmd("prepare --out o -x.txt.gz"));
+  CHECK(dash.code == 1);
+  CHECK(dash.out.find("gzip -dc './-x.txt.gz' > './-x.txt'") != std::string::npos);
   // Latin-1 inside a JSON string is taken as the bytes it is without a tokenizer (as a file's would be).
   REQUIRE(run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("latin1") + " " + d.file("ok.txt") + " " +
                             d.file("latin1.jsonl"))).code == 0);
@@ -226,12 +239,21 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
   REQUIRE(run_cmd(train_cmd("prepare --val-frac 0.2 --out " + nul + " " + d.file("a.txt") + " --files-from " +
                             d.file("list0"))).code == 0);
   CHECK(shards_in(nul) == shards_in(named));
+  // A file given twice (overlapping lists, or another path to it) is taken twice, and said.
+  r = run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("twice") + " " + d.file("a.txt") + " " + d.file("b.txt") +
+                        " --files-from " + d.file("list_b")));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("note    | " + d.file("b.txt") + " is given 2 times") != std::string::npos);
+  CHECK(r.out.find(d.file("a.txt") + " is given") == std::string::npos);
 
   // Refused, with nothing written: a list that is not there, one that lists nothing, a listed file
   // that is not there, and --json-key with no .jsonl among the inputs.
   write(d.file("empty"), "\n\n");
   write(d.file("missing"), d.file("nowhere.txt") + "\n");
   write(d.file("texts"), d.file("a.txt") + "\n");
+  write(d.file("cr0"), d.file("b.txt") + "\r" + std::string(1, '\0'));  // NUL-separated: the \r is the name's
+  write(d.file("utf16"), "\xff\xfe" "a");
   const std::string out = d.file("out");
   struct Case {
     std::string args, message;
@@ -244,6 +266,8 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
                                                 "' does not exist (a listed path is relative to the working directory)"},
       {"--json-key body --files-from " + d.file("texts"), "--json-key body: no input is a .jsonl file"},
       {"--files-from ''", "--files-from: empty path"},
+      {"--files-from " + d.file("cr0"), "entry 1: '" + d.file("b.txt") + "\\r' does not exist"},
+      {"--files-from " + d.file("utf16"), "UTF-16 text (as PowerShell's > writes): write the list as UTF-8"},
   };
   for (const Case& c : cases) {
     r = run_cmd(train_cmd("prepare --out " + out + " " + c.args));
