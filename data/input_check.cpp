@@ -1,6 +1,5 @@
 #include "data/input_check.h"
 
-#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -11,11 +10,6 @@
 namespace ul {
 
 namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 // A path as the shell reads it back, whatever it holds (spaces, quotes).
 std::string quoted(const std::string& s) {
@@ -47,10 +41,10 @@ std::string as_operand(const std::string& path) { return path.compare(0, 1, "-")
 // (c4.json.gz -> c4.jsonl: C4's JSON Lines), or "unpacked_" before the name when it has none.
 std::string unpack_hint(const std::string& path, const Packed& p) {
   std::string out = path;
-  if (ends_with(lower(out), p.suffix)) out.resize(out.size() - std::strlen(p.suffix));
+  if (ends_with(ascii_lower(out), p.suffix)) out.resize(out.size() - std::strlen(p.suffix));
   const size_t slash = out.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
   if (out.size() == base || out == path) out.insert(base, "unpacked_");  // no suffix, or nothing but it
-  if (ends_with(lower(out), ".json")) out += "l";
+  if (ends_with(ascii_lower(out), ".json")) out += "l";
   return std::string(p.unpack) + " " + quoted(as_operand(path)) + " > " + quoted(as_operand(out));
 }
 
@@ -88,7 +82,7 @@ bool looks_like_json_lines(const std::string& path) {
 }  // namespace
 
 std::string unreadable_input(const std::string& path) {
-  const std::string name = lower(path);
+  const std::string name = ascii_lower(path);
   unsigned char head[512] = {};
   size_t n = 0;
   if (std::FILE* f = std::fopen(path.c_str(), "rb")) {

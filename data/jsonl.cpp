@@ -1,6 +1,5 @@
 #include "data/jsonl.h"
 
-#include <cctype>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -9,8 +8,7 @@
 namespace ul {
 
 bool is_jsonl(const std::string& path) {
-  std::string name = path;
-  for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const std::string name = ascii_lower(path);
   return ends_with(name, ".jsonl") || ends_with(name, ".ndjson");
 }
 

@@ -12,10 +12,10 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <tuple>
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <tuple>
 
 #include "data/input_check.h"
 #include "data/jsonl.h"

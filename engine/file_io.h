@@ -44,6 +44,12 @@ void fsync_dir(const std::string& dir);
 // The whole file as bytes; throws naming the file when it cannot be read, or when it is not a
 // regular file (a pipe would block, or give its bytes once) unless allow_pipe (a --prompt-file).
 std::string read_whole_file(const std::string& path, bool allow_pipe = false);
+// s with ASCII letters in lower case (file names compared without regard to case).
+inline std::string ascii_lower(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return s;
+}
 // Whether s (a file name) ends with tail.
 inline bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
