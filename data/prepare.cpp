@@ -18,7 +18,7 @@
 #include <tuple>
 
 #include "data/input_check.h"
-#include "data/jsonl.h"
+#include "data/json_documents.h"
 #include "data/shards.h"
 #include "data/tokenize_files.h"
 #include "engine/file_io.h"
@@ -31,7 +31,8 @@ namespace ul {
 const char* prepare_usage() {
   return R"(usage: train prepare --out DIR [flags] FILES...
   Text files -> llm.c token shards (uint16, magic 20240520): each file is one document (a file
-  named *.jsonl or *.ndjson, JSON Lines: each line's "text" field), written as the end-of-text id
+  named *.jsonl or *.ndjson, JSON Lines: each line's "text" field; a *.json array of objects: each
+  element's), written as the end-of-text id
   (EOT) then its tokens. The tokens are its bytes (vocabulary: 256 bytes + the EOT, 257 by
   default), or with --tokenizer the byte-level BPE of its UTF-8 text (that file's vocabulary and
   EOT). The headers name both, so a run on the shards takes its vocab and --eot
@@ -44,11 +45,11 @@ const char* prepare_usage() {
                       the EOT) or a Hugging Face tokenizer.json (GPT-2, digits-apart, Llama 3,
                       or SentencePiece-style: Llama 2, TinyLlama);
                       a vocabulary above 65536 writes uint32 shards (magic 20240801)
-  --json-key KEY      the field of each .jsonl line that holds its document's text       [text]
+  --json-key KEY      the field of each JSON record that holds its document's text       [text]
   --files-from LIST   more inputs, one path a line of LIST (or NUL-separated, as find -print0
                       writes; - reads standard input), after those named here; repeatable
   --raw               take every input as it is: no refusal of compressed data, archives,
-                      tables, or a .json file of JSON Lines
+                      tables, or a .json file of JSON Lines; a .json array is one document
 Train on the result with
   train --data 'shards:DIR/text_*.bin' --doc-mask ...
 )";
@@ -233,9 +234,10 @@ PrepareOptions with_listed_files(PrepareOptions o) {
                                (o.files.empty() ? " (and no input is named before it)" : ""));
   }
   // A --json-key that no input reads (the default "text" is never an error).
-  if (o.json_key != "text" && std::none_of(o.files.begin(), o.files.end(), is_jsonl))
-    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is a .jsonl file (a file with another "
-                             "name is one document, read whole)");
+  if (o.json_key != "text" && std::none_of(o.files.begin(), o.files.end(),
+                                           [&](const std::string& f) { return json_form(f, o.raw) != JsonForm::none; }))
+    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is read as JSON documents (a .jsonl or "
+                             ".ndjson file, or a .json array of objects; any other file is one document, read whole)");
   return o;
 }
 
@@ -261,14 +263,14 @@ std::runtime_error changed_while_read(const std::string& path, const std::string
   return std::runtime_error(path + ": changed while being read (" + before + ", then " + after + ")");
 }
 
-// Each document of a .jsonl input, in order, to fn(text, reader); returns its documents and bytes.
+// Each document of a JSON input, in order, to fn(text, reader); returns its documents and bytes.
 template <class Fn>
-std::pair<int64_t, int64_t> jsonl_documents(const std::string& path, const std::string& key, Fn fn) {
-  JsonlReader lines(path, key);
+std::pair<int64_t, int64_t> json_documents(const std::string& path, const std::string& key, JsonForm form, Fn fn) {
+  JsonDocReader json(path, key, form);
   std::string text;
   int64_t n = 0, bytes = 0;
-  for (; lines.next(text); n++) {
-    fn(text, lines);
+  for (; json.next(text); n++) {
+    fn(text, json);
     bytes += int64_t(text.size());
   }
   return {n, bytes};
@@ -291,8 +293,9 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   }
   // Check every input before anything is written: present, readable, and free of a byte-valued EOT
   // (or, with a tokenizer, encoded whole).
-  std::vector<int64_t> sizes;                          // bytes: each input's (a .jsonl: its texts')
-  std::vector<int64_t> per_file(o.files.size(), 1);    // documents (a .jsonl: its lines with text)
+  std::vector<int64_t> sizes;                          // bytes: each input's (JSON: its texts')
+  std::vector<int64_t> per_file(o.files.size(), 1);    // documents (JSON: its records)
+  std::vector<JsonForm> forms;                         // each input's (none: one document, its bytes)
   int64_t total = 0;
   auto eot_clash = [&](const std::string& where, int64_t offset) {
     return std::runtime_error(where + ": byte " + std::to_string(o.eot) + " at offset " + std::to_string(offset) +
@@ -311,9 +314,10 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     if (!o.raw)
       if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
     int64_t size = 0;
-    if (is_jsonl(path)) {
-      // Read through with a tokenizer too: a bad line is found now, not after hours of encoding.
-      std::tie(per_file[i], size) = jsonl_documents(path, o.json_key, [&](const std::string& text, const JsonlReader& at) {
+    forms.push_back(json_form(path, o.raw));
+    if (forms[i] != JsonForm::none) {
+      // Read through with a tokenizer too: a bad record is found now, not after hours of encoding.
+      std::tie(per_file[i], size) = json_documents(path, o.json_key, forms[i], [&](const std::string& text, const JsonDocReader& at) {
         if (!tok && o.eot < 256)
           if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
             throw eot_clash(at.where() + " (its text)", static_cast<const char*>(hit) - text.data());
@@ -338,7 +342,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     int64_t text_bytes = 0;
     for (int64_t b : sizes) text_bytes += b;
     std::vector<int64_t> read;
-    docs = tokenize_files(*tok, o.files, o.json_key, size_t(text_bytes), progress, read);
+    docs = tokenize_files(*tok, o.files, forms, o.json_key, size_t(text_bytes), progress, read);
     for (size_t i = 0; i < o.files.size(); i++)
       if (read[i] != per_file[i])
         throw changed_while_read(o.files[i], std::to_string(per_file[i]) + " documents", std::to_string(read[i]));
@@ -347,12 +351,12 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   PrepareResult r;
   for (size_t i = 0, doc = 0; i < o.files.size(); i++) {
     r.documents += per_file[i];
-    if (!is_jsonl(o.files[i])) {
+    if (forms[i] == JsonForm::none) {
       if (tok ? docs[doc++].empty() : sizes[i] == 0) r.empty.push_back(o.files[i]);
       continue;
     }
     if (per_file[i] == 0) r.empty.push_back(o.files[i]);
-    if (!tok) continue;  // the bytes path counts a .jsonl's empty documents as it writes them
+    if (!tok) continue;  // the bytes path counts a JSON input's empty documents as it writes them
     int64_t none = 0;
     for (int64_t j = 0; j < per_file[i]; j++) none += docs[doc++].empty();
     if (none > 0) r.empty_docs.push_back({o.files[i], {none, per_file[i]}});
@@ -397,9 +401,9 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
       }
       continue;
     }
-    if (is_jsonl(o.files[i])) {
+    if (forms[i] != JsonForm::none) {
       int64_t none = 0;
-      const auto [n, size] = jsonl_documents(o.files[i], o.json_key, [&](const std::string& text, const JsonlReader&) {
+      const auto [n, size] = json_documents(o.files[i], o.json_key, forms[i], [&](const std::string& text, const JsonDocReader&) {
         push(uint32_t(eot));
         for (char c : text) push(uint8_t(c));
         none += text.empty();
@@ -463,7 +467,7 @@ int prepare_main(int argc, char** argv) {
               r.encoding.c_str(), r.vocab, r.eot);
   // An empty input is no error (a corpus may hold some), but a typo'd or truncated file shows here.
   for (const std::string& f : r.empty)
-    std::printf(is_jsonl(f) ? "note    | %s holds no document (no line that is not blank): it adds nothing\n"
+    std::printf(json_form(f, o.raw) == JsonForm::lines ? "note    | %s holds no document (no line that is not blank): it adds nothing\n"
                             : "note    | %s is empty: it adds nothing but a document boundary\n", f.c_str());
   for (const auto& [f, n] : r.repeated)
     std::printf("note    | %s is given %d times (by these or other paths): its documents are in the shards %d times\n",

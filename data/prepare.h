@@ -2,8 +2,8 @@
 // 20240801, version 7, uint32 tokens for a vocabulary above 65536), so a corpus of plain files
 // trains through shards:GLOB with the shuffle, the val split and --doc-mask.
 //
-// Each file is one document, or, for a name ending in .jsonl (JSON Lines: data/jsonl.h), each line's
-// --json-key field; each document is written as the end-of-text id (EOT) then its tokens: llm.c's
+// Each file is one document, or, for JSON Lines (.jsonl) and a .json array of objects
+// (data/json_documents.h), each record's --json-key field; each document is written as the end-of-text id (EOT) then its tokens: llm.c's
 // layout, where <|endoftext|> opens every document (data/packing.h). The tokens are
 //  - by default the file's bytes (0..255), with EOT = 256: vocab 257. An EOT outside the byte range
 //    is the clean choice: any file (binary, any encoding, NUL bytes included) is taken as is and

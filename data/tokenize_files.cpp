@@ -11,7 +11,6 @@
 #include <thread>
 #include <utility>
 
-#include "data/jsonl.h"
 #include "engine/file_io.h"
 
 namespace ul {
@@ -41,7 +40,7 @@ struct Unit {
 }  // namespace
 
 std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
-                                                 const std::string& json_key, size_t text_bytes, bool progress,
+                                                 const std::vector<JsonForm>& forms, const std::string& json_key, size_t text_bytes, bool progress,
                                                  std::vector<int64_t>& docs_per_file) {
   using clock = std::chrono::steady_clock;
   std::vector<std::vector<int32_t>> docs;
@@ -52,28 +51,28 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
   const auto start = clock::now();
   auto last = start;
   const size_t batch = batch_bytes();
-  std::unique_ptr<JsonlReader> lines;  // the .jsonl input being read (it may span batches)
+  std::unique_ptr<JsonDocReader> json;  // the JSON input being read (it may span batches)
   for (size_t f = 0; f < files.size();) {
     std::vector<std::string> texts;
-    std::vector<std::pair<size_t, int64_t>> where;  // each text's file and (.jsonl) line, for messages
+    std::vector<std::string> where;  // each text's file (and JSON line and element), for messages
     for (size_t bytes = 0; f < files.size() && (texts.empty() || (bytes < batch && texts.size() < kBatchDocs));) {
-      if (is_jsonl(files[f])) {
-        if (!lines) lines = std::make_unique<JsonlReader>(files[f], json_key);
+      if (forms[f] != JsonForm::none) {
+        if (!json) json = std::make_unique<JsonDocReader>(files[f], json_key, forms[f]);
         std::string t;
-        if (!lines->next(t)) {
-          lines.reset();
+        if (!json->next(t)) {
+          json.reset();
           f++;
           continue;
         }
         texts.push_back(std::move(t));
-        where.push_back({f, lines->line()});
+        where.push_back(json->where() + " (its text)");
       } else {
         texts.push_back(read_whole_file(files[f]));
-        where.push_back({f, 0});
+        where.push_back(files[f]);
       }
       docs_per_file[f]++;
       bytes += texts.back().size();
-      if (!lines) f++;
+      if (!json) f++;
     }
     const size_t first = docs.size();
     docs.resize(first + texts.size());
@@ -120,11 +119,7 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
     std::vector<std::string>().swap(texts);  // encoded: the text goes before its tokens are joined
     std::vector<size_t> count(n_docs, 0);
     for (Unit& x : units) {
-      if (!x.error.empty()) {
-        const auto [file, line] = where[x.doc];
-        throw std::runtime_error(files[file] + (line > 0 ? " line " + std::to_string(line) + " (its text)" : "") + ": " +
-                                 x.error);
-      }
+      if (!x.error.empty()) throw std::runtime_error(where[x.doc] + ": " + x.error);
       count[x.doc] += x.ids.size();
     }
     // Each document's pieces joined in order, into exactly its size (no doubling growth), each piece

@@ -4,22 +4,24 @@
 #include <string>
 #include <vector>
 
+#include "data/json_documents.h"
 #include "engine/tokenizer.h"
 
 namespace ul {
 
-// Each document's tokens (without any EOT), in input order: a file is one document, a .jsonl file
-// one a line (its `json_key` field, data/jsonl.h); docs_per_file gets each input's count;
+// Each document's tokens (without any EOT), in input order: a file is one document, or with
+// forms[f] lines or array its JSON documents (their `json_key` field, data/json_documents.h);
+// docs_per_file gets each input's count;
 // text_bytes (the documents' bytes, for the progress line) is what the caller counted reading them
 // first. Documents are read in batches of about 256 MiB of text (at most 65536 documents), and one
 // above 1 MiB is cut into pieces at word boundaries when the tokenizer allows it
 // (Tokenizer::cuts_at_words: a letter followed by a space, where every byte-level pattern ends a
 // piece and NFC changes nothing, so the cut changes no token); the pieces of a batch are encoded in
 // parallel. Prints progress every few seconds when `progress` is set. Throws std::runtime_error
-// naming the file (its line, for .jsonl, and the byte offset in the text) of the first problem in
-// input order (a .jsonl's lines must be sound: the caller reads them through first).
+// naming the file (the document's line, for JSON, and the byte offset in the text) of the first
+// problem in input order (JSON inputs must be sound: the caller reads them through first).
 std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
-                                                 const std::string& json_key, size_t text_bytes, bool progress,
+                                                 const std::vector<JsonForm>& forms, const std::string& json_key, size_t text_bytes, bool progress,
                                                  std::vector<int64_t>& docs_per_file);
 
 }  // namespace ul

@@ -13,7 +13,8 @@ tiktoken ranks (151643 tokens; the file Qwen's own tiktoken-based tokenizer read
 example in the dashscope package): its NFC normalizer, Split regex and ByteLevel, the merges each
 token's BPE reaches it by, and Qwen 2.5's added tokens (14 special, 8 found in text). --write-tokenizer
 keeps that file.
-A .jsonl or .ndjson input is one document a line, its "text" field, as `train prepare` reads it.
+A .jsonl or .ndjson input is one document a line, its "text" field, and a .json array of objects
+one an element, as `train prepare` reads them.
 Prints the files, tokens, mismatches (none, or the first with its context) and both encoders' times.
 
   python3 tools/check_bpe.py [--ranks gpt2.tiktoken | --hf tokenizer.json | --qwen2 qwen.tiktoken]
@@ -38,9 +39,25 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_bpe import qwen2_layout  # noqa: E402 (the tools' shared definition of Qwen 2's layout)
 
+def json_array(path):
+    """Whether prepare reads the file as a JSON array of documents: a .json opening with '[' and '{'."""
+    if not path.lower().endswith(".json"):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:]
+    head = head.lstrip(b" \t\r\n")
+    return head.startswith(b"[") and head[1:].lstrip(b" \t\r\n").startswith(b"{")
+
+
 def documents(files):
-    """Each document's text, as `train prepare` takes them: a file whole, a JSON Lines file a line."""
+    """Each document's text, as `train prepare` takes them: a file whole, JSON a record at a time."""
     for p in files:
+        if json_array(p):
+            with open(p, encoding="utf-8-sig") as f:
+                yield from (element["text"] for element in json.load(f))
+            continue
         if not p.lower().endswith((".jsonl", ".ndjson")):
             yield open(p, encoding="utf-8", newline="").read()  # the bytes as they are: no \r\n -> \n
             continue

@@ -1,4 +1,4 @@
-// `train prepare` on JSON Lines (data/jsonl.h): each line of a .jsonl input is one document, its
+// `train prepare` on JSON Lines (data/json_documents.h): each line of a .jsonl input is one document, its
 // --json-key field (decoded JSON: escapes, \u with surrogate pairs). Checked by equivalence: the
 // shards are byte for byte those of the same documents given as files of their own, for byte tokens
 // and for BPE, also when the documents span several of the encoder's batches; and bad lines,
@@ -6,38 +6,18 @@
 // nothing written.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
+#include "prepare_files.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using ul_test::run_cmd;
+using ul_test::shards_in;
 using ul_test::TempDir;
 using ul_test::train_cmd;
-
-namespace {
-
-std::string bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-// Every shard prepare wrote into dir, by name, as bytes.
-std::vector<std::pair<std::string, std::string>> shards_in(const std::string& dir) {
-  std::vector<std::pair<std::string, std::string>> s;
-  for (const auto& e : fs::directory_iterator(dir)) s.push_back({e.path().filename().string(), bytes_of(e.path())});
-  std::sort(s.begin(), s.end());
-  return s;
-}
-
-}  // namespace
+using ul_test::write_file;
 
 TEST_CASE("prepare: a .jsonl input is one document a line, the same shards as those documents in files", "[prepare]") {
   TempDir d;
@@ -49,18 +29,18 @@ TEST_CASE("prepare: a .jsonl input is one document a line, the same shards as th
       "",
       "the second document, with the same words: hello world hello world",
       "third"};
-  write(d.file("docs.jsonl"),
+  write_file(d.file("docs.jsonl"),
         "\xef\xbb\xbf{\"id\": 1, \"score\": NaN, \"text\": \"Hello\\nworld \\\"quoted\\\" back\\\\slash \\u00e9\\ud83d\\ude00 tab\\there\"}\n"
         "\n"                                                          // blank: skipped
         "{\"meta\": {\"n\": [1, 2]}, \"text\": \"\"}\r\n"             // CRLF, a nested field, no text
         "{\"text\": \"the second document, with the same words: hello world hello world\"}\n"
         "  {\"text\":\"third\"}");                                    // no newline at the end
-  write(d.file("content.jsonl"), "{\"content\": \"the second document, with the same words: hello world hello world\"}\n");
-  write(d.file("plain.txt"), "a plain file between them: one document");
+  write_file(d.file("content.jsonl"), "{\"content\": \"the second document, with the same words: hello world hello world\"}\n");
+  write_file(d.file("plain.txt"), "a plain file between them: one document");
   std::vector<std::string> files;
   for (size_t i = 0; i < texts.size(); i++) {
     files.push_back(d.file("doc" + std::to_string(i) + ".txt"));
-    write(files.back(), texts[i]);
+    write_file(files.back(), texts[i]);
   }
   const std::string gpt2 = " --tokenizer " + ul_test::source_path("tests/data/bpe_tiny_gpt2.json");
   for (const std::string& tok : {std::string(), gpt2}) {
@@ -107,29 +87,29 @@ TEST_CASE("prepare: a .jsonl input is one document a line, the same shards as th
 TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a compressed input, writing nothing",
           "[prepare]") {
   TempDir d;
-  write(d.file("ok.jsonl"), "{\"text\": \"some text for a shard, long enough for both splits\"}\n");
-  write(d.file("ok.txt"), "some text for a shard, long enough for both splits\n");
-  write(d.file("syntax.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \"cut off\n");
-  write(d.file("array.jsonl"), "{\"text\": \"fine\"}\n\n[\"text\", \"x\"]\n");
-  write(d.file("number.jsonl"), "{\"text\": 12}\n");
-  write(d.file("newline.jsonl"), "{\"text\": \"one line\"}\n{\"text\": \"two\\nlines\"}\n");
-  write(d.file("dup.jsonl"), "{\"text\": \"a\", \"text\": \"b\"}\n");
-  write(d.file("corpus.jsonl.gz"), std::string("\x1f\x8b\x08\x00", 4));
-  write(d.file("gzip.jsonl"), std::string("\x1f\x8b\x08\x00", 4));  // by content, whatever the name
-  write(d.file("c4.json.gz"), std::string("\x1f\x8b\x08\x00", 4));
-  write(d.file("notes.TXT.GZ"), "plain text, but named as compressed");
-  write(d.file("zstd.txt"), std::string("\x28\xb5\x2f\xfd\x00", 5));
-  write(d.file("bzip2.txt"), "BZh91AY&SY and then the compressed blocks");
+  write_file(d.file("ok.jsonl"), "{\"text\": \"some text for a shard, long enough for both splits\"}\n");
+  write_file(d.file("ok.txt"), "some text for a shard, long enough for both splits\n");
+  write_file(d.file("syntax.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \"cut off\n");
+  write_file(d.file("array.jsonl"), "{\"text\": \"fine\"}\n\n[\"text\", \"x\"]\n");
+  write_file(d.file("number.jsonl"), "{\"text\": 12}\n");
+  write_file(d.file("newline.jsonl"), "{\"text\": \"one line\"}\n{\"text\": \"two\\nlines\"}\n");
+  write_file(d.file("dup.jsonl"), "{\"text\": \"a\", \"text\": \"b\"}\n");
+  write_file(d.file("corpus.jsonl.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  write_file(d.file("gzip.jsonl"), std::string("\x1f\x8b\x08\x00", 4));  // by content, whatever the name
+  write_file(d.file("c4.json.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  write_file(d.file("notes.TXT.GZ"), "plain text, but named as compressed");
+  write_file(d.file("zstd.txt"), std::string("\x28\xb5\x2f\xfd\x00", 5));
+  write_file(d.file("bzip2.txt"), "BZh91AY&SY and then the compressed blocks");
   std::string tar(600, '\0');
   tar.replace(0, 8, "docs.txt");
   tar.replace(257, 5, "ustar");
-  write(d.file("docs.tar.txt"), tar);
-  write(d.file("c4.json"), "{\"text\": \"JSON Lines in a file named .json\"}\n{\"text\": \"line two\"}\n");
+  write_file(d.file("docs.tar.txt"), tar);
+  write_file(d.file("c4.json"), "{\"text\": \"JSON Lines in a file named .json\"}\n{\"text\": \"line two\"}\n");
   // JSON Lines by shape, whether or not the strict parser takes its lines (an unpaired surrogate).
-  write(d.file("surrogate.json"), "{\"text\": \"a\\ud800\"}\n\n{\"text\": \"b\"}");
-  write(d.file("bare.jsonl"), "{\"text\": hello}\n");
-  write(d.file("latin1.jsonl"), "{\"text\": \"caf\xe9\"}\n");  // not UTF-8: bytes as they are, refused by BPE
-  write(d.file("corpus.parquet"), "PAR1");
+  write_file(d.file("surrogate.json"), "{\"text\": \"a\\ud800\"}\n\n{\"text\": \"b\"}");
+  write_file(d.file("bare.jsonl"), "{\"text\": hello}\n");
+  write_file(d.file("latin1.jsonl"), "{\"text\": \"caf\xe9\"}\n");  // not UTF-8: bytes as they are, refused by BPE
+  write_file(d.file("corpus.parquet"), "PAR1");
   const std::string out = d.file("out");
   struct Case {
     std::string args, message;
@@ -155,7 +135,7 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {d.file("dup.jsonl"), "dup.jsonl line 1: "},
       {"--eot 10 " + d.file("newline.jsonl"), "newline.jsonl line 2 (its text): byte 10 at offset 3 is the end-of-text id"},
       {"--json-key body " + d.file("ok.jsonl"), "ok.jsonl line 1: no \"body\" field (it has \"text\")"},
-      {"--json-key body " + d.file("ok.txt"), "--json-key body: no input is a .jsonl file"},
+      {"--json-key body " + d.file("ok.txt"), "--json-key body: no input is read as JSON documents"},
       {"--json-key '' " + d.file("ok.jsonl"), "--json-key: empty field name"},
       {d.file("ok.txt") + " " + d.file("corpus.jsonl.gz"), "corpus.jsonl.gz: gzip-compressed"},
       {d.file("corpus.parquet"), "corpus.parquet: a Parquet table"},
@@ -173,8 +153,8 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   // A pretty-printed .json (a code corpus' package.json) and a minified one-line one are text, one
   // document each; --raw takes a compressed file as its bytes, and a JSON Lines .json as one
   // document of JSON.
-  write(d.file("package.json"), "{\n  \"name\": \"x\",\n  \"version\": \"1.0.0\"\n}\n");
-  write(d.file("tsconfig.json"), "{\"compilerOptions\": {\"strict\": true}}\n");
+  write_file(d.file("package.json"), "{\n  \"name\": \"x\",\n  \"version\": \"1.0.0\"\n}\n");
+  write_file(d.file("tsconfig.json"), "{\"compilerOptions\": {\"strict\": true}}\n");
   for (const std::string& args : {d.file("package.json") + " " + d.file("tsconfig.json"),
                                   "--raw " + d.file("corpus.jsonl.gz") + " " + d.file("c4.json")}) {
     const std::string o = d.file("raw" + std::to_string(args.size()));
@@ -184,7 +164,7 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
     CHECK(ok.out.find("prepare | 3 file(s), 3 document(s) -> ") != std::string::npos);
   }
   // The unpack command takes a name that starts with '-' as a file, not an option.
-  write(d.file("-x.txt.gz"), std::string("\x1f\x8b\x08\x00", 4));
+  write_file(d.file("-x.txt.gz"), std::string("\x1f\x8b\x08\x00", 4));
   auto dash = run_cmd("cd " + d.path.string() + " && " + train_cmd("prepare --out o -x.txt.gz"));
   CHECK(dash.code == 1);
   CHECK(dash.out.find("gzip -dc './-x.txt.gz' > './-x.txt'") != std::string::npos);
@@ -192,15 +172,15 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   REQUIRE(run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("latin1") + " " + d.file("ok.txt") + " " +
                             d.file("latin1.jsonl"))).code == 0);
   // JSON Lines by name in any case, or .ndjson.
-  write(d.file("UPPER.JSONL"), "{\"text\": \"one\"}\n{\"text\": \"two\"}\n");
-  write(d.file("lines.ndjson"), "{\"text\": \"three\"}\n");
+  write_file(d.file("UPPER.JSONL"), "{\"text\": \"one\"}\n{\"text\": \"two\"}\n");
+  write_file(d.file("lines.ndjson"), "{\"text\": \"three\"}\n");
   auto r = run_cmd(train_cmd("prepare --val-frac 0 --out " + d.file("named") + " " + d.file("UPPER.JSONL") + " " +
                              d.file("lines.ndjson")));
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("prepare | 2 file(s), 3 document(s) -> 14 train + 0 val tokens") != std::string::npos);
   // A .jsonl without a line of text adds nothing, and says so.
-  write(d.file("blank.jsonl"), "\n  \n");
+  write_file(d.file("blank.jsonl"), "\n  \n");
   r = run_cmd(train_cmd("prepare --val-frac 0 --out " + out + " " + d.file("ok.txt") + " " + d.file("blank.jsonl")));
   INFO(r.out);
   CHECK(r.code == 0);
@@ -210,13 +190,13 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
 
 TEST_CASE("prepare --files-from: the inputs a list names, after those given, as if named in order", "[prepare]") {
   TempDir d;
-  write(d.file("a.txt"), "the first document, named on the command line");
-  write(d.file("b.txt"), "the second, listed");
-  write(d.file("c.jsonl"), "{\"text\": \"a third\"}\n{\"text\": \"and a fourth, also listed\"}\n");
-  write(d.file("list"), d.file("b.txt") + "\r\n\n  \n" + d.file("c.jsonl") + "\n");  // CRLF, blank lines
-  write(d.file("list_b"), d.file("b.txt") + "\n");
-  write(d.file("list_c"), "\xef\xbb\xbf" + d.file("c.jsonl"));                      // a BOM, no newline
-  write(d.file("list0"), d.file("b.txt") + std::string(1, '\0') + d.file("c.jsonl") + std::string(1, '\0'));
+  write_file(d.file("a.txt"), "the first document, named on the command line");
+  write_file(d.file("b.txt"), "the second, listed");
+  write_file(d.file("c.jsonl"), "{\"text\": \"a third\"}\n{\"text\": \"and a fourth, also listed\"}\n");
+  write_file(d.file("list"), d.file("b.txt") + "\r\n\n  \n" + d.file("c.jsonl") + "\n");  // CRLF, blank lines
+  write_file(d.file("list_b"), d.file("b.txt") + "\n");
+  write_file(d.file("list_c"), "\xef\xbb\xbf" + d.file("c.jsonl"));                      // a BOM, no newline
+  write_file(d.file("list0"), d.file("b.txt") + std::string(1, '\0') + d.file("c.jsonl") + std::string(1, '\0'));
   const std::string named = d.file("named"), listed = d.file("listed"), piped = d.file("piped");
   auto r = run_cmd(train_cmd("prepare --val-frac 0.2 --out " + named + " " + d.file("a.txt") + " " + d.file("b.txt") + " " +
                              d.file("c.jsonl")));
@@ -249,11 +229,11 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
 
   // Refused, with nothing written: a list that is not there, one that lists nothing, a listed file
   // that is not there, and --json-key with no .jsonl among the inputs.
-  write(d.file("empty"), "\n\n");
-  write(d.file("missing"), d.file("nowhere.txt") + "\n");
-  write(d.file("texts"), d.file("a.txt") + "\n");
-  write(d.file("cr0"), d.file("b.txt") + "\r" + std::string(1, '\0'));  // NUL-separated: the \r is the name's
-  write(d.file("utf16"), "\xff\xfe" "a");
+  write_file(d.file("empty"), "\n\n");
+  write_file(d.file("missing"), d.file("nowhere.txt") + "\n");
+  write_file(d.file("texts"), d.file("a.txt") + "\n");
+  write_file(d.file("cr0"), d.file("b.txt") + "\r" + std::string(1, '\0'));  // NUL-separated: the \r is the name's
+  write_file(d.file("utf16"), "\xff\xfe" "a");
   const std::string out = d.file("out");
   struct Case {
     std::string args, message;
@@ -264,7 +244,7 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
       {"--files-from - < /dev/null", "--files-from - (standard input) lists no file"},
       {"--files-from " + d.file("missing"), "--files-from " + d.file("missing") + " line 1: '" + d.file("nowhere.txt") +
                                                 "' does not exist (a listed path is relative to the working directory)"},
-      {"--json-key body --files-from " + d.file("texts"), "--json-key body: no input is a .jsonl file"},
+      {"--json-key body --files-from " + d.file("texts"), "--json-key body: no input is read as JSON documents"},
       {"--files-from ''", "--files-from: empty path"},
       {"--files-from " + d.file("cr0"), "entry 1: '" + d.file("b.txt") + "\\r' does not exist"},
       {"--files-from " + d.file("utf16"), "UTF-16 text (as PowerShell's > writes): write the list as UTF-8"},

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <cstring>
@@ -28,15 +29,19 @@
 
 namespace fuzz {
 
-// The scratch file of this process (removed at exit), holding exactly `data`.
+// This process' scratch file of that name (removed at exit), holding exactly `data`.
 inline const std::string& input_file(const uint8_t* data, size_t size, const char* name) {
-  static const std::string path = [&] {
-    std::string p = (std::filesystem::temp_directory_path() /
-                     ("ulysses_fuzz_" + std::to_string(getpid()) + "_" + name)).string();
-    static std::string keep = p;
-    std::atexit([] { std::remove(keep.c_str()); });
-    return p;
+  static std::map<std::string, std::string> paths;  // name -> path (a map: its strings stay put)
+  static const bool removed_at_exit = [] {
+    return std::atexit([] {
+      for (const auto& [_, p] : paths) std::remove(p.c_str());
+    }) == 0;
   }();
+  (void)removed_at_exit;
+  auto [it, fresh] = paths.try_emplace(name);
+  if (fresh)
+    it->second = (std::filesystem::temp_directory_path() / ("ulysses_fuzz_" + std::to_string(getpid()) + "_" + name)).string();
+  const std::string& path = it->second;
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) std::abort();  // the scratch directory itself failed: not the parser's fault, but stop
   if (size && std::fwrite(data, 1, size, f) != size) std::abort();

@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
   // JSON Lines for prepare: escapes, a surrogate pair, a blank line, CRLF, another field, a BOM.
   write(seed("jsonl", "docs.jsonl"), "\xef\xbb\xbf{\"text\": \"a\\nb \\u00e9\\ud83d\\ude00\", \"id\": 1}\n\n"
                                      "{\"meta\": {\"x\": [1, NaN]}, \"text\": \"\"}\r\n{\"text\":\"c\"}");
+  // A JSON array of documents (read as docs.json too): braces and escapes in strings, nesting.
+  write(seed("jsonl", "array.json"), "\xef\xbb\xbf [\n {\"text\": \"a { b \\\" ] \\\\\"},\n {\"m\": [{}, []], \"text\": \"\"}\n]\n");
   // Texts for the BPE encoder: words, contractions, runs of white space, non-ASCII classes.
   write(seed("bpe", "words.txt"), "the thing's in  the\n\n  ring, don't 123 4.5!\t\t<|endoftext|>");
   write(seed("bpe", "unicode.txt"), "café é! Москва 東京 🙂 ½Ⅻ a\u00a0b\u3000c e\u0301 \x1c");

@@ -27,7 +27,7 @@ LDFLAGS="-fuse-ld=lld -Wl,--gc-sections"
 # The parsers, and the files that hold what they call.
 SOURCES="engine/llmc_format engine/file_io engine/json engine/checkpoint_files engine/options engine/tokenizer
          engine/tokenizer_json engine/pretokenize engine/unicode_classes engine/nfc engine/safetensors data/shards
-         data/dataset data/prepare data/tokenize_files data/jsonl data/input_check layers/transformer layers/rope
+         data/dataset data/prepare data/tokenize_files data/json_documents data/input_check layers/transformer layers/rope
          engine/hf_index engine/hf_config"
 
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang lld libclang-rt-14-dev)" >&2; exit 1; }

@@ -1,0 +1,171 @@
+#include "data/json_documents.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "engine/file_io.h"
+#include "engine/json.h"
+
+namespace ul {
+
+namespace {
+
+bool json_blank(int c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+const char kBom[] = "\xef\xbb\xbf";
+
+}  // namespace
+
+JsonForm json_form(const std::string& path, bool raw) {
+  const std::string name = ascii_lower(path);
+  if (ends_with(name, ".jsonl") || ends_with(name, ".ndjson")) return JsonForm::lines;
+  if (raw || !ends_with(name, ".json")) return JsonForm::none;
+  std::ifstream f(path, std::ios::binary);
+  int c = f.get();
+  if (c == 0xef && f.get() == 0xbb && f.get() == 0xbf) c = f.get();  // a UTF-8 byte-order mark
+  size_t looked = 0;
+  for (char want : {'[', '{'}) {
+    while (json_blank(c) && ++looked < (size_t(1) << 20)) c = f.get();
+    if (c != want) return JsonForm::none;
+    c = f.get();
+  }
+  return JsonForm::array;
+}
+
+JsonDocReader::JsonDocReader(const std::string& path, const std::string& key, JsonForm form)
+    : f_(path, std::ios::binary), path_(path), key_(key), form_(form), line_(form == JsonForm::lines ? 0 : 1) {
+  if (form == JsonForm::none) throw std::logic_error(path + ": JsonDocReader on a file that is not JSON documents");
+  if (!f_) throw std::runtime_error(path + ": cannot open input file");
+  if (form == JsonForm::array) chunk_.resize(size_t(1) << 16);
+}
+
+std::string JsonDocReader::where() const {
+  if (form_ == JsonForm::lines) return path_ + " line " + std::to_string(doc_line_);
+  return path_ + " element " + std::to_string(element_) + " (line " + std::to_string(doc_line_) + ")";
+}
+
+int JsonDocReader::get() {
+  if (at_ == have_) {
+    f_.read(chunk_.data(), std::streamsize(chunk_.size()));
+    have_ = size_t(f_.gcount());
+    at_ = 0;
+    if (have_ == 0) {
+      if (f_.bad()) throw std::runtime_error(path_ + ": read error at line " + std::to_string(line_));
+      return -1;
+    }
+  }
+  const int c = static_cast<unsigned char>(chunk_[at_++]);
+  line_ += c == '\n';
+  return c;
+}
+
+int JsonDocReader::get_past_blanks() {
+  int c;
+  while (json_blank(c = get())) {
+  }
+  return c;
+}
+
+void JsonDocReader::take(std::string& text) {
+  JsonValue v = parse_json(buf_, where());
+  const char* form = form_ == JsonForm::lines ? "a .jsonl input holds one object a line"
+                                              : "a .json array of documents holds one object an element";
+  if (!v.is(JsonValue::Kind::object))
+    throw std::runtime_error(where() + ": not a JSON object (" + form + ", its \"" + key_ + "\" field the document's text)");
+  auto it = v.fields.find(key_);
+  if (it == v.fields.end()) {
+    std::string keys;
+    int shown = 0;
+    for (const auto& [k, _] : v.fields) {
+      if (shown++ == 8) {
+        keys += ", ...";
+        break;
+      }
+      keys += (keys.empty() ? "\"" : ", \"") + k + "\"";
+    }
+    throw std::runtime_error(where() + ": no \"" + key_ + "\" field (it has " + (keys.empty() ? "none" : keys) +
+                             "); --json-key names the field that holds the text" +
+                             (form_ == JsonForm::array ? " (--raw reads a .json file whole, as text)" : ""));
+  }
+  if (!it->second.is(JsonValue::Kind::string))
+    throw std::runtime_error(where() + ": its \"" + key_ + "\" field is not a string");
+  text = std::move(it->second.text);
+}
+
+bool JsonDocReader::next(std::string& text) {
+  if (form_ == JsonForm::array) return next_element(text);
+  while (std::getline(f_, buf_)) {
+    doc_line_ = ++line_;
+    if (line_ == 1 && buf_.compare(0, 3, kBom) == 0) buf_.erase(0, 3);
+    if (buf_.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank (a trailing empty line)
+    take(text);
+    return true;
+  }
+  if (f_.bad()) throw std::runtime_error(path_ + ": read error after line " + std::to_string(line_));
+  return false;
+}
+
+// The array is read as a stream: each element's bytes are found by their braces (outside strings)
+// and parsed alone, so a file of any size costs one element's memory.
+bool JsonDocReader::next_element(std::string& text) {
+  if (done_) return false;
+  int c;
+  if (!started_) {
+    started_ = true;
+    c = get();
+    if (c == 0xef && get() == 0xbb && get() == 0xbf) c = get();  // a UTF-8 byte-order mark
+    while (json_blank(c)) c = get();
+    if (c != '[') throw std::runtime_error(path_ + ": no longer opens with '[' (changed while being read?)");
+    c = get_past_blanks();
+    if (c == ']') c = -2;  // an empty array
+  } else {
+    c = get_past_blanks();
+    if (c == ',') {
+      c = get_past_blanks();
+      if (c == ']')
+        throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": a ',' after element " +
+                                 std::to_string(element_) + " and then the array's end (not JSON)");
+    } else if (c == ']') {
+      c = -2;
+    } else if (c == -1) {
+      throw std::runtime_error(path_ + ": ends after element " + std::to_string(element_) +
+                               " without the array's closing ']' (a truncated file?)");
+    } else {
+      throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": after element " + std::to_string(element_) +
+                               " comes '" + std::string(1, char(c)) + "' where a ',' or the closing ']' should");
+    }
+  }
+  if (c == -2) {  // the closing ']': nothing but blanks may follow
+    done_ = true;
+    if (get_past_blanks() != -1)
+      throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": more after the array's closing ']'");
+    return false;
+  }
+  element_++;
+  doc_line_ = line_;
+  if (c != '{')
+    throw std::runtime_error(where() + ": not a JSON object (a .json array of documents holds one object an element, "
+                             "its \"" + key_ + "\" field the document's text)");
+  buf_.assign(1, '{');
+  int depth = 1;
+  bool in_string = false, escaped = false;
+  while (depth > 0) {
+    if ((c = get()) == -1)
+      throw std::runtime_error(where() + ": the file ends inside it (a truncated file?)");
+    buf_ += char(c);
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      depth++;
+    } else if (c == '}' || c == ']') {
+      depth--;
+    }
+  }
+  take(text);
+  return true;
+}
+
+}  // namespace ul
