@@ -43,16 +43,17 @@ std::string JsonDocReader::where() const {
   return path_ + " element " + std::to_string(element_) + " (line " + std::to_string(doc_line_) + ")";
 }
 
+bool JsonDocReader::fill() {
+  if (at_ < have_) return true;
+  f_.read(chunk_.data(), std::streamsize(chunk_.size()));
+  have_ = size_t(f_.gcount());
+  at_ = 0;
+  if (have_ == 0 && f_.bad()) throw std::runtime_error(path_ + ": read error at line " + std::to_string(line_));
+  return have_ > 0;
+}
+
 int JsonDocReader::get() {
-  if (at_ == have_) {
-    f_.read(chunk_.data(), std::streamsize(chunk_.size()));
-    have_ = size_t(f_.gcount());
-    at_ = 0;
-    if (have_ == 0) {
-      if (f_.bad()) throw std::runtime_error(path_ + ": read error at line " + std::to_string(line_));
-      return -1;
-    }
-  }
+  if (!fill()) return -1;
   const int c = static_cast<unsigned char>(chunk_[at_++]);
   line_ += c == '\n';
   return c;
@@ -89,6 +90,8 @@ void JsonDocReader::take(std::string& text) {
   if (!it->second.is(JsonValue::Kind::string))
     throw std::runtime_error(where() + ": its \"" + key_ + "\" field is not a string");
   text = std::move(it->second.text);
+  // A long record's JSON is not kept beside its text while the caller holds that (a batch of them).
+  if (buf_.capacity() > (size_t(1) << 20)) std::string().swap(buf_);
 }
 
 bool JsonDocReader::next(std::string& text) {
@@ -149,6 +152,14 @@ bool JsonDocReader::next_element(std::string& text) {
   int depth = 1;
   bool in_string = false, escaped = false;
   while (depth > 0) {
+    if (in_string && !escaped && fill()) {  // a run of a string's plain bytes, copied at once
+      const char* run = chunk_.data() + at_;
+      size_t n = 0;
+      while (at_ + n < have_ && run[n] != '"' && run[n] != '\\' && run[n] != '\n') n++;
+      buf_.append(run, n);
+      at_ += n;
+      if (at_ == have_) continue;
+    }
     if ((c = get()) == -1)
       throw std::runtime_error(where() + ": the file ends inside it (a truncated file?)");
     buf_ += char(c);

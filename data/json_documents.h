@@ -32,7 +32,8 @@ class JsonDocReader {
   std::string where() const;
 
  private:
-  int get();  // the next byte, or -1 at the end (counts lines)
+  bool fill();  // false at the end of the file, else bytes are in chunk_
+  int get();    // the next byte, or -1 at the end (counts lines)
   int get_past_blanks();
   void take(std::string& text);  // the document's text from the object in buf_
   bool next_element(std::string& text);
