@@ -20,6 +20,7 @@
 #include "data/input_check.h"
 #include "data/json_documents.h"
 #include "data/shards.h"
+#include "data/token_spill.h"
 #include "data/tokenize_files.h"
 #include "engine/file_io.h"
 #include "engine/tokenizer.h"
@@ -263,6 +264,47 @@ std::runtime_error changed_while_read(const std::string& path, const std::string
   return std::runtime_error(path + ": changed while being read (" + before + ", then " + after + ")");
 }
 
+// --out, made ready for the shards: created (with its missing parents) if need be, refused if it
+// holds shards already, cleared of the temporaries (text_*.bin.tmp) of a run that was stopped. If
+// prepare fails before the shards are in place, the directories it created are removed again
+// (each only if empty: the failed run's temporaries are gone by then).
+class OutputDir {
+ public:
+  OutputDir(const std::string& dir, const std::vector<std::string>& inputs) {
+    std::error_code ec;
+    for (fs::path p = fs::absolute(dir, ec); !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      created_.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir)) throw std::runtime_error(dir + ": cannot create the output directory");
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("text_", 0) != 0) continue;
+      if (ends_with(name, ".bin"))
+        throw std::runtime_error(dir + ": already holds shard " + name + " (remove the old shards or pick another --out)");
+      if (!ends_with(name, ".bin.tmp")) continue;
+      // An input that happens to carry a temporary's name is an input: never removed.
+      for (const std::string& in : inputs)
+        if (fs::equivalent(in, e.path(), ec))
+          throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + dir +
+                                   " (which it would remove): move it or pick another --out");
+      stale.push_back(e.path());
+    }
+    for (const fs::path& p : stale) fs::remove(p, ec);
+  }
+  ~OutputDir() {
+    std::error_code ec;
+    for (const fs::path& p : created_) fs::remove(p, ec);  // leaf first; a directory not empty stays
+  }
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+
+ private:
+  std::vector<fs::path> created_;  // the directories this run made, the deepest first
+};
+
 // Each document of a JSON input, in order, to fn(text, reader); returns its documents and bytes.
 template <class Fn>
 std::pair<int64_t, int64_t> json_documents(const std::string& path, const std::string& key, JsonForm form, Fn fn) {
@@ -337,30 +379,35 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     sizes.push_back(size);
     if (!tok) total += size + per_file[i];  // each document's EOT
   }
-  std::vector<std::vector<int32_t>> docs;  // with a tokenizer: every document's tokens, in order
+  // The output directory, before any encoding: one that holds shards is refused now, not after
+  // hours of it. Created here if need be, and removed again if prepare fails before the shards.
+  OutputDir out(o.out, o.files);
+  PrepareResult r;
+  std::unique_ptr<TokenSpill> spill;  // with a tokenizer: every document's EOT and tokens, in order
   if (tok) {
     int64_t text_bytes = 0;
     for (int64_t b : sizes) text_bytes += b;
-    std::vector<int64_t> read;
-    docs = tokenize_files(*tok, o.files, forms, o.json_key, size_t(text_bytes), progress, read);
-    for (size_t i = 0; i < o.files.size(); i++)
+    spill = std::make_unique<TokenSpill>((fs::path(o.out) / "text_tokens.bin").string(), vocab > 65536 ? 4 : 2);
+    std::vector<int64_t> read, empty(o.files.size(), 0);
+    tokenize_files(*tok, o.files, forms, o.json_key, size_t(text_bytes), progress, read,
+                   [&](size_t f, std::vector<int32_t>& tokens) {
+                     spill->push(uint32_t(eot));
+                     for (int32_t t : tokens) spill->push(uint32_t(t));
+                     empty[f] += tokens.empty();
+                   });
+    for (size_t i = 0; i < o.files.size(); i++) {
       if (read[i] != per_file[i])
         throw changed_while_read(o.files[i], std::to_string(per_file[i]) + " documents", std::to_string(read[i]));
-    for (const auto& d : docs) total += int64_t(d.size()) + 1;
-  }
-  PrepareResult r;
-  for (size_t i = 0, doc = 0; i < o.files.size(); i++) {
-    r.documents += per_file[i];
-    if (forms[i] == JsonForm::none) {
-      if (tok ? docs[doc++].empty() : sizes[i] == 0) r.empty.push_back(o.files[i]);
-      continue;
+      if (forms[i] == JsonForm::none ? empty[i] > 0 : per_file[i] == 0) r.empty.push_back(o.files[i]);
+      else if (empty[i] > 0) r.empty_docs.push_back({o.files[i], {empty[i], per_file[i]}});
     }
-    if (per_file[i] == 0) r.empty.push_back(o.files[i]);
-    if (!tok) continue;  // the bytes path counts a JSON input's empty documents as it writes them
-    int64_t none = 0;
-    for (int64_t j = 0; j < per_file[i]; j++) none += docs[doc++].empty();
-    if (none > 0) r.empty_docs.push_back({o.files[i], {none, per_file[i]}});
+    total = spill->count();
+  } else {
+    for (size_t i = 0; i < o.files.size(); i++)
+      if (forms[i] == JsonForm::none ? sizes[i] == 0 : per_file[i] == 0) r.empty.push_back(o.files[i]);
+    // (the bytes path counts a JSON input's empty documents as it writes them)
   }
+  for (int64_t n : per_file) r.documents += n;
   const int64_t val = std::llround(o.val_frac * double(total)), train = total - val;
   if (train < 2 || (o.val_frac > 0 && val < 2))
     throw std::runtime_error("prepare: " + std::to_string(total) + " tokens give a train split of " + std::to_string(train) +
@@ -369,38 +416,16 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
                                              : "") +
                              " (each needs >= 2 tokens): " +
                              (train < 2 ? std::string("give more text") : "use --val-frac 0 (no val split) or a larger one"));
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  if (!fs::is_directory(o.out)) throw std::runtime_error(o.out + ": cannot create the output directory");
-  std::vector<fs::path> stale;  // text_*.bin.tmp: the temporaries of a run that was stopped
-  for (const auto& e : fs::directory_iterator(o.out)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("text_", 0) != 0) continue;
-    if (ends_with(name, ".bin"))
-      throw std::runtime_error(o.out + ": already holds shard " + name + " (remove the old shards or pick another --out)");
-    if (!ends_with(name, ".bin.tmp")) continue;
-    // An input that happens to carry a temporary's name is an input: never removed.
-    for (const std::string& in : o.files)
-      if (fs::equivalent(in, e.path(), ec))
-        throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + o.out +
-                                 " (which it would remove): move it or pick another --out");
-    stale.push_back(e.path());
-  }
-  for (const fs::path& p : stale) fs::remove(p, ec);
 
   ShardWriter train_w(o.out, "train", train, o.shard_tokens, vocab, eot),
       val_w(o.out, "val", val, o.shard_tokens, vocab, eot);
   int64_t k = 0;  // tokens of the stream so far: the first `train` go to the train split
   auto push = [&](uint32_t t) { (k++ < train ? train_w : val_w).push(t); };
-  for (size_t i = 0, doc = 0; i < o.files.size(); i++) {
-    if (tok) {
-      for (int64_t j = 0; j < per_file[i]; j++, doc++) {
-        push(uint32_t(eot));
-        for (int32_t t : docs[doc]) push(uint32_t(t));
-        std::vector<int32_t>().swap(docs[doc]);  // written: free it
-      }
-      continue;
-    }
+  if (spill) {
+    spill->replay(push);
+    spill.reset();  // the shards hold the tokens now: the temporary goes before they are made durable
+  }
+  for (size_t i = 0; i < o.files.size() && !tok; i++) {
     if (forms[i] != JsonForm::none) {
       int64_t none = 0;
       const auto [n, size] = json_documents(o.files[i], o.json_key, forms[i], [&](const std::string& text, const JsonDocReader&) {

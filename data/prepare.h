@@ -17,14 +17,15 @@
 //    (engine/tokenizer.h), with that file's vocabulary and EOT (Llama 3: <|begin_of_text|>): the
 //    shards llm.c's data scripts write, to fine-tune a GPT-2 or Llama 3 checkpoint on. A file that
 //    is not valid UTF-8 is refused naming the byte offset. The encoding runs on all cores (a large file
-//    is cut at word boundaries, which changes no token) and every document's tokens are held in
-//    memory until the split is known: about as many bytes as the text.
+//    is cut at word boundaries, which changes no token), a batch at a time, and the tokens wait in
+//    a temporary file in DIR until the split is known (data/token_spill.h): memory is a batch's.
 //
 // The stream of all files, in the order given, is cut once: the last --val-frac of its tokens go
 // to DIR/text_val_NNNNNN.bin, the rest to DIR/text_train_NNNNNN.bin, each split in shards of at
 // most --shard-tokens tokens. Every shard is written atomically (NAME.tmp, fsync, rename), and
 // nothing is written before every input has been checked. A DIR that already holds text_*.bin
-// shards is refused, so that stale shards of an earlier run can never mix into the glob.
+// shards is refused (before any encoding), so that stale shards of an earlier run can never mix
+// into the glob; a failed run leaves DIR as it was (one it created is removed again).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,7 +40,7 @@ struct PrepareOptions {
   int64_t shard_tokens = 100000000;  // llm.c's shard size
   int eot = 256;
   std::string tokenizer;  // empty: byte tokens
-  std::string json_key = "text";  // the field of each .jsonl line that holds the document
+  std::string json_key = "text";  // the field of each JSON record that holds the document
   std::vector<std::string> files;
   // --files-from LIST (repeatable): more inputs, one path a line, after those on the command line;
   // read by prepare_shards, not the parser: a corpus of more files than a command line holds.

@@ -39,11 +39,10 @@ struct Unit {
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
-                                                 const std::vector<JsonForm>& forms, const std::string& json_key, size_t text_bytes, bool progress,
-                                                 std::vector<int64_t>& docs_per_file) {
+void tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files, const std::vector<JsonForm>& forms,
+                    const std::string& json_key, size_t text_bytes, bool progress, std::vector<int64_t>& docs_per_file,
+                    const DocumentSink& sink) {
   using clock = std::chrono::steady_clock;
-  std::vector<std::vector<int32_t>> docs;
   docs_per_file.assign(files.size(), 0);
   const size_t total = text_bytes;
   std::atomic<size_t> done{0};
@@ -55,6 +54,7 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
   for (size_t f = 0; f < files.size();) {
     std::vector<std::string> texts;
     std::vector<std::string> where;  // each text's file (and JSON line and element), for messages
+    std::vector<size_t> doc_file;    // each text's input
     for (size_t bytes = 0; f < files.size() && (texts.empty() || (bytes < batch && texts.size() < kBatchDocs));) {
       if (forms[f] != JsonForm::none) {
         if (!json) json = std::make_unique<JsonDocReader>(files[f], json_key, forms[f]);
@@ -71,11 +71,10 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
         where.push_back(files[f]);
       }
       docs_per_file[f]++;
+      doc_file.push_back(f);
       bytes += texts.back().size();
       if (!json) f++;
     }
-    const size_t first = docs.size();
-    docs.resize(first + texts.size());
     std::vector<Unit> units;
     for (size_t d = 0; d < texts.size(); d++) {
       const std::string& t = texts[d];
@@ -117,21 +116,23 @@ std::vector<std::vector<int32_t>> tokenize_files(const Tokenizer& tok, const std
     for (auto& t : pool) t.join();
     const size_t n_docs = texts.size();
     std::vector<std::string>().swap(texts);  // encoded: the text goes before its tokens are joined
-    std::vector<size_t> count(n_docs, 0);
-    for (Unit& x : units) {
+    for (Unit& x : units)
       if (!x.error.empty()) throw std::runtime_error(where[x.doc] + ": " + x.error);
-      count[x.doc] += x.ids.size();
-    }
     // Each document's pieces joined in order, into exactly its size (no doubling growth), each piece
-    // freed once copied: at the peak the tokens are held about once, not twice.
-    for (Unit& x : units) {
-      std::vector<int32_t>& doc = docs[first + x.doc];
-      if (doc.empty()) doc.reserve(count[x.doc]);
-      doc.insert(doc.end(), x.ids.begin(), x.ids.end());
-      std::vector<int32_t>().swap(x.ids);
+    // freed once copied, and the document handed on: at the peak a batch's tokens are held once.
+    std::vector<size_t> count(n_docs, 0);
+    for (const Unit& x : units) count[x.doc] += x.ids.size();
+    std::vector<int32_t> doc;
+    for (size_t u = 0, d = 0; d < n_docs; d++) {
+      doc.clear();
+      doc.reserve(count[d]);
+      for (; u < units.size() && units[u].doc == d; u++) {
+        doc.insert(doc.end(), units[u].ids.begin(), units[u].ids.end());
+        std::vector<int>().swap(units[u].ids);
+      }
+      sink(doc_file[d], doc);
     }
   }
-  return docs;
 }
 
 }  // namespace ul

@@ -131,6 +131,47 @@ TEST_CASE("prepare --tokenizer refuses invalid UTF-8, version 1 files and --eot,
   CHECK((!fs::exists(d / "s") || fs::is_empty(d / "s")));
 }
 
+TEST_CASE("prepare --tokenizer: the tokens wait on disk, not in memory: a failure part way leaves no directory, "
+          "no temporary", "[prepare]") {
+  TempDir d;
+  // Batches of 8 bytes: the documents before bad.txt are encoded and written to the temporary
+  // token file before its invalid UTF-8 is found.
+  const std::string small = "ULYSSES_TEST_PREPARE_BATCH_BYTES=8 ";
+  std::string files;
+  for (int i = 0; i < 5; i++) {
+    std::ofstream(d / ("ok" + std::to_string(i) + ".txt"), std::ios::binary) << "fine text number " << i;
+    files += " " + (d / ("ok" + std::to_string(i) + ".txt"));
+  }
+  std::ofstream(d / "bad.txt", std::ios::binary) << "caf\xe9 latin-1";
+  // --out's missing parents are created, and removed again.
+  auto r = run_cmd(small + train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "new/deeper/s") + files + " " +
+                                     (d / "bad.txt")));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find((d / "bad.txt") + ": invalid UTF-8 at byte 3") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "new"));
+  // A directory that was there stays, with what it held, and without the temporary.
+  fs::create_directories(d / "kept");
+  std::ofstream(d / "kept/notes.txt") << "mine";
+  r = run_cmd(small + train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "kept") + files + " " + (d / "bad.txt")));
+  CHECK(r.code == 1);
+  CHECK(fs::exists(d / "kept/notes.txt"));
+  CHECK_FALSE(fs::exists(d / "kept/text_tokens.bin.tmp"));
+  CHECK(std::distance(fs::directory_iterator(d / "kept"), fs::directory_iterator()) == 1);
+  // An --out that holds shards is refused before any encoding: before bad.txt's error is found.
+  r = run_cmd(small + train_cmd("prepare --tokenizer " + kTok + " --val-frac 0 --out " + (d / "kept") + files));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_FALSE(fs::exists(d / "kept/text_tokens.bin.tmp"));
+  r = run_cmd(small + train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "kept") + files + " " + (d / "bad.txt")));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("already holds shard text_train_000000.bin") != std::string::npos);
+  // Batches of 8 bytes give the shards one batch of all the text gives.
+  r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --val-frac 0 --out " + (d / "whole") + files));
+  REQUIRE(r.code == 0);
+  CHECK(train_tokens(d / "kept", 20240520, 577, 576) == train_tokens(d / "whole", 20240520, 577, 576));
+}
+
 TEST_CASE("prepare --tokenizer takes a Hugging Face tokenizer.json, Llama 3's layout opening documents with BOS",
           "[prepare]") {
   TempDir d;
