@@ -270,17 +270,18 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   }
   if (W > 1) {
     p.sent.all_reduce = 2 * comm_volume::all_reduce(1, DType::f64, W);  // valid count, loss
-    if (!c.trains) {
-      // no gradients to reduce
-    } else if (!c.zero) {
-      p.sent.all_reduce += comm_volume::all_reduce(n, DType::f32, W);
-    } else {  // parallel/zero.h: equal shards by reduce-scatter / all-gather, the tail by the world
-      const size_t s = n / world, tail = n - s * world;
-      p.sent.reduce_scatter = comm_volume::reduce_scatter(s, DType::f32, W);
-      p.sent.all_gather = comm_volume::all_gather(s, c.dtype, W);
-      p.sent.all_reduce += comm_volume::all_reduce(1, DType::f64, W);  // the squared gradient norm
-      if (tail) p.sent.all_reduce += comm_volume::all_reduce(tail, DType::f32, W);
-      if (tail) p.sent.broadcast = comm_volume::broadcast(tail, c.dtype, W, false);
+    if (c.trains) {  // (an eval-only run has no gradients to reduce)
+      // the squared gradient norm, summed shard by shard with or without ZeRO (engine/trainer.cpp)
+      p.sent.all_reduce += comm_volume::all_reduce(1, DType::f64, W);
+      if (!c.zero) {
+        p.sent.all_reduce += comm_volume::all_reduce(n, DType::f32, W);
+      } else {  // parallel/zero.h: equal shards by reduce-scatter / all-gather, the tail by the world
+        const size_t s = n / world, tail = n - s * world;
+        p.sent.reduce_scatter = comm_volume::reduce_scatter(s, DType::f32, W);
+        p.sent.all_gather = comm_volume::all_gather(s, c.dtype, W);
+        if (tail) p.sent.all_reduce += comm_volume::all_reduce(tail, DType::f32, W);
+        if (tail) p.sent.broadcast = comm_volume::broadcast(tail, c.dtype, W, false);
+      }
     }
   }
   return p;

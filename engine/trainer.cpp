@@ -452,12 +452,16 @@ StepResult Trainer::step() {
   else all_reduce_gradients(g.world, P.grad(), P.numel());
   g.world.all_reduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
   r.loss = loss_sum / double(count);
-  if (o_.zero) {  // the global norm from the shards: each rank holds the world sum of its own
-    double ss = sum_squares_on(P.device(), P.grad() + opt_->lo(), opt_->hi() - opt_->lo());
-    g.world.all_reduce(&ss, 1, DType::f64, ReduceOp::sum);
+  {
+    // The global norm is summed shard by shard whether or not --zero 1 shards the state: each rank
+    // adds the squares of its ZeRO shard (under ZeRO the only part of the gradient it holds
+    // reduced), and the world adds the ranks' sums. So --zero 1 gives the norm's bits of --zero 0,
+    // and with them the clip factor's: a norm added in another order (the CUDA sum rounds in f32)
+    // differs in its last digits and moves every weight of every step after.
+    const ZeroShard mine = zero_shard(P.numel(), g.world.size(), g.world.rank());
+    double ss = sum_squares_on(P.device(), P.grad() + mine.lo, mine.hi - mine.lo);
+    if (g.world.size() > 1) g.world.all_reduce(&ss, 1, DType::f64, ReduceOp::sum);
     r.grad_norm = std::sqrt(ss);
-  } else {
-    r.grad_norm = grad_global_norm(P);
   }
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     throw std::runtime_error("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +

@@ -142,7 +142,7 @@ TEST_CASE("recompute keeps at most 2 C floats per token per layer", "[memory]") 
   }
 }
 
-TEST_CASE("ZeRO-1 matches plain data parallelism after 10 steps", "[memory][zero]") {
+TEST_CASE("ZeRO-1 is bitwise plain data parallelism after 10 clipped steps", "[memory][zero]") {
   const std::vector<std::pair<std::string, int>> layouts = {
       {"", 2}, {"", 4}, {"--sp 2", 4}, {"--sp 2 --model llama", 4}};
   for (const auto& [layout, ranks] : layouts) {
@@ -150,11 +150,11 @@ TEST_CASE("ZeRO-1 matches plain data parallelism after 10 steps", "[memory][zero
     std::vector<ParamSpec> specs;
     std::vector<RankRun> dp = train(base, ranks, 10, &specs), z = train(base + " --zero 1", ranks, 10);
     INFO(layout << " on " << ranks << " ranks");
-    for (int s = 0; s < 10; s++) {
-      CHECK(std::fabs(z[0].losses[s] - dp[0].losses[s]) <= 1e-9 * std::fabs(dp[0].losses[s]));
-      CHECK(std::fabs(z[0].norms[s] - dp[0].norms[s]) <= 1e-6 * dp[0].norms[s]);
-    }
-    check_close(dp[0].params, z[0].params, specs, 1e-6, layout);
+    // Bitwise: the norm, which sets the clip factor, is summed shard by shard either way.
+    CHECK(z[0].losses == dp[0].losses);
+    CHECK(z[0].norms == dp[0].norms);
+    for (double n : dp[0].norms) CHECK(n > 1.0);  // clipped every step
+    CHECK(z[0].params == dp[0].params);
     for (int r = 1; r < ranks; r++) CHECK(z[r].params == z[0].params);  // every rank gathered every shard
     CHECK(z[0].steps[0].sent.all_reduce < dp[0].steps[0].sent.all_reduce / 100);
     CHECK(z[0].steps[0].sent.reduce_scatter > 0);

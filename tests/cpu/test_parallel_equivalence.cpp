@@ -256,9 +256,10 @@ TEST_CASE("bytes per step: the Ulysses all-to-alls and the gradient all-reduce",
     const uint64_t a2a = uint64_t(L) * 2 * (scatter + gather) * (P - 1) * e;
     // DESIGN.md: about 4 B T C / P elements per layer per direction, of which (P - 1) / P leave the rank.
     const double design = double(L) * 2 * 4.0 * B * T * C / P * (P - 1) / P * e;
-    // The world all-reduces: the gradient (f32), the valid count and the loss sum (one f64 each).
+    // The world all-reduces: the gradient (f32), the valid count, the loss sum and the squared
+    // gradient norm (one f64 each).
     const uint64_t n = runs[0].numel;
-    const uint64_t ar = 2 * n * (P - 1) * 4 / P + 2 * (2 * 1 * uint64_t(P - 1) * 8 / P);
+    const uint64_t ar = 2 * n * (P - 1) * 4 / P + 3 * (2 * 1 * uint64_t(P - 1) * 8 / P);
     for (int r = 0; r < P; r++) {
       const CommStats& s = runs[r].sent[0];
       INFO("rank " << r << ": all_to_all " << s.all_to_all << " (expected " << a2a << "), all_reduce " << s.all_reduce

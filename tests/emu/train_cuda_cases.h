@@ -63,7 +63,7 @@ inline Options options(const std::string& args) { return ul_test::options(common
 
 // What rank 0 saw, on the host. params: the f32 values (a bf16 model's master weights).
 struct Run {
-  std::vector<double> losses;
+  std::vector<double> losses, norms;  // every step's loss and gradient norm (before clipping)
   std::vector<float> params0;  // before the first step
   std::vector<uint16_t> bf16_0;  // bf16 runs: the bf16 parameter buffer before the first step
   std::vector<std::vector<float>> grads;  // every step's world-summed gradient (what AdamW is fed)
@@ -98,6 +98,7 @@ inline Run train(const std::string& args, int ranks, int steps, const std::funct
       StepResult sr = tr.step();
       if (!lead) continue;
       r.losses.push_back(sr.loss);
+      r.norms.push_back(sr.grad_norm);
       r.grads.emplace_back(p.numel());
       device_copy(r.grads.back().data(), Device::cpu, p.grad(), p.device(), p.numel() * sizeof(float));
     }

@@ -5,9 +5,9 @@
 //     within 1e-5 (of each tensor's largest element);
 //   - dp 2 vs one process on the same sequences, fp32: every step's loss and world-summed gradient
 //     within 1e-5, the weights after 3 steps within 1e-4 (Adam and eps: see train_cuda_cases.h);
-//   - ZeRO-1 over dp 2: bitwise equal to plain dp 2 in fp32 and bf16 (losses, masters, bf16
-//     weights), each rank keeping the bf16 masters of its shard only (the owner rounds its shard,
-//     the others take its bits);
+//   - ZeRO-1 over dp 2: bitwise equal to plain dp 2 in fp32 and bf16 (losses, gradient norms,
+//     masters, bf16 weights, over clipped steps), each rank keeping the bf16 masters of its shard
+//     only (the owner rounds its shard, the others take its bits);
 //   - --check-state passes in fp32, sp 1 and sp 2, on a GPT-2 debug state with a head dim the CUDA
 //     attention runs (llm.c's tiny reference has head dim 8; see write_reference).
 #pragma once
@@ -56,15 +56,21 @@ TEST_CASE("train --device cuda: dp 2 equals one process on the same sequences", 
 }
 
 TEST_CASE("train --device cuda --zero 1: bitwise as without, fp32 and bf16 (masters sharded)", UL_CUDA_TEST_TAG) {
-  const std::string a = "--model gpt2 --device cuda --batch 1";
+  // 3 steps with the gradient clipped (the default --grad-clip 1 is below these norms): the norm
+  // sets the clip factor, so a norm summed another way under --zero 1 moves every weight.
+  for (const char* arch : kArchs)
   for (const char* precision : {" --precision fp32", " --precision bf16"}) {
-    INFO(precision);
-    const Run plain = train(a + precision, 2, 2), zero = train(a + precision + " --zero 1", 2, 2);
+    INFO(arch << precision);
+    const std::string a = std::string("--model ") + arch + " --device cuda --batch 1 --lr 1e-2" + precision;
+    const Run plain = train(a, 2, 3), zero = train(a + " --zero 1", 2, 3);
     CHECK(zero.losses == plain.losses);
+    CHECK(zero.norms == plain.norms);
+    for (double n : plain.norms) CHECK(n > 1.0);
     CHECK(zero.params == plain.params);  // bf16: the masters, gathered from their owners
     CHECK(zero.bf16 == plain.bf16);
     CHECK(zero.params != zero.params0);  // the steps did move them
   }
+  const std::string a = "--model gpt2 --device cuda --batch 1";
   // bf16: each rank keeps the masters of its own shard only, and all end with the same bf16 weights.
   Options o = options(a + " --precision bf16 --zero 1 --ranks 2");
   LocalOptions lo;
