@@ -1,6 +1,9 @@
 #include "data/json_documents.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -11,6 +14,18 @@ namespace ul {
 namespace {
 
 bool json_blank(int c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+// A byte for a message: 'x' when printable ASCII, else its value (a NUL would end the message).
+std::string shown(int c) {
+  if (c > 0x20 && c < 0x7f) return "'" + std::string(1, char(c)) + "'";
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "byte 0x%02x", c);
+  return hex;
+}
+
+// An element longer than this is taken for a broken one (a quote unescaped or missing makes the
+// scan run on through the file) rather than read on into memory.
+constexpr size_t kMaxElement = size_t(1) << 30;
 const char kBom[] = "\xef\xbb\xbf";
 
 }  // namespace
@@ -18,7 +33,10 @@ const char kBom[] = "\xef\xbb\xbf";
 JsonForm json_form(const std::string& path, bool raw) {
   const std::string name = ascii_lower(path);
   if (ends_with(name, ".jsonl") || ends_with(name, ".ndjson")) return JsonForm::lines;
-  if (raw || !ends_with(name, ".json")) return JsonForm::none;
+  std::error_code ec;
+  // Only a regular file is looked into: opening a pipe would block until a writer comes (prepare
+  // refuses it, naming what it is, before reading).
+  if (raw || !ends_with(name, ".json") || !std::filesystem::is_regular_file(path, ec)) return JsonForm::none;
   std::ifstream f(path, std::ios::binary);
   int c = f.get();
   if (c == 0xef && f.get() == 0xbb && f.get() == 0xbf) c = f.get();  // a UTF-8 byte-order mark
@@ -67,7 +85,16 @@ int JsonDocReader::get_past_blanks() {
 }
 
 void JsonDocReader::take(std::string& text) {
-  JsonValue v = parse_json(buf_, where());
+  JsonValue v;
+  try {
+    v = parse_json(buf_, where());
+  } catch (const JsonSyntaxError& e) {
+    if (form_ == JsonForm::lines) throw;  // a byte of a line is a place in the file already
+    // An element may span lines (pretty-printed): the line of the fault, not a byte of the element.
+    const size_t at = std::min(e.offset, buf_.size());
+    const int64_t line = doc_line_ + std::count(buf_.begin(), buf_.begin() + std::ptrdiff_t(at), '\n');
+    throw std::runtime_error(where() + ": invalid JSON on line " + std::to_string(line) + ": " + e.problem);
+  }
   const char* form = form_ == JsonForm::lines ? "a .jsonl input holds one object a line"
                                               : "a .json array of documents holds one object an element";
   if (!v.is(JsonValue::Kind::object))
@@ -124,6 +151,9 @@ bool JsonDocReader::next_element(std::string& text) {
     c = get_past_blanks();
     if (c == ',') {
       c = get_past_blanks();
+      if (c == -1)
+        throw std::runtime_error(path_ + ": ends after element " + std::to_string(element_) +
+                                 " and a ',' without the array's closing ']' (a truncated file?)");
       if (c == ']')
         throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": a ',' after element " +
                                  std::to_string(element_) + " and then the array's end (not JSON)");
@@ -134,13 +164,15 @@ bool JsonDocReader::next_element(std::string& text) {
                                " without the array's closing ']' (a truncated file?)");
     } else {
       throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": after element " + std::to_string(element_) +
-                               " comes '" + std::string(1, char(c)) + "' where a ',' or the closing ']' should");
+                               " comes " + shown(c) + " where a ',' or the closing ']' should");
     }
   }
   if (c == -2) {  // the closing ']': nothing but blanks may follow
     done_ = true;
     if (get_past_blanks() != -1)
-      throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": more after the array's closing ']'");
+      throw std::runtime_error(path_ + " line " + std::to_string(line_) +
+                               ": more after the array's closing ']' (arrays one after another are not one JSON "
+                               "document: write JSON Lines instead, as datasets' to_json does by default)");
     return false;
   }
   element_++;
@@ -161,7 +193,15 @@ bool JsonDocReader::next_element(std::string& text) {
       if (at_ == have_) continue;
     }
     if ((c = get()) == -1)
-      throw std::runtime_error(where() + ": the file ends inside it (a truncated file?)");
+      throw std::runtime_error(where() + ": the file ends inside it (a truncated file, or a string whose closing "
+                               "quote is missing or that holds a quote not escaped as \\\")");
+    if (in_string && c < 0x20)
+      throw std::runtime_error(where() + ": a raw control " + shown(c) + " inside a string, on line " +
+                               std::to_string(line_ - (c == '\n')) +
+                               " (not JSON: written \\n and so on; or a quote before it is not escaped as \\\")");
+    if (buf_.size() >= kMaxElement)
+      throw std::runtime_error(where() + ": over 1 GiB without its end: a quote missing or not escaped (as \\\") "
+                               "somewhere in it? (a document that long: give it as a text file)");
     buf_ += char(c);
     if (in_string) {
       if (escaped) escaped = false;

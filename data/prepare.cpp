@@ -195,7 +195,7 @@ std::string printable(const std::string& path) {
 // o's inputs with those its --files-from lists name appended, in order: one path a line (blank
 // lines and a trailing \r skipped: a list written on Windows), or one per NUL byte when the list
 // holds any (find -print0: a path may hold a newline, never a NUL). A path is relative to the
-// working directory, as on the command line. And --json-key checked against them all.
+// working directory, as on the command line.
 PrepareOptions with_listed_files(PrepareOptions o) {
   for (const std::string& list : o.files_from) {
     const std::string name = list == "-" ? "- (standard input)" : list;
@@ -234,11 +234,6 @@ PrepareOptions with_listed_files(PrepareOptions o) {
       throw std::runtime_error("prepare: --files-from " + name + " lists no file" +
                                (o.files.empty() ? " (and no input is named before it)" : ""));
   }
-  // A --json-key that no input reads (the default "text" is never an error).
-  if (o.json_key != "text" && std::none_of(o.files.begin(), o.files.end(),
-                                           [&](const std::string& f) { return json_form(f, o.raw) != JsonForm::none; }))
-    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is read as JSON documents (a .jsonl or "
-                             ".ndjson file, or a .json array of objects; any other file is one document, read whole)");
   return o;
 }
 
@@ -344,19 +339,27 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
                               " is the end-of-text id (--eot " + std::to_string(o.eot) +
                               "); use the default --eot 256, which no byte can collide with");
   };
-  for (size_t i = 0; i < o.files.size(); i++) {
-    const std::string& path = o.files[i];
+  // What each input is, from its type, name and first bytes, before any is read through.
+  for (const std::string& path : o.files) {
     // The type first: opening a pipe would block until a writer comes.
     if (!fs::is_regular_file(path)) {
       require_regular_file(path);  // names a directory, pipe or device
       throw std::runtime_error(path + ": cannot open input file");
     }
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error(path + ": cannot open input file");
+    if (!std::ifstream(path, std::ios::binary)) throw std::runtime_error(path + ": cannot open input file");
     if (!o.raw)
       if (const std::string why = unreadable_input(path); !why.empty()) throw std::runtime_error(why);
-    int64_t size = 0;
     forms.push_back(json_form(path, o.raw));
+  }
+  // A --json-key that no input reads (the default "text" is never an error).
+  if (o.json_key != "text" && std::all_of(forms.begin(), forms.end(), [](JsonForm f) { return f == JsonForm::none; }))
+    throw std::runtime_error("prepare: --json-key " + o.json_key + ": no input is read as JSON documents (a .jsonl or "
+                             ".ndjson file, or a .json array of objects; any other file is one document, read whole)");
+  for (size_t i = 0; i < o.files.size(); i++) {
+    const std::string& path = o.files[i];
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error(path + ": cannot open input file");
+    int64_t size = 0;
     if (forms[i] != JsonForm::none) {
       // Read through with a tokenizer too: a bad record is found now, not after hours of encoding.
       std::tie(per_file[i], size) = json_documents(path, o.json_key, forms[i], [&](const std::string& text, const JsonDocReader& at) {

@@ -27,7 +27,7 @@ class Parser {
   size_t i_ = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error(where_ + ": invalid JSON at byte " + std::to_string(i_) + ": " + what);
+    throw JsonSyntaxError(where_, i_, what);
   }
   void skip_ws() {
     while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) i_++;

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,17 @@ struct JsonValue {
   bool as_bool(const std::string& where) const;  // true or false; null reads as false (Python's falsy None)
 };
 
-// Throws std::runtime_error "WHERE: invalid JSON at byte N: ..." on any malformed input.
+// What parse_json throws on malformed input: the message "WHERE: invalid JSON at byte N: PROBLEM",
+// with N and PROBLEM kept apart for a caller that says where N is in its own terms.
+struct JsonSyntaxError : std::runtime_error {
+  JsonSyntaxError(const std::string& where, size_t at, const std::string& problem)
+      : std::runtime_error(where + ": invalid JSON at byte " + std::to_string(at) + ": " + problem),
+        offset(at), problem(problem) {}
+  size_t offset;
+  std::string problem;
+};
+
+// Throws JsonSyntaxError on any malformed input.
 JsonValue parse_json(const std::string& text, const std::string& where);
 
 }  // namespace ul

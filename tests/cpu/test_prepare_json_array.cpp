@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <utility>
 
 #include "prepare_files.h"
 #include "run_cmd.h"
@@ -97,12 +98,37 @@ TEST_CASE("prepare refuses a broken .json array, naming the file, the element an
        "key.json element 2 (line 1): no \"text\" field (it has \"body\"); --json-key names the field that holds the "
        "text (--raw reads a .json file whole, as text)"},
       {"number.json", "[{\"text\": 7}]", "number.json element 1 (line 1): its \"text\" field is not a string"},
-      {"after.json", "[{\"text\": \"a\"}]\n[{\"text\": \"b\"}]", "after.json line 2: more after the array's closing ']'"},
-      {"syntax.json", "[\n{\"text\": \"a\",}]", "syntax.json element 1 (line 2): invalid JSON at byte"},
+      {"after.json", "[{\"text\": \"a\"}] x", "after.json line 1: more after the array's closing ']'"},
+      {"syntax.json", "[\n{\"text\": \"a\",}]", "syntax.json element 1 (line 2): invalid JSON on line 2: expected a string key"},
+      // The line of a fault inside an element that spans lines, not a byte of the element.
+      {"pretty.json", "[\n {\"text\": \"a\"},\n {\n  \"text\": \"b\",\n  \"meta\": {\"z\": 3,}\n }\n]",
+       "pretty.json element 2 (line 3): invalid JSON on line 5: expected a string key"},
+      {"comma_end.json", "[{\"text\": \"a\"},\n\n", "comma_end.json: ends after element 1 and a ',' without the array's closing ']'"},
+      {"nul.json", std::string("[{\"text\": \"a\"}\0,{\"text\": \"b\"}]", 30),
+       "nul.json line 1: after element 1 comes byte 0x00 where a ',' or the closing ']' should"},
+      // A quote not escaped: the scan stops at the line break the string cannot hold, not at the file's end.
+      {"quote.json", "[{\"text\": \"a\"},\n {\"text\": \"say \"hi now\"},\n {\"text\": \"c\"}\n]",
+       "quote.json element 2 (line 2): a raw control byte 0x0a inside a string, on line 2"},
+      {"two.json", "[{\"text\": \"a\"}]\n[{\"text\": \"b\"}]",
+       "two.json line 2: more after the array's closing ']' (arrays one after another are not one JSON document"},
       {"newline.json", "[{\"text\": \"one line\"}, {\"text\": \"two\\nlines\"}]",
        "newline.json element 2 (line 1) (its text): byte 10 at offset 3 is the end-of-text id"},
   };
   const std::string out = d / "out";
+  // --json-key is checked after each input is found to be a file: a pipe named .json is refused
+  // (not opened, which would wait for a writer), a missing one named.
+  fs::create_directory(d / "dir.json");
+  for (const auto& [input, message] : {std::pair<std::string, std::string>{"missing.json", "missing.json: cannot open input file"},
+                                       {"dir.json", "dir.json: not a regular file (a directory)"}}) {
+    auto r = run_cmd(train_cmd("prepare --out " + out + " --json-key output " + (d / input)));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find(message) != std::string::npos);
+  }
+  REQUIRE(run_cmd("mkfifo " + (d / "fifo.json")).code == 0);
+  auto fifo = run_cmd("timeout 60 " + train_cmd("prepare --out " + out + " --json-key output " + (d / "fifo.json")));
+  CHECK(fifo.code == 1);
+  CHECK(fifo.out.find("fifo.json: not a regular file (a pipe)") != std::string::npos);
   for (const Case& c : cases) {
     write_file(d / c.name, c.content);
     const std::string eot = c.name == "newline.json" ? " --eot 10" : "";
