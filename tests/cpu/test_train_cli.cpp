@@ -83,6 +83,8 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused("--model llama --sliding-window 8 --full-attention-first 0", "--full-attention-first needs --full-attention-every");
   expect_refused("--model llama --sliding-window 8 --full-attention-every 5 --steps 1",
                  "the model has only 2 layers, so no layer would attend to every earlier token");
+  expect_refused("--model llama --sliding-window 8 --full-attention-every 1 --steps 1",
+                 "--full-attention-every 1: every layer attends to every earlier token, so --sliding-window 8 would apply to none");
   expect_refused("--checkpoint m.bin --check-state s.bin --steps 3", "--steps: --check-state runs one step against its file");
   expect_refused("--checkpoint m.bin --check-state s.bin --seq 8", "--seq: --check-state takes its tokens (batch and length) from its file");
   expect_refused("--checkpoint m.bin --check-state s.bin --data passkey", "--data: --check-state takes its tokens");
