@@ -362,11 +362,12 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     int64_t size = 0;
     if (forms[i] != JsonForm::none) {
       // Read through with a tokenizer too: a bad record is found now, not after hours of encoding.
-      std::tie(per_file[i], size) = json_documents(path, o.json_key, forms[i], [&](const std::string& text, const JsonDocReader& at) {
+      auto check = [&](const std::string& text, const JsonDocReader& at) {
         if (!tok && o.eot < 256)
           if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
             throw eot_clash(at.where() + " (its text)", static_cast<const char*>(hit) - text.data());
-      });
+      };
+      std::tie(per_file[i], size) = json_documents(path, o.json_key, forms[i], check);
     } else if (tok) {
       size = int64_t(fs::file_size(path));
     } else {
@@ -431,11 +432,12 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   for (size_t i = 0; i < o.files.size() && !tok; i++) {
     if (forms[i] != JsonForm::none) {
       int64_t none = 0;
-      const auto [n, size] = json_documents(o.files[i], o.json_key, forms[i], [&](const std::string& text, const JsonDocReader&) {
+      auto write = [&](const std::string& text, const JsonDocReader&) {
         push(uint32_t(eot));
         for (char c : text) push(uint8_t(c));
         none += text.empty();
-      });
+      };
+      const auto [n, size] = json_documents(o.files[i], o.json_key, forms[i], write);
       if (n != per_file[i] || size != sizes[i])
         throw changed_while_read(o.files[i], std::to_string(per_file[i]) + " documents of " + std::to_string(sizes[i]) +
                                                  " bytes", std::to_string(n) + " of " + std::to_string(size));
@@ -495,8 +497,10 @@ int prepare_main(int argc, char** argv) {
               r.encoding.c_str(), r.vocab, r.eot);
   // An empty input is no error (a corpus may hold some), but a typo'd or truncated file shows here.
   for (const std::string& f : r.empty)
-    std::printf(json_form(f, o.raw) == JsonForm::lines ? "note    | %s holds no document (no line that is not blank): it adds nothing\n"
-                            : "note    | %s is empty: it adds nothing but a document boundary\n", f.c_str());
+    std::printf(json_form(f, o.raw) == JsonForm::lines
+                    ? "note    | %s holds no document (no line that is not blank): it adds nothing\n"
+                    : "note    | %s is empty: it adds nothing but a document boundary\n",
+                f.c_str());
   for (const auto& [f, n] : r.repeated)
     std::printf("note    | %s is given %d times (by these or other paths): its documents are in the shards %d times\n",
                 f.c_str(), n, n);
