@@ -184,6 +184,9 @@ bool JsonDocReader::next_element(std::string& text) {
   int depth = 1;
   bool in_string = false, escaped = false;
   while (depth > 0) {
+    if (buf_.size() >= kMaxElement)
+      throw std::runtime_error(where() + ": over 1 GiB without its end: a quote missing or not escaped (as \\\") "
+                               "somewhere in it? (a document that long: give it as a text file)");
     if (in_string && !escaped && fill()) {  // a run of a string's plain bytes, copied at once
       const char* run = chunk_.data() + at_;
       size_t n = 0;
@@ -199,9 +202,6 @@ bool JsonDocReader::next_element(std::string& text) {
       throw std::runtime_error(where() + ": a raw control " + shown(c) + " inside a string, on line " +
                                std::to_string(line_ - (c == '\n')) +
                                " (not JSON: written \\n and so on; or a quote before it is not escaped as \\\")");
-    if (buf_.size() >= kMaxElement)
-      throw std::runtime_error(where() + ": over 1 GiB without its end: a quote missing or not escaped (as \\\") "
-                               "somewhere in it? (a document that long: give it as a text file)");
     buf_ += char(c);
     if (in_string) {
       if (escaped) escaped = false;

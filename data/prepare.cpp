@@ -260,9 +260,10 @@ std::runtime_error changed_while_read(const std::string& path, const std::string
 }
 
 // --out, made ready for the shards: created (with its missing parents) if need be, refused if it
-// holds shards already, cleared of the temporaries (text_*.bin.tmp) of a run that was stopped. If
-// prepare fails before the shards are in place, the directories it created are removed again
-// (each only if empty: the failed run's temporaries are gone by then).
+// holds shards already, cleared of the temporaries (text_*.bin.tmp) of a run that was stopped.
+// Unless kept() is called once the shards are in place, the directories it created are removed
+// again (each only if empty: the failed run's temporaries are gone by then), so a failed run leaves
+// --out as it found it.
 class OutputDir {
  public:
   OutputDir(const std::string& dir, const std::vector<std::string>& inputs) {
@@ -271,32 +272,44 @@ class OutputDir {
       created_.push_back(p);
       if (p == p.parent_path()) break;
     }
-    fs::create_directories(dir, ec);
-    if (!fs::is_directory(dir)) throw std::runtime_error(dir + ": cannot create the output directory");
-    std::vector<fs::path> stale;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("text_", 0) != 0) continue;
-      if (ends_with(name, ".bin"))
-        throw std::runtime_error(dir + ": already holds shard " + name + " (remove the old shards or pick another --out)");
-      if (!ends_with(name, ".bin.tmp")) continue;
-      // An input that happens to carry a temporary's name is an input: never removed.
-      for (const std::string& in : inputs)
-        if (fs::equivalent(in, e.path(), ec))
-          throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + dir +
-                                   " (which it would remove): move it or pick another --out");
-      stale.push_back(e.path());
+    try {
+      fs::create_directories(dir, ec);
+      std::error_code is_ec;
+      if (!fs::is_directory(dir, is_ec))
+        throw std::runtime_error(dir + ": cannot create the output directory" +
+                                 (fs::exists(dir, is_ec) ? " (something that is not a directory has that name)"
+                                  : ec                   ? " (" + ec.message() + ")"
+                                                         : ""));
+      std::vector<fs::path> stale;
+      for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("text_", 0) != 0) continue;
+        if (ends_with(name, ".bin"))
+          throw std::runtime_error(dir + ": already holds shard " + name + " (remove the old shards or pick another --out)");
+        if (!ends_with(name, ".bin.tmp")) continue;
+        // An input that happens to carry a temporary's name is an input: never removed.
+        for (const std::string& in : inputs)
+          if (fs::equivalent(in, e.path(), ec))
+            throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + dir +
+                                     " (which it would remove): move it or pick another --out");
+        stale.push_back(e.path());
+      }
+      for (const fs::path& p : stale) fs::remove(p, ec);
+    } catch (...) {
+      remove_created();
+      throw;
     }
-    for (const fs::path& p : stale) fs::remove(p, ec);
   }
-  ~OutputDir() {
-    std::error_code ec;
-    for (const fs::path& p : created_) fs::remove(p, ec);  // leaf first; a directory not empty stays
-  }
+  void kept() { created_.clear(); }
+  ~OutputDir() { remove_created(); }
   OutputDir(const OutputDir&) = delete;
   OutputDir& operator=(const OutputDir&) = delete;
 
  private:
+  void remove_created() {
+    std::error_code ec;
+    for (const fs::path& p : created_) fs::remove(p, ec);  // leaf first; a directory not empty stays
+  }
   std::vector<fs::path> created_;  // the directories this run made, the deepest first
 };
 
@@ -480,6 +493,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     throw;
   }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  out.kept();
   return r;
 }
 

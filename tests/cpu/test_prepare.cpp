@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <utility>
 
 #include "data/dataset.h"
 #include "expect_error.h"
@@ -245,8 +246,24 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
     INFO(c.args << "\n" << r.out);
     CHECK(r.code == 1);
     CHECK(r.out.find(c.message) != std::string::npos);
-    CHECK((!fs::exists(out) || fs::is_empty(out)));
+    CHECK_FALSE(fs::exists(out));  // not even empty: a directory a failed run made goes again
   }
+  // --out: a failed run leaves it as it found it, missing parents included (a name part too long
+  // fails after they are made); a successful one keeps every directory it made, also one its path
+  // only passes through, so the path it prints works.
+  const std::string too_long = "new/sub/" + std::string(300, 'x');
+  std::ofstream(d.file("empty.txt")).flush();
+  for (const auto& [dir, message] : {std::pair<std::string, std::string>{too_long, "(File name too long)"},
+                                     {"ok.txt", "ok.txt: cannot create the output directory (something that is not a"},
+                                     {"new/sub", "prepare: 1 tokens give a train split of 1"}}) {
+    auto r = run_cmd("cd " + d.path.string() + " && " + train_cmd("prepare --val-frac 0 --out " + dir + " empty.txt"));
+    INFO(dir << "\n" << r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find(message) != std::string::npos);
+    CHECK_FALSE(fs::exists(d / "new"));
+  }
+  CHECK(run_cmd("cd " + d.path.string() + " && " + train_cmd("prepare --val-frac 0 --out new/b/../c ok.txt")).code == 0);
+  CHECK(listing(d / "new/b/../c") == std::vector<std::string>{"text_train_000000.bin"});
   // A byte EOT is fine when no file contains it; a second run into the same directory is refused.
   auto r = run_cmd(train_cmd("prepare --out " + out + " --eot 0 --val-frac 0 " + d.file("ok.txt")));
   INFO(r.out);
