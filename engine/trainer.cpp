@@ -412,16 +412,23 @@ StepResult Trainer::step() {
   // step, over the whole world, and with it the loss gradient's scale 1/count, is known before
   // the first forward: the classifier applies it during the forward (no seed gradient).
   int64_t local_valid = 0;
-  for (int m = 0; m < A; m++) {
-    const int64_t first = next_seq_ + (int64_t(m) * g.dp + g.dp_rank) * o_.batch;
-    named_load(*train_, "--data", first, micro_[m]);
-    local_valid += micro_[m].valid;
+  std::string load_error;  // this rank's sequences could not be read (a bad token id in its part)
+  try {
+    for (int m = 0; m < A; m++) {
+      const int64_t first = next_seq_ + (int64_t(m) * g.dp + g.dp_rank) * o_.batch;
+      named_load(*train_, "--data", first, micro_[m]);
+      local_valid += micro_[m].valid;
+    }
+  } catch (const std::exception& e) {
+    load_error = e.what();
   }
+  // The step's first collective: a rank whose data failed makes the whole world fail here with its
+  // message (an MPI rank failing alone would abort the job before rank 0's log could say why).
+  const int64_t count = global_count(g.world, local_valid, load_error);
   int64_t packed = 0;  // a document id above 0 in a sequence: an EOT split it
   for (const HostBatch& hb : micro_)
     for (size_t b = 0; b < hb.doc_full.size(); b += size_t(hb.T))
       packed += std::any_of(hb.doc_full.begin() + long(b), hb.doc_full.begin() + long(b) + hb.T, [](int32_t d) { return d > 0; });
-  const int64_t count = global_count(g.world, local_valid);
   // Both refusals below fail the same way on every resume: the way on is past this step's data.
   const std::string past = "this step trains on sequences " + std::to_string(next_seq_) + " to " +
                            std::to_string(next_seq_ + sequences_per_step() - 1) + ": resume from a checkpoint before " +

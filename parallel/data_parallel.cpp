@@ -1,7 +1,10 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ul {
 
@@ -10,15 +13,30 @@ void all_reduce_gradients(Comm& world, float* grads, size_t n) {
   world.all_reduce(grads, n, DType::f32, ReduceOp::sum);
 }
 
-int64_t global_count(Comm& world, int64_t local) {
+int64_t global_count(Comm& world, int64_t local) { return global_count(world, local, ""); }
+
+int64_t global_count(Comm& world, int64_t local, const std::string& local_error) {
   // There is no 64-bit integer dtype; a double holds every integer up to 2^53 exactly.
   const int64_t kExact = int64_t(1) << 53;
-  if (local < 0 || local >= kExact)
+  if (local_error.empty() && (local < 0 || local >= kExact))
     throw std::runtime_error("global_count: local count " + std::to_string(local) + " is outside [0, 2^53)");
-  double v = double(local);
+  double v = local_error.empty() ? double(local) : std::nan("");  // NaN + anything is NaN
   world.all_reduce(&v, 1, DType::f64, ReduceOp::sum);
-  if (v >= double(kExact)) throw std::runtime_error("global_count: the global count exceeds 2^53");
-  return int64_t(v);
+  if (!std::isnan(v)) {
+    if (v >= double(kExact)) throw std::runtime_error("global_count: the global count exceeds 2^53");
+    return int64_t(v);
+  }
+  // Some rank failed: which (the highest), then its message, sent as ints (the dtypes have no bytes).
+  int32_t who = local_error.empty() ? -1 : world.rank();
+  world.all_reduce(&who, 1, DType::i32, ReduceOp::max);
+  int32_t len = who == world.rank() ? int32_t(std::min<size_t>(local_error.size(), 4096)) : 0;
+  world.broadcast(&len, 1, DType::i32, who);
+  std::vector<int32_t> chars(size_t(len), 0);
+  if (who == world.rank())
+    for (int32_t i = 0; i < len; i++) chars[size_t(i)] = static_cast<unsigned char>(local_error[size_t(i)]);
+  if (len > 0) world.broadcast(chars.data(), size_t(len), DType::i32, who);
+  std::string message(chars.begin(), chars.end());
+  throw JobError(world.size() == 1 ? message : "rank " + std::to_string(who) + ": " + message);
 }
 
 }  // namespace ul

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "parallel/communicator.h"
 
@@ -15,5 +16,11 @@ void all_reduce_gradients(Comm& world, float* grads, size_t n);
 
 // The sum over the world of each rank's `local` count (e.g. valid targets). Exact up to 2^53.
 int64_t global_count(Comm& world, int64_t local);
+// The same, from ranks some of which may bring an error instead (`local_error` not empty: a bad
+// token id in the sequences this rank read): then every rank throws, together, a JobError with the
+// message of the highest such rank ("rank R: ..."; the message alone on one rank), so that no rank
+// is left waiting in a later collective and rank 0, which keeps the log, can say why. Costs nothing
+// more when no rank fails: a failure rides the count's all-reduce as a NaN.
+int64_t global_count(Comm& world, int64_t local, const std::string& local_error);
 
 }  // namespace ul
