@@ -269,7 +269,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
       crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
     }
     write_rank_file(dir + "/" + rank_file_name(rank), step, tr.next_sequence(), rank, g, run_layout(tr.options(), g),
-                    run_fields(tr.options(), tr.model().cfg, tr.train_data().identity()), crcs);
+                    run_fields(tr.options(), tr.model().cfg, tr.train_data().identity(), tr.train_data().eot()), crcs);
   };
   std::string failed;
   try {
@@ -299,7 +299,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
 
   // rank_0.json is in every checkpoint, whatever its world: the options and the layout it was saved
   // at. At the same layout each rank also checks its own file, its place in the grid included.
-  const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, tr.train_data().identity());
+  const std::vector<RunField> fields = run_fields(tr.options(), tr.model().cfg, tr.train_data().identity(), tr.train_data().eot());
   const RunLayout run = run_layout(tr.options(), g);
   // A pending rollback's G is the one to keep (the files have the history's before it).
   const bool new_g = tr.options().change_global_batch;

@@ -368,8 +368,11 @@ OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
   return s;
 }
 
-std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const std::string& data) {
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const std::string& data, int data_eot) {
   auto n = [](int64_t v) { return std::to_string(v); };
+  // The EOT --doc-mask splits documents at, whether --eot names it or the data does (-1: no mask);
+  // checkpoints written before recorded --eot as given, -1 for the data's own.
+  const int64_t eot = !o.doc_mask ? -1 : o.eot >= 0 ? o.eot : data_eot;
   return {{"arch", json_quote(c.arch), "--model"},
           {"layers", n(c.layers), "--layers"},
           {"dim", n(c.dim), "--dim"},
@@ -398,7 +401,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const s
           // packing changes what every step trains on (added after the first checkpoints: a
           // checkpoint without them was written without --doc-mask)
           {"doc_mask", o.doc_mask ? "true" : "false", "--doc-mask", "false"},
-          {"eot", n(o.eot), "--eot", "-1"},
+          {"eot", n(eot), "--eot", "-1", o.doc_mask && eot == data_eot ? "-1" : ""},
           // the schedule and AdamW's settings shape every later update (only --steps and --lr may
           // change on a resume; checkpoints written before these fields are not checked for them)
           {"warmup", n(o.warmup), "--warmup", kUnchecked},
@@ -517,7 +520,7 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     const auto it = have.find(f.key);
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
-    if (got == want[f.key] || (changes.seq && f.key == "seq")) continue;
+    if (got == want[f.key] || (!f.also.empty() && got == f.also) || (changes.seq && f.key == "seq")) continue;
     const bool rope_field = f.key == "rope_theta" || f.key == "rope_scaling";
     const bool rope_asked = f.key == "rope_theta" ? changes.theta_asked : changes.scaling_asked;
     if (rope_field && changes.rope && rope_asked) continue;

@@ -82,10 +82,12 @@ struct RunField {
   std::string key, json, flag;  // json: the value as JSON text; flag: what the user would change
   std::string absent = "";      // the value a checkpoint written before this field existed implies
                                 // ("": none, the field must be there; kUnchecked: not checked)
+  std::string also = "";        // another value a checkpoint may hold that means the same ("": none)
 };
 // Every option that must be equal on resume (the layout's four are not among them: RunLayout).
-// `data`: the training split's Dataset::identity() (its files as they are now).
-std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const std::string& data);
+// `data`: the training split's Dataset::identity() (its files as they are now); data_eot: its own
+// end-of-text id (Dataset::eot(), -1: none), which --doc-mask uses unless --eot names another.
+std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const std::string& data, int data_eot);
 
 // How a step's sequences are spread: --batch per rank and micro-batch, --grad-accum micro-batches,
 // dp replicas, each sequence cut into sp slices. Step s trains on sequences [s G, (s + 1) G) with

@@ -274,7 +274,7 @@ Trainer::Trainer(const Options& o, Comm& world)
     }
   }
   // Every rank the same job, before the model is built and its weights loaded (engine/ranks_agree.h).
-  std::vector<RunField> fields = run_fields(o, cfg, train_->identity());
+  std::vector<RunField> fields = run_fields(o, cfg, train_->identity(), train_->eot());
   for (RunField& f : fields)  // a checkpoint's field names a change since the save: here it is --data's files
     if (f.key == "data_files") f.flag = "--data";
   fields.push_back({"val_files", json_quote(val_->identity()), val_flag});

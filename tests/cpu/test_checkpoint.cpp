@@ -422,6 +422,30 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     // Fields a checkpoint predates are not checked (the schedule's), or take the value it implies.
     REQUIRE(train(packed + " --steps 3 --warmup 7 --resume --save-dir " + old.string()).code == 0);
   }
+  // The EOT the data names (prepare's shards: 256) and --eot naming that same id are one run: each
+  // resumes the other, and a checkpoint from before the effective id was recorded (-1 for the data's
+  // own) resumes with --eot written out too; another id is refused, by number.
+  {
+    std::ofstream(d / "s.txt") << std::string(3000, 'x') + "\n" + std::string(2000, 'y') + "\n";
+    REQUIRE(train("prepare --out " + (d / "sh").string() + " " + (d / "s.txt").string()).code == 0);
+    const std::string sh = "--model gpt2 --layers 1 --dim 32 --heads 2 --seq 16 --batch 2 --eval-every 0 "
+                           "--eval-batches 1 --threads 1 --quiet --doc-mask --data shards:" +
+                           (d / "sh").string() + "/text_*.bin";
+    const fs::path a = d / "eot_a", b = d / "eot_b";
+    REQUIRE(train(sh + " --steps 2 --save-dir " + a.string()).code == 0);
+    REQUIRE(train(sh + " --steps 3 --eot 256 --resume --save-dir " + a.string()).code == 0);
+    REQUIRE(train(sh + " --steps 2 --eot 256 --save-dir " + b.string()).code == 0);
+    REQUIRE(train(sh + " --steps 3 --resume --save-dir " + b.string()).code == 0);
+    expect_refused(sh + " --steps 4 --eot 7 --resume --save-dir " + b.string(),
+                   "eot is 256 in the checkpoint but 7 in this run (--eot)");
+    const fs::path rank = b / "step_00000003" / "rank_0.json";
+    std::string j = strip_crc(ul::read_whole_file(rank.string()));
+    const size_t at = j.find(",\"eot\":256");
+    REQUIRE(at != std::string::npos);
+    j.replace(at, 10, ",\"eot\":-1");
+    std::ofstream(rank) << j;
+    REQUIRE(train(sh + " --steps 4 --eot 256 --resume --save-dir " + b.string()).code == 0);
+  }
 
   // Refusing touched nothing: the good checkpoint and its log are as they were.
   CHECK(ul::complete_steps(good.string()) == std::vector<int>{3});
