@@ -255,7 +255,12 @@ int train_rank(const Options& o, Comm& world) {
   // the context retrieval fails. The log record carries both.
   auto run_eval = [&](int step, bool last) {
     beat.begin("eval " + std::to_string(step));
-    ev = tr.evaluate();
+    try {
+      ev = tr.evaluate();
+    } catch (const std::exception& e) {
+      log_error(log.get(), step, std::string("eval: ") + e.what());  // as a step's: the log says why
+      throw;
+    }
     have_eval = true, final_eval = last;
     if (synthetic)
       say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", step, ev.loss, 100.0 * ev.accuracy,

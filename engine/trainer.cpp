@@ -435,7 +435,7 @@ StepResult Trainer::step() {
                            "it with --resume-step N --skip-batches K, K enough for step N + 1 to start past them (its " +
                            "resume line says where it starts)";
   if (count == 0)
-    throw std::runtime_error("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch; " + past);
+    throw JobError("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch; " + past);
   const float scale = float(1.0 / double(count));
 
   StepResult r;
@@ -471,8 +471,8 @@ StepResult Trainer::step() {
     r.grad_norm = std::sqrt(ss);
   }
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-    throw std::runtime_error("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +
-                             std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr, or " + past);
+    throw JobError("step " + std::to_string(step_ + 1) + ": loss or gradient norm is not finite (loss " +
+                   std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) + "); try a lower --lr, or " + past);
   r.lr = lr_at(step_, {o_.schedule, o_.steps, o_.warmup, o_.lr, o_.final_lr_frac, o_.decay_frac});
   opt_->step(r.lr, clip_factor(r.grad_norm, o_.grad_clip));
   if (o_.zero) {
@@ -563,7 +563,15 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     ctx_.arena.reset();
     // Every eval reads the same held-out sequences, so successive val losses are comparable.
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
-    named_load(data, &data == val_.get() && !o_.val_data.empty() ? "--val-data" : "--data", first, hb);
+    std::string load_error;
+    try {
+      named_load(data, &data == val_.get() && !o_.val_data.empty() ? "--val-data" : "--data", first, hb);
+    } catch (const std::exception& ex) {
+      load_error = ex.what();
+    }
+    // Before the forward's collectives: a rank that could not read its sequences (a bad token id
+    // in the val files) fails every rank here, with its message, as in step().
+    global_count(g.world, 0, load_error);
     ModelInputs in = device_inputs(ctx_, hb);
     if (!bands.empty()) {
       row_loss.assign(hb.targets.size(), 0.f);

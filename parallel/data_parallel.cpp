@@ -29,7 +29,10 @@ int64_t global_count(Comm& world, int64_t local, const std::string& local_error)
   // Some rank failed: which (the highest), then its message, sent as ints (the dtypes have no bytes).
   int32_t who = local_error.empty() ? -1 : world.rank();
   world.all_reduce(&who, 1, DType::i32, ReduceOp::max);
-  int32_t len = who == world.rank() ? int32_t(std::min<size_t>(local_error.size(), 4096)) : 0;
+  size_t keep = std::min<size_t>(local_error.size(), 4096);
+  while (keep < local_error.size() && keep > 0 && (static_cast<unsigned char>(local_error[keep]) & 0xc0) == 0x80)
+    keep--;  // not inside a UTF-8 character: the message goes into the log's JSON
+  int32_t len = who == world.rank() ? int32_t(keep) : 0;
   world.broadcast(&len, 1, DType::i32, who);
   std::vector<int32_t> chars(size_t(len), 0);
   if (who == world.rank())
