@@ -190,9 +190,12 @@ int train_rank(const Options& o, Comm& world) {
   RunLayout saved = spread;
   ResumeNotes notes;  // a rollback's moves, or the pending rollback a plain resume took up
   if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved, &notes);
-  if (o.resume && !notes.stage_done)
+  if (o.resume && !notes.stage_done && start < o.steps)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
+  else if (o.resume && !notes.stage_done)  // "done | nothing to do" follows, once the evals are made
+    say("resume  | %s/%s: the checkpoint is at step %d, --steps %d: no step left\n", o.save_dir.c_str(),
+        step_dir_name(start).c_str(), start, o.steps);
   if (notes.repeat)
     say("resume  | --resume-step %d was done before (%s) and its run has saved since: going on from its newest "
         "checkpoint, as --resume would (to roll back to step %d once more, remove that record first)\n", o.resume_step,
