@@ -267,50 +267,29 @@ std::runtime_error changed_while_read(const std::string& path, const std::string
 class OutputDir {
  public:
   OutputDir(const std::string& dir, const std::vector<std::string>& inputs) {
+    if (const std::string why = made_.make(dir); !why.empty())
+      throw std::runtime_error(dir + ": cannot create the output directory (" + why + ")");
+    std::vector<fs::path> stale;
     std::error_code ec;
-    for (fs::path p = fs::absolute(dir, ec); !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-      created_.push_back(p);
-      if (p == p.parent_path()) break;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("text_", 0) != 0) continue;
+      if (ends_with(name, ".bin"))
+        throw std::runtime_error(dir + ": already holds shard " + name + " (remove the old shards or pick another --out)");
+      if (!ends_with(name, ".bin.tmp")) continue;
+      // An input that happens to carry a temporary's name is an input: never removed.
+      for (const std::string& in : inputs)
+        if (fs::equivalent(in, e.path(), ec))
+          throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + dir +
+                                   " (which it would remove): move it or pick another --out");
+      stale.push_back(e.path());
     }
-    try {
-      fs::create_directories(dir, ec);
-      std::error_code is_ec;
-      if (!fs::is_directory(dir, is_ec))
-        throw std::runtime_error(dir + ": cannot create the output directory" +
-                                 (fs::exists(dir, is_ec) ? " (something that is not a directory has that name)"
-                                  : ec                   ? " (" + ec.message() + ")"
-                                                         : ""));
-      std::vector<fs::path> stale;
-      for (const auto& e : fs::directory_iterator(dir)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind("text_", 0) != 0) continue;
-        if (ends_with(name, ".bin"))
-          throw std::runtime_error(dir + ": already holds shard " + name + " (remove the old shards or pick another --out)");
-        if (!ends_with(name, ".bin.tmp")) continue;
-        // An input that happens to carry a temporary's name is an input: never removed.
-        for (const std::string& in : inputs)
-          if (fs::equivalent(in, e.path(), ec))
-            throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + dir +
-                                     " (which it would remove): move it or pick another --out");
-        stale.push_back(e.path());
-      }
-      for (const fs::path& p : stale) fs::remove(p, ec);
-    } catch (...) {
-      remove_created();
-      throw;
-    }
+    for (const fs::path& p : stale) fs::remove(p, ec);
   }
-  void kept() { created_.clear(); }
-  ~OutputDir() { remove_created(); }
-  OutputDir(const OutputDir&) = delete;
-  OutputDir& operator=(const OutputDir&) = delete;
+  void kept() { made_.keep(); }
 
  private:
-  void remove_created() {
-    std::error_code ec;
-    for (const fs::path& p : created_) fs::remove(p, ec);  // leaf first; a directory not empty stays
-  }
-  std::vector<fs::path> created_;  // the directories this run made, the deepest first
+  MadeDirs made_;  // (a throw above destroys it: what it made goes again)
 };
 
 // Each document of a JSON input, in order, to fn(text, reader); returns its documents and bytes.

@@ -181,15 +181,19 @@ std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
 }  // namespace
 
 RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world) : o_(o), cfg_(cfg), eot_(eot) {
-  // The export directories are made now, so that a path that cannot be written fails before training.
+  // The export directories are made now, so that a path that cannot be written fails before
+  // training; a run that ends without writing the exports (refused later at start-up, failed, or
+  // stopped) removes the ones it made (made_).
   for (const std::string& path : {o.export_llmc, o.export_safetensors}) {
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
     if (path.empty() || dir.empty()) continue;
-    std::error_code ec;  // ranks race to make it: success is that it exists afterwards
-    std::filesystem::create_directories(dir, ec);
-    if (!std::filesystem::is_directory(dir))
-      throw std::runtime_error(path + ": cannot create the directory " + dir.string() + (ec ? ": " + ec.message() : ""));
+    // (ranks race to make it: success is that it is there afterwards)
+    if (const std::string why = made_.make(dir.string()); !why.empty())
+      throw std::runtime_error(path + ": cannot create the directory " + dir.string() + ": " + why);
   }
+  // Rank 0 writes the exports: only it takes back what it made (another rank's ending first must
+  // not remove a directory rank 0 is about to write into).
+  if (world && world->rank() != 0) made_.keep();
   if (!o.export_llmc.empty() && cfg.is_llama())
     throw std::runtime_error("--export-llmc: llm.c's checkpoint format holds gpt2 models only; use --export-safetensors");
   if (o.sample <= 0) return;
@@ -205,6 +209,10 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
       throw std::runtime_error("--tokenizer: " + std::string(e.what()));
     }
     tok_ = std::make_unique<Tokenizer>(o.tokenizer, bytes);
+    if (tok_->vocab() > cfg.vocab)  // its ids past the model's could never be drawn, and the rest mean other text
+      throw std::runtime_error(o.tokenizer + ": the tokenizer has " + std::to_string(tok_->vocab()) +
+                               " tokens, more than the model's vocab " + std::to_string(cfg.vocab) +
+                               ": not this model's tokenizer");
     if (tok_->vocab() < cfg.vocab - kUnnamedIds)
       throw std::runtime_error(o.tokenizer + ": the tokenizer has " + std::to_string(tok_->vocab()) +
                                " tokens, the model's vocab " + std::to_string(cfg.vocab) +
@@ -281,6 +289,7 @@ void RunOutputs::finish(const std::vector<float>& host, const std::vector<ParamS
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
   }
+  made_.keep();  // the exports are in place
   if (o_.sample > 0) print_sample(host, specs, -1);
   std::fflush(stdout);
 }

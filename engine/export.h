@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/llmc_format.h"
+#include "engine/file_io.h"
 #include "engine/options.h"
 #include "engine/tokenizer.h"
 #include "layers/transformer.h"
@@ -62,6 +63,7 @@ class RunOutputs {
   int32_t eot_;
   std::unique_ptr<Tokenizer> tok_;
   std::vector<int> prompt_;
+  mutable MadeDirs made_;  // the export directories this run made, kept once finish() wrote there
 };
 
 // "ids:1,2,3" -> those ids; any other text -> encode_prompt's. Throws naming --prompt.

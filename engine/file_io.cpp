@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <vector>
 
 namespace ul {
 
@@ -39,6 +41,31 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_) ::unlink(tmp_.c_str());
+}
+
+std::string MadeDirs::make(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> missing;  // dir and its parents that are not there yet, the deepest first
+  for (fs::path p = fs::absolute(dir, ec); !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    missing.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  std::error_code is_ec;
+  const bool there = fs::is_directory(dir, is_ec);
+  // Only what is there now and was not before: a failed make() leaves its partial parents listed
+  // too, for undo() to take back.
+  made_.insert(made_.begin(), missing.begin(), missing.end());
+  if (there) return "";
+  if (fs::exists(dir, is_ec)) return "something that is not a directory has that name";
+  return ec ? ec.message() : "it is not there after creating it";
+}
+
+void MadeDirs::undo() {
+  std::error_code ec;
+  for (const std::string& p : made_) std::filesystem::remove(p, ec);  // fails, harmlessly, unless empty
+  made_.clear();
 }
 
 void AtomicFile::write(const void* data, size_t bytes) {

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ul {
 
@@ -35,6 +36,26 @@ class AtomicFile {
   std::string path_, tmp_;
   int fd_ = -1;
   bool committed_ = false;
+};
+
+// Directories made for a run's outputs, undone if the run does not get to write them: make()
+// creates a directory with its missing parents and remembers those it created; unless keep() is
+// called (the outputs are in place), the destructor removes them again, the deepest first, each
+// only if empty. So a run refused or failed after making them leaves the filesystem as it was.
+class MadeDirs {
+ public:
+  MadeDirs() = default;
+  ~MadeDirs() { undo(); }
+  MadeDirs(const MadeDirs&) = delete;
+  MadeDirs& operator=(const MadeDirs&) = delete;
+  // Creates dir and its missing parents. Returns "" when dir is a directory afterwards (another
+  // process may have made it: ranks race), else why not.
+  std::string make(const std::string& dir);
+  void keep() { made_.clear(); }
+  void undo();  // removes them now (those still empty)
+
+ private:
+  std::vector<std::string> made_;  // absolute paths, the deepest first
 };
 
 // The whole of `text` into `path`, atomically.

@@ -26,6 +26,7 @@
 #include "layers/transformer.h"
 #include "model_logits.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 #include "tokenizer_file.h"
 
 using namespace ul;
@@ -425,6 +426,12 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   CHECK(r.code != 0);
   CHECK(r.out.find("--prompt: token 280 is outside the tokenizer's vocab of 256") != std::string::npos);
   CHECK(r.out.find("step ") == std::string::npos);
+  // A tokenizer larger than the model: its ids past the model's could never be drawn (a byte
+  // model sampled through a BPE printed another text's tokens).
+  r = run_cmd(train_cmd(common + " --vocab 200 --sample 4 --prompt hi --tokenizer " + tok.path));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("the tokenizer has 256 tokens, more than the model's vocab 200: not this model's tokenizer") !=
+        std::string::npos);
   r = run_cmd(train_cmd(common + " --vocab 2000 --sample 4 --prompt hi --tokenizer " + tok.path));
   CHECK(r.code != 0);
   CHECK(r.out.find("the tokenizer has 256 tokens, the model's vocab 2000: not this model's tokenizer") != std::string::npos);
@@ -544,4 +551,25 @@ TEST_CASE("train --sample-every prints a sample every K steps and at the end, un
   r = run_cmd(train_cmd("--steps 0 --sample 2 --prompt ids:1 --sample-every 1"));
   CHECK(r.code != 0);
   CHECK(r.out.find("--sample-every: --steps 0 trains nothing") != std::string::npos);
+}
+
+TEST_CASE("a run refused after its export directory was made takes it back, one that exports keeps it", "[sample][cli]") {
+  using namespace ul_test;
+  TempDir d;
+  std::ofstream(d / "text.txt") << std::string(3000, 'x') + "hello world " + std::string(1000, 'y');
+  const std::string common = "--data text:" + (d / "text.txt") + " --seq 32 --batch 2 --threads 1 --eval-batches 1 "
+                             "--steps 1 --export-safetensors " + (d / "nd/sub/model.safetensors");
+  // Refused in the outputs' own checks (a prompt past the vocabulary), and later at start-up (a
+  // probe length the val split cannot hold).
+  for (const std::string& bad : {std::string(" --sample 4 --prompt ids:999"), std::string(" --probe-lengths 20000")}) {
+    CmdResult r = run_cmd(train_cmd(common + bad));
+    INFO(bad << "\n" << r.out);
+    CHECK(r.code != 0);
+    CHECK_FALSE(std::filesystem::exists(d / "nd"));
+  }
+  CmdResult r = run_cmd(train_cmd(common));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(std::filesystem::exists(d / "nd/sub/model.safetensors"));
+  CHECK(std::filesystem::exists(d / "nd/sub/config.json"));
 }
