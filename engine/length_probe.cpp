@@ -205,7 +205,14 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
     if (share.parts > 1) world->all_reduce(v.data(), v.size(), DType::f64, ReduceOp::sum);
   };
   if (!val.synthetic()) {
-    const std::vector<std::vector<int32_t>> runs = val_runs(val, seq, T, n);
+    std::vector<std::vector<int32_t>> runs;
+    try {
+      runs = val_runs(val, seq, T, n);
+    } catch (const JobError&) {
+      throw;
+    } catch (const std::exception& e) {  // a bad token id: every rank reads these same runs, and fails
+      throw JobError(e.what());          // together (no rank is left in the all-reduce below)
+    }
     const std::vector<const int32_t*> windows = windows_in(runs, T, n);
     std::vector<double> sums = loss_sums(cfg, specs, host, windows, T, eot, share, each("all", int(windows.size())));
     sum_over_ranks(sums);

@@ -437,11 +437,16 @@ int train_rank(const Options& o, Comm& world) {
       if (stop_now()) break;
       const double t0 = now_ms();
       beat.begin("length " + std::to_string(T));
-      const LengthProbe p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n,
-                                         tr.document_start(), &world,
-                                         [&](const std::string& where) {
-                                           if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
-                                         });
+      LengthProbe p;
+      try {
+        p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n, tr.document_start(),
+                         &world, [&](const std::string& where) {
+                           if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
+                         });
+      } catch (const std::exception& e) {  // (a bad token id past what the evals read): the log says why
+        log_error(log.get(), std::max(start, o.steps), "length " + std::to_string(T) + ": " + e.what());
+        throw;
+      }
       std::string line;
       for (const auto& [name, acc] : p.accuracy) {
         char cell[96];

@@ -330,6 +330,30 @@ TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss an
                         "--eval-batches 1 --probe-lengths 100"));
   CHECK(r.code == 0);
   CHECK(r.out.find("length    100 | val loss") != std::string::npos);
+  // A token id past the vocabulary that the evals do not reach but a longer probe does: the run
+  // fails on it, and the log's last record says so (as a step's or an eval's failure does).
+  const std::string bad = dir / "bad";
+  std::filesystem::create_directories(bad);
+  std::filesystem::copy_file(mixed + "/d_train_0.bin", bad + "/d_train_0.bin");
+  {
+    std::ofstream f(bad + "/d_val_0.bin", std::ios::binary);
+    int32_t h[256] = {20240520, 1, 5000};
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+    for (int i = 0; i < 5000; i++) {
+      const uint16_t t = uint16_t(i >= 1000 && i < 1100 ? 200 : 97 + (i * 7) % 20);
+      f.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  r = run_cmd(train_cmd("--data 'shards:" + bad + "/*.bin' --vocab 128 --model llama --steps 1 --seq 64 --batch 2 "
+                        "--threads 1 --eval-batches 1 --probe-lengths 500 --log " + log));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("eval      1 | val loss") != std::string::npos);  // the eval read only good tokens
+  const std::vector<LogRecord> records = read_run_log(log);
+  REQUIRE(!records.empty());
+  CHECK(records.back().at("type") == "error");
+  CHECK(records.back().at("message").find("length 500: " + bad + "/d_val_0.bin: token id 200") !=
+        std::string::npos);
 }
 
 TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by value", "[length_probe][plot]") {
