@@ -61,6 +61,13 @@ std::string JsonDocReader::where() const {
   return path_ + " element " + std::to_string(element_) + " (line " + std::to_string(doc_line_) + ")";
 }
 
+std::runtime_error JsonDocReader::not_an_object() const {
+  return std::runtime_error(where() + ": not a JSON object (" +
+                            (form_ == JsonForm::lines ? "a .jsonl input holds one object a line"
+                                                      : "a .json array of documents holds one object an element") +
+                            ", its \"" + key_ + "\" field the document's text)");
+}
+
 bool JsonDocReader::fill() {
   if (at_ < have_) return true;
   f_.read(chunk_.data(), std::streamsize(chunk_.size()));
@@ -95,16 +102,13 @@ void JsonDocReader::take(std::string& text) {
     const int64_t line = doc_line_ + std::count(buf_.begin(), buf_.begin() + std::ptrdiff_t(at), '\n');
     throw std::runtime_error(where() + ": invalid JSON on line " + std::to_string(line) + ": " + e.problem);
   }
-  const char* form = form_ == JsonForm::lines ? "a .jsonl input holds one object a line"
-                                              : "a .json array of documents holds one object an element";
-  if (!v.is(JsonValue::Kind::object))
-    throw std::runtime_error(where() + ": not a JSON object (" + form + ", its \"" + key_ + "\" field the document's text)");
+  if (!v.is(JsonValue::Kind::object)) throw not_an_object();
   auto it = v.fields.find(key_);
   if (it == v.fields.end()) {
     std::string keys;
-    int shown = 0;
+    int listed = 0;
     for (const auto& [k, _] : v.fields) {
-      if (shown++ == 8) {
+      if (listed++ == 8) {
         keys += ", ...";
         break;
       }
@@ -148,20 +152,21 @@ bool JsonDocReader::next_element(std::string& text) {
     c = get_past_blanks();
     if (c == ']') c = -2;  // an empty array
   } else {
+    auto truncated = [&](const char* after) {
+      return std::runtime_error(path_ + ": ends after element " + std::to_string(element_) + after +
+                                " without the array's closing ']' (a truncated file?)");
+    };
     c = get_past_blanks();
     if (c == ',') {
       c = get_past_blanks();
-      if (c == -1)
-        throw std::runtime_error(path_ + ": ends after element " + std::to_string(element_) +
-                                 " and a ',' without the array's closing ']' (a truncated file?)");
+      if (c == -1) throw truncated(" and a ','");
       if (c == ']')
         throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": a ',' after element " +
                                  std::to_string(element_) + " and then the array's end (not JSON)");
     } else if (c == ']') {
       c = -2;
     } else if (c == -1) {
-      throw std::runtime_error(path_ + ": ends after element " + std::to_string(element_) +
-                               " without the array's closing ']' (a truncated file?)");
+      throw truncated("");
     } else {
       throw std::runtime_error(path_ + " line " + std::to_string(line_) + ": after element " + std::to_string(element_) +
                                " comes " + shown(c) + " where a ',' or the closing ']' should");
@@ -177,9 +182,7 @@ bool JsonDocReader::next_element(std::string& text) {
   }
   element_++;
   doc_line_ = line_;
-  if (c != '{')
-    throw std::runtime_error(where() + ": not a JSON object (a .json array of documents holds one object an element, "
-                             "its \"" + key_ + "\" field the document's text)");
+  if (c != '{') throw not_an_object();
   buf_.assign(1, '{');
   int depth = 1;
   bool in_string = false, escaped = false;

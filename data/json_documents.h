@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class JsonDocReader {
   int get();    // the next byte, or -1 at the end (counts lines)
   int get_past_blanks();
   void take(std::string& text);  // the document's text from the object in buf_
+  std::runtime_error not_an_object() const;  // the last record is not an object: the message
   bool next_element(std::string& text);
 
   std::ifstream f_;

@@ -54,8 +54,8 @@ std::string MadeDirs::make(const std::string& dir) {
   fs::create_directories(dir, ec);
   std::error_code is_ec;
   const bool there = fs::is_directory(dir, is_ec);
-  // Only what is there now and was not before: a failed make() leaves its partial parents listed
-  // too, for undo() to take back.
+  // Listed whether or not the whole path was made (a name part too long fails after its parents
+  // were): undo() takes back whatever of it is there. In front: a later, deeper path goes first.
   made_.insert(made_.begin(), missing.begin(), missing.end());
   if (there) return "";
   if (fs::exists(dir, is_ec)) return "something that is not a directory has that name";
