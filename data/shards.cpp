@@ -87,7 +87,11 @@ std::string ShardDataset::Shard::kind() const {
 
 int32_t ShardDataset::Shard::effective_eot() const { return vocab > 0 ? eot : width == 2 ? 50256 : 128000; }
 
-bool ShardDataset::is_val_name(const std::string& name) {
+bool ShardDataset::is_val_name(const std::string& name_as_given) {
+  // Case-blind: VAL_000.bin and Validation.bin are held out too (a training run that read them
+  // would be evaluated on what it trained on).
+  std::string name = name_as_given;
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (size_t at = name.find("val"); at != std::string::npos; at = name.find("val", at + 1))
     if (at == 0 || !std::isalnum(static_cast<unsigned char>(name[at - 1]))) return true;
   return false;

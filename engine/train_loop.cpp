@@ -135,6 +135,12 @@ int train_rank(const Options& o, Comm& world) {
     say("note    | --rope-scaling %s replaces %s's own %s (the scaling its weights were trained with): for a length "
         "it already reaches, leave the flag out\n", o.rope_scaling.c_str(), o.checkpoint.c_str(),
         tr.replaced_rope_scaling().c_str());
+  // A gpt2's learned positions end at max_seq (a longer sample is refused); a llama's RoPE runs on,
+  // but past the length it was trained or configured for, the text may be noise.
+  if (model.cfg.is_llama() && outputs.sample_positions() > model.cfg.max_seq)
+    say("note    | --sample: the prompt and %d new tokens reach position %lld, past the model's max_seq %d (the "
+        "length it was trained or configured for): the sample past it tests extrapolation\n", o.sample,
+        (long long)outputs.sample_positions(), model.cfg.max_seq);
   // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.
   if (o.zero && o.steps > 0 && world.size() == 1)
     say("note    | --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "

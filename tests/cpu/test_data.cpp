@@ -340,9 +340,10 @@ TEST_CASE("shards: uint16 and uint32 round trips, epoch shuffle, train/val split
   CHECK(ul::open_dataset("shards:" + sub + "/*val*", ul::Split::val, 0, 0)->vocab() == 50257);
   // A val file is one with a word of its name starting with "val"; a glob of val files alone has
   // no train split (evaluating them is --val-data's job).
-  for (const char* name : {"fineweb_val_000.bin", "validation.bin", "val.bin", "shakespeare-val.bin", "a.val.bin"})
+  for (const char* name : {"fineweb_val_000.bin", "validation.bin", "val.bin", "shakespeare-val.bin", "a.val.bin",
+                           "VAL_000.bin", "Validation.bin", "fineweb_Val_001.bin"})
     CHECK(ul::ShardDataset::is_val_name(name));
-  for (const char* name : {"interval_000.bin", "eval_000.bin", "fineweb_train_000.bin", "oval.bin", "x2val.bin"})
+  for (const char* name : {"interval_000.bin", "eval_000.bin", "fineweb_train_000.bin", "oval.bin", "x2val.bin", "OVAL.bin", "myVal.bin"})
     CHECK_FALSE(ul::ShardDataset::is_val_name(name));
   write_shard(sub + "/fineweb_interval_000.bin", std::vector<uint32_t>(17, 9));
   auto tr2 = ul::open_dataset("shards:" + sub + "/fineweb_*.bin", ul::Split::train, 0, 50257);
