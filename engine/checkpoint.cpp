@@ -243,7 +243,8 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   const size_t n = params.numel();
   // The f32 values on rank 0's host (a bf16 model's master weights, not their bf16 rounding;
   // gathered from their owners when ZeRO-1 shards them).
-  std::vector<float> host = tr.host_params(rank == 0);
+  std::vector<float> copy;  // where the weights are not already on the host as f32 (a device's)
+  const float* host = tr.host_weights(rank == 0, copy);
   std::vector<std::pair<std::string, uint32_t>> crcs;  // of the files this rank writes, for its rank file
   // This rank's files: a failure is caught, for every rank to learn of it (agree_on_writes).
   auto write_files = [&] {
@@ -251,8 +252,8 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     if (rank == 0) {
       static std::atomic<int> saves{0};  // this process's saves, for the test hook
       const int nth = ++saves;
-      if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host.data(), n);
-      crcs.push_back({"model.bin", write_model_file(dir + "/model.bin", tr.model().cfg, host.data(), n)});
+      if (nth == crash_hook_save()) write_model_file_and_crash(dir + "/model.bin", tr.model().cfg, host, n);
+      crcs.push_back({"model.bin", write_model_file(dir + "/model.bin", tr.model().cfg, host, n)});
     }
     // The owner of each optimizer shard writes it: rank 0 the whole state, or (ZeRO-1) every rank
     // its own slice, optim_rank_R.bin.
@@ -263,10 +264,12 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
       const size_t count = opt.hi() - opt.lo();
       s.t = opt.t(), s.numel = n, s.offset = opt.lo(), s.count = count;
       s.shard = sharded ? rank : 0, s.shards = sharded ? g.world.size() : 1;
-      s.m = to_host(opt.m(), params.device(), count);
-      s.v = to_host(opt.v(), params.device(), count);
+      // On the CPU written from AdamW's own buffers (a copy would be 8 bytes a parameter more).
+      const bool in_place = params.device() == Device::cpu;
+      if (!in_place) s.m = to_host(opt.m(), params.device(), count), s.v = to_host(opt.v(), params.device(), count);
       const std::string name = optim_file_name(s.shard, s.shards);
-      crcs.push_back({name, write_optim_file(dir + "/" + name, s)});
+      crcs.push_back({name, write_optim_file(dir + "/" + name, s, in_place ? opt.m() : s.m.data(),
+                                             in_place ? opt.v() : s.v.data())});
     }
     write_rank_file(dir + "/" + rank_file_name(rank), step, tr.next_sequence(), rank, g, run_layout(tr.options(), g),
                     run_fields(tr.options(), tr.model().cfg, tr.train_data().identity(), tr.train_data().eot()), crcs);
@@ -375,7 +378,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   for (int k = 0, shards = 1; k < shards; k++) {
     // optim_file_name(k, any shards > 1) is optim_rank_k.bin; the count comes from shard 0's header
     const std::string path = dir + "/" + optim_file_name(whole ? 0 : k, whole ? 1 : 2);
-    OptimShard s = read_optim_file(path, lo, hi);
+    OptimShard s = read_optim_file(path, lo, hi, m.data(), v.data());  // straight into this rank's range
     if (!whole && k == 0) shards = s.shards;
     if (s.numel != n || s.shard != k || s.shards != (whole ? 1 : shards))
       throw std::runtime_error(path + ": holds shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards) +
@@ -388,11 +391,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
     check_crc(path, optim_file_name(whole ? 0 : k, whole ? 1 : 2), whole ? 0 : k, s.crc);
     if (t >= 0 && s.t != t) throw std::runtime_error(path + ": AdamW step count differs between the shards");
     t = s.t;
-    if (!s.m.empty()) {  // [kept, kept + size) within [lo, hi)
-      std::copy(s.m.begin(), s.m.end(), m.begin() + long(s.kept - lo));
-      std::copy(s.v.begin(), s.v.end(), v.begin() + long(s.kept - lo));
-    }
-    covered += s.m.size();
+    covered += s.kept_count;
   }
   if (covered != hi - lo)
     throw std::runtime_error(dir + ": the optimizer files cover " + std::to_string(covered) + " of this rank's " +

@@ -317,21 +317,28 @@ std::string optim_file_name(int shard, int shards) {
 }
 
 uint32_t write_optim_file(const std::string& path, const OptimShard& s) {
+  if (s.m.size() != s.count || s.v.size() != s.count)
+    throw std::logic_error("write_optim_file: m and v must hold count elements each");
+  return write_optim_file(path, s, s.m.data(), s.v.data());
+}
+
+uint32_t write_optim_file(const std::string& path, const OptimShard& s, const float* m, const float* v) {
   OptimHeader h;
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kOptimMagic, 8);
   h.version = kVersion;
   h.t = s.t, h.numel = s.numel, h.offset = s.offset, h.count = s.count, h.shard = s.shard, h.shards = s.shards;
-  h.crc = crc32(crc32(crc32(0, &h, sizeof h), s.m.data(), s.count * 4), s.v.data(), s.count * 4);
+  h.crc = crc32(crc32(crc32(0, &h, sizeof h), m, s.count * 4), v, s.count * 4);
   AtomicFile f(path);
   f.write(&h, sizeof h);
-  f.write(s.m.data(), s.count * sizeof(float));
-  f.write(s.v.data(), s.count * sizeof(float));
+  f.write(m, s.count * sizeof(float));
+  f.write(v, s.count * sizeof(float));
   f.commit();
   return h.crc;
 }
 
-OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
+OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi, float* m_out, float* v_out) {
+  if (!m_out != !v_out) throw std::logic_error("read_optim_file: give both m_out and v_out, or neither");
   std::string tail;
   OptimShard s;
   uint64_t kept_end = 0;
@@ -351,19 +358,23 @@ OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi) {
         // The buffer elements kept: this shard's within [lo, hi).
         s.kept = std::min(std::max(lo, x.offset), x.offset + x.count);
         kept_end = std::max(s.kept, std::min(hi, x.offset + x.count));
+        s.kept_count = kept_end - s.kept;
         return 2 * x.count;
       },
       [&](uint64_t first, const float* x, size_t k) {
         // Sized at the first piece: only after the header's promise met the file's size.
-        if (first == 0) s.m.resize(kept_end - s.kept), s.v.resize(kept_end - s.kept);
+        if (first == 0 && !m_out) s.m.resize(s.kept_count), s.v.resize(s.kept_count);
+        if (s.kept_count == 0) return;  // (then s.kept may lie below lo)
+        float* m = m_out ? m_out + (s.kept - lo) : s.m.data();  // element s.kept's place
+        float* v = v_out ? v_out + (s.kept - lo) : s.v.data();
         // Payload floats [0, count) are m, [count, 2 count) are v, each of elements [offset, offset + count).
-        auto keep = [&](std::vector<float>& dst, uint64_t part) {  // part: where this half starts in the payload
+        auto keep = [&](float* dst, uint64_t part) {  // part: where this half starts in the payload
           const uint64_t from = std::max(first, part + (s.kept - s.offset));
-          const uint64_t to = std::min<uint64_t>(first + k, part + (s.kept - s.offset) + dst.size());
-          if (from < to) std::memcpy(dst.data() + (from - part - (s.kept - s.offset)), x + (from - first), (to - from) * 4);
+          const uint64_t to = std::min<uint64_t>(first + k, part + (s.kept - s.offset) + s.kept_count);
+          if (from < to) std::memcpy(dst + (from - part - (s.kept - s.offset)), x + (from - first), (to - from) * 4);
         };
-        keep(s.m, 0);
-        keep(s.v, s.count);
+        keep(m, 0);
+        keep(v, s.count);
       });
   return s;
 }

@@ -64,16 +64,21 @@ struct OptimShard {
   uint64_t numel = 0;      // the whole parameter buffer
   uint64_t offset = 0, count = 0;  // the shard: elements [offset, offset + count) of the buffer
   int shard = 0, shards = 1;
-  std::vector<float> m, v;  // written: count each; read: elements [kept, kept + m.size()) of the buffer
-  uint64_t kept = 0;
+  std::vector<float> m, v;  // written: count each; read: elements [kept, kept + kept_count) of the buffer
+  uint64_t kept = 0, kept_count = 0;
   uint32_t crc = 0;         // read: the file's verified crc32
 };
 std::string optim_file_name(int shard, int shards);  // "optim.bin" when shards == 1
 uint32_t write_optim_file(const std::string& path, const OptimShard& s);  // returns the file's crc32
+// The same from m and v elsewhere (s.m, s.v unused): a CPU run's AdamW state, written in place.
+uint32_t write_optim_file(const std::string& path, const OptimShard& s, const float* m, const float* v);
 // Checks the whole file (header, size, checksum) but keeps only the shard's elements inside [lo, hi)
 // (all of them by default), reading it in pieces: a resuming rank holds its own range of each file,
-// not the file.
-OptimShard read_optim_file(const std::string& path, uint64_t lo = 0, uint64_t hi = UINT64_MAX);
+// not the file. Kept in the result's m and v, or, given m_out and v_out (each covering [lo, hi)),
+// element e at m_out[e - lo]: a resume then holds its range once, not twice. They may be written
+// before the checksum fails.
+OptimShard read_optim_file(const std::string& path, uint64_t lo = 0, uint64_t hi = UINT64_MAX, float* m_out = nullptr,
+                           float* v_out = nullptr);
 
 // What must match between a checkpoint and the run resuming it.
 // A RunField whose absence from an older checkpoint leaves it unchecked.

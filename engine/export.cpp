@@ -274,18 +274,18 @@ bool RunOutputs::wants_params() const {
   return !o_.export_llmc.empty() || !o_.export_safetensors.empty() || o_.sample > 0;
 }
 
-void RunOutputs::finish(const std::vector<float>& host, const std::vector<ParamSpec>& specs) const {
+void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) const {
   if (!wants_params()) return;
   const bool say = !o_.quiet;
   if (!o_.export_llmc.empty()) {
     const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
-    write_llmc_checkpoint(o_.export_llmc, lc, host.data(), o_.export_llmc_version);
+    write_llmc_checkpoint(o_.export_llmc, lc, host, o_.export_llmc_version);
     if (say) std::printf("export  | %s (llm.c GPT-2 checkpoint version %d, %s)\n", o_.export_llmc.c_str(),
                          o_.export_llmc_version, o_.export_llmc_version == 5 ? "bf16" : "fp32");
   }
   if (!o_.export_safetensors.empty()) {
     const std::string dtype = o_.export_dtype == "bf16" ? "BF16" : "F32";
-    export_safetensors(o_.export_safetensors, cfg_, specs, host.data(), dtype);
+    export_safetensors(o_.export_safetensors, cfg_, specs, host, dtype);
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
   }
@@ -294,16 +294,16 @@ void RunOutputs::finish(const std::vector<float>& host, const std::vector<ParamS
   std::fflush(stdout);
 }
 
-void RunOutputs::sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const {
+void RunOutputs::sample(const float* host, const std::vector<ParamSpec>& specs, int step) const {
   print_sample(host, specs, step);
   std::fflush(stdout);
 }
 
-void RunOutputs::print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const {
+void RunOutputs::print_sample(const float* host, const std::vector<ParamSpec>& specs, int step) const {
   const bool say = !o_.quiet;
   SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed, o_.top_p};
   if (tok_ && tok_->vocab() < cfg_.vocab) s.vocab = tok_->vocab();  // ids it can decode
-  KvDecoder dec(cfg_, specs, host.data(), int(prompt_.size()) + o_.sample);
+  KvDecoder dec(cfg_, specs, host, int(prompt_.size()) + o_.sample);
   dec.set_document_token(eot_);  // -1: one document
   // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
   const int n = int(prompt_.size());

@@ -49,9 +49,9 @@ class RunOutputs {
   bool wants_params() const;
   // Writes the exports (atomically) and prints the sample, from `host` (the f32 values of every
   // parameter, laid out as `specs`). Returns nothing: errors throw.
-  void finish(const std::vector<float>& host, const std::vector<ParamSpec>& specs) const;
+  void finish(const float* host, const std::vector<ParamSpec>& specs) const;
   // --sample-every: the sample of the model at `step` of training, printed with the step.
-  void sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const;
+  void sample(const float* host, const std::vector<ParamSpec>& specs, int step) const;
   // The positions a --sample fills: the prompt and the new tokens (0 without --sample).
   int64_t sample_positions() const { return o_.sample > 0 ? int64_t(prompt_.size()) + o_.sample : 0; }
 
@@ -59,7 +59,7 @@ class RunOutputs {
   std::string decode(const std::vector<int>& ids) const;
   // Generates o.sample tokens after the prompt from `host` (f32 parameters laid out as `specs`)
   // and prints the sample line (with the training step, when step >= 0) and the text.
-  void print_sample(const std::vector<float>& host, const std::vector<ParamSpec>& specs, int step) const;
+  void print_sample(const float* host, const std::vector<ParamSpec>& specs, int step) const;
   Options o_;
   ModelConfig cfg_;
   int32_t eot_;

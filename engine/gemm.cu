@@ -64,7 +64,7 @@ struct Lt {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   // The heuristic's choice per problem (see `key` in gemm()), and whether it takes the bias.
-  std::map<std::array<int64_t, 12>, Algo> algos;
+  std::map<std::array<int64_t, 15>, Algo> algos;
   Lt() = default;
   Lt(const Lt&) = delete;
   Lt& operator=(const Lt&) = delete;
@@ -108,15 +108,17 @@ void gemm_prepare() { lt_for_current_device(); }
 
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
-          bool accumulate, const char* op, cudaStream_t s) {
+          bool accumulate, const char* op, cudaStream_t s, GemmStrides ld_given) {
   static_assert(std::is_same<TD, TA>::value || std::is_same<TD, float>::value, "D is A's type or float");
   const std::string what = problem(op, M, N, K, trans_a, trans_b);
   if (M < 0 || N < 0 || K < 0 || (M > 0 && N > 0 && (!d || (K > 0 && (!a || !b)))))
     throw std::runtime_error(what + ": a negative size or a null buffer");
   if (bias && accumulate) throw std::runtime_error(what + ": gemm with a bias and accumulate (see engine/gemm.h)");
+  const GemmStrides ld = gemm_strides(ld_given, M, N, K, trans_a, trans_b, bias != nullptr, what);
   if (M == 0 || N == 0) return;
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);
+  if (K == 0 && ld.d != N) throw std::runtime_error(what + ": an empty product into a strided D");
   if (K == 0) {  // no product: D = (accumulate ? D : 0) + bias
     gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
     return;
@@ -134,16 +136,24 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
   check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
            "set TRANSB", what);
   // Stored column-major shapes: our B is (K, N) row-major = (N, K) col-major, or (K, N) col-major when trans_b.
-  check_lt(cublasLtMatrixLayoutCreate(&desc.a, ta, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N),
+  // A row-major row stride is the column-major leading dimension.
+  check_lt(cublasLtMatrixLayoutCreate(&desc.a, ta, trans_b ? K : N, trans_b ? N : K, ld.b),
            "cublasLtMatrixLayoutCreate(B)", what);
-  check_lt(cublasLtMatrixLayoutCreate(&desc.b, ta, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K),
+  check_lt(cublasLtMatrixLayoutCreate(&desc.b, ta, trans_a ? M : K, trans_a ? K : M, ld.a),
            "cublasLtMatrixLayoutCreate(A)", what);
-  check_lt(cublasLtMatrixLayoutCreate(&desc.d, td, N, M, N), "cublasLtMatrixLayoutCreate(D)", what);
+  check_lt(cublasLtMatrixLayoutCreate(&desc.d, td, N, M, ld.d), "cublasLtMatrixLayoutCreate(D)", what);
 
   // The bias through the epilogue, unless the heuristic has nothing for it (then gemm_bias_rows first).
-  const uint32_t al_first = alignment(b), al_second = alignment(a), al_d = alignment(d);
-  const std::array<int64_t, 12> key{M, N, K, trans_a, trans_b, accumulate, int64_t(ta), int64_t(td),
-                                    al_first, al_second, al_d, bias ? int64_t(alignment(bias)) : -1};
+  // Every row starts at the pointer plus a multiple of its stride: the rows' alignment is the
+  // smaller of the two (a packed GPT-2 logits row of 50257 floats leaves the next at 4 bytes).
+  auto rows_aligned = [](const void* p, int64_t stride_bytes) {
+    return std::min(alignment(p), alignment(reinterpret_cast<const void*>(uintptr_t(stride_bytes))));
+  };
+  const uint32_t al_first = rows_aligned(b, ld.b * int64_t(sizeof(TA))), al_second = rows_aligned(a, ld.a * int64_t(sizeof(TA))),
+                 al_d = rows_aligned(d, ld.d * int64_t(sizeof(TD)));
+  const std::array<int64_t, 15> key{M,         N,         K,    trans_a, trans_b, accumulate, int64_t(ta), int64_t(td),
+                                    al_first,  al_second, al_d, bias ? int64_t(alignment(bias)) : -1,
+                                    ld.a,      ld.b,      ld.d};
   auto set_epilogue = [&](bool with_bias) {
     const cublasLtEpilogue_t epi = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),

@@ -20,6 +20,8 @@
 // 2 M N K FLOPs, so the report gives each GEMM shape's rate.
 #pragma once
 #if ULYSSES_HAVE_CUDA
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "engine/cuda_runtime.h"
@@ -43,19 +45,43 @@ void gemm_prepare();
 template <class TD>
 void gemm_bias_rows(TD* d, const TD* bias, int M, int N, bool accumulate, cudaStream_t s);
 
+// Row strides, in elements, of the stored matrices; 0 for packed rows (the width stored). The
+// classifier's logits are (R, V) inside rows of round_up(V, 64): GPT-2's V = 50257 packed would
+// leave every row but the first off the 16-byte alignment cuBLASLt's fast kernels need.
+struct GemmStrides {
+  int64_t a = 0, b = 0, d = 0;
+};
+
 template <class TA, class TD>
 void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, bool trans_a, bool trans_b,
-          bool accumulate, const char* op, cudaStream_t s);
+          bool accumulate, const char* op, cudaStream_t s, GemmStrides ld = {});
 
 // The (TA, TD) pairs gemm exists for; the cuBLASLt and the emulated implementation each instantiate
 // every one with UL_GEMM_INSTANTIATE_ALL().
 #define UL_GEMM_INSTANTIATE(TA, TD)                                                                       \
   template void gemm<TA, TD>(TD*, const TA*, const TA*, const TD*, int, int, int, bool, bool, bool, const char*, \
-                             cudaStream_t);
+                             cudaStream_t, GemmStrides);
 #define UL_GEMM_INSTANTIATE_ALL()                 \
   UL_GEMM_INSTANTIATE(float, float)               \
   UL_GEMM_INSTANTIATE(__nv_bfloat16, __nv_bfloat16) \
   UL_GEMM_INSTANTIATE(__nv_bfloat16, float)
+
+// The row strides gemm uses: each given one, checked against the stored width (at least it), or
+// the width itself; throws naming `what`. A strided D takes no bias (none is needed).
+inline GemmStrides gemm_strides(GemmStrides ld, int M, int N, int K, bool trans_a, bool trans_b, bool bias,
+                                const std::string& what) {
+  const int64_t wa = trans_a ? M : K, wb = trans_b ? K : N;  // the stored rows' widths
+  auto pick = [&](int64_t given, int64_t width, const char* name) {
+    if (given == 0) return width;
+    if (given < width)
+      throw std::runtime_error(what + ": the row stride of " + name + " (" + std::to_string(given) +
+                               ") is shorter than its rows (" + std::to_string(width) + ")");
+    return given;
+  };
+  GemmStrides r{pick(ld.a, wa, "A"), pick(ld.b, wb, "B"), pick(ld.d, N, "D")};
+  if (bias && r.d != N) throw std::runtime_error(what + ": a bias with a strided D");
+  return r;
+}
 
 }  // namespace cuda
 }  // namespace ul

@@ -256,7 +256,10 @@ MemoryPlan plan_memory(const PlanConfig& c) {
     // than N QKV when kv heads are replicated (fewer than sp).
     p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a));
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
-  p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm;
+  // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets,
+  // positions, documents, rows), in host memory whatever the device.
+  p.batches = size_t(c.grad_accum) * size_t(c.batch) * size_t(c.seq) * 5 * sizeof(int32_t);
+  p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm + (cuda ? 0 : p.batches);
 
   // Bytes sent per step (Trainer::step and parallel/ulysses.cpp, with communicator.h's formulas).
   const DType adt = c.dtype;
@@ -394,7 +397,9 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   }
   row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
   row("comm buffers       ", p.comm, c.zero && c.trains ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
+  if (!cuda_plan) row("micro-batches      ", p.batches, "a step's token ids, targets, positions (x --grad-accum)");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
+  if (cuda_plan) row("host micro-batches ", p.batches, "a step's token ids, targets, positions, outside the total");
   if (p.pinned_host) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
   if (p.host_comm) row("host staging       ", p.host_comm, "--comm local on a device: collectives through host memory, outside the total");
   s << (c.trains ? "plan | bytes sent per step by this rank:" : "plan | bytes sent per eval batch by this rank:");

@@ -404,7 +404,8 @@ int train_rank(const Options& o, Comm& world) {
       // step's sample is finish()'s, after the run.
       const bool samples = o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last;
       if (samples) {
-        const std::vector<float> host = tr.host_params(lead);  // collective when the masters are sharded
+        std::vector<float> copy;
+        const float* host = tr.host_weights(lead, copy);  // collective when the masters are sharded
         if (lead) outputs.sample(host, model.params.specs(), s + 1);
       }
       if (evals || samples) {  // a signal during a long eval or sample stops the run now, not a step later
@@ -437,7 +438,8 @@ int train_rank(const Options& o, Comm& world) {
   // the exports do (they were once skipped there without a word).
   const bool paused = o.stop_after > 0 && !stopped_by;  // --stop-after: the run goes on later
   if (!o.probe_lengths.empty() && !paused && !stop_now()) {
-    const std::vector<float> host = tr.host_params();
+    std::vector<float> copy;
+    const float* host = tr.host_weights(true, copy);
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     for (int T : o.probe_lengths) {
       if (stop_now()) break;
@@ -445,7 +447,7 @@ int train_rank(const Options& o, Comm& world) {
       beat.begin("length " + std::to_string(T));
       LengthProbe p;
       try {
-        p = probe_length(model.cfg, model.params.specs(), host.data(), tr.val_data(), o.seq, T, n, tr.document_start(),
+        p = probe_length(model.cfg, model.params.specs(), host, tr.val_data(), o.seq, T, n, tr.document_start(),
                          &world, [&](const std::string& where) {
                            if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
                          });
@@ -538,7 +540,8 @@ int train_rank(const Options& o, Comm& world) {
     return 0;
   }
   // The f32 weights, on rank 0 only (a copy as large as the model: made when asked for).
-  const std::vector<float> host = outputs.wants_params() ? tr.host_params(lead) : std::vector<float>{};
+  std::vector<float> copy;
+  const float* host = outputs.wants_params() ? tr.host_weights(lead, copy) : nullptr;
   if (lead) outputs.finish(host, model.params.specs());
   // A signal while they ran: they finished (written whole), and the exit status still says so.
   if (lead && stop_signal()) {

@@ -76,11 +76,11 @@ namespace {
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }  // whole MiB, for messages
 }  // namespace
 
-void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram,
-                       size_t load) {
+void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load) {
+  const size_t batches = plan.batches;
   // A device run's host side: --offload's pinned block inputs and collectives staged through host memory.
   const size_t device_host = plan_on_host ? 0 : plan.pinned_host + plan.host_comm;
-  const size_t per_rank = batches + (plan_on_host ? plan.total : device_host) + load;
+  const size_t per_rank = (plan_on_host ? plan.total : batches + device_host) + load;  // the total holds them on the CPU
   const size_t need = per_rank * size_t(std::max(1, ranks_here));
   if (need <= ram) return;
   const std::string here = ranks_here > 1 ? " x " + std::to_string(ranks_here) + " ranks on this machine = " + mib(need) : "";
@@ -89,7 +89,7 @@ void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host
                                    : "";
   if (plan.pinned_host && !plan_on_host) parts += "--offload's pinned block inputs " + mib(plan.pinned_host) + ", ";
   if (plan.host_comm && !plan_on_host) parts += "collectives staged through the host " + mib(plan.host_comm) + ", ";
-  if (load) parts += "the checkpoint's f32 copy while it loads " + mib(load) + ", ";
+  if (load) parts += "a checkpoint's f32 copy while it loads or saves " + mib(load) + ", ";
   throw std::runtime_error("this run needs " + mib(per_rank) + " of host memory per rank" + here + " (per rank: " + parts +
                            "the step's micro-batches " + mib(batches) + ", loaded before its first forward; `train --plan` "
                            "shows every part) but this machine has " + mib(ram) + ": try " +
@@ -312,13 +312,16 @@ Trainer::Trainer(const Options& o, Comm& world)
   size_t load = 0;
   if (o.resume) load = 4 * n_params + 8 * (mine.hi - mine.lo);
   else if (!o.checkpoint.empty() && (ctx_.device != Device::cpu || o.steps == 0)) load = 4 * n_params;
-  const size_t batches = size_t(o.grad_accum) * o.batch * o.seq * 5 * sizeof(int32_t);
+  // A device run's save copies the weights and this rank's AdamW shard to the host to write them
+  // (counted for every rank, as a load is); the CPU writes them from where they are.
+  if (!o.save_dir.empty() && o.steps > 0 && ctx_.device != Device::cpu)
+    load = std::max(load, 4 * n_params + 8 * (mine.hi - mine.lo));
   const bool on_host = ctx_.device == Device::cpu;
   // Against this process's limit, with the ranks that draw on it; where that is a cgroup's of its
   // own (containers sharing a machine), the machine's memory against all of its ranks too.
-  check_host_memory(plan, batches, on_host, hosts_.sharing_memory(), memory_limit(), load);
+  check_host_memory(plan, on_host, hosts_.sharing_memory(), memory_limit(), load);
   if (hosts_.sharing_memory() != hosts_.ranks_here())
-    check_host_memory(plan, batches, on_host, hosts_.ranks_here(), physical_memory_bytes(), load);
+    check_host_memory(plan, on_host, hosts_.ranks_here(), physical_memory_bytes(), load);
 #if ULYSSES_HAVE_CUDA
   if (ctx_.device == Device::cuda) {
     const GpuInfo gpu = cuda_gpu_at_start();
@@ -526,6 +529,13 @@ std::vector<float> Trainer::host_params(bool want) {
   std::vector<float> h(want ? P.numel() : 0);
   if (want) device_copy(h.data(), Device::cpu, all, d, P.numel() * sizeof(float));
   return h;
+}
+
+const float* Trainer::host_weights(bool want, std::vector<float>& copy) {
+  Params& P = model_->params;
+  if (P.device() == Device::cpu && P.has_masters() && !P.masters_sharded()) return want ? P.master() : nullptr;
+  copy = host_params(want);
+  return want ? copy.data() : nullptr;
 }
 
 void Trainer::round_bf16_from_masters() {

@@ -104,6 +104,10 @@ class Trainer {
   // (else empty). Collective when the masters are sharded (--zero 1 with bf16): every rank calls
   // it, between steps (the shards are gathered in the gradient buffer, which the next step zeroes).
   std::vector<float> host_params(bool want = true);
+  // The same values without a copy where they already are on the host (the CPU: the live buffer,
+  // valid until the next step changes it), else copied into `copy`; null when not `want`. Saves,
+  // exports and samples of a model that fills the machine need no second model's memory on the CPU.
+  const float* host_weights(bool want, std::vector<float>& copy);
   // After a checkpoint restored the masters and AdamW's t: the bf16 weights as the run rounded
   // them (AdamW::round_params), every rank's alike. Collective when the masters are sharded.
   void round_bf16_from_masters();
@@ -154,12 +158,12 @@ size_t peak_rss_bytes();
 struct MemoryPlan;  // engine/planner.h
 
 // Throws (naming every part and what shrinks it) when `ranks_here` ranks need more than `ram`
-// bytes of host memory: each the step's micro-batches (`batches` bytes), plus the whole plan when
-// it lives on the host (`plan_on_host`: the CPU device), else the plan's host side (--offload's
-// pinned block inputs, collectives staged through host memory), plus `load`: a checkpoint's f32 copy
-// while it loads. Linux would grant the memory, then kill the run using it.
-void check_host_memory(const MemoryPlan& plan, size_t batches, bool plan_on_host, int ranks_here, size_t ram,
-                       size_t load = 0);
+// bytes of host memory: each the whole plan when it lives on the host (`plan_on_host`: the CPU
+// device; its total holds the step's micro-batches), else the plan's host side (the micro-batches,
+// --offload's pinned block inputs, collectives staged through host memory), plus `load`: a
+// checkpoint's f32 copy while it loads or saves. Linux would grant the memory, then kill the run
+// using it.
+void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load = 0);
 
 // Throws (naming every part, the GPU and what shrinks the run) when `ranks_on_gpu` ranks' plans
 // exceed `free`, the bytes the GPU had free when this process first checked it: every one of

@@ -198,32 +198,32 @@ __global__ void __launch_bounds__(W * 32)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (warp_idle(r0, kt, G)) {  // nothing this warp's rows see: wait for the others
-      __syncthreads();
-      kt = next;
-      continue;
-    }
-    const bf16* Ks = smem + (step & 1) * 2 * kElems;
-    const bf16* Vs = Ks + kElems;
-    const int k0 = kt * kTile;
+    // A warp whose rows see nothing in this tile skips the work, not the barriers: every thread
+    // meets the same two __syncthreads (bar.sync is .aligned: warps at different barrier
+    // instructions are undefined behaviour on a GPU, which the emulator's arrival count cannot see).
+    if (!warp_idle(r0, kt, G)) {
+      const bf16* Ks = smem + (step & 1) * 2 * kElems;
+      const bf16* Vs = Ks + kElems;
+      const int k0 = kt * kTile;
 
-    float s[8][4] = {}, dp[8][4] = {};  // S = Q K^T, dP = dout V^T, (16, 64)
-    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
-      mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
-      mma_row_tile(dp, of[kk], Vs + kk * 16, LD);
-    }
-    const bool masked = tiles.masked(kt);
-    UL_UNROLL for (int j = 0; j < 8; j++)
-      UL_UNROLL for (int e = 0; e < 4; e++) {
-        const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
-        const bool see = !masked || visible(rows[r], k, G, docb);
-        const float p = see ? fast_exp2(fmaf(s[j][e], scale2, -lse_r[r])) : 0.f;
-        s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
+      float s[8][4] = {}, dp[8][4] = {};  // S = Q K^T, dP = dout V^T, (16, 64)
+      UL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+        mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
+        mma_row_tile(dp, of[kk], Vs + kk * 16, LD);
       }
-    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)
-      uint32_t ads[4];
-      scores_as_a(ads, s, kk);
-      mma_col_tile<D>(dq, ads, Ks + kk * 16 * LD, LD);
+      const bool masked = tiles.masked(kt);
+      UL_UNROLL for (int j = 0; j < 8; j++)
+        UL_UNROLL for (int e = 0; e < 4; e++) {
+          const int r = e / 2, k = k0 + j * 8 + 2 * t + (e & 1);
+          const bool see = !masked || visible(rows[r], k, G, docb);
+          const float p = see ? fast_exp2(fmaf(s[j][e], scale2, -lse_r[r])) : 0.f;
+          s[j][e] = p * (dp[j][e] - Di_r[r]);  // dS
+        }
+      UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // dQ += dS K (over keys)
+        uint32_t ads[4];
+        scores_as_a(ads, s, kk);
+        mma_col_tile<D>(dq, ads, Ks + kk * 16 * LD, LD);
+      }
     }
     __syncthreads();
     kt = next;

@@ -64,50 +64,50 @@ __global__ void __launch_bounds__(W * 32)
       cp_async_wait<0>();
     }
     __syncthreads();  // ... from every thread's copies
-    if (warp_idle(r0, kt, G)) {  // nothing this warp's rows see: wait for the others
-      __syncthreads();
-      kt = next;
-      continue;
-    }
-    const bf16* Ks = smem + (step & 1) * 2 * kElems;
-    const bf16* Vs = Ks + kElems;
-    const int k0 = kt * kTile;
+    // A warp whose rows see nothing in this tile skips the work, not the barriers: every thread
+    // meets the same two __syncthreads (bar.sync is .aligned: warps at different barrier
+    // instructions are undefined behaviour on a GPU, which the emulator's arrival count cannot see).
+    if (!warp_idle(r0, kt, G)) {
+      const bf16* Ks = smem + (step & 1) * 2 * kElems;
+      const bf16* Vs = Ks + kElems;
+      const int k0 = kt * kTile;
 
-    float s[8][4] = {};  // S = Q K^T, (16, 64)
-    UL_UNROLL for (int kk = 0; kk < D / 16; kk++) mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
-    const bool masked = tiles.masked(kt);
-    float mx[2] = {ninf, ninf};
-    UL_UNROLL for (int j = 0; j < 8; j++)
-      UL_UNROLL for (int e = 0; e < 4; e++) {
-        const int k = k0 + j * 8 + 2 * t + (e & 1);
-        if (masked && !visible(rows[e / 2], k, G, docb)) s[j][e] = ninf;
-        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);  // raw scores: scale > 0 keeps the order
+      float s[8][4] = {};  // S = Q K^T, (16, 64)
+      UL_UNROLL for (int kk = 0; kk < D / 16; kk++) mma_row_tile(s, qf[kk], Ks + kk * 16, LD);
+      const bool masked = tiles.masked(kt);
+      float mx[2] = {ninf, ninf};
+      UL_UNROLL for (int j = 0; j < 8; j++)
+        UL_UNROLL for (int e = 0; e < 4; e++) {
+          const int k = k0 + j * 8 + 2 * t + (e & 1);
+          if (masked && !visible(rows[e / 2], k, G, docb)) s[j][e] = ninf;
+          mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);  // raw scores: scale > 0 keeps the order
+        }
+      float alpha[2], sum[2] = {0.f, 0.f};
+      UL_UNROLL for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[r], mx[r] * scale2);
+        // Nothing visible yet, or no new maximum: nothing to rescale. The second test keeps an
+        // all-masked tile from multiplying by ex2.approx(0), whose exactness PTX does not promise:
+        // tiles a 128-row block walks and a 64-row one skips must change no bits.
+        alpha[r] = (m_new == ninf || m_new == m[r]) ? 1.f : fast_exp2(m[r] - m_new);
+        m[r] = m_new;
       }
-    float alpha[2], sum[2] = {0.f, 0.f};
-    UL_UNROLL for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * scale2);
-      // Nothing visible yet, or no new maximum: nothing to rescale. The second test keeps an
-      // all-masked tile from multiplying by ex2.approx(0), whose exactness PTX does not promise:
-      // tiles a 128-row block walks and a 64-row one skips must change no bits.
-      alpha[r] = (m_new == ninf || m_new == m[r]) ? 1.f : fast_exp2(m[r] - m_new);
-      m[r] = m_new;
-    }
-    UL_UNROLL for (int j = 0; j < 8; j++)
-      UL_UNROLL for (int e = 0; e < 4; e++) {
-        const int r = e / 2;
-        s[j][e] = m[r] == ninf ? 0.f : fast_exp2(fmaf(s[j][e], scale2, -m[r]));  // masked: 2^-inf = 0
-        sum[r] += s[j][e];
-      }
-    UL_UNROLL for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-    UL_UNROLL for (int n = 0; n < D / 8; n++)
-      UL_UNROLL for (int e = 0; e < 4; e++) o[n][e] *= alpha[e / 2];
+      UL_UNROLL for (int j = 0; j < 8; j++)
+        UL_UNROLL for (int e = 0; e < 4; e++) {
+          const int r = e / 2;
+          s[j][e] = m[r] == ninf ? 0.f : fast_exp2(fmaf(s[j][e], scale2, -m[r]));  // masked: 2^-inf = 0
+          sum[r] += s[j][e];
+        }
+      UL_UNROLL for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+      UL_UNROLL for (int n = 0; n < D / 8; n++)
+        UL_UNROLL for (int e = 0; e < 4; e++) o[n][e] *= alpha[e / 2];
 
-    UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // O += P V: P (16, 64) in registers, V (64, D) staged
-      uint32_t ap[4];
-      scores_as_a(ap, s, kk);
-      mma_col_tile<D>(o, ap, Vs + kk * 16 * LD, LD);
+      UL_UNROLL for (int kk = 0; kk < kTile / 16; kk++) {  // O += P V: P (16, 64) in registers, V (64, D) staged
+        uint32_t ap[4];
+        scores_as_a(ap, s, kk);
+        mma_col_tile<D>(o, ap, Vs + kk * 16 * LD, LD);
+      }
     }
     __syncthreads();  // every warp is done with this stage before the step after next refills it
     kt = next;

@@ -2,7 +2,7 @@
 // must match is classifier.cpp). T is float or __nv_bfloat16 (x, w, dx, dlogits); the logits, the
 // losses and dw are fp32.
 //
-// per chunk of rows   logits (R, V) = x w[0:V]^T by GEMM (fp32 output);
+// per chunk of rows   logits (R, V) = x w[0:V]^T by GEMM (fp32 output; rows round_up(V, 64) apart);
 //                     softmax_cross_entropy: one block per row, two passes over the row —
 //                       (1) an online max / sum of exp / first argmax, each thread over a strided
 //                           slice, combined across the block in a fixed order;
@@ -55,19 +55,20 @@ __device__ __forceinline__ RowStats warp_combine(RowStats v) {
   return v;
 }
 
-// Grid (R), block (a multiple of 32, <= 1024). logits: (R, V) fp32; dlogits: (R, V) T or null.
+// Grid (R), block (a multiple of 32, <= 1024). logits: (R, V) fp32; dlogits: (R, V) T or null;
+// both with rows ld elements apart.
 // No __restrict__ on logits / dlogits: they may be one buffer (T = float).
 // Launch bounds: the blocks reach kMaxThreads, so nvcc must keep the registers to what that many
 // threads may hold (or the launch fails with "too many resources"), which the emulator cannot see.
 template <class T>
 __global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ loss, int32_t* __restrict__ hit,
                                              const float* logits, const int32_t* __restrict__ targets, int V,
-                                             float grad_scale) {
+                                             int ld, float grad_scale) {
   UL_STATIC_SMEM(RowStats, s_warp, [kMaxThreads / 32]);
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t = targets[row];
-  const float* lr = logits + size_t(row) * V;
-  T* dr = dlogits ? dlogits + size_t(row) * V : nullptr;
+  const float* lr = logits + size_t(row) * ld;
+  T* dr = dlogits ? dlogits + size_t(row) * ld : nullptr;
   if (t < 0) {  // ignored: the whole block leaves together, before any barrier
     if (dr)
       for (int i = tid; i < V; i += blockDim.x) dr[i] = from_float<T>(0.f);
@@ -130,13 +131,15 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* d
 
 template <class T>
 void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* logits, const int32_t* targets, int R,
-                           int V, float grad_scale, cudaStream_t s) {
+                           int V, float grad_scale, cudaStream_t s, int ld) {
   if (R == 0) return;
   if (V < 1) throw std::runtime_error("softmax_cross_entropy: V = " + std::to_string(V) + " (need at least 1)");
+  if (ld == 0) ld = V;
+  if (ld < V) throw std::runtime_error("softmax_cross_entropy: row stride " + std::to_string(ld) + " < V = " + std::to_string(V));
   // ~16 elements per thread, in whole warps: small vocabularies do not park idle threads at the barriers.
   const int threads = int(std::min<long long>(kMaxThreads, std::max<long long>(32, ceil_div(V, 16 * 32) * 32)));
   launch("softmax_cross_entropy", softmax_cross_entropy_kernel<T>, dim3(R), dim3(threads), 0, s, dlogits, loss, hit,
-         logits, targets, V, grad_scale);
+         logits, targets, V, ld, grad_scale);
 }
 
 size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype) {
@@ -151,15 +154,17 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
   if (N == 0) return st;
   const bool bf = !std::is_same<T, float>::value;
   chunk_rows = std::max(1, std::min(chunk_rows, N));
-  // Scratch: logits (chunk_rows, V) fp32 | dlogits (chunk_rows, V) T, bf16 only (f32 reuses the
-  // logits) | loss (N) fp32 | hit (N) i32; each region 256-byte aligned.
+  // Scratch: logits (chunk_rows, L) fp32 | dlogits (chunk_rows, L) T, bf16 only (f32 reuses the
+  // logits) | loss (N) fp32 | hit (N) i32; each region 256-byte aligned. A row holds V values in a
+  // stride of L = round_up(V, 64): the GEMMs that write and read them keep to aligned rows.
+  const int L = int(scratch::classifier_row_stride(V));
   char* p = static_cast<char*>(scratch);
   float* logits = reinterpret_cast<float*>(p);
-  p += scratch::align256(size_t(chunk_rows) * V * sizeof(float));
+  p += scratch::align256(size_t(chunk_rows) * L * sizeof(float));
   T* dlogits = reinterpret_cast<T*>(logits);
   if (bf) {
     dlogits = reinterpret_cast<T*>(p);
-    p += scratch::align256(size_t(chunk_rows) * V * sizeof(T));
+    p += scratch::align256(size_t(chunk_rows) * L * sizeof(T));
   }
   float* loss = reinterpret_cast<float*>(p);
   int32_t* hit = reinterpret_cast<int32_t*>(p + scratch::align256(size_t(N) * 4));
@@ -177,13 +182,13 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
     const int R = b - a;
     const T* xc = x + size_t(a) * C;
     // logits (R, V) = x (R, C) · w[0:V]^T (C, V): the padded rows of w are never read.
-    gemm<T, float>(logits, xc, w, nullptr, R, V, C, false, true, false, "classifier logits", s);
-    softmax_cross_entropy<T>(grad ? dlogits : nullptr, loss + a, hit + a, logits, targets + a, R, V, grad_scale, s);
+    gemm<T, float>(logits, xc, w, nullptr, R, V, C, false, true, false, "classifier logits", s, {0, 0, L});
+    softmax_cross_entropy<T>(grad ? dlogits : nullptr, loss + a, hit + a, logits, targets + a, R, V, grad_scale, s, L);
     if (!grad) continue;
     // dx (R, C) += dlogits (R, V) · w[0:V] (V, C)
-    if (dx) gemm<T, T>(dx + size_t(a) * C, dlogits, w, nullptr, R, C, V, false, false, true, "classifier dx", s);
-    // dw[0:V] (V, C) += dlogits^T (V, R) · x (R, C), in fp32
-    if (dw) gemm<T, float>(dw, dlogits, xc, nullptr, V, C, R, true, false, true, "classifier dw", s);
+    if (dx) gemm<T, T>(dx + size_t(a) * C, dlogits, w, nullptr, R, C, V, false, false, true, "classifier dx", s, {L, 0, 0});
+    // dw[0:V] (V, C) += dlogits^T (V, R) · x (R, C), in fp32 (A stored (R, V) in rows of L)
+    if (dw) gemm<T, float>(dw, dlogits, xc, nullptr, V, C, R, true, false, true, "classifier dw", s, {L, 0, 0});
   }
 
   std::vector<float> loss_h(N);
@@ -201,9 +206,9 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
 }
 
 template void softmax_cross_entropy<float>(float*, float*, int32_t*, const float*, const int32_t*, int, int, float,
-                                           cudaStream_t);
+                                           cudaStream_t, int);
 template void softmax_cross_entropy<__nv_bfloat16>(__nv_bfloat16*, float*, int32_t*, const float*, const int32_t*,
-                                                   int, int, float, cudaStream_t);
+                                                   int, int, float, cudaStream_t, int);
 template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
                                                               const int32_t*, const int32_t*, int, int, int, float,
                                                               int, void*, cudaStream_t, float*);

@@ -36,10 +36,11 @@ namespace cuda {
 //   loss[r] = logsumexp(logits[r]) - logits[r][t],  hit[r] = (first argmax == t),
 //   dlogits[r] = (softmax(logits[r]) - onehot(t)) * grad_scale    (when dlogits is not null)
 // A row with t = -1 gets loss 0, hit 0 and a zero dlogits row. dlogits may be the logits buffer
-// itself when T is float (each element is read before the same thread overwrites it).
+// itself when T is float (each element is read before the same thread overwrites it). ld: the
+// rows' stride in elements, of both (0: V, packed); the elements past V in a row are not touched.
 template <class T>
 void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* logits, const int32_t* targets, int R,
-                           int V, float grad_scale, cudaStream_t s);
+                           int V, float grad_scale, cudaStream_t s, int ld = 0);
 
 // The chunked classifier of cpu::classifier_forward_backward on device buffers: for each chunk of
 // up to chunk_rows rows (trimmed to its first and last valid target, skipped when it has none), the

@@ -36,11 +36,15 @@ inline size_t embedding_backward(int64_t N) { return size_t(embedding_sort_size(
 // The classifier's chunk: f32 logits, the dlogits in the activation dtype when that is not f32,
 // and two per-row arrays; each piece 256-byte aligned.
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+// A row of logits (and of dlogits) is V values in a stride of round_up(V, 64): every row then
+// starts 256-byte aligned in f32 and 128 in bf16, as cuBLASLt's fast kernels want (GPT-2's
+// V = 50257 packed would misalign all rows but the first).
+inline int64_t classifier_row_stride(int64_t V) { return (V + 63) / 64 * 64; }
 inline size_t classifier(int64_t N, int64_t V, int64_t chunk_rows, size_t act_bytes) {
   const int64_t lo = N > 1 ? N : 1;
-  const size_t R = size_t(chunk_rows < 1 ? 1 : chunk_rows > lo ? lo : chunk_rows);
-  const size_t dlogits = act_bytes == 4 ? 0 : align256(R * V * act_bytes);
-  return align256(R * V * sizeof(float)) + dlogits + 2 * align256(size_t(N) * 4);
+  const size_t R = size_t(chunk_rows < 1 ? 1 : chunk_rows > lo ? lo : chunk_rows), L = size_t(classifier_row_stride(V));
+  const size_t dlogits = act_bytes == 4 ? 0 : align256(R * L * act_bytes);
+  return align256(R * L * sizeof(float)) + dlogits + 2 * align256(size_t(N) * 4);
 }
 
 }  // namespace scratch

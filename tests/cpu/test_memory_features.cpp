@@ -386,26 +386,28 @@ TEST_CASE("the memory hints name only the flags a run does not have yet", "[memo
 
 TEST_CASE("the host memory check counts every rank that shares the machine", "[memory]") {
   MemoryPlan p;
-  p.params = 1 << 20, p.grads = 1 << 20, p.optim = 2 << 20, p.arena_peak = 6 << 20, p.total = 10 << 20;
-  const size_t batches = 1 << 20;  // the step's micro-batches
-  CHECK_NOTHROW(check_host_memory(p, batches, true, 1, 15 << 20));
+  // On the CPU the total holds the step's micro-batches.
+  p.params = 1 << 20, p.grads = 1 << 20, p.optim = 2 << 20, p.arena_peak = 6 << 20, p.batches = 1 << 20, p.total = 11 << 20;
+  CHECK_NOTHROW(check_host_memory(p, true, 1, 15 << 20));
   // Two ranks as threads of one process (--comm local) need it twice.
-  CHECK_THROWS_WITH(check_host_memory(p, batches, true, 2, 15 << 20),
+  CHECK_THROWS_WITH(check_host_memory(p, true, 2, 15 << 20),
                     Catch::Contains("needs 11 MiB of host memory per rank x 2 ranks on this machine = 22 MiB") &&
                         Catch::Contains("the step's micro-batches 1 MiB") && Catch::Contains("but this machine has 15 MiB") &&
                         Catch::Contains("fewer ranks on this machine"));
   // On a GPU only the micro-batches are host memory.
-  CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 15 << 20));
-  CHECK_THROWS_WITH(check_host_memory(p, 10 << 20, false, 2, 15 << 20),
+  CHECK_NOTHROW(check_host_memory(p, false, 2, 15 << 20));
+  p.batches = 10 << 20;
+  CHECK_THROWS_WITH(check_host_memory(p, false, 2, 15 << 20),
                     Catch::Contains("needs 10 MiB of host memory per rank") && Catch::Contains("a smaller --grad-accum"));
+  p.batches = 1 << 20;
   // ... and --offload's pinned block inputs and collectives staged through the host, per rank.
   p.pinned_host = 5 << 20, p.host_comm = 1 << 20;
-  CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 15 << 20));
+  CHECK_NOTHROW(check_host_memory(p, false, 2, 15 << 20));
   // A checkpoint's f32 copy while it loads, per rank.
-  CHECK_NOTHROW(check_host_memory(p, batches, false, 2, 17 << 20, 1 << 20));
-  CHECK_THROWS_WITH(check_host_memory(p, batches, false, 2, 15 << 20, 1 << 20),
-                    Catch::Contains("the checkpoint's f32 copy while it loads 1 MiB"));
-  CHECK_THROWS_WITH(check_host_memory(p, batches, false, 3, 15 << 20),
+  CHECK_NOTHROW(check_host_memory(p, false, 2, 17 << 20, 1 << 20));
+  CHECK_THROWS_WITH(check_host_memory(p, false, 2, 15 << 20, 1 << 20),
+                    Catch::Contains("a checkpoint's f32 copy while it loads or saves 1 MiB"));
+  CHECK_THROWS_WITH(check_host_memory(p, false, 3, 15 << 20),
                     Catch::Contains("needs 7 MiB of host memory per rank x 3 ranks on this machine = 21 MiB") &&
                         Catch::Contains("--offload's pinned block inputs 5 MiB") &&
                         Catch::Contains("collectives staged through the host 1 MiB") && Catch::Contains("without --offload"));

@@ -23,12 +23,14 @@ struct Dims {
 };
 const Dims kDims[] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 40}, {64, 48, 32}, {37, 129, 65}};
 
+// pad > 0: every stored row of A, B and D is `pad` elements longer than its width (GemmStrides),
+// the gaps NaN: a gap read makes a NaN result, a gap written is found after the call.
 template <class TA, class TD>
-void check(Dims dm, bool ta, bool tb, bool with_bias, bool accumulate, size_t offset) {
+void check(Dims dm, bool ta, bool tb, bool with_bias, bool accumulate, size_t offset, int pad = 0) {
   const int M = dm.M, N = dm.N, K = dm.K;
   INFO(type_name<TA>() << " -> " << type_name<TD>() << " M=" << M << " N=" << N << " K=" << K << (ta ? " A^T" : "")
                        << (tb ? " B^T" : "") << (with_bias ? " +bias" : "") << (accumulate ? " +=" : "")
-                       << " offset " << offset);
+                       << " offset " << offset << " row padding " << pad);
   const size_t nA = size_t(M) * K, nB = size_t(K) * N, nD = size_t(M) * N;
   const std::vector<float> a = inputs<TA>(nA, 10 + M + K), b = inputs<TA>(nB, 20 + N + K),
                            bias = inputs<TD>(N, 30 + N), d0 = inputs<TD>(nD, 40 + M);
@@ -49,23 +51,44 @@ void check(Dims dm, bool ta, bool tb, bool with_bias, bool accumulate, size_t of
       scale[size_t(m) * N + n] = mag;
     }
 
-  // Each operand at `offset` elements into its buffer, so its address is only offset*sizeof aligned.
-  DeviceBuffer<TA> d_a(nA + offset), d_b(nB + offset);
-  DeviceBuffer<TD> d_bias(N + offset), d_d(nD + offset);
-  auto place = [&](auto& buf, const auto& host) {
+  // Each operand at `offset` elements into its buffer, so its address is only offset*sizeof aligned;
+  // stored (rows, width) in rows of width + pad.
+  struct Shape {
+    size_t rows, width;
+    size_t stride(int p) const { return width + size_t(p); }
+  };
+  const Shape sa{size_t(ta ? K : M), size_t(ta ? M : K)}, sb{size_t(tb ? N : K), size_t(tb ? K : N)},
+              sd{size_t(M), size_t(N)};
+  DeviceBuffer<TA> d_a(sa.rows * sa.stride(pad) + offset), d_b(sb.rows * sb.stride(pad) + offset);
+  DeviceBuffer<TD> d_bias(N + offset), d_d(sd.rows * sd.stride(pad) + offset);
+  auto place = [&](auto& buf, const auto& host, Shape sh) {
     using E = typename std::decay_t<decltype(host)>::value_type;
-    std::vector<E> full = buf.get();  // keep the poisoned head
-    std::copy(host.begin(), host.end(), full.begin() + offset);
+    std::vector<E> full = buf.get();  // keep the poisoned head and gaps
+    for (size_t r = 0; r < sh.rows; r++)
+      std::copy(host.begin() + long(r * sh.width), host.begin() + long((r + 1) * sh.width),
+                full.begin() + long(offset + r * sh.stride(pad)));
     buf.set(full);
   };
-  place(d_a, to_elem<TA>(a));
-  place(d_b, to_elem<TA>(b));
-  place(d_bias, to_elem<TD>(bias));
-  if (accumulate) place(d_d, to_elem<TD>(d0));
+  place(d_a, to_elem<TA>(a), sa);
+  place(d_b, to_elem<TA>(b), sb);
+  place(d_bias, to_elem<TD>(bias), Shape{1, size_t(N)});
+  if (accumulate) place(d_d, to_elem<TD>(d0), sd);
+  const ul::cuda::GemmStrides ld = pad ? ul::cuda::GemmStrides{int64_t(sa.stride(pad)), int64_t(sb.stride(pad)),
+                                                               int64_t(sd.stride(pad))}
+                                       : ul::cuda::GemmStrides{};
   ul::cuda::gemm<TA, TD>(d_d.p + offset, d_a.p + offset, d_b.p + offset, with_bias ? d_bias.p + offset : nullptr, M,
-                         N, K, ta, tb, accumulate, "gemm test", nullptr);
+                         N, K, ta, tb, accumulate, "gemm test", nullptr, ld);
   const std::vector<TD> out_full = d_d.get();
-  const std::vector<TD> out(out_full.begin() + offset, out_full.end());
+  std::vector<TD> out(nD);
+  size_t gaps_written = 0;
+  for (size_t r = 0; r < sd.rows; r++) {
+    const size_t row = offset + r * sd.stride(pad);
+    std::copy(out_full.begin() + long(row), out_full.begin() + long(row + sd.width), out.begin() + long(r * sd.width));
+    if (pad)
+      for (float g : to_f32(std::vector<TD>(out_full.begin() + long(row + sd.width), out_full.begin() + long(row + sd.stride(pad)))))
+        gaps_written += !std::isnan(g);
+  }
+  CHECK(gaps_written == 0);  // D's gaps keep their poison
   const std::vector<float> got = to_f32(out);
   const bool bf_out = is_bf16<TD>();
   size_t bad = 0, worst = 0;
@@ -91,6 +114,10 @@ void check_all(bool bias_allowed) {
       for (int acc = 0; acc < 2; acc++)
         for (int bias = 0; bias < (bias_allowed && !acc ? 2 : 1); bias++)  // a bias only without accumulate
           check<TA, TD>(dm, tr & 1, tr & 2, bias, acc, (dm.M + tr) % 2 ? 1 : 0);
+  // Strided rows (the classifier's logits): without a bias, which a strided D does not take.
+  for (const Dims& dm : kDims)
+    for (int tr = 0; tr < 4; tr++)
+      for (int acc = 0; acc < 2; acc++) check<TA, TD>(dm, tr & 1, tr & 2, false, acc, tr % 2, 3 + tr);
 }
 
 }  // namespace gemm_cases
@@ -125,4 +152,13 @@ TEST_CASE("gemm with K = 0 or an empty output, and bad arguments", UL_CUDA_TEST_
     ul::cuda::gemm<float, float>(d.p, nullptr, d.p, nullptr, 2, 3, 1, false, false, false, "my op", nullptr);
   };
   CHECK_THROWS_WITH(null_a(), Catch::Contains("my op"));
+  // A row stride shorter than the rows, or a bias into a strided D, is refused.
+  auto short_stride = [&] {
+    ul::cuda::gemm<float, float>(d.p, d.p, d.p, nullptr, 2, 3, 1, false, false, false, "my op", nullptr, {0, 2, 0});
+  };
+  CHECK_THROWS_WITH(short_stride(), Catch::Contains("my op") && Catch::Contains("row stride of B (2) is shorter than its rows (3)"));
+  auto strided_bias = [&] {
+    ul::cuda::gemm<float, float>(d.p, d.p, d.p, bias.p, 1, 2, 1, false, false, false, "my op", nullptr, {0, 0, 3});
+  };
+  CHECK_THROWS_WITH(strided_bias(), Catch::Contains("a bias with a strided D"));
 }
