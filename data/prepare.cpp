@@ -1,8 +1,10 @@
 #include "data/prepare.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <tuple>
 
@@ -131,6 +134,7 @@ class ShardWriter {
     if (buf_.size() == 65536) flush();
     if (--in_shard_ == 0) flush();
   }
+  const std::vector<std::string>& names() const { return names_; }  // the shards' final paths
   // Every shard's bytes on disk, still under their .tmp names.
   void sync() {
     for (auto& f : files_) f->sync();
@@ -271,6 +275,24 @@ class OutputDir {
       throw std::runtime_error(dir + ": cannot create the output directory (" + why + ")");
     std::vector<fs::path> stale;
     std::error_code ec;
+    // A run killed while renaming its shards (kPrepareIncomplete): the shards it lists are part of
+    // a set no run may train on; cleared, as its temporaries are.
+    const fs::path marker = fs::path(dir) / kPrepareIncomplete;
+    if (fs::exists(marker)) {
+      std::istringstream listed(read_whole_file(marker.string()));
+      for (std::string name; std::getline(listed, name);)
+        if (name.rfind("text_", 0) == 0 && ends_with(name, ".bin") && name.find('/') == std::string::npos) {
+          for (const std::string& in : inputs)
+            if (fs::equivalent(in, fs::path(dir) / name, ec))
+              throw std::runtime_error(in + ": an input file that " + marker.string() +
+                                       " lists as a shard of an interrupted prepare (which it would remove): move it "
+                                       "or pick another --out");
+          cleared_ += fs::remove(fs::path(dir) / name, ec) ? 1 : 0;
+        }
+      fs::remove(marker, ec);
+      fsync_dir(dir);
+    }
+    fs::remove(marker.string() + ".tmp", ec);  // killed while writing the marker itself
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
       if (name.rfind("text_", 0) != 0) continue;
@@ -287,9 +309,11 @@ class OutputDir {
     for (const fs::path& p : stale) fs::remove(p, ec);
   }
   void kept() { made_.keep(); }
+  int cleared() const { return cleared_; }  // shards of an interrupted run removed
 
  private:
   MadeDirs made_;  // (a throw above destroys it: what it made goes again)
+  int cleared_ = 0;
 };
 
 // Each document of a JSON input, in order, to fn(text, reader); returns its documents and bytes.
@@ -457,9 +481,18 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   // The set appears whole or not at all: every file is made durable first (the slow part), then
   // they are renamed with the stop signals held back (SLURM's SIGUSR1 too), so that one cannot leave
   // some shards in place and others not (a later run would train on part of the data without a
-  // word). A signal that arrives meanwhile is delivered once the renames are done.
+  // word). A signal that arrives meanwhile is delivered once the renames are done. What no signal
+  // mask holds back (kill -9, the OOM killer, a lost node) finds kPrepareIncomplete in --out, listing
+  // the shards, until the last rename is durable: shards: refuses the directory, a rerun clears it.
   train_w.sync();
   val_w.sync();
+  const std::string marker = (fs::path(o.out) / kPrepareIncomplete).string();
+  {
+    std::string listed;
+    for (const std::string& name : train_w.names()) listed += fs::path(name).filename().string() + "\n";
+    for (const std::string& name : val_w.names()) listed += fs::path(name).filename().string() + "\n";
+    write_file_atomic(marker, listed);
+  }
   sigset_t held, before;
   sigemptyset(&held);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) sigaddset(&held, sig);
@@ -467,12 +500,15 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   try {
     train_w.commit(r.shards);
     val_w.commit(r.shards);
+    if (::unlink(marker.c_str()) != 0) throw std::runtime_error(marker + ": cannot remove it: " + std::strerror(errno));
+    fsync_dir(o.out);
   } catch (...) {
     pthread_sigmask(SIG_SETMASK, &before, nullptr);
     throw;
   }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   out.kept();
+  r.cleared = out.cleared();
   return r;
 }
 
@@ -484,6 +520,9 @@ int prepare_main(int argc, char** argv) {
     }
   const PrepareOptions o = parse_prepare_options(argc, argv);
   const PrepareResult r = prepare_shards(o, true);
+  if (r.cleared)
+    std::printf("prepare | removed %d shard(s) an interrupted prepare left in %s (%s listed them)\n", r.cleared,
+                o.out.c_str(), kPrepareIncomplete);
   std::printf("prepare | %zu file(s), %lld document(s) -> %lld train + %lld val tokens in %zu shard(s) under %s (%s, "
               "vocab %d, EOT %d)\n",
               r.inputs, (long long)r.documents, (long long)r.train_tokens, (long long)r.val_tokens, r.shards.size(), o.out.c_str(),

@@ -61,6 +61,7 @@ struct PrepareResult {
   size_t inputs = 0;  // files read (those --files-from listed too)
   std::vector<std::pair<std::string, int>> repeated;  // inputs given more than once, and how often
   int64_t documents = 0;
+  int cleared = 0;                  // shards of an interrupted run (kPrepareIncomplete) removed from --out
   std::vector<std::string> empty;   // inputs with no text: each only adds a document's EOT (a .jsonl: nothing)
   // .jsonl inputs with some empty documents: (file, empty, of how many)
   std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> empty_docs;

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 
@@ -109,6 +110,14 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
     }
   globfree(&g);
   if (train_files.empty() && val_files.empty()) throw std::runtime_error("shards:" + pattern + ": no file matches");
+  for (const auto* list : {&train_files, &val_files})
+    for (const std::string& p : *list) {
+      const std::string marker = (std::filesystem::path(p).parent_path() / kPrepareIncomplete).string();
+      if (std::filesystem::exists(marker))
+        throw std::runtime_error("shards:" + pattern + ": " + marker + " is there: the `train prepare` that wrote " + p +
+                                 " stopped while renaming its shards into place, so the set is partial; run the "
+                                 "prepare again (it clears them)");
+    }
   holdout_ = val_files.empty();
   const auto& files = (split == Split::val && !holdout_) ? val_files : train_files;
   if (files.empty())

@@ -25,6 +25,10 @@
 namespace ul {
 
 constexpr int32_t kShardTag = 0x53594c55;  // "ULYS" read as little-endian bytes
+// `train prepare` puts this file in --out before it renames its shards into place and removes it
+// once every rename is durable: where it is, the set is partial (a kill -9, a lost node), and
+// shards: refuses the directory rather than training on part of the data.
+constexpr const char* kPrepareIncomplete = "prepare.incomplete";
 
 class ShardDataset : public Dataset {
  public:

@@ -276,6 +276,50 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
   CHECK(run_cmd(train_cmd("prepare --help")).out.find("usage: train prepare") != std::string::npos);
 }
 
+TEST_CASE("a prepare killed among its renames: shards: refuses the partial set, a rerun clears it", "[prepare]") {
+  // What a kill -9 between two renames leaves (data/shards.h, kPrepareIncomplete): the marker that
+  // lists the set, some shards under their final names, the rest as .tmp.
+  TempDir d;
+  {
+    std::ofstream f(d.file("a.txt"));
+    for (int i = 0; i < 400; i++) f << "line " << i << " of a text long enough for several shards\n";
+  }
+  const std::string out = d.file("out"), prep = "prepare --shard-tokens 2000 --out " + out + " " + d.file("a.txt");
+  REQUIRE(run_cmd(train_cmd(prep)).code == 0);
+  const std::vector<std::string> whole = listing(out);
+  REQUIRE(whole.size() >= 6);
+  CHECK_FALSE(fs::exists(out + "/prepare.incomplete"));  // a finished run leaves none
+  std::string listed;
+  for (const std::string& name : whole) listed += name + "\n";
+  std::ofstream(out + "/prepare.incomplete") << listed;
+  for (size_t i = 3; i < whole.size(); i++) fs::rename(out + "/" + whole[i], out + "/" + whole[i] + ".tmp");
+  std::ofstream(out + "/notes.txt") << "the user's own file";
+  auto r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --steps 1 --seq 64"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find(out + "/prepare.incomplete is there: the `train prepare` that wrote") != std::string::npos);
+  CHECK(r.out.find("so the set is partial; run the prepare again") != std::string::npos);
+  CHECK(r.out.find("step ") == std::string::npos);
+  // The rerun removes the listed shards (and the temporaries) and writes the whole set again.
+  r = run_cmd(train_cmd(prep));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("prepare | removed 3 shard(s) an interrupted prepare left in " + out) != std::string::npos);
+  std::vector<std::string> after = whole;
+  after.push_back("notes.txt");
+  std::sort(after.begin(), after.end());
+  CHECK(listing(out) == after);
+  CHECK(run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --steps 1 --seq 64")).code == 0);
+  // The marker never removes what it does not name as a shard, nor an input.
+  std::ofstream(out + "/prepare.incomplete") << "notes.txt\n../a.txt\ntext_train_000000.bin\n";
+  fs::rename(out + "/text_train_000000.bin", d.file("in.bin"));
+  fs::create_symlink(d.file("in.bin"), out + "/text_train_000000.bin");
+  r = run_cmd(train_cmd("prepare --out " + out + " " + d.file("in.bin")));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("lists as a shard of an interrupted prepare (which it would remove)") != std::string::npos);
+  CHECK(fs::exists(out + "/notes.txt"));
+  CHECK(fs::exists(d.file("a.txt")));
+}
+
 TEST_CASE("a val split too short for --seq fails at start-up, saying what to change", "[prepare]") {
   TempDir d;
   std::ofstream(d.file("a.txt"), std::ios::binary) << std::string(1000, 'x');
