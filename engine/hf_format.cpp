@@ -1,7 +1,11 @@
 #include "engine/hf_format.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 
@@ -128,12 +132,19 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
                         const float* data, const std::string& dtype) {
   // config.json is on disk (as config.json.tmp) before the weights are written, and renamed right
   // after them: a failure on the way (a full disk under the large file) leaves the old pair as it
-  // was, never new weights beside an old config.json.
-  AtomicFile config(hf_dir_of(path) + "/config.json");
+  // was, never new weights beside an old config.json. The old config.json goes once the new weights
+  // are durable, just before they take the old ones' place: a kill -9 between the renames leaves
+  // weights without a config.json (which no loader takes for a model), never a mismatched pair.
+  const std::string dir = hf_dir_of(path), config_path = dir + "/config.json";
+  AtomicFile config(config_path);
   const std::string json = hf_config_json(cfg, dtype == "BF16" ? "bfloat16" : "float32");
   config.write(json.data(), json.size());
   config.sync();
-  write_safetensors(path, hf_tensors(cfg, specs, data), hf_metadata(cfg), dtype);
+  write_safetensors(path, hf_tensors(cfg, specs, data), hf_metadata(cfg), dtype, [&] {
+    if (::unlink(config_path.c_str()) != 0 && errno != ENOENT)
+      throw std::runtime_error(config_path + ": cannot replace it: " + std::strerror(errno));
+    fsync_dir(dir);
+  });
   config.commit();
 }
 

@@ -183,7 +183,8 @@ std::vector<float> SafetensorsFile::to_f32(const SafeTensorInfo& t) const {
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>& tensors,
-                       const std::map<std::string, std::string>& metadata, const std::string& dtype) {
+                       const std::map<std::string, std::string>& metadata, const std::string& dtype,
+                       const std::function<void()>& before_rename) {
   if (dtype != "F32" && dtype != "BF16") throw st_error(path, "can only write F32 or BF16, not " + dtype);
   const size_t esize = safetensors_dtype_size(dtype);
   std::string header = "{";
@@ -222,6 +223,8 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>
     for (size_t k = 0; k < h.size(); k++) h[k] = bf16_from_f32(t.data[k]);
     f.write(h.data(), h.size() * 2);
   }
+  f.sync();
+  if (before_rename) before_rename();
   f.commit();
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -70,8 +71,10 @@ struct SafeTensorOut {
 };
 
 // Writes path atomically (path.tmp, fsync, rename). dtype: "F32" or "BF16" (round-to-nearest-even).
+// before_rename (if any) runs once the bytes are durable, just before the rename.
 void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>& tensors,
-                       const std::map<std::string, std::string>& metadata, const std::string& dtype);
+                       const std::map<std::string, std::string>& metadata, const std::string& dtype,
+                       const std::function<void()>& before_rename = {});
 
 // Bytes per element of a safetensors dtype name; 0 when the name is unknown.
 size_t safetensors_dtype_size(const std::string& dtype);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -92,9 +93,12 @@ void test_hold(const std::string& point) {
     return v ? "," + std::string(v) + "," : std::string();
   }();
   if (points.empty() || points.find("," + point + ",") == std::string::npos) return;
-  // "save" is reached because of a first signal: it waits for a second one (which ends the process,
-  // or is noted and the save goes on) or its 60 s. The others return once a signal is there.
-  const int want = point == "save" ? 2 : 1;
+  // "save" waits for one more signal than had come, or its 60 s: after the first, which made the
+  // save, a second (which ends the process, or is noted and the save goes on); in a periodic save, a
+  // first. The others return once a signal is there.
+  const int want = point == "save" ? g_count.load() + 1 : 1;
+  std::fprintf(stderr, "test hold | %s\n", point.c_str());
+  std::fflush(stderr);
   for (int ms = 0; ms < 60000 && g_count.load() < want; ms++) ::usleep(1000);
 }
 

@@ -24,9 +24,12 @@ void clear_stop_signal();
 
 // TEST HOOK: with ULYSSES_TEST_HOLD=P1,P2,... train waits at each named point until a stop signal
 // has arrived (at most 60 s), so a test's signal lands there and nowhere else, however loaded the
-// machine: "step N" (after step N's line), "length T" (after that probe row), "save" (inside a
-// checkpoint's save, until a second signal: the first is what made that save; the second ends the
-// process, or is noted and the save goes on). Unset in normal use: then a call costs one string compare.
+// machine: "start-up" (rank 0, before anything is loaded), "step N" (after step N's line), "length T"
+// (after that probe row), "save" (inside a
+// checkpoint's save, until one more signal than had come: after a first one, which made that save,
+// a second ends the process or is noted and the save goes on; in a periodic save, the first comes
+// during the save). Each wait is announced on stderr ("test hold | POINT"), for a test to send its
+// signal on. Unset in normal use: then a call costs one string compare.
 void test_hold(const std::string& point);
 
 }  // namespace ul

@@ -92,6 +92,10 @@ int train_rank(const Options& o, Comm& world) {
       std::fflush(stdout);
     }
   };
+  // From the start: a SIGTERM or SIGUSR1 during a long start-up (a large checkpoint loading) would
+  // otherwise end the process by its default action; it stops the run before its first step.
+  install_stop_handlers();
+  if (lead) test_hold("start-up");
   check_output_paths(o);  // before anything is opened for writing: the log is, when the Trainer is made
   // Before anything in --save-dir is touched (its crashed saves removed, its log opened).
   std::unique_ptr<SaveDirLock> save_dir_lock;
@@ -294,21 +298,29 @@ int train_rank(const Options& o, Comm& world) {
     if (!probes.empty()) say("probe %5d%s (accuracy, %lld answers each)\n", step, line.c_str(), (long long)answers);
     if (log) log->eval(step, ev);
   };
-  install_stop_handlers();
   int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
   auto agreed_stop_signal = [&] {
     int32_t sig = stop_signal();
     if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
     return int(sig);
   };
+  // A signal during start-up: nothing is trained, nothing new saved (a resume's checkpoint stays as
+  // it was), and the run ends before its first step.
+  bool stopped_early = false;
+  if (const int sig = agreed_stop_signal()) {
+    stopped_by = sig, stopped_at = start, stopped_early = true;
+    if (log) log->stop(start, stop_signal_name(sig));
+  }
   // The eval due at the step a resume starts from may never have run: a stop signal saves before
   // its step's eval and skips it (a scheduler's grace period is for the checkpoint), and a run can
   // die during one. The log read back tells (rank 0 has it); the eval runs now if it is missing, so
   // the val history matches the run never stopped. Not at another --seq or RoPE: that eval would
   // be the new stage's, logged as the old one's step.
-  // --stop-after's step evaluates whatever --eval-every says.
-  if (o.resume && start > 0 && start < o.steps && !notes.stage_done &&
-      ((o.eval_every > 0 && start % o.eval_every == 0) || start == o.stop_after) && saved.seq == o.seq &&
+  // --stop-after's step evaluates whatever --eval-every says, the last step always (with its
+  // probes): a run killed during its final eval, resumed, has no step left but that eval to make.
+  const bool final_step = start == o.steps;
+  if (!stopped_early && o.resume && start > 0 && start <= o.steps && !notes.stage_done &&
+      ((o.eval_every > 0 && start % o.eval_every == 0) || start == o.stop_after || final_step) && saved.seq == o.seq &&
       notes.rope_before.empty()) {
     int32_t missing = 0;
     if (lead && log) {
@@ -318,7 +330,7 @@ int train_rank(const Options& o, Comm& world) {
           missing = 0;
     }
     world.broadcast(&missing, 1, DType::i32, 0);
-    if (missing) run_eval(start, false);
+    if (missing) run_eval(start, final_step);
     // A signal during that eval stops the run now (the checkpoint at `start` is there already).
     if (const int32_t sig = missing ? agreed_stop_signal() : 0) {
       stopped_by = sig, stopped_at = start;
@@ -397,6 +409,9 @@ int train_rank(const Options& o, Comm& world) {
       saved = true;
     };
     if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last || pause || sig)) save();
+    // A signal that came during a periodic save has its checkpoint already: stop now, not after
+    // another step and another save (a large model's save can be much of a grace period).
+    if (saved && !sig) sig = agreed_stop_signal();
     if (!sig) {
       const bool evals = (o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last || pause;
       if (evals) run_eval(s + 1, last);
@@ -489,7 +504,7 @@ int train_rank(const Options& o, Comm& world) {
   if (tr.context().arena.blocks() > 1)  // a planner bug, not the user's: say so rather than hide it
     say("memory  | note: the arena outgrew the planned reservation (%zu blocks, %.1f MiB held)\n",
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
-  if (lead && start >= o.steps && o.steps > 0)
+  if (lead && start >= o.steps && o.steps > 0 && !stopped_early)
     std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
   else if (lead && paused && start >= o.stop_after)
     std::printf("done | nothing to do: the checkpoint is at step %d and --stop-after is %d\n", start, o.stop_after);
@@ -503,7 +518,10 @@ int train_rank(const Options& o, Comm& world) {
     skip(o.sample > 0, "the sample");
     left = left.empty() ? "" : "; skipped: " + left;
     std::string what;
-    if (stopped_late)
+    if (stopped_early)
+      what = "during start-up, before step " + std::to_string(start + 1) + " | nothing trained" +
+             (o.resume && start > 0 ? " | checkpoint " + dir + " as it was: continue with --resume" : "");
+    else if (stopped_late)
       what = "during the final evals and probes (step " + std::to_string(stopped_at) + ")" + left;
     else if (stopped_at < o.steps)
       what = "after step " + std::to_string(stopped_at) + " of " + std::to_string(o.steps) + " | " +

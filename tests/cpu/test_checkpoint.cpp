@@ -160,6 +160,22 @@ TEST_CASE("an eval the stopped run skipped at its last step runs when it resumes
     REQUIRE(train(args + part.string() + " --resume").code == 0);
     CHECK(evals(part / "log.jsonl") == evals(d / "full" / "log.jsonl"));
   }
+  // The last step's eval, due whatever --eval-every says: a run killed during it saved step 6 and
+  // has no step left, but that eval is still made (it was not: "nothing to do").
+  const fs::path last = d / "last";
+  fs::create_directories(last);
+  fs::copy(d / "full", last, fs::copy_options::recursive);
+  std::string log = bytes_of(last / "log.jsonl");
+  const size_t at = log.find("{\"type\":\"eval\",\"step\":6,");
+  REQUIRE(at != std::string::npos);
+  log.erase(at);  // the eval's record and whatever followed it
+  std::ofstream(last / "log.jsonl", std::ios::trunc) << log;
+  const CmdResult r = train(args + last.string() + " --resume");
+  REQUIRE(r.code == 0);
+  CHECK(evals(last / "log.jsonl") == evals(d / "full" / "log.jsonl"));
+  CHECK(r.out.find("done | nothing to do: the checkpoint is at step 6 and --steps is 6") != std::string::npos);
+  REQUIRE(train(args + last.string() + " --resume").code == 0);  // with it in the log: none twice
+  CHECK(evals(last / "log.jsonl") == evals(d / "full" / "log.jsonl"));
   fs::remove_all(d);
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/run_log.h"
+#include "engine/stop_signal.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
 
@@ -151,6 +152,48 @@ TEST_CASE("a second stop signal ends train only as a later Ctrl-C: other repeats
     CHECK(s.out.find(std::string("stopped | ") + k.first_name + " after step 2") != std::string::npos);
     CHECK(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));
   }
+}
+
+TEST_CASE("a stop signal during start-up stops the run before its first step, also a resume's", "[stop][cli]") {
+  // SIGUSR1 ended train by its default action while a large checkpoint loaded.
+  ul_test::TempDir dir;
+  const std::string args = "--steps 4 --eval-every 0 --threads 1 --batch 4 --seq 128 --save-dir " + dir / "run";
+  for (const int sig : {SIGUSR1, SIGTERM}) {
+    CAPTURE(sig);
+    const Stopped s = run_and_signal(args, "test hold | start-up", sig, 0, "start-up");
+    INFO(s.out);
+    REQUIRE(WIFEXITED(s.status));
+    CHECK(WEXITSTATUS(s.status) == 128 + sig);
+    CHECK(s.out.find(std::string("stopped | ") + stop_signal_name(sig) + " during start-up, before step 1 | nothing trained") !=
+          std::string::npos);
+    CHECK(s.out.find("step     1/4") == std::string::npos);
+    CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000001"));
+  }
+  // A resume: its checkpoint stays as it was, and the next resume goes on from it.
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(args + " --stop-after 2")).code == 0);
+  const Stopped s = run_and_signal(args + " --resume", "test hold | start-up", SIGTERM, 0, "start-up");
+  INFO(s.out);
+  REQUIRE(WIFEXITED(s.status));
+  CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
+  CHECK(s.out.find("during start-up, before step 3 | nothing trained | checkpoint " + dir / "run/step_00000002" +
+                   " as it was: continue with --resume") != std::string::npos);
+  const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(args + " --resume"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("step     4/4") != std::string::npos);
+}
+
+TEST_CASE("a stop signal during a periodic save stops once that save is done, not a step and a save later", "[stop][cli]") {
+  ul_test::TempDir dir;
+  const Stopped s = run_and_signal("--steps 50 --eval-every 0 --threads 1 --batch 4 --seq 128 --save-every 2 --save-dir " +
+                                       dir / "run", "test hold | save", SIGTERM, 0, "save");
+  INFO(s.out);
+  REQUIRE(WIFEXITED(s.status));
+  CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
+  CHECK(s.out.find("stopped | SIGTERM after step 2") != std::string::npos);
+  CHECK(s.out.find("step     3/50") == std::string::npos);
+  CHECK(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));
+  CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000004"));
 }
 
 TEST_CASE("a stop signal at the last step or during the probes: the checkpoint is kept, the rest skipped", "[stop][cli]") {
