@@ -112,6 +112,13 @@ bool skippable(const std::string& name) {  // HF buffers that some checkpoints c
   return false;
 }
 
+// One HF tensor's values, from our buffer: its rows of the per-layer matrix, transposed for Conv1D.
+void fill_hf(const Map& m, const Slice& s, const float* data, float* out) {
+  const float* src = data + s.base + size_t(m.r0 * s.cols);
+  for (int64_t i = 0; i < s.rows; i++)
+    for (int64_t j = 0; j < s.cols; j++) out[size_t(m.transpose ? j * s.rows + i : i * s.cols + j)] = src[i * s.cols + j];
+}
+
 }  // namespace
 
 std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* data) {
@@ -119,10 +126,7 @@ std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<
   for (const Map& m : hf_map(cfg)) {
     const Slice s = locate(m, specs);
     SafeTensorOut t{m.hf, hf_shape(s, m.transpose), std::vector<float>(size_t(s.rows * s.cols))};
-    const float* src = data + s.base + size_t(m.r0 * s.cols);
-    for (int64_t i = 0; i < s.rows; i++)
-      for (int64_t j = 0; j < s.cols; j++)
-        t.data[size_t(m.transpose ? j * s.rows + i : i * s.cols + j)] = src[i * s.cols + j];
+    fill_hf(m, s, data, t.data.data());
     out.push_back(std::move(t));
   }
   return out;
@@ -140,7 +144,16 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
   const std::string json = hf_config_json(cfg, dtype == "BF16" ? "bfloat16" : "float32");
   config.write(json.data(), json.size());
   config.sync();
-  write_safetensors(path, hf_tensors(cfg, specs, data), hf_metadata(cfg), dtype, [&] {
+  // Tensor by tensor from `data`: no second copy of the model in memory.
+  const std::vector<Map> maps = hf_map(cfg);
+  std::vector<Slice> slices;
+  std::vector<SafeTensorOut> layout;  // names and shapes; the values come from fill_hf
+  for (const Map& m : maps) {
+    slices.push_back(locate(m, specs));
+    layout.push_back({m.hf, hf_shape(slices.back(), m.transpose), {}});
+  }
+  auto fill = [&](size_t i, float* out) { fill_hf(maps[i], slices[i], data, out); };
+  write_safetensors_streamed(path, layout, hf_metadata(cfg), dtype, fill, [&] {
     if (::unlink(config_path.c_str()) != 0 && errno != ENOENT)
       throw std::runtime_error(config_path + ": cannot replace it: " + std::strerror(errno));
     fsync_dir(dir);

@@ -185,6 +185,22 @@ std::vector<float> SafetensorsFile::to_f32(const SafeTensorInfo& t) const {
 void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>& tensors,
                        const std::map<std::string, std::string>& metadata, const std::string& dtype,
                        const std::function<void()>& before_rename) {
+  for (const SafeTensorOut& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    if (size_t(n) != t.data.size())
+      throw st_error(path, "tensor '" + t.name + "': shape holds " + std::to_string(n) + " values, data has " +
+                               std::to_string(t.data.size()));
+  }
+  write_safetensors_streamed(
+      path, tensors, metadata, dtype,
+      [&](size_t i, float* out) { std::copy(tensors[i].data.begin(), tensors[i].data.end(), out); }, before_rename);
+}
+
+void write_safetensors_streamed(const std::string& path, const std::vector<SafeTensorOut>& tensors,
+                                const std::map<std::string, std::string>& metadata, const std::string& dtype,
+                                const std::function<void(size_t, float*)>& fill,
+                                const std::function<void()>& before_rename) {
   if (dtype != "F32" && dtype != "BF16") throw st_error(path, "can only write F32 or BF16, not " + dtype);
   const size_t esize = safetensors_dtype_size(dtype);
   std::string header = "{";
@@ -195,13 +211,12 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>
     header += "}";
   }
   size_t at = 0;
+  std::vector<size_t> counts;
   for (const SafeTensorOut& t : tensors) {
     int64_t n = 1;
     std::string shape;
     for (int64_t d : t.shape) n *= d, shape += (shape.empty() ? "" : ",") + std::to_string(d);
-    if (size_t(n) != t.data.size())
-      throw st_error(path, "tensor '" + t.name + "': shape holds " + std::to_string(n) + " values, data has " +
-                               std::to_string(t.data.size()));
+    counts.push_back(size_t(n));
     const size_t end = at + size_t(n) * esize;
     header += std::string(header.size() > 1 ? "," : "") + json_quote(t.name) + ":{\"dtype\":\"" + dtype + "\",\"shape\":[" +
               shape + "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
@@ -214,13 +229,17 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>
   AtomicFile f(path);
   f.write(len, 8);
   f.write(header.data(), header.size());
-  for (const SafeTensorOut& t : tensors) {
+  std::vector<float> values;  // one tensor's at a time
+  std::vector<uint16_t> h;
+  for (size_t i = 0; i < tensors.size(); i++) {
+    values.resize(counts[i]);
+    fill(i, values.data());
     if (dtype == "F32") {
-      f.write(t.data.data(), t.data.size() * 4);
+      f.write(values.data(), values.size() * 4);
       continue;
     }
-    std::vector<uint16_t> h(t.data.size());
-    for (size_t k = 0; k < h.size(); k++) h[k] = bf16_from_f32(t.data[k]);
+    h.resize(values.size());
+    for (size_t k = 0; k < h.size(); k++) h[k] = bf16_from_f32(values[k]);
     f.write(h.data(), h.size() * 2);
   }
   f.sync();

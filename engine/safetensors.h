@@ -76,6 +76,14 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>
                        const std::map<std::string, std::string>& metadata, const std::string& dtype,
                        const std::function<void()>& before_rename = {});
 
+// The same, one tensor in memory at a time: tensors[i].data is ignored (may be empty) and fill(i,
+// out) writes tensor i's values (its shape's count) to out. An export of a model that fills the
+// machine then needs one tensor's room, not a second copy of the model.
+void write_safetensors_streamed(const std::string& path, const std::vector<SafeTensorOut>& tensors,
+                                const std::map<std::string, std::string>& metadata, const std::string& dtype,
+                                const std::function<void(size_t, float*)>& fill,
+                                const std::function<void()>& before_rename = {});
+
 // Bytes per element of a safetensors dtype name; 0 when the name is unknown.
 size_t safetensors_dtype_size(const std::string& dtype);
 
