@@ -180,7 +180,9 @@ std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
 
 }  // namespace
 
-RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world) : o_(o), cfg_(cfg), eot_(eot) {
+RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world, size_t resident,
+                       bool weights_copy)
+    : o_(o), cfg_(cfg), eot_(eot) {
   // The export directories are made now, so that a path that cannot be written fails before
   // training; a run that ends without writing the exports (refused later at start-up, failed, or
   // stopped) removes the ones it made (made_).
@@ -248,12 +250,14 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
                              std::to_string(o.sample) + " new tokens exceed 2^31 - 1 positions");
   // The sampler's memory, next to the run's: refused now rather than by the kernel's OOM killer
   // after the training (Linux grants the memory, then kills the process that touches it).
-  const size_t bytes = KvDecoder::host_bytes(cfg, int(need)), ram = memory_limit();
-  if (bytes > ram)
+  const size_t bytes = KvDecoder::host_bytes(cfg, int(need), false, KvDecoder::kDefaultChunk, weights_copy),
+               ram = memory_limit();
+  if (bytes + resident > ram)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens need " + std::to_string(bytes >> 20) +
-                             " MiB for the KV cache and a host copy of the weights, but this machine has " +
-                             std::to_string(ram >> 20) + " MiB" +
+                             (weights_copy ? " MiB for the KV cache and a host copy of the weights" : " MiB for the KV cache") +
+                             (resident ? " beside the " + std::to_string(resident >> 20) + " MiB the run holds" : "") +
+                             ", but this machine has " + std::to_string(ram >> 20) + " MiB" +
                              (o.prompt_file.empty() ? "" : ": shorten --prompt-file " + o.prompt_file));
 }
 

@@ -44,7 +44,10 @@ class RunOutputs {
   // token, as the model was trained (KvDecoder::set_document_token).
   // `world`: the tokenizer and --prompt-file are read by its rank 0 and sent to the others (a pipe
   // can be read once); null: read here.
-  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world = nullptr);
+  // resident: host bytes this machine's ranks still hold while rank 0 samples (the sample's memory
+  // is checked beside it); weights_copy: the sampler reads a host copy of the weights (a device run).
+  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world = nullptr, size_t resident = 0,
+             bool weights_copy = true);
   // Whether finish() has anything to do (an export or a sample): it then needs the weights.
   bool wants_params() const;
   // Writes the exports (atomically) and prints the sample, from `host` (the f32 values of every

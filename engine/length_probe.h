@@ -42,10 +42,11 @@ struct LengthProbe {
 
 // Refuses, naming --probe-lengths, before any training: a length a gpt2 model's learned positions
 // do not reach, one too short for the task or longer than the val split holds, or one whose
-// decoders (`decoders` of them in this process: its ranks) would not fit the machine's memory.
-// seq: the run's --seq.
+// decoders (`decoders` of them on this machine: its ranks) would not fit the machine's memory
+// beside what each rank's run still holds then (`resident` bytes a rank: Trainer::host_resident).
+// seq: the run's --seq. weights_copy: each decoder reads a host copy of the weights (a device run).
 void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq,
-                         int decoders = 1);
+                         int decoders = 1, size_t resident = 0, bool weights_copy = true);
 
 // The val split's tokens read through its sequences at the run's length seq, as stretches of
 // text: consecutive sequences that continue each other (Dataset::continues) join into one (their

@@ -73,12 +73,12 @@ KvDecoder::KvDecoder(const ModelConfig& cfg, const std::vector<ParamSpec>& specs
   logits_.resize(size_t(cfg_.vocab));
 }
 
-size_t KvDecoder::host_bytes(const ModelConfig& cfg, int max_len, bool scoring, int chunk) {
+size_t KvDecoder::host_bytes(const ModelConfig& cfg, int max_len, bool scoring, int chunk, bool weights_copy) {
   const size_t C = size_t(cfg.dim), D = size_t(cfg.head_dim()), F = size_t(cfg.ffn_dim()), V = size_t(cfg.vocab);
   const size_t n = size_t(std::max(1, std::min(chunk, max_len)));
   const size_t cache = 2 * size_t(cfg.layers) * size_t(cache_slots(cfg, std::max(1, max_len), chunk)) * size_t(cfg.kv_heads) * D;
   const size_t rows = n * (4 * C + size_t(cfg.heads + 2 * cfg.kv_heads) * D + (cfg.is_llama() ? 3 : 2) * F + 2);
-  return (cache + rows + V + (scoring ? n * V : 0) + param_count(cfg)) * sizeof(float);
+  return (cache + rows + V + (scoring ? n * V : 0) + (weights_copy ? param_count(cfg) : 0)) * sizeof(float);
 }
 
 const float* KvDecoder::param(const std::string& name, int layer) const {

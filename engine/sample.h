@@ -30,9 +30,10 @@ class KvDecoder {
             int chunk = kDefaultChunk);
   static constexpr int kDefaultChunk = 256;
   // What decoding max_len positions takes in host memory: the cache, the chunk's buffers (with
-  // `scoring`, score()'s logits of a chunk too) and the f32 copy of the weights the decoder reads
-  // (made by its caller).
-  static size_t host_bytes(const ModelConfig& cfg, int max_len, bool scoring = false, int chunk = kDefaultChunk);
+  // `scoring`, score()'s logits of a chunk too) and, with `weights_copy`, the f32 copy of the
+  // weights the decoder reads (made by its caller: a device's; the CPU's are read in place).
+  static size_t host_bytes(const ModelConfig& cfg, int max_len, bool scoring = false, int chunk = kDefaultChunk,
+                           bool weights_copy = true);
 
   // Runs tokens[0, n) at the next n positions, `chunk` rows at a time, appending their K and V to
   // the cache; returns the logits of the token that follows the last (cfg.vocab values, the padded

@@ -102,12 +102,16 @@ int train_rank(const Options& o, Comm& world) {
   if (lead && !o.save_dir.empty()) save_dir_lock = std::make_unique<SaveDirLock>(o.save_dir);
   Trainer tr(o, world);
   // Refuses bad export / sample flags before any step; samples split documents as training does.
-  const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world);
+  // A sample or a probe decodes beside what the run still holds (every rank on this machine).
+  const bool weights_copied = tr.context().device != Device::cpu;
+  const size_t resident_here = tr.host_resident() * size_t(std::max(1, tr.hosts().ranks_here()));
+  const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world, resident_here, weights_copied);
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
   // Every rank on this machine decodes at once: each gets its share of the memory.
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.hosts().ranks_here());
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.hosts().ranks_here(), tr.host_resident(),
+                      weights_copied);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)

@@ -317,6 +317,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!o.save_dir.empty() && o.steps > 0 && ctx_.device != Device::cpu)
     load = std::max(load, 4 * n_params + 8 * (mine.hi - mine.lo));
   const bool on_host = ctx_.device == Device::cpu;
+  host_resident_ = on_host ? plan.total : plan.batches + plan.pinned_host + plan.host_comm;
   // Against this process's limit, with the ranks that draw on it; where that is a cgroup's of its
   // own (containers sharing a machine), the machine's memory against all of its ranks too.
   check_host_memory(plan, on_host, hosts_.sharing_memory(), memory_limit(), load);

@@ -15,9 +15,11 @@
 
 #include "data/dataset.h"
 #include "engine/length_probe.h"
+#include "engine/planner.h"
 #include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/sample.h"
+#include "parallel/hosts.h"
 #include "model_logits.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
@@ -391,4 +393,22 @@ TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by v
   CHECK(t.find("fill=\"#d73027\"") != std::string::npos);  // 3.5, the highest
   CHECK_THROWS_WITH(probe_plot_svg({passkey[0]}), Catch::Contains("no length row"));
   CHECK(probe_plot_path_for_log("runs/a/log.jsonl") == "runs/a/log_lengths.svg");
+}
+
+TEST_CASE("a probe's decoders are checked beside what the run holds, the weights copy only off the CPU", "[length_probe]") {
+  const ModelConfig cfg = small("llama");
+  const std::unique_ptr<Dataset> val = open_dataset("passkey", Split::val, 1, cfg.vocab);
+  const size_t ram = memory_limit();
+  // Alone the decoder fits; beside a run holding the whole machine it does not.
+  CHECK_NOTHROW(check_probe_lengths({64}, *val, cfg, 64, 1, 0, false));
+  CHECK_THROWS_WITH(check_probe_lengths({64}, *val, cfg, 64, 1, ram, false),
+                    Catch::Contains("--probe-lengths 64: the KV-cache decoder needs ") &&
+                        Catch::Contains(" MiB the run holds, but this machine has "));
+  // Two ranks each holding half: their decoders do not fit either.
+  CHECK_THROWS_WITH(check_probe_lengths({64}, *val, cfg, 64, 2, ram / 2, false),
+                    Catch::Contains("per rank (2 on this machine)"));
+  // The weights' copy a device run makes is counted; the CPU reads them in place.
+  const size_t with = KvDecoder::host_bytes(cfg, 64, true, KvDecoder::kDefaultChunk, true),
+               without = KvDecoder::host_bytes(cfg, 64, true, KvDecoder::kDefaultChunk, false);
+  CHECK(with - without == param_count(cfg) * sizeof(float));
 }
