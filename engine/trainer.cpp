@@ -45,7 +45,7 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
   std::vector<int32_t> in(T), tg(T), doc(T), pos(T);
   for (int b = 0; b < B; b++) {
     // Targets are shifted over the WHOLE sequence before it is sliced: no target is lost at a
-    // slice boundary (DESIGN.md, "Loss and gradients across ranks").
+    // slice boundary (README, "Sequence and data parallelism": the loss over every valid target of the step).
     data.sequence(first + b, T, in.data(), tg.data());
     // Every rank reads the whole sequence, so each knows the document layout of all T tokens.
     document_layout(in.data(), T, eot, doc.data(), pos.data());

@@ -5,7 +5,7 @@
 //   dlogits = (p - onehot(target)) * grad_scale,  dx += dlogits w,  dw += dlogits^T x
 // Targets of -1 are ignored (no loss, no gradient). Rows of w at index >= V (vocab padding) are
 // never scored. grad_scale is 1 / (valid targets of the whole optimizer step, over all ranks):
-// the normalisation of DESIGN.md "Loss and gradients across ranks".
+// the normalisation of the README's "Sequence and data parallelism" (the mean over every valid target of the step).
 #pragma once
 #include <cstddef>
 #include <cstdint>

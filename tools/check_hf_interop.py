@@ -91,7 +91,7 @@ def compare_greedy(name, train, data, ckpt, model, windowed=False):
 
 
 def gpt2_debug_state(model, path, B=2, T=16, seed=0):
-    """An llm.c debug state (DESIGN.md: check-state) computed by HF: logits, loss, grads."""
+    """An llm.c debug state (README: --check-state) computed by HF: logits, loss, grads."""
     cfg = model.config
     V, C, L = cfg.vocab_size, cfg.n_embd, cfg.n_layer
     Vp = (V + 127) // 128 * 128

@@ -1,4 +1,4 @@
-// The parallel training equivalences of DESIGN.md ("Loss and gradients across ranks"), through the
+// The parallel training equivalences (README, "Sequence and data parallelism"), through the
 // real Trainer under the local communicator (one thread per rank):
 //   - Ulysses SP = 2, 4 vs SP = 1 on the same sequences: the loss and every element of the
 //     world-summed gradient (what AdamW is fed), for gpt2 and for llama with GQA (kv heads
@@ -254,7 +254,7 @@ TEST_CASE("bytes per step: the Ulysses all-to-alls and the gradient all-reduce",
     //   and all_to_all(chunk) counts chunk * (P - 1) * e bytes.
     const uint64_t scatter = uint64_t(B) * Tl * (3 * H / P) * D, gather = uint64_t(B) * Tl * (H / P) * D;
     const uint64_t a2a = uint64_t(L) * 2 * (scatter + gather) * (P - 1) * e;
-    // DESIGN.md: about 4 B T C / P elements per layer per direction, of which (P - 1) / P leave the rank.
+    // README ("Long context"): about 4 B T C / P elements per layer per direction, of which (P - 1) / P leave the rank.
     const double design = double(L) * 2 * 4.0 * B * T * C / P * (P - 1) / P * e;
     // The world all-reduces: the gradient (f32), the valid count, the loss sum and the squared
     // gradient norm (one f64 each).
