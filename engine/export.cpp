@@ -180,7 +180,7 @@ std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
 
 }  // namespace
 
-RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world, size_t resident,
+RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world, size_t room,
                        bool weights_copy)
     : o_(o), cfg_(cfg), eot_(eot) {
   // The export directories are made now, so that a path that cannot be written fails before
@@ -250,14 +250,15 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
                              std::to_string(o.sample) + " new tokens exceed 2^31 - 1 positions");
   // The sampler's memory, next to the run's: refused now rather than by the kernel's OOM killer
   // after the training (Linux grants the memory, then kills the process that touches it).
-  const size_t bytes = KvDecoder::host_bytes(cfg, int(need), false, KvDecoder::kDefaultChunk, weights_copy),
-               ram = memory_limit();
-  if (bytes + resident > ram)
+  const size_t bytes = KvDecoder::host_bytes(cfg, int(need), false, KvDecoder::kDefaultChunk, weights_copy);
+  const bool beside = room != SIZE_MAX;
+  if (!beside) room = memory_limit();
+  if (bytes > room)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens need " + std::to_string(bytes >> 20) +
                              (weights_copy ? " MiB for the KV cache and a host copy of the weights" : " MiB for the KV cache") +
-                             (resident ? " beside the " + std::to_string(resident >> 20) + " MiB the run holds" : "") +
-                             ", but this machine has " + std::to_string(ram >> 20) + " MiB" +
+                             ", but " + (beside ? "beside what the run holds " : "") + "this machine has " +
+                             std::to_string(room >> 20) + " MiB" +
                              (o.prompt_file.empty() ? "" : ": shorten --prompt-file " + o.prompt_file));
 }
 

@@ -44,9 +44,9 @@ class RunOutputs {
   // token, as the model was trained (KvDecoder::set_document_token).
   // `world`: the tokenizer and --prompt-file are read by its rank 0 and sent to the others (a pipe
   // can be read once); null: read here.
-  // resident: host bytes this machine's ranks still hold while rank 0 samples (the sample's memory
-  // is checked beside it); weights_copy: the sampler reads a host copy of the weights (a device run).
-  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world = nullptr, size_t resident = 0,
+  // room: the host bytes rank 0's sampler may take beside what the run holds (Trainer::decoder_room;
+  // SIZE_MAX: the machine's memory); weights_copy: it reads a host copy of the weights (a device run).
+  RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world = nullptr, size_t room = SIZE_MAX,
              bool weights_copy = true);
   // Whether finish() has anything to do (an export or a sample): it then needs the weights.
   bool wants_params() const;

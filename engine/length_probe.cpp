@@ -12,7 +12,9 @@
 namespace ul {
 
 void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq,
-                         int decoders, size_t resident, bool weights_copy) {
+                         size_t room, bool weights_copy) {
+  const bool beside = room != SIZE_MAX;
+  if (!beside) room = memory_limit();
   if (lengths.empty()) return;
   std::vector<int32_t> in, tgt;
   for (int T : lengths) {
@@ -23,11 +25,10 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
     // Each decoder: its KV cache, buffers, score()'s logits and weights, and a window's tokens,
     // layout and losses (5 values a position). Checked before anything of length T is allocated.
     const size_t one = KvDecoder::host_bytes(cfg, T, true, KvDecoder::kDefaultChunk, weights_copy) + size_t(T) * 5 * 4;
-    if ((one + resident) * size_t(decoders) > memory_limit())
-      throw std::runtime_error(where + "the KV-cache decoder needs " + std::to_string(one >> 20) + " MiB" +
-                               (decoders > 1 ? " per rank (" + std::to_string(decoders) + " on this machine)" : "") +
-                               (resident ? " beside the " + std::to_string(resident >> 20) + " MiB the run holds" : "") +
-                               ", but this machine has " + std::to_string(memory_limit() >> 20) + " MiB");
+    if (one > room)
+      throw std::runtime_error(where + "the KV-cache decoder needs " + std::to_string(one >> 20) + " MiB a rank, but " +
+                               (beside ? "beside what the run holds " : "") + "this machine has " +
+                               std::to_string(room >> 20) + " MiB a rank");
     if (!val.synthetic()) {
       size_t held = 0;  // the longest stretch: a window lies in one
       try {

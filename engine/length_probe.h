@@ -17,6 +17,7 @@
 // positions and bands from its start). At T = --seq both equal the eval's, up to the rounding of
 // the decoder's other summation order (tests hold them to it).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,11 +43,11 @@ struct LengthProbe {
 
 // Refuses, naming --probe-lengths, before any training: a length a gpt2 model's learned positions
 // do not reach, one too short for the task or longer than the val split holds, or one whose
-// decoders (`decoders` of them on this machine: its ranks) would not fit the machine's memory
-// beside what each rank's run still holds then (`resident` bytes a rank: Trainer::host_resident).
-// seq: the run's --seq. weights_copy: each decoder reads a host copy of the weights (a device run).
+// decoder would not fit `room`, the host bytes a rank's decoder may take beside what the run holds
+// while every rank decodes (Trainer::decoder_room(true); SIZE_MAX: the machine's memory). seq: the
+// run's --seq. weights_copy: each decoder reads a host copy of the weights (a device run).
 void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, const ModelConfig& cfg, int seq,
-                         int decoders = 1, size_t resident = 0, bool weights_copy = true);
+                         size_t room = SIZE_MAX, bool weights_copy = true);
 
 // The val split's tokens read through its sequences at the run's length seq, as stretches of
 // text: consecutive sequences that continue each other (Dataset::continues) join into one (their

@@ -104,14 +104,12 @@ int train_rank(const Options& o, Comm& world) {
   // Refuses bad export / sample flags before any step; samples split documents as training does.
   // A sample or a probe decodes beside what the run still holds (every rank on this machine).
   const bool weights_copied = tr.context().device != Device::cpu;
-  const size_t resident_here = tr.host_resident() * size_t(std::max(1, tr.hosts().ranks_here()));
-  const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world, resident_here, weights_copied);
+  const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world, tr.decoder_room(false), weights_copied);
   Grid& g = tr.grid();
   Transformer& model = tr.model();
   const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
   // Every rank on this machine decodes at once: each gets its share of the memory.
-  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.hosts().ranks_here(), tr.host_resident(),
-                      weights_copied);
+  check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.decoder_room(true), weights_copied);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
   std::string layout = tr.train_data().layout(o.seq);
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
@@ -310,7 +308,7 @@ int train_rank(const Options& o, Comm& world) {
   };
   // A signal during start-up: nothing is trained, nothing new saved (a resume's checkpoint stays as
   // it was), and the run ends before its first step.
-  bool stopped_early = false;
+  bool stopped_early = false, made_up_eval = false;
   if (const int sig = agreed_stop_signal()) {
     stopped_by = sig, stopped_at = start, stopped_early = true;
     if (log) log->stop(start, stop_signal_name(sig));
@@ -335,6 +333,7 @@ int train_rank(const Options& o, Comm& world) {
     }
     world.broadcast(&missing, 1, DType::i32, 0);
     if (missing) run_eval(start, final_step);
+    made_up_eval = missing != 0;
     // A signal during that eval stops the run now (the checkpoint at `start` is there already).
     if (const int32_t sig = missing ? agreed_stop_signal() : 0) {
       stopped_by = sig, stopped_at = start;
@@ -441,7 +440,7 @@ int train_rank(const Options& o, Comm& world) {
 
   // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once,
   // unless the run is there to export or sample (Options::evaluates).
-  const bool eval_at_zero = o.steps == 0 && o.evaluates();
+  const bool eval_at_zero = o.steps == 0 && o.evaluates() && !stopped_early;
   if (eval_at_zero) run_eval(0, true);
   // A signal after the loop, during the final evals and probes: what is left of them is skipped.
   bool stopped_late = false;
@@ -501,7 +500,7 @@ int train_rank(const Options& o, Comm& world) {
   }
   // A --steps 0 run's arena held its evals' forwards alone (nothing resets the high-water there).
   const bool eval_only = o.steps == 0 && have_eval;
-  if (until > start || eval_only)
+  if ((until > start && !stopped_early) || eval_only)
     say("memory  | arena high-water %.1f MiB (planned %.1f MiB%s) | peak RSS %.1f MiB (this process)\n",
         (eval_only ? tr.context().arena.high_water() : peak_act) / 1048576.0, tr.planned_arena() / 1048576.0,
         eval_only ? ": an eval's forward" : "", peak_rss_bytes() / 1048576.0);
@@ -509,22 +508,24 @@ int train_rank(const Options& o, Comm& world) {
     say("memory  | note: the arena outgrew the planned reservation (%zu blocks, %.1f MiB held)\n",
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
   if (lead && start >= o.steps && o.steps > 0 && !stopped_early)
-    std::printf("done | nothing to do: the checkpoint is at step %d and --steps is %d\n", start, o.steps);
+    std::printf("done | %s: the checkpoint is at step %d and --steps is %d\n",
+                made_up_eval ? "no step left, its missing eval made" : "nothing to do", start, o.steps);
   else if (lead && paused && start >= o.stop_after)
     std::printf("done | nothing to do: the checkpoint is at step %d and --stop-after is %d\n", start, o.stop_after);
   if (lead && stopped_by) {  // what is left of the run (evals, probes, exports, sample) is skipped
     const std::string sig = stop_signal_name(stopped_by), dir = o.save_dir + "/" + step_dir_name(stopped_at);
     std::string left;  // what the signal skipped of what follows the training
     auto skip = [&](bool asked, const char* what) { if (asked) left += (left.empty() ? "" : ", ") + std::string(what); };
-    skip(!final_eval && !stopped_late, "the final eval");
+    skip(!final_eval && !stopped_late && (o.steps > 0 || o.evaluates()), "the final eval");
     skip(!o.probe_lengths.empty(), stopped_late ? "the rest of --probe-lengths" : "--probe-lengths");
     skip(!o.export_llmc.empty() || !o.export_safetensors.empty(), "the exports");
     skip(o.sample > 0, "the sample");
     left = left.empty() ? "" : "; skipped: " + left;
     std::string what;
     if (stopped_early)
-      what = "during start-up, before step " + std::to_string(start + 1) + " | nothing trained" +
-             (o.resume && start > 0 ? " | checkpoint " + dir + " as it was: continue with --resume" : "");
+      what = std::string("during start-up") +
+             (o.steps > start ? ", before step " + std::to_string(start + 1) + " | nothing trained" : "") +
+             (o.resume && start > 0 ? " | checkpoint " + dir + " as it was: continue with --resume" : "") + left;
     else if (stopped_late)
       what = "during the final evals and probes (step " + std::to_string(stopped_at) + ")" + left;
     else if (stopped_at < o.steps)

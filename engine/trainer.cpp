@@ -532,6 +532,21 @@ std::vector<float> Trainer::host_params(bool want) {
   return h;
 }
 
+size_t decoder_room(size_t resident, int sharing, size_t limit, int here, size_t physical, bool each) {
+  size_t room = SIZE_MAX;
+  for (const auto& [ranks, bytes] : {std::pair<int, size_t>{sharing, limit}, std::pair<int, size_t>{here, physical}}) {
+    const size_t n = size_t(std::max(1, ranks)), held = resident * n;
+    const size_t left = held < bytes ? bytes - held : 0;
+    room = std::min(room, each ? left / n : left);
+  }
+  return room;
+}
+
+size_t Trainer::decoder_room(bool each) const {
+  return ul::decoder_room(host_resident_, hosts_.sharing_memory(), memory_limit(), hosts_.ranks_here(),
+                          physical_memory_bytes(), each);
+}
+
 const float* Trainer::host_weights(bool want, std::vector<float>& copy) {
   Params& P = model_->params;
   if (P.device() == Device::cpu && P.has_masters() && !P.masters_sharded()) return want ? P.master() : nullptr;

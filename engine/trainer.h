@@ -115,6 +115,11 @@ class Trainer {
   // Host memory one rank holds to the end of the run (the whole plan on the CPU; a device's host
   // side): what a sample's or a probe's decoder must fit beside.
   size_t host_resident() const { return host_resident_; }
+  // The host bytes left for a decoder beside what every rank here holds, against this process's
+  // limit (with the ranks that share it) and the machine's (with all its ranks), whichever leaves
+  // less: for rank 0's alone (a sample), or, `each`, a rank's share when every rank decodes at once
+  // (the length probes).
+  size_t decoder_room(bool each) const;
 
   const Options& options() const { return o_; }
   Grid& grid() { return grid_; }
@@ -168,6 +173,11 @@ struct MemoryPlan;  // engine/planner.h
 // checkpoint's f32 copy while it loads or saves. Linux would grant the memory, then kill the run
 // using it.
 void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load = 0);
+
+// Trainer::decoder_room's arithmetic: `resident` bytes held by each of `sharing` ranks against
+// this process's `limit` and by each of `here` ranks against the machine's `physical` bytes; the
+// smaller room left, whole (one decoder) or, `each`, a rank's share.
+size_t decoder_room(size_t resident, int sharing, size_t limit, int here, size_t physical, bool each);
 
 // Throws (naming every part, the GPU and what shrinks the run) when `ranks_on_gpu` ranks' plans
 // exceed `free`, the bytes the GPU had free when this process first checked it: every one of

@@ -155,6 +155,25 @@ TEST_CASE("llama exports q/k/v and gate/up as row slices, lm_head unpadded, noth
   CHECK(!cfg.find("tie_word_embeddings")->b);
 }
 
+TEST_CASE("an export that cannot replace config.json leaves the old pair, and none of its temporaries", "[interop]") {
+  Context ctx;
+  ContextGuard g(ctx);
+  Transformer m(small("llama"));
+  const std::vector<float> h = random_params(m, 3);
+  TempDir d;
+  // The old pair: weights, and a config.json that cannot be unlinked (a directory here; the same
+  // path a read-only or immutable file takes). The new weights are written but never take the old
+  // ones' place: the old config.json goes just before they would.
+  std::ofstream(d / "model.safetensors") << "old weights";
+  fs::create_directories(fs::path(d / "config.json") / "x");
+  CHECK_THROWS_WITH(export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "F32"),
+                    Catch::Contains("config.json: cannot replace it"));
+  CHECK(read_whole_file(d / "model.safetensors") == "old weights");
+  CHECK(fs::is_directory(fs::path(d / "config.json") / "x"));
+  CHECK_FALSE(fs::exists(d / "model.safetensors.tmp"));
+  CHECK_FALSE(fs::exists(d / "config.json.tmp"));
+}
+
 TEST_CASE("export then import round-trips bit-exactly, config from metadata or config.json", "[interop]") {
   for (const std::string arch : {"gpt2", "llama", "llama3", "qwen2", "mistral", "ministral"}) {
     CAPTURE(arch);

@@ -398,17 +398,31 @@ TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by v
 TEST_CASE("a probe's decoders are checked beside what the run holds, the weights copy only off the CPU", "[length_probe]") {
   const ModelConfig cfg = small("llama");
   const std::unique_ptr<Dataset> val = open_dataset("passkey", Split::val, 1, cfg.vocab);
-  const size_t ram = memory_limit();
-  // Alone the decoder fits; beside a run holding the whole machine it does not.
-  CHECK_NOTHROW(check_probe_lengths({64}, *val, cfg, 64, 1, 0, false));
-  CHECK_THROWS_WITH(check_probe_lengths({64}, *val, cfg, 64, 1, ram, false),
+  // Room enough, then too little (what the run leaves a rank).
+  CHECK_NOTHROW(check_probe_lengths({64}, *val, cfg, 64, size_t(1) << 30, false));
+  CHECK_THROWS_WITH(check_probe_lengths({64}, *val, cfg, 64, 1 << 10, false),
                     Catch::Contains("--probe-lengths 64: the KV-cache decoder needs ") &&
-                        Catch::Contains(" MiB the run holds, but this machine has "));
-  // Two ranks each holding half: their decoders do not fit either.
-  CHECK_THROWS_WITH(check_probe_lengths({64}, *val, cfg, 64, 2, ram / 2, false),
-                    Catch::Contains("per rank (2 on this machine)"));
+                        Catch::Contains(" MiB a rank, but beside what the run holds this machine has 0 MiB a rank"));
   // The weights' copy a device run makes is counted; the CPU reads them in place.
   const size_t with = KvDecoder::host_bytes(cfg, 64, true, KvDecoder::kDefaultChunk, true),
                without = KvDecoder::host_bytes(cfg, 64, true, KvDecoder::kDefaultChunk, false);
   CHECK(with - without == param_count(cfg) * sizeof(float));
+  CHECK_NOTHROW(check_probe_lengths({64}, *val, cfg, 64, without + 64 * 5 * 4, false));
+  CHECK_THROWS(check_probe_lengths({64}, *val, cfg, 64, without + 64 * 5 * 4, true));
+}
+
+TEST_CASE("the room a decoder has beside the run: per limit, with the ranks that share it", "[length_probe]") {
+  const size_t G = size_t(1) << 30;
+  // One rank holding 10 GiB of a 24 GiB machine: 14 GiB left, for one decoder or each.
+  CHECK(decoder_room(10 * G, 1, 24 * G, 1, 24 * G, false) == 14 * G);
+  CHECK(decoder_room(10 * G, 1, 24 * G, 1, 24 * G, true) == 14 * G);
+  // Two ranks in one process (or one cgroup): 4 GiB left, 2 GiB each when both decode.
+  CHECK(decoder_room(10 * G, 2, 24 * G, 2, 24 * G, false) == 4 * G);
+  CHECK(decoder_room(10 * G, 2, 24 * G, 2, 24 * G, true) == 2 * G);
+  // A cgroup of its own per rank (12 GiB each on a 24 GiB machine): its limit holds one rank's
+  // state, and the machine both (the cgroup's 2 GiB is the smaller room).
+  CHECK(decoder_room(10 * G, 1, 12 * G, 2, 24 * G, false) == 2 * G);
+  CHECK(decoder_room(10 * G, 1, 12 * G, 2, 40 * G, true) == 2 * G);
+  // Nothing left: no room, not a wrapped-around one.
+  CHECK(decoder_room(30 * G, 1, 24 * G, 1, 24 * G, false) == 0);
 }

@@ -257,6 +257,20 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
   // gpt2's positions, written out with --max-seq, bound it too (train refuses a longer --seq).
   PlanConfig fixed = plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 256", 1));
   CHECK(longest_seq(fixed, 1e30) == 256);
+  // The step's micro-batches (20 bytes a token, x --grad-accum) are in a CPU plan's total, as in
+  // the check train makes: --plan's longest --seq was refused by the run it named.
+  for (int accum : {1, 8}) {
+    PlanConfig p = plan_config(full_options("--model llama --batch 2 --seq 4096 --grad-accum " + std::to_string(accum), 1));
+    const MemoryPlan m = plan_memory(p);
+    CHECK(m.batches == size_t(accum) * 2 * 4096 * 20);
+    CHECK(m.total == m.params + m.grads + m.optim + m.arena_peak + m.workspace + m.comm + m.batches);
+  }
+  PlanConfig one = plan_config(full_options("--model llama --batch 1", 1)), eight = one;
+  eight.grad_accum = 8;
+  const double budget = 2e9;
+  CHECK(longest_seq(eight, budget) < longest_seq(one, budget));
+  one.seq = int(longest_seq(one, budget));
+  CHECK(double(plan_memory(one).total) <= budget);
 }
 
 // AddressSanitizer's shadow memory and quarantine inflate RSS 1.5-2.5x: the comparison only means

@@ -177,10 +177,19 @@ TEST_CASE("a stop signal during start-up stops the run before its first step, al
   CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
   CHECK(s.out.find("during start-up, before step 3 | nothing trained | checkpoint " + dir / "run/step_00000002" +
                    " as it was: continue with --resume") != std::string::npos);
+  CHECK(s.out.find("memory  |") == std::string::npos);  // no arena was used: no high-water to compare
   const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(args + " --resume"));
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("step     4/4") != std::string::npos);
+  // --steps 0 (an eval of a checkpoint): the eval is not run either, and the line says what it skipped.
+  const Stopped e = run_and_signal("--steps 0 --eval-batches 2 --threads 1 --batch 4 --seq 128", "test hold | start-up",
+                                   SIGTERM, 0, "start-up");
+  INFO(e.out);
+  REQUIRE(WIFEXITED(e.status));
+  CHECK(WEXITSTATUS(e.status) == 128 + SIGTERM);
+  CHECK(e.out.find("stopped | SIGTERM during start-up; skipped: the final eval") != std::string::npos);
+  CHECK(e.out.find("eval      0") == std::string::npos);
 }
 
 TEST_CASE("a stop signal during a periodic save stops once that save is done, not a step and a save later", "[stop][cli]") {
