@@ -18,6 +18,7 @@ namespace {
 std::atomic<int> g_signal{0};           // lock-free: safe to store from a handler
 std::atomic<long long> g_first_ms{0};  // when the first came (CLOCK_MONOTONIC)
 std::atomic<int> g_count{0};           // signals received (the test hold "save" waits for a second)
+std::atomic<int> g_training{0};        // 0 during start-up: what the first signal's line says
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
@@ -44,7 +45,8 @@ void on_signal(int sig) {
     g_first_ms.store(monotonic_ms());
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
-    say(": stopping after this step (a checkpoint is saved with --save-dir); Ctrl-C again to stop now\n");
+    say(g_training.load() ? ": stopping after this step (a checkpoint is saved with --save-dir); Ctrl-C again to stop now\n"
+                          : ": stopping once start-up is done, before any step; Ctrl-C again to stop now\n");
     return;
   }
   // The first's time, or (a handler on another thread between its exchange and its store) now.
@@ -81,6 +83,8 @@ void install_stop_handlers() {
 }
 
 int stop_signal() { return g_signal.load(); }
+
+void started_training() { g_training.store(1); }
 
 void clear_stop_signal() {
   g_signal.store(0);

@@ -13,8 +13,10 @@
 
 namespace ul {
 
-// Installs the handlers (once per process; later calls do nothing).
+// Installs the handlers (once per process; later calls do nothing). Until started_training(), a
+// first signal says the run stops before its first step; after, after the step in flight.
 void install_stop_handlers();
+void started_training();
 // The first of those signals received so far, 0 when none.
 int stop_signal();
 // "SIGTERM", "SIGINT", "SIGUSR1" (else "a signal").

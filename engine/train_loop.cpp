@@ -309,6 +309,7 @@ int train_rank(const Options& o, Comm& world) {
   // A signal during start-up: nothing is trained, nothing new saved (a resume's checkpoint stays as
   // it was), and the run ends before its first step.
   bool stopped_early = false, made_up_eval = false;
+  started_training();  // a signal from here on: "after this step" (one just before may still stop it here)
   if (const int sig = agreed_stop_signal()) {
     stopped_by = sig, stopped_at = start, stopped_early = true;
     if (log) log->stop(start, stop_signal_name(sig));

@@ -167,6 +167,8 @@ TEST_CASE("a stop signal during start-up stops the run before its first step, al
     CHECK(s.out.find(std::string("stopped | ") + stop_signal_name(sig) + " during start-up, before step 1 | nothing trained") !=
           std::string::npos);
     CHECK(s.out.find("step     1/4") == std::string::npos);
+    CHECK(s.out.find(std::string(stop_signal_name(sig)) + ": stopping once start-up is done, before any step") !=
+          std::string::npos);
     CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000001"));
   }
   // A resume: its checkpoint stays as it was, and the next resume goes on from it.
