@@ -563,7 +563,8 @@ int train_rank(const Options& o, Comm& world) {
     }
     return 0;
   }
-  // The f32 weights, on rank 0 only (a copy as large as the model: made when asked for).
+  // The f32 weights, on rank 0 only (on a device a copy as large as the model, made when asked for;
+  // the CPU's are read where they are).
   std::vector<float> copy;
   const float* host = outputs.wants_params() ? tr.host_weights(lead, copy) : nullptr;
   if (lead) outputs.finish(host, model.params.specs());
