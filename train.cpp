@@ -13,6 +13,7 @@
 #include "engine/check_state.h"
 #include "engine/options.h"
 #include "engine/planner.h"
+#include "engine/stop_signal.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
 #if ULYSSES_HAVE_MPI
@@ -118,6 +119,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (o.plan) return plan_main(o);  // prints what the run would hold; starts nothing
+    // A stop signal from here on stops the run cleanly (before its first step, if it comes during
+    // start-up: MPI's, NCCL's, a large checkpoint's load), rather than ending it by default action.
+    if (o.check_state.empty()) install_stop_handlers();
     if (o.comm == "nccl") {
 #if ULYSSES_HAVE_NCCL
       return run_nccl(o, &argc, &argv);

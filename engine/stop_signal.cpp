@@ -71,15 +71,17 @@ void install_stop_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (const char* v = std::getenv("ULYSSES_TEST_REPEAT_MS")) g_repeat_ms.store(std::atoll(v));
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    // While one of them is handled the others wait: the handler's first-signal bookkeeping is
-    // not interrupted halfway by its own second call on this thread.
-    sigemptyset(&sa.sa_mask);
-    for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);
-    sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts goes on
-    for (int sig : kSignals) sigaction(sig, &sa, nullptr);
   });
+  // Each call installs them again (the same handler): once before MPI starts, so a signal during
+  // its start-up is caught, and again after, in case it took one of them for itself.
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  // While one of them is handled the others wait: the handler's first-signal bookkeeping is
+  // not interrupted halfway by its own second call on this thread.
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);
+  sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts goes on
+  for (int sig : kSignals) sigaction(sig, &sa, nullptr);
 }
 
 int stop_signal() { return g_signal.load(); }
@@ -97,10 +99,10 @@ void test_hold(const std::string& point) {
     return v ? "," + std::string(v) + "," : std::string();
   }();
   if (points.empty() || points.find("," + point + ",") == std::string::npos) return;
-  // "save" waits for one more signal than had come, or its 60 s: after the first, which made the
-  // save, a second (which ends the process, or is noted and the save goes on); in a periodic save, a
-  // first. The others return once a signal is there.
-  const int want = point == "save" ? g_count.load() + 1 : 1;
+  // "save" made by a first signal waits for a second (which ends the process, or is noted and the
+  // save goes on), a periodic save for a first; at most 60 s. The others return once a signal is
+  // there. (A second signal already in counts: the test may send it before the save begins.)
+  const int want = point == "save" && g_signal.load() ? 2 : 1;
   std::fprintf(stderr, "test hold | %s\n", point.c_str());
   std::fflush(stderr);
   for (int ms = 0; ms < 60000 && g_count.load() < want; ms++) ::usleep(1000);

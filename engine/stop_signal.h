@@ -13,8 +13,9 @@
 
 namespace ul {
 
-// Installs the handlers (once per process; later calls do nothing). Until started_training(), a
-// first signal says the run stops before its first step; after, after the step in flight.
+// Installs the handlers (again at each call: train does before MPI starts and after). Until
+// started_training(), a first signal says the run stops before its first step; after, after the
+// step in flight.
 void install_stop_handlers();
 void started_training();
 // The first of those signals received so far, 0 when none.
@@ -28,9 +29,8 @@ void clear_stop_signal();
 // has arrived (at most 60 s), so a test's signal lands there and nowhere else, however loaded the
 // machine: "start-up" (rank 0, before anything is loaded), "step N" (after step N's line), "length T"
 // (after that probe row), "save" (inside a
-// checkpoint's save, until one more signal than had come: after a first one, which made that save,
-// a second ends the process or is noted and the save goes on; in a periodic save, the first comes
-// during the save). Each wait is announced on stderr ("test hold | POINT"), for a test to send its
+// checkpoint's save: one a first signal made waits for a second, which ends the process or is noted
+// and the save goes on; a periodic save waits for a first). Each wait is announced on stderr ("test hold | POINT"), for a test to send its
 // signal on. Unset in normal use: then a call costs one string compare.
 void test_hold(const std::string& point);
 
