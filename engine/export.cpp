@@ -241,7 +241,7 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
       if (id >= tok_->vocab())
         throw std::runtime_error("--prompt: token " + std::to_string(id) + " is outside the tokenizer's vocab of " +
                                  std::to_string(tok_->vocab()) + " (" + o.tokenizer + ")");
-  const int64_t need = int64_t(prompt_.size()) + o.sample;
+  const int64_t need = sample_positions();
   if (!cfg.is_llama() && need > cfg.max_seq)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens exceed the model's max sequence " + std::to_string(cfg.max_seq));

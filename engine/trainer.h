@@ -112,9 +112,6 @@ class Trainer {
   // them (AdamW::round_params), every rank's alike. Collective when the masters are sharded.
   void round_bf16_from_masters();
   size_t planned_arena() const { return planned_arena_; }
-  // Host memory one rank holds to the end of the run (the whole plan on the CPU; a device's host
-  // side): what a sample's or a probe's decoder must fit beside.
-  size_t host_resident() const { return host_resident_; }
   // The host bytes left for a decoder beside what every rank here holds, against this process's
   // limit (with the ranks that share it) and the machine's (with all its ranks), whichever leaves
   // less: for rank 0's alone (a sample), or, `each`, a rank's share when every rank decodes at once
@@ -150,6 +147,8 @@ class Trainer {
   float* zero_scratch_ = nullptr;  // --zero 1: the shard buffer of parallel/zero.h, on the context's device
   std::vector<HostBatch> micro_;
   size_t planned_arena_ = 0;  // the arena's reservation: the planner's peak for this run
+  // Host memory one rank holds to the end of the run (the whole plan on the CPU; a device's host
+  // side): what a sample's or a probe's decoder must fit beside.
   size_t host_resident_ = 0;
   int32_t eot_ = -1;  // --doc-mask: the end-of-text id that splits documents; -1: no mask
   int step_ = 0;
