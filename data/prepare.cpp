@@ -122,59 +122,81 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
 
 namespace {
 
-// Writes one split as shards of at most `per_shard` tokens, all kept as NAME.tmp until commit().
+// Writes one split as shards of at most `per_shard` tokens, all kept as NAME.tmp until commit():
+// token by token in order (push), or a whole shard at a time in any order (open, then its tokens'
+// bytes with write_raw), as prepare cuts them from the end of its token file.
 class ShardWriter {
  public:
   ShardWriter(const std::string& dir, const std::string& split, int64_t total, int64_t per_shard, int vocab, int eot)
-      : dir_(dir), split_(split), left_(total), per_shard_(per_shard), vocab_(vocab), eot_(eot),
-        width_(vocab > 65536 ? 4 : 2) {}
+      : total_(total), per_shard_(per_shard), vocab_(vocab), eot_(eot), width_(vocab > 65536 ? 4 : 2) {
+    for (int64_t at = 0; at < total; at += per_shard) {
+      char name[64];
+      std::snprintf(name, sizeof name, "text_%s_%06d.bin", split.c_str(), int(names_.size()));
+      names_.push_back((fs::path(dir) / name).string());
+    }
+    files_.resize(names_.size());
+    bytes_.resize(names_.size(), 0);
+  }
+  size_t count() const { return names_.size(); }
+  int64_t first_token(size_t i) const { return int64_t(i) * per_shard_; }  // within the split
+  int width() const { return width_; }
   void push(uint32_t token) {
-    if (in_shard_ == 0) open_next();
+    if (in_shard_ == 0) open(next_++);
     buf_.push_back(token);
     if (buf_.size() == 65536) flush();
     if (--in_shard_ == 0) flush();
   }
+  // Creates shard i (its temporary and header); its tokens follow with write_raw.
+  void open(size_t i) {
+    files_.at(i) = std::make_unique<AtomicFile>(names_[i]);
+    in_shard_ = tokens_in(i);
+    // llm.c's header (GPT-2's uint16 or llama-3's uint32 format), plus the tokenizer it was
+    // written with (data/shards.h).
+    int32_t header[256] = {width_ == 2 ? 20240520 : 20240801, width_ == 2 ? 1 : 7, int32_t(in_shard_), kShardTag,
+                           vocab_, eot_};
+    files_[i]->write(header, sizeof header);
+    current_ = i;
+  }
+  // Tokens of the shard open()ed last, as little-endian bytes (width() each).
+  void write_raw(const uint8_t* le, size_t n) {
+    files_.at(current_)->write(le, n);
+    bytes_[current_] += int64_t(n);
+  }
   const std::vector<std::string>& names() const { return names_; }  // the shards' final paths
-  // Every shard's bytes on disk, still under their .tmp names.
+  // Every shard's bytes on disk, still under their .tmp names; each must hold its tokens.
   void sync() {
-    for (auto& f : files_) f->sync();
+    for (size_t i = 0; i < files_.size(); i++) {
+      if (!files_[i] || bytes_[i] != tokens_in(i) * width_)
+        throw std::logic_error(names_[i] + ": " + std::to_string(bytes_[i] / width_) + " of its " +
+                               std::to_string(tokens_in(i)) + " tokens written");
+      files_[i]->sync();
+    }
   }
   // Renames every shard into place once all of them are complete.
   void commit(std::vector<std::string>& written) {
     for (auto& f : files_) f->commit();
     written.insert(written.end(), names_.begin(), names_.end());
-    if (!files_.empty()) fsync_dir(dir_);
+    if (!files_.empty()) fsync_dir(fs::path(names_[0]).parent_path().string());
   }
 
  private:
-  void open_next() {
-    char name[64];
-    std::snprintf(name, sizeof name, "text_%s_%06d.bin", split_.c_str(), int(files_.size()));
-    names_.push_back((fs::path(dir_) / name).string());
-    files_.push_back(std::make_unique<AtomicFile>(names_.back()));
-    in_shard_ = std::min(left_, per_shard_);
-    left_ -= in_shard_;
-    // llm.c's header (GPT-2's uint16 or llama-3's uint32 format), plus the tokenizer it was
-    // written with (data/shards.h).
-    int32_t header[256] = {width_ == 2 ? 20240520 : 20240801, width_ == 2 ? 1 : 7, int32_t(in_shard_), kShardTag,
-                           vocab_, eot_};
-    files_.back()->write(header, sizeof header);
-  }
+  int64_t tokens_in(size_t i) const { return std::min(per_shard_, total_ - first_token(i)); }
   void flush() {
     // Little-endian on disk, as llm.c writes them, whatever this machine is.
     std::vector<uint8_t> le(buf_.size() * size_t(width_));
     for (size_t k = 0; k < buf_.size(); k++)
       for (int b = 0; b < width_; b++) le[k * size_t(width_) + size_t(b)] = uint8_t(buf_[k] >> (8 * b));
-    files_.back()->write(le.data(), le.size());
+    write_raw(le.data(), le.size());
     buf_.clear();
   }
-  std::string dir_, split_;
-  int64_t left_, per_shard_, in_shard_ = 0;
+  int64_t total_, per_shard_, in_shard_ = 0;
   int32_t vocab_, eot_;
   int width_;  // bytes a token
+  size_t next_ = 0, current_ = 0;  // push's next shard; the shard being written
   std::vector<uint32_t> buf_;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<AtomicFile>> files_;
+  std::vector<int64_t> bytes_;  // token bytes written to each shard
 };
 
 }  // namespace
@@ -442,8 +464,16 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   int64_t k = 0;  // tokens of the stream so far: the first `train` go to the train split
   auto push = [&](uint32_t t) { (k++ < train ? train_w : val_w).push(t); };
   if (spill) {
-    spill->replay(push);
-    spill.reset();  // the shards hold the tokens now: the temporary goes before they are made durable
+    // Cut from the token file's end, the last shard first, the file shortened after each: the disk
+    // holds the tokens once and a shard (a 10B-token corpus in uint16: 20 GB, not 40).
+    for (ShardWriter* w : {&val_w, &train_w}) {
+      const int64_t split_start = w == &val_w ? train : 0;
+      for (size_t i = w->count(); i-- > 0;) {
+        w->open(i);
+        spill->take_tail(split_start + w->first_token(i), [&](const uint8_t* le, size_t n) { w->write_raw(le, n); });
+      }
+    }
+    spill.reset();  // empty now: the shards hold the tokens
   }
   for (size_t i = 0; i < o.files.size() && !tok; i++) {
     if (forms[i] != JsonForm::none) {

@@ -2,10 +2,16 @@
 // until their count, and so the cut between the train and val splits, is known: memory holds a
 // batch of the corpus, never the whole (a 10B-token corpus would be 40 GB of int32 in memory).
 // The file is PATH.tmp (a name prepare's next run clears if this one is killed) and is removed
-// when the spill is destroyed.
+// when the spill is destroyed; the shards are cut from its end (take_tail), so that the disk holds
+// the tokens once and a shard, not twice.
 #pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -27,25 +33,29 @@ class TokenSpill {
   }
   int64_t count() const { return count_; }
 
-  // Every token pushed, in order, to fn(token).
-  template <class Fn>
-  void replay(Fn fn) {
+  // Moves the tokens from `from` on out of the file, in order, as their little-endian bytes
+  // (`width` each) to sink(bytes, n), then cuts the file to its first `from` tokens: the caller
+  // takes the tokens from the end, a piece at a time, so the disk never holds them twice.
+  template <class Sink>
+  void take_tail(int64_t from, Sink sink) {
+    if (from < 0 || from > count_) throw std::logic_error("TokenSpill::take_tail: " + std::to_string(from) + " of " +
+                                                          std::to_string(count_) + " tokens");
     flush();
     std::ifstream in(tmp_, std::ios::binary);
+    in.seekg(std::streamoff(from * width_));
     std::vector<uint8_t> chunk(kChunk);
-    int64_t seen = 0;
-    while (in.read(reinterpret_cast<char*>(chunk.data()), std::streamsize(chunk.size())) || in.gcount() > 0) {
-      const size_t n = size_t(in.gcount()) / size_t(width_);
-      for (size_t k = 0; k < n; k++) {
-        uint32_t t = 0;
-        for (int b = 0; b < width_; b++) t |= uint32_t(chunk[k * size_t(width_) + size_t(b)]) << (8 * b);
-        fn(t);
-      }
-      seen += int64_t(n);
+    int64_t left = (count_ - from) * width_;
+    while (left > 0 && in.read(reinterpret_cast<char*>(chunk.data()),
+                               std::streamsize(std::min<int64_t>(left, int64_t(chunk.size()))))) {
+      sink(chunk.data(), size_t(in.gcount()));
+      left -= in.gcount();
     }
-    if (seen != count_)
-      throw std::runtime_error(tmp_ + ": read back " + std::to_string(seen) + " tokens of the " + std::to_string(count_) +
-                               " written (the disk or another process changed it)");
+    if (left != 0)
+      throw std::runtime_error(tmp_ + ": " + std::to_string(left / width_) + " of the " + std::to_string(count_) +
+                               " tokens written are missing on reading back (the disk or another process changed it)");
+    if (::truncate(tmp_.c_str(), off_t(from * width_)) != 0)
+      throw std::runtime_error(tmp_ + ": cannot shorten it: " + std::strerror(errno));
+    count_ = from;
   }
 
  private:

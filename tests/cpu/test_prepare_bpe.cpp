@@ -6,6 +6,7 @@
 //   - invalid UTF-8, a version 1 tokenizer, --eot beside --tokenizer: refused, nothing written.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,12 +27,14 @@ namespace {
 
 const std::string kTok = ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin");
 
-// All tokens of the shards DIR/text_train_*.bin (width 2 or 4), checking each header.
-std::vector<int32_t> train_tokens(const std::string& dir, int32_t magic, int32_t vocab, int32_t eot) {
+// All tokens of the shards DIR/text_SPLIT_*.bin (width 2 or 4), checking each header.
+std::vector<int32_t> split_tokens(const std::string& dir, int32_t magic, int32_t vocab, int32_t eot,
+                                  const char* split, size_t* shards = nullptr) {
   std::vector<int32_t> all;
   for (int k = 0;; k++) {
     char name[32];
-    std::snprintf(name, sizeof name, "/text_train_%06d.bin", k);
+    std::snprintf(name, sizeof name, "/text_%s_%06d.bin", split, k);
+    if (shards) *shards = size_t(k);
     std::ifstream f(dir + name, std::ios::binary);
     if (!f) break;
     const std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -49,6 +52,25 @@ std::vector<int32_t> train_tokens(const std::string& dir, int32_t magic, int32_t
       all.push_back(int32_t(t));
     }
   }
+  return all;
+}
+
+std::vector<int32_t> train_tokens(const std::string& dir, int32_t magic, int32_t vocab, int32_t eot) {
+  return split_tokens(dir, magic, vocab, eot, "train");
+}
+
+// Both splits' tokens, train then val: the stream prepare encoded. Checks the val split's size
+// (the last round(frac x total) tokens) and that no shard holds more than per_shard tokens.
+std::vector<int32_t> both_splits(const std::string& dir, int32_t magic, int32_t vocab, int32_t eot, double frac,
+                                 size_t per_shard) {
+  size_t n_train = 0, n_val = 0;
+  std::vector<int32_t> all = split_tokens(dir, magic, vocab, eot, "train", &n_train);
+  const std::vector<int32_t> val = split_tokens(dir, magic, vocab, eot, "val", &n_val);
+  all.insert(all.end(), val.begin(), val.end());
+  CHECK(int64_t(val.size()) == std::llround(frac * double(all.size())));
+  CHECK(n_train == (all.size() - val.size() + per_shard - 1) / per_shard);
+  CHECK(n_val == (val.size() + per_shard - 1) / per_shard);
+  CHECK_FALSE(fs::exists(dir + "/text_tokens.bin.tmp"));
   return all;
 }
 
@@ -76,6 +98,13 @@ TEST_CASE("prepare --tokenizer: shards of EOT + BPE tokens per file, cut files e
   for (int id : tok.encode(b)) want.push_back(id);
   CHECK(want.size() < a.size() * 3 / 4);  // merges happened
   CHECK(train_tokens(out, 20240520, 577, 576) == want);
+  // Many shards, each split's last one partial: cut from the token file's end, last shard first,
+  // they still hold the stream in order.
+  r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --val-frac 0.3 --shard-tokens 10007 --out " + (d / "cut") +
+                        " " + (d / "a.txt") + " " + (d / "b.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(both_splits(d / "cut", 20240520, 577, 576, 0.3, 10007) == want);
 
   r = run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --doc-mask --seq 32 --batch 2 --steps 2 "
                         "--eval-batches 1 --threads 1"));
@@ -101,6 +130,11 @@ TEST_CASE("prepare --tokenizer: a vocabulary above 65536 writes uint32 shards th
   REQUIRE(r.code == 0);
   const std::vector<int32_t> want{65657, 65656, ' ', 65656, 'c', ' ', 'c', 65656, ' ', 65656};
   CHECK(train_tokens(d / "s", 20240801, 65658, 65657) == want);
+  r = run_cmd(train_cmd("prepare --tokenizer " + (d / "tok.bin") + " --val-frac 0.3 --shard-tokens 3 --out " +
+                        (d / "cut") + " " + (d / "a.txt")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(both_splits(d / "cut", 20240801, 65658, 65657, 0.3, 3) == want);  // 3 + 3 + 1 train, 3 val
   auto ds = ul::open_dataset("shards:" + (d / "s") + "/text_*.bin", ul::Split::train, 1, 0);
   CHECK(ds->vocab() == 65658);
   CHECK(ds->eot() == 65657);
