@@ -167,21 +167,24 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
              "set BIAS_DATA_TYPE", what);
   };
 
-  auto found = lt.algos.find(key);
-  if (found == lt.algos.end()) {
-    check_lt(cublasLtMatmulPreferenceCreate(&desc.pref), "cublasLtMatmulPreferenceCreate", what);
-    const uint64_t ws = kWorkspaceBytes;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-             "set MAX_WORKSPACE_BYTES", what);
-    // The operands' real alignments: chunked callers pass row offsets that are not 256-byte aligned.
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_first},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_second},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
-    for (const auto& [attr, value] : aligns)
-      check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &value, sizeof(value)), "set MIN_ALIGNMENT",
-               what);
+  // The heuristic's choice for this problem, with the bias epilogue when allowed and offered.
+  auto choose = [&](bool allow_bias) {
+    if (!desc.pref) {
+      check_lt(cublasLtMatmulPreferenceCreate(&desc.pref), "cublasLtMatmulPreferenceCreate", what);
+      const uint64_t ws = kWorkspaceBytes;
+      check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                    sizeof(ws)),
+               "set MAX_WORKSPACE_BYTES", what);
+      // The operands' real alignments: chunked callers pass row offsets that are not 256-byte aligned.
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_first},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_second},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
+      for (const auto& [attr, value] : aligns)
+        check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &value, sizeof(value)), "set MIN_ALIGNMENT",
+                 what);
+    }
     cublasLtMatmulHeuristicResult_t result{};
     // Returns the heuristic's status; n_results says whether it found an algorithm.
     int n_results = 0;
@@ -195,7 +198,8 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     // Any refusal of the epilogue (not supported, or invalid for these types) falls back to gemm_bias_rows.
     // The epilogue reads the bias in 16-byte vectors on some GPUs whatever the heuristic says: a bias
     // at another offset of the parameter buffer (--dim 100) takes gemm_bias_rows instead.
-    chosen.epilogue_bias = bias != nullptr && alignment(bias) >= 16 && ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
+    chosen.epilogue_bias = allow_bias && bias != nullptr && alignment(bias) >= 16 &&
+                           ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
     if (!chosen.epilogue_bias) {
       const cublasStatus_t st = ask(false);
       if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);
@@ -205,20 +209,32 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
                                  std::to_string(al_second) + ", " + std::to_string(al_d) + " bytes)");
     }
     chosen.algo = result.algo;
-    found = lt.algos.emplace(key, chosen).first;
-  } else {
-    set_epilogue(found->second.epilogue_bias);
-  }
+    return chosen;
+  };
 
-  float beta = accumulate ? 1.f : 0.f;
-  if (bias && !found->second.epilogue_bias) {
-    gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
-    beta = 1.f;
-  }
+  auto found = lt.algos.find(key);
+  if (found == lt.algos.end()) found = lt.algos.emplace(key, choose(true)).first;
+  else set_epilogue(found->second.epilogue_bias);
+
   const float alpha = 1.f;
-  check_lt(cublasLtMatmul(lt.handle, desc.op, &alpha, b, desc.a, a, desc.b, &beta, d, desc.d, d, desc.d,
-                          &found->second.algo, lt.workspace, kWorkspaceBytes, s),
-           "cublasLtMatmul", what);
+  auto matmul = [&]() {
+    float beta = accumulate ? 1.f : 0.f;
+    if (bias && !found->second.epilogue_bias) {
+      gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
+      beta = 1.f;
+    }
+    return cublasLtMatmul(lt.handle, desc.op, &alpha, b, desc.a, a, desc.b, &beta, d, desc.d, d, desc.d,
+                          &found->second.algo, lt.workspace, kWorkspaceBytes, s);
+  };
+  cublasStatus_t st = matmul();
+  if (st != CUBLAS_STATUS_SUCCESS && found->second.epilogue_bias) {
+    // The heuristic offered the bias epilogue but the call refused it (reported on some GPU and
+    // library pairs): this problem adds its bias with gemm_bias_rows from now on. D is rewritten
+    // whole (a bias comes without accumulate), so whatever the refused call left in it is gone.
+    found->second = choose(false);
+    st = matmul();
+  }
+  check_lt(st, "cublasLtMatmul", what);
 }
 
 UL_GEMM_INSTANTIATE_ALL()

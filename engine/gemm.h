@@ -13,7 +13,8 @@
 // the f32 backend matches the CPU to fp32 rounding.
 //
 // Under ULYSSES_CUDA: cuBLASLt (engine/gemm.cu), one handle and one 32 MiB workspace per device
-// and host thread, created on first use; the bias is cuBLASLt's BIAS epilogue. Under
+// and host thread, created on first use; the bias is cuBLASLt's BIAS epilogue (or gemm_bias_rows
+// before the product, for a problem whose epilogue cuBLASLt refuses, at its heuristic or its call). Under
 // ULYSSES_CUDA_EMULATION: the portable twin (engine/gemm.cpp), the CPU's blocked Eigen GEMM on the
 // (host-memory) device buffers. Both throw std::runtime_error naming `op` and the shapes on any failure.
 // Under --profile (engine/gpu_profile.h) each call is one row named by gemm_profile_name, with its
