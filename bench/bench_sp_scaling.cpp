@@ -5,7 +5,7 @@
 //     peak is that configuration's; with threads it is the WHOLE process, i.e. P ranks' activations
 //     plus P copies of the parameters, gradients and AdamW state, so it does not fall as 1/P;
 //   - all-to-all bytes sent per rank per step, against the formula from parallel/ulysses.cpp;
-//   - all-reduce bytes per rank per step (the gradient and two scalars, ring accounting);
+//   - all-reduce bytes per rank per step (the gradient and three f64 scalars, ring accounting);
 //   - step time (the second step; the first warms up), one OpenMP thread per rank.
 // Ratios are against the sp = 1 run.
 //   ./build/bench_sp_scaling --help   prints the flags and their defaults (the usage string below is the one list)

@@ -3,8 +3,8 @@
 // Layout: DIR/step_00000100/ holds model.bin, optim.bin, rank_R.json for every rank, and COMPLETE
 // (engine/checkpoint_files.h has the formats). A save is collective over the world:
 //   1. rank 0 (re)creates the step directory; barrier;
-//   2. rank 0 writes model.bin, the owner of each optimizer shard its optim file (today: rank 0,
-//      optim.bin), every rank its rank_R.json — each atomically (NAME.tmp, fsync, rename, fsync dir);
+//   2. rank 0 writes model.bin, the owner of each optimizer shard its optim file (rank 0
+//      optim.bin, or under --zero 1 every rank its optim_rank_R.bin), every rank its rank_R.json — each atomically (NAME.tmp, fsync, rename, fsync dir);
 //   3. barrier on the world: every rank's files are durable;
 //   4. rank 0 writes COMPLETE (atomically), fsyncs DIR, then deletes the oldest complete
 //      checkpoints beyond --keep.

@@ -162,7 +162,7 @@ H read_checked(const std::string& path, const char* kind, const char (&magic)[8]
                                 });
 }
 
-// The header and (version 2) its tail for cfg.
+// The header and (versions 2 to 4) its tail for cfg.
 ModelHeader model_header(const ModelConfig& cfg, const float* params, uint64_t numel, std::string& tail) {
   ModelHeader h;
   std::memset(&h, 0, sizeof h);

@@ -14,8 +14,9 @@
 // optim.bin / optim_rank_R.bin — AdamW state of one shard of the parameter buffer:
 //   char magic[8] "ULYSOPTM" | u32 version 1 | u32 crc32 | i64 t | u64 numel (whole buffer) |
 //   u64 offset | u64 count | i32 shard | i32 shards  (56 bytes), then m[count], v[count] fp32.
-//   Today one shard holds everything (optim.bin, written by rank 0); a ZeRO-1 optimizer writes
-//   optim_rank_R.bin per shard and the loader gathers them by the (offset, count) in each header.
+//   Without --zero one shard holds everything (optim.bin, written by rank 0); under --zero 1 each
+//   rank writes its shard's optim_rank_R.bin, and the loader gathers them by the (offset, count) in
+//   each header.
 // rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_sequence (the first
 //   sequence the next step trains on: Trainer::next_sequence(); files from before it have
 //   data_position, the step, for step x G), the run's

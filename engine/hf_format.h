@@ -1,7 +1,8 @@
 // Hugging Face transformers interop: our parameters <-> the tensor names and layouts of
 // GPT2LMHeadModel and LlamaForCausalLM, in a safetensors file with a config.json beside it.
-// Qwen2ForCausalLM (a q/k/v bias) and MistralForCausalLM (a sliding window) are llama's names and
-// layout: a llama is written as qwen2 when it has the bias, else as mistral when it has a window.
+// Qwen2ForCausalLM (a q/k/v bias), MistralForCausalLM (a sliding window) and MinistralForCausalLM
+// (a window some layers leave out) are llama's names and layout: a llama is written as qwen2 when
+// it has the bias, else as mistral when every layer has a window, ministral when some do not.
 //
 // gpt2 (tied head: no lm_head.weight is written, as save_pretrained does for tied models; HF ties it):
 //   transformer.wte.weight (V,C)  rows [0, V) of wte      transformer.wpe.weight (maxT,C)
@@ -53,7 +54,7 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
                         const float* data, const std::string& dtype);
 
 // The model configuration of a safetensors file: from our __metadata__, else from the config.json
-// beside it (HF keys, model_type gpt2, llama, mistral or qwen2). Throws naming the file and the
+// beside it (HF keys, model_type gpt2, llama, mistral, ministral or qwen2). Throws naming the file and the
 // field on anything we cannot run exactly (Qwen 2's window on some layers only, say).
 ModelConfig hf_read_config(const SafetensorsFile& f);
 // A sharded checkpoint's configuration: the config.json beside its index.

@@ -1,5 +1,5 @@
 // AdamW with bias correction and decoupled weight decay (as torch.optim.AdamW), gradient
-// global-norm clipping, and the warmup + cosine learning-rate schedule.
+// global-norm clipping, and the learning-rate schedules (warmup, then cosine, wsd or constant).
 //   g' = g * clip,  m = b1 m + (1 - b1) g',  v = b2 v + (1 - b2) g'^2
 //   p -= lr * wd * p                         (only parameters whose spec says decay: 2-D weights)
 //   p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)

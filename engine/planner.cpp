@@ -256,8 +256,9 @@ MemoryPlan plan_memory(const PlanConfig& c) {
     // than N QKV when kv heads are replicated (fewer than sp).
     p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a));
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
-  // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets,
-  // positions, documents, rows), in host memory whatever the device.
+  // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets
+  // and positions of this rank's T / sp, all T positions, and with --doc-mask the documents: at
+  // most 5 B T int32, the bound counted), in host memory whatever the device.
   p.batches = size_t(c.grad_accum) * size_t(c.batch) * size_t(c.seq) * 5 * sizeof(int32_t);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm + (cuda ? 0 : p.batches);
 

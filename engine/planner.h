@@ -53,8 +53,9 @@ struct MemoryPlan {
   size_t transient = 0;  // arena_peak - kept
   size_t workspace = 0;  // heap scratch outside the arena (CPU attention backward)
   size_t comm = 0;       // communication buffers (local all-reduce slice, ZeRO shard buffer)
-  size_t batches = 0;    // the step's micro-batches on the host (5 int32 arrays of B x T each; in the
-                         // total on the CPU, host memory beside it on a device)
+  size_t batches = 0;    // the step's micro-batches on the host (at most 5 int32 arrays of B x T
+                         // each, a bound: HostBatch's tokens, targets and positions hold this
+                         // rank's T / sp; in the total on the CPU, host memory beside it on a device)
   size_t total = 0;
   size_t pinned_host = 0;  // --offload: the block inputs in pinned host memory (not in total)
   size_t host_comm = 0;    // a device with --comm local: collectives staged through host memory (not in total)

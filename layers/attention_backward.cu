@@ -403,7 +403,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   if (B == 0 || Tn == 0) return;
   float* Di = scratch;  // (B, Hq, T)
   // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors
-  // come from the arena (256-byte aligned); the tensor-core kernels need that alignment too.
+  // come from the arena (64-byte aligned); the tensor-core kernels need 16 bytes too.
   constexpr int kV = kPackElems<T>;
   if (!pack_aligned({dout, out, qkv, dqkv}))
     throw std::runtime_error("attention_backward: dout, out, qkv and dqkv must be 16-byte aligned");

@@ -155,7 +155,7 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
   const bool bf = !std::is_same<T, float>::value;
   chunk_rows = std::max(1, std::min(chunk_rows, N));
   // Scratch: logits (chunk_rows, L) fp32 | dlogits (chunk_rows, L) T, bf16 only (f32 reuses the
-  // logits) | loss (N) fp32 | hit (N) i32; each region 256-byte aligned. A row holds V values in a
+  // logits) | loss (N) fp32 | hit (N) i32; each region's offset rounded to 256 bytes. A row holds V values in a
   // stride of L = round_up(V, 64): the GEMMs that write and read them keep to aligned rows.
   const int L = int(scratch::classifier_row_stride(V));
   char* p = static_cast<char*>(scratch);

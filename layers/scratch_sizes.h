@@ -34,11 +34,12 @@ inline int64_t embedding_sort_size(int64_t N) {
 inline size_t embedding_backward(int64_t N) { return size_t(embedding_sort_size(N)) * sizeof(uint64_t); }
 
 // The classifier's chunk: f32 logits, the dlogits in the activation dtype when that is not f32,
-// and two per-row arrays; each piece 256-byte aligned.
+// and two per-row arrays; each piece's offset rounded to 256 bytes.
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-// A row of logits (and of dlogits) is V values in a stride of round_up(V, 64): every row then
-// starts 256-byte aligned in f32 and 128 in bf16, as cuBLASLt's fast kernels want (GPT-2's
-// V = 50257 packed would misalign all rows but the first).
+// A row of logits (and of dlogits) is V values in a stride of round_up(V, 64) (256 bytes in f32,
+// 128 in bf16): every row then keeps the scratch's own alignment (the arena's 64 bytes, more
+// than the 16 cuBLASLt's fast kernels want), which GPT-2's V = 50257 packed would break for every
+// row but the first.
 inline int64_t classifier_row_stride(int64_t V) { return (V + 63) / 64 * 64; }
 inline size_t classifier(int64_t N, int64_t V, int64_t chunk_rows, size_t act_bytes) {
   const int64_t lo = N > 1 ? N : 1;
