@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -466,11 +467,21 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   if (spill) {
     // Cut from the token file's end, the last shard first, the file shortened after each: the disk
     // holds the tokens once and a shard (a 10B-token corpus in uint16: 20 GB, not 40).
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    auto last = start;
     for (ShardWriter* w : {&val_w, &train_w}) {
       const int64_t split_start = w == &val_w ? train : 0;
       for (size_t i = w->count(); i-- > 0;) {
         w->open(i);
         spill->take_tail(split_start + w->first_token(i), [&](const uint8_t* le, size_t n) { w->write_raw(le, n); });
+        const auto now = clock::now();
+        if (progress && now - last > std::chrono::seconds(5)) {  // a large corpus: minutes of copying
+          std::printf("prepare | shards written: %.0f of %.0f MB\n", double(total - spill->count()) * w->width() / 1e6,
+                      double(total) * w->width() / 1e6);
+          std::fflush(stdout);
+          last = now;
+        }
       }
     }
     spill.reset();  // empty now: the shards hold the tokens
