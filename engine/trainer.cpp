@@ -487,6 +487,18 @@ StepResult Trainer::step() {
     if (!P.masters_sharded()) zero_gather_params(g.world, P.master(), P.numel(), zero_scratch_);
     if (P.dtype() == DType::bf16) zero_gather_bf16(g.world, P.raw(), P.numel(), zero_scratch_);
   }
+  {
+    // The update itself can overflow (an --lr near 1e38): the next step's loss would say so only
+    // after a save, an eval or an export had used the weights (a checkpoint of infinities). The
+    // squares of f32 values summed in f64 overflow nothing, so the sum is finite exactly when every
+    // weight is; replicas check the same bits, sharded masters (bf16 under --zero 1) add up.
+    double ws = sum_squares_on(P.device(), P.master_at(P.master_lo()), P.master_hi() - P.master_lo());
+    if (P.masters_sharded() && g.world.size() > 1) g.world.all_reduce(&ws, 1, DType::f64, ReduceOp::sum);
+    if (!std::isfinite(ws))
+      throw JobError("step " + std::to_string(step_ + 1) + ": the update made weights that are not finite (lr " +
+                     float_text(r.lr) + ", gradient norm " + std::to_string(r.grad_norm) +
+                     "): lower --lr; nothing from this step was saved");
+  }
   step_++;
   next_seq_ += sequences_per_step();
   r.ms = now_ms() - t0;
@@ -624,6 +636,10 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     r.loss = sums[0] / sums[1];
     r.accuracy = sums[2] / sums[1];
   }
+  // Every rank has the sums: all fail together, as a step with a loss that is not finite does.
+  if (!std::isfinite(r.loss))
+    throw JobError("the val loss is not finite (" + std::to_string(r.loss) + " over " + std::to_string(r.answers) +
+                   " targets): the weights' outputs overflow");
   for (size_t k = 0; k < bands.size(); k++) {
     const double n = sums[4 + 2 * k];
     r.by_position.push_back({bands[k].first, bands[k].second, n > 0 ? sums[3 + 2 * k] / n : 0.0, int64_t(n)});

@@ -247,6 +247,36 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     expect_refused(std::string(f) + " 0", std::string(f) + " must be >= 1");
 }
 
+TEST_CASE("an update that overflows the weights fails its step, before a save or an export uses them, and a val loss "
+          "that is not finite fails its eval", "[cli]") {
+  TempDir dir;
+  const std::string run = (dir.path / "run").string(), exported = (dir.path / "ex/model.safetensors").string();
+  const std::string base = "--threads 1 --dim 32 --heads 2 --layers 1 --seq 16 --batch 2 --warmup 1 --eval-every 0 "
+                           "--eval-batches 1 --save-dir " + run;
+  // lr 3e38: the first step's loss and norm are finite, its update is not.
+  CmdResult r = run_cmd(train_cmd(base + " --steps 2 --save-every 1 --lr 3e38 --export-safetensors " + exported));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("step 1: the update made weights that are not finite (lr 3e+38") != std::string::npos);
+  CHECK_FALSE(fs::exists(run + "/step_00000001"));
+  CHECK_FALSE(fs::exists(dir.path / "ex"));
+  std::vector<ul::LogRecord> recs = ul::read_run_log(run + "/log.jsonl");
+  REQUIRE(recs.size() == 1);
+  CHECK(recs.back().at("type") == "error");
+  CHECK(recs.back().at("step") == "1");
+  // lr 1e30: finite weights whose outputs overflow; the final eval fails rather than print nan.
+  fs::remove_all(run);
+  r = run_cmd(train_cmd(base + " --steps 1 --lr 1e30"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("the val loss is not finite") != std::string::npos);
+  CHECK(r.out.find("done") == std::string::npos);
+  recs = ul::read_run_log(run + "/log.jsonl");
+  REQUIRE_FALSE(recs.empty());
+  CHECK(recs.back().at("type") == "error");
+  CHECK(recs.back().at("message").find("eval: the val loss is not finite") == 0);
+}
+
 TEST_CASE("train --plan says when this --seq does not fit --memory, and that --zero 1 on one rank shards nothing", "[cli][planner]") {
   const std::string plan = "--plan --model llama-3.2-1B --device cuda --batch 1 --recompute --offload --mlp-chunks 8";
   CmdResult over = run_cmd(train_cmd(plan + " --seq 65536 --memory 24G"));

@@ -8,6 +8,8 @@
 //   - ZeRO-1 over dp 2: bitwise equal to plain dp 2 in fp32 and bf16 (losses, gradient norms,
 //     masters, bf16 weights, over clipped steps), each rank keeping the bf16 masters of its shard
 //     only (the owner rounds its shard, the others take its bits);
+//   - an update that overflows the weights fails step 1 on both ranks, bf16 with and without
+//     sharded masters;
 //   - --check-state passes in fp32, sp 1 and sp 2, on a GPT-2 debug state with a head dim the CUDA
 //     attention runs (llm.c's tiny reference has head dim 8; see write_reference).
 #pragma once
@@ -101,6 +103,32 @@ TEST_CASE("train --device cuda --zero 1: bitwise as without, fp32 and bf16 (mast
     CHECK(to_host_error[r].find("master weights of elements") != std::string::npos);
   }
   CHECK(weights[0] == weights[1]);
+}
+
+TEST_CASE("train --device cuda: an update that overflows the weights fails the step on every rank, masters "
+          "sharded or not", UL_CUDA_TEST_TAG) {
+  for (const char* zero : {"", " --zero 1"}) {
+    INFO("bf16" << zero);
+    Options o = options(std::string("--model gpt2 --device cuda --batch 1 --precision bf16 --ranks 2 --lr 3e38") + zero);
+    LocalOptions lo;
+    lo.device = run_device(o);
+    std::vector<std::string> error(2);
+    std::vector<int> sharded(2, 0);
+    run_local(2, [&](Comm& world) {
+      Trainer tr(o, world);
+      sharded[world.rank()] = tr.model().params.masters_sharded();
+      try {
+        tr.step();
+      } catch (const std::exception& e) {
+        error[world.rank()] = e.what();
+      }
+    }, lo);
+    for (int r = 0; r < 2; r++) {
+      INFO("rank " << r << ": " << error[r]);
+      CHECK(sharded[r] == (*zero ? 1 : 0));
+      CHECK(error[r].find("step 1: the update made weights that are not finite") != std::string::npos);
+    }
+  }
 }
 
 // An llm.c debug state (format of engine/llmc_format.h) for a GPT-2 the CUDA attention can run:
