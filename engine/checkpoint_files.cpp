@@ -296,7 +296,7 @@ void check_model_config(const std::string& path, const ModelConfig& a, const Mod
   differ("vocab", s(a.vocab), s(b.vocab), "--vocab");
   differ("padded_vocab", s(a.padded_vocab), s(b.padded_vocab), "--vocab");
   differ("max_seq", s(a.max_seq), s(b.max_seq), "--max-seq");
-  differ("ffn", s(a.ffn), s(b.ffn), "--ffn");
+  differ("ffn", s(a.ffn_dim()), s(b.ffn_dim()), "--ffn");  // the width: 0 ("derived") and --ffn at it are one model
   differ("rope_theta", json_number(a.rope_theta), json_number(b.rope_theta), "--rope-theta");
   differ("rope_scaling", rope_scaling_str(a.rope_scaling), rope_scaling_str(b.rope_scaling), "--rope-scaling");
   differ("tie_embeddings", a.tie_embeddings ? "true" : "false", b.tie_embeddings ? "true" : "false", "--tie-embeddings");
@@ -384,6 +384,9 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const s
   // The EOT --doc-mask splits documents at, whether --eot names it or the data does (-1: no mask);
   // checkpoints written before recorded --eot as given, -1 for the data's own.
   const int64_t eot = !o.doc_mask ? -1 : o.eot >= 0 ? o.eot : data_eot;
+  ModelConfig derived = c;
+  derived.ffn = 0;
+  const int derived_ffn = derived.ffn_dim();
   return {{"arch", json_quote(c.arch), "--model"},
           {"layers", n(c.layers), "--layers"},
           {"dim", n(c.dim), "--dim"},
@@ -392,7 +395,9 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const s
           {"vocab", n(c.vocab), "--vocab"},
           {"padded_vocab", n(c.padded_vocab), "--vocab"},
           {"max_seq", n(c.max_seq), "--max-seq"},
-          {"ffn", n(c.ffn), "--ffn"},
+          // The MLP's width, whether derived from dim or given as --ffn at that value; checkpoints
+          // written before held 0 for a derived width.
+          {"ffn", n(c.ffn_dim()), "--ffn", "", derived_ffn == c.ffn_dim() ? "0" : ""},
           {"rope_theta", json_number(c.rope_theta), "--rope-theta"},
           {"rope_scaling", json_quote(rope_scaling_str(c.rope_scaling)), "--rope-scaling", "none"},
           {"tie_embeddings", c.tie_embeddings ? "true" : "false", "--tie-embeddings", "false"},

@@ -473,6 +473,38 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   fs::remove_all(d);
 }
 
+TEST_CASE("a llama's --ffn written out at its derived width resumes as the same model, another is refused",
+          "[checkpoint]") {
+  fs::path d = fresh_dir("ffn");
+  // dim 32: the derived SwiGLU width is round_up(8 x 32 / 3, 64) = 128.
+  const std::string args = "--model llama --layers 1 --dim 32 --heads 2 --seq 16 --batch 2 --eval-every 0 "
+                           "--eval-batches 1 --threads 1 --quiet --data passkey";
+  for (const char* saved : {"", " --ffn 128"}) {
+    INFO("saved with '" << saved << "'");
+    const fs::path run = d / (*saved ? "given" : "derived");
+    REQUIRE(train(args + saved + " --steps 2 --save-dir " + run.string()).code == 0);
+    for (const char* resumed : {"", " --ffn 128"}) {
+      const fs::path copy = run.string() + (*resumed ? "_given" : "_derived");
+      fs::copy(run, copy, fs::copy_options::recursive);
+      const CmdResult r = train(args + resumed + " --steps 3 --resume --save-dir " + copy.string());
+      INFO("resumed with '" << resumed << "': " << r.out);
+      CHECK(r.code == 0);
+    }
+    expect_refused(args + " --ffn 192 --steps 3 --resume --save-dir " + run.string(),
+                   "ffn is 128 in the checkpoint but 192 in this run (--ffn)");
+  }
+  // A checkpoint from before the width was written held 0 for a derived one.
+  const fs::path old = d / "old";
+  REQUIRE(train(args + " --steps 2 --save-dir " + old.string()).code == 0);
+  const fs::path rank = old / "step_00000002" / "rank_0.json";
+  std::string j = strip_crc(ul::read_whole_file(rank.string()));
+  const size_t at = j.find("\"ffn\":128");
+  REQUIRE(at != std::string::npos);
+  j.replace(at, 9, "\"ffn\":0");
+  std::ofstream(rank) << j;
+  CHECK(train(args + " --ffn 128 --steps 3 --resume --save-dir " + old.string()).code == 0);
+}
+
 TEST_CASE("a damaged newest checkpoint: the refusal says how to resume from the one before", "[checkpoint]") {
   fs::path d = fresh_dir("older");
   REQUIRE(train(kArgs + " --steps 3 --save-every 1 --save-dir " + d.string()).code == 0);
