@@ -405,7 +405,9 @@ int meta_int(const SafetensorsFile& f, const char* key) {
 
 // The padded vocabulary and the checks every config read from a file gets, naming `where`.
 ModelConfig checked_config(ModelConfig c, const std::string& where) {
-  if (c.vocab < 1) throw std::runtime_error(where + ": vocab " + std::to_string(c.vocab) + " (must be >= 1)");
+  if (c.vocab < 1 || c.vocab > kMaxVocab)
+    throw std::runtime_error(where + ": vocab " + std::to_string(c.vocab) + " (must be in [1, " +
+                             std::to_string(kMaxVocab) + "])");
   c.padded_vocab = round_up(c.vocab, 128);  // as model_config pads: GEMM-friendly, pad rows never scored
   try {
     c.validate();

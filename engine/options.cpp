@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -169,7 +170,9 @@ long parse_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   errno = 0;
   long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end) throw std::runtime_error(flag + ": expected an integer, got '" + v + "'");
+  // (strtol skips leading blanks; a value is the characters given, so ' 5' is refused as '5 ' is)
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])) || *end)
+    throw std::runtime_error(flag + ": expected an integer, got '" + v + "'");
   if (errno == ERANGE) throw std::runtime_error(flag + ": " + v + " is out of range");
   return x;
 }
@@ -177,7 +180,9 @@ long parse_int(const std::string& flag, const std::string& v) {
 double parse_float(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end) throw std::runtime_error(flag + ": expected a number, got '" + v + "'");
+  // strtod also reads leading blanks and C's hex floats ('0x10' is 16): neither is a decimal number.
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])) || v.find_first_of("xX") != std::string::npos || *end)
+    throw std::runtime_error(flag + ": expected a number, got '" + v + "'");
   return x;
 }
 
@@ -185,7 +190,8 @@ double parse_float(const std::string& flag, const std::string& v) {
 // refused by a range check it meets (--lr 1e-50 "must be > 0"): say what happened instead.
 float to_float(const std::string& flag, const std::string& text, double x) {
   const float f = float(x);
-  if (std::isfinite(x) && ((x != 0 && f == 0) || std::isinf(f)))
+  // (a subnormal float, below about 1.2e-38, keeps only a few digits of the value given)
+  if (std::isfinite(x) && ((x != 0 && std::fabs(f) < std::numeric_limits<float>::min()) || std::isinf(f)))
     throw std::runtime_error(flag + ": " + text + " is outside the range of a float (magnitudes from about 1e-38 "
                              "to 3.4e38)");
   return f;
@@ -648,6 +654,9 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (o.heads > 0) c.heads = o.heads;
   if (o.kv_heads > 0) c.kv_heads = o.kv_heads;
   else if (c.arch == "gpt2") c.kv_heads = c.heads;
+  else if (o.heads > 0 && c.heads % c.kv_heads)  // the preset's grouping, which the user did not name
+    throw std::runtime_error("--heads " + std::to_string(c.heads) + ": the preset's " + std::to_string(c.kv_heads) +
+                             " kv heads do not divide it; give --kv-heads too (a divisor of --heads)");
   if (o.vocab > 0) c.vocab = o.vocab;
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   if (o.ffn > 0) c.ffn = o.ffn;
@@ -661,6 +670,8 @@ ModelConfig model_config(const Options& o, int data_vocab) {
     throw std::runtime_error("--ffn: gpt2's MLP is 4 x --dim; the width is a llama setting (--model llama)");
   if (c.arch == "gpt2" && o.max_seq <= 0 && c.max_seq < o.seq) c.max_seq = o.seq;
   // llm.c pads the vocabulary to a multiple of 128 for GEMM-friendly shapes; the pad rows are never scored.
+  if (c.vocab > kMaxVocab)
+    throw std::runtime_error("--vocab " + std::to_string(c.vocab) + ": at most " + std::to_string(kMaxVocab));
   c.padded_vocab = round_up(c.vocab, 128);
   if (c.vocab < data_vocab)
     throw std::runtime_error("--vocab " + std::to_string(c.vocab) + " is smaller than the data's vocabulary (" +

@@ -41,6 +41,7 @@ void ModelConfig::validate() const {
   if (!is_llama() && kv_heads != heads) bad("--kv-heads: gpt2 has no grouped-query attention (use --model llama)");
   if (is_llama() && head_dim() % 2) bad("llama: head dim (dim / heads) must be even for RoPE");
   if (vocab < 2) bad("--vocab must be >= 2");
+  if (vocab > kMaxVocab) bad("vocab " + std::to_string(vocab) + ": at most " + std::to_string(kMaxVocab));
   if (padded_vocab < vocab) bad("padded vocab smaller than vocab");
   if (max_seq < 1) bad("--max-seq must be >= 1");
   if (!is_llama() && tie_embeddings) bad("--tie-embeddings: gpt2 always ties its embeddings (a llama setting)");

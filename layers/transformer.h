@@ -28,6 +28,10 @@ namespace ul {
 
 class Comm;
 
+// The largest vocabulary a model takes (2^30; the largest real ones are about 2^18): its padding
+// to a multiple of 128 and the embedding's sort keys (row < 2^31) stay within int.
+constexpr int kMaxVocab = 1 << 30;
+
 struct ModelConfig {
   std::string arch = "gpt2";  // gpt2 | llama
   int layers = 2, dim = 128, heads = 4, kv_heads = 4;

@@ -143,6 +143,18 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   // A flag given twice counts as given last (a script appends overrides to a base line).
   CHECK(options("--steps 3 --lr 0.1 --steps 5").steps == 5);
   CHECK(options("--data recall --data passkey").data == "passkey");
+  // Numbers are decimal, as given: no hex floats, no leading blanks (strtod and strtol take both),
+  // no float so small it keeps only a few digits (a subnormal).
+  CHECK_THROWS_WITH(options("--lr 0x10"), Catch::Contains("--lr: expected a number, got '0x10'"));
+  CHECK_THROWS_WITH(options("--lr 0x1p-8"), Catch::Contains("--lr: expected a number, got '0x1p-8'"));
+  CHECK_THROWS_WITH(ul::parse_float("--lr", " 5"), Catch::Contains("--lr: expected a number, got ' 5'"));
+  CHECK_THROWS_WITH(ul::parse_int("--steps", " 3"), Catch::Contains("--steps: expected an integer, got ' 3'"));
+  CHECK_THROWS_WITH(options("--lr 1e-45"), Catch::Contains("--lr: 1e-45 is outside the range of a float"));
+  CHECK(options("--lr 2e-38").lr == 2e-38f);  // the smallest normal floats are still taken
+  // A vocabulary whose padding would overflow int; a preset's kv heads that a given --heads breaks
+  // (the message names the flag the user gave, not one the preset set).
+  expect_refused("--vocab 2147483647 --steps 1", "--vocab 2147483647: at most 1073741824");
+  expect_refused("--model llama --heads 1", "--heads 1: the preset's 2 kv heads do not divide it; give --kv-heads too");
   // A step whose loss or gradient norm is not finite stops the run, saying what to change.
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite");
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "try a lower --lr");
