@@ -244,7 +244,9 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
   const int64_t need = sample_positions();
   if (!cfg.is_llama() && need > cfg.max_seq)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
-                             std::to_string(o.sample) + " new tokens exceed the model's max sequence " + std::to_string(cfg.max_seq));
+                             std::to_string(o.sample) + " new tokens run the model at " + std::to_string(need) +
+                             " positions, past the model's max sequence " + std::to_string(cfg.max_seq) +
+                             " (gpt2 has learned positions)");
   if (need > INT32_MAX)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens exceed 2^31 - 1 positions");
@@ -308,7 +310,7 @@ void RunOutputs::print_sample(const float* host, const std::vector<ParamSpec>& s
   const bool say = !o_.quiet;
   SampleSettings s{o_.sample, o_.temperature, o_.top_k, o_.seed, o_.top_p};
   if (tok_ && tok_->vocab() < cfg_.vocab) s.vocab = tok_->vocab();  // ids it can decode
-  KvDecoder dec(cfg_, specs, host, int(prompt_.size()) + o_.sample);
+  KvDecoder dec(cfg_, specs, host, int(sample_positions()));
   dec.set_document_token(eot_);  // -1: one document
   // A book-length prompt takes minutes to prefill on a CPU: --heartbeat lines say how far it got.
   const int n = int(prompt_.size());

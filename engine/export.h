@@ -55,8 +55,9 @@ class RunOutputs {
   void finish(const float* host, const std::vector<ParamSpec>& specs) const;
   // --sample-every: the sample of the model at `step` of training, printed with the step.
   void sample(const float* host, const std::vector<ParamSpec>& specs, int step) const;
-  // The positions a --sample fills: the prompt and the new tokens (0 without --sample).
-  int64_t sample_positions() const { return o_.sample > 0 ? int64_t(prompt_.size()) + o_.sample : 0; }
+  // The positions a --sample runs the model at (0 without it): the prompt's and every new token's
+  // but the last, which is drawn and never fed back.
+  int64_t sample_positions() const { return o_.sample > 0 ? int64_t(prompt_.size()) + o_.sample - 1 : 0; }
 
  private:
   std::string decode(const std::vector<int>& ids) const;

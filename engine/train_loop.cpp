@@ -144,7 +144,7 @@ int train_rank(const Options& o, Comm& world) {
   // A gpt2's learned positions end at max_seq (a longer sample is refused); a llama's RoPE runs on,
   // but past the length it was trained or configured for, the text may be noise.
   if (model.cfg.is_llama() && outputs.sample_positions() > model.cfg.max_seq)
-    say("note    | --sample: the prompt and %d new tokens reach position %lld, past the model's max_seq %d (the "
+    say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the model's max_seq %d (the "
         "length it was trained or configured for): the sample past it tests extrapolation\n", o.sample,
         (long long)outputs.sample_positions(), model.cfg.max_seq);
   // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.

@@ -445,14 +445,22 @@ TEST_CASE("train --sample prints the prompt and its continuation, bad tokenizers
   CHECK(r.out.find(tok.path + ": llm.c tokenizer: vocab_size 300") != std::string::npos);
   CHECK(r.out.find("step ") == std::string::npos);
   r = run_cmd(train_cmd(common + " --model gpt2 --max-seq 32 --sample 40 --prompt 'hello'"));
-  CHECK(r.out.find("exceed the model's max sequence 32") != std::string::npos);
+  CHECK(r.out.find("new tokens run the model at 44 positions, past the model's max sequence 32") != std::string::npos);
+  // The last new token is drawn, never fed back: 5 + 40 tokens take 44 positions.
+  r = run_cmd(train_cmd(common + " --model gpt2 --max-seq 43 --sample 40 --prompt 'hello'"));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("new tokens run the model at 44 positions, past the model's max sequence 43") != std::string::npos);
+  r = run_cmd(train_cmd(common + " --model gpt2 --max-seq 44 --sample 40 --prompt 'hello'"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("sample  | 5 prompt + 40 new tokens") != std::string::npos);
   // A llama's RoPE runs past max_seq: sampled, with a note (none within it).
   r = run_cmd(train_cmd(common + " --model llama --max-seq 40 --sample 40 --prompt 'hello'"));
   CHECK(r.code == 0);
-  CHECK(r.out.find("note    | --sample: the prompt and 40 new tokens reach position 45, past the model's max_seq 40") !=
+  CHECK(r.out.find("note    | --sample: the prompt and 40 new tokens run the model at 44 positions, past the model's "
+                   "max_seq 40") !=
         std::string::npos);
   CHECK(r.out.find("sample  | 5 prompt + 40 new tokens") != std::string::npos);
-  r = run_cmd(train_cmd(common + " --model llama --max-seq 45 --sample 40 --prompt 'hello'"));
+  r = run_cmd(train_cmd(common + " --model llama --max-seq 44 --sample 40 --prompt 'hello'"));
   CHECK(r.code == 0);
   CHECK(r.out.find("past the model's max_seq") == std::string::npos);
   // A byte-level model prints bytes, NUL included (a "%s" printf once cut the line there, dropping
