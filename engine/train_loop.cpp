@@ -131,6 +131,9 @@ int train_rank(const Options& o, Comm& world) {
   if (o.steps > 0 && o.steps < o.warmup)
     say("note    | --steps %d < --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
         double(o.lr) * o.steps / o.warmup, double(o.lr));
+  else if (o.steps > 0 && o.steps == o.warmup && o.schedule != "constant")
+    say("note    | --steps %d = --warmup: the run ends as its warmup does, at --lr, with no %s decay\n", o.steps,
+        o.schedule.c_str());
   // --offload moves the block inputs the backward reads last: the final two stay on the device.
   if (o.offload && o.steps > 0 && model.cfg.layers <= 2)
     say("note    | --offload with %d layer(s) moves nothing to the host (the last two block inputs stay on the "

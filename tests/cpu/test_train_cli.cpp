@@ -114,6 +114,12 @@ TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
   REQUIRE(r.code == 0);  // a run that failed would print no note either
   CHECK(r.out.find("done | train loss") != std::string::npos);
   CHECK(r.out.find("inside the warmup") == std::string::npos);
+  CHECK(r.out.find("= --warmup") == std::string::npos);
+  // One as long as its warmup ends at --lr, its decay never begun.
+  r = run_cmd(train_cmd(base + "--batch 1 --steps 3 --warmup 3 --schedule wsd"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --steps 3 = --warmup: the run ends as its warmup does, at --lr, with no wsd decay") !=
+        std::string::npos);
   // A train split (56 sequences of 32 bytes) smaller than a step's 64: some repeat in every step.
   r = run_cmd(train_cmd(base + "--batch 32 --grad-accum 2 --steps 1 --warmup 1"));
   REQUIRE(r.code == 0);
