@@ -405,6 +405,30 @@ void Trainer::check_current(const char* what) const {
                            "or ContextGuard made on it since this one, still alive): one Trainer per thread at a time");
 }
 
+namespace {
+
+// While alive, the model's progress lines (--heartbeat) also name the batch of `n` reached
+// ("micro-batch 2/4, forward block 3/12"): a long eval or an accumulated step shows how far
+// through its batches it is. One batch says nothing more.
+class BatchProgress {
+ public:
+  BatchProgress(Transformer& model, const char* what, int n) : model_(model), outer_(model.progress), what_(what), n_(n) {
+    if (outer_ && n > 1) model_.progress = [this](const std::string& where) { outer_(label_ + where); };
+  }
+  ~BatchProgress() { model_.progress = outer_; }
+  BatchProgress(const BatchProgress&) = delete;
+  BatchProgress& operator=(const BatchProgress&) = delete;
+  void at(int k) { label_ = what_ + " " + std::to_string(k + 1) + "/" + std::to_string(n_) + ", "; }
+
+ private:
+  Transformer& model_;
+  std::function<void(const std::string&)> outer_;
+  std::string what_, label_;
+  int n_;
+};
+
+}  // namespace
+
 StepResult Trainer::step() {
   if (!opt_) throw std::logic_error("Trainer::step: this trainer was made for --steps 0 (no gradients or optimizer)");
   check_current("step");
@@ -447,7 +471,9 @@ StepResult Trainer::step() {
   r.packed = packed;
   model_->params.zero_grad();
   double loss_sum = 0;
+  BatchProgress batch(*model_, "micro-batch", A);
   for (int m = 0; m < A; m++) {
+    batch.at(m);
     ctx_.arena.reset();
     ctx_.arena.reset_high_water();
     Recording rec(true);
@@ -598,7 +624,9 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     std::fill(band_of.begin() + bands[k].first, band_of.begin() + bands[k].second, int(k));
   std::vector<float> row_loss;
   HostBatch hb;
+  BatchProgress batch(*model_, "batch", o_.eval_batches);
   for (int e = 0; e < o_.eval_batches; e++) {
+    batch.at(e);
     ctx_.arena.reset();
     // Every eval reads the same held-out sequences, so successive val losses are comparable.
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
