@@ -1,6 +1,8 @@
 #include "data/prepare.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,7 +147,10 @@ class ShardWriter {
     if (in_shard_ == 0) open(next_++);
     buf_.push_back(token);
     if (buf_.size() == 65536) flush();
-    if (--in_shard_ == 0) flush();
+    if (--in_shard_ == 0) {
+      flush();
+      close(current_);
+    }
   }
   // Creates shard i (its temporary and header); its tokens follow with write_raw.
   void open(size_t i) {
@@ -163,15 +168,16 @@ class ShardWriter {
     files_.at(current_)->write(le, n);
     bytes_[current_] += int64_t(n);
   }
+  // Shard i complete: its bytes on disk and its descriptor closed, so that a set of thousands of
+  // shards never holds more than one open (the open-file limit is often 1024).
+  void close(size_t i) {
+    check(i);
+    files_[i]->sync();
+  }
   const std::vector<std::string>& names() const { return names_; }  // the shards' final paths
   // Every shard's bytes on disk, still under their .tmp names; each must hold its tokens.
   void sync() {
-    for (size_t i = 0; i < files_.size(); i++) {
-      if (!files_[i] || bytes_[i] != tokens_in(i) * width_)
-        throw std::logic_error(names_[i] + ": " + std::to_string(bytes_[i] / width_) + " of its " +
-                               std::to_string(tokens_in(i)) + " tokens written");
-      files_[i]->sync();
-    }
+    for (size_t i = 0; i < files_.size(); i++) close(i);  // (each already is: AtomicFile::sync is idempotent)
   }
   // Renames every shard into place once all of them are complete.
   void commit(std::vector<std::string>& written) {
@@ -182,6 +188,11 @@ class ShardWriter {
 
  private:
   int64_t tokens_in(size_t i) const { return std::min(per_shard_, total_ - first_token(i)); }
+  void check(size_t i) const {
+    if (!files_.at(i) || bytes_[i] != tokens_in(i) * width_)
+      throw std::logic_error(names_[i] + ": " + std::to_string(bytes_[i] / width_) + " of its " +
+                             std::to_string(tokens_in(i)) + " tokens written");
+  }
   void flush() {
     // Little-endian on disk, as llm.c writes them, whatever this machine is.
     std::vector<uint8_t> le(buf_.size() * size_t(width_));
@@ -296,8 +307,21 @@ class OutputDir {
   OutputDir(const std::string& dir, const std::vector<std::string>& inputs) {
     if (const std::string why = made_.make(dir); !why.empty())
       throw std::runtime_error(dir + ": cannot create the output directory (" + why + ")");
+    // One prepare at a time in a directory: two share every temporary's name, and each would clear,
+    // shorten or remove the other's. The lock is the directory's own (flock on its descriptor), so
+    // nothing is left behind; the kernel drops it when the process ends, however it ends.
+    lock_.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock_.fd >= 0 && ::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+      throw std::runtime_error(dir + ": another train prepare is writing shards to this --out (two would remove "
+                               "each other's files): wait for it to end or pick another --out");
     std::vector<fs::path> stale;
     std::error_code ec;
+    // The marker's own names are prepare's: an input called so would be removed below.
+    for (const std::string& in : inputs)
+      for (const fs::path& own : {fs::path(dir) / kPrepareIncomplete, fs::path(dir) / (std::string(kPrepareIncomplete) + ".tmp")})
+        if (fs::equivalent(in, own, ec))
+          throw std::runtime_error(in + ": an input file named like prepare's own marker in --out " + dir +
+                                   " (which it would remove): move it or pick another --out");
     // A run killed while renaming its shards (kPrepareIncomplete): the shards it lists are part of
     // a set no run may train on; cleared, as its temporaries are.
     const fs::path marker = fs::path(dir) / kPrepareIncomplete;
@@ -335,7 +359,17 @@ class OutputDir {
   int cleared() const { return cleared_; }  // shards of an interrupted run removed
 
  private:
+  struct Fd {
+    int fd = -1;
+    Fd() = default;
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
   MadeDirs made_;  // (a throw above destroys it: what it made goes again)
+  Fd lock_;        // --out's descriptor, flocked (closed before made_ removes the directory)
   int cleared_ = 0;
 };
 
@@ -475,6 +509,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
       for (size_t i = w->count(); i-- > 0;) {
         w->open(i);
         spill->take_tail(split_start + w->first_token(i), [&](const uint8_t* le, size_t n) { w->write_raw(le, n); });
+        w->close(i);
         const auto now = clock::now();
         if (progress && now - last > std::chrono::seconds(5)) {  // a large corpus: minutes of copying
           std::printf("prepare | shards written: %.0f of %.0f MB\n", double(total - spill->count()) * w->width() / 1e6,

@@ -42,6 +42,7 @@ class TokenSpill {
                                                           std::to_string(count_) + " tokens");
     flush();
     std::ifstream in(tmp_, std::ios::binary);
+    if (!in) throw std::runtime_error(tmp_ + ": cannot open it to read the tokens back: " + std::strerror(errno));
     in.seekg(std::streamoff(from * width_));
     std::vector<uint8_t> chunk(kChunk);
     int64_t left = (count_ - from) * width_;
@@ -51,8 +52,9 @@ class TokenSpill {
       left -= in.gcount();
     }
     if (left != 0)
-      throw std::runtime_error(tmp_ + ": " + std::to_string(left / width_) + " of the " + std::to_string(count_) +
-                               " tokens written are missing on reading back (the disk or another process changed it)");
+      throw std::runtime_error(tmp_ + ": reading back tokens " + std::to_string(from) + " to " + std::to_string(count_) +
+                               ", " + std::to_string(left / width_) +
+                               " were missing (the disk or another process changed the file)");
     if (::truncate(tmp_.c_str(), off_t(from * width_)) != 0)
       throw std::runtime_error(tmp_ + ": cannot shorten it: " + std::strerror(errno));
     count_ = from;

@@ -7,6 +7,8 @@
 //     naming the problem, with nothing written.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -318,6 +320,50 @@ TEST_CASE("a prepare killed among its renames: shards: refuses the partial set, 
   CHECK(r.out.find("lists as a shard of an interrupted prepare (which it would remove)") != std::string::npos);
   CHECK(fs::exists(out + "/notes.txt"));
   CHECK(fs::exists(d.file("a.txt")));
+}
+
+TEST_CASE("prepare holds one shard open at a time, one prepare a directory, and never removes an input named as "
+          "its marker", "[prepare]") {
+  TempDir d;
+  {
+    std::ofstream f(d.file("a.txt"));
+    for (int i = 0; i < 300; i++) f << "the quick brown fox " << i << " jumps over the lazy dog\n";
+  }
+  // Hundreds of shards under an open-file limit of 64, bytes and BPE (the BPE cut kept every
+  // shard open until the end, then failed blaming the disk: "tokens ... missing on reading back").
+  const std::string tok = " --tokenizer " + ul_test::source_path("tests/data/bpe_tiny_tokenizer.bin");
+  for (const std::string& how : {std::string(), tok}) {
+    const std::string out = d.file(how.empty() ? "bytes" : "bpe");
+    auto r = run_cmd("ulimit -n 64 && " + train_cmd("prepare --shard-tokens 20 --out " + out + how + " " + d.file("a.txt")));
+    INFO(how << "\n" << r.out);
+    CHECK(r.code == 0);
+    CHECK(listing(out).size() > 200);
+  }
+  // Another prepare writing to --out (here: its lock held by this process) is refused before
+  // anything is touched.
+  const std::string busy = d.file("busy");
+  fs::create_directory(busy);
+  std::ofstream(busy + "/text_train_000000.bin.tmp") << "the other run's";
+  const int fd = ::open(busy.c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  auto r = run_cmd(train_cmd("prepare --out " + busy + " " + d.file("a.txt")));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find(busy + ": another train prepare is writing shards to this --out") != std::string::npos);
+  CHECK(listing(busy) == std::vector<std::string>{"text_train_000000.bin.tmp"});
+  ::close(fd);
+  // An input with the marker's name (or its temporary's) in --out is refused, not removed.
+  for (const char* name : {"prepare.incomplete", "prepare.incomplete.tmp"}) {
+    const std::string in = busy + "/" + name;
+    std::ofstream(in) << "some text of the user's, long enough for both splits\n";
+    r = run_cmd(train_cmd("prepare --out " + busy + " " + in));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find(in + ": an input file named like prepare's own marker") != std::string::npos);
+    CHECK(fs::exists(in));
+    fs::remove(in);
+  }
 }
 
 TEST_CASE("a val split too short for --seq fails at start-up, saying what to change", "[prepare]") {
