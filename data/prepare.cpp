@@ -317,8 +317,10 @@ class OutputDir {
     std::vector<fs::path> stale;
     std::error_code ec;
     // The marker's own names are prepare's: an input called so would be removed below.
+    const fs::path own_names[] = {fs::path(dir) / kPrepareIncomplete,
+                                  fs::path(dir) / (std::string(kPrepareIncomplete) + ".tmp")};
     for (const std::string& in : inputs)
-      for (const fs::path& own : {fs::path(dir) / kPrepareIncomplete, fs::path(dir) / (std::string(kPrepareIncomplete) + ".tmp")})
+      for (const fs::path& own : own_names)
         if (fs::equivalent(in, own, ec))
           throw std::runtime_error(in + ": an input file named like prepare's own marker in --out " + dir +
                                    " (which it would remove): move it or pick another --out");
@@ -502,8 +504,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     // Cut from the token file's end, the last shard first, the file shortened after each: the disk
     // holds the tokens once and a shard (a 10B-token corpus in uint16: 20 GB, not 40).
     using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
-    auto last = start;
+    auto last = clock::now();
     for (ShardWriter* w : {&val_w, &train_w}) {
       const int64_t split_start = w == &val_w ? train : 0;
       for (size_t i = w->count(); i-- > 0;) {

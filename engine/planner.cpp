@@ -285,6 +285,9 @@ MemoryPlan plan_memory(const PlanConfig& c) {
         p.sent.all_gather = comm_volume::all_gather(s, c.dtype, W);
         if (tail) p.sent.all_reduce += comm_volume::all_reduce(tail, DType::f32, W);
         if (tail) p.sent.broadcast = comm_volume::broadcast(tail, c.dtype, W, false);
+        // bf16: the masters are sharded, so the check that the update left them finite adds up
+        // the ranks' sums of squares (engine/trainer.cpp)
+        if (c.dtype == DType::bf16) p.sent.all_reduce += comm_volume::all_reduce(1, DType::f64, W);
       }
     }
   }

@@ -494,8 +494,9 @@ StepResult Trainer::step() {
     // adds the squares of its ZeRO shard (under ZeRO the only part of the gradient it holds
     // reduced), and the world adds the ranks' sums. So --zero 1 gives the norm's bits of --zero 0
     // where the backend's all-reduce and reduce-scatter add the ranks in the same order (with 3+
-    // MPI or NCCL processes they may not: README), and with them the clip factor's: a norm added in another order (the CUDA sum rounds in f32)
-    // differs in its last digits and moves every weight of every step after.
+    // MPI or NCCL processes they may not: README), and with them the clip factor's: a norm added
+    // in another order (the CUDA sum rounds in f32) differs in its last digits and moves every
+    // weight of every step after.
     const ZeroShard mine = zero_shard(P.numel(), g.world.size(), g.world.rank());
     double ss = sum_squares_on(P.device(), P.grad() + mine.lo, mine.hi - mine.lo);
     if (g.world.size() > 1) g.world.all_reduce(&ss, 1, DType::f64, ReduceOp::sum);

@@ -219,4 +219,34 @@ TEST_CASE("the planner's weights, gradients, AdamW state and arena are what the 
   }
 }
 
+TEST_CASE("the planner's bytes sent are a device step's, bf16 with sharded masters included", UL_CUDA_TEST_TAG
+          "[planner]") {
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"--model gpt2 --precision bf16", 2},
+      {"--model gpt2 --precision bf16 --zero 1", 2},  // + the weight check over the sharded masters
+      {"--model llama --precision bf16 --zero 1 --sp 2", 4},
+      {"--model llama --precision fp32 --zero 1", 2},
+  };
+  for (const auto& [args, ranks] : runs) {
+    Options o = ul_test::options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
+    LocalOptions lo;
+    lo.device = run_device(o);
+    std::vector<CommStats> sent(static_cast<size_t>(ranks), CommStats{});
+    run_local(ranks, [&](Comm& world) {
+      Trainer tr(o, world);
+      sent[size_t(world.rank())] = tr.step().sent;
+    }, lo);
+    PlanConfig pc = plan_config(o);
+    pc.world = ranks;
+    const MemoryPlan p = plan_memory(pc);
+    for (int r = 0; r < ranks; r++) {
+      INFO(args << " rank " << r);
+      CHECK(p.sent.all_reduce == sent[size_t(r)].all_reduce);
+      CHECK(p.sent.all_to_all == sent[size_t(r)].all_to_all);
+      CHECK(p.sent.reduce_scatter == sent[size_t(r)].reduce_scatter);
+      CHECK(p.sent.all_gather == sent[size_t(r)].all_gather);
+    }
+  }
+}
+
 }  // namespace memory_cases
