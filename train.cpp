@@ -3,8 +3,6 @@
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
 //   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -111,18 +109,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
 }
 #endif
 
-// OpenMP's threads spin at each barrier a while before they sleep (libgomp's default). On idle
-// cores that costs nothing, on busy ones everything: beside one other job on a 2-core machine the
-// default job ran 100 steps in 30 s instead of 11 s with passive waits, which on idle cores took
-// the same 6.6 s as spinning. libgomp reads its policy from the environment once, when it loads,
-// so train runs itself again with OMP_WAIT_POLICY=passive unless the user chose one.
-static void prefer_passive_waits(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || ::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-  ::execv("/proc/self/exe", argv);  // returns only if it failed: go on with the default
-}
-
 int main(int argc, char** argv) {
-  prefer_passive_waits(argv);
   try {
     // `train prepare ...`: text files -> byte-level llm.c shards (data/prepare.h), no training.
     if (argc > 1 && std::string(argv[1]) == "prepare") return prepare_main(argc - 1, argv + 1);

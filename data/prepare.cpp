@@ -312,8 +312,8 @@ class OutputDir {
     // nothing is left behind; the kernel drops it when the process ends, however it ends.
     lock_.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (lock_.fd >= 0 && ::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
-      throw std::runtime_error(dir + ": another train prepare is writing shards to this --out (two would remove "
-                               "each other's files): wait for it to end or pick another --out");
+      throw std::runtime_error(dir + ": another process holds this --out's lock (another train prepare writing "
+                               "shards? two would remove each other's files): wait for it to end or pick another --out");
     std::vector<fs::path> stale;
     std::error_code ec;
     // The marker's own names are prepare's: an input called so would be removed below.

@@ -42,7 +42,7 @@ std::string problem(const char* op, int M, int N, int K, bool ta, bool tb) {
          ", " + std::to_string(K) + ") x (" + std::to_string(K) + ", " + std::to_string(N) + ")";
 }
 
-void check_lt(cublasStatus_t st, const char* call, const std::string& what) {
+void check_lt(cublasStatus_t st, const std::string& call, const std::string& what) {
   if (st != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(what + ": " + call + " failed: " + cublasLtGetStatusString(st));
 }
@@ -227,12 +227,14 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
                           &found->second.algo, lt.workspace, kWorkspaceBytes, s);
   };
   cublasStatus_t st = matmul();
-  if (st != CUBLAS_STATUS_SUCCESS && found->second.epilogue_bias) {
+  if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) && found->second.epilogue_bias) {
     // The heuristic offered the bias epilogue but the call refused it (reported on some GPU and
     // library pairs): this problem adds its bias with gemm_bias_rows from now on. D is rewritten
     // whole (a bias comes without accumulate), so whatever the refused call left in it is gone.
+    const std::string refused = cublasLtGetStatusString(st);
     found->second = choose(false);
     st = matmul();
+    check_lt(st, "cublasLtMatmul (without the bias epilogue, which it refused first: " + refused + ")", what);
   }
   check_lt(st, "cublasLtMatmul", what);
 }

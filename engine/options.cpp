@@ -192,7 +192,7 @@ float to_float(const std::string& flag, const std::string& text, double x) {
   const float f = float(x);
   // (a subnormal float, below about 1.2e-38, keeps only a few digits of the value given)
   if (std::isfinite(x) && ((x != 0 && std::fabs(f) < std::numeric_limits<float>::min()) || std::isinf(f)))
-    throw std::runtime_error(flag + ": " + text + " is outside the range of a float (magnitudes from about 1e-38 "
+    throw std::runtime_error(flag + ": " + text + " is outside the range of a float (magnitudes from about 1.2e-38 "
                              "to 3.4e38)");
   return f;
 }
@@ -671,7 +671,8 @@ ModelConfig model_config(const Options& o, int data_vocab) {
   if (c.arch == "gpt2" && o.max_seq <= 0 && c.max_seq < o.seq) c.max_seq = o.seq;
   // llm.c pads the vocabulary to a multiple of 128 for GEMM-friendly shapes; the pad rows are never scored.
   if (c.vocab > kMaxVocab)
-    throw std::runtime_error("--vocab " + std::to_string(c.vocab) + ": at most " + std::to_string(kMaxVocab));
+    throw std::runtime_error((o.vocab > 0 ? "--vocab " : "the data's vocabulary ") + std::to_string(c.vocab) +
+                             ": at most " + std::to_string(kMaxVocab));
   c.padded_vocab = round_up(c.vocab, 128);
   if (c.vocab < data_vocab)
     throw std::runtime_error("--vocab " + std::to_string(c.vocab) + " is smaller than the data's vocabulary (" +

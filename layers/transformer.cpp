@@ -26,8 +26,10 @@
 namespace ul {
 
 int ModelConfig::ffn_dim() const {
-  if (!is_llama()) return 4 * dim;
-  return ffn > 0 ? ffn : round_up(8 * dim / 3, 64);
+  // In 64 bits: a file's header may name any dim (checked against the weights only after this).
+  const int64_t f = !is_llama() ? 4 * int64_t(dim) : ffn > 0 ? ffn : (8 * int64_t(dim) / 3 + 63) / 64 * 64;
+  if (f > INT32_MAX) throw std::runtime_error("dim " + std::to_string(dim) + ": an MLP " + std::to_string(f) + " wide");
+  return int(f);
 }
 
 void ModelConfig::validate() const {

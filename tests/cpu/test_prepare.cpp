@@ -350,7 +350,8 @@ TEST_CASE("prepare holds one shard open at a time, one prepare a directory, and 
   auto r = run_cmd(train_cmd("prepare --out " + busy + " " + d.file("a.txt")));
   INFO(r.out);
   CHECK(r.code == 1);
-  CHECK(r.out.find(busy + ": another train prepare is writing shards to this --out") != std::string::npos);
+  CHECK(r.out.find(busy + ": another process holds this --out's lock (another train prepare writing shards?") !=
+        std::string::npos);
   CHECK(listing(busy) == std::vector<std::string>{"text_train_000000.bin.tmp"});
   ::close(fd);
   // An input with the marker's name (or its temporary's) in --out is refused, not removed.

@@ -157,9 +157,21 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   CHECK_THROWS_WITH(ul::parse_int("--steps", " 3"), Catch::Contains("--steps: expected an integer, got ' 3'"));
   CHECK_THROWS_WITH(options("--lr 1e-45"), Catch::Contains("--lr: 1e-45 is outside the range of a float"));
   CHECK(options("--lr 2e-38").lr == 2e-38f);  // the smallest normal floats are still taken
+  // A model file's header may name any dim: the MLP's width is computed in 64 bits and refused
+  // past int (a fuzzed model.bin overflowed 8 x dim).
+  {
+    ul::ModelConfig huge;
+    huge.arch = "llama";
+    huge.dim = 2063597576;
+    CHECK_THROWS_WITH(huge.ffn_dim(), Catch::Contains("dim 2063597576: an MLP 5502926912 wide"));
+    huge.arch = "gpt2";
+    CHECK_THROWS_WITH(huge.ffn_dim(), Catch::Contains("an MLP 8254390304 wide"));
+  }
   // A vocabulary whose padding would overflow int; a preset's kv heads that a given --heads breaks
   // (the message names the flag the user gave, not one the preset set).
   expect_refused("--vocab 2147483647 --steps 1", "--vocab 2147483647: at most 1073741824");
+  CHECK_THROWS_WITH(ul::model_config(options("--model llama"), (1 << 30) + 1),  // from shard headers: no flag
+                    Catch::Contains("the data's vocabulary 1073741825: at most 1073741824"));
   expect_refused("--model llama --heads 1", "--heads 1: the preset's 2 kv heads do not divide it; give --kv-heads too");
   // A step whose loss or gradient norm is not finite stops the run, saying what to change.
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite");
