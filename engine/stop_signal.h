@@ -27,11 +27,12 @@ void clear_stop_signal();
 
 // TEST HOOK: with ULYSSES_TEST_HOLD=P1,P2,... train waits at each named point until a stop signal
 // has arrived (at most 60 s), so a test's signal lands there and nowhere else, however loaded the
-// machine: "start-up" (rank 0, before anything is loaded), "step N" (after step N's line), "length T"
-// (after that probe row), "save" (inside a
-// checkpoint's save: one a first signal made waits for a second, which ends the process or is noted
-// and the save goes on; a periodic save waits for a first). Each wait is announced on stderr ("test hold | POINT"), for a test to send its
-// signal on. Unset in normal use: then a call costs one string compare.
+// machine: "start-up" (rank 0, before anything is loaded), "step N" (after step N's line), "eval
+// batch N" (every rank, before an eval's micro-batch N, 1-based), "length T" (after that probe
+// row), "save" (inside a checkpoint's save: one a first signal made waits for a second, which ends
+// the process or is noted and the save goes on; a periodic save waits for a first). Each wait is
+// announced on stderr ("test hold | POINT"), for a test to send its signal on. Unset in normal use:
+// then a call costs one string compare.
 void test_hold(const std::string& point);
 
 }  // namespace ul

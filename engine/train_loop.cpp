@@ -271,14 +271,23 @@ int train_rank(const Options& o, Comm& world) {
   // One eval at `step`: its line, and after the run's last one the task's probes: the same eval with
   // one random setting held fixed (passkey: the needle at depths 0 to 1), one line saying where in
   // the context retrieval fails. The log record carries both.
+  // A stop signal cuts an eval short (Trainer::evaluate): nothing of it is logged, so a --resume
+  // from this step's checkpoint makes it whole (the made-up eval below).
+  auto say_cut = [&](const char* what, int step, const EvalResult& r, int of) {
+    say("%s %5d | cut short by %s before batch %d of %d | not logged%s\n", what, step, stop_signal_name(stop_signal()),
+        r.cut_at + 1, of, o.save_dir.empty() || step == 0 ? "" : " (a --resume makes it)");
+  };
   auto run_eval = [&](int step, bool last) {
     beat.begin("eval " + std::to_string(step));
+    EvalResult now;
     try {
-      ev = tr.evaluate();
+      now = tr.evaluate();
     } catch (const std::exception& e) {
       log_error(log.get(), step, std::string("eval: ") + e.what());  // as a step's: the log says why
       throw;
     }
+    if (now.cut_short()) return say_cut("eval ", step, now, o.eval_batches);
+    ev = std::move(now);
     have_eval = true, final_eval = last;
     if (synthetic)
       say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", step, ev.loss, 100.0 * ev.accuracy,
@@ -294,6 +303,10 @@ int train_rank(const Options& o, Comm& world) {
     for (const auto& [name, data] : probes) {
       beat.begin("probe " + name);
       const EvalResult e = tr.evaluate(*data);
+      if (e.cut_short()) {  // the eval is left unlogged with its probes: the resume makes both
+        final_eval = false;
+        return say_cut("probe", step, e, o.eval_batches);
+      }
       ev.probes.emplace_back(name, e.accuracy);
       char cell[96];
       std::snprintf(cell, sizeof cell, " | %s: %.2f%%", name.c_str(), 100.0 * e.accuracy);
@@ -430,7 +443,7 @@ int train_rank(const Options& o, Comm& world) {
         const float* host = tr.host_weights(lead, copy);  // collective when the masters are sharded
         if (lead) outputs.sample(host, model.params.specs(), s + 1);
       }
-      if (evals || samples) {  // a signal during a long eval or sample stops the run now, not a step later
+      if (evals || samples) {  // a signal during an eval (which it cut short) or a sample stops the run now, not a step later
         sig = agreed_stop_signal();
         if (sig && !saved && !o.save_dir.empty()) save();
       }

@@ -24,6 +24,7 @@
 #include "engine/llmc_format.h"
 #include "engine/planner.h"
 #include "engine/ranks_agree.h"
+#include "engine/stop_signal.h"
 #include "layers/rope.h"
 #include "parallel/data_parallel.h"
 #include "parallel/ulysses.h"
@@ -640,8 +641,14 @@ EvalResult Trainer::evaluate(const Dataset& data) {
       load_error = ex.what();
     }
     // Before the forward's collectives: a rank that could not read its sequences (a bad token id
-    // in the val files) fails every rank here, with its message, as in step().
-    global_count(g.world, 0, load_error);
+    // in the val files) fails every rank here, with its message, as in step(). The same all-reduce
+    // carries the stop signal, so every rank leaves the eval before the same micro-batch.
+    test_hold("eval batch " + std::to_string(e + 1));
+    if (global_count(g.world, stop_signal() != 0, load_error) > 0) {
+      EvalResult cut;
+      cut.cut_at = e;
+      return cut;
+    }
     ModelInputs in = device_inputs(ctx_, hb);
     if (!bands.empty()) {
       row_loss.assign(hb.targets.size(), 0.f);

@@ -67,6 +67,10 @@ struct EvalResult {
   std::vector<PositionLoss> by_position;  // --loss-by-position: position_bands(--seq), empty otherwise
   // After a run's last eval: the accuracy on each of the task's probes (Dataset::probes), by name.
   std::vector<std::pair<std::string, double>> probes;
+  // A stop signal (engine/stop_signal.h) came: every rank left the eval before micro-batch
+  // `cut_at` (0-based; the ranks agree on it), and the fields above hold nothing.
+  int cut_at = -1;
+  bool cut_short() const { return cut_at >= 0; }
 };
 
 class Trainer {
@@ -80,8 +84,11 @@ class Trainer {
   // One optimizer step on the G = batch x grad_accum x dp sequences from next_sequence() on
   // (this rank's: micro-batch m of dp rank r starts at next_sequence() + (m dp + r) batch).
   StepResult step();
-  EvalResult evaluate() { return evaluate(*val_); }  // eval_batches micro-batches of the val split, no tape
-  EvalResult evaluate(const Dataset& data);           // the same on another dataset (a probe of the task)
+  // eval_batches micro-batches of the val split, no tape. A stop signal cuts it short between
+  // micro-batches (EvalResult::cut_at): an eval of many long sequences can outlast a scheduler's
+  // grace period, which is for the checkpoint.
+  EvalResult evaluate() { return evaluate(*val_); }
+  EvalResult evaluate(const Dataset& data);  // the same on another dataset (a probe of the task)
   int steps_done() const { return step_; }
   // For checkpoints (engine/checkpoint.h): the next step() is step `s` + 1, with its learning rate,
   // training on the sequences from `next_sequence` on; the caller restores the parameters and the

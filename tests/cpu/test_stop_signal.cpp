@@ -207,6 +207,54 @@ TEST_CASE("a stop signal during a periodic save stops once that save is done, no
   CHECK_FALSE(fs::exists(fs::path(dir / "run") / "step_00000004"));
 }
 
+// step -> the val loss text of a run log's eval records.
+static std::map<std::string, std::string> val_losses(const std::string& log) {
+  std::map<std::string, std::string> out;
+  for (const LogRecord& r : read_run_log(log))
+    if (r.at("type") == "eval") out[r.at("step")] = r.at("val_loss");
+  return out;
+}
+
+TEST_CASE("a stop signal during an eval cuts it short: saved, not logged, and the resume makes it whole", "[stop][cli]") {
+  // An eval of many long sequences can outlast a scheduler's grace period. Held before the eval's
+  // second of 3 micro-batches at step 2 (sp 2: both ranks leave at the same one, or the other waits
+  // in a collective). At the last step the cut eval is the final one: the training is done, and a
+  // resume with no step left makes it.
+  struct Case { const char* layout; int steps; const char* said; };
+  for (const Case& k : {Case{"", 4, "stopped | SIGTERM after step 2 of 4 | checkpoint "},
+                        Case{" --ranks 2 --sp 2", 2, "stopped | SIGTERM after the last step (2) | checkpoint "}}) {
+    CAPTURE(k.layout);
+    ul_test::TempDir dir;
+    const std::string common = "--steps " + std::to_string(k.steps) +
+                               " --eval-every 2 --eval-batches 3 --threads 1 --batch 2 --seq 128" + k.layout;
+    const ul_test::CmdResult whole = ul_test::run_cmd(ul_test::train_cmd(common + " --log " + dir / "whole.jsonl"));
+    REQUIRE(whole.code == 0);
+    const std::string save = " --save-dir " + dir / "run";
+    const Stopped s = run_and_signal(common + save, "test hold | eval batch 2", SIGTERM, 0, "eval batch 2");
+    INFO(s.out);
+    REQUIRE(WIFEXITED(s.status));
+    CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
+    CHECK(s.out.find("eval      2 | cut short by SIGTERM before batch 2 of 3 | not logged (a --resume makes it)") !=
+          std::string::npos);
+    CHECK(s.out.find("eval      2 | val loss") == std::string::npos);
+    CHECK(s.out.find(k.said) != std::string::npos);
+    CHECK(fs::exists(fs::path(dir / "run") / "step_00000002" / "COMPLETE"));
+    CHECK(val_losses(dir / "run/log.jsonl").empty());
+    const std::vector<LogRecord> log = read_run_log(dir / "run/log.jsonl");
+    REQUIRE(!log.empty());
+    CHECK(log.back().at("type") == "stop");
+    CHECK(log.back().at("step") == "2");
+    // The resume makes the eval first, then trains on: the val history of the run never stopped.
+    const ul_test::CmdResult rest = ul_test::run_cmd(ul_test::train_cmd(common + save + " --resume"));
+    INFO(rest.out);
+    REQUIRE(rest.code == 0);
+    CHECK(rest.out.find("eval      2 | val loss") != std::string::npos);
+    const std::map<std::string, std::string> want = val_losses(dir / "whole.jsonl");
+    CHECK(want.size() == size_t(k.steps / 2));
+    CHECK(val_losses(dir / "run/log.jsonl") == want);
+  }
+}
+
 TEST_CASE("a stop signal at the last step or during the probes: the checkpoint is kept, the rest skipped", "[stop][cli]") {
   // The signal goes out when the last step's line is printed (it lands at the step boundary, before
   // the final eval) or the first length probe's (it lands before the six others): train holds at
