@@ -20,7 +20,7 @@ class Dataset {
   // inputs[0..T), targets[0..T): targets[t] is the token that follows inputs[t], or -1 (ignored).
   // Indices past one epoch wrap into the next epoch (reshuffled where the source shuffles).
   virtual void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const = 0;
-  virtual bool synthetic() const { return false; }  // evals report exact-match accuracy when true
+  virtual bool synthetic() const { return false; }  // evals report the accuracy over answer tokens when true
   // Whether each epoch reads the sequences in an order of its own (shards: train), not in place order.
   virtual bool shuffled() const { return false; }
   // Whether sequence i + 1 at length T starts at sequence i's last target (the two tile one

@@ -309,7 +309,11 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const JsonValue* v = j.find(key);
     refuse_unless(!v || std::fabs(v->as_double(where + ": " + key) - 1e-5) < 1e-12, std::string(key) + " is not 1e-5");
   };
-  const std::string type = get("model_type").as_string(where + ": model_type");
+  std::string type = get("model_type").as_string(where + ": model_type");
+  // transformers' AutoConfig loads a mistral config that has the key layer_types (null included)
+  // as Ministral's, which follows it (configuration_auto.py, 5.24): Ministral-8B's files say
+  // "mistral" and list their layers. MistralForCausalLM itself would ignore the list.
+  if (type == "mistral" && j.find("layer_types")) type = "ministral";
   ModelConfig c;
   if (type == "gpt2") {
     c.arch = "gpt2";
@@ -347,8 +351,8 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
                 : c.qkv_bias                        ? 32768
                                                     : 2048;
     c.norm_eps = 1e-6f;  // all three configs' default rms_norm_eps
-    // Mistral: one window for every layer (MistralModel builds one mask, whatever layer_types says);
-    // Ministral: layer_types, every layer sliding when it is absent (MinistralConfig's default).
+    // Mistral (no layer_types: above): one window for every layer; Ministral: layer_types, every
+    // layer sliding when it is absent or null and there is a window (MinistralConfig's default).
     if (type == "mistral") c.sliding_window = hf_window_size(j, where);
     if (type == "ministral") {
       const int window = hf_window_size(j, where);

@@ -134,7 +134,7 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records) {
   }
   s += "</g>\n";
   s += "<text x=\"12\" y=\"" + fmt("%.2f", H - 16) + "\" fill=\"#555\">" +
-       (accuracy ? std::string("red: 0%, green: 100% (exact-match accuracy over the scored answers)")
+       (accuracy ? std::string("red: 0%, green: 100% (accuracy over the scored answer tokens)")
                  : "green: the lowest loss in the table (" + fmt("%.4f", lo) + "), red: the highest (" + fmt("%.4f", hi) + ")") +
        "</text>\n</svg>\n";
   return s;

@@ -107,7 +107,7 @@ int train_rank(const Options& o, Comm& world) {
   const RunOutputs outputs(o, tr.model().cfg, tr.document_start(), &world, tr.decoder_room(false), weights_copied);
   Grid& g = tr.grid();
   Transformer& model = tr.model();
-  const bool synthetic = tr.val_data().synthetic();  // evals report exact-match accuracy
+  const bool synthetic = tr.val_data().synthetic();  // evals report the accuracy over answer tokens
   // Every rank on this machine decodes at once: each gets its share of the memory.
   check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.decoder_room(true), weights_copied);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);

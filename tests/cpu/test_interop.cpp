@@ -415,9 +415,10 @@ TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral 
   CHECK(read_with("\"head_dim\":8,", "\"head_dim\":null,").describe() == x.cfg.describe());
   CHECK(read_with("\"rms_norm_eps\":1e-06,", "").norm_eps == 1e-6f);
   CHECK(read_with("\"max_position_embeddings\":16,", "").max_seq == 131072);
-  // MistralModel builds one mask for every layer, whatever layer_types says (it only warns).
+  // With layer_types, AutoConfig reads a mistral config as Ministral's, which follows them (5.24;
+  // MistralModel alone would build one mask for every layer): here no layer slides.
   CHECK(read_with("\"sliding_window\":6,", "\"sliding_window\":6,\"layer_types\":[\"full_attention\",\"full_attention\"],")
-            .sliding_window == 6);
+            .sliding_window == 0);
   // What ulysses would run differently (or transformers could not run) is refused, naming the field.
   CHECK_THROWS_WITH(read_with("\"sliding_window\":6,", "\"sliding_window\":0,"),
                     Catch::Contains("config.json") && Catch::Contains("sliding_window 0 is not a positive int or null"));
@@ -459,6 +460,19 @@ TEST_CASE("HF configs: a llama with layers outside its window is written as mini
   // MinistralConfig: without layer_types every layer slides.
   const ModelConfig all = x.read_replaced("\"layer_types\":[\"sliding_attention\",\"full_attention\"],", "");
   CHECK((all.sliding_window == 6 && all.full_every == 0));
+  // model_type mistral with layer_types (Ministral-8B's files): AutoConfig makes it Ministral's, so
+  // layer 1 goes without the window; with layer_types null every layer slides.
+  const std::string named = "\"architectures\":[\"MinistralForCausalLM\"],\"model_type\":\"ministral\"";
+  const std::string as_mistral = "\"architectures\":[\"MistralForCausalLM\"],\"model_type\":\"mistral\"";
+  CHECK(x.read_replaced(named, as_mistral).describe() == x.cfg.describe());
+  const ModelConfig nulled = x.read_with([&] {
+    std::string t = x.json;
+    t.replace(t.find(named), named.size(), as_mistral);
+    const std::string types = "\"layer_types\":[\"sliding_attention\",\"full_attention\"]";
+    t.replace(t.find(types), types.size(), "\"layer_types\":null");
+    return t;
+  }());
+  CHECK((nulled.sliding_window == 6 && nulled.full_every == 0));
 }
 
 TEST_CASE("HF configs: qwen2's window by transformers 5.24's rule, the layers without it, what ulysses cannot hold refused",
