@@ -528,7 +528,9 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--prompt") && o.set_by_user("--prompt-file"))
     throw std::runtime_error("--prompt and --prompt-file both give the prompt: keep one");
   for (const char* f : {"--prompt", "--prompt-file", "--sample-every", "--temperature", "--top-k", "--top-p", "--tokenizer"})
-    if (o.set_by_user(f) && o.sample <= 0) throw std::runtime_error(std::string(f) + " needs --sample N");
+    if (o.set_by_user(f) && o.sample <= 0)
+      throw std::runtime_error(std::string(f) + " needs --sample N" +
+                               (o.set_by_user("--sample") ? " with N > 0 (--sample 0 samples nothing)" : ""));
   // The checkpoint decides the model's shape; a shape flag beside it would be silently ignored.
   // (--rope-theta and --rope-scaling are not shape: they override a llama checkpoint's RoPE, which
   // is how a model's context is extended; --sliding-window and --full-attention-* likewise change

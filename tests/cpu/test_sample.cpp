@@ -566,6 +566,9 @@ TEST_CASE("train --sample-every prints a sample every K steps and at the end, un
   CmdResult r = run_cmd(train_cmd("--steps 2 --sample-every 1"));
   CHECK(r.code != 0);
   CHECK(r.out.find("--sample-every needs --sample N") != std::string::npos);
+  r = run_cmd(train_cmd("--steps 2 --sample 0 --prompt ids:1"));  // given, but 0: says so
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--prompt needs --sample N with N > 0 (--sample 0 samples nothing)") != std::string::npos);
   r = run_cmd(train_cmd("--steps 2 --sample 2 --prompt ids:1 --sample-every -1"));
   CHECK(r.out.find("--sample-every must be >= 0") != std::string::npos);
   r = run_cmd(train_cmd("--steps 0 --sample 2 --prompt ids:1 --sample-every 1"));
