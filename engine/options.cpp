@@ -62,10 +62,12 @@ data and loop
                                                                                      [cosine]
   --decay-frac X      wsd: the fraction of --steps that decays                            [0.2]
   --final-lr-frac X   the decay's end, a fraction of --lr (cosine, wsd)                   [0.1]
-  --weight-decay X    AdamW decoupled decay on 2-D weights                                [0.1]
+  --weight-decay X    AdamW decoupled decay on the weight matrices and embeddings (not on
+                      norms and biases)                                                   [0.1]
   --grad-clip X       clip the gradient global norm (0: off)                              [1.0]
   --beta1 X --beta2 X AdamW's first and second moment decays                       [0.9, 0.95]
-  --adam-eps X        AdamW's floor under sqrt(v): the update is m / (sqrt(v) + eps)      [1e-8]
+  --adam-eps X        AdamW's floor under sqrt(v): the update is m^ / (sqrt(v^) + eps), m^ and
+                      v^ bias-corrected                                                   [1e-8]
   --seed N                                                                                [1337]
   --threads N         OpenMP threads per rank (0: the cores / the ranks on this machine)  [0]
   --device cpu|cuda   where the model runs (cuda: a build with -DULYSSES_CUDA=ON, or the

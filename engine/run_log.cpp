@@ -98,6 +98,7 @@ void add_position_losses(JsonLine& j, const std::vector<PositionLoss>& bands) {
 void RunLog::eval(int step, const EvalResult& e) {
   JsonLine j;
   j.add("type", "eval").add("step", step).add("val_loss", e.loss).add("accuracy", e.accuracy);
+  if (e.whole_answers > 0) j.add("whole_accuracy", e.whole_accuracy).add("whole_answers", e.whole_answers);
   add_accuracies(j, e.probes);
   add_position_losses(j, e.by_position);
   line(j.str());

@@ -4,7 +4,8 @@
 //   {"type":"step","step":12,"loss":..,"grad_norm":..,"lr":..,"ms":..,"tok_per_s":..,
 //    "act_mib":..,"a2a_mib":..,"ar_mib":..}   (with --zero 1 also "rs_mib":..,"ag_mib":..: the
 //    gradients' reduce-scatter and the weights' all-gather)
-//   {"type":"eval","step":100,"val_loss":..,"accuracy":..}   (the last eval of a passkey run also
+//   {"type":"eval","step":100,"val_loss":..,"accuracy":..}   (a task's also "whole_accuracy":..,
+//    "whole_answers":..: the answers with every token right; the last eval of a passkey run also
 //    "acc_depth_0":.., "acc_depth_0.25":.. .. "acc_depth_1":..: its probes, train_loop.cpp; with
 //    --loss-by-position "val_loss_pos_0":.., "val_loss_pos_64":.., ...: each band's val loss, by its
 //    first position)

@@ -290,8 +290,8 @@ int train_rank(const Options& o, Comm& world) {
     ev = std::move(now);
     have_eval = true, final_eval = last;
     if (synthetic)
-      say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answers\n", step, ev.loss, 100.0 * ev.accuracy,
-          (long long)ev.answers);
+      say("eval  %5d | val loss %.4f | accuracy %.2f%% over %lld answer tokens | whole answers %.2f%% of %lld\n", step,
+          ev.loss, 100.0 * ev.accuracy, (long long)ev.answers, 100.0 * ev.whole_accuracy, (long long)ev.whole_answers);
     else
       say("eval  %5d | val loss %.4f\n", step, ev.loss);
     if (!ev.by_position.empty())  // --loss-by-position: one line of bands
@@ -313,7 +313,7 @@ int train_rank(const Options& o, Comm& world) {
       line += cell;
       answers = e.answers;
     }
-    if (!probes.empty()) say("probe %5d%s (accuracy, %lld answers each)\n", step, line.c_str(), (long long)answers);
+    if (!probes.empty()) say("probe %5d%s (accuracy, %lld answer tokens each)\n", step, line.c_str(), (long long)answers);
     if (log) log->eval(step, ev);
   };
   int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
@@ -497,7 +497,7 @@ int train_rank(const Options& o, Comm& world) {
         line += cell;
       }
       if (synthetic) {
-        say("length %6d%s | val loss %.4f (accuracy, %lld answers each; %.1f s)\n", T, line.c_str(), p.loss,
+        say("length %6d%s | val loss %.4f (accuracy, %lld answer tokens each; %.1f s)\n", T, line.c_str(), p.loss,
             (long long)p.answers, (now_ms() - t0) / 1000);
       } else {
         say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
@@ -558,7 +558,7 @@ int train_rank(const Options& o, Comm& world) {
     else std::printf("%s | train loss %.4f -> %.4f", paused ? "paused " : "done", first_loss, last_loss);
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);
-      if (synthetic) std::printf(" | val accuracy %.2f%%", 100.0 * ev.accuracy);
+      if (synthetic) std::printf(" | val accuracy %.2f%% (whole answers %.2f%%)", 100.0 * ev.accuracy, 100.0 * ev.whole_accuracy);
     }
     if (!eval_at_zero && epoch_now() >= 0) std::printf(" | epoch %.2f", epoch_now());
     if (paused)

@@ -40,21 +40,26 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
   hb.idx.resize(size_t(B) * Tl);
   hb.targets.resize(size_t(B) * Tl);
   hb.pos.resize(size_t(B) * Tl);
+  hb.answer.resize(size_t(B) * Tl);
+  hb.answers = 0;
   hb.pos_full.resize(size_t(B) * T);
   hb.doc_full.resize(eot >= 0 ? size_t(B) * T : 0);
   hb.valid = 0;
-  std::vector<int32_t> in(T), tg(T), doc(T), pos(T);
+  std::vector<int32_t> in(T), tg(T), doc(T), pos(T), answer(T);
   for (int b = 0; b < B; b++) {
     // Targets are shifted over the WHOLE sequence before it is sliced: no target is lost at a
     // slice boundary (README, "Sequence and data parallelism": the loss over every valid target of the step).
     data.sequence(first + b, T, in.data(), tg.data());
     // Every rank reads the whole sequence, so each knows the document layout of all T tokens.
     document_layout(in.data(), T, eot, doc.data(), pos.data());
+    for (int t = 0; t < T; t++)
+      answer[t] = tg[t] < 0 ? -1 : t > 0 && tg[t - 1] >= 0 ? answer[t - 1] : hb.answers++;
     for (int t = 0; t < Tl; t++) {
       size_t k = size_t(b) * Tl + t;
       hb.idx[k] = in[t0 + t];
       hb.targets[k] = tg[t0 + t];
       hb.pos[k] = pos[t0 + t];
+      hb.answer[k] = answer[t0 + t];
       hb.valid += tg[t0 + t] >= 0;
     }
     std::copy(pos.begin(), pos.end(), hb.pos_full.begin() + size_t(b) * T);
@@ -619,10 +624,15 @@ EvalResult Trainer::evaluate(const Dataset& data) {
   check_current("evaluate");
   Grid& g = grid_;
   Recording off(false);
-  // loss_sum, valid, correct; then with --loss-by-position (loss_sum, valid) per band.
+  // loss_sum, valid, correct, whole answers right, answers; then with --loss-by-position
+  // (loss_sum, valid) per band.
+  constexpr size_t kBand0 = 5;
   std::vector<std::pair<int, int>> bands;
   if (o_.loss_by_position) bands = position_bands(o_.seq);
-  std::vector<double> sums(3 + 2 * bands.size(), 0.0);
+  std::vector<double> sums(kBand0 + 2 * bands.size(), 0.0);
+  const bool answers = data.synthetic();  // whole answers: a task's (text's targets are all one run)
+  std::vector<uint8_t> row_hit;
+  std::vector<double> misses;
   std::vector<int> band_of(bands.empty() ? 0 : o_.seq);  // position -> band
   for (size_t k = 0; k < bands.size(); k++)
     std::fill(band_of.begin() + bands[k].first, band_of.begin() + bands[k].second, int(k));
@@ -654,17 +664,33 @@ EvalResult Trainer::evaluate(const Dataset& data) {
       row_loss.assign(hb.targets.size(), 0.f);
       in.row_loss = row_loss.data();
     }
+    if (answers) {
+      row_hit.assign(hb.targets.size(), 0);
+      in.row_hit = row_hit.data();
+    }
     CrossEntropyStats s = model_->forward(in, 0.0f, g.sp_group.get());
     sums[0] += s.loss_sum;
     sums[1] += double(s.n_valid);
     sums[2] += double(s.n_correct);
+    if (answers) {
+      // An answer is right when all its targets are, on whichever sp ranks they lie: the group adds
+      // up each answer's misses, and its first rank counts the answers with none.
+      misses.assign(size_t(hb.answers), 0.0);
+      for (size_t i = 0; i < row_hit.size(); i++)
+        if (hb.answer[i] >= 0 && !row_hit[i]) misses[size_t(hb.answer[i])] += 1;
+      if (g.sp > 1 && !misses.empty()) g.sp_group->all_reduce(misses.data(), misses.size(), DType::f64, ReduceOp::sum);
+      if (g.sp_rank == 0) {
+        for (double m : misses) sums[3] += m == 0;
+        sums[4] += double(hb.answers);
+      }
+    }
     // This rank's tokens, by the position each one's prediction is made from (hb.pos: in the
     // document with --doc-mask, global in the sequence under sp).
     for (size_t i = 0; i < row_loss.size(); i++) {  // empty without bands
       if (hb.targets[i] < 0) continue;
       const int k = band_of[hb.pos[i]];
-      sums[3 + 2 * k] += row_loss[i];
-      sums[4 + 2 * k] += 1;
+      sums[kBand0 + 2 * k] += row_loss[i];
+      sums[kBand0 + 1 + 2 * k] += 1;
     }
   }
   g.world.all_reduce(sums.data(), sums.size(), DType::f64, ReduceOp::sum);
@@ -674,13 +700,15 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     r.loss = sums[0] / sums[1];
     r.accuracy = sums[2] / sums[1];
   }
+  r.whole_answers = int64_t(sums[4]);
+  if (sums[4] > 0) r.whole_accuracy = sums[3] / sums[4];
   // Every rank has the sums: all fail together, as a step with a loss that is not finite does.
   if (!std::isfinite(r.loss))
     throw JobError("the val loss is not finite (" + std::to_string(r.loss) + " over " + std::to_string(r.answers) +
                    " targets): the weights' outputs overflow");
   for (size_t k = 0; k < bands.size(); k++) {
-    const double n = sums[4 + 2 * k];
-    r.by_position.push_back({bands[k].first, bands[k].second, n > 0 ? sums[3 + 2 * k] / n : 0.0, int64_t(n)});
+    const double n = sums[kBand0 + 1 + 2 * k];
+    r.by_position.push_back({bands[k].first, bands[k].second, n > 0 ? sums[kBand0 + 2 * k] / n : 0.0, int64_t(n)});
   }
   return r;
 }

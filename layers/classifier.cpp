@@ -33,11 +33,11 @@ size_t scratch_elems(int R, int C, int V) { return size_t(R) * V + 2 * size_t(R)
 
 // Softmax + cross-entropy over the rows of one chunk, in place: on entry L holds the logits
 // (R, V); on exit, when `grad`, it holds dlogits = (p - onehot(target)) * grad_scale.
-// tg: the R targets, all valid. Adds each row's loss and hit into the stats; row_loss (R, may be
-// null) gets each row's loss.
+// tg: the R targets, all valid. Adds each row's loss and hit into the stats; row_loss and row_hit
+// (R each, may be null) get each row's loss and hit.
 template <class T>
 void softmax_xent_rows(T* L, const int32_t* tg, int R, int V, T grad_scale, bool grad, CrossEntropyStats& st,
-                       float* row_loss) {
+                       float* row_loss, uint8_t* row_hit) {
   // Per-row results, summed serially afterwards: the loss does not depend on the thread count.
   std::vector<double> loss(R);
   std::vector<char> hit(R);
@@ -68,20 +68,24 @@ void softmax_xent_rows(T* L, const int32_t* tg, int R, int V, T grad_scale, bool
     st.loss_sum += loss[r];
     st.n_correct += hit[r];
     if (row_loss) row_loss[r] = float(loss[r]);
+    if (row_hit) row_hit[r] = uint8_t(hit[r]);
   }
 }
 
 // The chunked algorithm behind both the CPU function and the op. Ignored rows are left out of
 // every GEMM: the rows with a valid target are taken chunk_rows at a time; a chunk whose rows are
 // contiguous in x is used in place, another one is gathered into scratch (and its dx scattered back).
-// scratch: scratch_elems(chunk_rows, C, V) elements. dx (N, C), dw (>= V, C) and row_loss (N, host)
-// may be null.
+// scratch: scratch_elems(chunk_rows, C, V) elements. dx (N, C), dw (>= V, C), row_loss and row_hit
+// (N each, host) may be null.
 template <class T>
 CrossEntropyStats classifier_chunks(T* scratch, T* dx, T* dw, const T* x, const T* w, const int32_t* targets, int N,
-                                    int C, int V, T grad_scale, int chunk_rows, float* row_loss) {
+                                    int C, int V, T grad_scale, int chunk_rows, float* row_loss,
+                                    uint8_t* row_hit) {
   CrossEntropyStats st;
-  if (row_loss) std::fill_n(row_loss, N, 0.f);  // ignored rows: no loss
+  if (row_loss) std::fill_n(row_loss, N, 0.f);  // ignored rows: no loss, no hit
+  if (row_hit) std::fill_n(row_hit, N, uint8_t(0));
   std::vector<float> chunk_loss(row_loss ? std::min(chunk_rows, N) : 0);
+  std::vector<uint8_t> chunk_hit(row_hit ? std::min(chunk_rows, N) : 0);
   std::vector<int> rows_v;  // indices of the valid rows
   std::vector<int32_t> tg;  // their targets
   rows_v.reserve(N);
@@ -106,9 +110,10 @@ CrossEntropyStats classifier_chunks(T* scratch, T* dx, T* dw, const T* x, const 
     }
     // The GEMMs are those of a linear layer without bias: x (R, C) -> logits (R, V) with weight w[0:V].
     cpu::linear_forward<T>(logits, xc, w, nullptr, R, C, V);  // (R, C)(C, V)
-    softmax_xent_rows(logits, tg.data() + k0, R, V, grad_scale, grad, st, row_loss ? chunk_loss.data() : nullptr);
-    if (row_loss)
-      for (int i = 0; i < R; i++) row_loss[rows_v[k0 + i]] = chunk_loss[i];
+    softmax_xent_rows(logits, tg.data() + k0, R, V, grad_scale, grad, st, row_loss ? chunk_loss.data() : nullptr,
+                      row_hit ? chunk_hit.data() : nullptr);
+    for (int i = 0; i < R && row_loss; i++) row_loss[rows_v[k0 + i]] = chunk_loss[i];
+    for (int i = 0; i < R && row_hit; i++) row_hit[rows_v[k0 + i]] = chunk_hit[i];
     if (!grad) continue;
     // dx (R, C) += dlogits w[0:V], straight into dx when the rows are contiguous; dw[0:V] += dlogits^T x.
     T* dxc = !dx ? nullptr : contiguous ? dx + size_t(first) * C : dxg;
@@ -149,7 +154,7 @@ CrossEntropyStats classifier_forward_backward(T* dx, T* dw, const T* x, const T*
   check_targets(targets, N, V);
   chunk_rows = std::max(1, std::min(chunk_rows, N));
   std::vector<T> scratch(scratch_elems(chunk_rows, C, V));
-  return classifier_chunks(scratch.data(), dx, dw, x, w, targets, N, C, V, grad_scale, chunk_rows, nullptr);
+  return classifier_chunks(scratch.data(), dx, dw, x, w, targets, N, C, V, grad_scale, chunk_rows, nullptr, nullptr);
 }
 
 template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
@@ -177,7 +182,7 @@ static void check_classifier_inputs(const Tensor& x, const Tensor& w, const Tens
 // the cuda device (or on the cpu: then uploaded). The targets are read on the host too: they are
 // checked there, and they decide which rows the chunks cover.
 static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
-                                                       float grad_scale, float* row_loss) {
+                                                       float grad_scale, float* row_loss, uint8_t* row_hit) {
   const int C = last_dim(x), N = rows(x);
   check_classifier_inputs(x, w, targets, V);
   std::vector<int32_t> tg(N);
@@ -202,16 +207,16 @@ static CrossEntropyStats classifier_cross_entropy_cuda(const Tensor& x, const Te
     }
     void* scratch = c.arena.alloc(cuda::classifier_scratch_bytes(N, V, R, x.dtype));
     st = cuda::classifier_forward_backward<T>(dx, dw, x.as<T>(), w.as<T>(), tg_dev, tg.data(), N, C, V, grad_scale,
-                                              R, scratch, op_stream(), row_loss);
+                                              R, scratch, op_stream(), row_loss, row_hit);
   });
   return st;
 }
 #endif
 
 CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
-                                           float grad_scale, float* row_loss) {
+                                           float grad_scale, float* row_loss, uint8_t* row_hit) {
 #if ULYSSES_HAVE_CUDA
-  if (x.device == Device::cuda) return classifier_cross_entropy_cuda(x, w, targets, V, grad_scale, row_loss);
+  if (x.device == Device::cuda) return classifier_cross_entropy_cuda(x, w, targets, V, grad_scale, row_loss, row_hit);
 #endif
   require_cpu_f32(x, "classifier_cross_entropy");
   require_cpu_f32(w, "classifier_cross_entropy weight");
@@ -233,7 +238,7 @@ CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, con
   const int R = classifier_chunk_rows(V, n_valid, Device::cpu);
   ArenaScope scope(c.arena);  // one chunk of scratch, released on return
   float* scratch = static_cast<float*>(c.arena.alloc(scratch_elems(R, C, V) * sizeof(float)));
-  return classifier_chunks(scratch, dx, dw, x.f32(), w.f32(), targets.i32(), N, C, V, grad_scale, R, row_loss);
+  return classifier_chunks(scratch, dx, dw, x.f32(), w.f32(), targets.i32(), N, C, V, grad_scale, R, row_loss, row_hit);
 }
 
 }  // namespace ul

@@ -149,7 +149,8 @@ size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype) {
 template <class T>
 CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, const T* w, const int32_t* targets,
                                               const int32_t* targets_host, int N, int C, int V, float grad_scale,
-                                              int chunk_rows, void* scratch, cudaStream_t s, float* row_loss) {
+                                              int chunk_rows, void* scratch, cudaStream_t s, float* row_loss,
+                                              uint8_t* row_hit) {
   CrossEntropyStats st;
   if (N == 0) return st;
   const bool bf = !std::is_same<T, float>::value;
@@ -202,6 +203,8 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
     st.n_valid += targets_host[n] >= 0;
   }
   if (row_loss) std::copy(loss_h.begin(), loss_h.end(), row_loss);
+  if (row_hit)
+    for (int n = 0; n < N; n++) row_hit[n] = uint8_t(hit_h[n] != 0);
   return st;
 }
 
@@ -211,11 +214,11 @@ template void softmax_cross_entropy<__nv_bfloat16>(__nv_bfloat16*, float*, int32
                                                    int, int, float, cudaStream_t, int);
 template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
                                                               const int32_t*, const int32_t*, int, int, int, float,
-                                                              int, void*, cudaStream_t, float*);
+                                                              int, void*, cudaStream_t, float*, uint8_t*);
 template CrossEntropyStats classifier_forward_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*,
                                                                       const __nv_bfloat16*, const int32_t*,
                                                                       const int32_t*, int, int, int, float, int,
-                                                                      void*, cudaStream_t, float*);
+                                                                      void*, cudaStream_t, float*, uint8_t*);
 
 }  // namespace cuda
 }  // namespace ul

@@ -49,12 +49,13 @@ void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* l
 // targets: device copy (N); targets_host: the same values on the host, already checked to be in
 // [-1, V) (it decides the chunks and n_valid). scratch: classifier_scratch_bytes(...) bytes.
 // The per-row losses and hits are summed on the host in row order: deterministic. row_loss (host,
-// N, may be null) gets each row's loss (0 for an ignored target).
+// N, may be null) gets each row's loss (0 for an ignored target), row_hit (host, N, may be null)
+// 1 where the row's argmax is its target (0 for an ignored target).
 template <class T>
 CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, const T* w, const int32_t* targets,
                                               const int32_t* targets_host, int N, int C, int V, float grad_scale,
                                               int chunk_rows, void* scratch, cudaStream_t s,
-                                              float* row_loss = nullptr);
+                                              float* row_loss = nullptr, uint8_t* row_hit = nullptr);
 // dtype: f32 or bf16 (the T above).
 size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype);
 }  // namespace cuda
@@ -67,8 +68,9 @@ int classifier_chunk_rows(int V, int64_t n_valid, Device device);
 // x: (..., C), w: (Vp, C) with Vp >= V, targets: i32 (...) with values in [-1, V).
 // When the tape records and x or w needs a gradient, dx and dw are added now (scaled by
 // grad_scale): the loss is a terminal node, so nothing waits for a later backward.
-// row_loss: null, or host memory for one float per row of x: each row's loss (0 where ignored).
+// row_loss: null, or host memory for one float per row of x: each row's loss (0 where ignored);
+// row_hit: null, or host memory for one byte per row: 1 where its argmax is its target, else 0.
 CrossEntropyStats classifier_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int V,
-                                           float grad_scale, float* row_loss = nullptr);
+                                           float grad_scale, float* row_loss = nullptr, uint8_t* row_hit = nullptr);
 
 }  // namespace ul

@@ -333,7 +333,7 @@ CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, 
   last_hidden = x;
   const Tensor& head = params.get(cfg.head_name());  // tied: wte gets the head's gradient too
   (void)B;
-  CrossEntropyStats st = classifier_cross_entropy(x, head, in.targets, cfg.vocab, grad_scale, in.row_loss);
+  CrossEntropyStats st = classifier_cross_entropy(x, head, in.targets, cfg.vocab, grad_scale, in.row_loss, in.row_hit);
   if (progress) progress("classifier");
   return st;
 }

@@ -76,6 +76,7 @@ struct ModelInputs {
   Tensor pos_full;  // i32 (B, T)  positions of the whole sequence (RoPE runs after the scatter)
   Tensor doc_full;  // i32 (B, T)  document ids of the whole sequence, or undefined: no document mask
   float* row_loss = nullptr;  // out, when set: host (B, Tl), each token's loss (0 where its target is ignored)
+  uint8_t* row_hit = nullptr;  // out, when set: host (B, Tl), 1 where the argmax is the target (0 where ignored)
 };
 
 class Transformer {

@@ -207,7 +207,7 @@ TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other length
     const size_t at200 = r.out.find("length    200 |");
     REQUIRE((eval != std::string::npos && probe != std::string::npos && at96 != std::string::npos));
     CHECK((at40 != std::string::npos && at200 != std::string::npos));
-    CHECK(r.out.find("(accuracy, 40 answers each;") != std::string::npos);  // 2 batches x 4 sequences x 5 digits
+    CHECK(r.out.find("(accuracy, 40 answer tokens each;") != std::string::npos);  // 2 batches x 4 sequences x 5 digits
     // At the run's own length the decoder scores what the eval's forward scored: the same argmax
     // over 40 answers, so the same accuracy (one answer of slack for a near tie of two logits,
     // whose order the decoder's other summation order may flip; both printed to 0.01%).

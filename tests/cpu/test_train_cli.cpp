@@ -389,7 +389,7 @@ TEST_CASE("a passkey run ends with its accuracy at each needle depth", "[cli]") 
   const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
   for (const char* depth : {"| depth 0: ", "| depth 0.25: ", "| depth 0.5: ", "| depth 0.75: ", "| depth 1: "})
     CHECK(line.find(depth) != std::string::npos);
-  CHECK(line.find("(accuracy, 10 answers each)") != std::string::npos);  // 1 batch of 2 sequences x 5 digits
+  CHECK(line.find("(accuracy, 10 answer tokens each)") != std::string::npos);  // 1 batch of 2 sequences x 5 digits
   // A fixed depth, or another task: no probe line.
   for (const char* data : {" --data passkey:depth=0.5", " --data recall"}) {
     CmdResult q = run_cmd(train_cmd(run + data));
