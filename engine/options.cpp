@@ -287,25 +287,30 @@ Options parse_options(int argc, char** argv) {
       v = a.substr(eq + 1);
       a = a.substr(0, eq);
     }
-    // A switch takes no value: --doc-mask=false would otherwise turn it on.
-    static const char* const kSwitches[] = {"--help", "--quiet", "--resume", "--recompute", "--offload", "--plan",
-                                            "--doc-mask", "--loss-by-position", "--tie-embeddings", "--qkv-bias",
-                                            "--change-global-batch", "--change-seq", "--change-rope"};
-    if (inline_value && std::find(std::begin(kSwitches), std::end(kSwitches), a) != std::end(kSwitches))
-      throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");
-    if (a == "--help" || a == "-h") { o.help = true; continue; }
-    if (a == "--quiet") { o.quiet = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--resume") { o.resume = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--change-global-batch") { o.change_global_batch = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--change-seq") { o.change_seq = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--change-rope") { o.change_rope = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--recompute") { o.recompute = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--offload") { o.offload = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--plan") { o.plan = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--doc-mask") { o.doc_mask = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--loss-by-position") { o.loss_by_position = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--tie-embeddings") { o.tie_embeddings = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
-    if (a == "--qkv-bias") { o.qkv_bias = true; o.given.push_back(a); o.args.push_back({a, ""}); continue; }
+    // A switch takes no value: --doc-mask=false would otherwise turn it on. A new switch: one row.
+    static const std::pair<const char*, bool Options::*> kSwitches[] = {
+        {"--help", &Options::help},
+        {"--quiet", &Options::quiet},
+        {"--resume", &Options::resume},
+        {"--recompute", &Options::recompute},
+        {"--offload", &Options::offload},
+        {"--plan", &Options::plan},
+        {"--doc-mask", &Options::doc_mask},
+        {"--loss-by-position", &Options::loss_by_position},
+        {"--tie-embeddings", &Options::tie_embeddings},
+        {"--qkv-bias", &Options::qkv_bias},
+        {"--change-global-batch", &Options::change_global_batch},
+        {"--change-seq", &Options::change_seq},
+        {"--change-rope", &Options::change_rope}};
+    if (a == "-h") a = "--help";
+    const auto sw = std::find_if(std::begin(kSwitches), std::end(kSwitches), [&](const auto& k) { return a == k.first; });
+    if (sw != std::end(kSwitches)) {
+      if (inline_value)
+        throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");
+      o.*(sw->second) = true;
+      if (a != "--help") o.given.push_back(a), o.args.push_back({a, ""});
+      continue;
+    }
     auto it = with_value.find(a);
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {

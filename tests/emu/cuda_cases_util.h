@@ -106,6 +106,8 @@ inline ul::Tensor make_i32(ul::Context& c, ul::Shape s, const std::vector<int32_
 
 template <class T> constexpr bool is_bf16() { return !std::is_same<T, float>::value; }
 template <class T> const char* type_name() { return is_bf16<T>() ? "bf16" : "f32"; }
+// The tolerance of an output rounded to T: f32 1e-5, bf16 half an ulp (2^-8 relative) with margin.
+template <class T> double rel_tol() { return is_bf16<T>() ? 1.0 / 256 : 1e-5; }
 
 // Random normal values as T sees them: bf16-representable for bf16, so a float reference on the
 // host reads exactly what the kernel reads.

@@ -33,9 +33,6 @@ namespace pw_cases {
 
 using namespace op_cases;
 
-// The tolerance of an output rounded to T: f32 1e-5, bf16 half an ulp (2^-8 relative) with margin.
-template <class T> double rel_tol() { return is_bf16<T>() ? 1.0 / 256 : 1e-5; }
-
 // ---- RMSNorm ------------------------------------------------------------------------------------
 
 const std::pair<int, int> kNormShapes[] = {{1, 1}, {3, 32}, {7, 33}, {13, 100}, {9, 768}, {257, 48}, {300, 5}};
