@@ -303,7 +303,8 @@ Options parse_options(int argc, char** argv) {
         {"--change-seq", &Options::change_seq},
         {"--change-rope", &Options::change_rope}};
     if (a == "-h") a = "--help";
-    const auto sw = std::find_if(std::begin(kSwitches), std::end(kSwitches), [&](const auto& k) { return a == k.first; });
+    const auto sw =
+        std::find_if(std::begin(kSwitches), std::end(kSwitches), [&](const auto& k) { return a == k.first; });
     if (sw != std::end(kSwitches)) {
       if (inline_value)
         throw std::runtime_error(a + " is a switch and takes no value (got '" + v + "'): give it or leave it out");

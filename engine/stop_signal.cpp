@@ -45,7 +45,8 @@ void on_signal(int sig) {
     g_first_ms.store(monotonic_ms());
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
-    say(g_training.load() ? ": stopping after this step (a checkpoint is saved with --save-dir); Ctrl-C again to stop now\n"
+    say(g_training.load() ? ": stopping after this step, or an eval before its next batch (a checkpoint is"
+                            " saved with --save-dir); Ctrl-C again to stop now\n"
                           : ": stopping once start-up is done, before any step; Ctrl-C again to stop now\n");
     return;
   }

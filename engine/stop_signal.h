@@ -1,6 +1,7 @@
 // Stopping a run cleanly when the scheduler asks: SIGTERM (what SLURM and Kubernetes send before
 // they kill a job), SIGINT (Ctrl-C) or SIGUSR1 (SLURM's `--signal=USR1@120`, a warning ahead of
-// the time limit). The first one only sets a flag: the step in flight finishes, every rank agrees
+// the time limit). The first one only sets a flag: the step in flight finishes (an eval stops
+// before its next batch), every rank agrees
 // at the step boundary (a one-int all-reduce, so a signal that reached some ranks only stops them
 // all at the same step), a checkpoint is saved when there is a --save-dir, and train exits with
 // 128 + the signal's number, as a shell reports a process the signal ended. A second SIGINT

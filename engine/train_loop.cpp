@@ -271,11 +271,25 @@ int train_rank(const Options& o, Comm& world) {
   // One eval at `step`: its line, and after the run's last one the task's probes: the same eval with
   // one random setting held fixed (passkey: the needle at depths 0 to 1), one line saying where in
   // the context retrieval fails. The log record carries both.
-  // A stop signal cuts an eval short (Trainer::evaluate): nothing of it is logged, so a --resume
-  // from this step's checkpoint makes it whole (the made-up eval below).
+  // The stop signal every rank sees: the highest any caught (it may have reached one process only).
+  // A collective: every rank calls it at the same point.
+  auto agreed_stop_signal = [&] {
+    int32_t sig = stop_signal();
+    if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
+    return int(sig);
+  };
+  // A stop signal cuts an eval short (Trainer::evaluate, every rank before the same batch): nothing
+  // of it is logged, so a --resume from this step's checkpoint runs it again in full (the made-up
+  // eval below) when the step is one it evaluates at: --eval-every's, the last, or the same
+  // --stop-after's.
   auto say_cut = [&](const char* what, int step, const EvalResult& r, int of) {
-    say("%s %5d | cut short by %s before batch %d of %d | not logged%s\n", what, step, stop_signal_name(stop_signal()),
-        r.cut_at + 1, of, o.save_dir.empty() || step == 0 ? "" : " (a --resume makes it)");
+    const int sig = agreed_stop_signal();
+    const bool due = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
+    say("%s %5d | cut short by %s before batch %d of %d | not logged%s\n", what, step, stop_signal_name(sig),
+        r.cut_at + 1, of,
+        o.save_dir.empty() || step == 0 ? ""
+        : due                           ? " (a --resume runs it)"
+                                        : " (a --resume with this --stop-after runs it)");
   };
   auto run_eval = [&](int step, bool last) {
     beat.begin("eval " + std::to_string(step));
@@ -313,15 +327,11 @@ int train_rank(const Options& o, Comm& world) {
       line += cell;
       answers = e.answers;
     }
-    if (!probes.empty()) say("probe %5d%s (accuracy, %lld answer tokens each)\n", step, line.c_str(), (long long)answers);
+    if (!probes.empty())
+      say("probe %5d%s (accuracy, %lld answer tokens each)\n", step, line.c_str(), (long long)answers);
     if (log) log->eval(step, ev);
   };
   int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
-  auto agreed_stop_signal = [&] {
-    int32_t sig = stop_signal();
-    if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
-    return int(sig);
-  };
   // A signal during start-up: nothing is trained, nothing new saved (a resume's checkpoint stays as
   // it was), and the run ends before its first step.
   bool stopped_early = false, made_up_eval = false;
@@ -443,7 +453,8 @@ int train_rank(const Options& o, Comm& world) {
         const float* host = tr.host_weights(lead, copy);  // collective when the masters are sharded
         if (lead) outputs.sample(host, model.params.specs(), s + 1);
       }
-      if (evals || samples) {  // a signal during an eval (which it cut short) or a sample stops the run now, not a step later
+      // A signal during an eval (which it cut short) or a sample stops the run now, not a step later.
+      if (evals || samples) {
         sig = agreed_stop_signal();
         if (sig && !saved && !o.save_dir.empty()) save();
       }
@@ -558,7 +569,8 @@ int train_rank(const Options& o, Comm& world) {
     else std::printf("%s | train loss %.4f -> %.4f", paused ? "paused " : "done", first_loss, last_loss);
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);
-      if (synthetic) std::printf(" | val accuracy %.2f%% (whole answers %.2f%%)", 100.0 * ev.accuracy, 100.0 * ev.whole_accuracy);
+      if (synthetic)
+        std::printf(" | val accuracy %.2f%% (whole answers %.2f%%)", 100.0 * ev.accuracy, 100.0 * ev.whole_accuracy);
     }
     if (!eval_at_zero && epoch_now() >= 0) std::printf(" | epoch %.2f", epoch_now());
     if (paused)

@@ -41,7 +41,7 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
   hb.targets.resize(size_t(B) * Tl);
   hb.pos.resize(size_t(B) * Tl);
   hb.answer.resize(size_t(B) * Tl);
-  hb.answers = 0;
+  hb.whole_answers = 0;
   hb.pos_full.resize(size_t(B) * T);
   hb.doc_full.resize(eot >= 0 ? size_t(B) * T : 0);
   hb.valid = 0;
@@ -53,7 +53,7 @@ void load_batch(const Dataset& data, int64_t first, int B, int T, int sp, int sp
     // Every rank reads the whole sequence, so each knows the document layout of all T tokens.
     document_layout(in.data(), T, eot, doc.data(), pos.data());
     for (int t = 0; t < T; t++)
-      answer[t] = tg[t] < 0 ? -1 : t > 0 && tg[t - 1] >= 0 ? answer[t - 1] : hb.answers++;
+      answer[t] = tg[t] < 0 ? -1 : t > 0 && tg[t - 1] >= 0 ? answer[t - 1] : hb.whole_answers++;
     for (int t = 0; t < Tl; t++) {
       size_t k = size_t(b) * Tl + t;
       hb.idx[k] = in[t0 + t];
@@ -624,13 +624,13 @@ EvalResult Trainer::evaluate(const Dataset& data) {
   check_current("evaluate");
   Grid& g = grid_;
   Recording off(false);
-  // loss_sum, valid, correct, whole answers right, answers; then with --loss-by-position
+  // loss_sum, valid, correct, whole answers right, whole answers; then with --loss-by-position
   // (loss_sum, valid) per band.
   constexpr size_t kBand0 = 5;
   std::vector<std::pair<int, int>> bands;
   if (o_.loss_by_position) bands = position_bands(o_.seq);
   std::vector<double> sums(kBand0 + 2 * bands.size(), 0.0);
-  const bool answers = data.synthetic();  // whole answers: a task's (text's targets are all one run)
+  const bool whole = data.synthetic();  // whole answers: a task's (text's targets are all one run)
   std::vector<uint8_t> row_hit;
   std::vector<double> misses;
   std::vector<int> band_of(bands.empty() ? 0 : o_.seq);  // position -> band
@@ -664,7 +664,7 @@ EvalResult Trainer::evaluate(const Dataset& data) {
       row_loss.assign(hb.targets.size(), 0.f);
       in.row_loss = row_loss.data();
     }
-    if (answers) {
+    if (whole) {
       row_hit.assign(hb.targets.size(), 0);
       in.row_hit = row_hit.data();
     }
@@ -672,16 +672,16 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     sums[0] += s.loss_sum;
     sums[1] += double(s.n_valid);
     sums[2] += double(s.n_correct);
-    if (answers) {
+    if (whole) {
       // An answer is right when all its targets are, on whichever sp ranks they lie: the group adds
       // up each answer's misses, and its first rank counts the answers with none.
-      misses.assign(size_t(hb.answers), 0.0);
+      misses.assign(size_t(hb.whole_answers), 0.0);
       for (size_t i = 0; i < row_hit.size(); i++)
         if (hb.answer[i] >= 0 && !row_hit[i]) misses[size_t(hb.answer[i])] += 1;
       if (g.sp > 1 && !misses.empty()) g.sp_group->all_reduce(misses.data(), misses.size(), DType::f64, ReduceOp::sum);
       if (g.sp_rank == 0) {
         for (double m : misses) sums[3] += m == 0;
-        sums[4] += double(hb.answers);
+        sums[4] += double(hb.whole_answers);
       }
     }
     // This rank's tokens, by the position each one's prediction is made from (hb.pos: in the

@@ -26,12 +26,12 @@ struct HostBatch {
   std::vector<int32_t> pos_full;          // (B, T)
   std::vector<int32_t> doc_full;          // (B, T) document ids; empty: no document mask
   int64_t valid = 0;                      // targets != -1 in this slice
-  // An answer: a maximal run of consecutive valid targets in a whole sequence (a passkey's digits,
-  // a recall query's value), numbered over the batch. answer (B, Tl): the one each target of this
-  // slice belongs to, -1 where the target is ignored; answers: how many the batch holds (every sp
-  // rank counts the same).
+  // A whole answer: a maximal run of consecutive valid targets in a whole sequence (a passkey's
+  // digits, a recall query's value), numbered over the batch. answer (B, Tl): the one each target
+  // of this slice belongs to, -1 where the target is ignored; whole_answers: how many the batch
+  // holds (every sp rank counts the same).
   std::vector<int32_t> answer;
-  int answers = 0;
+  int whole_answers = 0;
 };
 
 // Fill `hb` with sequences [first, first + B) of `data`, sliced for sp rank `sp_rank` of `sp`.
@@ -69,7 +69,7 @@ std::vector<std::pair<int, int>> position_bands(int T);
 
 struct EvalResult {
   double loss = 0, accuracy = 0;  // accuracy: the share of valid targets that are their row's argmax
-  int64_t answers = 0;    // valid targets evaluated (world)
+  int64_t answers = 0;    // valid targets evaluated (world): on a task, its answer tokens
   // A task's whole answers (HostBatch::answer: a passkey, a recall query's value): the share with
   // every target right, and how many there were (world); 0 on text.
   double whole_accuracy = 0;

@@ -4,7 +4,7 @@
 // path than the eval's forward), right or wrong by design, in runs that cross the sp ranks'
 // slices, so the expected counts are known exactly; every layout must give them. On the CPU
 // (tests/cpu/test_whole_answers.cpp), the emulated device and a GPU (fp32: the argmax the decoder
-// found must be the device's too; heads of 16, as the CUDA attention takes).
+// found must be the device's too; a head dim of 16, as the CUDA attention takes).
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -25,7 +25,8 @@ namespace whole_answers {
 using namespace ul;
 
 constexpr int kT = 32, kSeqs = 8;
-const std::string kArgs = "--threads 1 --quiet --layers 1 --dim 64 --heads 4 --seq 32 --batch 2 --eval-batches 2 --seed 5";
+const std::string kArgs =
+    "--threads 1 --quiet --layers 1 --dim 64 --heads 4 --seq 32 --batch 2 --eval-batches 2 --seed 5";
 
 // Runs [first, last] of scored targets; `wrong`: which of its positions get a target that is not the
 // argmax, for sequence i (the boundaries of 2 and 4 sp slices are 8, 16 and 24).

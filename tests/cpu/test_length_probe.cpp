@@ -104,7 +104,7 @@ TEST_CASE("the decoded accuracy counts exactly the targets the full forward pred
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 3, &answers) == 1.0);
     CHECK(answers == 15);
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, miss, V), T, 3, &answers) == 0.0);
-    // Two sequences of three: ten answers.
+    // Two sequences of three: ten answer tokens.
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 2, &answers) == 1.0);
     CHECK(answers == 10);
   }
@@ -209,7 +209,7 @@ TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other length
     CHECK((at40 != std::string::npos && at200 != std::string::npos));
     CHECK(r.out.find("(accuracy, 40 answer tokens each;") != std::string::npos);  // 2 batches x 4 sequences x 5 digits
     // At the run's own length the decoder scores what the eval's forward scored: the same argmax
-    // over 40 answers, so the same accuracy (one answer of slack for a near tie of two logits,
+    // over 40 answer tokens, so the same accuracy (one token of slack for a near tie of two logits,
     // whose order the decoder's other summation order may flip; both printed to 0.01%).
     const double slack = 1.0 / 40 + 1e-4;
     CHECK(std::fabs(percent_after(r.out, "length     96 | all: ", 0) - percent_after(r.out, "accuracy ", eval)) < slack);

@@ -215,11 +215,11 @@ static std::map<std::string, std::string> val_losses(const std::string& log) {
   return out;
 }
 
-TEST_CASE("a stop signal during an eval cuts it short: saved, not logged, and the resume makes it whole", "[stop][cli]") {
+TEST_CASE("a stop signal during an eval cuts it short: saved, not logged, and the resume runs it in full", "[stop][cli]") {
   // An eval of many long sequences can outlast a scheduler's grace period. Held before the eval's
-  // second of 3 micro-batches at step 2 (sp 2: both ranks leave at the same one, or the other waits
-  // in a collective). At the last step the cut eval is the final one: the training is done, and a
-  // resume with no step left makes it.
+  // second of 3 micro-batches at step 2 (at sp 2 the ranks are threads that share the signal; the
+  // mpi test mpi_train_eval_cut signals one process alone). At the last step the cut eval is the
+  // final one: the training is done, and a resume with no step left runs it.
   struct Case { const char* layout; int steps; const char* said; };
   for (const Case& k : {Case{"", 4, "stopped | SIGTERM after step 2 of 4 | checkpoint "},
                         Case{" --ranks 2 --sp 2", 2, "stopped | SIGTERM after the last step (2) | checkpoint "}}) {
@@ -234,7 +234,7 @@ TEST_CASE("a stop signal during an eval cuts it short: saved, not logged, and th
     INFO(s.out);
     REQUIRE(WIFEXITED(s.status));
     CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
-    CHECK(s.out.find("eval      2 | cut short by SIGTERM before batch 2 of 3 | not logged (a --resume makes it)") !=
+    CHECK(s.out.find("eval      2 | cut short by SIGTERM before batch 2 of 3 | not logged (a --resume runs it)") !=
           std::string::npos);
     CHECK(s.out.find("eval      2 | val loss") == std::string::npos);
     CHECK(s.out.find(k.said) != std::string::npos);
