@@ -11,6 +11,7 @@ train=$2
 shift 2
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 fail() { echo "expect_eval_cut: $1"; exit 1; }
+. "$(dirname "$0")/wait_for.sh"
 # step -> val loss, one per line, from a run log's eval records
 val_losses() { grep '"type":"eval"' "$1" | sed 's/.*"step":\([0-9]*\),"val_loss":\([^,]*\),.*/\1 \2/' | sort -n; }
 args="--comm mpi --sp 2 --threads 1 --seq 128 --batch 2 --steps 4 --eval-every 2 --eval-batches 3"
@@ -28,16 +29,8 @@ EOF
 out="$dir/stopped.txt"
 "$@" sh "$dir/rank.sh" $args --save-dir "$dir/run" > "$out" 2>&1 &
 pid=$!
-waited=0
-until [ -s "$dir/rank1.pid" ] && grep -q 'test hold | eval batch 2' "$out"; do
-  sleep 0.2
-  waited=$((waited + 1))
-  if [ "$waited" -gt 600 ] || ! kill -0 "$pid" 2>/dev/null; then
-    kill -9 "$pid" 2>/dev/null
-    cat "$out"
-    fail "rank 1 never held at the eval's batch 2"
-  fi
-done
+held() { [ -s "$dir/rank1.pid" ] && grep -q 'test hold | eval batch 2' "$out"; }
+wait_for "$pid" "$out" "rank 1 never held at the eval's batch 2" held
 kill -s TERM "$(cat "$dir/rank1.pid")"
 wait "$pid"
 stopped_rc=$?

@@ -14,6 +14,7 @@ sig=$2
 shift 2
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 fail() { echo "expect_stop: $1"; exit 1; }
+. "$(dirname "$0")/wait_for.sh"
 # step -> loss, one per line, from a run log's step records
 losses() { grep '"type":"step"' "$1" | sed 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/' | sort -n; }
 
@@ -21,16 +22,7 @@ losses() { grep '"type":"step"' "$1" | sed 's/.*"step":\([0-9]*\),"loss":\([^,]*
 out="$dir/stopped.txt"
 ULYSSES_TEST_HOLD="step 3" "$@" --save-dir "$dir/run" > "$out" 2>&1 &
 pid=$!
-waited=0
-until grep -q 'step     3/' "$out"; do
-  sleep 0.2
-  waited=$((waited + 1))
-  if [ "$waited" -gt 600 ] || ! kill -0 "$pid" 2>/dev/null; then
-    kill -9 "$pid" 2>/dev/null
-    cat "$out"
-    fail "the run never reached step 3"
-  fi
-done
+wait_for "$pid" "$out" "the run never reached step 3" grep -q 'step     3/' "$out"
 kill -s "$sig" "$pid"
 wait "$pid"
 stopped_rc=$?
