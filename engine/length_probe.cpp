@@ -83,7 +83,9 @@ struct Share {
   int count(int n) const { return n / parts + (part < n % parts ? 1 : 0); }
 };
 
-// {correct, valid} over this share of data's sequences [0, n) at length T.
+// {correct, valid, sum of -log p, whole answers right, whole answers} over this share of data's
+// sequences [0, n) at length T (a whole answer: a run of consecutive scored targets, right when
+// all its targets are, as Trainer::evaluate counts them).
 std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                                     const Dataset& data, int T, int n, int32_t eot, Share share,
                                     const std::function<void(int)>& progress) {
@@ -92,7 +94,7 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
   std::vector<int32_t> in(static_cast<size_t>(T)), tgt(static_cast<size_t>(T));
   std::vector<int> tokens(static_cast<size_t>(T));
   Rng unused(0);  // greedy draws nothing
-  int64_t valid = 0, correct = 0;
+  int64_t valid = 0, correct = 0, whole = 0, whole_right = 0;
   double nll = 0;  // -log p of the scored targets, as the eval's loss
   int done = 0;
   for (int i = 0; i < n; i++) {
@@ -105,18 +107,23 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
       tokens.assign(in.begin(), in.end());
       dec.reset();
       const std::vector<float>* logits = &dec.prefill(tokens.data(), first + 1);
+      bool run_right = true;  // the whole answer in progress
       for (int t = first; t <= last; t++) {
         if (tgt[size_t(t)] >= 0) {
           valid++;
-          correct += sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
+          const bool hit = sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
+          correct += hit;
           nll += token_nll(logits->data(), int(logits->size()), tgt[size_t(t)]);
+          if (t == first || tgt[size_t(t - 1)] < 0) whole++, run_right = true;
+          run_right = run_right && hit;
+          if (t == last || tgt[size_t(t + 1)] < 0) whole_right += run_right;
         }
         if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
       }
     }
     if (progress) progress(++done);
   }
-  return {double(correct), double(valid), nll};
+  return {double(correct), double(valid), nll, double(whole_right), double(whole)};
 }
 
 // {sum of -log p, count} per position_bands(T) band over this share of the stream's windows. eot
@@ -180,9 +187,10 @@ LengthProbe loss_probe(int T, const std::vector<double>& sums) {
 
 double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                         const Dataset& data, int T, int n, int64_t* answers,
-                        const std::function<void(int)>& progress) {
+                        const std::function<void(int)>& progress, double* whole) {
   const std::vector<double> c = accuracy_counts(cfg, specs, host, data, T, n, -1, Share{}, progress);
   *answers = int64_t(c[1]);
+  if (whole) *whole = c[4] > 0 ? c[3] / c[4] : 0.0;
   return c[1] > 0 ? c[0] / c[1] : 0.0;
 }
 
@@ -223,7 +231,8 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   std::vector<std::pair<std::string, const Dataset*>> cells = {{"all", &val}};
   const auto probes = val.probes();
   for (const auto& [name, data] : probes) cells.emplace_back(name, data.get());
-  std::vector<double> counts;  // {correct, valid, sum of -log p} per cell
+  constexpr size_t kCell = 5;  // accuracy_counts' numbers
+  std::vector<double> counts;  // kCell per cell
   for (const auto& [name, data] : cells) {
     const std::vector<double> c = accuracy_counts(cfg, specs, host, *data, T, n, eot, share, each(name, n));
     counts.insert(counts.end(), c.begin(), c.end());
@@ -233,8 +242,11 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   p.T = T;
   p.answers = int64_t(counts[1]);
   p.loss = counts[1] > 0 ? counts[2] / counts[1] : 0.0;  // the val data's ("all")
+  p.whole_answers = int64_t(counts[4]);
+  p.whole_accuracy = counts[4] > 0 ? counts[3] / counts[4] : 0.0;
   for (size_t k = 0; k < cells.size(); k++)
-    p.accuracy.emplace_back(cells[k].first, counts[3 * k + 1] > 0 ? counts[3 * k] / counts[3 * k + 1] : 0.0);
+    p.accuracy.emplace_back(cells[k].first,
+                            counts[kCell * k + 1] > 0 ? counts[kCell * k] / counts[kCell * k + 1] : 0.0);
   return p;
 }
 

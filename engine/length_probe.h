@@ -33,6 +33,9 @@ namespace ul {
 struct LengthProbe {
   int T = 0;
   int64_t answers = 0;  // scored targets (per cell, on a synthetic task)
+  // Synthetic: the val data's whole answers all right (EvalResult's), and how many there were.
+  double whole_accuracy = 0;
+  int64_t whole_answers = 0;
   // Synthetic: "all" (the val data), then its probes ("depth 0.25", ...).
   std::vector<std::pair<std::string, double>> accuracy;
   // The mean -log p over every target (synthetic: of the val data's scored ones, as the eval's val
@@ -57,11 +60,12 @@ void check_probe_lengths(const std::vector<int>& lengths, const Dataset& val, co
 std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int T, int windows);
 
 // The fraction of the scored targets of data's sequences [0, n) at length T that the model
-// (host: its f32 parameters, laid out as specs) predicts; *answers: how many were scored.
+// (host: its f32 parameters, laid out as specs) predicts; *answers: how many were scored; *whole
+// (when given): the fraction of whole answers (runs of consecutive scored targets) all right.
 // progress, if given, is called after each sequence with the number done.
 double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                         const Dataset& data, int T, int n, int64_t* answers,
-                        const std::function<void(int)>& progress = {});
+                        const std::function<void(int)>& progress = {}, double* whole = nullptr);
 
 // The mean -log p of every target of the first n windows of T + 1 tokens of `stream` (as many as
 // it holds, at least one), overall and by position_bands(T); progress as decoded_accuracy's.

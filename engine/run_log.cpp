@@ -108,6 +108,7 @@ void RunLog::length_probe(int step, const LengthProbe& p) {
   JsonLine j;
   j.add("type", "length").add("step", step).add("T", p.T).add("answers", p.answers);
   add_accuracies(j, p.accuracy);
+  if (p.whole_answers > 0) j.add("whole_accuracy", p.whole_accuracy).add("whole_answers", p.whole_answers);
   j.add("val_loss", p.loss);
   add_position_losses(j, p.by_position);  // text: by band
   line(j.str());

@@ -9,7 +9,8 @@
 //    "acc_depth_0":.., "acc_depth_0.25":.. .. "acc_depth_1":..: its probes, train_loop.cpp; with
 //    --loss-by-position "val_loss_pos_0":.., "val_loss_pos_64":.., ...: each band's val loss, by its
 //    first position)
-//   {"type":"length","step":1500,"T":1024,"answers":320,"acc_all":..,"acc_depth_0":.., ..,"val_loss":..}
+//   {"type":"length","step":1500,"T":1024,"answers":320,"acc_all":..,"acc_depth_0":.., ..,
+//    "whole_accuracy":..,"whole_answers":64,"val_loss":..}
 //    (--probe-lengths: one per length, after the run, for the model at that step; the val loss is
 //    the answers' on a synthetic task; on text "val_loss":.. and "val_loss_pos_N":.. instead of
 //    the accuracies)

@@ -291,7 +291,8 @@ int train_rank(const Options& o, Comm& world) {
         : due                           ? " (a --resume runs it)"
                                         : " (a --resume with this --stop-after runs it)");
   };
-  auto run_eval = [&](int step, bool last) {
+  // Returns false when a stop signal cut it short.
+  auto run_eval = [&](int step, bool last) -> bool {
     beat.begin("eval " + std::to_string(step));
     EvalResult now;
     try {
@@ -300,7 +301,10 @@ int train_rank(const Options& o, Comm& world) {
       log_error(log.get(), step, std::string("eval: ") + e.what());  // as a step's: the log says why
       throw;
     }
-    if (now.cut_short()) return say_cut("eval ", step, now, o.eval_batches);
+    if (now.cut_short()) {
+      say_cut("eval ", step, now, o.eval_batches);
+      return false;
+    }
     ev = std::move(now);
     have_eval = true, final_eval = last;
     if (synthetic)
@@ -319,7 +323,8 @@ int train_rank(const Options& o, Comm& world) {
       const EvalResult e = tr.evaluate(*data);
       if (e.cut_short()) {  // the eval is left unlogged with its probes: the resume makes both
         final_eval = false;
-        return say_cut("probe", step, e, o.eval_batches);
+        say_cut("probe", step, e, o.eval_batches);
+        return false;
       }
       ev.probes.emplace_back(name, e.accuracy);
       char cell[96];
@@ -330,6 +335,7 @@ int train_rank(const Options& o, Comm& world) {
     if (!probes.empty())
       say("probe %5d%s (accuracy, %lld answer tokens each)\n", step, line.c_str(), (long long)answers);
     if (log) log->eval(step, ev);
+    return true;
   };
   int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
   // A signal during start-up: nothing is trained, nothing new saved (a resume's checkpoint stays as
@@ -359,8 +365,7 @@ int train_rank(const Options& o, Comm& world) {
           missing = 0;
     }
     world.broadcast(&missing, 1, DType::i32, 0);
-    if (missing) run_eval(start, final_step);
-    made_up_eval = missing != 0;
+    made_up_eval = missing && run_eval(start, final_step);
     // A signal during that eval stops the run now (the checkpoint at `start` is there already).
     if (const int32_t sig = missing ? agreed_stop_signal() : 0) {
       stopped_by = sig, stopped_at = start;
@@ -444,10 +449,10 @@ int train_rank(const Options& o, Comm& world) {
     if (saved && !sig) sig = agreed_stop_signal();
     if (!sig) {
       const bool evals = (o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last || pause;
-      if (evals) run_eval(s + 1, last);
+      const bool cut = evals && !run_eval(s + 1, last);
       // --sample-every: rank 0 samples (the others wait for it at the agreement below); the last
-      // step's sample is finish()'s, after the run.
-      const bool samples = o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last;
+      // step's sample is finish()'s, after the run. Not after a cut eval: the signal is for the save.
+      const bool samples = o.sample_every > 0 && (s + 1) % o.sample_every == 0 && !last && !cut;
       if (samples) {
         std::vector<float> copy;
         const float* host = tr.host_weights(lead, copy);  // collective when the masters are sharded
@@ -483,6 +488,7 @@ int train_rank(const Options& o, Comm& world) {
   // Also after a resume that had nothing left to train: the probes run on the model as loaded, as
   // the exports do (they were once skipped there without a word).
   const bool paused = o.stop_after > 0 && !stopped_by;  // --stop-after: the run goes on later
+  int lengths_done = 0;  // rows printed (a stop says whether it skipped all of them or the rest)
   if (!o.probe_lengths.empty() && !paused && !stop_now()) {
     std::vector<float> copy;
     const float* host = tr.host_weights(true, copy);
@@ -508,13 +514,15 @@ int train_rank(const Options& o, Comm& world) {
         line += cell;
       }
       if (synthetic) {
-        say("length %6d%s | val loss %.4f (accuracy, %lld answer tokens each; %.1f s)\n", T, line.c_str(), p.loss,
-            (long long)p.answers, (now_ms() - t0) / 1000);
+        say("length %6d%s | whole answers %.2f%% of %lld | val loss %.4f (accuracy, %lld answer tokens each;"
+            " %.1f s)\n", T, line.c_str(), 100.0 * p.whole_accuracy, (long long)p.whole_answers, p.loss, (long long)p.answers,
+            (now_ms() - t0) / 1000);
       } else {
         say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
       }
       if (log) log->length_probe(std::max(start, o.steps), p);
+      lengths_done++;
       test_hold("length " + std::to_string(T));
     }
   }
@@ -535,17 +543,17 @@ int train_rank(const Options& o, Comm& world) {
   if (tr.context().arena.blocks() > 1)  // a planner bug, not the user's: say so rather than hide it
     say("memory  | note: the arena outgrew the planned reservation (%zu blocks, %.1f MiB held)\n",
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
-  if (lead && start >= o.steps && o.steps > 0 && !stopped_early)
-    std::printf("done | %s: the checkpoint is at step %d and --steps is %d\n",
-                made_up_eval ? "no step left, its missing eval made" : "nothing to do", start, o.steps);
+  const char* resumed = made_up_eval ? "no step left, its missing eval made" : "nothing to do";
+  if (lead && start >= o.steps && o.steps > 0 && !stopped_by)
+    std::printf("done | %s: the checkpoint is at step %d and --steps is %d\n", resumed, start, o.steps);
   else if (lead && paused && start >= o.stop_after)
-    std::printf("done | nothing to do: the checkpoint is at step %d and --stop-after is %d\n", start, o.stop_after);
+    std::printf("done | %s: the checkpoint is at step %d and --stop-after is %d\n", resumed, start, o.stop_after);
   if (lead && stopped_by) {  // what is left of the run (evals, probes, exports, sample) is skipped
     const std::string sig = stop_signal_name(stopped_by), dir = o.save_dir + "/" + step_dir_name(stopped_at);
     std::string left;  // what the signal skipped of what follows the training
     auto skip = [&](bool asked, const char* what) { if (asked) left += (left.empty() ? "" : ", ") + std::string(what); };
     skip(!final_eval && !stopped_late && (o.steps > 0 || o.evaluates()), "the final eval");
-    skip(!o.probe_lengths.empty(), stopped_late ? "the rest of --probe-lengths" : "--probe-lengths");
+    skip(!o.probe_lengths.empty(), lengths_done > 0 ? "the rest of --probe-lengths" : "--probe-lengths");
     skip(!o.export_llmc.empty() || !o.export_safetensors.empty(), "the exports");
     skip(o.sample > 0, "the sample");
     left = left.empty() ? "" : "; skipped: " + left;

@@ -104,6 +104,16 @@ TEST_CASE("the decoded accuracy counts exactly the targets the full forward pred
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 3, &answers) == 1.0);
     CHECK(answers == 15);
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, miss, V), T, 3, &answers) == 0.0);
+    // Whole answers (runs of scored targets: position 2 + i, 7-8, 13, the last): with only 8 missed,
+    // 4 of 5 tokens and 3 of 4 answers are right.
+    std::vector<std::vector<int32_t>> one_off = hit;
+    for (size_t i = 0; i < one_off.size(); i++) one_off[i][8] = miss[i][8];
+    double whole = -1;
+    CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, one_off, V), T, 3, &answers, {}, &whole) ==
+          Approx(0.8));
+    CHECK(whole == Approx(0.75));
+    CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 3, &answers, {}, &whole) == 1.0);
+    CHECK(whole == 1.0);
     // Two sequences of three: ten answer tokens.
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 2, &answers) == 1.0);
     CHECK(answers == 10);

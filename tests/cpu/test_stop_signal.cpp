@@ -255,6 +255,31 @@ TEST_CASE("a stop signal during an eval cuts it short: saved, not logged, and th
   }
 }
 
+TEST_CASE("a cut eval: no --sample-every sample before the save, and a cut made-up eval claims nothing made", "[stop][cli]") {
+  ul_test::TempDir dir;
+  const std::string sample = "--steps 4 --eval-every 2 --eval-batches 3 --threads 1 --batch 2 --seq 128 --sample-every 2"
+                             " --sample 4 --prompt ids:1,2,3 --save-dir " + dir / "a";
+  const Stopped s = run_and_signal(sample, "test hold | eval batch 2", SIGTERM, 0, "eval batch 2");
+  INFO(s.out);
+  CHECK(s.out.find("eval      2 | cut short by SIGTERM") != std::string::npos);
+  CHECK(s.out.find("sample  | step 2") == std::string::npos);
+  CHECK(fs::exists(fs::path(dir / "a") / "step_00000002" / "COMPLETE"));
+  // The final eval cut, then the resume's made-up eval cut too: stopped, not "done".
+  const std::string last = "--steps 2 --eval-every 0 --eval-batches 3 --threads 1 --batch 2 --seq 128 --save-dir " + dir / "b";
+  REQUIRE(WIFEXITED(run_and_signal(last, "test hold | eval batch 2", SIGTERM, 0, "eval batch 2").status));
+  const Stopped again = run_and_signal(last + " --resume", "test hold | eval batch 2", SIGTERM, 0, "eval batch 2");
+  INFO(again.out);
+  REQUIRE(WIFEXITED(again.status));
+  CHECK(WEXITSTATUS(again.status) == 128 + SIGTERM);
+  CHECK(again.out.find("done |") == std::string::npos);
+  CHECK(again.out.find("stopped | SIGTERM after the last step (2)") != std::string::npos);
+  const ul_test::CmdResult made = ul_test::run_cmd(ul_test::train_cmd(last + " --resume"));
+  INFO(made.out);
+  CHECK(made.code == 0);
+  CHECK(made.out.find("done | no step left, its missing eval made") != std::string::npos);
+  CHECK(val_losses(dir / "b/log.jsonl").size() == 1);
+}
+
 TEST_CASE("a stop signal at the last step or during the probes: the checkpoint is kept, the rest skipped", "[stop][cli]") {
   // The signal goes out when the last step's line is printed (it lands at the step boundary, before
   // the final eval) or the first length probe's (it lands before the six others): train holds at

@@ -1,0 +1,39 @@
+// Every TEST_CASE name must reach ctest whole (tests/CMakeLists.txt: catch_discover_tests makes each
+// one a ctest test): a ';' splits it into two entries that each match no test (CMake's list
+// separator), and a name starting with '-' reaches Catch as an option. Either way the case never
+// runs as itself, and no other test would say so.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_cmd.h"
+
+namespace fs = std::filesystem;
+
+TEST_CASE("test case names hold no semicolon and do not start with a dash", "[tests]") {
+  const std::regex test_case(R"re(TEST_CASE\(\s*"((?:[^"\\]|\\.)*)")re");
+  int names = 0;
+  std::vector<std::string> bad;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(ul_test::source_path("tests"))) {
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h")) continue;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    for (std::sregex_iterator it(s.begin(), s.end(), test_case), end; it != end; ++it) {
+      const std::string name = (*it)[1];
+      names++;
+      if (name.find(';') != std::string::npos || (!name.empty() && name[0] == '-'))
+        bad.push_back(e.path().filename().string() + ": " + name);
+    }
+  }
+  INFO(bad.size() << " bad names, the first: " << (bad.empty() ? "" : bad[0]));
+  CHECK(bad.empty());
+  CHECK(names > 200);  // the scan found the suite
+}
