@@ -493,8 +493,28 @@ int train_rank(const Options& o, Comm& world) {
     std::vector<float> copy;
     const float* host = tr.host_weights(true, copy);
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
+    // A resume of a run stopped during its probes (or one that ended) has the rows it made logged
+    // at this step: those lengths are not probed, nor logged, twice. (Not at another --seq or RoPE:
+    // that model's rows are new.)
+    const int probe_step = std::max(start, o.steps);
+    std::vector<int32_t> logged;
+    if (o.resume && lead && log && saved.seq == o.seq && notes.rope_before.empty())
+      for (const LogRecord& rec : read_run_log(log->path(), nullptr, {{"length"}, {"T"}}))
+        if (rec.count("step") && rec.at("step") == std::to_string(probe_step) && rec.count("T"))
+          logged.push_back(int32_t(std::stol(rec.at("T"))));
+    int32_t n_logged = int32_t(logged.size());
+    if (world.size() > 1) {
+      world.broadcast(&n_logged, 1, DType::i32, 0);
+      logged.resize(size_t(n_logged));
+      if (n_logged > 0) world.broadcast(logged.data(), logged.size(), DType::i32, 0);
+    }
     for (int T : o.probe_lengths) {
       if (stop_now()) break;
+      if (std::find(logged.begin(), logged.end(), T) != logged.end()) {
+        say("length %6d | logged already at step %d\n", T, probe_step);
+        lengths_done++;
+        continue;
+      }
       const double t0 = now_ms();
       beat.begin("length " + std::to_string(T));
       LengthProbe p;
@@ -504,7 +524,7 @@ int train_rank(const Options& o, Comm& world) {
                            if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
                          });
       } catch (const std::exception& e) {  // (a bad token id past what the evals read): the log says why
-        log_error(log.get(), std::max(start, o.steps), "length " + std::to_string(T) + ": " + e.what());
+        log_error(log.get(), probe_step, "length " + std::to_string(T) + ": " + e.what());
         throw;
       }
       std::string line;
@@ -521,7 +541,7 @@ int train_rank(const Options& o, Comm& world) {
         say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
       }
-      if (log) log->length_probe(std::max(start, o.steps), p);
+      if (log) log->length_probe(probe_step, p);
       lengths_done++;
       test_hold("length " + std::to_string(T));
     }

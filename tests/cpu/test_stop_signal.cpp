@@ -307,5 +307,18 @@ TEST_CASE("a stop signal at the last step or during the probes: the checkpoint i
     REQUIRE(!log.empty());
     CHECK(log.back().at("type") == "stop");
     CHECK(log.back().at("step") == "6");
+    if (k.hold != std::string("length 256")) continue;
+    // Resumed, the probes go on from the length the stop left: 256 is not probed, nor logged, twice.
+    const ul_test::CmdResult rest =
+        ul_test::run_cmd(ul_test::train_cmd("--steps 6 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128"
+                                            " --probe-lengths " + lengths + " --save-dir " + dir / "run" + " --resume"));
+    INFO(rest.out);
+    REQUIRE(rest.code == 0);
+    CHECK(rest.out.find("length    256 | logged already at step 6") != std::string::npos);
+    std::map<std::string, int> rows;
+    for (const LogRecord& rec : read_run_log(dir / "run/log.jsonl"))
+      if (rec.at("type") == "length") rows[rec.at("T")]++;
+    CHECK(rows.size() == 7);
+    for (const auto& [T, count] : rows) CHECK(count == 1);
   }
 }
