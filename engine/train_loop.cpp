@@ -268,9 +268,6 @@ int train_rank(const Options& o, Comm& world) {
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   Heartbeat beat(o.heartbeat);
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
-  // One eval at `step`: its line, and after the run's last one the task's probes: the same eval with
-  // one random setting held fixed (passkey: the needle at depths 0 to 1), one line saying where in
-  // the context retrieval fails. The log record carries both.
   // The stop signal every rank sees: the highest any caught (it may have reached one process only).
   // A collective: every rank calls it at the same point.
   auto agreed_stop_signal = [&] {
@@ -291,7 +288,9 @@ int train_rank(const Options& o, Comm& world) {
         : due                           ? " (a --resume runs it)"
                                         : " (a --resume with this --stop-after runs it)");
   };
-  // Returns false when a stop signal cut it short.
+  // One eval at `step`: its line, and after the run's last one the task's probes: the same eval with
+  // one random setting held fixed (passkey: the needle at depths 0 to 1), one line saying where in
+  // the context retrieval fails. The log record carries both. False when a stop signal cut it short.
   auto run_eval = [&](int step, bool last) -> bool {
     beat.begin("eval " + std::to_string(step));
     EvalResult now;
@@ -535,8 +534,8 @@ int train_rank(const Options& o, Comm& world) {
       }
       if (synthetic) {
         say("length %6d%s | whole answers %.2f%% of %lld | val loss %.4f (accuracy, %lld answer tokens each;"
-            " %.1f s)\n", T, line.c_str(), 100.0 * p.whole_accuracy, (long long)p.whole_answers, p.loss, (long long)p.answers,
-            (now_ms() - t0) / 1000);
+            " %.1f s)\n", T, line.c_str(), 100.0 * p.whole_accuracy, (long long)p.whole_answers, p.loss,
+            (long long)p.answers, (now_ms() - t0) / 1000);
       } else {
         say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
