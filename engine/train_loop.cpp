@@ -263,6 +263,7 @@ int train_rank(const Options& o, Comm& world) {
 
   double first_loss = 0, last_loss = 0;
   size_t peak_act = 0;  // the arena high-water of the run (train --plan predicts it)
+  bool trained = false;  // a step ran (a resume's cut made-up eval can stop the run before any)
   EvalResult ev;
   bool have_eval = false, final_eval = false;  // any eval so far; the one after the last step
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
@@ -400,6 +401,7 @@ int train_rank(const Options& o, Comm& world) {
     if (s == start) first_loss = r.loss;
     peak_act = std::max(peak_act, r.act_bytes);
     last_loss = r.loss;
+    trained = true;
     if (log) log->step(s + 1, r, tokens / (r.ms / 1000.0), epoch_now());
     // ZeRO-1 moves the gradients by reduce-scatter and the weights by all-gather: their own columns.
     char zero_sent[64] = "";
@@ -555,7 +557,7 @@ int train_rank(const Options& o, Comm& world) {
   }
   // A --steps 0 run's arena held its evals' forwards alone (nothing resets the high-water there).
   const bool eval_only = o.steps == 0 && have_eval;
-  if ((until > start && !stopped_early) || eval_only)
+  if (trained || eval_only)
     say("memory  | arena high-water %.1f MiB (planned %.1f MiB%s) | peak RSS %.1f MiB (this process)\n",
         (eval_only ? tr.context().arena.high_water() : peak_act) / 1048576.0, tr.planned_arena() / 1048576.0,
         eval_only ? ": an eval's forward" : "", peak_rss_bytes() / 1048576.0);

@@ -264,6 +264,12 @@ TEST_CASE("a cut eval: no --sample-every sample before the save, and a cut made-
   CHECK(s.out.find("eval      2 | cut short by SIGTERM") != std::string::npos);
   CHECK(s.out.find("sample  | step 2") == std::string::npos);
   CHECK(fs::exists(fs::path(dir / "a") / "step_00000002" / "COMPLETE"));
+  // Resumed, its made-up eval cut too: nothing trained, so no arena high-water to report.
+  const Stopped made_up = run_and_signal(sample + " --resume", "test hold | eval batch 2", SIGTERM, 0, "eval batch 2");
+  INFO(made_up.out);
+  CHECK(made_up.out.find("stopped | SIGTERM after step 2 of 4") != std::string::npos);
+  CHECK(made_up.out.find("step     3/4") == std::string::npos);
+  CHECK(made_up.out.find("memory  |") == std::string::npos);
   // The final eval cut, then the resume's made-up eval cut too: stopped, not "done".
   const std::string last = "--steps 2 --eval-every 0 --eval-batches 3 --threads 1 --batch 2 --seq 128 --save-dir " + dir / "b";
   REQUIRE(WIFEXITED(run_and_signal(last, "test hold | eval batch 2", SIGTERM, 0, "eval batch 2").status));
