@@ -104,13 +104,14 @@ void RunLog::eval(int step, const EvalResult& e) {
   line(j.str());
 }
 
-void RunLog::length_probe(int step, const LengthProbe& p) {
+void RunLog::length_probe(int step, const LengthProbe& p, const std::string& measured) {
   JsonLine j;
   j.add("type", "length").add("step", step).add("T", p.T).add("answers", p.answers);
   add_accuracies(j, p.accuracy);
   if (p.whole_answers > 0) j.add("whole_accuracy", p.whole_accuracy).add("whole_answers", p.whole_answers);
   j.add("val_loss", p.loss);
   add_position_losses(j, p.by_position);  // text: by band
+  j.add("measured", measured);
   line(j.str());
 }
 

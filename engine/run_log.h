@@ -10,7 +10,7 @@
 //    --loss-by-position "val_loss_pos_0":.., "val_loss_pos_64":.., ...: each band's val loss, by its
 //    first position)
 //   {"type":"length","step":1500,"T":1024,"answers":320,"acc_all":..,"acc_depth_0":.., ..,
-//    "whole_accuracy":..,"whole_answers":64,"val_loss":..}
+//    "whole_accuracy":..,"whole_answers":64,"val_loss":..,"measured":"..."}
 //    (--probe-lengths: one per length, after the run, for the model at that step; the val loss is
 //    the answers' on a synthetic task; on text "val_loss":.. and "val_loss_pos_N":.. instead of
 //    the accuracies)
@@ -50,7 +50,9 @@ class RunLog {
   // epoch: the data's place after the step in epochs of the train split (< 0: unlimited data, left out).
   void step(int step, const StepResult& r, double tok_per_s, double epoch = -1);
   void eval(int step, const EvalResult& e);
-  void length_probe(int step, const LengthProbe& p);
+  // measured: what the row was measured on (the model, its RoPE, --seq, the sequences), so that a
+  // resume can tell the rows it would make again from another model's at the same step.
+  void length_probe(int step, const LengthProbe& p, const std::string& measured);
   void stop(int step, const char* signal);
   void error(int step, const std::string& message);  // the step failed: {"type":"error",...}
   // Makes every line so far durable (fsync): called with each checkpoint, so that after a power

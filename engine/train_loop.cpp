@@ -495,14 +495,24 @@ int train_rank(const Options& o, Comm& world) {
     const float* host = tr.host_weights(true, copy);
     const int n = o.eval_batches * g.dp * o.batch;  // the sequences an eval reads
     // A resume of a run stopped during its probes (or one that ended) has the rows it made logged
-    // at this step: those lengths are not probed, nor logged, twice. (Not at another --seq or RoPE:
-    // that model's rows are new.)
+    // at this step: those lengths are not probed, nor logged, twice. Only rows measured as this
+    // run would measure them: the same model and RoPE (a --change-rope resume with no step left
+    // logs rows its checkpoint does not keep), --seq and sequence count.
     const int probe_step = std::max(start, o.steps);
+    const std::string measured = model.cfg.describe() + "; " + rope_text(model.cfg) + "; --seq " +
+                                 std::to_string(o.seq) + "; " + std::to_string(n) + " sequences";
     std::vector<int32_t> logged;
-    if (o.resume && lead && log && saved.seq == o.seq && notes.rope_before.empty())
-      for (const LogRecord& rec : read_run_log(log->path(), nullptr, {{"length"}, {"T"}}))
-        if (rec.count("step") && rec.at("step") == std::to_string(probe_step) && rec.count("T"))
-          logged.push_back(int32_t(std::stol(rec.at("T"))));
+    if (o.resume && lead && log) {
+      try {
+        for (const LogRecord& rec : read_run_log(log->path(), nullptr, {{"length"}, {"T", "measured"}}))
+          if (rec.count("step") && rec.at("step") == std::to_string(probe_step) && rec.count("T") &&
+              rec.count("measured") && rec.at("measured") == measured)
+            logged.push_back(int32_t(std::stol(rec.at("T"))));
+      } catch (const std::exception& e) {  // rank 0 alone: not a reason to leave the others waiting
+        logged.clear();
+        say("note    | %s: its length rows unread (%s): every length is probed\n", log->path().c_str(), e.what());
+      }
+    }
     int32_t n_logged = int32_t(logged.size());
     if (world.size() > 1) {
       world.broadcast(&n_logged, 1, DType::i32, 0);
@@ -542,7 +552,7 @@ int train_rank(const Options& o, Comm& world) {
         say("length %6d | val loss %.4f | by position%s (%lld targets; %.1f s)\n", T, p.loss,
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
       }
-      if (log) log->length_probe(probe_step, p);
+      if (log) log->length_probe(probe_step, p, measured);
       lengths_done++;
       test_hold("length " + std::to_string(T));
     }

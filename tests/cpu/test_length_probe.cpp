@@ -436,3 +436,29 @@ TEST_CASE("the room a decoder has beside the run: per limit, with the ranks that
   // Nothing left: no room, not a wrapped-around one.
   CHECK(decoder_room(30 * G, 1, 24 * G, 1, 24 * G, false) == 0);
 }
+
+TEST_CASE("a resume probes again a length whose logged row was measured on another model", "[length_probe][cli]") {
+  // A --change-rope resume with no step left logs rows under its RoPE but saves nothing: the
+  // checkpoint keeps the old one. A later plain resume must probe that model, not take the rows.
+  using namespace ul_test;
+  TempDir dir;
+  const std::string run = "--model llama --steps 2 --eval-every 0 --eval-batches 1 --threads 1 --batch 2 --seq 128"
+                          " --save-dir " + dir / "run";
+  REQUIRE(run_cmd(train_cmd(run)).code == 0);
+  CmdResult r = run_cmd(train_cmd(run + " --probe-lengths 128 --resume --change-rope --rope-theta 500000"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  r = run_cmd(train_cmd(run + " --probe-lengths 128 --resume"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("logged already") == std::string::npos);
+  // The same model and flags again: that row is its own, not made twice.
+  r = run_cmd(train_cmd(run + " --probe-lengths 128 --resume"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("length    128 | logged already at step 2") != std::string::npos);
+  std::map<std::string, int> rows;
+  for (const LogRecord& rec : read_run_log(dir / "run/log.jsonl"))
+    if (rec.at("type") == "length") rows[rec.at("measured")]++;
+  CHECK(rows.size() == 2);
+  for (const auto& [measured, count] : rows) CHECK(count == 1);
+}
