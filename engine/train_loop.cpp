@@ -280,9 +280,12 @@ int train_rank(const Options& o, Comm& world) {
   // of it is logged, so a --resume from this step's checkpoint runs it again in full (the made-up
   // eval below) when the step is one it evaluates at: --eval-every's, the last, or the same
   // --stop-after's.
+  // The steps a run evaluates at: --eval-every's and the last (scheduled), and --stop-after's.
+  auto scheduled_eval = [&](int step) { return (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps; };
+  auto evaluates_at = [&](int step) { return scheduled_eval(step) || step == o.stop_after; };
   auto say_cut = [&](const char* what, int step, const EvalResult& r, int of) {
     const int sig = agreed_stop_signal();
-    const bool due = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
+    const bool due = scheduled_eval(step);
     say("%s %5d | cut short by %s before batch %d of %d | not logged%s\n", what, step, stop_signal_name(sig),
         r.cut_at + 1, of,
         o.save_dir.empty() || step == 0 ? ""
@@ -355,8 +358,7 @@ int train_rank(const Options& o, Comm& world) {
   // probes): a run killed during its final eval, resumed, has no step left but that eval to make.
   const bool final_step = start == o.steps;
   if (!stopped_early && o.resume && start > 0 && start <= o.steps && !notes.stage_done &&
-      ((o.eval_every > 0 && start % o.eval_every == 0) || start == o.stop_after || final_step) && saved.seq == o.seq &&
-      notes.rope_before.empty()) {
+      evaluates_at(start) && saved.seq == o.seq && notes.rope_before.empty()) {
     int32_t missing = 0;
     if (lead && log) {
       missing = 1;
@@ -449,7 +451,7 @@ int train_rank(const Options& o, Comm& world) {
     // another step and another save (a large model's save can be much of a grace period).
     if (saved && !sig) sig = agreed_stop_signal();
     if (!sig) {
-      const bool evals = (o.eval_every > 0 && (s + 1) % o.eval_every == 0) || last || pause;
+      const bool evals = evaluates_at(s + 1);
       const bool cut = evals && !run_eval(s + 1, last);
       // --sample-every: rank 0 samples (the others wait for it at the agreement below); the last
       // step's sample is finish()'s, after the run. Not after a cut eval: the signal is for the save.
