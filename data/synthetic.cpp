@@ -135,14 +135,19 @@ PasskeyDataset::PasskeyDataset(Split split, uint64_t seed, PasskeyConfig cfg)
                              " token ids, more than 2^31 - 1");
 }
 
-void PasskeyDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
-  const int n = cfg_.digits, L = T + 1;
+int PasskeyDataset::filler_at(int T) const {
+  const int n = cfg_.digits;
   // In 64 bits: digits near 2^30 must not wrap the room left into a positive number.
-  const int64_t room = int64_t(L) - (2 * int64_t(n) + 3);  // BOS, KEY, n digits, QUERY, n digits
+  const int64_t room = int64_t(T) + 1 - (2 * int64_t(n) + 3);  // BOS, KEY, n digits, QUERY, n digits
   if (room < 0)
     throw std::runtime_error("passkey: sequence length " + std::to_string(T) + " is too short for " +
                              std::to_string(n) + " digits (need T >= " + std::to_string(2 * int64_t(n) + 2) + ")");
-  const int filler = int(room);  // < L
+  return int(room);  // < T + 1
+}
+
+void PasskeyDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
+  const int n = cfg_.digits, L = T + 1;
+  const int filler = filler_at(T);
   DataRng rng(seed_, stream_id(2, split_), uint64_t(i));
   std::vector<int32_t> s(L);
   std::vector<char> scored(L, 0);

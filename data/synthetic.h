@@ -53,7 +53,8 @@ class RecallDataset : public Dataset {
  public:
   RecallDataset(Split split, uint64_t seed, RecallConfig cfg = {});
   int vocab() const override { return 3 + cfg_.num_keys + cfg_.num_values; }
-  int64_t num_sequences(int) const override { return -1; }
+  // Unlimited (-1), once T is checked to be long enough for the task (the refusal sequence() makes).
+  int64_t num_sequences(int T) const override { return layout_at(T), -1; }
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   bool synthetic() const override { return true; }
   std::string describe() const override;
@@ -79,7 +80,7 @@ class PasskeyDataset : public Dataset {
  public:
   PasskeyDataset(Split split, uint64_t seed, PasskeyConfig cfg = {});
   int vocab() const override { return 13 + cfg_.filler_words; }
-  int64_t num_sequences(int) const override { return -1; }
+  int64_t num_sequences(int T) const override { return filler_at(T), -1; }  // as recall's
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   bool synthetic() const override { return true; }
   std::string describe() const override;
@@ -88,6 +89,7 @@ class PasskeyDataset : public Dataset {
   static constexpr int BOS = 0, KEY = 1, QUERY = 2, DIGIT0 = 3, FILLER0 = 13;
 
  private:
+  int filler_at(int T) const;  // filler words in a sequence of length T; throws when none fit
   Split split_;
   uint64_t seed_;
   PasskeyConfig cfg_;

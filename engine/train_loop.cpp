@@ -162,9 +162,10 @@ int train_rank(const Options& o, Comm& world) {
                           "--offload", "--save-every", "--keep"})
       if (o.set_by_user(f)) unread += std::string(unread.empty() ? "" : ", ") + f;
     // An export or sample alone evaluates nothing (--eval-batches asks for the eval).
-    if (!o.evaluates())
+    if (!o.evaluates())  // (--probe-lengths read the val split too)
       for (const char* f : {"--val-data", "--loss-by-position"})
-        if (o.set_by_user(f)) unread += std::string(unread.empty() ? "" : ", ") + f;
+        if (o.set_by_user(f) && !(o.probe_lengths.size() && std::string(f) == "--val-data"))
+          unread += std::string(unread.empty() ? "" : ", ") + f;
     if (!unread.empty()) say("note    | --steps 0 trains nothing%s: %s not read\n",
                              o.evaluates() ? "" : " and evaluates nothing (give --eval-batches N for an eval)", unread.c_str());
   }
@@ -205,12 +206,15 @@ int train_rank(const Options& o, Comm& world) {
   RunLayout saved = spread;
   ResumeNotes notes;  // a rollback's moves, or the pending rollback a plain resume took up
   if (!o.save_dir.empty()) start = start_from_save_dir(tr, o.save_dir, o.resume, saved, &notes);
-  if (o.resume && !notes.stage_done && start < o.steps)
+  // A --stop-after stage requeued at its own pause has no step left either (its checkpoint loads
+  // to make up an eval a signal skipped there).
+  const int stage_end = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  if (o.resume && !notes.stage_done && start < stage_end)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);
   else if (o.resume && !notes.stage_done)  // "done | nothing to do" follows, once the evals are made
-    say("resume  | %s/%s: the checkpoint is at step %d, --steps %d: no step left\n", o.save_dir.c_str(),
-        step_dir_name(start).c_str(), start, o.steps);
+    say("resume  | %s/%s: the checkpoint is at step %d, %s %d: no step left\n", o.save_dir.c_str(),
+        step_dir_name(start).c_str(), start, stage_end < o.steps ? "--stop-after" : "--steps", stage_end);
   if (notes.repeat)
     say("resume  | --resume-step %d was done before (%s) and its run has saved since: going on from its newest "
         "checkpoint, as --resume would (to roll back to step %d once more, remove that record first)\n", o.resume_step,
@@ -492,6 +496,7 @@ int train_rank(const Options& o, Comm& world) {
   // the exports do (they were once skipped there without a word).
   const bool paused = o.stop_after > 0 && !stopped_by;  // --stop-after: the run goes on later
   int lengths_done = 0;  // rows printed (a stop says whether it skipped all of them or the rest)
+  int lengths_probed = 0;  // of them, probed by this run (not logged already)
   if (!o.probe_lengths.empty() && !paused && !stop_now()) {
     std::vector<float> copy;
     const float* host = tr.host_weights(true, copy);
@@ -499,10 +504,13 @@ int train_rank(const Options& o, Comm& world) {
     // A resume of a run stopped during its probes (or one that ended) has the rows it made logged
     // at this step: those lengths are not probed, nor logged, twice. Only rows measured as this
     // run would measure them: the same model and RoPE (a --change-rope resume with no step left
-    // logs rows its checkpoint does not keep), --seq and sequence count.
+    // logs rows its checkpoint does not keep), --seq, sequence count and val data (--val-data may
+    // change on a resume).
     const int probe_step = std::max(start, o.steps);
+    const std::string val_id = tr.val_data().identity();
     const std::string measured = model.cfg.describe() + "; " + rope_text(model.cfg) + "; --seq " +
-                                 std::to_string(o.seq) + "; " + std::to_string(n) + " sequences";
+                                 std::to_string(o.seq) + "; " + std::to_string(n) + " sequences; " +
+                                 tr.val_data().describe() + (val_id.empty() ? "" : " (" + val_id + ")");
     std::vector<int32_t> logged;
     if (o.resume && lead && log) {
       try {
@@ -555,7 +563,7 @@ int train_rank(const Options& o, Comm& world) {
             position_cells(p.by_position).c_str(), (long long)p.answers, (now_ms() - t0) / 1000);
       }
       if (log) log->length_probe(probe_step, p, measured);
-      lengths_done++;
+      lengths_done++, lengths_probed++;
       test_hold("length " + std::to_string(T));
     }
   }
@@ -576,7 +584,11 @@ int train_rank(const Options& o, Comm& world) {
   if (tr.context().arena.blocks() > 1)  // a planner bug, not the user's: say so rather than hide it
     say("memory  | note: the arena outgrew the planned reservation (%zu blocks, %.1f MiB held)\n",
         tr.context().arena.blocks(), tr.context().arena.reserved() / 1048576.0);
-  const char* resumed = made_up_eval ? "no step left, its missing eval made" : "nothing to do";
+  // A resume with no step left may still have made what the run lacked: say which.
+  const char* resumed = made_up_eval && lengths_probed ? "no step left, its missing eval and --probe-lengths rows made"
+                        : made_up_eval                 ? "no step left, its missing eval made"
+                        : lengths_probed               ? "no step left, its --probe-lengths rows made"
+                                                       : "nothing to do";
   if (lead && start >= o.steps && o.steps > 0 && !stopped_by)
     std::printf("done | %s: the checkpoint is at step %d and --steps is %d\n", resumed, start, o.steps);
   else if (lead && paused && start >= o.stop_after)

@@ -233,8 +233,15 @@ Trainer::Trainer(const Options& o, Comm& world)
   } catch (const std::exception& e) {  // which flag's files: --val-data's are named the same way
     throw std::runtime_error("--data: " + std::string(e.what()));
   }
-  // A split too short for --seq fails now, not at the first step or (hours later) the first eval.
-  if (o.steps > 0) train_->num_sequences(o.seq);
+  // A split too short for --seq (or a synthetic task's sequence) fails now, not at the first step
+  // or (hours later) the first eval.
+  if (o.steps > 0) {
+    try {
+      train_->num_sequences(o.seq);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("--data: " + std::string(e.what()));
+    }
+  }
   if (o.checkpoint.empty()) cfg = model_config(o, train_->vocab());
   if (train_->vocab() > cfg.vocab)
     throw std::runtime_error(o.checkpoint + ": the model's vocabulary (" + std::to_string(cfg.vocab) +

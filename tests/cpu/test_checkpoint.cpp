@@ -1040,9 +1040,14 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
   CHECK(r.out.find("done | no step left, its missing eval made: the checkpoint is at step 3 and --stop-after is 3") !=
         std::string::npos);
   CHECK(evals_at_3() == 1);
-  r = train(run + " --stop-after 3 --resume");  // now it is there: not again
+  std::string loud = run;  // (--quiet keeps back the resume line)
+  loud.erase(loud.find(" --quiet"), 8);
+  r = train(loud + " --stop-after 3 --resume");  // now it is there: not again
   REQUIRE(r.code == 0);
   CHECK(r.out.find("done | nothing to do: the checkpoint is at step 3 and --stop-after is 3") != std::string::npos);
+  // and it does not say it continues ("continuing after step 3 of 6" it once said)
+  CHECK(r.out.find("/step_00000003: the checkpoint is at step 3, --stop-after 3: no step left") != std::string::npos);
+  CHECK(r.out.find("continuing") == std::string::npos);
   CHECK(evals_at_3() == 1);
   // A rollback to the pause or past it has nothing to train before it: refused before any move.
   expect_refused(run + " --stop-after 3 --resume-step 3", "--resume-step 3: nothing to train before --stop-after 3");

@@ -59,6 +59,10 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
       // The save dir's lock: the next run into it would empty the export.
       {"--steps 1 --save-dir " + (d / "sd").string() + " --export-llmc " + (d / "sd/.lock").string(),
        "is --save-dir's lock file; write it elsewhere"},
+      // A synthetic task's --seq too short for it was refused only at the first step, its log made.
+      {"--steps 2 --seq 11 --log " + (d / "e.jsonl").string(),
+       "--data: passkey: sequence length 11 is too short for 5 digits (need T >= 12)"},
+      {"--steps 2 --data recall --seq 4 --log " + (d / "e.jsonl").string(), "--data: recall: sequence length 4 is too short"},
   };
   const std::vector<std::string> before = listing(d);
   for (const Case& k : cases) {

@@ -452,10 +452,13 @@ TEST_CASE("a resume probes again a length whose logged row was measured on anoth
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("logged already") == std::string::npos);
+  CHECK(r.out.find("done | no step left, its --probe-lengths rows made: the checkpoint is at step 2") !=
+        std::string::npos);
   // The same model and flags again: that row is its own, not made twice.
   r = run_cmd(train_cmd(run + " --probe-lengths 128 --resume"));
   REQUIRE(r.code == 0);
   CHECK(r.out.find("length    128 | logged already at step 2") != std::string::npos);
+  CHECK(r.out.find("done | nothing to do: the checkpoint is at step 2") != std::string::npos);
   std::map<std::string, int> rows;
   for (const LogRecord& rec : read_run_log(dir / "run/log.jsonl"))
     if (rec.at("type") == "length") rows[rec.at("measured")]++;

@@ -154,3 +154,35 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   CHECK(r.out.find("note    | --doc-mask: --val-data's files start documents at token 299, the run at 10") !=
         std::string::npos);
 }
+
+TEST_CASE("a resume with another --val-data probes its lengths again, and --steps 0 probes read --val-data", "[val_data][length_probe]") {
+  TempDir dir;
+  const std::string a = (dir.path / "a.txt").string(), b = (dir.path / "b.txt").string();
+  write_text(a, "alpha", 800);
+  write_text(b, "omega zz", 800);
+  const std::string run = "--data text:" + a + " --steps 2 --eval-every 0 --eval-batches 1 --threads 1 --batch 2" +
+                          " --seq 64 --layers 1 --dim 32 --heads 4 --probe-lengths 64 --save-dir " +
+                          (dir.path / "run").string();
+  ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(run));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  // The row logged at step 2 was measured on a.txt's split: b.txt's is measured, not taken.
+  r = ul_test::run_cmd(ul_test::train_cmd(run + " --resume --val-data text:" + b));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("logged already") == std::string::npos);
+  CHECK(r.out.find("length     64 | val loss") != std::string::npos);
+  // And again on b.txt: that row is this run's own now.
+  r = ul_test::run_cmd(ul_test::train_cmd(run + " --resume --val-data text:" + b));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("length     64 | logged already at step 2") != std::string::npos);
+  // --steps 0 with a sample and no eval: the probes read --val-data, so no note calls it unread
+  // (--loss-by-position is).
+  r = ul_test::run_cmd(ul_test::train_cmd("--data text:" + a + " --steps 0 --threads 1 --seq 64 --layers 1 --dim 32"
+                                          " --heads 4 --sample 2 --prompt hi --loss-by-position --probe-lengths 64"
+                                          " --val-data text:" + b));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("length     64 | val loss") != std::string::npos);
+  CHECK(r.out.find("evaluates nothing (give --eval-batches N for an eval): --loss-by-position not read") !=
+        std::string::npos);
+}
