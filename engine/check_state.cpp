@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "engine/context.h"
 #include "engine/device.h"
@@ -63,7 +64,12 @@ int check_state_rank(const Options& o, Comm& world) {
   cfg.layers = lc.layers; cfg.dim = C; cfg.heads = lc.heads; cfg.kv_heads = lc.heads;
   cfg.vocab = V; cfg.padded_vocab = lc.padded_vocab; cfg.max_seq = lc.max_seq;
   check_ulysses_config(cfg.heads, cfg.kv_heads, T, g.sp);
+  cfg.validate_for(c.device, o.checkpoint);  // (a head dim the CUDA kernels lack failed inside one)
   Transformer model(cfg, param_dtype(o));
+  // The memory flags change how the step runs, not what it computes: checked against the file too.
+  model.recompute = o.recompute;
+  model.offload = o.offload;
+  model.mlp_chunks = o.mlp_chunks;
   if (weights.size() != model.params.numel())
     throw std::runtime_error(o.checkpoint + ": holds " + std::to_string(weights.size()) + " parameters, the model " +
                              std::to_string(model.params.numel()));
@@ -145,8 +151,12 @@ int check_state_rank(const Options& o, Comm& world) {
     }
     report(p.name, diff, ref);
   }
-  std::printf("check-state: %s (loss %.6f, reference %.6f, dp %d x sp %d, tolerance %.1e relative)\n",
-              pass ? "PASS" : "FAIL", loss, st.loss, g.dp, g.sp, o.check_tol);
+  std::string how;  // the memory flags the step ran with
+  if (o.recompute) how += ", --recompute";
+  if (o.offload) how += ", --offload";
+  if (o.mlp_chunks > 1) how += ", --mlp-chunks " + std::to_string(o.mlp_chunks);
+  std::printf("check-state: %s (loss %.6f, reference %.6f, dp %d x sp %d%s, tolerance %.1e relative)\n",
+              pass ? "PASS" : "FAIL", loss, st.loss, g.dp, g.sp, how.c_str(), o.check_tol);
   return pass ? 0 : 1;
 }
 

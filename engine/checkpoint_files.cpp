@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -436,11 +437,12 @@ std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + "
 std::string RunLayout::str() const {
   return "dp " + std::to_string(dp) + " x sp " + std::to_string(sp) + ", batch " + std::to_string(batch) +
          ", grad-accum " + std::to_string(grad_accum) + (zero > 0 ? ", --zero " + std::to_string(zero) : "") +
-         (mlp_chunks > 1 ? ", --mlp-chunks " + std::to_string(mlp_chunks) : "");
+         (mlp_chunks > 1 ? ", --mlp-chunks " + std::to_string(mlp_chunks) : "") +
+         (!device.empty() && device != "cpu" ? ", --device " + device : "");
 }
 
 RunLayout run_layout(const Options& o, const Grid& g) {
-  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq};
+  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq, o.device};
 }
 
 void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
@@ -456,7 +458,7 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   // Where it is the step's own place, the field an older build reads too (it then resumes it).
   if (next_sequence == int64_t(step) * layout.sequences_per_step()) j.add("data_position", step);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
-  j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks);
+  j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks).add("device", layout.device);
   // A number this save draws, to tell it from another save of the same step with the same bytes
   // (a rollback without a skip): DIR/rollback.json names checkpoints by it (engine/rollback_record.h).
   std::random_device rd;
@@ -563,11 +565,15 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
                           : ": a gpt2's positions are its shape: --max-seq " + got + " keeps them";
     if (f.key == "max_seq" && llama && rows)
       hint = ": the longest length it trained at, which --max-seq " + got + " keeps";
+    if (f.key == "precision" && got == "bf16" && run.device == "cpu")  // --precision bf16 is refused there
+      hint = ": the CPU backend trains in fp32 alone; resume it on --device cuda (or start a new fp32 run from its f32 "
+             "master weights: --checkpoint " + std::filesystem::path(path).parent_path().string() + "/model.bin)";
     throw mismatch(path, f.key + " is " + got + " in the checkpoint but " + want[f.key] + " in this run (" + f.flag +
                              ")" + hint);
   }
   RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
-                  count("zero", 0, true), count("mlp_chunks", 1, true), count("seq")};
+                  count("zero", 0, true), count("mlp_chunks", 1, true), count("seq"),
+                  have.count("device") ? have.at("device") : std::string()};
   const int64_t G = saved.sequences_per_step();
   if (G != run.sequences_per_step() && !changes.global_batch) {
     // What would keep G on this run's ranks: another --batch, else another --grad-accum.

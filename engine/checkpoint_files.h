@@ -108,6 +108,8 @@ struct RunLayout {
   int batch = 0, grad_accum = 0, dp = 0, sp = 0;
   int zero = -1, mlp_chunks = -1;
   int seq = 0;  // --seq: not part of the spread; a resume changes it only with --change-seq
+  // --device: another backend's kernels sum in another order ("": a checkpoint from before it)
+  std::string device;
   int64_t sequences_per_step() const { return int64_t(batch) * grad_accum * dp; }
   // The same spread of sequences over ranks (each rank's file then describes its place).
   bool operator==(const RunLayout& o) const {
@@ -116,9 +118,11 @@ struct RunLayout {
   // The same spread and the same sums: a resume continues bit-exactly.
   bool same_sums(const RunLayout& o) const {
     auto same = [](int a, int b) { return a < 0 || b < 0 || a == b; };
-    return *this == o && same(zero, o.zero) && same(mlp_chunks, o.mlp_chunks);
+    return *this == o && same(zero, o.zero) && same(mlp_chunks, o.mlp_chunks) &&
+           (device.empty() || o.device.empty() || device == o.device);
   }
-  std::string str() const;  // "dp 2 x sp 1, batch 8, grad-accum 1" (+ ", --zero 1", ", --mlp-chunks 4")
+  // "dp 2 x sp 1, batch 8, grad-accum 1" (+ ", --zero 1", ", --mlp-chunks 4", ", --device cuda")
+  std::string str() const;
 };
 RunLayout run_layout(const Options& o, const Grid& g);
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 
 #include "engine/checkpoint_files.h"
@@ -151,16 +152,14 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
 
 namespace {
 
-// A file every rank reads, read by rank 0 alone and sent to the others: a pipe (--prompt-file
-// /dev/stdin) gives its bytes once, and under mpirun only rank 0 has the job's stdin. A file rank 0
-// cannot read fails on every rank, with rank 0's message.
-// allow_pipe: --prompt-file (a tokenizer is read again by other tools: a file).
-std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
-  if (!world || world->size() == 1) return read_whole_file(path, allow_pipe);
+// What rank 0 alone does (read a file, make a directory), its text sent to the others; an error
+// there fails every rank, with rank 0's message.
+std::string on_rank0(Comm* world, const std::function<std::string()>& work) {
+  if (!world || world->size() == 1) return work();
   std::string text, error;
   if (world->rank() == 0) {
     try {
-      text = read_whole_file(path, allow_pipe);
+      text = work();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -178,6 +177,13 @@ std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
   return got;
 }
 
+// A file every rank reads, read by rank 0 alone and sent to the others: a pipe (--prompt-file
+// /dev/stdin) gives its bytes once, and under mpirun only rank 0 has the job's stdin.
+// allow_pipe: --prompt-file (a tokenizer is read again by other tools: a file).
+std::string read_once(const std::string& path, Comm* world, bool allow_pipe) {
+  return on_rank0(world, [&] { return read_whole_file(path, allow_pipe); });
+}
+
 }  // namespace
 
 RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Comm* world, size_t room,
@@ -185,17 +191,17 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     : o_(o), cfg_(cfg), eot_(eot) {
   // The export directories are made now, so that a path that cannot be written fails before
   // training; a run that ends without writing the exports (refused later at start-up, failed, or
-  // stopped) removes the ones it made (made_).
-  for (const std::string& path : {o.export_llmc, o.export_safetensors}) {
-    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-    if (path.empty() || dir.empty()) continue;
-    // (ranks race to make it: success is that it is there afterwards)
-    if (const std::string why = made_.make(dir.string()); !why.empty())
-      throw std::runtime_error(path + ": cannot create the directory " + dir.string() + ": " + why);
-  }
-  // Rank 0 writes the exports: only it takes back what it made (another rank's ending first must
-  // not remove a directory rank 0 is about to write into).
-  if (world && world->rank() != 0) made_.keep();
+  // stopped) removes the ones it made (made_). Rank 0 writes the exports, so it alone makes them
+  // and takes them back (when every rank made them, the one that came first kept them, unowned).
+  on_rank0(world, [&] {
+    for (const std::string& path : {o.export_llmc, o.export_safetensors}) {
+      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      if (path.empty() || dir.empty()) continue;
+      if (const std::string why = made_.make(dir.string()); !why.empty())
+        throw std::runtime_error(path + ": cannot create the directory " + dir.string() + ": " + why);
+    }
+    return std::string();
+  });
   if (!o.export_llmc.empty() && cfg.is_llama())
     throw std::runtime_error("--export-llmc: llm.c's checkpoint format holds gpt2 models only; use --export-safetensors");
   if (o.sample <= 0) return;

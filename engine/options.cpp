@@ -418,7 +418,13 @@ Options parse_options(int argc, char** argv) {
         {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains}, {"--change-rope", trains}, {"--stop-after", trains},
         {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
-        {"--lr", trains}, {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
+        {"--lr", trains}, {"--warmup", trains}, {"--schedule", trains}, {"--decay-frac", trains},
+        {"--final-lr-frac", trains}, {"--weight-decay", trains}, {"--grad-clip", trains}, {"--beta1", trains},
+        {"--beta2", trains}, {"--adam-eps", trains}, {"--zero", trains}, {"--seed", trains}, {"--sample-every", trains},
+        {"--save-every", trains}, {"--keep", trains}, {"--heartbeat", trains}, {"--quiet", trains},
+        {"--profile-step", trains},
+        {"--plan", "--plan plans a training run, which --check-state is not"}, {"--memory", trains},
+        {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
         {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads},
         {"--max-seq", "--check-state runs the llm.c checkpoint as its file shapes it"}};
     for (const auto& [f, why] : unread)

@@ -382,6 +382,9 @@ int train_rank(const Options& o, Comm& world) {
   // --stop-after: the loop ends there, saved and evaluated; the schedule (and the final evals,
   // probes, exports and sample, at --steps) are the whole run's.
   const int until = o.stop_after > 0 ? o.stop_after : o.steps;
+  if (o.profile_step > 0 && (o.profile_step <= start || o.profile_step > until) && until > start)
+    say("note    | --profile-step %d: this run trains steps %d to %d, so no step is profiled\n", o.profile_step,
+        start + 1, until);
   for (int s = start; s < until && !stopped_by; s++) {
     beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
@@ -615,7 +618,9 @@ int train_rank(const Options& o, Comm& world) {
     else
       what = "after the last step (" + std::to_string(stopped_at) + ") | " +
              (o.save_dir.empty() ? "nothing saved (no --save-dir)" : "checkpoint " + dir + ": the training is done") + left +
-             (left.empty() || o.save_dir.empty() ? "" : " (--steps 0 --checkpoint " + dir + "/model.bin runs them)");
+             // (--resume, not --steps 0 --checkpoint: a bf16 run's weights are the masters rounded
+             // stochastically, which a resume restores and a checkpoint load rounds to nearest)
+             (left.empty() || o.save_dir.empty() ? "" : " (--resume runs them)");
     std::printf("stopped | %s %s\n", sig.c_str(), what.c_str());
   } else if (lead && (eval_at_zero || until > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");

@@ -300,7 +300,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   // --eval-batches, the --checkpoint path...), each of which would hang or mislead on some ranks.
   fields.push_back({"command_line", json_quote(o.shared_command_line()), "the command line, but --threads and --quiet"});
   check_ranks_agree(world, fields);
-  cfg.validate_for(ctx_.device);  // before any allocation: a bad flag costs nothing
+  cfg.validate_for(ctx_.device, o.checkpoint);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
   // A --steps 0 run that only exports or samples reads no sequence: the default --seq is not its.
   if (!cfg.is_llama() && o.seq > cfg.max_seq && (o.evaluates() || o.set_by_user("--seq")))

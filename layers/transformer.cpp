@@ -64,11 +64,13 @@ void ModelConfig::validate() const {
     bad("--full-attention-first must be in [0, --full-attention-every), got " + std::to_string(full_first));
 }
 
-void ModelConfig::validate_for(Device d) const {
+void ModelConfig::validate_for(Device d, const std::string& from) const {
   validate();
+  // A checkpoint's shape is its own (no shape flag may change it): the message names the file.
+  const std::string shape = from.empty() ? "--dim " + std::to_string(dim) + " / --heads " + std::to_string(heads)
+                                         : from + ": dim " + std::to_string(dim) + " / heads " + std::to_string(heads);
   if (d == Device::cuda && !attention_cuda_head_dim(head_dim()))
-    throw std::runtime_error("--device cuda: head dim " + std::to_string(head_dim()) + " (--dim " + std::to_string(dim) +
-                             " / --heads " + std::to_string(heads) +
+    throw std::runtime_error("--device cuda: head dim " + std::to_string(head_dim()) + " (" + shape +
                              ") is not one the CUDA attention kernels are built for: 16, 32, 64 or 128");
 }
 

@@ -61,7 +61,9 @@ struct ModelConfig {
   bool has_qkv_bias() const { return !is_llama() || qkv_bias; }
   const char* head_name() const { return has_lm_head() ? "lm_head" : "wte"; }
   void validate() const;      // throws with a message naming the bad flag
-  void validate_for(Device d) const;  // validate(), and on cuda a head dim the kernels are built for
+  // validate(), and on cuda a head dim the kernels are built for; from: the checkpoint that gave
+  // the shape ("": the flags)
+  void validate_for(Device d, const std::string& from = "") const;
   std::string describe() const;
 };
 

@@ -120,3 +120,18 @@ TEST_CASE("a --steps 0 run that only exports or samples is not held to the defau
   CHECK(r.code == 1);
   CHECK(r.out.find("--seq 256 exceeds the model's max sequence 16") != std::string::npos);
 }
+
+TEST_CASE("a run of several ranks refused after making its export directory takes it back", "[cli]") {
+  // Every rank once made the directory and only rank 0 could take it back: when another rank made
+  // it first (most runs of 4 ranks), a refused run left it behind. Several tries: that was a race.
+  ul_test::TempDir dir;
+  const fs::path d = dir.path;
+  for (int i = 0; i < 6; i++) {
+    const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(
+        "--model llama --ranks 4 --threads 1 --steps 2 --quiet --export-llmc " + (d / "deep/er/x.bin").string()));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find("--export-llmc: llm.c's checkpoint format holds gpt2 models only") != std::string::npos);
+    CHECK_FALSE(fs::exists(d / "deep"));
+  }
+}

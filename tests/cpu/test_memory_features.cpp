@@ -257,6 +257,15 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
   // gpt2's positions, written out with --max-seq, bound it too (train refuses a longer --seq).
   PlanConfig fixed = plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 256", 1));
   CHECK(longest_seq(fixed, 1e30) == 256);
+  // ... also below 64 x sp, where the search in those units found nothing and blamed the memory:
+  // the longest multiple of sp the positions hold.
+  CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 32 --seq 32", 1)), 1e30) == 32);
+  CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 101 --seq 64 --sp 2", 2)), 1e30) ==
+        100);
+  CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 32 --seq 32", 1)), 1e3) == 0);
+  const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--max-seq 32 --seq 32 --plan --memory 1G"));
+  INFO(r.out);
+  CHECK(r.out.find(" per rank: 32 (the model's learned positions end at max_seq 32)\n") != std::string::npos);
   // The step's micro-batches (20 bytes a token, x --grad-accum) are in a CPU plan's total, as in
   // the check train makes: --plan's longest --seq was refused by the run it named.
   for (int accum : {1, 8}) {

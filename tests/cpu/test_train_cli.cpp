@@ -442,6 +442,19 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   CHECK(r.out.find("check-state: PASS") != std::string::npos);
   for (const char* name : {"logits", "loss", "wte", "wpe", "qkvw", "fcprojb", "lnfb"})
     CHECK(r.out.find(name) != std::string::npos);
+  // The memory flags run the step another way (they were once ignored here, a PASS of the plain path).
+  r = run_cmd(train_cmd(args + " --recompute --mlp-chunks 2"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("check-state: PASS") != std::string::npos);
+  CHECK(r.out.find("dp 1 x sp 1, --recompute, --mlp-chunks 2, tolerance") != std::string::npos);
+  // Flags of a training run are refused, not ignored.
+  for (const char* f : {"--profile-step 1", "--zero 1", "--seed 9", "--warmup 3", "--grad-clip 0", "--plan"}) {
+    CAPTURE(f);
+    const CmdResult t = run_cmd(train_cmd(args + " " + f));
+    CHECK(t.code == 1);
+    CHECK(t.out.find("--check-state") != std::string::npos);
+  }
   // A NaN in the reference fails (std::max dropped it, and a damaged reference passed): one logit,
   // then one gradient (the file's last float, lnfb's).
   ul_test::TempDir dir;

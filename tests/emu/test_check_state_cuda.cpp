@@ -1,6 +1,7 @@
 // --check-state on the CUDA backend (emulated in CI) against the independent PyTorch float64
 // GPT-2 reference (tools/reference_gpt2.py --head-dim-32: head dim 32, which the CUDA attention
-// supports), in fp32, on one rank and under dp x sp layouts with device buffers.
+// supports), in fp32, on one rank and under dp x sp layouts with device buffers, and with the
+// memory flags.
 #include <catch2/catch.hpp>
 
 #include "run_cmd.h"
@@ -10,7 +11,9 @@ using namespace ul_test;
 TEST_CASE("check-state passes on the CUDA backend against the PyTorch reference (fp32)", "[emu][reference]") {
   const std::string files = "--checkpoint " + source_path("tests/data/gpt2_d32_model.bin") + " --check-state " +
                             source_path("tests/data/gpt2_d32_state.bin");
-  for (const char* layout : {"", "--ranks 2 --sp 2", "--ranks 2 --sp 1"}) {
+  // (and with the memory flags, which run the same step another way: the block inputs replayed,
+  // kept in pinned host memory, the MLP in slices)
+  for (const char* layout : {"", "--ranks 2 --sp 2", "--ranks 2 --sp 1", "--recompute --offload --mlp-chunks 2"}) {
     CmdResult r = run_cmd(train_cmd("--device cuda --precision fp32 " + files + " " + layout));
     INFO("layout '" << layout << "'\n" << r.out);
     CHECK(r.code == 0);

@@ -225,6 +225,19 @@ TEST_CASE("train --profile-step prints that step's GPU time per op, and no other
   CHECK(r.out.find("step     3/3", at) != std::string::npos);
   CHECK_THAT(r.out, Catch::Contains("attention_forward_mma") && Catch::Contains("adamw_update") &&
                         Catch::Contains("linear forward M=64"));
+  // A stage that ends before that step profiles nothing, and says so (it said nothing).
+  const std::string dir = (std::filesystem::temp_directory_path() / ("ulysses_profile_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  const ul_test::CmdResult early = ul_test::run_cmd(ul_test::train_cmd(
+      "--device cuda --steps 3 --stop-after 1 --profile-step 2 --seq 32 --batch 2 --eval-every 0 --eval-batches 1"
+      " --save-dir " + dir));
+  INFO(early.out);
+  CHECK(early.code == 0);
+  CHECK(early.out.find("note    | --profile-step 2: this run trains steps 1 to 1, so no step is profiled") !=
+        std::string::npos);
+  CHECK(early.out.find("profile: one step") == std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("train --device cuda --offload says when it has nothing to move", UL_CUDA_TEST_TAG) {
@@ -240,11 +253,57 @@ TEST_CASE("train --device cuda --offload says when it has nothing to move", UL_C
   CHECK(three.out.find("--offload with") == std::string::npos);
 }
 
+TEST_CASE("a resume on another --device says it is not bit-exact", UL_CUDA_TEST_TAG) {
+  // The checkpoint is the same on either backend (f32 weights and AdamW state), but their kernels
+  // sum in other orders: a resume across them went on as if nothing changed.
+  const std::string dir = (std::filesystem::temp_directory_path() / ("ulysses_cross_device_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  const std::string run = "--precision fp32 --steps 3 --seq 32 --batch 2 --eval-every 0 --eval-batches 1 --threads 1"
+                          " --save-dir " + dir;
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(run + " --device cuda --stop-after 1")).code == 0);
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(run + " --device cuda --stop-after 2 --resume")).code == 0);
+  ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(run + " --device cpu --resume"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("resume  | another layout: saved at dp 1 x sp 1, batch 2, grad-accum 1, --device cuda; now dp 1 x sp "
+                   "1, batch 2, grad-accum 1: the same 2 sequences a step, summed in another order (not bit-exact)") !=
+        std::string::npos);
+  std::filesystem::remove_all(dir);
+  // The same device: nothing to say (the second stage above).
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(run + " --device cuda --stop-after 1")).code == 0);
+  r = ul_test::run_cmd(ul_test::train_cmd(run + " --device cuda --resume"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("another layout") == std::string::npos);
+  std::filesystem::remove_all(dir);
+  // A bf16 checkpoint on the CPU, which has no bf16: refused, saying where it can go on instead of
+  // asking for a --precision the CPU refuses.
+  const std::string bf16 = "--precision bf16" + run.substr(run.find(" --steps"));
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(bf16 + " --device cuda --stop-after 1")).code == 0);
+  r = ul_test::run_cmd(ul_test::train_cmd(run + " --device cpu --resume"));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("precision is bf16 in the checkpoint but fp32 in this run (--precision): the CPU backend trains in "
+                   "fp32 alone; resume it on --device cuda") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("train --device cuda refuses a head dim the attention kernels are not built for", UL_CUDA_TEST_TAG) {
   const ul_test::CmdResult r =
       ul_test::run_cmd(ul_test::train_cmd("--device cuda --dim 96 --heads 2 --steps 1 --eval-every 0 --quiet"));
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("head dim 48") && Catch::Contains("--dim 96") && Catch::Contains("--heads 2"));
+  // A checkpoint's shape is the file's, not flags a user could change (those are refused beside
+  // it): the message names the file, for training and for --check-state (which failed inside the
+  // attention kernel).
+  const std::string model = ul_test::source_path("tests/data/gpt2_tiny_model.bin");
+  for (const std::string& args : {std::string("--steps 1 --eval-every 0 --quiet"),
+                                  "--precision fp32 --check-state " + ul_test::source_path("tests/data/gpt2_tiny_state.bin")}) {
+    const ul_test::CmdResult c = ul_test::run_cmd(ul_test::train_cmd("--device cuda --checkpoint " + model + " " + args));
+    INFO(c.out);
+    CHECK(c.code == 1);
+    CHECK(c.out.find("--device cuda: head dim 8 (" + model + ": dim 32 / heads 4) is not one the CUDA attention kernels") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("train --device cuda --precision bf16: f32 masters, bf16 weights, close to fp32", UL_CUDA_TEST_TAG) {
