@@ -89,11 +89,6 @@ int stop_signal() { return g_signal.load(); }
 
 void started_training() { g_training.store(1); }
 
-void clear_stop_signal() {
-  g_signal.store(0);
-  g_count.store(0);
-}
-
 void test_hold(const std::string& point) {
   static const std::string points = [] {
     const char* v = std::getenv("ULYSSES_TEST_HOLD");

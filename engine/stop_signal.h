@@ -23,8 +23,6 @@ void started_training();
 int stop_signal();
 // "SIGTERM", "SIGINT", "SIGUSR1" (else "a signal").
 const char* stop_signal_name(int sig);
-// Tests: forget the signal received.
-void clear_stop_signal();
 
 // TEST HOOK: with ULYSSES_TEST_HOLD=P1,P2,... train waits at each named point until a stop signal
 // has arrived (at most 60 s), so a test's signal lands there and nowhere else, however loaded the

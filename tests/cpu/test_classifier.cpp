@@ -160,6 +160,17 @@ TEST_CASE("classifier argmax is the first maximum, wherever it lies", "[classifi
   CHECK(s.n_valid == 3);
   CHECK(s.n_correct == 2);  // rows 0 and 1; row 2's target ties the maximum but is not the first
   CHECK(s.loss_sum == Approx(2 * (std::log(598.0 + 2 * std::exp(1.0)) - 1.0) + std::log(598.0 + 2 * std::exp(-1.0))).epsilon(1e-6));
+  // One maximum alone, at each block's edges: the search by blocks must not step over it.
+  for (int at : {0, 1, 255, 256, 257, 511, 512, 599}) {
+    CAPTURE(at);
+    std::vector<float> one(V, 0.f);
+    one[size_t(at)] = 1.f;
+    const float x1 = 1.f;
+    const int32_t t1 = at;
+    const CrossEntropyStats h = ul::cpu::classifier_forward_backward<float>(nullptr, nullptr, &x1, one.data(), &t1, 1, C,
+                                                                            V, 1.f, 2);
+    CHECK(h.n_correct == 1);
+  }
 }
 
 TEST_CASE("classifier op: gradients added now, one chunk of arena scratch, bad targets rejected", "[classifier]") {

@@ -112,6 +112,12 @@ TEST_CASE("the decoded accuracy counts exactly the targets the full forward pred
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, one_off, V), T, 3, &answers, {}, &whole) ==
           Approx(0.8));
     CHECK(whole == Approx(0.75));
+    // The same with 7 missed, the run's first token: its last right does not make the answer right.
+    one_off = hit;
+    for (size_t i = 0; i < one_off.size(); i++) one_off[i][7] = miss[i][7];
+    CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, one_off, V), T, 3, &answers, {}, &whole) ==
+          Approx(0.8));
+    CHECK(whole == Approx(0.75));
     CHECK(decoded_accuracy(cfg, m.params.specs(), h.data(), FixedTask(in, hit, V), T, 3, &answers, {}, &whole) == 1.0);
     CHECK(whole == 1.0);
     // Two sequences of three: ten answer tokens.
@@ -226,11 +232,15 @@ TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other length
     // A model this young predicts one digit everywhere (10%): the loss tells more. The decoder's
     // -log p of the same 40 answers is the eval's val loss, to float rounding.
     double eval_loss = -1, row_loss = -2;
+    std::string eval_whole, row_whole;  // the answers counted whole: 2 batches x 4 sequences
     for (const LogRecord& rec : read_run_log(log)) {
-      if (rec.at("type") == "eval") eval_loss = std::stod(rec.at("val_loss"));
-      if (rec.at("type") == "length" && rec.at("T") == "96") row_loss = std::stod(rec.at("val_loss"));
+      if (rec.at("type") == "eval") eval_loss = std::stod(rec.at("val_loss")), eval_whole = rec.at("whole_answers");
+      if (rec.at("type") == "length" && rec.at("T") == "96")
+        row_loss = std::stod(rec.at("val_loss")), row_whole = rec.at("whole_answers");
     }
     CHECK(std::fabs(row_loss - eval_loss) < 1e-5 * eval_loss);
+    CHECK(eval_whole == "8");
+    CHECK(row_whole == "8");
     for (const char* depth : {"depth 0: ", "depth 0.25: ", "depth 0.5: ", "depth 0.75: ", "depth 1: "}) {
       CAPTURE(depth);
       CHECK(std::fabs(percent_after(r.out, depth, at96) - percent_after(r.out, depth, probe)) < slack);

@@ -186,3 +186,13 @@ TEST_CASE("a resume with another --val-data probes its lengths again, and --step
   CHECK(r.out.find("evaluates nothing (give --eval-batches N for an eval): --loss-by-position not read") !=
         std::string::npos);
 }
+
+TEST_CASE("an eval over dp ranks reads the sequences one rank reads with their batches together", "[val_data]") {
+  // --eval-batches 3 x dp 2 x --batch 2 and 3 x 1 x 4: the same 12 sequences, 0-11 (passkey's
+  // differ one from the next, so ranks reading overlapping ones would show in the loss).
+  const ul::EvalResult one = eval_of("--data passkey --batch 4"), two = eval_of("--data passkey --batch 2", 2);
+  CHECK(std::fabs(two.loss - one.loss) < 1e-5 * one.loss);
+  CHECK(two.answers == one.answers);
+  CHECK(two.whole_answers == one.whole_answers);
+  CHECK(two.accuracy == one.accuracy);
+}
