@@ -333,3 +333,18 @@ TEST_CASE("a stop signal at the last step or during the probes: the checkpoint i
     for (const auto& [T, count] : rows) CHECK(count == 1);
   }
 }
+
+TEST_CASE("a stop during the probes of a resume with no step left skips only what it skipped", "[stop][cli]") {
+  // The run's final eval is logged already: the stop line must not list it as skipped.
+  ul_test::TempDir dir;
+  const std::string args = "--steps 4 --eval-every 0 --eval-batches 1 --threads 1 --batch 2 --seq 96 --save-dir " +
+                           dir / "run";
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(args)).code == 0);
+  const Stopped s = run_and_signal(args + " --resume --probe-lengths 96,64", "test hold | length 96", SIGTERM, 0,
+                                   "length 96");
+  INFO(s.out);
+  REQUIRE(WIFEXITED(s.status));
+  CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
+  CHECK(s.out.find("stopped | SIGTERM during the final evals and probes (step 4); skipped: the rest of --probe-lengths\n") !=
+        std::string::npos);
+}
