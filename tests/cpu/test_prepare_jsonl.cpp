@@ -100,6 +100,10 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   write_file(d.file("notes.TXT.GZ"), "plain text, but named as compressed");
   write_file(d.file("zstd.txt"), std::string("\x28\xb5\x2f\xfd\x00", 5));
   write_file(d.file("bzip2.txt"), "BZh91AY&SY and then the compressed blocks");
+  write_file(d.file("bzip2_1.txt"), "BZh11AY&SY blocks of 100k (bzip2 -1)");
+  // JSON Lines named .json led by a byte-order mark, or a first line longer than the look ahead
+  write_file(d.file("bom.json"), "\xef\xbb\xbf{\"text\": \"one\"}\n{\"text\": \"two\"}\n");
+  write_file(d.file("long.json"), "{\"text\": \"" + std::string(size_t(3) << 20, 'a') + "\"}\n{\"text\": \"two\"}\n");
   std::string tar(600, '\0');
   tar.replace(0, 8, "docs.txt");
   tar.replace(257, 5, "ustar");
@@ -126,6 +130,9 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {d.file("notes.TXT.GZ"), "notes.TXT.GZ: named as a compressed file or an archive"},
       {d.file("zstd.txt"), "zstd.txt: zstd-compressed"},
       {d.file("bzip2.txt"), "bzip2.txt: bzip2-compressed"},
+      {d.file("bzip2_1.txt"), "bzip2_1.txt: bzip2-compressed"},
+      {d.file("bom.json"), "bom.json: a .json file of one JSON object a line"},
+      {d.file("long.json"), "long.json: a .json file of one JSON object a line"},
       {d.file("docs.tar.txt"), "docs.tar.txt: a tar archive"},
       {d.file("c4.json"), "c4.json: a .json file of one JSON object a line: JSON Lines, as C4 and Dolma name it"},
       {d.file("surrogate.json"), "surrogate.json: a .json file of one JSON object a line"},
