@@ -75,3 +75,29 @@ TEST_CASE("an eval-only run reports its arena's high-water against the plan", "[
   CHECK(r.out.find("memory  | arena high-water ") != std::string::npos);
   CHECK(r.out.find(": an eval's forward)") != std::string::npos);
 }
+
+TEST_CASE("a step that reads exactly the train split is not said to repeat any of it", "[cli][data]") {
+  ul_test::TempDir dir;
+  const std::string text = dir / "t.txt";
+  {
+    std::string s;
+    for (int i = 0; i < 900; i++) s += "line " + std::to_string(i * 7919 % 1000) + "\n";
+    FILE* f = std::fopen(text.c_str(), "wb");
+    REQUIRE(f);
+    std::fwrite(s.data(), 1, s.size(), f);
+    std::fclose(f);
+  }
+  const std::string args = "--data text:" + text + " --steps 1 --threads 1 --seq 64 --eval-batches 1 --eval-every 0 --batch ";
+  const std::string said = "train sequences (--batch x --grad-accum x dp) but the train split holds ";
+  ul_test::CmdResult r = run_cmd(train_cmd(args + "10000"));
+  const size_t at = r.out.find(said);
+  REQUIRE(at != std::string::npos);
+  const int holds = std::stoi(r.out.substr(at + said.size()));
+  REQUIRE(holds > 1);
+  r = run_cmd(train_cmd(args + std::to_string(holds)));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find(said) == std::string::npos);
+  r = run_cmd(train_cmd(args + std::to_string(holds + 1)));
+  CHECK(r.out.find(said + std::to_string(holds) + " at --seq 64: each step repeats some") != std::string::npos);
+}
