@@ -151,10 +151,10 @@ int check_state_rank(const Options& o, Comm& world) {
     }
     report(p.name, diff, ref);
   }
-  std::string how;  // the memory flags the step ran with
-  if (o.recompute) how += ", --recompute";
-  if (o.offload) how += ", --offload";
-  if (o.mlp_chunks > 1) how += ", --mlp-chunks " + std::to_string(o.mlp_chunks);
+  std::string how;  // the memory flags the step ran with (the model's, which the step read)
+  if (model.recompute) how += ", --recompute";
+  if (model.offload) how += ", --offload";
+  if (model.mlp_chunks > 1) how += ", --mlp-chunks " + std::to_string(model.mlp_chunks);
   std::printf("check-state: %s (loss %.6f, reference %.6f, dp %d x sp %d%s, tolerance %.1e relative)\n",
               pass ? "PASS" : "FAIL", loss, st.loss, g.dp, g.sp, how.c_str(), o.check_tol);
   return pass ? 0 : 1;

@@ -413,6 +413,7 @@ Options parse_options(int argc, char** argv) {
   if (!o.check_state.empty()) {
     const char* trains = "--check-state runs one step against its file and trains nothing";
     const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
+    const char* shaped = "--check-state runs the llm.c GPT-2 checkpoint as its file shapes it";
     const std::pair<const char*, const char*> unread[] = {
         {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--resume-step", trains},
         {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains}, {"--change-rope", trains}, {"--stop-after", trains},
@@ -426,7 +427,8 @@ Options parse_options(int argc, char** argv) {
         {"--plan", "--plan plans a training run, which --check-state is not"}, {"--memory", trains},
         {"--grad-accum", trains}, {"--seq", reads}, {"--batch", reads}, {"--data", reads},
         {"--val-data", reads}, {"--eval-batches", reads}, {"--eval-every", reads}, {"--loss-by-position", reads},
-        {"--max-seq", "--check-state runs the llm.c checkpoint as its file shapes it"}};
+        {"--max-seq", shaped}, {"--rope-theta", shaped}, {"--rope-scaling", shaped}, {"--sliding-window", shaped},
+        {"--full-attention-every", shaped}, {"--full-attention-first", shaped}};
     for (const auto& [f, why] : unread)
       if (o.set_by_user(f)) throw std::runtime_error(std::string(f) + ": " + why + "; drop " + f);
   }

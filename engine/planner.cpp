@@ -309,11 +309,12 @@ int64_t longest_seq(PlanConfig c, double budget) {
   };
   // No longer than train accepts: a step's grad_accum x batch x seq tokens fit an int (options.cpp).
   const int64_t cap = std::min<int64_t>(int64_t(1) << 30, INT32_MAX / (int64_t(c.batch) * c.grad_accum)) / unit;
-  // Fixed learned positions shorter than one unit: the longest multiple of sp they hold, if it fits
-  // (it was 0, "not even 64 sp", as if memory were short).
-  if (!c.model.is_llama() && c.max_seq_fixed && c.model.max_seq < unit) {
-    const int64_t T = c.model.max_seq / c.sp * c.sp;
-    return T > 0 && fits(T) ? T : 0;
+  // Fixed learned positions: the longest multiple of sp they hold, when it fits (below 64 sp the
+  // search in units found nothing, "not even 64 sp", as if memory were short); else the units.
+  if (!c.model.is_llama() && c.max_seq_fixed) {
+    const int64_t T = std::min<int64_t>(c.model.max_seq / c.sp * c.sp, cap * unit);
+    if (T > 0 && fits(T)) return T;
+    if (c.model.max_seq < unit) return 0;
   }
   if (cap < 1 || !fits(unit)) return 0;
   int64_t lo = 1, hi = 2;  // in units: lo fits
@@ -422,13 +423,14 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
     const int64_t T = longest_seq(c, budget);
     // gpt2's positions, fixed (--max-seq, a checkpoint's), may bound it before the memory does
     const bool positions = !c.model.is_llama() && c.max_seq_fixed;
-    const int64_t first = positions && c.model.max_seq < 64 * c.sp ? c.model.max_seq / c.sp * c.sp : 64 * c.sp;
+    const int64_t held = c.model.max_seq / c.sp * c.sp;  // the longest --seq those positions take
+    const int64_t first = positions && c.model.max_seq < 64 * c.sp ? held : 64 * c.sp;
     s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
     if (T == 0 && first == 0)
       s << " (the model's max_seq " << c.model.max_seq << " holds no multiple of --sp " << c.sp << ")";
     else if (T == 0)
       s << " (not even " << first << ": try " << memory_shrinks(c) << ")";
-    else if (positions && T + (first < 64 * c.sp ? c.sp : 64 * c.sp) > c.model.max_seq)
+    else if (positions && T == held)
       s << " (the model's learned positions end at max_seq " << c.model.max_seq << ")";
     s << "\n";
     if (double(p.total) > budget)

@@ -69,8 +69,8 @@ MemoryPlan plan_memory(const PlanConfig& c);
 // presets' counts are checked against their published models', tests/cpu/test_memory_features.cpp).
 size_t param_count(const ModelConfig& m);
 
-// The longest sequence (a multiple of 64 * sp; of sp under fixed learned positions shorter than
-// that) whose plan fits `budget` bytes per rank, or 0.
+// The longest sequence (a multiple of 64 * sp; under fixed learned positions, the longest multiple
+// of sp they hold when that fits) whose plan fits `budget` bytes per rank, or 0.
 int64_t longest_seq(PlanConfig c, double budget);
 
 // The flags that would shrink this run's memory, less those it has and those it would not read

@@ -111,7 +111,12 @@ int train_rank(const Options& o, Comm& world) {
   // Every rank on this machine decodes at once: each gets its share of the memory.
   check_probe_lengths(o.probe_lengths, tr.val_data(), model.cfg, o.seq, tr.decoder_room(true), weights_copied);
   say("ulysses | %s | %.2fM parameters\n", model.cfg.describe().c_str(), model.params.numel() / 1e6);
-  std::string layout = tr.train_data().layout(o.seq);
+  std::string layout;
+  try {
+    layout = tr.train_data().layout(o.seq);
+  } catch (const std::exception& e) {  // (a --steps 0 run, which no step's check reached: recall too short)
+    throw std::runtime_error("--data: " + std::string(e.what()));
+  }
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
     layout += (layout.empty() ? "" : " | ") + std::string("--doc-mask: documents start at token ") +
               std::to_string(tr.document_start());
@@ -382,7 +387,9 @@ int train_rank(const Options& o, Comm& world) {
   // --stop-after: the loop ends there, saved and evaluated; the schedule (and the final evals,
   // probes, exports and sample, at --steps) are the whole run's.
   const int until = o.stop_after > 0 ? o.stop_after : o.steps;
-  if (o.profile_step > 0 && (o.profile_step <= start || o.profile_step > until) && until > start)
+  if (o.profile_step > 0 && until <= start)
+    say("note    | --profile-step %d: this run has no step left to train, so no step is profiled\n", o.profile_step);
+  else if (o.profile_step > 0 && (o.profile_step <= start || o.profile_step > until))
     say("note    | --profile-step %d: this run trains steps %d to %d, so no step is profiled\n", o.profile_step,
         start + 1, until);
   for (int s = start; s < until && !stopped_by; s++) {

@@ -172,7 +172,7 @@ def main():
         if arch == "gpt2":
             state = os.path.join(d, "state.bin")
             gpt2_debug_state(model, state)
-            r = subprocess.run([a.train, "--threads", "1", "--data", "text:" + data, "--checkpoint", os.path.join(d, "model.bin"),
+            r = subprocess.run([a.train, "--threads", "1", "--checkpoint", os.path.join(d, "model.bin"),
                                 "--check-state", state, "--check-tol", "1e-4"], capture_output=True, text=True)
             print("ulysses -> HF gpt2: logits / loss / gradients vs HF (llm.c debug state, rel tol 1e-4):")
             print("  " + "\n  ".join(r.stdout.strip().splitlines()[-6:]))

@@ -63,6 +63,8 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
       {"--steps 2 --seq 11 --log " + (d / "e.jsonl").string(),
        "--data: passkey: sequence length 11 is too short for 5 digits (need T >= 12)"},
       {"--steps 2 --data recall --seq 4 --log " + (d / "e.jsonl").string(), "--data: recall: sequence length 4 is too short"},
+      {"--steps 0 --data recall --seq 4 --export-safetensors " + (d / "ex/model.safetensors").string(),
+       "--data: recall: sequence length 4 is too short"},
   };
   const std::vector<std::string> before = listing(d);
   for (const Case& k : cases) {

@@ -263,6 +263,9 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
   CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 101 --seq 64 --sp 2", 2)), 1e30) ==
         100);
   CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 32 --seq 32", 1)), 1e3) == 0);
+  // ... and above it, not the multiple of 64 sp below them (128 for 200 at sp 2)
+  CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 200 --seq 64 --sp 2", 2)), 1e30) ==
+        200);
   const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--max-seq 32 --seq 32 --plan --memory 1G"));
   INFO(r.out);
   CHECK(r.out.find(" per rank: 32 (the model's learned positions end at max_seq 32)\n") != std::string::npos);

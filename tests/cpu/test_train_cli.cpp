@@ -449,7 +449,8 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   CHECK(r.out.find("check-state: PASS") != std::string::npos);
   CHECK(r.out.find("dp 1 x sp 1, --recompute, --mlp-chunks 2, tolerance") != std::string::npos);
   // Flags of a training run are refused, not ignored.
-  for (const char* f : {"--profile-step 1", "--zero 1", "--seed 9", "--warmup 3", "--grad-clip 0", "--plan"}) {
+  for (const char* f : {"--profile-step 1", "--zero 1", "--seed 9", "--warmup 3", "--grad-clip 0", "--plan", "--rope-theta 5",
+                        "--sliding-window 4"}) {
     CAPTURE(f);
     const CmdResult t = run_cmd(train_cmd(args + " " + f));
     CHECK(t.code == 1);
