@@ -294,6 +294,14 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   return p;
 }
 
+namespace {
+// The longest --seq gpt2's learned positions take when they are fixed (--max-seq, a checkpoint's):
+// a multiple of sp; -1 when nothing fixes them (llama, or a gpt2 sized to its --seq).
+int64_t positions_hold(const PlanConfig& c) {
+  return !c.model.is_llama() && c.max_seq_fixed ? c.model.max_seq / c.sp * c.sp : -1;
+}
+}  // namespace
+
 int64_t longest_seq(PlanConfig c, double budget) {
   const int64_t unit = 64 * int64_t(c.sp);
   auto fits = [&](int64_t T) {
@@ -311,10 +319,10 @@ int64_t longest_seq(PlanConfig c, double budget) {
   const int64_t cap = std::min<int64_t>(int64_t(1) << 30, INT32_MAX / (int64_t(c.batch) * c.grad_accum)) / unit;
   // Fixed learned positions: the longest multiple of sp they hold, when it fits (below 64 sp the
   // search in units found nothing, "not even 64 sp", as if memory were short); else the units.
-  if (!c.model.is_llama() && c.max_seq_fixed) {
-    const int64_t T = std::min<int64_t>(c.model.max_seq / c.sp * c.sp, cap * unit);
+  if (const int64_t held = positions_hold(c); held >= 0) {
+    const int64_t T = std::min(held, cap * unit);
     if (T > 0 && fits(T)) return T;
-    if (c.model.max_seq < unit) return 0;
+    if (held < unit) return 0;
   }
   if (cap < 1 || !fits(unit)) return 0;
   int64_t lo = 1, hi = 2;  // in units: lo fits
@@ -422,15 +430,14 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   if (budget > 0) {
     const int64_t T = longest_seq(c, budget);
     // gpt2's positions, fixed (--max-seq, a checkpoint's), may bound it before the memory does
-    const bool positions = !c.model.is_llama() && c.max_seq_fixed;
-    const int64_t held = c.model.max_seq / c.sp * c.sp;  // the longest --seq those positions take
-    const int64_t first = positions && c.model.max_seq < 64 * c.sp ? held : 64 * c.sp;
+    const int64_t held = positions_hold(c);
+    const int64_t first = held >= 0 && held < 64 * c.sp ? held : 64 * c.sp;
     s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
     if (T == 0 && first == 0)
       s << " (the model's max_seq " << c.model.max_seq << " holds no multiple of --sp " << c.sp << ")";
     else if (T == 0)
       s << " (not even " << first << ": try " << memory_shrinks(c) << ")";
-    else if (positions && T == held)
+    else if (T == held)
       s << " (the model's learned positions end at max_seq " << c.model.max_seq << ")";
     s << "\n";
     if (double(p.total) > budget)

@@ -229,18 +229,15 @@ TEST_CASE("train --profile-step prints that step's GPU time per op, and no other
   const std::string dir = (std::filesystem::temp_directory_path() / ("ulysses_profile_" + std::to_string(::getpid())))
                               .string();
   std::filesystem::remove_all(dir);
-  const ul_test::CmdResult early = ul_test::run_cmd(ul_test::train_cmd(
-      "--device cuda --steps 3 --stop-after 1 --profile-step 2 --seq 32 --batch 2 --eval-every 0 --eval-batches 1"
-      " --save-dir " + dir));
+  const std::string run = "--device cuda --seq 32 --batch 2 --eval-every 0 --eval-batches 1 --save-dir " + dir;
+  const ul_test::CmdResult early = ul_test::run_cmd(ul_test::train_cmd(run + " --steps 3 --stop-after 1 --profile-step 2"));
   INFO(early.out);
   CHECK(early.code == 0);
   CHECK(early.out.find("note    | --profile-step 2: this run trains steps 1 to 1, so no step is profiled") !=
         std::string::npos);
   CHECK(early.out.find("profile: one step") == std::string::npos);
   // A resume with no step left: the same.
-  const ul_test::CmdResult none = ul_test::run_cmd(ul_test::train_cmd(
-      "--device cuda --steps 1 --profile-step 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1 --resume"
-      " --save-dir " + dir));
+  const ul_test::CmdResult none = ul_test::run_cmd(ul_test::train_cmd(run + " --steps 1 --profile-step 1 --resume"));
   INFO(none.out);
   CHECK(none.code == 0);
   CHECK(none.out.find("note    | --profile-step 1: this run has no step left to train, so no step is profiled") !=
