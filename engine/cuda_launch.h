@@ -29,7 +29,14 @@ inline void cuda_check(cudaError_t e, const char* call, const char* file, int li
                              ": " + cudaGetErrorString(e));
 }
 
-inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1) / b); }
+// Blocks to cover a elements b at a time. More than a grid's x dimension holds (2^31 - 1) is an
+// error, not a count cut to 32 bits (a launch over the first few elements only).
+inline unsigned ceil_div(long long a, long long b) {
+  const long long n = (a + b - 1) / b;
+  if (n > 0x7fffffffLL)
+    throw std::runtime_error("a launch of " + std::to_string(n) + " blocks: more than a grid's 2^31 - 1");
+  return unsigned(n);
+}
 
 }  // namespace ul
 

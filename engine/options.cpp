@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <utility>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -328,6 +329,11 @@ Options parse_options(int argc, char** argv) {
   positive("--batch", o.batch);
   positive("--seq", o.seq);
   positive("--grad-accum", o.grad_accum);
+  // A checkpoint's rank file reads these back up to 2^30 (as the planner searches): a run it could
+  // not resume is refused here, not at its first --resume. Sequence arithmetic (T + 1 targets, a
+  // window's end) stays clear of int's end with it too.
+  for (auto [flag, v] : {std::pair<const char*, int>{"--seq", o.seq}, {"--batch", o.batch}, {"--grad-accum", o.grad_accum}})
+    if (v > (1 << 30)) throw std::runtime_error(std::string(flag) + " " + std::to_string(v) + ": at most 2^30 (1073741824)");
   // A step's micro-batches are all loaded before its first forward (the loss is normalised over
   // the step): their tokens must stay countable, and their host copies are in the memory check.
   if (int64_t(o.grad_accum) * o.batch * o.seq > INT32_MAX)

@@ -18,6 +18,8 @@
 //            per channel slice: slow in that corner, never wrong.
 // range check   one thread per id, atomicMin of the index of an id out of range (an integer
 //            minimum: the same answer whatever the order), read back by the host.
+#include <cstdint>
+
 #include "engine/cuda_launch.h"
 #include "layers/scratch_sizes.h"
 #include "layers/elementwise.cuh"
@@ -191,8 +193,8 @@ void embedding_backward(float* dwte, float* dwpe, const T* dy, const int32_t* id
 
 int embedding_first_out_of_range(const int32_t* v, int N, int64_t limit, int* scratch, cudaStream_t s) {
   if (N == 0) return -1;
-  const int none = 0x7f7f7f7f;  // what a memset of 0x7f bytes makes: above any index
-  UL_CUDA_CHECK(cudaMemsetAsync(scratch, 0x7f, sizeof(int), s));
+  const int none = INT32_MAX;  // above any index (N <= 2^31 - 1); synchronised below, before it goes
+  UL_CUDA_CHECK(cudaMemcpyAsync(scratch, &none, sizeof(int), cudaMemcpyHostToDevice, s));
   launch("embedding_check", embedding_check_kernel, dim3(elementwise_blocks(N)), dim3(kElementwiseThreads), 0, s,
          scratch, v, N, limit);
   int first = none;

@@ -78,6 +78,10 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused("--doc-mask=false", "--doc-mask is a switch");
   expect_refused("--ranks 5000", "--ranks 5000: --comm local runs one thread per rank, at most 1024");
   expect_refused("--grad-accum 100000000", "tokens per rank per step, more than 2^31 - 1");
+  // What a checkpoint's rank file could not read back, and counts past int's end.
+  expect_refused("--seq 1073741825 --batch 1", "--seq 1073741825: at most 2^30 (1073741824)");
+  expect_refused("--batch 1073741825 --seq 1", "--batch 1073741825: at most 2^30");
+  expect_refused("--eval-batches 300000000 --steps 1", "--eval-batches x dp x --batch = 2400000000 val sequences");
   expect_refused("--val-data ''", "--val-data: empty");
   expect_refused("--data recall:queries=0", "recall: queries must be >= 1, or -1");
   expect_refused("--model llama --sliding-window 8 --full-attention-first 0", "--full-attention-first needs --full-attention-every");

@@ -415,6 +415,13 @@ TEST_CASE("emu: a shuffle from a lane outside the mask reads NaN (undefined on t
   for (int l = 8; l < 16; l++) CHECK(std::isnan(h[l]));
 }
 
+TEST_CASE("emu: a grid's block count past 2^31 - 1 is an error, not cut to 32 bits", "[emu]") {
+  CHECK(ul::ceil_div(513, 256) == 3u);
+  CHECK(ul::ceil_div(0x7fffffffLL * 256, 256) == 0x7fffffffu);
+  CHECK_THROWS_WITH(ul::ceil_div(0x7fffffffLL * 256 + 1, 256), Catch::Contains("2147483648 blocks") &&
+                                                                     Catch::Contains("more than a grid's 2^31 - 1"));
+}
+
 TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
   DeviceBuffer<int> out(64);
   CHECK_THROWS_WITH(ul::launch("early_exit", early_exit_barrier_kernel, dim3(2), dim3(64), 0, nullptr, out.p),
