@@ -7,6 +7,9 @@
 // same shapes and bench/gpu_check.sh prints the ratio.
 // --doc-len N adds a document mask of packed N-token documents: the FLOPs are still counted as
 // causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
+// --falling-ids numbers those documents downwards (the same documents, the same visible pairs):
+// the CPU kernels then test every earlier tile's ids instead of finding the document's tiles by
+// bisection, as they did for all ids before (the baseline of bench/RESULTS.md's rows).
 // --window W adds a sliding window of W keys (counted as causal too: compare the ms).
 // --query-rows 64|128 picks the bf16 CUDA kernels' query rows per block (forward and dq pass;
 // layers/attention.h); the last column says which ran. --dkv-stages 1|2 the bf16 dk/dv pass's stages
@@ -98,11 +101,13 @@ class GpuMarks {
 static int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,2048]\n"
-                 "                       [--dims 64] [--reps 3] [--doc-len N] [--window W]\n"
+                 "                       [--dims 64] [--reps 3] [--doc-len N [--falling-ids]] [--window W]\n"
                  "                       [--query-rows 64|128] [--dkv-stages 0|1|2]");
   const std::string device = args.text("--device", "cpu"), dtype = args.text("--dtype", "f32");
   const int H = args.positive("--heads", 16), reps = args.positive("--reps", 3);
   const int doc_len = int(args.integer("--doc-len", 0, 0, INT_MAX));  // 0: no document mask
+  const bool falling = args.flag("--falling-ids");
+  if (falling && doc_len == 0) throw std::runtime_error("--falling-ids needs --doc-len");
   const int window = int(args.integer("--window", 0, 0, INT_MAX));    // 0: no sliding window
   const bool rows_given = args.given("--query-rows");
   const int query_rows = int(args.integer("--query-rows", 64));
@@ -165,14 +170,14 @@ static int run(int argc, char** argv) {
         copy_from_host(qkv, host.data());
       }
       qkv = c.tape.track(qkv);
-      Tensor doc;  // (1, T) ids t / doc_len, outside the arena like qkv
+      Tensor doc;  // (1, T) ids t / doc_len (or minus it), outside the arena like qkv
       if (doc_len > 0) {
         doc.shape = {1, T};
         doc.dtype = DType::i32;
         doc.device = dev;
         doc.ptr = device_alloc(dev, doc.nbytes());
         std::vector<int32_t> ids(T);
-        for (int t = 0; t < T; t++) ids[t] = t / doc_len;
+        for (int t = 0; t < T; t++) ids[t] = falling ? -(t / doc_len) : t / doc_len;
         copy_from_host(doc, ids.data());
       }
       double best_f = 1e30, best_fb = 1e30;

@@ -96,6 +96,12 @@ PasskeyConfig passkey_config(const std::string& spec, const std::string& list) {
 
 }  // namespace
 
+bool synthetic_spec(const std::string& spec) {
+  for (const char* task : {"passkey", "recall"})
+    if (spec == task || spec.rfind(std::string(task) + ":", 0) == 0) return true;
+  return false;
+}
+
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, Split split, uint64_t seed, int model_vocab) {
   std::unique_ptr<Dataset> ds;
   auto arg = [&](const char* prefix) -> const char* {

@@ -72,6 +72,9 @@ int64_t sequence_at_length(const Dataset& d, int64_t next, int T_from, int T_to)
 // model_vocab: the model's vocabulary; a token id >= it is an error naming the file (and, for
 // shards, the offset). model_vocab <= 0 means "use the dataset's own vocab()".
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, Split split, uint64_t seed, int model_vocab);
+// Whether --data SPEC names a synthetic task (passkey, recall, with or without options): no
+// documents, no files.
+bool synthetic_spec(const std::string& spec);
 
 const char* split_name(Split s);
 

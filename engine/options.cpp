@@ -4,14 +4,15 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
-#include <utility>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
 #include <stdexcept>
+#include <utility>
 
+#include "data/dataset.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/cuda_runtime.h"
 #endif
@@ -515,8 +516,12 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--log") && o.log.empty()) throw std::runtime_error("--log: empty path");
   if (o.set_by_user("--eot") && !o.doc_mask) throw std::runtime_error("--eot needs --doc-mask");
   if (o.set_by_user("--eot") && o.eot < 0) throw std::runtime_error("--eot must be >= 0, got " + std::to_string(o.eot));
-  if (o.doc_mask && (o.data == "passkey" || o.data == "recall"))
+  if (o.doc_mask && synthetic_spec(o.data))
     throw std::runtime_error("--doc-mask: the synthetic task " + o.data + " has no documents (use text:FILE or shards:GLOB)");
+  // Its sequences would be split wherever the task's own tokens equal the end-of-text id.
+  if (o.doc_mask && synthetic_spec(o.val_data))
+    throw std::runtime_error("--val-data " + o.val_data + ": a synthetic task has no documents, and --doc-mask would "
+                             "split its sequences wherever a token of the task is the end-of-text id (evaluate it in a run without --doc-mask)");
   if (o.doc_mask && o.data.rfind("text:", 0) == 0 && !o.set_by_user("--eot"))
     throw std::runtime_error("--doc-mask with text data needs --eot BYTE (plain text has no end-of-text token)");
   if (o.doc_mask && !o.check_state.empty())

@@ -117,6 +117,7 @@ struct Walk {
     }
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);   // rope
     act(B * T * Hql * D), f32(B * Hql * T);            // attention out, lse
+    if (c.doc_mask) transient(scratch::attention_forward(B, true));  // (the CUDA op's, with documents)
     if (P > 1) act(N * C), exchange(N * C, B > 1, true);  // gather
     act(N * C), act(N * C);                            // attproj, residual
     norm(N);
@@ -153,7 +154,7 @@ struct Walk {
     act(N * C), linear_scratch(N, C, !llama);                    // attproj: d(att)
     if (P > 1) act(B * T * Hql * D), exchange(N * C, true, true);  // gather
     act(P > 1 ? B * T * W * D : N * QKV);                        // attention: d(qkv as it saw it)
-    transient(scratch::attention_backward(B, T, Hql));
+    transient(scratch::attention_backward(B, T, Hql, c.doc_mask));
     if (llama) act(P > 1 ? B * T * W * D : N * QKV);             // rope
     // scatter: the local qkv's gradient, which at batch 1 reuses the sent gradient's memory
     if (P > 1) B > 1 ? act(N * QKV) : void(), exchange(B * T * W * D, B > 1, true);
@@ -256,10 +257,11 @@ MemoryPlan plan_memory(const PlanConfig& c) {
     // than N QKV when kv heads are replicated (fewer than sp).
     p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a));
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
-  // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets
-  // and positions of this rank's T / sp, all T positions, and with --doc-mask the documents: at
-  // most 5 B T int32, the bound counted), in host memory whatever the device.
-  p.batches = size_t(c.grad_accum) * size_t(c.batch) * size_t(c.seq) * 5 * sizeof(int32_t);
+  // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets,
+  // positions and answer numbers of this rank's T / sp, all T positions, and with --doc-mask all T
+  // documents), in host memory whatever the device.
+  const size_t ints = 4 * size_t(c.seq / c.sp) + (1 + size_t(c.doc_mask)) * size_t(c.seq);  // a sequence's
+  p.batches = size_t(c.grad_accum) * size_t(c.batch) * ints * sizeof(int32_t);
   p.total = p.params + p.grads + p.optim + p.arena_peak + p.workspace + p.comm + (cuda ? 0 : p.batches);
 
   // Bytes sent per step (Trainer::step and parallel/ulysses.cpp, with communicator.h's formulas).

@@ -69,13 +69,38 @@ void apply_mask(Tile<T>& S, int qt, int kt, const int32_t* doc, int window, T va
       if (!visible(q0 + i, k0 + j, doc, window)) S(i, j) = value;
 }
 
+// One sequence's document ids: where they rise along it (each document one run of positions, as
+// packing makes them), the tiles outside a query's document are found by bisection, not visited:
+// with 2K-token documents at T = 256K, testing every earlier tile pair cost more than the work.
+struct Docs {
+  const int32_t* ids;  // (T) or nullptr: no document mask
+  bool rising;         // ids never fall along the sequence
+  Docs(const int32_t* doc, int b, int Tn) : ids(doc ? doc + int64_t(b) * Tn : nullptr), rising(false) {
+    if (ids) rising = std::is_sorted(ids, ids + Tn);
+  }
+};
+
 // The key tiles query tile qt can see: [first, qt]. A window skips the tiles wholly before the
-// first query's window without visiting them (at T = 1M and W = 4K, most of them).
-int first_key_tile(int qt, int window) { return window ? std::max(0, qt * kTile - window + 1) / kTile : 0; }
-// The query tiles key tile kt is seen by: [kt, last].
-int last_query_tile(int kt, const Layout& L, int window) {
-  if (!window) return L.ntiles() - 1;
-  return std::min(L.ntiles() - 1, int((int64_t(kt) * kTile + L.tile_len(kt) - 1 + window - 1) / kTile));
+// first query's window without visiting them (at T = 1M and W = 4K, most of them); rising
+// documents skip those before the tile's first row's document began.
+int first_key_tile(int qt, int window, const Docs& d) {
+  int first = window ? std::max(0, qt * kTile - window + 1) / kTile : 0;
+  if (d.rising) {
+    const int q0 = qt * kTile;
+    first = std::max(first, int(std::lower_bound(d.ids, d.ids + q0, d.ids[q0]) - d.ids) / kTile);
+  }
+  return first;
+}
+// The query tiles key tile kt is seen by: [kt, last]; rising documents end it at the tile where
+// its last key's document ends.
+int last_query_tile(int kt, const Layout& L, int window, const Docs& d) {
+  int last = L.ntiles() - 1;
+  if (window) last = std::min(last, int((int64_t(kt) * kTile + L.tile_len(kt) - 1 + window - 1) / kTile));
+  if (d.rising) {
+    const int k_end = kt * kTile + L.tile_len(kt) - 1;
+    last = std::min(last, int(std::upper_bound(d.ids + k_end, d.ids + L.Tn, d.ids[k_end]) - d.ids - 1) / kTile);
+  }
+  return last;
 }
 
 }  // namespace
@@ -86,6 +111,8 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D)), ninf = -std::numeric_limits<T>::infinity();
   const int nt = L.ntiles();
+  std::vector<Docs> docs;
+  for (int b = 0; b < B; b++) docs.emplace_back(doc, b, Tn);
 #pragma omp parallel
   {
     Scratch<T> s_buf(kTile * kTile), acc_buf(size_t(kTile) * D);
@@ -101,7 +128,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
       acc.setZero();
       std::fill(m.begin(), m.end(), ninf);  // running row max of S
       std::fill(l.begin(), l.end(), T(0));  // running row sum of exp(S - m)
-      for (int kt = first_key_tile(qt, window); kt <= qt; kt++) {
+      for (int kt = first_key_tile(qt, window, docs[b]); kt <= qt; kt++) {
         const Mask mk = tile_mask(qt, kt, L, docb, window);
         if (mk == Mask::all) continue;
         const int k0 = kt * kTile, nk = L.tile_len(kt);
@@ -151,6 +178,8 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D));
   const int nt = L.ntiles();
+  std::vector<Docs> docs;
+  for (int b = 0; b < B; b++) docs.emplace_back(doc, b, Tn);
   // Di = rowsum(dout * out) per (b, h, t), laid out like lse: O(T) memory.
   std::vector<T> Di(size_t(B) * Hq * Tn);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -179,7 +208,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       dK.setZero();
       dV.setZero();
       for (int h = g * L.group; h < (g + 1) * L.group; h++)
-        for (int qt = kt; qt <= last_query_tile(kt, L, window); qt++) {
+        for (int qt = kt, last = last_query_tile(kt, L, window, docs[b]); qt <= last; qt++) {
           const Mask mk = tile_mask(qt, kt, L, docb, window);
           if (mk == Mask::all) continue;
           const int q0 = qt * kTile, nq = L.tile_len(qt);
@@ -200,7 +229,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
       const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
       Tile<T> dQ(a_buf.data, nq, D);  // (nq, D)
       dQ.setZero();
-      for (int kt = first_key_tile(qt, window); kt <= qt; kt++) {
+      for (int kt = first_key_tile(qt, window, docs[b]); kt <= qt; kt++) {
         const Mask mk = tile_mask(qt, kt, L, docb, window);
         if (mk == Mask::all) continue;
         const int k0 = kt * kTile, nk = L.tile_len(kt);
@@ -261,7 +290,12 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
     Context& c = ctx();
     out = c.empty({B, Tn, Hq, D}, qkv.dtype);
     Tensor lse = c.empty({B, Hq, Tn});
-    cuda::attention_forward(out.as<T>(), lse.f32(), qkv.as<T>(), docp, window, B, Tn, Hq, Hkv, D, op_stream());
+    {
+      ArenaScope scope(c.arena);  // the forward's scratch (documents only): read before the next op writes it
+      void* scratch = docp ? c.arena.alloc(cuda::attention_forward_scratch_bytes(B, true)) : nullptr;
+      cuda::attention_forward(out.as<T>(), lse.f32(), qkv.as<T>(), docp, window, scratch, B, Tn, Hq, Hkv, D,
+                              op_stream());
+    }
     if (!needs_grad({&qkv})) return;
     out = c.tape.track(out);
     c.tape.push("attention", [=] {
@@ -270,7 +304,8 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
       // The gradient buffer first: one allocated lazily inside the scratch scope would be released with it.
       T* dqkv = grad_or_scratch_as<T>(qkv);
       ArenaScope scope(ctx().arena);
-      float* scratch = static_cast<float*>(ctx().arena.alloc(cuda::attention_backward_scratch_bytes(B, Tn, Hq)));
+      const size_t bytes = cuda::attention_backward_scratch_bytes(B, Tn, Hq, docp != nullptr);
+      float* scratch = static_cast<float*>(ctx().arena.alloc(bytes));
       cuda::attention_backward(dqkv, dout, out.as<T>(), lse.f32(), qkv.as<T>(), docp, window, scratch, B, Tn, Hq, Hkv,
                                D, op_stream());
     });

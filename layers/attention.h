@@ -35,17 +35,22 @@ inline bool attention_cuda_head_dim(int D) { return D == 16 || D == 32 || D == 6
 namespace cuda {
 // The same contract as the CPU kernels, on device memory; T is float or __nv_bfloat16, lse and all
 // accumulation are float. D must be one of 16, 32, 64, 128 (attention_cuda_head_dim); other head
-// dims throw std::invalid_argument naming D. doc: device (B, T) ids or nullptr.
+// dims throw std::invalid_argument naming D. doc: device (B, T) ids or nullptr. scratch:
+// attention_forward_scratch_bytes(B, doc) bytes of device memory (none without documents): where a
+// sequence's ids rise (each document one run of positions, as packing makes them), the bf16
+// kernels find the tiles of a tile's documents by bisection instead of testing every earlier one.
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
-                       int D, cudaStream_t s);
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, void* scratch, int B, int Tn,
+                       int Hq, int Hkv, int D, cudaStream_t s);
+size_t attention_forward_scratch_bytes(int B, bool doc);
 // Adds into dqkv (every row of it: q rows get dq, k rows dk, v rows dv). scratch:
-// attention_backward_scratch_bytes(B, Tn, Hq) bytes of device memory (rowsum(dout * out)).
-// Deterministic: every element of dqkv is written by one thread, summing in a fixed order.
+// attention_backward_scratch_bytes(B, Tn, Hq, doc) bytes of device memory (rowsum(dout * out), and
+// the forward's scratch). Deterministic: every element of dqkv is written by one thread, summing in
+// a fixed order.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
                         int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s);
-size_t attention_backward_scratch_bytes(int B, int Tn, int Hq);
+size_t attention_backward_scratch_bytes(int B, int Tn, int Hq, bool doc);
 
 // Query rows per block of the bf16 forward and dq pass: 64 (4 warps of 16 rows, the default) or
 // 128 (8 warps: each K/V tile a block fetches then serves twice the rows, for half the traffic

@@ -51,8 +51,8 @@ template <int D, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_backward_dkv_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ Di,
-                                      const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
-                                      float scale) {
+                                      const bf16* __restrict__ qkv, const int32_t* __restrict__ doc,
+                                      const int* __restrict__ falls, Geometry G, float scale) {
   constexpr int LD = kLd(D), kElems = kTileElems(D);
   UL_DYNAMIC_SMEM(bf16, smem);
   const bf16* Ks = smem;          // (64, LD)
@@ -65,11 +65,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int k0 = kt * kTile;
   const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};  // this lane's key rows
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
-  // Earlier query tiles see none of these keys, nor (with a window) those past the last key's window.
-  const int nqt = G.last_query(min(k0 + kTile, G.Tn) - 1) / kTile - kt + 1, steps = G.group * nqt;
+  const DocRange kr = docb ? doc_range(docb, kt, G.Tn) : DocRange{0, 0};
+  // Earlier query tiles see none of these keys, nor (with a window) those past the last key's
+  // window, nor (with rising ids) those after the tile where the keys' last document ends.
+  int nqt = G.last_query(min(k0 + kTile, G.Tn) - 1) / kTile - kt + 1;
+  if (docb && !falls[b]) nqt = first_tile(kt + 1, kt + nqt, [&](int j) { return docb[j * kTile] > kr.hi; }) - kt;
+  const int steps = G.group * nqt;
   // Step i is query head kvh * group + i / nqt, query tile kt + i % nqt. With documents, the steps
   // whose query tile shares none with the key tile are skipped (the diagonal always shares one).
-  const DocRange kr = docb ? doc_range(docb, kt, G.Tn) : DocRange{0, 0};
   auto next_step = [&](int i) {
     while (docb && i < steps && i % nqt != 0 && !ranges_meet(doc_range(docb, kt + i % nqt, G.Tn), kr)) i++;
     return i;
@@ -162,8 +165,8 @@ template <int D, int W>
 __global__ void __launch_bounds__(W * 32)
     attention_backward_dq_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ Di,
-                                     const bf16* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
-                                     float scale) {
+                                     const bf16* __restrict__ qkv, const int32_t* __restrict__ doc,
+                                     const int* __restrict__ falls, Geometry G, float scale) {
   constexpr int LD = kLd(D), kElems = kTileElems(D), kRows = 16 * W;
   UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
   const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kRows;  // later query blocks first
@@ -173,7 +176,7 @@ __global__ void __launch_bounds__(W * 32)
   const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
 
-  const KeyTiles tiles(docb, q0, kRows, G);
+  const KeyTiles tiles(docb, docb && !falls[b], q0, kRows, G);
   int kt = tiles.next(0);
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
@@ -368,7 +371,9 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
 
 }  // namespace
 
-size_t attention_backward_scratch_bytes(int B, int Tn, int Hq) { return scratch::attention_backward(B, Tn, Hq); }
+size_t attention_backward_scratch_bytes(int B, int Tn, int Hq, bool doc) {
+  return scratch::attention_backward(B, Tn, Hq, doc);
+}
 
 namespace {
 std::atomic<int> g_dkv_stages{0};
@@ -401,7 +406,9 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
                         int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s) {
   const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;
-  float* Di = scratch;  // (B, Hq, T)
+  float* Di = scratch;  // (B, Hq, T), then the forward's scratch
+  int* falls = reinterpret_cast<int*>(scratch + int64_t(B) * Hq * Tn);
+  if (doc && std::is_same<T, bf16>::value) mark_falling(falls, doc, B, Tn, s);
   // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors
   // come from the arena (64-byte aligned); the tensor-core kernels need 16 bytes too.
   constexpr int kV = kPackElems<T>;
@@ -427,7 +434,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
         allow_smem(kernel, mma_dkv_smem(kD, kS));
         // Named apart, so a profile (and a test) tells which ran.
         launch(kS == 2 ? "attention_backward_dkv_mma" : "attention_backward_dkv_mma_1stage", kernel, dim3(G.nt, Hkv, B),
-               dim3(kWarps * 32), mma_dkv_smem(kD, kS), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+               dim3(kWarps * 32), mma_dkv_smem(kD, kS), s, dqkv, dout, lse, Di, qkv, doc, falls, G, scale);
       };
       if (dkv_stages(kD) == 2) dkv(std::integral_constant<int, 2>{});
       else dkv(std::integral_constant<int, 1>{});
@@ -436,7 +443,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
         auto* kernel = attention_backward_dq_mma_kernel<kD, kW>;
         allow_smem(kernel, mma_stages_smem(kD));
         launch("attention_backward_dq_mma", kernel, dim3(ceil_div(Tn, 16 * kW), Hq, B), dim3(kW * 32),
-               mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+               mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, falls, G, scale);
       };
       if (attention_query_rows() == 128) dq(std::integral_constant<int, 8>{});
       else dq(std::integral_constant<int, 4>{});

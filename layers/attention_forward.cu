@@ -4,6 +4,7 @@
 
 #include "layers/attention_tiles.cuh"
 #include "layers/elementwise.cuh"
+#include "layers/scratch_sizes.h"
 
 namespace ul {
 namespace cuda {
@@ -31,7 +32,8 @@ using namespace attn;
 template <int D, int W>
 __global__ void __launch_bounds__(W * 32)
     attention_forward_mma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                                 const int32_t* __restrict__ doc, Geometry G, float scale) {
+                                 const int32_t* __restrict__ doc, const int* __restrict__ falls, Geometry G,
+                                 float scale) {
   constexpr int LD = kLd(D), kElems = kTileElems(D), kRows = 16 * W;
   UL_DYNAMIC_SMEM(bf16, smem);  // stage s: K tile at smem + 2 s kElems, its V tile right after
   // Later query blocks walk more keys: start them first.
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(W * 32)
   const int32_t* docb = doc ? doc + int64_t(b) * G.Tn : nullptr;
   const float ninf = -INFINITY;
 
-  const KeyTiles tiles(docb, q0, kRows, G);
+  const KeyTiles tiles(docb, docb && !falls[b], q0, kRows, G);
   int kt = tiles.next(0);
   fetch_kv_tile<D>(smem, 0, qkv, G, b, kvh, kt);
 
@@ -185,11 +187,15 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
 
 }  // namespace
 
+size_t attention_forward_scratch_bytes(int B, bool doc) { return scratch::attention_forward(B, doc); }
+
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
-                       int D, cudaStream_t s) {
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, void* scratch, int B, int Tn,
+                       int Hq, int Hkv, int D, cudaStream_t s) {
   const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;  // a grid of no blocks is an invalid launch
+  int* falls = static_cast<int*>(scratch);
+  if (doc && std::is_same<T, bf16>::value) mark_falling(falls, doc, B, Tn, s);
   // cp.async and ldmatrix move 16-byte rows: a view at an odd offset would fault on the GPU.
   if (!pack_aligned({qkv, out})) throw std::runtime_error("attention_forward: qkv and out must be 16-byte aligned");
   const float scale = softmax_scale(D);
@@ -204,7 +210,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
         auto* kernel = attention_forward_mma_kernel<kD, kW>;
         allow_smem(kernel, mma_stages_smem(kD));
         launch("attention_forward_mma", kernel, dim3(ceil_div(Tn, 16 * kW), Hq, B), dim3(kW * 32),
-               mma_stages_smem(kD), s, out, lse, qkv, doc, G, scale);
+               mma_stages_smem(kD), s, out, lse, qkv, doc, falls, G, scale);
       };
       if (attention_query_rows() == 128) go(std::integral_constant<int, 8>{});
       else go(std::integral_constant<int, 4>{});
@@ -212,10 +218,10 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
   });
 }
 
-template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int, int,
-                                       cudaStream_t);
-template void attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int, int,
-                                               int, int, int, int, cudaStream_t);
+template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, void*, int, int, int, int,
+                                       int, cudaStream_t);
+template void attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int, void*,
+                                               int, int, int, int, int, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ul

@@ -27,7 +27,8 @@
 //   softmax row statistics are shared by the 4 lanes of a quad (shuffles). Visibility is tested
 //   element by element only where a tile needs it (KeyTiles::masked): the diagonal, a tile at the
 //   window's edge, a dk/dv tile whose queries run past T, a pair not inside one document; tile pairs
-//   that share no document are skipped (the CPU's tiles and rule);
+//   that share no document are skipped (the CPU's tiles and rule), and with rising ids never visited
+//   (KeyTiles, first_tile);
 //   with a sliding window, tiles wholly older than it are never visited (O(T W) work, not O(T^2)).
 // f32: the verification precision, plain FMA: a query row (forward, dq) or key row (dk/dv) per
 //   group of S consecutive lanes (FmaSplit), its rows in registers, split over the group's lanes
@@ -36,7 +37,9 @@
 // Not yet done for speed: 32 rows per warp (FlashAttention-2's layout: half the ldmatrix reads per
 // tensor-core instruction), warp-specialised producers (TMA, wgmma).
 #pragma once
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -108,17 +111,48 @@ __device__ __forceinline__ bool one_document(DocRange a, DocRange b) {
   return a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
 }
 
+// Rising ids (each document one run of positions, as packing makes them): falls[b], set by
+// doc_falls_kernel, is 0 for such a sequence. Then a tile's documents lie in a run of tiles found
+// by bisection, where testing every earlier tile's ids cost more than the work at long T (T = 64K
+// of 2K-token documents: hundreds of tiles walked, a few dozen multiplied).
+// pairs: the B (T - 1) neighbours (t, t + 1) inside a sequence; falls zeroed before. (static: each
+// .cu that includes this has its own.)
+static __global__ void doc_falls_kernel(int* __restrict__ falls, const int32_t* __restrict__ doc, int Tn,
+                                        int64_t pairs) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (Tn - 1), t = b * Tn + i % (Tn - 1);
+    if (doc[t + 1] < doc[t]) atomicExch(falls + b, 1);
+  }
+}
+
+// The first tile j in [lo, hi) for which reached(j) holds (hi if none), where reached holds for
+// every tile after one it holds for. 32 probes a round, one a lane: a range of n tiles takes
+// log32(n) rounds (3 at T = 1M). All 32 lanes of the warp call it together.
+template <class F>
+__device__ __forceinline__ int first_tile(int lo, int hi, F reached) {
+  while (lo < hi) {
+    const int step = (hi - lo + 31) / 32, p = lo + lane_id() * step;
+    const unsigned probed = __ballot_sync(0xffffffffu, p < hi);
+    const unsigned hit = __ballot_sync(0xffffffffu, p < hi && reached(p));
+    const int misses = __popc(probed & ~hit), probes = __popc(probed);  // misses: the probes before the first hit
+    if (misses < probes) hi = lo + misses * step;   // the first probe that hit
+    if (misses > 0) lo += (misses - 1) * step + 1;  // past the last probe that missed
+  }
+  return lo;
+}
+
 // The key tiles a block of query rows q0 .. q0 + rows - 1 walks (forward, dq pass; q0 a multiple
 // of the tile, rows one or two tiles): from the tile of the first row's earliest key (0 without a
 // window) to last, the tile of its last row below T, with documents only those that share one
-// with its rows. The tiles from first = q0 / 64 on are always walked: each holds keys that its own
-// rows see (a query sees itself).
+// with its rows (with rising ids, walked from the tile where the rows' first document begins).
+// The tiles from first = q0 / 64 on are always walked: each holds keys that its own rows see (a
+// query sees itself).
 struct KeyTiles {
   const int32_t* docb;
   int begin, first, last, Tn;
   int window_end;  // tiles below it hold keys that leave the last row's window (masked); 0: none do
   DocRange q;  // the ids of the block's rows
-  __device__ KeyTiles(const int32_t* d, int q0, int rows, const Geometry& G)
+  __device__ KeyTiles(const int32_t* d, bool rising, int q0, int rows, const Geometry& G)
       : docb(d), begin(G.first_key(q0) / kTile), first(q0 / kTile), last((min(q0 + rows, G.Tn) - 1) / kTile),
         Tn(G.Tn), window_end(G.window ? (G.first_key(q0 + rows - 1) + kTile - 1) / kTile : 0), q{0, 0} {
     if (!d) return;
@@ -127,6 +161,8 @@ struct KeyTiles {
       const DocRange r = doc_range(d, t, Tn);
       q = {min(q.lo, r.lo), max(q.hi, r.hi)};
     }
+    // Tiles before `first` are whole; the first whose last id reaches the rows' lowest one.
+    if (rising) begin = first_tile(begin, first, [&](int j) { return d[j * kTile + kTile - 1] >= q.lo; });
   }
   // The first tile from kt on to walk; last + 1 past the end.
   __device__ int next(int kt) const {
@@ -302,6 +338,16 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
   // k + window - 1 in last_query() from overflowing an int for windows near INT_MAX.
   if (window >= Tn) window = 0;
   return Geometry{B, Tn, Hq, Hkv, D, Hq / Hkv, int(ceil_div(Tn, kTile)), window};
+}
+
+// falls[b] = 1 where sequence b's document ids fall somewhere, else 0 (B ints of device memory).
+inline void mark_falling(int* falls, const int32_t* doc, int B, int Tn, cudaStream_t s) {
+  if (!falls) throw std::invalid_argument("attention (CUDA): documents need the scratch of attention_forward_scratch_bytes");
+  UL_CUDA_CHECK(cudaMemsetAsync(falls, 0, size_t(B) * sizeof(int), s));
+  const int64_t pairs = int64_t(B) * (Tn - 1);
+  if (pairs > 0)
+    launch("attention_doc_falls", doc_falls_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(pairs, 256), 4096))),
+           dim3(256), 0, s, falls, doc, Tn, pairs);
 }
 
 // f(std::integral_constant<int, D>) for the supported head dims.

@@ -1,4 +1,4 @@
-// The device scratch each CUDA backward kernel takes from the arena, in plain C++: the .cu files
+// The device scratch each CUDA backward kernel (and the attention forward) takes from the arena, in plain C++: the .cu files
 // size their scratch with these, and the planner (engine/planner.cpp) counts the same bytes in any
 // build, which is how its plan of a GPU run's arena can be exact.
 #pragma once
@@ -23,7 +23,12 @@ inline int column_chunks(int64_t N) {
 inline size_t linear_backward(int64_t N, int64_t OC) { return size_t(column_chunks(N)) * OC * sizeof(float); }
 inline size_t layernorm_backward(int64_t N, int64_t C) { return 2 * size_t(column_chunks(N)) * C * sizeof(float); }
 inline size_t rmsnorm_backward(int64_t N, int64_t C) { return size_t(column_chunks(N)) * C * sizeof(float); }
-inline size_t attention_backward(int64_t B, int64_t Tn, int64_t Hq) { return size_t(B * Tn * Hq) * sizeof(float); }
+// With documents, the attention kernels take a flag a sequence (do its ids fall anywhere?): the
+// forward's scratch, and the backward's after rowsum(dout * out) (B, Hq, T).
+inline size_t attention_forward(int64_t B, bool doc) { return doc ? size_t(B) * sizeof(int32_t) : 0; }
+inline size_t attention_backward(int64_t B, int64_t Tn, int64_t Hq, bool doc) {
+  return size_t(B * Tn * Hq) * sizeof(float) + attention_forward(B, doc);
+}
 
 // The embedding backward sorts (row, n) keys with a bitonic network: a power of two, at least 2.
 inline int64_t embedding_sort_size(int64_t N) {

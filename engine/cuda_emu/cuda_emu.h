@@ -143,6 +143,9 @@ inline int __all_sync(unsigned mask, int pred) {
   return uint32_t(r) == uint32_t(r >> 32);
 }
 
+// ---- integer intrinsics ---------------------------------------------------------------------------
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
 // Blocks of a grid run concurrently on OpenMP threads; fences order their memory like on a GPU.
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

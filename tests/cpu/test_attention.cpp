@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <new>
 
 #include <omp.h>
@@ -233,6 +234,33 @@ TEST_CASE("attention document mask with interleaved ids matches the naive mask",
   CHECK(rel_err(of, out) < 1e-5);
   CHECK(rel_err(lf, lse) < 1e-5);
   CHECK(rel_err(dq, dref) < 2e-5);
+}
+
+TEST_CASE("attention with rising document ids at every tile edge matches the naive mask", "[attention]") {
+  // Rising ids let the kernels skip, by bisection, the key tiles before a query tile's first
+  // document and the query tiles past a key tile's last one. Documents start one before, at and one
+  // after each 64-row tile edge (some of one token); the second sequence is one document throughout.
+  Cfg c{2, 320, 4, 2, 8};
+  std::vector<int32_t> doc(size_t(c.B) * c.Tn, 5);
+  const int starts[] = {1, 63, 64, 65, 127, 129, 191, 192, 193, 255, 256, 300, 319};
+  for (int t = 0, id = 0, next = 0; t < c.Tn; t++) {
+    if (next < int(std::size(starts)) && t == starts[next]) id++, next++;
+    doc[t] = 10 * id;
+  }
+  for (int window : {0, 65}) {
+    Vec qkv = randn(qkv_size(c), 31 + window), dout = randn(out_size(c), 32);
+    Vec out, lse, dref(qkv.size(), 0.0);
+    naive(c, qkv, doc.data(), out, lse, &dout, &dref, window);
+    auto qf = to_f(qkv), df = to_f(dout);
+    std::vector<float> of(out_size(c), NAN), lf(lse.size(), NAN), dq(qkv.size(), 0.f);
+    ul::cpu::attention_forward(of.data(), lf.data(), qf.data(), doc.data(), window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+    ul::cpu::attention_backward(dq.data(), df.data(), of.data(), lf.data(), qf.data(), doc.data(), window, c.B, c.Tn,
+                                c.Hq, c.Hkv, c.D);
+    INFO("window " << window);
+    CHECK(rel_err(of, out) < 1e-5);
+    CHECK(rel_err(lf, lse) < 1e-5);
+    CHECK(rel_err(dq, dref) < 2e-5);
+  }
 }
 
 TEST_CASE("attention sliding window matches the naive windowed softmax (ragged tiles, GQA, documents)", "[attention]") {

@@ -272,6 +272,12 @@ TEST_CASE("doc-mask and eot: defaults per data source and refusals", "[doc_mask]
   CHECK_THROWS_WITH(options("--eot 3"), Catch::Contains("--eot needs --doc-mask"));
   CHECK_THROWS_WITH(options("--doc-mask --eot -2 --data text:x"), Catch::Contains("--eot must be >= 0"));
   CHECK_THROWS_WITH(options("--doc-mask"), Catch::Contains("has no documents"));
+  // A task's options do not hide it (it trained, split at a digit's token), nor does --val-data.
+  CHECK_THROWS_WITH(options("--doc-mask --eot 3 --data passkey:digits=5"), Catch::Contains("passkey:digits=5 has no documents"));
+  CHECK_THROWS_WITH(options("--doc-mask --eot 3 --data recall:pairs=4"), Catch::Contains("recall:pairs=4 has no documents"));
+  CHECK_THROWS_WITH(options("--doc-mask --eot 10 --data text:x --val-data passkey"),
+                    Catch::Contains("--val-data passkey: a synthetic task has no documents"));
+  CHECK(options("--doc-mask --eot 10 --data text:x --val-data text:y").doc_mask);
   CHECK_THROWS_WITH(options("--doc-mask --data text:x"), Catch::Contains("needs --eot"));
   CHECK_THROWS_WITH(options("--doc-mask --data shards:x --checkpoint m --check-state s"), Catch::Contains("--check-state"));
   CHECK(options("--doc-mask --data shards:x").doc_mask);

@@ -269,14 +269,28 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
   const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--max-seq 32 --seq 32 --plan --memory 1G"));
   INFO(r.out);
   CHECK(r.out.find(" per rank: 32 (the model's learned positions end at max_seq 32)\n") != std::string::npos);
-  // The step's micro-batches (20 bytes a token, x --grad-accum) are in a CPU plan's total, as in
-  // the check train makes: --plan's longest --seq was refused by the run it named.
-  for (int accum : {1, 8}) {
-    PlanConfig p = plan_config(full_options("--model llama --batch 2 --seq 4096 --grad-accum " + std::to_string(accum), 1));
-    const MemoryPlan m = plan_memory(p);
-    CHECK(m.batches == size_t(accum) * 2 * 4096 * 20);
-    CHECK(m.total == m.params + m.grads + m.optim + m.arena_peak + m.workspace + m.comm + m.batches);
-  }
+  // The step's micro-batches (x --grad-accum) are in a CPU plan's total, as in the check train
+  // makes: --plan's longest --seq was refused by the run it named. They are what load_batch fills
+  // (the plan once counted 20 bytes a token where --doc-mask at sp 1 holds 24).
+  auto held = [](const HostBatch& hb) {
+    return sizeof(int32_t) * (hb.idx.size() + hb.targets.size() + hb.pos.size() + hb.answer.size() +
+                              hb.pos_full.size() + hb.doc_full.size());
+  };
+  for (int accum : {1, 8})
+    for (int sp : {1, 2})
+      for (bool docs : {false, true}) {
+        const std::string sp_flags = " --sp " + std::to_string(sp);
+        PlanConfig p = plan_config(
+            full_options("--model llama --batch 2 --seq 4096 --grad-accum " + std::to_string(accum) + sp_flags, sp));
+        p.doc_mask = docs;
+        const MemoryPlan m = plan_memory(p);
+        HostBatch hb;
+        load_batch(*open_dataset("passkey", Split::train, 1, 0), 0, 2, 4096, sp, sp - 1, hb, docs ? 0 : -1);
+        INFO("sp " << sp << (docs ? ", --doc-mask" : ""));
+        CHECK(hb.doc_full.empty() == !docs);
+        CHECK(m.batches == size_t(accum) * held(hb));
+        CHECK(m.total == m.params + m.grads + m.optim + m.arena_peak + m.workspace + m.comm + m.batches);
+      }
   PlanConfig one = plan_config(full_options("--model llama --batch 1", 1)), eight = one;
   eight.grad_accum = 8;
   const double budget = 2e9;

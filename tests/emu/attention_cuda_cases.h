@@ -180,12 +180,15 @@ KernelResult<T> check_kernels(const Case& c) {
                               c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
 
   DeviceBuffer<T> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
-  DeviceBuffer<float> d_lse(nlse), scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq) / sizeof(float));
+  DeviceBuffer<float> d_lse(nlse),
+      scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq, has_doc) / sizeof(float));
+  DeviceBuffer<int> fwd_scratch(std::max<size_t>(1, ul::cuda::attention_forward_scratch_bytes(c.B, has_doc) / sizeof(int)));
   DeviceBuffer<int32_t> d_doc(doc.size());
   if (has_doc) d_doc.set(doc);
   const int32_t* d_docp = has_doc ? d_doc.p : nullptr;
   d_qkv.set(to_elem<T>(qkv));
-  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
+  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_docp, c.window, fwd_scratch.p, c.B, c.Tn, c.Hq, c.Hkv, c.D,
+                              nullptr);
   KernelResult<T> got{d_out.get(), {}, d_lse.get()};
   // An output is a weighted mean of values: its rounding follows their size, not its own (a mean
   // that cancels to 0.08 of values near 1 keeps their absolute error), hence the absolute part.
@@ -342,16 +345,25 @@ TEST_CASE("attention CUDA backward: one stage of the dk/dv pass gives two stages
 
 namespace attn_cases {
 // Forward, then backward from its own output, on the kernels directly (dqkv from zero): out, lse, dqkv.
+// doc: (B, T) ids, or empty for none.
 template <class T>
-KernelResult<T> run_kernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout) {
+KernelResult<T> run_kernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout,
+                            const std::vector<int32_t>& doc = {}) {
   const size_t nout = size_t(c.B) * c.Tn * c.Hq * c.D, nlse = size_t(c.B) * c.Hq * c.Tn;
+  const bool has_doc = !doc.empty();
   DeviceBuffer<T> d_qkv(qkv.size()), d_out(nout), d_dout(nout), d_dqkv(qkv.size());
-  DeviceBuffer<float> d_lse(nlse), scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq) / sizeof(float));
+  DeviceBuffer<float> d_lse(nlse),
+      scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq, has_doc) / sizeof(float));
+  DeviceBuffer<int> fwd_scratch(std::max<size_t>(1, ul::cuda::attention_forward_scratch_bytes(c.B, has_doc) / sizeof(int)));
+  DeviceBuffer<int32_t> d_doc(std::max<size_t>(1, doc.size()));
+  if (has_doc) d_doc.set(doc);
+  const int32_t* docp = has_doc ? d_doc.p : nullptr;
   d_qkv.set(to_elem<T>(qkv));
   d_dout.set(to_elem<T>(dout));
   d_dqkv.set(to_elem<T>(std::vector<float>(qkv.size(), 0.f)));
-  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, nullptr, c.window, c.B, c.Tn, c.Hq, c.Hkv, c.D, nullptr);
-  ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, nullptr, c.window, scratch.p, c.B, c.Tn,
+  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, docp, c.window, fwd_scratch.p, c.B, c.Tn, c.Hq, c.Hkv, c.D,
+                              nullptr);
+  ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, docp, c.window, scratch.p, c.B, c.Tn,
                                c.Hq, c.Hkv, c.D, nullptr);
   return {d_out.get(), d_dqkv.get(), d_lse.get()};
 }
@@ -400,6 +412,40 @@ void check_window_edge(const Case& c, int kstar) {
   CHECK_FALSE(same_bits(base.dqkv, b.dqkv));
 }
 }  // namespace attn_cases
+
+TEST_CASE("attention CUDA kernels: rising document ids give the bits of the same documents numbered down", UL_CUDA_TEST_TAG "[attention]") {
+  using namespace attn_cases;
+  // Rising ids: the bf16 kernels find the tiles of a tile's documents by bisection (32 probes a
+  // round: over 35 tiles, rounds of 2 tiles a probe, then 1); falling ids: every earlier tile's
+  // ids are tested. Either way the same tiles are multiplied, so the bits are the same. A 1300-token
+  // document (21 tiles), one of a single token, then documents of 40 to 150 tokens; in the other
+  // sequence only the short ones, numbered down in the first run and up in the second (a flag a
+  // sequence). A window on the second pass: documents and window both bound the walk.
+  for (int window : {0, 700}) {
+    const Case c{2, 2200, 2, 1, 16, Docs::packed, window};
+    std::vector<int32_t> up = doc_ids(c.B, c.Tn, 91, Docs::packed), down(up.size());
+    for (int t = 0; t < 1301; t++) up[t] = t < 1300 ? 0 : 1;  // (the packed ids after them are larger)
+    for (size_t i = 0; i < up.size(); i++) down[i] = -up[i];
+    std::vector<int32_t> rising = up, falling = down;  // sequence 1 the other way in each
+    std::copy(down.begin() + c.Tn, down.end(), rising.begin() + c.Tn);
+    std::copy(up.begin() + c.Tn, up.end(), falling.begin() + c.Tn);
+    const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D;
+    const std::vector<float> qkv = inputs<__nv_bfloat16>(nqkv, 92), dout = inputs<__nv_bfloat16>(nout, 93);
+    std::vector<float> out_ref(nout), lse_ref(size_t(c.B) * c.Hq * c.Tn);
+    ul::cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), up.data(), c.window, c.B, c.Tn, c.Hq, c.Hkv,
+                               c.D);
+    for (int rows : {64, 128}) {
+      QueryRows q(rows);
+      INFO(rows << " query rows a block, window " << window);
+      const KernelResult<__nv_bfloat16> a = run_kernels<__nv_bfloat16>(c, qkv, dout, rising),
+                                        b = run_kernels<__nv_bfloat16>(c, qkv, dout, falling);
+      expect_close("out", to_f32(a.out), out_ref, kBf16Rel, kBf16Rel * max_abs(out_ref));
+      CHECK(same_bits(a.out, b.out));
+      CHECK(same_bits(a.lse, b.lse));
+      CHECK(same_bits(a.dqkv, b.dqkv));
+    }
+  }
+}
 
 TEST_CASE("attention CUDA kernels: nothing crosses the sliding window's edge (bitwise)", UL_CUDA_TEST_TAG "[attention]") {
   using namespace attn_cases;
@@ -458,9 +504,9 @@ TEST_CASE("attention op on Device::cuda refuses unsupported head dims and mispla
     CHECK_THROWS_WITH(ul::attention(host.zeros({1, 4, 3, 32}), 1, 1, c.zeros({1, 4}, ul::DType::i32)),
                       Catch::Contains("doc ids on cuda but qkv on cpu"));
   }
-  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, 0, 1, 4, 1, 1, 96, nullptr),
+  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, 0, nullptr, 1, 4, 1, 1, 96, nullptr),
                     Catch::Contains("D = 96"));
   CHECK_THROWS_WITH(ul::attention(c.zeros({1, 4, 3, 32}), 1, 1, ul::Tensor(), -2), Catch::Contains("window"));
-  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, -2, 1, 4, 1, 1, 32, nullptr),
+  CHECK_THROWS_WITH(ul::cuda::attention_forward<float>(nullptr, nullptr, nullptr, nullptr, -2, nullptr, 1, 4, 1, 1, 32, nullptr),
                     Catch::Contains("window"));
 }

@@ -12,9 +12,11 @@
 //     a --steps 0 run's is its eval's forward, byte for byte.
 #pragma once
 #include "options_from.h"
+#include "temp_dir.h"
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -86,7 +88,15 @@ TEST_CASE("offloading block inputs to pinned host memory leaves the loss and eve
 }
 
 TEST_CASE("the planner's arena peak is the device's, byte for byte", UL_CUDA_TEST_TAG "[memory][planner]") {
-  const std::vector<std::pair<std::string, int>> runs = {
+  ul_test::TempDir dir;  // packed documents, a line each (--eot 10): the attention's scratch for their ids
+  const std::string lines = (dir.path / "lines.txt").string();
+  {
+    std::ofstream f(lines);
+    for (int i = 0; i < 300; i++) f << "line " << i % 7 << " of a document\n";
+  }
+  std::vector<std::pair<std::string, int>> runs = {
+      {"--model llama --precision bf16 --doc-mask --eot 10 --data text:" + lines, 1},
+      {"--model gpt2 --precision bf16 --doc-mask --eot 10 --sp 2 --recompute --data text:" + lines, 2},
       {"--model gpt2 --precision fp32", 1},
       {"--model gpt2 --precision bf16 --mlp-chunks 3", 1},
       {"--model llama --precision bf16 --recompute", 1},

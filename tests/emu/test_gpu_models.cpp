@@ -71,7 +71,7 @@ TEST_CASE("the CUDA start-up check refuses a GPU older than sm_80, or one the bu
     // Without the check, the first kernel launched is where it would surface (copies still work).
     cuda_cases::DeviceBuffer<float> qkv(3 * 32), out(32), lse(1);
     qkv.set(std::vector<float>(3 * 32, 0.5f));
-    CHECK_THROWS_WITH(ul::cuda::attention_forward(out.p, lse.p, qkv.p, nullptr, 0, 1, 1, 1, 1, 32, nullptr),
+    CHECK_THROWS_WITH(ul::cuda::attention_forward(out.p, lse.p, qkv.p, nullptr, 0, nullptr, 1, 1, 1, 1, 32, nullptr),
                       Catch::Contains("no kernel image is available"));
   }
   {
