@@ -190,11 +190,17 @@ one_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 128 {print $6}' "$LOGS/attn_d
 row "attention T=16K D=128 fwd+bwd ms: dk/dv 2 stages | 1 stage" "${two_ms:-n/a} | ${one_ms:-$(why $rc "$LOGS/attn_dkv1.log")}"
 
 echo "== attention with packed 2K-token documents (tiles that share none are skipped) (${SECONDS} s)"
-run_for 60 "$LOGS/attn_docs.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384 \
+# Rising ids (as packing makes them: the documents' tiles found by bisection), then the same
+# documents numbered down (--falling-ids: every earlier tile's ids tested, the walk they replaced).
+run_for 60 "$LOGS/attn_docs.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384,65536 \
   --dims 64 --reps 5 --doc-len 2048
-causal_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$LOGS/attn_ours.log")
-docs_ms=$(awk '$1 == "cuda" && $3 == 16384 && $4 == 64 {print $6}' "$LOGS/attn_docs.log")
-row "attention T=16K D=64 fwd+bwd ms: causal | 2K docs" "${causal_ms:-n/a} | ${docs_ms:-n/a}"
+run_for 60 "$LOGS/attn_docs_walk.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 \
+  --seqs 16384,65536 --dims 64 --reps 5 --doc-len 2048 --falling-ids
+for T in 16384 65536; do
+  at() { local v; v=$(awk -v T="$T" '$1 == "cuda" && $3 == T && $4 == 64 {print $6}' "$1" 2>/dev/null); echo "${v:-n/a}"; }
+  row "attention T=$((T / 1024))K D=64 fwd+bwd ms: causal | 2K docs | walked" \
+    "$(at "$LOGS/attn_ours.log") | $(at "$LOGS/attn_docs.log") | $(at "$LOGS/attn_docs_walk.log")"
+done
 
 echo "== attention with a 4K-token sliding window at T = 64K (tiles older than the window skipped) (${SECONDS} s)"
 run_for 60 "$LOGS/attn_window.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 65536 \

@@ -299,3 +299,49 @@ TEST_CASE("classifier op on Device::cuda rejects bad targets and shapes", UL_CUD
   CHECK_THROWS_WITH(ul::classifier_cross_entropy(x, w16, tg0, 10, 1.f),
                     Catch::Contains("classifier_cross_entropy") && Catch::Contains("bf16"));
 }
+
+namespace classifier_cases {
+// Chunks whose first or last valid target is class 0 (beside ignored rows and whole ignored
+// chunks): trimming a chunk to its valid targets must keep those rows, as the CPU scores them.
+template <class T>
+void check_target_zero_at_chunk_edges() {
+  const int N = 8, C = 8, V = 5, chunk_rows = 3;
+  INFO(type_name<T>());
+  const std::vector<int32_t> tg{0, 2, 0, 0, -1, 0, -1, 0};  // chunks {0, 2, 0}, {0, -1, 0}, {-1, 0}
+  const std::vector<float> x = inputs<T>(size_t(N) * C, 61), w = inputs<T>(size_t(V) * C, 62),
+                           dx0 = inputs<T>(size_t(N) * C, 63), dw0 = ul_test::randn_f(size_t(V) * C, 64);
+  const float grad_scale = 0.25f;
+  std::vector<float> dx_ref = dx0, dw_ref = dw0;
+  const ul::CrossEntropyStats ref = ul::cpu::classifier_forward_backward<float>(
+      dx_ref.data(), dw_ref.data(), x.data(), w.data(), tg.data(), N, C, V, grad_scale, chunk_rows);
+  DeviceBuffer<T> d_x(size_t(N) * C), d_w(size_t(V) * C), d_dx(size_t(N) * C);
+  DeviceBuffer<float> d_dw(size_t(V) * C);
+  DeviceBuffer<int32_t> d_tg(N);
+  DeviceBuffer<char> scratch(
+      ul::cuda::classifier_scratch_bytes(N, V, chunk_rows, is_bf16<T>() ? ul::DType::bf16 : ul::DType::f32));
+  d_x.set(to_elem<T>(x));
+  d_w.set(to_elem<T>(w));
+  d_dx.set(to_elem<T>(dx0));
+  d_dw.set(dw0);
+  d_tg.set(tg);
+  std::vector<float> rows(N, NAN);
+  const ul::CrossEntropyStats got = ul::cuda::classifier_forward_backward<T>(
+      d_dx.p, d_dw.p, d_x.p, d_w.p, d_tg.p, tg.data(), N, C, V, grad_scale, chunk_rows, scratch.p, nullptr,
+      rows.data());
+  CHECK(got.n_valid == ref.n_valid);
+  CHECK(got.n_correct == ref.n_correct);
+  CHECK(std::fabs(got.loss_sum - ref.loss_sum) <= 1e-5 * std::max(1.0, std::fabs(ref.loss_sum)));
+  for (int n = 0; n < N; n++) {
+    INFO("row " << n << " target " << tg[n]);
+    CHECK((tg[n] < 0 ? rows[n] == 0.f : rows[n] > 0.f));  // a valid target's loss is -log p > 0
+  }
+  const double rel = is_bf16<T>() ? 1e-2 : 1e-5;
+  expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, rel * grad_scale * std::max(1.0, max_abs(w)));
+  expect_close("dw", d_dw.get(), dw_ref, rel, rel * grad_scale * std::max(1.0, max_abs(x)));
+}
+}  // namespace classifier_cases
+
+TEST_CASE("classifier CUDA chunks score target 0 where it starts or ends a chunk", UL_CUDA_TEST_TAG "[classifier]") {
+  classifier_cases::check_target_zero_at_chunk_edges<float>();
+  classifier_cases::check_target_zero_at_chunk_edges<__nv_bfloat16>();
+}

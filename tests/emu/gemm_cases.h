@@ -162,3 +162,24 @@ TEST_CASE("gemm with K = 0 or an empty output, and bad arguments", UL_CUDA_TEST_
   };
   CHECK_THROWS_WITH(strided_bias(), Catch::Contains("a bias with a strided D"));
 }
+
+// An empty product (K = 0) without a bias: D += nothing leaves D as it was (a gradient summed over
+// no rows), D = nothing is zero; in both output types.
+TEST_CASE("gemm with K = 0 and no bias: accumulate keeps D, overwrite zeroes it", UL_CUDA_TEST_TAG "[gemm]") {
+  using namespace cuda_cases;
+  const std::vector<float> d0{1.5f, -2.f, 3.f, 4.f, -5.f, 6.25f};  // bf16-representable
+  DeviceBuffer<float> d(6);
+  d.set(d0);
+  ul::cuda::gemm<float, float>(d.p, nullptr, nullptr, nullptr, 2, 3, 0, false, true, true, "gemm test", nullptr);
+  CHECK(d.get() == d0);
+  ul::cuda::gemm<float, float>(d.p, nullptr, nullptr, nullptr, 2, 3, 0, false, true, false, "gemm test", nullptr);
+  CHECK(d.get() == std::vector<float>(6, 0.f));
+  DeviceBuffer<__nv_bfloat16> d16(6);
+  d16.set(to_elem<__nv_bfloat16>(d0));
+  ul::cuda::gemm<__nv_bfloat16, __nv_bfloat16>(d16.p, nullptr, nullptr, nullptr, 3, 2, 0, true, false, true,
+                                               "gemm test", nullptr);
+  CHECK(to_f32(d16.get()) == d0);
+  ul::cuda::gemm<__nv_bfloat16, __nv_bfloat16>(d16.p, nullptr, nullptr, nullptr, 3, 2, 0, true, false, false,
+                                               "gemm test", nullptr);
+  CHECK(to_f32(d16.get()) == std::vector<float>(6, 0.f));
+}

@@ -239,3 +239,18 @@ TEST_CASE("rmsnorm, gelu, swiglu and add ops refuse mixed devices and dtypes and
   ul::Context host;
   CHECK_THROWS_WITH(ul::add(x, host.zeros({4, 8})), Catch::Contains("add") && Catch::Contains("cpu"));
 }
+
+// Buffers 8 bytes off 16-byte alignment (2 floats, 4 bf16): aligned enough for an 8-byte access,
+// not for the 16-byte packs, so the kernels must take their scalar path (a GPU faults on a
+// misaligned vector access; the emulator throws).
+TEST_CASE("gelu, swiglu and residual CUDA kernels on buffers 8 bytes off 16-byte alignment",
+          UL_CUDA_TEST_TAG "[gelu][swiglu][residual]") {
+  for (int n : {9, 100}) {
+    pw_cases::check_gelu<float>(n, 2);
+    pw_cases::check_gelu<__nv_bfloat16>(n, 4);
+    pw_cases::check_residual<float>(n, 2);
+    pw_cases::check_residual<__nv_bfloat16>(n, 4);
+  }
+  pw_cases::check_swiglu<float>(5, 8, 2);
+  pw_cases::check_swiglu<__nv_bfloat16>(5, 8, 4);
+}
