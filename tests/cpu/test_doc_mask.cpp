@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "data/packing.h"
@@ -35,8 +36,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int T = 32, V = 64, kEot = 0;
-const int kStarts[] = {0, 13, 22};  // document starts in the packed sequence: 13, 9 and 10 tokens
+// Document starts in the packed sequence: 63, 1, 66 and 30 tokens, across the 64-token attention
+// tile's edge (a one-token document on it) and, at sp 2, the slice's at 80.
+constexpr int T = 160, V = 64, kEot = 0;
+const int kStarts[] = {0, 63, 64, 130};
+constexpr int kDocs = int(std::size(kStarts));
 
 // Sequences given in full: sequence i is entry i % n.
 struct FixedData : Dataset {
@@ -70,8 +74,8 @@ FixedData packed() {
 FixedData alone() {
   std::vector<int32_t> s = stream();
   FixedData d;
-  for (int k = 0; k < 3; k++) {
-    const int a = kStarts[k], b = k < 2 ? kStarts[k + 1] : T;
+  for (int k = 0; k < kDocs; k++) {
+    const int a = kStarts[k], b = k + 1 < kDocs ? kStarts[k + 1] : T;
     std::vector<int32_t> x(T, 5), y(T, -1);
     for (int t = a; t < b; t++) x[t - a] = s[t], y[t - a] = s[t + 1];
     d.in.push_back(x);
@@ -160,22 +164,25 @@ TEST_CASE("load_batch: every sp rank gets the whole sequence's documents and its
   FixedData d = packed();
   std::vector<int32_t> want_doc(T), want_pos(T);
   for (int t = 0; t < T; t++) {
-    want_doc[t] = (t >= 13) + (t >= 22);
-    want_pos[t] = t - (t >= 22 ? 22 : t >= 13 ? 13 : 0);
+    int k = 0;  // the document t is in
+    while (k + 1 < kDocs && kStarts[k + 1] <= t) k++;
+    want_doc[t] = k;
+    want_pos[t] = t - kStarts[k];
   }
+  const int half = T / 2;
   for (int r = 0; r < 2; r++) {
     HostBatch hb;
     load_batch(d, 0, 1, T, 2, r, hb, kEot);
     CHECK(hb.doc_full == want_doc);
     CHECK(hb.pos_full == want_pos);
-    CHECK(hb.pos == std::vector<int32_t>(want_pos.begin() + r * 16, want_pos.begin() + r * 16 + 16));
+    CHECK(hb.pos == std::vector<int32_t>(want_pos.begin() + r * half, want_pos.begin() + (r + 1) * half));
   }
   HostBatch plain, deflt;  // without the mask nothing changes: no ids, positions 0..T-1
   load_batch(d, 0, 1, T, 2, 1, plain, -1);
   load_batch(d, 0, 1, T, 2, 1, deflt);
   CHECK(plain.doc_full.empty());
   CHECK(plain.pos_full[T - 1] == T - 1);
-  CHECK(plain.pos[0] == 16);
+  CHECK(plain.pos[0] == half);
   CHECK(deflt.pos == plain.pos);
   CHECK(deflt.doc_full.empty());
   Context c;
@@ -186,7 +193,7 @@ TEST_CASE("load_batch: every sp rank gets the whole sequence's documents and its
 TEST_CASE("a packed sequence with --doc-mask trains exactly like its documents run alone", "[doc_mask]") {
   FixedData pk = packed(), al = alone();
   for (std::string arch : {"gpt2", "llama"}) {
-    const Result ref = run(arch, al, 3, 1, -1);
+    const Result ref = run(arch, al, kDocs, 1, -1);
     const Result unmasked = run(arch, pk, 1, 1, -1);
     for (int sp : {1, 2}) {
       INFO(arch << " at sp " << sp);
