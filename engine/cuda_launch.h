@@ -37,6 +37,11 @@ inline unsigned ceil_div(long long a, long long b) {
     throw std::runtime_error("a launch of " + std::to_string(n) + " blocks: more than a grid's 2^31 - 1");
   return unsigned(n);
 }
+// For a grid-stride loop: blocks to cover a elements b at a time, at most cap (any a).
+inline unsigned capped_blocks(long long a, long long b, long long cap) {
+  const long long n = (a + b - 1) / b;
+  return unsigned(n < cap ? n : cap);
+}
 
 }  // namespace ul
 

@@ -25,7 +25,7 @@ __global__ void bias_rows_kernel(TD* __restrict__ d, const TD* __restrict__ bias
 template <class TD>
 void gemm_bias_rows(TD* d, const TD* bias, int M, int N, bool accumulate, cudaStream_t s) {
   if (M == 0 || N == 0) return;  // a grid of no blocks is an invalid launch
-  const unsigned blocks = unsigned(std::min<long long>(ceil_div((long long)M * N, 256), 4096));
+  const unsigned blocks = capped_blocks((long long)M * N, 256, 4096);
   launch("gemm_bias_rows", bias_rows_kernel<TD>, dim3(blocks), dim3(256), 0, s, d, bias, M, N, accumulate);
 }
 

@@ -147,7 +147,7 @@ void adamw_update(Tp* params, float* master, const float* grad, float* m, float*
   const float step_size = lr / bc1;
   const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
   const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));
-  const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
+  const unsigned blocks = capped_blocks(n, kThreads, kMaxUpdateBlocks);
   launch("adamw_update", adamw_kernel<Tp>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n, lr,
          beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed, index_base, segments);
 }
@@ -156,7 +156,7 @@ void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, u
                   size_t index_base) {
   if (n == 0) return;
   const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));  // as adamw_update
-  const unsigned blocks = std::min(ceil_div(n, kThreads), kMaxUpdateBlocks);
+  const unsigned blocks = capped_blocks(n, kThreads, kMaxUpdateBlocks);
   launch("round_master", round_master_kernel, dim3(blocks), dim3(kThreads), 0, s, params, master, n, step_seed,
          index_base);
 }

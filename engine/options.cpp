@@ -397,6 +397,10 @@ Options parse_options(int argc, char** argv) {
   parse_rope_scaling(o.rope_scaling);  // a malformed spec fails here, naming the flag
   if (o.device != "cpu" && o.device != "cuda")
     throw std::runtime_error("--device: expected cpu or cuda, got '" + o.device + "'");
+  // The CUDA attention kernels' grids hold a micro-batch's sequences in z: at most 65535 on every GPU.
+  if (o.device == "cuda" && o.batch > 65535)
+    throw std::runtime_error("--batch " + std::to_string(o.batch) + ": the CUDA attention kernels take at most 65535 "
+                             "sequences a micro-batch (--grad-accum for more a step)");
 #if !ULYSSES_HAVE_CUDA
   if (o.device == "cuda" && !o.plan)  // a plan allocates nothing: any build can plan a GPU run
     throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DULYSSES_CUDA=ON, or "

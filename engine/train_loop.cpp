@@ -177,7 +177,7 @@ int train_rank(const Options& o, Comm& world) {
   }
   // An eval reads --eval-batches x dp x --batch val sequences; past the split's end they wrap.
   const int64_t eval_reads = int64_t(o.eval_batches) * g.dp * o.batch;
-  if (eval_reads > INT32_MAX)  // the eval's and the probes' sequence counts are ints
+  if ((o.evaluates() || !o.probe_lengths.empty()) && eval_reads > INT32_MAX)  // their sequence counts are ints
     throw std::runtime_error("--eval-batches x dp x --batch = " + std::to_string(eval_reads) +
                              " val sequences an eval reads, more than 2^31 - 1");
   const int64_t val_holds = o.evaluates() ? tr.val_data().num_sequences(o.seq) : -1;  // -1: unlimited (synthetic)

@@ -341,12 +341,12 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
 }
 
 // falls[b] = 1 where sequence b's document ids fall somewhere, else 0 (B ints of device memory).
-inline void mark_falling(int* falls, const int32_t* doc, int B, int Tn, cudaStream_t s) {
+static inline void mark_falling(int* falls, const int32_t* doc, int B, int Tn, cudaStream_t s) {
   if (!falls) throw std::invalid_argument("attention (CUDA): documents need the scratch of attention_forward_scratch_bytes");
   UL_CUDA_CHECK(cudaMemsetAsync(falls, 0, size_t(B) * sizeof(int), s));
   const int64_t pairs = int64_t(B) * (Tn - 1);
   if (pairs > 0)
-    launch("attention_doc_falls", doc_falls_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(pairs, 256), 4096))),
+    launch("attention_doc_falls", doc_falls_kernel, dim3(capped_blocks(pairs, 256, 4096)),
            dim3(256), 0, s, falls, doc, Tn, pairs);
 }
 

@@ -41,7 +41,7 @@ struct HeadMap {
 
 HeadMap head_map(const HeadSplit& hs) { return {hs.Hq, hs.Hkv, hs.P}; }
 
-dim3 grid_for(size_t total) { return dim3(unsigned(std::min<long long>(ceil_div(total, kThreads), kMaxBlocks))); }
+dim3 grid_for(size_t total) { return dim3(capped_blocks((long long)total, kThreads, kMaxBlocks)); }
 
 #define UL_GRID_STRIDE(i, total) \
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (total); i += size_t(gridDim.x) * blockDim.x)

@@ -239,13 +239,17 @@ TEST_CASE("attention document mask with interleaved ids matches the naive mask",
 TEST_CASE("attention with rising document ids at every tile edge matches the naive mask", "[attention]") {
   // Rising ids let the kernels skip, by bisection, the key tiles before a query tile's first
   // document and the query tiles past a key tile's last one. Documents start one before, at and one
-  // after each 64-row tile edge (some of one token); the second sequence is one document throughout.
-  Cfg c{2, 320, 4, 2, 8};
-  std::vector<int32_t> doc(size_t(c.B) * c.Tn, 5);
-  const int starts[] = {1, 63, 64, 65, 127, 129, 191, 192, 193, 255, 256, 300, 319};
+  // after tile edges (some of one token) and cross others (128, 256, and 320 and 384 in one). In
+  // the second sequence documents return (runs of 37 tokens cycling through 3 ids: a query sees
+  // an earlier run of its document across others), which only the walk gets right: its own flag
+  // must say so.
+  Cfg c{2, 400, 4, 2, 8};
+  std::vector<int32_t> doc(size_t(c.B) * c.Tn);
+  const int starts[] = {1, 63, 64, 65, 100, 127, 129, 191, 192, 193, 255, 257, 300, 399};
   for (int t = 0, id = 0, next = 0; t < c.Tn; t++) {
     if (next < int(std::size(starts)) && t == starts[next]) id++, next++;
     doc[t] = 10 * id;
+    doc[size_t(c.Tn) + t] = t / 37 % 3;
   }
   for (int window : {0, 65}) {
     Vec qkv = randn(qkv_size(c), 31 + window), dout = randn(out_size(c), 32);

@@ -82,6 +82,7 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   expect_refused("--seq 1073741825 --batch 1", "--seq 1073741825: at most 2^30 (1073741824)");
   expect_refused("--batch 1073741825 --seq 1", "--batch 1073741825: at most 2^30");
   expect_refused("--eval-batches 300000000 --steps 1", "--eval-batches x dp x --batch = 2400000000 val sequences");
+  expect_refused("--device cuda --batch 70000 --seq 64", "--batch 70000: the CUDA attention kernels take at most 65535");
   expect_refused("--val-data ''", "--val-data: empty");
   expect_refused("--data recall:queries=0", "recall: queries must be >= 1, or -1");
   expect_refused("--model llama --sliding-window 8 --full-attention-first 0", "--full-attention-first needs --full-attention-every");
