@@ -333,8 +333,10 @@ Options parse_options(int argc, char** argv) {
   // A checkpoint's rank file reads these back up to 2^30 (as the planner searches): a run it could
   // not resume is refused here, not at its first --resume. Sequence arithmetic (T + 1 targets, a
   // window's end) stays clear of int's end with it too.
-  for (auto [flag, v] : {std::pair<const char*, int>{"--seq", o.seq}, {"--batch", o.batch}, {"--grad-accum", o.grad_accum}})
-    if (v > (1 << 30)) throw std::runtime_error(std::string(flag) + " " + std::to_string(v) + ": at most 2^30 (1073741824)");
+  for (auto [flag, v] :
+       {std::pair<const char*, int>{"--seq", o.seq}, {"--batch", o.batch}, {"--grad-accum", o.grad_accum}})
+    if (v > (1 << 30))
+      throw std::runtime_error(std::string(flag) + " " + std::to_string(v) + ": at most 2^30 (1073741824)");
   // A step's micro-batches are all loaded before its first forward (the loss is normalised over
   // the step): their tokens must stay countable, and their host copies are in the memory check.
   if (int64_t(o.grad_accum) * o.batch * o.seq > INT32_MAX)
@@ -521,11 +523,13 @@ Options parse_options(int argc, char** argv) {
   if (o.set_by_user("--eot") && !o.doc_mask) throw std::runtime_error("--eot needs --doc-mask");
   if (o.set_by_user("--eot") && o.eot < 0) throw std::runtime_error("--eot must be >= 0, got " + std::to_string(o.eot));
   if (o.doc_mask && synthetic_spec(o.data))
-    throw std::runtime_error("--doc-mask: the synthetic task " + o.data + " has no documents (use text:FILE or shards:GLOB)");
+    throw std::runtime_error("--doc-mask: the synthetic task " + o.data +
+                             " has no documents (use text:FILE or shards:GLOB)");
   // Its sequences would be split wherever the task's own tokens equal the end-of-text id.
   if (o.doc_mask && synthetic_spec(o.val_data))
     throw std::runtime_error("--val-data " + o.val_data + ": a synthetic task has no documents, and --doc-mask would "
-                             "split its sequences wherever a token of the task is the end-of-text id (evaluate it in a run without --doc-mask)");
+                             "split its sequences wherever a token of the task is the end-of-text id (evaluate it "
+                             "in a run without --doc-mask)");
   if (o.doc_mask && o.data.rfind("text:", 0) == 0 && !o.set_by_user("--eot"))
     throw std::runtime_error("--doc-mask with text data needs --eot BYTE (plain text has no end-of-text token)");
   if (o.doc_mask && !o.check_state.empty())

@@ -134,7 +134,7 @@ __device__ __forceinline__ int first_tile(int lo, int hi, F reached) {
     const int step = (hi - lo + 31) / 32, p = lo + lane_id() * step;
     const unsigned probed = __ballot_sync(0xffffffffu, p < hi);
     const unsigned hit = __ballot_sync(0xffffffffu, p < hi && reached(p));
-    const int misses = __popc(probed & ~hit), probes = __popc(probed);  // misses: the probes before the first hit
+    const int misses = __popc(probed & ~hit), probes = __popc(probed);  // misses: the probes before a hit
     if (misses < probes) hi = lo + misses * step;   // the first probe that hit
     if (misses > 0) lo += (misses - 1) * step + 1;  // past the last probe that missed
   }
@@ -342,7 +342,8 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
 
 // falls[b] = 1 where sequence b's document ids fall somewhere, else 0 (B ints of device memory).
 static inline void mark_falling(int* falls, const int32_t* doc, int B, int Tn, cudaStream_t s) {
-  if (!falls) throw std::invalid_argument("attention (CUDA): documents need the scratch of attention_forward_scratch_bytes");
+  if (!falls)
+    throw std::invalid_argument("attention (CUDA): documents need the scratch of attention_forward_scratch_bytes");
   UL_CUDA_CHECK(cudaMemsetAsync(falls, 0, size_t(B) * sizeof(int), s));
   const int64_t pairs = int64_t(B) * (Tn - 1);
   if (pairs > 0)

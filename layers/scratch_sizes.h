@@ -1,6 +1,6 @@
-// The device scratch each CUDA backward kernel (and the attention forward) takes from the arena, in plain C++: the .cu files
-// size their scratch with these, and the planner (engine/planner.cpp) counts the same bytes in any
-// build, which is how its plan of a GPU run's arena can be exact.
+// The device scratch each CUDA backward kernel (and the attention forward) takes from the arena,
+// in plain C++: the .cu files size their scratch with these, and the planner (engine/planner.cpp)
+// counts the same bytes in any build, which is how its plan of a GPU run's arena can be exact.
 #pragma once
 #include <cstddef>
 #include <cstdint>
