@@ -196,10 +196,11 @@ run_for 60 "$LOGS/attn_docs.log" ./build-gpu/bench_attention --device cuda --dty
   --dims 64 --reps 5 --doc-len 2048
 run_for 60 "$LOGS/attn_docs_walk.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 \
   --seqs 16384,65536 --dims 64 --reps 5 --doc-len 2048 --falling-ids
+# at LOG T: the fwd+bwd ms of the D = 64 row at T in LOG, or n/a.
+at() { local v; v=$(awk -v T="$2" '$1 == "cuda" && $3 == T && $4 == 64 {print $6}' "$1" 2>/dev/null); echo "${v:-n/a}"; }
 for T in 16384 65536; do
-  at() { local v; v=$(awk -v T="$T" '$1 == "cuda" && $3 == T && $4 == 64 {print $6}' "$1" 2>/dev/null); echo "${v:-n/a}"; }
   row "attention T=$((T / 1024))K D=64 fwd+bwd ms: causal | 2K docs | walked" \
-    "$(at "$LOGS/attn_ours.log") | $(at "$LOGS/attn_docs.log") | $(at "$LOGS/attn_docs_walk.log")"
+    "$(at "$LOGS/attn_ours.log" "$T") | $(at "$LOGS/attn_docs.log" "$T") | $(at "$LOGS/attn_docs_walk.log" "$T")"
 done
 
 echo "== attention with a 4K-token sliding window at T = 64K (tiles older than the window skipped) (${SECONDS} s)"

@@ -80,6 +80,12 @@ struct Docs {
   }
 };
 
+std::vector<Docs> sequence_docs(const int32_t* doc, int B, int Tn) {
+  std::vector<Docs> docs;
+  for (int b = 0; b < B; b++) docs.emplace_back(doc, b, Tn);
+  return docs;
+}
+
 // The key tiles query tile qt can see: [first, qt]. A window skips the tiles wholly before the
 // first query's window without visiting them (at T = 1M and W = 4K, most of them); rising
 // documents skip those before the tile's first row's document began.
@@ -111,8 +117,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D)), ninf = -std::numeric_limits<T>::infinity();
   const int nt = L.ntiles();
-  std::vector<Docs> docs;
-  for (int b = 0; b < B; b++) docs.emplace_back(doc, b, Tn);
+  const std::vector<Docs> docs = sequence_docs(doc, B, Tn);
 #pragma omp parallel
   {
     Scratch<T> s_buf(kTile * kTile), acc_buf(size_t(kTile) * D);
@@ -122,7 +127,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
       // Within each (b, h), later query tiles (more key tiles to walk) are handed out first.
       const int qt = nt - 1 - int(task % nt), h = int(task / nt % Hq), b = int(task / nt / Hq);
       const int g = h / L.group, q0 = qt * kTile, nq = L.tile_len(qt);
-      const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
+      const int32_t* docb = docs[b].ids;
       auto Q = rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
       Tile<T> acc(acc_buf.data, nq, D);  // (nq, D) unnormalised output
       acc.setZero();
@@ -178,8 +183,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D));
   const int nt = L.ntiles();
-  std::vector<Docs> docs;
-  for (int b = 0; b < B; b++) docs.emplace_back(doc, b, Tn);
+  const std::vector<Docs> docs = sequence_docs(doc, B, Tn);
   // Di = rowsum(dout * out) per (b, h, t), laid out like lse: O(T) memory.
   std::vector<T> Di(size_t(B) * Hq * Tn);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -203,7 +207,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
     for (int64_t task = 0; task < int64_t(B) * Hkv * nt; task++) {
       const int kt = int(task % nt), g = int(task / nt % Hkv), b = int(task / nt / Hkv);
       const int k0 = kt * kTile, nk = L.tile_len(kt);
-      const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
+      const int32_t* docb = docs[b].ids;
       Tile<T> dK(a_buf.data, nk, D), dV(b_buf.data, nk, D);  // (nk, D)
       dK.setZero();
       dV.setZero();
@@ -226,7 +230,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
     for (int64_t task = 0; task < int64_t(B) * Hq * nt; task++) {
       const int qt = nt - 1 - int(task % nt), h = int(task / nt % Hq), b = int(task / nt / Hq);
       const int q0 = qt * kTile, nq = L.tile_len(qt), g = h / L.group;
-      const int32_t* docb = doc ? doc + int64_t(b) * Tn : nullptr;
+      const int32_t* docb = docs[b].ids;
       Tile<T> dQ(a_buf.data, nq, D);  // (nq, D)
       dQ.setZero();
       for (int kt = first_key_tile(qt, window, docs[b]); kt <= qt; kt++) {

@@ -407,6 +407,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;
   float* Di = scratch;  // (B, Hq, T), then the forward's scratch
+  // The flags again (the forward's scratch went back to the arena; B T reads, against the T^2 pass).
   int* falls = reinterpret_cast<int*>(scratch + int64_t(B) * Hq * Tn);
   if (doc && std::is_same<T, bf16>::value) mark_falling(falls, doc, B, Tn, s);
   // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors

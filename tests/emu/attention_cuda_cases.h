@@ -345,27 +345,33 @@ TEST_CASE("attention CUDA backward: one stage of the dk/dv pass gives two stages
 
 namespace attn_cases {
 // Forward, then backward from its own output, on the kernels directly (dqkv from zero): out, lse, dqkv.
-// doc: (B, T) ids, or empty for none.
+// d_doc: device (B, T) ids, or nullptr for none.
 template <class T>
 KernelResult<T> run_kernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout,
-                            const std::vector<int32_t>& doc = {}) {
+                            const int32_t* d_doc) {
   const size_t nout = size_t(c.B) * c.Tn * c.Hq * c.D, nlse = size_t(c.B) * c.Hq * c.Tn;
-  const bool has_doc = !doc.empty();
+  const bool has_doc = d_doc != nullptr;
   DeviceBuffer<T> d_qkv(qkv.size()), d_out(nout), d_dout(nout), d_dqkv(qkv.size());
   DeviceBuffer<float> d_lse(nlse),
       scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq, has_doc) / sizeof(float));
   DeviceBuffer<int> fwd_scratch(std::max<size_t>(1, ul::cuda::attention_forward_scratch_bytes(c.B, has_doc) / sizeof(int)));
-  DeviceBuffer<int32_t> d_doc(std::max<size_t>(1, doc.size()));
-  if (has_doc) d_doc.set(doc);
-  const int32_t* docp = has_doc ? d_doc.p : nullptr;
   d_qkv.set(to_elem<T>(qkv));
   d_dout.set(to_elem<T>(dout));
   d_dqkv.set(to_elem<T>(std::vector<float>(qkv.size(), 0.f)));
-  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, docp, c.window, fwd_scratch.p, c.B, c.Tn, c.Hq, c.Hkv, c.D,
+  ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_doc, c.window, fwd_scratch.p, c.B, c.Tn, c.Hq, c.Hkv, c.D,
                               nullptr);
-  ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, docp, c.window, scratch.p, c.B, c.Tn,
+  ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, d_doc, c.window, scratch.p, c.B, c.Tn,
                                c.Hq, c.Hkv, c.D, nullptr);
   return {d_out.get(), d_dqkv.get(), d_lse.get()};
+}
+// The same with host ids (B, T), uploaded first; empty for none.
+template <class T>
+KernelResult<T> run_kernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout,
+                            const std::vector<int32_t>& doc = {}) {
+  if (doc.empty()) return run_kernels<T>(c, qkv, dout, static_cast<const int32_t*>(nullptr));
+  DeviceBuffer<int32_t> d_doc(doc.size());
+  d_doc.set(doc);
+  return run_kernels<T>(c, qkv, dout, d_doc.p);
 }
 
 // Rows [r0, r1) of a (T, width) slice starting at column c0, c1 columns wide, as a flat vector.

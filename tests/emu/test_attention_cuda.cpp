@@ -31,8 +31,7 @@ namespace attn_cases {
 template <class T>
 void check_doc_ids_at_buffer_end(const Case& c) {
   INFO((std::is_same<T, float>::value ? "f32" : "bf16") << " T=" << c.Tn << " D=" << c.D);
-  const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D,
-               nlse = size_t(c.B) * c.Hq * c.Tn;
+  const size_t nqkv = size_t(c.B) * c.Tn * (c.Hq + 2 * c.Hkv) * c.D, nout = size_t(c.B) * c.Tn * c.Hq * c.D;
   const std::vector<float> qkv = inputs<T>(nqkv, 31), dout = inputs<T>(nout, 32);
   const std::vector<int32_t> doc = doc_ids(c.B, c.Tn, 33, c.doc);
   REQUIRE(doc.size() % 64 != 0);  // a partial last tile
@@ -41,21 +40,8 @@ void check_doc_ids_at_buffer_end(const Case& c) {
   int32_t* d_doc_end = ids_at_end.p + (cap - doc.size());
   cuda_cases::upload(d_doc_end, doc, doc.size());
   ids.set(doc);
-  auto run = [&](const int32_t* d_doc) {
-    DeviceBuffer<T> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
-    DeviceBuffer<float> d_lse(nlse),
-        scratch(ul::cuda::attention_backward_scratch_bytes(c.B, c.Tn, c.Hq, true) / sizeof(float));
-    DeviceBuffer<int> fwd_scratch(ul::cuda::attention_forward_scratch_bytes(c.B, true) / sizeof(int));
-    d_qkv.set(to_elem<T>(qkv));
-    d_dout.set(to_elem<T>(dout));
-    d_dqkv.set(to_elem<T>(std::vector<float>(nqkv, 0.f)));
-    ul::cuda::attention_forward(d_out.p, d_lse.p, d_qkv.p, d_doc, c.window, fwd_scratch.p, c.B, c.Tn, c.Hq, c.Hkv, c.D,
-                                nullptr);
-    ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, d_doc, c.window, scratch.p, c.B, c.Tn,
-                                 c.Hq, c.Hkv, c.D, nullptr);
-    return KernelResult<T>{d_out.get(), d_dqkv.get(), d_lse.get()};
-  };
-  const KernelResult<T> at_end = run(d_doc_end), inside = run(ids.p);
+  const KernelResult<T> at_end = run_kernels<T>(c, qkv, dout, d_doc_end),
+                        inside = run_kernels<T>(c, qkv, dout, ids.p);
   CHECK(same_bits(at_end.out, inside.out));
   CHECK(same_bits(at_end.lse, inside.lse));
   CHECK(same_bits(at_end.dqkv, inside.dqkv));
