@@ -114,6 +114,9 @@ std::string device_problem(int d, const cudaDeviceProp& p) {
 }  // namespace
 
 std::string cuda_device_problem() {
+#if ULYSSES_CUDA_EMULATED
+  ul_emu::stream_order();  // reads ULYSSES_EMU_STREAMS: a bad value is refused here, before any work
+#endif
   int d = 0;
   UL_CUDA_CHECK(cudaGetDevice(&d));
   cudaDeviceProp p;

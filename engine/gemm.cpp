@@ -61,31 +61,34 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     gemm_bias_rows<TD>(d, bias, M, N, accumulate, s);
     return;
   }
-  std::vector<float> a_keep, b_keep, d_keep;
-  // Stored (rows, width) of A and B: (M, K) or (K, M); (K, N) or (N, K).
-  const float* af = as_float(a, trans_a ? K : M, trans_a ? M : K, size_t(ld.a), a_keep);
-  const float* bf = as_float(b, trans_b ? N : K, trans_b ? K : N, size_t(ld.b), b_keep);
-  // The result in float: D's current value (accumulate) or zero, then + bias, + the product (K > 0 here).
-  RowMat acc(M, N);
-  if (accumulate)
-    acc = MapCM(as_float(d, M, N, size_t(ld.d), d_keep), M, N);
-  else
-    acc.setZero();
-  if (bias) {
-    std::vector<float> bias_keep;
-    const float* bias_f = as_float(bias, 1, size_t(N), size_t(N), bias_keep);
-    acc.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_f, N);
-  }
-  // Stored shapes, then the op: A is (M, K) or (K, M)^T; B is (K, N) or (N, K)^T.
-  MapCM A(af, trans_a ? K : M, trans_a ? M : K), B(bf, trans_b ? N : K, trans_b ? K : N);
-  MapM D(acc.data(), M, N);  // blocks fixed by the shape: the same bits at any thread count
-  if (!trans_a && !trans_b) cpu::gemm_add(D, A, B);
-  else if (!trans_a) cpu::gemm_add(D, A, B.transpose());
-  else if (!trans_b) cpu::gemm_add(D, A.transpose(), B);
-  else cpu::gemm_add(D, A.transpose(), B.transpose());
-  const float* src = acc.data();
-  for (size_t r = 0; r < size_t(M); r++)  // D's stride: the elements between its rows are left as they were
-    for (size_t i = 0; i < size_t(N); i++) d[r * size_t(ld.d) + i] = narrow<TD>(src[r * size_t(N) + i]);
+  // Stream-ordered like the cuBLASLt call: queued when the stream runs late (engine/cuda_emu/runtime.h).
+  ul_emu::on_stream(s, [=] {
+    std::vector<float> a_keep, b_keep, d_keep;
+    // Stored (rows, width) of A and B: (M, K) or (K, M); (K, N) or (N, K).
+    const float* af = as_float(a, trans_a ? K : M, trans_a ? M : K, size_t(ld.a), a_keep);
+    const float* bf = as_float(b, trans_b ? N : K, trans_b ? K : N, size_t(ld.b), b_keep);
+    // The result in float: D's current value (accumulate) or zero, then + bias, + the product (K > 0 here).
+    RowMat acc(M, N);
+    if (accumulate)
+      acc = MapCM(as_float(d, M, N, size_t(ld.d), d_keep), M, N);
+    else
+      acc.setZero();
+    if (bias) {
+      std::vector<float> bias_keep;
+      const float* bias_f = as_float(bias, 1, size_t(N), size_t(N), bias_keep);
+      acc.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_f, N);
+    }
+    // Stored shapes, then the op: A is (M, K) or (K, M)^T; B is (K, N) or (N, K)^T.
+    MapCM A(af, trans_a ? K : M, trans_a ? M : K), B(bf, trans_b ? N : K, trans_b ? K : N);
+    MapM D(acc.data(), M, N);  // blocks fixed by the shape: the same bits at any thread count
+    if (!trans_a && !trans_b) cpu::gemm_add(D, A, B);
+    else if (!trans_a) cpu::gemm_add(D, A, B.transpose());
+    else if (!trans_b) cpu::gemm_add(D, A.transpose(), B);
+    else cpu::gemm_add(D, A.transpose(), B.transpose());
+    const float* src = acc.data();
+    for (size_t r = 0; r < size_t(M); r++)  // D's stride: the elements between its rows are left as they were
+      for (size_t i = 0; i < size_t(N); i++) d[r * size_t(ld.d) + i] = narrow<TD>(src[r * size_t(N) + i]);
+  });
 }
 
 UL_GEMM_INSTANTIATE_ALL()

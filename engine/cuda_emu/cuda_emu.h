@@ -88,14 +88,20 @@ void cp_async_wait(int pending);  // retires all but the `pending` newest commit
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               const std::function<void()>& body);
 bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // false past the emulated GPU's opt-in limit
+// The launch's configuration alone (what run_grid checks first): a queued launch is checked at
+// issue, as the GPU refuses a bad configuration at the launch, not when the grid would run.
+void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 
+// Runs the grid at once, or queues it when the stream runs late (runtime.h: StreamOrder).
 template <class... P, class... A>
-void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
             A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
   // Converted once, as a <<<>>> call would; every fiber then gets its own copies (by-value params).
   const auto params = std::tuple<P...>(std::forward<A>(args)...);
-  run_grid(name, reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { std::apply(kernel, params); });
+  const void* entry = reinterpret_cast<const void*>(kernel);
+  check_launch(name, entry, grid, block, smem_bytes);
+  on_stream(stream, [=] { run_grid(name, entry, grid, block, smem_bytes, [&] { std::apply(kernel, params); }); });
 }
 
 template <class T>

@@ -563,6 +563,10 @@ bool set_max_dynamic_smem(const void* kernel, size_t bytes) {
 
 size_t kernel_smem_limit(const void* kernel) { return smem_limit(kernel); }
 
+void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes) {
+  check_config(name, kernel, grid, block, smem_bytes);
+}
+
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               const std::function<void()>& body) {
   if (t_worker.in_block)

@@ -1,5 +1,5 @@
-// The emulated CUDA runtime: "device" memory is host memory; every call is synchronous except
-// the copies of a non-blocking stream, which are deferred (see CUstream_st).
+// The emulated CUDA runtime: "device" memory is host memory; every call is synchronous except the
+// work of the stream that runs late (see ul_emu::StreamOrder in runtime.h, and CUstream_st).
 #include "engine/cuda_emu/runtime.h"
 
 #include "engine/cuda_emu/gpu_models.h"
@@ -7,42 +7,66 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
-// A stream made with cudaStreamNonBlocking defers its copies: they wait in its queue and run only
-// when the program makes them observable (an event on that stream synchronized or waited on, the
-// stream synchronized, the device synchronized, memory freed). So a missing wait shows up here as
-// stale data, the way it would on a GPU, instead of being hidden by synchronous execution. Other
-// streams (and the legacy default stream, nullptr) run everything at once. A stream belongs to the
-// thread that made it (each rank of the local communicator is a thread with its own streams).
+namespace {
+
+ul_emu::StreamOrder order_from_env() {
+  const char* v = std::getenv("ULYSSES_EMU_STREAMS");
+  if (!v || !*v || std::string(v) == "late-side") return ul_emu::StreamOrder::late_side;
+  if (std::string(v) == "late-main") return ul_emu::StreamOrder::late_main;
+  throw std::runtime_error(std::string("ULYSSES_EMU_STREAMS=") + v +
+                           ": not a stream order (late-side, the default, or late-main)");
+}
+
+std::atomic<ul_emu::StreamOrder>& order_now() {
+  static std::atomic<ul_emu::StreamOrder> o{order_from_env()};
+  return o;
+}
+
+}  // namespace
+
+// A stream that runs late queues its work: it runs only when the program makes it observable (an
+// event on that stream synchronized or waited on, the stream synchronized, the device
+// synchronized, a blocking copy on it, memory freed). Which streams run late is the StreamOrder's
+// choice, made at each call. A stream belongs to the thread that made it (each rank of the local
+// communicator is a thread with its own streams, and its own legacy stream: legacy_stream).
 struct CUstream_st {
-  bool deferred = false;
+  bool legacy = false;  // the legacy stream, or a blocking stream (which shares the legacy one's queue)
   std::deque<std::function<void()>> queue;
   uint64_t issued = 0, done = 0;
   std::thread::id owner = std::this_thread::get_id();
 
+  bool late() const {
+    return (ul_emu::stream_order() == ul_emu::StreamOrder::late_main) == legacy;
+  }
   void run_until(uint64_t n) {
     while (done < n && !queue.empty()) {
       std::function<void()> op = std::move(queue.front());
       queue.pop_front();
-      op();
       done++;
+      op();
     }
   }
+  void run_all() { run_until(issued); }
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point t;
   bool recorded = false;
-  cudaStream_t stream = nullptr;  // where it was recorded, and how much of that stream it covers
+  cudaStream_t stream = nullptr;  // the late stream it was recorded on, and how much of it it covers
   uint64_t upto = 0;
 };
 
@@ -57,18 +81,60 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
-// The deferred streams, to drain on cudaDeviceSynchronize and before a free: the calling thread's.
+// The calling thread's legacy stream (nullptr); a blocking stream runs in its queue too. On a GPU
+// the legacy stream is the device's, shared by every host thread; here each thread (each rank of
+// the local communicator, as if it had a GPU of its own) has one. Work a thread leaves queued when
+// it ends cannot run then (the executor's thread state may be gone), so it is reported.
+struct LegacyStream {
+  CUstream_st s;
+  LegacyStream() { s.legacy = true; }
+  ~LegacyStream() {
+    if (!s.queue.empty())
+      std::fprintf(stderr, "cuda_emu: a thread ended with %zu operation(s) on its legacy stream never awaited\n",
+                   s.queue.size());
+  }
+};
+CUstream_st& legacy_stream() {
+  thread_local LegacyStream l;
+  return l.s;
+}
+cudaStream_t resolve(cudaStream_t s) { return !s || s->legacy ? &legacy_stream() : s; }
+
+// The streams made by cudaStreamCreate*, to drain on cudaDeviceSynchronize and before a free: the
+// calling thread's.
 std::mutex g_streams_mu;
 std::set<cudaStream_t> g_streams;
 
 void drain_this_thread() {
+  legacy_stream().run_all();
   std::vector<cudaStream_t> mine;
   {
     std::lock_guard<std::mutex> lock(g_streams_mu);
     for (cudaStream_t s : g_streams)
       if (s->owner == std::this_thread::get_id()) mine.push_back(s);
   }
-  for (cudaStream_t s : mine) s->run_until(s->issued);
+  for (cudaStream_t s : mine) s->run_all();
+}
+
+// Pinned host memory (cudaMallocHost): an async copy to or from it reads and writes it when the copy
+// runs. Pageable memory is read at issue (the runtime stages it) and written before the call
+// returns, as the real runtime does.
+std::mutex g_pinned_mu;
+std::map<const char*, size_t> g_pinned;  // start -> bytes
+
+// Whether p falls in one of the ranges keyed by their start; bytes(value) is a range's length.
+template <class V, class Bytes>
+bool in_ranges(const std::map<const char*, V>& ranges, const void* p, Bytes bytes) {
+  const char* c = static_cast<const char*>(p);
+  auto it = ranges.upper_bound(c);
+  if (it == ranges.begin()) return false;
+  --it;
+  return c < it->first + bytes(it->second);
+}
+
+bool is_pinned(const void* p) {
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  return in_ranges(g_pinned, p, [](size_t n) { return n; });
 }
 
 bool valid_kind(cudaMemcpyKind k) { return k >= cudaMemcpyHostToHost && k <= cudaMemcpyDefault; }
@@ -76,7 +142,8 @@ bool valid_kind(cudaMemcpyKind k) { return k >= cudaMemcpyHostToHost && k <= cud
 // Device allocations: each is its own mapping and ends right before a PROT_NONE page, so a kernel
 // that reads or writes past the end of a buffer (by more than the buffer's rounding up to 256
 // bytes) faults at that access, where on a GPU it would read or corrupt a neighbouring buffer
-// without a word. Keyed by the pointer cudaMalloc returned.
+// without a word. Keyed by the pointer cudaMalloc returned, in order: is_device finds the buffer
+// a pointer falls in.
 struct Mapping {
   char* base;
   size_t len;
@@ -84,13 +151,19 @@ struct Mapping {
 };
 struct Mappings {
   std::mutex mu;
-  std::unordered_map<void*, Mapping> by_ptr;
+  std::map<const char*, Mapping> by_ptr;
   size_t held = 0;  // bytes cudaMalloc was asked for and not yet freed
 };
 // Never destroyed: static destructors elsewhere may still free device memory at exit.
 Mappings& mappings() {
   static Mappings* m = new Mappings;
   return *m;
+}
+
+bool is_device(const void* p) {
+  Mappings& ms = mappings();
+  std::lock_guard<std::mutex> lock(ms.mu);
+  return in_ranges(ms.by_ptr, p, [](const Mapping& m) { return m.rounded; });
 }
 
 }  // namespace
@@ -129,7 +202,7 @@ cudaError_t cudaFree(void* p) {
   {
     Mappings& ms = mappings();
     std::lock_guard<std::mutex> lock(ms.mu);
-    const auto it = ms.by_ptr.find(p);
+    const auto it = ms.by_ptr.find(static_cast<const char*>(p));
     if (it == ms.by_ptr.end()) return fail(cudaErrorInvalidValue);  // not from cudaMalloc, or freed twice
     m = it->second;
     ms.by_ptr.erase(it);
@@ -151,57 +224,102 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (!*p) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  g_pinned[static_cast<const char*>(*p)] = bytes;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void* p) {
   drain_this_thread();
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(static_cast<const char*>(p));
+  }
   std::free(p);
   return cudaSuccess;
 }
 
+// On the legacy stream, as the real runtime has it: a copy between device buffers returns at once
+// (queued when the legacy stream runs late); one to or from the host runs after what the stream
+// has queued and is done when the call returns.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
+  const bool within =
+      kind == cudaMemcpyDeviceToDevice || (kind == cudaMemcpyDefault && is_device(dst) && is_device(src));
+  if (within) {
+    ul_emu::on_stream(nullptr, [=] { std::memmove(dst, src, bytes); });
+    return cudaSuccess;
+  }
+  legacy_stream().run_all();
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-  if (!s || !s->deferred) return cudaMemcpy(dst, src, bytes, kind);
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
-  if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
-  s->queue.push_back([=] { std::memmove(dst, src, bytes); });  // reads src when it runs, as a GPU would
-  s->issued++;
+  if (bytes == 0) return cudaSuccess;
+  if (!dst || !src) return fail(cudaErrorInvalidValue);
+  const cudaStream_t r = resolve(s);
+  if (!r->late()) {
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  const bool to_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+                       (kind == cudaMemcpyDefault && !is_device(dst));
+  const bool from_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
+                         (kind == cudaMemcpyDefault && !is_device(src));
+  if (to_host && !is_pinned(dst)) {  // into pageable memory: returns once the copy is done
+    r->run_all();
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  if (from_host && !is_pinned(src)) {  // from pageable memory: staged now, the caller may reuse it
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    ul_emu::on_stream(r, [=] { std::memcpy(dst, staged->data(), bytes); });
+    return cudaSuccess;
+  }
+  ul_emu::on_stream(r, [=] { std::memmove(dst, src, bytes); });  // reads src when it runs, as a GPU would
   return cudaSuccess;
 }
 
+// Returns at once on device memory, as the real call does (queued when the legacy stream runs late).
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!p) return fail(cudaErrorInvalidValue);
+  if (is_device(p)) {
+    ul_emu::on_stream(nullptr, [=] { std::memset(p, value, bytes); });
+    return cudaSuccess;
+  }
+  legacy_stream().run_all();
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  if (bytes == 0) return cudaSuccess;
+  if (!p) return fail(cudaErrorInvalidValue);
+  ul_emu::on_stream(s, [=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (!s) return fail(cudaErrorInvalidValue);
   *s = new CUstream_st;
-  (*s)->deferred = (flags & cudaStreamNonBlocking) != 0;
-  if ((*s)->deferred) {
-    std::lock_guard<std::mutex> lock(g_streams_mu);
-    g_streams.insert(*s);
-  }
+  (*s)->legacy = (flags & cudaStreamNonBlocking) == 0;
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_streams.insert(*s);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
-  s->run_until(s->issued);  // the real call lets queued work finish too
+  resolve(s)->run_all();  // the real call lets queued work finish too
   {
     std::lock_guard<std::mutex> lock(g_streams_mu);
     g_streams.erase(s);
@@ -211,14 +329,15 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (s) s->run_until(s->issued);
+  resolve(s)->run_all();
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
-  // Whatever waits, the work the event covers must be done before the waiter's next operation;
-  // everything but deferred streams runs at once, so running it now is exactly that.
+  // Whatever waits, the work the event covers must be done before the waiter's next operation. Only
+  // one of two streams runs late, so the event's stream is the late one or the waiter is: running
+  // the covered work now is exactly that either way.
   if (e->stream) e->stream->run_until(e->upto);
   return cudaSuccess;
 }
@@ -239,10 +358,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
+  const cudaStream_t r = resolve(s);
   e->t = std::chrono::steady_clock::now();
   e->recorded = true;
-  e->stream = s && s->deferred ? s : nullptr;
-  e->upto = e->stream ? s->issued : 0;
+  e->stream = r->late() ? r : nullptr;
+  e->upto = r->issued;
   return cudaSuccess;
 }
 
@@ -369,3 +489,24 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
     return fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
+
+namespace ul_emu {
+
+StreamOrder stream_order() { return order_now().load(std::memory_order_relaxed); }
+
+void set_stream_order(StreamOrder order) {
+  drain_this_thread();
+  order_now().store(order, std::memory_order_relaxed);
+}
+
+void on_stream(cudaStream_t s, std::function<void()> op) {
+  const cudaStream_t r = resolve(s);
+  if (!r->late()) {
+    op();
+    return;
+  }
+  r->queue.push_back(std::move(op));
+  r->issued++;
+}
+
+}  // namespace ul_emu

@@ -3,14 +3,17 @@
 // file may include it (engine/cuda_runtime.h does, under ULYSSES_CUDA_EMULATED). The kernel side
 // (threadIdx, __shared__, barriers, shuffles, launch) is in cuda_emu.h.
 //
-// Everything is synchronous (a kernel has finished when its launch returns) except the copies of a
-// stream made with cudaStreamNonBlocking: those are deferred until an event, a stream or device
-// synchronization, or a free makes them observable, so a missing wait shows up as stale data. Names and values follow the real API so
-// that code written against it compiles unchanged.
+// One of two streams runs late, so that a missing wait between them shows up as stale data instead
+// of passing by luck (ULYSSES_EMU_STREAMS, below). By default the legacy stream runs everything at
+// issue (a kernel has finished when its launch returns) and a stream made with
+// cudaStreamNonBlocking queues its work until an event, a stream or device synchronization, or a
+// free makes it observable. Names and values follow the real API so that code written against it
+// compiles unchanged.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 // ---- errors -----------------------------------------------------------------------------------
 enum cudaError_t {
@@ -52,6 +55,23 @@ struct CUstream_st;  // opaque: streams only carry identity here
 struct CUevent_st;   // holds the host time of its last record
 typedef CUstream_st* cudaStream_t;
 typedef CUevent_st* cudaEvent_t;
+
+// ---- which stream runs late (emulation only) -------------------------------------------------------
+namespace ul_emu {
+// late_side (the default; ULYSSES_EMU_STREAMS=late-side): the legacy stream (nullptr) and blocking
+// streams run their work at issue; non-blocking streams queue theirs. A copy the legacy stream must
+// wait for before reusing a buffer is seen not to have happened without that wait.
+// late_main (ULYSSES_EMU_STREAMS=late-main): the other way round. The legacy stream queues its
+// kernels, GEMMs, async copies and memsets (blocking streams share its queue, as they synchronize
+// with it), and non-blocking streams run theirs at issue: a side-stream copy that does not wait
+// for the kernels before it reads their output before they have run, or overwrites their input.
+// Both orders are ones a GPU may take; a correct program gives the same bits in each.
+enum class StreamOrder { late_side, late_main };
+StreamOrder stream_order();
+void set_stream_order(StreamOrder order);  // finishes this thread's queued work first
+// Runs op now, or queues it on s (nullptr: the calling thread's legacy stream) when s runs late.
+void on_stream(cudaStream_t s, std::function<void()> op);
+}  // namespace ul_emu
 
 // ---- the runtime calls (engine/cuda_emu/runtime.cpp) ---------------------------------------------
 cudaError_t cudaMalloc(void** p, size_t bytes);

@@ -4,14 +4,16 @@
 // communicator, its collectives staged through host memory).
 //   - --offload (block inputs through pinned host memory on a side stream) leaves the loss and
 //     every gradient bitwise equal to --recompute alone: gpt2 and llama, 5 layers (so three block
-//     outputs make the round trip), sp 1 and 2, two micro-batches (the host slots are reused). The
-//     emulator defers the side stream's copies until an event makes them visible
-//     (engine/cuda_emu/runtime.cpp), so a missing wait would hand a block stale data and fail here;
+//     outputs make the round trip), sp 1 and 2, two micro-batches (the host slots are reused). On
+//     the emulator in both stream orders (engine/cuda_emu/runtime.h): the side stream's copies run
+//     late, so an overwrite that does not wait for a copy shows, and the legacy stream's kernels
+//     run late, so a copy that does not wait for the kernels before it shows;
 //   - the planner's arena peak equals the measured one byte for byte, in fp32 and bf16, with and
 //     without recompute, offload, tiled MLP and sp 2, and the trainer's reservation is never outgrown;
 //     a --steps 0 run's is its eval's forward, byte for byte.
 #pragma once
 #include "options_from.h"
+#include "stream_order.h"
 #include "temp_dir.h"
 #include <catch2/catch.hpp>
 
@@ -75,13 +77,17 @@ TEST_CASE("offloading block inputs to pinned host memory leaves the loss and eve
         const std::string a = std::string("--model ") + arch + " --precision " + precision + " " + layout +
                               " --grad-accum 2 --recompute";
         INFO(a);
-        std::vector<RankRun> plain = run(a, ranks), off = run(a + " --offload", ranks);
-        CHECK(off[0].loss == plain[0].loss);
-        REQUIRE(off[0].grad.size() == plain[0].grad.size());
-        CHECK(std::memcmp(off[0].grad.data(), plain[0].grad.data(), off[0].grad.size() * sizeof(float)) == 0);
-        // two (B, Tl, C) buffers instead of one per layer: three layers' fewer at 5 layers
-        const size_t one = size_t(2) * (16 / ranks) * 64 * (std::string(precision) == "bf16" ? 2 : 4);
-        CHECK(plain[0].act - off[0].act == 3 * one);
+        std::vector<RankRun> plain = run(a, ranks);
+        ul_test::in_each_stream_order([&](const char* order) {
+          INFO("stream order " << order);
+          std::vector<RankRun> off = run(a + " --offload", ranks);
+          CHECK(off[0].loss == plain[0].loss);
+          REQUIRE(off[0].grad.size() == plain[0].grad.size());
+          CHECK(std::memcmp(off[0].grad.data(), plain[0].grad.data(), off[0].grad.size() * sizeof(float)) == 0);
+          // two (B, Tl, C) buffers instead of one per layer: three layers' fewer at 5 layers
+          const size_t one = size_t(2) * (16 / ranks) * 64 * (std::string(precision) == "bf16" ? 2 : 4);
+          CHECK(plain[0].act - off[0].act == 3 * one);
+        });
       }
     }
   }

@@ -10,6 +10,7 @@
 
 #include "engine/async_copy.h"
 #include "engine/cuda_launch.h"
+#include "stream_order.h"
 
 namespace {
 
@@ -147,6 +148,7 @@ TEST_CASE("a double-buffered cp.async loop is right with its waits and barriers,
 }
 
 TEST_CASE("emulated cp.async refuses misaligned addresses", "[emu][async_copy]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
   float* d_src = device_copy(std::vector<float>(64, 1.f));
   CHECK_THROWS_WITH(ul::launch("misaligned", misaligned_kernel, dim3(1), dim3(1), 256, nullptr, d_src),
                     Catch::Contains("not aligned to 16"));

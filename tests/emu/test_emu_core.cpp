@@ -14,6 +14,7 @@
 
 #include "engine/cuda_launch.h"
 #include "layers/elementwise.cuh"
+#include "stream_order.h"
 
 namespace {
 
@@ -265,6 +266,7 @@ TEST_CASE("emu: static shared memory is private to each block, also with blocks 
 }
 
 TEST_CASE("emu: static shared memory starts as NaN bytes in every block and past 48 KiB is refused", "[emu]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
   const int blocks = 40;
   DeviceBuffer<unsigned> out(blocks);
   ul::launch("unwritten", unwritten_smem_kernel, dim3(blocks), dim3(64), 0, nullptr, out.p);
@@ -423,6 +425,7 @@ TEST_CASE("emu: a grid's block count past 2^31 - 1 is an error, not cut to 32 bi
 }
 
 TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
   DeviceBuffer<int> out(64);
   CHECK_THROWS_WITH(ul::launch("early_exit", early_exit_barrier_kernel, dim3(2), dim3(64), 0, nullptr, out.p),
                     Catch::Contains("early_exit") && Catch::Contains("__syncthreads") &&
@@ -477,6 +480,7 @@ __global__ void smem_edge_kernel(int* out, int bytes) {
 }
 
 TEST_CASE("emu: dynamic shared memory ends before a guard page", "[emu]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // the kernel writes `out`, on the host
   for (int bytes : {128, 1000, 48 << 10}) {
     INFO(bytes << " bytes");
     int out[2] = {-2, -2};

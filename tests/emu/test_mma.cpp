@@ -3,6 +3,7 @@
 // misaligned ldmatrix or bf16-pair access.
 #define UL_CUDA_TEST_TAG "[emu]"
 #include "emu/mma_cases.h"
+#include "stream_order.h"
 
 namespace {
 
@@ -25,6 +26,7 @@ __global__ void bf16x2_copy_kernel(__nv_bfloat16* out, const __nv_bfloat16* in, 
 }  // namespace
 
 TEST_CASE("emulated bf16-pair accesses refuse an odd element offset, as a GPU faults on it", "[emu][mma]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
   __nv_bfloat16 *in, *out;
   UL_CUDA_CHECK(cudaMalloc(&in, 8 * 2));
   UL_CUDA_CHECK(cudaMalloc(&out, 8 * 2));
@@ -37,6 +39,7 @@ TEST_CASE("emulated bf16-pair accesses refuse an odd element offset, as a GPU fa
 }
 
 TEST_CASE("emulated ldmatrix refuses a row address that is not 16-byte aligned", "[emu][mma]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
   float* d_out;
   UL_CUDA_CHECK(cudaMalloc(&d_out, 32 * 4));
   CHECK_THROWS_WITH(ul::launch("ldmatrix_misaligned", ldmatrix_misaligned_kernel, dim3(1), dim3(32), 16 * kLd * 2,

@@ -1,0 +1,214 @@
+// The emulator's two stream orders (engine/cuda_emu/runtime.h: StreamOrder). In each, one of the
+// legacy stream and a non-blocking stream runs late, so a wait the program leaves out between
+// them shows as stale data in one order or the other; with its waits, a program gives the same
+// bits in both. Also what the real runtime does with pageable host memory in an async copy: read
+// at issue (staged), written before the call returns.
+#include <catch2/catch.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/cuda_launch.h"
+#include "run_cmd.h"
+#include "stream_order.h"
+
+namespace {
+
+using ul_emu::StreamOrder;
+using ul_test::StreamOrderScope;
+
+// out[i] = value: one block of n <= 1024 threads.
+__global__ void fill_kernel(float* out, float value, int n) {
+  if (int(threadIdx.x) < n) out[threadIdx.x] = value;
+}
+
+constexpr int kN = 64;
+
+struct Buffers {
+  float* dev = nullptr;
+  float* pinned = nullptr;
+  cudaStream_t side = nullptr;
+  cudaEvent_t mark = nullptr;
+  Buffers() {
+    UL_CUDA_CHECK(cudaMalloc(&dev, kN * sizeof(float)));
+    UL_CUDA_CHECK(cudaMemset(dev, 0, kN * sizeof(float)));
+    UL_CUDA_CHECK(cudaDeviceSynchronize());  // a memset of device memory is queued in late-main
+    UL_CUDA_CHECK(cudaMallocHost(&pinned, kN * sizeof(float)));
+    UL_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    UL_CUDA_CHECK(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming));
+    for (int i = 0; i < kN; i++) pinned[i] = -1.f;
+  }
+  ~Buffers() {
+    cudaEventDestroy(mark);
+    cudaStreamDestroy(side);
+    cudaFreeHost(pinned);
+    cudaFree(dev);
+  }
+  void fill(float v) { ul::launch("fill", fill_kernel, dim3(1), dim3(kN), 0, nullptr, dev, v, kN); }
+  // dev -> pinned on the side stream, after the legacy stream's work when `wait`.
+  void save(bool wait) {
+    if (wait) {
+      UL_CUDA_CHECK(cudaEventRecord(mark, nullptr));
+      UL_CUDA_CHECK(cudaStreamWaitEvent(side, mark, 0));
+    }
+    UL_CUDA_CHECK(cudaMemcpyAsync(pinned, dev, kN * sizeof(float), cudaMemcpyDeviceToHost, side));
+  }
+  float host_after_sync() {
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+    return pinned[0];
+  }
+};
+
+// A block's output saved to the host on the side stream, then overwritten by the next kernel: the
+// save must wait for the kernel before it, and the overwrite for the save.
+float save_then_overwrite(bool save_waits, bool overwrite_waits) {
+  Buffers b;
+  cudaEvent_t saved;
+  UL_CUDA_CHECK(cudaEventCreateWithFlags(&saved, cudaEventDisableTiming));
+  b.fill(1.f);
+  b.save(save_waits);
+  UL_CUDA_CHECK(cudaEventRecord(saved, b.side));
+  if (overwrite_waits) UL_CUDA_CHECK(cudaStreamWaitEvent(nullptr, saved, 0));
+  b.fill(2.f);
+  const float got = b.host_after_sync();
+  cudaEventDestroy(saved);
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("emu streams: with its waits, a save-then-overwrite gives the same bits in both orders", "[emu]") {
+  for (StreamOrder o : {StreamOrder::late_side, StreamOrder::late_main}) {
+    StreamOrderScope scope(o);
+    CHECK(save_then_overwrite(true, true) == 1.f);
+  }
+}
+
+TEST_CASE("emu streams: late-side shows an overwrite that does not wait for the side stream's copy", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_side);
+  CHECK(save_then_overwrite(true, false) == 2.f);  // the copy ran after the overwrite
+  CHECK(save_then_overwrite(false, true) == 1.f);  // this order cannot see the other missing wait
+}
+
+TEST_CASE("emu streams: late-main shows a side-stream copy that does not wait for the kernel before it", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  CHECK(save_then_overwrite(false, true) == 0.f);  // the copy ran before the kernel: the buffer's first zeros
+  CHECK(save_then_overwrite(true, false) == 1.f);   // this order cannot see the other missing wait
+}
+
+TEST_CASE("emu streams: late-main queues the legacy stream until something observes it", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  b.fill(3.f);
+  float* raw = b.dev;  // emulated device memory is host memory: look behind the runtime's back
+  CHECK(raw[0] == 0.f);  // the kernel has not run
+  cudaEvent_t e;
+  UL_CUDA_CHECK(cudaEventCreate(&e));
+  UL_CUDA_CHECK(cudaEventRecord(e, nullptr));
+  b.fill(4.f);
+  UL_CUDA_CHECK(cudaEventSynchronize(e));  // runs what the event covers, not what came after
+  CHECK(raw[0] == 3.f);
+  float back = 0.f;  // a blocking copy runs the rest first
+  UL_CUDA_CHECK(cudaMemcpy(&back, b.dev, sizeof back, cudaMemcpyDeviceToHost));
+  CHECK(back == 4.f);
+  cudaEventDestroy(e);
+
+  // A memset and an async copy into pageable memory: the copy returns with the data.
+  UL_CUDA_CHECK(cudaMemsetAsync(b.dev, 0, kN * sizeof(float), nullptr));
+  CHECK(raw[0] == 4.f);
+  std::vector<float> host(kN, -5.f);
+  UL_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.dev, kN * sizeof(float), cudaMemcpyDeviceToHost, nullptr));
+  CHECK(host == std::vector<float>(kN, 0.f));
+
+  // From pageable memory: staged at issue, so the caller may reuse its buffer at once.
+  std::vector<float> src(kN, 6.f);
+  UL_CUDA_CHECK(cudaMemcpyAsync(b.dev, src.data(), kN * sizeof(float), cudaMemcpyHostToDevice, nullptr));
+  src.assign(kN, 7.f);
+  UL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  CHECK(raw[0] == 6.f);
+  CHECK(raw[kN - 1] == 6.f);
+
+  // From pinned memory: read when the copy runs, as a DMA would.
+  for (int i = 0; i < kN; i++) b.pinned[i] = 8.f;
+  UL_CUDA_CHECK(cudaMemcpyAsync(b.dev, b.pinned, kN * sizeof(float), cudaMemcpyHostToDevice, nullptr));
+  for (int i = 0; i < kN; i++) b.pinned[i] = 9.f;
+  UL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  CHECK(raw[0] == 9.f);
+}
+
+TEST_CASE("emu streams: late-main queues a memset or copy within device memory (the GPU returns at once)", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  float* raw = b.dev;
+  UL_CUDA_CHECK(cudaMemset(b.dev, 0xff, kN * sizeof(float)));
+  CHECK(raw[0] == 0.f);
+  b.fill(1.f);
+  UL_CUDA_CHECK(cudaMemcpy(b.dev + 1, b.dev, sizeof(float), cudaMemcpyDeviceToDevice));
+  UL_CUDA_CHECK(cudaMemcpy(b.dev + 2, b.dev + 1, sizeof(float), cudaMemcpyDefault));  // device to device too
+  CHECK(raw[2] == 0.f);
+  float back[3] = {0.f, 0.f, 0.f};  // to the host: done, with what came before, when it returns
+  UL_CUDA_CHECK(cudaMemcpy(back, b.dev, sizeof back, cudaMemcpyDefault));
+  CHECK(back[0] == 1.f);
+  CHECK(back[1] == 1.f);
+  CHECK(back[2] == 1.f);
+}
+
+TEST_CASE("emu streams: a blocking stream shares the legacy stream's queue", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  cudaStream_t blocking;
+  UL_CUDA_CHECK(cudaStreamCreate(&blocking));
+  b.fill(1.f);
+  ul::launch("fill", fill_kernel, dim3(1), dim3(kN), 0, blocking, b.dev, 2.f, kN);
+  float* raw = b.dev;
+  CHECK(raw[0] == 0.f);
+  UL_CUDA_CHECK(cudaStreamSynchronize(blocking));  // both, in issue order
+  CHECK(raw[0] == 2.f);
+  UL_CUDA_CHECK(cudaStreamDestroy(blocking));
+}
+
+TEST_CASE("emu streams: switching the order finishes the queued work first", "[emu]") {
+  const StreamOrder before = ul_emu::stream_order();  // late-side, unless ULYSSES_EMU_STREAMS says otherwise
+  {
+    StreamOrderScope eager(StreamOrder::late_side);
+    Buffers b;
+    {
+      StreamOrderScope scope(StreamOrder::late_main);
+      b.fill(5.f);
+      CHECK(b.dev[0] == 0.f);
+    }
+    CHECK(b.dev[0] == 5.f);
+  }
+  CHECK(ul_emu::stream_order() == before);
+}
+
+// The lines of train's output that carry numbers a stream order could change.
+std::string losses(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    if (line.rfind("step ", 0) == 0) kept += line.substr(0, line.find(" | lr")) + "\n";  // loss and norm, not times
+    if (line.rfind("eval ", 0) == 0 || line.rfind("done ", 0) == 0) kept += line + "\n";
+  }
+  return kept;
+}
+
+TEST_CASE("emu streams: train --device cuda: the same numbers in both orders, and a bad order refused", "[emu]") {
+  const std::string run = ul_test::train_cmd(
+      "--device cuda --steps 3 --seq 32 --batch 2 --layers 4 --recompute --offload --grad-accum 2 --eval-every 2 "
+      "--eval-batches 1 --threads 1 --sp 2 --ranks 2");
+  const ul_test::CmdResult side = ul_test::run_cmd("ULYSSES_EMU_STREAMS=late-side " + run);
+  const ul_test::CmdResult main = ul_test::run_cmd("ULYSSES_EMU_STREAMS=late-main " + run);
+  INFO(side.out);
+  INFO(main.out);
+  REQUIRE(side.code == 0);
+  REQUIRE(main.code == 0);
+  CHECK(losses(side.out).find("step     3/3 | loss") != std::string::npos);
+  CHECK(losses(main.out) == losses(side.out));
+
+  const ul_test::CmdResult bad = ul_test::run_cmd("ULYSSES_EMU_STREAMS=sideways " + run);
+  CHECK(bad.code != 0);
+  CHECK(bad.out.find("ULYSSES_EMU_STREAMS=sideways: not a stream order") != std::string::npos);
+  CHECK(bad.out.find("step ") == std::string::npos);
+}

@@ -1,0 +1,34 @@
+// The emulator's stream order for a test's scope (engine/cuda_emu/runtime.h: StreamOrder). Set it
+// from the test's thread while no other thread issues device work; the ranks the test then starts
+// follow it.
+#pragma once
+#include "engine/cuda_runtime.h"
+
+namespace ul_test {
+
+#if ULYSSES_CUDA_EMULATED
+
+struct StreamOrderScope {
+  ul_emu::StreamOrder before;
+  explicit StreamOrderScope(ul_emu::StreamOrder o) : before(ul_emu::stream_order()) { ul_emu::set_stream_order(o); }
+  ~StreamOrderScope() { ul_emu::set_stream_order(before); }
+  StreamOrderScope(const StreamOrderScope&) = delete;
+  StreamOrderScope& operator=(const StreamOrderScope&) = delete;
+};
+#endif
+
+// f(name) once per order the device may take: on the emulator each StreamOrder (so a missing wait
+// between streams shows in one of them), on a GPU its own.
+template <class F>
+void in_each_stream_order(F&& f) {
+#if ULYSSES_CUDA_EMULATED
+  for (ul_emu::StreamOrder o : {ul_emu::StreamOrder::late_side, ul_emu::StreamOrder::late_main}) {
+    StreamOrderScope scope(o);
+    f(o == ul_emu::StreamOrder::late_main ? "late-main" : "late-side");
+  }
+#else
+  f("the GPU's");
+#endif
+}
+
+}  // namespace ul_test
