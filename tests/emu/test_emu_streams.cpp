@@ -159,12 +159,14 @@ TEST_CASE("emu streams: a blocking stream shares the legacy stream's queue", "[e
   Buffers b;
   cudaStream_t blocking;
   UL_CUDA_CHECK(cudaStreamCreate(&blocking));
+  Buffers other;
   b.fill(1.f);
-  ul::launch("fill", fill_kernel, dim3(1), dim3(kN), 0, blocking, b.dev, 2.f, kN);
-  float* raw = b.dev;
-  CHECK(raw[0] == 0.f);
-  UL_CUDA_CHECK(cudaStreamSynchronize(blocking));  // both, in issue order
-  CHECK(raw[0] == 2.f);
+  ul::launch("fill", fill_kernel, dim3(1), dim3(kN), 0, blocking, other.dev, 2.f, kN);
+  CHECK(b.dev[0] == 0.f);
+  CHECK(other.dev[0] == 0.f);
+  UL_CUDA_CHECK(cudaStreamSynchronize(blocking));  // its work came after the legacy stream's: both done
+  CHECK(b.dev[0] == 1.f);
+  CHECK(other.dev[0] == 2.f);
   UL_CUDA_CHECK(cudaStreamDestroy(blocking));
 }
 
