@@ -10,6 +10,7 @@ namespace ul_test {
 
 struct StreamOrderScope {
   ul_emu::StreamOrder before;
+  // A failure in work queued before a switch is left for cudaGetLastError (and printed).
   explicit StreamOrderScope(ul_emu::StreamOrder o) : before(ul_emu::stream_order()) { ul_emu::set_stream_order(o); }
   ~StreamOrderScope() { ul_emu::set_stream_order(before); }
   StreamOrderScope(const StreamOrderScope&) = delete;

@@ -92,7 +92,8 @@ bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // false past the 
 // issue, as the GPU refuses a bad configuration at the launch, not when the grid would run.
 void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 
-// Runs the grid at once, or queues it when the stream runs late (runtime.h: StreamOrder).
+// Runs the grid at once, or queues it when the stream runs late (runtime.h: StreamOrder); `name`
+// must outlive a queued launch (the engine passes string literals).
 template <class... P, class... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
             A&&... args) {

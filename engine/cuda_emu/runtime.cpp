@@ -53,15 +53,27 @@ struct CUstream_st {
   bool late() const {
     return (ul_emu::stream_order() == ul_emu::StreamOrder::late_main) == legacy;
   }
-  void run_until(uint64_t n) {
+  // Runs the queue up to its n-th operation. Queued work that fails (a kernel's misuse or fault) is
+  // reported as a GPU reports an asynchronous error: the call that finds it returns
+  // cudaErrorLaunchFailure (so a destructor that frees memory does not throw), the message goes to
+  // stderr, and the work queued after it is dropped.
+  cudaError_t run_until(uint64_t n) {
     while (done < n && !queue.empty()) {
       std::function<void()> op = std::move(queue.front());
       queue.pop_front();
       done++;
-      op();
+      try {
+        op();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "cuda_emu: queued work failed: %s\n", e.what());
+        done += queue.size();
+        queue.clear();
+        return cudaErrorLaunchFailure;
+      }
     }
+    return cudaSuccess;
   }
-  void run_all() { run_until(issued); }
+  cudaError_t run_all() { return run_until(issued); }
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point t;
@@ -81,17 +93,50 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
-// The calling thread's legacy stream (nullptr); a blocking stream runs in its queue too. On a GPU
-// the legacy stream is the device's, shared by every host thread; here each thread (each rank of
-// the local communicator, as if it had a GPU of its own) has one. Work a thread leaves queued when
-// it ends cannot run then (the executor's thread state may be gone), so it is reported.
+// Every live stream (made by cudaStreamCreate*, or a thread's legacy stream): a thread drains its
+// own on cudaDeviceSynchronize and before a free, and an event whose stream is gone (destroyed, or
+// its thread ended) covers nothing left to run.
+// Never destroyed, as the mappings below: a static destructor may still free device memory at exit.
+struct Streams {
+  std::mutex mu;
+  std::set<cudaStream_t> live;
+};
+Streams& streams() {
+  static Streams* s = new Streams;
+  return *s;
+}
+
+void track(cudaStream_t s, bool live) {
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mu);
+  if (live) ss.live.insert(s);
+  else ss.live.erase(s);
+}
+
+bool alive(cudaStream_t s) {
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mu);
+  return ss.live.count(s) != 0;
+}
+
+// The calling thread's legacy stream (nullptr); a blocking stream runs in its queue too, so two
+// blocking streams are ordered with each other here, which on a GPU they are not. On a GPU the
+// legacy stream is the device's, shared by every host thread; here each thread (each rank of the
+// local communicator, as if it had a GPU of its own) has one, run on that thread. Work a thread
+// leaves queued when it ends would still run on a GPU and cannot here (the executor's thread state
+// may be gone): the emulator stops the program, rather than give other results than a GPU would.
 struct LegacyStream {
   CUstream_st s;
-  LegacyStream() { s.legacy = true; }
+  LegacyStream() {
+    s.legacy = true;
+    track(&s, true);
+  }
   ~LegacyStream() {
-    if (!s.queue.empty())
-      std::fprintf(stderr, "cuda_emu: a thread ended with %zu operation(s) on its legacy stream never awaited\n",
-                   s.queue.size());
+    track(&s, false);
+    if (s.queue.empty()) return;
+    std::fprintf(stderr, "cuda_emu: a thread ended with %zu operation(s) queued on its legacy stream, never "
+                 "awaited (synchronize before a thread ends)\n", s.queue.size());
+    std::abort();
   }
 };
 CUstream_st& legacy_stream() {
@@ -100,25 +145,33 @@ CUstream_st& legacy_stream() {
 }
 cudaStream_t resolve(cudaStream_t s) { return !s || s->legacy ? &legacy_stream() : s; }
 
-// The streams made by cudaStreamCreate*, to drain on cudaDeviceSynchronize and before a free: the
-// calling thread's.
-std::mutex g_streams_mu;
-std::set<cudaStream_t> g_streams;
+// The work an event covers, when its stream still lives.
+cudaError_t run_event(cudaEvent_t e) {
+  return e->stream && alive(e->stream) ? e->stream->run_until(e->upto) : cudaSuccess;
+}
 
-void drain_this_thread() {
-  legacy_stream().run_all();
+// Runs the calling thread's streams (its legacy stream included, once it has one); the first
+// failure found.
+cudaError_t drain_this_thread() {
   std::vector<cudaStream_t> mine;
   {
-    std::lock_guard<std::mutex> lock(g_streams_mu);
-    for (cudaStream_t s : g_streams)
+    Streams& ss = streams();
+    std::lock_guard<std::mutex> lock(ss.mu);
+    for (cudaStream_t s : ss.live)
       if (s->owner == std::this_thread::get_id()) mine.push_back(s);
   }
-  for (cudaStream_t s : mine) s->run_all();
+  cudaError_t first = cudaSuccess;
+  for (cudaStream_t s : mine) {
+    const cudaError_t e = s->run_all();
+    if (first == cudaSuccess) first = e;
+  }
+  return first;
 }
 
 // Pinned host memory (cudaMallocHost): an async copy to or from it reads and writes it when the copy
-// runs. Pageable memory is read at issue (the runtime stages it) and written before the call
-// returns, as the real runtime does.
+// runs. Pageable memory is read at issue (the runtime stages it); an async copy into it is done
+// when the call returns (the documentation says such a copy "might be synchronous": the emulator
+// takes that choice, so a program that counts on it passes here).
 std::mutex g_pinned_mu;
 std::map<const char*, size_t> g_pinned;  // start -> bytes
 
@@ -196,7 +249,8 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* p) {
-  drain_this_thread();  // cudaFree synchronizes the device
+  const cudaError_t queued = drain_this_thread();  // cudaFree synchronizes the device
+  if (queued != cudaSuccess) return fail(queued);  // the memory stays: the device is in error
   if (!p) return cudaSuccess;
   Mapping m;
   {
@@ -231,7 +285,8 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFreeHost(void* p) {
-  drain_this_thread();
+  const cudaError_t queued = drain_this_thread();
+  if (queued != cudaSuccess) return fail(queued);
   {
     std::lock_guard<std::mutex> lock(g_pinned_mu);
     g_pinned.erase(static_cast<const char*>(p));
@@ -240,20 +295,50 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
-// On the legacy stream, as the real runtime has it: a copy between device buffers returns at once
-// (queued when the legacy stream runs late); one to or from the host runs after what the stream
-// has queued and is done when the call returns.
+namespace {
+
+// Which side of a copy is device memory: by its kind, or for cudaMemcpyDefault by the pointer.
+struct Sides {
+  bool dst_device, src_device;
+};
+Sides sides(const void* dst, const void* src, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDefault) return {is_device(dst), is_device(src)};
+  return {kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice,
+          kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice};
+}
+
+// Queues a copy on r whose source is read now (staged) when it is pageable host memory, and when
+// the copy runs otherwise, as a GPU's DMA reads it.
+void queue_copy(cudaStream_t r, void* dst, const void* src, size_t bytes, bool stage) {
+  if (!stage) {
+    ul_emu::on_stream(r, [=] { std::memmove(dst, src, bytes); });
+    return;
+  }
+  const char* from = static_cast<const char*>(src);
+  auto staged = std::make_shared<std::vector<char>>(from, from + bytes);
+  ul_emu::on_stream(r, [=] { std::memcpy(dst, staged->data(), bytes); });
+}
+
+}  // namespace
+
+// On the legacy stream, as the real runtime has it: a copy between device buffers returns at once;
+// one from pageable host memory to the device returns once the source is staged (after what the
+// stream has queued), and lands later; any other is done when the call returns. "Later" is when
+// the legacy stream runs late.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
-  const bool within =
-      kind == cudaMemcpyDeviceToDevice || (kind == cudaMemcpyDefault && is_device(dst) && is_device(src));
-  if (within) {
-    ul_emu::on_stream(nullptr, [=] { std::memmove(dst, src, bytes); });
+  const Sides d = sides(dst, src, kind);
+  if (d.dst_device && d.src_device) {
+    queue_copy(nullptr, dst, src, bytes, false);
     return cudaSuccess;
   }
-  legacy_stream().run_all();
+  if (const cudaError_t queued = legacy_stream().run_all()) return fail(queued);
+  if (d.dst_device && !is_pinned(src)) {
+    queue_copy(nullptr, dst, src, bytes, true);
+    return cudaSuccess;
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -267,22 +352,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     std::memmove(dst, src, bytes);
     return cudaSuccess;
   }
-  const bool to_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
-                       (kind == cudaMemcpyDefault && !is_device(dst));
-  const bool from_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
-                         (kind == cudaMemcpyDefault && !is_device(src));
-  if (to_host && !is_pinned(dst)) {  // into pageable memory: returns once the copy is done
-    r->run_all();
+  const Sides d = sides(dst, src, kind);
+  // Host to host is synchronous; so is a copy into pageable memory (see g_pinned).
+  if (!d.dst_device && (!d.src_device || !is_pinned(dst))) {
+    if (const cudaError_t queued = r->run_all()) return fail(queued);
     std::memmove(dst, src, bytes);
     return cudaSuccess;
   }
-  if (from_host && !is_pinned(src)) {  // from pageable memory: staged now, the caller may reuse it
-    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
-                                                      static_cast<const char*>(src) + bytes);
-    ul_emu::on_stream(r, [=] { std::memcpy(dst, staged->data(), bytes); });
-    return cudaSuccess;
-  }
-  ul_emu::on_stream(r, [=] { std::memmove(dst, src, bytes); });  // reads src when it runs, as a GPU would
+  queue_copy(r, dst, src, bytes, !d.src_device && !is_pinned(src));
   return cudaSuccess;
 }
 
@@ -294,7 +371,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
     ul_emu::on_stream(nullptr, [=] { std::memset(p, value, bytes); });
     return cudaSuccess;
   }
-  legacy_stream().run_all();
+  if (const cudaError_t queued = legacy_stream().run_all()) return fail(queued);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -312,34 +389,29 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (!s) return fail(cudaErrorInvalidValue);
   *s = new CUstream_st;
   (*s)->legacy = (flags & cudaStreamNonBlocking) == 0;
-  std::lock_guard<std::mutex> lock(g_streams_mu);
-  g_streams.insert(*s);
+  track(*s, true);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
-  resolve(s)->run_all();  // the real call lets queued work finish too
-  {
-    std::lock_guard<std::mutex> lock(g_streams_mu);
-    g_streams.erase(s);
-  }
+  const cudaError_t queued = resolve(s)->run_all();  // the real call lets queued work finish too
+  track(s, false);
   delete s;
-  return cudaSuccess;
+  return queued == cudaSuccess ? cudaSuccess : fail(queued);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  resolve(s)->run_all();
-  return cudaSuccess;
+  const cudaError_t queued = resolve(s)->run_all();
+  return queued == cudaSuccess ? cudaSuccess : fail(queued);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
-  // Whatever waits, the work the event covers must be done before the waiter's next operation. Only
-  // one of two streams runs late, so the event's stream is the late one or the waiter is: running
-  // the covered work now is exactly that either way.
-  if (e->stream) e->stream->run_until(e->upto);
-  return cudaSuccess;
+  // Whatever waits, the work the event covers must be done before the waiter's next operation:
+  // running it now is a legal order, whichever of the two streams runs late.
+  const cudaError_t queued = run_event(e);
+  return queued == cudaSuccess ? cudaSuccess : fail(queued);
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
@@ -368,8 +440,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
-  if (e->stream) e->stream->run_until(e->upto);
-  return cudaSuccess;
+  const cudaError_t queued = run_event(e);
+  return queued == cudaSuccess ? cudaSuccess : fail(queued);
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -381,8 +453,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  drain_this_thread();
-  return cudaSuccess;
+  const cudaError_t queued = drain_this_thread();
+  return queued == cudaSuccess ? cudaSuccess : fail(queued);
 }
 
 cudaError_t cudaGetLastError() {
@@ -494,9 +566,10 @@ namespace ul_emu {
 
 StreamOrder stream_order() { return order_now().load(std::memory_order_relaxed); }
 
-void set_stream_order(StreamOrder order) {
-  drain_this_thread();
+cudaError_t set_stream_order(StreamOrder order) {
+  const cudaError_t queued = drain_this_thread();
   order_now().store(order, std::memory_order_relaxed);
+  return queued == cudaSuccess ? cudaSuccess : fail(queued);
 }
 
 void on_stream(cudaStream_t s, std::function<void()> op) {

@@ -59,16 +59,19 @@ typedef CUevent_st* cudaEvent_t;
 // ---- which stream runs late (emulation only) -------------------------------------------------------
 namespace ul_emu {
 // late_side (the default; ULYSSES_EMU_STREAMS=late-side): the legacy stream (nullptr) and blocking
-// streams run their work at issue; non-blocking streams queue theirs. A copy the legacy stream must
-// wait for before reusing a buffer is seen not to have happened without that wait.
+// streams run their work at issue; non-blocking streams queue theirs (kernels, GEMMs, copies,
+// memsets). A copy the legacy stream must wait for before reusing a buffer is seen not to have
+// happened without that wait.
 // late_main (ULYSSES_EMU_STREAMS=late-main): the other way round. The legacy stream queues its
 // kernels, GEMMs, async copies and memsets (blocking streams share its queue, as they synchronize
 // with it), and non-blocking streams run theirs at issue: a side-stream copy that does not wait
 // for the kernels before it reads their output before they have run, or overwrites their input.
-// Both orders are ones a GPU may take; a correct program gives the same bits in each.
+// Both orders are ones a GPU may take; a correct program gives the same bits in each. Queued work
+// that fails is reported by the call that runs it: cudaErrorLaunchFailure, the message on stderr.
 enum class StreamOrder { late_side, late_main };
 StreamOrder stream_order();
-void set_stream_order(StreamOrder order);  // finishes this thread's queued work first
+// Finishes this thread's queued work first: cudaErrorLaunchFailure when some of it failed.
+cudaError_t set_stream_order(StreamOrder order);
 // Runs op now, or queues it on s (nullptr: the calling thread's legacy stream) when s runs late.
 void on_stream(cudaStream_t s, std::function<void()> op);
 }  // namespace ul_emu

@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/cuda_launch.h"
@@ -139,19 +141,35 @@ TEST_CASE("emu streams: late-main queues the legacy stream until something obser
 
 TEST_CASE("emu streams: late-main queues a memset or copy within device memory (the GPU returns at once)", "[emu]") {
   StreamOrderScope scope(StreamOrder::late_main);
-  Buffers b;
-  float* raw = b.dev;
+  Buffers b, c, d;
   UL_CUDA_CHECK(cudaMemset(b.dev, 0xff, kN * sizeof(float)));
-  CHECK(raw[0] == 0.f);
+  CHECK(b.dev[0] == 0.f);
   b.fill(1.f);
-  UL_CUDA_CHECK(cudaMemcpy(b.dev + 1, b.dev, sizeof(float), cudaMemcpyDeviceToDevice));
-  UL_CUDA_CHECK(cudaMemcpy(b.dev + 2, b.dev + 1, sizeof(float), cudaMemcpyDefault));  // device to device too
-  CHECK(raw[2] == 0.f);
-  float back[3] = {0.f, 0.f, 0.f};  // to the host: done, with what came before, when it returns
-  UL_CUDA_CHECK(cudaMemcpy(back, b.dev, sizeof back, cudaMemcpyDefault));
-  CHECK(back[0] == 1.f);
-  CHECK(back[1] == 1.f);
-  CHECK(back[2] == 1.f);
+  UL_CUDA_CHECK(cudaMemcpy(c.dev, b.dev, kN * sizeof(float), cudaMemcpyDeviceToDevice));
+  UL_CUDA_CHECK(cudaMemcpy(d.dev, c.dev, kN * sizeof(float), cudaMemcpyDefault));  // device to device too
+  CHECK(c.dev[0] == 0.f);
+  CHECK(d.dev[0] == 0.f);
+  std::vector<float> back(kN, -1.f);  // to the host: done, after what came before, when it returns
+  UL_CUDA_CHECK(cudaMemcpy(back.data(), d.dev, kN * sizeof(float), cudaMemcpyDefault));
+  CHECK(back == std::vector<float>(kN, 1.f));
+}
+
+TEST_CASE("emu streams: late-main lands a blocking copy from pageable memory later, from its staged bytes", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  std::vector<float> src(kN, 3.f);
+  UL_CUDA_CHECK(cudaMemcpy(b.dev, src.data(), kN * sizeof(float), cudaMemcpyHostToDevice));
+  src.assign(kN, 4.f);  // the call has returned: the caller may reuse its buffer
+  CHECK(b.dev[0] == 0.f);  // not landed yet: a side-stream copy that does not wait for it reads this
+  UL_CUDA_CHECK(cudaMemcpy(b.pinned, b.dev, kN * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(b.pinned[kN - 1] == 3.f);
+  // From pinned memory the blocking copy is synchronous; so is an async copy between host buffers.
+  for (int i = 0; i < kN; i++) b.pinned[i] = 5.f;
+  UL_CUDA_CHECK(cudaMemcpy(b.dev, b.pinned, kN * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(b.dev[0] == 5.f);
+  src.assign(kN, 6.f);
+  UL_CUDA_CHECK(cudaMemcpyAsync(b.pinned, src.data(), kN * sizeof(float), cudaMemcpyHostToHost, nullptr));
+  CHECK(b.pinned[0] == 6.f);
 }
 
 TEST_CASE("emu streams: a blocking stream shares the legacy stream's queue", "[emu]") {
@@ -213,4 +231,49 @@ TEST_CASE("emu streams: train --device cuda: the same numbers in both orders, an
   CHECK(bad.code != 0);
   CHECK(bad.out.find("ULYSSES_EMU_STREAMS=sideways: not a stream order") != std::string::npos);
   CHECK(bad.out.find("step ") == std::string::npos);
+}
+
+namespace {
+__global__ void fault_kernel(float* out) {
+  if (threadIdx.x == 0) throw std::runtime_error("a planned fault");
+  out[threadIdx.x] = 1.f;
+}
+}  // namespace
+
+TEST_CASE("emu streams: queued work that fails is reported by the call that runs it, as a GPU's async error", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);  // queued: no error yet
+  b.fill(2.f);                                                             // dropped with the fault
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(b.dev[0] == 0.f);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(b.dev[0] == 0.f);  // the work queued after the fault was dropped
+  b.fill(3.f);  // the emulated device goes on (a GPU's context would stay in error)
+  CHECK(cudaFree(nullptr) == cudaSuccess);  // a free runs the queue: nothing failed this time
+  CHECK(b.dev[0] == 3.f);
+  ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);
+  float* spare = nullptr;
+  UL_CUDA_CHECK(cudaMalloc(&spare, 4));
+  CHECK(cudaFree(spare) == cudaErrorLaunchFailure);  // in a destructor: an error code, not a throw
+  CHECK(cudaFree(spare) == cudaSuccess);
+  cudaGetLastError();
+}
+
+TEST_CASE("emu streams: an event on a thread's legacy stream outlives the thread", "[emu]") {
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  cudaEvent_t e;
+  UL_CUDA_CHECK(cudaEventCreate(&e));
+  std::thread rank([&] {
+    b.fill(7.f);
+    UL_CUDA_CHECK(cudaEventRecord(e, nullptr));
+    UL_CUDA_CHECK(cudaDeviceSynchronize());  // a thread ends with nothing queued (else the emulator aborts)
+  });
+  rank.join();
+  CHECK(cudaEventSynchronize(e) == cudaSuccess);  // its stream is gone: nothing left to run
+  CHECK(cudaStreamWaitEvent(nullptr, e, 0) == cudaSuccess);
+  CHECK(b.dev[0] == 7.f);
+  cudaEventDestroy(e);
 }
