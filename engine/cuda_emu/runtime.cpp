@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -49,6 +48,12 @@ struct CUstream_st {
   std::deque<std::function<void()>> queue;
   uint64_t issued = 0, done = 0;
   std::thread::id owner = std::this_thread::get_id();
+  uint64_t id = next_id();  // an ended thread's legacy stream may leave its address to a new one
+
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
 
   bool late() const {
     return (ul_emu::stream_order() == ul_emu::StreamOrder::late_main) == legacy;
@@ -79,7 +84,7 @@ struct CUevent_st {
   std::chrono::steady_clock::time_point t;
   bool recorded = false;
   cudaStream_t stream = nullptr;  // the late stream it was recorded on, and how much of it it covers
-  uint64_t upto = 0;
+  uint64_t stream_id = 0, upto = 0;
 };
 
 namespace {
@@ -92,6 +97,8 @@ cudaError_t fail(cudaError_t e) {
   t_last_error = e;
   return e;
 }
+// A call's result when all it did was run queued work: success, or that work's failure.
+cudaError_t report(cudaError_t e) { return e == cudaSuccess ? e : fail(e); }
 
 // Every live stream (made by cudaStreamCreate*, or a thread's legacy stream): a thread drains its
 // own on cudaDeviceSynchronize and before a free, and an event whose stream is gone (destroyed, or
@@ -99,7 +106,7 @@ cudaError_t fail(cudaError_t e) {
 // Never destroyed, as the mappings below: a static destructor may still free device memory at exit.
 struct Streams {
   std::mutex mu;
-  std::set<cudaStream_t> live;
+  std::map<cudaStream_t, uint64_t> live;  // -> the stream's id
 };
 Streams& streams() {
   static Streams* s = new Streams;
@@ -109,14 +116,15 @@ Streams& streams() {
 void track(cudaStream_t s, bool live) {
   Streams& ss = streams();
   std::lock_guard<std::mutex> lock(ss.mu);
-  if (live) ss.live.insert(s);
+  if (live) ss.live[s] = s->id;
   else ss.live.erase(s);
 }
 
-bool alive(cudaStream_t s) {
+bool alive(cudaStream_t s, uint64_t id) {
   Streams& ss = streams();
   std::lock_guard<std::mutex> lock(ss.mu);
-  return ss.live.count(s) != 0;
+  const auto it = ss.live.find(s);
+  return it != ss.live.end() && it->second == id;
 }
 
 // The calling thread's legacy stream (nullptr); a blocking stream runs in its queue too, so two
@@ -147,7 +155,7 @@ cudaStream_t resolve(cudaStream_t s) { return !s || s->legacy ? &legacy_stream()
 
 // The work an event covers, when its stream still lives.
 cudaError_t run_event(cudaEvent_t e) {
-  return e->stream && alive(e->stream) ? e->stream->run_until(e->upto) : cudaSuccess;
+  return e->stream && alive(e->stream, e->stream_id) ? e->stream->run_until(e->upto) : cudaSuccess;
 }
 
 // Runs the calling thread's streams (its legacy stream included, once it has one); the first
@@ -157,8 +165,8 @@ cudaError_t drain_this_thread() {
   {
     Streams& ss = streams();
     std::lock_guard<std::mutex> lock(ss.mu);
-    for (cudaStream_t s : ss.live)
-      if (s->owner == std::this_thread::get_id()) mine.push_back(s);
+    for (const auto& live : ss.live)
+      if (live.first->owner == std::this_thread::get_id()) mine.push_back(live.first);
   }
   cudaError_t first = cudaSuccess;
   for (cudaStream_t s : mine) {
@@ -398,20 +406,18 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   const cudaError_t queued = resolve(s)->run_all();  // the real call lets queued work finish too
   track(s, false);
   delete s;
-  return queued == cudaSuccess ? cudaSuccess : fail(queued);
+  return report(queued);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  const cudaError_t queued = resolve(s)->run_all();
-  return queued == cudaSuccess ? cudaSuccess : fail(queued);
+  return report(resolve(s)->run_all());
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   // Whatever waits, the work the event covers must be done before the waiter's next operation:
   // running it now is a legal order, whichever of the two streams runs late.
-  const cudaError_t queued = run_event(e);
-  return queued == cudaSuccess ? cudaSuccess : fail(queued);
+  return report(run_event(e));
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
@@ -434,14 +440,14 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   e->t = std::chrono::steady_clock::now();
   e->recorded = true;
   e->stream = r->late() ? r : nullptr;
+  e->stream_id = r->id;
   e->upto = r->issued;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
-  const cudaError_t queued = run_event(e);
-  return queued == cudaSuccess ? cudaSuccess : fail(queued);
+  return report(run_event(e));
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -453,8 +459,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  const cudaError_t queued = drain_this_thread();
-  return queued == cudaSuccess ? cudaSuccess : fail(queued);
+  return report(drain_this_thread());
 }
 
 cudaError_t cudaGetLastError() {
@@ -569,7 +574,7 @@ StreamOrder stream_order() { return order_now().load(std::memory_order_relaxed);
 cudaError_t set_stream_order(StreamOrder order) {
   const cudaError_t queued = drain_this_thread();
   order_now().store(order, std::memory_order_relaxed);
-  return queued == cudaSuccess ? cudaSuccess : fail(queued);
+  return report(queued);
 }
 
 void on_stream(cudaStream_t s, std::function<void()> op) {

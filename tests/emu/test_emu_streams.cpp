@@ -5,6 +5,7 @@
 // at issue (staged), written before the call returns.
 #include <catch2/catch.hpp>
 
+#include <future>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -275,5 +276,21 @@ TEST_CASE("emu streams: an event on a thread's legacy stream outlives the thread
   CHECK(cudaEventSynchronize(e) == cudaSuccess);  // its stream is gone: nothing left to run
   CHECK(cudaStreamWaitEvent(nullptr, e, 0) == cudaSuccess);
   CHECK(b.dev[0] == 7.f);
+
+  // A new thread's legacy stream may take the ended one's address (glibc reuses thread stacks, and
+  // thread-locals with them): the event must not run the new stream's work, on this thread.
+  std::promise<void> queued, checked;
+  std::thread next([&] {
+    b.fill(8.f);
+    queued.set_value();
+    checked.get_future().wait();
+    CHECK(b.dev[0] == 7.f);  // still queued: the event did not cover it
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+  });
+  queued.get_future().wait();
+  CHECK(cudaEventSynchronize(e) == cudaSuccess);
+  checked.set_value();
+  next.join();
+  CHECK(b.dev[0] == 8.f);
   cudaEventDestroy(e);
 }
