@@ -367,13 +367,16 @@ TEST_CASE("emu: atomics add up across blocks", "[emu]") {
 
 // out: (block, 2) from a kernel where the first and the last warp (or lane) of each block read a
 // shared word and then write their number + 1 there, with no barrier between them. The first
-// writes `first`, the last `last`: in even blocks the first runs first (it reads the initial 0, the
-// last reads `first`), in odd blocks the last does.
+// writes `first`, the last `last`. Blocks alternate: in every other block the first runs first (it
+// reads the initial 0, the last reads `first`), in the others the last does. Which blocks go
+// forward also alternates by launch, so block 0 sets the parity for this one.
 void check_turns(const std::vector<int>& h, int blocks, int first, int last) {
+  const int flip = h[0] == 0 ? 0 : 1;
   for (int b = 0; b < blocks; b++) {
-    INFO("block " << b);
-    CHECK(h[b * 2 + (b % 2)] == 0);
-    CHECK(h[b * 2 + 1 - (b % 2)] == (b % 2 == 0 ? first : last));
+    INFO("block " << b << ", block 0 went " << (flip ? "backward" : "forward"));
+    const int r = (b + flip) % 2;
+    CHECK(h[b * 2 + r] == 0);
+    CHECK(h[b * 2 + 1 - r] == (r == 0 ? first : last));
   }
 }
 
