@@ -81,7 +81,15 @@ struct CUstream_st {
   cudaError_t run_all() { return run_until(issued); }
 };
 struct CUevent_st {
-  std::chrono::steady_clock::time_point t;
+  // When the work before its record had run: set at the record on a stream that runs at issue, by
+  // a queued stamp on one that runs late (so --profile times the work, not its issue). Shared with
+  // that stamp, which may run after the event is re-recorded or destroyed.
+  struct Stamp {
+    std::chrono::steady_clock::time_point t;
+    bool done = false;
+  };
+  std::shared_ptr<Stamp> stamp;
+  bool timing = true;  // false: created with cudaEventDisableTiming
   bool recorded = false;
   cudaStream_t stream = nullptr;  // the late stream it was recorded on, and how much of it it covers
   uint64_t stream_id = 0, upto = 0;
@@ -422,9 +430,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   if (!e) return fail(cudaErrorInvalidValue);
   *e = new CUevent_st;
+  (*e)->timing = !(flags & cudaEventDisableTiming);
   return cudaSuccess;
 }
 
@@ -437,7 +446,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   const cudaStream_t r = resolve(s);
-  e->t = std::chrono::steady_clock::now();
+  auto stamp = std::make_shared<CUevent_st::Stamp>();
+  e->stamp = stamp;
+  ul_emu::on_stream(r, [stamp] {
+    stamp->t = std::chrono::steady_clock::now();
+    stamp->done = true;
+  });
   e->recorded = true;
   e->stream = r->late() ? r : nullptr;
   e->stream_id = r->id;
@@ -454,7 +468,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (!ms) return fail(cudaErrorInvalidValue);
   if (!start || !end) return fail(cudaErrorInvalidResourceHandle);
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(end->t - start->t).count();
+  if (!start->timing || !end->timing) return fail(cudaErrorInvalidResourceHandle);
+  // As on a GPU: an event whose work has not run yet has no time.
+  if (!start->stamp->done || !end->stamp->done) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(end->stamp->t - start->stamp->t).count();
   return cudaSuccess;
 }
 

@@ -52,7 +52,7 @@ struct dim3 {
 
 // ---- streams and events -------------------------------------------------------------------------
 struct CUstream_st;  // opaque: streams only carry identity here
-struct CUevent_st;   // holds the host time of its last record
+struct CUevent_st;   // the host time at which the work before its last record had run
 typedef CUstream_st* cudaStream_t;
 typedef CUevent_st* cudaEvent_t;
 

@@ -5,6 +5,7 @@
 // at issue (staged), written before the call returns.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <future>
 #include <sstream>
 #include <stdexcept>
@@ -293,4 +294,41 @@ TEST_CASE("emu streams: an event on a thread's legacy stream outlives the thread
   next.join();
   CHECK(b.dev[0] == 8.f);
   cudaEventDestroy(e);
+}
+
+TEST_CASE("emu streams: an event's time is when the work before it ran, also on a stream that runs late", "[emu]") {
+  // --profile (engine/gpu_profile.h) times each op with two events: an event stamped at its record
+  // would time the op's issue on a late stream, and a queued op's issue takes no time.
+  using namespace std::chrono_literals;
+  ul_test::in_each_stream_order([](const char* order) {
+    cudaStream_t side;
+    UL_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    for (cudaStream_t s : {cudaStream_t(nullptr), side}) {
+      INFO(order << " order, " << (s ? "side" : "legacy") << " stream");
+      cudaEvent_t begin, end;
+      UL_CUDA_CHECK(cudaEventCreate(&begin));
+      UL_CUDA_CHECK(cudaEventCreate(&end));
+      UL_CUDA_CHECK(cudaEventRecord(begin, s));
+      ul_emu::on_stream(s, [] { std::this_thread::sleep_for(30ms); });
+      UL_CUDA_CHECK(cudaEventRecord(end, s));
+      float ms = -1.f;
+      const bool late = (ul_emu::stream_order() == StreamOrder::late_main) == (s == nullptr);
+      CHECK(cudaEventElapsedTime(&ms, begin, end) == (late ? cudaErrorNotReady : cudaSuccess));
+      cudaGetLastError();
+      UL_CUDA_CHECK(cudaEventSynchronize(end));
+      UL_CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
+      CHECK(ms >= 29.9f);
+      cudaEventDestroy(begin);
+      cudaEventDestroy(end);
+    }
+    cudaEvent_t untimed;
+    UL_CUDA_CHECK(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming));
+    UL_CUDA_CHECK(cudaEventRecord(untimed, side));
+    UL_CUDA_CHECK(cudaStreamSynchronize(side));
+    float ms = 0.f;
+    CHECK(cudaEventElapsedTime(&ms, untimed, untimed) == cudaErrorInvalidResourceHandle);
+    cudaGetLastError();
+    cudaEventDestroy(untimed);
+    cudaStreamDestroy(side);
+  });
 }
