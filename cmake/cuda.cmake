@@ -24,8 +24,9 @@ if(ULYSSES_CUDA_EMULATION)
   set_source_files_properties(${ULYSSES_CUDA_SOURCES} PROPERTIES
     LANGUAGE CXX
     COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/engine/cuda_emu/cuda_emu.h")
-  target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES} ${ULYSSES_EMU_SOURCES})
-  target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1 ULYSSES_CUDA_EMULATED=1)
+  # The NCCL communicator too, on the emulated NCCL (engine/cuda_emu/nccl.h).
+  target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES} ${ULYSSES_EMU_SOURCES} ${PROJECT_SOURCE_DIR}/parallel/comm_nccl.cpp)
+  target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1 ULYSSES_CUDA_EMULATED=1 ULYSSES_HAVE_NCCL=1)
   message(STATUS "ulysses: CUDA backend emulated on the CPU (${CMAKE_CXX_COMPILER_ID})")
   return()
 endif()

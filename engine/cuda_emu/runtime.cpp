@@ -421,6 +421,17 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return report(resolve(s)->run_all());
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  return report(resolve(s)->run_all());
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  if (!a) return fail(cudaErrorInvalidValue);
+  a->type = is_device(p) ? cudaMemoryTypeDevice : is_pinned(p) ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
+  a->device = a->type == cudaMemoryTypeUnregistered ? -2 : 0;
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   // Whatever waits, the work the event covers must be done before the waiter's next operation:

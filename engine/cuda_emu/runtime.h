@@ -85,6 +85,13 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* p, int value, size_t bytes);
+enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDevice = 2, cudaMemoryTypeManaged = 3 };
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+};
+// Device for cudaMalloc'd memory, host for cudaMallocHost's, unregistered for any other address.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
 
 enum : unsigned int { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
@@ -94,6 +101,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags = 0);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+// Runs what the stream has queued: work here is done once it has run, so never cudaErrorNotReady.
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);

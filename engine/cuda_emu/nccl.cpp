@@ -1,0 +1,436 @@
+// The emulated NCCL (engine/cuda_emu/nccl.h): communicators in POSIX shared memory.
+#include "engine/cuda_emu/nccl.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "parallel/comm_util.h"  // reduce_many: the local communicator's sums, so both give the same bits
+
+namespace {
+
+constexpr int kMaxRanks = 64;
+constexpr size_t kSlotBytes = size_t(4) << 20;  // what one rank puts in per round of a collective
+constexpr double kPeerWaitS = 600;               // a GPU waits for ever; a test must not
+
+// The start of the shared segment (zero-filled when made); the ranks' slots follow it.
+struct Header {
+  std::atomic<uint32_t> arrived;     // ranks at the current barrier
+  std::atomic<uint32_t> generation;  // barriers passed
+  std::atomic<int32_t> pid[kMaxRanks];
+  int32_t color[kMaxRanks], key[kMaxRanks];  // ncclCommSplit's exchange
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free,
+              "atomics in memory shared by processes must not need a lock");
+constexpr size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
+
+// A peer's exit, or a wait past kPeerWaitS: what NCCL reports as a remote error.
+struct PeerFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  // A process that has exited but not been reaped yet (a zombie) still answers kill.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+ul::DType dtype(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt32: return ul::DType::i32;
+    case ncclFloat32: return ul::DType::f32;
+    case ncclFloat64: return ul::DType::f64;
+    case ncclBfloat16: return ul::DType::bf16;
+  }
+  throw std::invalid_argument("nccl emu: unknown data type " + std::to_string(int(t)));
+}
+
+ul::ReduceOp reduce_op(ncclRedOp_t op) {
+  if (op == ncclSum) return ul::ReduceOp::sum;
+  if (op == ncclMax) return ul::ReduceOp::max;
+  throw std::invalid_argument("nccl emu: unknown reduction " + std::to_string(int(op)));
+}
+
+}  // namespace
+
+struct ncclComm {
+  std::string name;
+  int rank = 0, size = 1;
+  Header* header = nullptr;
+  size_t bytes = 0;
+  uint64_t splits = 0;
+  std::atomic<bool> aborted{false};
+  ncclResult_t async_error = ncclSuccess;
+
+  char* slot(int r) { return reinterpret_cast<char*>(header) + kHeaderBytes + size_t(r) * kSlotBytes; }
+
+  // Every rank reaches it before any leaves. Throws PeerFailure when a peer process has exited, or
+  // after kPeerWaitS.
+  void barrier(const char* what) {
+    const uint32_t gen = header->generation.load(std::memory_order_acquire);
+    if (header->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(size)) {
+      header->arrived.store(0, std::memory_order_relaxed);
+      header->generation.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto checked = start;
+    for (int spins = 0; header->generation.load(std::memory_order_acquire) == gen; spins++) {
+      if (aborted.load(std::memory_order_relaxed)) throw PeerFailure(std::string(what) + ": the communicator was aborted");
+      if (spins < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      const auto now = std::chrono::steady_clock::now();
+      if (now - checked < std::chrono::milliseconds(20)) continue;
+      checked = now;
+      for (int r = 0; r < size; r++) {
+        const pid_t pid = header->pid[r].load(std::memory_order_relaxed);
+        if (pid > 0 && pid != getpid() && process_gone(pid))
+          throw PeerFailure(std::string(what) + ": rank " + std::to_string(r) + " (process " + std::to_string(pid) +
+                            ") has exited");
+      }
+      if (std::chrono::duration<double>(now - start).count() > kPeerWaitS)
+        throw PeerFailure(std::string(what) + ": waited " + std::to_string(int(kPeerWaitS)) + " s for the other ranks");
+    }
+  }
+};
+
+namespace {
+
+// Maps (making it, if this rank is the first) the segment `name` of a communicator of `size`
+// ranks, and waits until all have joined.
+ncclComm* join(const std::string& name, int size, int rank) {
+  const size_t bytes = kHeaderBytes + size_t(size) * kSlotBytes;
+  const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (fd < 0) throw std::runtime_error("nccl emu: shm_open " + name + ": " + std::strerror(errno));
+  // Every rank sets the same size: a no-op after the first, which leaves the bytes as they are.
+  if (ftruncate(fd, off_t(bytes)) != 0) {
+    const int e = errno;
+    close(fd);
+    throw std::runtime_error("nccl emu: ftruncate " + name + ": " + std::strerror(e));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) throw std::runtime_error("nccl emu: mmap " + name + ": " + std::strerror(errno));
+  auto* c = new ncclComm;
+  c->name = name;
+  c->rank = rank;
+  c->size = size;
+  c->header = static_cast<Header*>(p);
+  c->bytes = bytes;
+  c->header->pid[rank].store(getpid(), std::memory_order_relaxed);
+  c->barrier("init");
+  if (rank == 0) shm_unlink(name.c_str());  // every rank has it mapped: nothing is left behind
+  return c;
+}
+
+ncclResult_t failed(ncclResult_t r, const std::string& why) {
+  std::fprintf(stderr, "nccl emu: %s\n", why.c_str());
+  return r;
+}
+
+void require_device(const void* p, size_t bytes, const char* which) {
+  if (bytes == 0) return;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice)
+    throw std::invalid_argument(std::string("the ") + which + " buffer is not device memory (cudaMalloc)");
+}
+
+bool overlap(const void* a, size_t an, const void* b, size_t bn) {
+  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
+
+// Runs `body` as work on `stream` (at issue, or later when the stream runs late). A bad argument
+// is the call's ncclInvalidArgument; a peer's failure at issue its ncclRemoteError, and later the
+// stream's failure.
+// The checks of a call's arguments, run at the call: a throw is its ncclInvalidArgument.
+ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& checks) {
+  if (!c) return failed(ncclInvalidArgument, std::string(what) + ": no communicator");
+  try {
+    checks();
+  } catch (const std::exception& e) {
+    return failed(ncclInvalidArgument, std::string(what) + ": " + e.what());
+  }
+  return ncclSuccess;
+}
+
+// Runs `body` as work on `stream`: at issue, or later when the stream runs late. A peer's failure
+// at issue is the call's ncclRemoteError; later, the stream's failure (and the async error).
+ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, const char* what, std::function<void()> body) {
+  try {
+    ul_emu::on_stream(stream, [c, what, body = std::move(body)] {
+      try {
+        if (c->aborted.load()) throw PeerFailure(std::string(what) + ": the communicator was aborted");
+        body();
+      } catch (const PeerFailure& e) {
+        c->async_error = ncclRemoteError;
+        throw PeerFailure(std::string("nccl emu: ") + e.what());
+      }
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return ncclRemoteError;
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+  }
+  return "unknown result code";
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  if (!id) return failed(ncclInvalidArgument, "ncclGetUniqueId: null id");
+  static std::atomic<uint64_t> made{0};
+  std::random_device rd;
+  const std::string name = "/ulysses-nccl-" + std::to_string(getpid()) + "-" + std::to_string(made++) + "-" +
+                           std::to_string(rd()) + std::to_string(rd());
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::memcpy(id->internal, name.data(), std::min(name.size(), sizeof id->internal - 1));
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (!comm) return failed(ncclInvalidArgument, "ncclCommInitRank: null communicator");
+  if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
+    return failed(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
+                                           std::to_string(nranks) + " (at most " + std::to_string(kMaxRanks) + " here)");
+  id.internal[sizeof id.internal - 1] = 0;
+  if (id.internal[0] != '/') return failed(ncclInvalidArgument, "ncclCommInitRank: not an id from ncclGetUniqueId");
+  try {
+    *comm = join(id.internal, nranks, rank);
+  } catch (const PeerFailure& e) {
+    return failed(ncclRemoteError, std::string("ncclCommInitRank: ") + e.what());
+  } catch (const std::exception& e) {
+    return failed(ncclSystemError, e.what());
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  cudaDeviceSynchronize();  // as NCCL's waits for the communicator's work (queued work may use it)
+  munmap(comm->header, comm->bytes);
+  delete comm;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  // Waits for nothing. The object and its mapping stay (queued work may still point at it, and
+  // finds it aborted): an abort ends the job.
+  if (!comm) return ncclSuccess;
+  comm->aborted.store(true);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(ncclComm_t comm, int* count) {
+  if (!comm || !count) return failed(ncclInvalidArgument, "ncclCommCount: null argument");
+  *count = comm->size;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank) {
+  if (!comm || !rank) return failed(ncclInvalidArgument, "ncclCommUserRank: null argument");
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  if (!comm || !async_error) return failed(ncclInvalidArgument, "ncclCommGetAsyncError: null argument");
+  *async_error = comm->async_error;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (!comm || !newcomm) return failed(ncclInvalidArgument, "ncclCommSplit: null argument");
+  if (config) return failed(ncclInvalidArgument, "ncclCommSplit: the emulation takes no config");
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return failed(ncclInvalidArgument, "ncclCommSplit: negative color");
+  try {
+    cudaDeviceSynchronize();  // collective on the host: the communicator's earlier work first
+    comm->header->color[comm->rank] = color;
+    comm->header->key[comm->rank] = key;
+    comm->barrier("split");
+    std::vector<std::pair<int, int>> members;  // (key, old rank) of this color
+    for (int r = 0; r < comm->size; r++)
+      if (color != NCCL_SPLIT_NOCOLOR && comm->header->color[r] == color) members.emplace_back(comm->header->key[r], r);
+    comm->barrier("split");  // all have read the exchange before the next split writes it
+    const uint64_t split = comm->splits++;
+    *newcomm = nullptr;
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    std::sort(members.begin(), members.end());
+    int rank = 0;
+    while (members[rank].second != comm->rank) rank++;
+    *newcomm = join(comm->name + "." + std::to_string(split) + "." + std::to_string(color), int(members.size()), rank);
+  } catch (const PeerFailure& e) {
+    return failed(ncclRemoteError, std::string("ncclCommSplit: ") + e.what());
+  } catch (const std::exception& e) {
+    return failed(ncclSystemError, e.what());
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+  ul::DType d{};
+  ul::ReduceOp o{};
+  if (ncclResult_t r = check(comm, "all_reduce", [&] {
+        d = dtype(t);
+        o = reduce_op(op);
+        require_device(send, count * ul::dtype_size(d), "send");
+        require_device(recv, count * ul::dtype_size(d), "receive");
+      }))
+    return r;
+  return enqueue(comm, stream, "all_reduce", [=] {
+    const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
+    std::vector<const void*> srcs(comm->size);
+    for (size_t off = 0; off < count; off += per) {
+      const size_t n = std::min(per, count - off);
+      std::memcpy(comm->slot(comm->rank), static_cast<const char*>(send) + off * e, n * e);
+      comm->barrier("all_reduce");
+      for (int r = 0; r < comm->size; r++) srcs[r] = comm->slot(r);
+      ul::reduce_many(static_cast<char*>(recv) + off * e, srcs.data(), comm->size, n, d, o);
+      comm->barrier("all_reduce");
+    }
+  });
+}
+
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm,
+                           cudaStream_t stream) {
+  ul::DType d{};
+  if (ncclResult_t r = check(comm, "all_gather", [&] {
+        d = dtype(t);
+        require_device(send, count * ul::dtype_size(d), "send");
+        require_device(recv, comm->size * count * ul::dtype_size(d), "receive");
+      }))
+    return r;
+  return enqueue(comm, stream, "all_gather", [=] {
+    const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
+    for (size_t off = 0; off < count; off += per) {
+      const size_t n = std::min(per, count - off);
+      std::memcpy(comm->slot(comm->rank), static_cast<const char*>(send) + off * e, n * e);
+      comm->barrier("all_gather");
+      for (int r = 0; r < comm->size; r++)
+        std::memcpy(static_cast<char*>(recv) + (r * count + off) * e, comm->slot(r), n * e);
+      comm->barrier("all_gather");
+    }
+  });
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  ul::DType d{};
+  if (ncclResult_t r = check(comm, "broadcast", [&] {
+        d = dtype(t);
+        if (root < 0 || root >= comm->size)
+          throw std::invalid_argument("root " + std::to_string(root) + " of " + std::to_string(comm->size) + " ranks");
+        if (comm->rank == root) require_device(send, count * ul::dtype_size(d), "send");
+        require_device(recv, count * ul::dtype_size(d), "receive");
+      }))
+    return r;
+  return enqueue(comm, stream, "broadcast", [=] {
+    const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
+    for (size_t off = 0; off < count; off += per) {
+      const size_t n = std::min(per, count - off);
+      if (comm->rank == root) std::memcpy(comm->slot(root), static_cast<const char*>(send) + off * e, n * e);
+      comm->barrier("broadcast");
+      std::memmove(static_cast<char*>(recv) + off * e, comm->slot(root), n * e);
+      comm->barrier("broadcast");
+    }
+  });
+}
+
+namespace {
+
+// Reduce-scatter and all-to-all: each rank's send holds one block of `count` per rank; a round
+// puts elements [off, off + n) of every block in the rank's slot, block j at j * n, and `take`
+// reads the slots.
+void by_blocks(ncclComm_t comm, const void* send, size_t count, ul::DType d, const char* what,
+               const std::function<void(size_t off, size_t n)>& take) {
+  const size_t e = ul::dtype_size(d), per = kSlotBytes / (e * comm->size);
+  for (size_t off = 0; off < count; off += per) {
+    const size_t n = std::min(per, count - off);
+    for (int j = 0; j < comm->size; j++)
+      std::memcpy(comm->slot(comm->rank) + j * n * e, static_cast<const char*>(send) + (j * count + off) * e, n * e);
+    comm->barrier(what);
+    take(off, n);
+    comm->barrier(what);
+  }
+}
+
+}  // namespace
+
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+  ul::DType d{};
+  ul::ReduceOp o{};
+  if (ncclResult_t r = check(comm, "reduce_scatter", [&] {
+        d = dtype(t);
+        o = reduce_op(op);
+        require_device(send, comm->size * count * ul::dtype_size(d), "send");
+        require_device(recv, count * ul::dtype_size(d), "receive");
+      }))
+    return r;
+  return enqueue(comm, stream, "reduce_scatter", [=] {
+    const size_t e = ul::dtype_size(d);
+    std::vector<const void*> srcs(comm->size);
+    by_blocks(comm, send, count, d, "reduce_scatter", [&](size_t off, size_t n) {
+      for (int r = 0; r < comm->size; r++) srcs[r] = comm->slot(r) + comm->rank * n * e;
+      ul::reduce_many(static_cast<char*>(recv) + off * e, srcs.data(), comm->size, n, d, o);
+    });
+  });
+}
+
+ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm,
+                          cudaStream_t stream) {
+  ul::DType d{};
+  if (ncclResult_t r = check(comm, "all_to_all", [&] {
+        d = dtype(t);
+        const size_t bytes = comm->size * count * ul::dtype_size(d);
+        require_device(send, bytes, "send");
+        require_device(recv, bytes, "receive");
+        if (overlap(send, bytes, recv, bytes)) throw std::invalid_argument("the send and receive buffers overlap");
+      }))
+    return r;
+  return enqueue(comm, stream, "all_to_all", [=] {
+    const size_t e = ul::dtype_size(d);
+    by_blocks(comm, send, count, d, "all_to_all", [&](size_t off, size_t n) {
+      for (int i = 0; i < comm->size; i++)
+        std::memcpy(static_cast<char*>(recv) + (i * count + off) * e, comm->slot(i) + comm->rank * n * e, n * e);
+    });
+  });
+}

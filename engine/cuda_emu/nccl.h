@@ -1,0 +1,78 @@
+// The part of NCCL's API that parallel/comm_nccl.cpp calls, emulated for the CPU build of the CUDA
+// backend (-DULYSSES_CUDA_EMULATION=ON), so that `train --device cuda --comm nccl` runs there and
+// CI runs the NCCL communicator: its bootstraps (over MPI, or --nccl-id-file), host staging,
+// splits, deadlines and errors. Not NCCL: no rings, trees or GPU transports.
+//
+// A communicator is a POSIX shared-memory segment that its ranks (processes, or threads of one)
+// map: a barrier, each rank's process id, and one slot per rank through which every collective
+// passes in chunks. Reductions go in rank order with the local communicator's rule
+// (parallel/comm_util.h: reduce_many; bf16 summed in f32 and rounded once), so a run gives the
+// same bits as under --comm local. Buffers must be device memory (cudaMalloc), as NCCL's must.
+// A collective is work on its stream (engine/cuda_emu/runtime.h: it may run late). A peer process
+// that has exited, or a wait of over 10 minutes, fails it: at issue, the call returns
+// ncclRemoteError; run later, the stream's work fails (cudaErrorLaunchFailure). Either way the
+// message is on stderr.
+#pragma once
+#include <cstddef>
+
+#include "engine/cuda_emu/runtime.h"
+
+#define NCCL_MAJOR 2
+#define NCCL_MINOR 28
+#define NCCL_PATCH 0
+#define NCCL_VERSION_CODE 22800
+#define NCCL_SPLIT_NOCOLOR -1
+
+typedef enum {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+  ncclInProgress = 7,
+} ncclResult_t;
+
+typedef enum {
+  ncclInt32 = 2,
+  ncclInt = 2,
+  ncclFloat32 = 7,
+  ncclFloat = 7,
+  ncclFloat64 = 8,
+  ncclBfloat16 = 9,
+} ncclDataType_t;
+
+typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
+
+typedef struct {
+  char internal[128];  // here: the name of the shared-memory segment
+} ncclUniqueId;
+
+typedef struct ncclComm* ncclComm_t;
+typedef struct ncclConfig_v ncclConfig_t;  // only nullptr (the defaults) is taken
+
+const char* ncclGetErrorString(ncclResult_t r);
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
+// Blocks until all `nranks` ranks have joined (as NCCL's does).
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommCount(ncclComm_t comm, int* count);
+ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
+// Collective over comm: ranks of one color form a communicator, ordered by (key, old rank); a
+// rank with NCCL_SPLIT_NOCOLOR gets nullptr.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
+                           cudaStream_t stream);
+// count elements to and from each rank: block j of send goes to rank j, block i of recv came from rank i.
+ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm,
+                          cudaStream_t stream);
