@@ -76,19 +76,23 @@ class NcclComm : public Comm {
   }
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
     own_work_done("all_to_all");
+    const size_t all = size_t(size_) * count * dtype_size(t);
+    Staged in(*this, const_cast<void*>(send), all, true, 0);
+    Staged out(*this, recv, all, false, 1);
     // NCCL >= 2.28 has ncclAlltoAll; older ones get the classic grouped send/recv.
 #if NCCL_VERSION_CODE >= 22800
-    check_nccl(ncclAlltoAll(send, recv, count, nccl_type(t), comm_, nullptr), "all_to_all");
+    check_nccl(ncclAlltoAll(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_to_all");
 #else
     const size_t bytes = count * dtype_size(t);
     check_nccl(ncclGroupStart(), "group");
     for (int j = 0; j < size_; j++) {
-      check_nccl(ncclSend(static_cast<const char*>(send) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "send");
-      check_nccl(ncclRecv(static_cast<char*>(recv) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "recv");
+      check_nccl(ncclSend(static_cast<const char*>(in.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "send");
+      check_nccl(ncclRecv(static_cast<char*>(out.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "recv");
     }
     check_nccl(ncclGroupEnd(), "group");
 #endif
     finish("all_to_all");
+    out.back();
     stats.all_to_all += comm_volume::all_to_all(count, t, size_);
   }
   void all_gather(const void* send, void* recv, size_t count, DType t) override {
@@ -103,9 +107,13 @@ class NcclComm : public Comm {
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op) override {
     own_work_done("reduce_scatter");
-    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+    Staged in(*this, const_cast<void*>(send), size_t(size_) * count * dtype_size(t), true, 0);
+    Staged out(*this, recv, count * dtype_size(t), false, 1);
+    check_nccl(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
+                                 nullptr),
                "reduce_scatter");
     finish("reduce_scatter");
+    out.back();
     stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size_);
   }
   void broadcast(void* buf, size_t count, DType t, int root) override {
@@ -128,7 +136,8 @@ class NcclComm : public Comm {
   }
 
  private:
-  // A host buffer goes through a device staging buffer; a device buffer is used as it is.
+  // A host buffer goes through a device staging buffer (as the local and MPI communicators take
+  // either); a device buffer is used as it is.
   struct Staged {
     Staged(NcclComm& c, void* user, size_t bytes, bool copy_in, int slot = 0) : c(c), user(user), bytes(bytes) {
       if (bytes == 0 || on_device(user)) { ptr = user; return; }
@@ -183,7 +192,7 @@ class NcclComm : public Comm {
   ncclComm_t comm_;
   int device_, rank_ = 0, size_ = 1;
   double timeout_;
-  void* staging_[2] = {nullptr, nullptr};  // a collective with two host buffers (all_gather) takes both
+  void* staging_[2] = {nullptr, nullptr};  // a collective with two host buffers takes both
   size_t staging_bytes_[2] = {0, 0};
 };
 

@@ -1,7 +1,7 @@
 // The NCCL communicator: ranks are GPUs (one per process), collectives run on device buffers.
-// Only built with the real CUDA backend (-DULYSSES_CUDA=ON) when NCCL is found; the emulated
-// backend uses the local or MPI communicator instead (README, "CUDA backend": NCCL is verified on GPUs only).
-// Bootstrap: the NCCL unique id comes from rank 0 over MPI, or through a shared file for
+// Built with the real CUDA backend (-DULYSSES_CUDA=ON) when NCCL is found, and in the emulation
+// build on the emulated NCCL (engine/cuda_emu/nccl.h: shared memory between processes), where CI
+// runs it. Bootstrap: the NCCL unique id comes from rank 0 over MPI, or through a shared file for
 // launchers without MPI. Host buffers (the trainer's loss and count scalars) are staged through a
 // device buffer. Every collective is enqueued on the default stream and waited for with a deadline:
 // if a peer dies the wait times out, the communicator is aborted and CommError is thrown, so no

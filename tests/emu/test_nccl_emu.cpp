@@ -1,0 +1,242 @@
+// The NCCL communicator (parallel/comm_nccl.cpp) on the emulated NCCL (engine/cuda_emu/nccl.h):
+// every collective against its definition, on host and device buffers and past one round of the
+// shared slots; splits; train --comm nccl against --comm local (over --nccl-id-file, and under
+// mpirun where the build has MPI); a rank that dies ends the other's run with an error at once.
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/cuda_emu/nccl.h"
+#include "engine/cuda_launch.h"
+#include "engine/cuda_runtime.h"
+#include "parallel/comm_nccl.h"
+#include "run_cmd.h"
+#include "temp_dir.h"
+
+namespace {
+
+using ul::DType;
+using ul::ReduceOp;
+using ul_test::CmdResult;
+using ul_test::run_cmd;
+using ul_test::train_cmd;
+
+// Runs f(rank, world) on `size` threads, each a rank of one NCCL communicator bootstrapped through
+// a file. Returns what went wrong on each rank: Catch2's checks are not thread-safe.
+std::vector<std::string> on_ranks(int size, const std::function<void(int, ul::Comm&, std::ostringstream&)>& f) {
+  ul_test::TempDir dir;
+  std::vector<std::string> problems(size);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; r++)
+    ranks.emplace_back([&, r] {
+      std::ostringstream bad;
+      try {
+        auto world = ul::nccl_world_from_file(dir / "nccl_id", r, size, 0, 60);
+        f(r, *world, bad);
+        UL_CUDA_CHECK(cudaDeviceSynchronize());
+      } catch (const std::exception& e) {
+        bad << "threw: " << e.what() << "\n";
+      }
+      problems[r] = bad.str();
+    });
+  for (auto& t : ranks) t.join();
+  return problems;
+}
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    UL_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    UL_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    UL_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+template <class T>
+void expect(std::ostringstream& bad, const char* what, const std::vector<T>& got, const std::function<T(size_t)>& want) {
+  for (size_t i = 0; i < got.size(); i++)
+    if (!(got[i] == want(i))) {
+      bad << what << ": element " << i << " is " << got[i] << ", not " << want(i) << "\n";
+      return;
+    }
+}
+
+// The loss and gradient norm of each step, and the run's last line.
+std::vector<std::string> losses(const std::string& out) {
+  std::vector<std::string> r;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("step ", 0) == 0) {
+      const size_t at = line.find("| loss");
+      const size_t lr = line.find("| lr");
+      if (at != std::string::npos && lr != std::string::npos) r.push_back(line.substr(at, lr - at));
+    }
+    if (line.rfind("done |", 0) == 0) r.push_back(line);
+  }
+  return r;
+}
+
+const std::string kSmallRun = "--device cuda --seq 64 --batch 2 --eval-every 0 --eval-batches 1 --threads 1";
+
+}  // namespace
+
+TEST_CASE("emu nccl: every collective on 3 ranks, host and device buffers, past one round of the slots", "[emu]") {
+  const int P = 3;
+  const std::vector<std::string> problems = on_ranks(P, [&](int r, ul::Comm& c, std::ostringstream& bad) {
+    if (c.rank() != r || c.size() != P || std::string(c.backend()) != "nccl") bad << "wrong rank, size or backend\n";
+
+    // f32 sum on the device, over two rounds of the 4 MiB slots.
+    const size_t big = (size_t(1) << 20) + 1000;
+    std::vector<float> x(big);
+    for (size_t i = 0; i < big; i++) x[i] = float((i % 97) * (r + 1));
+    Dev<float> dx(x);
+    c.all_reduce(dx.p, big, DType::f32, ReduceOp::sum);
+    expect<float>(bad, "f32 all_reduce", dx.get(), [](size_t i) { return float((i % 97) * 6); });
+
+    // i32 max on the host (staged), bf16 sum on the device.
+    std::vector<int32_t> m = {r, 10 - r, 5};
+    c.all_reduce(m.data(), 3, DType::i32, ReduceOp::max);
+    expect<int32_t>(bad, "i32 max", m, [](size_t i) { return std::vector<int32_t>{2, 10, 5}[i]; });
+    std::vector<__nv_bfloat16> b(10);
+    for (int i = 0; i < 10; i++) b[i] = __float2bfloat16(float(i + r));
+    Dev<__nv_bfloat16> db(b);
+    c.all_reduce(db.p, 10, DType::bf16, ReduceOp::sum);
+    std::vector<float> bsum;
+    for (__nv_bfloat16 v : db.get()) bsum.push_back(__bfloat162float(v));
+    expect<float>(bad, "bf16 all_reduce", bsum, [](size_t i) { return float(3 * i + 3); });
+
+    // all_gather from and to the host.
+    std::vector<int32_t> mine = {10 * r, 10 * r + 1}, all(2 * P, -1);
+    c.all_gather(mine.data(), all.data(), 2, DType::i32);
+    expect<int32_t>(bad, "all_gather", all, [](size_t i) { return int32_t(10 * (i / 2) + i % 2); });
+
+    // all_to_all: block j of rank r goes to rank j, as block r there. On the device and the host.
+    std::vector<float> s(2 * P);
+    for (int j = 0; j < P; j++)
+      for (int k = 0; k < 2; k++) s[j * 2 + k] = float(100 * r + 10 * j + k);
+    auto want_a2a = [r](size_t i) { return float(100 * (i / 2) + 10 * r + i % 2); };
+    Dev<float> ds(s), dr(std::vector<float>(2 * P, -1.f));
+    c.all_to_all(ds.p, dr.p, 2, DType::f32);
+    expect<float>(bad, "all_to_all (device)", dr.get(), want_a2a);
+    std::vector<float> hr(2 * P, -1.f);
+    c.all_to_all(s.data(), hr.data(), 2, DType::f32);
+    expect<float>(bad, "all_to_all (host)", hr, want_a2a);
+
+    // reduce_scatter: rank r gets the sum of every rank's block r; 400,000 floats a block is more
+    // than one round (4 MiB / (4 bytes x 3 ranks) = 349,525).
+    const size_t count = 400000;
+    std::vector<float> rs(P * count);
+    for (int j = 0; j < P; j++)
+      for (size_t i = 0; i < count; i++) rs[j * count + i] = float(i % 13 + j + r);
+    Dev<float> drs(rs), dout(std::vector<float>(count, -1.f));
+    c.reduce_scatter(drs.p, dout.p, count, DType::f32, ReduceOp::sum);
+    expect<float>(bad, "reduce_scatter (device)", dout.get(), [r](size_t i) { return float(3 * (i % 13) + 3 * r + 3); });
+    std::vector<float> hout(4, -1.f);
+    std::vector<float> hsend(P * 4);
+    for (size_t i = 0; i < hsend.size(); i++) hsend[i] = float(i + r);
+    c.reduce_scatter(hsend.data(), hout.data(), 4, DType::f32, ReduceOp::max);
+    expect<float>(bad, "reduce_scatter (host, max)", hout, [r](size_t i) { return float(4 * r + i + 2); });
+
+    // broadcast: from rank 2 on the host, from rank 1 on the device.
+    std::vector<int32_t> h = r == 2 ? std::vector<int32_t>{7, 8, 9} : std::vector<int32_t>{0, 0, 0};
+    c.broadcast(h.data(), 3, DType::i32, 2);
+    expect<int32_t>(bad, "broadcast (host)", h, [](size_t i) { return int32_t(7 + i); });
+    Dev<float> dbc(std::vector<float>(5, r == 1 ? 4.5f : 0.f));
+    c.broadcast(dbc.p, 5, DType::f32, 1);
+    expect<float>(bad, "broadcast (device)", dbc.get(), [](size_t) { return 4.5f; });
+
+    // split by color r % 2, ordered by key -r: {2, 0} and {1}.
+    auto sub = c.split(r % 2, -r);
+    if (!sub || sub->rank() != std::vector<int>{1, 0, 0}[r] || sub->size() != (r % 2 ? 1 : 2)) {
+      bad << "split: wrong rank or size\n";
+    } else {
+      float v = float(r + 1);
+      sub->all_reduce(&v, 1, DType::f32, ReduceOp::sum);
+      if (v != (r % 2 ? 2.f : 4.f)) bad << "split: all_reduce gave " << v << "\n";
+    }
+    auto none = c.split(r == 1 ? -1 : 0, r);  // no color: no communicator
+    if ((r == 1) != (none == nullptr)) bad << "split without a color\n";
+    if (none && none->size() != 2) bad << "split: size " << none->size() << ", not 2\n";
+    c.barrier();
+  });
+  for (int r = 0; r < P; r++) {
+    INFO("rank " << r);
+    CHECK(problems[r] == "");
+  }
+}
+
+TEST_CASE("emu nccl: a collective of the emulated NCCL refuses host memory, as NCCL does", "[emu]") {
+  // The communicator stages host buffers; NCCL itself takes device memory only.
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t c = nullptr;
+  REQUIRE(ncclCommInitRank(&c, 1, id, 0) == ncclSuccess);
+  float host[4] = {1, 2, 3, 4};
+  CHECK(ncclAllReduce(host, host, 4, ncclFloat32, ncclSum, c, nullptr) == ncclInvalidArgument);
+  float* dev = nullptr;
+  UL_CUDA_CHECK(cudaMalloc(&dev, sizeof host));
+  CHECK(ncclAllReduce(dev, dev, 4, ncclFloat32, ncclSum, c, nullptr) == ncclSuccess);
+  CHECK(ncclAlltoAll(dev, dev, 4, ncclFloat32, c, nullptr) == ncclInvalidArgument);  // overlapping buffers
+  CHECK(ncclBroadcast(dev, dev, 4, ncclFloat32, 1, c, nullptr) == ncclInvalidArgument);  // no rank 1
+  UL_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaFree(dev);
+  CHECK(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's numbers, and a killed rank fails the other", "[emu]") {
+  ul_test::TempDir dir;
+  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 4";
+  const std::string rank = "env RANK=%R WORLD_SIZE=2 LOCAL_RANK=%R ULYSSES_JOB_ID=emu-nccl-test ";
+  auto as_rank = [&](int r, const std::string& args) {
+    std::string env = rank;
+    for (size_t at; (at = env.find("%R")) != std::string::npos;) env.replace(at, 2, std::to_string(r));
+    return env + train_cmd(args + " --comm nccl --nccl-id-file " + (dir / "id"));
+  };
+  const CmdResult local = run_cmd(train_cmd(run + " --ranks 2"));
+  REQUIRE(local.code == 0);
+  const CmdResult nccl = run_cmd("cd " + dir.path.string() + " && " + as_rank(1, run) + " > rank1.log 2>&1 & " +
+                                 as_rank(0, run) + "; s=$?; wait $!; echo \"rank 1: $?\"; exit $s");
+  INFO(nccl.out);
+  CHECK(nccl.code == 0);
+  CHECK(nccl.out.find("rank 1: 0") != std::string::npos);
+  CHECK(nccl.out.find("(nccl)") != std::string::npos);
+  CHECK(losses(nccl.out).size() == 5);
+  CHECK(losses(nccl.out) == losses(local.out));
+
+  // Rank 1 killed after rank 0's third step: rank 0 stops at its next collective, with the reason.
+  const std::string long_run = kSmallRun + " --model gpt2 --sp 2 --steps 100000";
+  const CmdResult killed = run_cmd(
+      "cd " + dir.path.string() + " && rm -f id && " + as_rank(1, long_run) + " > rank1.log 2>&1 & p1=$!; " +
+      as_rank(0, long_run) + " > rank0.log 2>&1 & p0=$!; " +
+      "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -9 $p1; "
+      "s=$(date +%s); wait $p0; echo \"rank 0: $? after $(( $(date +%s) - s )) s\"; cat rank0.log");
+  INFO(killed.out);
+  CHECK(killed.out.find("rank 0: 1 after") != std::string::npos);
+  CHECK(killed.out.find("has exited") != std::string::npos);  // seen at once, not at --comm-timeout
+  CHECK(killed.out.find("train: error: nccl: ") != std::string::npos);
+}
+
+#ifdef ULYSSES_MPIRUN_CMD
+TEST_CASE("emu nccl: train --comm nccl under mpirun (dp 2 x sp 2, bf16, ZeRO-1) gives --comm local's numbers", "[emu]") {
+  const std::string run = kSmallRun + " --model llama --sp 2 --steps 3 --precision bf16 --zero 1";
+  const CmdResult local = run_cmd(train_cmd(run + " --ranks 4"));
+  REQUIRE(local.code == 0);
+  const CmdResult nccl = run_cmd(std::string(ULYSSES_MPIRUN_CMD) + " " + train_cmd(run + " --comm nccl"));
+  INFO(nccl.out);
+  CHECK(nccl.code == 0);
+  CHECK(nccl.out.find("dp 2 x sp 2 (nccl)") != std::string::npos);
+  CHECK(losses(nccl.out).size() == 4);
+  CHECK(losses(nccl.out) == losses(local.out));
+}
+#endif
