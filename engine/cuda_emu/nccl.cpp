@@ -203,13 +203,13 @@ ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, const char* what, std::f
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
     case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
+    case ncclUnhandledCudaError: return "a CUDA call failed";
+    case ncclSystemError: return "a system call failed (the message before this one says which)";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument (the message before this one says which)";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "a peer process exited or did not answer (the message before this one says which)";
+    case ncclInProgress: return "operation in progress";
   }
   return "unknown result code";
 }
