@@ -63,13 +63,13 @@ ul::DType dtype(ncclDataType_t t) {
     case ncclFloat64: return ul::DType::f64;
     case ncclBfloat16: return ul::DType::bf16;
   }
-  throw std::invalid_argument("nccl emu: unknown data type " + std::to_string(int(t)));
+  throw std::invalid_argument("unknown data type " + std::to_string(int(t)));
 }
 
 ul::ReduceOp reduce_op(ncclRedOp_t op) {
   if (op == ncclSum) return ul::ReduceOp::sum;
   if (op == ncclMax) return ul::ReduceOp::max;
-  throw std::invalid_argument("nccl emu: unknown reduction " + std::to_string(int(op)));
+  throw std::invalid_argument("unknown reduction " + std::to_string(int(op)));
 }
 
 }  // namespace
@@ -164,9 +164,6 @@ bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   return an && bn && x < y + bn && y < x + an;
 }
 
-// Runs `body` as work on `stream` (at issue, or later when the stream runs late). A bad argument
-// is the call's ncclInvalidArgument; a peer's failure at issue its ncclRemoteError, and later the
-// stream's failure.
 // The checks of a call's arguments, run at the call: a throw is its ncclInvalidArgument.
 ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& checks) {
   if (!c) return failed(ncclInvalidArgument, std::string(what) + ": no communicator");
