@@ -420,6 +420,9 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--ranks sets the world of --comm local; under --comm " + o.comm +
                              " the world is the launcher's (mpirun -np N, or WORLD_SIZE)");
   if (o.set_by_user("--nccl-id-file") && o.comm != "nccl") throw std::runtime_error("--nccl-id-file needs --comm nccl");
+  // NCCL moves device buffers: CPU ranks under it would train on the CPU while the GPUs stand idle.
+  if (o.comm == "nccl" && o.device != "cuda")
+    throw std::runtime_error("--comm nccl is for GPU ranks: give --device cuda (CPU ranks: --comm mpi or local)");
   if (o.set_by_user("--check-tol") && o.check_state.empty()) throw std::runtime_error("--check-tol needs --check-state");
   // --check-state runs one forward/backward against the state file and exits: the training and
   // output flags would be ignored without a word.

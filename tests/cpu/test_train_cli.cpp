@@ -265,6 +265,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   // Flags only one mode reads are refused elsewhere instead of ignored.
   expect_refused("--comm mpi --ranks 4", "--ranks sets the world of --comm local");
   expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
+  expect_refused("--comm nccl", "--comm nccl is for GPU ranks: give --device cuda");
   expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
   expect_refused("--checkpoint m.bin --check-state s.bin --check-tol nan", "--check-tol must be a finite number > 0");
   expect_refused("--comm-timeout 0", "--comm-timeout must be a number of seconds in (0, 1e7]");
