@@ -55,11 +55,12 @@ class NcclComm : public Comm {
     check_nccl(ncclCommCount(c, &size_), "size");
   }
   ~NcclComm() override {
+    // Destroyed while an error unwinds the stack: abort, which does not wait for the peers (a
+    // destroy may, and the error would never reach the caller that ends the job). Before the
+    // staging buffers' cudaFree, which waits for the device.
+    if (comm_) std::uncaught_exceptions() > 0 ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
     for (void* s : staging_)
       if (s) cudaFree(s);
-    // Destroyed while an error unwinds the stack: abort, which does not wait for the peers (a
-    // destroy may, and the error would never reach the caller that ends the job).
-    if (comm_) std::uncaught_exceptions() > 0 ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -68,7 +69,7 @@ class NcclComm : public Comm {
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
     own_work_done("all_reduce");
     Staged s(*this, buf, count * dtype_size(t), true);
-    check_nccl(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+    call(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
                "all_reduce");
     finish("all_reduce");
     s.back();
@@ -81,15 +82,15 @@ class NcclComm : public Comm {
     Staged out(*this, recv, all, false, 1);
     // NCCL >= 2.28 has ncclAlltoAll; older ones get the classic grouped send/recv.
 #if NCCL_VERSION_CODE >= 22800
-    check_nccl(ncclAlltoAll(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_to_all");
+    call(ncclAlltoAll(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_to_all");
 #else
     const size_t bytes = count * dtype_size(t);
-    check_nccl(ncclGroupStart(), "group");
+    call(ncclGroupStart(), "group");
     for (int j = 0; j < size_; j++) {
-      check_nccl(ncclSend(static_cast<const char*>(in.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "send");
-      check_nccl(ncclRecv(static_cast<char*>(out.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "recv");
+      call(ncclSend(static_cast<const char*>(in.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "send");
+      call(ncclRecv(static_cast<char*>(out.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "recv");
     }
-    check_nccl(ncclGroupEnd(), "group");
+    call(ncclGroupEnd(), "group");
 #endif
     finish("all_to_all");
     out.back();
@@ -100,7 +101,7 @@ class NcclComm : public Comm {
     // Host buffers too (the start-up checks gather a few host ints), through two staging buffers.
     Staged in(*this, const_cast<void*>(send), count * dtype_size(t), true, 0);
     Staged out(*this, recv, size_t(size_) * count * dtype_size(t), false, 1);
-    check_nccl(ncclAllGather(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_gather");
+    call(ncclAllGather(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_gather");
     finish("all_gather");
     out.back();
     stats.all_gather += comm_volume::all_gather(count, t, size_);
@@ -109,7 +110,7 @@ class NcclComm : public Comm {
     own_work_done("reduce_scatter");
     Staged in(*this, const_cast<void*>(send), size_t(size_) * count * dtype_size(t), true, 0);
     Staged out(*this, recv, count * dtype_size(t), false, 1);
-    check_nccl(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
+    call(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
                                  nullptr),
                "reduce_scatter");
     finish("reduce_scatter");
@@ -119,7 +120,7 @@ class NcclComm : public Comm {
   void broadcast(void* buf, size_t count, DType t, int root) override {
     own_work_done("broadcast");
     Staged s(*this, buf, count * dtype_size(t), rank_ == root);
-    check_nccl(ncclBroadcast(s.ptr, s.ptr, count, nccl_type(t), root, comm_, nullptr), "broadcast");
+    call(ncclBroadcast(s.ptr, s.ptr, count, nccl_type(t), root, comm_, nullptr), "broadcast");
     finish("broadcast");
     s.back();
     stats.broadcast += comm_volume::broadcast(count, t, size_, rank_ == root);
@@ -169,22 +170,29 @@ class NcclComm : public Comm {
     check_cuda(cudaStreamSynchronize(nullptr), (std::string("the kernels queued before ") + what).c_str());
   }
 
+  // A collective that failed leaves the communicator unusable: it is aborted at once (a destroy
+  // later may wait for peers that will not come), then the error is thrown.
+  [[noreturn]] void fail(const std::string& why) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw CommError("nccl: " + why);
+  }
+  void call(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(std::string(what) + ": " + ncclGetErrorString(r));
+  }
+
   // Waits for the enqueued collective with a deadline, watching NCCL's asynchronous errors.
   void finish(const char* what) {
     auto start = std::chrono::steady_clock::now();
     for (;;) {
       cudaError_t q = cudaStreamQuery(nullptr);
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) check_cuda(q, what);
+      if (q != cudaErrorNotReady) fail(std::string(what) + ": " + cudaGetErrorString(q));
       ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(comm_, &async), what);
+      call(ncclCommGetAsyncError(comm_, &async), what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (async != ncclSuccess || waited > timeout_) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw CommError(std::string("nccl: ") + what + (async != ncclSuccess ? std::string(" failed: ") + ncclGetErrorString(async)
-                                                                          : " timed out (a peer died or hangs)"));
-      }
+      if (async != ncclSuccess) fail(std::string(what) + " failed: " + ncclGetErrorString(async));
+      if (waited > timeout_) fail(std::string(what) + " timed out (a peer died or hangs)");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -53,7 +55,7 @@ bool process_gone(pid_t pid) {
   std::string line;
   if (!std::getline(stat, line)) return false;
   const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 ul::DType dtype(ncclDataType_t t) {
@@ -106,6 +108,9 @@ struct ncclComm {
       const auto now = std::chrono::steady_clock::now();
       if (now - checked < std::chrono::milliseconds(20)) continue;
       checked = now;
+      // The barrier may have opened while this rank slept, and the last to arrive gone on and
+      // exited since: that is no failure.
+      if (header->generation.load(std::memory_order_acquire) != gen) return;
       for (int r = 0; r < size; r++) {
         const pid_t pid = header->pid[r].load(std::memory_order_relaxed);
         if (pid > 0 && pid != getpid() && process_gone(pid))
@@ -142,9 +147,29 @@ ncclComm* join(const std::string& name, int size, int rank) {
   c->header = static_cast<Header*>(p);
   c->bytes = bytes;
   c->header->pid[rank].store(getpid(), std::memory_order_relaxed);
-  c->barrier("init");
-  if (rank == 0) shm_unlink(name.c_str());  // every rank has it mapped: nothing is left behind
+  try {
+    c->barrier("init");
+  } catch (...) {
+    shm_unlink(name.c_str());
+    munmap(p, bytes);
+    delete c;
+    throw;
+  }
+  // Every rank has it mapped: the name can go (each rank unlinks; all but the first find it gone).
+  shm_unlink(name.c_str());
   return c;
+}
+
+// Segments left by a job whose init never completed (a rank never came, and the init's watchdog
+// ended the process): the name holds the pid of the process that made the id.
+void remove_stale_segments() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = entry.path().filename().string(), prefix = "ulysses-nccl-";
+    if (file.rfind(prefix, 0) != 0) continue;
+    const pid_t pid = pid_t(std::atoll(file.c_str() + prefix.size()));
+    if (pid > 0 && process_gone(pid)) shm_unlink(("/" + file).c_str());
+  }
 }
 
 ncclResult_t failed(ncclResult_t r, const std::string& why) {
@@ -213,6 +238,7 @@ const char* ncclGetErrorString(ncclResult_t r) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (!id) return failed(ncclInvalidArgument, "ncclGetUniqueId: null id");
+  remove_stale_segments();
   static std::atomic<uint64_t> made{0};
   std::random_device rd;
   const std::string name = "/ulysses-nccl-" + std::to_string(getpid()) + "-" + std::to_string(made++) + "-" +

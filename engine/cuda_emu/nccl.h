@@ -11,7 +11,12 @@
 // A collective is work on its stream (engine/cuda_emu/runtime.h: it may run late). A peer process
 // that has exited, or a wait of over 10 minutes, fails it: at issue, the call returns
 // ncclRemoteError; run later, the stream's work fails (cudaErrorLaunchFailure). Either way the
-// message is on stderr.
+// message is on stderr. Where it differs from NCCL: a dead peer is seen at once (NCCL may see it
+// only at the caller's timeout), and a peer alive but hung is waited for 10 minutes whatever the
+// caller's timeout (the collective runs inside the call, or inside the stream's run, so
+// comm_nccl's own deadline cannot fire); host memory is refused (NCCL takes registered host
+// memory); the collectives' arguments are not compared across ranks (a mismatch reads wrong data
+// here, where NCCL would hang); sums go in rank order (NCCL's rings and trees may round otherwise).
 #pragma once
 #include <cstddef>
 
@@ -43,7 +48,7 @@ typedef enum {
   ncclBfloat16 = 9,
 } ncclDataType_t;
 
-typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
+typedef enum { ncclSum = 0, ncclMax = 2 } ncclRedOp_t;  // NCCL's values (1 and 3 are prod and min)
 
 typedef struct {
   char internal[128];  // here: the name of the shared-memory segment

@@ -121,6 +121,14 @@ TEST_CASE("emu nccl: every collective on 3 ranks, host and device buffers, past 
     c.all_gather(mine.data(), all.data(), 2, DType::i32);
     expect<int32_t>(bad, "all_gather", all, [](size_t i) { return int32_t(10 * (i / 2) + i % 2); });
 
+    // all_gather in place (rank r's part of the output is its input), past one round of the slots.
+    const size_t part = (size_t(1) << 20) + 7;
+    std::vector<float> whole(P * part, -1.f);
+    for (size_t i = 0; i < part; i++) whole[r * part + i] = float(r * 1000 + i % 101);
+    Dev<float> dwhole(whole);
+    c.all_gather(dwhole.p + r * part, dwhole.p, part, DType::f32);
+    expect<float>(bad, "all_gather (in place)", dwhole.get(), [part](size_t i) { return float(i / part * 1000 + i % part % 101); });
+
     // all_to_all: block j of rank r goes to rank j, as block r there. On the device and the host.
     std::vector<float> s(2 * P);
     for (int j = 0; j < P; j++)
@@ -176,8 +184,8 @@ TEST_CASE("emu nccl: every collective on 3 ranks, host and device buffers, past 
   }
 }
 
-TEST_CASE("emu nccl: a collective of the emulated NCCL refuses host memory, as NCCL does", "[emu]") {
-  // The communicator stages host buffers; NCCL itself takes device memory only.
+TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_all buffers and a bad root", "[emu]") {
+  // The communicator stages host buffers; NCCL takes device (or registered host) memory only.
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   ncclComm_t c = nullptr;
@@ -205,8 +213,9 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
   };
   const CmdResult local = run_cmd(train_cmd(run + " --ranks 2"));
   REQUIRE(local.code == 0);
-  const CmdResult nccl = run_cmd("cd " + dir.path.string() + " && " + as_rank(1, run) + " > rank1.log 2>&1 & " +
-                                 as_rank(0, run) + "; s=$?; wait $!; echo \"rank 1: $?\"; exit $s");
+  // Braces: `cd D && A &` would put the cd in the background job too (and $! would be its shell's).
+  const CmdResult nccl = run_cmd("cd " + dir.path.string() + " && { " + as_rank(1, run) + " > rank1.log 2>&1 & " +
+                                 as_rank(0, run) + "; s=$?; wait $!; echo \"rank 1: $?\"; exit $s; }");
   INFO(nccl.out);
   CHECK(nccl.code == 0);
   CHECK(nccl.out.find("rank 1: 0") != std::string::npos);
@@ -217,10 +226,10 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
   // Rank 1 killed after rank 0's third step: rank 0 stops at its next collective, with the reason.
   const std::string long_run = kSmallRun + " --model gpt2 --sp 2 --steps 100000";
   const CmdResult killed = run_cmd(
-      "cd " + dir.path.string() + " && rm -f id && " + as_rank(1, long_run) + " > rank1.log 2>&1 & p1=$!; " +
+      "cd " + dir.path.string() + " && rm -f id && { " + as_rank(1, long_run) + " > rank1.log 2>&1 & p1=$!; " +
       as_rank(0, long_run) + " > rank0.log 2>&1 & p0=$!; " +
       "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -9 $p1; "
-      "s=$(date +%s); wait $p0; echo \"rank 0: $? after $(( $(date +%s) - s )) s\"; cat rank0.log");
+      "s=$(date +%s); wait $p0; echo \"rank 0: $? after $(( $(date +%s) - s )) s\"; cat rank0.log; }");
   INFO(killed.out);
   CHECK(killed.out.find("rank 0: 1 after") != std::string::npos);
   CHECK(killed.out.find("has exited") != std::string::npos);  // seen at once, not at --comm-timeout
