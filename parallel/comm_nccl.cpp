@@ -70,7 +70,7 @@ class NcclComm : public Comm {
     own_work_done("all_reduce");
     Staged s(*this, buf, count * dtype_size(t), true);
     call(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
-               "all_reduce");
+         "all_reduce");
     finish("all_reduce");
     s.back();
     stats.all_reduce += comm_volume::all_reduce(count, t, size_);
@@ -110,9 +110,8 @@ class NcclComm : public Comm {
     own_work_done("reduce_scatter");
     Staged in(*this, const_cast<void*>(send), size_t(size_) * count * dtype_size(t), true, 0);
     Staged out(*this, recv, count * dtype_size(t), false, 1);
-    call(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
-                                 nullptr),
-               "reduce_scatter");
+    call(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+         "reduce_scatter");
     finish("reduce_scatter");
     out.back();
     stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size_);
