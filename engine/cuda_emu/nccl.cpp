@@ -33,11 +33,18 @@ constexpr size_t kSlotBytes = size_t(4) << 20;  // what one rank puts in per rou
 constexpr double kPeerWaitS = 600;               // a GPU waits for ever; a test must not
 
 // The start of the shared segment (zero-filled when made); the ranks' slots follow it.
+// What a rank called, compared across the ranks at the start of every collective.
+struct Call {
+  char op[16];
+  int32_t dtype, redop, root;  // redop, root: -1 where the collective has none
+  uint64_t count, seq;  // seq: the communicator's collectives before this one
+};
 struct Header {
   std::atomic<uint32_t> arrived;     // ranks at the current barrier
   std::atomic<uint32_t> generation;  // barriers passed
   std::atomic<int32_t> pid[kMaxRanks];
   int32_t color[kMaxRanks], key[kMaxRanks];  // ncclCommSplit's exchange
+  Call call[kMaxRanks];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free,
               "atomics in memory shared by processes must not need a lock");
@@ -45,6 +52,11 @@ constexpr size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
 
 // A peer's exit, or a wait past kPeerWaitS: what NCCL reports as a remote error.
 struct PeerFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Ranks that called different collectives (or counts, types, roots) at the same point: NCCL would
+// hang or read wrong data; here it is said.
+struct Mismatch : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -81,11 +93,38 @@ struct ncclComm {
   int rank = 0, size = 1;
   Header* header = nullptr;
   size_t bytes = 0;
-  uint64_t splits = 0;
+  uint64_t splits = 0, calls = 0;
   std::atomic<bool> aborted{false};
   ncclResult_t async_error = ncclSuccess;
 
   char* slot(int r) { return reinterpret_cast<char*>(header) + kHeaderBytes + size_t(r) * kSlotBytes; }
+
+  // Each collective first compares what every rank called (the second barrier: all have read
+  // before any writes its next call).
+  void agree(const char* op, int dtype, int redop, size_t count, int root) {
+    Call& mine = header->call[rank];
+    std::snprintf(mine.op, sizeof mine.op, "%s", op);
+    mine.dtype = dtype;
+    mine.redop = redop;
+    mine.root = root;
+    mine.count = count;
+    mine.seq = calls++;
+    barrier(op);
+    auto said = [](const Call& c) {
+      return std::string(c.op) + " (type " + std::to_string(c.dtype) + ", count " + std::to_string(c.count) +
+             (c.redop >= 0 ? ", reduction " + std::to_string(c.redop) : std::string()) +
+             (c.root >= 0 ? ", root " + std::to_string(c.root) : std::string()) + ")";
+    };
+    for (int r = 0; r < size; r++) {
+      const Call& c = header->call[r];
+      if (std::strcmp(c.op, mine.op) || c.dtype != mine.dtype || c.redop != mine.redop || c.root != mine.root ||
+          c.count != mine.count || c.seq != mine.seq)
+        throw Mismatch("nccl emu: collective #" + std::to_string(mine.seq) + " of rank " + std::to_string(rank) +
+                       " is " + said(mine) + ", but rank " + std::to_string(r) + "'s #" + std::to_string(c.seq) +
+                       " is " + said(c) + ": every rank must make the same collectives in the same order");
+    }
+    barrier(op);
+  }
 
   // Every rank reaches it before any leaves. Throws PeerFailure when a peer process has exited, or
   // after kPeerWaitS.
@@ -213,6 +252,9 @@ ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, const char* what, std::f
         throw PeerFailure(std::string("nccl emu: ") + e.what());
       }
     });
+  } catch (const Mismatch& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return ncclInvalidUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return ncclRemoteError;
@@ -339,6 +381,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
       }))
     return r;
   return enqueue(comm, stream, "all_reduce", [=] {
+    comm->agree("all_reduce", int(t), int(op), count, -1);
     const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
     std::vector<const void*> srcs(comm->size);
     for (size_t off = 0; off < count; off += per) {
@@ -362,6 +405,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
       }))
     return r;
   return enqueue(comm, stream, "all_gather", [=] {
+    comm->agree("all_gather", int(t), -1, count, -1);
     const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
     for (size_t off = 0; off < count; off += per) {
       const size_t n = std::min(per, count - off);
@@ -386,6 +430,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
       }))
     return r;
   return enqueue(comm, stream, "broadcast", [=] {
+    comm->agree("broadcast", int(t), -1, count, root);
     const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
     for (size_t off = 0; off < count; off += per) {
       const size_t n = std::min(per, count - off);
@@ -429,6 +474,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
       }))
     return r;
   return enqueue(comm, stream, "reduce_scatter", [=] {
+    comm->agree("reduce_scatter", int(t), int(op), count, -1);
     const size_t e = ul::dtype_size(d);
     std::vector<const void*> srcs(comm->size);
     by_blocks(comm, send, count, d, "reduce_scatter", [&](size_t off, size_t n) {
@@ -450,6 +496,7 @@ ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataTy
       }))
     return r;
   return enqueue(comm, stream, "all_to_all", [=] {
+    comm->agree("all_to_all", int(t), -1, count, -1);
     const size_t e = ul::dtype_size(d);
     by_blocks(comm, send, count, d, "all_to_all", [&](size_t off, size_t n) {
       for (int i = 0; i < comm->size; i++)

@@ -15,8 +15,10 @@
 // only at the caller's timeout), and a peer alive but hung is waited for 10 minutes whatever the
 // caller's timeout (the collective runs inside the call, or inside the stream's run, so
 // comm_nccl's own deadline cannot fire); host memory is refused (NCCL takes registered host
-// memory); the collectives' arguments are not compared across ranks (a mismatch reads wrong data
-// here, where NCCL would hang); sums go in rank order (NCCL's rings and trees may round otherwise).
+// memory); sums go in rank order (NCCL's rings and trees may round otherwise). Each collective
+// first compares what every rank called (collective, type, reduction, count, root, and how many
+// came before): a mismatch, which would hang NCCL or have it read wrong data, is ncclInvalidUsage
+// here, with both calls on stderr.
 #pragma once
 #include <cstddef>
 

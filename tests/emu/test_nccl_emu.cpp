@@ -15,6 +15,7 @@
 #include "engine/cuda_runtime.h"
 #include "parallel/comm_nccl.h"
 #include "run_cmd.h"
+#include "stream_order.h"
 #include "temp_dir.h"
 
 namespace {
@@ -200,6 +201,35 @@ TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_a
   UL_CUDA_CHECK(cudaDeviceSynchronize());
   cudaFree(dev);
   CHECK(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("emu nccl: ranks that call different collectives are told so, not left to hang or read wrong data", "[emu]") {
+  ul_test::StreamOrderScope scope(ul_emu::StreamOrder::late_side);  // collectives at issue: their result is the call's
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclResult_t> got[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; r++)
+    ranks.emplace_back([&, r] {
+      ncclComm_t c = nullptr;
+      if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess) return;
+      float* buf = nullptr;
+      UL_CUDA_CHECK(cudaMalloc(&buf, 8 * sizeof(float)));
+      // Another collective, another count, another root; then the same call on both, which works.
+      got[r].push_back(r == 0 ? ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr)
+                              : ncclBroadcast(buf, buf, 4, ncclFloat32, 0, c, nullptr));
+      got[r].push_back(ncclAllReduce(buf, buf, r == 0 ? 4 : 5, ncclFloat32, ncclSum, c, nullptr));
+      got[r].push_back(ncclBroadcast(buf, buf, 4, ncclFloat32, r, c, nullptr));
+      got[r].push_back(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclMax, c, nullptr));
+      UL_CUDA_CHECK(cudaDeviceSynchronize());
+      cudaFree(buf);
+      ncclCommDestroy(c);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; r++) {
+    INFO("rank " << r);
+    CHECK(got[r] == std::vector<ncclResult_t>{ncclInvalidUsage, ncclInvalidUsage, ncclInvalidUsage, ncclSuccess});
+  }
 }
 
 TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's numbers, and a killed rank fails the other", "[emu]") {
