@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,13 +32,13 @@ constexpr int kMaxRanks = 64;
 constexpr size_t kSlotBytes = size_t(4) << 20;  // what one rank puts in per round of a collective
 constexpr double kPeerWaitS = 600;               // a GPU waits for ever; a test must not
 
-// The start of the shared segment (zero-filled when made); the ranks' slots follow it.
 // What a rank called, compared across the ranks at the start of every collective.
 struct Call {
   char op[16];
   int32_t dtype, redop, root;  // redop, root: -1 where the collective has none
   uint64_t count, seq;  // seq: the communicator's collectives before this one
 };
+// The start of the shared segment (zero-filled when made); the ranks' slots follow it.
 struct Header {
   std::atomic<uint32_t> arrived;     // ranks at the current barrier
   std::atomic<uint32_t> generation;  // barriers passed
@@ -245,8 +245,7 @@ ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, const char* what, std::f
   try {
     ul_emu::on_stream(stream, [c, what, body = std::move(body)] {
       try {
-        if (c->aborted.load()) throw PeerFailure(std::string(what) + ": the communicator was aborted");
-        body();
+        body();  // its first barrier (agree's) fails on an aborted communicator
       } catch (const PeerFailure& e) {
         c->async_error = ncclRemoteError;
         throw PeerFailure(std::string("nccl emu: ") + e.what());
