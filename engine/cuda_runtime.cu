@@ -3,6 +3,7 @@
 #include "engine/cuda_runtime.h"
 
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -32,6 +33,10 @@ void cuda_free(void* p) {
   const cudaError_t e = cudaFree(p);
   // Buffers freed by static destructors at exit may outlive the runtime; nothing is lost then.
   if (e == cudaErrorCudartUnloading) return;
+  // Freed by a destructor while an error unwinds the stack: that error is the one to say. A GPU's
+  // fault is sticky, so every free after it fails too, and a throw from a destructor would end the
+  // program (std::terminate) before the first error reached the user.
+  if (e != cudaSuccess && std::uncaught_exceptions() > 0) return;
   UL_CUDA_CHECK(e);
 }
 

@@ -191,7 +191,12 @@ class NcclComm : public Comm {
       call(ncclCommGetAsyncError(comm_, &async), what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (async != ncclSuccess) fail(std::string(what) + " failed: " + ncclGetErrorString(async));
-      if (waited > timeout_) fail(std::string(what) + " timed out (a peer died or hangs)");
+      if (waited > timeout_) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", timeout_);
+        fail(std::string(what) + " timed out after " + secs + " s (--comm-timeout) on rank " + std::to_string(rank_) +
+             ": a peer died or hangs");
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }

@@ -95,7 +95,7 @@ struct ncclComm {
   size_t bytes = 0;
   uint64_t splits = 0, calls = 0;
   std::atomic<bool> aborted{false};
-  ncclResult_t async_error = ncclSuccess;
+  std::atomic<ncclResult_t> async_error{ncclSuccess};  // set by a collective running beside the host
 
   char* slot(int r) { return reinterpret_cast<char*>(header) + kHeaderBytes + size_t(r) * kSlotBytes; }
 
@@ -239,15 +239,19 @@ ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& 
   return ncclSuccess;
 }
 
-// Runs `body` as work on `stream`: at issue, or later when the stream runs late. A peer's failure
-// at issue is the call's ncclRemoteError; later, the stream's failure (and the async error).
-ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, const char* what, std::function<void()> body) {
+// Runs `body` as work on `stream`: at issue, or later when the stream runs late (then beside the
+// host thread once cudaStreamQuery polls it, so comm_nccl's deadline sees a peer that hangs). A
+// peer's failure at issue is the call's ncclRemoteError; later, the stream's failure (and the
+// async error). An abort ends the collective without an error, as NCCL's ends the work it left.
+ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> body) {
   try {
-    ul_emu::on_stream(stream, [c, what, body = std::move(body)] {
+    ul_emu::on_stream_polled(stream, [c, body = std::move(body)] {
+      if (c->aborted.load()) return;
       try {
-        body();  // its first barrier (agree's) fails on an aborted communicator
+        body();
       } catch (const PeerFailure& e) {
-        c->async_error = ncclRemoteError;
+        if (c->aborted.load()) return;
+        c->async_error.store(ncclRemoteError);
         throw PeerFailure(std::string("nccl emu: ") + e.what());
       }
     });
@@ -336,7 +340,7 @@ ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank) {
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return failed(ncclInvalidArgument, "ncclCommGetAsyncError: null argument");
-  *async_error = comm->async_error;
+  *async_error = comm->async_error.load();
   return ncclSuccess;
 }
 
@@ -379,7 +383,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
         require_device(recv, count * ul::dtype_size(d), "receive");
       }))
     return r;
-  return enqueue(comm, stream, "all_reduce", [=] {
+  return enqueue(comm, stream, [=] {
     comm->agree("all_reduce", int(t), int(op), count, -1);
     const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
     std::vector<const void*> srcs(comm->size);
@@ -403,7 +407,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
         require_device(recv, comm->size * count * ul::dtype_size(d), "receive");
       }))
     return r;
-  return enqueue(comm, stream, "all_gather", [=] {
+  return enqueue(comm, stream, [=] {
     comm->agree("all_gather", int(t), -1, count, -1);
     const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
     for (size_t off = 0; off < count; off += per) {
@@ -428,7 +432,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
         require_device(recv, count * ul::dtype_size(d), "receive");
       }))
     return r;
-  return enqueue(comm, stream, "broadcast", [=] {
+  return enqueue(comm, stream, [=] {
     comm->agree("broadcast", int(t), -1, count, root);
     const size_t e = ul::dtype_size(d), per = kSlotBytes / e;
     for (size_t off = 0; off < count; off += per) {
@@ -472,7 +476,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
         require_device(recv, count * ul::dtype_size(d), "receive");
       }))
     return r;
-  return enqueue(comm, stream, "reduce_scatter", [=] {
+  return enqueue(comm, stream, [=] {
     comm->agree("reduce_scatter", int(t), int(op), count, -1);
     const size_t e = ul::dtype_size(d);
     std::vector<const void*> srcs(comm->size);
@@ -494,7 +498,7 @@ ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataTy
         if (overlap(send, bytes, recv, bytes)) throw std::invalid_argument("the send and receive buffers overlap");
       }))
     return r;
-  return enqueue(comm, stream, "all_to_all", [=] {
+  return enqueue(comm, stream, [=] {
     comm->agree("all_to_all", int(t), -1, count, -1);
     const size_t e = ul::dtype_size(d);
     by_blocks(comm, send, count, d, "all_to_all", [&](size_t off, size_t n) {

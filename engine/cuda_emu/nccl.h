@@ -8,14 +8,17 @@
 // passes in chunks. Reductions go in rank order with the local communicator's rule
 // (parallel/comm_util.h: reduce_many; bf16 summed in f32 and rounded once), so a run gives the
 // same bits as under --comm local. Buffers must be device memory (cudaMalloc), as NCCL's must.
-// A collective is work on its stream (engine/cuda_emu/runtime.h: it may run late). A peer process
-// that has exited, or a wait of over 10 minutes, fails it: at issue, the call returns
-// ncclRemoteError; run later, the stream's work fails (cudaErrorLaunchFailure). Either way the
-// message is on stderr. Where it differs from NCCL: a dead peer is seen at once (NCCL may see it
-// only at the caller's timeout), and a peer alive but hung is waited for 10 minutes whatever the
-// caller's timeout (the collective runs inside the call, or inside the stream's run, so
-// comm_nccl's own deadline cannot fire); host memory is refused (NCCL takes registered host
-// memory); sums go in rank order (NCCL's rings and trees may round otherwise). Each collective
+// A collective is work on its stream (engine/cuda_emu/runtime.h: it may run late). On a stream
+// that runs late, the cudaStreamQuery that reaches it runs it on a thread beside the host's and
+// answers cudaErrorNotReady until it ends, as a GPU does: comm_nccl's deadline (--comm-timeout)
+// then ends the wait for a peer alive but hung. A peer process that has exited, or a wait of over
+// 10 minutes, fails it: at issue, the call returns ncclRemoteError; run later, the stream's work
+// fails (cudaErrorLaunchFailure). Either way the message is on stderr. ncclCommAbort ends the
+// collectives it left queued or running, with no error. Where it differs from NCCL: a dead peer
+// is seen at once (NCCL may see it only at the caller's timeout); on a stream that runs at issue
+// the collective runs inside the call, so a peer alive but hung is waited for 10 minutes whatever
+// the caller's timeout; host memory is refused (NCCL takes registered host memory); sums go in
+// rank order (NCCL's rings and trees may round otherwise). Each collective
 // first compares what every rank called (collective, type, reduction, count, root, and how many
 // came before): a mismatch, which would hang NCCL or have it read wrong data, is ncclInvalidUsage
 // here, with both calls on stderr.

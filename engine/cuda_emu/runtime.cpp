@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,7 +46,12 @@ std::atomic<ul_emu::StreamOrder>& order_now() {
 // communicator is a thread with its own streams, and its own legacy stream: legacy_stream).
 struct CUstream_st {
   bool legacy = false;  // the legacy stream, or a blocking stream (which shares the legacy one's queue)
-  std::deque<std::function<void()>> queue;
+  struct Op {
+    std::function<void()> run;
+    bool waits_on_peers = false;  // ul_emu::on_stream_polled: a poll runs it beside the host thread
+    std::future<void> running;    // so started, and not yet collected
+  };
+  std::deque<Op> queue;
   uint64_t issued = 0, done = 0;
   std::thread::id owner = std::this_thread::get_id();
   uint64_t id = next_id();  // an ended thread's legacy stream may leave its address to a new one
@@ -61,14 +67,21 @@ struct CUstream_st {
   // Runs the queue up to its n-th operation. Queued work that fails (a kernel's misuse or fault) is
   // reported as a GPU reports an asynchronous error: the call that finds it returns
   // cudaErrorLaunchFailure (so a destructor that frees memory does not throw), the message goes to
-  // stderr, and the work queued after it is dropped.
-  cudaError_t run_until(uint64_t n) {
+  // stderr, and the work queued after it is dropped. A poll (cudaStreamQuery) starts work that
+  // waits on other processes on a thread of its own, as a GPU runs it beside the host, and answers
+  // cudaErrorNotReady until it has ended; any other call waits for it.
+  cudaError_t run_until(uint64_t n, bool poll = false) {
     while (done < n && !queue.empty()) {
-      std::function<void()> op = std::move(queue.front());
-      queue.pop_front();
-      done++;
       try {
-        op();
+        Op& front = queue.front();
+        if (front.waits_on_peers && poll) {
+          if (!front.running.valid()) front.running = std::async(std::launch::async, front.run);
+          if (front.running.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return cudaErrorNotReady;
+        }
+        Op op = std::move(front);
+        queue.pop_front();
+        done++;
+        op.running.valid() ? op.running.get() : op.run();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "cuda_emu: queued work failed: %s\n", e.what());
         done += queue.size();
@@ -421,7 +434,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return report(resolve(s)->run_all());
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }  // done once run
+// Runs what is queued, up to work that waits on other processes (an emulated NCCL collective
+// whose peers have not all come): cudaErrorNotReady, which is no error (cudaGetLastError keeps it).
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  const cudaError_t e = resolve(s)->run_until(resolve(s)->issued, true);
+  return e == cudaErrorNotReady ? e : report(e);
+}
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   if (!a) return fail(cudaErrorInvalidValue);
@@ -609,7 +627,17 @@ void on_stream(cudaStream_t s, std::function<void()> op) {
     op();
     return;
   }
-  r->queue.push_back(std::move(op));
+  r->queue.push_back({std::move(op), false, {}});
+  r->issued++;
+}
+
+void on_stream_polled(cudaStream_t s, std::function<void()> op) {
+  const cudaStream_t r = resolve(s);
+  if (!r->late()) {
+    op();
+    return;
+  }
+  r->queue.push_back({std::move(op), true, {}});
   r->issued++;
 }
 

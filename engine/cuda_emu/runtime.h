@@ -74,6 +74,11 @@ StreamOrder stream_order();
 cudaError_t set_stream_order(StreamOrder order);
 // Runs op now, or queues it on s (nullptr: the calling thread's legacy stream) when s runs late.
 void on_stream(cudaStream_t s, std::function<void()> op);
+// The same, for work that may wait on other processes (an emulated NCCL collective). Queued, the
+// first cudaStreamQuery that reaches it starts it on a thread of its own, and answers
+// cudaErrorNotReady until it has ended, so a caller polling with a deadline sees a peer that hangs
+// (as on a GPU); every other call that runs the stream waits for it. op touches no CUDA call.
+void on_stream_polled(cudaStream_t s, std::function<void()> op);
 }  // namespace ul_emu
 
 // ---- the runtime calls (engine/cuda_emu/runtime.cpp) ---------------------------------------------
@@ -101,7 +106,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags = 0);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
-// Runs what the stream has queued: work here is done once it has run, so never cudaErrorNotReady.
+// Runs what the stream has queued (work here is done once it has run), up to work that would wait
+// on other processes (ul_emu::on_stream_polled): cudaErrorNotReady.
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags);

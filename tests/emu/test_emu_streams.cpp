@@ -5,6 +5,7 @@
 // at issue (staged), written before the call returns.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <sstream>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "engine/cuda_launch.h"
+#include "engine/cuda_runtime.h"
+#include "engine/device.h"
 #include "run_cmd.h"
 #include "stream_order.h"
 
@@ -261,6 +264,86 @@ TEST_CASE("emu streams: queued work that fails is reported by the call that runs
   CHECK(cudaFree(spare) == cudaErrorLaunchFailure);  // in a destructor: an error code, not a throw
   CHECK(cudaFree(spare) == cudaSuccess);
   cudaGetLastError();
+}
+
+TEST_CASE("emu streams: a device buffer freed while an error unwinds leaves that error to be said", "[emu]") {
+  // A GPU's fault is sticky: every free after it fails. A destructor that threw then would end the
+  // program before the error that unwinds reached the user.
+  ul::init_cuda_backend();
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  struct Owner {
+    void* p = ul::device_alloc(ul::Device::cuda, 256);
+    ~Owner() { ul::device_free(ul::Device::cuda, p); }
+  };
+  try {
+    Owner owner;
+    ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);  // queued: the free runs it
+    throw std::runtime_error("the first error");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()) == "the first error");
+  }
+  cudaGetLastError();
+  // Not unwinding, a failed free is an error as before.
+  void* p = ul::device_alloc(ul::Device::cuda, 256);
+  ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);
+  CHECK_THROWS_WITH(ul::device_free(ul::Device::cuda, p), Catch::Contains("unspecified launch failure"));
+  cudaGetLastError();
+}
+
+TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes beside the host", "[emu]") {
+  // ul_emu::on_stream_polled: how an emulated NCCL collective lets comm_nccl's deadline fire.
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  std::promise<void> peers;
+  std::shared_future<void> peers_here = peers.get_future().share();
+  std::atomic<int> runs{0};
+  b.fill(1.f);
+  ul_emu::on_stream_polled(nullptr, [&] {
+    peers_here.wait();
+    runs++;
+  });
+  b.fill(2.f);
+  CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
+  CHECK(cudaGetLastError() == cudaSuccess);  // not ready is no error
+  CHECK(b.dev[0] == 1.f);                    // the work before it ran, the work after it waits
+  CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
+  CHECK(runs == 0);
+  peers.set_value();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  cudaError_t q = cudaErrorNotReady;
+  while (q == cudaErrorNotReady && std::chrono::steady_clock::now() < until) q = cudaStreamQuery(nullptr);
+  CHECK(q == cudaSuccess);
+  CHECK(runs == 1);
+  CHECK(b.dev[0] == 2.f);
+  // Any other call that runs the stream waits for it, started or not.
+  std::promise<void> later;
+  ul_emu::on_stream_polled(nullptr, [&, f = later.get_future().share()] {
+    f.wait();
+    runs++;
+  });
+  CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    later.set_value();
+  });
+  CHECK(cudaStreamSynchronize(nullptr) == cudaSuccess);
+  CHECK(runs == 2);
+  release.join();
+  ul_emu::on_stream_polled(nullptr, [&] { runs++; });
+  CHECK(cudaStreamSynchronize(nullptr) == cudaSuccess);
+  CHECK(runs == 3);
+  // Its failure is queued work's failure, whoever collects it.
+  ul_emu::on_stream_polled(nullptr, [] { throw std::runtime_error("a peer exited"); });
+  b.fill(4.f);
+  while ((q = cudaStreamQuery(nullptr)) == cudaErrorNotReady) std::this_thread::yield();
+  CHECK(q == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(b.dev[0] == 2.f);  // dropped with the failure
+  // On a stream that runs at issue, it runs at issue.
+  StreamOrderScope side(StreamOrder::late_side);
+  ul_emu::on_stream_polled(nullptr, [&] { runs++; });
+  CHECK(runs == 4);
 }
 
 TEST_CASE("emu streams: an event on a thread's legacy stream outlives the thread", "[emu]") {

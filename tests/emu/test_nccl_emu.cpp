@@ -266,6 +266,34 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
   CHECK(killed.out.find("train: error: nccl: ") != std::string::npos);
 }
 
+// A peer that is alive but never comes (stopped): comm_nccl's own deadline (--comm-timeout) ends
+// the run. The legacy stream runs late here whatever the order CI set, so the collective is polled
+// by cudaStreamQuery; run at issue it would wait inside the call, where no deadline can fire.
+TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-timeout", "[emu]") {
+  ul_test::TempDir dir;
+  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 2";
+  auto as_rank = [&](int r) {
+    return "env ULYSSES_EMU_STREAMS=late-main RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
+           std::to_string(r) + " ULYSSES_JOB_ID=emu-nccl-hang-test " +
+           train_cmd(run + " --comm nccl --nccl-id-file " + (dir / "id"));
+  };
+  const CmdResult hung = run_cmd(
+      "cd " + dir.path.string() + " && { " + as_rank(1) + " > rank1.log 2>&1 & p1=$!; " + as_rank(0) +
+      " > rank0.log 2>&1 & p0=$!; " +
+      "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -STOP $p1; "
+      "s=$(date +%s); wait $p0; echo \"rank 0: $? after $(( $(date +%s) - s )) s\"; kill -9 $p1; wait $p1; "
+      "cat rank0.log; }");
+  INFO(hung.out);
+  CHECK(hung.out.find("rank 0: 1 after") != std::string::npos);
+  CHECK(hung.out.find(" timed out after 2 s (--comm-timeout) on rank 0: a peer died or hangs") != std::string::npos);
+  CHECK(hung.out.find("has exited") == std::string::npos);
+  const size_t after = hung.out.find("rank 0: 1 after ");
+  REQUIRE(after != std::string::npos);
+  const int seconds = std::stoi(hung.out.substr(after + 16));
+  CHECK(seconds >= 1);  // not before the deadline: a stopped peer is no dead one
+  CHECK(seconds <= 30);  // and not at the emulator's own 10-minute wait
+}
+
 #ifdef ULYSSES_MPIRUN_CMD
 TEST_CASE("emu nccl: train --comm nccl under mpirun (dp 2 x sp 2, bf16, ZeRO-1) gives --comm local's numbers", "[emu]") {
   const std::string run = kSmallRun + " --model llama --sp 2 --steps 3 --precision bf16 --zero 1";
