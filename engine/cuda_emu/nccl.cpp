@@ -507,3 +507,141 @@ ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataTy
     });
   });
 }
+
+// ---- grouped send/recv ------------------------------------------------------------------------
+
+namespace {
+
+struct P2p {
+  ncclComm_t comm;
+  bool send;
+  const void* buf;
+  size_t count;
+  ncclDataType_t type;
+  int peer;
+  cudaStream_t stream;
+};
+// The group the calling thread has open (NCCL's groups are per thread too).
+thread_local int t_group_depth = 0;
+thread_local std::vector<P2p> t_group;
+
+// One entry of a group's table: what rank i sends to and receives from rank j (count -1: nothing).
+struct Pair {
+  int64_t send_count = -1, recv_count = -1;
+  int32_t send_type = -1, recv_type = -1;
+};
+
+std::string said(int64_t count, int32_t type) {
+  return count < 0 ? std::string("nothing")
+                   : std::to_string(count) + (count == 1 ? " element" : " elements") + " (type " + std::to_string(type) + ")";
+}
+
+// One communicator's part of a group, as one collective: each rank's row of the table goes through
+// its slot, and every rank checks the whole table (so all reach one verdict); then the data goes in
+// rounds of kSlotBytes / size bytes per pair.
+void run_pairs(ncclComm_t c, const std::vector<P2p>& ops, const std::vector<Pair>& row) {
+  const int n = c->size;
+  std::memcpy(c->slot(c->rank), row.data(), n * sizeof(Pair));
+  c->barrier("send/recv");
+  std::vector<Pair> table(size_t(n) * n);  // [i * n + j]: rank i's entry for rank j
+  for (int i = 0; i < n; i++) std::memcpy(&table[size_t(i) * n], c->slot(i), n * sizeof(Pair));
+  c->barrier("send/recv");
+  const size_t per = kSlotBytes / n;
+  size_t rounds = 0;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      const Pair &out = table[size_t(i) * n + j], &in = table[size_t(j) * n + i];
+      if (out.send_count != in.recv_count || (out.send_count >= 0 && out.send_type != in.recv_type))
+        throw Mismatch("nccl emu: in send/recv group #" + std::to_string(c->calls - 1) + ", rank " + std::to_string(i) +
+                       " sends " + said(out.send_count, out.send_type) + " to rank " + std::to_string(j) +
+                       ", which receives " + said(in.recv_count, in.recv_type) +
+                       " from it: every send needs its matching receive in the same group");
+      if (out.send_count > 0) {
+        const size_t bytes = size_t(out.send_count) * ul::dtype_size(dtype(ncclDataType_t(out.send_type)));
+        rounds = std::max(rounds, (bytes + per - 1) / per);
+      }
+    }
+  for (size_t r = 0; r < rounds; r++) {
+    const size_t off = r * per;
+    for (const P2p& op : ops) {
+      const size_t bytes = op.count * ul::dtype_size(dtype(op.type));
+      if (op.send && off < bytes)
+        std::memcpy(c->slot(c->rank) + op.peer * per, static_cast<const char*>(op.buf) + off, std::min(per, bytes - off));
+    }
+    c->barrier("send/recv");
+    for (const P2p& op : ops) {
+      const size_t bytes = op.count * ul::dtype_size(dtype(op.type));
+      if (!op.send && off < bytes)
+        std::memcpy(static_cast<char*>(const_cast<void*>(op.buf)) + off, c->slot(op.peer) + c->rank * per,
+                    std::min(per, bytes - off));
+    }
+    c->barrier("send/recv");
+  }
+}
+
+// The calling thread's group, ended: each communicator's part is one collective on its stream.
+ncclResult_t run_group() {
+  std::vector<P2p> group;
+  group.swap(t_group);
+  std::vector<ncclComm_t> comms;
+  for (const P2p& op : group)
+    if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+  for (ncclComm_t c : comms) {
+    std::vector<P2p> ops;
+    std::vector<Pair> row(c->size);
+    for (const P2p& op : group) {
+      if (op.comm != c) continue;
+      if (!ops.empty() && op.stream != ops[0].stream)
+        return failed(ncclInvalidUsage, "send/recv: one communicator's sends and receives in a group on two streams "
+                                        "(the emulation takes one)");
+      ops.push_back(op);
+      Pair& p = row[op.peer];
+      (op.send ? p.send_count : p.recv_count) = int64_t(op.count);
+      (op.send ? p.send_type : p.recv_type) = int32_t(op.type);
+    }
+    if (ncclResult_t r = enqueue(c, ops[0].stream, [c, ops, row] {
+          c->agree("send/recv", -1, -1, 0, -1);
+          run_pairs(c, ops, row);
+        }))
+      return r;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t p2p(const P2p& op) {
+  const char* what = op.send ? "send" : "recv";
+  if (ncclResult_t r = check(op.comm, what, [&] {
+        const ul::DType d = dtype(op.type);
+        if (op.peer < 0 || op.peer >= op.comm->size)
+          throw std::invalid_argument("peer " + std::to_string(op.peer) + " of " + std::to_string(op.comm->size) +
+                                      " ranks");
+        require_device(op.buf, op.count * ul::dtype_size(d), op.send ? "send" : "receive");
+      }))
+    return r;
+  for (const P2p& o : t_group)
+    if (o.comm == op.comm && o.send == op.send && o.peer == op.peer)
+      return failed(ncclInvalidUsage, std::string(what) + ": a second " + (op.send ? "send to" : "receive from") +
+                                          " rank " + std::to_string(op.peer) + " in one group (the emulation takes one)");
+  t_group.push_back(op);
+  return t_group_depth > 0 ? ncclSuccess : run_group();
+}
+
+}  // namespace
+
+ncclResult_t ncclGroupStart() {
+  t_group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (t_group_depth == 0) return failed(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  return --t_group_depth > 0 ? ncclSuccess : run_group();
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream) {
+  return p2p({comm, true, send, count, t, peer, stream});
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream) {
+  return p2p({comm, false, recv, count, t, peer, stream});
+}

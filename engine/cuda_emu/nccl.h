@@ -27,10 +27,16 @@
 
 #include "engine/cuda_emu/runtime.h"
 
-#define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 0
-#define NCCL_VERSION_CODE 22800
+// The version this header says it is: 2.28 (which has ncclAlltoAll), or an older one where a
+// translation unit defines ULYSSES_EMU_NCCL_VERSION_CODE first (tests/emu/comm_nccl_pre_2_28.cpp
+// builds comm_nccl's grouped send/recv so).
+#ifndef ULYSSES_EMU_NCCL_VERSION_CODE
+#define ULYSSES_EMU_NCCL_VERSION_CODE 22800
+#endif
+#define NCCL_VERSION_CODE ULYSSES_EMU_NCCL_VERSION_CODE
+#define NCCL_MAJOR (NCCL_VERSION_CODE / 10000)
+#define NCCL_MINOR (NCCL_VERSION_CODE / 100 % 100)
+#define NCCL_PATCH (NCCL_VERSION_CODE % 100)
 #define NCCL_SPLIT_NOCOLOR -1
 
 typedef enum {
@@ -83,6 +89,19 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
                                ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
                            cudaStream_t stream);
+#if NCCL_VERSION_CODE >= 22800
 // count elements to and from each rank: block j of send goes to rank j, block i of recv came from rank i.
 ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm,
                           cudaStream_t stream);
+#endif
+
+// Point-to-point, grouped: the sends and receives between ncclGroupStart and its ncclGroupEnd run
+// together at the end (one outside a group is a group of its own). Here a group is collective over
+// each communicator it uses: every rank of it ends a group at the same point, with at most one
+// send and one receive per peer and one stream per communicator, and every send has the receive
+// that matches it (count and type) in the same group (NCCL needs only the peers involved, and
+// takes more per peer, in order). Anything else is ncclInvalidUsage.
+ncclResult_t ncclGroupStart();
+ncclResult_t ncclGroupEnd();
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream);

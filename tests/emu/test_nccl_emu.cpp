@@ -1,10 +1,13 @@
 // The NCCL communicator (parallel/comm_nccl.cpp) on the emulated NCCL (engine/cuda_emu/nccl.h):
 // every collective against its definition, on host and device buffers and past one round of the
 // shared slots; splits; train --comm nccl against --comm local (over --nccl-id-file, and under
-// mpirun where the build has MPI); a rank that dies ends the other's run with an error at once.
+// mpirun where the build has MPI); a rank that dies ends the other's run with an error at once, one
+// that hangs at --comm-timeout; the all-to-all of a build against NCCL before 2.28 (grouped
+// send/recv), and the emulation's refusals of sends and receives that do not pair up.
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -18,6 +21,12 @@
 #include "stream_order.h"
 #include "temp_dir.h"
 
+namespace ul {
+// tests/emu/comm_nccl_pre_2_28.cpp: the communicator as built against NCCL before 2.28.
+std::unique_ptr<Comm> nccl_world_from_file_pre_2_28(const std::string& id_file, int rank, int size, int device,
+                                                    double timeout_s);
+}  // namespace ul
+
 namespace {
 
 using ul::DType;
@@ -26,9 +35,12 @@ using ul_test::CmdResult;
 using ul_test::run_cmd;
 using ul_test::train_cmd;
 
+using WorldFromFile = std::unique_ptr<ul::Comm> (*)(const std::string&, int, int, int, double);
+
 // Runs f(rank, world) on `size` threads, each a rank of one NCCL communicator bootstrapped through
 // a file. Returns what went wrong on each rank: Catch2's checks are not thread-safe.
-std::vector<std::string> on_ranks(int size, const std::function<void(int, ul::Comm&, std::ostringstream&)>& f) {
+std::vector<std::string> on_ranks(int size, const std::function<void(int, ul::Comm&, std::ostringstream&)>& f,
+                                  WorldFromFile world_from = ul::nccl_world_from_file) {
   ul_test::TempDir dir;
   std::vector<std::string> problems(size);
   std::vector<std::thread> ranks;
@@ -36,7 +48,7 @@ std::vector<std::string> on_ranks(int size, const std::function<void(int, ul::Co
     ranks.emplace_back([&, r] {
       std::ostringstream bad;
       try {
-        auto world = ul::nccl_world_from_file(dir / "nccl_id", r, size, 0, 60);
+        auto world = world_from(dir / "nccl_id", r, size, 0, 60);
         f(r, *world, bad);
         UL_CUDA_CHECK(cudaDeviceSynchronize());
       } catch (const std::exception& e) {
@@ -182,6 +194,86 @@ TEST_CASE("emu nccl: every collective on 3 ranks, host and device buffers, past 
   for (int r = 0; r < P; r++) {
     INFO("rank " << r);
     CHECK(problems[r] == "");
+  }
+}
+
+TEST_CASE("emu nccl: built against NCCL before 2.28, all_to_all is grouped send/recv with the same blocks", "[emu]") {
+  const int P = 3;
+  for (ul_emu::StreamOrder order : {ul_emu::StreamOrder::late_side, ul_emu::StreamOrder::late_main}) {
+    ul_test::StreamOrderScope scope(order);
+    const std::vector<std::string> problems = on_ranks(P, [&](int r, ul::Comm& c, std::ostringstream& bad) {
+      // 400,000 floats a block is more than one round (4 MiB / 3 peers = 1,398,101 bytes a pair).
+      for (size_t count : {size_t(2), size_t(400000)}) {
+        std::vector<float> s(P * count);
+        for (int j = 0; j < P; j++)
+          for (size_t k = 0; k < count; k++) s[j * count + k] = float(100 * r + 10 * j + k % 7);
+        auto want = [r, count](size_t i) { return float(100 * (i / count) + 10 * r + i % count % 7); };
+        Dev<float> ds(s), dr(std::vector<float>(P * count, -1.f));
+        c.all_to_all(ds.p, dr.p, count, DType::f32);
+        expect<float>(bad, "all_to_all (device)", dr.get(), want);
+        std::vector<float> hr(P * count, -1.f);
+        c.all_to_all(s.data(), hr.data(), count, DType::f32);
+        expect<float>(bad, "all_to_all (host)", hr, want);
+      }
+      c.barrier();
+    }, ul::nccl_world_from_file_pre_2_28);
+    for (int r = 0; r < P; r++) {
+      INFO("rank " << r << ", " << (order == ul_emu::StreamOrder::late_main ? "late-main" : "late-side"));
+      CHECK(problems[r] == "");
+    }
+  }
+}
+
+TEST_CASE("emu nccl: send and receive must pair up within a group", "[emu]") {
+  ul_test::StreamOrderScope scope(ul_emu::StreamOrder::late_side);  // at issue: the result is the call's
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclResult_t> got[2];
+  std::vector<float> received[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; r++)
+    ranks.emplace_back([&, r] {
+      ncclComm_t c = nullptr;
+      if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess) return;
+      float *out = nullptr, *in = nullptr;
+      UL_CUDA_CHECK(cudaMalloc(&out, 8 * sizeof(float)));
+      UL_CUDA_CHECK(cudaMalloc(&in, 8 * sizeof(float)));
+      std::vector<float> mine(8, float(r + 1));
+      UL_CUDA_CHECK(cudaMemcpy(out, mine.data(), sizeof(float) * 8, cudaMemcpyHostToDevice));
+      const int peer = 1 - r;
+      auto group = [&](size_t send_count, size_t recv_count, bool send, bool recv) {
+        ncclGroupStart();
+        ncclResult_t e = ncclSuccess;
+        if (send && e == ncclSuccess) e = ncclSend(out, send_count, ncclFloat32, peer, c, nullptr);
+        if (recv && e == ncclSuccess) e = ncclRecv(in, recv_count, ncclFloat32, peer, c, nullptr);
+        const ncclResult_t end = ncclGroupEnd();
+        return e != ncclSuccess ? e : end;
+      };
+      got[r].push_back(group(4, r == 0 ? 4 : 5, true, true));  // rank 1 receives 5 where 4 are sent
+      got[r].push_back(group(4, 4, true, r == 0));             // rank 1 posts no receive
+      ncclGroupStart();  // two sends to one peer in a group: the emulation takes one
+      ncclSend(out, 1, ncclFloat32, peer, c, nullptr);
+      got[r].push_back(ncclSend(out, 1, ncclFloat32, peer, c, nullptr));
+      got[r].push_back(ncclGroupEnd());  // its one send has no receive: refused on both ranks alike
+      got[r].push_back(ncclGroupEnd());  // no group open
+      got[r].push_back(group(8, 8, true, true));  // a matching exchange works
+      UL_CUDA_CHECK(cudaDeviceSynchronize());
+      received[r].resize(8);
+      UL_CUDA_CHECK(cudaMemcpy(received[r].data(), in, sizeof(float) * 8, cudaMemcpyDeviceToHost));
+      // Outside a group, a send and its receive are each a group of one.
+      got[r].push_back(r == 0 ? ncclSend(out, 2, ncclFloat32, 1, c, nullptr)
+                              : ncclRecv(in, 2, ncclFloat32, 0, c, nullptr));
+      UL_CUDA_CHECK(cudaDeviceSynchronize());
+      cudaFree(out);
+      cudaFree(in);
+      ncclCommDestroy(c);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; r++) {
+    INFO("rank " << r);
+    CHECK(got[r] == std::vector<ncclResult_t>{ncclInvalidUsage, ncclInvalidUsage, ncclInvalidUsage, ncclInvalidUsage,
+                                              ncclInvalidUsage, ncclSuccess, ncclSuccess});
+    CHECK(received[r] == std::vector<float>(8, float(2 - r)));
   }
 }
 
