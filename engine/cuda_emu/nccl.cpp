@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,7 +43,8 @@ struct Call {
 struct Header {
   std::atomic<uint32_t> arrived;     // ranks at the current barrier
   std::atomic<uint32_t> generation;  // barriers passed
-  std::atomic<int32_t> pid[kMaxRanks];
+  std::atomic<int32_t> nranks;              // as the first rank to join said
+  std::atomic<int32_t> pid[kMaxRanks];      // 0 until the rank has joined
   int32_t color[kMaxRanks], key[kMaxRanks];  // ncclCommSplit's exchange
   Call call[kMaxRanks];
 };
@@ -52,6 +54,11 @@ constexpr size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
 
 // A peer's exit, or a wait past kPeerWaitS: what NCCL reports as a remote error.
 struct PeerFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// A rank given to two processes (or threads), or ranks that were told different world sizes:
+// NCCL's init would hang or fail obscurely.
+struct BadInit : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 // Ranks that called different collectives (or counts, types, roots) at the same point: NCCL would
@@ -170,11 +177,12 @@ ncclComm* join(const std::string& name, int size, int rank) {
   const size_t bytes = kHeaderBytes + size_t(size) * kSlotBytes;
   const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd < 0) throw std::runtime_error("nccl emu: shm_open " + name + ": " + std::strerror(errno));
-  // Every rank sets the same size: a no-op after the first, which leaves the bytes as they are.
-  if (ftruncate(fd, off_t(bytes)) != 0) {
+  // The first rank sizes it; a rank told more ranks grows it (and is refused below), never shrinks.
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || (st.st_size < off_t(bytes) && ftruncate(fd, off_t(bytes)) != 0)) {
     const int e = errno;
     close(fd);
-    throw std::runtime_error("nccl emu: ftruncate " + name + ": " + std::strerror(e));
+    throw std::runtime_error("nccl emu: sizing " + name + ": " + std::strerror(e));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -185,7 +193,19 @@ ncclComm* join(const std::string& name, int size, int rank) {
   c->size = size;
   c->header = static_cast<Header*>(p);
   c->bytes = bytes;
-  c->header->pid[rank].store(getpid(), std::memory_order_relaxed);
+  int32_t said = 0, unclaimed = 0;
+  std::string bad;
+  if (!c->header->nranks.compare_exchange_strong(said, size) && said != size)
+    bad = "rank " + std::to_string(rank) + " was told of " + std::to_string(size) + " ranks, an earlier one of " +
+          std::to_string(said) + ": every rank must be given the same world size";
+  else if (!c->header->pid[rank].compare_exchange_strong(unclaimed, int32_t(getpid())))
+    bad = "rank " + std::to_string(rank) + " is claimed twice (process " + std::to_string(unclaimed) + " has it, " +
+          "process " + std::to_string(getpid()) + " asked for it): every rank needs its own RANK";
+  if (!bad.empty()) {
+    munmap(p, bytes);  // the name stays: the ranks that joined rightly still wait for their peers
+    delete c;
+    throw BadInit(bad);
+  }
   try {
     c->barrier("init");
   } catch (...) {
@@ -302,6 +322,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   if (id.internal[0] != '/') return failed(ncclInvalidArgument, "ncclCommInitRank: not an id from ncclGetUniqueId");
   try {
     *comm = join(id.internal, nranks, rank);
+  } catch (const BadInit& e) {
+    return failed(ncclInvalidUsage, std::string("ncclCommInitRank: ") + e.what());
   } catch (const PeerFailure& e) {
     return failed(ncclRemoteError, std::string("ncclCommInitRank: ") + e.what());
   } catch (const std::exception& e) {

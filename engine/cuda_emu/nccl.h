@@ -18,10 +18,11 @@
 // is seen at once (NCCL may see it only at the caller's timeout); on a stream that runs at issue
 // the collective runs inside the call, so a peer alive but hung is waited for 10 minutes whatever
 // the caller's timeout; host memory is refused (NCCL takes registered host memory); sums go in
-// rank order (NCCL's rings and trees may round otherwise). Each collective
-// first compares what every rank called (collective, type, reduction, count, root, and how many
-// came before): a mismatch, which would hang NCCL or have it read wrong data, is ncclInvalidUsage
-// here, with both calls on stderr.
+// rank order (NCCL's rings and trees may round otherwise). Each collective first compares what
+// every rank called (collective, type, reduction, count, root, and how many came before): a
+// mismatch, which would hang NCCL or have it read wrong data, is ncclInvalidUsage here, with both
+// calls on stderr. So is an init that claims a rank already taken, or another world size than the
+// first rank's (the ranks that joined rightly go on waiting for the rank still missing).
 #pragma once
 #include <cstddef>
 

@@ -6,6 +6,8 @@
 // send/recv), and the emulation's refusals of sends and receives that do not pair up.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -275,6 +277,40 @@ TEST_CASE("emu nccl: send and receive must pair up within a group", "[emu]") {
                                               ncclInvalidUsage, ncclSuccess, ncclSuccess});
     CHECK(received[r] == std::vector<float>(8, float(2 - r)));
   }
+}
+
+TEST_CASE("emu nccl: a rank claimed twice, or told another world size, is refused at the init", "[emu]") {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  // Two threads ask for rank 0 (one wins, whichever comes first), one for rank 1 of 2, and one for
+  // rank 1 of 3; the two right ones then make a communicator that works.
+  ncclResult_t got[4] = {};
+  float sum[4] = {};
+  std::vector<std::thread> ranks;
+  const int rank_of[4] = {0, 0, 1, 1}, size_of[4] = {2, 2, 2, 3};
+  for (int t = 0; t < 4; t++)
+    ranks.emplace_back([&, t] {
+      // Rank 0's claims first (the first to join sets the world size), then the wrong size, then rank 1.
+      if (t >= 2) std::this_thread::sleep_for(std::chrono::milliseconds(t == 3 ? 100 : 300));
+      ncclComm_t c = nullptr;
+      got[t] = ncclCommInitRank(&c, size_of[t], id, rank_of[t]);
+      if (got[t] != ncclSuccess) return;
+      float* v = nullptr;
+      UL_CUDA_CHECK(cudaMalloc(&v, sizeof(float)));
+      const float one = 1.f;
+      UL_CUDA_CHECK(cudaMemcpy(v, &one, sizeof one, cudaMemcpyHostToDevice));
+      got[t] = ncclAllReduce(v, v, 1, ncclFloat32, ncclSum, c, nullptr);
+      UL_CUDA_CHECK(cudaMemcpy(&sum[t], v, sizeof(float), cudaMemcpyDeviceToHost));
+      cudaFree(v);
+      ncclCommDestroy(c);
+    });
+  for (auto& t : ranks) t.join();
+  CHECK(((got[0] == ncclSuccess) != (got[1] == ncclSuccess)));
+  CHECK((got[0] == ncclInvalidUsage || got[1] == ncclInvalidUsage));
+  CHECK(got[2] == ncclSuccess);
+  CHECK(got[3] == ncclInvalidUsage);
+  CHECK(sum[2] == 2.f);
+  CHECK(std::max(sum[0], sum[1]) == 2.f);
 }
 
 TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_all buffers and a bad root", "[emu]") {
