@@ -86,11 +86,16 @@ class NcclComm : public Comm {
 #else
     const size_t bytes = count * dtype_size(t);
     call(ncclGroupStart(), "group");
-    for (int j = 0; j < size_; j++) {
-      call(ncclSend(static_cast<const char*>(in.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "send");
-      call(ncclRecv(static_cast<char*>(out.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr), "recv");
+    ncclResult_t r = ncclSuccess;
+    for (int j = 0; j < size_ && (r == ncclSuccess || r == ncclInProgress); j++) {
+      r = ncclSend(static_cast<const char*>(in.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr);
+      if (r == ncclSuccess || r == ncclInProgress)
+        r = ncclRecv(static_cast<char*>(out.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr);
     }
-    call(ncclGroupEnd(), "group");
+    // Ended even after a failed call: a group left open would swallow this thread's next one.
+    const ncclResult_t end = ncclGroupEnd();
+    call(r, "all_to_all's send/recv");
+    call(end, "group");
 #endif
     finish("all_to_all");
     out.back();

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -102,6 +102,9 @@ struct ncclComm {
   size_t bytes = 0;
   uint64_t splits = 0, calls = 0;
   std::atomic<bool> aborted{false};
+  // Held by a collective while it runs: one queued on a stream may run beside the host thread, and
+  // this rank's next (on another stream) must not enter the barriers beside it.
+  std::mutex running;
   std::atomic<ncclResult_t> async_error{ncclSuccess};  // set by a collective running beside the host
 
   char* slot(int r) { return reinterpret_cast<char*>(header) + kHeaderBytes + size_t(r) * kSlotBytes; }
@@ -177,10 +180,9 @@ ncclComm* join(const std::string& name, int size, int rank) {
   const size_t bytes = kHeaderBytes + size_t(size) * kSlotBytes;
   const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd < 0) throw std::runtime_error("nccl emu: shm_open " + name + ": " + std::strerror(errno));
-  // The first rank sizes it; a rank told more ranks grows it (and is refused below), never shrinks.
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || (st.st_size < off_t(bytes) && ftruncate(fd, off_t(bytes)) != 0)) {
-    const int e = errno;
+  // The first rank sizes it; a rank told more ranks grows it (and is refused below): never shrunk,
+  // which a rank that has it mapped would see as SIGBUS.
+  if (const int e = posix_fallocate(fd, 0, off_t(bytes))) {
     close(fd);
     throw std::runtime_error("nccl emu: sizing " + name + ": " + std::strerror(e));
   }
@@ -264,8 +266,10 @@ ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& 
 // peer's failure at issue is the call's ncclRemoteError; later, the stream's failure (and the
 // async error). An abort ends the collective without an error, as NCCL's ends the work it left.
 ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> body) {
+  if (c->aborted.load()) return failed(ncclInvalidUsage, "the communicator was aborted");
   try {
     ul_emu::on_stream_polled(stream, [c, body = std::move(body)] {
+      std::lock_guard<std::mutex> one_at_a_time(c->running);
       if (c->aborted.load()) return;
       try {
         body();

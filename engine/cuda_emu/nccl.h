@@ -14,7 +14,8 @@
 // then ends the wait for a peer alive but hung. A peer process that has exited, or a wait of over
 // 10 minutes, fails it: at issue, the call returns ncclRemoteError; run later, the stream's work
 // fails (cudaErrorLaunchFailure). Either way the message is on stderr. ncclCommAbort ends the
-// collectives it left queued or running, with no error. Where it differs from NCCL: a dead peer
+// collectives it left queued or running, with no error (a later one is ncclInvalidUsage). A
+// communicator's collectives run one at a time in each rank. Where it differs from NCCL: a dead peer
 // is seen at once (NCCL may see it only at the caller's timeout); on a stream that runs at issue
 // the collective runs inside the call, so a peer alive but hung is waited for 10 minutes whatever
 // the caller's timeout; host memory is refused (NCCL takes registered host memory); sums go in
@@ -22,7 +23,8 @@
 // every rank called (collective, type, reduction, count, root, and how many came before): a
 // mismatch, which would hang NCCL or have it read wrong data, is ncclInvalidUsage here, with both
 // calls on stderr. So is an init that claims a rank already taken, or another world size than the
-// first rank's (the ranks that joined rightly go on waiting for the rank still missing).
+// first rank's, while the init is open (the ranks that joined rightly go on waiting for the rank
+// still missing; one that comes after the init has ended makes a new segment and waits there).
 #pragma once
 #include <cstddef>
 
@@ -101,7 +103,9 @@ ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataTy
 // each communicator it uses: every rank of it ends a group at the same point, with at most one
 // send and one receive per peer and one stream per communicator, and every send has the receive
 // that matches it (count and type) in the same group (NCCL needs only the peers involved, and
-// takes more per peer, in order). Anything else is ncclInvalidUsage.
+// takes more per peer, in order). Anything else is ncclInvalidUsage. A group over two
+// communicators runs their parts one after the other, in the order the group first names them:
+// ranks that name them in different orders wait (10 minutes, then fail), where NCCL would not.
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream);

@@ -621,24 +621,19 @@ cudaError_t set_stream_order(StreamOrder order) {
   return report(queued);
 }
 
-void on_stream(cudaStream_t s, std::function<void()> op) {
+namespace {
+void run_or_queue(cudaStream_t s, std::function<void()> op, bool waits_on_peers) {
   const cudaStream_t r = resolve(s);
   if (!r->late()) {
     op();
     return;
   }
-  r->queue.push_back({std::move(op), false, {}});
+  r->queue.push_back({std::move(op), waits_on_peers, {}});
   r->issued++;
 }
+}  // namespace
 
-void on_stream_polled(cudaStream_t s, std::function<void()> op) {
-  const cudaStream_t r = resolve(s);
-  if (!r->late()) {
-    op();
-    return;
-  }
-  r->queue.push_back({std::move(op), true, {}});
-  r->issued++;
-}
+void on_stream(cudaStream_t s, std::function<void()> op) { run_or_queue(s, std::move(op), false); }
+void on_stream_polled(cudaStream_t s, std::function<void()> op) { run_or_queue(s, std::move(op), true); }
 
 }  // namespace ul_emu

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -282,38 +283,50 @@ TEST_CASE("emu nccl: send and receive must pair up within a group", "[emu]") {
 TEST_CASE("emu nccl: a rank claimed twice, or told another world size, is refused at the init", "[emu]") {
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  // Two threads ask for rank 0 (one wins, whichever comes first), one for rank 1 of 2, and one for
-  // rank 1 of 3; the two right ones then make a communicator that works.
-  ncclResult_t got[4] = {};
-  float sum[4] = {};
-  std::vector<std::thread> ranks;
-  const int rank_of[4] = {0, 0, 1, 1}, size_of[4] = {2, 2, 2, 3};
-  for (int t = 0; t < 4; t++)
-    ranks.emplace_back([&, t] {
-      // Rank 0's claims first (the first to join sets the world size), then the wrong size, then rank 1.
-      if (t >= 2) std::this_thread::sleep_for(std::chrono::milliseconds(t == 3 ? 100 : 300));
+  // In turn, with no timing: two threads ask for rank 0 of 2 (one wins), then one for rank 1 of 3
+  // while the init is open, then one for rank 1 of 2; the two right ones make a communicator that works.
+  struct Rank {
+    std::promise<ncclResult_t> init;
+    float sum = 0;
+    std::thread t;
+  } ranks[3];
+  auto start = [&](Rank& r, int rank) {
+    r.t = std::thread([&r, &id, rank] {
       ncclComm_t c = nullptr;
-      got[t] = ncclCommInitRank(&c, size_of[t], id, rank_of[t]);
-      if (got[t] != ncclSuccess) return;
+      const ncclResult_t e = ncclCommInitRank(&c, 2, id, rank);
+      r.init.set_value(e);
+      if (e != ncclSuccess) return;
       float* v = nullptr;
       UL_CUDA_CHECK(cudaMalloc(&v, sizeof(float)));
       const float one = 1.f;
       UL_CUDA_CHECK(cudaMemcpy(v, &one, sizeof one, cudaMemcpyHostToDevice));
-      got[t] = ncclAllReduce(v, v, 1, ncclFloat32, ncclSum, c, nullptr);
-      UL_CUDA_CHECK(cudaMemcpy(&sum[t], v, sizeof(float), cudaMemcpyDeviceToHost));
+      if (ncclAllReduce(v, v, 1, ncclFloat32, ncclSum, c, nullptr) == ncclSuccess)
+        UL_CUDA_CHECK(cudaMemcpy(&r.sum, v, sizeof(float), cudaMemcpyDeviceToHost));
       cudaFree(v);
       ncclCommDestroy(c);
     });
-  for (auto& t : ranks) t.join();
-  CHECK(((got[0] == ncclSuccess) != (got[1] == ncclSuccess)));
-  CHECK((got[0] == ncclInvalidUsage || got[1] == ncclInvalidUsage));
-  CHECK(got[2] == ncclSuccess);
-  CHECK(got[3] == ncclInvalidUsage);
-  CHECK(sum[2] == 2.f);
-  CHECK(std::max(sum[0], sum[1]) == 2.f);
+  };
+  std::future<ncclResult_t> first = ranks[0].init.get_future(), second = ranks[1].init.get_future(),
+                            third = ranks[2].init.get_future();
+  start(ranks[0], 0);
+  start(ranks[1], 0);
+  // The one refused returns at once; the winner waits for rank 1.
+  const auto both = [&] { return first.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready ||
+                                 second.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready; };
+  while (!both()) {
+  }
+  ncclComm_t wrong = nullptr;
+  CHECK(ncclCommInitRank(&wrong, 3, id, 1) == ncclInvalidUsage);  // the world has 2 ranks
+  start(ranks[2], 1);
+  const ncclResult_t a = first.get(), b = second.get();
+  CHECK(((a == ncclSuccess && b == ncclInvalidUsage) || (a == ncclInvalidUsage && b == ncclSuccess)));
+  CHECK(third.get() == ncclSuccess);
+  for (Rank& r : ranks) r.t.join();
+  CHECK(ranks[2].sum == 2.f);
+  CHECK(std::max(ranks[0].sum, ranks[1].sum) == 2.f);
 }
 
-TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_all buffers and a bad root", "[emu]") {
+TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_all buffers, a bad root and an aborted communicator", "[emu]") {
   // The communicator stages host buffers; NCCL takes device (or registered host) memory only.
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
@@ -327,8 +340,14 @@ TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_a
   CHECK(ncclAlltoAll(dev, dev, 4, ncclFloat32, c, nullptr) == ncclInvalidArgument);  // overlapping buffers
   CHECK(ncclBroadcast(dev, dev, 4, ncclFloat32, 1, c, nullptr) == ncclInvalidArgument);  // no rank 1
   UL_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaFree(dev);
   CHECK(ncclCommDestroy(c) == ncclSuccess);
+  // An aborted communicator takes no more work (its object stays: an abort ends the job).
+  ncclComm_t aborted = nullptr;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  REQUIRE(ncclCommInitRank(&aborted, 1, id, 0) == ncclSuccess);
+  CHECK(ncclCommAbort(aborted) == ncclSuccess);
+  CHECK(ncclAllReduce(dev, dev, 4, ncclFloat32, ncclSum, aborted, nullptr) == ncclInvalidUsage);
+  cudaFree(dev);
 }
 
 TEST_CASE("emu nccl: ranks that call different collectives are told so, not left to hang or read wrong data", "[emu]") {
@@ -399,7 +418,9 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
 // by cudaStreamQuery; run at issue it would wait inside the call, where no deadline can fire.
 TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-timeout", "[emu]") {
   ul_test::TempDir dir;
-  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 2";
+  // 8 s: every wait of the run has this deadline (the id file, the init, each step's collectives),
+  // and none but the stop may reach it on a loaded machine.
+  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 8";
   auto as_rank = [&](int r) {
     return "env ULYSSES_EMU_STREAMS=late-main RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
            std::to_string(r) + " ULYSSES_JOB_ID=emu-nccl-hang-test " +
@@ -409,17 +430,18 @@ TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-tim
       "cd " + dir.path.string() + " && { " + as_rank(1) + " > rank1.log 2>&1 & p1=$!; " + as_rank(0) +
       " > rank0.log 2>&1 & p0=$!; " +
       "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -STOP $p1; "
-      "s=$(date +%s); wait $p0; echo \"rank 0: $? after $(( $(date +%s) - s )) s\"; kill -9 $p1; wait $p1; "
-      "cat rank0.log; }");
+      "s=$(date +%s%N); wait $p0; echo \"rank 0: $? after $(( ($(date +%s%N) - s) / 1000000 )) ms\"; kill -9 $p1; "
+      "wait $p1; cat rank0.log; }");
   INFO(hung.out);
   CHECK(hung.out.find("rank 0: 1 after") != std::string::npos);
-  CHECK(hung.out.find(" timed out after 2 s (--comm-timeout) on rank 0: a peer died or hangs") != std::string::npos);
+  CHECK(hung.out.find(" timed out after 8 s (--comm-timeout) on rank 0: a peer died or hangs") != std::string::npos);
   CHECK(hung.out.find("has exited") == std::string::npos);
   const size_t after = hung.out.find("rank 0: 1 after ");
   REQUIRE(after != std::string::npos);
-  const int seconds = std::stoi(hung.out.substr(after + 16));
-  CHECK(seconds >= 1);  // not before the deadline: a stopped peer is no dead one
-  CHECK(seconds <= 30);  // and not at the emulator's own 10-minute wait
+  // Rank 0's wait began at most the log poll's 0.1 s (and a step) before the stop.
+  const long ms = std::stol(hung.out.substr(after + 16));
+  CHECK(ms >= 6000);   // not before the deadline: a stopped peer is no dead one
+  CHECK(ms <= 60000);  // and not at the emulator's own 10-minute wait
 }
 
 #ifdef ULYSSES_MPIRUN_CMD
