@@ -8,6 +8,7 @@
 // launch throws std::runtime_error naming the kernel. The name is passed explicitly because
 // neither path can recover a readable name from a function pointer.
 #pragma once
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -23,10 +24,47 @@
 
 namespace ul {
 
+// The errors a kernel's fault leaves. They are sticky (every later call returns them), and a GPU
+// reports one at the first call after the fault that waits for the device: a copy, a free, a
+// synchronize, or the check after a later kernel's launch, none of which can name the kernel.
+inline bool kernel_fault(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure: return true;
+    default: return false;
+  }
+}
+// What to do to find the kernel that faulted.
+inline const char* kernel_fault_hint() {
+  return " (a kernel launched before this point faulted: rerun with CUDA_LAUNCH_BLOCKING=1, where each launch's "
+         "own check reports its fault and names its kernel, or under compute-sanitizer)";
+}
+
 inline void cuda_check(cudaError_t e, const char* call, const char* file, int line) {
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("CUDA error: ") + call + " at " + file + ":" + std::to_string(line) +
-                             ": " + cudaGetErrorString(e));
+                             ": " + cudaGetErrorString(e) + (kernel_fault(e) ? kernel_fault_hint() : ""));
+}
+
+// The message of a launch whose check found error e. Under CUDA_LAUNCH_BLOCKING=1 each kernel
+// has ended when its launch returns, so a fault there is this kernel's; otherwise it may be an
+// earlier kernel's (sticky), and blaming this one would send the user to the wrong kernel.
+inline std::string launch_error(const char* name, dim3 grid, dim3 block, size_t smem_bytes, cudaError_t e,
+                                bool launch_blocking) {
+  const std::string where = "kernel '" + std::string(name) + "' (grid " + std::to_string(grid.x) + "x" +
+                            std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", block " +
+                            std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
+                            std::to_string(block.z) + ", " + std::to_string(smem_bytes) + " bytes shared)";
+  if (!kernel_fault(e)) return "launching " + where + ": " + cudaGetErrorString(e);
+  if (launch_blocking) return where + " faulted: " + cudaGetErrorString(e);
+  return std::string("launching ") + where + ": " + cudaGetErrorString(e) + kernel_fault_hint();
 }
 
 // Blocks to cover a elements b at a time. More than a grid's x dimension holds (2^31 - 1) is an
@@ -81,13 +119,15 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   ul_emu::launch(name, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 #else
   kernel<<<grid, block, smem_bytes, stream>>>(std::forward<A>(args)...);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("launching kernel '") + name + "' (grid " + std::to_string(grid.x) +
-                             "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", block " +
-                             std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
-                             std::to_string(block.z) + ", " + std::to_string(smem_bytes) +
-                             " bytes shared): " + cudaGetErrorString(e));
+  cudaError_t e = cudaGetLastError();
+  // Under CUDA_LAUNCH_BLOCKING=1 the launch returns once the kernel has run, but its fault may
+  // reach only the next call: this synchronize makes it this launch's.
+  static const bool blocking = [] {
+    const char* v = std::getenv("CUDA_LAUNCH_BLOCKING");
+    return v && std::string(v) == "1";
+  }();
+  if (e == cudaSuccess && blocking) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) throw std::runtime_error(launch_error(name, grid, block, smem_bytes, e, blocking));
 #endif
 }
 

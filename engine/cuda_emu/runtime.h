@@ -28,6 +28,16 @@ enum cudaError_t {
   cudaErrorNoKernelImageForDevice = 209,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
+  // A kernel's fault (the emulator reports its own as cudaErrorLaunchFailure; the rest are named
+  // so that ul::kernel_fault knows them on both paths).
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchTimeout = 702,
+  cudaErrorAssert = 710,
+  cudaErrorHardwareStackError = 714,
+  cudaErrorIllegalInstruction = 715,
+  cudaErrorMisalignedAddress = 716,
+  cudaErrorInvalidAddressSpace = 717,
+  cudaErrorInvalidPc = 718,
   cudaErrorLaunchFailure = 719,
 };
 typedef cudaError_t cudaError;

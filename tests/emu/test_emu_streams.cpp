@@ -266,6 +266,29 @@ TEST_CASE("emu streams: queued work that fails is reported by the call that runs
   cudaGetLastError();
 }
 
+TEST_CASE("emu streams: a kernel's fault found by a later call says how to find the kernel", "[emu]") {
+  // On a GPU a fault is reported by the first call after it that waits for the device (sticky),
+  // which cannot name the kernel; a later launch's own check must not be blamed either.
+  StreamOrderScope scope(StreamOrder::late_main);
+  Buffers b;
+  ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);  // queued
+  CHECK_THROWS_WITH(UL_CUDA_CHECK(cudaDeviceSynchronize()),
+                    Catch::Contains("unspecified launch failure (a kernel launched before this point faulted: "
+                                    "rerun with CUDA_LAUNCH_BLOCKING=1"));
+  CHECK_THROWS_WITH(UL_CUDA_CHECK(cudaErrorInvalidValue), !Catch::Contains("CUDA_LAUNCH_BLOCKING"));
+  // What the launch check on a GPU says (engine/cuda_launch.h: ul::launch's nvcc path).
+  const dim3 grid(2), block(32);
+  const std::string later = ul::launch_error("gelu_forward", grid, block, 0, cudaErrorIllegalAddress, false);
+  CHECK(later == "launching kernel 'gelu_forward' (grid 2x1x1, block 32x1x1, 0 bytes shared): an illegal memory "
+                 "access was encountered" + std::string(ul::kernel_fault_hint()));
+  CHECK(ul::launch_error("gelu_forward", grid, block, 0, cudaErrorIllegalAddress, true) ==
+        "kernel 'gelu_forward' (grid 2x1x1, block 32x1x1, 0 bytes shared) faulted: an illegal memory access was "
+        "encountered");
+  const std::string config = ul::launch_error("gelu_forward", grid, block, 65536, cudaErrorInvalidValue, false);
+  CHECK(config == "launching kernel 'gelu_forward' (grid 2x1x1, block 32x1x1, 65536 bytes shared): invalid argument");
+  cudaGetLastError();
+}
+
 TEST_CASE("emu streams: a device buffer freed while an error unwinds leaves that error to be said", "[emu]") {
   // A GPU's fault is sticky: every free after it fails. A destructor that threw then would end the
   // program before the error that unwinds reached the user.
