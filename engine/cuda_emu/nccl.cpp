@@ -263,12 +263,16 @@ ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& 
 
 // Runs `body` as work on `stream`: at issue, or later when the stream runs late (then beside the
 // host thread once cudaStreamQuery polls it, so comm_nccl's deadline sees a peer that hangs). A
-// peer's failure at issue is the call's ncclRemoteError; later, the stream's failure (and the
-// async error). An abort ends the collective without an error, as NCCL's ends the work it left.
+// peer's failure at issue is the call's ncclRemoteError. Beside the host, it is NCCL's: the async
+// error, with the collective left running (cudaStreamQuery: not ready) until the caller aborts
+// the communicator, so it is no kernel fault. Run by a call that waits for the stream (no one
+// left to abort), it is the stream's failure. An abort ends the collective without an error, as
+// NCCL's ends the work it left.
 ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> body) {
   if (c->aborted.load()) return failed(ncclInvalidUsage, "the communicator was aborted");
+  const std::thread::id issuer = std::this_thread::get_id();
   try {
-    ul_emu::on_stream_polled(stream, [c, body = std::move(body)] {
+    ul_emu::on_stream_polled(stream, [c, issuer, body = std::move(body)] {
       std::lock_guard<std::mutex> one_at_a_time(c->running);
       if (c->aborted.load()) return;
       try {
@@ -276,7 +280,15 @@ ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> bo
       } catch (const PeerFailure& e) {
         if (c->aborted.load()) return;
         c->async_error.store(ncclRemoteError);
-        throw PeerFailure(std::string("nccl emu: ") + e.what());
+        const std::string why = std::string("nccl emu: ") + e.what();
+        if (std::this_thread::get_id() != issuer) {
+          std::fprintf(stderr, "%s\n", why.c_str());
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(int(kPeerWaitS));
+          while (!c->aborted.load() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          if (c->aborted.load()) return;
+        }
+        throw PeerFailure(why);
       }
     });
   } catch (const Mismatch& e) {

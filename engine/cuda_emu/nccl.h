@@ -12,8 +12,10 @@
 // that runs late, the cudaStreamQuery that reaches it runs it on a thread beside the host's and
 // answers cudaErrorNotReady until it ends, as a GPU does: comm_nccl's deadline (--comm-timeout)
 // then ends the wait for a peer alive but hung. A peer process that has exited, or a wait of over
-// 10 minutes, fails it: at issue, the call returns ncclRemoteError; run later, the stream's work
-// fails (cudaErrorLaunchFailure). Either way the message is on stderr. ncclCommAbort ends the
+// 10 minutes, fails it: at issue, the call returns ncclRemoteError; beside the host, as NCCL's,
+// ncclCommGetAsyncError says ncclRemoteError and the collective stays not ready until the caller
+// aborts the communicator; run by a call that waits for the stream, the stream's work fails
+// (cudaErrorLaunchFailure). Each way the message is on stderr. ncclCommAbort ends the
 // collectives it left queued or running, with no error (a later one is ncclInvalidUsage). A
 // communicator's collectives run one at a time in each rank. Where it differs from NCCL: a dead peer
 // is seen at once (NCCL may see it only at the caller's timeout); on a stream that runs at issue

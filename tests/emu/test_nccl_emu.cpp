@@ -411,6 +411,7 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
   CHECK(killed.out.find("rank 0: 1 after") != std::string::npos);
   CHECK(killed.out.find("has exited") != std::string::npos);  // seen at once, not at --comm-timeout
   CHECK(killed.out.find("train: error: nccl: ") != std::string::npos);
+  CHECK(killed.out.find("CUDA_LAUNCH_BLOCKING") == std::string::npos);  // NCCL's error, not a kernel's fault
 }
 
 // A peer that is alive but never comes (stopped): comm_nccl's own deadline (--comm-timeout) ends
