@@ -63,6 +63,23 @@ std::vector<std::string> on_ranks(int size, const std::function<void(int, ul::Co
   return problems;
 }
 
+// Runs f(rank, comm) on two threads, each a rank of one raw emulated-NCCL communicator, with the
+// collectives run at issue (their result is the call's); ncclCommDestroy after.
+void on_two_raw_ranks(const std::function<void(int, ncclComm_t)>& f) {
+  ul_test::StreamOrderScope scope(ul_emu::StreamOrder::late_side);
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; r++)
+    ranks.emplace_back([&, r] {
+      ncclComm_t c = nullptr;
+      if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess) return;
+      f(r, c);
+      ncclCommDestroy(c);
+    });
+  for (auto& t : ranks) t.join();
+}
+
 template <class T>
 struct Dev {
   T* p = nullptr;
@@ -228,50 +245,41 @@ TEST_CASE("emu nccl: built against NCCL before 2.28, all_to_all is grouped send/
 }
 
 TEST_CASE("emu nccl: send and receive must pair up within a group", "[emu]") {
-  ul_test::StreamOrderScope scope(ul_emu::StreamOrder::late_side);  // at issue: the result is the call's
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   std::vector<ncclResult_t> got[2];
   std::vector<float> received[2];
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; r++)
-    ranks.emplace_back([&, r] {
-      ncclComm_t c = nullptr;
-      if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess) return;
-      float *out = nullptr, *in = nullptr;
-      UL_CUDA_CHECK(cudaMalloc(&out, 8 * sizeof(float)));
-      UL_CUDA_CHECK(cudaMalloc(&in, 8 * sizeof(float)));
-      std::vector<float> mine(8, float(r + 1));
-      UL_CUDA_CHECK(cudaMemcpy(out, mine.data(), sizeof(float) * 8, cudaMemcpyHostToDevice));
-      const int peer = 1 - r;
-      auto group = [&](size_t send_count, size_t recv_count, bool send, bool recv) {
-        ncclGroupStart();
-        ncclResult_t e = ncclSuccess;
-        if (send && e == ncclSuccess) e = ncclSend(out, send_count, ncclFloat32, peer, c, nullptr);
-        if (recv && e == ncclSuccess) e = ncclRecv(in, recv_count, ncclFloat32, peer, c, nullptr);
-        const ncclResult_t end = ncclGroupEnd();
-        return e != ncclSuccess ? e : end;
-      };
-      got[r].push_back(group(4, r == 0 ? 4 : 5, true, true));  // rank 1 receives 5 where 4 are sent
-      got[r].push_back(group(4, 4, true, r == 0));             // rank 1 posts no receive
-      ncclGroupStart();  // two sends to one peer in a group: the emulation takes one
-      ncclSend(out, 1, ncclFloat32, peer, c, nullptr);
-      got[r].push_back(ncclSend(out, 1, ncclFloat32, peer, c, nullptr));
-      got[r].push_back(ncclGroupEnd());  // its one send has no receive: refused on both ranks alike
-      got[r].push_back(ncclGroupEnd());  // no group open
-      got[r].push_back(group(8, 8, true, true));  // a matching exchange works
-      UL_CUDA_CHECK(cudaDeviceSynchronize());
-      received[r].resize(8);
-      UL_CUDA_CHECK(cudaMemcpy(received[r].data(), in, sizeof(float) * 8, cudaMemcpyDeviceToHost));
-      // Outside a group, a send and its receive are each a group of one.
-      got[r].push_back(r == 0 ? ncclSend(out, 2, ncclFloat32, 1, c, nullptr)
-                              : ncclRecv(in, 2, ncclFloat32, 0, c, nullptr));
-      UL_CUDA_CHECK(cudaDeviceSynchronize());
-      cudaFree(out);
-      cudaFree(in);
-      ncclCommDestroy(c);
-    });
-  for (auto& t : ranks) t.join();
+  on_two_raw_ranks([&](int r, ncclComm_t c) {
+    float *out = nullptr, *in = nullptr;
+    UL_CUDA_CHECK(cudaMalloc(&out, 8 * sizeof(float)));
+    UL_CUDA_CHECK(cudaMalloc(&in, 8 * sizeof(float)));
+    std::vector<float> mine(8, float(r + 1));
+    UL_CUDA_CHECK(cudaMemcpy(out, mine.data(), sizeof(float) * 8, cudaMemcpyHostToDevice));
+    const int peer = 1 - r;
+    auto group = [&](size_t send_count, size_t recv_count, bool send, bool recv) {
+      ncclGroupStart();
+      ncclResult_t e = ncclSuccess;
+      if (send && e == ncclSuccess) e = ncclSend(out, send_count, ncclFloat32, peer, c, nullptr);
+      if (recv && e == ncclSuccess) e = ncclRecv(in, recv_count, ncclFloat32, peer, c, nullptr);
+      const ncclResult_t end = ncclGroupEnd();
+      return e != ncclSuccess ? e : end;
+    };
+    got[r].push_back(group(4, r == 0 ? 4 : 5, true, true));  // rank 1 receives 5 where 4 are sent
+    got[r].push_back(group(4, 4, true, r == 0));             // rank 1 posts no receive
+    ncclGroupStart();  // two sends to one peer in a group: the emulation takes one
+    ncclSend(out, 1, ncclFloat32, peer, c, nullptr);
+    got[r].push_back(ncclSend(out, 1, ncclFloat32, peer, c, nullptr));
+    got[r].push_back(ncclGroupEnd());  // its one send has no receive: refused on both ranks alike
+    got[r].push_back(ncclGroupEnd());  // no group open
+    got[r].push_back(group(8, 8, true, true));  // a matching exchange works
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+    received[r].resize(8);
+    UL_CUDA_CHECK(cudaMemcpy(received[r].data(), in, sizeof(float) * 8, cudaMemcpyDeviceToHost));
+    // Outside a group, a send and its receive are each a group of one.
+    got[r].push_back(r == 0 ? ncclSend(out, 2, ncclFloat32, 1, c, nullptr)
+                            : ncclRecv(in, 2, ncclFloat32, 0, c, nullptr));
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(out);
+    cudaFree(in);
+  });
   for (int r = 0; r < 2; r++) {
     INFO("rank " << r);
     CHECK(got[r] == std::vector<ncclResult_t>{ncclInvalidUsage, ncclInvalidUsage, ncclInvalidUsage, ncclInvalidUsage,
@@ -351,28 +359,19 @@ TEST_CASE("emu nccl: the emulated NCCL refuses host memory, overlapping all_to_a
 }
 
 TEST_CASE("emu nccl: ranks that call different collectives are told so, not left to hang or read wrong data", "[emu]") {
-  ul_test::StreamOrderScope scope(ul_emu::StreamOrder::late_side);  // collectives at issue: their result is the call's
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   std::vector<ncclResult_t> got[2];
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; r++)
-    ranks.emplace_back([&, r] {
-      ncclComm_t c = nullptr;
-      if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess) return;
-      float* buf = nullptr;
-      UL_CUDA_CHECK(cudaMalloc(&buf, 8 * sizeof(float)));
-      // Another collective, another count, another root; then the same call on both, which works.
-      got[r].push_back(r == 0 ? ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr)
-                              : ncclBroadcast(buf, buf, 4, ncclFloat32, 0, c, nullptr));
-      got[r].push_back(ncclAllReduce(buf, buf, r == 0 ? 4 : 5, ncclFloat32, ncclSum, c, nullptr));
-      got[r].push_back(ncclBroadcast(buf, buf, 4, ncclFloat32, r, c, nullptr));
-      got[r].push_back(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclMax, c, nullptr));
-      UL_CUDA_CHECK(cudaDeviceSynchronize());
-      cudaFree(buf);
-      ncclCommDestroy(c);
-    });
-  for (auto& t : ranks) t.join();
+  on_two_raw_ranks([&](int r, ncclComm_t c) {
+    float* buf = nullptr;
+    UL_CUDA_CHECK(cudaMalloc(&buf, 8 * sizeof(float)));
+    // Another collective, another count, another root; then the same call on both, which works.
+    got[r].push_back(r == 0 ? ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr)
+                            : ncclBroadcast(buf, buf, 4, ncclFloat32, 0, c, nullptr));
+    got[r].push_back(ncclAllReduce(buf, buf, r == 0 ? 4 : 5, ncclFloat32, ncclSum, c, nullptr));
+    got[r].push_back(ncclBroadcast(buf, buf, 4, ncclFloat32, r, c, nullptr));
+    got[r].push_back(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclMax, c, nullptr));
+    UL_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(buf);
+  });
   for (int r = 0; r < 2; r++) {
     INFO("rank " << r);
     CHECK(got[r] == std::vector<ncclResult_t>{ncclInvalidUsage, ncclInvalidUsage, ncclInvalidUsage, ncclSuccess});
