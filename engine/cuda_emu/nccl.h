@@ -17,8 +17,8 @@
 // aborts the communicator; run by a call that waits for the stream, the stream's work fails
 // (cudaErrorLaunchFailure). Each way the message is on stderr. ncclCommAbort ends the
 // collectives it left queued or running, with no error (a later one is ncclInvalidUsage). A
-// communicator's collectives run one at a time in each rank. Where it differs from NCCL: a dead peer
-// is seen at once (NCCL may see it only at the caller's timeout); on a stream that runs at issue
+// communicator's collectives run one at a time in each rank. Where it differs from NCCL: a dead
+// peer is seen at once (NCCL may see it only at the caller's timeout); on a stream that runs at issue
 // the collective runs inside the call, so a peer alive but hung is waited for 10 minutes whatever
 // the caller's timeout; host memory is refused (NCCL takes registered host memory); sums go in
 // rank order (NCCL's rings and trees may round otherwise). Each collective first compares what
