@@ -1,7 +1,7 @@
 // A program whose kernel faults on purpose (a store through a null pointer), for
 // tests/gpu/test_fault_gpu.cpp: a fault leaves its process's CUDA context unusable, so it runs as
 // a process of its own. `fault_probe later` finds the fault at a later call (a launch's check or a
-// synchronize); `fault_probe blocking` sets CUDA_LAUNCH_BLOCKING=1 first. Either way it prints the
+// synchronize), with CUDA_LAUNCH_BLOCKING unset; `fault_probe blocking` sets it to 1 first. Either way it prints the
 // first error as train would ("caught: ...") while a device buffer is freed as the stack unwinds,
 // and exits 0; 2 when nothing failed.
 #include <cstdio>
@@ -30,7 +30,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: fault_probe later|blocking\n");
     return 1;
   }
-  if (mode == "blocking") setenv("CUDA_LAUNCH_BLOCKING", "1", 1);  // before the first CUDA call
+  // Before the first CUDA call; `later` clears it (bench/gpu_check.sh runs the gpu tests with it set).
+  if (mode == "blocking") setenv("CUDA_LAUNCH_BLOCKING", "1", 1);
+  else unsetenv("CUDA_LAUNCH_BLOCKING");
   try {
     ul::init_cuda_backend();
     DeviceBuffer buffer;
