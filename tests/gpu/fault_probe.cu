@@ -1,9 +1,9 @@
 // A program whose kernel faults on purpose (a store through a null pointer), for
 // tests/gpu/test_fault_gpu.cpp: a fault leaves its process's CUDA context unusable, so it runs as
 // a process of its own. `fault_probe later` finds the fault at a later call (a launch's check or a
-// synchronize), with CUDA_LAUNCH_BLOCKING unset; `fault_probe blocking` sets it to 1 first. Either way it prints the
-// first error as train would ("caught: ...") while a device buffer is freed as the stack unwinds,
-// and exits 0; 2 when nothing failed.
+// synchronize), with CUDA_LAUNCH_BLOCKING unset; `fault_probe blocking` sets it to 1 first.
+// Either way it prints the first error as train would ("caught: ...") while a device buffer is
+// freed as the stack unwinds, and exits 0; 2 when nothing failed.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
