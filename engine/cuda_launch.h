@@ -47,10 +47,15 @@ inline const char* kernel_fault_hint() {
          "own check reports its fault and names its kernel, or under compute-sanitizer)";
 }
 
+// The runtime's message for e, and for a kernel's fault how to find the kernel.
+inline std::string cuda_error_text(cudaError_t e) {
+  return std::string(cudaGetErrorString(e)) + (kernel_fault(e) ? kernel_fault_hint() : "");
+}
+
 inline void cuda_check(cudaError_t e, const char* call, const char* file, int line) {
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("CUDA error: ") + call + " at " + file + ":" + std::to_string(line) +
-                             ": " + cudaGetErrorString(e) + (kernel_fault(e) ? kernel_fault_hint() : ""));
+                             ": " + cuda_error_text(e));
 }
 
 // The message of a launch whose check found error e. Under CUDA_LAUNCH_BLOCKING=1 each kernel
@@ -62,9 +67,8 @@ inline std::string launch_error(const char* name, dim3 grid, dim3 block, size_t 
                             std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", block " +
                             std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
                             std::to_string(block.z) + ", " + std::to_string(smem_bytes) + " bytes shared)";
-  if (!kernel_fault(e)) return "launching " + where + ": " + cudaGetErrorString(e);
-  if (launch_blocking) return where + " faulted: " + cudaGetErrorString(e);
-  return std::string("launching ") + where + ": " + cudaGetErrorString(e) + kernel_fault_hint();
+  if (kernel_fault(e) && launch_blocking) return where + " faulted: " + cudaGetErrorString(e);
+  return "launching " + where + ": " + cuda_error_text(e);
 }
 
 // Blocks to cover a elements b at a time. More than a grid's x dimension holds (2^31 - 1) is an

@@ -25,8 +25,7 @@ void* cuda_alloc(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)
-    throw std::runtime_error("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e) +
-                             (kernel_fault(e) ? kernel_fault_hint() : ""));
+    throw std::runtime_error("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cuda_error_text(e));
   return p;
 }
 

@@ -1,6 +1,6 @@
 #include "parallel/comm_nccl.h"
 
-#include "engine/cuda_launch.h"  // kernel_fault: a sticky fault says how to find its kernel
+#include "engine/cuda_launch.h"  // cuda_error_text: a sticky fault says how to find its kernel
 #include "engine/cuda_runtime.h"
 #if ULYSSES_CUDA_EMULATED
 #include "engine/cuda_emu/nccl.h"  // shared memory between the ranks' processes, for CI
@@ -27,9 +27,7 @@ void check_nccl(ncclResult_t r, const char* what) {
     throw CommError(std::string("nccl: ") + what + ": " + ncclGetErrorString(r));
 }
 void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw CommError(std::string("nccl: ") + what + ": " + cudaGetErrorString(e) +
-                    (kernel_fault(e) ? kernel_fault_hint() : ""));
+  if (e != cudaSuccess) throw CommError(std::string("nccl: ") + what + ": " + cuda_error_text(e));
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -194,8 +192,7 @@ class NcclComm : public Comm {
     for (;;) {
       cudaError_t q = cudaStreamQuery(nullptr);
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady)
-        fail(std::string(what) + ": " + cudaGetErrorString(q) + (kernel_fault(q) ? kernel_fault_hint() : ""));
+      if (q != cudaErrorNotReady) fail(std::string(what) + ": " + cuda_error_text(q));
       ncclResult_t async = ncclSuccess;
       call(ncclCommGetAsyncError(comm_, &async), what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

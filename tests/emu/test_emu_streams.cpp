@@ -332,11 +332,15 @@ TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes 
   CHECK(b.dev[0] == 1.f);                    // the work before it ran, the work after it waits
   CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
   CHECK(runs == 0);
+  // Polls until the work has ended, for at most 30 s (a broken poll fails here, not at ctest's timeout).
+  auto polled = [] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    cudaError_t q = cudaErrorNotReady;
+    while (q == cudaErrorNotReady && std::chrono::steady_clock::now() < until) q = cudaStreamQuery(nullptr);
+    return q;
+  };
   peers.set_value();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  cudaError_t q = cudaErrorNotReady;
-  while (q == cudaErrorNotReady && std::chrono::steady_clock::now() < until) q = cudaStreamQuery(nullptr);
-  CHECK(q == cudaSuccess);
+  CHECK(polled() == cudaSuccess);
   CHECK(runs == 1);
   CHECK(b.dev[0] == 2.f);
   // Any other call that runs the stream waits for it, started or not.
@@ -359,8 +363,7 @@ TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes 
   // Its failure is queued work's failure, whoever collects it.
   ul_emu::on_stream_polled(nullptr, [] { throw std::runtime_error("a peer exited"); });
   b.fill(4.f);
-  while ((q = cudaStreamQuery(nullptr)) == cudaErrorNotReady) std::this_thread::yield();
-  CHECK(q == cudaErrorLaunchFailure);
+  CHECK(polled() == cudaErrorLaunchFailure);
   CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
   CHECK(b.dev[0] == 2.f);  // dropped with the failure
   // On a stream that runs at issue, it runs at issue.
