@@ -218,6 +218,14 @@ std::string step_dir_name(int step) {
   return buf;
 }
 
+int save_dir_write_error(const std::string& root) {
+  // Not a step's name: a probe a crash leaves behind is never taken for a checkpoint.
+  const std::string probe = (fs::path(root) / (".write_probe." + std::to_string(::getpid()))).string();
+  if (::mkdir(probe.c_str(), 0755) != 0) return errno == EEXIST ? 0 : errno;
+  ::rmdir(probe.c_str());
+  return 0;
+}
+
 std::vector<int> complete_steps(const std::string& root) {
   std::vector<int> steps;
   for (auto& [step, complete] : list_step_dirs(root))

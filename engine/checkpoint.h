@@ -65,6 +65,10 @@ class SaveDirLock {
 };
 
 std::string step_dir_name(int step);                       // "step_00000100"
+// 0 when a checkpoint's directory can be made in root now (one is made and removed), else the
+// errno. The lock takes a directory it cannot write (a run that only evaluates or exports from a
+// read-only snapshot); a run that will save asks this at start-up, not at its first save.
+int save_dir_write_error(const std::string& root);
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 // Every step directory under root, with whether it is complete (has COMPLETE), ascending.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -218,6 +219,17 @@ int train_rank(const Options& o, Comm& world) {
   // A --stop-after stage requeued at its own pause has no step left either (its checkpoint loads
   // to make up an eval a signal skipped there).
   const int stage_end = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  // A --save-dir this run cannot write (read-only, another user's) would fail its first save, after
+  // the training it was to keep: at the last step unless --save-every says sooner.
+  if (!o.save_dir.empty() && start < stage_end) {
+    int32_t err = lead ? save_dir_write_error(o.save_dir) : 0;
+    world.broadcast(&err, 1, DType::i32, 0);
+    if (err != 0)
+      throw std::runtime_error("--save-dir " + o.save_dir + ": cannot create a checkpoint there (" +
+                               std::strerror(err) + "); this run would save at step " +
+                               std::to_string(o.save_every > 0 ? std::min(stage_end, (start / o.save_every + 1) * o.save_every)
+                                                                : stage_end));
+  }
   if (o.resume && !notes.stage_done && start < stage_end)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);

@@ -56,6 +56,10 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
       {"--steps 1 --export-llmc " + long_name, "cannot create a file there (File name too long)"},
       {"--steps 1 --export-llmc " + (d / "newdir").string() + "/", "newdir/ names a directory; give a file path"},
       {"--steps 1 --log " + (d / "logdir").string() + "/", "--log: " + (d / "logdir").string() + "/ names a directory"},
+      // A save dir that takes no checkpoint (read-only; /proc for root too) failed only at the first
+      // save, after the training: the lock takes such a directory, for runs that only evaluate.
+      {"--steps 20 --save-every 5 --save-dir /proc --log " + (d / "p.jsonl").string(),
+       "--save-dir /proc: cannot create a checkpoint there (No such file or directory); this run would save at step 5"},
       // The save dir's lock: the next run into it would empty the export.
       {"--steps 1 --save-dir " + (d / "sd").string() + " --export-llmc " + (d / "sd/.lock").string(),
        "is --save-dir's lock file; write it elsewhere"},
