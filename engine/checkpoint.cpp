@@ -138,11 +138,23 @@ std::vector<float> to_host(const float* p, Device d, size_t n) {
 
 }  // namespace
 
+namespace {
+
+// root as an absolute path without a trailing separator: "runs/a/" would otherwise walk up to
+// "runs/a" as its own parent, and the directories made above it would stay.
+fs::path absolute_dir(const std::string& root, std::error_code& ec) {
+  fs::path p = fs::absolute(root, ec).lexically_normal();
+  if (p.filename().empty() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+}  // namespace
+
 SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
   std::error_code ec;
   // The topmost directory this lock makes (--save-dir runs/a/b with runs/ there: runs/a), to take
   // away again when the run is refused before it writes anything.
-  for (fs::path p = fs::absolute(root, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+  for (fs::path p = absolute_dir(root, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
     made_ = p.string();
     if (p == p.parent_path()) break;
   }
@@ -205,7 +217,7 @@ SaveDirLock::~SaveDirLock() {
     for (; !ec && it != end; it.increment(ec)) only_lock = only_lock && it->path().filename() == ".lock";
     if (!ec && only_lock) {
       fs::remove(fs::path(root_) / ".lock", ec);
-      for (fs::path p = fs::absolute(root_, ec); fs::remove(p, ec) && p.string() != made_; p = p.parent_path()) {
+      for (fs::path p = absolute_dir(root_, ec); fs::remove(p, ec) && p.string() != made_; p = p.parent_path()) {
       }
     }
   }
@@ -241,7 +253,11 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     // A directory for this step can only be the leftover of an attempt that crashed.
     if (fs::exists(dir)) remove_or_warn(root, step, "a save that crashed");
     std::error_code ec;
-    fs::create_directory(dir, ec);
+    // false without an error: the leftover is still there (neither removed nor moved aside); its
+    // files of another layout (more ranks' rank_R.json) must not join this save.
+    if (!fs::create_directory(dir, ec) && !ec)
+      throw std::runtime_error(dir + ": a crashed save's leftover that could be neither removed nor moved aside is "
+                               "in the way: remove it, then start again");
     if (ec) throw std::runtime_error(dir + ": cannot create the checkpoint directory: " + ec.message());
     fsync_dir(root);
   }

@@ -219,6 +219,11 @@ class Importer {
       throw std::runtime_error(f.path() + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", expected " +
                                shape_str(want) + " for this config");
     const std::vector<float> v = f.to_f32(t);
+    // Named as the file names it (the stacked tensor of ours it lands in means nothing to its author).
+    for (size_t k = 0; k < v.size(); k++)
+      if (!std::isfinite(v[k]))
+        throw std::runtime_error(f.path() + ": tensor '" + t.name + "' holds a non-finite value (" + std::to_string(v[k]) +
+                                 " at element " + std::to_string(k) + "): the weights are damaged, not trainable");
     float* dst = data_ + s.base + size_t(m.r0 * s.cols);
     for (int64_t r = 0; r < s.rows; r++)
       for (int64_t c = 0; c < s.cols; c++) dst[r * s.cols + c] = v[size_t(m.transpose ? c * s.rows + r : r * s.cols + c)];

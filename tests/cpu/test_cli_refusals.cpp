@@ -85,6 +85,9 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
   CHECK(r.code == 1);
   CHECK(r.out.find("no complete checkpoint to resume from") != std::string::npos);
   CHECK_FALSE(fs::exists(d / "never"));
+  // All the directories it made, given with a trailing slash too (its parent was once its own).
+  CHECK(ul_test::run_cmd(ul_test::train_cmd("--steps 1 --quiet --save-dir " + (d / "never/a").string() + "/ --resume")).code == 1);
+  CHECK_FALSE(fs::exists(d / "never"));
   // ... but not one that was there before.
   fs::create_directory(d / "there");
   CHECK(ul_test::run_cmd(ul_test::train_cmd("--steps 1 --quiet --save-dir " + (d / "there").string() + " --resume")).code == 1);

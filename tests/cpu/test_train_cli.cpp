@@ -18,6 +18,7 @@
 #include "engine/context.h"
 #include "engine/optimizer.h"
 #include "engine/run_log.h"
+#include "engine/safetensors.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
 #include "run_cmd.h"
@@ -62,6 +63,26 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   REQUIRE(run_cmd(train_cmd(run + " --model llama --export-safetensors " + hf)).code == 0);
   expect_refused("--checkpoint " + hf + " --steps 1 --seq 32 --export-safetensors " + d + "/base/long.safetensors",
                  "base/config.json is --checkpoint (its config.json)'s file");
+  // A non-finite weight in a Hugging Face file is named as the file names it, not by our stacked tensor.
+  {
+    const ul::SafetensorsFile f(hf, /*header_only=*/true);
+    const ul::SafeTensorInfo* ln = nullptr;
+    for (const ul::SafeTensorInfo& t : f.tensors())
+      if (t.name == "model.layers.1.input_layernorm.weight") ln = &t;
+    REQUIRE(ln != nullptr);
+    REQUIRE(ln->dtype == "F32");
+    std::ifstream in(hf, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    uint64_t header = 0;
+    std::memcpy(&header, all.data(), 8);
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(&all[8 + header + ln->begin + 4 * 3], &inf, 4);
+    fs::create_directories(d + "/inf");
+    fs::copy_file(d + "/base/config.json", d + "/inf/config.json");
+    std::ofstream(d + "/inf/model.safetensors", std::ios::binary) << all;
+  }
+  expect_refused("--checkpoint " + d + "/inf/model.safetensors --steps 0 --seq 16 --data passkey",
+                 "inf/model.safetensors: tensor 'model.layers.1.input_layernorm.weight' holds a non-finite value (inf at element 3)");
   // A sharded checkpoint's shards are its inputs too (the log once overwrote one).
   const std::string index = d + "/base/model.safetensors.index.json";
   std::ofstream(index) << "{\"weight_map\":{\"model.embed_tokens.weight\":\"model.safetensors\"}}";
