@@ -10,6 +10,9 @@
 
 namespace ul {
 
+// text:FILE's token_kind: its ids are the file's bytes.
+inline constexpr const char* kTextBytes = "bytes, no end-of-text";
+
 enum class Split { train, val };
 
 class Dataset {
@@ -33,8 +36,9 @@ class Dataset {
   // shuffle, the sequences and the held-out cut all follow them): "" when the spec and seed say it
   // all (the synthetic tasks).
   virtual std::string identity() const { return ""; }
-  // The tokenizer the files name ("vocab V, end-of-text E": token shards), "" when they name none
-  // that could differ (bytes, the synthetic tasks). --val-data must match --data's.
+  // The tokenizer the files name ("vocab V, end-of-text E": token shards; kTextBytes: text:FILE),
+  // "" when they name none that could differ (the synthetic tasks). --val-data must match --data's
+  // (token_kinds_agree, data/shards.h).
   virtual std::string token_kind() const { return ""; }
   // The token ranges [lo, hi) of each file this split reads (inputs and targets), in order; none
   // for the synthetic tasks. A split's last target and the next split's first input may be one

@@ -86,6 +86,13 @@ std::string ShardDataset::Shard::kind() const {
   return "vocab " + std::to_string(v) + ", end-of-text " + std::to_string(e);
 }
 
+bool token_kinds_agree(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty() || a == b) return true;
+  // Shard::kind()'s words for vocab 256 (--eot B < 256) or 257 (the EOT 256 past the bytes).
+  auto byte_shards = [](const std::string& k) { return k.rfind("vocab 256, ", 0) == 0 || k == "vocab 257, end-of-text 256"; };
+  return (a == kTextBytes && byte_shards(b)) || (b == kTextBytes && byte_shards(a));
+}
+
 int32_t ShardDataset::Shard::effective_eot() const { return vocab > 0 ? eot : width == 2 ? 50256 : 128000; }
 
 bool ShardDataset::is_val_name(const std::string& name_as_given) {

@@ -93,4 +93,9 @@ class ShardDataset : public Dataset {
   std::vector<std::pair<int64_t, int64_t>> spans_;  // compute_spans()
 };
 
+// Whether --val-data's token_kind means --data's ids: the same, either naming none (""), or
+// text:FILE's bytes beside `train prepare`'s byte shards (256 or 257 ids: the bytes and an EOT
+// inside or past them). A shard set of more ids is a tokenizer's: its id 97 is no 'a'.
+bool token_kinds_agree(const std::string& a, const std::string& b);
+
 }  // namespace ul

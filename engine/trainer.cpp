@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "data/packing.h"
+#include "data/shards.h"
 #include "engine/device.h"
 #include "engine/export.h"
 #include "engine/file_io.h"
@@ -256,8 +257,7 @@ Trainer::Trainer(const Options& o, Comm& world)
     throw std::runtime_error(val_flag + ": " + e.what());
   }
   // --val-data's files must be the same tokenizer's as --data's: another's ids mean other text.
-  if (!o.val_data.empty() && !train_->token_kind().empty() && !val_->token_kind().empty() &&
-      train_->token_kind() != val_->token_kind())
+  if (!o.val_data.empty() && !token_kinds_agree(train_->token_kind(), val_->token_kind()))
     throw std::runtime_error("--val-data " + o.val_data + ": its files were written by another tokenizer (" +
                              val_->token_kind() + ") than --data's (" + train_->token_kind() + ")");
   // The val split must hold nothing the run trains on (--val-data's held-out tail of a file that

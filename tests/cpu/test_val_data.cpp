@@ -102,6 +102,23 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   refused("--data 'shards:" + (dir.path / "p_*.bin").string() + "' --vocab 512 --seq 64 --val-data shards:" + named,
           {"--val-data shards:", "written by another tokenizer (vocab 300, end-of-text 299) than --data's (vocab 50257, "
                                  "end-of-text 50256)"});
+  // text:FILE's ids are its bytes: beside a tokenizer's shards they are other text, either way...
+  refused("--data text:" + a + " --vocab 300 --seq 64 --val-data shards:" + named,
+          {"--val-data shards:", "written by another tokenizer (vocab 300, end-of-text 299) than --data's (bytes, no end-of-text)"});
+  refused("--data 'shards:" + (dir.path / "p_*.bin").string() + "' --vocab 512 --seq 64 --val-data text:" + a,
+          {"--val-data text:", "written by another tokenizer (bytes, no end-of-text) than --data's (vocab 50257, end-of-text 50256)"});
+  // ... but the same as `train prepare`'s byte shards (the bytes, the EOT past them).
+  const std::string bytes_val = (dir.path / "bytes_val.bin").string();
+  {
+    std::ofstream f(bytes_val, std::ios::binary);
+    int32_t h[256] = {20240520, 1, 4096};
+    h[3] = 0x53594c55, h[4] = 257, h[5] = 256;
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+    const std::vector<uint16_t> t(4096, 'a');
+    f.write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 2));
+  }
+  CHECK(ul_test::run_cmd(ul_test::train_cmd("--data text:" + a + " --vocab 257 --val-data shards:" + bytes_val +
+                                            " --steps 1 --threads 1 --seq 64 --batch 1 --eval-batches 1")).code == 0);
   const ul_test::CmdResult own = ul_test::run_cmd(ul_test::train_cmd(
       "--data text:" + a + " --val-data text:" + a + " --steps 1 --threads 1 --seq 64 --batch 1 --eval-batches 1"));
   CHECK(own.code == 0);
@@ -147,11 +164,12 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   CHECK(r.out.find("done | train loss") != std::string::npos);
   CHECK(r.out.find("note    | an eval reads") == std::string::npos);
   // --doc-mask splits --val-data at the run's end-of-text token; data that names another is noted.
-  shard("e_val_0.bin", std::vector<uint16_t>(2000, 7), 300, 299);
-  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --vocab 300 --doc-mask --eot 10 --data text:" + text +
+  // (`train prepare`'s byte shards: text:FILE's bytes, with their own EOT past them.)
+  shard("e_val_0.bin", std::vector<uint16_t>(2000, 7), 257, 256);
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --vocab 257 --doc-mask --eot 10 --data text:" + text +
                                           " --val-data shards:" + (dir.path / "e_val_0.bin").string()));
   CHECK(r.code == 0);
-  CHECK(r.out.find("note    | --doc-mask: --val-data's files start documents at token 299, the run at 10") !=
+  CHECK(r.out.find("note    | --doc-mask: --val-data's files start documents at token 256, the run at 10") !=
         std::string::npos);
 }
 
