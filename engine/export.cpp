@@ -240,6 +240,12 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     prompt_ = parse_prompt(o.prompt, cfg.vocab, tok_.get());
   } else if (tok_ && tok_->eot() >= 0 && tok_->eot() < cfg.vocab) prompt_ = {tok_->eot()};  // llm.c starts from <|endoftext|>
   else throw std::runtime_error("--sample needs --prompt (text, or ids:1,2,3) or --prompt-file");
+  // Documented, and right for a byte-level model, but a GPT-2's ids 72 105 are not "Hi": said once.
+  const bool text_prompt = !o.prompt_file.empty() || (!o.prompt.empty() && o.prompt.rfind("ids:", 0) != 0);
+  if (!tok_ && text_prompt && cfg.vocab > 257)
+    prompt_note_ = std::string(o.prompt_file.empty() ? "--prompt" : "--prompt-file") + " is read as bytes (no "
+                   "--tokenizer), but the model has " + std::to_string(cfg.vocab) + " token ids: if they are a "
+                   "tokenizer's, give --tokenizer FILE (its BPE encoding) or --prompt ids:1,2,3";
   // An ids: prompt past the tokenizer would be decoded for the output only after the training.
   if (tok_)
     for (int id : prompt_)

@@ -58,6 +58,9 @@ class RunOutputs {
   // The positions a --sample runs the model at (0 without it): the prompt's and every new token's
   // but the last, which is drawn and never fed back.
   int64_t sample_positions() const { return o_.sample > 0 ? int64_t(prompt_.size()) + o_.sample - 1 : 0; }
+  // A text prompt read as bytes (no --tokenizer) for a model of a tokenizer's ids (more than the
+  // 256 bytes and an end-of-text): a note for the start of the run, "" when there is none.
+  const std::string& prompt_note() const { return prompt_note_; }
 
  private:
   std::string decode(const std::vector<int>& ids) const;
@@ -69,6 +72,7 @@ class RunOutputs {
   int32_t eot_;
   std::unique_ptr<Tokenizer> tok_;
   std::vector<int> prompt_;
+  std::string prompt_note_;
   mutable MadeDirs made_;  // the export directories this run made, kept once finish() wrote there
 };
 

@@ -124,6 +124,7 @@ int train_rank(const Options& o, Comm& world) {
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
+  if (!outputs.prompt_note().empty()) say("note    | %s\n", outputs.prompt_note().c_str());
   // The same for training: a step's sequences (G) past the train split's end wrap into the next
   // epoch, so a split smaller than G trains on some sequences several times in every step.
   const int64_t step_reads = int64_t(o.grad_accum) * g.dp * o.batch;

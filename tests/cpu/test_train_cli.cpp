@@ -162,6 +162,20 @@ TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
   REQUIRE(r.code == 0);
   CHECK(r.out.find("note    | --steps 0 trains nothing and evaluates nothing (give --eval-batches N for an eval): --lr, "
                    "--val-data, --loss-by-position not read") != std::string::npos);
+  // A text prompt is its bytes without --tokenizer: said for a model of more ids than bytes (a
+  // GPT-2's 72 105 are not "Hi"), not for a byte model, nor for a prompt of ids.
+  const std::string bytes_note = "note    | --prompt is read as bytes (no --tokenizer), but the model has 300 token ids";
+  r = run_cmd(train_cmd(base + "--batch 1 --steps 1 --vocab 300 --sample 2 --prompt Hi"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find(bytes_note) != std::string::npos);
+  r = run_cmd(train_cmd(base + "--batch 1 --steps 1 --vocab 300 --sample 2 --prompt ids:72,105"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | train loss") != std::string::npos);
+  CHECK(r.out.find("is read as bytes") == std::string::npos);
+  r = run_cmd(train_cmd(base + "--batch 1 --steps 1 --sample 2 --prompt Hi"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | train loss") != std::string::npos);
+  CHECK(r.out.find("is read as bytes") == std::string::npos);
 }
 
 TEST_CASE("train refuses bad flags before any work", "[cli]") {
