@@ -136,10 +136,6 @@ std::vector<float> to_host(const float* p, Device d, size_t n) {
   return h;
 }
 
-}  // namespace
-
-namespace {
-
 // root as an absolute path without a trailing separator: "runs/a/" would otherwise walk up to
 // "runs/a" as its own parent, and the directories made above it would stay.
 fs::path absolute_dir(const std::string& root, std::error_code& ec) {
