@@ -50,7 +50,7 @@ const char* prepare_usage() {
   --eot N             the end-of-text id; a byte value (< 256) refuses files containing it  [256]
   --tokenizer FILE    encode with an llm.c tokenizer (gpt2_tokenizer.bin, version 2: it names
                       the EOT) or a Hugging Face tokenizer.json (GPT-2, digits-apart, Llama 3,
-                      or SentencePiece-style: Llama 2, TinyLlama);
+                      Qwen 2 and 2.5, or SentencePiece-style: Llama 2, TinyLlama);
                       a vocabulary above 65536 writes uint32 shards (magic 20240801)
   --json-key KEY      the field of each JSON record that holds its document's text       [text]
   --files-from LIST   more inputs, one path a line of LIST (or NUL-separated, as find -print0

@@ -141,7 +141,8 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --top-p P           then among the fewest most likely whose probability adds up to P
                       (nucleus sampling; 1: off)                                          [1]
   --tokenizer FILE    llm.c tokenizer (gpt2_tokenizer.bin) or HF tokenizer.json (GPT-2,
-                      digits-apart, Llama 3 or SentencePiece-style) to encode the prompt and decode
+                      digits-apart, Llama 3, Qwen 2 or SentencePiece-style) to encode the prompt
+                      and decode
 verification
   --check-state FILE  run one forward/backward on an llm.c debug state (needs --checkpoint),
                       print per-tensor differences and PASS/FAIL
