@@ -65,6 +65,19 @@ static void check_mpi_world(const Comm& world) {
 }
 #endif
 
+// --comm local runs the whole world in this process: one of several a launcher started (mpirun
+// without --comm mpi) would be N copies of the run, each rank 0, each writing the same files.
+static void check_local_world(const Options& o) {
+  const Launcher l = detect_launcher();
+  // A launcher that started this process; RANK and WORLD_SIZE alone may be a pod's leftovers.
+  if (l.size > 1 && l.name != "RANK and WORLD_SIZE")
+    throw std::runtime_error("--comm local: " + l.name + " started this process as one of " + std::to_string(l.size) +
+                             " (" + l.vars + "), but --comm local runs the whole world (--ranks " +
+                             std::to_string(o.ranks) + ") inside one process: the job would run " +
+                             std::to_string(l.size) + " times over, each writing the same files; give --comm mpi " +
+                             "(or --comm nccl), or start one process");
+}
+
 #if ULYSSES_HAVE_CUDA
 // One GPU per process: its rank on this machine, as its launcher says (parallel/launcher.h), picks
 // the device. Before MPI starts: a CUDA-aware MPI would otherwise open a context on GPU 0 in every
@@ -144,6 +157,7 @@ int main(int argc, char** argv) {
       throw std::runtime_error("--comm mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
     }
+    check_local_world(o);
     LocalOptions local;
     local.device = run_device(o);
     local.timeout_s = o.comm_timeout;

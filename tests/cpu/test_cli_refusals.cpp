@@ -33,7 +33,7 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
   REQUIRE(::mkfifo((d / "pipe.safetensors.index.json").c_str(), 0600) == 0);
   // 254 bytes: a file name the system takes, but not with ".tmp" added (at most 255).
   const std::string long_name = (d / (std::string(250, 'b') + ".bin")).string();
-  struct Case { std::string args, said; };
+  struct Case { std::string args, said, env = ""; };
   const std::vector<Case> cases = {
       // A pipe would block the open or the format's magic read forever.
       {"--steps 0 --checkpoint " + (d / "pipe.bin").string(), "pipe.bin: not a regular file (a pipe)"},
@@ -60,6 +60,13 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
       // save, after the training: the lock takes such a directory, for runs that only evaluate.
       {"--steps 20 --save-every 5 --save-dir /proc --log " + (d / "p.jsonl").string(),
        "--save-dir /proc: cannot create a checkpoint there (No such file or directory); this run would save at step 5"},
+      // Under mpirun without --comm mpi each process ran the whole job (--comm local), N copies
+      // writing the same log. (The variables of an mpirun that started 2 processes; not torchrun's
+      // RANK and WORLD_SIZE alone, which a pod may leave behind.)
+      {"--steps 1 --log " + (d / "twice.jsonl").string(),
+       "--comm local: Open MPI started this process as one of 2 (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, "
+       "OMPI_COMM_WORLD_LOCAL_RANK), but --comm local runs the whole world (--ranks 1) inside one process",
+       "env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1 "},
       // The save dir's lock: the next run into it would empty the export.
       {"--steps 1 --save-dir " + (d / "sd").string() + " --export-llmc " + (d / "sd/.lock").string(),
        "is --save-dir's lock file; write it elsewhere"},
@@ -74,7 +81,7 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
   for (const Case& k : cases) {
     CAPTURE(k.args);
     const std::string threads = k.args.find("--threads") == std::string::npos ? " --threads 1" : "";
-    const ul_test::CmdResult r = ul_test::run_cmd("timeout 60 " + ul_test::train_cmd(k.args + " --quiet" + threads));
+    const ul_test::CmdResult r = ul_test::run_cmd("timeout 60 " + k.env + ul_test::train_cmd(k.args + " --quiet" + threads));
     INFO(r.out);
     CHECK(r.code == 1);
     CHECK(r.out.find(k.said) != std::string::npos);
