@@ -1,6 +1,7 @@
 #include "engine/length_probe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "data/packing.h"
@@ -180,6 +181,10 @@ LengthProbe loss_probe(int T, const std::vector<double>& sums) {
     p.by_position.push_back({bands[k].first, bands[k].second, count > 0 ? sum / count : 0.0, int64_t(count)});
   }
   p.loss = p.answers ? total / double(p.answers) : 0.0;
+  // As the eval refuses it: every rank has the same sums, so all fail together.
+  if (!std::isfinite(total))
+    throw JobError("--probe-lengths " + std::to_string(T) + ": the val loss is not finite (" + std::to_string(p.loss) +
+                   " over " + std::to_string(p.answers) + " targets): the weights' outputs overflow");
   return p;
 }
 

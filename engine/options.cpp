@@ -650,6 +650,12 @@ void apply_trained_length(const Options& o, ModelConfig& c) {
   if (c.is_llama() && o.steps > 0 && o.seq > c.max_seq) c.max_seq = o.seq;
 }
 
+void check_seq_fits(const Options& o, const ModelConfig& c) {
+  if (!c.is_llama() && o.seq > c.max_seq && (o.evaluates() || o.set_by_user("--seq")))
+    throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
+                             std::to_string(c.max_seq) + " (learned positions)");
+}
+
 bool preset_has_vocab(const std::string& m) {
   for (const char* p : {"gpt2-124M", "gpt2-350M", "llama-1B", "llama-3.2-1B", "llama-3.1-8B", "qwen2.5-0.5B", "qwen2.5-7B"})
     if (m == p) return true;

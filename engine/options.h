@@ -140,5 +140,8 @@ void apply_checkpoint_flags(const Options& o, ModelConfig& c);
 // max_position_embeddings, when its context is being extended) has the longer one from then on, in
 // its checkpoints and in the max_position_embeddings its exports write. Train and --plan both apply it.
 void apply_trained_length(const Options& o, ModelConfig& c);
+// A gpt2's learned positions end at max_seq: a longer --seq is refused (train and --plan), unless a
+// --steps 0 run reads no sequence (it only exports or samples: the default --seq is not its).
+void check_seq_fits(const Options& o, const ModelConfig& c);
 
 }  // namespace ul

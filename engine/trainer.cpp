@@ -302,10 +302,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   check_ranks_agree(world, fields);
   cfg.validate_for(ctx_.device, o.checkpoint);  // before any allocation: a bad flag costs nothing
   check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
-  // A --steps 0 run that only exports or samples reads no sequence: the default --seq is not its.
-  if (!cfg.is_llama() && o.seq > cfg.max_seq && (o.evaluates() || o.set_by_user("--seq")))
-    throw std::runtime_error("--seq " + std::to_string(o.seq) + " exceeds the model's max sequence " +
-                             std::to_string(cfg.max_seq) + " (learned positions)");
+  check_seq_fits(o, cfg);
   apply_trained_length(o, cfg);
   // The run's memory as planned (engine/planner.h), before anything large is allocated. On the CPU
   // a run larger than the machine is refused here: Linux would grant the memory, then kill the run

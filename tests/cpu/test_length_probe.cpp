@@ -167,6 +167,27 @@ TEST_CASE("KvDecoder::score gives the full forward's -log p of every target", "[
   }
 }
 
+TEST_CASE("a probe whose loss is not finite fails, as the eval does, rather than print nan", "[length_probe]") {
+  omp_set_num_threads(1);
+  Context c;
+  ContextGuard g(c);
+  Transformer m(small("llama"));
+  std::vector<float> h = host_params(m, 37);
+  std::vector<int32_t> stream(40);
+  for (size_t i = 0; i < stream.size(); i++) stream[i] = int32_t(i * 7 % size_t(m.cfg.vocab));
+  const LengthProbe fine = decoded_loss(m.cfg, m.params.specs(), h.data(), stream, 16, 2, -1, nullptr);
+  CHECK(std::isfinite(fine.loss));
+  CHECK(fine.answers == 32);
+  // Finite weights whose logits overflow (all of them scaled, the norms would only take it back).
+  REQUIRE(m.cfg.has_lm_head());
+  for (const ParamSpec& p : m.params.specs())
+    if (p.name == "lnfw" || p.name == "lm_head")
+      for (size_t i = 0; i < size_t(p.shape.numel()); i++) h[p.offset + i] *= 1e30f;
+  CHECK_THROWS_WITH(decoded_loss(m.cfg, m.params.specs(), h.data(), stream, 16, 2, -1, nullptr),
+                    Catch::Contains("--probe-lengths 16: the val loss is not finite") &&
+                        Catch::Contains("over 32 targets): the weights' outputs overflow"));
+}
+
 TEST_CASE("with packed documents the decoder attends within each and counts positions from its start", "[length_probe][doc]") {
   omp_set_num_threads(1);
   struct Case { std::string arch; int window; };

@@ -350,6 +350,10 @@ TEST_CASE("an update that overflows the weights fails its step, before a save or
 
 TEST_CASE("train --plan says when this --seq does not fit --memory, and that --zero 1 on one rank shards nothing", "[cli][planner]") {
   const std::string plan = "--plan --model llama-3.2-1B --device cuda --batch 1 --recompute --offload --mlp-chunks 8";
+  // A gpt2's learned positions end at its max_seq: the run refuses a longer --seq, and so does its plan.
+  CmdResult past = run_cmd(train_cmd("--plan --model gpt2 --layers 1 --dim 32 --heads 4 --max-seq 64 --seq 128"));
+  CHECK(past.code == 1);
+  CHECK_THAT(past.out, Catch::Contains("--seq 128 exceeds the model's max sequence 64 (learned positions)"));
   CmdResult over = run_cmd(train_cmd(plan + " --seq 65536 --memory 24G"));
   INFO(over.out);
   CHECK(over.code == 0);
