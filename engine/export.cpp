@@ -263,13 +263,18 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
                              std::to_string(o.sample) + " new tokens exceed 2^31 - 1 positions");
   // The sampler's memory, next to the run's: refused now rather than by the kernel's OOM killer
   // after the training (Linux grants the memory, then kills the process that touches it).
-  const size_t bytes = KvDecoder::host_bytes(cfg, int(need), false, KvDecoder::kDefaultChunk, weights_copy);
+  // The drawn ids are kept, and their text made, whole: a windowed model's KV cache is a ring of
+  // fixed size, but --sample 2000000000 still holds 2e9 ids and their text (16 bytes each, ample
+  // for a decoded token or an "ids:" number).
+  const size_t out_bytes = size_t(need + 1) * (sizeof(int) + 16);
+  const size_t bytes = KvDecoder::host_bytes(cfg, int(need), false, KvDecoder::kDefaultChunk, weights_copy) + out_bytes;
   const bool beside = room != SIZE_MAX;
   if (!beside) room = memory_limit();
   if (bytes > room)
     throw std::runtime_error("--sample: the prompt (" + std::to_string(prompt_.size()) + " tokens) plus " +
                              std::to_string(o.sample) + " new tokens need " + std::to_string(bytes >> 20) +
-                             (weights_copy ? " MiB for the KV cache and a host copy of the weights" : " MiB for the KV cache") +
+                             (weights_copy ? " MiB for the KV cache, a host copy of the weights" : " MiB for the KV cache") +
+                             " and the tokens' ids and text" +
                              ", but " + (beside ? "beside what the run holds " : "") + "this machine has " +
                              std::to_string(room >> 20) + " MiB" +
                              (o.prompt_file.empty() ? "" : ": shorten --prompt-file " + o.prompt_file));

@@ -533,7 +533,8 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   CHECK(r.code != 0);
   CHECK(r.out.find("new tokens need ") != std::string::npos);
   // On the CPU the sampler reads the weights in place: the cache alone, beside the run's memory.
-  CHECK(r.out.find("MiB for the KV cache, but beside what the run holds this machine has ") != std::string::npos);
+  CHECK(r.out.find("MiB for the KV cache and the tokens' ids and text, but beside what the run holds this machine has ") !=
+        std::string::npos);
   CHECK(r.out.find("shorten --prompt-file " + prompt.path) != std::string::npos);
   CHECK(r.out.find("step ") == std::string::npos);
   r = run_cmd(train_cmd(common + " --sample 2147483647 --prompt ids:1,2"));
@@ -603,7 +604,16 @@ TEST_CASE("a sample's memory is checked beside what the run holds", "[sample]") 
   CHECK_NOTHROW(ul::RunOutputs(o, cfg, -1, nullptr, size_t(1) << 30, false));
   CHECK_THROWS_WITH(ul::RunOutputs(o, cfg, -1, nullptr, 1 << 10, false),
                     Catch::Contains("--sample: the prompt (3 tokens) plus 20 new tokens need ") &&
-                        Catch::Contains(" MiB for the KV cache, but beside what the run holds this machine has 0 MiB"));
+                        Catch::Contains(" MiB for the KV cache and the tokens' ids and text, but beside what the run holds "
+                                        "this machine has 0 MiB"));
   CHECK_THROWS_WITH(ul::RunOutputs(o, cfg, -1, nullptr, 1 << 10, true),
-                    Catch::Contains("MiB for the KV cache and a host copy of the weights, but beside what the run holds"));
+                    Catch::Contains("MiB for the KV cache, a host copy of the weights and the tokens' ids and text, but "
+                                    "beside what the run holds"));
+  // A windowed model's cache is a ring of fixed size, but every drawn id is kept, with its text.
+  const ul::Options w = ul_test::options("--model llama --sliding-window 8 --sample 2000000000 --prompt ids:1,2,3");
+  const ul::ModelConfig wcfg = ul::model_config(w, 256);
+  CHECK_THROWS_WITH(ul::RunOutputs(w, wcfg, -1, nullptr, size_t(16) << 30, false),
+                    Catch::Contains("plus 2000000000 new tokens need ") &&
+                        Catch::Contains(" MiB for the KV cache and the tokens' ids and text, but beside what the run holds "
+                                        "this machine has 16384 MiB"));
 }
