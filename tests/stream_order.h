@@ -16,6 +16,16 @@ struct StreamOrderScope {
   StreamOrderScope(const StreamOrderScope&) = delete;
   StreamOrderScope& operator=(const StreamOrderScope&) = delete;
 };
+
+// The emulator's host guard (runtime.h: set_host_guard) for a test's scope: off for a test of the
+// emulator itself that looks into device memory from the host on purpose.
+struct HostGuardScope {
+  bool before;
+  explicit HostGuardScope(bool on) : before(ul_emu::host_guard_on()) { ul_emu::set_host_guard(on); }
+  ~HostGuardScope() { ul_emu::set_host_guard(before); }
+  HostGuardScope(const HostGuardScope&) = delete;
+  HostGuardScope& operator=(const HostGuardScope&) = delete;
+};
 #endif
 
 // f(name) once per order the device may take: on the emulator each StreamOrder (so a missing wait

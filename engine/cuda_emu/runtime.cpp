@@ -4,6 +4,7 @@
 
 #include "engine/cuda_emu/gpu_models.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
@@ -248,6 +250,75 @@ bool is_device(const void* p) {
   return in_ranges(ms.by_ptr, p, [](const Mapping& m) { return m.rounded; });
 }
 
+// ULYSSES_EMU_HOST_GUARD=1 (or ul_emu::set_host_guard): device memory is PROT_NONE except while
+// device work runs (a kernel, a copy, a memset, a collective; any thread's, so ranks of the local
+// communicator open it for each other, which can hide an access but never fault a legal one). Host
+// code that dereferences a device pointer then faults here, as on a GPU, where that address is not
+// the host's: read through cudaMemcpy instead. Off by default: every toggle is an mprotect of every
+// buffer (CI runs one emu pass with it).
+std::atomic<bool>& host_guard_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("ULYSSES_EMU_HOST_GUARD");
+    return v && *v && std::string(v) != "0";
+  }()};
+  return on;
+}
+bool host_guard() { return host_guard_flag().load(std::memory_order_relaxed); }
+
+void on_host_fault(int sig, siginfo_t* info, void*) {
+  char msg[200];
+  const int n = std::snprintf(msg, sizeof msg,
+                              "cuda_emu: segmentation fault at %p; under the host guard (ULYSSES_EMU_HOST_GUARD) that "
+                              "is often host code reading or writing device memory\n", info->si_addr);
+  if (n > 0) (void)!write(2, msg, size_t(n));
+  signal(sig, SIG_DFL);  // the access faults again, now to the default action (a core, a debugger stop)
+}
+
+void note_host_faults() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_host_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGSEGV, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+}
+
+// How many device operations run now; its mutex orders the guard's toggles with new buffers.
+struct DeviceAccess {
+  std::mutex mu;
+  int running = 0;
+};
+DeviceAccess& device_access() {
+  static DeviceAccess* a = new DeviceAccess;
+  return *a;
+}
+
+void protect_device(int prot) {  // with device_access().mu held
+  Mappings& ms = mappings();
+  std::lock_guard<std::mutex> lock(ms.mu);
+  for (const auto& [q, m] : ms.by_ptr) mprotect(m.base, m.len - size_t(sysconf(_SC_PAGESIZE)), prot);
+}
+
+// Device memory is open while one lives (anywhere in the process). Counted with the guard off too,
+// so that the guard can be turned on between two operations.
+class DeviceWork {
+ public:
+  DeviceWork() {
+    DeviceAccess& a = device_access();
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (a.running++ == 0 && host_guard()) protect_device(PROT_READ | PROT_WRITE);
+  }
+  ~DeviceWork() {
+    DeviceAccess& a = device_access();
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (--a.running == 0 && host_guard()) protect_device(PROT_NONE);
+  }
+  DeviceWork(const DeviceWork&) = delete;
+  DeviceWork& operator=(const DeviceWork&) = delete;
+};
+
 }  // namespace
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -268,6 +339,12 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   // there is caught when the buffer is freed.
   std::memset(q, 0xff, rounded);
   {
+    // The host guard: closed as the others are, unless device work runs now.
+    std::lock_guard<std::mutex> guard(device_access().mu);
+    if (host_guard()) {
+      note_host_faults();
+      if (device_access().running == 0) mprotect(base, data, PROT_NONE);
+    }
     Mappings& ms = mappings();
     std::lock_guard<std::mutex> lock(ms.mu);
     ms.by_ptr[q] = {base, data + page, bytes, rounded};
@@ -292,6 +369,7 @@ cudaError_t cudaFree(void* p) {
     ms.held -= m.bytes;
   }
   const unsigned char* tail = static_cast<const unsigned char*>(p) + m.bytes;
+  mprotect(m.base, m.len - size_t(sysconf(_SC_PAGESIZE)), PROT_READ);  // the host guard's: no longer listed, ours alone
   for (size_t i = 0; i < m.rounded - m.bytes; i++)
     if (tail[i] != 0xff) {  // on a GPU: a neighbouring buffer corrupted without a word
       std::fprintf(stderr, "cuda_emu: something wrote %zu byte(s) past the end of a %zu-byte cudaMalloc buffer\n",
@@ -368,6 +446,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     queue_copy(nullptr, dst, src, bytes, true);
     return cudaSuccess;
   }
+  DeviceWork copy;
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -378,6 +457,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!dst || !src) return fail(cudaErrorInvalidValue);
   const cudaStream_t r = resolve(s);
   if (!r->late()) {
+    DeviceWork copy;
     std::memmove(dst, src, bytes);
     return cudaSuccess;
   }
@@ -385,6 +465,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   // Host to host is synchronous; so is a copy into pageable memory (see g_pinned).
   if (!d.dst_device && (!d.src_device || !is_pinned(dst))) {
     if (const cudaError_t queued = r->run_all()) return fail(queued);
+    DeviceWork copy;
     std::memmove(dst, src, bytes);
     return cudaSuccess;
   }
@@ -623,6 +704,16 @@ namespace ul_emu {
 
 StreamOrder stream_order() { return order_now().load(std::memory_order_relaxed); }
 
+void set_host_guard(bool on) {
+  if (on) note_host_faults();
+  DeviceAccess& a = device_access();
+  std::lock_guard<std::mutex> lock(a.mu);
+  host_guard_flag().store(on, std::memory_order_relaxed);
+  if (a.running == 0) protect_device(on ? PROT_NONE : PROT_READ | PROT_WRITE);
+}
+
+bool host_guard_on() { return host_guard(); }
+
 cudaError_t set_stream_order(StreamOrder order) {
   const cudaError_t queued = drain_this_thread();
   order_now().store(order, std::memory_order_relaxed);
@@ -630,7 +721,11 @@ cudaError_t set_stream_order(StreamOrder order) {
 }
 
 namespace {
-void run_or_queue(cudaStream_t s, std::function<void()> op, bool waits_on_peers) {
+void run_or_queue(cudaStream_t s, std::function<void()> work, bool waits_on_peers) {
+  std::function<void()> op = [work = std::move(work)] {
+    DeviceWork open;  // ULYSSES_EMU_HOST_GUARD
+    work();
+  };
   const cudaStream_t r = resolve(s);
   if (!r->late()) {
     op();

@@ -89,6 +89,11 @@ void on_stream(cudaStream_t s, std::function<void()> op);
 // cudaErrorNotReady until it has ended, so a caller polling with a deadline sees a peer that hangs
 // (as on a GPU); every other call that runs the stream waits for it. op touches no CUDA call.
 void on_stream_polled(cudaStream_t s, std::function<void()> op);
+// The host guard (ULYSSES_EMU_HOST_GUARD=1 sets it at start): device memory is PROT_NONE except
+// while device work runs (an op above, a copy), so host code that dereferences a device pointer
+// faults here, with a note on stderr, as it would on a GPU. Process-wide.
+void set_host_guard(bool on);
+bool host_guard_on();
 }  // namespace ul_emu
 
 // ---- the runtime calls (engine/cuda_emu/runtime.cpp) ---------------------------------------------

@@ -3,6 +3,8 @@
 // and the misuse that must be reported rather than hang. The kernels are written as in a .cu file.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "engine/cuda_launch.h"
@@ -404,6 +407,7 @@ TEST_CASE("emu: a one-block grid is walked forward and backward on alternate lau
 }
 
 TEST_CASE("emu: the bytes past a cudaMalloc buffer, up to its 256-byte rounding, read NaN", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   // On a GPU they are a neighbour's (an off-by-one read gets its data); here they are poisoned, and
   // a write there is caught when the buffer is freed.
   float* p = nullptr;
@@ -494,6 +498,7 @@ TEST_CASE("emu: dynamic shared memory ends before a guard page", "[emu]") {
 }
 
 TEST_CASE("emu: device buffers end before a guard page, so a kernel running off one faults", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   for (size_t bytes : {size_t(1), size_t(256), size_t(1000), size_t(4096), size_t(100000)}) {
     INFO(bytes << " bytes");
     char* p = nullptr;
@@ -509,6 +514,57 @@ TEST_CASE("emu: device buffers end before a guard page, so a kernel running off 
   CHECK(cudaFree(&host) == cudaErrorInvalidValue);  // not device memory
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   CHECK(cudaFree(nullptr) == cudaSuccess);
+}
+
+// out[0]: whether p is readable while the kernel runs (the host guard opens device memory then).
+__global__ void guard_probe_kernel(int* out, char* p) {
+  out[0] = readable(p);
+  p[0] = 7;
+}
+
+TEST_CASE("emu: the host guard closes device memory to host code, and opens it to device work", "[emu]") {
+  ul_test::HostGuardScope restored(false);  // (a CI pass runs every emu test with the guard on)
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // the kernel runs at issue
+  char* p = nullptr;
+  REQUIRE(cudaMalloc(&p, 1000) == cudaSuccess);
+  CHECK(readable(p) == 1);
+  ul_emu::set_host_guard(true);
+  CHECK(readable(p) == 0);  // an existing buffer is closed...
+  char* q = nullptr;
+  REQUIRE(cudaMalloc(&q, 100) == cudaSuccess);
+  CHECK(readable(q) == 0);  // ... and so is a new one
+  int out[1] = {-1};
+  ul::launch("guard_probe", guard_probe_kernel, dim3(1), dim3(1), 0, nullptr, out, p);
+  CHECK(out[0] == 1);
+  CHECK(readable(p) == 0);
+  char back = 0;
+  REQUIRE(cudaMemcpy(&back, p, 1, cudaMemcpyDeviceToHost) == cudaSuccess);  // a copy is device work
+  CHECK(back == 7);
+  // A host read faults, with a note naming the guard (in a child process: it ends there).
+  int err[2];
+  REQUIRE(pipe(err) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    dup2(err[1], 2);
+    volatile char c = *p;
+    (void)c;
+    _exit(0);
+  }
+  close(err[1]);
+  std::string said;
+  char buf[256];
+  for (ssize_t n; (n = read(err[0], buf, sizeof buf)) > 0;) said.append(buf, size_t(n));
+  close(err[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGSEGV);
+  CHECK_THAT(said, Catch::Contains("cuda_emu: segmentation fault at") && Catch::Contains("host guard"));
+  CHECK(cudaFree(q) == cudaSuccess);  // its past-the-end check reads it
+  ul_emu::set_host_guard(false);
+  CHECK(readable(p) == 1);
+  CHECK(cudaFree(p) == cudaSuccess);
 }
 
 TEST_CASE("emu: runtime calls on host memory", "[emu]") {

@@ -105,6 +105,7 @@ TEST_CASE("emu streams: late-main shows a side-stream copy that does not wait fo
 }
 
 TEST_CASE("emu streams: late-main queues the legacy stream until something observes it", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b;
   b.fill(3.f);
@@ -145,6 +146,7 @@ TEST_CASE("emu streams: late-main queues the legacy stream until something obser
 }
 
 TEST_CASE("emu streams: late-main queues a memset or copy within device memory (the GPU returns at once)", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b, c, d;
   UL_CUDA_CHECK(cudaMemset(b.dev, 0xff, kN * sizeof(float)));
@@ -160,6 +162,7 @@ TEST_CASE("emu streams: late-main queues a memset or copy within device memory (
 }
 
 TEST_CASE("emu streams: late-main lands a blocking copy from pageable memory later, from its staged bytes", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b;
   std::vector<float> src(kN, 3.f);
@@ -178,6 +181,7 @@ TEST_CASE("emu streams: late-main lands a blocking copy from pageable memory lat
 }
 
 TEST_CASE("emu streams: a blocking stream shares the legacy stream's queue", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b;
   cudaStream_t blocking;
@@ -194,6 +198,7 @@ TEST_CASE("emu streams: a blocking stream shares the legacy stream's queue", "[e
 }
 
 TEST_CASE("emu streams: switching the order finishes the queued work first", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   const StreamOrder before = ul_emu::stream_order();  // late-side, unless ULYSSES_EMU_STREAMS says otherwise
   {
     StreamOrderScope eager(StreamOrder::late_side);
@@ -246,6 +251,7 @@ __global__ void fault_kernel(float* out) {
 }  // namespace
 
 TEST_CASE("emu streams: queued work that fails is reported by the call that runs it, as a GPU's async error", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b;
   ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);  // queued: no error yet
@@ -315,6 +321,7 @@ TEST_CASE("emu streams: a device buffer freed while an error unwinds leaves that
 }
 
 TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes beside the host", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   // ul_emu::on_stream_polled: how an emulated NCCL collective lets comm_nccl's deadline fire.
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b;
@@ -373,6 +380,7 @@ TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes 
 }
 
 TEST_CASE("emu streams: an event on a thread's legacy stream outlives the thread", "[emu]") {
+  ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   StreamOrderScope scope(StreamOrder::late_main);
   Buffers b;
   cudaEvent_t e;
