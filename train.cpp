@@ -52,13 +52,16 @@ static int run_mpi_job(const Options& o, Comm& world) {
 }
 #endif
 
+// Whether a launcher started this process as one of several (RANK and WORLD_SIZE alone may be a
+// pod's leftovers, not a launcher's).
+static bool started_as_several(const Launcher& l) { return l.size > 1 && l.name != "RANK and WORLD_SIZE"; }
+
 #if ULYSSES_HAVE_MPI
 // An MPI the launcher did not wire up (srun with an MPI built without its PMI support) starts each
 // process as a world of its own: N copies of the run, each rank 0, each writing the same files.
 static void check_mpi_world(const Comm& world) {
   const Launcher l = detect_launcher();
-  // A launcher that started this process; RANK and WORLD_SIZE alone may be a pod's leftovers.
-  if (world.size() == 1 && l.size > 1 && l.name != "RANK and WORLD_SIZE")
+  if (world.size() == 1 && started_as_several(l))
     throw std::runtime_error("MPI sees a world of 1 rank, but " + l.name + " started " + std::to_string(l.size) + " (" +
                              l.vars + "): this MPI is not wired to that launcher (under srun it needs Slurm's PMI or "
                              "PMIx support; else start the ranks with mpirun)");
@@ -69,8 +72,7 @@ static void check_mpi_world(const Comm& world) {
 // without --comm mpi) would be N copies of the run, each rank 0, each writing the same files.
 static void check_local_world(const Options& o) {
   const Launcher l = detect_launcher();
-  // A launcher that started this process; RANK and WORLD_SIZE alone may be a pod's leftovers.
-  if (l.size > 1 && l.name != "RANK and WORLD_SIZE")
+  if (started_as_several(l))
     throw std::runtime_error("--comm local: " + l.name + " started this process as one of " + std::to_string(l.size) +
                              " (" + l.vars + "), but --comm local runs the whole world (--ranks " +
                              std::to_string(o.ranks) + ") inside one process: the job would run " +
