@@ -11,11 +11,16 @@
 //                pass for the strides within one;
 //            (2) the sorted keys are runs of one table row with n increasing; one block per run
 //                start (grid over all N keys, the others return at once) and per channel slice
-//                walks its run and adds dy rows in order of n onto the row's gradient, starting
-//                from the gradient's old value: the very additions the CPU loop makes, in its
-//                order, so the f32 result is bitwise the CPU's.
-//            dwpe the same with pos. A run as long as N (one id everywhere) is walked by one block
-//            per channel slice: slow in that corner, never wrong.
+//                finds its run's end by bisection and adds the run's dy rows in order of n onto
+//                the row's gradient, starting from the gradient's old value: the very additions
+//                the CPU loop makes, in its order, so the f32 result is bitwise the CPU's.
+//            dwpe the same with pos. That order makes a run one dependent chain of additions per
+//            channel: a frequent token (a byte-level space, a padding id: runs of 10^4-10^6 rows
+//            at long T) is walked by one thread per channel. The additions are cheap; the loads
+//            are what wait, so they go kRunBatch at a time, all issued before any is added (the
+//            run's end known beforehand, no load waits on the one before): the chain's latency
+//            is divided by kRunBatch and the result keeps its bits. Splitting a run among threads
+//            would be faster still, but adds in another order than the CPU's.
 // range check   one thread per id, atomicMin of the index of an id out of range (an integer
 //            minimum: the same answer whatever the order), read back by the host.
 #include <cstdint>
@@ -111,22 +116,43 @@ __global__ void embedding_sort_global_kernel(uint64_t* __restrict__ keys, int64_
   }
 }
 
+__device__ __forceinline__ uint32_t key_row(uint64_t key) { return uint32_t(key >> 32); }
+__device__ __forceinline__ uint32_t key_n(uint64_t key) { return uint32_t(key); }
+
+// The end of the run of `row` that starts at key j: the first r in (j, N] whose key is of another
+// row (or N). The keys are sorted, so bisection: log2(N) loads instead of one per row of the run.
+__device__ __forceinline__ int run_end(const uint64_t* __restrict__ keys, int j, int N, uint32_t row) {
+  int lo = j + 1, hi = N;  // keys[j, lo) are of the row; the end lies in [lo, hi]
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (key_row(keys[mid]) == row) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+constexpr int kRunBatch = 8;  // dy loads in flight per thread while a run is summed
+
 // dtable[row] += dy[n] for the sorted keys (N of them). Block (j, slice): if key j starts a run of
 // one table row, sum that run's dy rows in order of n onto the row, for channels of the slice.
 template <class T>
 __global__ void embedding_backward_runs_kernel(float* __restrict__ dtable, const T* __restrict__ dy,
                                                const uint64_t* __restrict__ keys, int N, int C) {
   const int j = blockIdx.x;
-  const uint32_t row = uint32_t(keys[j] >> 32);
-  if (j > 0 && uint32_t(keys[j - 1] >> 32) == row) return;  // not the start of a run
+  const uint32_t row = key_row(keys[j]);
+  if (j > 0 && key_row(keys[j - 1]) == row) return;  // not the start of a run
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  const int end = run_end(keys, j, N, row);
   float* g = dtable + size_t(row) * C + c;
   float sum = *g;
-  for (int r = j; r < N && uint32_t(keys[r] >> 32) == row; r++) {
-    const uint32_t n = uint32_t(keys[r]);
-    sum += to_float(dy[size_t(n) * C + c]);
+  int r = j;
+  for (; r + kRunBatch <= end; r += kRunBatch) {
+    float v[kRunBatch];  // every load issued, then the additions in order of n
+    for (int k = 0; k < kRunBatch; k++) v[k] = to_float(dy[size_t(key_n(keys[r + k])) * C + c]);
+    for (int k = 0; k < kRunBatch; k++) sum += v[k];
   }
+  for (; r < end; r++) sum += to_float(dy[size_t(key_n(keys[r])) * C + c]);
   *g = sum;
 }
 

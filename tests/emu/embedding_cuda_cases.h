@@ -5,7 +5,8 @@
 //   - table gradients start from random values, so a kernel that overwrites instead of adding fails;
 //   - ids repeat (V much smaller than N), so rows must be summed; N = 1100 takes the sort past one
 //     1024-key tile (a global merge pass), and the other N are not powers of two;
-//     the sort is also checked key by key on its own;
+//     the sort is also checked key by key on its own; V = 1 makes one run of all N = 2053 rows
+//     (whole batches of loads and a tail, a run's end past the first tile);
 //   - C below and above a warp, multiples of the 16-byte pack or not, and buffers one element off
 //     alignment: the forward's vector and scalar paths;
 //   - the forward is a plain sum, and the backward adds the same dy rows in the CPU's order onto
@@ -45,7 +46,8 @@ struct Shape {
   int N, C, V, maxT;  // maxT = 0: no position table
 };
 const Shape kShapes[] = {{1, 1, 1, 1},     {7, 33, 5, 0},    {64, 8, 3, 4},
-                         {37, 64, 1000, 40}, {300, 48, 50, 0}, {1100, 12, 7, 1100}};
+                         {37, 64, 1000, 40}, {300, 48, 50, 0}, {1100, 12, 7, 1100},
+                         {2053, 20, 1, 0}};
 
 // offset 1 puts the forward's buffers off 16-byte alignment; the backward (no packs) then is skipped.
 template <class T>
