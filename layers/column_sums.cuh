@@ -5,7 +5,8 @@
 //   (1) a 2-D grid of (32 x V columns) x (a chunk of rows) blocks: thread (tx, ty) adds rows ty,
 //       ty + 8, ... of its chunk for its V columns, then the block adds the 8 strands in order
 //       into partial (K, chunks, C);
-//   (2) one thread per column adds the chunks' partials, in chunk order, into out[k].
+//   (2) one thread per column adds the chunks' partials, in chunk order, into out[k] (their loads
+//       batched ahead of the additions).
 // V is 16 bytes of the term's element type (8 bf16, 4 floats) when C is a multiple of it and the
 // term's buffers are 16-byte aligned, else 1; the sums per column are the same either way.
 // The chunking (layers/scratch_sizes.h) bounds the scratch: K * chunks * C floats.
@@ -57,13 +58,26 @@ __global__ void partial_kernel(float* __restrict__ partial, Term term, int N, in
       }
 }
 
+// Partials loaded per batch, all issued before any is added: a GPU waits for a load only where its
+// value is used, so the chunks' sum (up to kMaxChunks in order) waits on memory once a batch, not
+// once for every few chunks as a plain loop would (the compiler unrolls only a little). Only a few
+// blocks run this (one thread per column), so that wait is the kernel's time.
+constexpr int kReduceBatch = 16;
+
 template <int K>
 __global__ void reduce_kernel(Outs<K> outs, const float* __restrict__ partial, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   for (int k = 0; k < K; k++) {
+    const float* p = partial + size_t(k) * chunks * C + c;  // chunk j's partial at p[j * C]
     float total = 0.f;
-    for (int j = 0; j < chunks; j++) total += partial[(size_t(k) * chunks + j) * C + c];
+    int j = 0;
+    for (; j + kReduceBatch <= chunks; j += kReduceBatch) {
+      float v[kReduceBatch];
+      for (int u = 0; u < kReduceBatch; u++) v[u] = p[size_t(j + u) * C];
+      for (int u = 0; u < kReduceBatch; u++) total += v[u];  // in chunk order, as before
+    }
+    for (; j < chunks; j++) total += p[size_t(j) * C];
     outs.out[k][c] += total;
   }
 }

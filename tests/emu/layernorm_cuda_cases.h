@@ -32,7 +32,9 @@ namespace ln_cases {
 using namespace cuda_cases;
 using ul_test::randn_f;
 
-const std::pair<int, int> kShapes[] = {{1, 1}, {3, 32}, {7, 33}, {13, 100}, {9, 768}, {257, 48}, {300, 5}};
+// N = 1100: 18 chunks of rows for dw and db (one whole batch of the reduce's loads and a tail).
+const std::pair<int, int> kShapes[] = {{1, 1},     {3, 32},  {7, 33},  {13, 100},
+                                       {9, 768},   {257, 48}, {300, 5}, {1100, 24}};
 
 template <class T>
 void check_kernels(int N, int C) {
