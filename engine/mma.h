@@ -7,7 +7,7 @@
 //   B  b[0] = B[2t, 2t+1][g]     b[1] = B[2t+8, 2t+9][g]   (two rows of column g)
 //   C  c[0..1] = C[g][2t, 2t+1]  c[2..3] = C[g+8][2t, 2t+1]
 // Under nvcc it is the PTX instruction (sm_80 and later). Under the emulator it is a lane-exact
-// reference: every lane deposits its fragments in per-warp slots, the warp meets at __syncwarp,
+// reference: every lane deposits its fragments in per-warp slots, the warp meets (all 32 lanes),
 // each lane computes its four elements of C in float from the bf16 inputs (k in order), and the
 // warp meets again before any lane may overwrite its slot with the next call's fragments.
 //
@@ -76,6 +76,9 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float lo, float h
 
 #if ULYSSES_CUDA_EMULATED
 namespace emu_mma {
+// The warp meets as the .aligned instruction does: all 32 lanes, or the emulator reports the warp.
+inline void meet_aligned() { ul_emu::warp_collective(ul_emu::Collective::aligned, 0xffffffffu, 0, 0, 32); }
+
 struct LaneFragments {
   uint32_t a[4], b[2];
 };
@@ -108,7 +111,7 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], const uint32_t a[4
   emu_mma::LaneFragments* w = emu_mma::slots()[warp];
   for (int i = 0; i < 4; i++) w[lane].a[i] = a[i];
   for (int i = 0; i < 2; i++) w[lane].b[i] = b[i];
-  __syncwarp();  // every lane's fragments are in place
+  emu_mma::meet_aligned();  // every lane's fragments are in place
   const int g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; i++) {
     const int r = g + (i / 2) * 8, n = 2 * t + (i & 1);
@@ -116,7 +119,7 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], const uint32_t a[4
     for (int k = 0; k < 16; k++) acc += emu_mma::a_elem(w, r, k) * emu_mma::b_elem(w, k, n);
     c[i] += acc;
   }
-  __syncwarp();  // every lane has read the slots before the next call overwrites them
+  emu_mma::meet_aligned();  // every lane has read the slots before the next call overwrites them
 #elif defined(__CUDA_ARCH__)
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -152,13 +155,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __nv_bfloat16* 
   const int lane = lane_id(), warp = int(threadIdx.x) / 32;
   const __nv_bfloat16** w = emu_ldsm::slots()[warp];
   w[lane] = row;
-  __syncwarp();  // every lane's address is in place
+  emu_mma::meet_aligned();  // every lane's address is in place
   const int g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; i++) {
     const __nv_bfloat16* const* m = w + 8 * i;  // the row addresses of matrix i
     r[i] = kTrans ? pack_bf16x2(m[2 * t][g], m[2 * t + 1][g]) : load_bf16x2(m[g] + 2 * t);
   }
-  __syncwarp();  // every lane has read the addresses before the next call overwrites them
+  emu_mma::meet_aligned();  // every lane has read the addresses before the next call overwrites them
 #elif defined(__CUDA_ARCH__)
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
   if constexpr (kTrans)

@@ -16,11 +16,16 @@
 //     leaves it undefined at a block's start: a read before any write shows instead of reading
 //     the previous block's values. A plain __shared__ declaration does not compile here;
 //   - __syncthreads() parks the fiber until every thread of the block has arrived; a barrier that
-//     only part of the block can reach is reported as an error, not a hang;
+//     only part of the block can reach, or threads that meet at two different barriers (source
+//     lines), are reported as errors, not a hang or a barrier that opens too early;
 //   - warp collectives (shuffles, __syncwarp, votes) park each lane until all lanes named in the
 //     mask (that still run) have arrived, then compute every lane's result at once, as the hardware
 //     exchanges registers in one step; a shuffle from a lane that takes no part (undefined on the
-//     GPU) yields all-one bits, NaN as a float.
+//     GPU) yields all-one bits, NaN as a float. mma.sync and ldmatrix (Collective::aligned) also
+//     need all 32 lanes present: a warp with exited or absent lanes is an error there;
+//   - a limit of the model: lanes meet at every collective, so what a lane wrote to shared memory
+//     before a shuffle, mma or ldmatrix is visible to the others after it, where the GPU promises
+//     that only for __syncwarp and barriers; a kernel that leans on a shuffle for it passes here.
 // Only what the project's kernels use is here; nvcc compiles the same files for the real GPU.
 #pragma once
 #include <math.h>
@@ -59,9 +64,11 @@ inline thread_local dim3 gridDim;
 
 namespace ul_emu {
 
-enum class Collective : int { none, sync, ballot, shfl_idx, shfl_up, shfl_down, shfl_xor };
+// aligned: mma.sync and ldmatrix (engine/mma.h), which all 32 lanes of the warp must execute.
+enum class Collective : int { none, sync, ballot, shfl_idx, shfl_up, shfl_down, shfl_xor, aligned };
 
-void syncthreads();
+// The call's source line: threads that meet at two different barriers are an error (below).
+void syncthreads(const char* file, int line);
 // Parks the calling lane until every running lane of `mask` has arrived with the same op, mask
 // and width; returns this lane's result bits (the shuffled value, or the ballot in the low 32 bits
 // with the participating lanes in the high 32).
@@ -121,7 +128,9 @@ T shuffle(Collective op, unsigned mask, T var, int arg, int width) {
 }  // namespace ul_emu
 
 // ---- barriers and warp collectives ---------------------------------------------------------------
-inline void __syncthreads() { ul_emu::syncthreads(); }
+// A macro, so that the barrier is known by its call's source line (the compiler may inline or
+// duplicate the call; the line stays): bar.sync is .aligned, every thread must reach the same one.
+#define __syncthreads() ::ul_emu::syncthreads(__FILE__, __LINE__)
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ul_emu::warp_collective(ul_emu::Collective::sync, mask, 0, 0, 32); }
 
 template <class T>

@@ -130,6 +130,7 @@ const char* op_name(Collective op) {
     case Collective::shfl_up: return "__shfl_up_sync";
     case Collective::shfl_down: return "__shfl_down_sync";
     case Collective::shfl_xor: return "__shfl_xor_sync";
+    case Collective::aligned: return "mma.sync/ldmatrix";
   }
   return "?";
 }
@@ -168,9 +169,12 @@ struct Worker {
   bool in_block = false;
   const std::function<void()>* body = nullptr;
   size_t smem_bytes = 0;
+  bool smem_opted_in = false;  // cudaFuncSetAttribute raised this kernel's dynamic limit
   int n = 0;           // threads per block
   int cur = -1;        // the running fiber
   int at_barrier = 0;
+  const char* barrier_file = nullptr;  // where the threads at the barrier called it from
+  int barrier_line = 0;
   unsigned barriers = 0;  // __syncthreads completed: each one restarts the warp order
   int exited = 0;
   std::exception_ptr error;
@@ -292,6 +296,11 @@ void fiber_exit(Worker& w) {
     w.error = std::make_exception_ptr(std::runtime_error(
         "thread " + coord(f.tid) + " exited while " + std::to_string(w.at_barrier) +
         " threads wait at __syncthreads(): a barrier must be reached by every thread of the block"));
+  const Warp& wp = w.warps[warp];
+  if (wp.op == Collective::aligned && wp.arrived && !w.error)
+    w.error = std::make_exception_ptr(std::runtime_error(
+        "thread " + coord(f.tid) + " exited while lanes " + hex(wp.arrived) + " of its warp wait in " +
+        op_name(wp.op) + ": an .aligned warp instruction must be executed by all 32 lanes of the warp"));
   try_complete(w, warp);  // the lanes still in a collective may no longer wait for this one
 }
 
@@ -351,6 +360,7 @@ std::string deadlock_report(Worker& w) {
 void run_block(Worker& w, uint3 block_idx, unsigned flip) {
   blockIdx = block_idx;
   w.at_barrier = 0;
+  w.barrier_file = nullptr;
   w.exited = 0;
   w.error = nullptr;
   for (int k = 0; k < (w.n + 31) / 32; k++) {
@@ -422,10 +432,14 @@ void run_block(Worker& w, uint3 block_idx, unsigned flip) {
 std::mutex g_smem_mu;
 std::map<const void*, size_t> g_smem_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 
-size_t smem_limit(const void* kernel) {  // cudaFuncAttributeMaxDynamicSharedMemorySize, or 48 KiB
+// The dynamic shared memory a launch of `kernel` may ask: its cudaFuncAttributeMaxDynamicSharedMemorySize
+// when set (opted_in), else 48 KiB (less its static shared memory: checked as the block declares it).
+size_t smem_limit(const void* kernel, bool* opted_in = nullptr) {
   std::lock_guard<std::mutex> lock(g_smem_mu);
   const auto it = g_smem_opt_in.find(kernel);
-  return it == g_smem_opt_in.end() ? kDefaultDynamicSmem : std::max(kDefaultDynamicSmem, it->second);
+  const bool set = it != g_smem_opt_in.end();
+  if (opted_in) *opted_in = set;
+  return set ? it->second : kDefaultDynamicSmem;
 }
 
 // The emulated GPU's opt-in limit (ULYSSES_EMU_GPU): what a launch or cudaFuncSetAttribute may ask.
@@ -447,19 +461,37 @@ void check_config(const char* name, const void* kernel, dim3 grid, dim3 block, s
   if (smem > device_smem_optin())
     bad(std::to_string(smem) + " bytes of dynamic shared memory (" + gpu.name + " allows " +
         std::to_string(device_smem_optin()) + ")");
-  if (smem > smem_limit(kernel))
-    bad(std::to_string(smem) + " bytes of dynamic shared memory without cudaFuncSetAttribute(kernel, "
-        "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first (the default limit is 48 KiB)");
+  bool opted_in = false;
+  const size_t limit = smem_limit(kernel, &opted_in);
+  if (smem > limit)
+    bad(std::to_string(smem) + " bytes of dynamic shared memory " +
+        (opted_in ? "past the " + std::to_string(limit) + " bytes cudaFuncSetAttribute(kernel, "
+                        "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) allowed"
+                  : std::string("without cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+                                "bytes) first (the default limit is 48 KiB)")));
 }
 
 }  // namespace
 
-void syncthreads() {
+void syncthreads(const char* file, int line) {
   Worker& w = in_kernel("__syncthreads()");
   if (w.exited > 0)
     throw std::runtime_error("__syncthreads() reached by thread " + coord(w.fibers[w.cur].tid) + " after " +
                              std::to_string(w.exited) + " of the block's " + std::to_string(w.n) +
                              " threads exited: a barrier must be reached by every thread of the block");
+  // bar.sync is .aligned: every thread of the block must reach the same barrier. Threads that meet
+  // at two different __syncthreads() calls (one in each arm of a branch that splits the block)
+  // would pass here, counting arrivals, but are undefined on the GPU (a hang, or a barrier that
+  // opens too early); the call's source line tells them apart.
+  if (w.at_barrier == 0) {
+    w.barrier_file = file;
+    w.barrier_line = line;
+  } else if (line != w.barrier_line || std::strcmp(file, w.barrier_file) != 0) {
+    throw std::runtime_error("thread " + coord(w.fibers[w.cur].tid) + " reached __syncthreads() at " + file + ":" +
+                             std::to_string(line) + " while " + std::to_string(w.at_barrier) +
+                             " threads wait at the one at " + w.barrier_file + ":" + std::to_string(w.barrier_line) +
+                             ": every thread of the block must reach the same barrier (bar.sync is .aligned)");
+  }
   if (++w.at_barrier == w.n) {
     for (int i = 0; i < w.n; i++)
       if (w.fibers[i].wait == Wait::barrier) w.fibers[i].wait = Wait::ready;
@@ -476,6 +508,13 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
   const int lane = w.cur % 32, warp = w.cur / 32;
   Warp& wp = w.warps[warp];
   auto who = [&] { return "lane " + std::to_string(lane) + " of warp " + std::to_string(warp); };
+  // mma.sync and ldmatrix are .aligned: all 32 lanes must execute them (exited lanes, or a block
+  // whose last warp is partial, leave their fragments undefined on the GPU, where a shuffle only
+  // waits for the lanes that still run).
+  if (op == Collective::aligned && (mask != 0xffffffffu || wp.live != 0xffffffffu))
+    throw std::runtime_error(who() + " executed " + op_name(op) + " with lanes " + hex(~wp.live & 0xffffffffu) +
+                             " of its warp exited or absent (a block of " + std::to_string(w.n) +
+                             " threads): an .aligned warp instruction needs all 32 lanes");
   if (!(mask >> lane & 1))
     throw std::runtime_error(who() + " called " + op_name(op) + " with mask " + hex(mask) + ", which leaves it out");
   if (width < 1 || width > 32 || (width & (width - 1)))
@@ -548,6 +587,11 @@ void static_smem(void* array, size_t bytes) {
   if (w.static_bytes > kDefaultDynamicSmem)
     throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static shared memory (the GPU allows 48 KiB; "
                              "use dynamic shared memory for more)");
+  // Without the opt-in, static and dynamic together must fit the default 48 KiB.
+  if (!w.smem_opted_in && w.static_bytes + w.smem_bytes > kDefaultDynamicSmem)
+    throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
+                             " of dynamic shared memory: past the 48 KiB a block gets without "
+                             "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)");
   if (w.static_bytes + w.smem_bytes > device_smem_optin())
     throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
                              " of dynamic shared memory: past the " + std::to_string(device_smem_optin()) +
@@ -576,6 +620,8 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
   const unsigned flip = launches++ & 1u;
   const long long gx = grid.x, gy = grid.y;
   const long long blocks = gx * gy * grid.z;
+  bool opted_in = false;
+  smem_limit(kernel, &opted_in);
   std::atomic<bool> failed{false};
   std::string message;
 #pragma omp parallel
@@ -595,6 +641,7 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     gridDim = grid;
     w.n = int(block.x * block.y * block.z);
     w.smem_bytes = smem_bytes;
+    w.smem_opted_in = opted_in;
     w.body = &body;
     w.in_block = true;
 #pragma omp for schedule(dynamic, 1)

@@ -155,6 +155,21 @@ __global__ void lone_barrier_kernel(int* out) {
   if (threadIdx.x == 0) __syncthreads();  // the others exit while thread 0 waits
   out[threadIdx.x] = 1;
 }
+// Warp 0 and warp 1 meet at two different barriers: every thread arrives at one, so a count of
+// arrivals lets the block through, but bar.sync is .aligned (undefined on the GPU).
+__global__ void two_barriers_kernel(int* out) {
+  if (threadIdx.x < 32) __syncthreads();
+  else __syncthreads();
+  out[threadIdx.x] = 1;
+}
+// 40 KiB of dynamic shared memory (under the 48 KiB default) beside 16 KiB of static.
+__global__ void static_and_dynamic_kernel(int* out) {
+  UL_STATIC_SMEM(char, fixed, [16 * 1024]);
+  UL_DYNAMIC_SMEM(char, dyn);
+  fixed[threadIdx.x] = 1;
+  dyn[threadIdx.x] = 2;
+  out[0] = fixed[0] + dyn[0];
+}
 __global__ void split_warp_kernel(int* out) {
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
   else __syncthreads();
@@ -278,6 +293,13 @@ TEST_CASE("emu: static shared memory starts as NaN bytes in every block and past
   DeviceBuffer<int> one(1);
   CHECK_THROWS_WITH(ul::launch("big", too_much_static_smem_kernel, dim3(1), dim3(32), 0, nullptr, one.p),
                     Catch::Contains("49168 bytes of static shared memory (the GPU allows 48 KiB"));
+  // Static and dynamic together past 48 KiB need the opt-in, as on the GPU; with it they run.
+  CHECK_THROWS_WITH(
+      ul::launch("both", static_and_dynamic_kernel, dim3(1), dim3(32), 40 * 1024, nullptr, one.p),
+      Catch::Contains("16384 bytes of static and 40960 of dynamic") && Catch::Contains("cudaFuncSetAttribute"));
+  UL_CUDA_CHECK(cudaFuncSetAttribute(static_and_dynamic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 40 * 1024));
+  ul::launch("both", static_and_dynamic_kernel, dim3(1), dim3(32), 40 * 1024, nullptr, one.p);
+  CHECK(one.get()[0] == 3);
 }
 
 TEST_CASE("emu: dynamic shared memory", "[emu]") {
@@ -443,6 +465,8 @@ TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
     CHECK_THROWS_WITH(ul::launch("lone_barrier", lone_barrier_kernel, dim3(1), dim3(64), 0, nullptr, out.p),
                       Catch::Contains("__syncthreads") &&
                           (Catch::Contains("exited while") || Catch::Contains("a barrier must be reached by every thread")));
+  CHECK_THROWS_WITH(ul::launch("two_barriers", two_barriers_kernel, dim3(1), dim3(64), 0, nullptr, out.p),
+                    Catch::Contains("while 32 threads wait at the one at") && Catch::Contains("the same barrier"));
   CHECK_THROWS_WITH(ul::launch("split_warp", split_warp_kernel, dim3(1), dim3(32), 0, nullptr, out.p),
                     Catch::Contains("deadlock") && Catch::Contains("__shfl_sync"));
   CHECK_THROWS_WITH(ul::launch("bad_mask", bad_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.p),

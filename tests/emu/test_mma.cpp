@@ -1,6 +1,6 @@
 // The emulated twins of the tensor-core MMA and ldmatrix (engine/mma.h) against the PTX layout
 // (the cases, shared with the GPU test, are in mma_cases.h), and the emulator's report of a
-// misaligned ldmatrix or bf16-pair access.
+// misaligned ldmatrix or bf16-pair access and of an mma that part of a warp misses.
 #define UL_CUDA_TEST_TAG "[emu]"
 #include "emu/mma_cases.h"
 #include "stream_order.h"
@@ -23,7 +23,31 @@ __global__ void bf16x2_copy_kernel(__nv_bfloat16* out, const __nv_bfloat16* in, 
   ul::cuda::store_bf16x2(out + offset, __bfloat162float(pair[0]), __bfloat162float(pair[1]));
 }
 
+// An mma with lanes gone: the first `stay` lanes of the warp run it (the rest have exited, or
+// the block has only `stay` threads). Undefined on the GPU (.aligned): the emulator reports it.
+__global__ void mma_partial_warp_kernel(float* out, int stay) {
+  if (int(threadIdx.x) >= stay) return;
+  const uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  ul::cuda::mma_m16n8k16_bf16(c, a, b);
+  out[threadIdx.x] = c[0];
+}
+
 }  // namespace
+
+TEST_CASE("emulated mma.sync needs all 32 lanes of the warp, as the .aligned instruction does", "[emu][mma]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
+  float* d_out;
+  UL_CUDA_CHECK(cudaMalloc(&d_out, 64 * 4));
+  ul::launch("mma_whole_warp", mma_partial_warp_kernel, dim3(1), dim3(64), 0, nullptr, d_out, 64);
+  // Lanes 16-31 exit first (or run first and exit) while lanes 0-15 wait in the mma.
+  CHECK_THROWS_WITH(ul::launch("mma_exited", mma_partial_warp_kernel, dim3(1), dim3(32), 0, nullptr, d_out, 16),
+                    Catch::Contains("mma.sync/ldmatrix") && Catch::Contains("32 lanes"));
+  // A block whose last warp has 16 threads: its lanes 16-31 do not exist.
+  CHECK_THROWS_WITH(ul::launch("mma_partial", mma_partial_warp_kernel, dim3(1), dim3(48), 0, nullptr, d_out, 48),
+                    Catch::Contains("0xffff0000") && Catch::Contains("block of 48 threads"));
+  cudaFree(d_out);
+}
 
 TEST_CASE("emulated bf16-pair accesses refuse an odd element offset, as a GPU faults on it", "[emu][mma]") {
   ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
