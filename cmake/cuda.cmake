@@ -21,9 +21,17 @@ file(GLOB ULYSSES_CUDA_SOURCES CONFIGURE_DEPENDS
 if(ULYSSES_CUDA_EMULATION)
   file(GLOB ULYSSES_EMU_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/engine/cuda_emu/*.cpp)
   # LANGUAGE CXX makes CMake (policy CMP0119) compile them with -x c++.
+  # A kernel's registers start as garbage on a GPU, zero (or the last value) here as often as not:
+  # locals the compiler can fill with a non-zero pattern make a read before the write show.
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-ftrivial-auto-var-init=pattern ULYSSES_HAVE_AUTO_VAR_INIT)
+  set(emu_kernel_options "-include;${PROJECT_SOURCE_DIR}/engine/cuda_emu/cuda_emu.h")
+  if(ULYSSES_HAVE_AUTO_VAR_INIT)
+    list(APPEND emu_kernel_options -ftrivial-auto-var-init=pattern)
+  endif()
   set_source_files_properties(${ULYSSES_CUDA_SOURCES} PROPERTIES
     LANGUAGE CXX
-    COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/engine/cuda_emu/cuda_emu.h")
+    COMPILE_OPTIONS "${emu_kernel_options}")
   # The NCCL communicator too, on the emulated NCCL (engine/cuda_emu/nccl.h).
   target_sources(ulysses PRIVATE ${ULYSSES_CUDA_SOURCES} ${ULYSSES_EMU_SOURCES} ${PROJECT_SOURCE_DIR}/parallel/comm_nccl.cpp)
   target_compile_definitions(ulysses PUBLIC ULYSSES_HAVE_CUDA=1 ULYSSES_CUDA_EMULATED=1 ULYSSES_HAVE_NCCL=1)
