@@ -31,6 +31,15 @@ void* Tape::grad(const Tensor& t) {
   return s.grad;
 }
 
+void* Tape::grad_to_overwrite(const Tensor& t, bool& overwrite) {
+  if (t.gid < 0 || size_t(t.gid) >= slots_.size())
+    throw std::runtime_error("autograd: tensor " + t.str() + " has no gradient slot");
+  Slot& s = slots_[t.gid];
+  overwrite = !s.grad;
+  if (!s.grad) s.grad = arena_.alloc(s.bytes);  // the caller's first store fills it
+  return s.grad;
+}
+
 void* Tape::grad_if_any(const Tensor& t) const {
   if (t.gid < 0 || size_t(t.gid) >= slots_.size()) return nullptr;
   return slots_[t.gid].grad;

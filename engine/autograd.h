@@ -5,6 +5,10 @@
 // gradients, so fan-out (the residual stream), shared weights (tied embeddings) and gradient
 // accumulation over micro-batches need nothing else. Gradient buffers of activations come from the
 // arena, zeroed, on first use; parameter slots point into the model's gradient buffer and persist.
+// One shortcut keeps that contract: an op whose backward writes ALL of an input's gradient may ask
+// for it with grad_to_overwrite; when it is the first to write it, the buffer comes unzeroed and
+// the op stores its values instead of adding them to zeros (the same values: 0 + v = v), which
+// saves a pass that writes zeros and one that reads them back (the CUDA linear's dx GEMM and GELU).
 #pragma once
 #include <functional>
 #include <vector>
@@ -30,6 +34,10 @@ class Tape {
   // The gradient buffer of t, allocated and zeroed on first use. t must have a slot.
   void* grad(const Tensor& t);
   float* gradf(const Tensor& t) { return static_cast<float*>(grad(t)); }
+  // For an op that writes every element of t's gradient: the buffer, and whether the op is its
+  // first writer (overwrite = true: the buffer was just allocated, NOT zeroed, and the op must
+  // store its values) or must add to what is there (overwrite = false).
+  void* grad_to_overwrite(const Tensor& t, bool& overwrite);
   // nullptr when nothing has written a gradient for t yet (its consumers never ran backward).
   void* grad_if_any(const Tensor& t) const;
 

@@ -56,7 +56,9 @@ static Tensor gelu_cuda(const Tensor& x) {
     c.tape.push("gelu", [=] {
       const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
       if (!dy) return;
-      cuda::gelu_backward(grad_or_scratch_as<T>(x), dy, x.as<T>(), n, op_stream());
+      bool overwrite = false;  // dx is written whole: its first writer stores it
+      T* dx = grad_to_overwrite_as<T>(x, overwrite);
+      cuda::gelu_backward(dx, dy, x.as<T>(), n, op_stream(), !overwrite);
     });
   });
   return y;

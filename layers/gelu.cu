@@ -43,20 +43,23 @@ __global__ void gelu_forward_kernel(T* __restrict__ y, const T* __restrict__ x, 
   for (int64_t i = packs * V + grid_first(); i < n; i += grid_stride()) y[i] = from_float<T>(gelu(to_float(x[i])));
 }
 
-// dx += dy * gelu'(x).  dx, dy, x: (n)
+// dx += dy * gelu'(x), or with accumulate false dx = 0 + dy * gelu'(x) (what adding to a zeroed
+// dx gives, -0 included) without reading dx.  dx, dy, x: (n)
 template <class T, int V>
-__global__ void gelu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
-                                     int64_t n) {
+__global__ void gelu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, int64_t n,
+                                     bool accumulate) {
   const int64_t packs = n / V;
   for (int64_t p = grid_first(); p < packs; p += grid_stride()) {
     const Pack<T, V> xv = load_pack<V>(x + p * V), dyv = load_pack<V>(dy + p * V);
-    Pack<T, V> dxv = load_pack<V>(dx + p * V);
+    Pack<T, V> dxv;
+    if (accumulate) dxv = load_pack<V>(dx + p * V);
     for (int k = 0; k < V; k++)
-      dxv.v[k] = from_float<T>(to_float(dxv.v[k]) + to_float(dyv.v[k]) * gelu_grad(to_float(xv.v[k])));
+      dxv.v[k] = from_float<T>((accumulate ? to_float(dxv.v[k]) : 0.f) +
+                               to_float(dyv.v[k]) * gelu_grad(to_float(xv.v[k])));
     store_pack<V>(dx + p * V, dxv);
   }
   for (int64_t i = packs * V + grid_first(); i < n; i += grid_stride())
-    dx[i] = from_float<T>(to_float(dx[i]) + to_float(dy[i]) * gelu_grad(to_float(x[i])));
+    dx[i] = from_float<T>((accumulate ? to_float(dx[i]) : 0.f) + to_float(dy[i]) * gelu_grad(to_float(x[i])));
 }
 
 }  // namespace
@@ -74,22 +77,22 @@ void gelu_forward(T* y, const T* x, int64_t n, cudaStream_t s) {
 }
 
 template <class T>
-void gelu_backward(T* dx, const T* dy, const T* x, int64_t n, cudaStream_t s) {
+void gelu_backward(T* dx, const T* dy, const T* x, int64_t n, cudaStream_t s, bool accumulate) {
   if (n == 0) return;
   constexpr int V = kPackElems<T>;
   if (pack_aligned({dx, dy, x}))
     launch("gelu_backward", gelu_backward_kernel<T, V>, dim3(elementwise_blocks(n / V)), dim3(kElementwiseThreads), 0,
-           s, dx, dy, x, n);
+           s, dx, dy, x, n, accumulate);
   else
     launch("gelu_backward", gelu_backward_kernel<T, 1>, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, s,
-           dx, dy, x, n);
+           dx, dy, x, n, accumulate);
 }
 
 template void gelu_forward<float>(float*, const float*, int64_t, cudaStream_t);
 template void gelu_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int64_t, cudaStream_t);
-template void gelu_backward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
+template void gelu_backward<float>(float*, const float*, const float*, int64_t, cudaStream_t, bool);
 template void gelu_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int64_t,
-                                           cudaStream_t);
+                                           cudaStream_t, bool);
 
 }  // namespace cuda
 }  // namespace ul

@@ -22,9 +22,11 @@ template <class T> void gelu_backward(T* dx, const T* dy, const T* x, int64_t n)
 
 #if ULYSSES_HAVE_CUDA
 namespace cuda {
-// T is float or __nv_bfloat16, math in float. Pointers are device memory; backward adds into dx.
+// T is float or __nv_bfloat16, math in float. Pointers are device memory; backward adds into dx,
+// or with accumulate false stores 0 + dy gelu'(x) there without reading it (the first writer).
 template <class T> void gelu_forward(T* y, const T* x, int64_t n, cudaStream_t s);
-template <class T> void gelu_backward(T* dx, const T* dy, const T* x, int64_t n, cudaStream_t s);
+template <class T>
+void gelu_backward(T* dx, const T* dy, const T* x, int64_t n, cudaStream_t s, bool accumulate = true);
 }  // namespace cuda
 #endif
 

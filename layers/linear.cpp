@@ -70,13 +70,15 @@ static Tensor linear_cuda(const Tensor& x, const Tensor& w, const Tensor& b) {
       if (!dy) return;
       // Only the gradients someone needs, fetched before the scratch scope (a gradient allocated
       // lazily inside it would be released with it).
-      T* dx = x.requires_grad() ? grad_or_scratch_as<T>(x) : nullptr;
+      // dx is written whole by its GEMM: the first writer stores it (no zeroed buffer to read).
+      bool overwrite_dx = false;
+      T* dx = x.requires_grad() ? grad_to_overwrite_as<T>(x, overwrite_dx) : nullptr;
       float* dw = w.requires_grad() ? weight_grad_or_scratch(w) : nullptr;
       float* db = b.defined() && b.requires_grad() ? weight_grad_or_scratch(b) : nullptr;
       ArenaScope scope(ctx().arena);
       float* scratch =
           db ? static_cast<float*>(ctx().arena.alloc(cuda::linear_backward_scratch_bytes(N, OC))) : nullptr;
-      cuda::linear_backward(dx, dw, db, dy, x.as<T>(), w.as<T>(), scratch, N, C, OC, op_stream());
+      cuda::linear_backward(dx, dw, db, dy, x.as<T>(), w.as<T>(), scratch, N, C, OC, op_stream(), !overwrite_dx);
     });
   };
   if (b.defined())

@@ -2,7 +2,8 @@
 // T is float or __nv_bfloat16; dw and db are fp32 (parameter gradients).
 //
 // forward      one GEMM, y = x w^T, with the bias added in the GEMM's epilogue.
-// backward dx  one GEMM, dx += dy w (accumulating in place: beta = 1).
+// backward dx  one GEMM, dx += dy w (accumulating in place: beta = 1), or dx = dy w for the
+//              gradient's first writer (beta = 0: dx is not read, so it need not be zeroed first).
 // backward dw  one GEMM, dw += dy^T x, fp32 output from T inputs.
 // backward db  the column sums of dy, deterministic (layers/column_sums.cuh).
 #include "engine/cuda_launch.h"
@@ -47,9 +48,9 @@ void linear_forward(T* y, const T* x, const T* w, const T* b, int N, int C, int 
 
 template <class T>
 void linear_backward(T* dx, float* dw, float* db, const T* dy, const T* x, const T* w, float* scratch, int N, int C,
-                     int OC, cudaStream_t s) {
-  // dx (N, C) += dy (N, OC) · w (OC, C)
-  if (dx) gemm<T, T>(dx, dy, w, nullptr, N, C, OC, false, false, true, "linear backward dx", s);
+                     int OC, cudaStream_t s, bool accumulate_dx) {
+  // dx (N, C) += dy (N, OC) · w (OC, C)   (or = for the first writer)
+  if (dx) gemm<T, T>(dx, dy, w, nullptr, N, C, OC, false, false, accumulate_dx, "linear backward dx", s);
   // dw (OC, C) += dy^T (OC, N) · x (N, C), in fp32
   if (dw) gemm<T, float>(dw, dy, x, nullptr, OC, C, N, true, false, true, "linear backward dw", s);
   if (db) column_sums_add<T>(db, dy, scratch, N, OC, s);
@@ -59,10 +60,10 @@ template void linear_forward<float>(float*, const float*, const float*, const fl
 template void linear_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                             const __nv_bfloat16*, int, int, int, cudaStream_t);
 template void linear_backward<float>(float*, float*, float*, const float*, const float*, const float*, float*, int,
-                                     int, int, cudaStream_t);
+                                     int, int, cudaStream_t, bool);
 template void linear_backward<__nv_bfloat16>(__nv_bfloat16*, float*, float*, const __nv_bfloat16*,
                                              const __nv_bfloat16*, const __nv_bfloat16*, float*, int, int, int,
-                                             cudaStream_t);
+                                             cudaStream_t, bool);
 template void column_sums_add<float>(float*, const float*, float*, int, int, cudaStream_t);
 template void column_sums_add<__nv_bfloat16>(float*, const __nv_bfloat16*, float*, int, int, cudaStream_t);
 

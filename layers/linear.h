@@ -26,12 +26,14 @@ namespace cuda {
 // y = x w^T (+ b): b may be null.
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, int N, int C, int OC, cudaStream_t s);
-// Adds into dx (T), dw and db (fp32 parameter gradients, whatever T is). Any of dx, dw, db may be
-// null: that gradient (and its GEMM) is skipped. scratch: linear_backward_scratch_bytes(N, OC)
-// bytes of device memory for db's per-chunk partial sums, reduced in a fixed order (deterministic).
+// Adds into dx (T), dw and db (fp32 parameter gradients, whatever T is); with accumulate_dx false
+// it stores dx instead, never reading it (a gradient's first writer: Tape::grad_to_overwrite). Any
+// of dx, dw, db may be null: that gradient (and its GEMM) is skipped. scratch:
+// linear_backward_scratch_bytes(N, OC) bytes of device memory for db's per-chunk partial sums,
+// reduced in a fixed order (deterministic).
 template <class T>
 void linear_backward(T* dx, float* dw, float* db, const T* dy, const T* x, const T* w, float* scratch, int N, int C,
-                     int OC, cudaStream_t s);
+                     int OC, cudaStream_t s, bool accumulate_dx = true);
 size_t linear_backward_scratch_bytes(int N, int OC);
 // db (OC) += sum_n dy (N, OC), the column sums behind linear_backward's db; scratch as above.
 template <class T>

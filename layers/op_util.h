@@ -26,6 +26,16 @@ inline T* grad_or_scratch_as(const Tensor& t) {
   return static_cast<T*>(c.arena.alloc_zero(t.nbytes()));
 }
 
+// The same for a backward that writes every element of t's gradient (Tape::grad_to_overwrite):
+// overwrite says whether it stores (the first writer; the buffer is not zeroed) or adds.
+template <class T>
+inline T* grad_to_overwrite_as(const Tensor& t, bool& overwrite) {
+  Context& c = ctx();
+  if (t.requires_grad()) return static_cast<T*>(c.tape.grad_to_overwrite(t, overwrite));
+  overwrite = true;
+  return static_cast<T*>(c.arena.alloc(t.nbytes()));
+}
+
 // Parameter gradients are f32 whatever the parameters' dtype (bf16 training keeps f32 gradients
 // and f32 master weights): the buffer a weight's gradient is added into, or f32 scratch.
 inline float* weight_grad_or_scratch(const Tensor& w) {

@@ -81,6 +81,16 @@ void check_kernels(Dims dm, bool with_bias) {
   expect_close("dx alone", to_f32(d_dx.get()), dx_ref, rel, 1e-5 * sum_scale(dy, w, OC));
   CHECK(same_bits(d_dw.get(), dw0));
   CHECK(same_bits(d_db.get(), db0));
+
+  // dx's first writer (accumulate_dx false) stores dy w into a buffer it never reads: NaN before
+  // (an unzeroed gradient), the CPU's dx from zeros after.
+  std::vector<float> dx_first(NC, 0.f);
+  ul::cpu::linear_backward(dx_first.data(), (float*)nullptr, (float*)nullptr, dy.data(), x.data(), w.data(), N, C,
+                           OC);
+  d_dx.set(to_elem<T>(std::vector<float>(NC, NAN)));
+  ul::cuda::linear_backward<T>(d_dx.p, nullptr, nullptr, d_dy.p, d_x.p, d_w.p, nullptr, N, C, OC, nullptr,
+                               /*accumulate_dx=*/false);
+  expect_close("dx, first writer", to_f32(d_dx.get()), dx_first, rel, 1e-5 * sum_scale(dy, w, OC));
 }
 
 struct OpResult {

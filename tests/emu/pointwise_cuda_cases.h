@@ -99,6 +99,12 @@ void check_gelu(int n, int offset) {
   ul::cuda::gelu_backward(d_dx.p, d_dy.p, d_x.p, n, nullptr);
   expect_close("y", to_f32(d_y.get()), y_ref, rel, 1e-6);
   expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, 1e-5);
+  // The first writer (accumulate false) never reads dx: NaN before, the CPU's dx from zeros after.
+  std::vector<float> dx_first(n, 0.f);
+  ul::cpu::gelu_backward(dx_first.data(), dy.data(), x.data(), n);
+  d_dx.set(to_elem<T>(std::vector<float>(n, NAN)));
+  ul::cuda::gelu_backward(d_dx.p, d_dy.p, d_x.p, n, nullptr, /*accumulate=*/false);
+  expect_close("dx, first writer", to_f32(d_dx.get()), dx_first, rel, 1e-5);
 }
 
 // The far left tail, x from -4 to -12, relative to the CPU's: GELU there is 1e-4 down to 1e-30,
