@@ -8,7 +8,8 @@
 // One shortcut keeps that contract: an op whose backward writes ALL of an input's gradient may ask
 // for it with grad_to_overwrite; when it is the first to write it, the buffer comes unzeroed and
 // the op stores its values instead of adding them to zeros (the same values: 0 + v = v), which
-// saves a pass that writes zeros and one that reads them back (the CUDA linear's dx GEMM and GELU).
+// saves a pass that writes zeros and one that reads them back (on CUDA: the linear's dx GEMM and
+// the GELU, SwiGLU and residual-add backwards).
 #pragma once
 #include <functional>
 #include <vector>

@@ -54,10 +54,12 @@ static Tensor add_cuda(const Tensor& a, const Tensor& b) {
     c.tape.push("add", [=] {
       const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
       if (!dy) return;
-      // For a + a both are the same buffer, which the kernel allows (it gets 2 dy).
-      T* da = grad_or_scratch_as<T>(a);
-      T* db = grad_or_scratch_as<T>(b);
-      cuda::residual_backward(da, db, dy, n, op_stream());
+      // For a + a both are the same buffer, which the kernel allows (it gets 2 dy): the first call
+      // may make it fresh (overwrite a), the second then finds it made (add b).
+      bool overwrite_a = false, overwrite_b = false;  // each written whole: a first writer stores
+      T* da = grad_to_overwrite_as<T>(a, overwrite_a);
+      T* db = grad_to_overwrite_as<T>(b, overwrite_b);
+      cuda::residual_backward(da, db, dy, n, op_stream(), !overwrite_a, !overwrite_b);
     });
   });
   return y;

@@ -79,7 +79,9 @@ static Tensor swiglu_cuda(const Tensor& x) {
     c.tape.push("swiglu", [=] {
       const T* dy = static_cast<const T*>(ctx().tape.grad_if_any(y));
       if (!dy) return;
-      cuda::swiglu_backward(grad_or_scratch_as<T>(x), dy, x.as<T>(), N, F, op_stream());
+      bool overwrite = false;  // dx is written whole: its first writer stores it
+      T* dx = grad_to_overwrite_as<T>(x, overwrite);
+      cuda::swiglu_backward(dx, dy, x.as<T>(), N, F, op_stream(), !overwrite);
     });
   });
   return y;

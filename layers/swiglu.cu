@@ -35,17 +35,21 @@ __global__ void swiglu_forward_kernel(T* __restrict__ y, const T* __restrict__ x
 // dx, x: (N, 2F), dy: (N, F)
 template <class T, int V>
 __global__ void swiglu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, int N,
-                                       int F) {
+                                       int F, bool accumulate) {
   const int64_t packs_per_row = F / V, packs = int64_t(N) * packs_per_row;
   for (int64_t p = grid_first(); p < packs; p += grid_stride()) {
     const int64_t n = p / packs_per_row, f = (p % packs_per_row) * V;
     const int64_t gate = n * 2 * F + f, up = gate + F;
     const Pack<T, V> gv = load_pack<V>(x + gate), uv = load_pack<V>(x + up), dyv = load_pack<V>(dy + n * F + f);
-    Pack<T, V> dgv = load_pack<V>(dx + gate), duv = load_pack<V>(dx + up);
+    Pack<T, V> dgv, duv;  // read only when adding: the first writer stores 0 + the term
+    if (accumulate) {
+      dgv = load_pack<V>(dx + gate);
+      duv = load_pack<V>(dx + up);
+    }
     for (int k = 0; k < V; k++) {
       const float g = to_float(gv.v[k]), u = to_float(uv.v[k]), d = to_float(dyv.v[k]), sg = sigmoid(g);
-      dgv.v[k] = from_float<T>(to_float(dgv.v[k]) + d * u * sg * (1.f + g * (1.f - sg)));
-      duv.v[k] = from_float<T>(to_float(duv.v[k]) + d * g * sg);
+      dgv.v[k] = from_float<T>((accumulate ? to_float(dgv.v[k]) : 0.f) + d * u * sg * (1.f + g * (1.f - sg)));
+      duv.v[k] = from_float<T>((accumulate ? to_float(duv.v[k]) : 0.f) + d * g * sg);
     }
     store_pack<V>(dx + gate, dgv);
     store_pack<V>(dx + up, duv);
@@ -68,23 +72,23 @@ void swiglu_forward(T* y, const T* x, int N, int F, cudaStream_t s) {
 }
 
 template <class T>
-void swiglu_backward(T* dx, const T* dy, const T* x, int N, int F, cudaStream_t s) {
+void swiglu_backward(T* dx, const T* dy, const T* x, int N, int F, cudaStream_t s, bool accumulate) {
   if (N == 0 || F == 0) return;
   constexpr int V = kPackElems<T>;
   const int64_t NF = int64_t(N) * F;
   if (F % V == 0 && pack_aligned({dx, dy, x}))
     launch("swiglu_backward", swiglu_backward_kernel<T, V>, dim3(elementwise_blocks(NF / V)),
-           dim3(kElementwiseThreads), 0, s, dx, dy, x, N, F);
+           dim3(kElementwiseThreads), 0, s, dx, dy, x, N, F, accumulate);
   else
     launch("swiglu_backward", swiglu_backward_kernel<T, 1>, dim3(elementwise_blocks(NF)), dim3(kElementwiseThreads),
-           0, s, dx, dy, x, N, F);
+           0, s, dx, dy, x, N, F, accumulate);
 }
 
 template void swiglu_forward<float>(float*, const float*, int, int, cudaStream_t);
 template void swiglu_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int, int, cudaStream_t);
-template void swiglu_backward<float>(float*, const float*, const float*, int, int, cudaStream_t);
+template void swiglu_backward<float>(float*, const float*, const float*, int, int, cudaStream_t, bool);
 template void swiglu_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int, int,
-                                             cudaStream_t);
+                                             cudaStream_t, bool);
 
 }  // namespace cuda
 }  // namespace ul

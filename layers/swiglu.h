@@ -17,7 +17,9 @@ template <class T> void swiglu_backward(T* dx, const T* dy, const T* x, int N, i
 namespace cuda {
 // T is float or __nv_bfloat16, math in float. Pointers are device memory; backward adds into dx.
 template <class T> void swiglu_forward(T* y, const T* x, int N, int F, cudaStream_t s);
-template <class T> void swiglu_backward(T* dx, const T* dy, const T* x, int N, int F, cudaStream_t s);
+// accumulate false: dx's first writer stores 0 + the gradient, never reading dx (Tape::grad_to_overwrite).
+template <class T>
+void swiglu_backward(T* dx, const T* dy, const T* x, int N, int F, cudaStream_t s, bool accumulate = true);
 }  // namespace cuda
 #endif
 

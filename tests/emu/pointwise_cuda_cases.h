@@ -147,6 +147,12 @@ void check_swiglu(int N, int F, int offset) {
   ul::cuda::swiglu_backward(d_dx.p, d_dy.p, d_x.p, N, F, nullptr);
   expect_close("y", to_f32(d_y.get()), y_ref, rel, 1e-6);
   expect_close("dx", to_f32(d_dx.get()), dx_ref, rel, 1e-5);
+  // The first writer (accumulate false) never reads dx: NaN before, the CPU's dx from zeros after.
+  std::vector<float> dx_first(NX, 0.f);
+  ul::cpu::swiglu_backward(dx_first.data(), dy.data(), x.data(), N, F);
+  d_dx.set(to_elem<T>(std::vector<float>(NX, NAN)));
+  ul::cuda::swiglu_backward(d_dx.p, d_dy.p, d_x.p, N, F, nullptr, /*accumulate=*/false);
+  expect_close("dx, first writer", to_f32(d_dx.get()), dx_first, rel, 1e-5);
 }
 
 // Residual forward, and backward into two buffers and into one (y = x + x); offset as for GELU.
@@ -178,6 +184,28 @@ void check_residual(int n, int offset) {
   d_da.set(to_elem<T>(da0));
   ul::cuda::residual_backward(d_da.p, d_da.p, d_dy.p, n, nullptr);
   expect_close("dx (da == db)", to_f32(d_da.get()), dx_ref, rel, 1e-6);
+
+  // First writers (not accumulated) never read their buffer: NaN before, 0 + dy after; a first
+  // writer beside an adding one; and one buffer whose first writer is da (db then adds: 2 dy).
+  const std::vector<float> nan(n, NAN);
+  std::vector<float> dy_once(n), dy_twice(n);
+  for (int i = 0; i < n; i++) {
+    dy_once[i] = 0.f + dy[i];
+    dy_twice[i] = is_bf16<T>() ? round_bf16(round_bf16(0.f + dy[i]) + dy[i]) : (0.f + dy[i]) + dy[i];
+  }
+  d_da.set(to_elem<T>(nan));
+  d_db.set(to_elem<T>(nan));
+  ul::cuda::residual_backward(d_da.p, d_db.p, d_dy.p, n, nullptr, false, false);
+  expect_close("da, first writer", to_f32(d_da.get()), dy_once, rel, 1e-6);
+  expect_close("db, first writer", to_f32(d_db.get()), dy_once, rel, 1e-6);
+  d_da.set(to_elem<T>(da0));
+  d_db.set(to_elem<T>(nan));
+  ul::cuda::residual_backward(d_da.p, d_db.p, d_dy.p, n, nullptr, true, false);
+  expect_close("da, adding beside a first writer", to_f32(d_da.get()), da_ref, rel, 1e-6);
+  expect_close("db, first writer beside an adding one", to_f32(d_db.get()), dy_once, rel, 1e-6);
+  d_da.set(to_elem<T>(nan));
+  ul::cuda::residual_backward(d_da.p, d_da.p, d_dy.p, n, nullptr, false, true);
+  expect_close("dx (da == db), da its first writer", to_f32(d_da.get()), dy_twice, rel, 1e-6);
 }
 
 }  // namespace pw_cases
