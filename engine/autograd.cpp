@@ -23,18 +23,20 @@ Tensor Tape::track(Tensor t, DType grad_dtype) {
   return t;
 }
 
-void* Tape::grad(const Tensor& t) {
+Tape::Slot& Tape::slot_of(const Tensor& t) {
   if (t.gid < 0 || size_t(t.gid) >= slots_.size())
     throw std::runtime_error("autograd: tensor " + t.str() + " has no gradient slot");
-  Slot& s = slots_[t.gid];
+  return slots_[t.gid];
+}
+
+void* Tape::grad(const Tensor& t) {
+  Slot& s = slot_of(t);
   if (!s.grad) s.grad = arena_.alloc_zero(s.bytes);
   return s.grad;
 }
 
 void* Tape::grad_to_overwrite(const Tensor& t, bool& overwrite) {
-  if (t.gid < 0 || size_t(t.gid) >= slots_.size())
-    throw std::runtime_error("autograd: tensor " + t.str() + " has no gradient slot");
-  Slot& s = slots_[t.gid];
+  Slot& s = slot_of(t);
   overwrite = !s.grad;
   if (!s.grad) s.grad = arena_.alloc(s.bytes);  // the caller's first store fills it
   return s.grad;
@@ -53,9 +55,7 @@ void Tape::move_grad(const Tensor& t, void* dst) {
 }
 
 void Tape::adopt_grad(const Tensor& t, void* buf, size_t bytes) {
-  if (t.gid < 0 || size_t(t.gid) >= slots_.size())
-    throw std::runtime_error("autograd: tensor " + t.str() + " has no gradient slot");
-  Slot& s = slots_[t.gid];
+  Slot& s = slot_of(t);
   if (s.grad) throw std::runtime_error("autograd: adopt_grad on " + t.str() + ", whose gradient already exists");
   if (bytes < s.bytes)
     throw std::runtime_error("autograd: adopt_grad on " + t.str() + ": a buffer of " + std::to_string(bytes) +

@@ -77,6 +77,7 @@ class Tape {
  private:
   struct Slot { void* grad; size_t bytes; };
   struct Node { const char* name; std::function<void()> fn; };
+  Slot& slot_of(const Tensor& t);  // t's slot, or an error naming t if it has none
   Arena& arena_;
   std::vector<Slot> slots_;
   size_t n_param_slots_ = 0;
