@@ -32,19 +32,30 @@ Tape::Slot& Tape::slot_of(const Tensor& t) {
 void* Tape::grad(const Tensor& t) {
   Slot& s = slot_of(t);
   if (!s.grad) s.grad = arena_.alloc_zero(s.bytes);
+  else if (s.unwritten) device_zero(arena_.device(), s.grad, s.bytes);
+  s.unwritten = false;
   return s.grad;
 }
 
 void* Tape::grad_to_overwrite(const Tensor& t, bool& overwrite) {
   Slot& s = slot_of(t);
-  overwrite = !s.grad;
+  overwrite = !s.grad || s.unwritten;
   if (!s.grad) s.grad = arena_.alloc(s.bytes);  // the caller's first store fills it
+  s.unwritten = false;
   return s.grad;
 }
 
 void* Tape::grad_if_any(const Tensor& t) const {
   if (t.gid < 0 || size_t(t.gid) >= slots_.size()) return nullptr;
-  return slots_[t.gid].grad;
+  const Slot& s = slots_[t.gid];
+  return s.unwritten ? nullptr : s.grad;
+}
+
+void Tape::reserve_grad(const Tensor& t) {
+  Slot& s = slot_of(t);
+  if (s.grad) return;
+  s.grad = arena_.alloc(s.bytes);
+  s.unwritten = true;
 }
 
 void Tape::move_grad(const Tensor& t, void* dst) {

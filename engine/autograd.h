@@ -9,7 +9,7 @@
 // for it with grad_to_overwrite; when it is the first to write it, the buffer comes unzeroed and
 // the op stores its values instead of adding them to zeros (the same values: 0 + v = v), which
 // saves a pass that writes zeros and one that reads them back (on CUDA: the linear's dx GEMM and
-// the GELU, SwiGLU and residual-add backwards).
+// the GELU, SwiGLU, residual-add and attention backwards).
 #pragma once
 #include <functional>
 #include <vector>
@@ -41,6 +41,11 @@ class Tape {
   void* grad_to_overwrite(const Tensor& t, bool& overwrite);
   // nullptr when nothing has written a gradient for t yet (its consumers never ran backward).
   void* grad_if_any(const Tensor& t) const;
+  // Allocate t's gradient now, where the arena stands (a block's backward puts its input's below
+  // its own activations' gradients, to outlive them), but leave it unwritten: the first grad()
+  // zeroes it, or a grad_to_overwrite first writer stores into it unzeroed; until then
+  // grad_if_any says there is none. Nothing happens if t's gradient exists already.
+  void reserve_grad(const Tensor& t);
 
   // Move t's gradient to `dst` (a buffer of the same size whose contents are dead) and make dst
   // its gradient from now on. A block's backward uses it to hand the residual stream's gradient
@@ -75,7 +80,11 @@ class Tape {
   void clear_params();
 
  private:
-  struct Slot { void* grad; size_t bytes; };
+  struct Slot {
+    void* grad;
+    size_t bytes;
+    bool unwritten = false;  // reserve_grad's buffer: allocated, not zeroed, nothing written yet
+  };
   struct Node { const char* name; std::function<void()> fn; };
   Slot& slot_of(const Tensor& t);  // t's slot, or an error naming t if it has none
   Arena& arena_;

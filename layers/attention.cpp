@@ -306,12 +306,14 @@ static Tensor attention_cuda(const Tensor& qkv, int Hq, int Hkv, const Tensor& d
       const T* dout = static_cast<const T*>(ctx().tape.grad_if_any(out));
       if (!dout) return;
       // The gradient buffer first: one allocated lazily inside the scratch scope would be released with it.
-      T* dqkv = grad_or_scratch_as<T>(qkv);
+      // Every element of it is written, so as its first writer the backward stores (no zero fill).
+      bool overwrite = false;
+      T* dqkv = grad_to_overwrite_as<T>(qkv, overwrite);
       ArenaScope scope(ctx().arena);
       const size_t bytes = cuda::attention_backward_scratch_bytes(B, Tn, Hq, docp != nullptr);
       float* scratch = static_cast<float*>(ctx().arena.alloc(bytes));
       cuda::attention_backward(dqkv, dout, out.as<T>(), lse.f32(), qkv.as<T>(), docp, window, scratch, B, Tn, Hq, Hkv,
-                               D, op_stream());
+                               D, op_stream(), !overwrite);
     });
   });
   return out;

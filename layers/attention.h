@@ -43,13 +43,15 @@ template <class T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, void* scratch, int B, int Tn,
                        int Hq, int Hkv, int D, cudaStream_t s);
 size_t attention_forward_scratch_bytes(int B, bool doc);
-// Adds into dqkv (every row of it: q rows get dq, k rows dk, v rows dv). scratch:
-// attention_backward_scratch_bytes(B, Tn, Hq, doc) bytes of device memory (rowsum(dout * out), and
-// the forward's scratch). Deterministic: every element of dqkv is written by one thread, summing in
-// a fixed order.
+// Adds into dqkv (every row of it: q rows get dq, k rows dk, v rows dv), or with accumulate = false
+// stores what adding into zeros would give, without reading dqkv (the gradient's first writer:
+// Tape::grad_to_overwrite). scratch: attention_backward_scratch_bytes(B, Tn, Hq, doc) bytes of
+// device memory (rowsum(dout * out), and the forward's scratch). Deterministic: every element of
+// dqkv is written by one thread, summing in a fixed order.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
-                        int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s);
+                        int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s,
+                        bool accumulate = true);
 size_t attention_backward_scratch_bytes(int B, int Tn, int Hq, bool doc);
 
 // Query rows per block of the bf16 forward and dq pass: 64 (4 warps of 16 rows, the default) or

@@ -47,7 +47,7 @@ __global__ void attention_rowdot_kernel(float* __restrict__ Di, const T* __restr
 // and Di (2 S x 64 f32). The block walks (query head of the group, query tile from kt on) in order;
 // with S = 2 it fetches step i + 1 while it multiplies step i, with S = 1 (a GPU whose blocks may
 // not hold two stages at D = 128: mma_dkv_smem) after it. The same arithmetic either way.
-template <int D, int S>
+template <int D, int S, bool kAcc>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_backward_dkv_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ Di,
@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     bf16* dkrow = dqkv + G.qkv(b, keys[r], G.Hq + kvh);
     bf16* dvrow = dqkv + G.qkv(b, keys[r], G.Hq + G.Hkv + kvh);
     UL_UNROLL for (int n = 0; n < D / 8; n++) {
-      add_bf16x2(dkrow + n * 8 + 2 * t, dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
-      add_bf16x2(dvrow + n * 8 + 2 * t, dv[n][2 * r], dv[n][2 * r + 1]);
+      add_bf16x2(dkrow + n * 8 + 2 * t, dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale, kAcc);
+      add_bf16x2(dvrow + n * 8 + 2 * t, dv[n][2 * r], dv[n][2 * r + 1], kAcc);
     }
   }
 }
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Pass 2, bf16. grid (ceil(T / (16 W)), Hq, B), block 32 W: W warps of 16 query rows, as in the
 // forward; warp w owns query rows q0 + 16 w .. + 15. smem: two stages of (K tile, V tile),
 // 4 x 64 x (D + 8) bf16, double-buffered as in the forward.
-template <int D, int W>
+template <int D, int W, bool kAcc>
 __global__ void __launch_bounds__(W * 32)
     attention_backward_dq_mma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ Di,
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(W * 32)
     if (rows[r] >= G.Tn) continue;
     bf16* dqrow = dqkv + G.qkv(b, rows[r], h);
     UL_UNROLL for (int n = 0; n < D / 8; n++)
-      add_bf16x2(dqrow + n * 8 + 2 * t, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
+      add_bf16x2(dqrow + n * 8 + 2 * t, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale, kAcc);
   }
 }
 
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
     attention_backward_dkv_fma_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ Di,
                                       const float* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
-                                      float scale) {
+                                      float scale, bool accumulate) {
   constexpr int S = FmaSplit<D, 16>::kLanes, W = FmaSplit<D, 16>::kCols;
   UL_DYNAMIC_SMEM(float, smem);
   float* Qs = smem;                    // (32, D)
@@ -312,8 +312,8 @@ __global__ void __launch_bounds__(FmaSplit<D, 16>::kThreads)
   float* dkrow = dqkv + G.qkv(b, key, G.Hq + kvh) + part;
   float* dvrow = dqkv + G.qkv(b, key, G.Hq + G.Hkv + kvh) + part;
   UL_UNROLL for (int i = 0; i < W; i++) {
-    dkrow[i * S] += dk[i] * scale;
-    dvrow[i * S] += dv[i];
+    dkrow[i * S] = (accumulate ? dkrow[i * S] : 0.f) + dk[i] * scale;
+    dvrow[i * S] = (accumulate ? dvrow[i * S] : 0.f) + dv[i];
   }
 }
 
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
     attention_backward_dq_fma_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ Di,
                                      const float* __restrict__ qkv, const int32_t* __restrict__ doc, Geometry G,
-                                     float scale) {
+                                     float scale, bool accumulate) {
   constexpr int S = FmaSplit<D, 32>::kLanes, W = FmaSplit<D, 32>::kCols;
   UL_DYNAMIC_SMEM(float, smem);
   float* Ks = smem;                 // (32, D)
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
   }
   if (q >= G.Tn) return;
   float* dqrow = dqkv + G.qkv(b, q, h) + part;
-  UL_UNROLL for (int i = 0; i < W; i++) dqrow[i * S] += dq[i] * scale;
+  UL_UNROLL for (int i = 0; i < W; i++) dqrow[i * S] = (accumulate ? dqrow[i * S] : 0.f) + dq[i] * scale;
 }
 
 }  // namespace
@@ -403,7 +403,8 @@ int set_attention_dkv_stages(int stages) {
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
-                        int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s) {
+                        int window, float* scratch, int B, int Tn, int Hq, int Hkv, int D, cudaStream_t s,
+                        bool accumulate) {
   const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;
   float* Di = scratch;  // (B, Hq, T), then the forward's scratch
@@ -425,38 +426,44 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
     if constexpr (std::is_same<T, float>::value) {
       launch("attention_backward_dkv_fma", attention_backward_dkv_fma_kernel<kD>, dim3(G.nt, Hkv, B),
              dim3(FmaSplit<kD, 16>::kThreads), fma_rows_smem(kD) + 2 * kFmaRows * sizeof(float), s, dqkv, dout, lse,
-             Di, qkv, doc, G, scale);
+             Di, qkv, doc, G, scale, accumulate);
       launch("attention_backward_dq_fma", attention_backward_dq_fma_kernel<kD>, dim3(G.nt, Hq, B),
-             dim3(FmaSplit<kD, 32>::kThreads), fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale);
+             dim3(FmaSplit<kD, 32>::kThreads), fma_rows_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, G, scale,
+             accumulate);
     } else {
-      auto dkv = [&](auto stages) {
+      auto dkv = [&](auto stages, auto acc) {
         constexpr int kS = decltype(stages)::value;
-        auto* kernel = attention_backward_dkv_mma_kernel<kD, kS>;
+        auto* kernel = attention_backward_dkv_mma_kernel<kD, kS, decltype(acc)::value>;
         allow_smem(kernel, mma_dkv_smem(kD, kS));
         // Named apart, so a profile (and a test) tells which ran.
         launch(kS == 2 ? "attention_backward_dkv_mma" : "attention_backward_dkv_mma_1stage", kernel, dim3(G.nt, Hkv, B),
                dim3(kWarps * 32), mma_dkv_smem(kD, kS), s, dqkv, dout, lse, Di, qkv, doc, falls, G, scale);
       };
-      if (dkv_stages(kD) == 2) dkv(std::integral_constant<int, 2>{});
-      else dkv(std::integral_constant<int, 1>{});
-      auto dq = [&](auto w) {
+      auto dq = [&](auto w, auto acc) {
         constexpr int kW = decltype(w)::value;
-        auto* kernel = attention_backward_dq_mma_kernel<kD, kW>;
+        auto* kernel = attention_backward_dq_mma_kernel<kD, kW, decltype(acc)::value>;
         allow_smem(kernel, mma_stages_smem(kD));
         launch("attention_backward_dq_mma", kernel, dim3(ceil_div(Tn, 16 * kW), Hq, B), dim3(kW * 32),
                mma_stages_smem(kD), s, dqkv, dout, lse, Di, qkv, doc, falls, G, scale);
       };
-      if (attention_query_rows() == 128) dq(std::integral_constant<int, 8>{});
-      else dq(std::integral_constant<int, 4>{});
+      // The flag as a template argument: a run-time one cost the D = 64 dq pass spilled registers.
+      auto both = [&](auto acc) {
+        if (dkv_stages(kD) == 2) dkv(std::integral_constant<int, 2>{}, acc);
+        else dkv(std::integral_constant<int, 1>{}, acc);
+        if (attention_query_rows() == 128) dq(std::integral_constant<int, 8>{}, acc);
+        else dq(std::integral_constant<int, 4>{}, acc);
+      };
+      if (accumulate) both(std::true_type{});
+      else both(std::false_type{});
     }
   });
 }
 
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*,
-                                        const int32_t*, int, float*, int, int, int, int, int, cudaStream_t);
+                                        const int32_t*, int, float*, int, int, int, int, int, cudaStream_t, bool);
 template void attention_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                                 const float*, const __nv_bfloat16*, const int32_t*, int, float*, int,
-                                                int, int, int, int, cudaStream_t);
+                                                int, int, int, int, cudaStream_t, bool);
 
 }  // namespace cuda
 }  // namespace ul

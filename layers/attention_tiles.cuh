@@ -280,9 +280,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
-// p[0..1] += (lo, hi), rounded once to bf16.
-__device__ __forceinline__ void add_bf16x2(bf16* p, float lo, float hi) {
-  store_bf16x2(p, to_float(p[0]) + lo, to_float(p[1]) + hi);
+// p[0..1] += (lo, hi), rounded once to bf16; without accumulate p is not read, and the sums are
+// those of adding into zeros (0 + -0 is +0, as a zeroed buffer would give).
+__device__ __forceinline__ void add_bf16x2(bf16* p, float lo, float hi, bool accumulate) {
+  store_bf16x2(p, (accumulate ? to_float(p[0]) : 0.f) + lo, (accumulate ? to_float(p[1]) : 0.f) + hi);
 }
 
 // ---- f32 helpers ---------------------------------------------------------------------------------

@@ -265,7 +265,7 @@ Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* s
     Arena& arena = ctx().arena;
     void* dy = tape.grad(y);
     const Arena::Mark below = arena.mark();
-    tape.grad(x);  // before the replay's scope: x's gradient outlives the replay
+    tape.reserve_grad(x);  // before the replay's scope: x's gradient outlives the replay
     {
       ArenaScope scope(arena);
       tape.replay([&] { return block_ops(x, l, in, sp); }, dy);
@@ -299,7 +299,9 @@ Tensor Transformer::scoped_backward(const Tensor& x, const std::function<Tensor(
     // moved into y's dead buffer, so the release drops x's original buffer with the rest.
     tape.grad(y);  // normally made by the block above; made here if not, so that it stays below
     *below = ctx().arena.mark();
-    tape.grad(x);
+    // Above the mark, but unzeroed: the backward of the block's first residual add is x's first
+    // writer, and on CUDA stores instead of adding to zeros (Tape::grad_to_overwrite).
+    tape.reserve_grad(x);
   });
   return y;
 }

@@ -210,6 +210,16 @@ KernelResult<T> check_kernels(const Case& c) {
   expect_close("dqkv", to_f32(g1), dqkv_ref, rel, (bf ? kBf16Rel : 1e-5) * gs);
   const std::vector<T> g2 = run_backward();
   CHECK(std::memcmp(g1.data(), g2.data(), nqkv * sizeof(T)) == 0);
+  // As the gradient's first writer (accumulate = false) on a NaN-filled buffer, which it must not
+  // read: the bits of adding into zeros.
+  auto run_into = [&](float fill, bool accumulate) {
+    d_dqkv.set(to_elem<T>(std::vector<float>(nqkv, fill)));
+    ul::cuda::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_lse.p, d_qkv.p, d_docp, c.window, scratch.p, c.B,
+                                 c.Tn, c.Hq, c.Hkv, c.D, nullptr, accumulate);
+    return d_dqkv.get();
+  };
+  const std::vector<T> from_zero = run_into(0.f, true), stored = run_into(std::nanf(""), false);
+  CHECK(std::memcmp(from_zero.data(), stored.data(), nqkv * sizeof(T)) == 0);
   got.dqkv = g1;
   return got;
 }
