@@ -145,8 +145,8 @@ void init_cuda_backend() {
     if (e == cudaErrorInsufficientDriver)
       throw std::runtime_error(std::string("--device cuda: ") + cudaGetErrorString(e) +
                                ": update the NVIDIA driver to one that runs CUDA " + runtime_version() +
-                               " (this build's; CUDA 13 needs the 580 series or newer): nvidia-smi shows the driver "
-                               "and the newest CUDA it runs");
+                               " (this build's; CUDA 12.x needs the 525 series or newer, CUDA 13 the 580 series): "
+                               "nvidia-smi shows the driver and the newest CUDA it runs");
     if (e != cudaSuccess)
       throw std::runtime_error(std::string("--device cuda: no usable CUDA device (") + cudaGetErrorString(e) + ")");
     if (n == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
