@@ -120,6 +120,9 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   gpu_profile::Span span;  // times the kernel under --profile (engine/gpu_profile.h)
   if (gpu_profile::enabled()) span.begin(name, stream);
 #if ULYSSES_CUDA_EMULATED
+  // An earlier kernel's fault is sticky: the launch fails as <<<>>>'s check below would.
+  if (const cudaError_t e = ul_emu::device_fault())
+    throw std::runtime_error(launch_error(name, grid, block, smem_bytes, e, false));
   ul_emu::launch(name, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 #else
   kernel<<<grid, block, smem_bytes, stream>>>(std::forward<A>(args)...);

@@ -4,6 +4,7 @@
 // end, the order cuBLASLt follows (fp32 accumulation, one rounding of alpha·AB + beta·C + bias).
 // Empty in the other builds.
 #if ULYSSES_CUDA_EMULATED
+#include "engine/cuda_launch.h"
 #include "engine/gemm.h"
 #include "engine/gpu_profile.h"
 #include "layers/gemm_blocks.h"
@@ -54,6 +55,8 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     throw std::runtime_error(std::string(op) + ": gemm with a bias and accumulate (see engine/gemm.h)");
   const GemmStrides ld = gemm_strides(ld_given, M, N, K, trans_a, trans_b, bias != nullptr, what);
   if (M == 0 || N == 0) return;
+  // After a kernel's fault every cuBLASLt call fails too (the device is in error for good).
+  if (const cudaError_t e = ul_emu::device_fault()) throw std::runtime_error(what + ": " + cuda_error_text(e));
   gpu_profile::Span span;
   if (gpu_profile::enabled()) span.begin(gemm_profile_name(op, M, N, K), s, 2.0 * M * N * K);
   if (K == 0 && ld.d != N) throw std::runtime_error(what + ": an empty product into a strided D");

@@ -429,6 +429,43 @@ void run_block(Worker& w, uint3 block_idx, unsigned flip) {
   }
 }
 
+// A launch the GPU would refuse for its configuration, found only as the block runs (its static
+// shared memory): the launch's error, not a fault of the kernel, so not sticky.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ULYSSES_EMU_FAULT / inject_fault: the kernel name and which of its launches faults.
+struct Injection {
+  std::mutex mu;
+  std::string kernel;
+  long nth = 0, seen = 0;
+  Injection() {
+    const char* v = std::getenv("ULYSSES_EMU_FAULT");
+    if (!v || !*v) return;
+    const std::string spec = v;
+    const size_t colon = spec.rfind(':');
+    kernel = spec.substr(0, colon);
+    nth = 1;
+    if (colon != std::string::npos) {
+      char* end = nullptr;
+      nth = std::strtol(spec.c_str() + colon + 1, &end, 10);
+      if (*end || nth < 1 || kernel.empty())
+        throw std::runtime_error("ULYSSES_EMU_FAULT=" + spec + ": want KERNEL or KERNEL:N (N >= 1)");
+    }
+  }
+};
+Injection& injection() {
+  static Injection i;
+  return i;
+}
+// Whether this launch of `name` is the one to fault.
+bool injected_here(const char* name) {
+  Injection& i = injection();
+  std::lock_guard<std::mutex> lock(i.mu);
+  return !i.kernel.empty() && i.kernel == name && ++i.seen == i.nth;
+}
+
 std::mutex g_smem_mu;
 std::map<const void*, size_t> g_smem_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 
@@ -585,15 +622,15 @@ void static_smem(void* array, size_t bytes) {
   std::memset(array, 0xff, bytes);
   w.static_bytes += bytes;
   if (w.static_bytes > kDefaultDynamicSmem)
-    throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static shared memory (the GPU allows 48 KiB; "
+    throw ConfigError(std::to_string(w.static_bytes) + " bytes of static shared memory (the GPU allows 48 KiB; "
                              "use dynamic shared memory for more)");
   // Without the opt-in, static and dynamic together must fit the default 48 KiB.
   if (!w.smem_opted_in && w.static_bytes + w.smem_bytes > kDefaultDynamicSmem)
-    throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
+    throw ConfigError(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
                              " of dynamic shared memory: past the 48 KiB a block gets without "
                              "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)");
   if (w.static_bytes + w.smem_bytes > device_smem_optin())
-    throw std::runtime_error(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
+    throw ConfigError(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
                              " of dynamic shared memory: past the " + std::to_string(device_smem_optin()) +
                              " bytes a block " + emulated_gpu().name + " allows");
 }
@@ -609,6 +646,7 @@ size_t kernel_smem_limit(const void* kernel) { return smem_limit(kernel); }
 
 void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes) {
   check_config(name, kernel, grid, block, smem_bytes);
+  injection();  // a bad ULYSSES_EMU_FAULT is refused at the first launch, whichever stream runs late
 }
 
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
@@ -616,13 +654,17 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
   if (t_worker.in_block)
     throw std::runtime_error(std::string("kernel '") + name + "' launched from inside a kernel");
   check_config(name, kernel, grid, block, smem_bytes);
+  if (injected_here(name)) {
+    note_device_fault(cudaErrorIllegalAddress);
+    throw std::runtime_error(std::string("emulated kernel '") + name + "' faulted: injected (ULYSSES_EMU_FAULT)");
+  }
   static thread_local unsigned launches = 0;  // this thread's: the same sequence on every run
   const unsigned flip = launches++ & 1u;
   const long long gx = grid.x, gy = grid.y;
   const long long blocks = gx * gy * grid.z;
   bool opted_in = false;
   smem_limit(kernel, &opted_in);
-  std::atomic<bool> failed{false};
+  std::atomic<bool> failed{false}, config{false};
   std::string message;
 #pragma omp parallel
   {
@@ -650,6 +692,10 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
       const uint3 idx = {unsigned(b % gx), unsigned(b / gx % gy), unsigned(b / (gx * gy))};
       try {
         run_block(w, idx, flip);
+      } catch (const ConfigError& e) {
+#pragma omp critical(ul_emu_error)
+        if (message.empty()) message = "block " + coord(idx) + ": " + e.what(), config = true;
+        failed = true;
       } catch (const std::exception& e) {
 #pragma omp critical(ul_emu_error)
         if (message.empty()) message = "block " + coord(idx) + ": " + e.what();
@@ -664,7 +710,18 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     w.body = nullptr;
     w.error = nullptr;
   }
-  if (failed) throw std::runtime_error(std::string("emulated kernel '") + name + "' failed in " + message);
+  if (failed) {
+    if (!config) note_device_fault(cudaErrorLaunchFailure);  // sticky, as a GPU's fault is
+    throw std::runtime_error(std::string("emulated kernel '") + name + "' failed in " + message);
+  }
+}
+
+void inject_fault(const char* kernel, long nth) {
+  Injection& i = injection();
+  std::lock_guard<std::mutex> lock(i.mu);
+  i.kernel = kernel ? kernel : "";
+  i.nth = nth;
+  i.seen = 0;
 }
 
 }  // namespace ul_emu

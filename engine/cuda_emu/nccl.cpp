@@ -270,6 +270,8 @@ ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& 
 // NCCL's ends the work it left.
 ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> body) {
   if (c->aborted.load()) return failed(ncclInvalidUsage, "the communicator was aborted");
+  if (const cudaError_t e = ul_emu::device_fault())  // a kernel's fault before: NCCL's launch fails too
+    return failed(ncclUnhandledCudaError, std::string("a CUDA call failed: ") + cudaGetErrorString(e));
   const std::thread::id issuer = std::this_thread::get_id();
   try {
     ul_emu::on_stream_polled(stream, [c, issuer, body = std::move(body)] {

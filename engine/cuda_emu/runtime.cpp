@@ -67,8 +67,9 @@ struct CUstream_st {
     return (ul_emu::stream_order() == ul_emu::StreamOrder::late_main) == legacy;
   }
   // Runs the queue up to its n-th operation. Queued work that fails (a kernel's misuse or fault) is
-  // reported as a GPU reports an asynchronous error: the call that finds it returns
-  // cudaErrorLaunchFailure (so a destructor that frees memory does not throw), the message goes to
+  // reported as a GPU reports an asynchronous error: the call that finds it returns the fault,
+  // cudaErrorLaunchFailure or an injected one's (so a destructor that frees memory does not throw: it
+  // gets an error code), the message goes to
   // stderr, and the work queued after it is dropped. A poll (cudaStreamQuery) starts work that
   // waits on other processes on a thread of its own, as a GPU runs it beside the host, and answers
   // cudaErrorNotReady until it has ended; any other call waits for it.
@@ -88,7 +89,10 @@ struct CUstream_st {
         std::fprintf(stderr, "cuda_emu: queued work failed: %s\n", e.what());
         done += queue.size();
         queue.clear();
-        return cudaErrorLaunchFailure;
+        // A kernel's fault says which (an injected one: an illegal address); other work's failure
+        // (an emulated NCCL collective's) is a launch failure.
+        const cudaError_t fault = ul_emu::device_fault();
+        return fault != cudaSuccess ? fault : cudaErrorLaunchFailure;
       }
     }
     return cudaSuccess;
@@ -114,12 +118,16 @@ namespace {
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
+thread_local cudaError_t t_fault = cudaSuccess;  // the sticky fault of this thread's device (runtime.h)
 
 // Like the real runtime: a failing call returns its error and also leaves it for cudaGetLastError.
 cudaError_t fail(cudaError_t e) {
   t_last_error = e;
   return e;
 }
+// Every call below that touches the device starts with this: after a kernel's fault it fails.
+#define UL_EMU_STICKY() \
+  if (t_fault != cudaSuccess) return fail(t_fault)
 // A call's result when all it did was run queued work: success, or that work's failure.
 cudaError_t report(cudaError_t e) { return e == cudaSuccess ? e : fail(e); }
 
@@ -322,6 +330,7 @@ class DeviceWork {
 }  // namespace
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  UL_EMU_STICKY();
   if (!p) return fail(cudaErrorInvalidValue);
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -355,6 +364,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* p) {
+  UL_EMU_STICKY();
   const cudaError_t queued = drain_this_thread();  // cudaFree synchronizes the device
   if (queued != cudaSuccess) return fail(queued);  // the memory stays: the device is in error
   if (!p) return cudaSuccess;
@@ -381,6 +391,7 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  UL_EMU_STICKY();
   if (!p) return fail(cudaErrorInvalidValue);
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -392,6 +403,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFreeHost(void* p) {
+  UL_EMU_STICKY();
   const cudaError_t queued = drain_this_thread();
   if (queued != cudaSuccess) return fail(queued);
   {
@@ -433,6 +445,7 @@ void queue_copy(cudaStream_t r, void* dst, const void* src, size_t bytes, bool s
 // stream has queued), and lands later; any other is done when the call returns. "Later" is when
 // the legacy stream runs late.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  UL_EMU_STICKY();
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
@@ -452,6 +465,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  UL_EMU_STICKY();
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
@@ -475,6 +489,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 
 // Returns at once on device memory, as the real call does (queued when the legacy stream runs late).
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  UL_EMU_STICKY();
   if (bytes == 0) return cudaSuccess;
   if (!p) return fail(cudaErrorInvalidValue);
   if (is_device(p)) {
@@ -487,6 +502,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  UL_EMU_STICKY();
   if (bytes == 0) return cudaSuccess;
   if (!p) return fail(cudaErrorInvalidValue);
   ul_emu::on_stream(s, [=] { std::memset(p, value, bytes); });
@@ -496,6 +512,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  UL_EMU_STICKY();
   if (!s) return fail(cudaErrorInvalidValue);
   *s = new CUstream_st;
   (*s)->legacy = (flags & cudaStreamNonBlocking) == 0;
@@ -504,6 +521,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  UL_EMU_STICKY();
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   const cudaError_t queued = resolve(s)->run_all();  // the real call lets queued work finish too
   track(s, false);
@@ -512,12 +530,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  UL_EMU_STICKY();
   return report(resolve(s)->run_all());
 }
 
 // Runs what is queued, up to work that waits on other processes (an emulated NCCL collective
 // whose peers have not all come): cudaErrorNotReady, which is no error (cudaGetLastError keeps it).
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  UL_EMU_STICKY();
   const cudaError_t e = resolve(s)->run_until(resolve(s)->issued, true);
   return e == cudaErrorNotReady ? e : report(e);
 }
@@ -530,6 +550,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
+  UL_EMU_STICKY();
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   // Whatever waits, the work the event covers must be done before the waiter's next operation:
   // running it now is a legal order, whichever of the two streams runs late.
@@ -539,6 +560,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  UL_EMU_STICKY();
   if (!e) return fail(cudaErrorInvalidValue);
   *e = new CUevent_st;
   (*e)->timing = !(flags & cudaEventDisableTiming);
@@ -546,12 +568,14 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  UL_EMU_STICKY();
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   delete e;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  UL_EMU_STICKY();
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   const cudaStream_t r = resolve(s);
   auto stamp = std::make_shared<CUevent_st::Stamp>();
@@ -568,11 +592,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  UL_EMU_STICKY();
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   return report(run_event(e));
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  UL_EMU_STICKY();
   if (!ms) return fail(cudaErrorInvalidValue);
   if (!start || !end) return fail(cudaErrorInvalidResourceHandle);
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
@@ -584,16 +610,18 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  UL_EMU_STICKY();
   return report(drain_this_thread());
 }
 
 cudaError_t cudaGetLastError() {
+  if (t_fault != cudaSuccess) return t_fault;  // sticky: not reset
   cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
   return e;
 }
 
-cudaError_t cudaPeekAtLastError() { return t_last_error; }
+cudaError_t cudaPeekAtLastError() { return t_fault != cudaSuccess ? t_fault : t_last_error; }
 
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
@@ -669,6 +697,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  UL_EMU_STICKY();
   if (!free || !total) return fail(cudaErrorInvalidValue);
   *total = ul_emu::emulated_gpu().memory;
   Mappings& ms = mappings();
@@ -683,6 +712,7 @@ size_t kernel_smem_limit(const void* kernel);                 // executor.cpp
 }
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
+  UL_EMU_STICKY();
   if (!a || !func) return fail(cudaErrorInvalidValue);
   const ul_emu::GpuModel& m = ul_emu::emulated_gpu();
   if (!ul_emu::has_kernel_image(ul_emu::kernel_archs(), m.major, m.minor))
@@ -694,6 +724,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  UL_EMU_STICKY();
   if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
       !ul_emu::set_max_dynamic_smem(func, size_t(value)))
     return fail(cudaErrorInvalidValue);
@@ -713,6 +744,15 @@ void set_host_guard(bool on) {
 }
 
 bool host_guard_on() { return host_guard(); }
+
+cudaError_t device_fault() { return t_fault; }
+void note_device_fault(cudaError_t e) {
+  if (t_fault == cudaSuccess) t_fault = e;  // the first fault is the one every call reports
+}
+void clear_device_fault() {
+  t_fault = cudaSuccess;
+  t_last_error = cudaSuccess;
+}
 
 cudaError_t set_stream_order(StreamOrder order) {
   const cudaError_t queued = drain_this_thread();

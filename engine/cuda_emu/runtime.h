@@ -94,6 +94,22 @@ void on_stream_polled(cudaStream_t s, std::function<void()> op);
 // faults here, with a note on stderr, as it would on a GPU. Process-wide.
 void set_host_guard(bool on);
 bool host_guard_on();
+// A kernel's fault is sticky, as a GPU's is: once an emulated kernel has failed (a misuse the
+// emulator catches, or a fault injected below), every later runtime call that touches the device
+// returns the fault (cudaErrorLaunchFailure, or cudaErrorIllegalAddress for an injected one),
+// cudaGetLastError keeps returning it, launches and GEMMs throw, and NCCL calls fail with
+// ncclUnhandledCudaError. Per host thread, as each rank of the local communicator has a device of
+// its own here. device_fault(): the calling thread's fault, or cudaSuccess.
+cudaError_t device_fault();
+void note_device_fault(cudaError_t e);
+// Tests only: the calling thread's device as a fresh process would find it (a GPU's fault lasts
+// until the process ends).
+void clear_device_fault();
+// Fault injection (ULYSSES_EMU_FAULT=KERNEL[:N] sets it at start): the N-th launch (1 = the first)
+// in this process of the kernel launched under the name KERNEL does not run and faults as an
+// illegal address would, so that a test can see what the program does with a GPU's fault.
+// Process-wide; an empty name turns it off.
+void inject_fault(const char* kernel, long nth);
 }  // namespace ul_emu
 
 // ---- the runtime calls (engine/cuda_emu/runtime.cpp) ---------------------------------------------

@@ -152,6 +152,8 @@ TEST_CASE("emulated cp.async refuses misaligned addresses", "[emu][async_copy]")
   float* d_src = device_copy(std::vector<float>(64, 1.f));
   CHECK_THROWS_WITH(ul::launch("misaligned", misaligned_kernel, dim3(1), dim3(1), 256, nullptr, d_src),
                     Catch::Contains("not aligned to 16"));
+  CHECK(ul_emu::device_fault() == cudaErrorLaunchFailure);  // a fault, sticky as a GPU's
+  ul_emu::clear_device_fault();
   cudaFree(d_src);
 }
 

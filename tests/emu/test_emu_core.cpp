@@ -297,6 +297,7 @@ TEST_CASE("emu: static shared memory starts as NaN bytes in every block and past
   CHECK_THROWS_WITH(
       ul::launch("both", static_and_dynamic_kernel, dim3(1), dim3(32), 40 * 1024, nullptr, one.p),
       Catch::Contains("16384 bytes of static and 40960 of dynamic") && Catch::Contains("cudaFuncSetAttribute"));
+  CHECK(ul_emu::device_fault() == cudaSuccess);  // refused as a launch's configuration, which is not sticky
   UL_CUDA_CHECK(cudaFuncSetAttribute(static_and_dynamic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 40 * 1024));
   ul::launch("both", static_and_dynamic_kernel, dim3(1), dim3(32), 40 * 1024, nullptr, one.p);
   CHECK(one.get()[0] == 3);
@@ -456,26 +457,41 @@ TEST_CASE("emu: a grid's block count past 2^31 - 1 is an error, not cut to 32 bi
 TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
   ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
   DeviceBuffer<int> out(64);
+  // A misuse inside a kernel is its fault, sticky as a GPU's: seen, then cleared (as a fresh
+  // process would find the device) for the next. A bad configuration is the launch's error only.
+  auto faulted = [] {
+    const bool sticky = ul_emu::device_fault() == cudaErrorLaunchFailure;
+    ul_emu::clear_device_fault();
+    return sticky;
+  };
   CHECK_THROWS_WITH(ul::launch("early_exit", early_exit_barrier_kernel, dim3(2), dim3(64), 0, nullptr, out.p),
                     Catch::Contains("early_exit") && Catch::Contains("__syncthreads") &&
                         Catch::Contains("every thread of the block"));
+  CHECK(faulted());
   // Which side is seen first (the barrier's thread, or the ones that exit) follows the launch's
   // walking order, which alternates from launch to launch: both say what is wrong.
-  for (int twice = 0; twice < 2; twice++)
+  for (int twice = 0; twice < 2; twice++) {
     CHECK_THROWS_WITH(ul::launch("lone_barrier", lone_barrier_kernel, dim3(1), dim3(64), 0, nullptr, out.p),
                       Catch::Contains("__syncthreads") &&
                           (Catch::Contains("exited while") || Catch::Contains("a barrier must be reached by every thread")));
+    CHECK(faulted());
+  }
   CHECK_THROWS_WITH(ul::launch("two_barriers", two_barriers_kernel, dim3(1), dim3(64), 0, nullptr, out.p),
                     Catch::Contains("while 32 threads wait at the one at") && Catch::Contains("the same barrier"));
+  CHECK(faulted());
   CHECK_THROWS_WITH(ul::launch("split_warp", split_warp_kernel, dim3(1), dim3(32), 0, nullptr, out.p),
                     Catch::Contains("deadlock") && Catch::Contains("__shfl_sync"));
+  CHECK(faulted());
   CHECK_THROWS_WITH(ul::launch("bad_mask", bad_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.p),
                     Catch::Contains("leaves it out"));
+  CHECK(faulted());
   CHECK_THROWS_WITH(ul::launch("too_big", big_block_kernel, dim3(1), dim3(2048), 0, nullptr, out.p),
                     Catch::Contains("invalid configuration"));
   CHECK_THROWS_WITH(ul::launch("no_blocks", big_block_kernel, dim3(0), dim3(32), 0, nullptr, out.p),
                     Catch::Contains("invalid configuration"));
+  CHECK_FALSE(faulted());
   CHECK_THROWS_WITH(__syncthreads(), Catch::Contains("outside a kernel"));
+  CHECK_FALSE(faulted());
   // A vector access must be aligned to its size, as on a GPU (which faults: "misaligned address").
   DeviceBuffer<float> in(8), vec(4);
   in.set({1, 2, 3, 4, 5, 6, 7, 8});
@@ -483,6 +499,7 @@ TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
   CHECK(vec.get() == std::vector<float>{5, 6, 7, 8});
   CHECK_THROWS_WITH(ul::launch("misaligned_pack", pack_copy_kernel, dim3(1), dim3(1), 0, nullptr, vec.p, in.p, 1),
                     Catch::Contains("misaligned_pack") && Catch::Contains("misaligned 16-byte"));
+  CHECK(faulted());
 
   // The executor recovers: a full 1024-thread block with barriers runs after the failures.
   DeviceBuffer<int> passes(1, 0);

@@ -17,6 +17,7 @@
 #include "engine/cuda_launch.h"
 #include "engine/cuda_runtime.h"
 #include "engine/device.h"
+#include "engine/gemm.h"
 #include "run_cmd.h"
 #include "stream_order.h"
 
@@ -257,19 +258,32 @@ TEST_CASE("emu streams: queued work that fails is reported by the call that runs
   ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);  // queued: no error yet
   b.fill(2.f);                                                             // dropped with the fault
   CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
-  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
-  CHECK(b.dev[0] == 0.f);
-  CHECK(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(b.dev[0] == 0.f);  // the work queued after the fault was dropped
-  b.fill(3.f);  // the emulated device goes on (a GPU's context would stay in error)
+  // Sticky, as a GPU's fault: every later call fails with it, and cudaGetLastError does not reset it.
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  float* spare = nullptr;
+  CHECK(cudaMalloc(&spare, 4) == cudaErrorLaunchFailure);
+  CHECK(cudaMemset(b.dev, 0, 4) == cudaErrorLaunchFailure);
+  CHECK(cudaFree(nullptr) == cudaErrorLaunchFailure);
+  CHECK_THROWS_WITH(b.fill(3.f), Catch::Contains("launching kernel 'fill'") &&
+                                     Catch::Contains("a kernel launched before this point faulted"));
+  float x = 0.f;
+  auto gemm_1x1 = [&] { ul::cuda::gemm<float, float>(&x, &x, &x, nullptr, 1, 1, 1, false, false, false, "after the fault", nullptr); };
+  CHECK_THROWS_WITH(gemm_1x1(), Catch::Contains("after the fault") && Catch::Contains("unspecified launch failure"));
+  CHECK(b.dev[0] == 0.f);
+
+  ul_emu::clear_device_fault();  // tests only: the device as a fresh process finds it
+  b.fill(3.f);
   CHECK(cudaFree(nullptr) == cudaSuccess);  // a free runs the queue: nothing failed this time
   CHECK(b.dev[0] == 3.f);
   ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);
-  float* spare = nullptr;
-  UL_CUDA_CHECK(cudaMalloc(&spare, 4));
+  UL_CUDA_CHECK(cudaMalloc(&spare, 4));  // queued fault, not run yet
   CHECK(cudaFree(spare) == cudaErrorLaunchFailure);  // in a destructor: an error code, not a throw
+  CHECK(cudaFree(spare) == cudaErrorLaunchFailure);  // and the memory stays (the device is in error)
+  ul_emu::clear_device_fault();
   CHECK(cudaFree(spare) == cudaSuccess);
-  cudaGetLastError();
 }
 
 TEST_CASE("emu streams: a kernel's fault found by a later call says how to find the kernel", "[emu]") {
@@ -292,7 +306,7 @@ TEST_CASE("emu streams: a kernel's fault found by a later call says how to find 
         "encountered");
   const std::string config = ul::launch_error("gelu_forward", grid, block, 65536, cudaErrorInvalidValue, false);
   CHECK(config == "launching kernel 'gelu_forward' (grid 2x1x1, block 32x1x1, 65536 bytes shared): invalid argument");
-  cudaGetLastError();
+  ul_emu::clear_device_fault();
 }
 
 TEST_CASE("emu streams: a device buffer freed while an error unwinds leaves that error to be said", "[emu]") {
@@ -312,12 +326,13 @@ TEST_CASE("emu streams: a device buffer freed while an error unwinds leaves that
   } catch (const std::exception& e) {
     CHECK(std::string(e.what()) == "the first error");
   }
-  cudaGetLastError();
+  CHECK(ul_emu::device_fault() == cudaErrorLaunchFailure);
+  ul_emu::clear_device_fault();  // tests only, for the second half
   // Not unwinding, a failed free is an error as before.
   void* p = ul::device_alloc(ul::Device::cuda, 256);
   ul::launch("fault", fault_kernel, dim3(1), dim3(32), 0, nullptr, b.dev);
   CHECK_THROWS_WITH(ul::device_free(ul::Device::cuda, p), Catch::Contains("unspecified launch failure"));
-  cudaGetLastError();
+  ul_emu::clear_device_fault();
 }
 
 TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes beside the host", "[emu]") {

@@ -43,9 +43,12 @@ TEST_CASE("emulated mma.sync needs all 32 lanes of the warp, as the .aligned ins
   // Lanes 16-31 exit first (or run first and exit) while lanes 0-15 wait in the mma.
   CHECK_THROWS_WITH(ul::launch("mma_exited", mma_partial_warp_kernel, dim3(1), dim3(32), 0, nullptr, d_out, 16),
                     Catch::Contains("mma.sync/ldmatrix") && Catch::Contains("32 lanes"));
+  CHECK(ul_emu::device_fault() == cudaErrorLaunchFailure);  // a fault, sticky as a GPU's
+  ul_emu::clear_device_fault();
   // A block whose last warp has 16 threads: its lanes 16-31 do not exist.
   CHECK_THROWS_WITH(ul::launch("mma_partial", mma_partial_warp_kernel, dim3(1), dim3(48), 0, nullptr, d_out, 48),
                     Catch::Contains("0xffff0000") && Catch::Contains("block of 48 threads"));
+  ul_emu::clear_device_fault();
   cudaFree(d_out);
 }
 
@@ -58,6 +61,7 @@ TEST_CASE("emulated bf16-pair accesses refuse an odd element offset, as a GPU fa
   ul::launch("bf16x2_aligned", bf16x2_copy_kernel, dim3(1), dim3(1), 0, nullptr, out, in, 2);
   CHECK_THROWS_WITH(ul::launch("bf16x2_misaligned", bf16x2_copy_kernel, dim3(1), dim3(1), 0, nullptr, out, in, 1),
                     Catch::Contains("bf16x2_misaligned") && Catch::Contains("misaligned 4-byte"));
+  ul_emu::clear_device_fault();  // the fault is sticky: the frees below would fail
   cudaFree(in);
   cudaFree(out);
 }
@@ -69,5 +73,6 @@ TEST_CASE("emulated ldmatrix refuses a row address that is not 16-byte aligned",
   CHECK_THROWS_WITH(ul::launch("ldmatrix_misaligned", ldmatrix_misaligned_kernel, dim3(1), dim3(32), 16 * kLd * 2,
                                nullptr, d_out),
                     Catch::Contains("not 16-byte aligned"));
+  ul_emu::clear_device_fault();
   cudaFree(d_out);
 }
