@@ -623,16 +623,16 @@ void static_smem(void* array, size_t bytes) {
   w.static_bytes += bytes;
   if (w.static_bytes > kDefaultDynamicSmem)
     throw ConfigError(std::to_string(w.static_bytes) + " bytes of static shared memory (the GPU allows 48 KiB; "
-                             "use dynamic shared memory for more)");
+                      "use dynamic shared memory for more)");
   // Without the opt-in, static and dynamic together must fit the default 48 KiB.
   if (!w.smem_opted_in && w.static_bytes + w.smem_bytes > kDefaultDynamicSmem)
     throw ConfigError(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
-                             " of dynamic shared memory: past the 48 KiB a block gets without "
-                             "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)");
+                      " of dynamic shared memory: past the 48 KiB a block gets without "
+                      "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)");
   if (w.static_bytes + w.smem_bytes > device_smem_optin())
     throw ConfigError(std::to_string(w.static_bytes) + " bytes of static and " + std::to_string(w.smem_bytes) +
-                             " of dynamic shared memory: past the " + std::to_string(device_smem_optin()) +
-                             " bytes a block " + emulated_gpu().name + " allows");
+                      " of dynamic shared memory: past the " + std::to_string(device_smem_optin()) + " bytes a block " +
+                      emulated_gpu().name + " allows");
 }
 
 bool set_max_dynamic_smem(const void* kernel, size_t bytes) {
@@ -694,7 +694,10 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
         run_block(w, idx, flip);
       } catch (const ConfigError& e) {
 #pragma omp critical(ul_emu_error)
-        if (message.empty()) message = "block " + coord(idx) + ": " + e.what(), config = true;
+        if (message.empty()) {
+          message = "block " + coord(idx) + ": " + e.what();
+          config = true;
+        }
         failed = true;
       } catch (const std::exception& e) {
 #pragma omp critical(ul_emu_error)

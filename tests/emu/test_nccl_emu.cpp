@@ -413,6 +413,32 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
   CHECK(killed.out.find("CUDA_LAUNCH_BLOCKING") == std::string::npos);  // NCCL's error, not a kernel's fault
 }
 
+TEST_CASE("emu nccl: a rank whose device faults ends its run with the fault, and the other's at once", "[emu]") {
+  // Each process is a GPU of its own. Rank 1's third update faults (ULYSSES_EMU_FAULT): its
+  // CUDA and NCCL calls fail from there on and it exits with the fault; rank 0 finds it gone at
+  // its next collective, not at --comm-timeout (600 s by default).
+  ul_test::TempDir dir;
+  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 6";
+  auto as_rank = [&](int r) {
+    return std::string("env ") + (r == 1 ? "ULYSSES_EMU_FAULT=adamw_update:3 " : "") + "RANK=" + std::to_string(r) +
+           " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) + " ULYSSES_JOB_ID=emu-nccl-fault-test " +
+           train_cmd(run + " --comm nccl --nccl-id-file " + (dir / "id"));
+  };
+  const CmdResult r = run_cmd("cd " + dir.path.string() + " && { " + as_rank(1) + " > rank1.log 2>&1 & p1=$!; " +
+                              "s=$(date +%s); " + as_rank(0) + " > rank0.log 2>&1; " +
+                              "echo \"rank 0: $? after $(( $(date +%s) - s )) s\"; wait $p1; echo \"rank 1: $?\"; " +
+                              "cat rank1.log rank0.log; }");
+  INFO(r.out);
+  CHECK(r.out.find("rank 1: 1") != std::string::npos);
+  CHECK(r.out.find("emulated kernel 'adamw_update' faulted: injected") != std::string::npos);
+  CHECK(r.out.find("rank 0: 1 after") != std::string::npos);
+  CHECK(r.out.find("has exited") != std::string::npos);
+  CHECK(r.out.find("train: error: nccl: ") != std::string::npos);
+  const size_t after = r.out.find("rank 0: 1 after ");
+  REQUIRE(after != std::string::npos);
+  CHECK(std::stol(r.out.substr(after + 16)) < 120);
+}
+
 // A peer that is alive but never comes (stopped): comm_nccl's own deadline (--comm-timeout) ends
 // the run. The legacy stream runs late here whatever the order CI set, so the collective is polled
 // by cudaStreamQuery; run at issue it would wait inside the call, where no deadline can fire.
