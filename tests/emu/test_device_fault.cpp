@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "engine/cuda_emu/nccl.h"
 #include "engine/cuda_launch.h"
