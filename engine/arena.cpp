@@ -64,9 +64,9 @@ Tensor Arena::make(Shape s, DType t, bool zero) {
   return x;
 }
 
-void Arena::poison_above(size_t block, size_t offset) {
-  for (size_t b = block; b <= cur_ && b < blocks_.size(); b++) {
-    const size_t lo = b == block ? offset : 0, hi = b == cur_ ? off_ : blocks_[b].size;
+void Arena::poison_between(size_t block, size_t offset, size_t top_block, size_t top_offset) {
+  for (size_t b = block; b <= top_block && b < blocks_.size(); b++) {
+    const size_t lo = b == block ? offset : 0, hi = b == top_block ? top_offset : blocks_[b].size;
     if (hi > lo) device_set(dev_, blocks_[b].base + lo, 0xff, hi - lo);
   }
 }
@@ -74,10 +74,13 @@ void Arena::poison_above(size_t block, size_t offset) {
 void Arena::release(const Mark& m) {
   // Marks nest: one above the top was taken inside a scope already released (out of order).
   if (m.used > used_) throw std::logic_error("Arena::release: a mark above what is in use (released out of order)");
-  if (poison_) poison_above(m.block, m.offset);
+  const size_t top_block = cur_, top_offset = off_;
   cur_ = m.block;
   off_ = m.offset;
   used_ = m.used;
+  // Last, so that a poisoning that fails (its memset on a device that has faulted) leaves the
+  // arena released all the same.
+  if (poison_) poison_between(m.block, m.offset, top_block, top_offset);
 }
 
 void Arena::reserve(size_t bytes) {
@@ -91,10 +94,11 @@ void Arena::reserve(size_t bytes) {
 }
 
 void Arena::reset() {
-  if (poison_) poison_above(0, 0);
+  const size_t top_block = cur_, top_offset = off_;
   cur_ = 0;
   off_ = 0;
   used_ = 0;
+  if (poison_) poison_between(0, 0, top_block, top_offset);
 }
 
 size_t Arena::reserved() const {

@@ -10,6 +10,7 @@
 // as needed; a request that does not fit the current block's tail goes to the next block.
 #pragma once
 #include <cstddef>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -58,7 +59,8 @@ class Arena {
  private:
   struct Block { char* base; size_t size; };
   void* take(size_t bytes);  // alloc without the poison
-  void poison_above(size_t block, size_t offset);  // [offset, top) of `block`, and the blocks after it up to cur_
+  // From `offset` in `block` to `top_offset` in `top_block` (what a release or reset gives back).
+  void poison_between(size_t block, size_t offset, size_t top_block, size_t top_offset);
   Tensor make(Shape s, DType t, bool zero);
   Device dev_;
   size_t block_bytes_;
@@ -71,7 +73,17 @@ class Arena {
 class ArenaScope {
  public:
   explicit ArenaScope(Arena& a) : a_(a), m_(a.mark()) {}
-  ~ArenaScope() { a_.release(m_); }
+  // A destructor must not throw: it may run while an error unwinds, and a throw then ends the
+  // program before that error is said. The release cannot fail; its poisoning
+  // (ULYSSES_POISON_ARENA) is a device memset, which fails once the device has faulted (sticky on
+  // a GPU): that fault is the error unwinding, or the next call reports it. A release out of
+  // order (a logic_error, a bug) still ends the program.
+  ~ArenaScope() {
+    try {
+      a_.release(m_);
+    } catch (const std::runtime_error&) {
+    }
+  }
   ArenaScope(const ArenaScope&) = delete;
   ArenaScope& operator=(const ArenaScope&) = delete;
  private:

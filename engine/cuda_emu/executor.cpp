@@ -673,11 +673,12 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     try {
       w.reserve_stacks(int(block.x * block.y * block.z));
       w.reserve_smem(smem_bytes);
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // the emulator's own memory: out of resources, no fault
       ready = false;
 #pragma omp critical(ul_emu_error)
       if (message.empty()) message = e.what();
       failed = true;
+      config = true;
     }
     blockDim = block;
     gridDim = grid;
@@ -693,8 +694,10 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
       try {
         run_block(w, idx, flip);
       } catch (const ConfigError& e) {
+        // A GPU refuses such a launch before any block runs: this is the launch's error, whatever
+        // another block hit first.
 #pragma omp critical(ul_emu_error)
-        if (message.empty()) {
+        if (!config) {
           message = "block " + coord(idx) + ": " + e.what();
           config = true;
         }

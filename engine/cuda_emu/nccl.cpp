@@ -238,6 +238,13 @@ ncclResult_t failed(ncclResult_t r, const std::string& why) {
   return r;
 }
 
+// A device that has faulted takes no new NCCL work, nor a new communicator (NCCL's init and split
+// allocate device memory): the CUDA error, sticky as a GPU's.
+ncclResult_t after_fault(const char* what) {
+  return failed(ncclUnhandledCudaError, std::string(what) + ": a CUDA call failed: " +
+                                            cudaGetErrorString(ul_emu::device_fault()));
+}
+
 void require_device(const void* p, size_t bytes, const char* which) {
   if (bytes == 0) return;
   cudaPointerAttributes a{};
@@ -270,8 +277,7 @@ ncclResult_t check(ncclComm_t c, const char* what, const std::function<void()>& 
 // NCCL's ends the work it left.
 ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> body) {
   if (c->aborted.load()) return failed(ncclInvalidUsage, "the communicator was aborted");
-  if (const cudaError_t e = ul_emu::device_fault())  // a kernel's fault before: NCCL's launch fails too
-    return failed(ncclUnhandledCudaError, std::string("a CUDA call failed: ") + cudaGetErrorString(e));
+  if (ul_emu::device_fault() != cudaSuccess) return after_fault("a collective");
   const std::thread::id issuer = std::this_thread::get_id();
   try {
     ul_emu::on_stream_polled(stream, [c, issuer, body = std::move(body)] {
@@ -332,6 +338,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (ul_emu::device_fault() != cudaSuccess) return after_fault("ncclCommInitRank");
   if (!comm) return failed(ncclInvalidArgument, "ncclCommInitRank: null communicator");
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
     return failed(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
@@ -385,6 +392,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (ul_emu::device_fault() != cudaSuccess) return after_fault("ncclCommSplit");
   if (!comm || !newcomm) return failed(ncclInvalidArgument, "ncclCommSplit: null argument");
   if (config) return failed(ncclInvalidArgument, "ncclCommSplit: the emulation takes no config");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return failed(ncclInvalidArgument, "ncclCommSplit: negative color");

@@ -172,7 +172,8 @@ struct LegacyStream {
   }
   ~LegacyStream() {
     track(&s, false);
-    if (s.queue.empty()) return;
+    // After a kernel's fault a GPU abandons the work left pending (the device is in error for good).
+    if (s.queue.empty() || ul_emu::device_fault() != cudaSuccess) return;
     std::fprintf(stderr, "cuda_emu: a thread ended with %zu operation(s) queued on its legacy stream, never "
                  "awaited (synchronize before a thread ends)\n", s.queue.size());
     std::abort();

@@ -42,6 +42,10 @@ TEST_CASE("emu: an injected fault hits the chosen launch and stays, as a GPU's i
   int* count = nullptr;
   UL_CUDA_CHECK(cudaMalloc(&count, sizeof(int)));
   UL_CUDA_CHECK(cudaMemset(count, 0, sizeof(int)));
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t c = nullptr;
+  REQUIRE(ncclCommInitRank(&c, 1, id, 0) == ncclSuccess);
   {
     Injected second("counted", 2);
     ul::launch("counted", count_kernel, dim3(1), dim3(32), 0, nullptr, count);
@@ -61,12 +65,11 @@ TEST_CASE("emu: an injected fault hits the chosen launch and stays, as a GPU's i
                       Catch::Contains("launching kernel 'later'") && Catch::Contains("illegal memory access"));
     CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
     CHECK(cudaGetLastError() == cudaErrorIllegalAddress);  // not reset
-    // NCCL's launches fail too.
-    ncclUniqueId id;
-    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-    ncclComm_t c = nullptr;
-    REQUIRE(ncclCommInitRank(&c, 1, id, 0) == ncclSuccess);
+    // NCCL's launches fail too, and so does a new communicator (its init allocates device memory).
     CHECK(ncclAllReduce(count, count, 1, ncclInt32, ncclSum, c, nullptr) == ncclUnhandledCudaError);
+    ncclComm_t late = nullptr;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    CHECK(ncclCommInitRank(&late, 1, id, 0) == ncclUnhandledCudaError);
     CHECK(ncclCommAbort(c) == ncclSuccess);
   }
   // A fresh device (tests only): the counter saw the two launches that ran, not the faulted one.
@@ -115,6 +118,23 @@ TEST_CASE("train --device cuda: a kernel's fault mid-run ends it with the error,
   CHECK(two.out.find("adamw_update") != std::string::npos);
   CHECK(std::filesystem::is_directory(save2 + "/step_00000002"));
   CHECK_FALSE(std::filesystem::exists(save2 + "/step_00000003"));
+
+  // A fault in a kernel that runs inside an arena scope, with the arena poisoned on release
+  // (ULYSSES_POISON_ARENA=1, as CI runs): the scope's release meets the fault in its poisoning
+  // memset while the fault unwinds, and must not end the program (std::terminate, status 134)
+  // before the fault is said. Once in a step, once in an eval.
+  for (const std::string& at : {std::string("softmax_cross_entropy:2"), std::string("embedding_check:3")}) {
+    INFO(at);
+    const ul_test::CmdResult scoped = ul_test::run_cmd(
+        "ULYSSES_POISON_ARENA=1 ULYSSES_EMU_FAULT=" + at + " " +
+        ul_test::train_cmd(run.substr(0, run.find(" --save-dir")) + " --eval-every 1 --save-dir " + (dir / at) +
+                           " --save-every 1"));
+    INFO(scoped.out);
+    CHECK(scoped.code == 1);
+    CHECK(scoped.out.find("train: error: ") != std::string::npos);
+    CHECK(scoped.out.find("terminate called") == std::string::npos);
+    CHECK(last_line(dir / (at + "/log.jsonl")).find("\"type\":\"error\"") != std::string::npos);
+  }
 
   // A spec that names no launch is refused by name, before anything runs.
   const ul_test::CmdResult bad =
