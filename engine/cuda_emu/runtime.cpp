@@ -67,11 +67,10 @@ struct CUstream_st {
     return (ul_emu::stream_order() == ul_emu::StreamOrder::late_main) == legacy;
   }
   // Runs the queue up to its n-th operation. Queued work that fails (a kernel's misuse or fault) is
-  // reported as a GPU reports an asynchronous error: the call that finds it returns the fault,
-  // cudaErrorLaunchFailure or an injected one's (so a destructor that frees memory does not throw: it
-  // gets an error code), the message goes to
-  // stderr, and the work queued after it is dropped. A poll (cudaStreamQuery) starts work that
-  // waits on other processes on a thread of its own, as a GPU runs it beside the host, and answers
+  // reported as a GPU reports an asynchronous error: the call that finds it returns the fault's code
+  // (an error code, so a destructor that frees memory does not throw), the message goes to stderr,
+  // and the work queued after it is dropped. A poll (cudaStreamQuery) starts work that waits on
+  // other processes on a thread of its own, as a GPU runs it beside the host, and answers
   // cudaErrorNotReady until it has ended; any other call waits for it.
   cudaError_t run_until(uint64_t n, bool poll = false) {
     while (done < n && !queue.empty()) {

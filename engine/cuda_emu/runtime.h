@@ -77,7 +77,7 @@ namespace ul_emu {
 // with it), and non-blocking streams run theirs at issue: a side-stream copy that does not wait
 // for the kernels before it reads their output before they have run, or overwrites their input.
 // Both orders are ones a GPU may take; a correct program gives the same bits in each. Queued work
-// that fails is reported by the call that runs it: cudaErrorLaunchFailure, the message on stderr.
+// that fails is reported by the call that runs it: the fault's code (below), the message on stderr.
 enum class StreamOrder { late_side, late_main };
 StreamOrder stream_order();
 // Finishes this thread's queued work first: cudaErrorLaunchFailure when some of it failed.

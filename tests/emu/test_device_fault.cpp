@@ -87,8 +87,8 @@ TEST_CASE("train --device cuda: a kernel's fault mid-run ends it with the error,
   // whole, the log says why it stopped, and a resume without the fault finishes the run.
   ul_test::TempDir dir;
   const std::string save = dir / "run";
-  const std::string run = "--device cuda --steps 4 --seq 32 --batch 2 --eval-every 0 --eval-batches 1 --threads 1"
-                          " --save-dir " + save + " --save-every 1";
+  const std::string base = "--device cuda --steps 4 --seq 32 --batch 2 --eval-every 0 --eval-batches 1 --threads 1";
+  const std::string run = base + " --save-dir " + save + " --save-every 1";
   const ul_test::CmdResult r = ul_test::run_cmd("ULYSSES_EMU_FAULT=adamw_update:3 " + ul_test::train_cmd(run));
   INFO(r.out);
   CHECK(r.code == 1);
@@ -112,7 +112,7 @@ TEST_CASE("train --device cuda: a kernel's fault mid-run ends it with the error,
   const std::string save2 = dir / "ranks";
   const ul_test::CmdResult two = ul_test::run_cmd(
       "ULYSSES_EMU_FAULT=adamw_update:5 timeout 300 " +
-      ul_test::train_cmd(run.substr(0, run.find(" --save-dir")) + " --ranks 2 --save-dir " + save2 + " --save-every 1"));
+      ul_test::train_cmd(base + " --ranks 2 --save-dir " + save2 + " --save-every 1"));
   INFO(two.out);
   CHECK(two.code == 1);
   CHECK(two.out.find("adamw_update") != std::string::npos);
@@ -127,7 +127,7 @@ TEST_CASE("train --device cuda: a kernel's fault mid-run ends it with the error,
     INFO(at);
     const ul_test::CmdResult scoped = ul_test::run_cmd(
         "ULYSSES_POISON_ARENA=1 ULYSSES_EMU_FAULT=" + at + " " +
-        ul_test::train_cmd(run.substr(0, run.find(" --save-dir")) + " --eval-every 1 --save-dir " + (dir / at) +
+        ul_test::train_cmd(base + " --eval-every 1 --save-dir " + (dir / at) +
                            " --save-every 1"));
     INFO(scoped.out);
     CHECK(scoped.code == 1);
@@ -138,7 +138,7 @@ TEST_CASE("train --device cuda: a kernel's fault mid-run ends it with the error,
 
   // A spec that names no launch is refused by name, before anything runs.
   const ul_test::CmdResult bad =
-      ul_test::run_cmd("ULYSSES_EMU_FAULT=adamw_update:0 " + ul_test::train_cmd(run.substr(0, run.find(" --save-dir"))));
+      ul_test::run_cmd("ULYSSES_EMU_FAULT=adamw_update:0 " + ul_test::train_cmd(base));
   INFO(bad.out);
   CHECK(bad.code == 1);
   CHECK(bad.out.find("ULYSSES_EMU_FAULT=adamw_update:0: want KERNEL or KERNEL:N (N >= 1)") != std::string::npos);
