@@ -154,6 +154,10 @@ copy=$(grep -o 'cudaMemcpy device to device .* GB/s' "$LOGS/kernels.log" | grep 
 worst=$(awk '/^kernel/ {on = 1; next} on && / GB\/s / {r = $NF; $NF = ""; sub(/ +[0-9.]+ MB .*/, ""); print r, $0}' \
   "$LOGS/kernels.log" | sort -n | head -3 | awk '{r = $1; $1 = ""; sub(/^ +/, ""); printf "%s%s %s", (NR > 1 ? ", " : ""), $0, r}')
 row "kernels vs copy (${copy:-no result}): lowest" "${worst:-$(why $rc "$LOGS/kernels.log")}"
+# The classifier's softmax with its row staged in shared memory against the row read twice.
+soft=$(awk '/^softmax_cross_entropy \(smem row\)/ {a = $(NF - 4)} /^softmax_cross_entropy \(2 reads\)/ {b = $(NF - 4)}
+  END {if (a && b) printf "%s ms against %s ms read twice (%.2fx)", a, b, b / a}' "$LOGS/kernels.log")
+row "classifier softmax, row in smem" "${soft:-$(why $rc "$LOGS/kernels.log")}"
 # Then "rows logits dx dw" TFLOP/s of the classifier's GEMMs at 1, 2, 4 x the chunk's rows.
 gemms=$(awk '/^chunk rows/ {on = 1; next} on && NF == 4 {printf "%s%s: %s/%s/%s", (n++ ? "; " : ""), $1, $2, $3, $4}' \
   "$LOGS/kernels.log")

@@ -7,16 +7,21 @@
 //                       (1) an online max / sum of exp / first argmax, each thread over a strided
 //                           slice, combined across the block in a fixed order;
 //                       (2) dlogits = (exp(l - max) / sum - onehot) * grad_scale;
+//                       the row is copied into shared memory first where a block can hold it
+//                       (V <= ~58K on sm_90), so it is read from global memory once, not twice;
 //                     dx += dlogits w[0:V] and dw[0:V] += dlogits^T x by GEMM.
 // The losses go to a per-row buffer, summed on the host in row order (no atomics: deterministic).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "engine/async_copy.h"
 #include "engine/cuda_launch.h"
+#include "engine/cuda_runtime.h"
 #include "engine/gemm.h"
 #include "layers/scratch_sizes.h"
 #include "layers/classifier.h"
@@ -57,17 +62,23 @@ __device__ __forceinline__ RowStats warp_combine(RowStats v) {
 
 // Grid (R), block (a multiple of 32, <= 1024). logits: (R, V) fp32; dlogits: (R, V) T or null;
 // both with rows ld elements apart.
+// kStaged: the row is first copied into dynamic shared memory (round_up(V, 4) floats), 16 bytes a
+// copy where the rows are 16-byte aligned, else 4, and both passes read it there: a 50K-class row
+// (201 KB) outgrows L2 between the passes when every SM streams rows, so reading it twice from
+// global memory costs a second trip to HBM. The passes visit the same elements in the same order
+// either way, so both settings give the same bits.
 // No __restrict__ on logits / dlogits: they may be one buffer (T = float).
 // Launch bounds: the blocks reach kMaxThreads, so nvcc must keep the registers to what that many
 // threads may hold (or the launch fails with "too many resources"), which the emulator cannot see.
-template <class T>
+template <class T, bool kStaged>
 __global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* dlogits, float* __restrict__ loss, int32_t* __restrict__ hit,
                                              const float* logits, const int32_t* __restrict__ targets, int V,
-                                             int ld, float grad_scale) {
+                                             int ld, float grad_scale, bool wide_copies) {
   UL_STATIC_SMEM(RowStats, s_warp, [kMaxThreads / 32]);
+  UL_DYNAMIC_SMEM(float, s_row);  // kStaged: the row, round_up(V, 4) floats
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t = targets[row];
-  const float* lr = logits + size_t(row) * ld;
+  const float* lg = logits + size_t(row) * ld;
   T* dr = dlogits ? dlogits + size_t(row) * ld : nullptr;
   if (t < 0) {  // ignored: the whole block leaves together, before any barrier
     if (dr)
@@ -75,7 +86,21 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* d
     if (tid == 0) loss[row] = 0.f, hit[row] = 0;
     return;
   }
-  const float lt = lr[t];  // read before the barriers below, so before anything overwrites it
+  const float lt = lg[t];  // read before the barriers below, so before anything overwrites it
+  if (kStaged) {
+    // Every copy of the row in flight at once (12 or so 16-byte copies a thread at V = 50K): the
+    // block waits for one round trip, not one per pass.
+    if (wide_copies) {
+      for (int c = tid; 4 * c < V; c += blockDim.x)
+        cp_async<16>(s_row + 4 * c, lg + 4 * c, 4 * min(4, V - 4 * c));  // the tail's missing floats are zero-filled
+    } else {
+      for (int i = tid; i < V; i += blockDim.x) cp_async<4>(s_row + i, lg + i, 4);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  const float* lr = kStaged ? s_row : lg;
 
   // Each thread's elements are i = tid + k * blockDim.x, taken kUnroll at a time: their loads are
   // issued together, so a thread has several in flight (the kernel is bound by memory latency,
@@ -126,8 +151,32 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* d
   }
 }
 
+std::atomic<int> g_row_staging{0};
+
+// The dynamic shared memory a staged row of V logits takes.
+size_t staged_row_bytes(int V) { return size_t(ceil_div(V, 4)) * 4 * sizeof(float); }
 
 }  // namespace
+
+int set_softmax_row_staging(int mode) {
+  if (mode < 0 || mode > 2)
+    throw std::invalid_argument("softmax_cross_entropy: row staging must be 0 (where a block can hold the row), "
+                                "1 (never) or 2 (always), got " + std::to_string(mode));
+  return g_row_staging.exchange(mode);
+}
+
+bool softmax_row_staged(int V) {
+  const int mode = g_row_staging.load(std::memory_order_relaxed);
+  if (mode == 1) return false;
+  // The block's static shared memory (the per-warp statistics) comes out of the same limit.
+  const size_t need = staged_row_bytes(V) + sizeof(RowStats) * (kMaxThreads / 32), optin = cuda_smem_optin();
+  if (need <= optin) return true;
+  if (mode == 2)
+    throw std::runtime_error("softmax_cross_entropy: a row of " + std::to_string(V) + " logits takes " +
+                             std::to_string(need) + " bytes of shared memory; this GPU allows " +
+                             std::to_string(optin) + " a block (row staging 2 asks for it always)");
+  return false;
+}
 
 template <class T>
 void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* logits, const int32_t* targets, int R,
@@ -138,8 +187,18 @@ void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* l
   if (ld < V) throw std::runtime_error("softmax_cross_entropy: row stride " + std::to_string(ld) + " < V = " + std::to_string(V));
   // ~16 elements per thread, in whole warps: small vocabularies do not park idle threads at the barriers.
   const int threads = int(std::min<long long>(kMaxThreads, std::max<long long>(32, ceil_div(V, 16 * 32) * 32)));
-  launch("softmax_cross_entropy", softmax_cross_entropy_kernel<T>, dim3(R), dim3(threads), 0, s, dlogits, loss, hit,
-         logits, targets, V, ld, grad_scale);
+  if (softmax_row_staged(V)) {
+    const size_t smem = staged_row_bytes(V);
+    const bool wide = ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+    auto* kernel = softmax_cross_entropy_kernel<T, true>;
+    if (smem > (48u << 10))
+      UL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch("softmax_cross_entropy", kernel, dim3(R), dim3(threads), smem, s, dlogits, loss, hit, logits, targets, V,
+           ld, grad_scale, wide);
+  } else {
+    launch("softmax_cross_entropy", softmax_cross_entropy_kernel<T, false>, dim3(R), dim3(threads), 0, s, dlogits,
+           loss, hit, logits, targets, V, ld, grad_scale, false);
+  }
 }
 
 size_t classifier_scratch_bytes(int N, int V, int chunk_rows, DType dtype) {

@@ -119,6 +119,55 @@ inline void expect_increment(const std::string& what, const std::vector<float>& 
   CHECK(2 * telling >= scaled);
 }
 
+// softmax_cross_entropy's row staging set for a scope (0 where the row fits, 1 never, 2 always).
+struct RowStaging {
+  int old;
+  explicit RowStaging(int mode) : old(ul::cuda::set_softmax_row_staging(mode)) {}
+  ~RowStaging() { ul::cuda::set_softmax_row_staging(old); }
+};
+
+// The softmax kernel on R rows of V logits ld apart, starting `offset` floats into a buffer (an
+// offset of 1 makes the rows 4-byte, not 16-byte, aligned), with the row staged in shared memory
+// (2) and read twice from global memory (1): the same bits of loss, hit and dlogits, and the
+// elements past V of each dlogits row left as they were. in_place (T = float): dlogits is the
+// logits buffer.
+template <class T>
+void check_staging_same_bits(int R, int V, int ld, int offset, bool in_place) {
+  INFO(type_name<T>() << " R=" << R << " V=" << V << " ld=" << ld << " offset=" << offset
+                      << (in_place ? " in place" : ""));
+  const size_t n = size_t(R) * ld + offset;
+  std::vector<float> logits = ul_test::randn_f(n, 300 + V, 4.f);
+  const std::vector<int32_t> tg = make_targets(R, V, 400 + R, 0.2);
+  struct Out {
+    std::vector<float> loss, dl;
+    std::vector<int32_t> hit;
+  };
+  auto run = [&](int mode) {
+    RowStaging staging(mode);
+    DeviceBuffer<float> d_logits(n), d_loss(R);
+    DeviceBuffer<T> d_dl(n);
+    DeviceBuffer<int32_t> d_hit(R), d_tg(R);
+    d_logits.set(logits);
+    d_tg.set(tg);
+    T* dl = in_place ? reinterpret_cast<T*>(d_logits.p) : d_dl.p;
+    ul::cuda::softmax_cross_entropy<T>(dl + offset, d_loss.p, d_hit.p, d_logits.p + offset, d_tg.p, R, V, 0.61f,
+                                       nullptr, ld);
+    Out o{d_loss.get(), in_place ? d_logits.get() : to_f32(d_dl.get()), d_hit.get()};
+    for (int r = 0; r < R; r++)  // past V: the logits (in place) or the poison, untouched
+      for (int i = V; i < ld; i++) {
+        const size_t k = offset + size_t(r) * ld + i;
+        if (in_place ? !same_bits(std::vector<float>{o.dl[k]}, std::vector<float>{logits[k]}) : !std::isnan(o.dl[k]))
+          FAIL("mode " << mode << ": row " << r << " element " << i << " past V was written");
+      }
+    return o;
+  };
+  const Out twice = run(1), staged = run(2);
+  CHECK(same_bits(staged.loss, twice.loss));
+  CHECK(staged.hit == twice.hit);
+  CHECK(same_bits(staged.dl, twice.dl));
+  CHECK(std::count(tg.begin(), tg.end(), -1) > 0);  // an ignored row is among them
+}
+
 struct Case {
   int N, C, V, Vp, chunk_rows;
 };
@@ -225,11 +274,45 @@ inline OpResult run_op(ul::Device dev, ul::DType dt, int B, int T, int C, int V,
 
 TEST_CASE("classifier softmax kernel matches float64: loss, first argmax, dlogits, ignored rows",
           UL_CUDA_TEST_TAG "[classifier]") {
-  for (int V : {1, 5, 32, 77, 1000, 4099})
-    for (bool grad : {true, false}) {
-      classifier_cases::check_softmax<float>(9, V, grad);
-      classifier_cases::check_softmax<__nv_bfloat16>(9, V, grad);
-    }
+  // The row read twice from global memory, and staged in shared memory (16-byte copies where V is
+  // a multiple of 4, 4-byte ones where the packed rows are not 16-byte aligned).
+  for (int staging : {1, 2}) {
+    INFO("row staging " << staging);
+    classifier_cases::RowStaging set(staging);
+    for (int V : {1, 5, 32, 77, 1000, 4099})
+      for (bool grad : {true, false}) {
+        classifier_cases::check_softmax<float>(9, V, grad);
+        classifier_cases::check_softmax<__nv_bfloat16>(9, V, grad);
+      }
+  }
+}
+
+TEST_CASE("classifier softmax stages the row in shared memory where it fits, with the bits of reading it twice",
+          UL_CUDA_TEST_TAG "[classifier]") {
+  using classifier_cases::check_staging_same_bits;
+  ul::init_cuda_backend();
+  REQUIRE(ul::cuda::set_softmax_row_staging(0) == 0);  // the default, as every other test runs
+  // GPT-2's vocabulary in its padded rows (16-byte copies, the last one partial), 4-byte copies
+  // (a stride that is not a multiple of 4; rows starting 4 bytes past an aligned address), in
+  // place (T = float: dlogits is the logits buffer), and bf16 dlogits.
+  check_staging_same_bits<float>(3, 50257, 50304, 0, false);
+  check_staging_same_bits<__nv_bfloat16>(3, 50257, 50304, 0, false);
+  check_staging_same_bits<float>(5, 4099, 4099, 0, true);
+  check_staging_same_bits<__nv_bfloat16>(6, 77, 80, 1, false);
+  check_staging_same_bits<float>(6, 77, 81, 1, true);
+
+  // Where a block cannot hold the row, the default reads it twice and 2 refuses by name.
+  const int too_long = int(ul::cuda_smem_optin() / 4);
+  CHECK(ul::cuda::softmax_row_staged(50257));
+  CHECK_FALSE(ul::cuda::softmax_row_staged(too_long));
+  {
+    classifier_cases::RowStaging never(1);
+    CHECK_FALSE(ul::cuda::softmax_row_staged(50257));
+  }
+  classifier_cases::RowStaging always(2);
+  CHECK_THROWS_WITH(ul::cuda::softmax_row_staged(too_long),
+                    Catch::Contains("softmax_cross_entropy") && Catch::Contains("shared memory"));
+  CHECK_THROWS_WITH(ul::cuda::set_softmax_row_staging(3), Catch::Contains("0 (where a block can hold the row)"));
 }
 
 TEST_CASE("classifier argmax on CUDA is the first maximum", UL_CUDA_TEST_TAG "[classifier]") {
