@@ -149,15 +149,24 @@ row "sp 2 vs sp 1 losses (fp32)" "${l2:-$(why $rc2 "$LOGS/sp2.log")} | ${l1:-$(w
 
 echo "== memory-bound kernels against a device-to-device copy (GPT-2 124M shapes) (${SECONDS} s)"
 run_for 60 "$LOGS/kernels.log" ./build-gpu/bench_kernels; rc=$?
-# Lines "name ... X GB/s R" after the header; the three with the lowest ratio to the copy.
+# Lines "name ... X GB/s R" after the header; the three with the lowest ratio to the copy (not
+# counting the baselines, the older ways timed beside two of the kernels: rows below).
 copy=$(grep -o 'cudaMemcpy device to device .* GB/s' "$LOGS/kernels.log" | grep -o '[0-9.]* GB/s')
-worst=$(awk '/^kernel/ {on = 1; next} on && / GB\/s / {r = $NF; $NF = ""; sub(/ +[0-9.]+ MB .*/, ""); print r, $0}' \
+worst=$(awk '/^kernel/ {on = 1; next} /\((2 reads|4-byte loads)\)/ {next}
+  on && / GB\/s / {r = $NF; $NF = ""; sub(/ +[0-9.]+ MB .*/, ""); print r, $0}' \
   "$LOGS/kernels.log" | sort -n | head -3 | awk '{r = $1; $1 = ""; sub(/^ +/, ""); printf "%s%s %s", (NR > 1 ? ", " : ""), $0, r}')
 row "kernels vs copy (${copy:-no result}): lowest" "${worst:-$(why $rc "$LOGS/kernels.log")}"
-# The classifier's softmax with its row staged in shared memory against the row read twice.
-soft=$(awk '/^softmax_cross_entropy \(smem row\)/ {a = $(NF - 4)} /^softmax_cross_entropy \(2 reads\)/ {b = $(NF - 4)}
-  END {if (a && b) printf "%s ms against %s ms read twice (%.2fx)", a, b, b / a}' "$LOGS/kernels.log")
-row "classifier softmax, row in smem" "${soft:-$(why $rc "$LOGS/kernels.log")}"
+# Two kernels against their own older way, timed in the same run: the classifier's softmax with
+# its row staged in shared memory against the row read twice, AdamW 16-byte against 4-byte loads.
+# (The ms of a line is its fifth field from the end.)
+than() {
+  awk -v a="$1" -v b="$2" 'index($0, a) == 1 {x = $(NF - 4)} index($0, b) == 1 {y = $(NF - 4)}
+    END {if (x && y) printf "%s ms against %s ms (%.2fx)", x, y, y / x}' "$LOGS/kernels.log"
+}
+soft=$(than "softmax_cross_entropy (smem row)" "softmax_cross_entropy (2 reads)")
+row "classifier softmax, row in smem vs read twice" "${soft:-$(why $rc "$LOGS/kernels.log")}"
+adam=$(than "adamw_update (all parameters)" "adamw_update (4-byte loads)")
+row "adamw_update, 16-byte vs 4-byte loads" "${adam:-$(why $rc "$LOGS/kernels.log")}"
 # Then "rows logits dx dw" TFLOP/s of the classifier's GEMMs at 1, 2, 4 x the chunk's rows.
 gemms=$(awk '/^chunk rows/ {on = 1; next} on && NF == 4 {printf "%s%s: %s/%s/%s", (n++ ? "; " : ""), $1, $2, $3, $4}' \
   "$LOGS/kernels.log")

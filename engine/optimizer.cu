@@ -1,14 +1,17 @@
 // AdamW and the gradient norm on CUDA (the math is in optimizer.h; the CPU loops it must match are
 // in optimizer.cpp).
 //
-// adamw_update   one thread per element (grid-stride), the CPU's arithmetic in the CPU's order on
-//                the fp32 master; for bf16 parameters the master is then rounded stochastically,
-//                with 16 random bits from a counter-based hash of (seed, t, global index). Each
-//                thread's indices only grow, so its cursor into the decay segments only moves on.
+// adamw_update   four consecutive elements a thread (16-byte loads; one at a time where a ZeRO
+//                shard leaves the arrays unaligned), grid-stride, the CPU's arithmetic in the CPU's
+//                order on the fp32 master; for bf16 parameters the master is then rounded
+//                stochastically, with 16 random bits from a counter-based hash of (seed, t, global
+//                index). Each thread's indices only grow, so its cursor into the decay segments
+//                only moves on.
 // sum_squares    (1) a fixed number of blocks, chosen from n alone, each summing a fixed strided
 //                    subset and writing one partial; (2) one block adds the partials in order.
 //                No atomics: the same gradient gives the same bits on every run.
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -16,6 +19,7 @@
 
 #include "engine/cuda_launch.h"
 #include "engine/optimizer.h"
+#include "layers/elementwise.cuh"
 
 namespace ul {
 namespace cuda {
@@ -43,36 +47,87 @@ __device__ __forceinline__ __nv_bfloat16 round_stochastic(float x, uint32_t rand
   return __float2bfloat16_rz(__uint_as_float((u + (random16 & 0xffffu)) & 0xffff0000u));
 }
 
+// The weight decay of element i, walking the decay segments forward: a thread's indices only grow,
+// so its cursor only moves on, and the current segment's end stays in a register.
+struct DecayCursor {
+  const DecaySegments& segs;
+  float weight_decay;
+  int seg = 0;
+  uint64_t end;
+  __device__ DecayCursor(const DecaySegments& s, float wd)
+      : segs(s), weight_decay(wd), end(s.count ? s.ends[0] : ~uint64_t(0)) {}
+  __device__ float at(size_t i) {
+    if (!segs.count) return weight_decay;
+    while (i >= end) end = segs.ends[++seg];  // the last end is n, so seg stays below count
+    return segs.decay[seg] ? weight_decay : 0.f;
+  }
+};
+
+// One element's update: the CPU's arithmetic in the CPU's order. p is the f32 weight (params or
+// master), updated in place; m, v likewise.
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float wd, float lr, float beta1,
+                                              float beta2, float eps, float grad_scale, float step_size,
+                                              float inv_sqrt_bc2) {
+  const float gi = g * grad_scale;
+  m = beta1 * m + (1.0f - beta1) * gi;
+  v = beta2 * v + (1.0f - beta2) * gi * gi;
+  p = p - lr * wd * p;
+  p = p - step_size * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
+}
+
+// The bf16 parameter of master value p at global index g: its 16 random bits are the counter (the
+// element's index in the whole buffer) through the mixer, keyed by the step's seed.
+__device__ __forceinline__ __nv_bfloat16 rounded_param(float p, uint64_t step_seed, size_t g) {
+  return round_stochastic(p, uint32_t(mix64(step_seed + (g + 1) * 0x9e3779b97f4a7c15ull) >> 48));
+}
+
 // params, master, grad, m, v: (n). step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
-template <class Tp>
+// V: elements a thread takes at a time, consecutive: 4 (16-byte loads of the f32 arrays; every
+// pointer aligned to its 4 elements, n any: a last partial group goes one element at a time) or 1.
+// The elements' arithmetic is the same either way, so both give the same bits.
+template <class Tp, int V>
 __global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master, const float* __restrict__ grad,
                              float* __restrict__ m, float* __restrict__ v, size_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float grad_scale, float step_size,
                              float inv_sqrt_bc2, uint64_t step_seed, size_t index_base, DecaySegments segs) {
-  int seg = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float wd = weight_decay;
-    if (segs.count) {
-      while (i >= segs.ends[seg]) seg++;  // the last end is n, so seg stays below count
-      wd = segs.decay[seg] ? weight_decay : 0.f;
-    }
-    const float gi = grad[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    float p;
-    if constexpr (std::is_same<Tp, float>::value) p = params[i];
-    else p = master[i];
-    p = p - lr * wd * p;
-    p = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-    if constexpr (std::is_same<Tp, float>::value) {
-      params[i] = p;
+  constexpr bool f32 = std::is_same<Tp, float>::value;
+  float* w = f32 ? reinterpret_cast<float*>(params) : master;  // the f32 weights the update works on
+  DecayCursor decay(segs, weight_decay);
+  const size_t stride = size_t(gridDim.x) * blockDim.x * V;
+  for (size_t i0 = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * V; i0 < n; i0 += stride) {
+    float gv[V], mv[V], vv[V], pv[V];
+    const bool whole = V > 1 && i0 + V <= n;
+    if (whole) {
+      load_floats<V>(grad + i0, gv);
+      load_floats<V>(m + i0, mv);
+      load_floats<V>(v + i0, vv);
+      load_floats<V>(w + i0, pv);
     } else {
-      master[i] = p;
-      // The counter (the element's index in the whole buffer) through the mixer, keyed by the step's seed.
-      const uint64_t bits = mix64(step_seed + (index_base + i + 1) * 0x9e3779b97f4a7c15ull);
-      params[i] = round_stochastic(p, uint32_t(bits >> 48));
+      UL_UNROLL for (int k = 0; k < V; k++) {
+        if (i0 + k >= n) break;
+        gv[k] = grad[i0 + k], mv[k] = m[i0 + k], vv[k] = v[i0 + k], pv[k] = w[i0 + k];
+      }
+    }
+    UL_UNROLL for (int k = 0; k < V; k++) {
+      if (i0 + k >= n) break;
+      adamw_element(pv[k], mv[k], vv[k], gv[k], decay.at(i0 + k), lr, beta1, beta2, eps, grad_scale, step_size,
+                    inv_sqrt_bc2);
+    }
+    if (whole) {
+      store_floats<V>(m + i0, mv);
+      store_floats<V>(v + i0, vv);
+      store_floats<V>(w + i0, pv);
+      if constexpr (!f32) {
+        Pack<__nv_bfloat16, V> pk;
+        UL_UNROLL for (int k = 0; k < V; k++) pk.v[k] = rounded_param(pv[k], step_seed, index_base + i0 + k);
+        store_pack<V>(params + i0, pk);
+      }
+    } else {
+      UL_UNROLL for (int k = 0; k < V; k++) {
+        if (i0 + k >= n) break;
+        m[i0 + k] = mv[k], v[i0 + k] = vv[k], w[i0 + k] = pv[k];
+        if constexpr (!f32) params[i0 + k] = rounded_param(pv[k], step_seed, index_base + i0 + k);
+      }
     }
   }
 }
@@ -81,10 +136,8 @@ __global__ void adamw_kernel(Tp* __restrict__ params, float* __restrict__ master
 // same step: the bf16 weights a resumed run had before it stopped (checkpoints keep the master).
 __global__ void round_master_kernel(__nv_bfloat16* __restrict__ params, const float* __restrict__ master, size_t n,
                                     uint64_t step_seed, size_t index_base) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint64_t bits = mix64(step_seed + (index_base + i + 1) * 0x9e3779b97f4a7c15ull);
-    params[i] = round_stochastic(master[i], uint32_t(bits >> 48));
-  }
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    params[i] = rounded_param(master[i], step_seed, index_base + i);
 }
 
 // Sum of the block's values, the same order every run; the total is valid in thread 0.
@@ -124,6 +177,12 @@ __global__ void sum_squares_final_kernel(float* __restrict__ out, const float* _
   if (threadIdx.x == 0) *out = s;
 }
 
+// p (null for an f32 model's absent master) sits on a boundary of k of its elements.
+template <size_t k, class T>
+bool aligned_to(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (k * sizeof(T)) == 0;
+}
+
 size_t norm_blocks(size_t n) {
   const size_t b = (n + kNormPerBlock - 1) / kNormPerBlock;
   return b < 1 ? 1 : (b > kMaxNormBlocks ? kMaxNormBlocks : b);
@@ -147,9 +206,18 @@ void adamw_update(Tp* params, float* master, const float* grad, float* m, float*
   const float step_size = lr / bc1;
   const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
   const uint64_t step_seed = mix64(mix64(seed) ^ uint64_t(uint32_t(t)));
-  const unsigned blocks = capped_blocks(n, kThreads, kMaxUpdateBlocks);
-  launch("adamw_update", adamw_kernel<Tp>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n, lr,
-         beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed, index_base, segments);
+  // Four elements a thread at a time where every array starts on a 4-element boundary (a ZeRO
+  // shard may start anywhere): one 16-byte load per f32 array instead of four 4-byte ones.
+  constexpr size_t kVec = 4;
+  const bool vec = aligned_to<kVec>(params) && aligned_to<kVec>(master) && aligned_to<kVec>(grad) &&
+                   aligned_to<kVec>(m) && aligned_to<kVec>(v);
+  const unsigned blocks = capped_blocks(vec ? (n + kVec - 1) / kVec : n, kThreads, kMaxUpdateBlocks);
+  if (vec)
+    launch("adamw_update", adamw_kernel<Tp, kVec>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n,
+           lr, beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed, index_base, segments);
+  else
+    launch("adamw_update", adamw_kernel<Tp, 1>, dim3(blocks), dim3(kThreads), 0, s, params, master, grad, m, v, n,
+           lr, beta1, beta2, eps, weight_decay, grad_scale, step_size, inv_sqrt_bc2, step_seed, index_base, segments);
 }
 
 void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s,

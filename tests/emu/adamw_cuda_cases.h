@@ -178,8 +178,11 @@ TEST_CASE("bf16 rounding bits follow the element's index in the whole buffer, ho
   using namespace cuda_cases;
   using namespace adamw_cases;
   // One launch over n elements against two launches over [0, k) and [k, n) with index_base k (a
-  // ZeRO shard boundary): the same bf16 bits; round_master redraws them.
-  const size_t n = 4099, k = 1500;
+  // ZeRO shard boundary): the same bf16 bits; round_master redraws them. k = 1501 puts the second
+  // launch off the 4-element boundary, where the kernel takes one element at a time.
+  const size_t n = 4099;
+  const size_t k = GENERATE(size_t(1500), size_t(1501));
+  INFO("cut at " << k);
   const std::vector<float> master0 = ul_test::randn_f(n, 8), g = ul_test::randn_f(n, 9, 0.5f);
   auto run = [&](bool split) {
     DeviceBuffer<__nv_bfloat16> d_p(n);
@@ -207,6 +210,59 @@ TEST_CASE("bf16 rounding bits follow the element's index in the whole buffer, ho
     return params;
   };
   CHECK(same_bits(run(false), run(true)));
+}
+
+namespace adamw_cases {
+// One update of n elements (with decay segments) on arrays that start `offset` elements into their
+// buffers; every array's bits after it (params as f32, or bf16 params then the master), m and v.
+template <class Tp>
+std::vector<std::vector<uint32_t>> update_bits(size_t n, size_t offset, const std::vector<uint64_t>& ends) {
+  using namespace cuda_cases;
+  constexpr bool f32 = std::is_same<Tp, float>::value;
+  const size_t total = n + offset;
+  // The same n values whatever the offset, after `offset` padding elements.
+  auto at_offset = [&](std::vector<float> x) {
+    x.insert(x.begin(), offset, 0.f);
+    return x;
+  };
+  std::vector<float> v0 = ul_test::randn_f(n, 54, 0.1f);
+  for (float& x : v0) x *= x;  // a second moment is not negative
+  const std::vector<float> w = at_offset(ul_test::randn_f(n, 51)), g = at_offset(ul_test::randn_f(n, 52, 0.5f)),
+                           m0 = at_offset(ul_test::randn_f(n, 53, 0.1f)), v_pos = at_offset(v0);
+  std::vector<uint8_t> decay(ends.size());
+  for (size_t k = 0; k < ends.size(); k++) decay[k] = k % 2 == 0;
+  DeviceBuffer<uint64_t> d_ends(ends.size());
+  DeviceBuffer<uint8_t> d_decay(decay.size());
+  d_ends.set(ends);
+  d_decay.set(decay);
+  DeviceBuffer<Tp> d_p(total);
+  DeviceBuffer<float> d_master(total), d_g(total), d_m(total), d_v(total);
+  d_p.set(to_elem<Tp>(w));
+  d_master.set(w);
+  d_g.set(g);
+  d_m.set(m0);
+  d_v.set(v_pos);
+  ul::cuda::adamw_update<Tp>(d_p.p + offset, f32 ? nullptr : d_master.p + offset, d_g.p + offset, d_m.p + offset,
+                             d_v.p + offset, n, kLr, kB1, kB2, kEps, kWd, kScale, 5, 77, nullptr, 1000,
+                             ul::cuda::DecaySegments{d_ends.p, d_decay.p, int(ends.size())});
+  auto bits = [&](const std::vector<float>& x) {
+    std::vector<uint32_t> b(n);
+    std::memcpy(b.data(), x.data() + offset, n * 4);
+    return b;
+  };
+  std::vector<std::vector<uint32_t>> out{bits(to_f32(d_p.get())), bits(d_m.get()), bits(d_v.get())};
+  if (!f32) out.push_back(bits(d_master.get()));
+  return out;
+}
+}  // namespace adamw_cases
+
+TEST_CASE("adamw_update gives the same bits four elements a thread and one at a time", UL_CUDA_TEST_TAG "[adamw]") {
+  // Arrays on a 4-element boundary take the 16-byte path, one element past it the 4-byte one; n is
+  // no multiple of 4 (the last group is partial) and the decay segments end inside groups.
+  const size_t n = 70003;
+  const std::vector<uint64_t> ends{5, 6, 4097, 50001, n};
+  CHECK(adamw_cases::update_bits<float>(n, 0, ends) == adamw_cases::update_bits<float>(n, 1, ends));
+  CHECK(adamw_cases::update_bits<__nv_bfloat16>(n, 0, ends) == adamw_cases::update_bits<__nv_bfloat16>(n, 1, ends));
 }
 
 TEST_CASE("adamw_update refuses a master buffer that does not fit the parameter type", UL_CUDA_TEST_TAG "[adamw]") {
