@@ -103,6 +103,19 @@ inline std::vector<__nv_bfloat16> round_only(float value, size_t n, uint64_t see
   return d_p.get();
 }
 
+// Decay segments ending at `ends`, the first decaying, the next not, and so on; on the device too.
+struct Segments {
+  std::vector<uint8_t> decay;
+  cuda_cases::DeviceBuffer<uint64_t> d_ends;
+  cuda_cases::DeviceBuffer<uint8_t> d_decay;
+  explicit Segments(const std::vector<uint64_t>& ends) : decay(ends.size()), d_ends(ends.size()), d_decay(ends.size()) {
+    for (size_t k = 0; k < ends.size(); k++) decay[k] = k % 2 == 0;
+    d_ends.set(ends);
+    d_decay.set(decay);
+  }
+  ul::cuda::DecaySegments device() const { return {d_ends.p, d_decay.p, int(decay.size())}; }
+};
+
 }  // namespace adamw_cases
 
 TEST_CASE("adamw_update f32 matches the CPU update", UL_CUDA_TEST_TAG "[adamw]") {
@@ -154,20 +167,15 @@ TEST_CASE("adamw_update in one launch with decay segments matches the CPU update
        {std::vector<uint64_t>{300, 301, 1237}, std::vector<uint64_t>{1000, 50000, 50001, 70001, 600001}}) {
     const size_t n = ends.back();
     INFO("n=" << n << ", " << ends.size() << " segments");
-    std::vector<uint8_t> decay(ends.size());
-    for (size_t k = 0; k < ends.size(); k++) decay[k] = k % 2 == 0;
-    DeviceBuffer<uint64_t> d_ends(ends.size());
-    DeviceBuffer<uint8_t> d_decay(decay.size());
-    d_ends.set(ends);
-    d_decay.set(decay);
+    const Segments segs(ends);
     F32State s(n, 3);
     for (int t = 1; t <= 2; t++) {
       s.new_gradient(30 + t);
       for (size_t k = 0, a = 0; k < ends.size(); a = ends[k], k++)
         ul::cpu::adamw_update(s.p.data() + a, s.g.data() + a, s.m.data() + a, s.v.data() + a, ends[k] - a, kLr, kB1,
-                              kB2, kEps, decay[k] ? kWd : 0.f, kScale, t);
+                              kB2, kEps, segs.decay[k] ? kWd : 0.f, kScale, t);
       ul::cuda::adamw_update<float>(s.d_p.p, nullptr, s.d_g.p, s.d_m.p, s.d_v.p, n, kLr, kB1, kB2, kEps, kWd, kScale,
-                                    t, 42, nullptr, 0, ul::cuda::DecaySegments{d_ends.p, d_decay.p, int(ends.size())});
+                                    t, 42, nullptr, 0, segs.device());
       s.expect_same();
     }
   }
@@ -229,12 +237,7 @@ std::vector<std::vector<uint32_t>> update_bits(size_t n, size_t offset, const st
   for (float& x : v0) x *= x;  // a second moment is not negative
   const std::vector<float> w = at_offset(ul_test::randn_f(n, 51)), g = at_offset(ul_test::randn_f(n, 52, 0.5f)),
                            m0 = at_offset(ul_test::randn_f(n, 53, 0.1f)), v_pos = at_offset(v0);
-  std::vector<uint8_t> decay(ends.size());
-  for (size_t k = 0; k < ends.size(); k++) decay[k] = k % 2 == 0;
-  DeviceBuffer<uint64_t> d_ends(ends.size());
-  DeviceBuffer<uint8_t> d_decay(decay.size());
-  d_ends.set(ends);
-  d_decay.set(decay);
+  const Segments segs(ends);
   DeviceBuffer<Tp> d_p(total);
   DeviceBuffer<float> d_master(total), d_g(total), d_m(total), d_v(total);
   d_p.set(to_elem<Tp>(w));
@@ -244,7 +247,7 @@ std::vector<std::vector<uint32_t>> update_bits(size_t n, size_t offset, const st
   d_v.set(v_pos);
   ul::cuda::adamw_update<Tp>(d_p.p + offset, f32 ? nullptr : d_master.p + offset, d_g.p + offset, d_m.p + offset,
                              d_v.p + offset, n, kLr, kB1, kB2, kEps, kWd, kScale, 5, 77, nullptr, 1000,
-                             ul::cuda::DecaySegments{d_ends.p, d_decay.p, int(ends.size())});
+                             segs.device());
   auto bits = [&](const std::vector<float>& x) {
     std::vector<uint32_t> b(n);
     std::memcpy(b.data(), x.data() + offset, n * 4);
