@@ -164,6 +164,7 @@ than() {
     END {if (x && y) printf "%s ms against %s ms (%.2fx)", x, y, y / x}' "$LOGS/kernels.log"
 }
 soft=$(than "softmax_cross_entropy (smem row)" "softmax_cross_entropy (2 reads)")
+grep -q "^softmax_cross_entropy (not staged)" "$LOGS/kernels.log" && soft="not staged: the row does not fit a block here"
 row "classifier softmax, row in smem vs read twice" "${soft:-$(why $rc "$LOGS/kernels.log")}"
 adam=$(than "adamw_update (all parameters)" "adamw_update (4-byte loads)")
 row "adamw_update, 16-byte vs 4-byte loads" "${adam:-$(why $rc "$LOGS/kernels.log")}"

@@ -153,8 +153,10 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cross_entropy_kernel(T* d
 
 std::atomic<int> g_row_staging{0};
 
-// The dynamic shared memory a staged row of V logits takes.
+// The dynamic shared memory a staged row of V logits takes, and the static the kernel declares
+// (the per-warp statistics), which comes out of the same limit.
 size_t staged_row_bytes(int V) { return size_t(ceil_div(V, 4)) * 4 * sizeof(float); }
+constexpr size_t kStatsBytes = sizeof(RowStats) * (kMaxThreads / 32);
 
 }  // namespace
 
@@ -168,8 +170,7 @@ int set_softmax_row_staging(int mode) {
 bool softmax_row_staged(int V) {
   const int mode = g_row_staging.load(std::memory_order_relaxed);
   if (mode == 1) return false;
-  // The block's static shared memory (the per-warp statistics) comes out of the same limit.
-  const size_t need = staged_row_bytes(V) + sizeof(RowStats) * (kMaxThreads / 32), optin = cuda_smem_optin();
+  const size_t need = staged_row_bytes(V) + kStatsBytes, optin = cuda_smem_optin();
   if (need <= optin) return true;
   if (mode == 2)
     throw std::runtime_error("softmax_cross_entropy: a row of " + std::to_string(V) + " logits takes " +
@@ -187,12 +188,16 @@ void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* l
   if (ld < V) throw std::runtime_error("softmax_cross_entropy: row stride " + std::to_string(ld) + " < V = " + std::to_string(V));
   // ~16 elements per thread, in whole warps: small vocabularies do not park idle threads at the barriers.
   const int threads = int(std::min<long long>(kMaxThreads, std::max<long long>(32, ceil_div(V, 16 * 32) * 32)));
-  if (softmax_row_staged(V)) {
+  // Without a gradient there is no second pass, so nothing to stage.
+  if (dlogits && softmax_row_staged(V)) {
     const size_t smem = staged_row_bytes(V);
     const bool wide = ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
     auto* kernel = softmax_cross_entropy_kernel<T, true>;
-    if (smem > (48u << 10))
-      UL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // Past 48 KiB of shared memory in all (static and dynamic) a kernel must opt in. Always to the
+    // most it may take, one value for every launch: ranks that are threads of one process, with
+    // rows of different lengths, cannot lower it under each other's launches.
+    UL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(cuda_smem_optin() - kStatsBytes)));
     launch("softmax_cross_entropy", kernel, dim3(R), dim3(threads), smem, s, dlogits, loss, hit, logits, targets, V,
            ld, grad_scale, wide);
   } else {

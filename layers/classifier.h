@@ -42,11 +42,11 @@ template <class T>
 void softmax_cross_entropy(T* dlogits, float* loss, int32_t* hit, const float* logits, const int32_t* targets, int R,
                            int V, float grad_scale, cudaStream_t s, int ld = 0);
 
-// Where softmax_cross_entropy keeps a row between its two passes, process-wide: 0 (the default) in
-// shared memory where a block can hold it (V up to ~58K on sm_90), else read again from global
-// memory; 1 always read twice from global memory; 2 always in shared memory (a launch whose row
-// does not fit is refused). The results are the same bits either way; tests and bench_kernels
-// compare the two. Returns the previous setting.
+// Where softmax_cross_entropy keeps a row between its two passes (when it has two: with dlogits),
+// process-wide: 0 (the default) in shared memory where a block can hold it (V up to ~58K on
+// sm_90), else read again from global memory; 1 always read twice from global memory; 2 always in
+// shared memory (a launch whose row does not fit is refused). The results are the same bits either
+// way; tests and bench_kernels compare the two. Returns the previous setting.
 int set_softmax_row_staging(int mode);
 // Whether a launch for rows of V logits stages them, under the setting above (2: throws if not).
 bool softmax_row_staged(int V);

@@ -261,9 +261,11 @@ std::vector<std::vector<uint32_t>> update_bits(size_t n, size_t offset, const st
 
 TEST_CASE("adamw_update gives the same bits four elements a thread and one at a time", UL_CUDA_TEST_TAG "[adamw]") {
   // Arrays on a 4-element boundary take the 16-byte path, one element past it the 4-byte one; n is
-  // no multiple of 4 (the last group is partial) and the decay segments end inside groups.
-  const size_t n = 70003;
-  const std::vector<uint64_t> ends{5, 6, 4097, 50001, n};
+  // no multiple of 4 (the last group is partial), the decay segments end inside groups, and n is
+  // past what one pass of the largest grid covers four at a time (2048 blocks x 256 threads x 4),
+  // so threads go round the grid-stride loop and carry their segment cursor on.
+  const size_t n = 2200003;
+  const std::vector<uint64_t> ends{5, 6, 4097, 50001, 2097153, n};
   CHECK(adamw_cases::update_bits<float>(n, 0, ends) == adamw_cases::update_bits<float>(n, 1, ends));
   CHECK(adamw_cases::update_bits<__nv_bfloat16>(n, 0, ends) == adamw_cases::update_bits<__nv_bfloat16>(n, 1, ends));
 }
