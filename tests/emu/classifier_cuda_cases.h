@@ -295,12 +295,17 @@ TEST_CASE("classifier softmax stages the row in shared memory where it fits, wit
   // First (an opt-in lasts for the process, so before any longer row): a row of 48 KiB, which with
   // the kernel's static shared memory is past the 48 KiB a block may take without opting in.
   check_staging_same_bits<__nv_bfloat16>(2, 12288, 12288, 0, false);
-  // GPT-2's vocabulary in its padded rows (16-byte copies, the last one partial), 4-byte copies
+  // GPT-2's vocabulary in its padded rows (16-byte copies, the last one partial) where a block
+  // holds it (an H100 or H200, and the emulated GPU; not an A100 or a desktop GPU), 4-byte copies
   // (a stride that is not a multiple of 4; rows starting 4 bytes past an aligned address), in
   // place (T = float: dlogits is the logits buffer), and bf16 dlogits.
-  check_staging_same_bits<float>(3, 50257, 50304, 0, false);
-  check_staging_same_bits<__nv_bfloat16>(3, 50257, 50304, 0, false);
-  check_staging_same_bits<float>(2, 50257, 50304, 0, true);
+  if (ul::cuda::softmax_row_staged(50257)) {
+    check_staging_same_bits<float>(3, 50257, 50304, 0, false);
+    check_staging_same_bits<__nv_bfloat16>(3, 50257, 50304, 0, false);
+    check_staging_same_bits<float>(2, 50257, 50304, 0, true);
+  } else {
+    WARN("this GPU's blocks cannot hold a row of GPT-2's 50257 logits: those cases are skipped");
+  }
   check_staging_same_bits<float>(5, 4099, 4099, 0, true);
   check_staging_same_bits<__nv_bfloat16>(6, 77, 80, 1, false);
   check_staging_same_bits<float>(6, 77, 81, 1, true);
@@ -310,14 +315,13 @@ TEST_CASE("classifier softmax stages the row in shared memory where it fits, wit
   int longest = int(ul::cuda_smem_optin() / 4);
   while (longest > 0 && !ul::cuda::softmax_row_staged(longest)) longest--;
   INFO("longest staged row: " << longest);
-  REQUIRE(longest > 50257);
+  REQUIRE(longest > 12288);  // every GPU the kernels run on (sm_80 and newer) opts in to 99 KiB or more
   check_staging_same_bits<__nv_bfloat16>(1, longest, longest, 0, false);
   const int too_long = longest + 1;
-  CHECK(ul::cuda::softmax_row_staged(50257));
   CHECK_FALSE(ul::cuda::softmax_row_staged(too_long));
   {
     classifier_cases::RowStaging never(1);
-    CHECK_FALSE(ul::cuda::softmax_row_staged(50257));
+    CHECK_FALSE(ul::cuda::softmax_row_staged(4099));
   }
   classifier_cases::RowStaging always(2);
   CHECK_THROWS_WITH(ul::cuda::softmax_row_staged(too_long),
