@@ -15,6 +15,7 @@
 #include "engine/offload.h"
 #include "engine/options.h"
 #include "parallel/ulysses.h"
+#include "parallel/zero.h"
 
 #include "parallel/comm_util.h"
 
@@ -232,7 +233,8 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   const bool cuda = c.device == Device::cuda;
   const size_t n = param_count(m), world = size_t(c.world);
   const bool zero = c.zero && c.trains;  // a model only evaluated has nothing to shard
-  const size_t shard = zero ? n / world + (n % world ? 1 : 0) : n;  // the largest shard
+  // The largest shard: the last rank's (parallel/zero.h).
+  const size_t shard = zero ? n - zero_shard_size(n, c.world) * (world - 1) : n;
   const bool bf16 = c.dtype == DType::bf16;
   p.params = n * dtype_size(c.dtype), p.grads = c.trains ? n * 4 : 0;
   p.optim = shard * (bf16 ? 12 : 8);  // m, v (+ the fp32 master weights when the weights are bf16;
@@ -251,7 +253,7 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   // collective through host memory (parallel/comm_local.cpp): the gradient's whole buffer with the
   // slice, or an all-to-all's send and receive buffers, whichever is larger; not device memory.
   const size_t slice = ((n + world - 1) / world) * 4;
-  if (c.world > 1) p.comm = zero ? (n / world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
+  if (c.world > 1) p.comm = zero ? zero_scratch_elems(n, c.world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
   if (c.world > 1 && c.local_comm && cuda)
     // An all-to-all's buffers hold every rank's W heads of the whole sequence: B T W D each, more
     // than N QKV when kv heads are replicated (fewer than sp).
@@ -282,7 +284,7 @@ MemoryPlan plan_memory(const PlanConfig& c) {
       if (!c.zero) {
         p.sent.all_reduce += comm_volume::all_reduce(n, DType::f32, W);
       } else {  // parallel/zero.h: equal shards by reduce-scatter / all-gather, the tail by the world
-        const size_t s = n / world, tail = n - s * world;
+        const size_t s = zero_shard_size(n, W), tail = n - s * world;
         p.sent.reduce_scatter = comm_volume::reduce_scatter(s, DType::f32, W);
         p.sent.all_gather = comm_volume::all_gather(s, c.dtype, W);
         if (tail) p.sent.all_reduce += comm_volume::all_reduce(tail, DType::f32, W);

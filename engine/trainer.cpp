@@ -154,10 +154,11 @@ Tensor to_device(Context& c, const std::vector<int32_t>& v, Shape s) {
 }
 
 // zero_gather_params for a bf16 buffer of n elements (2 bytes each) with the same shards:
-// rank k's [k s, (k+1) s), s = n / world, and the last rank's tail. scratch: s bf16 or more.
+// rank k's [k s, (k+1) s), s = zero_shard_size(n, world), and the last rank's tail. scratch: s
+// bf16 or more.
 void zero_gather_bf16(Comm& world, void* params, size_t n, void* scratch) {
   const int W = world.size(), k = world.rank();
-  const size_t s = n / size_t(W), tail = n - s * size_t(W), e = dtype_size(DType::bf16);
+  const size_t s = zero_shard_size(n, W), tail = n - s * size_t(W), e = dtype_size(DType::bf16);
   if (W == 1) return;
   char* p = static_cast<char*>(params);
   if (s > 0) {

@@ -2,8 +2,11 @@
 // flat parameter buffer, and the updated shards are gathered back. Every rank still holds all
 // parameters and the whole gradient buffer (stage 1), but m and v shrink to 1/world.
 //
-// Shards are contiguous: with s = n / world, rank k owns [k s, (k+1) s), and the last rank also
-// owns the tail [world s, n) (fewer than `world` elements). So no buffer needs padding:
+// Shards are contiguous: with s = zero_shard_size(n, world) (n / world rounded down to a multiple
+// of 4), rank k owns [k s, (k+1) s), and the last rank also owns the tail [world s, n) (fewer than
+// 4 world elements). Every shard then starts on a 4-element boundary of the buffers (16 bytes of
+// f32, 8 of bf16), where AdamW's CUDA kernel takes four elements a thread with 16-byte loads. So
+// no buffer needs padding:
 //   gradients: reduce_scatter of the first world * s elements (sum), all_reduce of the tail;
 //   parameters: all_gather of the shards, broadcast of the tail from the last rank (f32 runs;
 //   a bf16 run gathers the owners' rounded bf16 weights the same way, and its f32 masters, sharded
@@ -21,7 +24,9 @@ struct ZeroShard {
 };
 
 ZeroShard zero_shard(size_t n, int world, int rank);
-// Scratch both calls need: n / world elements, on the buffers' device (none for one rank, where both
+// s above: the size of every shard but the last.
+size_t zero_shard_size(size_t n, int world);
+// Scratch both calls need: zero_shard_size(n, world) elements, on the buffers' device (none for one rank, where both
 // calls return at once).
 size_t zero_scratch_elems(size_t n, int world);
 

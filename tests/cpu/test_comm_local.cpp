@@ -22,6 +22,7 @@
 #include "parallel/grid.h"
 #include "parallel/ulysses.h"
 #include "parallel/watchdog.h"
+#include "parallel/zero.h"
 
 using namespace ul;
 using Catch::Matchers::Contains;
@@ -236,6 +237,51 @@ TEST_CASE("data parallel: gradient all-reduce and global count", "[comm][local]"
   for (int r = 0; r < P; r++) {
     for (int i = 0; i < 10; i++) CHECK(grads[r][i] == 3.0 * i + 3);
     CHECK(counts[r] == 3000000000LL + 21);
+  }
+}
+
+TEST_CASE("ZeRO shards start on a 4-element boundary, cover the buffer once, and reduce and gather", "[comm][local][zero]") {
+  for (size_t n : {0, 1, 3, 7, 12, 13, 1003, 4099})
+    for (int W : {1, 2, 3, 4, 6}) {
+      INFO("n=" << n << " world=" << W);
+      const size_t s = zero_shard_size(n, W);
+      CHECK(s % 4 == 0);
+      CHECK(n - s * size_t(W) < 4 * size_t(W));  // the last rank's extra
+      size_t next = 0;
+      for (int k = 0; k < W; k++) {
+        const ZeroShard z = zero_shard(n, W, k);
+        CHECK(z.lo == next);
+        CHECK(z.lo % 4 == 0);
+        CHECK(z.hi - z.lo == (k < W - 1 ? s : n - s * size_t(W - 1)));
+        next = z.hi;
+      }
+      CHECK(next == n);
+    }
+  // Three ranks, 1003 elements: shards of 332 and a tail of 7 the last rank owns too. Each rank's
+  // shard of the gradient becomes the sum over ranks; each rank's shard of the weights reaches all.
+  const int W = 3;
+  const size_t n = 1003;
+  std::vector<std::vector<float>> grads(W), weights(W);
+  run_local(W, [&](Comm& w) {
+    const int r = w.rank();
+    const ZeroShard mine = zero_shard(n, W, r);
+    std::vector<float> g(n), p(n, -1.f), scratch(zero_scratch_elems(n, W));
+    for (size_t i = 0; i < n; i++) g[i] = float(r) + 0.5f * float(i);
+    for (size_t i = mine.lo; i < mine.hi; i++) p[i] = 10000.f * float(r) + float(i);
+    zero_reduce_gradients(w, g.data(), n, scratch.data());
+    zero_gather_params(w, p.data(), n, scratch.data());
+    grads[r] = g, weights[r] = p;
+  });
+  for (int r = 0; r < W; r++) {
+    const ZeroShard mine = zero_shard(n, W, r);
+    for (size_t i = mine.lo; i < mine.hi; i++)
+      if (grads[r][i] != 3.f + 1.5f * float(i)) FAIL("rank " << r << ": gradient " << i << " is " << grads[r][i]);
+    for (size_t i = 0; i < n; i++) {
+      int owner = 0;
+      while (zero_shard(n, W, owner).hi <= i) owner++;
+      if (weights[r][i] != 10000.f * float(owner) + float(i))
+        FAIL("rank " << r << ": weight " << i << " is " << weights[r][i] << ", not rank " << owner << "'s");
+    }
   }
 }
 
