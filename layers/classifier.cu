@@ -7,8 +7,9 @@
 //                       (1) an online max / sum of exp / first argmax, each thread over a strided
 //                           slice, combined across the block in a fixed order;
 //                       (2) dlogits = (exp(l - max) / sum - onehot) * grad_scale;
-//                       the row is copied into shared memory first where a block can hold it
-//                       (V <= ~58K on sm_90), so it is read from global memory once, not twice;
+//                       with a gradient to write, the row is copied into shared memory first
+//                       where a block can hold it (V <= ~58K on sm_90), so it is read from global
+//                       memory once, not twice;
 //                     dx += dlogits w[0:V] and dw[0:V] += dlogits^T x by GEMM.
 // The losses go to a per-row buffer, summed on the host in row order (no atomics: deterministic).
 #include <algorithm>
