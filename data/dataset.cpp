@@ -1,7 +1,9 @@
 #include "data/dataset.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 
@@ -47,7 +49,8 @@ std::map<std::string, double> task_args(const std::string& spec, const std::stri
     char* end = nullptr;
     const char* v = eq == std::string::npos ? "" : item.c_str() + eq + 1;
     double x = std::strtod(v, &end);
-    if (!*v || *end) throw std::runtime_error("--data " + spec + ": '" + key + "' needs a number, got '" + v + "'");
+    // decimal as written, as the flags are: strtod would also read leading blanks and hex ('0x3')
+    if (!*v || std::isspace(static_cast<unsigned char>(*v)) || std::strpbrk(v, "xX") || *end) throw std::runtime_error("--data " + spec + ": '" + key + "' needs a number, got '" + v + "'");
     if (!out.emplace(key, x).second) throw std::runtime_error("--data " + spec + ": '" + key + "' is given twice");
   }
   return out;

@@ -29,6 +29,7 @@
 #include "data/token_spill.h"
 #include "data/tokenize_files.h"
 #include "engine/file_io.h"
+#include "engine/options.h"
 #include "engine/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -64,18 +65,9 @@ Train on the result with
 
 PrepareOptions parse_prepare_options(int argc, char** argv) {
   PrepareOptions o;
-  auto number = [](const std::string& flag, const std::string& v) {
-    char* end = nullptr;
-    double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected a number, got '" + v + "'");
-    return x;
-  };
-  auto integer = [](const std::string& flag, const std::string& v) {
-    char* end = nullptr;
-    long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end) throw std::runtime_error("prepare: " + flag + ": expected an integer, got '" + v + "'");
-    return int64_t(x);
-  };
+  // train's own flag parsers: decimal as written (no blanks, no hex), in range, the whole value.
+  auto number = [](const std::string& flag, const std::string& v) { return parse_float("prepare: " + flag, v); };
+  auto integer = [](const std::string& flag, const std::string& v) { return int64_t(parse_int("prepare: " + flag, v)); };
   bool eot_given = false;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];

@@ -278,7 +278,9 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     // The owner of each optimizer shard writes it: rank 0 the whole state, or (ZeRO-1) every rank
     // its own slice, optim_rank_R.bin.
     AdamW& opt = tr.optimizer();
-    const bool sharded = opt.hi() - opt.lo() != n;
+    // Decided as the trainer shards (not from this rank's range: with fewer than 4 elements a rank,
+    // the last rank's shard is the whole buffer, and it alone would have written no file).
+    const bool sharded = tr.options().zero && g.world.size() > 1;
     if (rank == 0 || sharded) {
       OptimShard s;
       const size_t count = opt.hi() - opt.lo();
@@ -300,7 +302,15 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   } catch (const std::exception& e) {
     failed = e.what();
   }
-  agree_on_writes(g.world, failed);  // every rank's files are durable: only now may the directory count
+  try {
+    agree_on_writes(g.world, failed);  // every rank's files are durable: only now may the directory count
+  } catch (const CommError& e) {
+    // A rank that timed out here waited for another's writes (rank 0 writes model.bin alone), not
+    // necessarily for a dead peer: say which wait it was, and the flag that lengthens it.
+    if (!std::strstr(e.what(), "timed out")) throw;
+    throw CommError(std::string(e.what()) + " (waiting for every rank's files of " + dir +
+                    ": a save slower than --comm-timeout needs a larger one)");
+  }
 
   if (rank == 0) {
     write_file_atomic(dir + "/" + kComplete, "step " + std::to_string(step) + "\n");

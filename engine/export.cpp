@@ -1,6 +1,7 @@
 #include "engine/export.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -80,7 +81,11 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
                                "a .safetensors file or a *.safetensors.index.json");
     }
   }
-  cfg.validate();
+  try {
+    cfg.validate();
+  } catch (const std::runtime_error& e) {  // the shape is the file's: name it
+    throw std::runtime_error(path + ": model config: " + e.what());
+  }
   // Every weight of that shape, or the file is refused: a header whose count says 0 once passed as
   // "no weights here" and the run started from random ones.
   if (ckpt.size() != param_count(cfg))
@@ -140,7 +145,9 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
     char* end = nullptr;
     errno = 0;
     const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end) throw std::runtime_error("--prompt: '" + item + "' is not a token id (ids:1,2,3)");
+    // an integer as typed: strtol would also take ' 3' and '+3' (a '-' is read, then refused as out of range)
+    if (item.empty() || !(std::isdigit(static_cast<unsigned char>(item[0])) || item[0] == '-') || *end)
+      throw std::runtime_error("--prompt: '" + item + "' is not a token id (ids:1,2,3)");
     if (errno == ERANGE || v < 0 || v >= vocab)
       throw std::runtime_error("--prompt: token " + item + " is outside the model's vocab of " + std::to_string(vocab));
     ids.push_back(int(v));

@@ -3,10 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -23,17 +23,31 @@ std::runtime_error file_error(const std::string& path, const std::string& what) 
   return std::runtime_error(path + ": " + what);
 }
 
-// The whole file, or an error naming it (missing / unreadable / shorter than a header).
-std::vector<char> read_file(const std::string& path, const char* kind) {
-  require_regular_file(path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (bytes.size() < kHeaderBytes)
-    throw file_error(path, "truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
-                               std::to_string(kHeaderBytes) + "-byte header of " + kind);
-  return bytes;
-}
+// An llm.c file opened and its 1 KiB header read, nothing more: the header says how long the file
+// must be, and that is checked against its size before any payload is read (a wrong file given,
+// say an optim.bin of 64 GB, is refused at once instead of read whole first).
+struct LlmcFile {
+  std::ifstream f;
+  size_t size = 0;
+  int32_t h[256];
+
+  LlmcFile(const std::string& path, const char* kind) {
+    require_regular_file(path);
+    f.open(path, std::ios::binary | std::ios::ate);
+    if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
+    size = size_t(f.tellg());
+    if (size < kHeaderBytes)
+      throw file_error(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                                 std::to_string(kHeaderBytes) + "-byte header of " + kind);
+    f.seekg(0);
+    read(path, h, kHeaderBytes);
+  }
+  // The next `bytes` bytes (the size was checked: a failure here is the file changing under us).
+  void read(const std::string& path, void* dst, size_t bytes) {
+    if (!f.read(static_cast<char*>(dst), std::streamsize(bytes)))
+      throw file_error(path, "read failed (the file shrank while it was read?)");
+  }
+};
 
 void check_size(const std::string& path, size_t have, size_t want, const std::string& layout) {
   if (have == want) return;
@@ -92,9 +106,8 @@ size_t llmc_gpt2_num_params(const LlmcConfig& c) {
 }
 
 LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params) {
-  std::vector<char> bytes = read_file(path, "an llm.c GPT-2 checkpoint");
-  int32_t h[256];
-  std::memcpy(h, bytes.data(), kHeaderBytes);
+  LlmcFile file(path, "an llm.c GPT-2 checkpoint");
+  const int32_t* h = file.h;
   if (h[0] != kCheckpointMagic)
     throw file_error(path, "bad magic " + std::to_string(h[0]) + " (expected 20240326, an llm.c GPT-2 checkpoint)");
   if (h[1] != 3 && h[1] != 5)
@@ -102,17 +115,17 @@ LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& par
   LlmcConfig c{h[2], h[3], h[7], h[4], h[5], h[6]};
   validate_llmc_config(c, path);
   const size_t n = llmc_gpt2_num_params(c), width = h[1] == 3 ? 4 : 2;
-  check_size(path, bytes.size(), kHeaderBytes + n * width,
+  check_size(path, file.size, kHeaderBytes + n * width,
              "a version " + std::to_string(h[1]) + " header with " + std::to_string(n) + " parameters");
   params.resize(n);
-  const char* p = bytes.data() + kHeaderBytes;
   if (width == 4) {
-    std::memcpy(params.data(), p, n * 4);
-  } else {
-    for (size_t k = 0; k < n; k++) {
-      uint16_t v;
-      std::memcpy(&v, p + 2 * k, 2);
-      params[k] = f32_from_bf16(v);
+    file.read(path, params.data(), n * 4);
+  } else {  // bf16, widened a piece at a time (no second copy of the whole file)
+    std::vector<uint16_t> piece(size_t(1) << 20);
+    for (size_t at = 0; at < n; at += piece.size()) {
+      const size_t k = std::min(piece.size(), n - at);
+      file.read(path, piece.data(), k * 2);
+      for (size_t i = 0; i < k; i++) params[at + i] = f32_from_bf16(piece[i]);
     }
   }
   return c;
@@ -169,9 +182,8 @@ void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const f
 
 DebugState read_debug_state(const std::string& path, const LlmcConfig& cfg) {
   validate_llmc_config(cfg, path + " (model config)");
-  std::vector<char> bytes = read_file(path, "an llm.c debug state");
-  int32_t h[256];
-  std::memcpy(h, bytes.data(), kHeaderBytes);
+  LlmcFile file(path, "an llm.c debug state");
+  const int32_t* h = file.h;
   if (h[0] != kStateMagic)
     throw file_error(path, "bad magic " + std::to_string(h[0]) + " (expected 20240327, an llm.c debug state)");
   if (h[1] != 2) throw file_error(path, "unsupported debug state version " + std::to_string(h[1]) + " (expected 2)");
@@ -182,20 +194,23 @@ DebugState read_debug_state(const std::string& path, const LlmcConfig& cfg) {
   if (s.T > cfg.max_seq)
     throw file_error(path, "T = " + std::to_string(s.T) + " exceeds the model's maxT = " + std::to_string(cfg.max_seq));
   const size_t BT = size_t(s.B) * size_t(s.T), V = size_t(cfg.vocab), n = llmc_gpt2_num_params(cfg);
-  check_size(path, bytes.size(), kHeaderBytes + 4 * (2 * BT + BT * V + 1 + n),
-             "B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + " and the model's V = " + std::to_string(V) +
-                 " and " + std::to_string(n) + " gradients (a state made with another model does not fit)");
-  const char* p = bytes.data() + kHeaderBytes;
-  auto take = [&](void* dst, size_t len) {
-    std::memcpy(dst, p, len);
-    p += len;
-  };
+  const std::string layout = "B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + " and the model's V = " +
+                             std::to_string(V) + " and " + std::to_string(n) +
+                             " gradients (a state made with another model does not fit)";
+  // inputs, targets (B*T each), logits (B*T*V), the loss, the gradients (n): 4 bytes each. Counted
+  // with overflow checks: a hostile B could otherwise wrap the sum to the file's real size.
+  size_t words = 0;
+  if (__builtin_mul_overflow(BT, V + 2, &words) || __builtin_add_overflow(words, n + 1, &words) ||
+      words > (size_t(1) << 60))
+    throw file_error(path, "header B = " + std::to_string(s.B) + ", T = " + std::to_string(s.T) + " with the model's V = " +
+                               std::to_string(V) + " give more than 2^60 values: not a debug state of this model");
+  check_size(path, file.size, kHeaderBytes + 4 * words, layout);
   s.inputs.resize(BT), s.targets.resize(BT), s.logits.resize(BT * V), s.grads.resize(n);
-  take(s.inputs.data(), BT * 4);
-  take(s.targets.data(), BT * 4);
-  take(s.logits.data(), BT * V * 4);
-  take(&s.loss, 4);
-  take(s.grads.data(), n * 4);
+  file.read(path, s.inputs.data(), BT * 4);
+  file.read(path, s.targets.data(), BT * 4);
+  file.read(path, s.logits.data(), BT * V * 4);
+  file.read(path, &s.loss, 4);
+  file.read(path, s.grads.data(), n * 4);
   for (size_t k = 0; k < BT; k++) {
     if (s.inputs[k] < 0 || size_t(s.inputs[k]) >= V)
       throw file_error(path, "input token " + std::to_string(s.inputs[k]) + " at position " + std::to_string(k) +

@@ -320,6 +320,15 @@ Options parse_options(int argc, char** argv) {
     if (!inline_value) {
       if (i + 1 >= argc) throw std::runtime_error(a + ": missing value");
       v = argv[++i];
+      // `--save-dir --resume`: a flag where the value should be is a value forgotten (taken as the
+      // value, it would start a fresh run in ./--resume). A value that truly starts so: --flag=VALUE.
+      const std::string next = v.substr(0, v.find('='));
+      const bool is_flag = next == "-h" || with_value.count(next) ||
+                           std::any_of(std::begin(kSwitches), std::end(kSwitches),
+                                       [&](const auto& k) { return next == k.first; });
+      if (is_flag)
+        throw std::runtime_error(a + ": missing value (the next argument, " + v +
+                                 ", is a flag; a value spelled like a flag goes as " + a + "=" + v + ")");
     }
     it->second(a, v);
     o.given.push_back(a);
@@ -564,6 +573,9 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--prompt: empty (give text or ids:1,2,3; without --prompt a --tokenizer's end-of-text token opens the sample)");
   if (o.sample_every > 0 && o.steps == 0)
     throw std::runtime_error("--sample-every: --steps 0 trains nothing; --sample N alone samples the model once");
+  if (o.sample_every > o.steps)  // it would never fire; the run's end samples without it
+    throw std::runtime_error("--sample-every " + std::to_string(o.sample_every) + " is past the last step (--steps " +
+                             std::to_string(o.steps) + "); the run's end samples anyway (--sample N alone)");
   if (o.set_by_user("--prompt") && o.set_by_user("--prompt-file"))
     throw std::runtime_error("--prompt and --prompt-file both give the prompt: keep one");
   for (const char* f : {"--prompt", "--prompt-file", "--sample-every", "--temperature", "--top-k", "--top-p", "--tokenizer"})
@@ -721,9 +733,11 @@ ModelConfig model_config(const Options& o, int data_vocab) {
     throw std::runtime_error((o.vocab > 0 ? "--vocab " : "the data's vocabulary ") + std::to_string(c.vocab) +
                              ": at most " + std::to_string(kMaxVocab));
   c.padded_vocab = round_up(c.vocab, 128);
-  if (c.vocab < data_vocab)
-    throw std::runtime_error("--vocab " + std::to_string(c.vocab) + " is smaller than the data's vocabulary (" +
-                             std::to_string(data_vocab) + ")");
+  if (c.vocab < data_vocab)  // named by where the number came from: the flag, or the preset
+    throw std::runtime_error((o.vocab > 0 ? "--vocab " + std::to_string(c.vocab)
+                                          : "--model " + m + "'s vocabulary " + std::to_string(c.vocab)) +
+                             " is smaller than --data's vocabulary (" + std::to_string(data_vocab) +
+                             "); give a larger --vocab or another --model");
   c.validate();
   return c;
 }

@@ -99,8 +99,8 @@ CrossEntropyStats classifier_chunks(T* scratch, T* dx, T* dw, const T* x, const 
   T* xg = scratch + size_t(chunk_rows) * V;
   T* dxg = xg + size_t(chunk_rows) * C;
 
-  for (int k0 = 0; k0 < NV; k0 += chunk_rows) {
-    const int R = std::min(chunk_rows, NV - k0);
+  for (int64_t k0 = 0; k0 < NV; k0 += chunk_rows) {  // 64-bit: k0 + chunk_rows may pass int's end
+    const int R = int(std::min<int64_t>(chunk_rows, NV - k0));
     const int first = rows_v[k0];
     const bool contiguous = rows_v[k0 + R - 1] - first == R - 1;
     const T* xc = x + size_t(first) * C;

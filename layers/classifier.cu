@@ -239,9 +239,9 @@ CrossEntropyStats classifier_forward_backward(T* dx, float* dw, const T* x, cons
   UL_CUDA_CHECK(cudaMemsetAsync(hit, 0, size_t(N) * 4, s));
   const bool grad = dx || dw;
 
-  for (int r0 = 0; r0 < N; r0 += chunk_rows) {
+  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {  // 64-bit: r0 + chunk_rows may pass int's end
     // Trim the chunk to its first and last valid target: a run of ignored rows costs no GEMM.
-    int a = r0, b = std::min(N, r0 + chunk_rows);
+    int a = int(r0), b = int(std::min<int64_t>(N, r0 + chunk_rows));
     while (a < b && targets_host[a] < 0) a++;
     while (b > a && targets_host[b - 1] < 0) b--;
     if (a == b) continue;

@@ -40,12 +40,13 @@ __global__ void partial_kernel(float* __restrict__ partial, Term term, int N, in
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = (blockIdx.x * kColTile + tx) * V;  // this thread's first column
   const int chunk = blockIdx.y, chunks = gridDim.y;
-  const int r0 = chunk * chunk_rows, r1 = min(N, r0 + chunk_rows);
+  // (in 64 bits: near int's end, r0 + chunk_rows and the row loop's last step would wrap)
+  const int64_t r0 = int64_t(chunk) * chunk_rows, r1 = r0 + chunk_rows < N ? r0 + chunk_rows : int64_t(N);
   float acc[K][V];
   for (int k = 0; k < K; k++)
     for (int v = 0; v < V; v++) acc[k][v] = 0.f;
   if (c < C)
-    for (int n = r0 + ty; n < r1; n += kRowLanes) term.template operator()<V>(n, c, acc);
+    for (int64_t n = r0 + ty; n < r1; n += kRowLanes) term.template operator()<V>(int(n), c, acc);
   for (int k = 0; k < K; k++)
     for (int v = 0; v < V; v++) s_acc[k][ty][tx * V + v] = acc[k][v];
   __syncthreads();  // every thread gets here: out-of-range columns only skipped the loop

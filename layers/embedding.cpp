@@ -84,7 +84,7 @@ struct Dims {
 Dims check_dims(const Tensor& idx, const Tensor& pos, const Tensor& wte, const Tensor& wpe) {
   if (idx.ndim() != 2) throw std::runtime_error("embedding: token ids must be (B, T), got " + idx.shape.str());
   if (wte.ndim() != 2) throw std::runtime_error("embedding: wte must be (V, C), got " + wte.shape.str());
-  Dims d{idx.size(0), idx.size(1), wte.size(0), int(wte.size(1)), int(idx.size(0) * idx.size(1)), wpe.defined()};
+  Dims d{idx.size(0), idx.size(1), wte.size(0), int(wte.size(1)), row_count(idx.size(0) * idx.size(1), "embedding"), wpe.defined()};
   if (d.has_wpe) {
     if (wpe.ndim() != 2 || wpe.size(1) != d.C)
       throw std::runtime_error("embedding: wpe must be (maxT, " + std::to_string(d.C) + "), got " + wpe.shape.str());

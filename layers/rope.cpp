@@ -206,7 +206,7 @@ static Tensor rope_cuda(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, c
   if (pos.device != Device::cuda || pos.dtype != DType::i32)
     throw std::runtime_error("rope: positions must be i32 on cuda, got " + pos.str());
   check_shape(pos, {qkv.size(0), qkv.size(1)}, "rope positions");
-  const int N = int(qkv.size(0) * qkv.size(1));
+  const int N = row_count(qkv.size(0) * qkv.size(1), "rope");
   Tensor y;
   dispatch_cuda(qkv, {}, "rope", [&](auto tag) {
     using T = decltype(tag);
@@ -235,7 +235,7 @@ Tensor rope(const Tensor& qkv, const Tensor& pos, int Hq, int Hkv, const Rope& r
   if (pos.device != Device::cpu || pos.dtype != DType::i32)
     throw std::runtime_error("rope: positions must be i32 on the cpu, got " + pos.str());
   check_shape(pos, {B, T}, "rope positions");
-  const int N = int(B * T);
+  const int N = row_count(B * T, "rope");
 
   Context& c = ctx();
   Tensor y = c.empty(qkv.shape);

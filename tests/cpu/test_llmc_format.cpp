@@ -3,6 +3,7 @@
 // writer round-trips bit-exactly, and every corrupt file is an error naming the file and problem.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -197,4 +198,42 @@ TEST_CASE("corrupt checkpoints and states are errors naming the file and the pro
   require_error([&] { st(path); }, {path, "input token 50"});
   b = state, set_int(b, 256 + 16 + 1, -2), path = variant("s_target.bin", b);  // targets[1] = -2
   require_error([&] { st(path); }, {path, "target token -2"});
+
+  // A state whose header makes 4 * (2 B T + B T V + 1 + n) wrap around 2^64 to the file's real
+  // size (B = 2^30, T = 2^16, V = 65534: 4 B T (V + 2) = 2^64 exactly): the count is checked, not
+  // wrapped, so the reader never sizes its arrays from it.
+  {
+    const ul::LlmcConfig wide{65536, 65534, 65536, 1, 1, 1};
+    const size_t n = ul::llmc_gpt2_num_params(wide);
+    std::vector<char> w(1024 + 4 * (1 + n), 0);
+    set_int(w, 0, 20240327), set_int(w, 1, 2), set_int(w, 2, 1 << 30), set_int(w, 3, 65536);
+    path = variant("s_wrap.bin", w);
+    require_error([&] { ul::read_debug_state(path, wide); }, {path, "B = 1073741824, T = 65536", "more than 2^60"});
+  }
+}
+
+// The reader checks a file's length against its header before reading any of it: a wrong file
+// given as --checkpoint (an optim.bin of tens of GB, a token shard) was read whole into memory
+// first, and a large one killed the process for memory before the one-line refusal.
+TEST_CASE("a checkpoint or state far longer than its header says is refused without reading it", "[llmc]") {
+  TempDir dir;
+  const std::vector<char> model = slurp(kModel), state = slurp(kState);
+  const off_t big = off_t(3) << 30;  // sparse: 3 GiB long, a few KiB on disk
+  auto sparse = [&](const std::string& name, const std::vector<char>& head) {
+    const std::string path = dir.file(name);
+    spit(path, std::vector<char>(head.begin(), head.begin() + 1024));
+    REQUIRE(::truncate(path.c_str(), big) == 0);
+    return path;
+  };
+  auto max_rss_kib = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return long(u.ru_maxrss);
+  };
+  const long before = max_rss_kib();
+  std::vector<float> p;
+  const std::string m = sparse("model.bin", model), s = sparse("state.bin", state);
+  require_error([&] { ul::read_llmc_checkpoint(m, p); }, {m, "trailing bytes: 3221225472 bytes"});
+  require_error([&] { ul::read_debug_state(s, kTiny); }, {s, "trailing bytes: 3221225472 bytes"});
+  CHECK(max_rss_kib() - before < 256 * 1024);  // reading either whole would add 3 GiB
 }

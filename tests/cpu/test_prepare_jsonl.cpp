@@ -137,6 +137,10 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {d.file("c4.json"), "c4.json: a .json file of one JSON object a line: JSON Lines, as C4 and Dolma name it"},
       {d.file("surrogate.json"), "surrogate.json: a .json file of one JSON object a line"},
       {"--out --raw " + d.file("ok.txt"), "--out: missing value (the next argument, --raw, is a flag)"},
+      // numbers as train's flags read them: decimal, as written (strtod took hex and leading blanks)
+      {"--val-frac 0x1p-3 " + d.file("ok.txt"), "prepare: --val-frac: expected a number, got '0x1p-3'"},
+      {"--shard-tokens ' 50000' " + d.file("ok.txt"), "prepare: --shard-tokens: expected an integer, got ' 50000'"},
+      {"--eot 99999999999999999999 " + d.file("ok.txt"), "prepare: --eot: 99999999999999999999 is out of range"},
       {d.file("array.jsonl"), "array.jsonl line 3: not a JSON object"},
       {d.file("number.jsonl"), "number.jsonl line 1: its \"text\" field is not a string"},
       {d.file("dup.jsonl"), "dup.jsonl line 1: "},

@@ -364,6 +364,8 @@ TEST_CASE("prompts: bytes, ids:, tokenizer encoding, range checks", "[sample]") 
   CHECK(parse_prompt("ab", 256, nullptr) == std::vector<int>{97, 98});
   CHECK(parse_prompt("ids:1,2,30", 31, nullptr) == std::vector<int>{1, 2, 30});
   CHECK_THROWS_WITH(parse_prompt("ids:1,,2", 31, nullptr), Catch::Contains("not a token id"));
+  CHECK_THROWS_WITH(parse_prompt("ids: 3", 31, nullptr), Catch::Contains("' 3' is not a token id"));  // strtol's blanks
+  CHECK_THROWS_WITH(parse_prompt("ids:+3", 31, nullptr), Catch::Contains("'+3' is not a token id"));
   CHECK_THROWS_WITH(parse_prompt("ids:31", 31, nullptr), Catch::Contains("outside the model's vocab of 31"));
   // The id as typed, not clamped (it once said -1 for -3 and 1073741824 for a number past a long).
   CHECK_THROWS_WITH(parse_prompt("ids:-3", 31, nullptr), Catch::Contains("token -3 is outside"));

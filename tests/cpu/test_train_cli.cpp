@@ -2,6 +2,7 @@
 // non-zero exit; the reference state passes; a short run learns; the optimizer flags reach AdamW.
 #include "gradcheck.h"
 #include "options_from.h"
+#include "engine/planner.h"
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -213,6 +214,25 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   CHECK_THROWS_WITH(ul::model_config(options("--model llama"), (1 << 30) + 1),  // from shard headers: no flag
                     Catch::Contains("the data's vocabulary 1073741825: at most 1073741824"));
   expect_refused("--model llama --heads 1", "--heads 1: the preset's 2 kv heads do not divide it; give --kv-heads too");
+  // Data with more tokens than a preset's vocabulary: the message names the preset that set it,
+  // not a --vocab never given; with --vocab given, the flag.
+  CHECK_THROWS_WITH(ul::model_config(options("--model gpt2-124M"), 100000),
+                    Catch::Contains("--model gpt2-124M's vocabulary 50257 is smaller than --data's vocabulary (100000)"));
+  CHECK_THROWS_WITH(ul::model_config(options("--model gpt2 --vocab 300"), 1000),
+                    Catch::Contains("--vocab 300 is smaller than --data's vocabulary (1000)"));
+  // A shape whose parameter count wraps around 2^64 to 65536 (as a crafted model.bin or config.json
+  // declared it, which then passed the file-size check): counted in 128 bits, refused.
+  {
+    ul::ModelConfig wrap;
+    wrap.arch = "gpt2", wrap.layers = 1431608435, wrap.dim = 32768, wrap.heads = 256, wrap.kv_heads = 256;
+    wrap.vocab = 32, wrap.padded_vocab = 128, wrap.max_seq = 134569;
+    CHECK_THROWS_WITH(wrap.validate(), Catch::Contains("gives more than 2^60 parameters"));
+    CHECK_THROWS_WITH(ul::param_count(wrap), Catch::Contains("layers=1431608435"));
+    wrap.layers = 1;  // the same widths in one layer: about 2^32 parameters, counted
+    CHECK(ul::param_count(wrap) == size_t(128) * 32768 + size_t(134569) * 32768 + 2 * 32768 +
+                                       (2 * 32768 + 3 * 32768 * size_t(32768) + 3 * 32768 + size_t(32768) * 32768 +
+                                        32768 + 2 * 32768 + 2 * 4 * size_t(32768) * 32768 + 4 * 32768 + 32768));
+  }
   // A step whose loss or gradient norm is not finite stops the run, saying what to change.
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite");
   expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "try a lower --lr");
@@ -271,6 +291,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--data nonsense", "nonsense");
   expect_refused("--data passkey:depth=2", "depth is a fraction in [0, 1]");
   expect_refused("--data recall:gap=x", "'gap' needs a number");
+  expect_refused("--data passkey:digits=0x3", "'digits' needs a number, got '0x3'");  // decimal, as the flags
+  expect_refused("--data 'passkey:filler= 7'", "'filler' needs a number, got ' 7'");
   expect_refused("--data recall:foo=1", "unknown setting 'foo'");
   expect_refused("--comm carrier-pigeon", "--comm");
   expect_refused("--offload --recompute", "--offload moves block inputs from GPU memory");
@@ -278,6 +300,16 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--profile-step 2", "--profile-step times GPU ops with CUDA events: it needs --device cuda");
   expect_refused("--profile-step 0 --device cuda --plan", "--profile-step must be >= 1");
   expect_refused("--profile-step 9 --steps 5 --device cuda --plan", "--profile-step 9 is past the last step");
+  expect_refused("--steps 3 --sample 2 --prompt ids:1 --sample-every 4", "--sample-every 4 is past the last step");
+  CHECK(options("--steps 3 --sample 2 --prompt ids:1 --sample-every 3").sample_every == 3);
+  // A value left out before a flag: `--save-dir --resume` once trained afresh into ./--resume, and
+  // `--log --doc-mask` trained without the mask. A value that is spelled like a flag goes with '='.
+  expect_refused("--steps 1 --save-dir --resume", "--save-dir: missing value (the next argument, --resume, is a flag");
+  expect_refused("--steps 1 --log --doc-mask", "--log: missing value (the next argument, --doc-mask, is a flag");
+  expect_refused("--log --steps=2", "--log: missing value (the next argument, --steps=2, is a flag");
+  expect_refused("--log -h", "--log: missing value (the next argument, -h, is a flag");
+  CHECK(options("--log=--quiet").log == "--quiet");
+  CHECK(options("--sample 2 --prompt --not-a-flag").prompt == "--not-a-flag");
   // Numbers that parse but mean nothing sane: refused, not trained on.
   expect_refused("--batch 4294967297", "--batch: 4294967297 is out of range");  // int(...) would make it 1
   expect_refused("--steps 99999999999999999999", "--steps: 99999999999999999999 is out of range");
