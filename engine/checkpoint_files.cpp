@@ -565,6 +565,14 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
                           : ": a gpt2's positions are its shape: --max-seq " + got + " keeps them";
     if (f.key == "max_seq" && llama && rows)
       hint = ": the longest length it trained at, which --max-seq " + got + " keeps";
+    // The same files under another spelling (text:./book.txt for text:book.txt, a job requeued from
+    // another directory): the spec is compared as written, the files by what data_files records
+    // of them (a text's size and checksum; shards' names and token counts). Synthetic data records
+    // nothing there, so another task setting gets no such hint.
+    if (f.key == "data" && have.count("data_files") && !want["data_files"].empty() &&
+        have.at("data_files") == want["data_files"] && got.substr(0, got.find(':')) == want[f.key].substr(0, want[f.key].find(':')))
+      hint = ": its files match the checkpoint's record of them, named otherwise; give --data " + got +
+             " as the checkpoint names it";
     if (f.key == "precision" && got == "bf16" && run.device == "cpu")  // --precision bf16 is refused there
       hint = ": the CPU backend trains in fp32 alone; resume it on --device cuda (or start a new fp32 run from its f32 "
              "master weights: --checkpoint " + std::filesystem::path(path).parent_path().string() + "/model.bin)";

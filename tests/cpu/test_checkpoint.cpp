@@ -414,6 +414,18 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     expect_refused(packed + " --steps 3 --doc-mask --eot 98 --resume --save-dir " + pd.string(),
                    "eot is 10 in the checkpoint but 98 in this run (--eot)");
     REQUIRE(train(packed + " --steps 3 --doc-mask --eot 10 --resume --save-dir " + pd.string()).code == 0);
+    // The same file named otherwise: still refused (the spec is compared as written), saying that the
+    // files match and which spelling to give; another file's content gets no such hint.
+    const std::string respelled = "--data text:" + (d / "." / "docs.txt").string();
+    expect_refused(packed + " " + respelled + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string(),
+                   "its files match the checkpoint's record of them, named otherwise; give --data text:" + text.string());
+    const fs::path other_text = d / "other_docs.txt";
+    std::ofstream(other_text) << std::string(2000, 'c') + "\n" + std::string(3000, 'b') + "\n";
+    const CmdResult other = run_cmd(train_cmd(packed + " --data text:" + other_text.string() +
+                                                       " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string()));
+    CHECK(other.code == 1);
+    CHECK(other.out.find("data is text:") != std::string::npos);
+    CHECK(other.out.find("its files match") == std::string::npos);
     const fs::path old = d / "old";
     REQUIRE(train(packed + " --steps 2 --save-dir " + old.string()).code == 0);
     const fs::path rank = old / "step_00000002" / "rank_0.json";
