@@ -70,8 +70,9 @@ struct Lt {
   Lt& operator=(const Lt&) = delete;
   ~Lt() {
     // At process exit the runtime may already be unloading: nothing is lost by ignoring errors.
-    if (workspace) cudaFree(workspace);
+    // The handle first (its destroy waits for the work that may still use the workspace).
     if (handle) cublasLtDestroy(handle);
+    if (workspace) cudaFree(workspace);
   }
 };
 
@@ -82,8 +83,10 @@ Lt& lt_for_current_device() {
   UL_CUDA_CHECK(cudaGetDevice(&dev));
   Lt& lt = per_device[dev];
   if (!lt.handle) {
+    // The workspace first: a handle set before a failed allocation would let this thread's next
+    // gemm run with a null workspace declared 32 MiB long.
+    if (!lt.workspace) UL_CUDA_CHECK(cudaMalloc(&lt.workspace, kWorkspaceBytes));
     check_lt(cublasLtCreate(&lt.handle), "cublasLtCreate", "gemm");
-    UL_CUDA_CHECK(cudaMalloc(&lt.workspace, kWorkspaceBytes));
   }
   return lt;
 }
@@ -198,11 +201,13 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
     // Any refusal of the epilogue (not supported, or invalid for these types) falls back to gemm_bias_rows.
     // The epilogue reads the bias in 16-byte vectors on some GPUs whatever the heuristic says: a bias
     // at another offset of the parameter buffer (--dim 100) takes gemm_bias_rows instead.
+    // (A result's fields are valid only when its state is success.)
     chosen.epilogue_bias = allow_bias && bias != nullptr && alignment(bias) >= 16 &&
-                           ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0;
+                           ask(true) == CUBLAS_STATUS_SUCCESS && n_results > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (!chosen.epilogue_bias) {
       const cublasStatus_t st = ask(false);
       if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);
+      if (n_results > 0) check_lt(result.state, "cublasLtMatmulAlgoGetHeuristic (its result)", what);
       if (n_results == 0)
         throw std::runtime_error(what + ": cuBLASLt offers no algorithm (types " + std::to_string(int(ta)) + " in, " +
                                  std::to_string(int(td)) + " out; alignments " + std::to_string(al_first) + ", " +

@@ -21,21 +21,6 @@
 
 namespace ul {
 
-size_t param_count(const ModelConfig& m) {
-  // In 128 bits, so that a shape read from a file (layers, dim, vocab up to 2^31 each) cannot wrap
-  // around 2^64 to a small count that matches the file's size; 2^60 is far past any machine.
-  using W = unsigned __int128;
-  const W L = W(m.layers), C = W(m.dim), Vp = W(m.padded_vocab), F = W(m.ffn_dim());
-  const W QKV = W(int64_t(m.heads) + 2 * int64_t(m.kv_heads)) * W(m.head_dim());
-  const W n = !m.is_llama() ? Vp * C + W(m.max_seq) * C + 2 * C +
-                                  L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C)
-                            : W(m.has_lm_head() ? 2 : 1) * Vp * C + C +
-                                  L * (C + QKV * C + (m.qkv_bias ? QKV : 0) + C * C + C + 2 * F * C + C * F);
-  if (n > (W(1) << 60))
-    throw std::runtime_error("the model's shape (" + m.describe() + ") gives more than 2^60 parameters");
-  return size_t(n);
-}
-
 namespace {
 
 // The arena's accounting without memory: engine/arena.cpp's used() (64-byte rounding, marks).

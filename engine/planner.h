@@ -65,9 +65,7 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const PlanConfig& c);
-// Elements of the parameter buffer: layers/transformer.cpp's constructor, shape by shape (the
-// presets' counts are checked against their published models', tests/cpu/test_memory_features.cpp).
-size_t param_count(const ModelConfig& m);
+// (param_count, the elements of the parameter buffer, is layers/transformer.h's.)
 
 // The longest sequence (a multiple of 64 * sp; under fixed learned positions, the longest multiple
 // of sp they hold when that fits) whose plan fits `budget` bytes per rank, or 0.

@@ -10,7 +10,6 @@
 #include "engine/context.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
-#include "engine/planner.h"
 #include "engine/rng.h"
 #include "layers/attention.h"
 #include "layers/embedding.h"
@@ -31,6 +30,21 @@ int ModelConfig::ffn_dim() const {
   const int64_t f = !is_llama() ? 4 * int64_t(dim) : ffn > 0 ? ffn : (8 * int64_t(dim) / 3 + 63) / 64 * 64;
   if (f > INT32_MAX) throw std::runtime_error("dim " + std::to_string(dim) + ": an MLP " + std::to_string(f) + " wide");
   return int(f);
+}
+
+size_t param_count(const ModelConfig& m) {
+  // In 128 bits, so that a shape read from a file (layers, dim, vocab up to 2^31 each) cannot wrap
+  // around 2^64 to a small count that matches the file's size; 2^60 is far past any machine.
+  using W = unsigned __int128;
+  const W L = W(m.layers), C = W(m.dim), Vp = W(m.padded_vocab), F = W(m.ffn_dim());
+  const W QKV = W(int64_t(m.heads) + 2 * int64_t(m.kv_heads)) * W(m.head_dim());
+  const W n = !m.is_llama() ? Vp * C + W(m.max_seq) * C + 2 * C +
+                                  L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C)
+                            : W(m.has_lm_head() ? 2 : 1) * Vp * C + C +
+                                  L * (C + QKV * C + (m.qkv_bias ? QKV : 0) + C * C + C + 2 * F * C + C * F);
+  if (n > (W(1) << 60))
+    throw std::runtime_error("the model's shape (" + m.describe() + ") gives more than 2^60 parameters");
+  return size_t(n);
 }
 
 void ModelConfig::validate() const {

@@ -67,6 +67,11 @@ struct ModelConfig {
   std::string describe() const;
 };
 
+// Elements of the parameter buffer: the Transformer constructor's shapes, counted (the presets'
+// counts are checked against their published models', tests/cpu/test_memory_features.cpp).
+// Throws past 2^60 (validate() calls it).
+size_t param_count(const ModelConfig& m);
+
 // Round v up to a multiple of m.
 inline int round_up(int v, int m) { return (v + m - 1) / m * m; }
 

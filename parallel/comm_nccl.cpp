@@ -51,7 +51,9 @@ bool on_device(const void* p) {
 
 class NcclComm : public Comm {
  public:
-  NcclComm(ncclComm_t c, int device, double timeout_s) : Comm(Device::cuda), comm_(c), device_(device), timeout_(timeout_s) {
+  NcclComm(ncclComm_t c, int device, double timeout_s)
+      : Comm(Device::cuda), comm_(c), device_(device), timeout_(timeout_s),
+        guard_(timeout_s, [this](const char* what) { in_call_expired(what); }) {
     check_nccl(ncclCommUserRank(c, &rank_), "rank");
     check_nccl(ncclCommCount(c, &size_), "size");
   }
@@ -70,8 +72,11 @@ class NcclComm : public Comm {
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
     own_work_done("all_reduce");
     Staged s(*this, buf, count * dtype_size(t), true);
-    call(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
-         "all_reduce");
+    {
+      Guarded g(guard_, "all_reduce");
+      call(ncclAllReduce(s.ptr, s.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+           "all_reduce");
+    }
     finish("all_reduce");
     s.back();
     stats.all_reduce += comm_volume::all_reduce(count, t, size_);
@@ -83,7 +88,10 @@ class NcclComm : public Comm {
     Staged out(*this, recv, all, false, 1);
     // NCCL >= 2.28 has ncclAlltoAll; older ones get the classic grouped send/recv.
 #if NCCL_VERSION_CODE >= 22800
-    call(ncclAlltoAll(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_to_all");
+    {
+      Guarded g(guard_, "all_to_all");
+      call(ncclAlltoAll(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_to_all");
+    }
 #else
     const size_t bytes = count * dtype_size(t);
     call(ncclGroupStart(), "group");
@@ -94,7 +102,12 @@ class NcclComm : public Comm {
         r = ncclRecv(static_cast<char*>(out.ptr) + j * bytes, count, nccl_type(t), j, comm_, nullptr);
     }
     // Ended even after a failed call: a group left open would swallow this thread's next one.
-    const ncclResult_t end = ncclGroupEnd();
+    // (The group's end is where the sends and receives are issued, and may block.)
+    ncclResult_t end;
+    {
+      Guarded g(guard_, "all_to_all");
+      end = ncclGroupEnd();
+    }
     call(r, "all_to_all's send/recv");
     call(end, "group");
 #endif
@@ -107,7 +120,10 @@ class NcclComm : public Comm {
     // Host buffers too (the start-up checks gather a few host ints), through two staging buffers.
     Staged in(*this, const_cast<void*>(send), count * dtype_size(t), true, 0);
     Staged out(*this, recv, size_t(size_) * count * dtype_size(t), false, 1);
-    call(ncclAllGather(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_gather");
+    {
+      Guarded g(guard_, "all_gather");
+      call(ncclAllGather(in.ptr, out.ptr, count, nccl_type(t), comm_, nullptr), "all_gather");
+    }
     finish("all_gather");
     out.back();
     stats.all_gather += comm_volume::all_gather(count, t, size_);
@@ -116,8 +132,12 @@ class NcclComm : public Comm {
     own_work_done("reduce_scatter");
     Staged in(*this, const_cast<void*>(send), size_t(size_) * count * dtype_size(t), true, 0);
     Staged out(*this, recv, count * dtype_size(t), false, 1);
-    call(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
-         "reduce_scatter");
+    {
+      Guarded g(guard_, "reduce_scatter");
+      call(ncclReduceScatter(in.ptr, out.ptr, count, nccl_type(t), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
+                             nullptr),
+           "reduce_scatter");
+    }
     finish("reduce_scatter");
     out.back();
     stats.reduce_scatter += comm_volume::reduce_scatter(count, t, size_);
@@ -125,7 +145,10 @@ class NcclComm : public Comm {
   void broadcast(void* buf, size_t count, DType t, int root) override {
     own_work_done("broadcast");
     Staged s(*this, buf, count * dtype_size(t), rank_ == root);
-    call(ncclBroadcast(s.ptr, s.ptr, count, nccl_type(t), root, comm_, nullptr), "broadcast");
+    {
+      Guarded g(guard_, "broadcast");
+      call(ncclBroadcast(s.ptr, s.ptr, count, nccl_type(t), root, comm_, nullptr), "broadcast");
+    }
     finish("broadcast");
     s.back();
     stats.broadcast += comm_volume::broadcast(count, t, size_, rank_ == root);
@@ -136,7 +159,10 @@ class NcclComm : public Comm {
   }
   std::unique_ptr<Comm> split(int color, int key) override {
     ncclComm_t sub = nullptr;
-    check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "split");
+    {
+      Guarded g(guard_, "split");  // collective over the parent's ranks, as the init is
+      check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "split");
+    }
     if (!sub) return nullptr;
     return std::make_unique<NcclComm>(sub, device_, timeout_);
   }
@@ -207,9 +233,23 @@ class NcclComm : public Comm {
     }
   }
 
+  // NCCL's calls may block on the peers, not only the init: in blocking mode a collective's first
+  // use of a peer or an algorithm connects to it inside the call, before finish()'s clock starts. A
+  // peer that hangs or died there would hold this rank until the scheduler's limit; the guard gives
+  // such a call --comm-timeout, then says which call and exits (nothing returns from inside it).
+  using Guarded = RearmableWatchdog::ArmedScope;
+  void in_call_expired(const char* what) {
+    std::fprintf(stderr, "train: error: nccl: rank %d of %d waited %g s (--comm-timeout) inside NCCL's %s: a peer "
+                 "died or hangs (a call connects to its peers at their first use); exiting\n", rank_, size_, timeout_,
+                 what);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+
   ncclComm_t comm_;
   int device_, rank_ = 0, size_ = 1;
   double timeout_;
+  RearmableWatchdog guard_;  // after what its handler reads; destroyed before them
   void* staging_[2] = {nullptr, nullptr};  // a collective with two host buffers takes both
   size_t staging_bytes_[2] = {0, 0};
 };
@@ -228,6 +268,12 @@ Watchdog init_deadline(const char* what, int rank, int size, double timeout_s) {
 }
 
 std::unique_ptr<Comm> make(const ncclUniqueId& id, int rank, int size, int device, double timeout_s) {
+  // NCCL_COMM_BLOCKING=0 would make every communicator non-blocking whatever the code asks: calls
+  // then return ncclInProgress before their work is queued, and this communicator, which waits on
+  // the stream after each call, would read a collective's buffers before it ran.
+  if (const char* b = std::getenv("NCCL_COMM_BLOCKING"); b && std::string(b) != "1")
+    throw CommError(std::string("nccl: NCCL_COMM_BLOCKING=") + b + " in the environment: ulysses' NCCL communicator "
+                    "is blocking (its calls queue their work before they return); unset it or set it to 1");
   check_cuda(cudaSetDevice(device), "set device");
   ncclComm_t c = nullptr;
   {

@@ -3,6 +3,7 @@
 // others there until the scheduler's wall-clock limit. If the guarded scope has not ended within
 // `seconds`, `expire` runs on the watchdog's own thread; the NCCL bootstrap's says which wait ran
 // out and ends the process (parallel/comm_nccl.cpp), since nothing can return from inside the init.
+// RearmableWatchdog below does the same for NCCL's other calls, which may block as the init does.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,78 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::thread thread_;
+};
+
+// One watchdog thread for many short guarded scopes: arm(what) starts a deadline, disarm() ends it
+// (ArmedScope does both). For waits that come often, every NCCL call (a thread each would cost more
+// than the call): arming is a lock and a notify on the caller's side. `expire(what)` runs on the
+// watchdog's thread when a scope outlives `seconds`, at most once per arming.
+class RearmableWatchdog {
+ public:
+  RearmableWatchdog(double seconds, std::function<void(const char*)> expire)
+      : expire_(std::move(expire)), wait_(std::min(seconds, 1e7)) {
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_) {
+        cv_.wait(lock, [this] { return stop_ || armed_; });
+        if (stop_) break;
+        const unsigned long long arming = arming_;
+        const auto deadline = since_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait_);
+        // Until it is disarmed or armed again (a new scope, a new deadline) or the deadline passes.
+        if (!cv_.wait_until(lock, deadline, [&] { return stop_ || !armed_ || arming_ != arming; })) {
+          const char* what = what_;
+          armed_ = false;  // once per arming
+          lock.unlock();
+          expire_(what);
+          lock.lock();
+        }
+      }
+    });
+  }
+  ~RearmableWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  RearmableWatchdog(const RearmableWatchdog&) = delete;
+  RearmableWatchdog& operator=(const RearmableWatchdog&) = delete;
+
+  void arm(const char* what) {  // what: text that outlives the scope (a string literal)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      armed_ = true, arming_++, what_ = what, since_ = std::chrono::steady_clock::now();
+    }
+    cv_.notify_one();
+  }
+  void disarm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      armed_ = false;
+    }
+    cv_.notify_one();
+  }
+
+  struct ArmedScope {
+    ArmedScope(RearmableWatchdog& w, const char* what) : w_(w) { w_.arm(what); }
+    ~ArmedScope() { w_.disarm(); }
+    ArmedScope(const ArmedScope&) = delete;
+    ArmedScope& operator=(const ArmedScope&) = delete;
+    RearmableWatchdog& w_;
+  };
+
+ private:
+  std::function<void(const char*)> expire_;
+  std::chrono::duration<double> wait_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, stop_ = false;
+  unsigned long long arming_ = 0;
+  const char* what_ = "";
+  std::chrono::steady_clock::time_point since_;
   std::thread thread_;
 };
 

@@ -372,6 +372,45 @@ TEST_CASE("a watchdog fires after its deadline and never once its scope has ende
   CHECK(seconds_since(t0) < 5);
 }
 
+// The guard around each NCCL call (parallel/comm_nccl.cpp): one thread, armed per call. It fires
+// once for a scope that outlives the deadline, naming it; never for one disarmed in time, however
+// many; and a new arming starts a new deadline.
+TEST_CASE("a rearmable watchdog fires for the scope that outlives its deadline, once, and for no other", "[comm][failure]") {
+  std::mutex mu;
+  std::vector<std::string> fired;
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    RearmableWatchdog w(1.0, [&](const char* what) {
+      std::lock_guard<std::mutex> lock(mu);
+      fired.push_back(what);
+    });
+    for (int i = 0; i < 2000; i++) RearmableWatchdog::ArmedScope quick(w, "quick");  // each ends in time
+    w.arm("first");
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    w.arm("rearmed");  // armed again, still armed: the deadline counts from here, not from the first arming
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      CHECK(fired.empty());  // 1.2 s since "first" was armed, 0.6 s since this arming
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      CHECK(fired == std::vector<std::string>{"rearmed"});  // past its deadline: fired, once
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    w.disarm();
+  }
+  CHECK(fired == std::vector<std::string>{"rearmed"});  // not again for the same arming
+  {
+    RearmableWatchdog w(1e300, [&](const char*) { fired.push_back("never"); });  // held to 1e7 s
+    RearmableWatchdog::ArmedScope s(w, "long");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(fired.size() == 1);
+  CHECK(seconds_since(t0) < 10);
+}
+
 TEST_CASE("mismatched or missing collectives throw instead of corrupting or hanging", "[comm][local][failure]") {
   auto t0 = std::chrono::steady_clock::now();
   REQUIRE_THROWS_WITH(run_local(2, [](Comm& c) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <memory>
@@ -468,6 +469,46 @@ TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-tim
   const long ms = std::stol(hung.out.substr(after + 16));
   CHECK(ms >= 6000);   // not before the deadline: a stopped peer is no dead one
   CHECK(ms <= 60000);  // and not at the emulator's own 10-minute wait
+}
+
+// Where a collective runs at its call (the late-side stream order: the emulated NCCL then waits for
+// the peers inside the call, as a real one does when it first connects to them), a stopped peer
+// holds the call itself, past finish()'s clock: the call's own guard ends the run at --comm-timeout.
+TEST_CASE("emu nccl: a peer stopped while a call waits inside NCCL ends the run at --comm-timeout", "[emu]") {
+  ul_test::TempDir dir;
+  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 8";
+  auto as_rank = [&](int r) {
+    return "env ULYSSES_EMU_STREAMS=late-side RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
+           std::to_string(r) + " ULYSSES_JOB_ID=emu-nccl-in-call-test " +
+           train_cmd(run + " --comm nccl --nccl-id-file " + (dir / "id"));
+  };
+  const CmdResult hung = run_cmd(
+      "cd " + dir.path.string() + " && { " + as_rank(1) + " > rank1.log 2>&1 & p1=$!; " + as_rank(0) +
+      " > rank0.log 2>&1 & p0=$!; " +
+      "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -STOP $p1; "
+      "s=$(date +%s%N); wait $p0; echo \"rank 0: $? after $(( ($(date +%s%N) - s) / 1000000 )) ms\"; kill -9 $p1; "
+      "wait $p1; cat rank0.log; }");
+  INFO(hung.out);
+  CHECK(hung.out.find("rank 0: 1 after") != std::string::npos);
+  CHECK(hung.out.find("train: error: nccl: rank 0 of 2 waited 8 s (--comm-timeout) inside NCCL's ") != std::string::npos);
+  const size_t after = hung.out.find("rank 0: 1 after ");
+  REQUIRE(after != std::string::npos);
+  const long ms = std::stol(hung.out.substr(after + 16));
+  CHECK(ms >= 6000);   // not before the deadline
+  CHECK(ms <= 60000);  // and not at the emulator's own 10-minute wait
+}
+
+// NCCL_COMM_BLOCKING=0 makes NCCL's calls return before their work is queued: the communicator,
+// which waits on the stream after each call, refuses to start under it.
+TEST_CASE("emu nccl: NCCL_COMM_BLOCKING=0 in the environment is refused before the init", "[emu]") {
+  ::setenv("NCCL_COMM_BLOCKING", "0", 1);
+  const std::vector<std::string> problems = on_ranks(1, [](int, ul::Comm&, std::ostringstream&) {});
+  ::unsetenv("NCCL_COMM_BLOCKING");
+  CHECK(problems[0].find("threw: nccl: NCCL_COMM_BLOCKING=0 in the environment") != std::string::npos);
+  ::setenv("NCCL_COMM_BLOCKING", "1", 1);  // blocking, as asked: taken
+  const std::vector<std::string> fine = on_ranks(1, [](int, ul::Comm&, std::ostringstream&) {});
+  ::unsetenv("NCCL_COMM_BLOCKING");
+  CHECK(fine[0].empty());
 }
 
 #ifdef ULYSSES_MPIRUN_CMD
