@@ -166,7 +166,8 @@ int run(int argc, char** argv) {
   }
   {  // AdamW on every parameter (bf16 weights, f32 master, grad, m, v), and the gradient norm
     Buf<bf16> params(P);
-    Buf<float> master(P), grad(P), m(P), v(P), out(1), scratch(ul::cuda::sum_squares_scratch_bytes(P) / 4);
+    Buf<float> master(P), grad(P), m(P), v(P);
+    Buf<double> out(1), scratch(ul::cuda::sum_squares_scratch_bytes(P) / sizeof(double));
     report("adamw_update (all parameters)", 30.0 * P, best_ms(reps, [&] {
              ul::cuda::adamw_update(params.p, master.p, grad.p, m.p, v.p, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1,
                                     1, nullptr);
@@ -177,7 +178,7 @@ int run(int argc, char** argv) {
              ul::cuda::adamw_update(params.p + 1, master.p + 1, grad.p + 1, m.p + 1, v.p + 1, P - 1, 1e-4f, 0.9f,
                                     0.95f, 1e-8f, 0.1f, 1.f, 1, 1, nullptr);
            }));
-    report("sum_squares (gradient norm, f32)", 4.0 * P,
+    report("sum_squares (gradient norm, f32 read, f64 sums)", 4.0 * P,
            best_ms(reps, [&] { ul::cuda::sum_squares(out.p, grad.p, P, scratch.p, nullptr); }));
   }
 

@@ -152,7 +152,8 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 
 // Sum over the 32 lanes of a full warp; every lane gets the total (butterfly: same order on every
 // lane, so every lane gets the same bits).
-__device__ __forceinline__ float warp_sum(float v) {
+template <class F>
+__device__ __forceinline__ F warp_sum(F v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }

@@ -131,6 +131,9 @@ std::string loss_plot_svg(const std::vector<LogRecord>& records) {
            "\" stroke-linejoin=\"round\" points=\"" + pts + "\"/>\n";
   };
   s += polyline(thin(train, 2000), "train-loss", "#6baed6", "1.2");
+  if (train.x.size() == 1)  // a one-step run: a polyline of one point draws nothing
+    s += "<circle id=\"train-point\" fill=\"#6baed6\" cx=\"" + px(train.x[0]) + "\" cy=\"" + py(train.y[0]) +
+         "\" r=\"2.5\"/>\n";
   if (!val.x.empty()) {
     // Thinned like train (--eval-every 1 over a long run once drew a million markers: a 56 MB
     // file); a marker per eval while they stay apart.

@@ -141,13 +141,13 @@ __global__ void round_master_kernel(__nv_bfloat16* __restrict__ params, const fl
 }
 
 // Sum of the block's values, the same order every run; the total is valid in thread 0.
-__device__ __forceinline__ float block_sum(float v) {
-  UL_STATIC_SMEM(float, s_warp, [kThreads / 32]);
+__device__ __forceinline__ double block_sum(double v) {
+  UL_STATIC_SMEM(double, s_warp, [kThreads / 32]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   v = warp_sum(v);
   if (lane == 0) s_warp[warp] = v;
   __syncthreads();
-  float total = 0.f;
+  double total = 0.0;
   if (threadIdx.x == 0)
     for (int k = 0; k < int(blockDim.x / 32); k++) total += s_warp[k];
   return total;
@@ -155,23 +155,25 @@ __device__ __forceinline__ float block_sum(float v) {
 
 // Grid (blocks), block (kThreads): partial[b] = sum of x[i]^2 over i = b*kThreads + tid (+ grid stride).
 // Each thread keeps 4 sums over every 4th of its elements, so 4 loads are in flight at once (the
-// kernel waits on memory, not arithmetic), then adds them in a fixed order.
-__global__ void sum_squares_partial_kernel(float* __restrict__ partial, const float* __restrict__ x, size_t n) {
+// kernel waits on memory, not arithmetic), then adds them in a fixed order. In double, as the CPU
+// sums: a float square is exact in double, and a billion-parameter model's sum kept in float was
+// off by up to ~1e-5 relative (the clip factor with it); the kernel is memory-bound either way.
+__global__ void sum_squares_partial_kernel(double* __restrict__ partial, const float* __restrict__ x, size_t n) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
   for (size_t i0 = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i0 < n; i0 += 4 * stride) {
     float v[4];
     UL_UNROLL for (int u = 0; u < 4; u++) v[u] = i0 + u * stride < n ? x[i0 + u * stride] : 0.f;
-    UL_UNROLL for (int u = 0; u < 4; u++) acc[u] += v[u] * v[u];
+    UL_UNROLL for (int u = 0; u < 4; u++) acc[u] += double(v[u]) * double(v[u]);
   }
-  float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  double s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 // One block: *out = sum of partial[0 .. count), each thread a strided subset, then block_sum.
-__global__ void sum_squares_final_kernel(float* __restrict__ out, const float* __restrict__ partial, int count) {
-  float s = 0.f;
+__global__ void sum_squares_final_kernel(double* __restrict__ out, const double* __restrict__ partial, int count) {
+  double s = 0.0;
   for (int k = threadIdx.x; k < count; k += blockDim.x) s += partial[k];
   s = block_sum(s);
   if (threadIdx.x == 0) *out = s;
@@ -229,11 +231,11 @@ void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, u
          index_base);
 }
 
-size_t sum_squares_scratch_bytes(size_t n) { return norm_blocks(n) * sizeof(float); }
+size_t sum_squares_scratch_bytes(size_t n) { return norm_blocks(n) * sizeof(double); }
 
-void sum_squares(float* out, const float* x, size_t n, float* scratch, cudaStream_t s) {
+void sum_squares(double* out, const float* x, size_t n, double* scratch, cudaStream_t s) {
   if (n == 0) {
-    UL_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), s));
+    UL_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
     return;
   }
   const size_t blocks = norm_blocks(n);
@@ -247,7 +249,7 @@ namespace {
 // grown as needed: the gradient norm runs every step, and a cudaMalloc / cudaFree pair there
 // would cost a device-wide synchronisation each time. Released at thread exit.
 struct NormScratch {
-  float* p = nullptr;
+  double* p = nullptr;
   size_t bytes = 0;
   NormScratch() = default;
   NormScratch(const NormScratch&) = delete;
@@ -255,7 +257,7 @@ struct NormScratch {
   ~NormScratch() {
     if (p) cudaFree(p);  // at process exit the runtime may be unloading: nothing is lost then
   }
-  float* get(size_t need) {
+  double* get(size_t need) {
     if (need > bytes) {
       if (p) UL_CUDA_CHECK(cudaFree(p));
       p = nullptr;
@@ -272,11 +274,11 @@ double sum_squares(const float* x, size_t n, cudaStream_t s) {
   thread_local std::map<int, NormScratch> per_device;
   int dev = 0;
   UL_CUDA_CHECK(cudaGetDevice(&dev));
-  float* scratch = per_device[dev].get(sum_squares_scratch_bytes(n) + sizeof(float));
-  float* out = scratch + norm_blocks(n);
+  double* scratch = per_device[dev].get(sum_squares_scratch_bytes(n) + sizeof(double));
+  double* out = scratch + norm_blocks(n);
   sum_squares(out, x, n, scratch, s);
-  float result = 0.f;
-  UL_CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof(float), cudaMemcpyDeviceToHost, s));
+  double result = 0.0;
+  UL_CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof(double), cudaMemcpyDeviceToHost, s));
   UL_CUDA_CHECK(cudaStreamSynchronize(s));
   return result;
 }

@@ -58,10 +58,10 @@ void adamw_update(Tp* params, float* master, const float* grad, float* m, float*
 void round_master(__nv_bfloat16* params, const float* master, size_t n, int t, uint64_t seed, cudaStream_t s,
                   size_t index_base = 0);
 
-// sum_i x[i]^2 (the squared global gradient norm), in two fixed-order stages (deterministic):
-// per-block partial sums into scratch, then one block adds them in order and writes *out (a
-// device float; sum_squares_scratch_bytes(n) bytes of scratch hold the partials).
-void sum_squares(float* out, const float* x, size_t n, float* scratch, cudaStream_t s);
+// sum_i x[i]^2 (the squared global gradient norm), in double, in two fixed-order stages
+// (deterministic): per-block partial sums into scratch, then one block adds them in order and
+// writes *out (a device double; sum_squares_scratch_bytes(n) bytes of scratch hold the partials).
+void sum_squares(double* out, const float* x, size_t n, double* scratch, cudaStream_t s);
 size_t sum_squares_scratch_bytes(size_t n);
 // The same, returned to the host (waits for the result; its scratch is cached per host thread).
 double sum_squares(const float* x, size_t n, cudaStream_t s);

@@ -144,4 +144,18 @@ bool write_probe_plot(const std::string& log_path, const std::string& svg_path) 
   return write_log_plot(log_path, svg_path, "length", probe_plot_svg, {{"length"}, {}});
 }
 
+std::vector<std::string> write_run_plots(const std::string& log_path, std::string& failed) {
+  std::vector<std::string> written;
+  failed.clear();
+  try {
+    const std::string svg = plot_path_for_log(log_path);
+    if (write_loss_plot(log_path, svg)) written.push_back(svg);
+    const std::string lengths_svg = probe_plot_path_for_log(log_path);
+    if (write_probe_plot(log_path, lengths_svg)) written.push_back(lengths_svg);
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  return written;
+}
+
 }  // namespace ul

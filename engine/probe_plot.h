@@ -22,4 +22,10 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records);
 // written) when the log has none.
 bool write_probe_plot(const std::string& log_path, const std::string& svg_path);
 
+// Both pictures of a run's log at its end: the loss plot, and this table where the log has length
+// rows. Returns the paths written. A failure (the log removed or unreadable, a full disk) is put in
+// `failed` instead of thrown: drawing comes after the training, and must not cost the run its
+// exports, its sample or its exit status.
+std::vector<std::string> write_run_plots(const std::string& log_path, std::string& failed);
+
 }  // namespace ul

@@ -596,11 +596,11 @@ int train_rank(const Options& o, Comm& world) {
   }
   if (!paused) stop_now();  // the exports and the sample are not started after a signal (a pause has none)
   if (log) {
-    log.reset();  // closed: the plot reads it back
-    const std::string svg = plot_path_for_log(log_path);
-    if (write_loss_plot(log_path, svg)) say("plot    | %s\n", svg.c_str());
-    const std::string lengths_svg = probe_plot_path_for_log(log_path);  // --probe-lengths' table
-    if (write_probe_plot(log_path, lengths_svg)) say("plot    | %s\n", lengths_svg.c_str());
+    log.reset();  // closed: the plots read it back
+    std::string failed;
+    for (const std::string& svg : write_run_plots(log_path, failed)) say("plot    | %s\n", svg.c_str());
+    if (!failed.empty())  // the run's results stand: its exports and sample follow
+      say("warning | the plots were not drawn: %s\n", failed.c_str());
   }
   // A --steps 0 run's arena held its evals' forwards alone (nothing resets the high-water there).
   const bool eval_only = o.steps == 0 && have_eval;

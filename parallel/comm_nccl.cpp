@@ -280,7 +280,12 @@ std::unique_ptr<Comm> make(const ncclUniqueId& id, int rank, int size, int devic
     Watchdog deadline = init_deadline("the communicator's init", rank, size, timeout_s);
     check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
   }
-  return std::make_unique<NcclComm>(c, device, timeout_s);
+  try {
+    return std::make_unique<NcclComm>(c, device, timeout_s);
+  } catch (...) {  // its rank or size unreadable: the communicator is no one's to free otherwise
+    ncclCommAbort(c);
+    throw;
+  }
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "engine/checkpoint_files.h"
 #include "engine/file_io.h"
 #include "engine/loss_plot.h"
+#include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/trainer.h"
 #include "options_from.h"
@@ -1313,6 +1314,23 @@ TEST_CASE("the run log has a record per step and eval, the plot has both series"
     CHECK(big.size() < 200000);
     CHECK(big.find("<polyline id=\"val-loss\"") != std::string::npos);
     CHECK(big.find("<g id=\"val-markers\"") == std::string::npos);
+    CHECK(big.find("train-point") == std::string::npos);
+  }
+  // A one-step run: its one train loss is a point (a polyline of one point draws nothing).
+  {
+    const std::map<std::string, std::string> st = {{"type", "step"}, {"step", "1"}, {"loss", "3"}};
+    const std::string one = ul::loss_plot_svg({ul::LogRecord(st.begin(), st.end())});
+    CHECK(one.find("<circle id=\"train-point\"") != std::string::npos);
+  }
+  // The end of a run draws both plots, and a failure there (the log gone, a full disk) is reported,
+  // not thrown: the run's exports and sample come after it.
+  {
+    std::string failed;
+    CHECK(ul::write_run_plots((d / "run.jsonl").string(), failed) == std::vector<std::string>{(d / "run.svg").string()});
+    CHECK(failed.empty());
+    const std::string gone = (d / "gone.jsonl").string();
+    CHECK(ul::write_run_plots(gone, failed).empty());
+    CHECK(failed.find("gone.jsonl") != std::string::npos);
   }
   fs::remove_all(d);
 }
