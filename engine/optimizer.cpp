@@ -30,16 +30,23 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
 }
 
 // In chunks fixed by n, added in order: the same bits whatever the threads (an OpenMP reduction
-// combines the threads' sums in the order they finish, and the norm fed the clip factor).
+// combines the threads' sums in the order they finish, and the norm fed the clip factor). Within a
+// chunk, 8 running sums over every 8th element, added in a fixed order at its end: one sum was a
+// chain of dependent double adds (~4 cycles an element, 6% of a GPT-2 124M CPU step); 8
+// independent ones vectorize and the loop waits on memory instead.
 double sum_squares(const float* x, size_t n) {
   const size_t chunk = size_t(1) << 16, K = (n + chunk - 1) / chunk;
   std::vector<double> part(K, 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < int64_t(K); k++) {
-    double s = 0;
-    const size_t end = std::min(n, size_t(k + 1) * chunk);
-    for (size_t i = size_t(k) * chunk; i < end; i++) s += double(x[i]) * x[i];
-    part[size_t(k)] = s;
+    constexpr size_t kLanes = 8;
+    double acc[kLanes] = {};
+    const size_t begin = size_t(k) * chunk, end = std::min(n, begin + chunk);
+    size_t i = begin;
+    for (; i + kLanes <= end; i += kLanes)
+      for (size_t l = 0; l < kLanes; l++) acc[l] += double(x[i + l]) * x[i + l];
+    for (; i < end; i++) acc[(i - begin) % kLanes] += double(x[i]) * x[i];  // the tail, lane by position
+    part[size_t(k)] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   }
   double s = 0;
   for (double p : part) s += p;
