@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda_emu/nccl.h"
@@ -440,17 +441,19 @@ TEST_CASE("emu nccl: a rank whose device faults ends its run with the fault, and
   CHECK(std::stol(r.out.substr(after + 16)) < 120);
 }
 
-// A peer that is alive but never comes (stopped): comm_nccl's own deadline (--comm-timeout) ends
-// the run. The legacy stream runs late here whatever the order CI set, so the collective is polled
-// by cudaStreamQuery; run at issue it would wait inside the call, where no deadline can fire.
-TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-timeout", "[emu]") {
+namespace {
+
+// Two ranks of `train --comm nccl --sp 2 --comm-timeout 8` in the emulator's stream order `order`;
+// rank 1 stopped (alive, never coming) once rank 0 has logged step 3. Returns rank 0's log, and
+// how long after the stop it exited (-1: it did not exit 1).
+std::pair<std::string, long> stopped_peer(const std::string& order, const std::string& job) {
   ul_test::TempDir dir;
   // 8 s: every wait of the run has this deadline (the id file, the init, each step's collectives),
   // and none but the stop may reach it on a loaded machine.
   const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 8";
   auto as_rank = [&](int r) {
-    return "env ULYSSES_EMU_STREAMS=late-main RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
-           std::to_string(r) + " ULYSSES_JOB_ID=emu-nccl-hang-test " +
+    return "env ULYSSES_EMU_STREAMS=" + order + " RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
+           std::to_string(r) + " ULYSSES_JOB_ID=" + job + " " +
            train_cmd(run + " --comm nccl --nccl-id-file " + (dir / "id"));
   };
   const CmdResult hung = run_cmd(
@@ -459,14 +462,21 @@ TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-tim
       "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -STOP $p1; "
       "s=$(date +%s%N); wait $p0; echo \"rank 0: $? after $(( ($(date +%s%N) - s) / 1000000 )) ms\"; kill -9 $p1; "
       "wait $p1; cat rank0.log; }");
-  INFO(hung.out);
-  CHECK(hung.out.find("rank 0: 1 after") != std::string::npos);
-  CHECK(hung.out.find(" timed out after 8 s (--comm-timeout) on rank 0: a peer died or hangs") != std::string::npos);
-  CHECK(hung.out.find("has exited") == std::string::npos);
   const size_t after = hung.out.find("rank 0: 1 after ");
-  REQUIRE(after != std::string::npos);
+  return {hung.out, after == std::string::npos ? -1 : std::stol(hung.out.substr(after + 16))};
+}
+
+}  // namespace
+
+// A peer that is alive but never comes (stopped): comm_nccl's own deadline (--comm-timeout) ends
+// the run. The legacy stream runs late here whatever the order CI set, so the collective is polled
+// by cudaStreamQuery (finish()'s clock; run at issue, the call itself waits: the next case).
+TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-timeout", "[emu]") {
+  const auto [out, ms] = stopped_peer("late-main", "emu-nccl-hang-test");
+  INFO(out);
+  CHECK(out.find(" timed out after 8 s (--comm-timeout) on rank 0: a peer died or hangs") != std::string::npos);
+  CHECK(out.find("has exited") == std::string::npos);
   // Rank 0's wait began at most the log poll's 0.1 s (and a step) before the stop.
-  const long ms = std::stol(hung.out.substr(after + 16));
   CHECK(ms >= 6000);   // not before the deadline: a stopped peer is no dead one
   CHECK(ms <= 60000);  // and not at the emulator's own 10-minute wait
 }
@@ -475,25 +485,9 @@ TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-tim
 // the peers inside the call, as a real one does when it first connects to them), a stopped peer
 // holds the call itself, past finish()'s clock: the call's own guard ends the run at --comm-timeout.
 TEST_CASE("emu nccl: a peer stopped while a call waits inside NCCL ends the run at --comm-timeout", "[emu]") {
-  ul_test::TempDir dir;
-  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 8";
-  auto as_rank = [&](int r) {
-    return "env ULYSSES_EMU_STREAMS=late-side RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
-           std::to_string(r) + " ULYSSES_JOB_ID=emu-nccl-in-call-test " +
-           train_cmd(run + " --comm nccl --nccl-id-file " + (dir / "id"));
-  };
-  const CmdResult hung = run_cmd(
-      "cd " + dir.path.string() + " && { " + as_rank(1) + " > rank1.log 2>&1 & p1=$!; " + as_rank(0) +
-      " > rank0.log 2>&1 & p0=$!; " +
-      "for i in $(seq 600); do grep -q '^step     3' rank0.log && break; sleep 0.1; done; kill -STOP $p1; "
-      "s=$(date +%s%N); wait $p0; echo \"rank 0: $? after $(( ($(date +%s%N) - s) / 1000000 )) ms\"; kill -9 $p1; "
-      "wait $p1; cat rank0.log; }");
-  INFO(hung.out);
-  CHECK(hung.out.find("rank 0: 1 after") != std::string::npos);
-  CHECK(hung.out.find("train: error: nccl: rank 0 of 2 waited 8 s (--comm-timeout) inside NCCL's ") != std::string::npos);
-  const size_t after = hung.out.find("rank 0: 1 after ");
-  REQUIRE(after != std::string::npos);
-  const long ms = std::stol(hung.out.substr(after + 16));
+  const auto [out, ms] = stopped_peer("late-side", "emu-nccl-in-call-test");
+  INFO(out);
+  CHECK(out.find("train: error: nccl: rank 0 of 2 waited 8 s (--comm-timeout) inside NCCL's ") != std::string::npos);
   CHECK(ms >= 6000);   // not before the deadline
   CHECK(ms <= 60000);  // and not at the emulator's own 10-minute wait
 }
