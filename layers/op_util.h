@@ -79,12 +79,15 @@ void dispatch_cuda(const Tensor& x, std::initializer_list<const Tensor*> others,
 
 // A row count as the kernels take it (int): refused past 2^31 - 1, not wrapped (train's flags keep
 // B * T below it; a fork or a test calling an op directly meets this instead of a wrong answer).
-inline int row_count(int64_t n, const std::string& what) {
+inline int row_count(int64_t n, const char* what) {
   if (n > 2147483647)
-    throw std::runtime_error(what + ": " + std::to_string(n) + " rows, past the 2^31 - 1 an op takes");
+    throw std::runtime_error(std::string(what) + ": " + std::to_string(n) + " rows, past the 2^31 - 1 an op takes");
   return int(n);
 }
 inline int last_dim(const Tensor& t) { return int(t.size(-1)); }
-inline int rows(const Tensor& t) { return row_count(t.numel() / t.size(-1), t.str()); }
+inline int rows(const Tensor& t) {  // (every op asks: the tensor's text is made only for the error)
+  const int64_t n = t.numel() / t.size(-1);
+  return n > 2147483647 ? row_count(n, t.str().c_str()) : int(n);
+}
 
 }  // namespace ul
