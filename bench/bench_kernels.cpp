@@ -178,7 +178,7 @@ int run(int argc, char** argv) {
              ul::cuda::adamw_update(params.p + 1, master.p + 1, grad.p + 1, m.p + 1, v.p + 1, P - 1, 1e-4f, 0.9f,
                                     0.95f, 1e-8f, 0.1f, 1.f, 1, 1, nullptr);
            }));
-    report("sum_squares (gradient norm, f32 read, f64 sums)", 4.0 * P,
+    report("sum_squares (grad norm, f64 sums)", 4.0 * P,
            best_ms(reps, [&] { ul::cuda::sum_squares(out.p, grad.p, P, scratch.p, nullptr); }));
   }
 
