@@ -3,7 +3,8 @@
 // others there until the scheduler's wall-clock limit. If the guarded scope has not ended within
 // `seconds`, `expire` runs on the watchdog's own thread; the NCCL bootstrap's says which wait ran
 // out and ends the process (parallel/comm_nccl.cpp), since nothing can return from inside the init.
-// RearmableWatchdog below does the same for NCCL's other calls, which may block as the init does.
+// RearmableWatchdog does the same for NCCL's other calls, which may block as the init does; a
+// Watchdog is one of its armings, from construction to destruction.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -14,42 +15,14 @@
 
 namespace ul {
 
-class Watchdog {
- public:
-  // seconds at most 1e7 (longer counts as 1e7): past about 9e9 the wait's deadline in nanoseconds
-  // overflows, and the watchdog would fire at once.
-  Watchdog(double seconds, std::function<void()> expire) : expire_(std::move(expire)) {
-    thread_ = std::thread([this, seconds] {
-      std::unique_lock<std::mutex> lock(mu_);
-      const auto wait = std::chrono::duration<double>(std::min(seconds, 1e7));
-      if (!cv_.wait_for(lock, wait, [this] { return done_; })) expire_();
-    });
-  }
-  ~Watchdog() {  // the scope ended in time (or unwound): `expire` never runs after this
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
- private:
-  std::function<void()> expire_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
-
 // One watchdog thread for many short guarded scopes: arm(what) starts a deadline, disarm() ends it
 // (ArmedScope does both). For waits that come often, every NCCL call (a thread each would cost more
 // than the call): arming is a lock and a notify on the caller's side. `expire(what)` runs on the
 // watchdog's thread when a scope outlives `seconds`, at most once per arming.
 class RearmableWatchdog {
  public:
+  // seconds at most 1e7 (longer counts as 1e7): past about 9e9 the wait's deadline in nanoseconds
+  // overflows, and the watchdog would fire at once.
   RearmableWatchdog(double seconds, std::function<void(const char*)> expire)
       : expire_(std::move(expire)), wait_(std::min(seconds, 1e7)) {
     thread_ = std::thread([this] {
@@ -114,6 +87,17 @@ class RearmableWatchdog {
   const char* what_ = "";
   std::chrono::steady_clock::time_point since_;
   std::thread thread_;
+};
+
+// One guarded scope: armed from construction to destruction (`expire` never runs after it).
+class Watchdog {
+ public:
+  Watchdog(double seconds, std::function<void()> expire) : w_(seconds, [f = std::move(expire)](const char*) { f(); }) {
+    w_.arm("");
+  }
+
+ private:
+  RearmableWatchdog w_;
 };
 
 }  // namespace ul
