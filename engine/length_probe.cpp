@@ -112,6 +112,11 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
       for (int t = first; t <= last; t++) {
         if (tgt[size_t(t)] >= 0) {
           valid++;
+          // Logits that are not finite (weights whose outputs overflow) make this rank's loss NaN
+          // instead of throwing here: the all-reduce then hands every rank the NaN, and all fail
+          // together (a rank throwing alone would leave the others in that all-reduce).
+          if (!std::all_of(logits->begin(), logits->end(), [](float z) { return std::isfinite(z); }))
+            return {double(correct), double(valid), std::nan(""), double(whole_right), double(whole)};
           const bool hit = sample_token(*logits, 0.0f, 0, unused) == tgt[size_t(t)];
           correct += hit;
           nll += token_nll(logits->data(), int(logits->size()), tgt[size_t(t)]);
@@ -243,6 +248,10 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
     counts.insert(counts.end(), c.begin(), c.end());
   }
   sum_over_ranks(counts);
+  for (size_t k = 0; k < cells.size(); k++)  // the same sums on every rank: all fail together
+    if (!std::isfinite(counts[kCell * k + 2]))
+      throw JobError("--probe-lengths " + std::to_string(T) + ": the model's logits are not finite (" +
+                     cells[k].first + "): the weights' outputs overflow");
   LengthProbe p;
   p.T = T;
   p.answers = int64_t(counts[1]);

@@ -19,6 +19,7 @@
 #include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/sample.h"
+#include "parallel/comm_local.h"
 #include "parallel/hosts.h"
 #include "model_logits.h"
 #include "run_cmd.h"
@@ -186,6 +187,34 @@ TEST_CASE("a probe whose loss is not finite fails, as the eval does, rather than
   CHECK_THROWS_WITH(decoded_loss(m.cfg, m.params.specs(), h.data(), stream, 16, 2, -1, nullptr),
                     Catch::Contains("--probe-lengths 16: the val loss is not finite") &&
                         Catch::Contains("over 32 targets): the weights' outputs overflow"));
+}
+
+TEST_CASE("a synthetic task's probe whose logits are not finite fails on every rank together", "[length_probe]") {
+  // One sequence over two ranks: rank 0 decodes it, rank 1 has none and waits in the all-reduce.
+  // Rank 0 must not throw alone (its peers would wait there for it): both get the same JobError.
+  omp_set_num_threads(1);
+  Context c;
+  ContextGuard g(c);
+  Transformer m(small("llama"));
+  std::vector<float> h = host_params(m, 41);
+  for (const ParamSpec& p : m.params.specs())
+    if (p.name == "lnfw" || p.name == "lm_head")
+      for (size_t i = 0; i < size_t(p.shape.numel()); i++) h[p.offset + i] *= 1e30f;
+  const int T = 12, V = m.cfg.vocab;
+  std::vector<int32_t> in(T), tgt(T, -1);
+  for (int t = 0; t < T; t++) in[size_t(t)] = (t * 5) % V;
+  tgt[size_t(T - 2)] = 3, tgt[size_t(T - 1)] = 4;
+  const FixedTask task({in}, {tgt}, V);
+  std::vector<std::string> error(2);
+  run_local(2, [&](Comm& world) {
+    try {
+      probe_length(m.cfg, m.params.specs(), h.data(), task, T, T, 1, -1, &world, {});
+    } catch (const JobError& e) {
+      error[size_t(world.rank())] = e.what();
+    }
+  });
+  for (const std::string& e : error) CHECK(e == "--probe-lengths 12: the model's logits are not finite (all): the "
+                                                "weights' outputs overflow");
 }
 
 TEST_CASE("with packed documents the decoder attends within each and counts positions from its start", "[length_probe][doc]") {
