@@ -151,19 +151,52 @@ uint32_t crc32(uint32_t crc, const void* data, size_t bytes) {
 
 // ---- JSON ----
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence starting at p (left bytes remain), or 0 if none
+// does: RFC 3629's forms only (no overlong encodings, no surrogates, nothing past U+10FFFF).
+size_t utf8_length(const unsigned char* p, size_t left) {
+  const unsigned c = p[0];
+  size_t n;
+  unsigned lo = 0x80, hi = 0xBF;  // the second byte's range; the later ones are always 80..BF
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else return 0;
+  if (n > left || p[1] < lo || p[1] > hi) return 0;
+  for (size_t k = 2; k < n; k++)
+    if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+  return n;
+}
+
+}  // namespace
+
 std::string json_quote(const std::string& s) {
   std::string q = "\"";
-  for (unsigned char c : s) {
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = b[i];
+    const size_t n = utf8_length(b + i, s.size() - i);
+    char buf[8];
     if (c == '"' || c == '\\') {
       q += '\\';
       q += char(c);
     } else if (c < 0x20) {
-      char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
       q += buf;
+    } else if (n == 0) {
+      // A byte that is not UTF-8 (a path's Latin-1 name): as the lone surrogate U+DC00 + byte, the
+      // form Python's surrogateescape reads back to the same byte (PEP 383), so the file stays JSON
+      // and the path survives a round trip; parse_flat_json maps it back too.
+      std::snprintf(buf, sizeof buf, "\\u%04x", 0xDC00u + c);
+      q += buf;
     } else {
-      q += char(c);
+      q.append(s, i, n);
+      i += n;
+      continue;
     }
+    i++;
   }
   return q + "\"";
 }
@@ -207,7 +240,7 @@ std::map<std::string, std::string> parse_flat_json(const std::string& text, cons
       if (text[i] != '\\') { s += text[i]; continue; }
       if (++i >= text.size()) break;
       char e = text[i];
-      if (e == 'u') {  // only the \u00XX escapes JsonLine writes (control characters)
+      if (e == 'u') {  // only the escapes json_quote writes
         if (i + 4 >= text.size()) throw fail("truncated \\u escape");
         unsigned v = 0;
         for (int k = 1; k <= 4; k++) {
@@ -216,8 +249,9 @@ std::map<std::string, std::string> parse_flat_json(const std::string& text, cons
           if (!d) throw fail("bad \\u escape");
           v = v * 16 + unsigned(d - hex);
         }
-        if (v > 0x7F) throw fail("unsupported \\u escape");
-        s += char(v);
+        // Control characters, and the U+DC80..U+DCFF json_quote writes for bytes that are not UTF-8.
+        if (v > 0x7F && (v < 0xDC80 || v > 0xDCFF)) throw fail("unsupported \\u escape");
+        s += char(v & 0xFF);
         i += 4;
       } else {
         const char* from = "\"\\/bfnrt";

@@ -105,7 +105,8 @@ class JsonLine {
   std::string body_ = "{";
 };
 
-// A JSON string literal for s (quotes, backslashes and control characters escaped).
+// A JSON string literal for s: quotes, backslashes and control characters escaped, UTF-8 as is,
+// and each byte that is not UTF-8 as \udcXX (Python's surrogateescape reads it back as that byte).
 std::string json_quote(const std::string& s);
 
 // Parses one flat JSON object. Values map to their text: strings unescaped, numbers / true / false

@@ -1410,6 +1410,13 @@ TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
   CHECK(r["n"] == "-7");
   for (const char* bad : {"", "{", "{\"a\"}", "{\"a\":1,}", "{\"a\":[1]}", "{\"a\":1} x"})
     CHECK_THROWS_WITH(ul::parse_flat_json(bad, "where"), Catch::Contains("where"));
+  // UTF-8 as is; each byte that is not (a Latin-1 path, a cut or overlong sequence, an encoded
+  // surrogate) as \udcXX: still JSON (Python reads it, and surrogateescape gives back the byte).
+  const std::string mixed = "caf\xc3\xa9 \xf0\x9f\x93\x96 \xff \xc0\xaf \xed\xa0\x80 \xe2\x82 x\xc3";
+  CHECK(ul::json_quote(mixed) ==
+        "\"caf\xc3\xa9 \xf0\x9f\x93\x96 \\udcff \\udcc0\\udcaf \\udced\\udca0\\udc80 \\udce2\\udc82 x\\udcc3\"");
+  CHECK(ul::parse_flat_json(ul::JsonLine().add("path", mixed).str(), "line")["path"] == mixed);
+  CHECK_THROWS_WITH(ul::parse_flat_json("{\"a\":\"\\u00e9\"}", "where"), Catch::Contains("unsupported \\u escape"));
 
   fs::path d = fresh_dir("torn");
   const std::string log = (d / "log.jsonl").string();
