@@ -424,7 +424,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const s
           {"warmup", n(o.warmup), "--warmup", kUnchecked},
           {"final_lr_frac", json_quote(float_text(o.final_lr_frac)), "--final-lr-frac", kUnchecked},
           {"schedule", json_quote(o.schedule), "--schedule", "cosine"},
-          {"decay_frac", json_quote(float_text(o.decay_frac)), "--decay-frac", kUnchecked},
+          {"decay_frac", json_quote(float_text(float(o.decay_frac))), "--decay-frac", kUnchecked},
           {"weight_decay", json_quote(float_text(o.weight_decay)), "--weight-decay", kUnchecked},
           {"beta1", json_quote(float_text(o.beta1)), "--beta1", kUnchecked},
           {"beta2", json_quote(float_text(o.beta2)), "--beta2", kUnchecked},

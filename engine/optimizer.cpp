@@ -161,8 +161,11 @@ float lr_at(int step, const LrSchedule& s) {
   if (s.kind == "constant") return s.lr;
   if (s.kind == "wsd") {
     // The decay's steps: the last round(decay_frac * steps), after the warmup; step `first` is the
-    // first to go down, the last step lands on lr * final_frac.
-    const int n = std::min(std::max(1, int(std::lround(double(s.decay_frac) * s.steps))), std::max(1, s.steps - s.warmup));
+    // first to go down, the last step lands on lr * final_frac. The product nudged up by 1e-12 of
+    // itself: a decimal fraction is a hair off in binary (0.0012 x 1250 gives 1.4999999999999998,
+    // not 1.5), and a half meant as written rounds up, as round(0.7 x 5) = 4 says.
+    const double decay = s.decay_frac * s.steps * (1 + 1e-12);
+    const int n = std::min(std::max(1, int(std::lround(decay))), std::max(1, s.steps - s.warmup));
     const int first = s.steps - n;
     if (step < first) return s.lr;
     const double progress = std::min(1.0, double(step - first + 1) / double(n));

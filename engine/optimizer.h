@@ -126,7 +126,8 @@ float clip_factor(double norm, float max_norm);
 struct LrSchedule {
   std::string kind = "cosine";
   int steps = 1, warmup = 0;
-  float lr = 0, final_frac = 0.1f, decay_frac = 0.2f;
+  float lr = 0, final_frac = 0.1f;
+  double decay_frac = 0.2;
 };
 float lr_at(int step, const LrSchedule& s);
 

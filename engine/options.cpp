@@ -247,7 +247,7 @@ Options parse_options(int argc, char** argv) {
       {"--eot", I(o.eot)}, {"--batch", I(o.batch)}, {"--seq", I(o.seq)},
       {"--steps", I(o.steps)}, {"--grad-accum", I(o.grad_accum)}, {"--lr", F(o.lr)},
       {"--final-lr-frac", F(o.final_lr_frac)}, {"--warmup", I(o.warmup)}, {"--schedule", S(o.schedule)},
-      {"--decay-frac", F(o.decay_frac)},
+      {"--decay-frac", [&o](const std::string& f, const std::string& v) { o.decay_frac = parse_float(f, v); }},
       {"--weight-decay", F(o.weight_decay)}, {"--grad-clip", F(o.grad_clip)},
       {"--beta1", F(o.beta1)}, {"--beta2", F(o.beta2)}, {"--adam-eps", F(o.adam_eps)},
       {"--seed", [&o](const std::string& f, const std::string& v) {

@@ -35,7 +35,7 @@ struct Options {
   // --schedule after the warmup: cosine to lr * final_lr_frac at the last step; wsd: lr held, then
   // the last decay_frac of the steps linear to it; constant: lr held (engine/optimizer.h: lr_at).
   std::string schedule = "cosine";
-  float decay_frac = 0.2f;
+  double decay_frac = 0.2;  // a double: round(decay_frac * steps) meets its halves as written
   uint64_t seed = 1337;
   int threads = 0;            // 0: all cores
   // backend: --device cpu|cuda; --precision fp32|bf16 ("" until parsed: bf16 on cuda, fp32 on cpu)

@@ -556,7 +556,7 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
 
 TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[cli][optimizer]") {
   const float lr = 3e-3f, fin = 0.1f;
-  auto at = [&](const char* kind, int step, int steps, float decay_frac = 0.2f) {
+  auto at = [&](const char* kind, int step, int steps, double decay_frac = 0.2) {
     return double(ul::lr_at(step, {kind, steps, 4, lr, fin, decay_frac}));
   };
   for (const char* kind : {"cosine", "wsd", "constant"})
@@ -576,6 +576,13 @@ TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[c
   CHECK(at("wsd", 39, 40) == Approx(lr * fin).epsilon(1e-6));
   CHECK(at("wsd", 19, 20, 1.0f) == Approx(lr * fin).epsilon(1e-6));  // all of it: decays from the warmup's end
   CHECK(at("wsd", 4, 20, 1.0f) < lr);
+  // Halves round up as written: 0.7 x 5 = 3.5 -> 4 decay steps (0.7f is 0.69999999: once 3), and
+  // 0.0012 x 1250 = 1.5 -> 2 (in binary 1.4999999999999998).
+  CHECK(at("wsd", 1247, 1250, 0.0012) == double(lr));
+  CHECK(at("wsd", 1248, 1250, 0.0012) < lr);  // steps 1248-1249 decay
+  ul::LrSchedule five{"wsd", 5, 0, lr, fin, 0.7};
+  CHECK(double(ul::lr_at(0, five)) == double(lr));
+  CHECK(double(ul::lr_at(1, five)) < lr);  // steps 1-4 decay
   for (int s = 4; s < 20; s++) CHECK(at("constant", s, 20) == double(lr));
   // The flags reach the trainer's steps.
   ul::Options o = options("--threads 1 --quiet --eval-every 0 --seq 16 --batch 1 --layers 1 --dim 32 --steps 10 "
