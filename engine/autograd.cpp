@@ -126,9 +126,17 @@ void Tape::replay(const std::function<Tensor()>& forward, void* dout) {
 void Tape::backward() {
   // A node may replay a sub-tape (recompute, tiled MLP), which swaps nodes_ out and back: the
   // closure is moved out first so it never runs from inside a vector that is being swapped.
-  for (size_t i = nodes_.size(); i-- > 0;) {
-    std::function<void()> fn = std::move(nodes_[i].fn);
-    fn();
+  // A node that throws (a collective's timeout, a device fault) leaves the rest unrun: they are
+  // dropped with it, so the next step does not meet this one's nodes (emptied, or pointing into
+  // an arena that step has reused).
+  try {
+    for (size_t i = nodes_.size(); i-- > 0;) {
+      std::function<void()> fn = std::move(nodes_[i].fn);
+      fn();
+    }
+  } catch (...) {
+    clear();
+    throw;
   }
   clear();
 }

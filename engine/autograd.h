@@ -72,7 +72,7 @@ class Tape {
   // arena mark/release, so the replayed activations live only during this call.
   void replay(const std::function<Tensor()>& forward, void* dout);
 
-  // Walk the nodes in reverse, then drop them and every activation slot.
+  // Walk the nodes in reverse, then drop them and every activation slot (also when a node throws).
   void backward();
   // Drop nodes and activation slots without running them (eval, or after an error).
   void clear();

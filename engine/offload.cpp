@@ -15,6 +15,7 @@ void BlockOffload::begin(Arena&, const Tensor&, int) {}
 Tensor BlockOffload::output(int) { return {}; }
 void BlockOffload::stored(int) {}
 void BlockOffload::before_backward(int) {}
+void BlockOffload::wait_side() {}
 
 }  // namespace ul
 #endif

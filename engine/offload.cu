@@ -53,9 +53,8 @@ BlockOffload::~BlockOffload() {
 void BlockOffload::begin(Arena& arena, const Tensor& like, int layers) {
   Impl& m = *impl_;
   if (arena.device() != Device::cuda) throw std::runtime_error("--offload: the arena is not on the cuda device");
-  // Copies of the previous micro-batch are all awaited by now; this makes sure before the arena's
-  // memory under the new buffers is written.
-  UL_CUDA_CHECK(cudaStreamSynchronize(m.side));
+  // Copies of the previous micro-batch (or of a step that failed midway) have all landed: the
+  // forward waited for the side stream before its first arena write (Transformer::forward).
   layers_ = layers;
   for (Tensor& b : buf_) b = arena.tensor(like.shape, like.dtype);
   m.slot = like.nbytes();
@@ -97,5 +96,7 @@ void BlockOffload::before_backward(int l) {
   }
   if (l >= 1 && l - 1 < layers_ - 2) UL_CUDA_CHECK(cudaStreamWaitEvent(nullptr, m.fetched[l - 1], 0));
 }
+
+void BlockOffload::wait_side() { UL_CUDA_CHECK(cudaStreamSynchronize(impl_->side)); }
 
 }  // namespace ul

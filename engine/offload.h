@@ -36,6 +36,7 @@ class BlockOffload {
   Tensor output(int l);          // where block l writes its output (once the buffer is free)
   void stored(int l);            // block l's output is complete: copy it out if it will be overwritten
   void before_backward(int l);   // block l's backward is next: fetch block l-1's input, await block l's
+  void wait_side();              // every copy queued on the side stream has landed
 
  private:
   struct Impl;

@@ -506,7 +506,7 @@ StepResult Trainer::step() {
     // reduced), and the world adds the ranks' sums. So --zero 1 gives the norm's bits of --zero 0
     // where the backend's all-reduce and reduce-scatter add the ranks in the same order (with 3+
     // MPI or NCCL processes they may not: README), and with them the clip factor's: a norm added
-    // in another order (the CUDA sum rounds in f32) differs in its last digits and moves every
+    // in another order differs in its last digits and moves every
     // weight of every step after.
     const ZeroShard mine = zero_shard(P.numel(), g.world.size(), g.world.rank());
     double ss = sum_squares_on(P.device(), P.grad() + mine.lo, mine.hi - mine.lo);
@@ -527,17 +527,16 @@ StepResult Trainer::step() {
   }
   {
     // The update itself can overflow (an --lr near 1e38): the next step's loss would say so only
-    // after a save, an eval or an export had used the weights (a checkpoint of infinities). The
-    // CPU sums the squares in f64, which no f32 value overflows: the sum is finite exactly when
-    // every weight is. The device sums in f32, which also overflows for weights past about 1e19
-    // (no trained model's). Replicas check the same bits; sharded masters (bf16 under --zero 1)
-    // add up their sums.
+    // after a save, an eval or an export had used the weights (a checkpoint of infinities). Both
+    // backends sum the squares in f64, which no f32 value overflows: the sum is finite exactly
+    // when every weight is. Replicas check the same bits (every all-reduce hands each rank the
+    // same result), so they fail together; sharded masters (bf16 under --zero 1) add up their sums.
     double ws = sum_squares_on(P.device(), P.master_at(P.master_lo()), P.master_hi() - P.master_lo());
     if (P.masters_sharded() && g.world.size() > 1) g.world.all_reduce(&ws, 1, DType::f64, ReduceOp::sum);
     if (!std::isfinite(ws))
-      throw JobError("step " + std::to_string(step_ + 1) + ": the update made weights that are not finite" +
-                     (P.device() == Device::cpu ? std::string() : " or past about 1e19") + " (lr " + float_text(r.lr) +
-                     ", gradient norm " + std::to_string(r.grad_norm) + "): lower --lr; nothing from this step was saved");
+      throw JobError("step " + std::to_string(step_ + 1) + ": the update made weights that are not finite (lr " +
+                     float_text(r.lr) + ", gradient norm " + std::to_string(r.grad_norm) +
+                     "): lower --lr; nothing from this step was saved");
   }
   step_++;
   next_seq_ += sequences_per_step();

@@ -323,6 +323,19 @@ Tensor Transformer::scoped_backward(const Tensor& x, const std::function<Tensor(
 }
 
 CrossEntropyStats Transformer::forward(const ModelInputs& in, float grad_scale, Comm* sp) {
+  // --offload's copies of a step that failed midway may still be in flight on the side stream,
+  // into arena memory this forward is about to reuse: they land first.
+  if (offload_) offload_->wait_side();
+  try {
+    return forward_ops(in, grad_scale, sp);
+  } catch (...) {
+    // Its nodes would otherwise run in the next backward, over an arena the next step reuses.
+    if (ctx().tape.recording) ctx().tape.clear();
+    throw;
+  }
+}
+
+CrossEntropyStats Transformer::forward_ops(const ModelInputs& in, float grad_scale, Comm* sp) {
   const int64_t B = in.idx.size(0), Tl = in.idx.size(1);
   const int64_t T = sp ? Tl * sp->size() : Tl;
   if (T > cfg.max_seq && !cfg.is_llama())

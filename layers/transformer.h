@@ -97,7 +97,8 @@ class Transformer {
   void init_weights(uint64_t seed);
 
   // One forward of this rank's micro-batch; when the tape records, the classifier adds the loss
-  // gradient (scaled by grad_scale) and the tape holds the rest of the backward.
+  // gradient (scaled by grad_scale) and the tape holds the rest of the backward. A forward that
+  // throws (a target outside the vocabulary, a collective's timeout) drops what it recorded.
   CrossEntropyStats forward(const ModelInputs& in, float grad_scale, Comm* sp = nullptr);
 
   ModelConfig cfg;
@@ -114,6 +115,7 @@ class Transformer {
   std::function<void(const std::string& where)> progress;
 
  private:
+  CrossEntropyStats forward_ops(const ModelInputs& in, float grad_scale, Comm* sp);
   Tensor block(const Tensor& x, int l, const ModelInputs& in, Comm* sp);       // with recompute
   Tensor block_ops(const Tensor& x, int l, const ModelInputs& in, Comm* sp);   // the block itself
   Tensor attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp);

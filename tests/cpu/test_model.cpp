@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gradcheck.h"
+#include "model_logits.h"
 #include "engine/context.h"
 #include "engine/device.h"
 #include "engine/export.h"
@@ -182,5 +183,44 @@ TEST_CASE("tied llama embeddings: the untied model with lm_head = wte, its two g
     const ParamSpec us = find(u, s.name);
     for (int64_t i = 0; i < s.shape.numel(); i += 7)
       CHECK(t.grad[s.offset + size_t(i)] == Approx(u.grad[us.offset + size_t(i)]).epsilon(1e-4).margin(1e-7));
+  }
+}
+
+TEST_CASE("a step that throws in its forward or its backward leaves nothing on the tape for the next one", "[model]") {
+  // A library user (a fork's loop, a bench) may catch a step's error and go on: the next step must
+  // not run the failed one's nodes (emptied, or pointing into the arena it reuses).
+  for (bool recompute : {false, true}) {
+    CAPTURE(recompute);
+    Context c(Device::cpu);
+    ContextGuard g(c);
+    Transformer m(small("llama"));
+    m.init_weights(5);
+    m.recompute = recompute;
+    const int B = 1, T = 8;
+    std::vector<int32_t> idx(T), tgt(T);
+    for (int t = 0; t < T; t++) idx[size_t(t)] = (3 * t) % 50, tgt[size_t(t)] = (3 * t + 1) % 50;
+    auto step = [&](const std::vector<int32_t>& targets) {
+      c.arena.reset();
+      m.params.zero_grad();
+      Recording rec(true);
+      m.forward(inputs_for(c, idx, targets, B, T), 1.0f / T);
+      c.tape.backward();
+      return std::vector<float>(m.params.grad(), m.params.grad() + m.params.numel());
+    };
+    const std::vector<float> want = step(tgt);
+    // The forward throws at the classifier's target check, after every block has recorded.
+    std::vector<int32_t> bad = tgt;
+    bad[3] = 999;
+    CHECK_THROWS_WITH(step(bad), Catch::Contains("999"));
+    CHECK(c.tape.size() == 0);
+    CHECK(step(tgt) == want);
+    // The backward throws midway (here its progress report; a collective's timeout alike).
+    m.progress = [](const std::string& where) {
+      if (where == "backward block 2/2") throw std::runtime_error("stopped in " + where);
+    };
+    CHECK_THROWS_WITH(step(tgt), "stopped in backward block 2/2");
+    CHECK(c.tape.size() == 0);
+    m.progress = nullptr;
+    CHECK(step(tgt) == want);
   }
 }
