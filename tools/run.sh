@@ -5,6 +5,7 @@
 #   tools/run.sh build                    just build
 # Environment: BUILD_DIR (default build), CMAKE_ARGS (extra configure flags), JOBS (default: nproc).
 set -euo pipefail
+caller=$PWD  # train runs here, so relative paths in its flags are the caller's
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
@@ -17,7 +18,15 @@ command -v mpicxx >/dev/null || need_pkgs+=(libopenmpi-dev)
 command -v mpirun >/dev/null || need_pkgs+=(openmpi-bin)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      echo "tools/run.sh: these Debian packages are missing and installing them needs root, but there is no sudo:" >&2
+      echo "  run this script as root, or as root: apt-get install ${need_pkgs[*]}" >&2
+      exit 1
+    fi
+    SUDO=sudo
+  fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
@@ -36,7 +45,7 @@ cmake --build "$BUILD_DIR" -j "$JOBS"
 what=${1:-train}
 shift || true
 case "$what" in
-  train) exec "$BUILD_DIR/train" "$@" ;;
+  train) bin=$(cd "$BUILD_DIR" && pwd)/train && cd "$caller" && exec "$bin" "$@" ;;
   test) cd "$BUILD_DIR" && exec ctest --output-on-failure -j "$JOBS" "$@" ;;
   build) ;;
   *) echo "usage: tools/run.sh train|test|build [args]" >&2; exit 2 ;;
