@@ -112,7 +112,7 @@ int last_query_tile(int kt, const Layout& L, int window, const Docs& d) {
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
+void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
                        int D) {
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D)), ninf = -std::numeric_limits<T>::infinity();
@@ -151,7 +151,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
       auto O = rows(out, L.out(b, q0, h), nq, D, L.out_row());
       for (int i = 0; i < nq; i++) {
         O.row(i) = acc.row(i) / l[i];
-        lse[L.lse(b, h, q0 + i)] = float(m[i] + std::log(l[i]));
+        lse[L.lse(b, h, q0 + i)] = m[i] + std::log(l[i]);
       }
     }
   }
@@ -161,7 +161,7 @@ namespace {
 // For query tile qt of head h against key tile kt of kv head g: recompute P = exp(S - lse) into S,
 // and dS = P * (dP - Di) into dS (dP = dout v^T). Both (nq, nk).
 template <class T>
-void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, const float* lse, const T* Di,
+void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, const T* lse, const T* Di,
                        const int32_t* docb, int window, const Layout& L, int b, int h, int qt, int kt, Mask mk,
                        T scale) {
   const int q0 = qt * kTile, k0 = kt * kTile, nq = S.rows(), nk = S.cols(), D = L.D, g = h / L.group;
@@ -170,7 +170,7 @@ void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, con
   auto V = rows(qkv, L.qkv(b, k0, L.Hq + L.Hkv + g), nk, D, L.qkv_row());
   auto dO = rows(dout, L.out(b, q0, h), nq, D, L.out_row());
   S.noalias() = Q * K.transpose();
-  for (int i = 0; i < nq; i++) S.row(i) = (S.row(i).array() * scale - T(lse[L.lse(b, h, q0 + i)])).exp();
+  for (int i = 0; i < nq; i++) S.row(i) = (S.row(i).array() * scale - lse[L.lse(b, h, q0 + i)]).exp();
   if (mk == Mask::partial) apply_mask(S, qt, kt, docb, window, T(0));
   dS.noalias() = dO * V.transpose();
   for (int i = 0; i < nq; i++) dS.row(i) = S.row(i).array() * (dS.row(i).array() - Di[L.lse(b, h, q0 + i)]);
@@ -178,7 +178,7 @@ void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, con
 }  // namespace
 
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
+void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc,
                         int window, int B, int Tn, int Hq, int Hkv, int D) {
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D));
@@ -247,11 +247,11 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
 }
 
 template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int, int);
-template void attention_forward<double>(double*, float*, const double*, const int32_t*, int, int, int, int, int,
+template void attention_forward<double>(double*, double*, const double*, const int32_t*, int, int, int, int, int,
                                         int);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*,
                                         const int32_t*, int, int, int, int, int, int);
-template void attention_backward<double>(double*, const double*, const double*, const float*, const double*,
+template void attention_backward<double>(double*, const double*, const double*, const double*, const double*,
                                          const int32_t*, int, int, int, int, int, int);
 }  // namespace cpu
 

@@ -19,12 +19,14 @@
 namespace ul {
 namespace cpu {
 // out: (B, T, Hq, D); lse: (B, Hq, T); doc: (B, T) document ids or nullptr (no document mask);
-// window: 0 or W > 0, the sliding window (query t sees keys t - W < t' <= t)
+// window: 0 or W > 0, the sliding window (query t sees keys t - W < t' <= t). lse in T: the
+// float64 instantiation (the gradient checks') keeps it in double, or P = exp(S - lse) would
+// carry float's 1e-7 relative error of lse into every gradient.
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
+void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
                        int D);
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, const T* qkv, const int32_t* doc,
+void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc,
                         int window, int B, int Tn, int Hq, int Hkv, int D);
 }  // namespace cpu
 
