@@ -429,6 +429,99 @@ void check_window_edge(const Case& c, int kstar) {
 }
 }  // namespace attn_cases
 
+namespace attn_cases {
+// Nothing leaks through any mask, to the value (+0 and -0 equal): one key (sequence 0, kv head g,
+// position k*) given new K and V rows leaves out, lse and dq unchanged for every query that cannot
+// see it (the other sequence, the other kv heads' queries, earlier positions, positions past the
+// window, other documents), and changes some that can; one query (sequence 0, head h*, position
+// q*) given new Q and dout rows leaves dk and dv unchanged for every key it cannot see. The checks
+// against the CPU have a tolerance, under which one masked key's small weight could hide.
+template <class T>
+void check_no_leak(const Case& c, int kstar, int g, int qstar, int hstar) {
+  INFO((std::is_same<T, float>::value ? "f32" : "bf16") << " T=" << c.Tn << " Hq=" << c.Hq << " Hkv=" << c.Hkv
+                                                       << " D=" << c.D << " window=" << c.window << " key " << kstar
+                                                       << " of kv head " << g << ", query " << qstar << " of head "
+                                                       << hstar);
+  const int H3 = c.Hq + 2 * c.Hkv, D = c.D, group = c.Hq / c.Hkv;
+  const size_t row = size_t(H3) * D, orow = size_t(c.Hq) * D;
+  const std::vector<float> qkv = inputs<T>(size_t(c.B) * c.Tn * row, 81), dout = inputs<T>(size_t(c.B) * c.Tn * orow, 82);
+  const std::vector<int32_t> doc = doc_ids(c.B, c.Tn, 83, c.doc);
+  const KernelResult<T> base = run_kernels<T>(c, qkv, dout, doc);
+  // Query (b, h, q) sees key (b', kvh, k) of sequence 0.
+  auto sees = [&](int b, int h, int q, int kvh, int k) {
+    return b == 0 && h / group == kvh && k <= q && (c.window == 0 || q - k < c.window) && doc[size_t(q)] == doc[size_t(k)];
+  };
+  auto same = [](const std::vector<T>& a, const std::vector<T>& b, size_t at, size_t n) {
+    const std::vector<float> x = to_f32(std::vector<T>(a.begin() + long(at), a.begin() + long(at + n))),
+                             y = to_f32(std::vector<T>(b.begin() + long(at), b.begin() + long(at + n)));
+    return x == y;
+  };
+
+  std::vector<float> moved = qkv;  // key k*'s K and V rows of kv head g
+  const std::vector<float> noise = inputs<T>(size_t(2) * D, 84);
+  for (int i = 0; i < D; i++) {
+    moved[size_t(kstar) * row + size_t(c.Hq + g) * D + i] = 4 * noise[size_t(i)];
+    moved[size_t(kstar) * row + size_t(c.Hq + c.Hkv + g) * D + i] = 4 * noise[size_t(D + i)];
+  }
+  const KernelResult<T> a = run_kernels<T>(c, moved, dout, doc);
+  int blind = 0, seeing_changed = 0;
+  for (int b = 0; b < c.B; b++)
+    for (int q = 0; q < c.Tn; q++)
+      for (int h = 0; h < c.Hq; h++) {
+        const size_t at = (size_t(b) * c.Tn + q) * orow + size_t(h) * D, lse_at = (size_t(b) * c.Hq + h) * c.Tn + q,
+                     dq_at = (size_t(b) * c.Tn + q) * row + size_t(h) * D;
+        const bool unchanged = same(base.out, a.out, at, D) && base.lse[lse_at] == a.lse[lse_at] &&
+                               same(base.dqkv, a.dqkv, dq_at, D);
+        if (!sees(b, h, q, g, kstar)) {
+          blind++;
+          if (!unchanged) FAIL_CHECK("query " << q << " of head " << h << " in sequence " << b << " moved");
+        } else {
+          seeing_changed += !unchanged;
+        }
+      }
+  CHECK(blind > 0);
+  CHECK(seeing_changed > 0);
+
+  std::vector<float> moved_q = qkv, moved_dout = dout;  // query q*'s Q row of head h*, and its dout
+  const std::vector<float> qn = inputs<T>(size_t(2) * D, 85);
+  for (int i = 0; i < D; i++) {
+    moved_q[size_t(qstar) * row + size_t(hstar) * D + i] = 4 * qn[size_t(i)];
+    moved_dout[size_t(qstar) * orow + size_t(hstar) * D + i] = 4 * qn[size_t(D + i)];
+  }
+  const KernelResult<T> q = run_kernels<T>(c, moved_q, moved_dout, doc);
+  int unseen = 0, seen_changed = 0;
+  for (int b = 0; b < c.B; b++)
+    for (int k = 0; k < c.Tn; k++)
+      for (int kvh = 0; kvh < c.Hkv; kvh++) {
+        const size_t dk_at = (size_t(b) * c.Tn + k) * row + size_t(c.Hq + kvh) * D,
+                     dv_at = (size_t(b) * c.Tn + k) * row + size_t(c.Hq + c.Hkv + kvh) * D;
+        const bool unchanged = same(base.dqkv, q.dqkv, dk_at, D) && same(base.dqkv, q.dqkv, dv_at, D);
+        if (!sees(b, hstar, qstar, kvh, k)) {
+          unseen++;
+          if (!unchanged) FAIL_CHECK("dk/dv of key " << k << " of kv head " << kvh << " in sequence " << b << " moved");
+        } else {
+          seen_changed += !unchanged;
+        }
+      }
+  CHECK(unseen > 0);
+  CHECK(seen_changed > 0);
+}
+}  // namespace attn_cases
+
+// Groups of 4 query heads a kv head (the tested shapes above have 1 or 2), packed documents whose
+// boundaries fall inside tiles, a window, two sequences.
+TEST_CASE("attention CUDA kernels: nothing leaks through the causal, document, window or head masks", UL_CUDA_TEST_TAG "[attention]") {
+  using namespace attn_cases;
+  for (const Case& c : {Case{2, 200, 8, 2, 32, Docs::packed}, Case{2, 150, 4, 1, 16, Docs::cycling, 40}}) {
+    const int kstar = 70, qstar = 130;
+    check_no_leak<float>(c, kstar, c.Hkv - 1, qstar, c.Hq - 1);
+    for (int rows : {64, 128}) {
+      QueryRows q(rows);
+      check_no_leak<__nv_bfloat16>(c, kstar, c.Hkv - 1, qstar, c.Hq - 1);
+    }
+  }
+}
+
 TEST_CASE("attention CUDA kernels: rising document ids give the bits of the same documents numbered down", UL_CUDA_TEST_TAG "[attention]") {
   using namespace attn_cases;
   // Rising ids: the bf16 kernels find the tiles of a tile's documents by bisection (32 probes a
