@@ -110,7 +110,14 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     j.add("vocab_size", c.vocab);
     j.add("hidden_size", c.dim).add("intermediate_size", c.ffn_dim()).add("num_hidden_layers", c.layers);
     j.add("num_attention_heads", c.heads).add("num_key_value_heads", c.kv_heads).add("head_dim", c.head_dim());
-    j.add("hidden_act", "silu").add("max_position_embeddings", c.max_seq).add_raw("rms_norm_eps", float_text(c.norm_eps));
+    // A YaRN model's max_position_embeddings is factor x its original context, as DeepSeek-V3's
+    // config has it: transformers 4.51 to 4.55 take the factor from that ratio whenever
+    // original_max_position_embeddings is given, whatever factor the file says (a Llama's max_seq
+    // changes nothing it computes, so the model runs the same).
+    const RopeScaling& rs = c.rope_scaling;
+    const int64_t max_pos =
+        rs.kind == RopeScaling::kYarn ? std::llround(double(rs.factor) * rs.original_max_pos) : int64_t(c.max_seq);
+    j.add("hidden_act", "silu").add("max_position_embeddings", max_pos).add_raw("rms_norm_eps", float_text(c.norm_eps));
     // rope_theta for transformers 4.x, rope_parameters for 5.x (each ignores the other's key)
     j.add("rope_theta", double(c.rope_theta), 9);
     j.add_raw("rope_scaling", c.rope_scaling.kind == RopeScaling::kNone ? "null" : hf_rope_json(c, false).str());
@@ -432,6 +439,7 @@ namespace {
 std::string as_run(const ModelConfig& c) {
   ModelConfig flat = c;
   flat.full_every = flat.full_first = 0;
+  if (flat.is_llama()) flat.max_seq = 0;  // no weight or result depends on it (a YaRN export's differs)
   std::string s = flat.describe() + " | windows";
   for (int l = 0; l < c.layers; l++) s += " " + std::to_string(c.window_of(l));
   return s;

@@ -46,6 +46,7 @@ ModelConfig small(std::string arch) {
   }
   c.arch = arch, c.layers = 2, c.dim = 32, c.heads = 4, c.kv_heads = arch == "llama" ? 2 : 4;
   c.vocab = 50, c.padded_vocab = 128, c.max_seq = 16, c.ffn = arch == "llama" ? 48 : 0, c.rope_theta = 5000.0f;
+  if (c.rope_scaling.kind == RopeScaling::kYarn) c.max_seq = 32;  // factor x orig: what its config.json says
   return c;
 }
 
@@ -284,6 +285,20 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                   "\"original_max_position_embeddings\":64,\"beta_fast\":16,\"beta_slow\":2,"
                   "\"attention_factor\":1.13862944,\"truncate\":false}") != std::string::npos);
   CHECK(rope_scaling_str(x.read().rope_scaling) == rope_scaling_str(cfg.rope_scaling));
+  // max_position_embeddings is factor x orig whatever the model's max_seq: transformers 4.51 to
+  // 4.55 take YaRN's factor from that ratio. The metadata keeps max_seq, and a config.json that
+  // differs from it only there is the same model (no llama computes with max_seq).
+  {
+    ModelConfig longer = cfg;
+    longer.max_seq = 1000;
+    HfExport y(longer, 6);
+    CHECK(y.json.find("\"max_position_embeddings\":256,") != std::string::npos);
+    CHECK(y.read().max_seq == 1000);
+    y.drop_metadata();
+    const ModelConfig from_json = y.read();
+    CHECK(from_json.max_seq == 256);
+    CHECK(rope_scaling_str(from_json.rope_scaling) == rope_scaling_str(cfg.rope_scaling));
+  }
   // Through config.json alone, each key left out in turn: transformers' defaults fill it.
   x.drop_metadata();
   auto read_with = [&](const std::string& rope) {  // a 5.x config: rope_parameters alone
@@ -338,7 +353,7 @@ TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would
   CHECK_THROWS_WITH(read_with("\"rms_norm_eps\":1e-06", "\"rms_norm_eps\":0"), Catch::Contains("rms_norm_eps"));
   // What the file leaves out takes Qwen2Config's defaults (and LlamaConfig's eps is 1e-6 too).
   CHECK(read_with("\"rms_norm_eps\":1e-06,", "").norm_eps == 1e-6f);
-  CHECK(read_with("\"max_position_embeddings\":16,", "").max_seq == 32768);
+  CHECK(read_with("\"max_position_embeddings\":32,", "").max_seq == 32768);
   // A theta past float's range would read as inf (found by fuzz_hf_config): refused, not NaN angles.
   std::string huge = x.json;  // both places transformers reads it from (4.x: top level; 5.x: rope_parameters)
   for (size_t at; (at = huge.find("\"rope_theta\":5000")) != std::string::npos;) huge.replace(at, 17, "\"rope_theta\":1e50");
