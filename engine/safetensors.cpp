@@ -15,7 +15,7 @@ namespace {
 
 // The reference implementation refuses headers over 100 MB; a header that size is an attack or
 // corruption, not a model.
-constexpr uint64_t kMaxHeader = 100u << 20;
+constexpr uint64_t kMaxHeader = 100000000;
 
 std::runtime_error st_error(const std::string& path, const std::string& what) {
   return std::runtime_error(path + ": safetensors: " + what);
@@ -95,6 +95,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
 
   for (const auto& [name, v] : root.fields) {
     if (name == "__metadata__") {
+      if (v.is(JsonValue::Kind::null)) continue;  // as the reference reads it: no metadata
       if (!v.is(JsonValue::Kind::object)) throw st_error(path, "__metadata__ is not an object");
       for (const auto& [k, s] : v.fields) {
         if (!s.is(JsonValue::Kind::string)) throw st_error(path, "__metadata__ value of '" + k + "' is not a string");

@@ -75,6 +75,15 @@ TEST_CASE("safetensors refuses corrupt files naming the file and the problem", "
   const std::string ok = "{" + one("t", "F32", "2", "0,8") + "}";
   write_bytes(p, raw_file(ok, z8));
   CHECK_NOTHROW(SafetensorsFile(p));
+  write_bytes(p, raw_file("{\"__metadata__\":null," + ok.substr(1), z8));  // the reference's "none"
+  CHECK(SafetensorsFile(p).metadata().empty());
+  // The limit is the reference's 100,000,000 bytes (not 100 MiB): a header just past it is refused
+  // before anything is read (the file need not even hold it).
+  std::string past = raw_file(ok, z8);
+  const uint64_t n = 100000001;
+  for (int i = 0; i < 8; i++) past[size_t(i)] = char((n >> (8 * i)) & 0xff);
+  write_bytes(p, past);
+  CHECK_THROWS_WITH(SafetensorsFile(p), Catch::Contains("100 MB"));
   std::string huge = raw_file(ok, z8);
   huge[6] = 1;  // a header length of 2^48 bytes
   const std::pair<std::string, std::string> bad[] = {
