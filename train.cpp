@@ -34,12 +34,14 @@ static int run(const Options& o, Comm& world) {
 }
 
 #if ULYSSES_HAVE_MPI
-// A job of processes: one that fails alone must not leave the others waiting in a collective (an
-// exception unwinding past MpiRuntime would MPI_Finalize first, and the job would hang with no
+// Everything after MPI's start (the world and its checks, NCCL's bootstrap, the run): a process
+// that fails alone must not leave the others waiting in a collective (an exception unwinding past
+// MpiRuntime would MPI_Finalize first, which waits for them, and the job would hang with no
 // message): print why, then end the job.
-static int run_mpi_job(const Options& o, Comm& world) {
+template <class Body>
+static int after_mpi_start(Body&& body) {
   try {
-    return run(o, world);
+    return body();
   } catch (const JobError& e) {  // every rank has it: each ends, no abort (communicator.h)
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;
@@ -103,10 +105,12 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   if (o.nccl_id_file.empty()) {
 #if ULYSSES_HAVE_MPI
     MpiRuntime mpi(argc, argv);
-    auto boot = mpi_world();
-    check_mpi_world(*boot);
-    auto world = nccl_world_from(*boot, gpu, o.comm_timeout);
-    return run_mpi_job(o, *world);
+    return after_mpi_start([&] {
+      auto boot = mpi_world();
+      check_mpi_world(*boot);
+      auto world = nccl_world_from(*boot, gpu, o.comm_timeout);
+      return run(o, *world);
+    });
 #else
     throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
 #endif
@@ -152,9 +156,11 @@ int main(int argc, char** argv) {
       if (o.device == "cuda") select_gpu("--comm mpi --device cuda", detect_launcher());
 #endif
       MpiRuntime mpi(&argc, &argv);
-      auto world = mpi_world(run_device(o));  // device buffers are staged through the host
-      check_mpi_world(*world);
-      return run_mpi_job(o, *world);
+      return after_mpi_start([&] {
+        auto world = mpi_world(run_device(o));  // device buffers are staged through the host
+        check_mpi_world(*world);
+        return run(o, *world);
+      });
 #else
       throw std::runtime_error("--comm mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
