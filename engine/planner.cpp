@@ -240,12 +240,13 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   // workspace on cuda.
   p.workspace = cuda ? scratch::kCublasLtWorkspace : c.trains ? size_t(c.batch) * w.Hql * c.seq * 4 : 0;
   // ZeRO's shard buffer (device memory on a device); the local communicator's all-reduce keeps one
-  // rank's slice of the gradient (host memory). On a device the local communicator stages each
-  // collective through host memory (parallel/comm_local.cpp): the gradient's whole buffer with the
-  // slice, or an all-to-all's send and receive buffers, whichever is larger; not device memory.
+  // rank's slice of the gradient (host memory). On a device the local communicator and MPI stage
+  // each collective through host memory (parallel/comm_local.cpp, comm_util.h's Staged): the
+  // gradient's whole buffer with the slice (MPI: with ZeRO's shard), or an all-to-all's send and
+  // receive buffers, whichever is larger; not device memory.
   const size_t slice = ((n + world - 1) / world) * 4;
   if (c.world > 1) p.comm = zero ? zero_scratch_elems(n, c.world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
-  if (c.world > 1 && c.local_comm && cuda)
+  if (c.world > 1 && (c.local_comm || c.mpi_comm) && cuda)
     // An all-to-all's buffers hold every rank's W heads of the whole sequence: B T W D each, more
     // than N QKV when kv heads are replicated (fewer than sp).
     p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a));
@@ -366,6 +367,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.doc_mask = o.doc_mask;
   c.recompute = o.recompute, c.offload = o.offload, c.mlp_chunks = o.mlp_chunks, c.zero = o.zero;
   c.local_comm = o.comm == "local";
+  c.mpi_comm = o.comm == "mpi";
   c.trains = o.steps > 0;
   c.host_weights = o.reads_host_weights();
   c.evaluates = o.evaluates();
@@ -416,7 +418,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   row("total              ", p.total, "(+ the process itself: code, threads, data)");
   if (cuda_plan) row("host micro-batches ", p.batches, "a step's token ids, targets, positions, outside the total");
   if (p.pinned_host) row("pinned host memory ", p.pinned_host, "--offload: block inputs, outside the total");
-  if (p.host_comm) row("host staging       ", p.host_comm, "--comm local on a device: collectives through host memory, outside the total");
+  if (p.host_comm) row("host staging       ", p.host_comm, "--comm local or mpi on a device: collectives through host memory, outside the total");
   s << (c.trains ? "plan | bytes sent per step by this rank:" : "plan | bytes sent per eval batch by this rank:");
   s << " all-to-all " << mib(double(p.sent.all_to_all)) << " (" << mib(double(p.a2a_layer_fwd)) << " per layer per direction)";
   s << " | all-reduce " << mib(double(p.sent.all_reduce));

@@ -34,6 +34,7 @@ struct PlanConfig {
   Device device = Device::cpu;
   DType dtype = DType::f32;                   // parameters and activations (bf16: --precision bf16 on cuda)
   bool local_comm = true;                     // the local communicator keeps a slice of the all-reduce
+  bool mpi_comm = false;                      // MPI stages a device's collectives through host memory too
   int64_t valid_rows = -1;                    // rows with a valid target (sizes the classifier chunk); -1: all
   bool trains = true;                         // false (--steps 0): no gradients, AdamW state or ZeRO,
                                               // and the arena an eval's forward needs

@@ -421,6 +421,14 @@ TEST_CASE("train --plan plans a GPU run in any build, offload included", "[cli][
   INFO(dev.out);
   CHECK(dev.out.find("local all-reduce slice") == std::string::npos);
   CHECK(dev.out.find("host staging           712.3 MiB") != std::string::npos);  // the gradient + its slice
+  // MPI stages a device's collectives through host memory alike (each process its own); NCCL
+  // reads device memory.
+  CmdResult mpi = run_cmd(train_cmd(two + " --device cuda --comm mpi"));
+  INFO(mpi.out);
+  CHECK(mpi.out.find("host staging           712.3 MiB") != std::string::npos);
+  CmdResult nccl = run_cmd(train_cmd(two + " --device cuda --comm nccl"));
+  INFO(nccl.out);
+  CHECK(nccl.out.find("host staging") == std::string::npos);
 }
 
 TEST_CASE("train heartbeat: a long step says which block it reached, a short one says nothing", "[cli]") {
