@@ -28,8 +28,17 @@ bool read_file(const std::string& path, size_t bytes, std::string& token, std::s
 
 std::string id_file_job_token() {
   std::string t;
+  // Open MPI's job id first when it launched us: inside a Slurm allocation mpirun starts the ranks
+  // of its own node itself (they keep the batch shell's SLURM_STEP_ID, or none) and those of other
+  // nodes through daemons that srun started (a step of their own), so the step differs by node.
+  const char* ompi = detect_launcher().name == "Open MPI"
+                         ? (env_value("PMIX_NAMESPACE") ? env_value("PMIX_NAMESPACE") : env_value("OMPI_MCA_ess_base_jobid"))
+                         : nullptr;
   if (const char* v = env_value("ULYSSES_JOB_ID")) {
     t = std::string("ULYSSES_JOB_ID=") + v;
+  } else if (ompi) {
+    t = std::string("Open MPI job ") + ompi;
+    if (const char* j = env_value("SLURM_JOB_ID")) t += " in SLURM_JOB_ID=" + std::string(j);
   } else if (const char* j = env_value("SLURM_JOB_ID")) {
     t = std::string("SLURM_JOB_ID=") + j;
     if (const char* step = env_value("SLURM_STEP_ID")) t += "." + std::string(step);

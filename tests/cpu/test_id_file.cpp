@@ -24,7 +24,8 @@ namespace {
 struct TokenEnv : ul_test::ClearEnv {
   TokenEnv()
       : ClearEnv({"ULYSSES_JOB_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-                  "TORCHELASTIC_RESTART_COUNT"}) {}
+                  "TORCHELASTIC_RESTART_COUNT", "OMPI_COMM_WORLD_RANK", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                  "LOCAL_RANK", "RANK", "WORLD_SIZE"}) {}
 };
 
 }  // namespace
@@ -48,6 +49,27 @@ TEST_CASE("the id file's job token tells a requeued job from its dead first run"
   CHECK_FALSE(id_file_token_unique(id_file_job_token()));
   ::setenv("TORCHELASTIC_RUN_ID", "run7", 1);
   CHECK(id_file_token_unique(id_file_job_token()));
+}
+
+TEST_CASE("the id file's job token under mpirun in a Slurm allocation is the same on every node", "[id_file]") {
+  // mpirun's own node: its ranks keep the batch shell's variables; another node's are children of
+  // a daemon srun started, in a step of its own. Open MPI's job id is the same for both.
+  const TokenEnv clean;
+  ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  ::setenv("SLURM_JOB_ID", "77", 1);
+  ::setenv("OMPI_MCA_ess_base_jobid", "3141", 1);
+  const std::string here = id_file_job_token();
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  CHECK(id_file_job_token() == here);
+  CHECK(here == "Open MPI job 3141 in SLURM_JOB_ID=77");
+  ::setenv("PMIX_NAMESPACE", "prterun-node1-4242@1", 1);  // PMIx's name, where it is given, first
+  CHECK(id_file_job_token() == "Open MPI job prterun-node1-4242@1 in SLURM_JOB_ID=77");
+  CHECK(id_file_token_unique(id_file_job_token()));
+  ::setenv("ULYSSES_JOB_ID", "mine", 1);  // the user's own still wins
+  CHECK(id_file_job_token() == "ULYSSES_JOB_ID=mine");
+  // Not launched by Open MPI (srun): Slurm's job and step, as before.
+  for (const char* n : {"ULYSSES_JOB_ID", "OMPI_COMM_WORLD_RANK"}) ::unsetenv(n);
+  CHECK(id_file_job_token() == "SLURM_JOB_ID=77.0");
 }
 
 TEST_CASE("the id file: the reader waits for its own job's id, rank 0 removes only its own", "[id_file]") {
