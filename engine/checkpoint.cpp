@@ -102,10 +102,14 @@ int crash_hook_save() {
   return v ? std::atoi(v) : 0;
 }
 
-// TEST HOOK (checkpoint.h): the rank whose writes fail, as a full disk would fail them; -1: none.
-int failing_rank_hook() {
+// TEST HOOK (checkpoint.h): the rank whose writes fail, as a full disk would fail them (-1: none),
+// and at which stage: its files (R), rank 0's step directory (0:dir) or its COMPLETE marker
+// (0:complete).
+int failing_rank_hook(const char* stage = "") {
   const char* v = std::getenv("ULYSSES_TEST_FAIL_SAVE_RANK");
-  return v && *v ? std::atoi(v) : -1;
+  if (!v || !*v) return -1;
+  const char* colon = std::strchr(v, ':');
+  return std::string(colon ? colon + 1 : "") == stage ? std::atoi(v) : -1;
 }
 
 // After every rank tried to write its files (mine: its error, "" when it wrote them). Collective:
@@ -245,19 +249,27 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   Grid& g = tr.grid();
   const int rank = g.world.rank(), step = tr.steps_done();
   const std::string dir = root + "/" + step_dir_name(step);
+  // Rank 0 alone makes the directory; a failure there (a full disk, a quota) is agreed on as the
+  // files' are below, so that every rank stops with it rather than the job by MPI_Abort.
+  std::string made;
   if (rank == 0) {
-    // A directory for this step can only be the leftover of an attempt that crashed.
-    if (fs::exists(dir)) remove_or_warn(root, step, "a save that crashed");
-    std::error_code ec;
-    // false without an error: the leftover is still there (neither removed nor moved aside); its
-    // files of another layout (more ranks' rank_R.json) must not join this save.
-    if (!fs::create_directory(dir, ec) && !ec)
-      throw std::runtime_error(dir + ": a crashed save's leftover that could be neither removed nor moved aside is "
-                               "in the way: remove it, then start again");
-    if (ec) throw std::runtime_error(dir + ": cannot create the checkpoint directory: " + ec.message());
-    fsync_dir(root);
+    try {
+      if (failing_rank_hook("dir") == 0) throw std::runtime_error(dir + ": cannot create (ULYSSES_TEST_FAIL_SAVE_RANK)");
+      // A directory for this step can only be the leftover of an attempt that crashed.
+      if (fs::exists(dir)) remove_or_warn(root, step, "a save that crashed");
+      std::error_code ec;
+      // false without an error: the leftover is still there (neither removed nor moved aside); its
+      // files of another layout (more ranks' rank_R.json) must not join this save.
+      if (!fs::create_directory(dir, ec) && !ec)
+        throw std::runtime_error(dir + ": a crashed save's leftover that could be neither removed nor moved aside "
+                                 "is in the way: remove it, then start again");
+      if (ec) throw std::runtime_error(dir + ": cannot create the checkpoint directory: " + ec.message());
+      fsync_dir(root);
+    } catch (const std::exception& e) {
+      made = e.what();
+    }
   }
-  g.world.barrier();
+  agree_on_writes(g.world, made);  // also the barrier before any rank writes into the directory
 
   Params& params = tr.model().params;
   const size_t n = params.numel();
@@ -312,9 +324,20 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
                     ": a save slower than --comm-timeout needs a larger one)");
   }
 
+  // The marker that makes the directory a checkpoint: rank 0's, agreed on as the rest.
+  std::string marked;
   if (rank == 0) {
-    write_file_atomic(dir + "/" + kComplete, "step " + std::to_string(step) + "\n");
-    fsync_dir(root);
+    try {
+      if (failing_rank_hook("complete") == 0) throw std::runtime_error(dir + ": cannot write " + kComplete +
+                                                                         " (ULYSSES_TEST_FAIL_SAVE_RANK)");
+      write_file_atomic(dir + "/" + kComplete, "step " + std::to_string(step) + "\n");
+      fsync_dir(root);
+    } catch (const std::exception& e) {
+      marked = e.what();
+    }
+  }
+  agree_on_writes(g.world, marked);
+  if (rank == 0) {
     if (keep > 0) {
       std::vector<int> steps = complete_steps(root);
       for (size_t i = 0; i + size_t(keep) < steps.size(); i++) remove_or_warn(root, steps[i], "past --keep");

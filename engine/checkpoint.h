@@ -27,7 +27,8 @@
 // process abort() after writing half of model.bin.tmp (N = 1: the first save). The crash-safety
 // tests use it to kill a run in the middle of a save. Unset (or 0) in normal use.
 // TEST HOOK: ULYSSES_TEST_FAIL_SAVE_RANK=R makes rank R's writes of every save fail with an error,
-// as a full disk would: every rank then stops with it (rank 0 logging it). Unset in normal use.
+// as a full disk would: every rank then stops with it (rank 0 logging it); 0:dir fails rank 0's
+// making of the step's directory, 0:complete its writing of the COMPLETE marker. Unset in normal use.
 #pragma once
 #include <optional>
 #include <string>
