@@ -112,6 +112,22 @@ int failing_rank_hook(const char* stage = "") {
   return std::string(colon ? colon + 1 : "") == stage ? std::atoi(v) : -1;
 }
 
+std::vector<float> to_host(const float* p, Device d, size_t n) {
+  std::vector<float> h(n);
+  device_copy(h.data(), Device::cpu, p, d, n * sizeof(float));
+  return h;
+}
+
+// root as an absolute path without a trailing separator: "runs/a/" would otherwise walk up to
+// "runs/a" as its own parent, and the directories made above it would stay.
+fs::path absolute_dir(const std::string& root, std::error_code& ec) {
+  fs::path p = fs::absolute(root, ec).lexically_normal();
+  if (p.filename().empty() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+}  // namespace
+
 // After every rank tried to write its files (mine: its error, "" when it wrote them). Collective:
 // if any failed, every rank learns who and why and throws the same error (the first failing
 // rank's), so that a rank that cannot write (a full disk, a quota) neither leaves the others
@@ -133,22 +149,6 @@ void agree_on_writes(Comm& world, const std::string& mine) {
     if (!what.empty()) throw JobError(r == world.rank() ? what : "rank " + std::to_string(r) + ": " + what);
   }
 }
-
-std::vector<float> to_host(const float* p, Device d, size_t n) {
-  std::vector<float> h(n);
-  device_copy(h.data(), Device::cpu, p, d, n * sizeof(float));
-  return h;
-}
-
-// root as an absolute path without a trailing separator: "runs/a/" would otherwise walk up to
-// "runs/a" as its own parent, and the directories made above it would stay.
-fs::path absolute_dir(const std::string& root, std::error_code& ec) {
-  fs::path p = fs::absolute(root, ec).lexically_normal();
-  if (p.filename().empty() && p.has_parent_path()) p = p.parent_path();
-  return p;
-}
-
-}  // namespace
 
 SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
   std::error_code ec;

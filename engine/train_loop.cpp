@@ -225,11 +225,21 @@ int train_rank(const Options& o, Comm& world) {
   if (!o.save_dir.empty() && start < stage_end) {
     int32_t err = lead ? save_dir_write_error(o.save_dir) : 0;
     world.broadcast(&err, 1, DType::i32, 0);
+    const std::string first_save =
+        std::to_string(o.save_every > 0 ? std::min(stage_end, (start / o.save_every + 1) * o.save_every) : stage_end);
     if (err != 0)
       throw std::runtime_error("--save-dir " + o.save_dir + ": cannot create a checkpoint there (" +
-                               std::strerror(err) + "); this run would save at step " +
-                               std::to_string(o.save_every > 0 ? std::min(stage_end, (start / o.save_every + 1) * o.save_every)
-                                                                : stage_end));
+                               std::strerror(err) + "); this run would save at step " + first_save);
+    // Every rank writes its rank_R.json there (and under --zero 1 its AdamW shard): a directory
+    // that is another on another machine (node-local, a relative path from another working
+    // directory) or that it cannot write would fail the first save, after the training.
+    if (world.size() > 1) {
+      const int mine = lead ? 0 : save_dir_write_error(o.save_dir);
+      agree_on_writes(world, mine == 0 ? "" : "--save-dir " + o.save_dir + ": cannot create a checkpoint there (" +
+                                                  std::strerror(mine) + ") where rank 0 could: every rank writes its "
+                                                  "files there, so it must be one directory on a filesystem every "
+                                                  "rank's machine shares; this run would save at step " + first_save);
+    }
   }
   if (o.resume && !notes.stage_done && start < stage_end)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,

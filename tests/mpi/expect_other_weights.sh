@@ -43,6 +43,18 @@ if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "expect_other_weights: data: 
 if ! grep -q "rank 1 runs with another data_files than rank 0 (--data):" "$dir/data.txt"; then
   echo "expect_other_weights: data: no message naming --data"; exit 1
 fi
+# A relative --save-dir is another directory for each "node": rank 0 makes its own, rank 1 finds
+# none where it would write its rank file. Refused at start-up, before the training it would keep.
+ARGS="$shape --steps 2 --save-dir fresh"
+both "$dir/save_dir.txt" "$@"
+rc=$?
+cat "$dir/save_dir.txt"
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "expect_other_weights: save-dir: expected a prompt failure"; exit 1; fi
+if ! grep -q "rank 1: --save-dir fresh: cannot create a checkpoint there (No such file or directory) where rank 0 could" \
+    "$dir/save_dir.txt"; then
+  echo "expect_other_weights: save-dir: no message naming --save-dir at start-up"; exit 1
+fi
+if [ -e "$dir/a/fresh/step_00000002" ]; then echo "expect_other_weights: save-dir: the run trained"; exit 1; fi
 # The same bytes in both places: the check passes (it compares weights, not paths).
 cp "$dir/a/m.bin" "$dir/b/m.bin" && ARGS="--steps 1 --checkpoint m.bin" && both "$dir/same.txt" "$@" ||
   { cat "$dir/same.txt"; echo "expect_other_weights: the same weights were refused"; exit 1; }
