@@ -1,6 +1,10 @@
 #include "parallel/id_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -61,11 +65,20 @@ bool id_file_token_unique(const std::string& token) {
 void write_id_file(const std::string& path, const std::string& token, const std::string& id) {
   const std::string tmp = path + ".tmp." + host_name() + "." + std::to_string(::getpid());
   {
-    std::ofstream f(tmp, std::ios::binary);
-    f << token << '\n';
-    f.write(id.data(), std::streamsize(id.size()));
-    f.flush();
-    if (!f) {
+    // Readable by this user only: the id is the address and key of rank 0's bootstrap, and the
+    // path is on a filesystem other users' jobs may read.
+    const std::string text = token + '\n' + id;
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    size_t done = 0;
+    while (fd >= 0 && done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += size_t(n);
+    }
+    const bool ok = fd >= 0 && done == text.size() && ::close(fd) == 0;
+    if (!ok) {
+      if (fd >= 0 && done != text.size()) ::close(fd);
       std::remove(tmp.c_str());
       throw CommError("--nccl-id-file: cannot write " + tmp);
     }

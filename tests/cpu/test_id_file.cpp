@@ -87,6 +87,10 @@ TEST_CASE("the id file: the reader waits for its own job's id, rank 0 removes on
   // No temporary is left beside it.
   const auto entries = std::filesystem::directory_iterator(dir.path);
   CHECK(std::distance(begin(entries), end(entries)) == 1);
+  // Readable and writable by its owner only (whatever the umask): the id lets a process join the
+  // job's bootstrap.
+  CHECK((std::filesystem::status(path).permissions() & std::filesystem::perms::all) ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
   // Another job given the same path has replaced it since: left for that job's ranks.
   write_id_file(path, "SLURM_JOB_ID=3.0", theirs);
   remove_id_file_if_ours(path, "SLURM_JOB_ID=2.0", ours);
