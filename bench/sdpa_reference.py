@@ -27,6 +27,8 @@ def backends():
 def time_shape(T, D, heads, dt, reps, ctx):
     """Best forward and forward + backward ms over `reps` timed runs after one warm-up."""
     q, k, v = (torch.randn(1, heads, T, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+    # The output's gradient: random, made once outside the timing (as bench_attention's).
+    do = torch.randn(1, heads, T, D, device="cuda", dtype=dt)
     best_f = best_fb = float("inf")
     for r in range(reps + 1):
         s, m, e = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -34,7 +36,7 @@ def time_shape(T, D, heads, dt, reps, ctx):
             s.record()
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             m.record()
-            o.backward(torch.ones_like(o))
+            o.backward(do)
             e.record()
         torch.cuda.synchronize()
         if r:
