@@ -85,6 +85,7 @@ constexpr int kMaxThreads = 1024;            // per block, as on every GPU since
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr size_t kStackBytes = 64 << 10;     // per fiber; kernels keep little on the stack
 constexpr size_t kMaxDynamicSmem = 227 << 10;  // the largest opt-in of any GPU (sm_90, sm_100): the mapping's size
+constexpr size_t kSmemRedZone = 256;  // poisoned bytes before dynamic shared memory, checked per block
 constexpr size_t kDefaultDynamicSmem = 48 << 10;  // more needs cudaFuncSetAttribute first
 
 enum class Wait : uint8_t { ready, barrier, warp, exited };
@@ -207,7 +208,7 @@ struct Worker {
 
   void reserve_smem(size_t bytes) {
     if (!smem_map) {
-      const size_t data = (kMaxDynamicSmem + page - 1) / page * page;
+      const size_t data = (kMaxDynamicSmem + kSmemRedZone + page - 1) / page * page;
       void* p = mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED) throw std::runtime_error("cuda_emu: cannot map dynamic shared memory");
       smem_map = static_cast<unsigned char*>(p);
@@ -371,8 +372,10 @@ void run_block(Worker& w, uint3 block_idx, unsigned flip) {
     wp.live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
   }
   // Shared memory starts as garbage on a GPU; NaN bits make a read-before-write show (the static
-  // arrays are filled as the block first reaches them: static_smem).
-  if (w.smem_bytes) std::memset(w.smem, 0xff, w.smem_bytes);
+  // arrays are filled as the block first reaches them: static_smem). The rounding's slack past the
+  // end too, and a red zone before the start, checked when the block ends: a negative index reads
+  // NaN and a write there is caught (the guard page only catches the end).
+  if (w.smem_bytes) std::memset(w.smem - kSmemRedZone, 0xff, kSmemRedZone + (w.smem_bytes + 127) / 128 * 128);
   w.block_serial++;
   w.static_bytes = 0;
   const unsigned bx = blockDim.x, by = blockDim.y;
@@ -424,7 +427,13 @@ void run_block(Worker& w, uint3 block_idx, unsigned flip) {
         }
       }
     }
-    if (w.exited == w.n) return;
+    if (w.exited == w.n) {
+      for (size_t i = 0; w.smem_bytes && i < kSmemRedZone; i++)
+        if ((w.smem - kSmemRedZone)[i] != 0xff)  // on a GPU: another array of the block corrupted
+          throw std::runtime_error("a block wrote " + std::to_string(kSmemRedZone - i) +
+                                   " byte(s) before the start of its dynamic shared memory");
+      return;
+    }
     if (!ran) throw std::runtime_error(deadlock_report(w));
   }
 }
@@ -688,8 +697,11 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     w.body = &body;
     w.in_block = true;
 #pragma omp for schedule(dynamic, 1)
-    for (long long b = 0; b < blocks; b++) {
+    for (long long i = 0; i < blocks; i++) {
       if (!ready || failed.load(std::memory_order_relaxed)) continue;
+      // Blocks in the other order on alternate launches: a GPU orders none of them, so a block that
+      // reads what a lower-numbered one wrote in the same launch must not always find it written.
+      const long long b = flip ? blocks - 1 - i : i;
       const uint3 idx = {unsigned(b % gx), unsigned(b / gx % gy), unsigned(b / (gx * gy))};
       try {
         run_block(w, idx, flip);

@@ -343,10 +343,10 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   mprotect(base + data, page, PROT_NONE);  // the guard page
   char* q = base + data - rounded;
   // Fresh device memory reads as NaN (all bits set) in f32 and bf16, so a kernel that reads what
-  // nothing wrote poisons its result instead of silently reading zeros. The rounding's slack past
-  // the end too: a read just past a buffer reads NaN (on a GPU, a neighbour's data), and a write
-  // there is caught when the buffer is freed.
-  std::memset(q, 0xff, rounded);
+  // nothing wrote poisons its result instead of silently reading zeros. The slack around it too
+  // (the page's head before it, the rounding past its end): a read just outside a buffer reads NaN
+  // (on a GPU, a neighbour's data), and a write there is caught when the buffer is freed.
+  std::memset(base, 0xff, data);
   {
     // The host guard: closed as the others are, unless device work runs now.
     std::lock_guard<std::mutex> guard(device_access().mu);
@@ -384,6 +384,14 @@ cudaError_t cudaFree(void* p) {
     if (tail[i] != 0xff) {  // on a GPU: a neighbouring buffer corrupted without a word
       std::fprintf(stderr, "cuda_emu: something wrote %zu byte(s) past the end of a %zu-byte cudaMalloc buffer\n",
                    i + 1, m.bytes);
+      std::abort();
+    }
+  const unsigned char* head = reinterpret_cast<const unsigned char*>(m.base);
+  const size_t before = size_t(static_cast<const char*>(p) - m.base);
+  for (size_t i = 0; i < before; i++)
+    if (head[i] != 0xff) {  // a negative index: on a GPU, the buffer below corrupted
+      std::fprintf(stderr, "cuda_emu: something wrote %zu byte(s) before the start of a %zu-byte cudaMalloc buffer\n",
+                   before - i, m.bytes);
       std::abort();
     }
   munmap(m.base, m.len);

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -429,14 +430,54 @@ TEST_CASE("emu: a one-block grid is walked forward and backward on alternate lau
          (ha[1] == 0 && ha[0] == 32 && hb[0] == 0 && hb[1] == 1)));
 }
 
-TEST_CASE("emu: the bytes past a cudaMalloc buffer, up to its 256-byte rounding, read NaN", "[emu]") {
+TEST_CASE("emu: the bytes past a cudaMalloc buffer, up to its 256-byte rounding, and before it read NaN", "[emu]") {
   ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   // On a GPU they are a neighbour's (an off-by-one read gets its data); here they are poisoned, and
-  // a write there is caught when the buffer is freed.
+  // a write there is caught when the buffer is freed. Before its start too (a negative index): the
+  // rest of the page below the buffer, which once read zeros.
   float* p = nullptr;
   REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p), 100 * sizeof(float)) == cudaSuccess);
   for (int i = 100; i < 128; i++) CHECK(std::isnan(p[i]));  // device memory is host memory here
+  for (int i = 1; i <= 64; i++) CHECK(std::isnan(p[-i]));
   CHECK(cudaFree(p) == cudaSuccess);
+}
+
+// out[blockIdx.x]: the order the block ran in, from a ticket.
+__global__ void block_ticket_kernel(int* out, int* next) { out[blockIdx.x] = atomicAdd(next, 1); }
+
+TEST_CASE("emu: a grid's blocks run in one order and in the other on alternate launches", "[emu]") {
+  // A GPU orders no block before another: a block reading what a lower-numbered one wrote in the
+  // same launch must not always find it. (Several OS threads take blocks as they come; on one,
+  // the whole order flips.)
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::vector<std::vector<int>> order;
+  for (int launch = 0; launch < 2; launch++) {
+    DeviceBuffer<int> out(8), next(1, 0);
+    ul::launch("block_ticket", block_ticket_kernel, dim3(8), dim3(1), 0, nullptr, out.p, next.p);
+    order.push_back(out.get());
+  }
+  omp_set_num_threads(threads);
+  const std::vector<int> up = {0, 1, 2, 3, 4, 5, 6, 7}, down = {7, 6, 5, 4, 3, 2, 1, 0};
+  CHECK(((order[0] == up && order[1] == down) || (order[0] == down && order[1] == up)));
+}
+
+// Reads the byte before dynamic shared memory into out[0], then (write) writes it.
+__global__ void smem_below_kernel(int* out, int write) {
+  UL_DYNAMIC_SMEM(unsigned char, smem);
+  out[0] = smem[-1];
+  if (write) smem[-4] = 0;
+}
+
+TEST_CASE("emu: the bytes before dynamic shared memory read NaN, and a write there is caught", "[emu]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch
+  DeviceBuffer<int> out(1);
+  ul::launch("smem_below", smem_below_kernel, dim3(1), dim3(1), 256, nullptr, out.p, 0);
+  CHECK(out.get()[0] == 0xff);
+  CHECK_THROWS_WITH(ul::launch("smem_below", smem_below_kernel, dim3(1), dim3(1), 256, nullptr, out.p, 1),
+                    Catch::Contains("4 byte(s) before the start of its dynamic shared memory"));
+  CHECK(ul_emu::device_fault() == cudaErrorLaunchFailure);
+  ul_emu::clear_device_fault();
 }
 
 TEST_CASE("emu: a shuffle from a lane outside the mask reads NaN (undefined on the GPU)", "[emu]") {
