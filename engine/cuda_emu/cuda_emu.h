@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -99,6 +101,20 @@ bool set_max_dynamic_smem(const void* kernel, size_t bytes);  // false past the 
 // issue, as the GPU refuses a bad configuration at the launch, not when the grid would run.
 void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 
+// A kernel's pointer argument must be one the GPU can follow (device_reachable) or null: the
+// emulator shares the host's address space and would follow any, where a GPU faults (an illegal
+// address, sticky). A pointer inside a struct argument is not seen.
+std::string host_pointer_arg(const char* kernel, size_t index, const void* p);  // the message
+template <class P>
+void check_pointer_arg(const char* kernel, size_t index, const P& p) {
+  if constexpr (std::is_pointer<P>::value && !std::is_function<std::remove_pointer_t<P>>::value) {
+    if (p != nullptr && !device_reachable(p)) {
+      note_device_fault(cudaErrorIllegalAddress);
+      throw std::runtime_error(host_pointer_arg(kernel, index, p));
+    }
+  }
+}
+
 // Runs the grid at once, or queues it when the stream runs late (runtime.h: StreamOrder); `name`
 // must outlive a queued launch (the engine passes string literals).
 template <class... P, class... A>
@@ -109,6 +125,10 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   const auto params = std::tuple<P...>(std::forward<A>(args)...);
   const void* entry = reinterpret_cast<const void*>(kernel);
   check_launch(name, entry, grid, block, smem_bytes);
+  std::apply([name](const auto&... a) {
+    size_t i = 0;
+    (check_pointer_arg(name, i++, a), ...);
+  }, params);
   on_stream(stream, [=] { run_grid(name, entry, grid, block, smem_bytes, [&] { std::apply(kernel, params); }); });
 }
 

@@ -653,6 +653,14 @@ bool set_max_dynamic_smem(const void* kernel, size_t bytes) {
 
 size_t kernel_smem_limit(const void* kernel) { return smem_limit(kernel); }
 
+std::string host_pointer_arg(const char* kernel, size_t index, const void* p) {
+  char at[32];
+  std::snprintf(at, sizeof at, "%p", p);
+  return std::string("emulated kernel '") + kernel + "': argument " + std::to_string(index + 1) + " (" + at +
+         ") is host memory, not device memory from cudaMalloc or pinned memory from cudaMallocHost: a GPU "
+         "faults on it (an illegal address)";
+}
+
 void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes) {
   check_config(name, kernel, grid, block, smem_bytes);
   injection();  // a bad ULYSSES_EMU_FAULT is refused at the first launch, whichever stream runs late

@@ -754,6 +754,7 @@ void set_host_guard(bool on) {
 bool host_guard_on() { return host_guard(); }
 
 cudaError_t device_fault() { return t_fault; }
+bool device_reachable(const void* p) { return is_device(p) || is_pinned(p); }
 void note_device_fault(cudaError_t e) {
   if (t_fault == cudaSuccess) t_fault = e;  // the first fault is the one every call reports
 }

@@ -102,6 +102,9 @@ bool host_guard_on();
 // its own here. device_fault(): the calling thread's fault, or cudaSuccess.
 cudaError_t device_fault();
 void note_device_fault(cudaError_t e);
+// Whether a kernel may follow p: device memory (cudaMalloc's) or pinned host memory
+// (cudaMallocHost's, which the GPU maps); any other host address is an illegal one on a GPU.
+bool device_reachable(const void* p);
 // Tests only: the calling thread's device as a fresh process would find it (a GPU's fault lasts
 // until the process ends).
 void clear_device_fault();

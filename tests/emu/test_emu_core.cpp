@@ -542,6 +542,14 @@ TEST_CASE("emu: misuse is reported, not hung", "[emu]") {
                     Catch::Contains("misaligned_pack") && Catch::Contains("misaligned 16-byte"));
   CHECK(faulted());
 
+  // A pointer argument in plain host memory: a GPU faults on it (the emulator would follow it).
+  std::vector<int> host_out(1, 0);
+  CHECK_THROWS_WITH(ul::launch("host_out", big_block_kernel, dim3(1), dim3(32), 0, nullptr, host_out.data()),
+                    Catch::Contains("'host_out': argument 1") && Catch::Contains("is host memory"));
+  CHECK(host_out[0] == 0);  // it did not run
+  CHECK(ul_emu::device_fault() == cudaErrorIllegalAddress);  // sticky, as the GPU's fault
+  ul_emu::clear_device_fault();
+
   // The executor recovers: a full 1024-thread block with barriers runs after the failures.
   DeviceBuffer<int> passes(1, 0);
   ul::launch("big_block", big_block_kernel, dim3(3), dim3(1024), 0, nullptr, passes.p);
@@ -570,13 +578,16 @@ __global__ void smem_edge_kernel(int* out, int bytes) {
 
 TEST_CASE("emu: dynamic shared memory ends before a guard page", "[emu]") {
   ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // the kernel writes `out`, on the host
+  int* out = nullptr;  // pinned: host memory a kernel may write
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&out), 2 * sizeof(int)) == cudaSuccess);
   for (int bytes : {128, 1000, 48 << 10}) {
     INFO(bytes << " bytes");
-    int out[2] = {-2, -2};
+    out[0] = out[1] = -2;
     ul::launch("smem_edge", smem_edge_kernel, dim3(1), dim3(1), size_t(bytes), nullptr, out, bytes);
     CHECK(out[0] == 1);
     CHECK(out[1] == (bytes % 128 == 0 ? 0 : 1));  // past the 128-byte rounding: the guard
   }
+  CHECK(cudaFreeHost(out) == cudaSuccess);
 }
 
 TEST_CASE("emu: device buffers end before a guard page, so a kernel running off one faults", "[emu]") {
@@ -615,9 +626,12 @@ TEST_CASE("emu: the host guard closes device memory to host code, and opens it t
   char* q = nullptr;
   REQUIRE(cudaMalloc(&q, 100) == cudaSuccess);
   CHECK(readable(q) == 0);  // ... and so is a new one
-  int out[1] = {-1};
+  int* out = nullptr;  // pinned: host memory a kernel may write (a plain host address it may not)
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&out), sizeof(int)) == cudaSuccess);
+  out[0] = -1;
   ul::launch("guard_probe", guard_probe_kernel, dim3(1), dim3(1), 0, nullptr, out, p);
   CHECK(out[0] == 1);
+  CHECK(cudaFreeHost(out) == cudaSuccess);
   CHECK(readable(p) == 0);
   char back = 0;
   REQUIRE(cudaMemcpy(&back, p, 1, cudaMemcpyDeviceToHost) == cudaSuccess);  // a copy is device work
