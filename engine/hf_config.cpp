@@ -341,6 +341,9 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     };
     flag("scale_attn_weights", true);
     flag("scale_attn_by_inverse_layer_idx", false);
+    // Our GPT-2's head is its embedding: an untied one (transformers reads lm_head.weight, or
+    // leaves it random where the file has none) is another model.
+    flag("tie_word_embeddings", true);
   } else if (type == "llama" || type == "qwen2" || type == "mistral" || type == "ministral") {
     // Qwen 2: llama with a q/k/v bias; Mistral: llama with a sliding window (or none: null);
     // Ministral: Mistral with layer_types (the layers without the window).

@@ -664,6 +664,8 @@ TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[in
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("scale_attn_by_inverse_layer_idx is true"));
   write_bytes(d / "config.json", gpt2 + R"(,"scale_attn_weights":false})");
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("scale_attn_weights is false"));
+  write_bytes(d / "config.json", gpt2 + R"(,"tie_word_embeddings":false})");
+  CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("tie_word_embeddings is false"));
   write_bytes(d / "config.json", gpt2 + R"(,"scale_attn_weights":true,"scale_attn_by_inverse_layer_idx":false})");
   CHECK(hf_read_config(SafetensorsFile(p)).dim == 32);  // transformers' defaults, written out
   write_bytes(d / "config.json", R"({"model_type":"bert"})");
