@@ -74,6 +74,14 @@ double percent_after(const std::string& text, const std::string& label, size_t f
   return std::stod(text.substr(at + label.size())) / 100.0;
 }
 
+// Finite weights whose logits overflow: the final norm's weight and the head scaled by 1e30 (all
+// of them: the norms would take a scaled earlier weight back).
+void overflow_logits(const Transformer& m, std::vector<float>& h) {
+  for (const ParamSpec& p : m.params.specs())
+    if (p.name == "lnfw" || p.name == "lm_head")
+      for (size_t i = 0; i < size_t(p.shape.numel()); i++) h[p.offset + i] *= 1e30f;
+}
+
 }  // namespace
 
 TEST_CASE("the decoded accuracy counts exactly the targets the full forward predicts", "[length_probe]") {
@@ -179,11 +187,8 @@ TEST_CASE("a probe whose loss is not finite fails, as the eval does, rather than
   const LengthProbe fine = decoded_loss(m.cfg, m.params.specs(), h.data(), stream, 16, 2, -1, nullptr);
   CHECK(std::isfinite(fine.loss));
   CHECK(fine.answers == 32);
-  // Finite weights whose logits overflow (all of them scaled, the norms would only take it back).
   REQUIRE(m.cfg.has_lm_head());
-  for (const ParamSpec& p : m.params.specs())
-    if (p.name == "lnfw" || p.name == "lm_head")
-      for (size_t i = 0; i < size_t(p.shape.numel()); i++) h[p.offset + i] *= 1e30f;
+  overflow_logits(m, h);
   CHECK_THROWS_WITH(decoded_loss(m.cfg, m.params.specs(), h.data(), stream, 16, 2, -1, nullptr),
                     Catch::Contains("--probe-lengths 16: the val loss is not finite") &&
                         Catch::Contains("over 32 targets): the weights' outputs overflow"));
@@ -197,9 +202,7 @@ TEST_CASE("a synthetic task's probe whose logits are not finite fails on every r
   ContextGuard g(c);
   Transformer m(small("llama"));
   std::vector<float> h = host_params(m, 41);
-  for (const ParamSpec& p : m.params.specs())
-    if (p.name == "lnfw" || p.name == "lm_head")
-      for (size_t i = 0; i < size_t(p.shape.numel()); i++) h[p.offset + i] *= 1e30f;
+  overflow_logits(m, h);
   const int T = 12, V = m.cfg.vocab;
   std::vector<int32_t> in(T), tgt(T, -1);
   for (int t = 0; t < T; t++) in[size_t(t)] = (t * 5) % V;
