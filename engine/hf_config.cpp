@@ -78,6 +78,17 @@ void add_layer_windows(JsonLine& j, const ModelConfig& c) {
 
 }  // namespace
 
+int hf_max_position_embeddings(const ModelConfig& c) {
+  // A YaRN model's is factor x its original context, as DeepSeek-V3's config has it: transformers
+  // 4.51 to 4.55 take the factor from that ratio whenever original_max_position_embeddings is
+  // given, whatever factor the file says (a Llama's max_seq changes nothing it computes, so the
+  // model runs the same). Past an int (no real model's), max_seq: a file readers can take.
+  const RopeScaling& rs = c.rope_scaling;
+  if (!c.is_llama() || rs.kind != RopeScaling::kYarn) return c.max_seq;
+  const double scaled = std::round(double(rs.factor) * double(rs.original_max_pos));
+  return scaled >= 1 && scaled < 2147483648.0 ? int(scaled) : c.max_seq;
+}
+
 std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype) {
   JsonLine j;
   if (!c.is_llama()) {
@@ -110,14 +121,8 @@ std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype)
     j.add("vocab_size", c.vocab);
     j.add("hidden_size", c.dim).add("intermediate_size", c.ffn_dim()).add("num_hidden_layers", c.layers);
     j.add("num_attention_heads", c.heads).add("num_key_value_heads", c.kv_heads).add("head_dim", c.head_dim());
-    // A YaRN model's max_position_embeddings is factor x its original context, as DeepSeek-V3's
-    // config has it: transformers 4.51 to 4.55 take the factor from that ratio whenever
-    // original_max_position_embeddings is given, whatever factor the file says (a Llama's max_seq
-    // changes nothing it computes, so the model runs the same).
-    const RopeScaling& rs = c.rope_scaling;
-    const int64_t max_pos =
-        rs.kind == RopeScaling::kYarn ? std::llround(double(rs.factor) * rs.original_max_pos) : int64_t(c.max_seq);
-    j.add("hidden_act", "silu").add("max_position_embeddings", max_pos).add_raw("rms_norm_eps", float_text(c.norm_eps));
+    j.add("hidden_act", "silu").add("max_position_embeddings", int64_t(hf_max_position_embeddings(c)));
+    j.add_raw("rms_norm_eps", float_text(c.norm_eps));
     // rope_theta for transformers 4.x, rope_parameters for 5.x (each ignores the other's key)
     j.add("rope_theta", double(c.rope_theta), 9);
     j.add_raw("rope_scaling", c.rope_scaling.kind == RopeScaling::kNone ? "null" : hf_rope_json(c, false).str());

@@ -47,6 +47,10 @@ std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<
 std::map<std::string, std::string> hf_metadata(const ModelConfig& cfg);
 // config.json text for AutoModelForCausalLM; torch_dtype "float32" or "bfloat16".
 std::string hf_config_json(const ModelConfig& cfg, const std::string& torch_dtype);
+// The max_position_embeddings it writes for a llama: max_seq, or with YaRN factor x the original
+// context (transformers 4.51 to 4.55 take YaRN's factor from that ratio) where that is below 2^31.
+// Read back, the model's max_seq is this.
+int hf_max_position_embeddings(const ModelConfig& cfg);
 
 // Writes `path` (dtype "F32" or "BF16") and config.json in the same directory, both atomically.
 // Name the file DIR/model.safetensors so that from_pretrained(DIR) finds it.
