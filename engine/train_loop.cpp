@@ -272,6 +272,14 @@ int train_rank(const Options& o, Comm& world) {
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
   else if (o.change_global_batch && !notes.stage_done)
     say("note    | --change-global-batch: this resume keeps the checkpoint's %lld sequences a step\n", (long long)G);
+  // An eval reads --eval-batches x dp x --batch val sequences (not --grad-accum's): another split of
+  // the same step between them changes the val set the curve is measured on, unless --eval-batches
+  // changed with it (the checkpoint does not record it: said either way).
+  const int64_t per_now = int64_t(spread.dp) * spread.batch, per_saved = int64_t(saved.dp) * saved.batch;
+  if (o.evaluates() && per_now != per_saved && !notes.stage_done)
+    say("note    | an eval reads --eval-batches x dp x --batch val sequences: dp x --batch was %lld and is now %lld, "
+        "so the val set of the evals before takes %g x the earlier run's --eval-batches (else the val losses are "
+        "measured on another set)\n", (long long)per_saved, (long long)per_now, double(per_saved) / double(per_now));
   if (saved.seq != o.seq)  // --change-seq (else refused)
     say("resume  | another sequence length: saved at --seq %d, now %d: step %d trains on sequences from %lld at %d "
         "(%s); AdamW's state and the schedule go on\n", saved.seq, o.seq, start + 1, (long long)tr.next_sequence(),

@@ -212,6 +212,10 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
       const std::string zero = saved.find("--zero") != std::string::npos ? ", --zero 1" : "";
       CHECK(r.out.find("resume  | another layout: saved at dp 2 x sp 1, batch 2, grad-accum 1" + zero + "; now ") !=
             std::string::npos);
+      // dp x --batch 2 instead of 4: an eval's val set needs twice the --eval-batches (which this one gives).
+      const bool halved = resumed.find("--ranks 1 --batch 2") != std::string::npos;
+      CHECK((r.out.find("dp x --batch was 4 and is now 2, so the val set of the evals before takes 2 x the earlier "
+                        "run's --eval-batches") != std::string::npos) == halved);
       // Each step's record and the last eval's (the part run also evaluated at its step 3).
       std::map<std::string, ul::LogRecord> by_step;
       for (const ul::LogRecord& rec : ul::read_run_log((part / "log.jsonl").string()))
