@@ -96,14 +96,20 @@ void normalize(std::string_view s, std::string& out) {
   thread_local std::vector<Mark> buf;
   buf.clear();
   for (size_t i = 0, len = 0; i < s.size(); i += len) decompose(decode_utf8(s, i, len), buf);
-  // Canonical ordering: each mark moves left past the marks of a higher class (never past a
-  // starter, class 0), so equal classes keep their order.
-  for (size_t i = 1; i < buf.size(); i++) {
-    const Mark m = buf[i];
-    if (m.ccc == 0) continue;
-    size_t j = i;
-    for (; j > 0 && buf[j - 1].ccc > m.ccc; j--) buf[j] = buf[j - 1];
-    buf[j] = m;
+  // Canonical ordering: each run of marks (between starters, class 0) sorted by class, equal
+  // classes keeping their order. A stable sort per run, not insertion: a run can be a whole
+  // stretch of hostile text (marks of two classes alternating), and moving each mark past all
+  // the earlier ones was quadratic in it.
+  for (size_t i = 0; i < buf.size();) {
+    if (buf[i].ccc == 0) {
+      i++;
+      continue;
+    }
+    size_t end = i;
+    while (end < buf.size() && buf[end].ccc != 0) end++;
+    std::stable_sort(buf.begin() + long(i), buf.begin() + long(end),
+                     [](const Mark& a, const Mark& b) { return a.ccc < b.ccc; });
+    i = end;
   }
   // Canonical composition, in place: buf[0, w) is the result so far, `starter` its last starter.
   // A code point joins the starter when nothing stands between them, or when what stands between

@@ -243,7 +243,7 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
   }
   auto push = [&](uint32_t left) {
     const uint32_t right = next[left];
-    if (right >= n) return;
+    if (right >= n || right <= left) return;
     const uint32_t end = next[right];
     const auto it = merges_.find({p.substr(left, end - left), any_split_ ? 0 : right - left});
     if (it != merges_.end()) {
@@ -251,7 +251,10 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
       std::push_heap(heap.begin(), heap.end(), std::greater<Pair>());
     }
   };
-  for (uint32_t k = 0; k + 1 < n; k++) push(k);
+  // Over the parts, not the bytes: a character's later bytes are no part (their next[] is stale),
+  // and a pair pushed there hashed the rest of the piece, quadratic in a piece of multi-byte
+  // characters (a SentencePiece vocabulary's Cyrillic or CJK document is one piece).
+  for (uint32_t k = 0; k < n; k = next[k]) push(k);
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), std::greater<Pair>());
     const Pair c = heap.back();

@@ -281,7 +281,7 @@ void Tokenizer::read_hf_json(const std::string& text) {
     const auto it = ids_.find(both);
     if (it == ids_.end())
       throw bad("merge " + std::to_string(r) + " ('" + a + "', '" + b + "') makes no token of the vocabulary");
-    merges_.emplace(MergeKey{it->first, uint32_t(left.size())}, int(r));  // of repeats the first rank stays
+    merges_[MergeKey{it->first, uint32_t(left.size())}] = int(r);  // of repeats the last rank stays, as in HF's map
   }
 }
 

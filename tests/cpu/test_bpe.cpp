@@ -240,6 +240,23 @@ TEST_CASE("tokenizer.json: GPT-2's, digits-apart and Llama 3's layouts match Hug
   // A character outside the vocabulary (U+4E00, bytes E4 B8 80) falls back to its byte tokens
   // <0xE4> <0xB8> <0x80>, ids 3 + byte; "▁" before it is the space the text gets.
   CHECK(sp.encode("\u4e00") == std::vector<int>{sp.encode(" ")[0], 3 + 0xE4, 3 + 0xB8, 3 + 0x80});
+  {  // A merge listed twice takes its last rank, as Hugging Face's merge map keeps it: with "q x",
+    // "x z", "q x" appended, "x z" comes first and "qxz" is q, xz (the first rank would give qx, z).
+    std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_gpt2.json"));
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string vocab = "\"vocab\": {", merges = "\"merges\": [";
+    REQUIRE(json.find(vocab) != std::string::npos);
+    json.insert(json.find(vocab) + vocab.size(), "\"qx\": 576, \"xz\": 577,");
+    REQUIRE(json.find(merges) != std::string::npos);
+    json.insert(json.find(merges) + merges.size(), "[\"q\", \"x\"], [\"x\", \"z\"], [\"q\", \"x\"],");
+    const std::string added = "\"id\": 576";  // <|endoftext|>, after the two new tokens
+    REQUIRE(json.find(added) != std::string::npos);
+    json.replace(json.find(added), added.size(), "\"id\": 578");
+    ul_test::TempDir d;
+    std::ofstream(d / "dup.json", std::ios::binary) << json;
+    Tokenizer dup(d / "dup.json");
+    CHECK(dup.encode("qxz") == std::vector<int>{dup.encode("q")[0], 577});
+  }
   // A prompt opens with Llama 3's <|begin_of_text|>, not with GPT-2's <|endoftext|>.
   CHECK(llama3.eot_opens_text());
   CHECK_FALSE(gpt2.eot_opens_text());
