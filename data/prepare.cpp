@@ -30,6 +30,7 @@
 #include "data/tokenize_files.h"
 #include "engine/file_io.h"
 #include "engine/options.h"
+#include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -406,6 +407,25 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
                               " is the end-of-text id (--eot " + std::to_string(o.eot) +
                               "); use the default --eot 256, which no byte can collide with");
   };
+  // A tokenizer encodes UTF-8 only: an input that is not is refused as it is read through, before
+  // any is encoded, not after hours of encoding the ones before it. s: text at byte `base` of
+  // `where`; more: text follows, so a sequence cut off at the end is left to it (its length is
+  // returned, for the caller to carry over).
+  auto check_utf8 = [](std::string_view s, int64_t base, const std::string& where, bool more) -> size_t {
+    for (size_t i = 0, len = 1; i < s.size(); i += len) {
+      len = 1;
+      if (static_cast<unsigned char>(s[i]) < 0x80) continue;
+      try {
+        decode_utf8(s, i, len);
+      } catch (const std::invalid_argument& e) {
+        if (more && s.size() - i < 4) return s.size() - i;
+        const char* why = std::strchr(e.what(), '(');
+        throw std::runtime_error(where + ": invalid UTF-8 at byte " + std::to_string(base + int64_t(i)) + " " +
+                                 (why ? why : ""));
+      }
+    }
+    return 0;
+  };
   // What each input is, from its type, name and first bytes, before any is read through.
   for (const std::string& path : o.files) {
     // The type first: opening a pipe would block until a writer comes.
@@ -430,13 +450,23 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     if (forms[i] != JsonForm::none) {
       // Read through with a tokenizer too: a bad record is found now, not after hours of encoding.
       auto check = [&](const std::string& text, const JsonDocReader& at) {
+        if (tok) check_utf8(text, 0, at.where() + " (its text)", false);
         if (!tok && o.eot < 256)
           if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
             throw eot_clash(at.where() + " (its text)", static_cast<const char*>(hit) - text.data());
       };
       std::tie(per_file[i], size) = json_documents(path, o.json_key, forms[i], check);
     } else if (tok) {
-      size = int64_t(fs::file_size(path));
+      std::string chunk(1 << 20, '\0');
+      size_t carried = 0;  // bytes of a character the last chunk cut, moved to the front
+      while (f.read(&chunk[carried], std::streamsize(chunk.size() - carried)) || f.gcount() > 0) {
+        const size_t n = carried + size_t(f.gcount());
+        const size_t cut = check_utf8(std::string_view(chunk.data(), n), size - int64_t(carried), path, true);
+        size += int64_t(f.gcount());
+        std::memmove(&chunk[0], &chunk[n - cut], cut);
+        carried = cut;
+      }
+      if (carried) check_utf8(std::string_view(chunk.data(), carried), size - int64_t(carried), path, false);
     } else {
       std::vector<char> chunk(1 << 20);
       while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {

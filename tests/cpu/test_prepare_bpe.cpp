@@ -163,26 +163,50 @@ TEST_CASE("prepare --tokenizer refuses invalid UTF-8, version 1 files and --eot,
   CHECK(r.code != 0);
   CHECK(r.out.find(d / "missing.bin") != std::string::npos);
   CHECK((!fs::exists(d / "s") || fs::is_empty(d / "s")));
+
+  // UTF-8 is checked as the inputs are read through, before any is encoded, at its byte in the
+  // file: read in 1 MiB chunks, a character the chunk's end cuts is completed by the next (valid),
+  // and one the file's end cuts is not; a JSON document's text is checked as it is read.
+  const std::string mib(1 << 20, 'a');
+  std::ofstream(d / "straddle.txt", std::ios::binary) << mib.substr(1) << "\xc3\xa9 and on";
+  std::ofstream(d / "cut.txt", std::ios::binary) << mib.substr(1) << "\xc3";
+  std::ofstream(d / "bad.jsonl", std::ios::binary) << "{\"text\":\"fine\"}\n{\"text\":\"ok\xff\"}\n";
+  r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --val-frac 0 --out " + (d / "st") + " " + (d / "straddle.txt")));
+  CHECK(r.code == 0);
+  r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "s") + " " + (d / "cut.txt")));
+  CHECK(r.code == 1);
+  CHECK(r.out.find((d / "cut.txt") + ": invalid UTF-8 at byte 1048575 (the sequence is cut off by the end") !=
+        std::string::npos);
+  r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "s") + " " + (d / "bad.jsonl")));
+  CHECK(r.code == 1);
+  CHECK(r.out.find((d / "bad.jsonl") + " line 2 (its text): invalid UTF-8 at byte 2") != std::string::npos);
+  CHECK((!fs::exists(d / "s") || fs::is_empty(d / "s")));
 }
 
 TEST_CASE("prepare --tokenizer: the tokens wait on disk, not in memory: a failure part way leaves no directory, "
           "no temporary", "[prepare]") {
   TempDir d;
   // Batches of 8 bytes: the documents before bad.txt are encoded and written to the temporary
-  // token file before its invalid UTF-8 is found.
+  // token file before bad.txt's "z" is found to have no token in this vocabulary (every byte but
+  // "z": an encoding failure, which no read-through catches first).
   const std::string small = "ULYSSES_TEST_PREPARE_BATCH_BYTES=8 ";
+  std::vector<std::string> no_z = ul_test::byte_tokens({"<|endoftext|>"});
+  no_z.erase(no_z.begin() + 'z');
+  std::ofstream(d / "no_z.bin", std::ios::binary) << ul_test::tok_file(20240328, 2, uint32_t(no_z.size()), 255, no_z);
+  const std::string kTok = d / "no_z.bin";
   std::string files;
   for (int i = 0; i < 5; i++) {
     std::ofstream(d / ("ok" + std::to_string(i) + ".txt"), std::ios::binary) << "fine text number " << i;
     files += " " + (d / ("ok" + std::to_string(i) + ".txt"));
   }
-  std::ofstream(d / "bad.txt", std::ios::binary) << "caf\xe9 latin-1";
+  std::ofstream(d / "bad.txt", std::ios::binary) << "fizz";
   // --out's missing parents are created, and removed again.
   auto r = run_cmd(small + train_cmd("prepare --tokenizer " + kTok + " --out " + (d / "new/deeper/s") + files + " " +
                                      (d / "bad.txt")));
   INFO(r.out);
   CHECK(r.code == 1);
-  CHECK(r.out.find((d / "bad.txt") + ": invalid UTF-8 at byte 3") != std::string::npos);
+  CHECK(r.out.find((d / "bad.txt") + ": ") != std::string::npos);
+  CHECK(r.out.find("has no token in the tokenizer") != std::string::npos);
   CHECK_FALSE(fs::exists(d / "new"));
   // A directory that was there stays, with what it held, and without the temporary.
   fs::create_directories(d / "kept");
@@ -203,7 +227,7 @@ TEST_CASE("prepare --tokenizer: the tokens wait on disk, not in memory: a failur
   // Batches of 8 bytes give the shards one batch of all the text gives.
   r = run_cmd(train_cmd("prepare --tokenizer " + kTok + " --val-frac 0 --out " + (d / "whole") + files));
   REQUIRE(r.code == 0);
-  CHECK(train_tokens(d / "kept", 20240520, 577, 576) == train_tokens(d / "whole", 20240520, 577, 576));
+  CHECK(train_tokens(d / "kept", 20240520, 256, 255) == train_tokens(d / "whole", 20240520, 256, 255));
 }
 
 TEST_CASE("prepare --tokenizer takes a Hugging Face tokenizer.json, Llama 3's layout opening documents with BOS",
