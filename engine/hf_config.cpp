@@ -358,7 +358,13 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     c.dim = num("hidden_size"), c.layers = num("num_hidden_layers"), c.heads = num("num_attention_heads");
     // A file without num_key_value_heads gets its config class's default, as transformers loads it:
     // LlamaConfig's is the query heads, MistralConfig's (and Ministral's) 8, Qwen2Config's 32.
-    c.kv_heads = j.find("num_key_value_heads") ? num("num_key_value_heads") : mistral ? 8 : c.qkv_bias ? 32 : c.heads;
+    // One given as null is the query heads in all three (their __init__ replaces None so).
+    const JsonValue* kv = j.find("num_key_value_heads");
+    c.kv_heads = kv && !kv->is(JsonValue::Kind::null) ? num("num_key_value_heads")
+                 : kv                                  ? c.heads
+                 : mistral                             ? 8
+                 : c.qkv_bias                          ? 32
+                                                       : c.heads;
     c.ffn = num("intermediate_size"), c.vocab = num("vocab_size");
     // transformers' defaults for what the file leaves out (LlamaConfig's, Qwen2Config's, MistralConfig's).
     c.max_seq = j.find("max_position_embeddings") ? num("max_position_embeddings")

@@ -444,12 +444,14 @@ TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral 
   CHECK_THROWS_WITH(read_with("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\""), Catch::Contains("hidden_act"));
 }
 
-TEST_CASE("HF configs without num_key_value_heads: each config class's default, as transformers reads them", "[interop]") {
+TEST_CASE("HF configs without num_key_value_heads (or with null): each config class's default, as transformers reads them", "[interop]") {
   // LlamaConfig: the query heads; MistralConfig and MinistralConfig: 8; Qwen2Config: 32.
-  auto kv_of = [](const std::string& type, int heads) {
+  // Given as null: the query heads in all three (each __init__ replaces None so).
+  auto kv_of = [](const std::string& type, int heads, const std::string& kv = "") {
     const std::string text = "{\"model_type\":\"" + type + "\",\"hidden_size\":" + std::to_string(8 * heads) +
                              ",\"num_hidden_layers\":1,\"num_attention_heads\":" + std::to_string(heads) +
-                             ",\"intermediate_size\":64,\"vocab_size\":100}";
+                             ",\"intermediate_size\":64,\"vocab_size\":100" +
+                             (kv.empty() ? "" : ",\"num_key_value_heads\":" + kv) + "}";
     return hf_config_from_json(parse_json(text, "config.json"), "config.json").kv_heads;
   };
   CHECK(kv_of("llama", 16) == 16);
@@ -457,6 +459,11 @@ TEST_CASE("HF configs without num_key_value_heads: each config class's default, 
   CHECK(kv_of("ministral", 16) == 8);
   CHECK(kv_of("qwen2", 32) == 32);
   CHECK(kv_of("qwen2", 64) == 32);
+  for (const char* type : {"llama", "mistral", "ministral", "qwen2"}) {
+    CAPTURE(type);
+    CHECK(kv_of(type, 16, "null") == 16);
+    CHECK(kv_of(type, 16, "4") == 4);
+  }
 }
 
 TEST_CASE("HF configs: a llama with layers outside its window is written as ministral, and read back", "[interop][window]") {
