@@ -269,12 +269,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // 2^x, the hardware approximation (relative error about 2^-22; subnormal results flush to zero,
-// which only ever multiply a sum that a larger term dominates). The emulator computes it exactly.
+// which only ever multiply a sum that a larger term dominates). The emulator computes it exactly,
+// or within that error with ULYSSES_EMU_APPROX_MATH=1.
 __device__ __forceinline__ float fast_exp2(float x) {
 #ifdef __CUDA_ARCH__
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+#elif ULYSSES_CUDA_EMULATED
+  return ul_emu::fast_exp2(x);  // exact, or within ex2.approx's error (ULYSSES_EMU_APPROX_MATH)
 #else
   return exp2f(x);
 #endif

@@ -754,6 +754,15 @@ void set_host_guard(bool on) {
 bool host_guard_on() { return host_guard(); }
 
 cudaError_t device_fault() { return t_fault; }
+std::atomic<bool>& approx_math_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("ULYSSES_EMU_APPROX_MATH");
+    return v && *v && std::string(v) != "0";
+  }()};
+  return on;
+}
+bool approx_math() { return approx_math_flag().load(std::memory_order_relaxed); }
+void set_approx_math(bool on) { approx_math_flag().store(on, std::memory_order_relaxed); }
 bool device_reachable(const void* p) { return is_device(p) || is_pinned(p); }
 void note_device_fault(cudaError_t e) {
   if (t_fault == cudaSuccess) t_fault = e;  // the first fault is the one every call reports

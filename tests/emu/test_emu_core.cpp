@@ -480,6 +480,34 @@ TEST_CASE("emu: the bytes before dynamic shared memory read NaN, and a write the
   ul_emu::clear_device_fault();
 }
 
+TEST_CASE("emu: the fast math intrinsics, exact or (ULYSSES_EMU_APPROX_MATH) within the GPU's error", "[emu]") {
+  const bool was = ul_emu::approx_math();
+  auto ulps = [](float a, float b) {
+    int32_t x, y;
+    std::memcpy(&x, &a, 4), std::memcpy(&y, &b, 4);
+    return std::abs(int64_t(x) - int64_t(y));
+  };
+  for (bool approx : {false, true}) {
+    CAPTURE(approx);
+    ul_emu::set_approx_math(approx);
+    int64_t worst_rsqrt = 0, worst_exp = 0, worst_exp2 = 0, moved = 0;
+    for (int i = 1; i <= 20000; i++) {
+      const float x = float(i) * 0.37f, e = float(i % 400) * 0.05f - 10.f;
+      worst_rsqrt = std::max(worst_rsqrt, ulps(rsqrtf(x), 1.f / std::sqrt(x)));
+      worst_exp = std::max(worst_exp, ulps(__expf(e), std::exp(e)) - int64_t(std::fabs(1.16f * e)));
+      worst_exp2 = std::max(worst_exp2, ulps(ul_emu::fast_exp2(e), std::exp2(e)));
+      moved += rsqrtf(x) != 1.f / std::sqrt(x);
+    }
+    CHECK(worst_rsqrt <= (approx ? 2 : 0));
+    CHECK(worst_exp <= (approx ? 2 : 0));
+    CHECK(worst_exp2 <= (approx ? 2 : 0));
+    CHECK((moved > 0) == approx);
+    CHECK(rsqrtf(2.f) == rsqrtf(2.f));  // the same input, the same output
+    CHECK(ul_emu::fast_exp2(-130.f) == (approx ? 0.f : std::exp2(-130.f)));  // ex2.approx.ftz flushes subnormals
+  }
+  ul_emu::set_approx_math(was);
+}
+
 TEST_CASE("emu: a shuffle from a lane outside the mask reads NaN (undefined on the GPU)", "[emu]") {
   DeviceBuffer<float> out(32);
   ul::launch("absent_lane", absent_lane_kernel, dim3(1), dim3(32), 0, nullptr, out.p);
