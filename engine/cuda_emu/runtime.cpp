@@ -264,11 +264,14 @@ bool is_device(const void* p) {
 // code that dereferences a device pointer then faults here, as on a GPU, where that address is not
 // the host's: read through cudaMemcpy instead. Off by default: every toggle is an mprotect of every
 // buffer (CI runs one emu pass with it).
+// An emulator switch from the environment: set, and not "0".
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
 std::atomic<bool>& host_guard_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("ULYSSES_EMU_HOST_GUARD");
-    return v && *v && std::string(v) != "0";
-  }()};
+  static std::atomic<bool> on{env_switch("ULYSSES_EMU_HOST_GUARD")};
   return on;
 }
 bool host_guard() { return host_guard_flag().load(std::memory_order_relaxed); }
@@ -378,22 +381,19 @@ cudaError_t cudaFree(void* p) {
     ms.by_ptr.erase(it);
     ms.held -= m.bytes;
   }
-  const unsigned char* tail = static_cast<const unsigned char*>(p) + m.bytes;
   mprotect(m.base, m.len - size_t(sysconf(_SC_PAGESIZE)), PROT_READ);  // the host guard's: no longer listed, ours alone
-  for (size_t i = 0; i < m.rounded - m.bytes; i++)
-    if (tail[i] != 0xff) {  // on a GPU: a neighbouring buffer corrupted without a word
-      std::fprintf(stderr, "cuda_emu: something wrote %zu byte(s) past the end of a %zu-byte cudaMalloc buffer\n",
-                   i + 1, m.bytes);
-      std::abort();
-    }
-  const unsigned char* head = reinterpret_cast<const unsigned char*>(m.base);
-  const size_t before = size_t(static_cast<const char*>(p) - m.base);
-  for (size_t i = 0; i < before; i++)
-    if (head[i] != 0xff) {  // a negative index: on a GPU, the buffer below corrupted
-      std::fprintf(stderr, "cuda_emu: something wrote %zu byte(s) before the start of a %zu-byte cudaMalloc buffer\n",
-                   before - i, m.bytes);
-      std::abort();
-    }
+  // The poisoned slack on either side as cudaMalloc left it: a write there (an index past the end,
+  // or a negative one) would on a GPU corrupt a neighbouring buffer without a word.
+  auto check_slack = [&](const char* from, size_t n, const char* side) {
+    for (size_t i = 0; i < n; i++)
+      if (static_cast<unsigned char>(from[i]) != 0xff) {
+        std::fprintf(stderr, "cuda_emu: something wrote into the %zu byte(s) %s a %zu-byte cudaMalloc buffer\n", n,
+                     side, m.bytes);
+        std::abort();
+      }
+  };
+  check_slack(static_cast<const char*>(p) + m.bytes, m.rounded - m.bytes, "past the end of");
+  check_slack(m.base, size_t(static_cast<const char*>(p) - m.base), "before the start of");
   munmap(m.base, m.len);
   return cudaSuccess;
 }
@@ -754,13 +754,12 @@ void set_host_guard(bool on) {
 bool host_guard_on() { return host_guard(); }
 
 cudaError_t device_fault() { return t_fault; }
+namespace {
 std::atomic<bool>& approx_math_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("ULYSSES_EMU_APPROX_MATH");
-    return v && *v && std::string(v) != "0";
-  }()};
+  static std::atomic<bool> on{env_switch("ULYSSES_EMU_APPROX_MATH")};
   return on;
 }
+}  // namespace
 bool approx_math() { return approx_math_flag().load(std::memory_order_relaxed); }
 void set_approx_math(bool on) { approx_math_flag().store(on, std::memory_order_relaxed); }
 bool device_reachable(const void* p) { return is_device(p) || is_pinned(p); }
