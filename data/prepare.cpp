@@ -100,7 +100,12 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
     else if (a == "--eot") {
       eot_given = true;
       const int64_t e = integer(a, v);
-      if (e < 0 || e > 65535) throw std::runtime_error("prepare: --eot must be in [0, 65535] (uint16 tokens)");
+      // Byte shards' end-of-text: a byte, or 256 past them. A larger id would give them a header
+      // ("vocab N+1") that reads as another tokenizer's: refused beside text:FILE's bytes, and
+      // with --eot 50256 taken for GPT-2's BPE shards in one glob.
+      if (e < 0 || e > 256)
+        throw std::runtime_error("prepare: --eot " + v + " is not in [0, 256]: byte shards' end-of-text is a byte "
+                                 "(refused in the text) or 256 (the default, past the bytes)");
       o.eot = int(e);
     }
     else throw std::runtime_error("prepare: unknown flag '" + a + "' (train prepare --help lists the flags)");

@@ -93,6 +93,12 @@ bool token_kinds_agree(const std::string& a, const std::string& b) {
   return (a == kTextBytes && byte_shards(b)) || (b == kTextBytes && byte_shards(a));
 }
 
+int token_kind_vocab(const std::string& kind) {
+  if (kind == kTextBytes) return 256;
+  int v = 0;
+  return std::sscanf(kind.c_str(), "vocab %d,", &v) == 1 ? v : 0;
+}
+
 int32_t ShardDataset::Shard::effective_eot() const { return vocab > 0 ? eot : width == 2 ? 50256 : 128000; }
 
 bool ShardDataset::is_val_name(const std::string& name_as_given) {

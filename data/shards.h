@@ -97,5 +97,7 @@ class ShardDataset : public Dataset {
 // text:FILE's bytes beside `train prepare`'s byte shards (256 or 257 ids: the bytes and an EOT
 // inside or past them). A shard set of more ids is a tokenizer's: its id 97 is no 'a'.
 bool token_kinds_agree(const std::string& a, const std::string& b);
+// How many ids a token_kind names (256 for text:FILE's bytes), 0 when it names none.
+int token_kind_vocab(const std::string& kind);
 
 }  // namespace ul

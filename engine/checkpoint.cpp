@@ -61,11 +61,13 @@ std::vector<std::pair<int, bool>> list_step_dirs(const std::string& root) {
 namespace {
 
 // COMPLETE goes first (and durably), so the directory stops being a checkpoint before any of its
-// files disappear.
+// files disappear. A step directory that is a link (another run's checkpoint, linked in to branch
+// from it) loses only the link: its COMPLETE once went through it, and that run's next start
+// removed its own checkpoint as a crashed save.
 void remove_step_dir(const std::string& root, int step) {
   const fs::path dir = fs::path(root) / step_dir_name(step);
   std::error_code ec;
-  if (fs::remove(dir / kComplete, ec)) fsync_dir(dir.string());
+  if (!fs::is_symlink(dir, ec) && fs::remove(dir / kComplete, ec)) fsync_dir(dir.string());
   fs::remove_all(dir, ec);
   if (ec) throw std::runtime_error(dir.string() + ": cannot remove: " + ec.message());
   fsync_dir(root);
@@ -78,9 +80,10 @@ void remove_step_dir(const std::string& root, int step) {
 // checkpoint, and its step free for the next save, which is often exactly that step; the next run
 // tries it again), else left with a warning: neither stops a run whose checkpoint was just saved
 // nor blocks every later resume.
-void remove_or_warn(const std::string& root, int step, const char* what) {
+bool remove_or_warn(const std::string& root, int step, const char* what) {
   try {
     remove_step_dir(root, step);
+    return true;
   } catch (const std::exception& e) {
     const fs::path dir = fs::path(root) / step_dir_name(step);
     // The process id alone repeats (containers start at the same one): the time too.
@@ -92,6 +95,7 @@ void remove_or_warn(const std::string& root, int step, const char* what) {
     fs::rename(dir, aside, ec);
     std::fprintf(stderr, "warning | %s (%s): %s\n", e.what(), what,
                  ec ? "left in place" : ("moved to " + aside.string()).c_str());
+    return false;
   }
 }
 

@@ -79,8 +79,9 @@ std::vector<int> complete_steps(const std::string& root);  // steps with COMPLET
 // Every step directory under root, with whether it is complete (has COMPLETE), ascending.
 std::vector<std::pair<int, bool>> list_step_dirs(const std::string& root);
 // Removes root/step_N, COMPLETE first (a crashed save's leftover, a checkpoint past --keep); one
-// that will not go is renamed step_N.stale.PID.TIME or left, with a warning naming `what`.
-void remove_or_warn(const std::string& root, int step, const char* what);
+// that will not go is renamed step_N.stale.PID.TIME or left, with a warning naming `what` (false).
+// A step directory that is a symlink loses the link alone, never its target's files.
+bool remove_or_warn(const std::string& root, int step, const char* what);
 
 // What a resume did besides loading, for its log lines (rank 0's).
 struct ResumeNotes {

@@ -356,6 +356,8 @@ void RunOutputs::print_sample(const float* host, const std::vector<ParamSpec>& s
                 n / std::max(1e-6, (prefilled - start) / 1000));
     if (o_.sample > 1) std::printf(" | decode %.1f tok/s", (o_.sample - 1) / std::max(1e-6, decode_s));
     std::printf("\n");
+  } else if (step >= 0) {
+    std::printf("sample  | step %d\n", step);  // --quiet: which step a --sample-every sample is of
   }
   // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at. A
   // --prompt-file prompt (a book, perhaps) is not echoed: only what follows it.

@@ -182,6 +182,18 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
       throw std::runtime_error(where + ": " + key + " " + std::to_string(n) + " is not in [1, 2^31)");
     return int32_t(n);
   };
+  // original_max_position_embeddings: in the entry, or at the top level as Phi-3 keeps it. 4.x's
+  // llama3 reads only the entry's, 5.x the top level's first: where both are given they must agree.
+  const char* orig_key = "original_max_position_embeddings";
+  const JsonValue* orig = non_null(top, orig_key);
+  if (const JsonValue* in_entry = given(orig_key); in_entry && orig && (t == "llama3" || t == "yarn")) {
+    const int32_t a = positions(*orig, orig_key), b = positions(*in_entry, orig_key);
+    if (a != b)
+      throw std::runtime_error(where + ": original_max_position_embeddings is " + std::to_string(a) +
+                               " at the top level and " + std::to_string(b) +
+                               " in the rope entry (transformers 4 and 5 would each read another)");
+  }
+  if (!orig) orig = given(orig_key);
   if (const JsonValue* p = given("partial_rotary_factor"); p && p->as_double(where + ": partial_rotary_factor") != 1)
     throw std::runtime_error(where + ": partial_rotary_factor != 1 (ulysses rotates every pair of a head)");
   if (t == "default") return s;
@@ -192,13 +204,11 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
     s.kind = RopeScaling::kLlama3;
     s.factor = float(num("factor")), s.low_freq_factor = float(num("low_freq_factor"));
     s.high_freq_factor = float(num("high_freq_factor"));
-    s.original_max_pos = positions(need("original_max_position_embeddings"), "original_max_position_embeddings");
+    if (!orig) throw std::runtime_error(where + ": rope llama3 scaling without \"original_max_position_embeddings\"");
+    s.original_max_pos = positions(*orig, orig_key);
   } else if (t == "yarn") {
     s.kind = RopeScaling::kYarn;
     const JsonValue* max_pos = top.find("max_position_embeddings");
-    const char* orig_key = "original_max_position_embeddings";
-    const JsonValue* orig = non_null(top, orig_key);
-    if (!orig) orig = given(orig_key);
     if (!orig) orig = max_pos, orig_key = "max_position_embeddings";
     if (!orig) throw std::runtime_error(where + ": yarn scaling without original_max_position_embeddings");
     s.original_max_pos = positions(*orig, orig_key);
@@ -209,9 +219,11 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
     if (given("beta_slow")) s.beta_slow = float(num("beta_slow"));
     if (s.beta_fast == 0) s.beta_fast = 32;  // transformers: `beta_fast or 32`, `beta_slow or 1`
     if (s.beta_slow == 0) s.beta_slow = 1;
-    if (const JsonValue* tr = given("truncate")) {
-      if (!tr->is(JsonValue::Kind::boolean)) throw std::runtime_error(where + ": yarn truncate is not true or false");
-      s.truncate = tr->b;
+    // A null truncate is false, as 5.x's `if truncate:` reads get("truncate", True)'s None.
+    if (const JsonValue* tr = o.find("truncate")) {
+      if (!tr->is(JsonValue::Kind::boolean) && !tr->is(JsonValue::Kind::null))
+        throw std::runtime_error(where + ": yarn truncate is not true, false or null");
+      s.truncate = tr->is(JsonValue::Kind::boolean) && tr->b;
     }
     // The attention factor: given; or DeepSeek's mscale / mscale_all_dim ratio; or from factor.
     const JsonValue *m = given("mscale"), *m_all = given("mscale_all_dim");

@@ -51,10 +51,13 @@ std::string probe_plot_path_for_log(const std::string& log_path) {
 }
 
 std::string probe_plot_svg(const std::vector<LogRecord>& records) {
-  // The rows of the last step that was probed, by length.
-  double last = -1;
-  for (const LogRecord& r : records)
+  // The rows of the last step that was probed, by length; the title names that step, and the one
+  // the run reached when it went on unprobed (a resume without --probe-lengths, a signal).
+  double last = -1, trained = -1;
+  for (const LogRecord& r : records) {
     if (r.count("type") && r.at("type") == "length" && r.count("step")) last = std::max(last, number(r.at("step")));
+    if (r.count("type") && r.at("type") == "step" && r.count("step")) trained = std::max(trained, number(r.at("step")));
+  }
   std::map<int, const LogRecord*> by_length;
   for (const LogRecord& r : records)
     if (r.count("type") && r.at("type") == "length" && r.count("step") && number(r.at("step")) == last && r.count("T"))
@@ -102,15 +105,17 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records) {
   auto shade = [&](double v) { return accuracy ? v : hi > lo ? (hi - v) / (hi - lo) : 1.0; };
 
   const int cols = int(by_length.size()), nrows = int(rows.size());
-  const double L = 150, T = 76, cw = 92, ch = 30, W = L + cw * cols + 24, H = T + ch * nrows + 48;
+  const std::string title = std::string(accuracy ? "retrieval accuracy by sequence length" : "val loss by sequence length") +
+                            fmt(" at step %.0f", last) +
+                            (trained > last ? fmt(" (the run went on to step %.0f)", trained) : "") + " (--probe-lengths)";
+  // Wide enough for the title too (about 8 px a character at 15 px), with one or two lengths.
+  const double L = 150, T = 76, cw = 92, ch = 30, H = T + ch * nrows + 48;
+  const double W = std::max(L + cw * cols + 24, 24 + 8.0 * double(title.size()));
   std::string s;
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", W) + "\" height=\"" + fmt("%.0f", H) +
        "\" viewBox=\"0 0 " + fmt("%.0f", W) + " " + fmt("%.0f", H) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += std::string("<text x=\"12\" y=\"24\" font-size=\"15\">") +
-       (accuracy ? "retrieval accuracy by sequence length (--probe-lengths)"
-                 : "val loss by sequence length (--probe-lengths)") +
-       "</text>\n";
+  s += "<text x=\"12\" y=\"24\" font-size=\"15\">" + title + "</text>\n";
   s += "<text x=\"" + fmt("%.2f", L + cw * cols / 2) + "\" y=\"" + fmt("%.2f", T - 26) +
        "\" text-anchor=\"middle\">sequence length</text>\n";
   int c = 0;

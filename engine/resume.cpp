@@ -67,8 +67,12 @@ SaveDirScan scan_save_dir(const std::string& root, int resume_step, const std::o
     }
   std::vector<int> complete;
   for (auto& [step, done] : list_step_dirs(root)) {
-    if (!done) remove_or_warn(root, step, "a save that crashed");
-    else complete.push_back(step);
+    if (done) {
+      complete.push_back(step);
+    } else if (remove_or_warn(root, step, "a save that crashed")) {  // said: a restored copy without it goes too
+      std::fprintf(stderr, "resume  | %s: removed, it has no COMPLETE (a save that did not finish)\n",
+                   (fs::path(root) / step_dir_name(step)).string().c_str());
+    }
   }
   if (!complete.empty()) s.newest = complete.back();
   if (complete.size() > 1) s.before_newest = complete[complete.size() - 2];

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "data/shards.h"
 #include "engine/checkpoint.h"
 #include "engine/export.h"
 #include "engine/length_probe.h"
@@ -124,6 +125,15 @@ int train_rank(const Options& o, Comm& world) {
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
+  // A checkpoint over files a much smaller tokenizer wrote (train prepare's default byte shards or
+  // text:FILE under GPT-2; GPT-2's shards under Llama 3): the ids name other tokens than the model
+  // learned. Only a note: a model may have been trained on those ids. (A tokenizer's vocabulary
+  // short of its model's padded one, Qwen 2.5's 151665 of 151936, is no mismatch.)
+  if (!o.checkpoint.empty())
+    if (const int named = token_kind_vocab(tr.train_data().token_kind()); named > 0 && model.cfg.vocab - named > 1024)
+      say("note    | --data's files name %d token ids (%s) but %s's model has %d: unless it was trained on "
+          "this tokenizer's ids, they are other tokens than it learned\n", named, tr.train_data().token_kind().c_str(),
+          o.checkpoint.c_str(), model.cfg.vocab);
   if (!outputs.prompt_note().empty()) say("note    | %s\n", outputs.prompt_note().c_str());
   // The same for training: a step's sequences (G) past the train split's end wrap into the next
   // epoch, so a split smaller than G trains on some sequences several times in every step.

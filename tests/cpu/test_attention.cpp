@@ -327,6 +327,30 @@ TEST_CASE("attention sliding window: float64 central differences, and a window o
   CHECK(max_abs_diff(o0.data(), o2.data(), o0.size()) > 1e-4);
 }
 
+TEST_CASE("attention passes a NaN key on to every row that sees it, and to no other", "[attention]") {
+  // A NaN in the first visible column of a row's first key tile once read as a fully masked tile:
+  // the tile's other keys were dropped and the output came out finite and wrong.
+  Cfg c{1, 130, 2, 1, 8};
+  const int H3 = c.Hq + 2 * c.Hkv;
+  std::vector<int32_t> docs(c.Tn);
+  for (int t = 0; t < c.Tn; t++) docs[t] = t < 64 ? 0 : 1;  // the second document starts a tile
+  struct Case { int bad; bool doc; int window; };
+  for (Case k : {Case{0, false, 0}, Case{64, true, 0}, Case{5, false, 0}, Case{64, false, 40}}) {
+    INFO("NaN key at token " << k.bad << (k.doc ? ", documents" : "") << ", window " << k.window);
+    auto qkv = randn_f(qkv_size(c), 31);
+    qkv[size_t(k.bad) * H3 * c.D + size_t(c.Hq) * c.D] = std::nanf("");  // key head 0, element 0
+    const int32_t* doc = k.doc ? docs.data() : nullptr;
+    std::vector<float> out(out_size(c)), lse(size_t(c.Hq) * c.Tn);
+    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), doc, k.window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+    int wrong = 0;
+    for (int t = 0; t < c.Tn; t++) {
+      const bool sees = t >= k.bad && (!doc || doc[t] == doc[k.bad]) && (!k.window || t - k.bad < k.window);
+      for (int i = 0; i < c.Hq * c.D; i++) wrong += std::isnan(out[size_t(t) * c.Hq * c.D + i]) != sees;
+    }
+    CHECK(wrong == 0);
+  }
+}
+
 TEST_CASE("attention is deterministic: bitwise equal for 1 and many threads", "[attention]") {
   Cfg c{2, 300, 4, 2, 16};
   std::vector<int32_t> doc(size_t(c.B) * c.Tn);

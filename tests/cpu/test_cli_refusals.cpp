@@ -85,6 +85,7 @@ TEST_CASE("train refuses pipes, empty paths, unwritable outputs and over-large f
     INFO(r.out);
     CHECK(r.code == 1);
     CHECK(r.out.find(k.said) != std::string::npos);
+    CHECK(r.out.find("done |") == std::string::npos);  // refused before it trained (--quiet hides the steps)
     CHECK(listing(d) == before);  // nothing made: no save dir, no log dir, no export
   }
   // A refused --resume into a directory it had to make takes the directory (and its lock) away.

@@ -380,20 +380,22 @@ TEST_CASE("a rearmable watchdog fires for the scope that outlives its deadline, 
   std::vector<std::string> fired;
   auto t0 = std::chrono::steady_clock::now();
   {
-    RearmableWatchdog w(1.0, [&](const char* what) {
+    RearmableWatchdog w(2.0, [&](const char* what) {
       std::lock_guard<std::mutex> lock(mu);
       fired.push_back(what);
     });
     for (int i = 0; i < 2000; i++) RearmableWatchdog::ArmedScope quick(w, "quick");  // each ends in time
     w.arm("first");
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
     w.arm("rearmed");  // armed again, still armed: the deadline counts from here, not from the first arming
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
     {
       std::lock_guard<std::mutex> lock(mu);
-      CHECK(fired.empty());  // 1.2 s since "first" was armed, 0.6 s since this arming
+      // 2.4 s since "first" was armed, 1.2 s since this arming: 0.8 s to spare for a loaded
+      // machine's oversleeping on either side of the 2 s deadline.
+      CHECK(fired.empty());
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1600));
     {
       std::lock_guard<std::mutex> lock(mu);
       CHECK(fired == std::vector<std::string>{"rearmed"});  // past its deadline: fired, once

@@ -322,6 +322,30 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
         "yarn:factor=40,orig=64,beta_fast=32,beta_slow=1,attn=1.155722,truncate=1");
   CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
                   "\"attention_factor\":0.5}") == "yarn:factor=4,orig=64,beta_fast=32,beta_slow=1,attn=0.5,truncate=1");
+  // A null truncate is false, as transformers 5.x reads it (4.x has no such key); other values refused.
+  CHECK(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,\"truncate\":null}") ==
+        "yarn:factor=4,orig=64,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=0");
+  CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,\"truncate\":1}"),
+                    Catch::Contains("yarn truncate is not true, false or null"));
+  // original_max_position_embeddings at the top level (Phi-3's place): read for llama3 as for yarn;
+  // where the entry gives another, refused (4.x's llama3 reads the entry's, 5.x the top level's).
+  auto with_top_orig = [&](const std::string& rope) {
+    std::string c = x.json;
+    const size_t old = c.find("\"rope_scaling\":");
+    c.erase(old, c.find('}', old) + 2 - old);
+    const size_t at = c.find("\"rope_parameters\":");
+    c.replace(at, c.find('}', at) + 1 - at, "\"rope_parameters\":" + rope);
+    c.insert(c.find('{') + 1, "\"original_max_position_embeddings\":32,");
+    return rope_scaling_str(x.read_with(c).rope_scaling);
+  };
+  const std::string llama3 = "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4";
+  CHECK(with_top_orig(llama3 + "}") == "llama3:factor=8,low=1,high=4,orig=32");
+  CHECK(with_top_orig(llama3 + ",\"original_max_position_embeddings\":32}") == "llama3:factor=8,low=1,high=4,orig=32");
+  CHECK_THROWS_WITH(with_top_orig(llama3 + ",\"original_max_position_embeddings\":64}"),
+                    Catch::Contains("original_max_position_embeddings is 32 at the top level and 64 in the rope entry"));
+  CHECK_THROWS_WITH(with_top_orig("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64}"),
+                    Catch::Contains("original_max_position_embeddings is 32 at the top level and 64 in the rope entry"));
+  CHECK_THROWS_WITH(read_with(llama3 + "}"), Catch::Contains("llama3 scaling without \"original_max_position_embeddings\""));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
                               "\"beta_fast\":1,\"beta_slow\":2}"),
                     Catch::Contains("config.json") && Catch::Contains("0 < beta_slow < beta_fast"));

@@ -56,6 +56,31 @@ TEST_CASE("layernorm forward matches a hand loop", "[layernorm]") {
   }
 }
 
+TEST_CASE("layernorm forward keeps its precision on rows far from zero mean", "[layernorm]") {
+  // A float mean summed in float is off by about C ulps of the offset, and every output moves by
+  // that error times rstd: a constant row near 12345.6 gave outputs near 1 (exactly 0 is right),
+  // a row near 1000 with spread 0.1 was 8e-3 off. Against the definition in double, on the same
+  // float inputs.
+  const int C = 768;
+  struct Row { double offset, spread; };
+  for (Row r : {Row{12345.6, 0.0}, Row{100.1, 0.0}, Row{1000.0, 0.1}, Row{50.0, 0.01}}) {
+    INFO("offset " << r.offset << " spread " << r.spread);
+    Vec z = randn(C, 7);
+    std::vector<float> x(C), w(C, 1.f), b(C, 0.f), y(C);
+    for (int c = 0; c < C; c++) x[c] = float(r.offset + r.spread * z[c]);
+    float mean = 0, rstd = 0;
+    ul::cpu::layernorm_forward(y.data(), &mean, &rstd, x.data(), w.data(), b.data(), 1, C);
+    double m = 0, var = 0;
+    for (int c = 0; c < C; c++) m += double(x[c]) / C;
+    for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m) / C;
+    const double s = 1.0 / std::sqrt(var + 1e-5);
+    double err = 0;
+    for (int c = 0; c < C; c++) err = max_err(err, std::fabs(y[c] - (x[c] - m) * s));
+    // The mean itself is a float: half an ulp of the offset times rstd is what is left.
+    CHECK(err <= 1e-6 + 0.5 * std::ldexp(1.0, std::ilogb(r.offset) - 23) * s * 1.01);
+  }
+}
+
 TEST_CASE("layernorm op records a backward that accumulates", "[layernorm]") {
   ul::Context c;
   ul::ContextGuard g(c);

@@ -450,6 +450,7 @@ TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by v
   CHECK(svg.find(">64<") == std::string::npos);
   CHECK(svg.find(">256<") < svg.find(">512<"));  // lengths ascending
   CHECK(svg.find(">37.5%<") != std::string::npos);
+  CHECK(svg.find("retrieval accuracy by sequence length at step 10 (--probe-lengths)") != std::string::npos);
   CHECK(svg.find(">depth 0<") < svg.find(">depth 1<"));
   CHECK(svg.find("fill=\"#d73027\"") != std::string::npos);  // 0: red
   CHECK(svg.find("fill=\"#1a9850\"") != std::string::npos);  // 1: green
@@ -462,6 +463,11 @@ TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by v
   CHECK(count(t, "<rect x=") == 6);  // all positions, from 0, from 128 x 2 lengths
   CHECK(count(t, ">-<") == 1);
   CHECK(t.find(">from position 128<") != std::string::npos);
+  CHECK(t.find("val loss by sequence length at step 3 (--probe-lengths)") != std::string::npos);
+  // Drawn after a resume that trained on unprobed: the rows' step, and how far the run went.
+  std::vector<LogRecord> later = text;
+  later.push_back(rec({{"type", "step"}, {"step", "40"}, {"loss", "2"}}));
+  CHECK(probe_plot_svg(later).find("at step 3 (the run went on to step 40) (--probe-lengths)") != std::string::npos);
   CHECK(t.find("fill=\"#1a9850\"") != std::string::npos);  // 2.75, the lowest
   CHECK(t.find("fill=\"#d73027\"") != std::string::npos);  // 3.5, the highest
   CHECK_THROWS_WITH(probe_plot_svg({passkey[0]}), Catch::Contains("no length row"));

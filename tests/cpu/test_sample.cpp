@@ -566,6 +566,15 @@ TEST_CASE("train --sample-every prints a sample every K steps and at the end, un
     CHECK(r.out.find("sample  | step 5") == std::string::npos);  // the last step's is the final one
     CHECK((s2 < r.out.find("step     3/5") && r.out.find("step     3/5") < s4 && s4 < end));
   }
+  {  // --quiet: each periodic sample still says its step (bare lines of text once, one per sample)
+    CmdResult r = run_cmd(train_cmd(common + " --sample-every 2 --quiet"));
+    REQUIRE(r.code == 0);
+    const size_t s2 = r.out.find("sample  | step 2\n"), s4 = r.out.find("sample  | step 4\n");
+    CHECK(s2 != std::string::npos);
+    CHECK(s4 != std::string::npos);
+    CHECK(s2 < s4);
+    CHECK(r.out.find("prompt + 4 new tokens") == std::string::npos);
+  }
   CmdResult r = run_cmd(train_cmd("--steps 2 --sample-every 1"));
   CHECK(r.code != 0);
   CHECK(r.out.find("--sample-every needs --sample N") != std::string::npos);

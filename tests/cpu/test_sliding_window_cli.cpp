@@ -101,6 +101,7 @@ TEST_CASE("the sliding-window flag: parsed, set on presets, described, refused w
   // Through the binary: refused before any work, non-zero exit.
   auto r = run_cmd(train_cmd("--model gpt2 --sliding-window 8 --steps 1"));
   CHECK(r.code != 0);
+  CHECK(r.out.find("\nstep ") == std::string::npos);
   CHECK(r.out.find("--sliding-window: gpt2 attends to every earlier token") != std::string::npos);
   r = run_cmd(train_cmd("--model llama --sliding-window -4 --steps 1"));
   CHECK(r.code != 0);

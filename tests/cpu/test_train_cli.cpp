@@ -28,11 +28,17 @@
 using namespace ul_test;
 namespace fs = std::filesystem;
 
-static void expect_refused(const std::string& args, const std::string& needle) {
+// A failing run whose output names `needle`; refused at start-up unless `trained` (a check moved
+// to where the file is written, after the training, would fail with the same message).
+static void expect_refused(const std::string& args, const std::string& needle, bool trained = false) {
   CmdResult r = run_cmd(train_cmd(args));
   INFO("train " << args << "\n" << r.out);
   CHECK(r.code != 0);
   CHECK(r.out.find(needle) != std::string::npos);
+  if (trained) return;
+  CHECK(r.out.rfind("step ", 0) != 0);
+  CHECK(r.out.find("\nstep ") == std::string::npos);
+  CHECK(r.out.find("done |") == std::string::npos);
 }
 
 TEST_CASE("train checks its outputs and inputs and switches before any work", "[cli]") {
@@ -177,6 +183,19 @@ TEST_CASE("train notes what a run will not do as its flags suggest", "[cli]") {
   REQUIRE(r.code == 0);
   CHECK(r.out.find("done | train loss") != std::string::npos);
   CHECK(r.out.find("is read as bytes") == std::string::npos);
+  // A checkpoint of 2000 ids over text:FILE's bytes: said (the ids are other tokens than it learned);
+  // over the bytes of its own 300-id byte model, not.
+  const std::string big = (dir.path / "big").string(), small = (dir.path / "small").string();
+  REQUIRE(run_cmd(train_cmd(base + "--batch 1 --steps 1 --vocab 2000 --quiet --export-llmc " + big)).code == 0);
+  REQUIRE(run_cmd(train_cmd(base + "--batch 1 --steps 1 --vocab 300 --quiet --export-llmc " + small)).code == 0);
+  const std::string from = "--data text:" + text + " --seq 32 --eval-batches 1 --threads 1 --batch 1 --steps 1 --checkpoint ";
+  r = run_cmd(train_cmd(from + big));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --data's files name 256 token ids (bytes, no end-of-text) but " + big +
+                   "'s model has 2000: unless it was trained on this tokenizer's ids") != std::string::npos);
+  r = run_cmd(train_cmd(from + small));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("token ids (bytes") == std::string::npos);
 }
 
 TEST_CASE("train refuses bad flags before any work", "[cli]") {
@@ -234,8 +253,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
                                         32768 + 2 * 32768 + 2 * 4 * size_t(32768) * 32768 + 4 * 32768 + 32768));
   }
   // A step whose loss or gradient norm is not finite stops the run, saying what to change.
-  expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite");
-  expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "try a lower --lr");
+  expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "step 2: loss or gradient norm is not finite", true);
+  expect_refused("--steps 3 --lr 1e20 --warmup 0 --threads 1", "try a lower --lr", true);
   {
     // ... and says so in its log, where an unattended run's history is read.
     TempDir dir;

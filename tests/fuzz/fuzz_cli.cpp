@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     ul::PrepareOptions p = ul::parse_prepare_options(argc, argv.data());
     FUZZ_CHECK(!p.out.empty() && (!p.files.empty() || !p.files_from.empty()) && p.shard_tokens >= 1 && p.eot >= 0 &&
-               p.eot <= 65535);
+               p.eot <= 256);
   } catch (const std::exception&) {
   }
   return 0;

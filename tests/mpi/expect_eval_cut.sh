@@ -16,9 +16,10 @@ fail() { echo "expect_eval_cut: $1"; exit 1; }
 val_losses() { grep '"type":"eval"' "$1" | sed 's/.*"step":\([0-9]*\),"val_loss":\([^,]*\),.*/\1 \2/' | sort -n; }
 args="--comm mpi --sp 2 --threads 1 --seq 128 --batch 2 --steps 4 --eval-every 2 --eval-batches 3"
 
-# Open MPI names each process's rank in OMPI_COMM_WORLD_RANK; rank 1 writes its pid and holds.
+# Open MPI names each process's rank in OMPI_COMM_WORLD_RANK, MPICH's Hydra in PMI_RANK; rank 1
+# writes its pid and holds.
 cat > "$dir/rank.sh" <<EOF
-if [ "\$OMPI_COMM_WORLD_RANK" = 1 ]; then
+if [ "\${OMPI_COMM_WORLD_RANK:-\$PMI_RANK}" = 1 ]; then
   echo \$\$ > "$dir/rank1.pid"
   export ULYSSES_TEST_HOLD="eval batch 2"
 fi
