@@ -271,6 +271,8 @@ TEST_CASE("a crash in the middle of a save leaves the previous checkpoint loadab
   CmdResult resumed = train(args + " --resume");
   REQUIRE(resumed.code == 0);
   CHECK(resumed.out.find("done | train loss") != std::string::npos);
+  CHECK(resumed.out.find("resume  | " + (dir / "step_00000006").string() +
+                         ": removed, it has no COMPLETE (a save that did not finish)") != std::string::npos);
   CHECK(ul::complete_steps(dir.string()) == std::vector<int>{3, 6});
   CHECK_FALSE(fs::exists(dir / "step_00000006" / "model.bin.tmp"));
   // The log holds both attempts; read back, it is one run of six steps.
@@ -297,6 +299,17 @@ TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoi
   REQUIRE(train(kArgs + " --steps 8 --save-every 1 --keep 2 --resume --save-dir " + d.string()).code == 0);
   CHECK(ul::complete_steps(d.string()) == std::vector<int>{7, 8});
   CHECK_FALSE(fs::exists(d / "step_00000003.stale.77.1700000000000"));
+  // Another run's checkpoint linked in to branch from: pruned past --keep, the link goes, and its
+  // target keeps every file, COMPLETE too (it once went through the link: that run's next start
+  // removed its own checkpoint as a crashed save).
+  fs::path branch = fresh_dir("keep_branch");
+  fs::create_directory_symlink(d / "step_00000008", branch / "step_00000008");
+  REQUIRE(train(kArgs + " --steps 11 --save-every 1 --keep 2 --resume --save-dir " + branch.string()).code == 0);
+  CHECK(ul::complete_steps(branch.string()) == std::vector<int>{10, 11});
+  CHECK_FALSE(fs::exists(fs::symlink_status(branch / "step_00000008")));
+  CHECK(fs::exists(d / "step_00000008" / "COMPLETE"));
+  CHECK(ul::complete_steps(d.string()) == std::vector<int>{7, 8});
+  fs::remove_all(branch);
   fs::remove_all(d);
 }
 
