@@ -507,6 +507,20 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
   return *v;
 }
 
+std::string checkpoint_doc_mask(const std::string& model_path) {
+  const std::filesystem::path p(model_path), rank0 = p.parent_path() / rank_file_name(0);
+  std::error_code ec;
+  if (p.filename() != "model.bin" || !std::filesystem::is_regular_file(rank0, ec)) return "";
+  try {
+    const auto have = read_rank_fields(rank0.string());
+    const auto mask = have.find("doc_mask"), eot = have.find("eot");
+    if (mask == have.end() || mask->second != "true") return "";
+    return "--doc-mask" + (eot != have.end() && eot->second != "-1" ? " --eot " + eot->second : std::string());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
                           const Grid* place, int64_t* next_sequence, ResumeChanges changes) {
   auto have = read_rank_fields(path);

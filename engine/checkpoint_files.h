@@ -136,6 +136,9 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
 // The crc32 the rank file at `path` recorded for the checkpoint file `name`, or -1 when it has none
 // (a checkpoint written before rank files recorded them).
 int64_t recorded_crc(const std::string& path, const std::string& name);
+// For --checkpoint DIR/step_N/model.bin: "--doc-mask --eot E" when the rank_0.json beside it says
+// its run packed documents, "" when not, or when there is none or it does not read (a note only).
+std::string checkpoint_doc_mask(const std::string& model_path);
 // What a resume may change that would otherwise be another run.
 struct ResumeChanges {
   bool global_batch = false;  // --change-global-batch (or a pending rollback's G)

@@ -11,6 +11,7 @@
 
 #include "data/shards.h"
 #include "engine/checkpoint.h"
+#include "engine/checkpoint_files.h"
 #include "engine/export.h"
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
@@ -125,6 +126,15 @@ int train_rank(const Options& o, Comm& world) {
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
+  // A checkpoint of a run that packed documents (--doc-mask, in the rank_0.json beside its
+  // model.bin) used without it: every sequence, eval and sample attends across documents, as the
+  // model never did. Only a note: training on without the masks may be meant.
+  if (!o.checkpoint.empty() && !o.doc_mask) {
+    const std::string doc = checkpoint_doc_mask(o.checkpoint);
+    if (!doc.empty())
+      say("note    | %s's run trained with %s (its rank_0.json): without it this run attends across "
+          "documents, as the model never did\n", o.checkpoint.c_str(), doc.c_str());
+  }
   // A checkpoint over files a much smaller tokenizer wrote (train prepare's default byte shards or
   // text:FILE under GPT-2; GPT-2's shards under Llama 3): the ids name other tokens than the model
   // learned. Only a note: a model may have been trained on those ids. (A tokenizer's vocabulary

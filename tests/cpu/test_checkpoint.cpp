@@ -1247,6 +1247,28 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
                  "--checkpoint " + (d / "gone" / "model.bin").string() + ": no such file");
   // Its vocabulary bounds the data's: the recall task needs 64 tokens, the model has 32 (passkey's).
   expect_refused(rest + " --steps 1 --data recall --checkpoint " + model, "recall: the task's vocab 64 exceeds the model vocab 32");
+  // A run that packed documents: its checkpoint used without --doc-mask is said to attend across
+  // them (its rank_0.json); with the flags, or from a run that did not pack, nothing is said.
+  const std::string text = (d / "t.txt").string();
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 200; i++) f << "line " << i << "\n";
+  }
+  const std::string on_text = " --seq 16 --batch 2 --eval-every 0 --eval-batches 1 --threads 1 --data text:" + text;
+  REQUIRE(train("--dim 32 --heads 2 --layers 1 --quiet --steps 1 --doc-mask --eot 10 --save-dir " + (d / "packed").string() +
+                on_text).code == 0);
+  const std::string packed = (d / "packed" / "step_00000001" / "model.bin").string();
+  CmdResult unmasked = train("--steps 0 --checkpoint " + packed + on_text);
+  CHECK(unmasked.code == 0);
+  CHECK(unmasked.out.find("note    | " + packed + "'s run trained with --doc-mask --eot 10 (its rank_0.json): without it "
+                          "this run attends across documents") != std::string::npos);
+  CmdResult masked = train("--steps 0 --doc-mask --eot 10 --checkpoint " + packed + on_text);
+  CHECK(masked.code == 0);
+  CHECK(masked.out.find("run trained with --doc-mask") == std::string::npos);
+  REQUIRE(train("--dim 32 --heads 2 --layers 1 --quiet --steps 1 --save-dir " + (d / "plain").string() + on_text).code == 0);
+  CmdResult plain = train("--steps 0 --checkpoint " + (d / "plain" / "step_00000001" / "model.bin").string() + on_text);
+  CHECK(plain.code == 0);
+  CHECK(plain.out.find("run trained with --doc-mask") == std::string::npos);
   fs::remove_all(d);
 }
 
