@@ -70,21 +70,37 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
   auto number = [](const std::string& flag, const std::string& v) { return parse_float("prepare: " + flag, v); };
   auto integer = [](const std::string& flag, const std::string& v) { return int64_t(parse_int("prepare: " + flag, v)); };
   bool eot_given = false;
+  static const char* const kWithValue[] = {"--out", "--val-frac", "--shard-tokens", "--tokenizer",
+                                           "--files-from", "--json-key", "--eot"};
   for (int i = 1; i < argc; i++) {
-    const std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) {
-      o.files.push_back(a);
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) {
+      o.files.push_back(arg);
       continue;
     }
+    // --flag VALUE or --flag=VALUE, as train takes them; the flag is known before its value is read.
+    const size_t eq = arg.find('=');
+    const std::string a = arg.substr(0, eq);
     if (a == "--raw") {  // the one flag without a value
+      if (eq != std::string::npos)
+        throw std::runtime_error("prepare: --raw is a switch and takes no value (got '" + arg.substr(eq + 1) + "')");
       o.raw = true;
       continue;
     }
-    if (i + 1 >= argc) throw std::runtime_error("prepare: " + a + ": missing value");
-    const std::string v = argv[++i];
-    // `--out --raw`: a flag where the value should be is a value forgotten, not a directory's name.
-    if (v.rfind("--", 0) == 0)
-      throw std::runtime_error("prepare: " + a + ": missing value (the next argument, " + v + ", is a flag)");
+    if (std::find(std::begin(kWithValue), std::end(kWithValue), a) == std::end(kWithValue))
+      throw std::runtime_error("prepare: unknown flag '" + a + "' (train prepare --help lists the flags)");
+    std::string v;
+    if (eq != std::string::npos) {
+      v = arg.substr(eq + 1);
+    } else {
+      if (i + 1 >= argc) throw std::runtime_error("prepare: " + a + ": missing value");
+      v = argv[++i];
+      // `--out --raw`: a flag where the value should be is a value forgotten, not a directory's
+      // name (one that truly starts so goes as --out=--raw).
+      if (v.rfind("--", 0) == 0)
+        throw std::runtime_error("prepare: " + a + ": missing value (the next argument, " + v +
+                                 ", is a flag; a value spelled like a flag goes as " + a + "=" + v + ")");
+    }
     if (a == "--out") o.out = v;
     else if (a == "--val-frac") o.val_frac = number(a, v);
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);

@@ -184,10 +184,16 @@ long parse_int(const std::string& flag, const std::string& v) {
 
 double parse_float(const std::string& flag, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   double x = std::strtod(v.c_str(), &end);
   // strtod also reads leading blanks and C's hex floats ('0x10' is 16): neither is a decimal number.
   if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])) || v.find_first_of("xX") != std::string::npos || *end)
     throw std::runtime_error(flag + ": expected a number, got '" + v + "'");
+  // Below a double's range strtod gives 0 (or a subnormal) and ERANGE: 1e-400 is not 0, which
+  // turns some flags off (--grad-clip 0, --heartbeat 0) or greedy (--temperature 0).
+  if (errno == ERANGE && std::fabs(x) < 1)
+    throw std::runtime_error(flag + ": " + v + " is outside the range of a float (magnitudes from about 1.2e-38 "
+                             "to 3.4e38, or 0)");
   return x;
 }
 
@@ -322,10 +328,14 @@ Options parse_options(int argc, char** argv) {
       v = argv[++i];
       // `--save-dir --resume`: a flag where the value should be is a value forgotten (taken as the
       // value, it would start a fresh run in ./--resume). A value that truly starts so: --flag=VALUE.
+      // Any --word, not only the flags there are (--save-dir --resum, a typo, trained afresh into
+      // ./--resum), but in a --prompt's free text.
       const std::string next = v.substr(0, v.find('='));
       const bool is_flag = next == "-h" || with_value.count(next) ||
                            std::any_of(std::begin(kSwitches), std::end(kSwitches),
-                                       [&](const auto& k) { return next == k.first; });
+                                       [&](const auto& k) { return next == k.first; }) ||
+                           (a != "--prompt" && next.size() > 2 && next.compare(0, 2, "--") == 0 &&
+                            std::isalpha(static_cast<unsigned char>(next[2])));
       if (is_flag)
         throw std::runtime_error(a + ": missing value (the next argument, " + v +
                                  ", is a flag; a value spelled like a flag goes as " + a + "=" + v + ")");
@@ -334,6 +344,7 @@ Options parse_options(int argc, char** argv) {
     o.given.push_back(a);
     o.args.push_back({a, v});
   }
+  if (o.help) return o;  // the flags' list, whatever else the line holds (a value it would refuse)
   auto positive = [](const char* flag, long v) {
     if (v < 1) throw std::runtime_error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
   };
@@ -418,6 +429,8 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DULYSSES_CUDA=ON, or "
                              "-DULYSSES_CUDA_EMULATION=ON for the emulated device)");
 #endif
+  if (o.set_by_user("--precision") && o.precision.empty())
+    throw std::runtime_error("--precision: expected fp32 or bf16, got ''");
   if (o.precision.empty()) o.precision = o.device == "cuda" ? "bf16" : "fp32";
   if (o.precision != "fp32" && o.precision != "bf16")
     throw std::runtime_error("--precision: expected fp32 or bf16, got '" + o.precision + "'");

@@ -1,6 +1,7 @@
 #include "engine/output_paths.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -143,10 +144,29 @@ void check_output_paths(const Options& o) {
                                  "; write it elsewhere");
       if (rel == ".lock")  // the run's lock (engine/checkpoint.h): the next run would empty it
         throw std::runtime_error(flag + " " + path + " is --save-dir's lock file; write it elsewhere");
+      if (rel == "rollback.json")  // a rollback's record (engine/rollback_record.h): every resume reads it
+        throw std::runtime_error(flag + " " + path + " is --save-dir's rollback record; write it elsewhere");
     }
     for (size_t j = 0; j < i; j++)
       if (same_file(outputs[j].second, path))
         throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");
+  }
+  // What this run writes must not be what a shards: pattern matches once written: the files above
+  // (not there yet, so no input of theirs matched), --save-dir and a checkpoint in it. The run
+  // would go on, and then neither resume nor start again on that pattern (a log or a step directory
+  // read as a shard). As glob(3) matches: '/' and a leading '.' only literally.
+  if (!o.save_dir.empty()) {
+    outputs.push_back({"--save-dir", o.save_dir});
+    outputs.push_back({"--save-dir (a checkpoint in it)", (fs::path(o.save_dir) / step_dir_name(1)).string()});
+  }
+  for (const auto& [in_flag, spec] : {Named{"--data", o.data}, Named{"--val-data", o.val_data}}) {
+    if (spec.rfind("shards:", 0) != 0) continue;
+    const std::string pattern = fs::absolute(spec.substr(7)).lexically_normal().string();
+    for (const auto& [flag, path] : outputs)
+      if (::fnmatch(pattern.c_str(), fs::absolute(path).lexically_normal().string().c_str(), FNM_PATHNAME | FNM_PERIOD) == 0)
+        throw std::runtime_error(flag + " " + path + " matches " + in_flag + "'s pattern " + spec +
+                                 ": later runs on it would read it as a shard; write it elsewhere (or name the "
+                                 "shards more narrowly)");
   }
 }
 

@@ -67,7 +67,7 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   std::ofstream(d.file("a.txt"), std::ios::binary) << a;
   std::ofstream(d.file("b.bin"), std::ios::binary) << b;
   const std::string out = d.file("shards");
-  auto r = run_cmd(train_cmd("prepare --out " + out + " --val-frac 0.2 --shard-tokens 500 " + d.file("a.txt") + " " +
+  auto r = run_cmd(train_cmd("prepare --out " + out + " --val-frac=0.2 --shard-tokens 500 " + d.file("a.txt") + " " +
                              d.file("b.bin")));
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -242,6 +242,11 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
       {"--out " + out + " --eot 50256 " + d.file("ok.txt"), "--eot 50256 is not in [0, 256]"},
       {"--out " + out + " --eot 257 " + d.file("ok.txt"), "--eot 257 is not in [0, 256]"},
       {"--out " + out + " --bogus 1 " + d.file("ok.txt"), "unknown flag '--bogus'"},
+      // Unknown given last: named as unknown (it once said "missing value"), as with =VALUE.
+      {"--out " + out + " " + d.file("ok.txt") + " --bogus", "unknown flag '--bogus'"},
+      {"--out " + out + " " + d.file("ok.txt") + " --bogus=1", "unknown flag '--bogus'"},
+      {"--out " + out + " --raw=1 " + d.file("ok.txt"), "--raw is a switch and takes no value"},
+      {"--out " + out + " --val-frac=1 " + d.file("ok.txt"), "--val-frac must be in [0, 1)"},  // =VALUE is read
       {"--out " + out, "no input files"},
       {d.file("ok.txt"), "--out DIR is required"},
   };

@@ -136,7 +136,7 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {d.file("docs.tar.txt"), "docs.tar.txt: a tar archive"},
       {d.file("c4.json"), "c4.json: a .json file of one JSON object a line: JSON Lines, as C4 and Dolma name it"},
       {d.file("surrogate.json"), "surrogate.json: a .json file of one JSON object a line"},
-      {"--out --raw " + d.file("ok.txt"), "--out: missing value (the next argument, --raw, is a flag)"},
+      {"--out --raw " + d.file("ok.txt"), "--out: missing value (the next argument, --raw, is a flag; a value spelled like a flag goes as --out=--raw)"},
       // numbers as train's flags read them: decimal, as written (strtod took hex and leading blanks)
       {"--val-frac 0x1p-3 " + d.file("ok.txt"), "prepare: --val-frac: expected a number, got '0x1p-3'"},
       {"--shard-tokens ' 50000' " + d.file("ok.txt"), "prepare: --shard-tokens: expected an integer, got ' 50000'"},

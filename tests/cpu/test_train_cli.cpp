@@ -60,6 +60,19 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   // Nor may an output land in a checkpoint (an export once replaced a step's model.bin).
   expect_refused(run + " --save-dir " + d + "/sd --export-llmc " + d + "/sd/step_00000001/model.bin",
                  "--export-llmc " + d + "/sd/step_00000001/model.bin is inside --save-dir's checkpoint step_00000001");
+  // Nor on the save directory's rollback record, which every resume reads.
+  expect_refused(run + " --save-dir " + d + "/sd --log " + d + "/sd/rollback.json", "is --save-dir's rollback record");
+  // Nor where a shards: pattern matches what the run writes (it would train, and then neither
+  // resume nor start again on that pattern: a log or a step directory read as a shard).
+  const std::string shards = " --data shards:" + d + "/sh/*";
+  fs::create_directories(d + "/sh");
+  expect_refused("--steps 1 --threads 1" + shards + " --save-dir " + d + "/sh",
+                 "--save-dir's log " + d + "/sh/log.jsonl matches --data's pattern shards:" + d + "/sh/*");
+  expect_refused("--steps 1 --threads 1" + shards + " --save-dir " + d + "/sh/run",
+                 "--save-dir " + d + "/sh/run matches --data's pattern");
+  expect_refused("--steps 1 --threads 1" + shards + " --log " + d + "/sh/train.jsonl", "--log " + d + "/sh/train.jsonl matches");
+  expect_refused("--steps 1 --threads 1 --val-data shards:" + d + "/sh/*.bin --export-llmc " + d + "/sh/m.bin",
+                 "--export-llmc " + d + "/sh/m.bin matches --val-data's pattern");
   // (A file beside the checkpoints whose name only starts like one is no checkpoint.)
   REQUIRE(run_cmd(train_cmd(run + " --quiet --save-dir " + d + "/sd2 --export-llmc " + d + "/sd2/step_final.bin")).code == 0);
   // A log in a directory that does not exist yet: made, as an export's is.
@@ -217,6 +230,20 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   CHECK_THROWS_WITH(ul::parse_int("--steps", " 3"), Catch::Contains("--steps: expected an integer, got ' 3'"));
   CHECK_THROWS_WITH(options("--lr 1e-45"), Catch::Contains("--lr: 1e-45 is outside the range of a float"));
   CHECK(options("--lr 2e-38").lr == 2e-38f);  // the smallest normal floats are still taken
+  // Past even a double's range: not 0 (which turns clipping and the heartbeat off, sampling greedy).
+  for (const char* f : {"--grad-clip", "--heartbeat", "--temperature", "--weight-decay"})
+    CHECK_THROWS_WITH(options(std::string(f) + " 1e-400"), Catch::Contains(std::string(f) + ": 1e-400 is outside the range"));
+  CHECK(options("--grad-clip 0").grad_clip == 0);
+  CHECK(options("--grad-clip 0e-400").grad_clip == 0);  // a zero written so is 0
+  // A value that looks like a flag, known or not (a typo trained afresh into ./--resum), is a
+  // value forgotten; spelled --flag=VALUE it is taken.
+  CHECK_THROWS_WITH(options("--save-dir --resum --steps 1"),
+                    Catch::Contains("--save-dir: missing value (the next argument, --resum, is a flag"));
+  CHECK(options("--log=--x").log == "--x");
+  // An empty --precision is no choice.
+  CHECK_THROWS_WITH(options("--precision="), Catch::Contains("--precision: expected fp32 or bf16, got ''"));
+  // --help lists the flags whatever else the line holds.
+  CHECK(options("--help --steps -1").help);
   // A model file's header may name any dim: the MLP's width is computed in 64 bits and refused
   // past int (a fuzzed model.bin overflowed 8 x dim).
   {
@@ -328,7 +355,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--log --steps=2", "--log: missing value (the next argument, --steps=2, is a flag");
   expect_refused("--log -h", "--log: missing value (the next argument, -h, is a flag");
   CHECK(options("--log=--quiet").log == "--quiet");
-  CHECK(options("--sample 2 --prompt --not-a-flag").prompt == "--not-a-flag");
+  CHECK(options("--sample 2 --prompt --not-a-flag").prompt == "--not-a-flag");  // free text: taken
+  CHECK_THROWS_WITH(options("--sample 2 --prompt --steps"), Catch::Contains("--prompt: missing value"));
   // Numbers that parse but mean nothing sane: refused, not trained on.
   expect_refused("--batch 4294967297", "--batch: 4294967297 is out of range");  // int(...) would make it 1
   expect_refused("--steps 99999999999999999999", "--steps: 99999999999999999999 is out of range");
