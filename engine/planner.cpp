@@ -249,7 +249,9 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   if (c.world > 1 && (c.local_comm || c.mpi_comm) && cuda)
     // An all-to-all's buffers hold every rank's W heads of the whole sequence: B T W D each, more
     // than N QKV when kv heads are replicated (fewer than sp).
-    p.host_comm = std::max(c.trains ? n * 4 + slice : 0, size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a));
+    // (sp 1 runs no all-to-all.)
+    p.host_comm = std::max(c.trains ? n * 4 + slice : 0,
+                           c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0);
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets,
   // positions and answer numbers of this rank's T / sp, all T positions, and with --doc-mask all T
@@ -303,12 +305,12 @@ int64_t longest_seq(PlanConfig c, double budget) {
   auto fits = [&](int64_t T) {
     PlanConfig x = c;
     x.seq = int(T);
-    // gpt2's learned positions grow with T (train sets --max-seq to --seq when it is not given);
-    // given, or a checkpoint's, they bound it: train refuses a longer --seq
-    if (!x.model.is_llama() && x.model.max_seq < T) {
-      if (c.max_seq_fixed) return false;
-      x.model.max_seq = int(T);
-    }
+    // gpt2's learned positions follow T (train sets them to --seq past the preset's 1024, every
+    // gpt2 preset's, when --max-seq is not given: the asked --seq's table, its gradient and AdamW
+    // state once weighed on every shorter T); given, or a checkpoint's, they bound it: train
+    // refuses a longer --seq
+    if (!x.model.is_llama() && c.max_seq_fixed && x.model.max_seq < T) return false;
+    if (!x.model.is_llama() && !c.max_seq_fixed) x.model.max_seq = int(std::max<int64_t>(T, std::min(c.model.max_seq, 1024)));
     return double(plan_memory(x).total) <= budget;
   };
   // No longer than train accepts: a step's grad_accum x batch x seq tokens fit an int (options.cpp).
@@ -380,7 +382,9 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
 
 std::string memory_shrinks(const PlanConfig& c) {
   std::string s;
-  if (c.trains) s += !c.recompute ? "--recompute, " : !c.offload && c.device == Device::cuda ? "--offload, " : "";
+  // (--offload keeps the last two block inputs on the device: with two layers or fewer it moves nothing.)
+  if (c.trains)
+    s += !c.recompute ? "--recompute, " : !c.offload && c.device == Device::cuda && c.model.layers > 2 ? "--offload, " : "";
   if (c.mlp_chunks < 8) s += "--mlp-chunks 8, ";
   // A rank more on the same GPU (or CPU) holds a whole model more: sp and ZeRO pay over more of them.
   const std::string more = c.device == Device::cuda ? " over more GPUs" : " over more machines";

@@ -83,7 +83,8 @@ namespace {
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }  // whole MiB, for messages
 }  // namespace
 
-void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load) {
+void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load,
+                       const std::string& shrinks) {
   const size_t batches = plan.batches;
   // A device run's host side: --offload's pinned block inputs and collectives staged through host memory.
   const size_t device_host = plan_on_host ? 0 : plan.pinned_host + plan.host_comm;
@@ -100,8 +101,7 @@ void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here
   throw std::runtime_error("this run needs " + mib(per_rank) + " of host memory per rank" + here + " (per rank: " + parts +
                            "the step's micro-batches " + mib(batches) + ", loaded before its first forward; `train --plan` "
                            "shows every part) but this machine has " + mib(ram) + ": try " +
-                           (plan_on_host ? "--recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or --seq, "
-                                           "or --zero 1 over more ranks"
+                           (plan_on_host ? shrinks
                                          : std::string(plan.pinned_host ? "without --offload, or " : "") +
                                                "a smaller --grad-accum, --batch or --seq") +
                            (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
@@ -331,9 +331,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   host_resident_ = on_host ? plan.total : plan.batches + plan.pinned_host + plan.host_comm;
   // Against this process's limit, with the ranks that draw on it; where that is a cgroup's of its
   // own (containers sharing a machine), the machine's memory against all of its ranks too.
-  check_host_memory(plan, on_host, hosts_.sharing_memory(), memory_limit(), load);
+  check_host_memory(plan, on_host, hosts_.sharing_memory(), memory_limit(), load, memory_shrinks(pc));
   if (hosts_.sharing_memory() != hosts_.ranks_here())
-    check_host_memory(plan, on_host, hosts_.ranks_here(), physical_memory_bytes(), load);
+    check_host_memory(plan, on_host, hosts_.ranks_here(), physical_memory_bytes(), load, memory_shrinks(pc));
 #if ULYSSES_HAVE_CUDA
   if (ctx_.device == Device::cuda) {
     const GpuInfo gpu = cuda_gpu_at_start();
@@ -401,8 +401,7 @@ Trainer::Trainer(const Options& o, Comm& world)
     ctx_.arena.reserve(planned_arena_);
   } catch (const std::exception& e) {  // a device too small: say which memory, and what shrinks it
     throw std::runtime_error(std::string(e.what()) + ": the step's activations (" + mib(planned_arena_) +
-                             "; `train --plan` shows every part) do not fit; try --recompute, --mlp-chunks 8, " +
-                             "a larger --sp, or a smaller --batch or --seq");
+                             "; `train --plan` shows every part) do not fit; try " + memory_shrinks(pc));
   }
 }
 

@@ -187,8 +187,10 @@ struct MemoryPlan;  // engine/planner.h
 // device; its total holds the step's micro-batches), else the plan's host side (the micro-batches,
 // --offload's pinned block inputs, collectives staged through host memory), plus `load`: a
 // checkpoint's f32 copy while it loads or saves. Linux would grant the memory, then kill the run
-// using it.
-void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load = 0);
+// using it. `shrinks`: what would shrink a run on the host (memory_shrinks: the flags it lacks).
+void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here, size_t ram, size_t load = 0,
+                       const std::string& shrinks = "--recompute, --mlp-chunks 8, a larger --sp, a smaller --batch or "
+                                                    "--seq, or --zero 1 over more ranks");
 
 // Trainer::decoder_room's arithmetic: `resident` bytes held by each of `sharing` ranks against
 // this process's `limit` and by each of `here` ranks against the machine's `physical` bytes; the

@@ -237,6 +237,19 @@ TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte"
   CHECK(peak("--steps 0 --sample 2 --prompt ids:1") == 0);
   CHECK(peak("--steps 0 --sample 2 --prompt ids:1 --eval-batches 1") == peak("--steps 0"));
   CHECK(peak("--layers 8") > peak("--layers 4") + 3 * (peak("--layers 4 --steps 0") / 2));
+  // Collectives staged through the host on a device (--comm local): an all-to-all's buffers only
+  // where one runs (sp > 1); at sp 1 the gradient's all-reduce alone.
+  {
+    PlanConfig dp = plan_config(full_options("--model llama --seq 4096 --ranks 2", 2));
+    dp.device = Device::cuda;
+    PlanConfig sp = plan_config(full_options("--model llama --seq 4096 --ranks 2 --sp 2", 2));
+    sp.device = Device::cuda;
+    const size_t n = param_count(dp.model) * 4, slice = (param_count(dp.model) + 1) / 2 * 4;
+    CHECK(plan_memory(dp).host_comm == n + slice);
+    CHECK(plan_memory(sp).host_comm > n + slice);  // B T W D x 2 x 4 bytes at T 4096 passes the model
+    dp.trains = false;
+    CHECK(plan_memory(dp).host_comm == 0);
+  }
   // Nor does an eval offload: no pinned host memory is planned (or allocated) for it.
   PlanConfig offloads = plan_config(full_options("--recompute --layers 4", 1));
   offloads.device = Device::cuda, offloads.offload = true;
@@ -266,6 +279,16 @@ TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][
   // ... and above it, not the multiple of 64 sp below them (128 for 200 at sp 2)
   CHECK(longest_seq(plan_config(full_options("--layers 1 --dim 64 --heads 2 --max-seq 200 --seq 64 --sp 2", 2)), 1e30) ==
         200);
+  // A gpt2 whose positions follow --seq: the longest is the same whatever --seq asked (the asked
+  // one's table, its gradient and AdamW state once weighed on every shorter length: 0 at 4M).
+  {
+    const std::string gpt2 = "--model gpt2-124M --batch 1 --recompute --mlp-chunks 8 --seq ";
+    const double budget = 8.0 * (1 << 30);
+    const int64_t at_1k = longest_seq(plan_config(options(gpt2 + "1024")), budget);
+    CHECK(at_1k > 4096);
+    for (const char* seq : {"262144", "4194304"})
+      CHECK(longest_seq(plan_config(options(gpt2 + seq)), budget) == at_1k);
+  }
   const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--max-seq 32 --seq 32 --plan --memory 1G"));
   INFO(r.out);
   CHECK(r.out.find(" per rank: 32 (the model's learned positions end at max_seq 32)\n") != std::string::npos);
@@ -414,8 +437,11 @@ TEST_CASE("the memory hints name only the flags a run does not have yet", "[memo
   };
   CHECK(shrinks("--plan --device cuda", 1) == "--recompute, --mlp-chunks 8, a larger --sp over more GPUs, a smaller --batch or "
                                        "--seq, --zero 1 over more GPUs");
-  CHECK(shrinks("--plan --device cuda --recompute --mlp-chunks 8", 2) ==
+  CHECK(shrinks("--plan --device cuda --recompute --mlp-chunks 8 --layers 4", 2) ==
         "--offload, a larger --sp over more GPUs, a smaller --batch or --seq, --zero 1");
+  // --offload keeps the last two block inputs on the device: with two layers it moves nothing.
+  CHECK(shrinks("--plan --device cuda --recompute --mlp-chunks 8 --layers 2", 2) ==
+        "a larger --sp over more GPUs, a smaller --batch or --seq, --zero 1");
   CHECK(shrinks("--plan --device cuda --recompute --offload --mlp-chunks 16 --zero 1", 2) ==
         "a larger --sp over more GPUs, a smaller --batch or --seq");
   // The CPU has no --offload; an eval (--steps 0) reads neither --recompute nor --zero.
@@ -430,6 +456,9 @@ TEST_CASE("the host memory check counts every rank that shares the machine", "[m
   p.params = 1 << 20, p.grads = 1 << 20, p.optim = 2 << 20, p.arena_peak = 6 << 20, p.batches = 1 << 20, p.total = 11 << 20;
   CHECK_NOTHROW(check_host_memory(p, true, 1, 15 << 20));
   // Two ranks as threads of one process (--comm local) need it twice.
+  // What shrinks it: the flags the run lacks (memory_shrinks), not a fixed list.
+  CHECK_THROWS_WITH(check_host_memory(p, true, 1, 10 << 20, 0, "a larger --sp over more machines"),
+                    Catch::Contains("try a larger --sp over more machines") && !Catch::Contains("--recompute"));
   CHECK_THROWS_WITH(check_host_memory(p, true, 2, 15 << 20),
                     Catch::Contains("needs 11 MiB of host memory per rank x 2 ranks on this machine = 22 MiB") &&
                         Catch::Contains("the step's micro-batches 1 MiB") && Catch::Contains("but this machine has 15 MiB") &&
