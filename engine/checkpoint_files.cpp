@@ -224,12 +224,16 @@ void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg,
   std::abort();
 }
 
-ModelConfig read_model_file(const std::string& path, std::vector<float>& params, uint32_t* crc) {
+ModelConfig read_model_file(const std::string& path, std::vector<float>& params, uint32_t* crc, uint64_t* numel_only) {
   std::string tail;
-  ModelHeader h = read_checked<ModelHeader>(
-      path, "a ulysses model file", kModelMagic, 4, tail, params,
-      [](const ModelHeader& x) { return model_tail_bytes(x.version); },
-      [](const ModelHeader& x) { return x.numel; });
+  auto tail_of = [](const ModelHeader& x) { return model_tail_bytes(x.version); };
+  auto numel = [](const ModelHeader& x) { return x.numel; };
+  params.clear();
+  ModelHeader h = numel_only ? read_checked_stream<ModelHeader>(path, "a ulysses model file", kModelMagic, 4, tail, tail_of,
+                                                                numel, [](uint64_t, const float*, size_t) {})
+                             : read_checked<ModelHeader>(path, "a ulysses model file", kModelMagic, 4, tail, params,
+                                                         tail_of, numel);
+  if (numel_only) *numel_only = h.numel;
   if (crc) *crc = h.crc;  // read_checked verified it
   ModelConfig c;
   c.arch = std::string(h.arch, strnlen(h.arch, sizeof h.arch));

@@ -55,7 +55,7 @@ void check_finite_weights(const std::string& path, const std::vector<ParamSpec>&
                                  "): the weights are damaged, not trainable");
 }
 
-ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& ckpt) {
+ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& ckpt, bool weights) {
   std::error_code ec;
   const std::filesystem::file_status st = std::filesystem::status(path, ec);
   if (ec && ec != std::errc::no_such_file_or_directory)  // a name too long, a component not a directory
@@ -70,11 +70,15 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
   if (is_hf_checkpoint_path(path)) return hf_checkpoint_config(path);
   // A ulysses model.bin starts a new run from a saved one's weights (--resume continues the run).
   ModelConfig cfg;
+  uint64_t count = 0;  // the weights the file holds
   if (is_model_file(path)) {
-    cfg = read_model_file(path, ckpt);
+    cfg = weights ? read_model_file(path, ckpt) : read_model_file(path, ckpt, nullptr, &count);
+    if (weights) count = ckpt.size();
   } else {
     try {
-      cfg = gpt2_config(read_llmc_checkpoint(path, ckpt));
+      const LlmcConfig lc = read_llmc_checkpoint(path, ckpt, weights);
+      count = weights ? ckpt.size() : llmc_gpt2_num_params(lc);
+      cfg = gpt2_config(lc);
     } catch (const std::runtime_error& e) {  // no format's magic: say which files --checkpoint takes
       if (!std::strstr(e.what(), "bad magic")) throw;
       throw std::runtime_error(std::string(e.what()) + "; --checkpoint takes an llm.c GPT-2 .bin, a ulysses model.bin, " +
@@ -88,8 +92,8 @@ ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>&
   }
   // Every weight of that shape, or the file is refused: a header whose count says 0 once passed as
   // "no weights here" and the run started from random ones.
-  if (ckpt.size() != param_count(cfg))
-    throw std::runtime_error(path + ": " + std::to_string(ckpt.size()) + " weights, but the model its header describes has " +
+  if (count != param_count(cfg))
+    throw std::runtime_error(path + ": " + std::to_string(count) + " weights, but the model its header describes has " +
                              std::to_string(param_count(cfg)));
   return cfg;
 }

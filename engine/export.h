@@ -30,8 +30,10 @@ void load_hf_checkpoint(const std::string& path, Transformer& model, bool say = 
 
 // --checkpoint FILE of any format (llm.c .bin, .safetensors, our model.bin): the model's shape,
 // validated. An llm.c file's or a model.bin's f32 values go to `values`; a safetensors file's are
-// imported by name once the model exists (load_hf_checkpoint), and `values` stays empty.
-ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& values);
+// imported by name once the model exists (load_hf_checkpoint), and `values` stays empty. Without
+// `weights` (--plan: the shape alone) no format's values are kept: a model.bin is still read
+// through for its checks, an llm.c file's size checked against its header.
+ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& values, bool weights = true);
 
 // Built on every rank before training, so that a bad flag combination, tokenizer file or prompt
 // fails before any work; finish() runs on rank 0 after the last step.

@@ -105,7 +105,7 @@ size_t llmc_gpt2_num_params(const LlmcConfig& c) {
   return n;
 }
 
-LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params) {
+LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params, bool weights) {
   LlmcFile file(path, "an llm.c GPT-2 checkpoint");
   const int32_t* h = file.h;
   if (h[0] != kCheckpointMagic)
@@ -117,6 +117,8 @@ LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& par
   const size_t n = llmc_gpt2_num_params(c), width = h[1] == 3 ? 4 : 2;
   check_size(path, file.size, kHeaderBytes + n * width,
              "a version " + std::to_string(h[1]) + " header with " + std::to_string(n) + " parameters");
+  params.clear();
+  if (!weights) return c;
   params.resize(n);
   if (width == 4) {
     file.read(path, params.data(), n * 4);

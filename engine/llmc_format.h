@@ -33,8 +33,9 @@ size_t llmc_gpt2_num_params(const LlmcConfig& c);
 // fcw (L,4C,C), fcb (L,4C), fcprojw (L,C,4C), fcprojb (L,C), lnfw (C), lnfb (C).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llmc_gpt2_param_shapes(const LlmcConfig& c);
 
-// params is resized to llmc_gpt2_num_params(config).
-LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params);
+// params is resized to llmc_gpt2_num_params(config); without `weights`, only the header is read
+// (and the file's size checked against it): params stays empty.
+LlmcConfig read_llmc_checkpoint(const std::string& path, std::vector<float>& params, bool weights = true);
 // Writes version 3 (fp32) or 5 (bf16, round-to-nearest-even) atomically: path.tmp, fsync, rename —
 // a crash never leaves a damaged file.
 void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const float* params, int version = 3);

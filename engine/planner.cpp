@@ -346,7 +346,7 @@ PlanConfig plan_config(const Options& o) {
   if (o.ranks % o.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp");
   if (!o.checkpoint.empty()) {  // the run's model is the checkpoint's (with the RoPE flags, as train has it)
     std::vector<float> values;
-    ModelConfig cfg = checkpoint_model_config(o.checkpoint, values);
+    ModelConfig cfg = checkpoint_model_config(o.checkpoint, values, false);  // the shape, not the weights
     apply_checkpoint_flags(o, cfg);
     apply_trained_length(o, cfg);
     return plan_config(o, cfg);

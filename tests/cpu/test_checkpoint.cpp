@@ -19,6 +19,7 @@
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
+#include "engine/export.h"
 #include "engine/file_io.h"
 #include "engine/loss_plot.h"
 #include "engine/probe_plot.h"
@@ -1239,6 +1240,20 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   // a model.bin that is not there (it was read as an llm.c checkpoint, and said so).
   std::vector<float> values;
   const ul::ModelConfig cfg = ul::read_model_file(model, values);
+  // --plan's read: the shape, every check made, no weights kept (an 8B model.bin held 32 GB to plan).
+  {
+    std::vector<float> none;
+    CHECK(ul::checkpoint_model_config(model, none, false).describe() == cfg.describe());
+    CHECK(none.empty());
+    const std::string flipped = (d / "flipped_model.bin").string();
+    fs::copy_file(model, flipped);
+    {
+      std::fstream f(flipped, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-4, std::ios::end);
+      f.write("\x7f\x7f\x7f\x7f", 4);
+    }
+    CHECK_THROWS_WITH(ul::checkpoint_model_config(flipped, none, false), Catch::Contains("checksum mismatch"));
+  }
   const std::string empty = (d / "empty_model.bin").string();
   ul::write_model_file(empty, cfg, values.data(), 0);
   expect_refused(rest + " --steps 0 --checkpoint " + empty, empty + ": 0 weights, but the model its header describes has " +

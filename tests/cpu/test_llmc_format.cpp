@@ -118,6 +118,13 @@ TEST_CASE("write_llmc_checkpoint round-trips bit-exactly and atomically", "[llmc
   CHECK(std::memcmp(&c, &c2, sizeof c) == 0);
   REQUIRE(back.size() == params.size());
   CHECK(std::memcmp(back.data(), params.data(), params.size() * 4) == 0);
+  // The header alone (--plan's shape): no weights kept, the size still checked against it.
+  std::vector<float> none{1.f};
+  ul::LlmcConfig c3 = ul::read_llmc_checkpoint(out, none, false);
+  CHECK(std::memcmp(&c, &c3, sizeof c) == 0);
+  CHECK(none.empty());
+  fs::resize_file(out, fs::file_size(out) - 4);
+  require_error([&] { ul::read_llmc_checkpoint(out, none, false); }, {out});
 
   // Overwriting keeps the file valid; a failed write (no such directory) leaves nothing behind.
   params[5] = 1.5f;
