@@ -34,12 +34,18 @@ __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ 
   T* yr = y + size_t(row) * C;
   float xv[V];
 
+  // The mean of x - x[0], then x[0] added back: a float sum of the row itself is off by ulps of its
+  // offset times C, and every output by that error times rstd (rows near 1000 with spread 0.1: 1e-3,
+  // where the CPU's double sums give 3e-4); shifted, the sum's error is the spread's.
+  float first[1];
+  load_floats<1>(xr, first);
+  const float x0 = first[0];
   float sum = 0.f;
   for (int c = lane * V; c < C; c += 32 * V) {
     load_floats<V>(xr + c, xv);
-    for (int k = 0; k < V; k++) sum += xv[k];
+    for (int k = 0; k < V; k++) sum += xv[k] - x0;
   }
-  const float m = warp_sum(sum) / C;
+  const float m = x0 + warp_sum(sum) / C;
   float var = 0.f;
   for (int c = lane * V; c < C; c += 32 * V) {
     load_floats<V>(xr + c, xv);

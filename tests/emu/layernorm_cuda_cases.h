@@ -132,6 +132,36 @@ TEST_CASE("layernorm CUDA kernels match the CPU backend (bf16)", UL_CUDA_TEST_TA
   for (auto [N, C] : ln_cases::kShapes) ln_cases::check_kernels<__nv_bfloat16>(N, C);
 }
 
+TEST_CASE("layernorm CUDA forward keeps its precision on rows far from zero mean (f32)", UL_CUDA_TEST_TAG "[layernorm]") {
+  // A float sum of the row itself is off by ulps of its offset times C, and every output by that
+  // error times rstd (1e-3 on rows near 1000 with spread 0.1); the kernel sums x - x[0]. What is
+  // left is the float mean's own rounding: half an ulp of the offset, times rstd.
+  using namespace cuda_cases;
+  const int N = 8, C = 768;
+  const std::vector<float> z = ul_test::randn_f(size_t(N) * C, 17);
+  for (double offset : {1000.0, 50.0, 12345.6}) {
+    INFO("offset " << offset);
+    const double spread = offset > 10000 ? 0.0 : offset > 100 ? 0.1 : 0.01;  // (a constant row too)
+    std::vector<float> x(size_t(N) * C), w(C, 1.f), b(C, 0.f);
+    for (size_t i = 0; i < x.size(); i++) x[i] = float(offset + spread * z[i]);
+    DeviceBuffer<float> d_x(x.size()), d_w(C), d_b(C), d_y(x.size()), d_mean(N), d_rstd(N);
+    d_x.set(x), d_w.set(w), d_b.set(b);
+    ul::cuda::layernorm_forward(d_y.p, d_mean.p, d_rstd.p, d_x.p, d_w.p, d_b.p, N, C, nullptr);
+    const std::vector<float> y = d_y.get();
+    double worst = 0, allowed = 0;
+    for (int n = 0; n < N; n++) {
+      double m = 0, var = 0;
+      for (int c = 0; c < C; c++) m += double(x[size_t(n) * C + c]) / C;
+      for (int c = 0; c < C; c++) var += (x[size_t(n) * C + c] - m) * (x[size_t(n) * C + c] - m) / C;
+      const double s = 1.0 / std::sqrt(var + 1e-5);
+      for (int c = 0; c < C; c++)
+        worst = std::max(worst, std::fabs(y[size_t(n) * C + c] - (x[size_t(n) * C + c] - m) * s));
+      allowed = std::max(allowed, 1e-5 + 0.5 * std::ldexp(1.0, std::ilogb(offset) - 23) * s * 1.01);
+    }
+    CHECK(worst <= (spread == 0 ? 1e-6 : allowed));  // a constant row: x - x[0] is 0, its mean x[0] exactly
+  }
+}
+
 TEST_CASE("layernorm op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[layernorm]") {
   ul::init_cuda_backend();
   const int N = 37, C = 80;
