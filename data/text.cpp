@@ -1,9 +1,14 @@
 #include "data/text.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <cstring>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -12,22 +17,43 @@ namespace ul {
 
 TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) : path_(path), split_(split) {
   require_regular_file(path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open text file");
-  bytes_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  if (bytes_.empty()) throw std::runtime_error(path + ": text file is empty");
+  // Mapped, not read: the train and val splits, and every rank of this machine, share the page
+  // cache's one copy (each once held the whole file: two per rank, outside the memory check).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open text file: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot read text file: " + std::strerror(err));
+  }
+  size_ = size_t(st.st_size);
+  if (size_ == 0) {
+    ::close(fd);
+    throw std::runtime_error(path + ": text file is empty");
+  }
+  void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) throw std::runtime_error(path + ": cannot map text file: " + std::strerror(err));
+  bytes_ = static_cast<const uint8_t*>(map);
   if (model_vocab > 0 && model_vocab < 256) {
     vocab_ = model_vocab;
-    for (size_t k = 0; k < bytes_.size(); k++)
-      if (bytes_[k] >= model_vocab)
-        throw std::runtime_error(path + ": byte " + std::to_string(bytes_[k]) + " at offset " + std::to_string(k) +
+    for (size_t k = 0; k < size_; k++)
+      if (bytes_[k] >= model_vocab) {
+        const int b = bytes_[k];
+        ::munmap(map, size_);  // the destructor will not run
+        throw std::runtime_error(path + ": byte " + std::to_string(b) + " at offset " + std::to_string(k) +
                                  " is >= the model vocab " + std::to_string(model_vocab));
+      }
   }
 }
 
+TextDataset::~TextDataset() { ::munmap(const_cast<uint8_t*>(bytes_), size_); }
+
 int64_t TextDataset::num_sequences(int T) const {
   if (T < 1) throw std::runtime_error(path_ + ": sequence length must be >= 1");
-  const int64_t size = int64_t(bytes_.size()), cut = holdout_start(size);
+  const int64_t size = int64_t(size_), cut = holdout_start(size);
   // train: bytes [0, cut] hold cut / T sequences; val: bytes [cut, size) hold (size - cut - 1) / T.
   const int64_t n = split_ == Split::val ? (size - cut - 1) / T : std::min(cut, size - 1) / T;
   if (n < 1)
@@ -42,8 +68,8 @@ int64_t TextDataset::num_sequences(int T) const {
 
 void TextDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const {
   const int64_t n = num_sequences(T);
-  const int64_t first = split_ == Split::val ? holdout_start(int64_t(bytes_.size())) : 0;
-  const uint8_t* p = bytes_.data() + first + (i % n) * int64_t(T);
+  const int64_t first = split_ == Split::val ? holdout_start(int64_t(size_)) : 0;
+  const uint8_t* p = bytes_ + first + (i % n) * int64_t(T);
   for (int t = 0; t < T; t++) {
     inputs[t] = p[t];
     targets[t] = p[t + 1];
@@ -51,19 +77,19 @@ void TextDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) 
 }
 
 std::vector<Dataset::FileSpan> TextDataset::file_spans() const {
-  const int64_t size = int64_t(bytes_.size()), cut = holdout_start(size);
+  const int64_t size = int64_t(size_), cut = holdout_start(size);
   if (split_ == Split::val) return {{path_, cut, size}};
   return {{path_, 0, std::min(cut + 1, size)}};
 }
 
 std::string TextDataset::identity() const {
   char crc[16];
-  std::snprintf(crc, sizeof crc, "%08x", crc32(0, bytes_.data(), bytes_.size()));
-  return std::to_string(bytes_.size()) + " bytes, crc32 " + crc;
+  std::snprintf(crc, sizeof crc, "%08x", crc32(0, bytes_, size_));
+  return std::to_string(size_) + " bytes, crc32 " + crc;
 }
 
 std::string TextDataset::describe() const {
-  return "text " + path_ + " (" + split_name(split_) + "): " + std::to_string(bytes_.size()) + " bytes, vocab " + std::to_string(vocab_);
+  return "text " + path_ + " (" + split_name(split_) + "): " + std::to_string(size_) + " bytes, vocab " + std::to_string(vocab_);
 }
 
 }  // namespace ul

@@ -15,6 +15,9 @@ class TextDataset : public Dataset {
  public:
   // Throws naming the file when it is missing, empty, or holds a byte >= model_vocab (if > 0).
   TextDataset(const std::string& path, Split split, int model_vocab);
+  ~TextDataset() override;
+  TextDataset(const TextDataset&) = delete;
+  TextDataset& operator=(const TextDataset&) = delete;
   // 256, or the model's vocab when smaller (every byte was checked against it).
   int vocab() const override { return vocab_; }
   // Throws naming the file when the split gets no sequence at length T.
@@ -28,7 +31,8 @@ class TextDataset : public Dataset {
  private:
   std::string path_;
   Split split_;
-  std::vector<uint8_t> bytes_;
+  const uint8_t* bytes_ = nullptr;  // the file, mapped read-only
+  size_t size_ = 0;
   int vocab_ = 256;
 };
 

@@ -1,6 +1,7 @@
 #include "engine/json.h"
 
 #include <cerrno>
+#include <new>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -12,7 +13,8 @@ namespace {
 
 class Parser {
  public:
-  Parser(const std::string& s, const std::string& where) : s_(s), where_(where) {}
+  Parser(const std::string& s, const std::string& where, size_t max_values)
+      : s_(s), where_(where), values_left_(max_values) {}
 
   JsonValue document() {
     JsonValue v = value(0);
@@ -24,6 +26,7 @@ class Parser {
  private:
   const std::string& s_;
   const std::string& where_;
+  size_t values_left_;
   size_t i_ = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -50,6 +53,7 @@ class Parser {
 
   JsonValue value(int depth) {
     if (depth > 64) fail("nested deeper than 64 levels");  // bounds the recursion on hostile input
+    if (values_left_-- == 0) fail("more values than a file of its kind holds");  // each takes ~112 bytes
     JsonValue v;
     const char c = peek();
     if (c == '{') {
@@ -218,6 +222,13 @@ const std::string& JsonValue::as_string(const std::string& where) const {
   return text;
 }
 
-JsonValue parse_json(const std::string& text, const std::string& where) { return Parser(text, where).document(); }
+JsonValue parse_json(const std::string& text, const std::string& where, size_t max_values) {
+  try {
+    return Parser(text, where, max_values).document();
+  } catch (const std::bad_alloc&) {  // a value takes about 112 bytes: "0," 56 times its size
+    throw std::runtime_error(where + ": out of memory parsing " + std::to_string(text.size()) +
+                             " bytes of JSON (each value takes about 112 bytes)");
+  }
+}
 
 }  // namespace ul

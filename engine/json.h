@@ -43,7 +43,9 @@ struct JsonSyntaxError : std::runtime_error {
   std::string problem;
 };
 
-// Throws JsonSyntaxError on any malformed input.
-JsonValue parse_json(const std::string& text, const std::string& where);
+// Throws JsonSyntaxError on any malformed input, or past max_values values (a reader's bound on
+// what a file of its kind can hold: each value takes about 112 bytes however short its text), and
+// a runtime_error naming `where` when memory runs out.
+JsonValue parse_json(const std::string& text, const std::string& where, size_t max_values = SIZE_MAX);
 
 }  // namespace ul

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -131,8 +132,8 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   std::vector<LogRecord> out;
-  std::vector<long> steps;  // each kept record's step
-  bool in_order = true;     // steps never went down (only a log edited by hand has them do so)
+  std::vector<long> steps;                      // each record's step
+  std::vector<std::pair<size_t, long>> resumes;  // (records before it, the step it resumed after)
   int bad = 0;
   std::string text;
   // The writer's own spelling (JsonLine): a line of no wanted type is passed over unparsed.
@@ -157,19 +158,8 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const
       continue;
     }
     const long at = std::atol(step->second.c_str());
-    if (type->second == "resume") {
-      // The resumed run continues from this step: what an earlier attempt logged after it is void.
-      // Records come in step order, so those are at the back; only a log out of order (edited by
-      // hand) needs the whole walk.
-      if (in_order) {
-        while (!out.empty() && steps.back() > at) out.pop_back(), steps.pop_back();
-      } else {
-        std::vector<LogRecord> kept;
-        std::vector<long> kept_steps;
-        for (size_t i = 0; i < out.size(); i++)
-          if (steps[i] <= at) kept.push_back(std::move(out[i])), kept_steps.push_back(steps[i]);
-        out.swap(kept), steps.swap(kept_steps);
-      }
+    if (type->second == "resume") {  // what an earlier attempt logged after this step is void (below)
+      resumes.push_back({out.size(), at});
       continue;
     }
     if (!filter.types.empty() &&
@@ -181,10 +171,23 @@ std::vector<LogRecord> read_run_log(const std::string& path, int* skipped, const
                      std::find(filter.fields.begin(), filter.fields.end(), it->first) != filter.fields.end()
                  ? std::next(it)
                  : r.erase(it);
-    in_order = in_order && (steps.empty() || at >= steps.back());
     out.push_back(std::move(r));
     steps.push_back(at);
   }
+  // A record stays when no later resume went on from an earlier step than its own: one pass from
+  // the end with the smallest such step so far (linear however the steps are ordered; a log edited
+  // by hand, or written by two runs at once, once made each resume copy every record kept).
+  long limit = LONG_MAX;
+  size_t kept = out.size(), r = resumes.size();
+  for (size_t i = out.size(); i-- > 0;) {
+    for (; r > 0 && resumes[r - 1].first > i; r--) limit = std::min(limit, resumes[r - 1].second);
+    if (steps[i] > limit) {
+      out[i] = LogRecord();
+      continue;
+    }
+    if (--kept != i) out[kept] = std::move(out[i]);
+  }
+  out.erase(out.begin(), out.begin() + long(kept));
   if (skipped) *skipped = bad;
   return out;
 }

@@ -90,7 +90,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
   const size_t data_bytes = file_size - data0_;
   const std::string header = bytes_.substr(8, size_t(n));
   if (header.empty() || header[0] != '{') throw st_error(path, "the header is not a JSON object");
-  const JsonValue root = parse_json(header, path + ": safetensors header");
+  // A tensor's entry is about 50 bytes or more for 7 values: a header of "0,0,0,..." (2 bytes a
+  // value, 112 bytes in memory) is refused before it takes 56 times its size.
+  const JsonValue root = parse_json(header, path + ": safetensors header", header.size() / 4 + 1024);
   if (!root.is(JsonValue::Kind::object)) throw st_error(path, "the header is not a JSON object");
 
   for (const auto& [name, v] : root.fields) {

@@ -186,6 +186,11 @@ void Tokenizer::read_hf_json(const std::string& text) {
   for (const auto& t : toks) n = std::max(n, t.first + 1);
   for (const auto& t : added) n = std::max(n, t.id + 1);
   if (n > (int64_t(1) << 24)) throw bad("a token id of " + std::to_string(n - 1) + " (at most 2^24 - 1 here)");
+  // Ids run from 0 without gaps: past the entries' count one is missing (found here, before tables
+  // of n entries: a 200-byte file naming id 2^24 - 1 took 600 MB to refuse).
+  if (n > int64_t(toks.size() + added.size()))
+    throw bad("a token id of " + std::to_string(n - 1) + " among " + std::to_string(toks.size() + added.size()) +
+              " tokens (ids must run from 0 without gaps)");
   tokens_.assign(size_t(n), std::string());
   std::vector<int> kind(size_t(n), 0);  // 0 none, 1 vocab, 2 added
   for (const auto& t : toks) {

@@ -340,7 +340,9 @@ TEST_CASE("tokenizer.json: what would encode differently is refused, naming the 
       {"\\p{N}{1,3}", "\\p{N}{1,2}", "its pattern is"},
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model is WordPiece, not BPE"},
       {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback"},
-      {"\"Ġ\": 220,", "\"Ġ\": 9999,", "no token has id 220"},
+      // an id past the entries' count: a gap, refused before tables of that many entries are made
+      {"\"Ġ\": 220,", "\"Ġ\": 9999,", "a token id of 9999 among"},
+      {"\"id\": 576,", "\"id\": 16777215,", "a token id of 16777215 among"},
       // an added token on a vocabulary token's id: two texts, one id
       {"\"id\": 576,", "\"id\": 5,", "added token '<|begin_of_text|>' has id 5, which the vocabulary gives to '&'"},
   };

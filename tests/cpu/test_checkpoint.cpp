@@ -1525,6 +1525,12 @@ TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
   const auto kept = ul::read_run_log(unordered);
   REQUIRE(kept.size() == 1);
   CHECK(kept[0].at("step") == "2");
+  // ... and more of it: a record stays when no later resume went on from an earlier step.
+  std::ofstream(unordered, std::ios::app) << "{\"type\":\"step\",\"step\":7,\"loss\":1}\n{\"type\":\"step\",\"step\":1,\"loss\":1}\n"
+                                         << "{\"type\":\"resume\",\"step\":4}\n{\"type\":\"step\",\"step\":9,\"loss\":1}\n";
+  std::vector<std::string> order;
+  for (const auto& r : ul::read_run_log(unordered)) order.push_back(r.at("step"));
+  CHECK(order == std::vector<std::string>{"2", "1", "9"});
   fs::remove_all(d);
 }
 

@@ -109,6 +109,10 @@ TEST_CASE("safetensors refuses corrupt files naming the file and the problem", "
       {raw_file("{" + one("t", "F32", "1", "4,8") + "}", z8), "unused bytes"},
       {raw_file("{" + one("t", "F32", "2", "0,8") + "," + one("t", "F32", "2", "0,8") + "}", z8), "duplicate key"},
       {raw_file(R"({"__metadata__":{"a":1}})", ""), "not a string"},
+      // "0,0,0,...": 2 bytes a value in the file, about 112 in memory: refused by the count, not
+      // parsed into 56 times the header's size (a 100 MB header reached gigabytes).
+      {raw_file("{\"a\":[0" + [] { std::string s; for (int i = 0; i < 200000; i++) s += ",0"; return s; }() + "]}", ""),
+       "more values than a file of its kind holds"},
   };
   // An empty tensor holds no bytes, whatever its other dimensions.
   write_bytes(p, raw_file("{" + one("t", "F32", "1000,0", "0,0") + "}", ""));

@@ -272,8 +272,11 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
     ul::ModelConfig wrap;
     wrap.arch = "gpt2", wrap.layers = 1431608435, wrap.dim = 32768, wrap.heads = 256, wrap.kv_heads = 256;
     wrap.vocab = 32, wrap.padded_vocab = 128, wrap.max_seq = 134569;
-    CHECK_THROWS_WITH(wrap.validate(), Catch::Contains("gives more than 2^60 parameters"));
+    CHECK_THROWS_WITH(wrap.validate(), Catch::Contains("layers 1431608435: at most 100000"));  // first, as --layers
     CHECK_THROWS_WITH(ul::param_count(wrap), Catch::Contains("layers=1431608435"));
+    ul::ModelConfig wide = wrap;  // within the layer cap, past 2^60 by width
+    wide.layers = 100000, wide.dim = 1 << 20, wide.heads = 256, wide.kv_heads = 256, wide.max_seq = 1024;
+    CHECK_THROWS_WITH(wide.validate(), Catch::Contains("gives more than 2^60 parameters"));
     wrap.layers = 1;  // the same widths in one layer: about 2^32 parameters, counted
     CHECK(ul::param_count(wrap) == size_t(128) * 32768 + size_t(134569) * 32768 + 2 * 32768 +
                                        (2 * 32768 + 3 * 32768 * size_t(32768) + 3 * 32768 + size_t(32768) * 32768 +
