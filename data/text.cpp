@@ -83,9 +83,13 @@ std::vector<Dataset::FileSpan> TextDataset::file_spans() const {
 }
 
 std::string TextDataset::identity() const {
-  char crc[16];
-  std::snprintf(crc, sizeof crc, "%08x", crc32(0, bytes_, size_));
-  return std::to_string(size_) + " bytes, crc32 " + crc;
+  // Once: every save and every resume asks (a 1 GB text added 3 s to each save).
+  if (identity_.empty()) {
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "%08x", crc32(0, bytes_, size_));
+    identity_ = std::to_string(size_) + " bytes, crc32 " + crc;
+  }
+  return identity_;
 }
 
 std::string TextDataset::describe() const {

@@ -33,6 +33,7 @@ class TextDataset : public Dataset {
   Split split_;
   const uint8_t* bytes_ = nullptr;  // the file, mapped read-only
   size_t size_ = 0;
+  mutable std::string identity_;  // identity(), made at its first call
   int vocab_ = 256;
 };
 

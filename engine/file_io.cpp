@@ -134,18 +134,33 @@ std::string read_whole_file(const std::string& path, bool allow_pipe) {
 }
 
 uint32_t crc32(uint32_t crc, const void* data, size_t bytes) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
+  // Eight bytes a step through eight tables ("slicing by 8"): t[k][b] is byte b's CRC pushed k
+  // bytes further. A byte a step ran at 0.5 GB/s: minutes of every save and resume of an 8B
+  // model's 96 GB of files.
+  static const std::array<std::array<uint32_t, 256>, 8> t = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
     for (uint32_t i = 0; i < 256; i++) {
       uint32_t c = i;
       for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      t[0][i] = c;
     }
+    for (int k = 1; k < 8; k++)
+      for (uint32_t i = 0; i < 256; i++) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
     return t;
   }();
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
-  for (size_t i = 0; i < bytes; i++) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  for (; bytes >= 8; p += 8, bytes -= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^ t[3][hi & 0xFFu] ^
+          t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+  }
+#endif
+  for (size_t i = 0; i < bytes; i++) crc = t[0][(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
   return ~crc;
 }
 

@@ -221,7 +221,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   std::vector<float> ckpt;
   ModelConfig cfg;
   if (!o.checkpoint.empty()) {
-    cfg = checkpoint_model_config(o.checkpoint, ckpt);
+    // A resume's weights are --save-dir's: the file gives the shape alone (its weights were read in
+    // full, then replaced).
+    cfg = checkpoint_model_config(o.checkpoint, ckpt, !o.resume);
     const std::string own = rope_scaling_str(cfg.rope_scaling);
     apply_checkpoint_flags(o, cfg);
     if (o.set_by_user("--rope-scaling") && own != "none" && own != rope_scaling_str(cfg.rope_scaling))
@@ -362,16 +364,24 @@ Trainer::Trainer(const Options& o, Comm& world)
   model_->offload = o.offload;
   model_->mlp_chunks = o.mlp_chunks;
   if (!ckpt.empty()) check_finite_weights(o.checkpoint, model_->params.specs(), ckpt.data());
-  if (!ckpt.empty()) model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
-  else if (is_hf_checkpoint_path(o.checkpoint)) load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
-  else model_->init_weights(o.seed);
+  if (o.resume) {
+    // Nothing yet: the resume loads --save-dir's weights over the zeroed buffer (engine/resume.cpp,
+    // which compares them across ranks); drawing the seed's first (one thread: minutes at 8B) was
+    // work thrown away.
+  } else if (!ckpt.empty()) {
+    model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
+  } else if (is_hf_checkpoint_path(o.checkpoint)) {
+    load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
+  } else {
+    model_->init_weights(o.seed);
+  }
   std::vector<float>().swap(ckpt);  // loaded: its host memory goes before the optimizer's and the arena's
   // Every replica from the same weights: the same path may hold other bytes on another node.
-  if (o.checkpoint.empty())
+  if (!o.resume && o.checkpoint.empty())
     check_same_weights(world, model_->params.fingerprint(), "initializing them from --seed " + std::to_string(o.seed),
                        "every rank draws the same numbers from the seed (another build, or another math library, on "
                        "some node?)");
-  else
+  else if (!o.resume)
     check_same_weights(world, model_->params.fingerprint(), "loading --checkpoint " + o.checkpoint, kSameFile);
   AdamWConfig ac;
   ac.weight_decay = o.weight_decay;

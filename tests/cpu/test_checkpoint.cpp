@@ -1456,6 +1456,25 @@ TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
     CHECK_FALSE(ul::parse_decimal(bad, -1, 20).has_value());
   CHECK(ul::crc32(0, "123456789", 9) == 0xCBF43926u);
   CHECK(ul::crc32(ul::crc32(0, "1234", 4), "56789", 5) == 0xCBF43926u);
+  {  // eight bytes a step: every length and alignment against the bit-by-bit definition
+    std::vector<unsigned char> buf(300);
+    for (size_t i = 0; i < buf.size(); i++) buf[i] = (unsigned char)(i * 131 + 7);
+    auto bitwise = [](const unsigned char* p, size_t n) {
+      uint32_t c = 0xFFFFFFFFu;
+      for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      }
+      return ~c;
+    };
+    int wrong = 0;
+    for (size_t at = 0; at < 9; at++)
+      for (size_t n = 0; at + n <= buf.size(); n += 7) {
+        wrong += ul::crc32(0, buf.data() + at, n) != bitwise(buf.data() + at, n);
+        wrong += ul::crc32(ul::crc32(0, buf.data() + at, n / 3), buf.data() + at + n / 3, n - n / 3) != bitwise(buf.data() + at, n);
+      }
+    CHECK(wrong == 0);
+  }
   const double x = 0.1 + 0.2;
   std::string line = ul::JsonLine().add("s", "a\"b\\c\n").add("x", x).add("n", int64_t(-7)).str();
   auto r = ul::parse_flat_json(line, "line");
