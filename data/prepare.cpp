@@ -423,6 +423,17 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   std::vector<int64_t> per_file(o.files.size(), 1);    // documents (JSON: its records)
   std::vector<JsonForm> forms;                         // each input's (none: one document, its bytes)
   int64_t total = 0;
+  // A line at most every 5 s through the passes that read every input (10 GB of text: minutes),
+  // as the tokenizer's and the shard cutter's own.
+  auto last_note = std::chrono::steady_clock::now();
+  auto every_5s = [&](const char* what, int64_t bytes) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!progress || now - last_note < std::chrono::seconds(5)) return;
+    std::printf("prepare | %s: %.0f MB\n", what, double(bytes) / 1e6);
+    std::fflush(stdout);
+    last_note = now;
+  };
+  int64_t checked = 0;  // bytes read through by the checking pass
   auto eot_clash = [&](const std::string& where, int64_t offset) {
     return std::runtime_error(where + ": byte " + std::to_string(o.eot) + " at offset " + std::to_string(offset) +
                               " is the end-of-text id (--eot " + std::to_string(o.eot) +
@@ -471,6 +482,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     if (forms[i] != JsonForm::none) {
       // Read through with a tokenizer too: a bad record is found now, not after hours of encoding.
       auto check = [&](const std::string& text, const JsonDocReader& at) {
+        every_5s("inputs checked", checked += int64_t(text.size()));
         if (tok) check_utf8(text, 0, at.where() + " (its text)", false);
         if (!tok && o.eot < 256)
           if (const void* hit = std::memchr(text.data(), o.eot, text.size()))
@@ -484,6 +496,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
         const size_t n = carried + size_t(f.gcount());
         const size_t cut = check_utf8(std::string_view(chunk.data(), n), size - int64_t(carried), path, true);
         size += int64_t(f.gcount());
+        every_5s("inputs checked", checked + size);
         std::memmove(&chunk[0], &chunk[n - cut], cut);
         carried = cut;
       }
@@ -496,8 +509,10 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
           if (const void* hit = std::memchr(chunk.data(), o.eot, n))
             throw eot_clash(path, size + (static_cast<const char*>(hit) - chunk.data()));
         size += int64_t(n);
+        every_5s("inputs checked", checked + size);
       }
     }
+    if (forms[i] == JsonForm::none) checked += size;
     sizes.push_back(size);
     if (!tok) total += size + per_file[i];  // each document's EOT
   }
@@ -565,10 +580,12 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     }
     spill.reset();  // empty now: the shards hold the tokens
   }
+  int64_t copied = 0;  // input bytes written as byte tokens so far
   for (size_t i = 0; i < o.files.size() && !tok; i++) {
     if (forms[i] != JsonForm::none) {
       int64_t none = 0;
       auto write = [&](const std::string& text, const JsonDocReader&) {
+        every_5s("inputs written to shards", copied += int64_t(text.size()));
         push(uint32_t(eot));
         for (char c : text) push(uint8_t(c));
         none += text.empty();
@@ -587,6 +604,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
       for (std::streamsize j = 0; j < f.gcount(); j++) push(uint8_t(chunk[size_t(j)]));
       size += f.gcount();
+      every_5s("inputs written to shards", copied += f.gcount());
     }
     if (!f.eof() || size != sizes[i])
       throw changed_while_read(o.files[i], std::to_string(sizes[i]) + " bytes", std::to_string(size));

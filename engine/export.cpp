@@ -311,17 +311,28 @@ bool RunOutputs::wants_params() const {
 void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) const {
   if (!wants_params()) return;
   const bool say = !o_.quiet;
+  // A large model's export takes a while (the safetensors file 2 bytes or 4 a weight): said first,
+  // each line flushed as it comes (a batch job's log is a file, which buffers).
+  const double gib = double(param_count(cfg_)) * 4 / double(1 << 30);
+  auto starting = [&](const std::string& path) {
+    if (say && gib >= 1) std::printf("export  | writing %s (%.1f GiB of f32 weights) ...\n", path.c_str(), gib);
+    std::fflush(stdout);
+  };
   if (!o_.export_llmc.empty()) {
+    starting(o_.export_llmc);
     const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
     write_llmc_checkpoint(o_.export_llmc, lc, host, o_.export_llmc_version);
     if (say) std::printf("export  | %s (llm.c GPT-2 checkpoint version %d, %s)\n", o_.export_llmc.c_str(),
                          o_.export_llmc_version, o_.export_llmc_version == 5 ? "bf16" : "fp32");
+    std::fflush(stdout);
   }
   if (!o_.export_safetensors.empty()) {
     const std::string dtype = o_.export_dtype == "bf16" ? "BF16" : "F32";
+    starting(o_.export_safetensors);
     export_safetensors(o_.export_safetensors, cfg_, specs, host, dtype);
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
+    std::fflush(stdout);
   }
   made_.keep();  // the exports are in place
   if (o_.sample > 0) print_sample(host, specs, -1);
@@ -346,9 +357,10 @@ void RunOutputs::print_sample(const float* host, const std::vector<ParamSpec>& s
   const std::vector<int> out = generate(dec, prompt_, s, [&](int done) {
     const double t = now_ms();
     if (done == n) prefilled = t;
-    if (say && o_.heartbeat > 0 && done < n && t - last_beat >= o_.heartbeat * 1000) {
+    if (say && o_.heartbeat > 0 && done != n && t - last_beat >= o_.heartbeat * 1000) {
       last_beat = t;
-      std::printf("  ...   prefill | %d/%d prompt tokens done | %.1f s\n", done, n, (t - start) / 1000);
+      if (done < n) std::printf("  ...   prefill | %d/%d prompt tokens done | %.1f s\n", done, n, (t - start) / 1000);
+      else std::printf("  ...   decode | %d/%d new tokens done | %.1f s\n", done - n, o_.sample, (t - start) / 1000);
       std::fflush(stdout);
     }
   });

@@ -318,7 +318,9 @@ std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const 
       logits = &known;
     }
     out.push_back(sample_token(*logits, s.temperature, s.top_k, rng, s.top_p));
-    if (i + 1 < s.tokens) logits = &dec.step(out.back());  // the last token needs no forward
+    if (i + 1 == s.tokens) break;  // the last token needs no forward
+    logits = &dec.step(out.back());
+    if (progress) progress(int(prompt.size()) + i + 1);
   }
   return out;
 }

@@ -96,7 +96,8 @@ int sample_token(const std::vector<float>& logits, float temperature, int top_k,
 double token_nll(const float* z, int V, int target);
 
 // Feeds the prompt (prefill, in chunks; progress as KvDecoder::prefill's), then samples s.tokens
-// tokens one at a time; returns only the new ones. Throws when the prompt is empty, holds an id
+// tokens one at a time (progress(prompt size + tokens drawn) after each one's forward); returns
+// only the new ones. Throws when the prompt is empty, holds an id
 // outside the vocabulary, or prompt + tokens exceeds the cache.
 std::vector<int> generate(KvDecoder& dec, const std::vector<int>& prompt, const SampleSettings& s,
                           const std::function<void(int)>& progress = {});

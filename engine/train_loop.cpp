@@ -502,6 +502,11 @@ int train_rank(const Options& o, Comm& world) {
     auto save = [&] {
       test_hold("save");
       const double t0 = now_ms();
+      // A large model's save takes a while (its weights and AdamW state, 12 bytes a parameter, or
+      // 16 with bf16's masters): said first, not only when it is done.
+      const double gib = double(model.params.numel()) * 12 / double(1 << 30);
+      if (gib >= 1)
+        say("save    | writing %s/%s (about %.1f GiB) ...\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), gib);
       if (log) log->sync();  // first: a durable checkpoint of step s has a log that reaches step s
       try {
         save_checkpoint(tr, o.save_dir, o.keep);
@@ -698,6 +703,7 @@ int train_rank(const Options& o, Comm& world) {
                   o.save_dir.c_str(), step_dir_name(until).c_str());
     std::printf("\n");
   }
+  std::fflush(stdout);  // before the exports and the sample, which take a while on a large model
   model.progress = nullptr;  // sampling after the run is not a step
   if (stopped_by) {
     std::fflush(stdout);

@@ -428,7 +428,7 @@ void Trainer::check_current(const char* what) const {
 namespace {
 
 // While alive, the model's progress lines (--heartbeat) also name the batch of `n` reached
-// ("micro-batch 2/4, forward block 3/12"): a long eval or an accumulated step shows how far
+// ("micro-batch 2/4, forward 3/12 blocks"): a long eval or an accumulated step shows how far
 // through its batches it is. One batch says nothing more.
 class BatchProgress {
  public:

@@ -357,13 +357,15 @@ CrossEntropyStats Transformer::forward_ops(const ModelInputs& in, float grad_sca
     offloading_ = offload_.get();
   }
   const int L = cfg.layers;
-  auto block_name = [L](int l) { return "block " + std::to_string(l + 1) + "/" + std::to_string(L); };
+  // How many blocks are done, either way ("backward 1/12 blocks" after the last block's: the
+  // backward walks them from the top; its block number once read as nearly all done).
+  auto done = [L](int n) { return std::to_string(n) + "/" + std::to_string(L) + " blocks"; };
   for (int l = 0; l < L; l++) {
     // Pushed before the block's own nodes, so that in backward it runs once the block is done.
     if (progress && ctx().tape.recording)
-      ctx().tape.push("progress", [this, where = "backward " + block_name(l)] { progress(where); });
+      ctx().tape.push("progress", [this, where = "backward " + done(L - l)] { progress(where); });
     x = block(x, l, in, sp);
-    if (progress) progress("forward " + block_name(l));
+    if (progress) progress("forward " + done(l + 1));
   }
   x = cfg.is_llama() ? rmsnorm(x, params.get("lnfw"), cfg.norm_eps) : layernorm(x, params.get("lnfw"), params.get("lnfb"));
   last_hidden = x;

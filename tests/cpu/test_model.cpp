@@ -216,9 +216,9 @@ TEST_CASE("a step that throws in its forward or its backward leaves nothing on t
     CHECK(step(tgt) == want);
     // The backward throws midway (here its progress report; a collective's timeout alike).
     m.progress = [](const std::string& where) {
-      if (where == "backward block 2/2") throw std::runtime_error("stopped in " + where);
+      if (where == "backward 1/2 blocks") throw std::runtime_error("stopped in " + where);
     };
-    CHECK_THROWS_WITH(step(tgt), "stopped in backward block 2/2");
+    CHECK_THROWS_WITH(step(tgt), "stopped in backward 1/2 blocks");
     CHECK(c.tape.size() == 0);
     m.progress = nullptr;
     CHECK(step(tgt) == want);

@@ -588,6 +588,23 @@ TEST_CASE("train --sample-every prints a sample every K steps and at the end, un
   CHECK(r.out.find("--sample-every: --steps 0 trains nothing") != std::string::npos);
 }
 
+TEST_CASE("a long sample says how far its prefill and its decoding got (--heartbeat)", "[sample][cli]") {
+  using namespace ul_test;
+  TempFile text;
+  text.path += ".txt";
+  text.write(std::string(3000, 'x') + "hello world " + std::string(1000, 'y'));
+  // A 600-byte prompt: prefilled in chunks of 256, then 40 tokens drawn one at a time; a heartbeat
+  // so short that every callback prints.
+  CmdResult r = run_cmd(train_cmd("--data text:" + text.path + " --seq 32 --batch 2 --threads 1 --eval-batches 1 "
+                                  "--steps 1 --model llama --sample 40 --prompt " + std::string(600, 'x') +
+                                  " --heartbeat 0.000001"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("  ...   prefill | 256/600 prompt tokens done | ") != std::string::npos);
+  CHECK(r.out.find("  ...   decode | 1/40 new tokens done | ") != std::string::npos);
+  CHECK(r.out.find("  ...   decode | 39/40 new tokens done | ") != std::string::npos);
+  CHECK(r.out.find("  ...   decode | 40/40") == std::string::npos);  // (the last needs no forward: said by the sample)
+}
+
 TEST_CASE("a run refused after its export directory was made takes it back, one that exports keeps it", "[sample][cli]") {
   using namespace ul_test;
   TempDir d;

@@ -494,14 +494,14 @@ TEST_CASE("train heartbeat: a long step says which block it reached, a short one
     if (line.rfind("  ...   step 1/2 | ", 0) == 0) got.push_back(line.substr(19, line.find(" done") - 19));
     if (line.rfind("step     1/2", 0) == 0) got.push_back("step line");
   }
-  CHECK(got == std::vector<std::string>{"forward block 1/3", "forward block 2/3", "forward block 3/3", "classifier",
-                                        "backward block 3/3", "backward block 2/3", "backward block 1/3", "step line"});
+  CHECK(got == std::vector<std::string>{"forward 1/3 blocks", "forward 2/3 blocks", "forward 3/3 blocks", "classifier",
+                                        "backward 1/3 blocks", "backward 2/3 blocks", "backward 3/3 blocks", "step line"});
   CHECK(r.out.find("  ...   eval 2 | classifier done") != std::string::npos);
   // Several micro-batches or eval batches: each line names the one reached.
   r = run_cmd(train_cmd(run + " --heartbeat 1e-9 --grad-accum 2 --eval-batches 3"));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("  ...   step 2/2 | micro-batch 2/2, backward block 1/3 done") != std::string::npos);
+  CHECK(r.out.find("  ...   step 2/2 | micro-batch 2/2, backward 3/3 blocks done") != std::string::npos);
   CHECK(r.out.find("  ...   eval 2 | batch 3/3, classifier done") != std::string::npos);
   // A step shorter than the default 30 s, --heartbeat 0 or --quiet: no progress line.
   for (const char* quiet : {"", " --heartbeat 0", " --heartbeat 1e-9 --quiet"}) {
