@@ -5,8 +5,8 @@
 //   heads, kv_heads, vocab, padded_vocab, max_seq, ffn | f32 rope_theta | i32 rope scaling kind
 //   (RopeScaling::Kind, 0 in version 1) | u64 numel  (80 bytes).
 //   Version 2 (a scaled RoPE or tied llama embeddings) adds, after the header: f32 rope factor,
-//   low_freq_factor, high_freq_factor | i32 original_max_pos | u32 flags (1: tied embeddings,
-//   2: q/k/v bias); version 3 (YaRN, a q/k/v bias, an RMSNorm eps other than 1e-5) adds to that
+//   low_freq_factor, high_freq_factor | i32 original_max_pos | u32 flags (1: tied embeddings;
+//   2: q/k/v bias, from version 3 on); version 3 (YaRN, a q/k/v bias, an RMSNorm eps other than 1e-5) adds to that
 //   f32 beta_fast, beta_slow, attention_factor | u32 truncate | f32 norm_eps; version 4 (a
 //   sliding window) adds to that i32 sliding_window, full_every, full_first (the layers without
 //   it, ModelConfig::full_layer; 0, 0: none). Each file is written at

@@ -93,6 +93,25 @@ Slice locate(const Map& m, const std::vector<ParamSpec>& specs) {
   throw std::runtime_error("interop: the model has no parameter '" + m.ours + "'");
 }
 
+// Every weight of the model has a Hugging Face name (but the vocabulary's padding rows): a parameter
+// added to the model without its hf_map entry was left out of exports, and an import left it 0.
+void check_covered(const ModelConfig& cfg, const std::vector<Map>& maps, const std::vector<ParamSpec>& specs) {
+  for (const ParamSpec& s : specs) {
+    int64_t mapped = 0;
+    for (const Map& m : maps)
+      if (m.ours == s.name) {
+        const Slice sl = locate(m, specs);
+        mapped += sl.rows * sl.cols;
+      }
+    const bool padded = s.name == "wte" || s.name == "lm_head";
+    const int64_t want = s.shape.numel() - (padded ? int64_t(cfg.padded_vocab - cfg.vocab) * cfg.dim : 0);
+    if (mapped != want)
+      throw std::logic_error("interop: hf_map (engine/hf_format.cpp) names " + std::to_string(mapped) + " of parameter '" +
+                             s.name + "''s " + std::to_string(want) + " weights: a parameter needs its Hugging Face "
+                             "names there");
+  }
+}
+
 std::vector<int64_t> hf_shape(const Slice& s, bool transpose) {
   if (s.vector) return {s.rows};
   return transpose ? std::vector<int64_t>{s.cols, s.rows} : std::vector<int64_t>{s.rows, s.cols};
@@ -123,7 +142,9 @@ void fill_hf(const Map& m, const Slice& s, const float* data, float* out) {
 
 std::vector<SafeTensorOut> hf_tensors(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* data) {
   std::vector<SafeTensorOut> out;
-  for (const Map& m : hf_map(cfg)) {
+  const std::vector<Map> maps = hf_map(cfg);
+  check_covered(cfg, maps, specs);
+  for (const Map& m : maps) {
     const Slice s = locate(m, specs);
     SafeTensorOut t{m.hf, hf_shape(s, m.transpose), std::vector<float>(size_t(s.rows * s.cols))};
     fill_hf(m, s, data, t.data.data());
@@ -146,6 +167,7 @@ void export_safetensors(const std::string& path, const ModelConfig& cfg, const s
   config.sync();
   // Tensor by tensor from `data`: no second copy of the model in memory.
   const std::vector<Map> maps = hf_map(cfg);
+  check_covered(cfg, maps, specs);
   std::vector<Slice> slices;
   std::vector<SafeTensorOut> layout;  // names and shapes; the values come from fill_hf
   for (const Map& m : maps) {
@@ -169,6 +191,7 @@ class Importer {
  public:
   Importer(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, float* data)
       : cfg_(cfg), specs_(specs), data_(data), maps_(hf_map(cfg)), done_(maps_.size(), false) {
+    check_covered(cfg, maps_, specs);
     size_t total = 0;
     for (const ParamSpec& s : specs) total = std::max(total, s.offset + size_t(s.shape.numel()));
     std::fill(data, data + total, 0.0f);  // the vocabulary pad rows stay zero

@@ -358,7 +358,8 @@ Trainer::Trainer(const Options& o, Comm& world)
   }
   model_ = std::make_unique<Transformer>(cfg, param_dtype(o), masters, trains);
   if (model_->params.numel() != param_count(cfg))  // the shard bounds above came from the count
-    throw std::logic_error("planner: param_count disagrees with the model's parameter buffer");
+    throw std::logic_error("param_count (layers/transformer.cpp) disagrees with the model's parameter buffer: a "
+                           "parameter added to Transformer's p.add(...) list needs its count there too");
   eot_ = doc_mask_eot(o, *train_, cfg.vocab);
   model_->recompute = o.recompute;
   model_->offload = o.offload;

@@ -1,6 +1,7 @@
 // Float64 central-difference gradient checks for the CPU backward kernels.
 // The CPU kernels are templates; instantiated for double, a central difference with h = 1e-6 has
-// truncation and rounding error around 1e-9, so the analytic gradient is held to 1e-6 relative.
+// truncation and rounding error around 1e-9, so the analytic gradient is held to 1e-6 of the
+// larger of 1 and the largest gradient element (absolute for gradients below 1).
 #pragma once
 #include <algorithm>
 #include <cmath>
