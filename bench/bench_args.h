@@ -54,6 +54,17 @@ class BenchArgs {
     Arg* a = find(name);
     return a ? value(*a) : def;
   }
+  // One of `choices` (the default is not checked): a value outside them ran as something else.
+  std::string choice(const char* name, const std::string& def, const std::vector<std::string>& choices) {
+    const std::string v = text(name, def);
+    if (v == def) return v;
+    for (const std::string& c : choices)
+      if (v == c) return v;
+    std::string all;
+    for (const std::string& c : choices) all += (all.empty() ? "" : " or ") + c;
+    fail(std::string(name) + ": expected " + all + ", got '" + v + "'");
+  }
+  [[noreturn]] void refuse(const std::string& msg) { fail(msg); }  // a combination of flags
   bool given(const char* name) {  // whether a value flag is on the command line (it stays unread)
     for (const Arg& a : args_)
       if (a.name == name) return true;

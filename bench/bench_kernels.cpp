@@ -186,19 +186,24 @@ int run(int argc, char** argv) {
   // gradient (V, C) += dlogits^T x reads and writes its fp32 (V, C) output once per chunk, so
   // fewer, larger chunks trade scratch memory for that traffic. Compute-bound: TFLOP/s, no ratio.
   std::printf("%-34s %9s %9s %9s  (TFLOP/s; classifier GEMMs by chunk rows)\n", "chunk rows", "logits", "dx", "dw");
+  // The logits and their gradient in rows of L = V rounded up to 64 elements, as the classifier
+  // lays them (layers/classifier.cu): packed rows of V = 50257 leave every row but the first off
+  // the 16-byte alignment cuBLASLt's fast kernels need.
+  const int64_t L = ul::scratch::classifier_row_stride(V);
   for (int mult : {1, 2, 4}) {
     const int Rc = std::min(N, R * mult);
-    Buf<bf16> x(size_t(Rc) * C), w(size_t(V) * C), dl(size_t(Rc) * V), dx(size_t(Rc) * C);
-    Buf<float> logits(size_t(Rc) * V), dw(size_t(V) * C);
+    Buf<bf16> x(size_t(Rc) * C), w(size_t(V) * C), dl(size_t(Rc) * L), dx(size_t(Rc) * C);
+    Buf<float> logits(size_t(Rc) * L), dw(size_t(V) * C);
     const double flops = 2.0 * Rc * V * C;
     const double t_logits = best_ms(reps, [&] {
-      ul::cuda::gemm<bf16, float>(logits.p, x.p, w.p, nullptr, Rc, V, C, false, true, false, "logits", nullptr);
+      ul::cuda::gemm<bf16, float>(logits.p, x.p, w.p, nullptr, Rc, V, C, false, true, false, "logits", nullptr,
+                                  {0, 0, L});
     });
     const double t_dx = best_ms(reps, [&] {
-      ul::cuda::gemm<bf16, bf16>(dx.p, dl.p, w.p, nullptr, Rc, C, V, false, false, true, "dx", nullptr);
+      ul::cuda::gemm<bf16, bf16>(dx.p, dl.p, w.p, nullptr, Rc, C, V, false, false, true, "dx", nullptr, {L, 0, 0});
     });
     const double t_dw = best_ms(reps, [&] {
-      ul::cuda::gemm<bf16, float>(dw.p, dl.p, x.p, nullptr, V, C, Rc, true, false, true, "dw", nullptr);
+      ul::cuda::gemm<bf16, float>(dw.p, dl.p, x.p, nullptr, V, C, Rc, true, false, true, "dw", nullptr, {L, 0, 0});
     });
     std::printf("%-34d %9.1f %9.1f %9.1f\n", Rc, flops / (t_logits * 1e-3) / 1e12, flops / (t_dx * 1e-3) / 1e12,
                 flops / (t_dw * 1e-3) / 1e12);

@@ -119,8 +119,10 @@ int main(int argc, char** argv) {
   std::printf("gpt2 dim %d, %d layers, %d heads; batch %d x seq %d; local communicator, 1 thread per rank, 2 steps "
               "(the second is reported)\n\n",
               c.dim, c.layers, c.heads, c.batch, c.seq);
-  std::printf("| sp | act MiB / rank | vs sp 1 | process peak RSS MiB | a2a MiB / rank / step | formula MiB | "
-              "all-reduce MiB / rank / step | step s | vs sp 1 |\n");
+  // The ratios are to the first sp listed (1 unless --sp says otherwise), "-" if that one failed.
+  const int first = c.sps.front();
+  std::printf("| sp | act MiB / rank | vs sp %d | process peak RSS MiB | a2a MiB / rank / step | formula MiB | "
+              "all-reduce MiB / rank / step | step s | vs sp %d |\n", first, first);
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   // This program's path, for the children (popen runs a shell, whose /proc/self/exe is the shell).
   char self[4096];
@@ -132,18 +134,25 @@ int main(int argc, char** argv) {
   self[n] = 0;
   Result base;
   bool have_base = false;
-  for (int sp : c.sps) {
+  for (size_t k = 0; k < c.sps.size(); k++) {
+    const int sp = c.sps[k];
     Result r;
     if (!run_child(c, sp, self, r)) {
       std::printf("| %d | failed (see stderr) |\n", sp);
       continue;
     }
-    if (!have_base) base = r, have_base = true;
+    if (k == 0) base = r, have_base = true;
+    auto ratio = [&](const char* f, double v, double b) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, f, v / b);
+      return have_base ? std::string(buf) : std::string("-");
+    };
     // Per layer, forward: scatter_heads sends B*Tl*(3H/P)*D, gather_heads B*Tl*(H/P)*D elements per
     // chunk, (P - 1) chunks leave; the backward repeats both: 2 * 4 * B * T * C * (P - 1) / P^2 per layer.
     const double P = sp, formula = double(c.layers) * 2 * 4 * c.batch * double(c.seq) * c.dim * (P - 1) / (P * P) * 4;
-    std::printf("| %d | %.1f | %.3f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", sp, r.act_mib, r.act_mib / base.act_mib,
-                r.rss_mib, r.a2a / 1048576.0, formula / 1048576.0, r.ar / 1048576.0, r.ms / 1000.0, r.ms / base.ms);
+    std::printf("| %d | %.1f | %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s |\n", sp, r.act_mib,
+                ratio("%.3f", r.act_mib, base.act_mib).c_str(), r.rss_mib, r.a2a / 1048576.0, formula / 1048576.0,
+                r.ar / 1048576.0, r.ms / 1000.0, ratio("%.2f", r.ms, base.ms).c_str());
     std::fflush(stdout);
   }
   return 0;

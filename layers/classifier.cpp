@@ -150,17 +150,23 @@ namespace cpu {
 
 template <class T>
 CrossEntropyStats classifier_forward_backward(T* dx, T* dw, const T* x, const T* w, const int32_t* targets, int N,
-                                              int C, int V, T grad_scale, int chunk_rows) {
+                                              int C, int V, T grad_scale, int chunk_rows, T* scratch) {
   check_targets(targets, N, V);
-  chunk_rows = std::max(1, std::min(chunk_rows, N));
-  std::vector<T> scratch(scratch_elems(chunk_rows, C, V));
-  return classifier_chunks(scratch.data(), dx, dw, x, w, targets, N, C, V, grad_scale, chunk_rows, nullptr, nullptr);
+  std::vector<T> own;
+  if (!scratch) {
+    chunk_rows = std::max(1, std::min(chunk_rows, N));
+    own.resize(scratch_elems(chunk_rows, C, V));
+    scratch = own.data();
+  }
+  return classifier_chunks(scratch, dx, dw, x, w, targets, N, C, V, grad_scale, chunk_rows, nullptr, nullptr);
 }
 
+size_t classifier_scratch_elems(int chunk_rows, int C, int V) { return scratch_elems(chunk_rows, C, V); }
+
 template CrossEntropyStats classifier_forward_backward<float>(float*, float*, const float*, const float*,
-                                                              const int32_t*, int, int, int, float, int);
+                                                              const int32_t*, int, int, int, float, int, float*);
 template CrossEntropyStats classifier_forward_backward<double>(double*, double*, const double*, const double*,
-                                                               const int32_t*, int, int, int, double, int);
+                                                               const int32_t*, int, int, int, double, int, double*);
 }  // namespace cpu
 
 // Both backends: w (Vp >= V, C) for x (..., C), one i32 target per row of x.

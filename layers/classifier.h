@@ -24,10 +24,13 @@ struct CrossEntropyStats {
 };
 
 namespace cpu {
-// Rows [0, N); dx/dw may be null (no gradient wanted). Returns the stats of these rows.
+// Rows [0, N); dx/dw may be null (no gradient wanted). Returns the stats of these rows. scratch:
+// classifier_scratch_elems(chunk_rows, C, V) elements the caller keeps (the op's arena), or null:
+// a vector made for the call.
 template <class T>
 CrossEntropyStats classifier_forward_backward(T* dx, T* dw, const T* x, const T* w, const int32_t* targets,
-                                              int N, int C, int V, T grad_scale, int chunk_rows);
+                                              int N, int C, int V, T grad_scale, int chunk_rows, T* scratch = nullptr);
+size_t classifier_scratch_elems(int chunk_rows, int C, int V);
 }  // namespace cpu
 
 #if ULYSSES_HAVE_CUDA

@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -444,26 +443,4 @@ TEST_CASE("attention op checks shapes and accumulates into existing gradients", 
   CHECK(max_abs_diff(o.data(), out.f32(), o.size()) == 0);
   ul::cpu::attention_backward(want.data(), dov.data(), o.data(), l.data(), qv.data(), doc.i32(), 0, B, Tn, Hq, Hkv, D);
   CHECK(max_abs_diff(want.data(), g, want.size()) < 1e-6);
-}
-
-TEST_CASE("attention speed (B=1, H=4, T=2048, D=64)", "[.bench][attention]") {
-  Cfg c{1, 2048, 4, 4, 64};
-  auto qkv = randn_f(qkv_size(c), 1), dout = randn_f(out_size(c), 2);
-  std::vector<float> out(out_size(c)), lse(size_t(c.Hq) * c.Tn), dqkv(qkv.size(), 0.f);
-  using clk = std::chrono::steady_clock;
-  auto ms = [](clk::time_point a) { return std::chrono::duration<double, std::milli>(clk::now() - a).count(); };
-  double f = 1e30, bw = 1e30;
-  for (int rep = 0; rep < 3; rep++) {
-    auto t0 = clk::now();
-    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 0, c.B, c.Tn, c.Hq, c.Hkv, c.D);
-    f = std::min(f, ms(t0));
-    t0 = clk::now();
-    ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), nullptr, 0, c.B, c.Tn, c.Hq,
-                                c.Hkv, c.D);
-    bw = std::min(bw, ms(t0));
-  }
-  // Causal FLOPs: forward 2 GEMMs of T^2/2 x D (x2 flops) per head; backward recomputes 5 more.
-  const double gf = 2.0 * c.Tn * double(c.Tn) / 2 * c.D * 2 * c.Hq * c.B / 1e9;
-  WARN("forward " << f << " ms (" << gf / f * 1e3 << " GFLOP/s), backward " << bw << " ms (" << 2.5 * gf / bw * 1e3
-                  << " GFLOP/s, counted as 2.5x forward)");
 }

@@ -47,8 +47,13 @@ TEST_CASE("benchmarks refuse bad flags with the flag's name and their usage, bef
       {"bench_gpt2_step --peak-tflops 0", "--peak-tflops must be a finite number > 0, got 0", 2},
       {"bench_gpt2_step --peak-tflops inf", "--peak-tflops must be a finite number > 0, got inf", 2},
       {"bench_attention --seqs 1024,x", "--seqs: expected an integer, got 'x'", 2},
+      // a device or precision it does not know once ran as the CPU's fp32, under its own name
+      {"bench_gpt2_step --device gpu", "--device: expected cpu or cuda, got 'gpu'", 2},
+      {"bench_gpt2_step --device cuda --precision fp16", "--precision: expected fp32 or bf16, got 'fp16'", 2},
+      {"bench_gpt2_step --precision bf16", "--precision bf16: the CPU backend runs fp32 only", 2},
+      {"bench_attention --dtype bf16", "--dtype bf16: the CPU backend runs f32 only", 2},
       {"bench_sp_scaling --sp 1,0", "--sp must be >= 1, got 0", 2},
-      {"bench_gemm --help", "usage: bench_gemm [--reps 5]", 0},
+      {"bench_gemm --help", "usage: bench_gemm [--reps 5] [--threads N", 0},
   };
   for (const Case& c : cases) {
     CmdResult r = run_cmd(dir + "/" + c.cmd);
