@@ -1,7 +1,6 @@
 #include "data/text.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,16 +8,22 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "engine/file_io.h"
 
 namespace ul {
 
-TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) : path_(path), split_(split) {
-  require_regular_file(path);
-  // Mapped, not read: the train and val splits, and every rank of this machine, share the page
-  // cache's one copy (each once held the whole file: two per rank, outside the memory check).
+namespace {
+
+// The file's bytes, read once per process and shared: the train and val splits, and every rank of
+// --comm local (threads), each held a whole copy (two per rank, outside the memory check). Read,
+// not mapped: a text rewritten while the run reads it (an editor saving in place, a generator
+// writing over it) would end a mapped run by SIGBUS; read, the run keeps what it started with.
+// Keyed by the file's identity, so a changed file is read anew.
+std::shared_ptr<const std::vector<uint8_t>> shared_bytes(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(path + ": cannot open text file: " + std::strerror(errno));
   struct stat st {};
@@ -27,29 +32,47 @@ TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) 
     ::close(fd);
     throw std::runtime_error(path + ": cannot read text file: " + std::strerror(err));
   }
-  size_ = size_t(st.st_size);
-  if (size_ == 0) {
+  const std::string key = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) +
+                          ":" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const std::vector<uint8_t>>> cache;
+  std::lock_guard<std::mutex> lock(mu);  // (one reader at a time: the others then share its bytes)
+  if (auto held = cache[key].lock()) {
     ::close(fd);
-    throw std::runtime_error(path + ": text file is empty");
+    return held;
   }
-  void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(size_t(st.st_size));
+  for (size_t at = 0; at < bytes->size();) {
+    const ssize_t n = ::read(fd, bytes->data() + at, bytes->size() - at);
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::runtime_error(path + ": " + (n == 0 ? std::string("the file shrank while it was read")
+                                                      : "cannot read text file: " + std::string(std::strerror(err))));
+    }
+    at += size_t(n);
+  }
   ::close(fd);
-  if (map == MAP_FAILED) throw std::runtime_error(path + ": cannot map text file: " + std::strerror(err));
-  bytes_ = static_cast<const uint8_t*>(map);
+  cache[key] = bytes;
+  return bytes;
+}
+
+}  // namespace
+
+TextDataset::TextDataset(const std::string& path, Split split, int model_vocab) : path_(path), split_(split) {
+  require_regular_file(path);
+  held_ = shared_bytes(path);
+  bytes_ = held_->data();
+  size_ = held_->size();
+  if (size_ == 0) throw std::runtime_error(path + ": text file is empty");
   if (model_vocab > 0 && model_vocab < 256) {
     vocab_ = model_vocab;
     for (size_t k = 0; k < size_; k++)
-      if (bytes_[k] >= model_vocab) {
-        const int b = bytes_[k];
-        ::munmap(map, size_);  // the destructor will not run
-        throw std::runtime_error(path + ": byte " + std::to_string(b) + " at offset " + std::to_string(k) +
+      if (bytes_[k] >= model_vocab)
+        throw std::runtime_error(path + ": byte " + std::to_string(bytes_[k]) + " at offset " + std::to_string(k) +
                                  " is >= the model vocab " + std::to_string(model_vocab));
-      }
   }
 }
-
-TextDataset::~TextDataset() { ::munmap(const_cast<uint8_t*>(bytes_), size_); }
 
 int64_t TextDataset::num_sequences(int T) const {
   if (T < 1) throw std::runtime_error(path_ + ": sequence length must be >= 1");

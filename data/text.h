@@ -5,6 +5,8 @@
 // at every T); each split is cut into sequences from its own start, both are read in order, and an
 // index past the split's end wraps into the next epoch.
 #pragma once
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "data/dataset.h"
@@ -15,9 +17,7 @@ class TextDataset : public Dataset {
  public:
   // Throws naming the file when it is missing, empty, or holds a byte >= model_vocab (if > 0).
   TextDataset(const std::string& path, Split split, int model_vocab);
-  ~TextDataset() override;
-  TextDataset(const TextDataset&) = delete;
-  TextDataset& operator=(const TextDataset&) = delete;
+
   // 256, or the model's vocab when smaller (every byte was checked against it).
   int vocab() const override { return vocab_; }
   // Throws naming the file when the split gets no sequence at length T.
@@ -31,7 +31,8 @@ class TextDataset : public Dataset {
  private:
   std::string path_;
   Split split_;
-  const uint8_t* bytes_ = nullptr;  // the file, mapped read-only
+  std::shared_ptr<const std::vector<uint8_t>> held_;  // the file's bytes, shared in the process
+  const uint8_t* bytes_ = nullptr;
   size_t size_ = 0;
   mutable std::string identity_;  // identity(), made at its first call
   int vocab_ = 256;

@@ -192,8 +192,8 @@ double parse_float(const std::string& flag, const std::string& v) {
   // Below a double's range strtod gives 0 (or a subnormal) and ERANGE: 1e-400 is not 0, which
   // turns some flags off (--grad-clip 0, --heartbeat 0) or greedy (--temperature 0).
   if (errno == ERANGE && std::fabs(x) < 1)
-    throw std::runtime_error(flag + ": " + v + " is outside the range of a float (magnitudes from about 1.2e-38 "
-                             "to 3.4e38, or 0)");
+    throw std::runtime_error(flag + ": " + v + " is too small to be told from 0 (a number's magnitude is 0 or "
+                             "above about 2.2e-308)");
   return x;
 }
 
@@ -239,6 +239,14 @@ int parse_int32(const std::string& flag, const std::string& v) {
 }  // namespace
 
 Options parse_options(int argc, char** argv) {
+  // --help lists the flags whatever else the line holds (a value it would refuse, a flag it does
+  // not know), as `train prepare --help` does.
+  for (int i = 1; i < argc; i++)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      Options o;
+      o.help = true;
+      return o;
+    }
   Options o;
   using Setter = std::function<void(const std::string&, const std::string&)>;
   auto I = [](int& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = parse_int32(f, v); }; };
@@ -344,7 +352,6 @@ Options parse_options(int argc, char** argv) {
     o.given.push_back(a);
     o.args.push_back({a, v});
   }
-  if (o.help) return o;  // the flags' list, whatever else the line holds (a value it would refuse)
   auto positive = [](const char* flag, long v) {
     if (v < 1) throw std::runtime_error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
   };

@@ -157,10 +157,13 @@ void check_output_paths(const Options& o) {
   // read as a shard). As glob(3) matches: '/' and a leading '.' only literally.
   if (!o.save_dir.empty()) {
     outputs.push_back({"--save-dir", o.save_dir});
-    outputs.push_back({"--save-dir (a checkpoint in it)", (fs::path(o.save_dir) / step_dir_name(1)).string()});
+    const fs::path step = fs::path(o.save_dir) / step_dir_name(1);
+    outputs.push_back({"--save-dir (a checkpoint in it)", step.string()});
+    for (const char* file : {"model.bin", "optim.bin", "rank_0.json", "COMPLETE"})
+      outputs.push_back({"--save-dir (a checkpoint's file)", (step / file).string()});
   }
   for (const auto& [in_flag, spec] : {Named{"--data", o.data}, Named{"--val-data", o.val_data}}) {
-    if (spec.rfind("shards:", 0) != 0) continue;
+    if (spec.rfind("shards:", 0) != 0 || spec.size() == 7) continue;  // (an empty pattern: refused when opened)
     const std::string pattern = fs::absolute(spec.substr(7)).lexically_normal().string();
     for (const auto& [flag, path] : outputs)
       if (::fnmatch(pattern.c_str(), fs::absolute(path).lexically_normal().string().c_str(), FNM_PATHNAME | FNM_PERIOD) == 0)
