@@ -153,6 +153,14 @@ JsonValue hf_sibling_config(const std::string& path, const std::string& why) {
 
 namespace {
 
+// A file's layer count, capped (kMaxLayers) before any per-layer work: Qwen 2's and Ministral's
+// window lists, and the metadata's comparison text, are one entry a layer.
+int layer_count(int n, const std::string& where) {
+  if (n > kMaxLayers)
+    throw std::runtime_error(where + ": " + std::to_string(n) + " layers: at most " + std::to_string(kMaxLayers));
+  return n;
+}
+
 // j's key when it is present and not null (transformers reads `get(key) or default` for several).
 const JsonValue* non_null(const JsonValue& j, const char* key) {
   const JsonValue* v = j.find(key);
@@ -341,7 +349,7 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
   ModelConfig c;
   if (type == "gpt2") {
     c.arch = "gpt2";
-    c.dim = num("n_embd"), c.layers = num("n_layer"), c.heads = c.kv_heads = num("n_head");
+    c.dim = num("n_embd"), c.layers = layer_count(num("n_layer"), where), c.heads = c.kv_heads = num("n_head");
     c.max_seq = num("n_positions"), c.vocab = num("vocab_size");
     const JsonValue* act = j.find("activation_function");
     refuse_unless(!act || act->text == "gelu_new" || act->text == "gelu_pytorch_tanh", "activation_function is not tanh GELU");
@@ -367,7 +375,8 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     const bool mistral = type == "mistral" || type == "ministral";
     c.arch = "llama";
     c.qkv_bias = type == "qwen2";
-    c.dim = num("hidden_size"), c.layers = num("num_hidden_layers"), c.heads = num("num_attention_heads");
+    c.dim = num("hidden_size"), c.layers = layer_count(num("num_hidden_layers"), where),
+    c.heads = num("num_attention_heads");
     // A file without num_key_value_heads gets its config class's default, as transformers loads it:
     // LlamaConfig's is the query heads, MistralConfig's (and Ministral's) 8, Qwen2Config's 32.
     // One given as null is the query heads in all three (their __init__ replaces None so).
@@ -478,7 +487,8 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
   auto arch = f.metadata().find("arch");
   if (arch != f.metadata().end()) {
     c.arch = arch->second;
-    c.layers = meta_int(f, "layers"), c.dim = meta_int(f, "dim"), c.heads = meta_int(f, "heads");
+    c.layers = layer_count(meta_int(f, "layers"), f.path() + ": __metadata__"), c.dim = meta_int(f, "dim");
+    c.heads = meta_int(f, "heads");
     c.kv_heads = meta_int(f, "kv_heads"), c.vocab = meta_int(f, "vocab"), c.max_seq = meta_int(f, "max_seq");
     c.ffn = meta_int(f, "ffn");
     auto t = f.metadata().find("rope_theta");

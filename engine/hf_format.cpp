@@ -106,9 +106,9 @@ void check_covered(const ModelConfig& cfg, const std::vector<Map>& maps, const s
     const bool padded = s.name == "wte" || s.name == "lm_head";
     const int64_t want = s.shape.numel() - (padded ? int64_t(cfg.padded_vocab - cfg.vocab) * cfg.dim : 0);
     if (mapped != want)
-      throw std::logic_error("interop: hf_map (engine/hf_format.cpp) names " + std::to_string(mapped) + " of parameter '" +
-                             s.name + "''s " + std::to_string(want) + " weights: a parameter needs its Hugging Face "
-                             "names there");
+      throw std::logic_error("interop: hf_map (engine/hf_format.cpp) names " + std::to_string(mapped) + " of the " +
+                             std::to_string(want) + " weights of parameter '" + s.name + "': a parameter needs its "
+                             "Hugging Face names there");
   }
 }
 

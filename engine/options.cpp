@@ -413,7 +413,8 @@ Options parse_options(int argc, char** argv) {
                                 {"--max-seq", o.max_seq}, {"--ffn", o.ffn}})
     if (o.set_by_user(flag)) positive(flag, v);
   // The planner walks every layer before the run starts: 2^31 of them would take minutes to refuse.
-  if (o.layers > 100000) throw std::runtime_error("--layers " + std::to_string(o.layers) + ": at most 100000");
+  if (o.layers > kMaxLayers)
+    throw std::runtime_error("--layers " + std::to_string(o.layers) + ": at most " + std::to_string(kMaxLayers));
   // At most 1e7 s (116 days): a deadline is a clock reading in nanoseconds, and 1e10 s past now
   // overflows it into the past (every collective then timed out at once).
   if (!(o.comm_timeout > 0) || !(o.comm_timeout <= 1e7))

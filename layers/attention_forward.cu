@@ -82,13 +82,13 @@ __global__ void __launch_bounds__(W * 32)
         UL_UNROLL for (int e = 0; e < 4; e++) {
           const int k = k0 + j * 8 + 2 * t + (e & 1);
           if (masked && !visible(rows[e / 2], k, G, docb)) s[j][e] = ninf;
-          mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);  // raw scores: scale > 0 keeps the order
+          mx[e / 2] = max_keep_nan(mx[e / 2], s[j][e]);  // raw scores: scale > 0 keeps the order
         }
       float alpha[2], sum[2] = {0.f, 0.f};
       UL_UNROLL for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r] * scale2);
+        mx[r] = max_keep_nan(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the quad holds the row
+        mx[r] = max_keep_nan(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = max_keep_nan(m[r], mx[r] * scale2);
         // Nothing visible yet, or no new maximum: nothing to rescale. The second test keeps an
         // all-masked tile from multiplying by ex2.approx(0), whose exactness PTX does not promise:
         // tiles a 128-row block walks and a 64-row one skips must change no bits.
@@ -160,9 +160,9 @@ __global__ void __launch_bounds__(FmaSplit<D, 32>::kThreads)
       UL_UNROLL for (int i = 0; i < W; i++) dot += qr[i] * Ks[j * D + i * S + part];
       dot = group_sum<S>(dot);  // every lane, visible or not: the shuffle needs the whole warp
       s[j] = visible(q, k0 + j, G, docb) ? dot * scale : ninf;
-      mx = fmaxf(mx, s[j]);
+      mx = max_keep_nan(mx, s[j]);
     }
-    const float m_new = fmaxf(m, mx);
+    const float m_new = max_keep_nan(m, mx);
     if (m_new == ninf) continue;  // nothing visible yet
     const float alpha = expf(m - m_new);
     m = m_new;

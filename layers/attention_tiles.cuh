@@ -79,6 +79,11 @@ struct Geometry {
   __host__ __device__ int64_t lse(int b, int h, int t) const { return (int64_t(b) * Hq + h) * Tn + t; }
 };
 
+// The larger of a and b, or NaN when either is NaN, and NaN from then on: fmaxf drops a NaN, and a
+// NaN score alone in a row's tile (a document starting at the tile's last key) once read as
+// "nothing visible", a finite wrong output where the CPU's shows NaN.
+__device__ __forceinline__ float max_keep_nan(float a, float b) { return (b > a || b != b) ? b : a; }
+
 // Query q attends to key k: causal, inside the sequence, in the same document and the window.
 __device__ __forceinline__ bool visible(int q, int k, const Geometry& G, const int32_t* docb) {
   return k <= q && q < G.Tn && (!docb || docb[k] == docb[q]) && (!G.window || q - k < G.window);

@@ -51,9 +51,7 @@ void ModelConfig::validate() const {
   auto bad = [](const std::string& m) { throw std::runtime_error(m); };
   if (arch != "gpt2" && arch != "llama") bad("--model: unknown architecture '" + arch + "' (gpt2 or llama)");
   if (layers < 1) bad("--layers must be >= 1");
-  // As --layers is capped: a file's header or config.json naming 2^30 layers (of width 2, under
-  // 2^60 parameters) took minutes of per-layer planning, or gigabytes, to refuse.
-  if (layers > 100000) bad("layers " + std::to_string(layers) + ": at most 100000");
+  if (layers > kMaxLayers) bad("layers " + std::to_string(layers) + ": at most " + std::to_string(kMaxLayers));
   if (dim < 1 || heads < 1) bad("--dim and --heads must be >= 1");
   if (dim % heads) bad("--dim " + std::to_string(dim) + " is not divisible by --heads " + std::to_string(heads));
   if (kv_heads < 1 || heads % kv_heads)

@@ -31,6 +31,9 @@ class Comm;
 // The largest vocabulary a model takes (2^30; the largest real ones are about 2^18): its padding
 // to a multiple of 128 and the embedding's sort keys (row < 2^31) stay within int.
 constexpr int kMaxVocab = 1 << 30;
+// At most this many layers (--layers, a file's header or config.json): a file naming 2^30 of
+// width 2 stays under 2^60 parameters, and took minutes of per-layer work, or gigabytes, to refuse.
+constexpr int kMaxLayers = 100000;
 
 struct ModelConfig {
   std::string arch = "gpt2";  // gpt2 | llama

@@ -184,6 +184,14 @@ TEST_CASE("export then import round-trips bit-exactly, config from metadata or c
     const std::vector<float> h = random_params(m, 3);
     TempDir d;
     export_safetensors(d / "model.safetensors", m.cfg, m.params.specs(), h.data(), "F32");
+    {  // a parameter with no Hugging Face name (a fork's new weight not in hf_map): refused, not dropped
+      std::vector<ParamSpec> more = m.params.specs();
+      more.push_back({"gate_scale", Shape{m.cfg.dim}, false, false, size_t(m.params.numel())});
+      std::vector<float> hm = h;
+      hm.resize(h.size() + size_t(m.cfg.dim), 1.f);
+      CHECK_THROWS_WITH(hf_tensors(m.cfg, more, hm.data()),
+                        Catch::Contains("names 0 of the " + std::to_string(m.cfg.dim) + " weights of parameter 'gate_scale'"));
+    }
     if (arch == "qwen2") {  // Qwen2ForCausalLM (llama's attention_bias would mean an o_proj bias too)
       const std::string json = read_whole_file(d / "config.json");
       CHECK(json.find("\"model_type\":\"qwen2\"") != std::string::npos);
@@ -369,7 +377,7 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
   REQUIRE(layers_at != std::string::npos);
   const std::string layers_field = x.json.substr(layers_at, x.json.find(',', layers_at) + 1 - layers_at);
   CHECK_THROWS_WITH(x.read_replaced(layers_field, "\"num_hidden_layers\":1073741824,"),
-                    Catch::Contains("layers 1073741824: at most 100000"));
+                    Catch::Contains("config.json: 1073741824 layers: at most 100000"));
   CHECK_THROWS_WITH(x.read_replaced("\"vocab_size\":50,", "\"vocab_size\":4294967346,"),
                     Catch::Contains("vocab_size 4294967346 is out of range"));
 }
@@ -377,6 +385,12 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
 TEST_CASE("HF configs: qwen2 read as llama with a q/k/v bias, what ulysses would run differently refused", "[interop]") {
   HfExport x(small("qwen2"), 7);
   x.drop_metadata();
+  {  // its window list is one entry a layer: a count past the cap refused before it (gigabytes at 2^31)
+    const size_t at = x.json.find("\"num_hidden_layers\":");
+    REQUIRE(at != std::string::npos);
+    CHECK_THROWS_WITH(x.read_replaced(x.json.substr(at, x.json.find(',', at) + 1 - at), "\"num_hidden_layers\":2147483647,"),
+                      Catch::Contains("2147483647 layers: at most 100000"));
+  }
   auto read_with = [&](const std::string& from, const std::string& to) { return x.read_replaced(from, to); };
   CHECK(x.read_with(x.json).describe() == x.cfg.describe());  // qkv_bias, norm_eps=1e-06, yarn, tied
   // transformers 5.24 slides Qwen 2's layers from max_window_layers (28 when absent) on: none of these 2.

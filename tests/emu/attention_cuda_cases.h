@@ -522,6 +522,42 @@ TEST_CASE("attention CUDA kernels: nothing leaks through the causal, document, w
   }
 }
 
+// A NaN key reaches every row that sees it, and no other, as on the CPU: fmaxf drops a NaN, so a
+// NaN key alone in a row's tile (a document starting at the tile's last key, or a window's first
+// key) once read as "nothing visible" and gave those rows a finite, wrong output.
+TEST_CASE("attention CUDA forward passes a NaN key on to every row that sees it, and to no other", UL_CUDA_TEST_TAG "[attention]") {
+  using namespace attn_cases;
+  struct Nan { int bad, doc_from, window; };  // doc_from: the second document's first key (0: none)
+  auto check = [](auto zero, const Nan& k) {
+    using T = decltype(zero);
+    const Case c{1, 130, 1, 1, 16, Docs::none, k.window};
+    INFO((std::is_same<T, float>::value ? "f32" : "bf16") << ": NaN key at " << k.bad << ", documents from "
+                                                         << k.doc_from << ", window " << k.window);
+    const int row = 3 * c.D;
+    std::vector<float> qkv = inputs<T>(size_t(c.Tn) * row, 91), dout = inputs<T>(size_t(c.Tn) * c.D, 92);
+    qkv[size_t(k.bad) * row + c.D] = NAN;  // the key head's first element
+    std::vector<int32_t> doc;
+    if (k.doc_from) doc.assign(size_t(c.Tn), 0), std::fill(doc.begin() + k.doc_from, doc.end(), 1);
+    const KernelResult<T> r = run_kernels<T>(c, qkv, dout, doc);
+    const std::vector<float> out = to_f32(r.out);
+    int wrong = 0;
+    for (int t = 0; t < c.Tn; t++) {
+      const bool sees = t >= k.bad && (doc.empty() || doc[size_t(t)] == doc[size_t(k.bad)]) &&
+                        (!k.window || t - k.bad < k.window);
+      for (int i = 0; i < c.D; i++) wrong += std::isnan(out[size_t(t) * c.D + i]) != sees;
+    }
+    CHECK(wrong == 0);
+  };
+  // 63: the last key of a 64-key tile (bf16); 31: of a 32-key step (f32); 5: amid other keys.
+  for (const Nan& k : {Nan{63, 63, 0}, Nan{31, 31, 0}, Nan{63, 0, 2}, Nan{5, 0, 0}}) {
+    check(float(0), k);
+    for (int rows : {64, 128}) {
+      QueryRows q(rows);
+      check(__nv_bfloat16{}, k);
+    }
+  }
+}
+
 TEST_CASE("attention CUDA kernels: rising document ids give the bits of the same documents numbered down", UL_CUDA_TEST_TAG "[attention]") {
   using namespace attn_cases;
   // Rising ids: the bf16 kernels find the tiles of a tile's documents by bisection (32 probes a
