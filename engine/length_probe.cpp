@@ -77,6 +77,17 @@ std::vector<std::vector<int32_t>> val_runs(const Dataset& val, int seq, int T, i
 
 namespace {
 
+// progress(windows done, rows of the next one run so far): 0 rows as each window ends, and at
+// each prefill or scoring chunk of 256 rows inside one (a 64K window of a large model is minutes).
+using Progress = std::function<void(int, int)>;
+// A caller's progress(windows done), heard as each window ends.
+Progress windows_done(const std::function<void(int)>& progress) {
+  if (!progress) return {};
+  return [&progress](int done, int rows) {
+    if (rows == 0) progress(done);
+  };
+}
+
 // The windows [0, n) one rank takes: i % parts == part.
 struct Share {
   int part = 0, parts = 1;
@@ -88,8 +99,7 @@ struct Share {
 // sequences [0, n) at length T (a whole answer: a run of consecutive scored targets, right when
 // all its targets are, as Trainer::evaluate counts them).
 std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                                    const Dataset& data, int T, int n, int32_t eot, Share share,
-                                    const std::function<void(int)>& progress) {
+                                    const Dataset& data, int T, int n, int32_t eot, Share share, const Progress& progress) {
   KvDecoder dec(cfg, specs, host, T);
   dec.set_document_token(eot);
   std::vector<int32_t> in(static_cast<size_t>(T)), tgt(static_cast<size_t>(T));
@@ -107,7 +117,8 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
     if (first <= last) {  // else nothing is scored in this one
       tokens.assign(in.begin(), in.end());
       dec.reset();
-      const std::vector<float>* logits = &dec.prefill(tokens.data(), first + 1);
+      const std::vector<float>* logits =
+          &dec.prefill(tokens.data(), first + 1, [&](int rows) { if (progress) progress(done, rows); });
       bool run_right = true;  // the whole answer in progress
       for (int t = first; t <= last; t++) {
         if (tgt[size_t(t)] >= 0) {
@@ -127,7 +138,7 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
         if (t < last) logits = &dec.step(tokens[size_t(t + 1)]);
       }
     }
-    if (progress) progress(++done);
+    if (progress) progress(++done, 0);
   }
   return {double(correct), double(valid), nll, double(whole_right), double(whole)};
 }
@@ -137,7 +148,7 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
 // sequences (data/packing.h), and a target's band is its position in its document.
 std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                               const std::vector<const int32_t*>& windows, int T, int32_t eot, Share share,
-                              const std::function<void(int)>& progress) {
+                              const Progress& progress) {
   KvDecoder dec(cfg, specs, host, T);
   dec.set_document_token(eot);
   std::vector<float> nll(static_cast<size_t>(T));
@@ -153,14 +164,14 @@ std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpe
     const int32_t* w = windows[size_t(i)];  // inputs w[0, T), targets w[1, T]
     const std::vector<int> tokens(w, w + T);
     dec.reset();
-    dec.score(tokens.data(), w + 1, T, nll.data());
+    dec.score(tokens.data(), w + 1, T, nll.data(), [&](int rows) { if (progress) progress(done, rows); });
     document_layout(w, T, eot, doc.data(), pos.data());  // pos: t, or the position in its document
     for (int t = 0; t < T; t++) {
       if (w[t + 1] < 0) continue;
       const int k = band_of[size_t(pos[size_t(t)])];
       sums[2 * size_t(k)] += nll[size_t(t)], sums[2 * size_t(k) + 1] += 1;
     }
-    if (progress) progress(++done);
+    if (progress) progress(++done, 0);
   }
   return sums;
 }
@@ -198,7 +209,7 @@ LengthProbe loss_probe(int T, const std::vector<double>& sums) {
 double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                         const Dataset& data, int T, int n, int64_t* answers,
                         const std::function<void(int)>& progress, double* whole) {
-  const std::vector<double> c = accuracy_counts(cfg, specs, host, data, T, n, -1, Share{}, progress);
+  const std::vector<double> c = accuracy_counts(cfg, specs, host, data, T, n, -1, Share{}, windows_done(progress));
   *answers = int64_t(c[1]);
   if (whole) *whole = c[4] > 0 ? c[3] / c[4] : 0.0;
   return c[1] > 0 ? c[0] / c[1] : 0.0;
@@ -207,18 +218,22 @@ double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& sp
 LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const std::vector<int32_t>& stream, int T, int n, int32_t eot,
                          const std::function<void(int)>& progress) {
-  return loss_probe(T, loss_sums(cfg, specs, host, windows_in({stream}, T, n), T, eot, Share{}, progress));
+  return loss_probe(T, loss_sums(cfg, specs, host, windows_in({stream}, T, n), T, eot, Share{}, windows_done(progress)));
 }
 
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const Dataset& val, int seq, int T, int n, int32_t eot, Comm* world,
                          const std::function<void(const std::string&)>& progress) {
   const Share share{world ? world->rank() : 0, world ? world->size() : 1};
-  auto each = [&](const std::string& name, int total) -> std::function<void(int)> {
+  // "all 3/64 sequences", and inside a long window where it got: "..., position 4096/65536".
+  auto each = [&](const std::string& name, int total) -> Progress {
     if (!progress) return {};
     const std::string of = "/" + std::to_string(share.count(total)) + " sequences" +
                            (share.parts > 1 ? " (this rank's share)" : "");
-    return [&progress, name, of](int done) { progress(name + " " + std::to_string(done) + of); };
+    return [&progress, name, of, T](int done, int rows) {
+      progress(name + " " + std::to_string(done) + of +
+               (rows > 0 ? ", position " + std::to_string(rows) + "/" + std::to_string(T) + " of the next" : ""));
+    };
   };
   // Each rank decodes its share of the windows; the sums of every cell meet in one all-reduce.
   auto sum_over_ranks = [&](std::vector<double>& v) {

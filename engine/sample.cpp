@@ -214,7 +214,8 @@ void KvDecoder::check_tokens(const int* tokens, int n) const {
                              std::to_string(pos_) + " used, " + std::to_string(n) + " more asked for)");
 }
 
-void KvDecoder::score(const int* tokens, const int32_t* targets, int n, float* nll) {
+void KvDecoder::score(const int* tokens, const int32_t* targets, int n, float* nll,
+                      const std::function<void(int)>& progress) {
   check_tokens(tokens, n);
   const int C = cfg_.dim, V = cfg_.vocab;
   for (int i = 0; i < n; i++)
@@ -238,6 +239,7 @@ void KvDecoder::score(const int* tokens, const int32_t* targets, int n, float* n
       nll[done + i] = float(token_nll(row_logits_.data() + size_t(i) * V, V, t));
     }
     done += rows;
+    if (progress) progress(done);
   }
 }
 

@@ -44,7 +44,8 @@ class KvDecoder {
   // Runs tokens[0, n) as prefill does, with the head on every row: nll[i] = -log p(targets[i] |
   // tokens[0..i]) for each i with targets[i] >= 0 (0 where it is < 0). Same refusals as prefill,
   // and a target outside the vocabulary.
-  void score(const int* tokens, const int32_t* targets, int n, float* nll);
+  void score(const int* tokens, const int32_t* targets, int n, float* nll,
+             const std::function<void(int)>& progress = {});  // progress(rows done), as prefill's
   int position() const { return pos_; }
   void reset() { pos_ = 0, doc_start_ = 0; }
   // Packed documents, as --doc-mask trains them (data/packing.h): from now on each `eot` token

@@ -311,6 +311,19 @@ TEST_CASE("train --probe-lengths: the grid at --seq is the eval, at other length
   }
 }
 
+TEST_CASE("a long --probe-lengths window says how far into it the decoder got (--heartbeat)", "[length_probe][cli]") {
+  using namespace ul_test;
+  // A 600-token window runs in chunks of 256 rows: a heartbeat so short that every call prints
+  // shows each chunk's place, not only each finished window (a 64K window of a large model is minutes).
+  CmdResult r = run_cmd(train_cmd("--steps 1 --eval-every 0 --eval-batches 1 --batch 2 --seq 96 --threads 1 "
+                                  "--probe-lengths 600 --heartbeat 0.000001"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("all 0/2 sequences, position 256/600 of the next done") != std::string::npos);
+  CHECK(r.out.find("all 1/2 sequences, position 512/600 of the next done") != std::string::npos);
+  CHECK(r.out.find("all 2/2 sequences done") != std::string::npos);
+}
+
 TEST_CASE("train --probe-lengths refuses what it cannot probe, before training", "[length_probe][cli]") {
   using namespace ul_test;
   TempDir dir;
