@@ -557,6 +557,22 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);
     if (got == want[f.key] || (!f.also.empty() && got == f.also) || (changes.seq && f.key == "seq")) continue;
+    // Another rank's file that disagrees with rank 0's in the same checkpoint: a file of another
+    // run put there, not this run's flag to change (its message once sent the user to --seed while
+    // rank_0.json held the run's own).
+    const std::filesystem::path rank0 = std::filesystem::path(path).parent_path() / rank_file_name(0);
+    if (std::filesystem::path(path).filename() != rank_file_name(0)) {
+      std::map<std::string, std::string> first;
+      try {
+        first = read_rank_fields(rank0.string());
+      } catch (const std::exception&) {
+        // rank 0's own check names what is wrong with it
+      }
+      const auto at0 = first.find(f.key);
+      if (at0 != first.end() && at0->second != got)
+        throw file_error(path, f.key + " is " + got + " but " + rank0.string() + " says " + at0->second +
+                                   ": the checkpoint's rank files come from different runs");
+    }
     const bool rope_field = f.key == "rope_theta" || f.key == "rope_scaling";
     const bool rope_asked = f.key == "rope_theta" ? changes.theta_asked : changes.scaling_asked;
     if (rope_field && changes.rope && rope_asked) continue;

@@ -287,6 +287,26 @@ TEST_CASE("a crash in the middle of a save leaves the previous checkpoint loadab
   fs::remove_all(d);
 }
 
+TEST_CASE("a rank file of another run in a checkpoint is named as such, not as this run's flag to change", "[checkpoint]") {
+  fs::path d = fresh_dir("mixed_ranks");
+  const std::string args = kArgs + " --ranks 2 --steps 2 --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  // rank_1.json as another run's (seed 7), its checksum made right: only rank 0's file says 1337.
+  const fs::path r1 = d / "step_00000002" / "rank_1.json";
+  std::string text = ul::read_whole_file(r1.string());
+  const size_t seed = text.find("\"seed\":1337,"), crc = text.rfind(",\"crc32\":");
+  REQUIRE((seed != std::string::npos && crc != std::string::npos));
+  std::string body = text.substr(0, crc).replace(seed, 12, "\"seed\":7,");
+  std::ofstream(r1) << body << ",\"crc32\":" << ul::crc32(0, body.data(), body.size()) << "}\n";
+  CmdResult r = train(kArgs + " --ranks 2 --steps 4 --save-every 2 --resume --save-dir " + d.string());
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("rank_1.json: seed is 7 but " + (d / "step_00000002" / "rank_0.json").string() +
+                   " says 1337: the checkpoint's rank files come from different runs") != std::string::npos);
+  CHECK(r.out.find("(--seed)") == std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoint]") {
   fs::path d = fresh_dir("keep");
   REQUIRE(train(kArgs + " --save-every 1 --keep 2 --save-dir " + d.string()).code == 0);
