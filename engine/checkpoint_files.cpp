@@ -392,7 +392,7 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const s
   ModelConfig derived = c;
   derived.ffn = 0;
   const int derived_ffn = derived.ffn_dim();
-  return {{"arch", json_quote(c.arch), "--model"},
+  std::vector<RunField> fields = {{"arch", json_quote(c.arch), "--model"},
           {"layers", n(c.layers), "--layers"},
           {"dim", n(c.dim), "--dim"},
           {"heads", n(c.heads), "--heads"},
@@ -434,6 +434,15 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& c, const s
           {"beta2", json_quote(float_text(o.beta2)), "--beta2", kUnchecked},
           {"adam_eps", json_quote(float_text(o.adam_eps)), "--adam-eps", kUnchecked},
           {"grad_clip", json_quote(float_text(o.grad_clip)), "--grad-clip", kUnchecked}};
+  // Beside --checkpoint the model's shape is the file's (its shape flags are refused): a resume of
+  // a run started from another file names the file, not a flag the user cannot give.
+  if (!o.checkpoint.empty())
+    for (RunField& f : fields)
+      for (const char* shape : {"arch", "layers", "dim", "heads", "kv_heads", "vocab", "padded_vocab", "ffn",
+                                "tie_embeddings", "qkv_bias", "norm_eps", "sliding_window", "full_attention_every",
+                                "full_attention_first"})
+        if (f.key == shape) f.flag = "--checkpoint " + o.checkpoint + ", whose shape this run has";
+  return fields;
 }
 
 std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }

@@ -668,7 +668,8 @@ int train_rank(const Options& o, Comm& world) {
     std::string left;  // what the signal skipped of what follows the training
     auto skip = [&](bool asked, const char* what) { if (asked) left += (left.empty() ? "" : ", ") + std::string(what); };
     skip(!final_eval && !stopped_late && (o.steps > 0 || o.evaluates()), "the final eval");
-    skip(!o.probe_lengths.empty(), lengths_done > 0 ? "the rest of --probe-lengths" : "--probe-lengths");
+    // (a signal during the last length lets it finish: then none was skipped)
+    skip(lengths_done < int(o.probe_lengths.size()), lengths_done > 0 ? "the rest of --probe-lengths" : "--probe-lengths");
     skip(!o.export_llmc.empty() || !o.export_safetensors.empty(), "the exports");
     skip(o.sample > 0, "the sample");
     left = left.empty() ? "" : "; skipped: " + left;

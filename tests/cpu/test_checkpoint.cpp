@@ -1248,6 +1248,11 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   CmdResult r = train(rest + " --steps 2 --checkpoint " + model + " --save-dir " + (d / "next").string());
   REQUIRE(r.code == 0);
   CHECK(ul::complete_steps((d / "next").string()) == std::vector<int>{2});
+  // Its resume with another file of another shape: the file is named, not a shape flag it refuses.
+  REQUIRE(train("--dim 64 --heads 2 --layers 1" + rest + " --steps 1 --save-dir " + (d / "wide").string()).code == 0);
+  const std::string wide = (d / "wide" / "step_00000001" / "model.bin").string();
+  expect_refused(rest + " --steps 4 --resume --checkpoint " + wide + " --save-dir " + (d / "next").string(),
+                 "dim is 32 in the checkpoint but 64 in this run (--checkpoint " + wide + ", whose shape this run has)");
   // --plan plans the checkpoint's model (dim 32), not the default one (dim 64).
   CmdResult plan = train(rest + " --plan --checkpoint " + model);
   CHECK(plan.code == 0);

@@ -347,4 +347,12 @@ TEST_CASE("a stop during the probes of a resume with no step left skips only wha
   CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
   CHECK(s.out.find("stopped | SIGTERM during the final evals and probes (step 4); skipped: the rest of --probe-lengths\n") !=
         std::string::npos);
+  // During the last length, which then finishes (its row printed and logged): nothing skipped.
+  const Stopped last = run_and_signal(args + " --resume --probe-lengths 96,64", "test hold | length 64", SIGTERM, 0,
+                                      "length 64");
+  INFO(last.out);
+  REQUIRE(WIFEXITED(last.status));
+  CHECK(WEXITSTATUS(last.status) == 128 + SIGTERM);
+  CHECK(last.out.find("length     64 | all: ") != std::string::npos);
+  CHECK(last.out.find("stopped | SIGTERM during the final evals and probes (step 4)\n") != std::string::npos);
 }
