@@ -124,7 +124,6 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
                                  "(refused in the text) or 256 (the default, past the bytes)");
       o.eot = int(e);
     }
-    else throw std::runtime_error("prepare: unknown flag '" + a + "' (train prepare --help lists the flags)");
   }
   if (o.out.empty()) throw std::runtime_error("prepare: --out DIR is required");
   if (eot_given && !o.tokenizer.empty())

@@ -335,11 +335,11 @@ Options parse_options(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error(a + ": missing value");
       v = argv[++i];
       // `--save-dir --resume`: a flag where the value should be is a value forgotten (taken as the
-      // value, it would start a fresh run in ./--resume). A value that truly starts so: --flag=VALUE.
-      // Any --word, not only the flags there are (--save-dir --resum, a typo, trained afresh into
-      // ./--resum), but in a --prompt's free text.
+      // value, it would start a fresh run in ./--resume), and so is any other --word (the typo
+      // --resum), but in --prompt's free text. A value that truly starts so: --flag=VALUE. (-h
+      // never gets here: it asks for the help.)
       const std::string next = v.substr(0, v.find('='));
-      const bool is_flag = next == "-h" || with_value.count(next) ||
+      const bool is_flag = with_value.count(next) ||
                            std::any_of(std::begin(kSwitches), std::end(kSwitches),
                                        [&](const auto& k) { return next == k.first; }) ||
                            (a != "--prompt" && next.size() > 2 && next.compare(0, 2, "--") == 0 &&
