@@ -106,7 +106,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
 #if ULYSSES_HAVE_MPI
     MpiRuntime mpi(argc, argv);
     return after_mpi_start([&] {
-      auto boot = mpi_world();
+      auto boot = mpi_world(Device::cpu, o.comm_timeout);
       check_mpi_world(*boot);
       auto world = nccl_world_from(*boot, gpu, o.comm_timeout);
       return run(o, *world);
@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
 #endif
       MpiRuntime mpi(&argc, &argv);
       return after_mpi_start([&] {
-        auto world = mpi_world(run_device(o));  // device buffers are staged through the host
+        // device buffers are staged through the host
+        auto world = mpi_world(run_device(o), o.comm_timeout);
         check_mpi_world(*world);
         return run(o, *world);
       });

@@ -93,8 +93,8 @@ parallelism
                       nccl: GPUs (id bootstrapped over MPI, or --nccl-id-file)          [local]
   --nccl-id-file F    NCCL bootstrap without MPI: rank/size from RANK/WORLD_SIZE or SLURM_*
   --ranks N           world size for --comm local                                         [1]
-  --comm-timeout S    local, nccl: a rank waiting longer than S seconds in one collective
-                      (or in NCCL's init) fails the run (a hung or lost peer; rank 0 alone
+  --comm-timeout S    a rank waiting longer than S seconds in one collective (or in
+                      NCCL's init) fails the run (a hung or lost peer; rank 0 alone
                       writing a large checkpoint or sampling keeps the others waiting)  [600]
 long-context memory (README: "Long context")
   --recompute         keep only each block's input; replay the block in backward
@@ -419,8 +419,6 @@ Options parse_options(int argc, char** argv) {
   // overflows it into the past (every collective then timed out at once).
   if (!(o.comm_timeout > 0) || !(o.comm_timeout <= 1e7))
     throw std::runtime_error("--comm-timeout must be a number of seconds in (0, 1e7]");
-  if (o.set_by_user("--comm-timeout") && o.comm == "mpi")
-    throw std::runtime_error("--comm-timeout: MPI's collectives have no timeout here (mpirun ends a job whose rank died)");
   if (!(o.heartbeat >= 0) || !std::isfinite(o.heartbeat))
     throw std::runtime_error("--heartbeat must be a finite number of seconds >= 0");
   if (!(o.rope_theta > 0) || !std::isfinite(o.rope_theta))

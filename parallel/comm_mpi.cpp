@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "engine/device.h"
 #include "parallel/comm_util.h"
+#include "parallel/watchdog.h"
 
 namespace ul {
 
@@ -105,7 +108,10 @@ void narrow(void* bf16, const float* f, size_t n) {
 
 class MpiComm : public Comm {
  public:
-  MpiComm(MPI_Comm c, Device d) : Comm(d), comm_(c) {
+  // guard: the deadline of every call that waits on the peers (null: none), shared with the
+  // communicators split from this one (one thread makes every MPI call: MPI_THREAD_FUNNELED).
+  MpiComm(MPI_Comm c, Device d, std::shared_ptr<RearmableWatchdog> guard)
+      : Comm(d), comm_(c), guard_(std::move(guard)) {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
@@ -127,13 +133,17 @@ class MpiComm : public Comm {
     if (t == DType::bf16) {
       std::vector<float> f = widen(s.host(), count);
       for (size_t off = 0; off < count; off += max_piece(4))
-        check(MPI_Allreduce(MPI_IN_PLACE, f.data() + off, piece(count - off, 4), MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
+        call("MPI_Allreduce", [&] {
+          return MPI_Allreduce(MPI_IN_PLACE, f.data() + off, piece(count - off, 4), MPI_FLOAT, mpi_op(op), comm_);
+        });
       narrow(s.host(), f.data(), count);
     } else {
       char* p = static_cast<char*>(s.host());
       for (size_t off = 0; off < count; off += max_piece(dtype_size(t)))
-        check(MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), piece(count - off, dtype_size(t)), mpi_type(t), mpi_op(op), comm_),
-              "MPI_Allreduce");
+        call("MPI_Allreduce", [&] {
+          return MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), piece(count - off, dtype_size(t)), mpi_type(t),
+                               mpi_op(op), comm_);
+        });
     }
     s.copy_out();
   }
@@ -147,11 +157,13 @@ class MpiComm : public Comm {
     const char* src = static_cast<const char*>(in.host());
     char* dst = static_cast<char*>(out.host());
     if (count <= max_piece(es)) {
-      check(MPI_Alltoall(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_), "MPI_Alltoall");
+      call("MPI_Alltoall",
+           [&] { return MPI_Alltoall(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_); });
     } else {
       for (size_t off = 0; off < count; off += max_piece(es)) {
         const PieceType piece_t(piece(count - off, es), mpi_type(t), count * es);
-        check(MPI_Alltoall(src + off * es, 1, piece_t.get(), dst + off * es, 1, piece_t.get(), comm_), "MPI_Alltoall");
+        call("MPI_Alltoall",
+             [&] { return MPI_Alltoall(src + off * es, 1, piece_t.get(), dst + off * es, 1, piece_t.get(), comm_); });
       }
     }
     out.copy_out();
@@ -164,12 +176,14 @@ class MpiComm : public Comm {
     const char* src = static_cast<const char*>(in.host());
     char* dst = static_cast<char*>(out.host());
     if (count <= max_piece(es)) {
-      check(MPI_Allgather(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_), "MPI_Allgather");
+      call("MPI_Allgather",
+           [&] { return MPI_Allgather(src, int(count), mpi_type(t), dst, int(count), mpi_type(t), comm_); });
     } else {
       for (size_t off = 0; off < count; off += max_piece(es)) {
         const int len = piece(count - off, es);
         const PieceType piece_t(size_t(len), mpi_type(t), count * es);
-        check(MPI_Allgather(src + off * es, len, mpi_type(t), dst + off * es, 1, piece_t.get(), comm_), "MPI_Allgather");
+        call("MPI_Allgather",
+             [&] { return MPI_Allgather(src + off * es, len, mpi_type(t), dst + off * es, 1, piece_t.get(), comm_); });
       }
     }
     out.copy_out();
@@ -198,18 +212,20 @@ class MpiComm : public Comm {
     Staged s(device_, buf, count * dtype_size(t), rank_ == root);
     char* p = static_cast<char*>(s.host());
     for (size_t off = 0; off < count; off += max_piece(dtype_size(t)))
-      check(MPI_Bcast(p + off * dtype_size(t), piece(count - off, dtype_size(t)), mpi_type(t), root, comm_), "MPI_Bcast");
+      call("MPI_Bcast", [&] {
+        return MPI_Bcast(p + off * dtype_size(t), piece(count - off, dtype_size(t)), mpi_type(t), root, comm_);
+      });
     s.copy_out();
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override { call("MPI_Barrier", [&] { return MPI_Barrier(comm_); }); }
 
   // A negative color gets no communicator (nullptr), as MPI_UNDEFINED.
   std::unique_ptr<Comm> split(int color, int key) override {
     MPI_Comm nc = MPI_COMM_NULL;
-    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &nc), "MPI_Comm_split");
+    call("MPI_Comm_split", [&] { return MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &nc); });
     if (nc == MPI_COMM_NULL) return nullptr;
-    return std::unique_ptr<Comm>(new MpiComm(nc, device_));
+    return std::unique_ptr<Comm>(new MpiComm(nc, device_, guard_));
   }
 
  private:
@@ -218,7 +234,8 @@ class MpiComm : public Comm {
   // send: size_ blocks of `count` elements of `es` bytes; recv: this rank's reduced block.
   void reduce_scatter_host(const void* send, void* recv, size_t count, MPI_Datatype type, size_t es, ReduceOp op) {
     if (count <= max_piece(es)) {
-      check(MPI_Reduce_scatter_block(send, recv, int(count), type, mpi_op(op), comm_), "MPI_Reduce_scatter_block");
+      call("MPI_Reduce_scatter_block",
+           [&] { return MPI_Reduce_scatter_block(send, recv, int(count), type, mpi_op(op), comm_); });
       return;
     }
     const char* src = static_cast<const char*>(send);
@@ -230,9 +247,24 @@ class MpiComm : public Comm {
       const size_t len = std::min(step, count - off);
       for (int j = 0; j < size_; j++)
         std::memcpy(packed.data() + size_t(j) * len * es, src + (size_t(j) * count + off) * es, len * es);
-      check(MPI_Reduce_scatter_block(packed.data(), dst + off * es, int(len), type, mpi_op(op), comm_),
-            "MPI_Reduce_scatter_block");
+      call("MPI_Reduce_scatter_block",
+           [&] { return MPI_Reduce_scatter_block(packed.data(), dst + off * es, int(len), type, mpi_op(op), comm_); });
     }
+  }
+
+  // An MPI call that waits on the peers, under the guard's deadline when there is one: MPI's
+  // blocking collectives cannot be interrupted, so a peer that hangs (alive, never calling) would
+  // hold this rank until the scheduler's limit. `what`: a string literal (the guard keeps it).
+  template <class F>
+  void call(const char* what, F&& mpi) {
+    int err = MPI_SUCCESS;
+    if (guard_) {
+      RearmableWatchdog::ArmedScope armed(*guard_, what);
+      err = mpi();
+    } else {
+      err = mpi();
+    }
+    check(err, what);
   }
 
   void check(int err, const char* what) const {
@@ -245,17 +277,35 @@ class MpiComm : public Comm {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::shared_ptr<RearmableWatchdog> guard_;
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> mpi_world(Device device) {
+std::unique_ptr<Comm> mpi_world(Device device, double timeout_s) {
   int init = 0;
   MPI_Initialized(&init);
   if (!init) throw CommError("mpi_world: MPI is not initialised (make an MpiRuntime first)");
+  if (!(timeout_s >= 0)) throw CommError("mpi_world: timeout_s must be >= 0 (0: none)");
   MPI_Comm c;
   if (MPI_Comm_dup(MPI_COMM_WORLD, &c) != MPI_SUCCESS) throw CommError("mpi_world: MPI_Comm_dup failed");
-  return std::unique_ptr<Comm>(new MpiComm(c, device));
+  std::shared_ptr<RearmableWatchdog> guard;
+  if (timeout_s > 0) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(c, &rank);
+    MPI_Comm_size(c, &size);
+    // Nothing returns from inside a blocking MPI call, and MPI_Abort may only be called by the
+    // thread that makes the MPI calls (this one is the watchdog's): the process says which call
+    // ran out and exits, and mpirun, seeing a rank end without MPI_Finalize, ends the others.
+    guard = std::make_shared<RearmableWatchdog>(timeout_s, [rank, size, timeout_s](const char* what) {
+      std::fprintf(stderr, "train: error: mpi: rank %d of %d waited %g s (--comm-timeout) inside %s: a peer hangs "
+                   "or died, or works alone for longer (a large save: raise --comm-timeout); exiting\n", rank, size,
+                   timeout_s, what);
+      std::fflush(stderr);
+      std::_Exit(1);
+    });
+  }
+  return std::unique_ptr<Comm>(new MpiComm(c, device, std::move(guard)));
 }
 
 }  // namespace ul

@@ -2,7 +2,8 @@
 // Only compiled when CMake finds MPI (ULYSSES_HAVE_MPI=1). Buffers on a device other than the
 // host are staged through host memory (a GPU build uses NCCL between GPUs instead).
 // Errors: the communicators return MPI errors (MPI_ERRORS_RETURN), which become CommError with
-// MPI's message. A dead peer usually makes mpirun end the whole job, so nobody hangs.
+// MPI's message. A dead peer usually makes mpirun end the whole job, so nobody hangs; a peer alive
+// but never coming is what mpi_world's timeout is for.
 #pragma once
 #include <memory>
 
@@ -25,8 +26,10 @@ class MpiRuntime {
 };
 
 // All processes: a duplicate of MPI_COMM_WORLD (so its error handler is ours). MPI must be
-// initialised. device: where the buffers handed to the collectives live.
-std::unique_ptr<Comm> mpi_world(Device device = Device::cpu);
+// initialised. device: where the buffers handed to the collectives live. timeout_s > 0: a rank
+// still inside one call that waits on the peers (a collective, a split) after that many seconds
+// says which call and exits with status 1 (`--comm-timeout`; mpirun then ends the job); 0: none.
+std::unique_ptr<Comm> mpi_world(Device device = Device::cpu, double timeout_s = 0);
 
 // The most elements one MPI call carries: MPI counts are ints, and some MPI stacks mishandle
 // messages past 2 GiB, so a collective of more (a ZeRO shard of an 8B model over 2 ranks, an

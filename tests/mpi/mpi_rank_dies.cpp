@@ -1,25 +1,29 @@
-// A process that dies mid-collective: run as `mpirun -np 4 mpi_rank_dies abort|kill`. Rank 1
-// joins a few all-reduces, then calls abort() or sends itself SIGKILL while the other ranks keep
-// all-reducing. The job must end with a non-zero status instead of hanging (expect_failure.sh).
+// A process that dies or hangs mid-collective: run as `mpirun -np 4 mpi_rank_dies abort|kill|hang`.
+// Rank 1 joins a few all-reduces, then calls abort(), sends itself SIGKILL, or sleeps (alive, never
+// calling again: what mpirun cannot see) while the other ranks keep all-reducing. The job must end
+// with a non-zero status instead of hanging (expect_failure.sh): for `hang`, by the communicator's
+// 2 s deadline (--comm-timeout in train).
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 #include <vector>
 
 #include "parallel/comm_mpi.h"
 
 int main(int argc, char** argv) {
   ul::MpiRuntime mpi(&argc, &argv);
-  const bool use_kill = argc > 1 && std::strcmp(argv[1], "kill") == 0;
-  auto world = ul::mpi_world();
+  const std::string how = argc > 1 ? argv[1] : "abort";
+  auto world = ul::mpi_world(ul::Device::cpu, how == "hang" ? 2.0 : 0.0);
   std::vector<float> buf(1 << 16, 1.f);
   for (int it = 0; it < 1000000; it++) {
     if (world->rank() == 1 && it == 20) {
-      std::fprintf(stderr, "rank 1: %s now, as planned\n", use_kill ? "SIGKILL" : "abort()");
-      if (use_kill) kill(getpid(), SIGKILL);
+      std::fprintf(stderr, "rank 1: %s now, as planned\n",
+                   how == "kill" ? "SIGKILL" : how == "hang" ? "hanging" : "abort()");
+      if (how == "hang") sleep(600);  // mpirun ends it once another rank gives up
+      if (how == "kill") kill(getpid(), SIGKILL);
       std::abort();
     }
     world->all_reduce(buf.data(), buf.size(), ul::DType::f32, ul::ReduceOp::max);
