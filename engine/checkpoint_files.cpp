@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -455,7 +456,7 @@ std::string RunLayout::str() const {
 }
 
 RunLayout run_layout(const Options& o, const Grid& g) {
-  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq, o.device};
+  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq, o.device, o.steps};
 }
 
 void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
@@ -472,6 +473,7 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   if (next_sequence == int64_t(step) * layout.sequences_per_step()) j.add("data_position", step);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
   j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks).add("device", layout.device);
+  j.add("steps", layout.steps);
   // A number this save draws, to tell it from another save of the same step with the same bytes
   // (a rollback without a skip): DIR/rollback.json names checkpoints by it (engine/rollback_record.h).
   std::random_device rd;
@@ -625,6 +627,11 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
   RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
                   count("zero", 0, true), count("mlp_chunks", 1, true), count("seq"),
                   have.count("device") ? have.at("device") : std::string()};
+  if (have.count("steps")) {  // any --steps (an int), not count()'s 2^30
+    const std::optional<int64_t> x = parse_decimal(field("steps"), 0, INT_MAX);
+    if (!x) throw file_error(path, "steps is '" + field("steps") + "'");
+    saved.steps = int(*x);
+  }
   const int64_t G = saved.sequences_per_step();
   if (G != run.sequences_per_step() && !changes.global_batch) {
     // What would keep G on this run's ranks: another --batch, else another --grad-accum.

@@ -112,6 +112,9 @@ struct RunLayout {
   int seq = 0;  // --seq: not part of the spread; a resume changes it only with --change-seq
   // --device: another backend's kernels sum in another order ("": a checkpoint from before it)
   std::string device;
+  // --steps of the run that saved: the schedule's length, which a resume may change (-1: a
+  // checkpoint from before it). Not part of the spread.
+  int steps = -1;
   int64_t sequences_per_step() const { return int64_t(batch) * grad_accum * dp; }
   // The same spread of sequences over ranks (each rank's file then describes its place).
   bool operator==(const RunLayout& o) const {

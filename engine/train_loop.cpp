@@ -155,13 +155,6 @@ int train_rank(const Options& o, Comm& world) {
   // The data's place in epochs of the train split (the log's step records, the done line); -1 for
   // unlimited (synthetic) data.
   auto epoch_now = [&] { return train_holds > 0 ? double(tr.next_sequence()) / double(train_holds) : -1.0; };
-  // A run no longer than its warmup never reaches --lr, nor decays.
-  if (o.steps > 0 && o.steps < o.warmup)
-    say("note    | --steps %d < --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
-        double(o.lr) * o.steps / o.warmup, double(o.lr));
-  else if (o.steps > 0 && o.steps == o.warmup && o.schedule != "constant")
-    say("note    | --steps %d = --warmup: the run ends as its warmup does, at --lr, with no %s decay\n", o.steps,
-        o.schedule.c_str());
   // --offload moves the block inputs the backward reads last: the final two stay on the device.
   if (o.offload && o.steps > 0 && model.cfg.layers <= 2)
     say("note    | --offload with %d layer(s) moves nothing to the host (the last two block inputs stay on the "
@@ -312,6 +305,25 @@ int train_rank(const Options& o, Comm& world) {
         notes.rope_before.c_str(), rope_text(tr.model().cfg).c_str());
   else if (o.change_rope && !notes.stage_done)
     say("note    | --change-rope: this resume keeps the checkpoint's RoPE (%s)\n", rope_text(tr.model().cfg).c_str());
+  // A resume may lengthen or shorten the run: the schedule is then one of the new --steps (under
+  // wsd, lengthened before its decay began, the same rates; otherwise the curve bends or, past a
+  // decay already begun, climbs back). Said where the next step's rate moves, since a wrong --steps
+  // in a requeued job's script would otherwise pass unseen.
+  if (o.resume && saved.steps >= 0 && saved.steps != o.steps && start < stage_end && !notes.stage_done) {
+    const float was = lr_at(start, {o.schedule, saved.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac});
+    const float now = lr_at(start, {o.schedule, o.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac});
+    if (was != now)
+      say("resume  | --steps %d where the checkpoint's run had %d: the %s schedule is one of %d steps from here "
+          "(step %d's rate %.3g, %.3g under --steps %d)\n", o.steps, saved.steps, o.schedule.c_str(), o.steps,
+          start + 1, double(now), double(was), saved.steps);
+  }
+  // A run no longer than its warmup never reaches --lr, nor decays (unless a resume has no step left).
+  if (o.steps > 0 && o.steps < o.warmup && start < stage_end)
+    say("note    | --steps %d < --warmup %d: the run ends inside the warmup, at lr %.3g (--lr %.3g)\n", o.steps, o.warmup,
+        double(o.lr) * o.steps / o.warmup, double(o.lr));
+  else if (o.steps > 0 && o.steps == o.warmup && o.schedule != "constant" && start < stage_end)
+    say("note    | --steps %d = --warmup: the run ends as its warmup does, at --lr, with no %s decay\n", o.steps,
+        o.schedule.c_str());
   if (skipped > 0)  // applied by start_from_save_dir, before the newer checkpoints were moved
     say("resume  | skipping %d step(s)' data (%lld sequences): step %d trains on sequences %lld to %lld\n",
         skipped, (long long)(int64_t(skipped) * G), start + 1, (long long)tr.next_sequence(),

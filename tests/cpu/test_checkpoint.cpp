@@ -1144,6 +1144,46 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
   fs::remove_all(d);
 }
 
+TEST_CASE("a resume with another --steps says where the next step's rate moves, and a lengthened wsd run before "
+          "its decay goes on unsaid", "[checkpoint][optimizer]") {
+  fs::path d = fresh_dir("steps_changed");
+  std::string loud = kArgs + " --schedule wsd --warmup 0 --decay-frac 0.5 --eval-every 0";  // (--quiet keeps it back)
+  loud.erase(loud.find(" --quiet"), 8);
+  const std::string run = loud + " --save-dir " + d.string();
+  // Saved at step 2 of 12, before the decay (steps 7-12): lengthened to 16, no rate changes yet.
+  REQUIRE(train(run + " --steps 12 --stop-after 2").code == 0);
+  CmdResult r = train(run + " --steps 16 --stop-after 3 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("continuing after step 2 of 16") != std::string::npos);
+  CHECK(r.out.find("where the checkpoint's run had") == std::string::npos);
+  // Shortened to 6 (its decay: steps 4-6): step 4's rate falls at once, which is said.
+  r = train(run + " --steps 6 --stop-after 4 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --steps 6 where the checkpoint's run had 16: the wsd schedule is one of 6 steps from "
+                   "here (step 4's rate 0.0021, 0.003 under --steps 16)") != std::string::npos);
+  // Lengthened again inside that decay: the rate climbs back to --lr.
+  r = train(run + " --steps 12 --stop-after 5 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --steps 12 where the checkpoint's run had 6: the wsd schedule is one of 12 steps from "
+                   "here (step 5's rate 0.003, 0.0012 under --steps 6)") != std::string::npos);
+  // A resume with no step left makes no claim about rates.
+  r = train(run + " --steps 4 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("the checkpoint is at step 5, --steps 4: no step left") != std::string::npos);
+  CHECK(r.out.find("where the checkpoint's run had") == std::string::npos);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string warm = kArgs + " --warmup 4 --eval-every 0 --save-dir " + d.string();
+  std::string warm_loud = warm;
+  warm_loud.erase(warm_loud.find(" --quiet"), 8);
+  REQUIRE(train(warm + " --steps 3").code == 0);
+  r = train(warm_loud + " --steps 2 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("no step left") != std::string::npos);
+  CHECK(r.out.find("ends inside the warmup") == std::string::npos);  // it said so once: the run is past it
+  fs::remove_all(d);
+}
+
 TEST_CASE("rollback flags: a missing step names the ones there, and bad values are refused", "[checkpoint][rollback][cli]") {
   fs::path d = fresh_dir("rollback_flags");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
