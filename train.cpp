@@ -129,6 +129,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
 #endif
 
 int main(int argc, char** argv) {
+  guard_process();  // descriptors 0-2 open, SIGXFSZ ignored (engine/stop_signal.h)
   try {
     // `train prepare ...`: text files -> byte-level llm.c shards (data/prepare.h), no training.
     if (argc > 1 && std::string(argv[1]) == "prepare") return prepare_main(argc - 1, argv + 1);

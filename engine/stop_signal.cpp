@@ -1,10 +1,12 @@
 #include "engine/stop_signal.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <time.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +24,14 @@ std::atomic<int> g_training{0};        // 0 during start-up: what the first sign
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
-constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+// SIGHUP: the terminal closed (an ssh session lost). SIGPIPE: the reader of train's output is gone
+// (`train | tee log` after Ctrl-C reached tee first, `train | head`): by default it ended the run
+// at its next line, before the save the stop was for.
+constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE};
+// SIGINT and SIGHUP that the parent set to be ignored stay ignored: a shell starts a background
+// job with SIGINT ignored (a Ctrl-C meant for the script) and nohup ignores SIGHUP. Read at the
+// first install (a later one would see this file's handler).
+bool g_left_ignored[NSIG] = {};
 // A second SIGINT sooner than this after the first is the same Ctrl-C delivered twice. Read once as
 // the handlers are installed (getenv is not safe in a handler): ULYSSES_TEST_REPEAT_MS, for tests.
 std::atomic<long long> g_repeat_ms{2000};
@@ -38,19 +47,31 @@ long long monotonic_ms() {  // clock_gettime is async-signal-safe
   return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void on_signal(int sig) {
+// Handlers on two threads at once (a SIGPIPE goes to the thread that wrote, a Ctrl-C to any) take
+// turns: their lines are not interleaved, and the bookkeeping below is one handler's at a time. A
+// spin, not a lock: the holder is another thread's handler, which these signals cannot interrupt.
+std::atomic_flag g_in_handler = ATOMIC_FLAG_INIT;
+static_assert(ATOMIC_INT_LOCK_FREE == 2, "a signal handler may only touch lock-free atomics");
+
+void on_signal_locked(int sig) {
   g_count.fetch_add(1);
-  int none = 0;
-  if (g_signal.compare_exchange_strong(none, sig)) {
-    g_first_ms.store(monotonic_ms());
+  const int had = g_signal.load();
+  // The first, or the first from a person or a scheduler after a SIGPIPE: `train | tee` under
+  // Ctrl-C gets both in either order, and the stop (its record, the exit status) is the Ctrl-C's.
+  if (had == 0 || (had == SIGPIPE && sig != SIGPIPE)) {
+    g_signal.store(sig);
+    g_first_ms.store(monotonic_ms());  // (a Ctrl-C's repeat window starts at the Ctrl-C)
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
+    if (sig == SIGPIPE) say(" (the reader of train's output is gone)");
     say(g_training.load() ? ": stopping after this step, or an eval before its next batch (a checkpoint is"
                             " saved with --save-dir); Ctrl-C again to stop now\n"
                           : ": stopping once start-up is done, before any step; Ctrl-C again to stop now\n");
     return;
   }
-  // The first's time, or (a handler on another thread between its exchange and its store) now.
+  // A SIGPIPE again is the next line to the same closed pipe (this handler's own, when stderr is
+  // that pipe too): saying so would raise another.
+  if (sig == SIGPIPE) return;
   const long long first = g_first_ms.load(), since = first ? monotonic_ms() - first : 0;
   // A later one. Only a person means "now": a SIGINT (Ctrl-C) two seconds or more after the first.
   // Schedulers and launchers send one signal twice (to the job and to each task, or forwarded by
@@ -63,7 +84,16 @@ void on_signal(int sig) {
     return;
   }
   std::signal(sig, SIG_DFL);  // the default action, now (the process ends by this signal)
-  std::raise(sig);
+  std::raise(sig);            // (pending until the handler returns: it is in the handler's mask)
+}
+
+void on_signal(int sig) {
+  const int saved_errno = errno;  // a handler must leave errno as the interrupted code had it
+  while (g_in_handler.test_and_set(std::memory_order_acquire)) {
+  }
+  on_signal_locked(sig);
+  g_in_handler.clear(std::memory_order_release);
+  errno = saved_errno;
 }
 
 }  // namespace
@@ -82,7 +112,31 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);
   sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts goes on
-  for (int sig : kSignals) sigaction(sig, &sa, nullptr);
+  static std::once_flag ignored_once;
+  std::call_once(ignored_once, [] {
+    for (int sig : {SIGINT, SIGHUP}) {
+      struct sigaction now {};
+      g_left_ignored[sig] = sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN;
+    }
+  });
+  for (int sig : kSignals)
+    if (!g_left_ignored[sig]) sigaction(sig, &sa, nullptr);
+}
+
+void guard_process() {
+  // A descriptor 0-2 closed by the caller (`train >&-`) would be the first file train opens, and
+  // its step lines would be written into the run log or a checkpoint's files.
+  for (int fd = 0; fd <= 2; fd++)
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int null_fd = ::open("/dev/null", O_RDWR);
+      if (null_fd >= 0 && null_fd != fd) {  // open takes the lowest free number: fd itself
+        ::dup2(null_fd, fd);
+        ::close(null_fd);
+      }
+    }
+  // A file-size limit (ulimit -f) reached by a save: the write fails with EFBIG and the save's
+  // error path says which file, rather than the process ending silently mid-save.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 int stop_signal() { return g_signal.load(); }
@@ -109,6 +163,8 @@ const char* stop_signal_name(int sig) {
     case SIGTERM: return "SIGTERM";
     case SIGINT: return "SIGINT";
     case SIGUSR1: return "SIGUSR1";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "SIGPIPE";
   }
   return "a signal";
 }

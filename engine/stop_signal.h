@@ -14,14 +14,23 @@
 
 namespace ul {
 
+// Also stops the run the same way: SIGHUP (the terminal closed; not where the parent ignores it, as
+// nohup does, nor SIGINT where it does, as a shell does for a background job) and SIGPIPE (the
+// reader of train's output is gone: `train | tee` after a Ctrl-C that reached tee first), which
+// by default ended the process before the save.
+//
 // Installs the handlers (again at each call: train does before MPI starts and after). Until
 // started_training(), a first signal says the run stops before its first step; after, after the
 // step in flight.
 void install_stop_handlers();
 void started_training();
+// First thing in main: descriptors 0-2 that the caller closed are opened on /dev/null (else the
+// first file train opens would take one and receive its printed lines), and SIGXFSZ is ignored (a
+// file-size limit then fails a write with EFBIG, reported with the file's name).
+void guard_process();
 // The first of those signals received so far, 0 when none.
 int stop_signal();
-// "SIGTERM", "SIGINT", "SIGUSR1" (else "a signal").
+// "SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGPIPE" (else "a signal").
 const char* stop_signal_name(int sig);
 
 // TEST HOOK: with ULYSSES_TEST_HOLD=P1,P2,... train waits at each named point until a stop signal

@@ -356,3 +356,113 @@ TEST_CASE("a stop during the probes of a resume with no step left skips only wha
   CHECK(last.out.find("length     64 | all: ") != std::string::npos);
   CHECK(last.out.find("stopped | SIGTERM during the final evals and probes (step 4)\n") != std::string::npos);
 }
+
+TEST_CASE("SIGHUP stops a run as SIGTERM does, unless the parent ignored it (nohup), as it may SIGINT", "[stop][cli]") {
+  ul_test::TempDir dir;
+  const std::string common = "--steps 24 --eval-every 0 --eval-batches 1 --threads 1 --batch 4 --seq 128";
+  const Stopped s = run_and_signal(common + " --save-dir " + dir / "hup", "step     5/24", SIGHUP, 0, "step 5");
+  INFO(s.out);
+  REQUIRE(WIFEXITED(s.status));
+  CHECK(WEXITSTATUS(s.status) == 128 + SIGHUP);
+  CHECK(s.out.find("stopped | SIGHUP after step 5") != std::string::npos);
+  CHECK(fs::exists(fs::path(dir / "hup") / "step_00000005" / "COMPLETE"));
+  CHECK(read_run_log(dir / "hup/log.jsonl").back().at("signal") == "SIGHUP");
+
+  // Started with SIGINT and SIGHUP ignored (a shell's background job, nohup): both stay ignored,
+  // and the SIGTERM sent after them is the run's stop.
+  int fd[2];
+  REQUIRE(::pipe(fd) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(fd[1], STDOUT_FILENO);
+    ::dup2(fd[1], STDERR_FILENO);
+    ::close(fd[0]);
+    ::close(fd[1]);
+    const std::string cmd = "trap '' INT HUP; exec " + ul_test::train_cmd("--steps 1000000 --eval-every 0 "
+                                                                          "--eval-batches 1 --threads 1 --seq 32 "
+                                                                          "--save-dir " + dir / "ign");
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fd[1]);
+  FILE* f = ::fdopen(fd[0], "r");
+  std::string out;
+  char line[4096];
+  bool sent = false;
+  while (std::fgets(line, sizeof line, f)) {
+    out += line;
+    if (!sent && out.find("step     3/1000000") != std::string::npos) {
+      ::kill(pid, SIGINT);
+      ::kill(pid, SIGHUP);
+      ::usleep(300 * 1000);
+      ::kill(pid, SIGTERM);
+      sent = true;
+    }
+  }
+  std::fclose(f);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  INFO(out.substr(out.size() > 3000 ? out.size() - 3000 : 0));
+  REQUIRE(sent);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+  CHECK(out.find("train: SIGINT") == std::string::npos);
+  CHECK(out.find("train: SIGHUP") == std::string::npos);
+  CHECK(read_run_log(dir / "ign/log.jsonl").back().at("signal") == "SIGTERM");
+}
+
+TEST_CASE("the reader of train's output gone (SIGPIPE) stops the run with its checkpoint, not before the save",
+          "[stop][cli]") {
+  ul_test::TempDir dir;
+  // sed reads up to the first step line and exits: train's next line meets a closed pipe.
+  const std::string cmd = "{ ( " + ul_test::train_cmd("--steps 1000000 --eval-every 0 --eval-batches 1 --threads 1 "
+                                                    "--seq 32 --save-dir " + dir / "run") +
+                          "; echo $? > " + dir / "rc" + " ) | sed '/^step /q' > /dev/null; }";  // (stderr: to r.out)
+  const ul_test::CmdResult r = ul_test::run_cmd(cmd);
+  INFO(r.out);
+  CHECK(r.out.find("train: SIGPIPE (the reader of train's output is gone): stopping after this step") !=
+        std::string::npos);
+  std::FILE* rc = std::fopen((dir / "rc").c_str(), "r");
+  REQUIRE(rc);
+  int code = -1;
+  CHECK(std::fscanf(rc, "%d", &code) == 1);
+  std::fclose(rc);
+  CHECK(code == 128 + SIGPIPE);
+  const std::vector<LogRecord> log = read_run_log(dir / "run/log.jsonl");
+  REQUIRE(!log.empty());
+  CHECK(log.back().at("type") == "stop");
+  CHECK(log.back().at("signal") == "SIGPIPE");
+  const std::string step = log.back().at("step");
+  CHECK(std::stoi(step) >= 1);
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08d", std::stoi(step));
+  CHECK(fs::exists(fs::path(dir / "run") / name / "COMPLETE"));
+}
+
+TEST_CASE("closed standard streams are not taken by train's files, and a file-size limit is a named write error",
+          "[stop][cli]") {
+  ul_test::TempDir dir;
+  const std::string args = "--steps 5 --eval-every 0 --eval-batches 1 --threads 1 --seq 32 --log " + dir / "l.jsonl";
+  ul_test::CmdResult r = ul_test::run_cmd("( " + ul_test::train_cmd(args) + " >&- 2>&- )");
+  CHECK(r.code == 0);
+  const std::string log = [&] {
+    std::FILE* f = std::fopen((dir / "l.jsonl").c_str(), "r");
+    std::string t;
+    char b[4096];
+    size_t n;
+    while (f && (n = std::fread(b, 1, sizeof b, f)) > 0) t.append(b, n);
+    if (f) std::fclose(f);
+    return t;
+  }();
+  CHECK(log.find("step     1/5") == std::string::npos);  // the step lines went nowhere, not here
+  CHECK(read_run_log(dir / "l.jsonl").size() >= 5);
+  // 150 KiB: the log fits, a checkpoint's files do not.
+  r = ul_test::run_cmd("ulimit -c 0; ulimit -f 300; " +
+                       ul_test::train_cmd("--steps 2 --eval-every 0 --eval-batches 1 --threads 1 --seq 32 --quiet "
+                                          "--save-dir " + dir / "run"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("train: error: " + dir / "run/step_00000002/") != std::string::npos);
+  CHECK(r.out.find("File too large") != std::string::npos);
+}
