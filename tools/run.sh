@@ -46,7 +46,7 @@ what=${1:-train}
 shift || true
 case "$what" in
   train) bin=$(cd "$BUILD_DIR" && pwd)/train && cd "$caller" && exec "$bin" "$@" ;;
-  test) cd "$BUILD_DIR" && exec ctest --output-on-failure -j "$JOBS" "$@" ;;
+  test) cd "$BUILD_DIR" && exec ctest --output-on-failure --no-tests=error -j "$JOBS" "$@" ;;
   build) ;;
   *) echo "usage: tools/run.sh train|test|build [args]" >&2; exit 2 ;;
 esac
