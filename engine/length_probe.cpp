@@ -88,11 +88,19 @@ Progress windows_done(const std::function<void(int)>& progress) {
   };
 }
 
-// The windows [0, n) one rank takes: i % parts == part.
+// The windows [0, n) one rank takes: (first + i) % parts == part. A passkey probe's cells (all,
+// then each depth) go on where the one before stopped (first += n): with n not a multiple of the
+// ranks (n = dp windows at --batch 1 --eval-batches 1, sp ranks idle) the same ranks would take
+// the extra window in every cell, and the rest wait in the all-reduce for six of them.
 struct Share {
   int part = 0, parts = 1;
-  bool mine(int i) const { return i % parts == part; }
-  int count(int n) const { return n / parts + (part < n % parts ? 1 : 0); }
+  int64_t first = 0;
+  bool mine(int i) const { return (first + i) % parts == part; }
+  int count(int n) const { return int(upto(first + n) - upto(first)); }
+  Share after(int n) const { return {part, parts, first + n}; }
+
+ private:
+  int64_t upto(int64_t m) const { return m / parts + (part < m % parts ? 1 : 0); }  // of [0, m)
 };
 
 // {correct, valid, sum of -log p, whole answers right, whole answers} over this share of data's
@@ -226,10 +234,10 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
                          const std::function<void(const std::string&)>& progress) {
   const Share share{world ? world->rank() : 0, world ? world->size() : 1};
   // "all 3/64 sequences", and inside a long window where it got: "..., position 4096/65536".
-  auto each = [&](const std::string& name, int total) -> Progress {
+  auto each = [&](const std::string& name, int total, const Share& mine) -> Progress {
     if (!progress) return {};
-    const std::string of = "/" + std::to_string(share.count(total)) + " sequences" +
-                           (share.parts > 1 ? " (this rank's share)" : "");
+    const std::string of = "/" + std::to_string(mine.count(total)) + " sequences" +
+                           (mine.parts > 1 ? " (this rank's share)" : "");
     return [&progress, name, of, T](int done, int rows) {
       progress(name + " " + std::to_string(done) + of +
                (rows > 0 ? ", position " + std::to_string(rows) + "/" + std::to_string(T) + " of the next" : ""));
@@ -249,7 +257,7 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
       throw JobError(e.what());          // together (no rank is left in the all-reduce below)
     }
     const std::vector<const int32_t*> windows = windows_in(runs, T, n);
-    std::vector<double> sums = loss_sums(cfg, specs, host, windows, T, eot, share, each("all", int(windows.size())));
+    std::vector<double> sums = loss_sums(cfg, specs, host, windows, T, eot, share, each("all", int(windows.size()), share));
     sum_over_ranks(sums);
     return loss_probe(T, sums);
   }
@@ -258,9 +266,12 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   for (const auto& [name, data] : probes) cells.emplace_back(name, data.get());
   constexpr size_t kCell = 5;  // accuracy_counts' numbers
   std::vector<double> counts;  // kCell per cell
+  Share cell_share = share;
   for (const auto& [name, data] : cells) {
-    const std::vector<double> c = accuracy_counts(cfg, specs, host, *data, T, n, eot, share, each(name, n));
+    const std::vector<double> c =
+        accuracy_counts(cfg, specs, host, *data, T, n, eot, cell_share, each(name, n, cell_share));
     counts.insert(counts.end(), c.begin(), c.end());
+    cell_share = cell_share.after(n);
   }
   sum_over_ranks(counts);
   for (size_t k = 0; k < cells.size(); k++)  // the same sums on every rank: all fail together

@@ -324,6 +324,24 @@ TEST_CASE("a long --probe-lengths window says how far into it the decoder got (-
   CHECK(r.out.find("all 2/2 sequences done") != std::string::npos);
 }
 
+TEST_CASE("a passkey probe's cells are shared out in turn: fewer windows than ranks leave no rank with all six",
+          "[length_probe][cli]") {
+  using namespace ul_test;
+  // One window per cell (dp 1 x --batch 1 x --eval-batches 1) on 2 ranks: rank 0 (whose progress
+  // lines print) decodes all, depth 0.25 and depth 0.75, rank 1 the other three. Once rank 0 took
+  // every cell's window and rank 1 waited in the all-reduce for six decodes (past --comm-timeout at
+  // long T).
+  CmdResult r = run_cmd(train_cmd("--model llama --ranks 2 --sp 2 --batch 1 --eval-batches 1 --steps 1 --seq 64 "
+                                  "--threads 1 --eval-every 0 --probe-lengths 128 --heartbeat 0.000001"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  for (const char* cell : {"all", "depth 0.25", "depth 0.75"})
+    CHECK(r.out.find(std::string("length 128 | ") + cell + " 1/1 sequences (this rank's share) done") != std::string::npos);
+  for (const char* cell : {"depth 0 ", "depth 0.5", "depth 1 "})
+    CHECK(r.out.find(std::string("length 128 | ") + cell) == std::string::npos);
+  CHECK(r.out.find("length    128 | all: ") != std::string::npos);
+}
+
 TEST_CASE("train --probe-lengths refuses what it cannot probe, before training", "[length_probe][cli]") {
   using namespace ul_test;
   TempDir dir;
