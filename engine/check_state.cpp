@@ -63,7 +63,7 @@ int check_state_rank(const Options& o, Comm& world) {
   cfg.arch = "gpt2";
   cfg.layers = lc.layers; cfg.dim = C; cfg.heads = lc.heads; cfg.kv_heads = lc.heads;
   cfg.vocab = V; cfg.padded_vocab = lc.padded_vocab; cfg.max_seq = lc.max_seq;
-  check_ulysses_config(cfg.heads, cfg.kv_heads, T, g.sp);
+  check_ulysses_config(cfg.heads, cfg.kv_heads, T, g.sp, world.size());
   cfg.validate_for(c.device, o.checkpoint);  // (a head dim the CUDA kernels lack failed inside one)
   Transformer model(cfg, param_dtype(o));
   // The memory flags change how the step runs, not what it computes: checked against the file too.

@@ -304,7 +304,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   fields.push_back({"command_line", json_quote(o.shared_command_line()), "the command line, but --threads and --quiet"});
   check_ranks_agree(world, fields);
   cfg.validate_for(ctx_.device, o.checkpoint);  // before any allocation: a bad flag costs nothing
-  check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp);
+  check_ulysses_config(cfg.heads, cfg.kv_heads, o.seq, o.sp, world.size());
   check_seq_fits(o, cfg);
   apply_trained_length(o, cfg);
   // The run's memory as planned (engine/planner.h), before anything large is allocated. On the CPU

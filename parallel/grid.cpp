@@ -13,7 +13,10 @@ Grid::Grid(Comm& w, int sp_size) : world(w) {
       if (n % s == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(s);
     throw std::runtime_error("grid: sequence-parallel size " + std::to_string(sp_size) +
                              " does not divide the world size " + std::to_string(n) + " (world = dp x sp); sp values that divide it: " +
-                             valid + " (the model's heads and --seq must allow them too)");
+                             valid + " (the model's heads and --seq must allow them too)" +
+                             (n == 1 ? std::string("; this world has one rank: give --ranks N (--comm local) or start N "
+                                                   "processes (mpirun -np N, --comm mpi), N a multiple of --sp")
+                                     : std::string()));
   }
   sp = sp_size;
   dp = n / sp;

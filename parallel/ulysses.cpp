@@ -88,9 +88,10 @@ UL_INSTANTIATE(double)
 
 }  // namespace cpu
 
-void check_ulysses_config(int heads, int kv_heads, int seq, int sp) {
+void check_ulysses_config(int heads, int kv_heads, int seq, int sp, int world) {
   auto fits = [&](int p) {
-    return heads % p == 0 && seq % p == 0 && (kv_heads >= p ? kv_heads % p == 0 : p % kv_heads == 0);
+    return heads % p == 0 && seq % p == 0 && (kv_heads >= p ? kv_heads % p == 0 : p % kv_heads == 0) &&
+           (world < 1 || world % p == 0);
   };
   const std::string cfg = "ulysses: " + std::to_string(heads) + " query heads, " + std::to_string(kv_heads) +
                           " kv heads, sequence " + std::to_string(seq) + ", sp " + std::to_string(sp) + ": ";
@@ -111,7 +112,9 @@ void check_ulysses_config(int heads, int kv_heads, int seq, int sp) {
   std::string valid;
   for (int p = 1; p <= heads; p++)
     if (fits(p)) valid += (valid.empty() ? "" : ", ") + std::to_string(p);
-  throw std::runtime_error(cfg + problem + "; sp values that work for this model and sequence: " + valid);
+  throw std::runtime_error(cfg + problem + "; sp values that work for this model and sequence" +
+                           (world >= 1 ? " and divide the world size " + std::to_string(world) : std::string()) +
+                           ": " + valid);
 }
 
 namespace {

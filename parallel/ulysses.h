@@ -70,9 +70,10 @@ void sequence_to_chunks(T* send, const T* src, int P, int B, int Tl, int R, cuda
 #endif
 
 // Refuses (std::runtime_error, before any work) heads % sp, kv_heads % sp when kv_heads >= sp,
-// sp % kv_heads when kv_heads < sp, seq % sp (the message lists the sp values that would work),
-// any value below 1, and query heads that are not a multiple of the kv heads.
-void check_ulysses_config(int heads, int kv_heads, int seq, int sp);
+// sp % kv_heads when kv_heads < sp, seq % sp (the message lists the sp values that would work:
+// with world >= 1, only those that also divide it, which the grid requires), any value below 1,
+// and query heads that are not a multiple of the kv heads.
+void check_ulysses_config(int heads, int kv_heads, int seq, int sp, int world = 0);
 
 // On the cpu the tensors are f32; on cuda f32 or bf16 (the comm gets device buffers, so it must be
 // made for Device::cuda).

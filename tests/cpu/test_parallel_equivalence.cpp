@@ -295,14 +295,17 @@ TEST_CASE("train refuses layouts that cannot work and says what would", "[parall
   };
   const Case cases[] = {
       {"--sp 3 --ranks 4", "does not divide the world size 4", "sp values that divide it: 1, 2, 4"},
-      {"--heads 4 --sp 8 --ranks 8", "the query heads are not divisible by sp", "work for this model and sequence: 1, 2, 4"},
-      {"--seq 100 --sp 3 --ranks 3", "not divisible by sp", "work for this model and sequence: 1, 2, 4"},
+      {"--sp 2", "does not divide the world size 1", "this world has one rank: give --ranks N (--comm local)"},
+      {"--heads 4 --sp 8 --ranks 8", "the query heads are not divisible by sp",
+       "work for this model and sequence and divide the world size 8: 1, 2, 4"},
+      // (2 and 4 suit the model but not a world of 3, which the grid would then refuse)
+      {"--seq 100 --sp 3 --ranks 3", "not divisible by sp", "work for this model and sequence and divide the world size 3: 1\n"},
       {"--heads 6 --dim 96 --seq 100 --sp 3 --ranks 3", "the sequence length is not divisible by sp",
-       "work for this model and sequence: 1, 2"},
+       "and divide the world size 3: 1\n"},
       {"--model llama --heads 6 --dim 96 --kv-heads 2 --sp 3 --ranks 3", "sp is not a multiple of the kv heads",
-       "work for this model and sequence: 1, 2"},
+       "and divide the world size 3: 1\n"},
       {"--model llama --heads 8 --kv-heads 4 --dim 64 --sp 8 --ranks 8 --seq 60", "sequence length is not divisible",
-       "work for this model and sequence: 1, 2, 4"},
+       "work for this model and sequence and divide the world size 8: 1, 2, 4"},
   };
   for (const Case& c : cases) {
     CmdResult r = run_cmd(train_cmd(c.args + " --steps 1 --threads 1 --batch 1 --eval-every 0"));
