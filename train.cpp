@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 
 #include "data/prepare.h"
@@ -18,6 +19,7 @@
 #include "parallel/comm_local.h"
 #if ULYSSES_HAVE_MPI
 #include "parallel/comm_mpi.h"
+#include "parallel/watchdog.h"
 #endif
 #include "parallel/launcher.h"
 #if ULYSSES_HAVE_CUDA
@@ -104,9 +106,11 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   const int gpu = select_gpu("--comm nccl", l, &devices);
   if (o.nccl_id_file.empty()) {
 #if ULYSSES_HAVE_MPI
+    auto joining = mpi_start_deadline(o.comm_timeout);
     MpiRuntime mpi(argc, argv);
     return after_mpi_start([&] {
       auto boot = mpi_world(Device::cpu, o.comm_timeout);
+      joining.reset();
       check_mpi_world(*boot);
       auto world = nccl_world_from(*boot, gpu, o.comm_timeout);
       return run(o, *world);
@@ -125,6 +129,21 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
                              "), which picks the GPU: set LOCAL_RANK");
   auto world = nccl_world_from_file(o.nccl_id_file, l.rank, l.size, gpu, o.comm_timeout);
   return run(o, *world);
+}
+#endif
+
+#if ULYSSES_HAVE_MPI
+// MPI's start-up (MPI_Init, then the world's duplicate) waits for every rank of the job: one that
+// exited before joining with status 0 (--help, --plan, `prepare`: ranks given other command lines),
+// which mpirun does not treat as a failure, would leave the others there for good.
+static std::unique_ptr<Watchdog> mpi_start_deadline(double seconds) {
+  return std::make_unique<Watchdog>(seconds, [seconds] {
+    std::fprintf(stderr, "train: error: mpi: waited %g s (--comm-timeout) in MPI's start-up for the job's other "
+                 "ranks: one never started, or exited before joining (a rank given --help, --plan or another "
+                 "command line); exiting\n", seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
 }
 #endif
 
@@ -156,10 +175,12 @@ int main(int argc, char** argv) {
       // device, which must be this rank's, not GPU 0 in every process of the machine.
       if (o.device == "cuda") select_gpu("--comm mpi --device cuda", detect_launcher());
 #endif
+      auto joining = mpi_start_deadline(o.comm_timeout);
       MpiRuntime mpi(&argc, &argv);
       return after_mpi_start([&] {
         // device buffers are staged through the host
         auto world = mpi_world(run_device(o), o.comm_timeout);
+        joining.reset();
         check_mpi_world(*world);
         return run(o, *world);
       });
