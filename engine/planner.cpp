@@ -382,7 +382,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
 
 std::string memory_shrinks(const PlanConfig& c) {
   std::string s;
-  // (--offload keeps the last two block inputs on the device: with two layers or fewer it moves nothing.)
+  // (--offload keeps the last two blocks' outputs on the device: with two layers or fewer it moves nothing.)
   if (c.trains)
     s += !c.recompute ? "--recompute, " : !c.offload && c.device == Device::cuda && c.model.layers > 2 ? "--offload, " : "";
   if (c.mlp_chunks < 8) s += "--mlp-chunks 8, ";

@@ -155,9 +155,9 @@ int train_rank(const Options& o, Comm& world) {
   // The data's place in epochs of the train split (the log's step records, the done line); -1 for
   // unlimited (synthetic) data.
   auto epoch_now = [&] { return train_holds > 0 ? double(tr.next_sequence()) / double(train_holds) : -1.0; };
-  // --offload moves the block inputs the backward reads last: the final two stay on the device.
+  // --offload moves every block's output but the last two's (engine/offload.h).
   if (o.offload && o.steps > 0 && model.cfg.layers <= 2)
-    say("note    | --offload with %d layer(s) moves nothing to the host (the last two block inputs stay on the "
+    say("note    | --offload with %d layer(s) moves nothing to the host (the last two blocks' outputs stay on the "
         "device): plain --recompute holds the same or less\n", model.cfg.layers);
   // A checkpoint trained with a RoPE scaling (Llama 3.1/3.2's llama3 rule) runs with the flag's
   // instead. (A resume's weights come from --save-dir, trained with what the run gave them.)

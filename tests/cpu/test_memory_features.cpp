@@ -439,7 +439,7 @@ TEST_CASE("the memory hints name only the flags a run does not have yet", "[memo
                                        "--seq, --zero 1 over more GPUs");
   CHECK(shrinks("--plan --device cuda --recompute --mlp-chunks 8 --layers 4", 2) ==
         "--offload, a larger --sp over more GPUs, a smaller --batch or --seq, --zero 1");
-  // --offload keeps the last two block inputs on the device: with two layers it moves nothing.
+  // --offload keeps the last two blocks' outputs on the device: with two layers it moves nothing.
   CHECK(shrinks("--plan --device cuda --recompute --mlp-chunks 8 --layers 2", 2) ==
         "a larger --sp over more GPUs, a smaller --batch or --seq, --zero 1");
   CHECK(shrinks("--plan --device cuda --recompute --offload --mlp-chunks 16 --zero 1", 2) ==

@@ -281,7 +281,7 @@ TEST_CASE("train --profile-step prints that step's GPU time per op, and no other
 }
 
 TEST_CASE("train --device cuda --offload says when it has nothing to move", UL_CUDA_TEST_TAG) {
-  // The last two block inputs never leave the device: with two layers (the default model's) the
+  // The last two blocks' outputs never leave the device: with two layers (the default model's) the
   // flag moves nothing, and a note says so; with three, the first input goes out and no note.
   const std::string run = "--device cuda --recompute --offload --steps 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1";
   const ul_test::CmdResult two = ul_test::run_cmd(ul_test::train_cmd(run));
