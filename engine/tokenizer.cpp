@@ -30,8 +30,16 @@ Tokenizer::Tokenizer(const std::string& path) : Tokenizer(path, read_whole_file(
 Tokenizer::Tokenizer(const std::string& path, const std::string& bytes) : path_(path) {
   std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
   const size_t first = bytes.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && bytes[first] == '{') read_hf_json(bytes);
-  else read_llmc(bytes);
+  if (first != std::string::npos && bytes[first] == '{') {
+    read_hf_json(bytes);
+  } else if (bytes.compare(0, 3, "\xEF\xBB\xBF") == 0 && bytes.find_first_not_of(" \t\r\n", 3) != std::string::npos &&
+             bytes[bytes.find_first_not_of(" \t\r\n", 3)] == '{') {
+    // JSON after a UTF-8 byte-order mark (an editor's save): not llm.c's magic, which it was read as.
+    throw std::runtime_error(path + ": tokenizer.json starts with a UTF-8 byte-order mark (EF BB BF), which JSON "
+                             "does not allow (Hugging Face's tokenizers refuses it too): save it without one");
+  } else {
+    read_llmc(bytes);
+  }
 }
 
 void Tokenizer::read_llmc(const std::string& bytes) {
@@ -105,7 +113,20 @@ void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t
       if (text.compare(k, 3, "\xE2\x96\x81") == 0) norm += ' ', k += 2;
       else norm += text[k];
     }
-    return merge(norm, from, out);
+    try {
+      merge(norm, from, out);
+    } catch (const std::invalid_argument&) {
+      // merge counts offsets in norm (the space before, each U+2581 one byte): the text's own
+      // offset of the character without a token is found again here.
+      for (size_t k = from, len = 0; k < text.size(); k += len) {
+        decode_utf8(text, k, len);
+        const std::string_view c = text.compare(k, 3, "\xE2\x96\x81") == 0 ? " " : text.substr(k, len);
+        if (ids_.count(c)) continue;
+        for (size_t b = 0; b < c.size(); b++) byte_token(static_cast<unsigned char>(c[b]), k + b);  // throws
+      }
+      throw;
+    }
+    return;
   }
   // Between the added tokens found in the text as it is, the spans go on to normalization. A passed
   // over special token's bytes stay in the span around them.

@@ -192,10 +192,14 @@ void Tokenizer::read_hf_json(const std::string& text) {
     throw bad("a token id of " + std::to_string(n - 1) + " among " + std::to_string(toks.size() + added.size()) +
               " tokens (ids must run from 0 without gaps)");
   tokens_.assign(size_t(n), std::string());
-  std::vector<int> kind(size_t(n), 0);  // 0 none, 1 vocab, 2 added
+  std::vector<int> kind(size_t(n), 0);  // 0 none, 1 vocab, 2 added, 3 byte (SentencePiece's <0x..>)
+  // An added token may also be a vocabulary entry (GPT-2's <|endoftext|>; tokenizers' add_tokens
+  // writes that layout for a string already in the vocabulary): it stays in the BPE vocabulary, so
+  // that the merges that make it still make it.
+  std::vector<char> in_vocab(size_t(n), 0);
   for (const auto& t : toks) {
     if (t.first < 0 || kind[size_t(t.first)]) throw bad("token id " + std::to_string(t.first) + " is negative or taken twice");
-    tokens_[size_t(t.first)] = t.second, kind[size_t(t.first)] = 1;
+    tokens_[size_t(t.first)] = t.second, kind[size_t(t.first)] = 1, in_vocab[size_t(t.first)] = 1;
   }
   for (const auto& t : added) {  // an added token may repeat a vocab entry (GPT-2's <|endoftext|>)
     if (t.id < 0) throw bad("added token id " + std::to_string(t.id));
@@ -255,7 +259,7 @@ void Tokenizer::read_hf_json(const std::string& text) {
   }
   ids_.reserve(size_t(n));
   for (int64_t i = n - 1; i >= 0; i--) {
-    if (kind[size_t(i)] != 1) continue;  // special tokens never come out of text
+    if (!in_vocab[size_t(i)] || kind[size_t(i)] == 3) continue;  // added tokens alone are not BPE's
     const std::string& t = tokens_[size_t(i)];
     ids_[t] = int(i);
     if (t.size() == 1 && !spm) byte_id_[static_cast<unsigned char>(t[0])] = int(i);

@@ -320,6 +320,54 @@ TEST_CASE("tokenizer.json with NFC: a text cut at a letter before a space encode
   CHECK(cuts > 1000);
 }
 
+TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignore_merges, a byte-order mark",
+          "[bpe]") {
+  std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_gpt2.json"));
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ul_test::TempDir d;
+  int files = 0;
+  auto edited = [&](std::string s, const std::vector<std::pair<std::string, std::string>>& edits) {
+    for (const auto& [from, to] : edits) {
+      const size_t at = s.find(from);
+      REQUIRE(at != std::string::npos);
+      s.replace(at, from.size(), to);
+    }
+    const std::string path = d / ("t" + std::to_string(files++) + ".json");
+    std::ofstream(path, std::ios::binary) << s;
+    return path;
+  };
+  const Tokenizer base(ul_test::source_path("tests/data/bpe_tiny_gpt2.json"));
+  // "he" (id 256, merge 0) also an added special token, as tokenizers' add_special_tokens writes a
+  // string already in the vocabulary: it stays the merges' token (Hugging Face encodes "the cat
+  // the" through it), and the file loads (it was refused: "merge 0 ('h', 'e') makes no token").
+  const Tokenizer dup(edited(good, {{"\"added_tokens\": [", "\"added_tokens\": [{\"id\": 256, \"content\": \"he\", "
+                                    "\"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": "
+                                    "false, \"special\": true}, "}}));
+  CHECK(dup.encode("the cat the") == base.encode("the cat the"));
+  CHECK(base.encode("the").size() < 3);  // (merged through "he")
+  // ignore_merges: a piece that is a token whole stays whole though no merge reaches it (Llama 3's
+  // rule); without it, the merges decide. "zqxj" (id 576) is reached by none.
+  const std::vector<std::pair<std::string, std::string>> zqxj = {{"\"vocab\": {", "\"vocab\": {\"zqxj\": 576, "},
+                                                                 {"\"id\": 576,", "\"id\": 577,"}};
+  std::vector<std::pair<std::string, std::string>> whole = zqxj;
+  whole.push_back({"\"ignore_merges\": false", "\"ignore_merges\": true"});
+  const Tokenizer kept(edited(good, whole)), merged(edited(good, zqxj));
+  CHECK(kept.encode("zqxj") == std::vector<int>{576});
+  CHECK(merged.encode("zqxj").size() == 4);
+  CHECK(merged.encode("zqxj") == base.encode("zqxj"));
+  // A byte-order mark before the JSON: named as such (it was read as an llm.c file's bad magic).
+  const std::string bom = d / "bom.json";
+  std::ofstream(bom, std::ios::binary) << "\xEF\xBB\xBF" << good;
+  CHECK_THROWS_WITH(Tokenizer(bom), Catch::Contains(bom + ": tokenizer.json starts with a UTF-8 byte-order mark"));
+  // SentencePiece-style without the byte token <0xE4>: the error names the byte's offset in the
+  // text (it named one in the text as rewritten, a space before it and each U+2581 one byte).
+  std::ifstream sp_in(ul_test::source_path("tests/data/bpe_tiny_sp.json"));
+  const std::string sp_json((std::istreambuf_iterator<char>(sp_in)), std::istreambuf_iterator<char>());
+  const Tokenizer no_e4(edited(sp_json, {{"\"<0xE4>\"", "\"<0xZZ>\""}, {"\"<0xE4>\"", "\"<0xZZ>\""}}));
+  CHECK_THROWS_WITH(no_e4.encode("ab cd \u4e00"), Catch::Contains("byte 0xE4 at byte 6 has no token"));
+  CHECK_THROWS_WITH(no_e4.encode("\u2581\u2581\u2581\u4e00"), Catch::Contains("byte 0xE4 at byte 9 has no token"));
+}
+
 TEST_CASE("tokenizer.json: what would encode differently is refused, naming the file", "[bpe]") {
   std::ifstream in(ul_test::source_path("tests/data/bpe_tiny_llama3.json"));
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
