@@ -99,6 +99,21 @@ static int select_gpu(const std::string& flag, const Launcher& l, int* count = n
 }
 #endif
 
+#if ULYSSES_HAVE_MPI
+// MPI's start-up (MPI_Init, then the world's duplicate) waits for every rank of the job: one that
+// exited before joining with status 0 (--help, --plan, `prepare`: ranks given other command lines),
+// which mpirun does not treat as a failure, would leave the others there for good.
+static std::unique_ptr<Watchdog> mpi_start_deadline(double seconds) {
+  return std::make_unique<Watchdog>(seconds, [seconds] {
+    std::fprintf(stderr, "train: error: mpi: waited %g s (--comm-timeout) in MPI's start-up for the job's other "
+                 "ranks: one never started, or exited before joining (a rank given --help, --plan or another "
+                 "command line); exiting\n", seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
+}
+#endif
+
 #if ULYSSES_HAVE_NCCL
 static int run_nccl(const Options& o, int* argc, char*** argv) {
   const Launcher l = detect_launcher();
@@ -129,21 +144,6 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
                              "), which picks the GPU: set LOCAL_RANK");
   auto world = nccl_world_from_file(o.nccl_id_file, l.rank, l.size, gpu, o.comm_timeout);
   return run(o, *world);
-}
-#endif
-
-#if ULYSSES_HAVE_MPI
-// MPI's start-up (MPI_Init, then the world's duplicate) waits for every rank of the job: one that
-// exited before joining with status 0 (--help, --plan, `prepare`: ranks given other command lines),
-// which mpirun does not treat as a failure, would leave the others there for good.
-static std::unique_ptr<Watchdog> mpi_start_deadline(double seconds) {
-  return std::make_unique<Watchdog>(seconds, [seconds] {
-    std::fprintf(stderr, "train: error: mpi: waited %g s (--comm-timeout) in MPI's start-up for the job's other "
-                 "ranks: one never started, or exited before joining (a rank given --help, --plan or another "
-                 "command line); exiting\n", seconds);
-    std::fflush(stderr);
-    std::_Exit(1);
-  });
 }
 #endif
 

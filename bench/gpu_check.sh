@@ -7,8 +7,8 @@
 #      native for the GPU here): train and the benchmarks, then the gpu tests;
 #   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU);
-#   3. SP on one GPU: the local communicator with 2 ranks against 1 rank (cheap, so before the
-#      benchmarks);
+#   3. SP on one GPU: the local communicator with 2 ranks against 1 rank, and the NCCL
+#      communicator on one rank against the local one (cheap, so before the benchmarks);
 #   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU (and one profiled step: the longest ops);
 #   5. attention forward + backward TFLOP/s against PyTorch's scaled_dot_product_attention
 #      (default and by backend) at T = 4K, 16K, 64K, head dims 64 and 128, causal;
@@ -65,8 +65,16 @@ gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheade
 row "machine" "${gpu:-no nvidia-smi} | nvcc $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1) | g++ $(c++ -dumpversion 2>/dev/null) | cmake $(cmake --version 2>/dev/null | head -1 | grep -o '[0-9.]*$') | torch $(timeout 30 python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none) | $(date -u +%F)"
 # Eigen and Catch2 from .carry/, else from the system (a machine with the Debian packages).
 has() { [ -f ".carry/$1" ] || [ -f "/usr/$1" ] || [ -f "/usr/local/$1" ]; }
-if ! has share/eigen3/cmake/Eigen3Config.cmake || ! has include/catch2/catch.hpp; then
-  row "build" "FAILED: no Eigen or Catch2 in .carry/ or the system (run bench/carry_deps.sh where they are installed, and carry .carry)"
+# (Catch2's CMake package refuses to load without its library: a .carry made before it was copied
+# passed a check of the header alone and failed the whole build.)
+missing=""
+for f in share/eigen3/cmake/Eigen3Config.cmake include/catch2/catch.hpp lib/cmake/Catch2/Catch2Config.cmake; do
+  has "$f" || missing="$missing $f"
+done
+[ -f .carry/lib/cmake/Catch2/Catch2Config.cmake ] && [ ! -f .carry/lib/libCatch2WithMain.a ] &&
+  missing="$missing lib/libCatch2WithMain.a"
+if [ -n "$missing" ]; then
+  row "build" "FAILED: not in .carry/ or the system:$missing (run bench/carry_deps.sh where Eigen and Catch2 are installed, and carry .carry)"
   exit 1
 fi
 
@@ -131,6 +139,18 @@ run_for 60 "$LOGS/sp2.log" ./build-gpu/train $common --ranks 2 --sp 2; rc2=$?
 l1=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/sp1.log"); l2=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/sp2.log")
 verdict=""; [ -n "$l1" ] && [ -n "$l2" ] && { [ "$l1" = "$l2" ] && verdict=" | the same" || verdict=" | DIFFER"; }
 row "sp 2 vs sp 1 losses (fp32)" "${l2:-$(why $rc2 "$LOGS/sp2.log")} | ${l1:-$(why $rc1 "$LOGS/sp1.log")}$verdict"
+# The real NCCL communicator (only the emulated one runs in CI): a world of one rank through
+# --nccl-id-file (no MPI here) runs its init, the id file, the start-up all-gathers of host ints
+# (staged) and finish()'s polling; its losses must be the local communicator's.
+if grep -q '^ULYSSES_NCCL_LIBRARY:FILEPATH=/' build-gpu/CMakeCache.txt 2>/dev/null; then
+  run_for 60 "$LOGS/nccl1.log" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 ULYSSES_JOB_ID="gpu_check_$$" \
+    ./build-gpu/train $common --comm nccl --nccl-id-file "$LOGS/nccl_id"; rc=$?
+  ln=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/nccl1.log")
+  verdict=""; [ -n "$l1" ] && [ -n "$ln" ] && { [ "$l1" = "$ln" ] && verdict=" | the same" || verdict=" | DIFFER"; }
+  row "nccl 1 rank vs local 1 rank losses (fp32)" "${ln:-$(why $rc "$LOGS/nccl1.log")} | ${l1:-no local run}$verdict"
+else
+  row "nccl 1 rank vs local 1 rank losses (fp32)" "skipped (this build found no NCCL)"
+fi
 
 echo "== GPT-2 124M, bf16, T = 1024 (${SECONDS} s)"
 # B = 32 first (the MFU target; llm.c's H100 figures use large batches), then B = 8 (launch

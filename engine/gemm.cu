@@ -37,6 +37,8 @@ template <class T> constexpr cudaDataType_t data_type();
 template <> constexpr cudaDataType_t data_type<float>() { return CUDA_R_32F; }
 template <> constexpr cudaDataType_t data_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 
+const char* type_name(cudaDataType_t t) { return t == CUDA_R_32F ? "f32" : t == CUDA_R_16BF ? "bf16" : "other"; }
+
 std::string problem(const char* op, int M, int N, int K, bool ta, bool tb) {
   return std::string(op) + ": gemm " + (ta ? "A^T" : "A") + " x " + (tb ? "B^T" : "B") + ", (" + std::to_string(M) +
          ", " + std::to_string(K) + ") x (" + std::to_string(K) + ", " + std::to_string(N) + ")";
@@ -209,8 +211,8 @@ void gemm(TD* d, const TA* a, const TA* b, const TD* bias, int M, int N, int K, 
       if (st != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(st, "cublasLtMatmulAlgoGetHeuristic", what);
       if (n_results > 0) check_lt(result.state, "cublasLtMatmulAlgoGetHeuristic (its result)", what);
       if (n_results == 0)
-        throw std::runtime_error(what + ": cuBLASLt offers no algorithm (types " + std::to_string(int(ta)) + " in, " +
-                                 std::to_string(int(td)) + " out; alignments " + std::to_string(al_first) + ", " +
+        throw std::runtime_error(what + ": cuBLASLt offers no algorithm (" + type_name(ta) + " in, " +
+                                 type_name(td) + " out; alignments " + std::to_string(al_first) + ", " +
                                  std::to_string(al_second) + ", " + std::to_string(al_d) + " bytes)");
     }
     chosen.algo = result.algo;
