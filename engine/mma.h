@@ -152,6 +152,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __nv_bfloat16* 
 #if ULYSSES_CUDA_EMULATED
   if (reinterpret_cast<uintptr_t>(row) % 16)
     throw std::runtime_error("ldmatrix: a row address that is not 16-byte aligned");
+  if (!::ul_emu::is_shared(row, 16))
+    throw std::runtime_error("ldmatrix: a row address outside this block's shared memory (it reads shared memory)");
   const int lane = lane_id(), warp = int(threadIdx.x) / 32;
   const __nv_bfloat16** w = emu_ldsm::slots()[warp];
   w[lane] = row;

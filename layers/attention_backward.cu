@@ -409,7 +409,9 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const float* lse, 
   if (B == 0 || Tn == 0) return;
   float* Di = scratch;  // (B, Hq, T), then the forward's scratch
   // The flags again (the forward's scratch went back to the arena; B T reads, against the T^2 pass).
-  int* falls = reinterpret_cast<int*>(scratch + int64_t(B) * Hq * Tn);
+  // (Without documents the scratch ends before them: null, not a pointer past its end, which the
+  // kernels never read then but a launch's check of its arguments sees outside any buffer.)
+  int* falls = doc ? reinterpret_cast<int*>(scratch + int64_t(B) * Hq * Tn) : nullptr;
   if (doc && std::is_same<T, bf16>::value) mark_falling(falls, doc, B, Tn, s);
   // Every head dim the kernels take (16 to 128) is a power-of-two number of packs, and the tensors
   // come from the arena (64-byte aligned); the tensor-core kernels need 16 bytes too.

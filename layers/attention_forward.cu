@@ -194,7 +194,7 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
                        int Hq, int Hkv, int D, cudaStream_t s) {
   const Geometry G = geometry(B, Tn, Hq, Hkv, D, window);
   if (B == 0 || Tn == 0) return;  // a grid of no blocks is an invalid launch
-  int* falls = static_cast<int*>(scratch);
+  int* falls = doc ? static_cast<int*>(scratch) : nullptr;  // (no scratch without documents)
   if (doc && std::is_same<T, bf16>::value) mark_falling(falls, doc, B, Tn, s);
   // cp.async and ldmatrix move 16-byte rows: a view at an odd offset would fault on the GPU.
   if (!pack_aligned({qkv, out})) throw std::runtime_error("attention_forward: qkv and out must be 16-byte aligned");

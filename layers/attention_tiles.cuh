@@ -341,8 +341,8 @@ inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
   if (B > 65535 || Hq > 65535)
     throw std::invalid_argument("attention (CUDA): " +
                                 (B > 65535 ? "batch " + std::to_string(B) + " sequences" : std::to_string(Hq) + " heads") +
-                                " per call, more than the 65535 a grid dimension holds (fewer per micro-batch: "
-                                "--grad-accum)");
+                                " per call, more than the 65535 a grid dimension holds" +
+                                (B > 65535 ? " (fewer per micro-batch: --grad-accum)" : ""));
   // A window of T or more hides nothing (q - k < T always): no window at all, which also keeps
   // k + window - 1 in last_query() from overflowing an int for windows near INT_MAX.
   if (window >= Tn) window = 0;

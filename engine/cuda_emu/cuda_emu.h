@@ -82,6 +82,9 @@ void* dynamic_smem();  // this block's dynamic shared memory (nullptr when the l
 // bytes; past 48 KiB of static shared memory in a block (the GPU's limit), or the emulated GPU's
 // opt-in limit with the dynamic (227 KiB on an H100: gpu_models.h), the launch fails.
 void static_smem(void* array, size_t bytes);
+// Whether [p, p + bytes) lies in this block's dynamic shared memory or one of its static shared
+// arrays: what ldmatrix's row addresses and cp.async's destination must be (a GPU faults otherwise).
+bool is_shared(const void* p, size_t bytes);
 
 // cp.async (engine/async_copy.h): `bytes` (4, 8 or 16) from src to dst, of which the first
 // src_bytes are read and the rest zero-filled. The destination turns to NaN bytes when the copy is

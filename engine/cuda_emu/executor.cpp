@@ -180,7 +180,12 @@ struct Worker {
   int exited = 0;
   std::exception_ptr error;
   uint64_t block_serial = 0;  // counts the blocks this OS thread has run
-  std::vector<std::pair<void*, uint64_t>> static_arrays;  // each static shared array: the block that last poisoned it
+  struct StaticArray {
+    void* at;
+    size_t bytes;
+    uint64_t block;  // the block that last poisoned it
+  };
+  std::vector<StaticArray> static_arrays;  // each static shared array the kernel declared
   size_t static_bytes = 0;    // the block's static shared memory so far
 
   ~Worker() {
@@ -582,6 +587,17 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
   return wp.out[lane];
 }
 
+bool is_shared(const void* p, size_t bytes) {
+  Worker& w = in_kernel("a shared-memory address");
+  const auto* b = static_cast<const unsigned char*>(p);
+  if (w.smem_bytes && b >= w.smem && b + bytes <= w.smem + w.smem_bytes) return true;
+  for (const Worker::StaticArray& a : w.static_arrays)
+    if (a.block == w.block_serial && b >= static_cast<unsigned char*>(a.at) &&
+        b + bytes <= static_cast<unsigned char*>(a.at) + a.bytes)
+      return true;
+  return false;
+}
+
 void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
   Worker& w = in_kernel("cp.async");
   if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes < 0 || src_bytes > bytes)
@@ -590,6 +606,12 @@ void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(dst) % unsigned(bytes) || reinterpret_cast<uintptr_t>(src) % unsigned(bytes))
     throw std::runtime_error("cp.async of " + std::to_string(bytes) + " bytes from or to an address not aligned to " +
                              std::to_string(bytes));
+  // cp.async.*.shared.global: into this block's shared memory, from device memory (a GPU faults
+  // on anything else; here a host source would be read as if the GPU could reach it).
+  if (!is_shared(dst, size_t(bytes)))
+    throw std::runtime_error("cp.async to an address outside this block's shared memory (it copies global to shared)");
+  if (src_bytes > 0 && !device_reachable(src))
+    throw std::runtime_error("cp.async from host memory (it copies device memory from cudaMalloc to shared)");
   Fiber& f = w.fibers[w.cur];
   AsyncCopy c{static_cast<unsigned char*>(dst), bytes, f.committed, {}};
   std::memcpy(c.data, src, size_t(src_bytes));  // the rest stays zero: cp.async zero-fills
@@ -624,10 +646,10 @@ void* dynamic_smem() {
 
 void static_smem(void* array, size_t bytes) {
   Worker& w = in_kernel("static shared memory");
-  auto it = std::find_if(w.static_arrays.begin(), w.static_arrays.end(), [&](const auto& a) { return a.first == array; });
-  if (it != w.static_arrays.end() && it->second == w.block_serial) return;  // this block's already
-  if (it == w.static_arrays.end()) it = w.static_arrays.insert(w.static_arrays.end(), {array, 0});
-  it->second = w.block_serial;
+  auto it = std::find_if(w.static_arrays.begin(), w.static_arrays.end(), [&](const auto& a) { return a.at == array; });
+  if (it != w.static_arrays.end() && it->block == w.block_serial) return;  // this block's already
+  if (it == w.static_arrays.end()) it = w.static_arrays.insert(w.static_arrays.end(), {array, bytes, 0});
+  it->block = w.block_serial;
   std::memset(array, 0xff, bytes);
   w.static_bytes += bytes;
   if (w.static_bytes > kDefaultDynamicSmem)

@@ -434,6 +434,18 @@ Sides sides(const void* dst, const void* src, cudaMemcpyKind kind) {
           kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice};
 }
 
+// A copy whose kind the pointers contradict (a host buffer given as the device side, or device
+// memory as the host side): undefined on a GPU, which may fault or copy the wrong way; here an
+// error, as the real runtime reports for what it can tell (cudaErrorInvalidValue).
+bool kind_contradicted(const void* dst, const void* src, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDefault) return false;
+  const Sides d = sides(dst, src, kind);
+  auto wrong = [](const void* p, bool device_side) {
+    return device_side ? !ul_emu::device_reachable(p) : is_device(p);
+  };
+  return wrong(dst, d.dst_device) || wrong(src, d.src_device);
+}
+
 // Queues a copy on r whose source is read now (staged) when it is pageable host memory, and when
 // the copy runs otherwise, as a GPU's DMA reads it.
 void queue_copy(cudaStream_t r, void* dst, const void* src, size_t bytes, bool stage) {
@@ -456,7 +468,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   UL_EMU_STICKY();
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
-  if (!dst || !src) return fail(cudaErrorInvalidValue);
+  if (!dst || !src || kind_contradicted(dst, src, kind)) return fail(cudaErrorInvalidValue);
   const Sides d = sides(dst, src, kind);
   if (d.dst_device && d.src_device) {
     queue_copy(nullptr, dst, src, bytes, false);
@@ -476,7 +488,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   UL_EMU_STICKY();
   if (!valid_kind(kind)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
-  if (!dst || !src) return fail(cudaErrorInvalidValue);
+  if (!dst || !src || kind_contradicted(dst, src, kind)) return fail(cudaErrorInvalidValue);
   const cudaStream_t r = resolve(s);
   if (!r->late()) {
     DeviceWork copy;
@@ -499,7 +511,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   UL_EMU_STICKY();
   if (bytes == 0) return cudaSuccess;
-  if (!p) return fail(cudaErrorInvalidValue);
+  if (!p || !ul_emu::device_reachable(p)) return fail(cudaErrorInvalidValue);  // (pageable host memory: refused)
   if (is_device(p)) {
     ul_emu::on_stream(nullptr, [=] { std::memset(p, value, bytes); });
     return cudaSuccess;
@@ -512,7 +524,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   UL_EMU_STICKY();
   if (bytes == 0) return cudaSuccess;
-  if (!p) return fail(cudaErrorInvalidValue);
+  if (!p || !ul_emu::device_reachable(p)) return fail(cudaErrorInvalidValue);
   ul_emu::on_stream(s, [=] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }

@@ -4,7 +4,7 @@
 //   - out and lse are poisoned (NaN) before the forward, so an element it fails to write fails;
 //   - dqkv starts from random values, so a backward that overwrites instead of adding fails, and
 //     the backward runs twice to show it is bitwise deterministic;
-//   - T from 1 to 330: below, at and across the 64-row tiles, never a multiple of them, up to five
+//   - T from 1 to 330: below, at and across the 64-row tiles, one T exactly two of them, up to five
 //     tiles (so both cp.async stages are reused); MHA, GQA (Hq = 2 Hkv) and MQA (Hkv = 1); without
 //     a document mask, with non-monotonic ids (a query sees an earlier stretch of its document
 //     across another one), and with packed documents (tile pairs the kernels skip, checked to
@@ -62,6 +62,7 @@ const Case kCases[] = {
     {1, 130, 2, 1, 64, Docs::cycling},   // MQA across three tiles, document mask
     {1, 65, 2, 2, 32, Docs::cycling},    // one row past a tile, document mask
     {1, 70, 2, 1, 128, Docs::none},  // the widest head
+    {1, 128, 2, 1, 64, Docs::none},  // exactly two tiles: no partial one (128 query rows: one block)
     {1, 300, 2, 1, 64, Docs::none},  // GQA over five tiles: both cp.async stages reused, unmasked tiles (4/2 once)
     {1, 200, 2, 2, 128, Docs::cycling},  // the widest head over four tiles, document mask
     // Packed documents: skipped and unmasked tile pairs. (Two sequences once: one halves CI's

@@ -80,6 +80,24 @@ __global__ void misaligned_kernel(const float* src) {
   cp_async<16>(&buf[1], src, 16);
 }
 
+// cp.async whose destination is global memory, or whose source is host memory: a GPU faults.
+__global__ void to_global_kernel(float* dst, const float* src) { cp_async<16>(dst, src, 16); }
+struct Source {  // (a pointer inside a struct: the launch's check of pointer arguments does not see it)
+  const float* p;
+};
+__global__ void from_host_kernel(Source src) {
+  UL_DYNAMIC_SMEM(float, buf);
+  cp_async<16>(buf, src.p, 16);
+}
+// Into a static shared array (UL_STATIC_SMEM), which is shared memory too.
+__global__ void to_static_kernel(float* out, const float* src) {
+  UL_STATIC_SMEM(float, tile, [4]);
+  cp_async<16>(tile, src, 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  out[0] = tile[3];
+}
+
 __global__ void big_smem_kernel(int* out) {
   UL_DYNAMIC_SMEM(int, smem);
   smem[threadIdx.x] = int(threadIdx.x);
@@ -155,6 +173,25 @@ TEST_CASE("emulated cp.async refuses misaligned addresses", "[emu][async_copy]")
   CHECK(ul_emu::device_fault() == cudaErrorLaunchFailure);  // a fault, sticky as a GPU's
   ul_emu::clear_device_fault();
   cudaFree(d_src);
+}
+
+TEST_CASE("emulated cp.async copies device memory into shared memory only", "[emu][async_copy]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
+  float* d_src = device_copy(std::vector<float>{1.f, 2.f, 3.f, 4.f});
+  float* d_out = device_copy(std::vector<float>(4, 0.f));
+  ul::launch("to_static", to_static_kernel, dim3(1), dim3(1), 0, nullptr, d_out, d_src);
+  float got = 0;
+  UL_CUDA_CHECK(cudaMemcpy(&got, d_out, sizeof got, cudaMemcpyDeviceToHost));
+  CHECK(got == 4.f);
+  CHECK_THROWS_WITH(ul::launch("to_global", to_global_kernel, dim3(1), dim3(1), 0, nullptr, d_out, d_src),
+                    Catch::Contains("to_global") && Catch::Contains("outside this block's shared memory"));
+  ul_emu::clear_device_fault();
+  alignas(16) static float host[4] = {1.f, 2.f, 3.f, 4.f};
+  CHECK_THROWS_WITH(ul::launch("from_host", from_host_kernel, dim3(1), dim3(1), 64, nullptr, Source{host}),
+                    Catch::Contains("cp.async from host memory"));
+  ul_emu::clear_device_fault();
+  cudaFree(d_src);
+  cudaFree(d_out);
 }
 
 TEST_CASE("over 48 KiB of dynamic shared memory needs cudaFuncSetAttribute first", "[emu][async_copy]") {

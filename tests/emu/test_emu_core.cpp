@@ -707,6 +707,17 @@ TEST_CASE("emu: runtime calls on host memory", "[emu]") {
   CHECK(cudaMemsetAsync(p, 0, 16 * sizeof(float), s) == cudaSuccess);
   CHECK(cudaMemcpy(back.data(), p, 16 * sizeof(float), cudaMemcpyDefault) == cudaSuccess);
   CHECK(back == std::vector<float>(16, 0.f));
+  // Pageable host memory where device memory must be: refused, as a GPU's runtime refuses it (or
+  // faults, or copies the wrong way: undefined), not done on the host as if it were the device's.
+  CHECK(cudaMemset(h.data(), 0, 16 * sizeof(float)) == cudaErrorInvalidValue);
+  CHECK(cudaMemsetAsync(h.data(), 0, 16 * sizeof(float), s) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(back.data(), h.data(), 16 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(back.data(), h.data(), 16 * sizeof(float), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpyAsync(p, back.data(), 16 * sizeof(float), cudaMemcpyDeviceToHost, s) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(p, p + 8, 8 * sizeof(float), cudaMemcpyHostToHost) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  CHECK(h == std::vector<float>(16, 2.5f));  // nothing written
+  CHECK(cudaMemcpy(back.data(), h.data(), 16 * sizeof(float), cudaMemcpyDefault) == cudaSuccess);  // by pointer
   CHECK(cudaStreamDestroy(s) == cudaSuccess);
   CHECK(cudaFree(p) == cudaSuccess);
 

@@ -15,6 +15,13 @@ __global__ void ldmatrix_misaligned_kernel(float* out) {
   out[threadIdx.x] = float(r[0]);
 }
 
+// ldmatrix from global memory: a GPU faults (it reads shared memory only).
+__global__ void ldmatrix_global_kernel(float* out, const __nv_bfloat16* in) {
+  uint32_t r[4];
+  ul::cuda::ldmatrix_x4<false>(r, in + (threadIdx.x % 8) * kLd);
+  out[threadIdx.x] = float(r[0]);
+}
+
 // A bf16 pair loaded from in + offset and stored to out + offset (4-byte accesses).
 __global__ void bf16x2_copy_kernel(__nv_bfloat16* out, const __nv_bfloat16* in, int offset) {
   const uint32_t v = ul::cuda::load_bf16x2(in + offset);
@@ -74,5 +81,19 @@ TEST_CASE("emulated ldmatrix refuses a row address that is not 16-byte aligned",
                                nullptr, d_out),
                     Catch::Contains("not 16-byte aligned"));
   ul_emu::clear_device_fault();
+  cudaFree(d_out);
+}
+
+TEST_CASE("emulated ldmatrix refuses a row address outside the block's shared memory", "[emu][mma]") {
+  ul_test::StreamOrderScope at_launch(ul_emu::StreamOrder::late_side);  // faults throw at the launch, not a later sync
+  float* d_out;
+  __nv_bfloat16* d_in;
+  UL_CUDA_CHECK(cudaMalloc(&d_out, 32 * 4));
+  UL_CUDA_CHECK(cudaMalloc(&d_in, 16 * kLd * 2));
+  UL_CUDA_CHECK(cudaMemset(d_in, 0, 16 * kLd * 2));
+  CHECK_THROWS_WITH(ul::launch("ldmatrix_global", ldmatrix_global_kernel, dim3(1), dim3(32), 0, nullptr, d_out, d_in),
+                    Catch::Contains("outside this block's shared memory"));
+  ul_emu::clear_device_fault();
+  cudaFree(d_in);
   cudaFree(d_out);
 }
