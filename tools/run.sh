@@ -28,11 +28,22 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     SUDO=sudo
   fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  # (through env: sudo's env_reset would drop a variable set before it)
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
+# The tests' command lines hold the source and build folders' paths unquoted (CMakeLists.txt builds
+# no tests under such a path): said before the build, not as "No tests were found" after it.
+if [ "${1:-train}" = test ]; then
+  case "$PWD/$BUILD_DIR" in
+    *[[:space:]\'\"\$\`\\]*)
+      echo "tools/run.sh test: the path $PWD/$BUILD_DIR holds a space or a shell quote, which the tests' command" \
+           "lines do not quote: clone under a path without them to run the tests (train runs here)" >&2
+      exit 1 ;;
+  esac
+fi
 # Open MPI refuses to run as root without these; ctest's MPI tests and mpirun need them in containers.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # OpenMP threads that sleep at barriers instead of spinning (README, "Sequence and data
