@@ -634,6 +634,9 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   sigemptyset(&held);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) sigaddset(&held, sig);
   pthread_sigmask(SIG_BLOCK, &held, &before);
+  // TEST HOOK: ULYSSES_TEST_RAISE="prepare renames" sends this process SIGTERM here, held back
+  // as any signal now is (the only way a test lands one inside the renames).
+  if (const char* t = std::getenv("ULYSSES_TEST_RAISE"); t && std::string(t) == "prepare renames") std::raise(SIGTERM);
   try {
     train_w.commit(r.shards);
     val_w.commit(r.shards);
@@ -643,6 +646,18 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     pthread_sigmask(SIG_SETMASK, &before, nullptr);
     throw;
   }
+  // A signal held back meanwhile ends the process as the mask lifts, before the summary: say that
+  // the set it leaves is whole (else the user finds out only from a rerun's refusal).
+  sigset_t pending;
+  sigemptyset(&pending);
+  sigpending(&pending);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1})
+    if (sigismember(&pending, sig) == 1) {
+      std::fprintf(stderr, "prepare | a signal (%s) came during the final renames and was held until they were done: "
+                   "the %zu shard(s) under %s are complete; stopping\n", strsignal(sig), r.shards.size(), o.out.c_str());
+      std::fflush(stderr);
+      break;
+    }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   out.kept();
   r.cleared = out.cleared();

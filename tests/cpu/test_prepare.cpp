@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -327,6 +328,26 @@ TEST_CASE("a prepare killed among its renames: shards: refuses the partial set, 
   CHECK(r.out.find("lists as a shard of an interrupted prepare (which it would remove)") != std::string::npos);
   CHECK(fs::exists(out + "/notes.txt"));
   CHECK(fs::exists(d.file("a.txt")));
+}
+
+TEST_CASE("a stop signal during prepare's renames: the whole set lands, and a line says so before it stops",
+          "[prepare]") {
+  TempDir d;
+  {
+    std::ofstream f(d.file("a.txt"));
+    for (int i = 0; i < 400; i++) f << "line " << i << " of a text long enough for several shards\n";
+  }
+  const std::string out = d.file("out");
+  const auto r = run_cmd("ULYSSES_TEST_RAISE='prepare renames' " +
+                         train_cmd("prepare --shard-tokens 2000 --out " + out + " " + d.file("a.txt")));
+  INFO(r.out);
+  CHECK(r.code == 128 + SIGTERM);  // the held signal, delivered once the renames are done
+  CHECK(r.out.find("came during the final renames and was held until they were done: the ") != std::string::npos);
+  CHECK(r.out.find("shard(s) under " + out + " are complete; stopping") != std::string::npos);
+  CHECK_FALSE(fs::exists(out + "/prepare.incomplete"));
+  CHECK(listing(out).size() >= 6);
+  for (const std::string& name : listing(out)) CHECK(name.find(".tmp") == std::string::npos);
+  CHECK(run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --steps 1 --seq 64")).code == 0);
 }
 
 TEST_CASE("prepare holds one shard open at a time, one prepare a directory, and never removes an input named as "
