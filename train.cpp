@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "data/prepare.h"
@@ -22,6 +23,7 @@
 #include "parallel/watchdog.h"
 #endif
 #include "parallel/launcher.h"
+#include "parallel/wait_notice.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/cuda_runtime.h"
 #endif
@@ -32,6 +34,9 @@
 using namespace ul;
 
 static int run(const Options& o, Comm& world) {
+  // The lead says what a collective waits for, at --heartbeat's period (parallel/wait_notice.h).
+  std::optional<WaitNoticeScope> notice;
+  if (world.rank() == 0 && !o.quiet) notice.emplace(wait_notice_period(o.heartbeat));
   return o.check_state.empty() ? train_rank(o, world) : check_state_rank(o, world);
 }
 
@@ -124,7 +129,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
     auto joining = mpi_start_deadline(o.comm_timeout);
     MpiRuntime mpi(argc, argv);
     return after_mpi_start([&] {
-      auto boot = mpi_world(Device::cpu, o.comm_timeout);
+      auto boot = mpi_world(Device::cpu, o.comm_timeout, wait_notice_period(o.heartbeat));
       joining.reset();
       check_mpi_world(*boot);
       auto world = nccl_world_from(*boot, gpu, o.comm_timeout);
@@ -179,7 +184,7 @@ int main(int argc, char** argv) {
       MpiRuntime mpi(&argc, &argv);
       return after_mpi_start([&] {
         // device buffers are staged through the host
-        auto world = mpi_world(run_device(o), o.comm_timeout);
+        auto world = mpi_world(run_device(o), o.comm_timeout, wait_notice_period(o.heartbeat));
         joining.reset();
         check_mpi_world(*world);
         return run(o, *world);

@@ -142,7 +142,9 @@ row "sp 2 vs sp 1 losses (fp32)" "${l2:-$(why $rc2 "$LOGS/sp2.log")} | ${l1:-$(w
 # The real NCCL communicator (only the emulated one runs in CI): a world of one rank through
 # --nccl-id-file (no MPI here) runs its init, the id file, the start-up all-gathers of host ints
 # (staged) and finish()'s polling; its losses must be the local communicator's.
-if grep -q '^ULYSSES_NCCL_LIBRARY:FILEPATH=/' build-gpu/CMakeCache.txt 2>/dev/null; then
+# (cmake/cuda.cmake compiles NCCL in when it finds both the library and nccl.h)
+if grep -q '^ULYSSES_NCCL_LIBRARY:FILEPATH=/' build-gpu/CMakeCache.txt 2>/dev/null &&
+   grep -q '^ULYSSES_NCCL_INCLUDE:PATH=/' build-gpu/CMakeCache.txt; then
   run_for 60 "$LOGS/nccl1.log" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 ULYSSES_JOB_ID="gpu_check_$$" \
     ./build-gpu/train $common --comm nccl --nccl-id-file "$LOGS/nccl_id"; rc=$?
   ln=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/nccl1.log")

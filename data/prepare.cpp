@@ -651,13 +651,20 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   sigset_t pending;
   sigemptyset(&pending);
   sigpending(&pending);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1})
-    if (sigismember(&pending, sig) == 1) {
-      std::fprintf(stderr, "prepare | a signal (%s) came during the final renames and was held until they were done: "
-                   "the %zu shard(s) under %s are complete; stopping\n", strsignal(sig), r.shards.size(), o.out.c_str());
+  // (Only one that will end it: a signal the caller ignores or blocks is pending too, and then
+  // discarded or kept waiting as the mask lifts, and prepare goes on to its summary.)
+  const std::pair<int, const char*> ends[] = {
+      {SIGINT, "SIGINT"}, {SIGTERM, "SIGTERM"}, {SIGHUP, "SIGHUP"}, {SIGQUIT, "SIGQUIT"}, {SIGUSR1, "SIGUSR1"}};
+  for (const auto& [sig, name] : ends) {
+    struct sigaction action {};
+    if (sigismember(&pending, sig) == 1 && sigismember(&before, sig) == 0 && sigaction(sig, nullptr, &action) == 0 &&
+        action.sa_handler == SIG_DFL) {
+      std::fprintf(stderr, "prepare | %s came during the final renames and was held until they were done: the %zu "
+                   "shard(s) under %s are complete; stopping\n", name, r.shards.size(), o.out.c_str());
       std::fflush(stderr);
       break;
     }
+  }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   out.kept();
   r.cleared = out.cleared();

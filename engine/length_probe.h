@@ -78,9 +78,11 @@ LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& s
 // One row at length T: synthetic, the accuracy of the val data itself ("all") and of each of its
 // probes; text, decoded_loss. progress, if given, hears "all 3/64 sequences" (or "depth 0.25 ...")
 // as it goes: train's --heartbeat.
-// seq: the run's --seq (text reads val_runs(val, seq, ...), windows within each stretch); eot: decoded_loss's. world: when given, collective: each
-// rank decodes the windows i with i % size == rank, and the counts are all-reduced, so every rank
-// returns the whole row.
+// seq: the run's --seq (text reads val_runs(val, seq, ...), windows within each stretch); eot:
+// decoded_loss's. world: when given, collective: the ranks take the windows in turn (a passkey
+// row's cells one after another, each going on from the rank the one before stopped at, so no rank
+// takes the extra window of every cell), and the counts are all-reduced, so every rank returns the
+// whole row.
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const Dataset& val, int seq, int T, int n, int32_t eot = -1, Comm* world = nullptr,
                          const std::function<void(const std::string&)>& progress = {});

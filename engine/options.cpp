@@ -94,8 +94,9 @@ parallelism
   --nccl-id-file F    NCCL bootstrap without MPI: rank/size from RANK/WORLD_SIZE or SLURM_*
   --ranks N           world size for --comm local                                         [1]
   --comm-timeout S    a rank waiting longer than S seconds in one collective (or in
-                      NCCL's init) fails the run (a hung or lost peer; rank 0 alone
-                      writing a large checkpoint or sampling keeps the others waiting)  [600]
+                      MPI's start-up or NCCL's init) fails the run (a hung or lost
+                      peer; rank 0 alone writing a large checkpoint or sampling keeps
+                      the others waiting)                                               [600]
 long-context memory (README: "Long context")
   --recompute         keep only each block's input; replay the block in backward
   --offload           with --recompute on cuda: keep those block inputs in pinned host memory
@@ -124,7 +125,8 @@ checkpoints, logs and output
                                                          [DIR/log.jsonl with --save-dir, else none]
   --quiet             only the final summary
   --heartbeat S       inside a step or eval that runs longer, a progress line every S seconds
-                      naming the block reached (long context on a CPU; 0: none)           [30]
+                      naming the block reached (long context on a CPU), and one while rank 0
+                      waits in a collective for the other ranks (0: none)                [30]
 export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --export-llmc FILE  write an llm.c GPT-2 checkpoint (gpt2 only)
   --export-llmc-version 3|5   3 = fp32, 5 = bf16 (round to nearest even)               [3]

@@ -46,7 +46,7 @@ struct Options {
   int sp = 1, ranks = 1;
   std::string comm = "local";
   std::string nccl_id_file;   // --comm nccl without MPI: where rank 0 leaves the NCCL unique id
-  double comm_timeout = 600;  // local and nccl: seconds a rank may wait in one collective
+  double comm_timeout = 600;  // seconds a rank may wait in one collective (local, MPI, NCCL)
   // files
   std::string checkpoint, check_state;
   double check_tol = 1e-5;

@@ -375,7 +375,7 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.evaluates = o.evaluates();
   c.max_seq_fixed = o.set_by_user("--max-seq") || !o.checkpoint.empty();
   c.model.validate_for(c.device);
-  check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp);
+  check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp, c.world);
   check_seq_fits(o, c.model);  // as train refuses it: a plan for a run that cannot start would mislead
   return c;
 }

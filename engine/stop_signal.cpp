@@ -28,9 +28,11 @@ static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may
 // (`train | tee log` after Ctrl-C reached tee first, `train | head`): by default it ended the run
 // at its next line, before the save the stop was for.
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE};
-// SIGINT and SIGHUP that the parent set to be ignored stay ignored: a shell starts a background
-// job with SIGINT ignored (a Ctrl-C meant for the script) and nohup ignores SIGHUP. Read at the
-// first install (a later one would see this file's handler).
+// SIGINT, SIGHUP and SIGPIPE that the parent set to be ignored stay ignored: a shell starts a
+// background job with SIGINT ignored (a Ctrl-C meant for the script), nohup ignores SIGHUP, and
+// Python's subprocesses and systemd's services start with SIGPIPE ignored (a write to a closed
+// pipe then fails, and the run goes on, as it did). Read at the first install (a later one would
+// see this file's handler).
 bool g_left_ignored[NSIG] = {};
 // A second SIGINT sooner than this after the first is the same Ctrl-C delivered twice. Read once as
 // the handlers are installed (getenv is not safe in a handler): ULYSSES_TEST_REPEAT_MS, for tests.
@@ -63,10 +65,12 @@ void on_signal_locked(int sig) {
     g_first_ms.store(monotonic_ms());  // (a Ctrl-C's repeat window starts at the Ctrl-C)
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
-    if (sig == SIGPIPE) say(" (the reader of train's output is gone)");
+    if (sig == SIGPIPE) say(" (a write to a closed pipe or socket: the reader of train's output is gone?)");
     say(g_training.load() ? ": stopping after this step, or an eval before its next batch (a checkpoint is"
-                            " saved with --save-dir); Ctrl-C again to stop now\n"
-                          : ": stopping once start-up is done, before any step; Ctrl-C again to stop now\n");
+                            " saved with --save-dir)"
+                          : ": stopping once start-up is done, before any step");
+    // (where SIGINT is left ignored, a Ctrl-C cannot end it: then SIGKILL is the way)
+    say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now\n" : "; Ctrl-C again to stop now\n");
     return;
   }
   // A SIGPIPE again is the next line to the same closed pipe (this handler's own, when stderr is
@@ -114,7 +118,7 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts goes on
   static std::once_flag ignored_once;
   std::call_once(ignored_once, [] {
-    for (int sig : {SIGINT, SIGHUP}) {
+    for (int sig : {SIGINT, SIGHUP, SIGPIPE}) {
       struct sigaction now {};
       g_left_ignored[sig] = sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN;
     }

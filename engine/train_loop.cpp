@@ -3,6 +3,7 @@
 // and the summary at the end. Only rank 0 prints.
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -310,12 +311,19 @@ int train_rank(const Options& o, Comm& world) {
   // decay already begun, climbs back). Said where the next step's rate moves, since a wrong --steps
   // in a requeued job's script would otherwise pass unseen.
   if (o.resume && saved.steps >= 0 && saved.steps != o.steps && start < stage_end && !notes.stage_done) {
-    const float was = lr_at(start, {o.schedule, saved.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac});
-    const float now = lr_at(start, {o.schedule, o.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac});
-    if (was != now)
-      say("resume  | --steps %d where the checkpoint's run had %d: the %s schedule is one of %d steps from here "
-          "(step %d's rate %.3g, %.3g under --steps %d)\n", o.steps, saved.steps, o.schedule.c_str(), o.steps,
-          start + 1, double(now), double(was), saved.steps);
+    const LrSchedule was{o.schedule, saved.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac};
+    const LrSchedule now{o.schedule, o.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac};
+    // Lengthened: the next step's rate (a wsd run lengthened before its decay keeps it: what
+    // lengthening is for). Shortened: the first step whose rate moves (a wsd run's decay begins
+    // sooner, maybe some steps on).
+    const int last = o.steps > saved.steps ? start + 1 : o.steps;
+    for (int s = start; s < last; s++)
+      if (lr_at(s, was) != lr_at(s, now)) {
+        say("resume  | --steps %d where the checkpoint's run had %d: the %s schedule is one of %d steps from here "
+            "(step %d's rate %.6g, %.6g under --steps %d)\n", o.steps, saved.steps, o.schedule.c_str(), o.steps,
+            s + 1, double(lr_at(s, now)), double(lr_at(s, was)), saved.steps);
+        break;
+      }
   }
   // A run no longer than its warmup never reaches --lr, nor decays (unless a resume has no step left).
   if (o.steps > 0 && o.steps < o.warmup && start < stage_end)
@@ -345,11 +353,16 @@ int train_rank(const Options& o, Comm& world) {
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   Heartbeat beat(o.heartbeat);
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
-  // The stop signal every rank sees: the highest any caught (it may have reached one process only).
+  // The stop signal every rank sees: the highest any caught (it may have reached one process only),
+  // but a SIGPIPE (13) lowest: a person's or a scheduler's signal on another rank names the stop.
   // A collective: every rank calls it at the same point.
   auto agreed_stop_signal = [&] {
     int32_t sig = stop_signal();
-    if (world.size() > 1) world.all_reduce(&sig, 1, DType::i32, ReduceOp::max);
+    if (world.size() > 1) {  // ranked: none 0, SIGPIPE 1, any other 100 + its number
+      int32_t rank = sig == 0 ? 0 : sig == SIGPIPE ? 1 : 100 + sig;
+      world.all_reduce(&rank, 1, DType::i32, ReduceOp::max);
+      sig = rank == 0 ? 0 : rank == 1 ? SIGPIPE : rank - 100;
+    }
     return int(sig);
   };
   // A stop signal cuts an eval short (Trainer::evaluate, every rank before the same batch): nothing

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "parallel/comm_util.h"
+#include "parallel/wait_notice.h"
 
 namespace ul {
 namespace {
@@ -234,13 +235,33 @@ class LocalComm : public Comm {
       if (g.mismatch.empty() && on_last) on_last();
       next_generation(g);
     } else {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(w_->opt.timeout_s);
+      const auto start = std::chrono::steady_clock::now();
+      const auto deadline = start + std::chrono::duration<double>(w_->opt.timeout_s);
+      // World rank 0 says what it waits for, every wait_notice() seconds (parallel/wait_notice.h).
+      const double every = g.members[rank_] == 0 ? wait_notice() : 0;
+      using clock = std::chrono::steady_clock;
+      const auto period = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(every));
+      clock::time_point next_notice = every > 0 ? start + period : clock::time_point::max();
       while (g.generation == gen) {
         check_failed(what);
         for (size_t k = 0; k < g.members.size(); k++)
           if (!g.here[k] && w_->finished[g.members[k]].load())
             throw CommError("local comm: rank " + std::to_string(k) + " returned without joining " + what +
                             " (rank " + std::to_string(rank_) + " waited for it)");
+        if (next_notice < deadline) {
+          if (g.cv.wait_until(lk, next_notice) == std::cv_status::timeout && g.generation == gen) {
+            std::string whom = "rank(s)";
+            for (size_t k = 0; k < g.members.size(); k++)
+              if (!g.here[k]) whom += " " + std::to_string(g.members[k]);
+            const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            lk.unlock();  // (the peers may arrive meanwhile: the loop looks again)
+            print_wait_notice(what, waited, whom, w_->opt.timeout_s);
+            lk.lock();
+            // the next period's end, past now (a print that took long skips the ones it missed)
+            next_notice = std::max(next_notice + period, clock::now());
+          }
+          continue;
+        }
         if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && g.generation == gen) {
           char secs[32];
           std::snprintf(secs, sizeof secs, "%g", w_->opt.timeout_s);

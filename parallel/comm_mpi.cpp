@@ -12,6 +12,7 @@
 
 #include "engine/device.h"
 #include "parallel/comm_util.h"
+#include "parallel/wait_notice.h"
 #include "parallel/watchdog.h"
 
 namespace ul {
@@ -282,7 +283,7 @@ class MpiComm : public Comm {
 
 }  // namespace
 
-std::unique_ptr<Comm> mpi_world(Device device, double timeout_s) {
+std::unique_ptr<Comm> mpi_world(Device device, double timeout_s, double notice_s) {
   int init = 0;
   MPI_Initialized(&init);
   if (!init) throw CommError("mpi_world: MPI is not initialised (make an MpiRuntime first)");
@@ -303,6 +304,8 @@ std::unique_ptr<Comm> mpi_world(Device device, double timeout_s) {
                    timeout_s, what);
       std::fflush(stderr);
       std::_Exit(1);
+    }, notice_s, [timeout_s](const char* what, double lasted) {
+      if (wait_notice() > 0) print_wait_notice(what, lasted, "the other ranks", timeout_s);
     });
   }
   return std::unique_ptr<Comm>(new MpiComm(c, device, std::move(guard)));

@@ -29,7 +29,9 @@ class MpiRuntime {
 // initialised. device: where the buffers handed to the collectives live. timeout_s > 0: a rank
 // still inside one call that waits on the peers (a collective, a split) after that many seconds
 // says which call and exits with status 1 (`--comm-timeout`; mpirun then ends the job); 0: none.
-std::unique_ptr<Comm> mpi_world(Device device = Device::cpu, double timeout_s = 0);
+// notice_s > 0 (with a timeout): every notice_s seconds of such a wait, the process that set
+// wait_notice() (the lead's: parallel/wait_notice.h) says what it waits in.
+std::unique_ptr<Comm> mpi_world(Device device = Device::cpu, double timeout_s = 0, double notice_s = 0);
 
 // The most elements one MPI call carries: MPI counts are ints, and some MPI stacks mishandle
 // messages past 2 GiB, so a collective of more (a ZeRO shard of an 8B model over 2 ranks, an

@@ -17,6 +17,7 @@
 
 #include "parallel/comm_util.h"
 #include "parallel/id_file.h"
+#include "parallel/wait_notice.h"
 #include "parallel/watchdog.h"
 
 namespace ul {
@@ -215,6 +216,8 @@ class NcclComm : public Comm {
   // Waits for the enqueued collective with a deadline, watching NCCL's asynchronous errors.
   void finish(const char* what) {
     auto start = std::chrono::steady_clock::now();
+    const double every = wait_notice();  // the lead's process only (parallel/wait_notice.h)
+    double next_notice = every;
     for (;;) {
       cudaError_t q = cudaStreamQuery(nullptr);
       if (q == cudaSuccess) return;
@@ -228,6 +231,10 @@ class NcclComm : public Comm {
         std::snprintf(secs, sizeof secs, "%g", timeout_);
         fail(std::string(what) + " timed out after " + secs + " s (--comm-timeout) on rank " + std::to_string(rank_) +
              ": a peer died or hangs");
+      }
+      if (every > 0 && waited >= next_notice) {
+        print_wait_notice(what, waited, "the other ranks", timeout_);
+        next_notice = std::max(next_notice + every, waited);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

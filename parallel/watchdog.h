@@ -22,23 +22,41 @@ namespace ul {
 class RearmableWatchdog {
  public:
   // seconds at most 1e7 (longer counts as 1e7): past about 9e9 the wait's deadline in nanoseconds
-  // overflows, and the watchdog would fire at once.
-  RearmableWatchdog(double seconds, std::function<void(const char*)> expire)
-      : expire_(std::move(expire)), wait_(std::min(seconds, 1e7)) {
+  // overflows, and the watchdog would fire at once. notice (optional): called on the watchdog's
+  // thread every notice_s seconds of one arming before the deadline, with the scope's name and the
+  // seconds it has lasted (a wait that is long but not yet over: parallel/wait_notice.h).
+  RearmableWatchdog(double seconds, std::function<void(const char*)> expire, double notice_s = 0,
+                    std::function<void(const char*, double)> notice = {})
+      : expire_(std::move(expire)), notice_(std::move(notice)), wait_(std::min(seconds, 1e7)),
+        notice_every_(notice_ && notice_s > 0 ? std::min(notice_s, 1e7) : 0) {
     thread_ = std::thread([this] {
+      using clock = std::chrono::steady_clock;
       std::unique_lock<std::mutex> lock(mu_);
       while (!stop_) {
         cv_.wait(lock, [this] { return stop_ || armed_; });
         if (stop_) break;
         const unsigned long long arming = arming_;
-        const auto deadline = since_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait_);
-        // Until it is disarmed or armed again (a new scope, a new deadline) or the deadline passes.
-        if (!cv_.wait_until(lock, deadline, [&] { return stop_ || !armed_ || arming_ != arming; })) {
+        const auto deadline = since_ + std::chrono::duration_cast<clock::duration>(wait_);
+        const auto every = std::chrono::duration_cast<clock::duration>(notice_every_);
+        auto next = every.count() > 0 ? since_ + every : deadline;
+        // Until it is disarmed or armed again (a new scope, a new deadline) or the deadline passes;
+        // at each notice time on the way, the notice.
+        for (;;) {
+          const auto until = std::min(next, deadline);
+          if (cv_.wait_until(lock, until, [&] { return stop_ || !armed_ || arming_ != arming; })) break;
           const char* what = what_;
-          armed_ = false;  // once per arming
+          if (until == deadline) {
+            armed_ = false;  // once per arming
+            lock.unlock();
+            expire_(what);
+            lock.lock();
+            break;
+          }
+          const double lasted = std::chrono::duration<double>(clock::now() - since_).count();
           lock.unlock();
-          expire_(what);
+          notice_(what, lasted);
           lock.lock();
+          next = std::max(next + every, clock::now());  // (a slow notice skips the ones it missed)
         }
       }
     });
@@ -79,7 +97,8 @@ class RearmableWatchdog {
 
  private:
   std::function<void(const char*)> expire_;
-  std::chrono::duration<double> wait_;
+  std::function<void(const char*, double)> notice_;
+  std::chrono::duration<double> wait_, notice_every_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool armed_ = false, stop_ = false;

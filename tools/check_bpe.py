@@ -153,8 +153,10 @@ def main():
             from tokenizers import Tokenizer
             hf = Tokenizer.from_file(a.hf)
             hf.encode_special_tokens = True
-            vocab = hf.get_vocab(with_added_tokens=True)
-            eot = vocab.get("<|endoftext|>", vocab.get("<|begin_of_text|>", vocab.get("<s>")))
+            # Among the added tokens only, as ulysses picks it (a plain vocabulary entry named
+            # <|endoftext|>, as a SentencePiece-style file may hold, is no EOT there).
+            added = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}
+            eot = added.get("<|endoftext|>", added.get("<|begin_of_text|>", added.get("<s>")))
             encode = lambda text: hf.encode(text, add_special_tokens=False).ids
             piece = lambda t: (hf.id_to_token(t) or "?").encode()
         else:

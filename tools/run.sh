@@ -38,9 +38,10 @@ JOBS=${JOBS:-$(nproc)}
 # no tests under such a path): said before the build, not as "No tests were found" after it.
 if [ "${1:-train}" = test ]; then
   case "$PWD/$BUILD_DIR" in
-    *[[:space:]\'\"\$\`\\]*)
-      echo "tools/run.sh test: the path $PWD/$BUILD_DIR holds a space or a shell quote, which the tests' command" \
-           "lines do not quote: clone under a path without them to run the tests (train runs here)" >&2
+    *[!A-Za-z0-9_./+,:@%=~-]*)
+      echo "tools/run.sh test: the path $PWD/$BUILD_DIR holds a space or another character the shell reads," \
+           "which the tests' command lines do not quote: clone under a path of letters, digits and ._-/+,:@%=~" \
+           "to run the tests (train runs here)" >&2
       exit 1 ;;
   esac
 fi

@@ -1166,10 +1166,17 @@ TEST_CASE("a resume with another --steps says where the next step's rate moves, 
   REQUIRE(r.code == 0);
   CHECK(r.out.find("resume  | --steps 12 where the checkpoint's run had 6: the wsd schedule is one of 12 steps from "
                    "here (step 5's rate 0.003, 0.0012 under --steps 6)") != std::string::npos);
+  // Shortened from 12 to 10 at step 5: step 6 keeps its rate, the decay (now steps 6-10 of 10, was
+  // 7-12) begins a step sooner: said, at the step where it moves.
+  REQUIRE(train(run + " --steps 12 --stop-after 5 --resume").code == 0);
+  r = train(run + " --steps 10 --stop-after 6 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --steps 10 where the checkpoint's run had 12: the wsd schedule is one of 10 steps from "
+                   "here (step 6's rate ") != std::string::npos);
   // A resume with no step left makes no claim about rates.
   r = train(run + " --steps 4 --resume");
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("the checkpoint is at step 5, --steps 4: no step left") != std::string::npos);
+  CHECK(r.out.find("the checkpoint is at step 6, --steps 4: no step left") != std::string::npos);
   CHECK(r.out.find("where the checkpoint's run had") == std::string::npos);
   fs::remove_all(d);
   fs::create_directories(d);

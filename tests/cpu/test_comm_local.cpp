@@ -3,9 +3,14 @@
 // and the Ulysses configuration checks.
 // Catch2 assertions are not thread-safe, so rank threads only record what they saw; the checks run
 // on the main thread after run_local returns.
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -21,6 +26,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/grid.h"
 #include "parallel/ulysses.h"
+#include "parallel/wait_notice.h"
 #include "parallel/watchdog.h"
 #include "parallel/zero.h"
 
@@ -351,6 +357,59 @@ TEST_CASE("a wait longer than the timeout throws CommError naming the collective
   CHECK_THAT(seen, Contains("all_reduce timed out") && Contains("waiting for rank(s) 1"));
 }
 
+namespace {
+// What fn printed on stdout (file descriptor 1: print_wait_notice writes there).
+template <class Fn>
+std::string stdout_of(Fn fn) {
+  std::fflush(stdout);
+  char path[] = "/tmp/ulysses_stdout_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(1);
+  ::dup2(fd, 1);
+  fn();
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  std::string text;
+  char buf[4096];
+  ::lseek(fd, 0, SEEK_SET);
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
+  ::close(fd);
+  ::unlink(path);
+  return text;
+}
+}  // namespace
+
+// parallel/wait_notice.h: world rank 0, waiting, says for whom every period; a waiting non-lead
+// rank, or a lead with no period set, says nothing.
+TEST_CASE("a lead rank waiting in a collective says for which ranks, at the notice period", "[comm][local][failure]") {
+  LocalOptions opt;
+  opt.timeout_s = 30;
+  auto late = [](int slow, int ms) {
+    return [slow, ms](Comm& c) {
+      float x = 1;
+      if (c.rank() == slow) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      c.all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+    };
+  };
+  std::string out;
+  {
+    WaitNoticeScope notice(0.2);
+    out = stdout_of([&] { run_local(3, late(2, 900), opt); });
+  }
+  CHECK_THAT(out, Contains("  ...   waiting 0.") && Contains(" s in all_reduce for rank(s) 2 (--comm-timeout 30 s)\n"));
+  CHECK_THAT(out, !Contains("rank(s) 1"));  // rank 1 had come
+  const size_t lines = size_t(std::count(out.begin(), out.end(), '\n'));
+  CHECK(lines >= 2);  // about four (0.2 s each of 0.9 s), at least two on a loaded machine
+  CHECK(lines <= 5);
+  {
+    WaitNoticeScope notice(0.2);
+    CHECK(stdout_of([&] { run_local(2, late(0, 600), opt); }).empty());  // rank 1 waits: not the lead
+  }
+  CHECK(stdout_of([&] { run_local(2, late(1, 600), opt); }).empty());  // no period set
+}
+
 // The deadline NCCL's init runs under (parallel/comm_nccl.cpp): it fires once, on its own thread,
 // only when the scope outlives it.
 TEST_CASE("a watchdog fires after its deadline and never once its scope has ended", "[comm][failure]") {
@@ -411,6 +470,32 @@ TEST_CASE("a rearmable watchdog fires for the scope that outlives its deadline, 
   }
   CHECK(fired.size() == 1);
   CHECK(seconds_since(t0) < 10);
+}
+
+// The MPI communicator's guard also notices a long wait (comm_mpi.cpp: the lead's "waiting" line):
+// at each period of one arming, before its deadline, with the scope's name.
+TEST_CASE("a rearmable watchdog's notice comes at each period of a long arming, and not for a short one",
+          "[comm][failure]") {
+  std::mutex mu;
+  std::vector<std::pair<std::string, double>> notes;
+  int expired = 0;
+  {
+    RearmableWatchdog w(5.0, [&](const char*) { expired++; }, 0.2, [&](const char* what, double lasted) {
+      std::lock_guard<std::mutex> lock(mu);
+      notes.push_back({what, lasted});
+    });
+    for (int i = 0; i < 200; i++) RearmableWatchdog::ArmedScope quick(w, "quick");
+    RearmableWatchdog::ArmedScope slow(w, "slow");
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  }
+  CHECK(expired == 0);
+  std::lock_guard<std::mutex> lock(mu);
+  REQUIRE(notes.size() >= 2);
+  CHECK(notes.size() <= 5);
+  for (size_t i = 0; i < notes.size(); i++) {
+    CHECK(notes[i].first == "slow");
+    CHECK(notes[i].second >= 0.2 * double(i + 1) - 1e-3);  // its period's multiple, or later
+  }
 }
 
 TEST_CASE("mismatched or missing collectives throw instead of corrupting or hanging", "[comm][local][failure]") {

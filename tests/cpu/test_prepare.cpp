@@ -342,12 +342,20 @@ TEST_CASE("a stop signal during prepare's renames: the whole set lands, and a li
                          train_cmd("prepare --shard-tokens 2000 --out " + out + " " + d.file("a.txt")));
   INFO(r.out);
   CHECK(r.code == 128 + SIGTERM);  // the held signal, delivered once the renames are done
-  CHECK(r.out.find("came during the final renames and was held until they were done: the ") != std::string::npos);
+  CHECK(r.out.find("prepare | SIGTERM came during the final renames and was held until they were done: the ") !=
+        std::string::npos);
   CHECK(r.out.find("shard(s) under " + out + " are complete; stopping") != std::string::npos);
   CHECK_FALSE(fs::exists(out + "/prepare.incomplete"));
   CHECK(listing(out).size() >= 6);
   for (const std::string& name : listing(out)) CHECK(name.find(".tmp") == std::string::npos);
   CHECK(run_cmd(train_cmd("--data 'shards:" + out + "/text_*.bin' --steps 1 --seq 64")).code == 0);
+  // A SIGTERM the caller ignores ends nothing: no "stopping" line, and prepare finishes as usual.
+  const auto quiet = run_cmd("trap '' TERM; ULYSSES_TEST_RAISE='prepare renames' " +
+                             train_cmd("prepare --shard-tokens 2000 --out " + d.file("out2") + " " + d.file("a.txt")));
+  INFO(quiet.out);
+  CHECK(quiet.code == 0);
+  CHECK(quiet.out.find("stopping") == std::string::npos);
+  CHECK(quiet.out.find("prepare | ") != std::string::npos);
 }
 
 TEST_CASE("prepare holds one shard open at a time, one prepare a directory, and never removes an input named as "

@@ -409,6 +409,8 @@ TEST_CASE("SIGHUP stops a run as SIGTERM does, unless the parent ignored it (noh
   CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
   CHECK(out.find("train: SIGINT") == std::string::npos);
   CHECK(out.find("train: SIGHUP") == std::string::npos);
+  CHECK(out.find("; SIGKILL to stop now") != std::string::npos);  // a Ctrl-C cannot: SIGINT stays ignored
+  CHECK(out.find("Ctrl-C again") == std::string::npos);
   CHECK(read_run_log(dir / "ign/log.jsonl").back().at("signal") == "SIGTERM");
 }
 
@@ -421,7 +423,8 @@ TEST_CASE("the reader of train's output gone (SIGPIPE) stops the run with its ch
                           "; echo $? > " + dir / "rc" + " ) | sed '/^step /q' > /dev/null; }";  // (stderr: to r.out)
   const ul_test::CmdResult r = ul_test::run_cmd(cmd);
   INFO(r.out);
-  CHECK(r.out.find("train: SIGPIPE (the reader of train's output is gone): stopping after this step") !=
+  CHECK(r.out.find("train: SIGPIPE (a write to a closed pipe or socket: the reader of train's output is gone?): "
+                   "stopping after this step") !=
         std::string::npos);
   std::FILE* rc = std::fopen((dir / "rc").c_str(), "r");
   REQUIRE(rc);
@@ -438,6 +441,21 @@ TEST_CASE("the reader of train's output gone (SIGPIPE) stops the run with its ch
   char name[32];
   std::snprintf(name, sizeof name, "step_%08d", std::stoi(step));
   CHECK(fs::exists(fs::path(dir / "run") / name / "COMPLETE"));
+  // Started with SIGPIPE ignored (Python's subprocesses, systemd's services): it stays so, the
+  // writes to the closed pipe fail, and the run goes on to its end, as it did before SIGPIPE stopped runs.
+  const std::string ignored = "{ ( trap '' PIPE; " +
+                              ul_test::train_cmd("--steps 40 --eval-every 0 --eval-batches 1 --threads 1 --seq 32 "
+                                                 "--save-dir " + dir / "ign") +
+                              "; echo $? > " + dir / "rc2" + " ) | sed '/^step /q' > /dev/null; }";
+  const ul_test::CmdResult r2 = ul_test::run_cmd(ignored);
+  INFO(r2.out);
+  CHECK(r2.out.find("SIGPIPE") == std::string::npos);
+  std::FILE* rc2 = std::fopen((dir / "rc2").c_str(), "r");
+  REQUIRE(rc2);
+  CHECK(std::fscanf(rc2, "%d", &code) == 1);
+  std::fclose(rc2);
+  CHECK(code == 0);
+  CHECK(fs::exists(fs::path(dir / "ign") / "step_00000040" / "COMPLETE"));
 }
 
 TEST_CASE("closed standard streams are not taken by train's files, and a file-size limit is a named write error",

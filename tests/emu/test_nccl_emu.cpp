@@ -450,7 +450,8 @@ std::pair<std::string, long> stopped_peer(const std::string& order, const std::s
   ul_test::TempDir dir;
   // 8 s: every wait of the run has this deadline (the id file, the init, each step's collectives),
   // and none but the stop may reach it on a loaded machine.
-  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 8";
+  // --heartbeat 2: rank 0 says what it waits for every 2 s of the wait (parallel/wait_notice.h).
+  const std::string run = kSmallRun + " --model gpt2 --sp 2 --steps 100000 --comm-timeout 8 --heartbeat 2";
   auto as_rank = [&](int r) {
     return "env ULYSSES_EMU_STREAMS=" + order + " RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
            std::to_string(r) + " ULYSSES_JOB_ID=" + job + " " +
@@ -476,6 +477,8 @@ TEST_CASE("emu nccl: a rank alive but stopped ends the other's run at --comm-tim
   INFO(out);
   CHECK(out.find(" timed out after 8 s (--comm-timeout) on rank 0: a peer died or hangs") != std::string::npos);
   CHECK(out.find("has exited") == std::string::npos);
+  CHECK(out.find("  ...   waiting 2.") != std::string::npos);  // said before the deadline
+  CHECK(out.find(" for the other ranks (--comm-timeout 8 s)") != std::string::npos);
   // Rank 0's wait began at most the log poll's 0.1 s (and a step) before the stop.
   CHECK(ms >= 6000);   // not before the deadline: a stopped peer is no dead one
   CHECK(ms <= 60000);  // and not at the emulator's own 10-minute wait

@@ -12,11 +12,14 @@
 #include <vector>
 
 #include "parallel/comm_mpi.h"
+#include "parallel/wait_notice.h"
 
 int main(int argc, char** argv) {
   ul::MpiRuntime mpi(&argc, &argv);
   const std::string how = argc > 1 ? argv[1] : "abort";
-  auto world = ul::mpi_world(ul::Device::cpu, how == "hang" ? 2.0 : 0.0);
+  // hang: rank 0 also says what it waits for every 0.5 s (parallel/wait_notice.h), as train's lead does.
+  auto world = ul::mpi_world(ul::Device::cpu, how == "hang" ? 2.0 : 0.0, how == "hang" ? 0.5 : 0.0);
+  if (how == "hang" && world->rank() == 0) ul::set_wait_notice(0.5);
   std::vector<float> buf(1 << 16, 1.f);
   for (int it = 0; it < 1000000; it++) {
     if (world->rank() == 1 && it == 20) {
