@@ -25,7 +25,13 @@
 //     need all 32 lanes present: a warp with exited or absent lanes is an error there;
 //   - a limit of the model: lanes meet at every collective, so what a lane wrote to shared memory
 //     before a shuffle, mma or ldmatrix is visible to the others after it, where the GPU promises
-//     that only for __syncwarp and barriers; a kernel that leans on a shuffle for it passes here.
+//     that only for __syncwarp and barriers; a kernel that leans on a shuffle for it passes here;
+//   - other limits: __launch_bounds__ is dropped (a launch of more threads than a kernel's bound,
+//     which a GPU refuses, runs here: every launch in the tree passes the bound's own expression);
+//     a barrier is told from another by its source line, so one __syncthreads in a helper called
+//     from both sides of a branch that splits a warp counts as one barrier (undefined on a GPU;
+//     the tree's barriers are all in kernel bodies); atomics are exact, and a non-atomic
+//     read-modify-write that races across blocks shows only by chance (blocks on OpenMP threads).
 // Only what the project's kernels use is here; nvcc compiles the same files for the real GPU.
 #pragma once
 #include <math.h>
