@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -253,6 +255,24 @@ int train_rank(const Options& o, Comm& world) {
                                                   std::strerror(mine) + ") where rank 0 could: every rank writes its "
                                                   "files there, so it must be one directory on a filesystem every "
                                                   "rank's machine shares; this run would save at step " + first_save);
+    }
+    // A filesystem without room for one more checkpoint (a new one is written before --keep removes
+    // an old one) fails the first save, hours of training later for a large model: said now.
+    if (lead) {
+      const double need = double(model.params.numel()) * 12;  // f32 weights and AdamW's m and v
+      std::error_code ec;
+      double free_bytes = double(std::filesystem::space(o.save_dir, ec).available);
+      if (const char* t = std::getenv("ULYSSES_TEST_FREE_BYTES")) free_bytes = std::atof(t), ec.clear();  // TEST HOOK
+      auto size = [](double b) {
+        char t[32];
+        std::snprintf(t, sizeof t, b >= double(1 << 30) ? "%.2f GiB" : "%.1f MiB",
+                      b / double(b >= double(1 << 30) ? 1 << 30 : 1 << 20));
+        return std::string(t);
+      };
+      if (!ec && free_bytes < need)
+        say("note    | --save-dir %s: its filesystem has %s free, a checkpoint of this model needs about %s (12 "
+            "bytes a parameter): the save at step %s fails unless space is freed first\n", o.save_dir.c_str(),
+            size(free_bytes).c_str(), size(need).c_str(), first_save.c_str());
     }
   }
   if (o.resume && !notes.stage_done && start < stage_end)

@@ -1191,6 +1191,23 @@ TEST_CASE("a resume with another --steps says where the next step's rate moves, 
   fs::remove_all(d);
 }
 
+TEST_CASE("a --save-dir without room for a checkpoint is said at start-up, naming the step that would fail",
+          "[checkpoint]") {
+  fs::path d = fresh_dir("no_room");
+  std::string loud = kArgs + " --save-every 2 --save-dir " + (d / "run").string();
+  loud.erase(loud.find(" --quiet"), 8);
+  // (ULYSSES_TEST_FREE_BYTES: the free space the run reads, in place of the filesystem's)
+  CmdResult r = train(loud + " --steps 1", "ULYSSES_TEST_FREE_BYTES=1000");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --save-dir " + (d / "run").string() + ": its filesystem has 0.0 MiB free, a checkpoint "
+                   "of this model needs about ") != std::string::npos);
+  CHECK(r.out.find("the save at step 1 fails unless space is freed first") != std::string::npos);
+  r = train(loud + " --steps 3 --resume");  // the real filesystem's room: nothing said
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("its filesystem has") == std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST_CASE("rollback flags: a missing step names the ones there, and bad values are refused", "[checkpoint][rollback][cli]") {
   fs::path d = fresh_dir("rollback_flags");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
