@@ -35,8 +35,8 @@ struct Stopped {
 // would merge into one pending signal). Then reads the rest and waits for it. hold: ULYSSES_TEST_HOLD's points
 // (engine/stop_signal.h), where train waits for the signal: it lands there however slow the
 // machine is, not a step or a probe later.
-Stopped run_and_signal(const std::string& args, const std::string& after, int sig, int second = 0,
-                       const std::string& hold = "", int delay_ms = 0) {
+// `sh -c cmd` in a child whose stdout and stderr are the returned stream; hold: as below.
+std::pair<pid_t, FILE*> spawn_shell(const std::string& cmd, const std::string& hold = "") {
   int fd[2];
   REQUIRE(::pipe(fd) == 0);
   const pid_t pid = ::fork();
@@ -47,12 +47,16 @@ Stopped run_and_signal(const std::string& args, const std::string& after, int si
     ::close(fd[0]);
     ::close(fd[1]);
     if (!hold.empty()) ::setenv("ULYSSES_TEST_HOLD", hold.c_str(), 1);
-    const std::string cmd = "exec " + ul_test::train_cmd(args);
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(fd[1]);
-  FILE* f = ::fdopen(fd[0], "r");
+  return {pid, ::fdopen(fd[0], "r")};
+}
+
+Stopped run_and_signal(const std::string& args, const std::string& after, int sig, int second = 0,
+                       const std::string& hold = "", int delay_ms = 0) {
+  const auto [pid, f] = spawn_shell("exec " + ul_test::train_cmd(args), hold);
   Stopped r;
   bool sent = false, again = false;
   char line[4096];
@@ -370,23 +374,9 @@ TEST_CASE("SIGHUP stops a run as SIGTERM does, unless the parent ignored it (noh
 
   // Started with SIGINT and SIGHUP ignored (a shell's background job, nohup): both stay ignored,
   // and the SIGTERM sent after them is the run's stop.
-  int fd[2];
-  REQUIRE(::pipe(fd) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(fd[1], STDOUT_FILENO);
-    ::dup2(fd[1], STDERR_FILENO);
-    ::close(fd[0]);
-    ::close(fd[1]);
-    const std::string cmd = "trap '' INT HUP; exec " + ul_test::train_cmd("--steps 1000000 --eval-every 0 "
-                                                                          "--eval-batches 1 --threads 1 --seq 32 "
-                                                                          "--save-dir " + dir / "ign");
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(fd[1]);
-  FILE* f = ::fdopen(fd[0], "r");
+  const auto [pid, f] = spawn_shell("trap '' INT HUP; exec " +
+                                    ul_test::train_cmd("--steps 1000000 --eval-every 0 --eval-batches 1 --threads 1 "
+                                                       "--seq 32 --save-dir " + dir / "ign"));
   std::string out;
   char line[4096];
   bool sent = false;
