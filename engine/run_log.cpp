@@ -17,27 +17,43 @@ namespace ul {
 
 namespace {
 
-bool ends_without_newline(const std::string& path) {
+// The length of the file up to its last newline (its size when it ends with one, 0 with none):
+// what a run killed mid-line (kill -9, a full disk) leaves before its torn last record. -1: no file.
+int64_t whole_lines_length(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f || f.tellg() <= 0) return false;
-  f.seekg(-1, std::ios::end);
-  char c = 0;
-  f.get(c);
-  return c != '\n';
+  if (!f) return -1;
+  int64_t end = f.tellg();
+  char buf[65536];
+  while (end > 0) {  // backwards, a block at a time (the log of a long run is megabytes)
+    const int64_t n = std::min<int64_t>(end, sizeof buf);
+    f.seekg(end - n);
+    if (!f.read(buf, n)) return -1;
+    for (int64_t i = n - 1; i >= 0; i--)
+      if (buf[i] == '\n') return end - n + i + 1;
+    end -= n;
+  }
+  return 0;
 }
 
 }  // namespace
 
 RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, int seq, const std::string& rope)
     : path_(path) {
-  const bool torn = resume_step >= 0 && ends_without_newline(path);
+  // A torn last line (the run that wrote it died mid-record) is cut off: every line stays JSON, as
+  // the README promises (pandas, jq). Its record lay past the checkpoint, or is made again.
+  if (resume_step >= 0) {
+    const int64_t whole = whole_lines_length(path);
+    std::error_code size_ec;
+    if (whole >= 0 && uint64_t(whole) < std::filesystem::file_size(path, size_ec) && !size_ec &&
+        ::truncate(path.c_str(), off_t(whole)) != 0)
+      throw std::runtime_error(path + ": cannot cut the run log's torn last line: " + std::strerror(errno));
+  }
   // Its directory is made as the exports' are (--log runs/today/log.jsonl before runs/today exists).
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
   f_ = std::fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
   if (!f_) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
-  if (torn) std::fputc('\n', f_);
   if (resume_step >= 0) {
     JsonLine j;
     j.add("type", "resume").add("step", resume_step);

@@ -1585,11 +1585,13 @@ TEST_CASE("file helpers: crc32, flat JSON, torn and resumed logs", "[log]") {
   std::ofstream(log) << "{\"type\":\"step\",\"step\":1,\"loss\":2}\n{\"type\":\"step\",\"step\":2,\"loss\":1}\n"
                      << "{\"type\":\"step\",\"step\":3,\"lo";
   {
-    ul::RunLog resumed(log, 1);  // the torn line is closed off, then: resume at 1
+    ul::RunLog resumed(log, 1);  // the torn line is cut off, then: resume at 1
   }
   int skipped = 0;
   auto recs = ul::read_run_log(log, &skipped);
-  CHECK(skipped == 1);
+  CHECK(skipped == 0);  // every line JSON again
+  CHECK(bytes_of(d / "log.jsonl") == "{\"type\":\"step\",\"step\":1,\"loss\":2}\n{\"type\":\"step\",\"step\":2,\"loss\":1}\n"
+                                     "{\"type\":\"resume\",\"step\":1}\n");
   REQUIRE(recs.size() == 1);
   CHECK(recs[0]["step"] == "1");
   CHECK(ul::plot_path_for_log(log) == (d / "log.svg").string());
