@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -90,9 +91,11 @@ std::string loss_plot_svg(const std::vector<LogRecord>& records) {
   if (x1 - x0 < 1) x0 -= 0.5, x1 += 0.5;
   if (y1 - y0 < 1e-9 * std::max(1.0, std::abs(y1))) y0 -= 0.5, y1 += 0.5;
   const double pad = 0.03 * (y1 - y0);  // no point sits on the frame
+  const bool positive = y0 >= 0;         // losses: the axis stops at 0, not below it
   y0 -= pad, y1 += pad;
   const double xs = std::max(1.0, nice_step(x1 - x0, 8)), ys = nice_step(y1 - y0, 6);
   y0 = std::floor(y0 / ys) * ys, y1 = std::ceil(y1 / ys) * ys;
+  if (positive) y0 = std::max(0.0, y0);
 
   const double W = 800, H = 480, L = 72, R = 24, T = 40, B = 56, pw = W - L - R, ph = H - T - B;
   auto px = [&](double x) { return f2(L + (x - x0) / (x1 - x0) * pw); };
@@ -165,7 +168,14 @@ bool write_log_plot(const std::string& log_path, const std::string& svg_path, co
     auto t = r.find("type");
     return t != r.end() && t->second == type;
   });
-  if (any) write_file_atomic(svg_path, draw(records));
+  if (any) {
+    write_file_atomic(svg_path, draw(records));
+  } else {
+    // A plot of records the log no longer holds (a rollback voided them) would show a model that
+    // is gone: removed, not left as it was.
+    std::error_code ec;
+    std::filesystem::remove(svg_path, ec);
+  }
   return any;
 }
 

@@ -146,7 +146,8 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records) {
 }
 
 bool write_probe_plot(const std::string& log_path, const std::string& svg_path) {
-  return write_log_plot(log_path, svg_path, "length", probe_plot_svg, {{"length"}, {}});
+  // (the step records too: the title says how far the run went on past the rows' step)
+  return write_log_plot(log_path, svg_path, "length", probe_plot_svg, {{"length", "step"}, {}});
 }
 
 std::vector<std::string> write_run_plots(const std::string& log_path, std::string& failed) {

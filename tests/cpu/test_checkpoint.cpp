@@ -1465,6 +1465,18 @@ TEST_CASE("the run log has a record per step and eval, the plot has both series"
     const std::string one = ul::loss_plot_svg({ul::LogRecord(st.begin(), st.end())});
     CHECK(one.find("<circle id=\"train-point\"") != std::string::npos);
   }
+  // Losses from 1e-3 to 1e3: the axis stops at 0 (it once went down to -200), its top above 1e3.
+  {
+    std::vector<ul::LogRecord> wide;
+    for (const char* loss : {"1000", "1", "0.001"}) {
+      const std::map<std::string, std::string> st = {{"type", "step"}, {"step", std::to_string(wide.size() + 1)},
+                                                     {"loss", loss}};
+      wide.emplace_back(st.begin(), st.end());
+    }
+    const std::string axis = ul::loss_plot_svg(wide);
+    CHECK(axis.find(">-") == std::string::npos);  // no negative tick label
+    CHECK(axis.find(">0<") != std::string::npos);
+  }
   // The end of a run draws both plots, and a failure there (the log gone, a full disk) is reported,
   // not thrown: the run's exports and sample come after it.
   {

@@ -565,3 +565,26 @@ TEST_CASE("a resume probes again a length whose logged row was measured on anoth
   CHECK(rows.size() == 2);
   for (const auto& [measured, count] : rows) CHECK(count == 1);
 }
+
+TEST_CASE("the length plot follows the log: its title after a resume without probes, gone after a rollback voids its rows",
+          "[length_probe][cli]") {
+  using namespace ul_test;
+  TempDir dir;
+  const std::string args = "--seq 64 --batch 2 --eval-every 0 --eval-batches 1 --threads 1 --quiet ";
+  auto svg = [](const std::string& path) {
+    std::ifstream f(path);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  // Probed at step 4, then resumed to 8 without --probe-lengths: the redrawn title says the run went on.
+  const std::string a = dir / "a";
+  REQUIRE(run_cmd(train_cmd(args + "--steps 4 --save-dir " + a + " --probe-lengths 32,48")).code == 0);
+  REQUIRE(run_cmd(train_cmd(args + "--steps 8 --save-dir " + a + " --resume")).code == 0);
+  CHECK(svg(a + "/log_lengths.svg").find("at step 4 (the run went on to step 8)") != std::string::npos);
+  // Probed at step 8, then rolled back to step 4 (no row there): the table of the voided rows goes.
+  const std::string b = dir / "b";
+  REQUIRE(run_cmd(train_cmd(args + "--steps 8 --save-every 4 --save-dir " + b + " --probe-lengths 32,48")).code == 0);
+  REQUIRE(std::filesystem::exists(b + "/log_lengths.svg"));
+  REQUIRE(run_cmd(train_cmd(args + "--steps 8 --save-every 4 --save-dir " + b + " --resume-step 4")).code == 0);
+  CHECK_FALSE(std::filesystem::exists(b + "/log_lengths.svg"));
+  CHECK(std::filesystem::exists(b + "/log.svg"));
+}
