@@ -139,10 +139,13 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
     throw std::runtime_error("--comm nccl: this build has no MPI to bootstrap NCCL; give --nccl-id-file");
 #endif
   }
-  if (l.rank < 0 || l.size < 1 || l.rank >= l.size)
+  if (l.rank >= 0 && l.size >= 1 && l.rank >= l.size)
+    throw std::runtime_error("--nccl-id-file: rank " + std::to_string(l.rank) + " is not below the world size " +
+                             std::to_string(l.size) + " (" + l.name + ": read " + l.vars + ")");
+  if (l.rank < 0 || l.size < 1)
     throw std::runtime_error("--nccl-id-file: no rank and world size from a launcher: start under torchrun, srun or "
-                             "mpirun, or set RANK and WORLD_SIZE (and LOCAL_RANK)" +
-                             (l.name.empty() ? std::string() : "; read " + l.vars));
+                             "mpirun, or set RANK and WORLD_SIZE (and LOCAL_RANK) to numbers" +
+                             (l.name.empty() ? std::string() : "; read " + l.vars + ", which are unset or not numbers"));
   // Without its rank on this machine every process would take GPU 0 (NCCL refuses two ranks on one).
   if (l.local_rank < 0 && l.size > 1 && devices > 1)
     throw std::runtime_error("--nccl-id-file: " + l.name + " gives no rank on this machine (read " + l.vars +

@@ -508,6 +508,21 @@ TEST_CASE("emu nccl: NCCL_COMM_BLOCKING=0 in the environment is refused before t
   CHECK(fine[0].empty());
 }
 
+// --nccl-id-file's rank and world size from the environment: one out of range, or not a number, is
+// named as such (both once read as "no rank and world size from a launcher").
+TEST_CASE("emu nccl: --nccl-id-file refuses a rank past the world size and a world size that is no number", "[emu]") {
+  ul_test::TempDir dir;
+  const std::string run = " " + train_cmd(kSmallRun + " --comm nccl --nccl-id-file " + (dir / "id"));
+  CmdResult r = run_cmd("RANK=2 WORLD_SIZE=2" + run);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("--nccl-id-file: rank 2 is not below the world size 2 (RANK and WORLD_SIZE: read RANK, "
+                   "WORLD_SIZE)") != std::string::npos);
+  r = run_cmd("RANK=0 WORLD_SIZE=2x" + run);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("RANK and WORLD_SIZE (and LOCAL_RANK) to numbers; read RANK, WORLD_SIZE, which are unset or not "
+                   "numbers") != std::string::npos);
+}
+
 #ifdef ULYSSES_MPIRUN_CMD
 TEST_CASE("emu nccl: train --comm nccl under mpirun (dp 2 x sp 2, bf16, ZeRO-1) gives --comm local's numbers", "[emu]") {
   const std::string run = kSmallRun + " --model llama --sp 2 --steps 3 --precision bf16 --zero 1";
