@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include <omp.h>
+
 #include "data/shards.h"
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
@@ -214,8 +216,9 @@ int train_rank(const Options& o, Comm& world) {
 #endif
   say("device  | %s, %s parameters and activations (f32 gradients%s)%s\n", device_name(tr.context().device),
       o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "", gpu.c_str());
-  say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank | batch %d x seq %d x accum %d\n",
-      world.size(), g.dp, g.sp, world.backend(), tr.threads(), o.batch, o.seq, o.grad_accum);
+  say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank%s | batch %d x seq %d x accum %d\n",
+      world.size(), g.dp, g.sp, world.backend(), tr.threads(),
+      o.threads == 0 && omp_num_threads_env() > 0 ? " (OMP_NUM_THREADS)" : "", o.batch, o.seq, o.grad_accum);
   // Where the ranks landed (parallel/hosts.h): an sp group split over machines runs its all-to-alls
   // over the network, and every step waits for it.
   const std::vector<int> across = sp_groups_across_hosts(tr.hosts(), g.sp);
@@ -226,6 +229,13 @@ int train_rank(const Options& o, Comm& world) {
   if (const std::string gpu = shared_gpu(tr.hosts()); !gpu.empty())
     say("note    | %s: each rank picks its GPU by its rank on the machine (the launcher's local rank): give each rank "
         "its own, or expect them to share its memory and time\n", gpu.c_str());
+  // OMP_PROC_BIND pins each process's (or, --comm local, the one process's) OpenMP threads to the
+  // places of the CPU set it started with: ranks that share a set then all run on its first places,
+  // the rest of its cores idle, whatever the thread count says.
+  if (omp_get_proc_bind() != omp_proc_bind_false && tr.hosts().sharing_cpus() > 1)
+    say("note    | OMP_PROC_BIND is set and %d ranks of this machine share one CPU set: OpenMP binds each rank's "
+        "threads to the same first cores; bind the ranks apart (mpirun --bind-to core --map-by slot:PE=N, srun "
+        "--cpu-bind=cores) or unset OMP_PROC_BIND\n", tr.hosts().sharing_cpus());
 
   // Where this run starts: step 0, or the newest complete checkpoint under --resume.
   int start = 0;

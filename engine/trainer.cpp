@@ -215,7 +215,7 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 }
 
 Trainer::Trainer(const Options& o, Comm& world)
-    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_)),
+    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_, omp_num_threads_env())),
       ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_);
   std::vector<float> ckpt;

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -196,9 +198,20 @@ std::vector<int> sp_groups_across_hosts(const HostMap& m, int sp) {
   return groups;
 }
 
-int threads_for_rank(int threads_flag, const HostMap& m) {
+int threads_for_rank(int threads_flag, const HostMap& m, int omp_env) {
   if (threads_flag > 0) return threads_flag;
+  if (omp_env > 0) return omp_env;
   return std::max(1, m.cpus / m.sharing_cpus());
+}
+
+int omp_num_threads_env() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  if (!v) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || errno || (*end != '\0' && *end != ',') || n < 1 || n > 1024) return 0;
+  return int(n);
 }
 
 size_t cgroup_memory_limit(const std::string& proc_cgroup, const std::string& root) {

@@ -51,9 +51,12 @@ std::vector<int> sp_groups_across_hosts(const HostMap& m, int sp);
 // "ranks 0 and 1 share GPU 0 of one machine" for the first two ranks that do, else "".
 std::string shared_gpu(const HostMap& m);
 
-// Threads for this rank: --threads when given (> 0), else its CPU set shared evenly by the ranks
-// of this machine that have the same one.
-int threads_for_rank(int threads_flag, const HostMap& m);
+// Threads for this rank: --threads when given (> 0), else OMP_NUM_THREADS when set (omp_env > 0:
+// what a job script or a cluster's module set for each process), else its CPU set shared evenly by
+// the ranks of this machine that have the same one.
+int threads_for_rank(int threads_flag, const HostMap& m, int omp_env = 0);
+// OMP_NUM_THREADS's value (its first entry, "8" of "8,2") when it is a number in [1, 1024], else 0.
+int omp_num_threads_env();
 
 // This machine's name (gethostname), "?" when it cannot be read.
 std::string host_name();

@@ -3,8 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher_env.h"
@@ -71,6 +73,16 @@ TEST_CASE("the host map counts the ranks and CPU sets of each machine", "[hosts]
   CHECK(host_map_of(machine, cpus, {3, 3, 4, 4, 0, 0, 0, 0}, gpu, 2, 16).ranks_here() == 4);
   CHECK(threads_for_rank(0, a) == 8);  // 16 cores shared by 2 ranks
   CHECK(threads_for_rank(3, a) == 3);  // --threads wins
+  CHECK(threads_for_rank(0, a, 5) == 5);  // then OMP_NUM_THREADS
+  CHECK(threads_for_rank(3, a, 5) == 3);
+  for (const auto& [value, want] : std::vector<std::pair<const char*, int>>{
+           {"6", 6}, {"4,2", 4}, {"", 0}, {"x", 0}, {"0", 0}, {"-2", 0}, {"2000", 0}, {"3x", 0}}) {
+    ::setenv("OMP_NUM_THREADS", value, 1);
+    CAPTURE(value);
+    CHECK(omp_num_threads_env() == want);
+  }
+  ::unsetenv("OMP_NUM_THREADS");
+  CHECK(omp_num_threads_env() == 0);
   HostMap b = host_map_of(machine, cpus, mem, gpu, 5, 64);
   CHECK(b.sharing_cpus() == 4);
   CHECK(threads_for_rank(0, b) == 16);
