@@ -536,6 +536,19 @@ std::string checkpoint_doc_mask(const std::string& model_path) {
   }
 }
 
+std::string checkpoint_data(const std::string& model_path) {
+  const std::filesystem::path p(model_path), rank0 = p.parent_path() / rank_file_name(0);
+  std::error_code ec;
+  if (p.filename() != "model.bin" || !std::filesystem::is_regular_file(rank0, ec)) return "";
+  try {
+    const auto have = read_rank_fields(rank0.string());
+    const auto data = have.find("data");
+    return data == have.end() ? "" : data->second;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
                           const Grid* place, int64_t* next_sequence, ResumeChanges changes) {
   auto have = read_rank_fields(path);

@@ -144,6 +144,9 @@ int64_t recorded_crc(const std::string& path, const std::string& name);
 // For --checkpoint DIR/step_N/model.bin: "--doc-mask --eot E" when the rank_0.json beside it says
 // its run packed documents, "" when not, or when there is none or it does not read (a note only).
 std::string checkpoint_doc_mask(const std::string& model_path);
+// The --data of the run that wrote a checkpoint's model.bin, from the rank_0.json beside it ("" when
+// there is none: an llm.c file, a model.bin copied out alone).
+std::string checkpoint_data(const std::string& model_path);
 // What a resume may change that would otherwise be another run.
 struct ResumeChanges {
   bool global_batch = false;  // --change-global-batch (or a pending rollback's G)

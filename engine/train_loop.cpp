@@ -140,6 +140,13 @@ int train_rank(const Options& o, Comm& world) {
       say("note    | %s's run trained with %s (its rank_0.json): without it this run attends across "
           "documents, as the model never did\n", o.checkpoint.c_str(), doc.c_str());
   }
+  // A checkpoint evaluated, sampled or trained on without --data runs on the default passkey task,
+  // whose 32 ids are other tokens to a model of text: its evals would mean nothing, unsaid.
+  if (!o.checkpoint.empty() && !o.set_by_user("--data") && !o.resume)
+    if (const std::string data = checkpoint_data(o.checkpoint); !data.empty() && data != o.data)
+      say("note    | %s was trained on --data %s (its rank_0.json); this run reads --data %s, the default: its "
+          "evals and probes measure another task (give --data %s)\n", o.checkpoint.c_str(), data.c_str(),
+          o.data.c_str(), data.c_str());
   // A checkpoint over files a much smaller tokenizer wrote (train prepare's default byte shards or
   // text:FILE under GPT-2; GPT-2's shards under Llama 3): the ids name other tokens than the model
   // learned. Only a note: a model may have been trained on those ids. (A tokenizer's vocabulary

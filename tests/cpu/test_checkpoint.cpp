@@ -1208,6 +1208,23 @@ TEST_CASE("a --save-dir without room for a checkpoint is said at start-up, namin
   fs::remove_all(d);
 }
 
+TEST_CASE("a --checkpoint used without --data is told which data its run trained on", "[checkpoint]") {
+  fs::path d = fresh_dir("ckpt_data");
+  std::ofstream(d / "t.txt") << std::string(4000, 'x');
+  const std::string loud = "--eval-batches 1 --threads 1 --seq 16";  // (the shape is the file's)
+  const std::string data = "text:" + (d / "t.txt").string();
+  REQUIRE(train(kArgs + " --steps 2 --data " + data + " --save-dir " + (d / "run").string()).code == 0);
+  const std::string model = (d / "run" / "step_00000002" / "model.bin").string();
+  CmdResult r = train(loud + " --steps 0 --checkpoint " + model);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | " + model + " was trained on --data " + data + " (its rank_0.json); this run reads "
+                   "--data passkey, the default") != std::string::npos);
+  r = train(loud + " --steps 0 --checkpoint " + model + " --data " + data);  // given: nothing to say
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("was trained on --data") == std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST_CASE("rollback flags: a missing step names the ones there, and bad values are refused", "[checkpoint][rollback][cli]") {
   fs::path d = fresh_dir("rollback_flags");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
