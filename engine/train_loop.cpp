@@ -754,7 +754,10 @@ int train_rank(const Options& o, Comm& world) {
     std::printf("stopped | %s %s\n", sig.c_str(), what.c_str());
   } else if (lead && (eval_at_zero || until > start)) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");
-    else std::printf("%s | train loss %.4f -> %.4f", paused ? "paused " : "done", first_loss, last_loss);
+    else std::printf("%s | train loss %.4f -> %.4f%s", paused ? "paused " : "done", first_loss, last_loss,
+                     // a resumed run's first loss is its first step's, not the whole run's
+                     start > 0 ? (" (steps " + std::to_string(start + 1) + "-" + std::to_string(until) + ")").c_str()
+                               : "");
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);
       if (synthetic)

@@ -1107,7 +1107,10 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
   CHECK(evals_at_3() == 1);
   // A rollback to the pause or past it has nothing to train before it: refused before any move.
   expect_refused(run + " --stop-after 3 --resume-step 3", "--resume-step 3: nothing to train before --stop-after 3");
-  REQUIRE(train(run + " --resume").code == 0);
+  r = train(run + " --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | train loss ") != std::string::npos);
+  CHECK(r.out.find(" (steps 4-6) | val loss ") != std::string::npos);  // this run's first loss, not the whole run's
   CHECK(fs::exists(d / "m.safetensors"));
   // Every step's loss and rate are the run's never paused, to the bit (the decay at steps 4-6).
   auto steps = [](const fs::path& log) {
