@@ -631,6 +631,12 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
         have.at("data_files") == want["data_files"] && got.substr(0, got.find(':')) == want[f.key].substr(0, want[f.key].find(':')))
       hint = ": its files match the checkpoint's record of them, named otherwise; give --data " + got +
              " as the checkpoint names it";
+    if (f.key == "data_files")  // text appended to the file, a shard added: the run's data has moved
+      hint = ": restore them as they were to resume, or train on them as they are now in a new run from this "
+             "checkpoint's weights (--checkpoint " + std::filesystem::path(path).parent_path().string() +
+             "/model.bin and another --save-dir: AdamW's state and the schedule start afresh)";
+    if (f.key == "precision" && got == "fp32" && want[f.key] == "bf16" && run.device == "cuda")
+      hint = ": bf16 is --device cuda's default; give --precision fp32 to resume this run";
     if (f.key == "precision" && got == "bf16" && run.device == "cpu")  // --precision bf16 is refused there
       hint = ": the CPU backend trains in fp32 alone; resume it on --device cuda (or start a new fp32 run from its f32 "
              "master weights: --checkpoint " + std::filesystem::path(path).parent_path().string() + "/model.bin)";

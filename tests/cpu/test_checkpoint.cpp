@@ -476,7 +476,8 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     expect_refused(packed + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string(),
                    "data_files is 5002 bytes, crc32 ");
     expect_refused(packed + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string(),
-                   "in this run (--data: its files changed since the save)");
+                   "in this run (--data: its files changed since the save): restore them as they were to resume, or "
+                   "train on them as they are now in a new run from this checkpoint's weights (--checkpoint ");
     std::ofstream(text) << saved_text;
     REQUIRE(train(packed + " --steps 4 --doc-mask --eot 10 --resume --save-dir " + pd.string()).code == 0);
     for (const char* field : {",\"doc_mask\":false", ",\"eot\":-1", ",\"warmup\":20", ",\"grad_clip\":\"1\"",

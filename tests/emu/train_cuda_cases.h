@@ -458,6 +458,18 @@ TEST_CASE("a bf16 checkpoint holds the f32 master weights, and resumes from them
     }, lo);
     CHECK(refused.find("rank_0.json: precision is bf16 in the checkpoint but fp32 in this run (--precision)") !=
           std::string::npos);
+    if (ranks == 1) {  // the other way, an fp32 run resumed without --precision: the default is named
+      const std::string fp32_dir = dir.string() + "_fp32";
+      std::filesystem::remove_all(fp32_dir);
+      const std::string small = "--model llama --device cuda --steps 2 --batch 2 --seq 64 --eval-every 0 "
+                                "--eval-batches 1 --threads 1 --quiet --save-dir " + fp32_dir;
+      REQUIRE(ul_test::run_cmd(ul_test::train_cmd(small + " --precision fp32 --stop-after 1")).code == 0);
+      const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(small + " --resume"));
+      CHECK(r.code == 1);
+      CHECK(r.out.find("precision is fp32 in the checkpoint but bf16 in this run (--precision): bf16 is --device "
+                       "cuda's default; give --precision fp32 to resume this run") != std::string::npos);
+      std::filesystem::remove_all(fp32_dir);
+    }
     if (ranks == 2) {
       // On one rank with twice the batch (the same 4 sequences a step, README "Checkpoints"): the
       // masters' shards gathered from both files round to the very weights the two ranks had.
