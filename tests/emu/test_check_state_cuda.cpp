@@ -19,4 +19,14 @@ TEST_CASE("check-state passes on the CUDA backend against the PyTorch reference 
     CHECK(r.code == 0);
     CHECK(r.out.find("check-state: PASS") != std::string::npos);
   }
+  // Without --precision it runs in fp32 too (bf16 is --device cuda's default for training only: a
+  // bf16 step fails every tensor of an fp32 reference by its rounding), and the verdict says which.
+  CmdResult r = run_cmd(train_cmd("--device cuda " + files));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find(", fp32, dp 1 x sp 1, tolerance") != std::string::npos);
+  r = run_cmd(train_cmd("--device cuda --precision bf16 " + files));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("check-state: FAIL") != std::string::npos);
+  CHECK(r.out.find("this step ran in bf16, against an fp32 reference: --precision fp32 checks") != std::string::npos);
 }
