@@ -221,8 +221,14 @@ int train_rank(const Options& o, Comm& world) {
 #if ULYSSES_HAVE_CUDA
   if (tr.context().device == Device::cuda) gpu = " | " + cuda_gpu_at_start().describe();
 #endif
-  say("device  | %s, %s parameters and activations (f32 gradients%s)%s\n", device_name(tr.context().device),
-      o.precision == "bf16" ? "bf16" : "fp32", o.precision == "bf16" ? ", f32 master weights" : "", gpu.c_str());
+  // (what this run holds: a --steps 0 run has no gradients, and a bf16 one masters only when it
+  // exports, samples or probes)
+  std::string held;
+  if (model.params.grad()) held = "f32 gradients";
+  if (o.precision == "bf16" && model.params.has_masters())
+    held += std::string(held.empty() ? "" : ", ") + "f32 master weights";
+  say("device  | %s, %s parameters and activations%s%s\n", device_name(tr.context().device),
+      o.precision == "bf16" ? "bf16" : "fp32", held.empty() ? "" : (" (" + held + ")").c_str(), gpu.c_str());
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank%s | batch %d x seq %d x accum %d\n",
       world.size(), g.dp, g.sp, world.backend(), tr.threads(),
       o.threads == 0 && omp_num_threads_env() > 0 ? " (OMP_NUM_THREADS)" : "", o.batch, o.seq, o.grad_accum);
