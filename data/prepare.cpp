@@ -703,7 +703,9 @@ int prepare_main(int argc, char** argv) {
     std::printf("note    | shards of %lld tokens: a training sequence lies within one shard, so --seq must be below "
                 "that, and each shard's last partial sequence goes unused\n", (long long)o.shard_tokens);
   // The headers name the vocab and the EOT: the run takes them from there.
-  std::printf("train with: train --data 'shards:%s/text_*.bin' --doc-mask\n", o.out.c_str());
+  // (--doc-mask for several documents: one alone has no boundary to mask, and the run's note would
+  // then ask whether --eot is right)
+  std::printf("train with: train --data 'shards:%s/text_*.bin'%s\n", o.out.c_str(), r.documents > 1 ? " --doc-mask" : "");
   return 0;
 }
 

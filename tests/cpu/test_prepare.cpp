@@ -74,6 +74,9 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   REQUIRE(r.code == 0);
   CHECK(r.out.find("train with: train --data 'shards:" + out + "/text_*.bin' --doc-mask\n") != std::string::npos);
   CHECK(r.out.find("note    | shards of 500 tokens: a training sequence lies within one shard") != std::string::npos);
+  // One document: no boundary for --doc-mask to mask, so it is not suggested.
+  const auto one = run_cmd(train_cmd("prepare --out " + d.file("one") + " " + d.file("a.txt")));
+  CHECK(one.out.find("train with: train --data 'shards:" + d.file("one") + "/text_*.bin'\n") != std::string::npos);
 
   // The stream: EOT, a, EOT, b; its last 20% (rounded) is val.
   std::vector<int32_t> stream{256};
