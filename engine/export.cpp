@@ -1,5 +1,7 @@
 #include "engine/export.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -241,7 +243,8 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     const std::string where = "--prompt-file " + o.prompt_file;
     std::string text;
     try {
-      text = read_once(o.prompt_file, world, /*allow_pipe=*/true);
+      // "-": standard input, as `train prepare --files-from -` reads it
+      text = read_once(o.prompt_file == "-" ? "/dev/stdin" : o.prompt_file, world, /*allow_pipe=*/true);
     } catch (const std::exception& e) {
       throw std::runtime_error("--prompt-file: " + std::string(e.what()));
     }
@@ -378,8 +381,27 @@ void RunOutputs::print_sample(const float* host, const std::vector<ParamSpec>& s
   // Written as bytes: a byte-level model may well produce a NUL, which "%s" would stop at. A
   // --prompt-file prompt (a book, perhaps) is not echoed: only what follows it.
   const std::string head = o_.prompt_file.empty() ? decode(prompt_) + (tok_ || cfg_.vocab == 256 || cfg_.vocab == 257 ? "" : " | ") : "";
-  const std::string text = head + decode(out) + "\n";
+  std::string text = head + decode(out) + "\n";
+  // To a terminal, control bytes (an undertrained byte model's ESC or NUL) are shown as \xNN, not
+  // sent (an ESC sequence would drive the terminal); to a file or a pipe, the bytes as they are.
+  if (::isatty(STDOUT_FILENO)) text = terminal_safe(text);
   std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+std::string terminal_safe(const std::string& text) {
+  std::string safe;
+  safe.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char b = static_cast<unsigned char>(c);
+    if ((b < 0x20 && c != '\n' && c != '\t') || b == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", b);
+      safe += hex;
+    } else {
+      safe += c;
+    }
+  }
+  return safe;
 }
 
 }  // namespace ul

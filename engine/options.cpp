@@ -137,7 +137,7 @@ export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --sample-every K    also every K steps while training (the same prompt and seed each time:
                       the texts differ by what the model learned)                [0: at the end]
   --prompt TEXT       its bytes (or BPE tokens, with --tokenizer), or ids:1,2,3
-  --prompt-file FILE  the prompt is FILE's text (a long one: a book; it is not echoed back)
+  --prompt-file FILE  the prompt is FILE's text (a long one: a book; it is not echoed back; -: stdin)
   --temperature X     0 = greedy                                                        [1.0]
   --top-k K           sample among the K most likely tokens (0: all)                    [0]
   --top-p P           then among the fewest most likely whose probability adds up to P

@@ -506,6 +506,10 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   REQUIRE(r.code == 0);
   CHECK(r.out.find("sample  | 700 prompt + 5 new tokens") != std::string::npos);
   CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
+  // "-" is standard input too (as prepare's --files-from -).
+  r = run_cmd("cat " + prompt.path + " | " + train_cmd(common + " --sample 5 --temperature 0 --prompt-file -"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
   // Two ranks, one pipe: rank 0 reads it and sends its bytes (each rank once read it: the second
   // found it empty, or blocked forever on a named pipe).
   r = run_cmd("cat " + prompt.path + " | " + train_cmd(common + " --ranks 2 --sample 5 --temperature 0 --prompt-file /dev/stdin"));
@@ -644,4 +648,24 @@ TEST_CASE("a sample's memory is checked beside what the run holds", "[sample]") 
                     Catch::Contains("plus 2000000000 new tokens need ") &&
                         Catch::Contains(" MiB for the KV cache and the tokens' ids and text, but beside what the run holds "
                                         "this machine has 16384 MiB"));
+}
+
+TEST_CASE("a sample printed to a terminal shows control bytes as \\xNN, to a pipe as they are", "[sample][cli]") {
+  CHECK(ul::terminal_safe(std::string("a\x1b[2Jb\n\tc\x7f", 10) + std::string(1, '\0') + "\xc3\xa9") ==
+        "a\\x1B[2Jb\n\tc\\x7F\\x00\xc3\xa9");  // ESC, DEL and NUL shown; newline, tab and UTF-8 kept
+  // The same sample down a pipe and on a terminal (script(1) gives it one, where installed).
+  const std::string run = ul_test::train_cmd("--steps 0 --data text:" + ul_test::source_path("README.md") +
+                                             " --sample 200 --prompt 'The ' --seq 64 --quiet --seed 3");
+  const ul_test::CmdResult piped = ul_test::run_cmd(run);
+  REQUIRE(piped.code == 0);
+  const std::string text = piped.out.substr(piped.out.rfind("The "));
+  if (ul_test::run_cmd("command -v script").code == 0) {
+    const ul_test::CmdResult tty = ul_test::run_cmd("script -qec \"" + run + "\" /dev/null");
+    REQUIRE(tty.code == 0);
+    std::string shown = tty.out.substr(tty.out.rfind("The "));
+    shown.erase(std::remove(shown.begin(), shown.end(), '\r'), shown.end());  // the terminal's CR LF
+    std::string want = ul::terminal_safe(text);
+    want.erase(std::remove(want.begin(), want.end(), '\r'), want.end());
+    CHECK(shown == want);
+  }
 }
