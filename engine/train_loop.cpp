@@ -427,6 +427,16 @@ int train_rank(const Options& o, Comm& world) {
   // One eval at `step`: its line, and after the run's last one the task's probes: the same eval with
   // one random setting held fixed (passkey: the needle at depths 0 to 1), one line saying where in
   // the context retrieval fails. The log record carries both. False when a stop signal cut it short.
+  // The plots, redrawn as the run goes (at its first eval, then at most once a minute of evals and
+  // saves), so a long run's loss can be watched, and a run that fails keeps them up to its last eval
+  // (the end draws them again). Quietly: a failure here is the end's to report.
+  double plots_drawn_ms = -1e300;
+  auto redraw_plots = [&] {
+    if (!log || now_ms() - plots_drawn_ms < 60000) return;
+    plots_drawn_ms = now_ms();
+    std::string failed;
+    write_run_plots(log_path, failed);
+  };
   auto run_eval = [&](int step, bool last) -> bool {
     beat.begin("eval " + std::to_string(step));
     EvalResult now;
@@ -470,6 +480,7 @@ int train_rank(const Options& o, Comm& world) {
     if (!probes.empty())
       say("probe %5d%s (accuracy, %lld answer tokens each)\n", step, line.c_str(), (long long)answers);
     if (log) log->eval(step, ev);
+    redraw_plots();
     return true;
   };
   int stopped_by = 0, stopped_at = 0;  // a stop signal: which, and after which step
@@ -587,6 +598,7 @@ int train_rank(const Options& o, Comm& world) {
       }
       say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
       saved = true;
+      redraw_plots();
     };
     if (!o.save_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || last || pause || sig)) save();
     // A signal that came during a periodic save has its checkpoint already: stop now, not after

@@ -1229,6 +1229,21 @@ TEST_CASE("a --checkpoint used without --data is told which data its run trained
   fs::remove_all(d);
 }
 
+TEST_CASE("the loss plot is drawn during the run, at its first eval, not only at its end", "[log]") {
+  fs::path d = fresh_dir("live_plot");
+  // Held at step 3 (ULYSSES_TEST_HOLD) after evals at steps 1-3: the plot is there, the run not done.
+  const std::string run = "ULYSSES_TEST_HOLD='step 3' " +
+                          ul_test::train_cmd(kArgs + " --eval-every 1 --save-dir " + (d / "run").string());
+  const CmdResult r = ul_test::run_cmd(
+      "cd " + d.string() + " && { " + run + " > out.txt 2>&1 & p=$!; for i in $(seq 600); do "
+      "grep -q 'test hold | step 3' out.txt && break; sleep 0.1; done; "
+      "test -f run/log.svg && echo 'plot there'; grep -c '^done' out.txt; kill -TERM $p; wait $p; }");
+  INFO(r.out);
+  CHECK(r.out.find("plot there") != std::string::npos);
+  CHECK(r.out.find("\n0\n") != std::string::npos);  // no done line yet: drawn mid-run
+  fs::remove_all(d);
+}
+
 TEST_CASE("rollback flags: a missing step names the ones there, and bad values are refused", "[checkpoint][rollback][cli]") {
   fs::path d = fresh_dir("rollback_flags");
   const std::string args = kArgs + " --save-every 2 --save-dir " + d.string();
