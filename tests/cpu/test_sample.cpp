@@ -650,7 +650,7 @@ TEST_CASE("a sample's memory is checked beside what the run holds", "[sample]") 
                                         "this machine has 16384 MiB"));
 }
 
-TEST_CASE("a sample printed to a terminal shows control bytes as \\xNN, to a pipe as they are", "[sample][cli]") {
+TEST_CASE("a sample printed to a terminal shows control bytes escaped, to a pipe as they are", "[sample][cli]") {
   CHECK(ul::terminal_safe(std::string("a\x1b[2Jb\n\tc\x7f", 10) + std::string(1, '\0') + "\xc3\xa9") ==
         "a\\x1B[2Jb\n\tc\\x7F\\x00\xc3\xa9");  // ESC, DEL and NUL shown; newline, tab and UTF-8 kept
   // The same sample down a pipe and on a terminal (script(1) gives it one, where installed).
