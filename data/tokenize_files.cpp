@@ -1,5 +1,7 @@
 #include "data/tokenize_files.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -46,7 +48,12 @@ void tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
   docs_per_file.assign(files.size(), 0);
   const size_t total = text_bytes;
   std::atomic<size_t> done{0};
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  // The cores this process may run on (taskset, a cpuset, srun --cpus-per-task), as train's threads.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const unsigned threads = sched_getaffinity(0, sizeof allowed, &allowed) == 0
+                               ? std::max(1u, unsigned(CPU_COUNT(&allowed)))
+                               : std::max(1u, std::thread::hardware_concurrency());
   const auto start = clock::now();
   auto last = start;
   const size_t batch = batch_bytes();

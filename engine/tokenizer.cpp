@@ -252,7 +252,8 @@ void Tokenizer::merge(std::string_view p, size_t offset, std::vector<int>& out) 
   for (uint32_t k = 0; k < n;) {
     size_t len = 1;
     if (char_symbols_) decode_utf8(p, k, len);
-    if (ids_.count(p.substr(k, len))) {
+    // (a byte-level vocabulary's single bytes are byte_id_'s, filled with ids_: no string hash a byte)
+    if (char_symbols_ ? ids_.count(p.substr(k, len)) > 0 : byte_id_[static_cast<unsigned char>(p[k])] >= 0) {
       add_part(k, uint32_t(len));
     } else {  // a byte, or a character without a token of its own: its bytes, a part each
       for (uint32_t b = 0; b < len; b++) {
