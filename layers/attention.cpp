@@ -1,7 +1,9 @@
 #include "layers/attention.h"
 
 #include <Eigen/Dense>
+#include <omp.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -158,6 +160,8 @@ void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc, int win
 }
 
 namespace {
+std::atomic<int> g_backward_passes{0};  // set_attention_backward_passes
+
 // For query tile qt of head h against key tile kt of kv head g: recompute P = exp(S - lse) into S,
 // and dS = P * (dP - Di) into dS (dP = dout v^T). Both (nq, nk).
 template <class T>
@@ -196,6 +200,61 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
         for (int c = 0; c < D; c++) s += o[c] * d[c];
         Di[L.lse(b, h, t)] = s;
       }
+
+  // One pass where the tasks (sequences x kv heads) keep every thread busy and dq's scratch is
+  // small; else two, whose tasks are per tile (a long sequence on few heads: llama at T = 1M).
+  const size_t head_elems = (size_t(Tn) * D + 15) / 16 * 16;  // a head's dq: 64-byte aligned in the scratch
+  const size_t dq_elems = size_t(L.group) * head_elems;
+  const int passes = g_backward_passes.load() ? g_backward_passes.load()
+                     : int64_t(B) * Hkv >= omp_get_max_threads() && dq_elems * sizeof(T) <= (size_t(32) << 20) ? 1
+                                                                                                               : 2;
+  if (passes == 1) {
+#pragma omp parallel
+    {
+      Scratch<T> s_buf(kTile * kTile), ds_buf(kTile * kTile), a_buf(size_t(kTile) * D), b_buf(size_t(kTile) * D);
+      Scratch<T> dq_buf(dq_elems);
+      // One task owns kv head g of sequence b: the dk, dv rows of its key tiles and the dq rows of
+      // its group's query heads. Key tiles in order; for each, the group's heads and query tiles as
+      // pass 1 below walks them (the same sums into dk and dv), and each query tile's dq gets its
+      // key tiles in order, as pass 2's does: the two-pass bits.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < int64_t(B) * Hkv; task++) {
+        const int g = int(task % Hkv), b = int(task / Hkv);
+        const int32_t* docb = docs[b].ids;
+        std::fill(dq_buf.data, dq_buf.data + dq_elems, T(0));
+        for (int kt = 0; kt < nt; kt++) {
+          const int k0 = kt * kTile, nk = L.tile_len(kt);
+          Tile<T> dK(a_buf.data, nk, D), dV(b_buf.data, nk, D);  // (nk, D)
+          dK.setZero();
+          dV.setZero();
+          const auto K = rows(qkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row());
+          for (int h = g * L.group; h < (g + 1) * L.group; h++) {
+            T* dq_h = dq_buf.data + size_t(h - g * L.group) * head_elems;
+            for (int qt = kt, last = last_query_tile(kt, L, window, docs[b]); qt <= last; qt++) {
+              const Mask mk = tile_mask(qt, kt, L, docb, window);
+              if (mk == Mask::all) continue;
+              const int q0 = qt * kTile, nq = L.tile_len(qt);
+              Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
+              probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, window, L, b, h, qt, kt, mk, scale);
+              dV.noalias() += S.transpose() * rows(dout, L.out(b, q0, h), nq, D, L.out_row());
+              dK.noalias() += dS.transpose() * rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
+              Tile<T> dQ(dq_h + size_t(q0) * D, nq, D);
+              dQ.noalias() += dS * K;
+            }
+          }
+          rows(dqkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row()) += dK * scale;
+          rows(dqkv, L.qkv(b, k0, Hq + Hkv + g), nk, D, L.qkv_row()) += dV;
+        }
+        for (int h = g * L.group; h < (g + 1) * L.group; h++)
+          for (int qt = 0; qt < nt; qt++) {
+            const int q0 = qt * kTile, nq = L.tile_len(qt);
+            const Tile<T> dQ(dq_buf.data + size_t(h - g * L.group) * head_elems + size_t(q0) * D, nq, D);
+            rows(dqkv, L.qkv(b, q0, h), nq, D, L.qkv_row()) += dQ * scale;
+          }
+      }
+    }
+    return;
+  }
 
 #pragma omp parallel
   {
@@ -244,6 +303,13 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
       rows(dqkv, L.qkv(b, q0, h), nq, D, L.qkv_row()) += dQ * scale;
     }
   }
+}
+
+int set_attention_backward_passes(int passes) {
+  if (passes < 0 || passes > 2)
+    throw std::invalid_argument("attention: backward passes must be 0 (as the shapes pick), 1 or 2, got " +
+                                std::to_string(passes));
+  return g_backward_passes.exchange(passes);
 }
 
 template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int, int, int, int);

@@ -28,6 +28,12 @@ void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc, int win
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc,
                         int window, int B, int Tn, int Hq, int Hkv, int D);
+// The backward's walk: 1, one pass (each score tile computed once: one task per sequence and kv
+// head, dq gathered in its own scratch of group x T x D); 2, two passes (dk/dv, then dq, each tile
+// computed twice, the tasks per tile: for fewer sequences x kv heads than threads, or a scratch
+// past 32 MiB); 0 (the default), as those rules pick. The same bits either way. Returns the old
+// setting (tests and bench_attention).
+int set_attention_backward_passes(int passes);
 }  // namespace cpu
 
 // The head dims the CUDA kernels are built for (the CPU kernels take any).

@@ -373,6 +373,40 @@ TEST_CASE("attention is deterministic: bitwise equal for 1 and many threads", "[
   CHECK(std::memcmp(d1.data(), d4.data(), d1.size() * sizeof(float)) == 0);
 }
 
+// The backward's one pass (each score tile once, a task per sequence and kv head) and its two passes
+// (dk/dv, then dq) give the same bits, so which the shapes and threads pick changes no result.
+TEST_CASE("attention backward: one pass and two passes give the same bits", "[attention]") {
+  struct Shape {
+    Cfg c;
+    int window, doc_len;
+  };
+  for (const Shape& s : {Shape{{2, 300, 4, 2, 16}, 0, 0}, Shape{{1, 777, 4, 4, 24}, 100, 50},
+                         Shape{{2, 1000, 6, 2, 32}, 0, 100}, Shape{{3, 130, 8, 1, 64}, 70, 0},
+                         Shape{{1, 64, 2, 2, 16}, 0, 0}}) {
+    const Cfg& c = s.c;
+    CAPTURE(c.B, c.Tn, c.Hq, c.Hkv, c.D, s.window, s.doc_len);
+    std::vector<int32_t> doc;
+    if (s.doc_len > 0)
+      for (size_t t = 0; t < size_t(c.B) * c.Tn; t++) doc.push_back(int32_t(t / size_t(s.doc_len)));
+    const int32_t* docp = doc.empty() ? nullptr : doc.data();
+    auto qkv = randn_f(qkv_size(c), 43), dout = randn_f(out_size(c), 44);
+    std::vector<float> out(out_size(c)), lse(size_t(c.B) * c.Hq * c.Tn);
+    ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), docp, s.window, c.B, c.Tn, c.Hq, c.Hkv, c.D);
+    auto backward = [&](int passes) {
+      const int keep = ul::cpu::set_attention_backward_passes(passes);
+      std::vector<float> dqkv = randn_f(qkv.size(), 45);  // onto a gradient already there
+      ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), docp, s.window, c.B,
+                                  c.Tn, c.Hq, c.Hkv, c.D);
+      ul::cpu::set_attention_backward_passes(keep);
+      return dqkv;
+    };
+    const std::vector<float> one = backward(1), two = backward(2);
+    CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+    CHECK(one != randn_f(qkv.size(), 45));  // the backward did add
+  }
+  CHECK_THROWS_WITH(ul::cpu::set_attention_backward_passes(3), Catch::Contains("must be 0 (as the shapes pick), 1 or 2"));
+}
+
 namespace {
 // Arena high-water of the autograd op's forward + backward, and the heap peak inside the kernels.
 void attention_memory(int Tn, size_t& arena_bytes, long long& heap_bytes) {
