@@ -201,6 +201,30 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
         Di[L.lse(b, h, t)] = s;
       }
 
+  // Key tile kt of kv head g in sequence b: every query tile of every head of the group that sees it,
+  // in order, summed into its dk and dv (scratch a, bb; added into dqkv at the end), each tile's
+  // P and dS made in s and ds and handed to per_tile(h, qt, dS) (the one pass's dq).
+  auto key_tile = [&](int b, int g, int kt, T* s, T* ds, T* a, T* bb, const auto& per_tile) {
+    const int k0 = kt * kTile, nk = L.tile_len(kt);
+    const int32_t* docb = docs[b].ids;
+    Tile<T> dK(a, nk, D), dV(bb, nk, D);  // (nk, D)
+    dK.setZero();
+    dV.setZero();
+    for (int h = g * L.group; h < (g + 1) * L.group; h++)
+      for (int qt = kt, last = last_query_tile(kt, L, window, docs[b]); qt <= last; qt++) {
+        const Mask mk = tile_mask(qt, kt, L, docb, window);
+        if (mk == Mask::all) continue;
+        const int q0 = qt * kTile, nq = L.tile_len(qt);
+        Tile<T> S(s, nq, nk), dS(ds, nq, nk);
+        probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, window, L, b, h, qt, kt, mk, scale);
+        dV.noalias() += S.transpose() * rows(dout, L.out(b, q0, h), nq, D, L.out_row());
+        dK.noalias() += dS.transpose() * rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
+        per_tile(h, qt, dS);
+      }
+    rows(dqkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row()) += dK * scale;
+    rows(dqkv, L.qkv(b, k0, Hq + Hkv + g), nk, D, L.qkv_row()) += dV;
+  };
+
   // One pass where the tasks (sequences x kv heads) keep every thread busy and dq's scratch is
   // small; else two, whose tasks are per tile (a long sequence on few heads: llama at T = 1M).
   const size_t head_elems = (size_t(Tn) * D + 15) / 16 * 16;  // a head's dq: 64-byte aligned in the scratch
@@ -214,42 +238,27 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
       Scratch<T> s_buf(kTile * kTile), ds_buf(kTile * kTile), a_buf(size_t(kTile) * D), b_buf(size_t(kTile) * D);
       Scratch<T> dq_buf(dq_elems);
       // One task owns kv head g of sequence b: the dk, dv rows of its key tiles and the dq rows of
-      // its group's query heads. Key tiles in order; for each, the group's heads and query tiles as
-      // pass 1 below walks them (the same sums into dk and dv), and each query tile's dq gets its
-      // key tiles in order, as pass 2's does: the two-pass bits.
+      // its group's query heads. Key tiles in order, each as pass 1 below takes it (the same sums
+      // into dk and dv); each query tile's dq gets its key tiles in order, as pass 2's does: the
+      // two-pass bits.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < int64_t(B) * Hkv; task++) {
         const int g = int(task % Hkv), b = int(task / Hkv);
-        const int32_t* docb = docs[b].ids;
         std::fill(dq_buf.data, dq_buf.data + dq_elems, T(0));
+        auto dq_of = [&](int h, int qt, int nq) {  // (nq, D): head h's dq rows of query tile qt
+          return Tile<T>(dq_buf.data + size_t(h - g * L.group) * head_elems + size_t(qt) * kTile * D, nq, D);
+        };
         for (int kt = 0; kt < nt; kt++) {
-          const int k0 = kt * kTile, nk = L.tile_len(kt);
-          Tile<T> dK(a_buf.data, nk, D), dV(b_buf.data, nk, D);  // (nk, D)
-          dK.setZero();
-          dV.setZero();
-          const auto K = rows(qkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row());
-          for (int h = g * L.group; h < (g + 1) * L.group; h++) {
-            T* dq_h = dq_buf.data + size_t(h - g * L.group) * head_elems;
-            for (int qt = kt, last = last_query_tile(kt, L, window, docs[b]); qt <= last; qt++) {
-              const Mask mk = tile_mask(qt, kt, L, docb, window);
-              if (mk == Mask::all) continue;
-              const int q0 = qt * kTile, nq = L.tile_len(qt);
-              Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
-              probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, window, L, b, h, qt, kt, mk, scale);
-              dV.noalias() += S.transpose() * rows(dout, L.out(b, q0, h), nq, D, L.out_row());
-              dK.noalias() += dS.transpose() * rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
-              Tile<T> dQ(dq_h + size_t(q0) * D, nq, D);
-              dQ.noalias() += dS * K;
-            }
-          }
-          rows(dqkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row()) += dK * scale;
-          rows(dqkv, L.qkv(b, k0, Hq + Hkv + g), nk, D, L.qkv_row()) += dV;
+          const auto K = rows(qkv, L.qkv(b, kt * kTile, Hq + g), L.tile_len(kt), D, L.qkv_row());
+          key_tile(b, g, kt, s_buf.data, ds_buf.data, a_buf.data, b_buf.data, [&](int h, int qt, const Tile<T>& dS) {
+            Tile<T> dQ = dq_of(h, qt, int(dS.rows()));
+            dQ.noalias() += dS * K;
+          });
         }
         for (int h = g * L.group; h < (g + 1) * L.group; h++)
           for (int qt = 0; qt < nt; qt++) {
-            const int q0 = qt * kTile, nq = L.tile_len(qt);
-            const Tile<T> dQ(dq_buf.data + size_t(h - g * L.group) * head_elems + size_t(q0) * D, nq, D);
-            rows(dqkv, L.qkv(b, q0, h), nq, D, L.qkv_row()) += dQ * scale;
+            const int nq = L.tile_len(qt);
+            rows(dqkv, L.qkv(b, qt * kTile, h), nq, D, L.qkv_row()) += dq_of(h, qt, nq) * scale;
           }
       }
     }
@@ -265,23 +274,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t task = 0; task < int64_t(B) * Hkv * nt; task++) {
       const int kt = int(task % nt), g = int(task / nt % Hkv), b = int(task / nt / Hkv);
-      const int k0 = kt * kTile, nk = L.tile_len(kt);
-      const int32_t* docb = docs[b].ids;
-      Tile<T> dK(a_buf.data, nk, D), dV(b_buf.data, nk, D);  // (nk, D)
-      dK.setZero();
-      dV.setZero();
-      for (int h = g * L.group; h < (g + 1) * L.group; h++)
-        for (int qt = kt, last = last_query_tile(kt, L, window, docs[b]); qt <= last; qt++) {
-          const Mask mk = tile_mask(qt, kt, L, docb, window);
-          if (mk == Mask::all) continue;
-          const int q0 = qt * kTile, nq = L.tile_len(qt);
-          Tile<T> S(s_buf.data, nq, nk), dS(ds_buf.data, nq, nk);
-          probs_and_dscores(S, dS, qkv, dout, lse, Di.data(), docb, window, L, b, h, qt, kt, mk, scale);
-          dV.noalias() += S.transpose() * rows(dout, L.out(b, q0, h), nq, D, L.out_row());
-          dK.noalias() += dS.transpose() * rows(qkv, L.qkv(b, q0, h), nq, D, L.qkv_row());
-        }
-      rows(dqkv, L.qkv(b, k0, Hq + g), nk, D, L.qkv_row()) += dK * scale;
-      rows(dqkv, L.qkv(b, k0, Hq + Hkv + g), nk, D, L.qkv_row()) += dV;
+      key_tile(b, g, kt, s_buf.data, ds_buf.data, a_buf.data, b_buf.data, [](int, int, const Tile<T>&) {});
     }
     // Pass 2: dq. One task owns one query tile of one query head (disjoint from pass 1's rows, so
     // no barrier is needed between the passes).
