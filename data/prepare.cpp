@@ -526,10 +526,12 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     spill = std::make_unique<TokenSpill>((fs::path(o.out) / "text_tokens.bin").string(), vocab > 65536 ? 4 : 2);
     std::vector<int64_t> read, empty(o.files.size(), 0);
     tokenize_files(*tok, o.files, forms, o.json_key, size_t(text_bytes), progress, read,
-                   [&](size_t f, std::vector<int32_t>& tokens) {
-                     spill->push(uint32_t(eot));
+                   [&, doc_tokens = size_t(0)](size_t f, std::vector<int32_t>& tokens, bool first,
+                                               bool last) mutable {
+                     if (first) spill->push(uint32_t(eot)), doc_tokens = 0;
                      for (int32_t t : tokens) spill->push(uint32_t(t));
-                     empty[f] += tokens.empty();
+                     doc_tokens += tokens.size();
+                     if (last) empty[f] += doc_tokens == 0;
                    });
     for (size_t i = 0; i < o.files.size(); i++) {
       if (read[i] != per_file[i])

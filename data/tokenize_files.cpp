@@ -121,23 +121,17 @@ void tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
     for (unsigned k = 1; k < std::min<size_t>(threads, units.size()); k++) pool.emplace_back(work, false);
     work(true);  // this thread also reports progress
     for (auto& t : pool) t.join();
-    const size_t n_docs = texts.size();
     std::vector<std::string>().swap(texts);  // encoded: the text goes before its tokens are joined
     for (Unit& x : units)
       if (!x.error.empty()) throw std::runtime_error(where[x.doc] + ": " + x.error);
-    // Each document's pieces joined in order, into exactly its size (no doubling growth), each piece
-    // freed once copied, and the document handed on: at the peak a batch's tokens are held once.
-    std::vector<size_t> count(n_docs, 0);
-    for (const Unit& x : units) count[x.doc] += x.ids.size();
-    std::vector<int32_t> doc;
-    for (size_t u = 0, d = 0; d < n_docs; d++) {
-      doc.clear();
-      doc.reserve(count[d]);
-      for (; u < units.size() && units[u].doc == d; u++) {
-        doc.insert(doc.end(), units[u].ids.begin(), units[u].ids.end());
-        std::vector<int>().swap(units[u].ids);
-      }
-      sink(doc_file[d], doc);
+    // The pieces handed on in order, each freed once the sink has it: at the peak a batch's tokens
+    // are held once (joining a document's pieces first could hold it twice, where the pieces'
+    // memory stayed in the encoding threads' malloc arenas).
+    for (size_t u = 0; u < units.size(); u++) {
+      const bool first = u == 0 || units[u - 1].doc != units[u].doc;
+      const bool last = u + 1 == units.size() || units[u + 1].doc != units[u].doc;
+      sink(doc_file[units[u].doc], units[u].ids, first, last);
+      std::vector<int>().swap(units[u].ids);
     }
   }
 }

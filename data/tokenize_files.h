@@ -10,8 +10,10 @@
 
 namespace ul {
 
-// Each document's tokens (without any EOT), in input order, handed to sink(f, tokens) as a batch
-// is done (so the corpus is never held whole; the sink may take the vector): a file is one
+// Each document's tokens (without any EOT), in input order, handed to sink(f, tokens, first, last)
+// a piece at a time as a batch is done (so the corpus is never held whole, nor a document twice:
+// the sink may take the vector; first: the piece opens its document, last: it ends it; an empty
+// document is one empty piece, both): a file is one
 // document, or with forms[f] lines or array its JSON documents (their `json_key` field,
 // data/json_documents.h); docs_per_file gets each input's count; text_bytes (the documents'
 // bytes, for the progress line) is what the caller counted reading them first. Documents are read
@@ -23,7 +25,7 @@ namespace ul {
 // for JSON, and the byte offset in the text) of the first problem in input order, after the
 // documents before its batch went to the sink (JSON inputs must be sound: the caller reads them
 // through first).
-using DocumentSink = std::function<void(size_t file, std::vector<int32_t>& tokens)>;
+using DocumentSink = std::function<void(size_t file, std::vector<int32_t>& tokens, bool first, bool last)>;
 void tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files, const std::vector<JsonForm>& forms,
                     const std::string& json_key, size_t text_bytes, bool progress, std::vector<int64_t>& docs_per_file,
                     const DocumentSink& sink);
