@@ -82,6 +82,23 @@ std::pair<size_t, std::string> cgroup_limit(const std::string& proc_cgroup, cons
   return best;
 }
 
+// The CPUs one group's quota allows (rounded up), 0 for none: v2 "QUOTA PERIOD" or "max PERIOD",
+// v1 the two files apart.
+int cpu_quota_in(const std::string& group, bool v2) {
+  long long quota = -1, period = 0;
+  if (v2) {
+    std::ifstream f(group + "/cpu.max");
+    std::string q;
+    if (!(f >> q >> period) || q == "max") return 0;
+    quota = std::atoll(q.c_str());
+  } else {
+    std::ifstream fq(group + "/cpu.cfs_quota_us"), fp(group + "/cpu.cfs_period_us");
+    if (!(fq >> quota) || !(fp >> period)) return 0;
+  }
+  if (quota <= 0 || period <= 0) return 0;  // (v1 writes -1 for none)
+  return int(std::min<long long>((quota + period - 1) / period, 1 << 20));
+}
+
 std::string read_text(const char* path) {
   std::ifstream f(path);
   std::stringstream text;
@@ -99,6 +116,31 @@ uint32_t this_memory_domain() {
 }
 
 }  // namespace
+
+int cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& root) {
+  int best = 0;
+  auto take = [&](const std::string& dir, std::string path, bool v2) {
+    for (;;) {  // the group and its ancestors
+      const int q = cpu_quota_in(dir + (path == "/" ? "" : path), v2);
+      if (q > 0 && (best == 0 || q < best)) best = q;
+      if (path.empty() || path == "/") break;
+      path = path.substr(0, path.rfind('/'));
+      if (path.empty()) path = "/";
+    }
+  };
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (controllers.empty() && line.compare(0, a, "0") == 0) {
+      take(root, path, true);
+    } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
+      for (const char* mount : {"/cpu", "/cpu,cpuacct"}) take(root + mount, path, false);
+    }
+  }
+  return best;
+}
 
 std::string host_name() {
   char name[256] = {};
@@ -153,7 +195,11 @@ HostMap host_map(Comm& world, int gpu, uint32_t gpu_id) {
   if (gpu_id == 0) gpu_id = id_of_number(gpu);
   const int P = world.size();
   const uint32_t set = this_cpuset(), mem = this_memory_domain();
-  const int cpus = omp_get_num_procs();  // the CPU set as the process started, before any pinning
+  // The CPU set as the process started, before any pinning; at most what a cgroup's CPU quota
+  // allows (a container limited to 2 of 64 cores would run 64 threads a rank, throttled).
+  int cpus = omp_get_num_procs();
+  if (const int quota = cgroup_cpu_quota(read_text("/proc/self/cgroup"), "/sys/fs/cgroup"); quota > 0)
+    cpus = std::min(cpus, quota);
   // The local communicator's ranks are threads of this process: one machine, one CPU set, one
   // memory; their GPU is one by design (gpu -1: not a sharing to note).
   if (P == 1 || std::strcmp(world.backend(), "local") == 0)

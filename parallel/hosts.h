@@ -69,5 +69,10 @@ size_t memory_limit();
 // ROOT/memory/PATH/memory.limit_in_bytes (inside a container its group is ROOT/memory), each with
 // its ancestors' (SLURM sets --mem on the job's group, not the task's). SIZE_MAX when none applies.
 size_t cgroup_memory_limit(const std::string& proc_cgroup, const std::string& root);
+// The CPUs a cgroup's quota allows (quota / period, rounded up; the tightest of the group and its
+// ancestors): v2's ROOT/PATH/cpu.max ("200000 100000"; "max": none), v1's cpu.cfs_quota_us over
+// cpu.cfs_period_us under ROOT/cpu (or ROOT/cpu,cpuacct). 0 when none applies (docker --cpus=2, a
+// Kubernetes CPU limit: the affinity shows every core, the quota allows two).
+int cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& root);
 
 }  // namespace ul

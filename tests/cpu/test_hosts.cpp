@@ -154,3 +154,27 @@ TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]"
   CHECK(cgroup_memory_limit("4:memory:/other\n", r1) == SIZE_MAX);
   CHECK(memory_limit() <= physical_memory_bytes());
 }
+
+TEST_CASE("a cgroup's CPU quota caps the threads a rank takes", "[hosts]") {
+  ul_test::TempDir dir, v1;
+  const std::string root = dir.path.string(), r1 = v1.path.string();
+  auto write_in = [](const std::string& tree, const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(tree + rel).parent_path());
+    std::ofstream(tree + rel) << text;
+  };
+  // v2: docker --cpus=2.5 on the container's group, none on its child; "max" is none.
+  write_in(root, "/docker/abc/cpu.max", "250000 100000\n");
+  write_in(root, "/docker/abc/task/cpu.max", "max 100000\n");
+  CHECK(cgroup_cpu_quota("0::/docker/abc/task\n", root) == 3);  // 2.5 CPUs: rounded up
+  CHECK(cgroup_cpu_quota("0::/elsewhere\n", root) == 0);
+  write_in(root, "/cpu.max", "100000 100000\n");  // a tighter ancestor wins
+  CHECK(cgroup_cpu_quota("0::/docker/abc/task\n", root) == 1);
+  // v1: the cpu controller's files, quota -1 for none.
+  write_in(r1, "/cpu,cpuacct/kubepods/pod1/cpu.cfs_quota_us", "400000\n");
+  write_in(r1, "/cpu,cpuacct/kubepods/pod1/cpu.cfs_period_us", "100000\n");
+  write_in(r1, "/cpu,cpuacct/kubepods/cpu.cfs_quota_us", "-1\n");
+  write_in(r1, "/cpu,cpuacct/kubepods/cpu.cfs_period_us", "100000\n");
+  CHECK(cgroup_cpu_quota("5:cpu,cpuacct:/kubepods/pod1\n", r1) == 4);
+  CHECK(cgroup_cpu_quota("5:cpu,cpuacct:/kubepods\n", r1) == 0);
+  CHECK(cgroup_cpu_quota("", r1) == 0);
+}
