@@ -332,6 +332,8 @@ Options parse_options(int argc, char** argv) {
       continue;
     }
     auto it = with_value.find(a);
+    if (it == with_value.end() && a == "prepare")  // `train --threads 1 prepare ...`
+      throw std::runtime_error("'prepare' is a command, not a flag: it comes first (train prepare --out DIR FILES...)");
     if (it == with_value.end()) throw std::runtime_error("unknown flag '" + a + "' (train --help lists the flags)");
     if (!inline_value) {
       if (i + 1 >= argc) throw std::runtime_error(a + ": missing value");

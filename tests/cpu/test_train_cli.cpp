@@ -391,6 +391,7 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--nccl-id-file id.txt", "--nccl-id-file needs --comm nccl");
   expect_refused("--comm nccl", "--comm nccl is for GPU ranks: give --device cuda");
   expect_refused("--check-tol 1e-3", "--check-tol needs --check-state");
+  expect_refused("--threads 1 prepare --out d a.txt", "'prepare' is a command, not a flag: it comes first");
   expect_refused("--checkpoint m.bin --check-state s.bin --check-tol nan", "--check-tol must be a finite number > 0");
   expect_refused("--comm-timeout 0", "--comm-timeout must be a number of seconds in (0, 1e7]");
   // 1e10 s past now overflows a clock reading in nanoseconds: every wait would have timed out at once.
