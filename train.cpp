@@ -145,7 +145,9 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   if (l.rank < 0 || l.size < 1)
     throw std::runtime_error("--nccl-id-file: no rank and world size from a launcher: start under torchrun, srun or "
                              "mpirun, or set RANK and WORLD_SIZE (and LOCAL_RANK) to numbers" +
-                             (l.name.empty() ? std::string() : "; read " + l.vars + ", which are unset or not numbers"));
+                             (l.name.empty() ? std::string()
+                                             : "; read " + l.vars + ", which are unset, not numbers, or below 0 (the "
+                                                                    "rank) or 1 (the world size)"));
   // Without its rank on this machine every process would take GPU 0 (NCCL refuses two ranks on one).
   if (l.local_rank < 0 && l.size > 1 && devices > 1)
     throw std::runtime_error("--nccl-id-file: " + l.name + " gives no rank on this machine (read " + l.vars +

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "engine/file_io.h"
+#include "parallel/hosts.h"
 
 namespace ul {
 
@@ -48,12 +49,14 @@ void tokenize_files(const Tokenizer& tok, const std::vector<std::string>& files,
   docs_per_file.assign(files.size(), 0);
   const size_t total = text_bytes;
   std::atomic<size_t> done{0};
-  // The cores this process may run on (taskset, a cpuset, srun --cpus-per-task), as train's threads.
+  // The cores this process may run on (taskset, a cpuset, srun --cpus-per-task) and a cgroup's CPU
+  // quota allows (docker --cpus), as train's threads.
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
-  const unsigned threads = sched_getaffinity(0, sizeof allowed, &allowed) == 0
-                               ? std::max(1u, unsigned(CPU_COUNT(&allowed)))
-                               : std::max(1u, std::thread::hardware_concurrency());
+  unsigned threads = sched_getaffinity(0, sizeof allowed, &allowed) == 0
+                         ? std::max(1u, unsigned(CPU_COUNT(&allowed)))
+                         : std::max(1u, std::thread::hardware_concurrency());
+  if (const int quota = cpu_quota_here(); quota > 0) threads = std::min(threads, unsigned(quota));
   const auto start = clock::now();
   auto last = start;
   const size_t batch = batch_bytes();

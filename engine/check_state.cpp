@@ -47,7 +47,9 @@ static double abs_diff(double ours, double ref) {
 
 int check_state_rank(const Options& o, Comm& world) {
   const bool lead = world.rank() == 0;
-  omp_set_num_threads(threads_for_rank(o.threads, host_map(world), omp_num_threads_env()));  // as a training run's (parallel/hosts.h)
+  // as a training run's (parallel/hosts.h)
+  const int ranks_here = std::strcmp(world.backend(), "local") == 0 ? world.size() : 1;
+  omp_set_num_threads(threads_for_rank(o.threads, host_map(world), omp_threads_per_rank(ranks_here)));
   Grid g(world, o.sp);
   Context c(run_device(o));
   ContextGuard guard(c);

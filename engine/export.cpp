@@ -246,6 +246,9 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
       // "-": standard input, as `train prepare --files-from -` reads it
       text = read_once(o.prompt_file == "-" ? "/dev/stdin" : o.prompt_file, world, /*allow_pipe=*/true);
     } catch (const std::exception& e) {
+      if (o.prompt_file == "-")
+        throw std::runtime_error("--prompt-file -: standard input cannot be read as a prompt (" +
+                                 std::string(e.what()) + "): pipe the prompt in or redirect a file (< prompt.txt)");
       throw std::runtime_error("--prompt-file: " + std::string(e.what()));
     }
     if (text.empty()) throw std::runtime_error(where + ": the file is empty");
@@ -391,14 +394,44 @@ void RunOutputs::print_sample(const float* host, const std::vector<ParamSpec>& s
 std::string terminal_safe(const std::string& text) {
   std::string safe;
   safe.reserve(text.size());
-  for (const char c : text) {
-    const unsigned char b = static_cast<unsigned char>(c);
-    if ((b < 0x20 && c != '\n' && c != '\t') || b == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02X", b);
-      safe += hex;
+  auto hex = [&](size_t at, size_t n) {
+    for (size_t k = at; k < at + n; k++) {
+      char h[8];
+      std::snprintf(h, sizeof h, "\\x%02X", unsigned(static_cast<unsigned char>(text[k])));
+      safe += h;
+    }
+  };
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {  // C0 controls and DEL shown, newline and tab kept
+      if ((b < 0x20 && b != '\n' && b != '\t') || b == 0x7f) hex(i, 1);
+      else safe += char(b);
+      i++;
+      continue;
+    }
+    // A whole UTF-8 character as it is, but the C1 controls (U+0080-U+009F: U+009B is a CSI that
+    // terminals act on); a byte that starts no valid character, shown.
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (b >= 0xC2 && b <= 0xDF) n = 2, cp = b & 0x1F;
+    else if (b >= 0xE0 && b <= 0xEF) n = 3, cp = b & 0x0F;
+    else if (b >= 0xF0 && b <= 0xF4) n = 4, cp = b & 0x07;
+    bool ok = n > 0 && i + n <= text.size();
+    for (size_t k = 1; ok && k < n; k++) {
+      const unsigned char c = static_cast<unsigned char>(text[i + k]);
+      ok = (c & 0xC0) == 0x80;
+      cp = cp << 6 | (c & 0x3F);
+    }
+    // (no overlong 3-byte form, no surrogate, nothing past U+10FFFF)
+    ok = ok && !(n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) &&
+         !(n == 4 && (cp < 0x10000 || cp > 0x10FFFF));
+    if (!ok) {
+      hex(i, 1);
+      i++;
     } else {
-      safe += c;
+      if (cp >= 0x80 && cp <= 0x9F) hex(i, n);
+      else safe.append(text, i, n);
+      i += n;
     }
   }
   return safe;

@@ -85,8 +85,8 @@ std::vector<int> parse_prompt(const std::string& text, int vocab, const Tokenize
 // (the flag, or --prompt-file and its file).
 std::vector<int> encode_prompt(const std::string& text, int vocab, const Tokenizer* tok, const std::string& where);
 
-// text with its control bytes but newline and tab (0x00-0x1F, 0x7F) written as \xNN: what a sample
-// prints to a terminal.
+// text with its control characters but newline and tab (C0, DEL, and C1 U+0080-U+009F) and the
+// bytes of no valid UTF-8 character written as \xNN: what a sample prints to a terminal.
 std::string terminal_safe(const std::string& text);
 
 }  // namespace ul

@@ -236,9 +236,12 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   else if (c.evaluates) w.eval();  // else nothing runs on the device: exports and samples read a host copy
   p.kept = w.kept, p.arena_peak = w.A.peak;
   p.transient = p.arena_peak - p.kept;
-  // Outside the arena: the CPU attention backward's row sums (none in an eval); cuBLASLt's
-  // workspace on cuda.
-  p.workspace = cuda ? scratch::kCublasLtWorkspace : c.trains ? size_t(c.batch) * w.Hql * c.seq * 4 : 0;
+  // Outside the arena: the CPU attention backward's row sums (none in an eval) and, when it runs
+  // in one pass (a task's dq scratch of group x T x D at most 32 MiB), its dq scratch: at most one
+  // a task, which is at most a q-sized tensor whatever the threads; cuBLASLt's workspace on cuda.
+  const size_t group = size_t(c.model.heads / c.model.kv_heads), dq_task = group * size_t(c.seq) * w.D * 4;
+  const size_t dq = dq_task <= (size_t(32) << 20) ? size_t(c.batch) * w.Hql * c.seq * w.D * 4 : 0;
+  p.workspace = cuda ? scratch::kCublasLtWorkspace : c.trains ? size_t(c.batch) * w.Hql * c.seq * 4 + dq : 0;
   // ZeRO's shard buffer (device memory on a device); the local communicator's all-reduce keeps one
   // rank's slice of the gradient (host memory). On a device the local communicator and MPI stage
   // each collective through host memory (parallel/comm_local.cpp, comm_util.h's Staged): the
@@ -416,7 +419,8 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
     row("held activations   ", p.kept, "embedding, two block outputs, final norm (arena)");
     row("peak transient     ", p.transient, "one block's activations or the classifier's chunk (arena)");
   }
-  row("workspace          ", p.workspace, cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward row sums)");
+  row("workspace          ", p.workspace,
+      cuda_plan ? "outside the arena (cuBLASLt)" : "outside the arena (attention backward's row sums and dq)");
   row("comm buffers       ", p.comm, c.zero && c.trains ? "ZeRO shard buffer" : p.comm ? "local all-reduce slice" : "");
   if (!cuda_plan) row("micro-batches      ", p.batches, "a step's token ids, targets, positions (x --grad-accum)");
   row("total              ", p.total, "(+ the process itself: code, threads, data)");

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 
+#include "engine/file_io.h"
 #include "engine/loss_plot.h"
 
 namespace ul {
@@ -146,8 +148,17 @@ std::string probe_plot_svg(const std::vector<LogRecord>& records) {
 }
 
 bool write_probe_plot(const std::string& log_path, const std::string& svg_path) {
-  // (the step records too: the title says how far the run went on past the rows' step)
-  return write_log_plot(log_path, svg_path, "length", probe_plot_svg, {{"length", "step"}, {}});
+  std::vector<LogRecord> records = read_run_log(log_path, nullptr, {{"length"}, {}});
+  if (records.empty()) {  // none, or a rollback voided them: no table of a model that is gone
+    std::error_code ec;
+    std::filesystem::remove(svg_path, ec);
+    return false;
+  }
+  // The step records' numbers alone (the title says how far the run went on past the rows' step):
+  // read whole, a long run's steps held every field of every step.
+  for (LogRecord& r : read_run_log(log_path, nullptr, {{"step"}, {"step"}})) records.push_back(std::move(r));
+  write_file_atomic(svg_path, probe_plot_svg(records));
+  return true;
 }
 
 std::vector<std::string> write_run_plots(const std::string& log_path, std::string& failed) {

@@ -142,7 +142,8 @@ int train_rank(const Options& o, Comm& world) {
   }
   // A checkpoint evaluated, sampled or trained on without --data runs on the default passkey task,
   // whose 32 ids are other tokens to a model of text: its evals would mean nothing, unsaid.
-  if (!o.checkpoint.empty() && !o.set_by_user("--data") && !o.resume)
+  if (!o.checkpoint.empty() && !o.set_by_user("--data") && !o.resume &&
+      (o.steps > 0 || o.evaluates() || !o.probe_lengths.empty()))  // (an export or a sample reads no data)
     if (const std::string data = checkpoint_data(o.checkpoint); !data.empty() && data != o.data)
       say("note    | %s was trained on --data %s (its rank_0.json); this run reads --data %s, the default: its "
           "evals and probes measure another task (give --data %s)\n", o.checkpoint.c_str(), data.c_str(),
@@ -246,9 +247,11 @@ int train_rank(const Options& o, Comm& world) {
   // places of the CPU set it started with: ranks that share a set then all run on its first places,
   // the rest of its cores idle, whatever the thread count says.
   if (omp_get_proc_bind() != omp_proc_bind_false && tr.hosts().sharing_cpus() > 1)
-    say("note    | OMP_PROC_BIND is set and %d ranks of this machine share one CPU set: OpenMP binds each rank's "
-        "threads to the same first cores; bind the ranks apart (mpirun --bind-to core --map-by slot:PE=N, srun "
-        "--cpu-bind=cores) or unset OMP_PROC_BIND\n", tr.hosts().sharing_cpus());
+    say("note    | OpenMP binds threads (OMP_PROC_BIND or OMP_PLACES) and %d ranks of this machine share one CPU "
+        "set: every rank's threads go to its same first cores; set OMP_PROC_BIND=false%s\n", tr.hosts().sharing_cpus(),
+        std::strcmp(world.backend(), "local") == 0
+            ? ""
+            : ", or bind the ranks apart (mpirun --bind-to core --map-by slot:PE=N, srun --cpu-bind=cores)");
 
   // Where this run starts: step 0, or the newest complete checkpoint under --resume.
   int start = 0;

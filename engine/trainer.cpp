@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -215,7 +216,8 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 }
 
 Trainer::Trainer(const Options& o, Comm& world)
-    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_, omp_num_threads_env())),
+    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_,
+                                omp_threads_per_rank(std::strcmp(world.backend(), "local") == 0 ? world.size() : 1))),
       ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_);
   std::vector<float> ckpt;

@@ -236,7 +236,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
 #pragma omp parallel
     {
       Scratch<T> s_buf(kTile * kTile), ds_buf(kTile * kTile), a_buf(size_t(kTile) * D), b_buf(size_t(kTile) * D);
-      Scratch<T> dq_buf(dq_elems);
+      std::unique_ptr<Scratch<T>> dq_scratch;  // at a thread's first task: a thread without one holds none
       // One task owns kv head g of sequence b: the dk, dv rows of its key tiles and the dq rows of
       // its group's query heads. Key tiles in order, each as pass 1 below takes it (the same sums
       // into dk and dv); each query tile's dq gets its key tiles in order, as pass 2's does: the
@@ -244,9 +244,11 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < int64_t(B) * Hkv; task++) {
         const int g = int(task % Hkv), b = int(task / Hkv);
-        std::fill(dq_buf.data, dq_buf.data + dq_elems, T(0));
+        if (!dq_scratch) dq_scratch = std::make_unique<Scratch<T>>(dq_elems);
+        T* const dq_buf = dq_scratch->data;
+        std::fill(dq_buf, dq_buf + dq_elems, T(0));
         auto dq_of = [&](int h, int qt, int nq) {  // (nq, D): head h's dq rows of query tile qt
-          return Tile<T>(dq_buf.data + size_t(h - g * L.group) * head_elems + size_t(qt) * kTile * D, nq, D);
+          return Tile<T>(dq_buf + size_t(h - g * L.group) * head_elems + size_t(qt) * kTile * D, nq, D);
         };
         for (int kt = 0; kt < nt; kt++) {
           const auto K = rows(qkv, L.qkv(b, kt * kTile, Hq + g), L.tile_len(kt), D, L.qkv_row());

@@ -246,8 +246,8 @@ class LocalComm : public Comm {
         check_failed(what);
         for (size_t k = 0; k < g.members.size(); k++)
           if (!g.here[k] && w_->finished[g.members[k]].load())
-            throw CommError("local comm: rank " + std::to_string(k) + " returned without joining " + what +
-                            " (rank " + std::to_string(rank_) + " waited for it)");
+            throw CommError("local comm: rank " + std::to_string(g.members[k]) + " returned without joining " + what +
+                            " (rank " + std::to_string(g.members[rank_]) + " waited for it)");
         if (next_notice < deadline) {
           if (g.cv.wait_until(lk, next_notice) == std::cv_status::timeout && g.generation == gen) {
             std::string whom = "rank(s)";
@@ -257,18 +257,21 @@ class LocalComm : public Comm {
             lk.unlock();  // (the peers may arrive meanwhile: the loop looks again)
             print_wait_notice(what, waited, whom, w_->opt.timeout_s);
             lk.lock();
-            // the next period's end, past now (a print that took long skips the ones it missed)
-            next_notice = std::max(next_notice + period, clock::now());
+            // the next period's end, or a period from now when that is past (a slow print skips the
+            // ones it missed rather than printing them back to back)
+            next_notice += period;
+            if (next_notice < clock::now()) next_notice = clock::now() + period;
           }
           continue;
         }
         if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && g.generation == gen) {
           char secs[32];
           std::snprintf(secs, sizeof secs, "%g", w_->opt.timeout_s);
+          // (world ranks, as the waiting notice names them: in a split group its own numbers differ)
           std::string msg = std::string("local comm: ") + what + " timed out after " + secs + " s on rank " +
-                            std::to_string(rank_) + ", waiting for rank(s)";
+                            std::to_string(g.members[rank_]) + ", waiting for rank(s)";
           for (size_t k = 0; k < g.members.size(); k++)
-            if (!g.here[k]) msg += " " + std::to_string(k);
+            if (!g.here[k]) msg += " " + std::to_string(g.members[k]);
           lk.unlock();
           w_->fail("rank " + std::to_string(g.members[rank_]) + " failed: " + msg);  // the group is unusable now
           throw CommError(msg);

@@ -234,7 +234,8 @@ class NcclComm : public Comm {
       }
       if (every > 0 && waited >= next_notice) {
         print_wait_notice(what, waited, "the other ranks", timeout_);
-        next_notice = std::max(next_notice + every, waited);
+        next_notice += every;
+        if (next_notice < waited) next_notice = waited + every;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

@@ -142,6 +142,8 @@ int cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& root) {
   return best;
 }
 
+int cpu_quota_here() { return cgroup_cpu_quota(read_text("/proc/self/cgroup"), "/sys/fs/cgroup"); }
+
 std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "?";
@@ -198,8 +200,7 @@ HostMap host_map(Comm& world, int gpu, uint32_t gpu_id) {
   // The CPU set as the process started, before any pinning; at most what a cgroup's CPU quota
   // allows (a container limited to 2 of 64 cores would run 64 threads a rank, throttled).
   int cpus = omp_get_num_procs();
-  if (const int quota = cgroup_cpu_quota(read_text("/proc/self/cgroup"), "/sys/fs/cgroup"); quota > 0)
-    cpus = std::min(cpus, quota);
+  if (const int quota = cpu_quota_here(); quota > 0) cpus = std::min(cpus, quota);
   // The local communicator's ranks are threads of this process: one machine, one CPU set, one
   // memory; their GPU is one by design (gpu -1: not a sharing to note).
   if (P == 1 || std::strcmp(world.backend(), "local") == 0)
@@ -248,6 +249,11 @@ int threads_for_rank(int threads_flag, const HostMap& m, int omp_env) {
   if (threads_flag > 0) return threads_flag;
   if (omp_env > 0) return omp_env;
   return std::max(1, m.cpus / m.sharing_cpus());
+}
+
+int omp_threads_per_rank(int ranks_in_process) {
+  const int env = omp_num_threads_env();
+  return env > 0 ? std::max(1, env / std::max(1, ranks_in_process)) : 0;
 }
 
 int omp_num_threads_env() {

@@ -57,6 +57,10 @@ std::string shared_gpu(const HostMap& m);
 int threads_for_rank(int threads_flag, const HostMap& m, int omp_env = 0);
 // OMP_NUM_THREADS's value (its first entry, "8" of "8,2") when it is a number in [1, 1024], else 0.
 int omp_num_threads_env();
+// OMP_NUM_THREADS as threads for each of the ranks_in_process ranks this process runs (--comm
+// local's are threads of one process: the value, set for the process, is shared among them), at
+// least 1; 0 when it is not set.
+int omp_threads_per_rank(int ranks_in_process);
 
 // This machine's name (gethostname), "?" when it cannot be read.
 std::string host_name();
@@ -74,5 +78,7 @@ size_t cgroup_memory_limit(const std::string& proc_cgroup, const std::string& ro
 // cpu.cfs_period_us under ROOT/cpu (or ROOT/cpu,cpuacct). 0 when none applies (docker --cpus=2, a
 // Kubernetes CPU limit: the affinity shows every core, the quota allows two).
 int cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& root);
+// This process's: cgroup_cpu_quota of /proc/self/cgroup under /sys/fs/cgroup.
+int cpu_quota_here();
 
 }  // namespace ul

@@ -15,7 +15,8 @@ double wait_notice();
 // --heartbeat S as a notice period: 0 stays 0 (none); else at least 1 s (a heartbeat of 1e-9,
 // which tests use to see every progress line, would print a line per loop of a wait).
 inline double wait_notice_period(double heartbeat_s) {
-  return heartbeat_s > 0 ? (heartbeat_s < 1 ? 1 : heartbeat_s) : 0;
+  // (at most 1e7 s, as the deadlines: a period in nanoseconds past 9e9 s overflows into the past)
+  return heartbeat_s > 0 ? (heartbeat_s < 1 ? 1 : heartbeat_s > 1e7 ? 1e7 : heartbeat_s) : 0;
 }
 // One line on stdout, flushed. whom: "rank(s) 3" or "the other ranks".
 void print_wait_notice(const char* what, double waited_s, const std::string& whom, double timeout_s);

@@ -56,7 +56,8 @@ class RearmableWatchdog {
           lock.unlock();
           notice_(what, lasted);
           lock.lock();
-          next = std::max(next + every, clock::now());  // (a slow notice skips the ones it missed)
+          next += every;  // (a slow notice skips the ones it missed, rather than firing them at once)
+          if (next < clock::now()) next = clock::now() + every;
         }
       }
     });

@@ -81,8 +81,13 @@ TEST_CASE("the host map counts the ranks and CPU sets of each machine", "[hosts]
     CAPTURE(value);
     CHECK(omp_num_threads_env() == want);
   }
+  ::setenv("OMP_NUM_THREADS", "8", 1);
+  CHECK(omp_threads_per_rank(1) == 8);
+  CHECK(omp_threads_per_rank(4) == 2);  // --comm local's 4 ranks share the process's 8
+  CHECK(omp_threads_per_rank(16) == 1);
   ::unsetenv("OMP_NUM_THREADS");
   CHECK(omp_num_threads_env() == 0);
+  CHECK(omp_threads_per_rank(4) == 0);
   HostMap b = host_map_of(machine, cpus, mem, gpu, 5, 64);
   CHECK(b.sharing_cpus() == 4);
   CHECK(threads_for_rank(0, b) == 16);

@@ -510,6 +510,10 @@ TEST_CASE("train --prompt-file feeds a file's text, continues it without echoing
   r = run_cmd("cat " + prompt.path + " | " + train_cmd(common + " --sample 5 --temperature 0 --prompt-file -"));
   REQUIRE(r.code == 0);
   CHECK(r.out.compare(r.out.size() - from_file.size(), from_file.size(), from_file) == 0);
+  r = run_cmd(train_cmd(common + " --sample 5 --prompt-file - < /dev/null"));  // a device, not a pipe or a file
+  CHECK(r.code == 1);
+  CHECK(r.out.find("--prompt-file -: standard input cannot be read as a prompt (") != std::string::npos);
+  CHECK(r.out.find("pipe the prompt in or redirect a file") != std::string::npos);
   // Two ranks, one pipe: rank 0 reads it and sends its bytes (each rank once read it: the second
   // found it empty, or blocked forever on a named pipe).
   r = run_cmd("cat " + prompt.path + " | " + train_cmd(common + " --ranks 2 --sample 5 --temperature 0 --prompt-file /dev/stdin"));
@@ -653,6 +657,9 @@ TEST_CASE("a sample's memory is checked beside what the run holds", "[sample]") 
 TEST_CASE("a sample printed to a terminal shows control bytes escaped, to a pipe as they are", "[sample][cli]") {
   CHECK(ul::terminal_safe(std::string("a\x1b[2Jb\n\tc\x7f", 10) + std::string(1, '\0') + "\xc3\xa9") ==
         "a\\x1B[2Jb\n\tc\\x7F\\x00\xc3\xa9");  // ESC, DEL and NUL shown; newline, tab and UTF-8 kept
+  // C1's CSI as UTF-8 (C2 9B) and a stray byte (9B, FF) shown; a 3- and a 4-byte character kept.
+  CHECK(ul::terminal_safe("x\xc2\x9b" "31m\x9by\xff\xe4\xb8\x80\xf0\x9f\x93\x96") ==
+        "x\\xC2\\x9B" "31m\\x9By\\xFF\xe4\xb8\x80\xf0\x9f\x93\x96");
   // The same sample down a pipe and on a terminal (script(1) gives it one, where installed).
   const std::string run = ul_test::train_cmd("--steps 0 --data text:" + ul_test::source_path("README.md") +
                                              " --sample 200 --prompt 'The ' --seq 64 --quiet --seed 3");

@@ -519,8 +519,8 @@ TEST_CASE("emu nccl: --nccl-id-file refuses a rank past the world size and a wor
                    "WORLD_SIZE)") != std::string::npos);
   r = run_cmd("RANK=0 WORLD_SIZE=2x" + run);
   CHECK(r.code == 1);
-  CHECK(r.out.find("RANK and WORLD_SIZE (and LOCAL_RANK) to numbers; read RANK, WORLD_SIZE, which are unset or not "
-                   "numbers") != std::string::npos);
+  CHECK(r.out.find("RANK and WORLD_SIZE (and LOCAL_RANK) to numbers; read RANK, WORLD_SIZE, which are unset, not "
+                   "numbers, or below 0 (the rank) or 1 (the world size)") != std::string::npos);
 }
 
 #ifdef ULYSSES_MPIRUN_CMD
