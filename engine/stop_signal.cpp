@@ -30,8 +30,8 @@ static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE};
 // SIGINT, SIGHUP and SIGPIPE that the parent set to be ignored stay ignored: a shell starts a
 // background job with SIGINT ignored (a Ctrl-C meant for the script), nohup ignores SIGHUP, and
-// Python's subprocesses and systemd's services start with SIGPIPE ignored (a write to a closed
-// pipe then fails, and the run goes on, as it did). Read at the first install (a later one would
+// Python's os.system and os.popen and systemd's services start with SIGPIPE ignored (a write to a
+// closed pipe then fails, and the run goes on, as it did). Read at the first install (a later one would
 // see this file's handler).
 bool g_left_ignored[NSIG] = {};
 // A second SIGINT sooner than this after the first is the same Ctrl-C delivered twice. Read once as

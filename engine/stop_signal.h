@@ -17,7 +17,7 @@ namespace ul {
 // Also stops the run the same way: SIGHUP (the terminal closed) and SIGPIPE (the reader of train's
 // output is gone: `train | tee` after a Ctrl-C that reached tee first), which by default ended the
 // process before the save. SIGINT, SIGHUP and SIGPIPE that the parent ignores stay ignored (a
-// shell's background job, nohup, Python's subprocesses and systemd's services).
+// shell's background job, nohup, Python's os.system and systemd's services).
 //
 // Installs the handlers (again at each call: train does before MPI starts and after). Until
 // started_training(), a first signal says the run stops before its first step; after, after the

@@ -233,6 +233,8 @@ int train_rank(const Options& o, Comm& world) {
   say("world   | %d rank(s) = dp %d x sp %d (%s) | %d thread(s) per rank%s | batch %d x seq %d x accum %d\n",
       world.size(), g.dp, g.sp, world.backend(), tr.threads(),
       o.threads == 0 && omp_num_threads_env() > 0 ? " (OMP_NUM_THREADS)" : "", o.batch, o.seq, o.grad_accum);
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env && o.threads == 0 && omp_num_threads_env() == 0)
+    say("note    | OMP_NUM_THREADS=%s is not a number of threads in [1, 1024]: ignored (--threads sets them)\n", env);
   // Where the ranks landed (parallel/hosts.h): an sp group split over machines runs its all-to-alls
   // over the network, and every step waits for it.
   const std::vector<int> across = sp_groups_across_hosts(tr.hosts(), g.sp);
@@ -359,10 +361,11 @@ int train_rank(const Options& o, Comm& world) {
   if (o.resume && saved.steps >= 0 && saved.steps != o.steps && start < stage_end && !notes.stage_done) {
     const LrSchedule was{o.schedule, saved.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac};
     const LrSchedule now{o.schedule, o.steps, o.warmup, o.lr, o.final_lr_frac, o.decay_frac};
-    // Lengthened: the next step's rate (a wsd run lengthened before its decay keeps it: what
-    // lengthening is for). Shortened: the first step whose rate moves (a wsd run's decay begins
-    // sooner, maybe some steps on).
-    const int last = o.steps > saved.steps ? start + 1 : o.steps;
+    // The first step both schedules have whose rate moves (a shortened wsd run's decay begins sooner;
+    // a cosine run's curve bends, maybe only past its warmup); but a wsd run lengthened: the next
+    // step's alone (lengthened before its decay it keeps every rate until the new decay: what
+    // lengthening is for).
+    const int last = o.steps > saved.steps && o.schedule == "wsd" ? start + 1 : std::min(o.steps, saved.steps);
     for (int s = start; s < last; s++)
       if (lr_at(s, was) != lr_at(s, now)) {
         say("resume  | --steps %d where the checkpoint's run had %d: the %s schedule is one of %d steps from here "
@@ -777,7 +780,9 @@ int train_rank(const Options& o, Comm& world) {
     if (eval_at_zero) std::printf("done | no training (--steps 0)");
     else std::printf("%s | train loss %.4f -> %.4f%s", paused ? "paused " : "done", first_loss, last_loss,
                      // a resumed run's first loss is its first step's, not the whole run's
-                     start > 0 ? (" (steps " + std::to_string(start + 1) + "-" + std::to_string(until) + ")").c_str()
+                     start > 0 ? (start + 1 == until ? " (step " + std::to_string(until) + ")"
+                                                     : " (steps " + std::to_string(start + 1) + "-" +
+                                                           std::to_string(until) + ")").c_str()
                                : "");
     if (have_eval) {
       std::printf(" | val loss %.4f", ev.loss);

@@ -1192,6 +1192,18 @@ TEST_CASE("a resume with another --steps says where the next step's rate moves, 
   REQUIRE(r.code == 0);
   CHECK(r.out.find("no step left") != std::string::npos);
   CHECK(r.out.find("ends inside the warmup") == std::string::npos);  // it said so once: the run is past it
+  // A cosine run lengthened inside its warmup: the next steps keep their rates (the warmup does not
+  // depend on --steps), the first after it does not: said, naming that step.
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::string cos = kArgs + " --warmup 4 --eval-every 0 --save-dir " + d.string();
+  cos.erase(cos.find(" --quiet"), 8);
+  REQUIRE(train(cos + " --steps 40 --stop-after 2").code == 0);
+  r = train(cos + " --steps 80 --stop-after 3 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --steps 80 where the checkpoint's run had 40: the cosine schedule is one of 80 steps "
+                   "from here (step 6's rate ") != std::string::npos);  // (step 5: the peak in both)
+  CHECK(r.out.find(" (step 3) | val loss") != std::string::npos);  // a one-step stage's done line names its step
   fs::remove_all(d);
 }
 
