@@ -522,31 +522,34 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
   return *v;
 }
 
-std::string checkpoint_doc_mask(const std::string& model_path) {
+namespace {
+
+// The fields of the rank_0.json beside a checkpoint's model.bin; none when there is no such file
+// (an llm.c file, a model.bin copied out alone) or it does not read: what its callers say is a note.
+std::map<std::string, std::string> fields_beside(const std::string& model_path) {
   const std::filesystem::path p(model_path), rank0 = p.parent_path() / rank_file_name(0);
   std::error_code ec;
-  if (p.filename() != "model.bin" || !std::filesystem::is_regular_file(rank0, ec)) return "";
+  if (p.filename() != "model.bin" || !std::filesystem::is_regular_file(rank0, ec)) return {};
   try {
-    const auto have = read_rank_fields(rank0.string());
-    const auto mask = have.find("doc_mask"), eot = have.find("eot");
-    if (mask == have.end() || mask->second != "true") return "";
-    return "--doc-mask" + (eot != have.end() && eot->second != "-1" ? " --eot " + eot->second : std::string());
+    return read_rank_fields(rank0.string());
   } catch (const std::exception&) {
-    return "";
+    return {};
   }
 }
 
+}  // namespace
+
+std::string checkpoint_doc_mask(const std::string& model_path) {
+  const auto have = fields_beside(model_path);
+  const auto mask = have.find("doc_mask"), eot = have.find("eot");
+  if (mask == have.end() || mask->second != "true") return "";
+  return "--doc-mask" + (eot != have.end() && eot->second != "-1" ? " --eot " + eot->second : std::string());
+}
+
 std::string checkpoint_data(const std::string& model_path) {
-  const std::filesystem::path p(model_path), rank0 = p.parent_path() / rank_file_name(0);
-  std::error_code ec;
-  if (p.filename() != "model.bin" || !std::filesystem::is_regular_file(rank0, ec)) return "";
-  try {
-    const auto have = read_rank_fields(rank0.string());
-    const auto data = have.find("data");
-    return data == have.end() ? "" : data->second;
-  } catch (const std::exception&) {
-    return "";
-  }
+  const auto have = fields_beside(model_path);
+  const auto data = have.find("data");
+  return data == have.end() ? "" : data->second;
 }
 
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
