@@ -282,6 +282,10 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   std::vector<float> copy;  // where the weights are not already on the host as f32 (a device's)
   const float* host = tr.host_weights(rank == 0, copy);
   std::vector<std::pair<std::string, uint32_t>> crcs;  // of the files this rank writes, for its rank file
+  // One id for the save, rank 0's, in every rank's file (16 hex digits and a NUL, as bytes).
+  char save_id[17] = {};
+  if (rank == 0) std::snprintf(save_id, sizeof save_id, "%s", new_save_id().c_str());
+  if (g.world.size() > 1) g.world.broadcast(save_id, 4, DType::i32, 0);
   // This rank's files: a failure is caught, for every rank to learn of it (agree_on_writes).
   auto write_files = [&] {
     if (failing_rank_hook() == rank) throw std::runtime_error(dir + ": cannot write (ULYSSES_TEST_FAIL_SAVE_RANK)");
@@ -310,7 +314,8 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
                                              in_place ? opt.v() : s.v.data())});
     }
     write_rank_file(dir + "/" + rank_file_name(rank), step, tr.next_sequence(), rank, g, run_layout(tr.options(), g),
-                    run_fields(tr.options(), tr.model().cfg, tr.train_data().identity(), tr.train_data().eot()), crcs);
+                    run_fields(tr.options(), tr.model().cfg, tr.train_data().identity(), tr.train_data().eot()), crcs,
+                    save_id);
   };
   std::string failed;
   try {
@@ -367,11 +372,29 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const ResumeChanges changes{new_g || pending, o.change_seq, o.change_rope, o.resume_step >= 0,
                               o.set_by_user("--rope-theta"), o.set_by_user("--rope-scaling")};
   int64_t data = 0;  // the next step's first sequence, rank 0's (every rank's file records the same)
+  // Before its run fields: a rank_0.json that recorded other crc32s than both files rank 0 wrote
+  // carry is another checkpoint's or run's, not a reason to change this run's flags (one file alone
+  // amiss is that file, named where it is read).
+  {
+    const std::string rank0 = dir + "/" + rank_file_name(0);
+    const std::string opt0 = std::ifstream(dir + "/" + optim_file_name(0, 1)).good() ? optim_file_name(0, 1)
+                                                                                      : optim_file_name(0, 2);
+    int amiss = 0;
+    for (const std::string& name : {std::string("model.bin"), opt0}) {
+      const int64_t want = recorded_crc(rank0, name), have = stored_crc(dir + "/" + name);
+      amiss += want >= 0 && have >= 0 && want != have;
+    }
+    if (amiss == 2)
+      throw std::runtime_error(rank0 + ": the crc32s it recorded are not those of model.bin and " + opt0 +
+                               " beside it: a rank file of another checkpoint or run");
+  }
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
                                           &data, changes);
   int64_t own = data;
-  if (saved == run && rank != 0)
+  if (saved == run && rank != 0) {
     check_rank_file(dir + "/" + rank_file_name(rank), step, fields, run, &g, &own, changes);
+    check_rank_file_matches_rank0(dir + "/" + rank_file_name(rank));
+  }
   if (own != data)
     throw std::runtime_error(dir + "/" + rank_file_name(rank) + ": data_sequence " + std::to_string(own) + " but " +
                              rank_file_name(0) + " has " + std::to_string(data));
@@ -446,6 +469,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
       throw std::runtime_error(path + ": AdamW step count t = " + std::to_string(s.t) + " but the checkpoint is step " +
                                std::to_string(step) + ": a file of another checkpoint");
     check_crc(path, optim_file_name(whole ? 0 : k, whole ? 1 : 2), whole ? 0 : k, s.crc);
+    if (!whole && k > 0) check_rank_file_matches_rank0(dir + "/" + rank_file_name(k));
     if (t >= 0 && s.t != t) throw std::runtime_error(path + ": AdamW step count differs between the shards");
     t = s.t;
     covered += s.kept_count;

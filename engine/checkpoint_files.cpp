@@ -461,7 +461,8 @@ RunLayout run_layout(const Options& o, const Grid& g) {
 
 void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
                      const RunLayout& layout,
-                     const std::vector<RunField>& fields, const std::vector<std::pair<std::string, uint32_t>>& crcs) {
+                     const std::vector<RunField>& fields, const std::vector<std::pair<std::string, uint32_t>>& crcs,
+                     const std::string& save_id) {
   JsonLine j;
   j.add("format", "ulysses-rank").add("version", int(kVersion)).add("step", step).add("rank", rank);
   j.add("world", g.world.size()).add("dp_rank", g.dp_rank).add("sp_rank", g.sp_rank);
@@ -476,10 +477,9 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   j.add("steps", layout.steps);
   // A number this save draws, to tell it from another save of the same step with the same bytes
   // (a rollback without a skip): DIR/rollback.json names checkpoints by it (engine/rollback_record.h).
-  std::random_device rd;
-  char id[24];
-  std::snprintf(id, sizeof id, "%08x%08x", unsigned(rd()), unsigned(rd()));
-  j.add("save_id", id);
+  // The other ranks' files name it too: a rank file of another save put beside it is told apart
+  // (files from before save_of lack it: unchecked).
+  j.add(rank == 0 ? "save_id" : "save_of", save_id);
   for (const RunField& f : fields) j.add_raw(f.key, f.json);
   for (const auto& [name, crc] : crcs) j.add_raw("crc " + name, std::to_string(crc));
   // Last, its own checksum: the CRC-32 of the text before it (from "{" to the comma), so that a
@@ -520,6 +520,48 @@ int64_t recorded_crc(const std::string& path, const std::string& name) {
   const std::optional<int64_t> v = parse_decimal(it->second, 0, 0xffffffffll);
   if (!v) throw file_error(path, "'crc " + name + "' is '" + it->second + "', not a crc32");
   return *v;
+}
+
+std::string new_save_id() {
+  std::random_device rd;
+  char id[24];
+  std::snprintf(id, sizeof id, "%08x%08x", unsigned(rd()), unsigned(rd()));
+  return id;
+}
+
+void check_rank_file_matches_rank0(const std::string& path) {
+  const std::string rank0 = (std::filesystem::path(path).parent_path() / rank_file_name(0)).string();
+  const std::map<std::string, std::string> have = read_rank_fields(path), first = read_rank_fields(rank0);
+  auto own = [](const std::string& key) {
+    return key == "rank" || key == "dp_rank" || key == "sp_rank" || key == "save_id" || key == "save_of" ||
+           key == "crc32" || key.rfind("crc ", 0) == 0;
+  };
+  const auto of = have.find("save_of"), id = first.find("save_id");
+  if (of != have.end() && (id == first.end() || id->second != of->second))
+    throw file_error(path, "save_of is " + of->second + " but " + rank0 + "'s save_id is " +
+                               (id == first.end() ? std::string("missing") : id->second) +
+                               ": the checkpoint's rank files come from different runs or saves");
+  for (const auto& [key, value] : first) {
+    if (own(key)) continue;
+    const auto it = have.find(key);
+    if (it == have.end() || it->second != value)
+      throw file_error(path, key + " is " + (it == have.end() ? std::string("missing") : it->second) + " but " + rank0 +
+                                 " says " + value + ": the checkpoint's rank files come from different runs or saves");
+  }
+  for (const auto& [key, value] : have)
+    if (!own(key) && !first.count(key))
+      throw file_error(path, "has " + key + " (" + value + "), which " + rank0 +
+                                 " lacks: the checkpoint's rank files come from different runs or saves");
+}
+
+int64_t stored_crc(const std::string& path) {
+  char head[16];  // magic[8] | u32 version | u32 crc32, both formats
+  std::ifstream f(path, std::ios::binary);
+  if (!f.read(head, sizeof head)) return -1;
+  if (std::memcmp(head, kModelMagic, 8) != 0 && std::memcmp(head, kOptimMagic, 8) != 0) return -1;
+  uint32_t crc;
+  std::memcpy(&crc, head + 12, 4);
+  return crc;
 }
 
 namespace {
@@ -579,7 +621,14 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
   for (const RunField& f : fields) want_line.add_raw(f.key, f.json);
   auto want = parse_flat_json(want_line.str(), "run options");
   const bool llama = want["arch"] == "llama";
-  for (const RunField& f : fields) {
+  // --data before the rest: the vocabulary and the EOT default to the data's, so other data shows
+  // first as a --vocab the user never gave.
+  std::vector<RunField> ordered;
+  for (const RunField& f : fields)
+    if (f.key == "data") ordered.push_back(f);
+  for (const RunField& f : fields)
+    if (f.key != "data") ordered.push_back(f);
+  for (const RunField& f : ordered) {
     const auto it = have.find(f.key);
     if (it == have.end() && f.absent == kUnchecked) continue;
     const std::string& got = it == have.end() && !f.absent.empty() ? f.absent : field(f.key);

@@ -134,13 +134,27 @@ RunLayout run_layout(const Options& o, const Grid& g);
 std::string rank_file_name(int rank);  // "rank_R.json"
 // crcs: the crc32 of each file this rank wrote into the checkpoint (model.bin, its optimizer file),
 // by name, so that a load can tell a file of another checkpoint or run put in its place.
+// A random 16-hex-digit number, to tell one save from another of the same step and bytes.
+std::string new_save_id();
+// save_id: the save's identity, drawn by rank 0 (new_save_id) and shared by every rank: rank 0's
+// file carries it as save_id, the others as save_of, which ties them to that rank_0.json.
 void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
                      const RunLayout& layout,
                      const std::vector<RunField>& fields,
-                     const std::vector<std::pair<std::string, uint32_t>>& crcs = {});
+                     const std::vector<std::pair<std::string, uint32_t>>& crcs = {},
+                     const std::string& save_id = new_save_id());
+
 // The crc32 the rank file at `path` recorded for the checkpoint file `name`, or -1 when it has none
 // (a checkpoint written before rank files recorded them).
 int64_t recorded_crc(const std::string& path, const std::string& name);
+// A rank file whose writer's optimizer file a load reads (ZeRO-1 at another layout: its run fields
+// were not checked against this run's) against the checkpoint's rank_0.json: every field but the
+// writer's own (its rank and grid place, the crc32s of its files, save_id) must be the same, or it
+// is a file of another run or save put there (the run fields a resume may change included).
+void check_rank_file_matches_rank0(const std::string& path);
+// The crc32 a model or optimizer file's header carries (unverified: a full read checks it), or -1
+// when the file does not open or is no such file.
+int64_t stored_crc(const std::string& path);
 // For --checkpoint DIR/step_N/model.bin: "--doc-mask --eot E" when the rank_0.json beside it says
 // its run packed documents, "" when not, or when there is none or it does not read (a note only).
 std::string checkpoint_doc_mask(const std::string& model_path);

@@ -151,17 +151,17 @@ std::vector<double> accuracy_counts(const ModelConfig& cfg, const std::vector<Pa
   return {double(correct), double(valid), nll, double(whole_right), double(whole)};
 }
 
-// {sum of -log p, count} per position_bands(T) band over this share of the stream's windows. eot
+// {sum of -log p, count} per position_bands(T, widest) band over this share of the stream's windows. eot
 // >= 0: packed documents (--doc-mask): each window is split at that token, as the eval splits its
 // sequences (data/packing.h), and a target's band is its position in its document.
 std::vector<double> loss_sums(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
-                              const std::vector<const int32_t*>& windows, int T, int32_t eot, Share share,
-                              const Progress& progress) {
+                              const std::vector<const int32_t*>& windows, int T, int widest, int32_t eot,
+                              Share share, const Progress& progress) {
   KvDecoder dec(cfg, specs, host, T);
   dec.set_document_token(eot);
   std::vector<float> nll(static_cast<size_t>(T));
   std::vector<int32_t> doc(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
-  const std::vector<std::pair<int, int>> bands = position_bands(T);
+  const std::vector<std::pair<int, int>> bands = position_bands(T, widest);
   std::vector<int> band_of(static_cast<size_t>(T));
   for (size_t k = 0; k < bands.size(); k++)
     std::fill(band_of.begin() + bands[k].first, band_of.begin() + bands[k].second, int(k));
@@ -194,8 +194,8 @@ std::vector<const int32_t*> windows_in(const std::vector<std::vector<int32_t>>& 
   return w;
 }
 
-LengthProbe loss_probe(int T, const std::vector<double>& sums) {
-  const std::vector<std::pair<int, int>> bands = position_bands(T);
+LengthProbe loss_probe(int T, int widest, const std::vector<double>& sums) {
+  const std::vector<std::pair<int, int>> bands = position_bands(T, widest);
   LengthProbe p;
   p.T = T;
   double total = 0;
@@ -226,12 +226,13 @@ double decoded_accuracy(const ModelConfig& cfg, const std::vector<ParamSpec>& sp
 LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const std::vector<int32_t>& stream, int T, int n, int32_t eot,
                          const std::function<void(int)>& progress) {
-  return loss_probe(T, loss_sums(cfg, specs, host, windows_in({stream}, T, n), T, eot, Share{}, windows_done(progress)));
+  return loss_probe(T, T,
+                    loss_sums(cfg, specs, host, windows_in({stream}, T, n), T, T, eot, Share{}, windows_done(progress)));
 }
 
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const Dataset& val, int seq, int T, int n, int32_t eot, Comm* world,
-                         const std::function<void(const std::string&)>& progress) {
+                         const std::function<void(const std::string&)>& progress, int widest) {
   const Share share{world ? world->rank() : 0, world ? world->size() : 1};
   // "all 3/64 sequences", and inside a long window where it got: "..., position 4096/65536".
   auto each = [&](const std::string& name, int total, const Share& mine) -> Progress {
@@ -257,9 +258,10 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
       throw JobError(e.what());          // together (no rank is left in the all-reduce below)
     }
     const std::vector<const int32_t*> windows = windows_in(runs, T, n);
-    std::vector<double> sums = loss_sums(cfg, specs, host, windows, T, eot, share, each("all", int(windows.size()), share));
+    std::vector<double> sums =
+        loss_sums(cfg, specs, host, windows, T, widest, eot, share, each("all", int(windows.size()), share));
     sum_over_ranks(sums);
-    return loss_probe(T, sums);
+    return loss_probe(T, widest, sums);
   }
   std::vector<std::pair<std::string, const Dataset*>> cells = {{"all", &val}};
   const auto probes = val.probes();

@@ -82,9 +82,10 @@ LengthProbe decoded_loss(const ModelConfig& cfg, const std::vector<ParamSpec>& s
 // decoded_loss's. world: when given, collective: the ranks take the windows in turn (a passkey
 // row's cells one after another, each going on from the rank the one before stopped at, so no rank
 // takes the extra window of every cell), and the counts are all-reduced, so every rank returns the
-// whole row.
+// whole row. widest: text's bands are position_bands(T, widest) (train passes the longest length
+// probed, so every row's bands line up).
 LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, const float* host,
                          const Dataset& val, int seq, int T, int n, int32_t eot = -1, Comm* world = nullptr,
-                         const std::function<void(const std::string&)>& progress = {});
+                         const std::function<void(const std::string&)>& progress = {}, int widest = 0);
 
 }  // namespace ul

@@ -118,12 +118,17 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   SaveDirScan scan;
   std::optional<RollbackRecord> record;
   bool here = false;  // the record is of the chosen checkpoint (its step, the same model)
+  bool at_newest = false;  // ... of the newest (a repeated rollback command goes on from there)
   if (world.rank() == 0) {
     // A fresh run reads no record: one left without checkpoints belonged to a deleted history.
     if (resume) record = read_rollback_record(root);
     scan = scan_save_dir(root, resume_step, record);
-    here = record && record->step == scan.chosen && !record->step_id.empty() &&
-           step_id(root, scan.chosen) == record->step_id;
+    auto record_of = [&](int step) {
+      return record && step >= 0 && record->step == step && !record->step_id.empty() &&
+             step_id(root, step) == record->step_id;
+    };
+    here = record_of(scan.chosen);
+    at_newest = record_of(scan.newest);
     if (record && record->step == scan.chosen && !here)
       std::fprintf(stderr, "note    | %s names %s, but the one here now is not that save (another save of that "
                    "step, or a copy of a checkpoint without a save_id, whose identity a copy does not keep): the "
@@ -144,14 +149,15 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
       for (const RollbackRecord::Earlier& e : record->earlier)
         if (e.step == resume_step) done_skip = e.skip_batches, done_g = e.sequences_per_step, done_earlier = 1;
   }
-  int64_t v[12] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0, done_skip, done_g,
-                   done_earlier};
-  if (here) v[5] = record->step, v[6] = record->data_sequence, v[7] = record->sequences_per_step, v[8] = record->skip_batches;
-  world.broadcast(v, 2 * 12, DType::i32, 0);  // as words: the values are only copied
+  int64_t v[13] = {scan.chosen, scan.older, scan.newest, scan.before_newest, here, 0, 0, 0, 0, done_skip, done_g,
+                   done_earlier, at_newest};
+  if (here || at_newest)
+    v[5] = record->step, v[6] = record->data_sequence, v[7] = record->sequences_per_step, v[8] = record->skip_batches;
+  world.broadcast(v, 2 * 13, DType::i32, 0);  // as words: the values are only copied
   int chosen = int(v[0]), older = int(v[1]);
   const int newest = int(v[2]), before_newest = int(v[3]);
-  here = v[4] != 0;
-  if (here && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}, {}};
+  here = v[4] != 0, at_newest = v[12] != 0;
+  if ((here || at_newest) && !record) record = RollbackRecord{int(v[5]), "", v[6], v[7], int(v[8]), 0, {}, {}};
   done_skip = v[9], done_g = v[10], done_earlier = v[11];
   if (!resume) {
     if (newest >= 0)
@@ -182,8 +188,10 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                                                   std::to_string(resume_step) + " once more"
                                             : " (" + step_dir_name(resume_step) + " itself is gone: roll back to a step " +
                                                   "still there)"));
+    // As --resume: a later rollback to the newest step that has not saved yet is applied too (its
+    // record, not step_N's files, has the data's place).
     if (notes) notes->repeat = true;
-    rollback = false, older = before_newest, chosen = newest, here = false;
+    rollback = false, older = before_newest, chosen = newest, here = at_newest;
   }
   if (chosen < 0)
     throw std::runtime_error(root + "/" + step_dir_name(resume_step) + ": no such complete checkpoint (--resume-step " +

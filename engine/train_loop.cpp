@@ -664,9 +664,15 @@ int train_rank(const Options& o, Comm& world) {
     // change on a resume).
     const int probe_step = std::max(start, o.steps);
     const std::string val_id = tr.val_data().identity();
+    // Text rows take the bands of the longest length probed (position_bands), so a row of the length
+    // table is one band: a row logged with other bands is probed again.
+    const int widest = *std::max_element(o.probe_lengths.begin(), o.probe_lengths.end());
+    const std::string bands = tr.val_data().synthetic()
+                                  ? ""
+                                  : "; bands 0-" + std::to_string(std::max(64, position_bands(widest)[0].second) - 1);
     const std::string measured = model.cfg.describe() + "; " + rope_text(model.cfg) + "; --seq " +
                                  std::to_string(o.seq) + "; " + std::to_string(n) + " sequences; " +
-                                 tr.val_data().describe() + (val_id.empty() ? "" : " (" + val_id + ")");
+                                 tr.val_data().describe() + (val_id.empty() ? "" : " (" + val_id + ")") + bands;
     std::vector<int32_t> logged;
     if (o.resume && lead && log) {
       try {
@@ -696,10 +702,12 @@ int train_rank(const Options& o, Comm& world) {
       beat.begin("length " + std::to_string(T));
       LengthProbe p;
       try {
-        p = probe_length(model.cfg, model.params.specs(), host, tr.val_data(), o.seq, T, n, tr.document_start(),
-                         &world, [&](const std::string& where) {
-                           if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
-                         });
+        p = probe_length(
+            model.cfg, model.params.specs(), host, tr.val_data(), o.seq, T, n, tr.document_start(), &world,
+            [&](const std::string& where) {
+              if (lead && !o.quiet && o.heartbeat > 0) beat.at(where);
+            },
+            widest);
       } catch (const std::exception& e) {  // (a bad token id past what the evals read): the log says why
         log_error(log.get(), probe_step, "length " + std::to_string(T) + ": " + e.what());
         throw;

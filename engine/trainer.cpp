@@ -628,9 +628,10 @@ void Trainer::round_bf16_from_masters() {
   zero_gather_bf16(grid_.world, P.raw(), P.numel(), zero_scratch_);
 }
 
-std::vector<std::pair<int, int>> position_bands(int T) {
+std::vector<std::pair<int, int>> position_bands(int T, int widest) {
+  const int64_t L = std::max(T, widest);
   int first = 64;
-  while (first < T && (int64_t(T) - 1) / first >= 256) first *= 2;  // at most 1 + 8 bands
+  while (first < L && (L - 1) / first >= 256) first *= 2;  // at most 1 + 8 bands (at L)
   std::vector<std::pair<int, int>> bands;
   for (int64_t lo = 0, hi = first; lo < T; lo = hi, hi *= 2) bands.emplace_back(int(lo), int(std::min<int64_t>(hi, T)));
   return bands;

@@ -65,7 +65,9 @@ struct PositionLoss {
 // The bands of --loss-by-position for sequences of T tokens: [0, 64), [64, 128), [128, 256), ...
 // doubling up to T (the last one ends at T), the first band widened (and so every later one) until
 // there are at most 9: comparable between runs of any length, a few numbers even at T = 1M.
-std::vector<std::pair<int, int>> position_bands(int T);
+// widest > T: the bands of a sequence of `widest` tokens, cut at T (the --probe-lengths rows all
+// take the longest one's, so one table row holds one band).
+std::vector<std::pair<int, int>> position_bands(int T, int widest = 0);
 
 struct EvalResult {
   double loss = 0, accuracy = 0;  // accuracy: the share of valid targets that are their row's argmax

@@ -73,9 +73,11 @@ std::string strip_crc(std::string j) {
   return j.substr(0, at) + "}\n";
 }
 
-// A rank file without its save_id and own checksum (what a save draws anew); other files as they are.
+// A rank file without its save_id (rank 0) or save_of (the others) and own checksum (what a save
+// draws anew); other files as they are.
 std::string unsaved(std::string j) {
-  const size_t at = j.find(",\"save_id\":\"");
+  size_t at = j.find(",\"save_id\":\"");
+  if (at == std::string::npos) at = j.find(",\"save_of\":\"");
   if (at == std::string::npos) return j;
   j.erase(at, j.find('"', at + 12) + 1 - at);
   return strip_crc(j);
@@ -307,6 +309,29 @@ TEST_CASE("a rank file of another run in a checkpoint is named as such, not as t
   fs::remove_all(d);
 }
 
+TEST_CASE("a ZeRO shard and its rank file from another run are refused at any layout, even one differing only in --lr",
+          "[checkpoint]") {
+  // Resumed at another world size, a rank's file is read only for its optimizer shard: it must
+  // still be this save's, every field but the writer's own as rank_0.json has it.
+  fs::path d = fresh_dir("mixed_zero");
+  const std::string args = kArgs + " --ranks 2 --zero 1 --steps 2 --save-every 2 --save-dir ";
+  REQUIRE(train(args + (d / "a").string()).code == 0);
+  REQUIRE(train(args + (d / "b").string() + " --lr 0.01").code == 0);
+  for (const char* name : {"rank_1.json", "optim_rank_1.bin"})
+    fs::copy_file(d / "b" / "step_00000002" / name, d / "a" / "step_00000002" / name, fs::copy_options::overwrite_existing);
+  for (const std::string layout : {" --batch 4", " --ranks 2"}) {
+    CAPTURE(layout);
+    CmdResult r = train(kArgs + layout + " --zero 1 --steps 4 --resume --save-dir " + (d / "a").string());
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find("rank_1.json: save_of is ") != std::string::npos);
+    CHECK(r.out.find(" but " + (d / "a" / "step_00000002" / "rank_0.json").string() + "'s save_id is ") !=
+          std::string::npos);
+    CHECK(r.out.find(": the checkpoint's rank files come from different runs or saves") != std::string::npos);
+  }
+  fs::remove_all(d);
+}
+
 TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoint]") {
   fs::path d = fresh_dir("keep");
   REQUIRE(train(kArgs + " --save-every 1 --keep 2 --save-dir " + d.string()).code == 0);
@@ -403,6 +428,13 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     fs::copy_file(two / "step_00000002" / "optim.bin", s / "optim.bin", fs::copy_options::overwrite_existing);
   });
   expect_refused(resume + earlier.string(), "optim.bin: AdamW step count t = 2 but the checkpoint is step 3");
+  // rank_0.json of another run (seed 7): named as that, with the way on, not as a --seed to give
+  // (which would then have blamed this checkpoint's own model.bin).
+  fs::path swapped_rank = damaged("swapped_rank", [&](const fs::path& s) {
+    fs::copy_file(other / "step_00000003" / "rank_0.json", s / "rank_0.json", fs::copy_options::overwrite_existing);
+  });
+  expect_refused(resume + swapped_rank.string(), "rank_0.json: the crc32s it recorded are not those of model.bin and "
+                                                 "optim.bin beside it: a rank file of another checkpoint or run");
   // A directory named otherwise than a save names it (step_3, not step_00000003) is no checkpoint.
   fs::path odd = damaged("odd", [&](const fs::path& s) { fs::rename(s, s.parent_path() / "step_3"); });
   expect_refused(resume + odd.string(), "no complete checkpoint to resume from");
@@ -430,6 +462,8 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + good.string() + " --seq 32", "rank_0.json: seq is 16 in the checkpoint but 32 in this run (--seq)");
   expect_refused(resume + good.string() + " --dim 64", "rank_0.json: dim is 32 in the checkpoint but 64 in this run (--dim)");
   expect_refused(resume + good.string() + " --model llama", "arch is gpt2 in the checkpoint but llama in this run (--model)");
+  // Other data is named as such, not as the --vocab it brings (the vocabulary defaults to the data's).
+  expect_refused(resume + good.string() + " --data recall", "data is passkey in the checkpoint but recall in this run (--data)");
   // The schedule and AdamW's settings shape every later update: only --steps and --lr may change.
   expect_refused(resume + good.string() + " --warmup 5", "warmup is 20 in the checkpoint but 5 in this run (--warmup)");
   expect_refused(resume + good.string() + " --beta2 0.99", "beta2 is 0.95 in the checkpoint but 0.99 in this run (--beta2)");
@@ -750,6 +784,29 @@ TEST_CASE("an earlier rollback's command, requeued when the later history has sa
   CHECK(r.out.find("--resume-step 6 was done before") != std::string::npos);
   CHECK(r.out.find("skipping") == std::string::npos);
   CHECK(bytes_of(d / "step_00000008" / "rank_0.json").find("\"data_sequence\":18,") != std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST_CASE("an earlier rollback's command, requeued after a later rollback died before its first save, keeps the "
+          "later one's skip", "[checkpoint][rollback]") {
+  // Rollback A to 2 saves 4, 6, 8; rollback B to 4 (--skip-batches 2) dies in its first save: step 4
+  // is the newest again, its files at the data's place of A's history, B's record the place after
+  // its skip. A's job script again goes on from step 4 as --resume would: with B's skip, not
+  // training on the data B skipped (it once loaded step 4's files alone).
+  fs::path d = fresh_dir("rollback_pending");
+  const std::string args = kArgs + " --steps 8 --save-every 2 --save-dir " + d.string();
+  REQUIRE(train(args).code == 0);
+  REQUIRE(train(args + " --resume-step 2 --skip-batches 1").code == 0);
+  CHECK(train(args + " --resume-step 4 --skip-batches 2", "ULYSSES_TEST_CRASH_IN_SAVE=1").code != 0);
+  REQUIRE(ul::complete_steps(d.string()) == std::vector<int>{2, 4});
+  const std::string loud = kArgs.substr(0, kArgs.rfind(" --quiet")) + " --steps 8 --save-every 2 --save-dir " + d.string();
+  CmdResult r = train(loud + " --resume-step 2 --skip-batches 1");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("--resume-step 2 was done before") != std::string::npos);
+  CHECK(r.out.find("step 5 trains on sequences from 14, 2 a step") != std::string::npos);
+  // 2 steps x 2 + 1 x 2 skipped + 2 x 2 (to step 4) + 2 x 2 skipped by B + 4 x 2.
+  CHECK(bytes_of(d / "step_00000008" / "rank_0.json").find("\"data_sequence\":22,") != std::string::npos);
   fs::remove_all(d);
 }
 

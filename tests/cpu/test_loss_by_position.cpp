@@ -38,6 +38,13 @@ TEST_CASE("position bands: powers of two from 64, at most 9, the last ending at 
     CHECK(b.back().second == T);
     for (size_t k = 1; k < b.size(); k++) CHECK(b[k].first == b[k - 1].second);
   }
+  // --probe-lengths: a shorter row takes the longest one's bands, cut at its length, so a row of
+  // the length table is one band (a row at 1000 beside one at 2^20 starts with [0, 4096)).
+  CHECK(ul::position_bands(1000, 1 << 20) == Bands{{0, 1000}});
+  CHECK(ul::position_bands(20000, 40000) == Bands{{0, 256}, {256, 512}, {512, 1024}, {1024, 2048}, {2048, 4096},
+                                                  {4096, 8192}, {8192, 16384}, {16384, 20000}});
+  CHECK(ul::position_bands(1000, 16384) == ul::position_bands(1000));
+  CHECK(ul::position_bands(17000, 500) == ul::position_bands(17000));  // widest below T: T's own
 }
 
 TEST_CASE("the classifier's per-token losses: -log softmax at the target, 0 where ignored", "[loss_by_position]") {
