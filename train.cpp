@@ -3,9 +3,14 @@
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
 //   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -13,6 +18,7 @@
 
 #include "data/prepare.h"
 #include "engine/check_state.h"
+#include "engine/float_env.h"
 #include "engine/options.h"
 #include "engine/planner.h"
 #include "engine/stop_signal.h"
@@ -157,8 +163,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
 }
 #endif
 
-int main(int argc, char** argv) {
-  guard_process();  // descriptors 0-2 open, SIGXFSZ ignored (engine/stop_signal.h)
+static int train_main(int argc, char** argv) {
   try {
     // `train prepare ...`: text files -> byte-level llm.c shards (data/prepare.h), no training.
     if (argc > 1 && std::string(argv[1]) == "prepare") return prepare_main(argc - 1, argv + 1);
@@ -212,4 +217,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  flush_subnormals();  // before any thread: every one inherits it (engine/float_env.h)
+  guard_process();  // descriptors 0-2 open, SIGXFSZ ignored (engine/stop_signal.h)
+  const int code = train_main(argc, argv);
+  // What went to a file must have arrived: for --sample, --plan and --help it is all the run makes
+  // (`train ... --sample 300 > story.txt` on a full disk once ended 0 with the story cut short).
+  // Not a pipe's: its reader gone is SIGPIPE's to tell (a stop), or, where the caller ignores
+  // SIGPIPE, a run whose output nobody reads any more, which still trains to its end and saves.
+  errno = 0;
+  struct stat out;
+  const bool pipe = fstat(STDOUT_FILENO, &out) == 0 && (S_ISFIFO(out.st_mode) || S_ISSOCK(out.st_mode));
+  if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && !pipe) {
+    std::fprintf(stderr, "train: error: writing the standard output: %s\n",
+                 errno ? std::strerror(errno) : "a write failed");
+    return code != 0 ? code : 1;
+  }
+  return code;
 }

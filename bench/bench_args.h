@@ -18,11 +18,13 @@
 #include <utility>
 #include <vector>
 
+#include "engine/float_env.h"
 #include "engine/options.h"
 
 class BenchArgs {
  public:
   BenchArgs(int argc, char** argv, std::string usage) : prog_(argc > 0 ? argv[0] : "bench"), usage_(std::move(usage)) {
+    ul::flush_subnormals();  // as train computes (engine/float_env.h): first in main, before any thread
     for (int i = 1; i < argc; i++) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {

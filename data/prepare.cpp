@@ -101,6 +101,9 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
         throw std::runtime_error("prepare: " + a + ": missing value (the next argument, " + v +
                                  ", is a flag; a value spelled like a flag goes as " + a + "=" + v + ")");
     }
+    // An empty path (`--tokenizer="$TOK"` with TOK unset) is refused, not taken as the flag left
+    // out: that would write byte shards where BPE ones were asked for.
+    if ((a == "--out" || a == "--tokenizer") && v.empty()) throw std::runtime_error("prepare: " + a + ": empty path");
     if (a == "--out") o.out = v;
     else if (a == "--val-frac") o.val_frac = number(a, v);
     else if (a == "--shard-tokens") o.shard_tokens = integer(a, v);

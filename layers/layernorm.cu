@@ -51,7 +51,19 @@ __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ 
     load_floats<V>(xr + c, xv);
     for (int k = 0; k < V; k++) var += (xv[k] - m) * (xv[k] - m);
   }
-  const float s = rsqrtf(warp_sum(var) / C + float(kLayerNormEps));
+  var = warp_sum(var);  // every lane's: the branch below is the warp's
+  float s = rsqrtf(var / C + float(kLayerNormEps));
+  // A row spread past ~1.8e19 / sqrt(C) overflows the float sum: s would be 0, the row's output
+  // its bias and its gradients 0 (a run blowing up would go on). Summed again in double there, as
+  // the CPU op sums (the usual rows keep their bits; NaN stays NaN).
+  if (isinf(var)) {
+    double wide = 0;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      load_floats<V>(xr + c, xv);
+      for (int k = 0; k < V; k++) wide += (double(xv[k]) - m) * (double(xv[k]) - m);
+    }
+    s = float(1.0 / sqrt(warp_sum(wide) / C + kLayerNormEps));
+  }
   for (int c = lane * V; c < C; c += 32 * V) {
     float wv[V], bv[V], yv[V];
     load_floats<V>(xr + c, xv);

@@ -19,6 +19,14 @@ void rmsnorm_forward(T* y, T* rrms, const T* x, const T* w, int N, int C, double
     T ss = 0;
     for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
     T r = T(1) / std::sqrt(ss / C + T(eps));
+    // A row past ~1.8e19 / sqrt(C) overflows the float sum: r would be 0, the row's output and
+    // gradients silently 0 (a run blowing up would go on at loss log V). Summed again in double
+    // there (the usual rows keep their bits; NaN stays NaN).
+    if (std::isinf(ss)) {
+      double wide = 0;
+      for (int c = 0; c < C; c++) wide += double(xr[c]) * double(xr[c]);
+      r = T(1.0 / std::sqrt(wide / C + eps));
+    }
     for (int c = 0; c < C; c++) yr[c] = xr[c] * r * w[c];
     rrms[n] = r;
   }

@@ -34,7 +34,16 @@ __global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rr
     load_floats<V>(xr + c, xv);
     for (int k = 0; k < V; k++) ss += xv[k] * xv[k];
   }
-  const float r = rsqrtf(warp_sum(ss) / C + eps);
+  ss = warp_sum(ss);  // every lane's: the branch below is the warp's
+  float r = rsqrtf(ss / C + eps);
+  if (isinf(ss)) {  // a row past ~1.8e19 / sqrt(C): r would be 0, the row silently 0 (as the CPU op)
+    double wide = 0;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      load_floats<V>(xr + c, xv);
+      for (int k = 0; k < V; k++) wide += double(xv[k]) * double(xv[k]);
+    }
+    r = float(1.0 / sqrt(warp_sum(wide) / C + double(eps)));
+  }
   for (int c = lane * V; c < C; c += 32 * V) {
     float wv[V], yv[V];
     load_floats<V>(xr + c, xv);

@@ -4,8 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include "catch_session.h"
+#include "engine/float_env.h"
 
 int ul_test::run_catch_session(int argc, char** argv, bool warn_no_assertions) {
+  ul::flush_subnormals();  // as train computes (engine/float_env.h): before any thread
   Catch::Session session;
   const int bad_args = session.applyCommandLine(argc, argv);
   if (bad_args != 0) return bad_args;

@@ -253,6 +253,10 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
       {"--out " + out + " --val-frac=1 " + d.file("ok.txt"), "--val-frac must be in [0, 1)"},  // =VALUE is read
       {"--out " + out, "no input files"},
       {d.file("ok.txt"), "--out DIR is required"},
+      // An empty value (a shell variable unset) is refused, not taken as the flag left out (byte
+      // shards where BPE ones were asked for).
+      {"--out " + out + " --tokenizer= " + d.file("ok.txt"), "prepare: --tokenizer: empty path"},
+      {"--out= " + d.file("ok.txt"), "prepare: --out: empty path"},
   };
   for (const Case& c : cases) {
     auto r = run_cmd(train_cmd("prepare " + c.args));

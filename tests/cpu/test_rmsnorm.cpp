@@ -48,6 +48,22 @@ TEST_CASE("rmsnorm forward matches a hand loop", "[rmsnorm]") {
   CHECK(std::sqrt(ms) == Approx(1.0).epsilon(1e-4));
 }
 
+TEST_CASE("rmsnorm normalises a row whose float sum of squares overflows, its gradients too", "[rmsnorm]") {
+  // |x| = 3e17 at C = 4096: sum x^2 = 3.7e38 > FLT_MAX. r was 0, so y, dx and dw were silently 0
+  // and a run blowing up went on at loss log V instead of stopping on a non-finite loss.
+  const int N = 1, C = 4096;
+  std::vector<float> x(C), w(C, 1.f), y(C), dy(C, 1.f), dx(C, 0.f), dw(C, 0.f), r(N);
+  for (int c = 0; c < C; c++) x[size_t(c)] = c % 2 ? 3e17f : -3e17f;
+  ul::cpu::rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, C);
+  CHECK(r[0] == Approx(1.0 / 3e17).epsilon(1e-6));
+  for (int c = 0; c < C; c += 1001) CHECK(y[size_t(c)] == Approx(c % 2 ? 1.0 : -1.0).epsilon(1e-5));
+  ul::cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), r.data(), N, C);
+  CHECK(dw[0] == Approx(-1.0).epsilon(1e-5));  // dy x r
+  CHECK(dw[1] == Approx(1.0).epsilon(1e-5));
+  // dx = r (dy w - x r^2 mean(dy w x)); mean(dy w x) = 0 for alternating signs: dx = r.
+  CHECK(dx[0] == Approx(1.0 / 3e17).epsilon(1e-5));
+}
+
 TEST_CASE("rmsnorm op records a backward that accumulates", "[rmsnorm]") {
   ul::Context c;
   ul::ContextGuard g(c);

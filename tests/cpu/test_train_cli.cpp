@@ -542,13 +542,21 @@ TEST_CASE("a passkey run ends with its accuracy at each needle depth", "[cli]") 
   }
 }
 
-TEST_CASE("train --help lists the flags and exits 0", "[cli]") {
+TEST_CASE("train --help lists the flags and exits 0, or 1 when its output cannot be written", "[cli]") {
   CmdResult r = run_cmd(train_cmd("--help"));
   CHECK(r.code == 0);
   for (const char* f : {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--vocab", "--max-seq", "--data", "--batch",
                         "--seq", "--steps", "--lr", "--warmup", "--weight-decay", "--grad-clip", "--beta1", "--beta2", "--adam-eps", "--seed", "--threads",
                         "--eval-every", "--checkpoint", "--check-state", "--sp", "--grad-accum", "--comm", "--ranks"})
     CHECK(r.out.find(f) != std::string::npos);
+  // Standard output that cannot be written (a full disk): an error and status 1, not 0 with the
+  // text lost (for --help, --plan and --sample it is all the command makes).
+  for (const std::string args : {"--help", "--plan --steps 1"}) {
+    CAPTURE(args);
+    r = run_cmd("(" + train_cmd(args) + " > /dev/full)");
+    CHECK(r.code == 1);
+    CHECK(r.out.find("train: error: writing the standard output: ") != std::string::npos);
+  }
 }
 
 TEST_CASE("train refuses bad files with a message naming them", "[cli]") {

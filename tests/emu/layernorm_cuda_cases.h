@@ -162,6 +162,27 @@ TEST_CASE("layernorm CUDA forward keeps its precision on rows far from zero mean
   }
 }
 
+TEST_CASE("layernorm CUDA forward normalises a row whose float variance overflows, as the CPU op (f32)",
+          UL_CUDA_TEST_TAG "[layernorm]") {
+  // Alternating +-1e18 at C = 768: the float sum of squares is inf, rsqrt(inf) = 0, and the row
+  // came out as its bias with rstd 0 (so zero gradients) where the CPU's double sums normalise it.
+  using namespace cuda_cases;
+  const int N = 2, C = 768;
+  std::vector<float> x(size_t(N) * C), w(C, 1.f), b(C, 0.25f), y_ref(x.size()), mean_ref(N), rstd_ref(N);
+  for (size_t i = 0; i < x.size(); i++) x[i] = (i % 2 ? 1e18f : -1e18f) * (i < size_t(C) ? 1.f : 1e-18f);
+  ul::cpu::layernorm_forward(y_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), w.data(), b.data(), N, C);
+  REQUIRE(y_ref[0] == Approx(-0.75).epsilon(1e-5));  // -1 + b: the CPU normalises the row
+  DeviceBuffer<float> d_x(x.size()), d_w(C), d_b(C), d_y(x.size()), d_mean(N), d_rstd(N);
+  d_x.set(x), d_w.set(w), d_b.set(b);
+  ul::cuda::layernorm_forward(d_y.p, d_mean.p, d_rstd.p, d_x.p, d_w.p, d_b.p, N, C, nullptr);
+  const std::vector<float> y = d_y.get(), rstd = d_rstd.get();
+  for (int n = 0; n < N; n++) CHECK(rstd[size_t(n)] == Approx(rstd_ref[size_t(n)]).epsilon(1e-5));
+  for (size_t i = 0; i < y.size(); i++) {
+    INFO("element " << i);
+    CHECK(y[i] == Approx(y_ref[i]).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("layernorm op on Device::cuda matches the op on the CPU", UL_CUDA_TEST_TAG "[layernorm]") {
   ul::init_cuda_backend();
   const int N = 37, C = 80;

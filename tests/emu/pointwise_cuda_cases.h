@@ -217,6 +217,24 @@ TEST_CASE("rmsnorm CUDA kernels match the CPU backend", UL_CUDA_TEST_TAG "[rmsno
   }
 }
 
+TEST_CASE("rmsnorm CUDA forward normalises a row whose float sum of squares overflows, as the CPU op",
+          UL_CUDA_TEST_TAG "[rmsnorm]") {
+  // |x| ~ 3e17 at C = 4096: the float sum of squares is inf, and rsqrt(inf) = 0 made the row's
+  // output (and its gradients) silently 0.
+  using namespace pw_cases;
+  const int N = 2, C = 4096;
+  std::vector<float> x(size_t(N) * C), w(C, 1.f), y_ref(x.size()), rrms_ref(N);
+  for (size_t i = 0; i < x.size(); i++) x[i] = (i % 2 ? 3e17f : -3e17f) * (i < size_t(C) ? 1.f : 1e-17f);
+  ul::cpu::rmsnorm_forward(y_ref.data(), rrms_ref.data(), x.data(), w.data(), N, C);
+  REQUIRE(y_ref[0] == Approx(-1.0).epsilon(1e-5));  // the CPU's: each |y| = 1 (x / rms(x))
+  DeviceBuffer<float> d_x(x.size()), d_w(C), d_y(x.size()), d_rrms(N);
+  d_x.set(x);
+  d_w.set(w);
+  ul::cuda::rmsnorm_forward(d_y.p, d_rrms.p, d_x.p, d_w.p, N, C, nullptr);
+  expect_close("y", d_y.get(), y_ref, 1e-5, 0);
+  expect_close("rrms", d_rrms.get(), rrms_ref, 1e-5, 0);
+}
+
 TEST_CASE("gelu CUDA kernels match the CPU backend", UL_CUDA_TEST_TAG "[gelu]") {
   for (int offset : {0, 1})
     for (int n : pw_cases::kSizes) {
