@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <stdexcept>
+#include <vector>
 
 #include "data/rng.h"
 #include "engine/file_io.h"
@@ -151,21 +151,7 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
       throw std::runtime_error("shards:" + pattern + ": the files were written by different tokenizers (" + first.path +
                                ": " + said(first) + "; " + path + ": " + said(s) + "); give one tokenizer's files");
   }
-  try {
-    for (const std::string& path : files) {
-      Shard s = headers.at(path);
-      int fd = ::open(path.c_str(), O_RDONLY);
-      if (fd < 0) throw shard_error(path, std::string("cannot open shard: ") + std::strerror(errno));
-      s.map_len = size_t(1024 + s.count * s.width);
-      s.map = mmap(nullptr, s.map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-      ::close(fd);
-      if (s.map == MAP_FAILED) throw shard_error(path, std::string("mmap failed: ") + std::strerror(errno));
-      shards_.push_back(s);
-    }
-  } catch (...) {
-    for (Shard& s : shards_) munmap(s.map, s.map_len);  // the destructor will not run
-    throw;
-  }
+  for (const std::string& path : files) shards_.push_back(headers.at(path));
   const int default_vocab = shards_.front().width == 2 ? kDefaultVocabGpt2 : kDefaultVocabLlama3;
   // The headers' vocab when every file names one (the largest, if they differ).
   int named = 0;
@@ -180,8 +166,29 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
   spans_ = compute_spans();
 }
 
-ShardDataset::~ShardDataset() {
-  for (Shard& s : shards_) munmap(s.map, s.map_len);
+ShardDataset::~ShardDataset() = default;
+
+void ShardDataset::read_tokens(const Shard& s, int64_t off, int n, uint8_t* out) {
+  const size_t want = size_t(n) * size_t(s.width);
+  const int64_t bytes = 1024 + s.count * s.width;  // what the file held when the run opened it
+  const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw shard_error(s.path, std::string("cannot open it again while the run reads it: ") + std::strerror(errno));
+  struct stat st{};
+  size_t got = 0;
+  if (fstat(fd, &st) == 0 && st.st_size == bytes) {
+    while (got < want) {
+      const ssize_t r = ::pread(fd, out + got, want - got, off_t(1024 + off * s.width) + off_t(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      got += size_t(r);
+    }
+  }
+  ::close(fd);
+  if (got < want)
+    throw shard_error(s.path, "now " + std::to_string(int64_t(st.st_size)) + " bytes, not the " + std::to_string(bytes) +
+                                  " its header counted when the run opened it: the file was cut or rewritten while "
+                                  "the run read it (restore it, or write new shards to another directory)");
 }
 
 std::vector<std::pair<int64_t, int64_t>> ShardDataset::compute_spans() const {
@@ -272,16 +279,20 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
       continue;
     }
     const int64_t off = lo + g * T;
+    // Read, not mapped: a file cut while a run maps it kills the run with SIGBUS at the next
+    // read, and every mapping counts against vm.max_map_count (65530: 70,000 shards failed).
+    std::vector<uint8_t> bytes(size_t(T + 1) * size_t(s.width));
+    read_tokens(s, off, T + 1, bytes.data());
     // An id past the vocabulary the file's header names is as damaged as one past the model's.
     const uint32_t limit = uint32_t(s.vocab > 0 ? std::min(s.vocab, vocab_) : vocab_);
     for (int t = 0; t <= T; t++) {
       uint32_t id;
       if (s.width == 2) {
         uint16_t v;
-        std::memcpy(&v, s.tokens() + (off + t) * 2, 2);
+        std::memcpy(&v, bytes.data() + size_t(t) * 2, 2);
         id = v;
       } else {
-        std::memcpy(&id, s.tokens() + (off + t) * 4, 4);
+        std::memcpy(&id, bytes.data() + size_t(t) * 4, 4);
       }
       if (id >= limit)
         throw shard_error(s.path, "token id " + std::to_string(id) + " at token offset " + std::to_string(off + t) + " is >= " +

@@ -1,6 +1,7 @@
 // "shards:GLOB": llm.c token shards. Each file: a header of 256 int32 [magic, version, token count,
 // 0...], then the tokens — magic 20240520 / version 1: uint16 (GPT-2); magic 20240801 / version 7
-// (llm.c's llama-3 writer) or 2: uint32. Every file is validated when opened and memory-mapped.
+// (llm.c's llama-3 writer) or 2: uint32. Every file is validated when opened; each sequence's
+// tokens are read from it (pread) as the run asks for them.
 // A shard `train prepare` writes also names its tokenizer in the header's unused ints (which
 // llm.c's readers ignore): [3] = kShardTag ('ULYS'), [4] = vocab, [5] = the end-of-text id. When
 // every file says the same, they are the default vocab and --eot, instead of the format's.
@@ -70,14 +71,15 @@ class ShardDataset : public Dataset {
     int width = 2;  // bytes per token
     int32_t vocab = 0, eot = -1;  // named by the header (kShardTag), else 0 and -1
     int64_t count = 0;
-    void* map = nullptr;
-    size_t map_len = 0;
-    const uint8_t* tokens() const { return static_cast<const uint8_t*>(map) + 1024; }
     int32_t effective_eot() const;  // the header's, else the format's
     std::string kind() const;       // "vocab V, end-of-text E": the header's, else the format's
   };
-  // A file's header, validated against its size (not mapped).
+  // A file's header, validated against its size.
   static Shard read_header(const std::string& path);
+  // n tokens from token `off` of s into out (n x s.width bytes), read from the file; a file whose
+  // size is no longer what its header counted is refused, naming it (thread-safe: each call opens
+  // the file).
+  static void read_tokens(const Shard& s, int64_t off, int n, uint8_t* out);
   // The tokens [lo, hi) of each shard (in order) that this split reads (T does not matter): made
   // once, by the constructor.
   std::vector<std::pair<int64_t, int64_t>> compute_spans() const;

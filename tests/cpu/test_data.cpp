@@ -455,6 +455,30 @@ TEST_CASE("shards: bad files are errors naming the file and the problem", "[data
   CHECK(thrown);
 }
 
+TEST_CASE("shards: a file cut, grown or removed while a run reads it is an error naming it, not SIGBUS", "[data]") {
+  // The shards were memory-mapped: a file truncated under a running job (llm.c's scripts rewrite
+  // shards in place) killed it with SIGBUS at the next read, with no message and no record.
+  TempDir dir;
+  const std::string path = dir.file("train_000.bin");
+  std::vector<uint32_t> tok(400);
+  for (size_t i = 0; i < tok.size(); i++) tok[i] = uint32_t(i % 90);
+  write_shard(path, tok);
+  auto d = ul::open_dataset("shards:" + path, ul::Split::train, 0, 100);
+  const int64_t n = d->num_sequences(8);
+  for (int64_t i = 0; i < n; i++) get(*d, i, 8);  // every sequence reads as written
+  auto every_read_fails = [&](const std::vector<std::string>& words) {
+    for (int64_t i = 0; i < n; i++) require_error([&] { get(*d, i, 8); }, words);
+  };
+  tok.resize(100);
+  write_shard(path, tok);  // cut: a rewrite in place at another length
+  every_read_fails({path, "now 1224 bytes, not the 1824 its header counted", "cut or rewritten while the run read it"});
+  tok.resize(500, 7);
+  write_shard(path, tok);  // grown
+  every_read_fails({path, "now 2024 bytes"});
+  fs::remove(path);
+  every_read_fails({path, "cannot open it again while the run reads it"});
+}
+
 TEST_CASE("task settings in the data spec reach the generator", "[data]") {
   // Counts are whole numbers an int holds (2.5 digits once ran as 2; 1e10 was an undefined cast),
   // and a setting is given once.
