@@ -94,7 +94,7 @@ int JsonDocReader::get_past_blanks() {
 void JsonDocReader::take(std::string& text) {
   JsonValue v;
   try {
-    v = parse_json(buf_, where());
+    v = parse_json(buf_, where(), SIZE_MAX, &key_);  // the other fields checked, not kept
   } catch (const JsonSyntaxError& e) {
     if (form_ == JsonForm::lines) throw;  // a byte of a line is a place in the file already
     // An element may span lines (pretty-printed): the line of the fault, not a byte of the element.
@@ -125,9 +125,34 @@ void JsonDocReader::take(std::string& text) {
   if (buf_.capacity() > (size_t(1) << 20)) std::string().swap(buf_);
 }
 
+// One line into `line` (without its '\n'), as std::getline, but refused past kMaxElement bytes: a
+// file of one huge line (a .json array named .jsonl) is not read whole before it is refused.
+bool JsonDocReader::read_line(std::string& line) {
+  line.clear();
+  char chunk[1 << 16];
+  bool any = false;
+  for (;;) {
+    f_.getline(chunk, sizeof chunk);
+    const std::streamsize got = f_.gcount();
+    const bool full = f_.fail() && !f_.eof() && got == std::streamsize(sizeof chunk) - 1;  // no '\n' yet
+    if (!f_.eof() && !full && got > 0) {
+      line.append(chunk, size_t(got) - 1);  // the '\n' was taken
+      return true;
+    }
+    any = any || got > 0;
+    line.append(chunk, size_t(got));
+    if (line.size() > kMaxElement)
+      throw std::runtime_error(path_ + " line " + std::to_string(line_ + 1) +
+                               ": over 1 GiB without a line end: a .jsonl file holds one JSON object a line (a .json "
+                               "array is read as one when named .json)");
+    if (!full) return any || !line.empty();  // the end of the file (or an empty last read)
+    f_.clear();  // the chunk filled: read on
+  }
+}
+
 bool JsonDocReader::next(std::string& text) {
   if (form_ == JsonForm::array) return next_element(text);
-  while (std::getline(f_, buf_)) {
+  while (read_line(buf_)) {
     doc_line_ = ++line_;
     if (line_ == 1 && buf_.compare(0, 3, kBom) == 0) buf_.erase(0, 3);
     if (buf_.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank (a trailing empty line)

@@ -39,6 +39,7 @@ class JsonDocReader {
   void take(std::string& text);  // the document's text from the object in buf_
   std::runtime_error not_an_object() const;  // the last record is not an object: the message
   bool next_element(std::string& text);
+  bool read_line(std::string& line);
 
   std::ifstream f_;
   std::string path_, key_, buf_;

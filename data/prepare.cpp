@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -141,6 +142,8 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
 
 namespace {
 
+constexpr int64_t kMaxShards = 999999;  // a split's, as six digits name them
+
 // Writes one split as shards of at most `per_shard` tokens, all kept as NAME.tmp until commit():
 // token by token in order (push), or a whole shard at a time in any order (open, then its tokens'
 // bytes with write_raw), as prepare cuts them from the end of its token file.
@@ -148,6 +151,13 @@ class ShardWriter {
  public:
   ShardWriter(const std::string& dir, const std::string& split, int64_t total, int64_t per_shard, int vocab, int eot)
       : total_(total), per_shard_(per_shard), vocab_(vocab), eot_(eot), width_(vocab > 65536 ? 4 : 2) {
+    // Six digits name a shard: past 999999 the names would sort out of order (text_train_1000000
+    // before text_train_100001), and a set that many is a flag's slip (--shard-tokens 1).
+    const int64_t shards = (total + per_shard - 1) / per_shard;
+    if (shards > kMaxShards)
+      throw std::runtime_error("prepare: --shard-tokens " + std::to_string(per_shard) + " cuts the " + split + " split's " +
+                               std::to_string(total) + " tokens into " + std::to_string(shards) + " shards, more than " +
+                               std::to_string(kMaxShards) + ": give a larger --shard-tokens (llm.c's: 100000000)");
     for (int64_t at = 0; at < total; at += per_shard) {
       char name[64];
       std::snprintf(name, sizeof name, "text_%s_%06d.bin", split.c_str(), int(names_.size()));
@@ -332,14 +342,26 @@ class OutputDir {
                                "shards? two would remove each other's files): wait for it to end or pick another --out");
     std::vector<fs::path> stale;
     std::error_code ec;
+    // The inputs by device and inode, stat'ed once: each file prepare would remove is looked up
+    // (fs::equivalent of every pair took minutes with 20,000 inputs beside 2,000 leftovers).
+    std::map<std::pair<dev_t, ino_t>, std::string> input_ids;
+    for (const std::string& in : inputs) {
+      struct stat st{};
+      if (::stat(in.c_str(), &st) == 0) input_ids.emplace(std::make_pair(st.st_dev, st.st_ino), in);
+    }
+    auto input_at = [&](const fs::path& p) -> const std::string* {  // the input that is p, if any
+      struct stat st{};
+      if (::stat(p.c_str(), &st) != 0) return nullptr;
+      const auto it = input_ids.find({st.st_dev, st.st_ino});
+      return it == input_ids.end() ? nullptr : &it->second;
+    };
     // The marker's own names are prepare's: an input called so would be removed below.
     const fs::path own_names[] = {fs::path(dir) / kPrepareIncomplete,
                                   fs::path(dir) / (std::string(kPrepareIncomplete) + ".tmp")};
-    for (const std::string& in : inputs)
-      for (const fs::path& own : own_names)
-        if (fs::equivalent(in, own, ec))
-          throw std::runtime_error(in + ": an input file named like prepare's own marker in --out " + dir +
-                                   " (which it would remove): move it or pick another --out");
+    for (const fs::path& own : own_names)
+      if (const std::string* in = input_at(own))
+        throw std::runtime_error(*in + ": an input file named like prepare's own marker in --out " + dir +
+                                 " (which it would remove): move it or pick another --out");
     // A run killed while renaming its shards (kPrepareIncomplete): the shards it lists are part of
     // a set no run may train on; cleared, as its temporaries are.
     const fs::path marker = fs::path(dir) / kPrepareIncomplete;
@@ -347,11 +369,10 @@ class OutputDir {
       std::istringstream listed(read_whole_file(marker.string()));
       for (std::string name; std::getline(listed, name);)
         if (name.rfind("text_", 0) == 0 && ends_with(name, ".bin") && name.find('/') == std::string::npos) {
-          for (const std::string& in : inputs)
-            if (fs::equivalent(in, fs::path(dir) / name, ec))
-              throw std::runtime_error(in + ": an input file that " + marker.string() +
-                                       " lists as a shard of an interrupted prepare (which it would remove): move it "
-                                       "or pick another --out");
+          if (const std::string* in = input_at(fs::path(dir) / name))
+            throw std::runtime_error(*in + ": an input file that " + marker.string() +
+                                     " lists as a shard of an interrupted prepare (which it would remove): move it "
+                                     "or pick another --out");
           cleared_ += fs::remove(fs::path(dir) / name, ec) ? 1 : 0;
         }
       fs::remove(marker, ec);
@@ -365,10 +386,9 @@ class OutputDir {
         throw std::runtime_error(dir + ": already holds shard " + name + " (remove the old shards or pick another --out)");
       if (!ends_with(name, ".bin.tmp")) continue;
       // An input that happens to carry a temporary's name is an input: never removed.
-      for (const std::string& in : inputs)
-        if (fs::equivalent(in, e.path(), ec))
-          throw std::runtime_error(in + ": an input file named like one of prepare's temporaries in --out " + dir +
-                                   " (which it would remove): move it or pick another --out");
+      if (const std::string* in = input_at(e.path()))
+        throw std::runtime_error(*in + ": an input file named like one of prepare's temporaries in --out " + dir +
+                                 " (which it would remove): move it or pick another --out");
       stale.push_back(e.path());
     }
     for (const fs::path& p : stale) fs::remove(p, ec);

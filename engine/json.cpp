@@ -13,11 +13,11 @@ namespace {
 
 class Parser {
  public:
-  Parser(const std::string& s, const std::string& where, size_t max_values)
-      : s_(s), where_(where), values_left_(max_values) {}
+  Parser(const std::string& s, const std::string& where, size_t max_values, const std::string* only)
+      : s_(s), where_(where), values_left_(max_values), only_(only) {}
 
   JsonValue document() {
-    JsonValue v = value(0);
+    JsonValue v = value(0, false);
     skip_ws();
     if (i_ != s_.size()) fail("unexpected text after the JSON value");
     return v;
@@ -27,6 +27,7 @@ class Parser {
   const std::string& s_;
   const std::string& where_;
   size_t values_left_;
+  const std::string* only_;  // keep only this field of a top-level object (the others are checked, not kept)
   size_t i_ = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -51,20 +52,27 @@ class Parser {
     return true;
   }
 
-  JsonValue value(int depth) {
+  // drop: checked as strictly, but nothing of it kept (a field parse_json's `only` leaves out: its
+  // values cost no memory however many there are).
+  JsonValue value(int depth, bool drop) {
     if (depth > 64) fail("nested deeper than 64 levels");  // bounds the recursion on hostile input
-    if (values_left_-- == 0) fail("more values than a file of its kind holds");  // each takes ~112 bytes
+    if (!drop && values_left_-- == 0) fail("more values than a file of its kind holds");  // each takes ~112 bytes
     JsonValue v;
     const char c = peek();
     if (c == '{') {
       v.kind = JsonValue::Kind::object;
       i_++;
       if (peek() == '}') return i_++, v;
+      std::map<std::string, bool> dropped_keys;  // a dropped object's keys, for the duplicate check
       for (;;) {
         if (peek() != '"') fail("expected a string key");
         std::string key = string();
         expect(':');
-        if (!v.fields.emplace(key, value(depth + 1)).second) fail("duplicate key \"" + key + "\"");
+        // Left out: the top-level fields but `only` (kept by name, as null, for a caller's message).
+        const bool leave = drop || (depth == 0 && only_ && key != *only_);
+        JsonValue field = value(depth + 1, leave);
+        const bool fresh = drop ? dropped_keys.emplace(key, true).second : v.fields.emplace(key, std::move(field)).second;
+        if (!fresh) fail("duplicate key \"" + key + "\"");
         if (peek() == ',') { i_++; continue; }
         expect('}');
         return v;
@@ -75,7 +83,8 @@ class Parser {
       i_++;
       if (peek() == ']') return i_++, v;
       for (;;) {
-        v.items.push_back(value(depth + 1));
+        if (drop) value(depth + 1, true);
+        else v.items.push_back(value(depth + 1, false));
         if (peek() == ',') { i_++; continue; }
         expect(']');
         return v;
@@ -83,7 +92,8 @@ class Parser {
     }
     if (c == '"') {
       v.kind = JsonValue::Kind::string;
-      v.text = string();
+      std::string text = string();
+      if (!drop) v.text = std::move(text);
       return v;
     }
     if (literal("true")) { v.kind = JsonValue::Kind::boolean; v.b = true; return v; }
@@ -100,7 +110,8 @@ class Parser {
                     c >= 0x20 && c < 0x7f ? c : unsigned(uint8_t(c)));
       fail(what);
     }
-    v.text = number();
+    std::string text = number();
+    if (!drop) v.text = std::move(text);
     return v;
   }
 
@@ -222,9 +233,9 @@ const std::string& JsonValue::as_string(const std::string& where) const {
   return text;
 }
 
-JsonValue parse_json(const std::string& text, const std::string& where, size_t max_values) {
+JsonValue parse_json(const std::string& text, const std::string& where, size_t max_values, const std::string* only) {
   try {
-    return Parser(text, where, max_values).document();
+    return Parser(text, where, max_values, only).document();
   } catch (const std::bad_alloc&) {  // a value takes about 112 bytes: "0," 56 times its size
     throw std::runtime_error(where + ": out of memory parsing " + std::to_string(text.size()) +
                              " bytes of JSON (each value takes about 112 bytes)");

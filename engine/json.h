@@ -45,7 +45,11 @@ struct JsonSyntaxError : std::runtime_error {
 
 // Throws JsonSyntaxError on any malformed input, or past max_values values (a reader's bound on
 // what a file of its kind can hold: each value takes about 112 bytes however short its text), and
-// a runtime_error naming `where` when memory runs out.
-JsonValue parse_json(const std::string& text, const std::string& where, size_t max_values = SIZE_MAX);
+// a runtime_error naming `where` when memory runs out. only: of a top-level object keep just that
+// field; the others are checked as strictly but kept as empty values of their kind (their names
+// stay, for a message listing them): a .jsonl record's metadata (an array of a million token ids
+// beside its text) then costs nothing.
+JsonValue parse_json(const std::string& text, const std::string& where, size_t max_values = SIZE_MAX,
+                     const std::string* only = nullptr);
 
 }  // namespace ul

@@ -57,3 +57,26 @@ TEST_CASE("json: as_bool takes true, false and null, nothing else", "[json]") {
                       Catch::Contains(std::string("t.json: ") + k + ": expected true or false"));
   }
 }
+
+TEST_CASE("json: only one field of an object kept, the others checked as strictly but not kept", "[json]") {
+  // A .jsonl record's text beside a million token ids: the ids once cost ~112 bytes each (a 16 MB
+  // line peaked near 1 GB); now none is kept, so max_values (which counts kept values) is not reached.
+  std::string line = R"({"ids": [)";
+  for (int i = 0; i < 1000000; i++) line += i ? ",0" : "0";
+  line += R"(], "meta": {"a": [1, {"b": "c"}]}, "text": "hello"})";
+  const std::string key = "text";
+  const JsonValue v = parse_json(line, "t.jsonl", 16, &key);
+  REQUIRE(v.find("text"));
+  CHECK(v.find("text")->as_string("text") == "hello");
+  REQUIRE(v.find("ids"));  // named (a message lists the fields), kept empty
+  CHECK(v.find("ids")->is(JsonValue::Kind::array));
+  CHECK(v.find("ids")->items.empty());
+  CHECK(v.find("meta")->fields.empty());
+  CHECK_THROWS_WITH(parse_json(line, "t.jsonl", 16), Catch::Contains("more values than a file of its kind holds"));
+  // Left out, still strict: syntax and duplicate keys anywhere.
+  for (const char* bad : {R"({"x": [1, 2,], "text": "t"})", R"({"x": {"a": 1, "a": 2}, "text": "t"})",
+                          R"({"x": "a)" "\x01" R"(", "text": "t"})", R"({"text": "t", "text": "u"})"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_json(bad, "t.jsonl", SIZE_MAX, &key), ul::JsonSyntaxError);
+  }
+}

@@ -229,6 +229,7 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
   TempDir d;
   std::ofstream(d.file("ok.txt")) << "some text for a shard, long enough for both splits\n";
   std::ofstream(d.file("nul.txt"), std::ios::binary) << std::string("ab\0cd", 5);
+  std::ofstream(d.file("mb.txt")) << std::string(1200000, 'x');
   const std::string out = d.file("out");
   struct Case {
     std::string args, message;
@@ -257,6 +258,10 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
       // shards where BPE ones were asked for).
       {"--out " + out + " --tokenizer= " + d.file("ok.txt"), "prepare: --tokenizer: empty path"},
       {"--out= " + d.file("ok.txt"), "prepare: --out: empty path"},
+      // More shards than six digits name (their names would sort out of order): a flag's slip.
+      {"--out " + out + " --shard-tokens 1 " + d.file("mb.txt"),
+       "--shard-tokens 1 cuts the train split's 1080001 tokens into 1080001 shards"},
+      {"--out " + out + " --shard-tokens 1 --val-frac 0 " + d.file("mb.txt"), "into 1200001 shards, more than 999999"},
   };
   for (const Case& c : cases) {
     auto r = run_cmd(train_cmd("prepare " + c.args));

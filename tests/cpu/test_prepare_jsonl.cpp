@@ -7,7 +7,11 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
+#include "data/json_documents.h"
 #include "prepare_files.h"
 #include "run_cmd.h"
 #include "temp_dir.h"
@@ -267,4 +271,32 @@ TEST_CASE("prepare --files-from: the inputs a list names, after those given, as 
     CHECK(r.out.find(c.message) != std::string::npos);
     CHECK(!fs::exists(out));
   }
+}
+
+TEST_CASE("a .jsonl line is read whole at any length around the reader's 64 KiB chunks, the last without its newline",
+          "[prepare]") {
+  // Lines are read a chunk at a time (so a file of one huge line is refused at 1 GiB, not read
+  // whole first): each line, whatever its length against the chunk, is one document, exactly.
+  TempDir d;
+  const std::string path = d.file("docs.jsonl");
+  const std::string head = R"({"text": ")", tail = R"("})";
+  std::vector<std::string> texts;
+  {
+    std::ofstream f(path, std::ios::binary);
+    const size_t lines[] = {65534, 65535, 65536, 65537, 131071, 131072, 131073, 12, 200000};
+    for (size_t k = 0; k < std::size(lines); k++) {
+      const size_t n = lines[k] - head.size() - tail.size();  // the line's bytes, without its '\n'
+      texts.push_back(std::string(n, char('a' + k)));
+      f << head << texts.back() << tail << (k + 1 < std::size(lines) ? "\n" : "");
+      if (k == 2) f << "\n";  // a blank line between: skipped
+    }
+  }
+  ul::JsonDocReader r(path, "text", ul::JsonForm::lines);
+  std::string text;
+  for (const std::string& want : texts) {
+    REQUIRE(r.next(text));
+    CHECK(text.size() == want.size());
+    CHECK(text == want);
+  }
+  CHECK_FALSE(r.next(text));
 }
