@@ -239,7 +239,10 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   // Outside the arena: the CPU attention backward's row sums (none in an eval) and, when it runs
   // in one pass (a task's dq scratch of group x T x D at most 32 MiB), its dq scratch: at most one
   // a task, which is at most a q-sized tensor whatever the threads; cuBLASLt's workspace on cuda.
-  const size_t group = size_t(c.model.heads / c.model.kv_heads), dq_task = group * size_t(c.seq) * w.D * 4;
+  // The group a rank's attention runs: its query heads over its kv heads (one, replicated, when
+  // kv heads are fewer than --sp: a smaller group than the model's).
+  const int64_t kv_local = c.model.kv_heads >= c.sp ? c.model.kv_heads / c.sp : 1;
+  const size_t group = size_t(w.Hql / kv_local), dq_task = group * size_t(c.seq) * w.D * 4;
   const size_t dq = dq_task <= (size_t(32) << 20) ? size_t(c.batch) * w.Hql * c.seq * w.D * 4 : 0;
   p.workspace = cuda ? scratch::kCublasLtWorkspace : c.trains ? size_t(c.batch) * w.Hql * c.seq * 4 + dq : 0;
   // ZeRO's shard buffer (device memory on a device); the local communicator's all-reduce keeps one
@@ -346,7 +349,10 @@ std::string mib(double b) {  // "   12.5 MiB" or "    1.23 GiB"
 }  // namespace
 
 PlanConfig plan_config(const Options& o) {
-  if (o.ranks % o.sp) throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp");
+  if (o.ranks % o.sp)
+    throw std::runtime_error("--plan: --ranks " + std::to_string(o.ranks) + " is not a multiple of --sp " +
+                             std::to_string(o.sp) + ": give --ranks N, the world size to plan for (under any --comm: "
+                             "mpirun's -np, or the GPUs)");
   if (!o.checkpoint.empty()) {  // the run's model is the checkpoint's (with the RoPE flags, as train has it)
     std::vector<float> values;
     ModelConfig cfg = checkpoint_model_config(o.checkpoint, values, false);  // the shape, not the weights
@@ -356,7 +362,15 @@ PlanConfig plan_config(const Options& o) {
   }
   const bool preset_vocab = preset_has_vocab(o.model);
   int data_vocab = o.vocab;  // the data is opened only when it sizes the model
-  if (!preset_vocab && data_vocab <= 0) data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
+  // (text:FILE is bytes: 256 ids whatever the file, which is not read for them)
+  if (!preset_vocab && data_vocab <= 0 && o.data.rfind("text:", 0) == 0) data_vocab = 256;
+  if (!preset_vocab && data_vocab <= 0) {
+    try {
+      data_vocab = open_dataset(o.data, Split::train, o.seed, -1)->vocab();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("--data: ") + e.what());  // as the run names it
+    }
+  }
   ModelConfig cfg = model_config(o, preset_vocab && data_vocab <= 0 ? 2 : data_vocab);
   apply_trained_length(o, cfg);
   return plan_config(o, cfg);

@@ -96,6 +96,10 @@ void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here
   std::string parts = plan_on_host ? "weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
                                          ", activations " + mib(plan.arena_peak) + ", "
                                    : "";
+  // Every part the total holds, so that they add up to it (the attention backward's scratch, a
+  // local communicator's slice of the gradient).
+  if (plan_on_host && plan.workspace) parts += "workspace " + mib(plan.workspace) + ", ";
+  if (plan_on_host && plan.comm) parts += "communication " + mib(plan.comm) + ", ";
   if (plan.pinned_host && !plan_on_host) parts += "--offload's pinned block inputs " + mib(plan.pinned_host) + ", ";
   if (plan.host_comm && !plan_on_host) parts += "collectives staged through the host " + mib(plan.host_comm) + ", ";
   if (load) parts += "a checkpoint's f32 copy while it loads or saves " + mib(load) + ", ";
@@ -113,10 +117,17 @@ void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, 
   const size_t need = plan.total * size_t(std::max(1, ranks_on_gpu));
   if (need <= free) return;
   // The --memory to plan with (a rank's): its share of what the GPU had free, less 0.5 GiB for what
-  // no plan holds (the CUDA libraries' own buffers: cuBLASLt's, NCCL's), rounded down to a tenth.
-  const double share = double(free) / double(size_t(1) << 30) / std::max(1, ranks_on_gpu);
+  // no plan holds (the CUDA libraries' own buffers: cuBLASLt's, NCCL's; once for the GPU), rounded
+  // down to a tenth; none when that leaves under 0.1G (--memory 0.0G would be refused).
+  const double share = (double(free) / double(size_t(1) << 30) - 0.5) / std::max(1, ranks_on_gpu);
+  const double budget = std::floor(share * 10) / 10;
   char gib[32];
-  std::snprintf(gib, sizeof gib, "%.1fG", std::max(0.0, std::floor((share - 0.5) * 10) / 10));
+  std::snprintf(gib, sizeof gib, "%.1fG", budget);
+  const std::string plan_hint =
+      budget >= 0.1 ? "; `train --plan --memory " + std::string(gib) +
+                          "` with this run's flags finds the longest --seq that fits (what the GPU had free, less "
+                          "0.5G for the CUDA libraries' own buffers" + (ranks_on_gpu > 1 ? ", shared by its ranks)" : ")")
+                    : "; the GPU has no room left for a rank's share beside the CUDA libraries' own buffers (0.5G)";
   const std::string here =
       ranks_on_gpu > 1 ? " x " + std::to_string(ranks_on_gpu) + " ranks on this GPU = " + mib(need) : "";
   std::string parts = "weights " + mib(plan.params);  // an eval has no gradients nor AdamW state
@@ -128,9 +139,7 @@ void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, 
   throw std::runtime_error("this run needs " + mib(plan.total) + " of GPU memory per rank" + here + " (" + parts +
                            "; `train --plan` shows every part) but " + gpu + " had " + mib(free) +
                            " free when the run started: try " + shrink +
-                           (ranks_on_gpu > 1 ? ", or fewer ranks on this GPU" : "") +
-                           "; `train --plan --memory " + gib + "` with this run's flags finds the longest --seq that fits "
-                           "(what the GPU had free, less 0.5G for the CUDA libraries' own buffers)");
+                           (ranks_on_gpu > 1 ? ", or fewer ranks on this GPU" : "") + plan_hint);
 }
 
 double now_ms() {
@@ -376,6 +385,12 @@ Trainer::Trainer(const Options& o, Comm& world)
   } else if (is_hf_checkpoint_path(o.checkpoint)) {
     load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
   } else {
+    // One thread draws them (about 25 ns a weight: 3 minutes at 8B) before the run's first line:
+    // said, where that is more than a few seconds, rather than a silent start.
+    if (!o.quiet && world.rank() == 0 && model_->params.numel() >= (size_t(200) << 20))
+      std::printf("init    | drawing %.2fB weights from --seed %llu (one thread: about %.0f s) ...\n",
+                  double(model_->params.numel()) / 1e9, (unsigned long long)o.seed,
+                  double(model_->params.numel()) * 25e-9), std::fflush(stdout);
     model_->init_weights(o.seed);
   }
   std::vector<float>().swap(ckpt);  // loaded: its host memory goes before the optimizer's and the arena's

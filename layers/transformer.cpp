@@ -28,13 +28,17 @@ namespace ul {
 int ModelConfig::ffn_dim() const {
   // In 64 bits: a file's header may name any dim (checked against the weights only after this).
   const int64_t f = !is_llama() ? 4 * int64_t(dim) : ffn > 0 ? ffn : (8 * int64_t(dim) / 3 + 63) / 64 * 64;
-  if (f > INT32_MAX) throw std::runtime_error("dim " + std::to_string(dim) + ": an MLP " + std::to_string(f) + " wide");
+  if (f > INT32_MAX)
+    throw std::runtime_error("dim " + std::to_string(dim) + ": the MLP would be " + std::to_string(f) +
+                             " wide, more than 2^31 - 1 (give a smaller --dim" + (is_llama() ? " or --ffn)" : ")"));
   return int(f);
 }
 
 size_t param_count(const ModelConfig& m) {
   // In 128 bits, so that a shape read from a file (layers, dim, vocab up to 2^31 each) cannot wrap
-  // around 2^64 to a small count that matches the file's size; 2^60 is far past any machine.
+  // around 2^64 to a small count that matches the file's size. 2^50 (a thousand trillion) is far
+  // past any machine, and keeps the planner's sums of 18 bytes a parameter and more within 64 bits
+  // (at 2^60 they wrapped, and a model of 10^18 parameters "fit" 24G).
   using W = unsigned __int128;
   const W L = W(m.layers), C = W(m.dim), Vp = W(m.padded_vocab), F = W(m.ffn_dim());
   const W QKV = W(int64_t(m.heads) + 2 * int64_t(m.kv_heads)) * W(m.head_dim());
@@ -42,8 +46,8 @@ size_t param_count(const ModelConfig& m) {
                                   L * (2 * C + QKV * C + QKV + C * C + C + 2 * C + F * C + F + C * F + C)
                             : W(m.has_lm_head() ? 2 : 1) * Vp * C + C +
                                   L * (C + QKV * C + (m.qkv_bias ? QKV : 0) + C * C + C + 2 * F * C + C * F);
-  if (n > (W(1) << 60))
-    throw std::runtime_error("the model's shape (" + m.describe() + ") gives more than 2^60 parameters");
+  if (n > (W(1) << 50))
+    throw std::runtime_error("the model's shape (" + m.describe() + ") gives more than 2^50 parameters");
   return size_t(n);
 }
 

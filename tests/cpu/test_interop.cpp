@@ -371,7 +371,7 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                     Catch::Contains("original_max_position_embeddings: expected an integer"));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":4294967360}"),
                     Catch::Contains("original_max_position_embeddings 4294967360 is not in [1, 2^31)"));
-  // A layer count no model has (2^30 of width 2 stays under 2^60 parameters): refused at once, as
+  // A layer count no model has (2^30 of width 2 stays under 2^50 parameters): refused at once, as
   // --layers is, not after minutes of per-layer planning.
   const size_t layers_at = x.json.find("\"num_hidden_layers\":");
   REQUIRE(layers_at != std::string::npos);

@@ -191,6 +191,34 @@ TEST_CASE("the planner matches the measured arena high-water and bytes per colle
   }
 }
 
+TEST_CASE("the planner counts the CPU attention's dq scratch by the group a rank runs, kv heads replicated too",
+          "[memory][planner]") {
+  // --heads 4 --kv-heads 1 --sp 2: each rank runs 2 query heads on 1 (replicated) kv head, a group
+  // of 2, not the model's 4; at T = 65536 its dq scratch (2 x T x 64 floats, 32 MiB) is within the
+  // one-pass limit, so the kernel takes it. Planned with the model's group (64 MiB, over the
+  // limit) it was left out: 0.5 MiB of row sums planned beside a 32 MiB scratch.
+  const PlanConfig pc = plan_config(full_options("--model llama --dim 256 --heads 4 --kv-heads 1 --sp 2 --seq 65536", 2));
+  const size_t rows = size_t(pc.batch) * 2 * 65536 * 4, dq = size_t(pc.batch) * 2 * 65536 * 64 * 4;
+  CHECK(plan_memory(pc).workspace == rows + dq);
+}
+
+TEST_CASE("--plan names the flag of what it cannot plan, and reads no text file for its vocabulary", "[memory][planner]") {
+  // --sp without --ranks (planning an MPI or NCCL run): the flag to give, not a bare "not a multiple".
+  ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--plan --sp 2"));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("--plan: --ranks 1 is not a multiple of --sp 2: give --ranks N, the world size to plan for") !=
+        std::string::npos);
+  // Data that does not open is --data's, as the run says it.
+  r = ul_test::run_cmd(ul_test::train_cmd("--plan --data 'shards:/nonexistent/x_*.bin'"));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("train: error: --data: shards:/nonexistent/x_*.bin: no file matches") != std::string::npos);
+  // text:FILE is 256 ids whatever it holds: planned without reading it (a 1 GB file once peaked at 1 GB).
+  r = ul_test::run_cmd(ul_test::train_cmd("--plan --data text:/nonexistent.txt"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("vocab=256") != std::string::npos);
+}
+
 TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte", "[memory][planner]") {
   // One rank: the CPU classifier's chunk follows the batch's scored rows, which the eval reports
   // (EvalResult::answers); under sp 2 each rank's differ, so there the reservation must hold.
@@ -419,14 +447,18 @@ TEST_CASE("the GPU memory check: the plan of every rank on the GPU against what 
   eval.grads = eval.optim = 0;
   CHECK_THROWS_WITH(check_device_memory(eval, 1, 1 << 20, "GPU 0 (X)", shrink, true),
                     Catch::Contains("(weights 1 MiB, activations 4 MiB;"));
-  // The --memory it suggests for --plan, a rank's: its share less 0.5 GiB, rounded down: 23.96 GiB
-  // free -> 23.4G; with 3 ranks on the GPU, 7.98 - 0.5 -> 7.4G.
+  // The --memory it suggests for --plan, a rank's: what was free less 0.5 GiB (once for the GPU:
+  // --comm local's ranks share one process's libraries), shared out, rounded down: 23.96 GiB free
+  // -> 23.4G; with 3 ranks on the GPU, 23.46 / 3 -> 7.8G.
   p.total = size_t(30) << 30;
   const size_t free = size_t(23.96 * double(size_t(1) << 30));
   CHECK_THROWS_WITH(check_device_memory(p, 1, free, "GPU 0 (X)", shrink, true),
                     Catch::Contains("`train --plan --memory 23.4G` with this run's flags"));
   CHECK_THROWS_WITH(check_device_memory(p, 3, free, "GPU 0 (X)", shrink, true),
-                    Catch::Contains("`train --plan --memory 7.4G` with this run's flags"));
+                    Catch::Contains("`train --plan --memory 7.8G` with this run's flags"));
+  // Under 0.1G a rank left: no --memory named (it once said --memory 0.0G, which --memory refuses).
+  CHECK_THROWS_WITH(check_device_memory(p, 512, free, "GPU 0 (X)", shrink, true),
+                    Catch::Contains("the GPU has no room left for a rank's share") && !Catch::Contains("--memory 0.0G"));
 }
 
 TEST_CASE("the memory hints name only the flags a run does not have yet", "[memory]") {
@@ -463,6 +495,15 @@ TEST_CASE("the host memory check counts every rank that shares the machine", "[m
                     Catch::Contains("needs 11 MiB of host memory per rank x 2 ranks on this machine = 22 MiB") &&
                         Catch::Contains("the step's micro-batches 1 MiB") && Catch::Contains("but this machine has 15 MiB") &&
                         Catch::Contains("fewer ranks on this machine"));
+  // Its parts add up to the total: the attention backward's workspace and a local communicator's
+  // slice are named too (the message once left them out of a total that held them).
+  {
+    MemoryPlan q = p;
+    q.workspace = 3 << 20, q.comm = 2 << 20, q.total = 16 << 20;
+    CHECK_THROWS_WITH(check_host_memory(q, true, 1, 15 << 20),
+                      Catch::Contains("needs 16 MiB") && Catch::Contains("activations 6 MiB, workspace 3 MiB, "
+                                                                         "communication 2 MiB, the step's micro-batches"));
+  }
   // On a GPU only the micro-batches are host memory.
   CHECK_NOTHROW(check_host_memory(p, false, 2, 15 << 20));
   p.batches = 10 << 20;
