@@ -160,7 +160,7 @@ TEST_CASE("a cgroup's memory limit caps the memory a run may plan on", "[hosts]"
   CHECK(memory_limit() <= physical_memory_bytes());
 }
 
-TEST_CASE("a cgroup's CPU quota caps the threads a rank takes", "[hosts]") {
+TEST_CASE("a cgroup's CPU quota is read from its v1 or v2 files, the tightest ancestor's", "[hosts]") {
   ul_test::TempDir dir, v1;
   const std::string root = dir.path.string(), r1 = v1.path.string();
   auto write_in = [](const std::string& tree, const std::string& rel, const std::string& text) {

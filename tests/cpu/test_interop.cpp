@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -759,6 +760,20 @@ TEST_CASE("train exports llm.c and safetensors files that load back to the same 
       REQUIRE(again.code == 0);
       if (ck.find("index") != std::string::npos) CHECK(again.out.find("load    | shard 2/2: ") != std::string::npos);
       CHECK(again.out.substr(again.out.rfind("\n", again.out.size() - 2) + 1) == text);  // same weights, same greedy text
+    }
+    // --export-dtype bf16 through the command line: every tensor BF16, each the f32 export's value
+    // rounded (the flag was tested only in a refusal; the writer only when called directly).
+    const std::string half = d / (arch + "_bf16/model.safetensors");
+    REQUIRE(run_cmd(train_cmd(common + " --steps 0 --checkpoint " + st + " --export-safetensors " + half +
+                              " --export-dtype bf16")).code == 0);
+    const SafetensorsFile full(st), bf(half);
+    REQUIRE(bf.tensors().size() == full.tensors().size());
+    for (size_t i = 0; i < bf.tensors().size(); i++) {
+      CAPTURE(bf.tensors()[i].name);
+      CHECK(bf.tensors()[i].dtype == "BF16");
+      const std::vector<float> a = full.to_f32(full.tensors()[i]), b = bf.to_f32(bf.tensors()[i]);
+      REQUIRE(a.size() == b.size());
+      for (size_t k = 0; k < a.size(); k += 97) CHECK(std::fabs(b[k] - a[k]) <= std::fabs(a[k]) * (1.0 / 256));
     }
   }
   // Refused before any step: llama has no llm.c format; bad version, name or dependent flags.

@@ -202,7 +202,7 @@ TEST_CASE("the planner counts the CPU attention's dq scratch by the group a rank
   CHECK(plan_memory(pc).workspace == rows + dq);
 }
 
-TEST_CASE("--plan names the flag of what it cannot plan, and reads no text file for its vocabulary", "[memory][planner]") {
+TEST_CASE("train --plan names the flag of what it cannot plan, and reads no text file for its vocabulary", "[memory][planner]") {
   // --sp without --ranks (planning an MPI or NCCL run): the flag to give, not a bare "not a multiple".
   ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd("--plan --sp 2"));
   CHECK(r.code == 1);

@@ -676,3 +676,30 @@ TEST_CASE("a sample printed to a terminal shows control bytes escaped, to a pipe
     CHECK(shown == want);
   }
 }
+
+TEST_CASE("train's --temperature, --top-k and --top-p reach the sampler, not only its header line", "[sample][cli]") {
+  // The weights from a file, so that --seed moves only the draws. Greedy ignores the seed, and
+  // --top-k 1 and a tiny --top-p are greedy too; at temperature 1 two seeds draw differently, and
+  // another temperature at the same seed too. (The header prints the options: a sampler given
+  // none of them passed every test that read it.)
+  using namespace ul_test;
+  const std::string base = "--checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") +
+                           " --steps 0 --threads 1 --sample 12 --prompt ids:1,2,3 ";
+  auto drawn = [&](const std::string& flags) {
+    const CmdResult r = run_cmd(train_cmd(base + flags));
+    INFO(flags << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    const size_t at = r.out.rfind("ids: 1 2 3 | ids: ");
+    REQUIRE(at != std::string::npos);
+    return r.out.substr(at);
+  };
+  const std::string greedy = drawn("--temperature 0 --seed 1");
+  CHECK(drawn("--temperature 0 --seed 2") == greedy);
+  CHECK(drawn("--top-k 1 --seed 2") == greedy);
+  CHECK(drawn("--top-p 0.01 --seed 2") == greedy);
+  const std::string one = drawn("--temperature 1 --seed 1");
+  CHECK(one != greedy);
+  CHECK(drawn("--temperature 1 --seed 2") != one);
+  CHECK(drawn("--temperature 2 --seed 1") != one);
+  CHECK(drawn("--temperature 1 --top-k 3 --seed 1") != one);
+}

@@ -634,6 +634,27 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
     CHECK(n.code == 1);
     CHECK(n.out.find("check-state: FAIL") != std::string::npos);
   }
+  // A finite difference past the tolerance fails too, and --check-tol moves the line: lnfb's last
+  // gradient (max |ref| 0.015) moved by 1e-3, 7% of it (a verdict of isfinite alone passed this).
+  std::string off = bytes;
+  float last;
+  std::memcpy(&last, &off[off.size() - sizeof last], sizeof last);
+  last += 1e-3f;
+  std::memcpy(&off[off.size() - sizeof last], &last, sizeof last);
+  const std::string path = (dir.path / "off_state.bin").string();
+  std::ofstream(path, std::ios::binary) << off;
+  const std::string base = "--checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") + " --check-state " + path;
+  CmdResult f = run_cmd(train_cmd(base));
+  INFO(f.out);
+  CHECK(f.code == 1);
+  CHECK(f.out.find("lnfb") != std::string::npos);
+  CHECK(f.out.find("<-- FAIL") != std::string::npos);
+  CHECK(f.out.find("check-state: FAIL") != std::string::npos);
+  f = run_cmd(train_cmd(base + " --check-tol 0.1"));
+  INFO(f.out);
+  CHECK(f.code == 0);
+  CHECK(f.out.find("check-state: PASS") != std::string::npos);
+  CHECK(f.out.find("tolerance 1.0e-01 relative") != std::string::npos);
 }
 
 TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[cli][optimizer]") {
@@ -647,6 +668,9 @@ TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[c
   CHECK(at("cosine", 4, 20) == Approx(lr).epsilon(1e-6));
   CHECK(at("cosine", 19, 20) == Approx(lr * fin).epsilon(1e-6));
   CHECK(at("cosine", 12, 21) == Approx(lr * (fin + 1) / 2).epsilon(1e-6));  // 8 of the 16 steps after step 4
+  // A quarter of the way: the cosine's 0.854, where a straight line (which meets the three above
+  // as well) gives 0.75.
+  CHECK(at("cosine", 8, 21) == Approx(lr * (fin + (1 - fin) * 0.5 * (1 + std::cos(M_PI / 4)))).epsilon(1e-6));
   // One step after the warmup: it is the last, on the floor as wsd's is (it once stayed at lr).
   CHECK(at("cosine", 4, 5) == Approx(lr * fin).epsilon(1e-6));
   CHECK(at("wsd", 4, 5) == Approx(lr * fin).epsilon(1e-6));
@@ -668,7 +692,7 @@ TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[c
   for (int s = 4; s < 20; s++) CHECK(at("constant", s, 20) == double(lr));
   // The flags reach the trainer's steps.
   ul::Options o = options("--threads 1 --quiet --eval-every 0 --seq 16 --batch 1 --layers 1 --dim 32 --steps 10 "
-                          "--warmup 2 --schedule wsd --decay-frac 0.5");
+                          "--warmup 2 --schedule wsd --decay-frac 0.5 --final-lr-frac 0.5");  // (not the default 0.1)
   std::vector<double> got;
   ul::run_local(1, [&](ul::Comm& world) {
     ul::Trainer tr(o, world);
@@ -677,6 +701,7 @@ TEST_CASE("learning-rate schedules: cosine, wsd and constant, step by step", "[c
   for (int s = 0; s < 10; s++) CHECK(got[s] == double(ul::lr_at(s, {"wsd", 10, 2, o.lr, o.final_lr_frac, 0.5f})));
   CHECK(got[4] == o.lr);  // steps 5-9 decay: the first a fifth of the way
   CHECK(got[5] == Approx(o.lr * (1 - (1 - o.final_lr_frac) / 5)).epsilon(1e-6));
+  CHECK(got[9] == Approx(o.lr * 0.5).epsilon(1e-6));  // --final-lr-frac 0.5 reached the last step
 }
 
 TEST_CASE("a Trainer refuses to run under another one's context on its thread", "[trainer]") {
