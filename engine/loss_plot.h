@@ -1,4 +1,5 @@
-// The loss plot written at the end of a run that keeps a log: hand-written SVG (no library) with
+// The loss plot of a run that keeps a log (drawn at its first eval, then at most once a minute of
+// evals and saves, and at the end: engine/train_loop.cpp): hand-written SVG (no library) with
 // the train loss of every step (a light line), the val loss of every eval (a line with markers),
 // both against the step, with ticked and labelled axes and a legend. It is drawn from the log
 // read back (engine/run_log.h), so a resumed run's plot covers the whole run.

@@ -204,7 +204,7 @@ struct Walk {
     classifier();
     act(N * C), norm_scratch(N);  // final norm backward: d(last block out)
     // Each block's backward: d(x), [the replay,] the nodes; then d(x) moves into d(y)'s memory
-    // and the arena drops back to where it was (layers/transformer.cpp, scoped_backward).
+    // and the arena drops back to where it was (layers/transformer.cpp, bracketed_backward).
     for (int l = c.model.layers - 1; l >= 0; l--) {
       auto m = A.mark();
       act(N * C);

@@ -265,10 +265,11 @@ Tensor Transformer::block_ops(const Tensor& x, int l, const ModelInputs& in, Com
 // ONE node replays it in backward. The all-to-alls inside run again on every sp rank, in order.
 Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* sp) {
   Context& c = ctx();
-  // Nothing records (eval): the same scoped run, so an eval holds one block's activations at a
-  // time instead of every layer's.
-  const bool scoped = !c.tape.recording || (recompute && x.requires_grad());
-  if (!scoped) return scoped_backward(x, [&] { return block_ops(x, l, in, sp); });
+  // Nothing records (eval): the same run in an arena scope, so an eval holds one block's
+  // activations at a time instead of every layer's. Else (recorded, no recompute) the block as
+  // usual, its backward bracketed.
+  const bool replayed = !c.tape.recording || (recompute && x.requires_grad());
+  if (!replayed) return bracketed_backward(x, [&] { return block_ops(x, l, in, sp); });
   BlockOffload* off = c.tape.recording ? offloading_ : nullptr;
   Tensor y = off ? off->output(l) : !c.tape.recording ? eval_out_[l % 2] : c.empty(x.shape, x.dtype);
   {
@@ -302,7 +303,7 @@ Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* s
 // input's gradient and marks the arena; one pushed first (so it runs last) moves the input's
 // gradient into the output's dead one and releases to below it. Every activation gradient made
 // inside the block dies there, instead of every layer's piling up until the step ends.
-Tensor Transformer::scoped_backward(const Tensor& x, const std::function<Tensor()>& ops) {
+Tensor Transformer::bracketed_backward(const Tensor& x, const std::function<Tensor()>& ops) {
   Context& c = ctx();
   if (!c.tape.recording || !x.requires_grad()) return ops();
   auto below = std::make_shared<Arena::Mark>();

@@ -124,7 +124,7 @@ class Transformer {
   Tensor attention_block(const Tensor& h, int l, const ModelInputs& in, Comm* sp);
   Tensor mlp_block(const Tensor& h, int l);  // tiled over rows when mlp_chunks > 1
   Tensor mlp_ops(const Tensor& h, int l);
-  Tensor scoped_backward(const Tensor& x, const std::function<Tensor()>& ops);
+  Tensor bracketed_backward(const Tensor& x, const std::function<Tensor()>& ops);
   std::unique_ptr<BlockOffload> offload_;  // made on the first forward that offloads
   BlockOffload* offloading_ = nullptr;     // this forward's (recorded, recompute, offload) or null
   Tensor eval_out_[2];                     // a forward that records nothing: block outputs alternate

@@ -3,8 +3,9 @@
 // others there until the scheduler's wall-clock limit. If the guarded scope has not ended within
 // `seconds`, `expire` runs on the watchdog's own thread; the NCCL bootstrap's says which wait ran
 // out and ends the process (parallel/comm_nccl.cpp), since nothing can return from inside the init.
-// RearmableWatchdog does the same for NCCL's other calls, which may block as the init does; a
-// Watchdog is one of its armings, from construction to destruction.
+// RearmableWatchdog does the same for NCCL's other calls, which may block as the init does, and for
+// every MPI call (parallel/comm_mpi.cpp; MPI's start-up too, train.cpp); a Watchdog is one of its
+// armings, from construction to destruction.
 #pragma once
 #include <algorithm>
 #include <chrono>

@@ -45,7 +45,8 @@ inline std::vector<int32_t> rand_ints(int n, int limit, uint64_t seed) {
 
 // Checks d/d(inputs) of L = sum(y .* wy), where y = forward(inputs) and wy is a fixed random
 // weighting (so every output element matters). `backward(dy, dinputs)` must ADD into dinputs,
-// which arrive zeroed. Each input entry is perturbed by +-h (at most max_probe entries per input).
+// which arrive zeroed. Each input entry is perturbed by +-h: every one, or every (size / max_probe)-th
+// (integer division: up to twice max_probe entries of a large input).
 inline void gradcheck(const std::string& name, std::vector<Vec*> inputs,
                       const std::function<void(Vec& y)>& forward,
                       const std::function<void(const Vec& dy, std::vector<Vec>& dx)>& backward,

@@ -77,7 +77,7 @@ TEST_CASE("gelu op records nothing when no input needs a gradient", "[gelu]") {
 
 // The float kernels' exp (layers/cpu_exp.h) against libm's double exp, in units of the float's last
 // place: at most 2 over [-87, 88], and what it does beyond.
-TEST_CASE("the CPU kernels' float exp is within 2 ulp of exp over [-87, 88]", "[gelu][exp]") {
+TEST_CASE("gelu's float exp (the CPU kernels') is within 2 ulp of exp over [-87, 88]", "[gelu][exp]") {
   double worst = 0;
   float worst_z = 0;
   for (int i = 0; i <= 2000000; i++) {
@@ -108,7 +108,7 @@ TEST_CASE("the CPU kernels' float exp is within 2 ulp of exp over [-87, 88]", "[
 // (The former float kernel, 0.5 x (1 + tanhf(u)), lost digits to the cancellation in 1 + tanhf(u):
 // relative error 4.5e-4 at x = -4, 0.3 at x = -5, and it returned 0 from about -5.3 on, where
 // tanhf(u) rounds to -1. These checks fail it from x = -3.)
-TEST_CASE("float GELU matches the double kernels and does not depend on where the loop splits", "[gelu]") {
+TEST_CASE("float gelu matches the double kernels and does not depend on where the loop splits", "[gelu]") {
   const int n = 4001;
   std::vector<double> xd(n), dyd(n);
   for (int i = 0; i < n; i++) {

@@ -21,7 +21,7 @@ TEST_CASE("residual forward is the elementwise sum", "[residual]") {
   for (int i = 0; i < n; i++) REQUIRE(y[i] == a[i] + b[i]);
 }
 
-TEST_CASE("add op: both gradients accumulate, and x + x counts x twice", "[residual]") {
+TEST_CASE("residual add op: both gradients accumulate, and x + x counts x twice", "[residual]") {
   ul::Context c;
   ul::ContextGuard g(c);
   ul::Recording rec(true);
@@ -45,7 +45,7 @@ TEST_CASE("add op: both gradients accumulate, and x + x counts x twice", "[resid
   }
 }
 
-TEST_CASE("add op rejects operands of different shapes", "[residual]") {
+TEST_CASE("residual add op rejects operands of different shapes", "[residual]") {
   ul::Context c;
   ul::ContextGuard g(c);
   ul::Tensor a = c.zeros({2, 3}), b = c.zeros({3, 2});

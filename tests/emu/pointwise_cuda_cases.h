@@ -262,7 +262,7 @@ TEST_CASE("residual CUDA kernels match the CPU backend", UL_CUDA_TEST_TAG "[resi
     }
 }
 
-TEST_CASE("rmsnorm, gelu, swiglu and add ops on Device::cuda match the ops on the CPU",
+TEST_CASE("rmsnorm, gelu, swiglu and residual add ops on Device::cuda match the ops on the CPU",
           UL_CUDA_TEST_TAG "[rmsnorm][gelu][swiglu][residual]") {
   using Ts = std::vector<ul::Tensor>;
   const int N = 37, C = 80;
@@ -276,7 +276,7 @@ TEST_CASE("rmsnorm, gelu, swiglu and add ops on Device::cuda match the ops on th
   op_cases::compare_op("add(a, a)", {{N, 7}}, {false}, {N, 7}, [](ul::Context&, Ts& t) { return ul::add(t[0], t[0]); });
 }
 
-TEST_CASE("rmsnorm, gelu, swiglu and add ops refuse mixed devices and dtypes and bad shapes",
+TEST_CASE("rmsnorm, gelu, swiglu and residual add ops refuse mixed devices and dtypes and bad shapes",
           UL_CUDA_TEST_TAG "[rmsnorm][gelu][swiglu][residual]") {
   ul::init_cuda_backend();
   ul::Context c(ul::Device::cuda);
