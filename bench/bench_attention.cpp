@@ -5,12 +5,14 @@
 // fp32 GEMM peak measured first in the same run (bench/gemm_peak.h: the same threads, the same
 // load); on a GPU bench/sdpa_reference.py measures PyTorch's scaled_dot_product_attention on the
 // same shapes and bench/gpu_check.sh prints the ratio.
-// --doc-len N adds a document mask of packed N-token documents: the FLOPs are still counted as
-// causal, so TFLOP/s then reads as the speed-up from the tiles skipped (compare the ms).
+// --doc-len N adds a document mask of packed N-token documents: the FLOPs are then counted for the
+// (query, key) pairs the masks leave visible only (causal's count times their share of causal's
+// pairs), so TFLOP/s and "vs GEMM" stay rates of work done (counted as causal, they read as many
+// times the GEMM peak). The speed-up from the tiles skipped is in the ms (compare a causal run's).
 // --falling-ids numbers those documents downwards (the same documents, the same visible pairs):
 // the CPU kernels then test every earlier tile's ids instead of finding the document's tiles by
 // bisection, as they did for all ids before (the baseline of bench/RESULTS.md's rows).
-// --window W adds a sliding window of W keys (counted as causal too: compare the ms).
+// --window W adds a sliding window of W keys (its visible pairs counted the same way).
 // --query-rows 64|128 picks the bf16 CUDA kernels' query rows per block (forward and dq pass;
 // layers/attention.h); the last column says which ran. --dkv-stages 1|2 the bf16 dk/dv pass's stages
 // of (Q, dout) tiles (0, the default: as the GPU allows; layers/attention.h).
@@ -102,12 +104,14 @@ static int run(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_attention [--device cpu|cuda] [--dtype f32|bf16] [--heads 16] [--seqs 1024,2048]\n"
                  "                       [--dims 64] [--reps 3] [--doc-len N [--falling-ids]] [--window W]\n"
-                 "                       [--query-rows 64|128] [--dkv-stages 0|1|2]");
-  const std::string device = args.text("--device", "cpu"), dtype = args.text("--dtype", "f32");
+                 "                       [--query-rows 64|128] [--dkv-stages 0|1|2]\n"
+                 "  with --doc-len or --window, TFLOP/s counts only the (query, key) pairs the mask leaves visible");
+  const std::string device = args.choice("--device", "cpu", {"cpu", "cuda"});
+  const std::string dtype = args.choice("--dtype", "f32", {"f32", "bf16"});
   const int H = args.positive("--heads", 16), reps = args.positive("--reps", 3);
   const int doc_len = int(args.integer("--doc-len", 0, 0, INT_MAX));  // 0: no document mask
   const bool falling = args.flag("--falling-ids");
-  if (falling && doc_len == 0) throw std::runtime_error("--falling-ids needs --doc-len");
+  if (falling && doc_len == 0) args.refuse("--falling-ids needs --doc-len");
   const int window = int(args.integer("--window", 0, 0, INT_MAX));    // 0: no sliding window
   const bool rows_given = args.given("--query-rows");
   const int query_rows = int(args.integer("--query-rows", 64));
@@ -116,17 +120,11 @@ static int run(int argc, char** argv) {
   const std::vector<int> seqs = args.ints("--seqs", {1024, 2048}, 1), dims = args.ints("--dims", {64}, 1);
   args.done();
   (void)dkv_stages;
-  if ((device != "cpu" && device != "cuda") || (dtype != "f32" && dtype != "bf16")) {
-    std::fprintf(stderr, "--device is cpu or cuda, --dtype f32 or bf16 (got %s, %s)\n", device.c_str(), dtype.c_str());
-    return 2;
-  }
   if (dtype == "bf16" && device != "cuda")  // (found once the GEMM peak had been timed, by the op)
     args.refuse("--dtype bf16: the CPU backend runs f32 only (--device cuda)");
-  if ((rows_given || stages_given) && device != "cuda") {
-    std::fprintf(stderr, "%s picks the CUDA kernels' blocks: it needs --device cuda\n",
-                 rows_given ? "--query-rows" : "--dkv-stages");
-    return 2;
-  }
+  if ((rows_given || stages_given) && device != "cuda")
+    args.refuse(std::string(rows_given ? "--query-rows" : "--dkv-stages") +
+                " picks the CUDA kernels' blocks: it needs --device cuda");
   Device dev = Device::cpu;
   if (device == "cuda") {
 #if ULYSSES_HAVE_CUDA
@@ -135,8 +133,7 @@ static int run(int argc, char** argv) {
     cuda::set_attention_dkv_stages(dkv_stages);  // throws on anything but 0, 1 or 2
     dev = Device::cuda;
 #else
-    std::fprintf(stderr, "this build has no CUDA backend\n");
-    return 2;
+    args.refuse("--device cuda: this build has no CUDA backend");
 #endif
   }
   const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
@@ -234,7 +231,16 @@ static int run(int argc, char** argv) {
         c.arena.reset();
         qkv = c.tape.track(qkv);
       }
-      const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0;  // causal: half the square
+      // The mask's visible (query, key) pairs over causal's T (T + 1) / 2: query t sees the keys of
+      // its document (doc ids t / doc_len) no older than t - W + 1. 1 without a mask.
+      double visible = 0;
+      for (int t = 0; t < T; t++) {
+        int lo = doc_len > 0 ? t / doc_len * doc_len : 0;
+        if (window > 0) lo = std::max(lo, t - window + 1);
+        visible += t - lo + 1;
+      }
+      const double share = visible / (0.5 * double(T) * (double(T) + 1));
+      const double fwd_flops = 4.0 * double(T) * T * D * H / 2.0 * share;  // causal: half the square
       const double total = fwd_flops * 3.5;                         // forward + backward (2.5x)
       const double tflops = total / (best_fb / 1000.0) / 1e12;
       char vs[16] = "-";  // a GPU's ratio is against SDPA, in gpu_check.sh

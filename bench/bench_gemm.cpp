@@ -18,6 +18,7 @@
 
 #include "bench/bench_args.h"
 #include "bench/gemm_peak.h"
+#include "bench/guarded_main.h"
 #include "layers/classifier.h"
 #include "layers/linear.h"
 
@@ -102,9 +103,7 @@ void bench_classifier(int N, int C, int V, int chunk_rows, int reps) {
   }));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   BenchArgs args(argc, argv, "usage: bench_gemm [--reps 5] [--threads N (OpenMP's default: OMP_NUM_THREADS or every core)]");
   const int reps = args.positive("--reps", 5), threads = int(args.integer("--threads", 0, 0, 4096));
   args.done();
@@ -127,3 +126,7 @@ int main(int argc, char** argv) {
   std::printf("\nEigen peak again (load drift check): %.1f GFLOP/s\n", eigen_gemm_peak_gflops(2048, reps));
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return guarded_main(run, argc, argv); }

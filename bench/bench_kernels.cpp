@@ -1,6 +1,6 @@
 // The memory-bound CUDA kernels against the copy bandwidth measured in the same run. For each: the
 // fewest bytes it must move (each input read once, each output written once), its best time over
-// --reps launches (CUDA events, after one warm-up), the GB/s that makes, and the ratio to a
+// --reps launches (CUDA events, each behind an untimed launch), the GB/s that makes, and the ratio to a
 // device-to-device cudaMemcpy's GB/s (bytes read + written). A ratio well under 1 is a kernel
 // moving more bytes than it must (re-reads, narrow or uncoalesced accesses) or with too little in
 // flight. Defaults: GPT-2 124M at B = 32, T = 1024 in bf16. Last, the classifier's GEMMs at 1, 2
@@ -16,15 +16,18 @@
 #if ULYSSES_HAVE_CUDA
 #include "bench/bench_args.h"
 #include "bench/guarded_main.h"
+#include "engine/context.h"
 #include "engine/cuda_launch.h"
 #include "engine/gemm.h"
 #include "engine/optimizer.h"
+#include "engine/options.h"
 #include "layers/classifier.h"
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/linear.h"
 #include "layers/residual.h"
 #include "layers/scratch_sizes.h"
+#include "layers/transformer.h"
 #include "parallel/ulysses.h"
 
 namespace {
@@ -55,14 +58,16 @@ struct Buf {
   ~Buf() { cudaFree(p); }
 };
 
-// Best ms of `reps` timed runs of f after one untimed one.
+// Best ms of `reps` timed runs of f, each queued behind an untimed one: the GPU is still running
+// that one when the host records a and launches f, so the launch's host latency (microseconds, a
+// few percent of the shortest kernels here) falls outside a to b.
 double best_ms(int reps, const std::function<void()>& f) {
   cudaEvent_t a, b;
   UL_CUDA_CHECK(cudaEventCreate(&a));
   UL_CUDA_CHECK(cudaEventCreate(&b));
-  f();
   double best = 1e30;
   for (int r = 0; r < reps; r++) {
+    f();
     UL_CUDA_CHECK(cudaEventRecord(a, nullptr));
     f();
     UL_CUDA_CHECK(cudaEventRecord(b, nullptr));
@@ -120,8 +125,11 @@ int run(int argc, char** argv) {
   {  // GELU over the MLP's (N, 4C); the residual add over (N, C)
     Buf<bf16> u(F), g(F), du(F), dg(F);
     report("gelu_forward (N, 4C)", 4.0 * F, best_ms(reps, [&] { ul::cuda::gelu_forward(g.p, u.p, int64_t(F), nullptr); }));
-    report("gelu_backward (N, 4C)", 8.0 * F,
-           best_ms(reps, [&] { ul::cuda::gelu_backward(du.p, dg.p, u.p, int64_t(F), nullptr); }));
+    // As the model runs it: the gradient's first writer stores dx without reading it (the
+    // accumulating variant, 8 bytes an element, runs only where dx already holds a gradient).
+    report("gelu_backward (N, 4C), stores dx", 6.0 * F, best_ms(reps, [&] {
+             ul::cuda::gelu_backward(du.p, dg.p, u.p, int64_t(F), nullptr, /*accumulate=*/false);
+           }));
     report("residual_forward", 6.0 * NC,
            best_ms(reps, [&] { ul::cuda::residual_forward(g.p, u.p, du.p, int64_t(NC), nullptr); }));
   }
@@ -180,6 +188,23 @@ int run(int argc, char** argv) {
            }));
     report("sum_squares (grad norm, f64 sums)", 4.0 * P,
            best_ms(reps, [&] { ul::cuda::sum_squares(out.p, grad.p, P, scratch.p, nullptr); }));
+  }
+  {  // AdamW as the training step runs it: AdamW::step on GPT-2 124M's bf16 parameters, which
+     // passes the model's decay segments (weights decay, biases and norms not) to the same kernel
+     // (the rows above pass none: every element decays). The gradient is non-zero, so the weights
+     // are too from the untimed first step on (no init: 124M host draws for nothing).
+    ul::Options o;
+    o.model = "gpt2-124M";
+    ul::Context c(ul::Device::cuda);
+    ul::ContextGuard guard(c);
+    ul::Transformer model(ul::model_config(o, V), ul::DType::bf16);
+    ul::AdamW opt(model.params, ul::AdamWConfig{});
+    const size_t Pm = model.params.numel();
+    {
+      Buf<float> g(Pm);
+      UL_CUDA_CHECK(cudaMemcpy(model.params.grad(), g.p, Pm * sizeof(float), cudaMemcpyDeviceToDevice));
+    }
+    report("AdamW::step (gpt2-124M segments)", 30.0 * Pm, best_ms(reps, [&] { opt.step(1e-4f, 1.f); }));
   }
 
   // The classifier's three GEMMs per chunk at 1, 2 and 4 times the chunk's rows: the weight

@@ -55,8 +55,9 @@ int main(int argc, char** argv) {
     for (bool rc : {false, true}) {
       MemoryPlan a = plan_memory(config(m, 16384, 1, 1, rc, rc ? 8 : 1, 0, Device::cpu));
       MemoryPlan b = plan_memory(config(m, 16384, 4, 4, rc, rc ? 8 : 1, 0, Device::cpu));
-      // kept per layer: the difference between L and L + 1 layers, per token
-      PlanConfig k0 = config(m, 16384, 1, 1, rc, 8, 0, Device::cpu), k1 = k0;
+      // kept per layer: the difference between L and L + 1 layers, per token, with the row's own
+      // chunks (the MLP's chunks change what a layer without recompute keeps)
+      PlanConfig k0 = config(m, 16384, 1, 1, rc, rc ? 8 : 1, 0, Device::cpu), k1 = k0;
       k1.model.layers += 1;
       const double per = double(plan_memory(k1).kept - plan_memory(k0).kept) / 16384 / (k0.model.dim * 4.0);
       std::printf("| %s | %s | %.2f GiB | %.2f GiB | 1/%.2f | %.2f |\n", m, rc ? "yes, mlp chunks 8" : "no",

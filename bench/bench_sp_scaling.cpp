@@ -6,7 +6,8 @@
 //     plus P copies of the parameters, gradients and AdamW state, so it does not fall as 1/P;
 //   - all-to-all bytes sent per rank per step, against the formula from parallel/ulysses.cpp;
 //   - all-reduce bytes per rank per step (the gradient and three f64 scalars, ring accounting);
-//   - step time (the second step; the first warms up), one OpenMP thread per rank.
+//   - step time (the best of --reps steps after the first, which warms up; the machine may be
+//     shared, and the best step is the one least disturbed), one OpenMP thread per rank.
 // Ratios are against the sp = 1 run.
 //   ./build/bench_sp_scaling --help   prints the flags and their defaults (the usage string below is the one list)
 #include <unistd.h>
@@ -31,7 +32,7 @@ using namespace ul;
 namespace {
 
 struct Config {
-  int seq = 8192, dim = 256, layers = 4, heads = 8, batch = 1;
+  int seq = 8192, dim = 256, layers = 4, heads = 8, batch = 1, reps = 3;
   std::vector<int> sps = {1, 2, 4};
 };
 
@@ -52,25 +53,31 @@ long vm_hwm_kib() {
 int child(const Config& c, int sp) {
   std::ostringstream args;
   args << "train --model gpt2 --dim " << c.dim << " --layers " << c.layers << " --heads " << c.heads << " --seq " << c.seq
-       << " --batch " << c.batch << " --sp " << sp << " --ranks " << sp << " --threads 1 --steps 2 --warmup 1"
-       << " --eval-every 0 --quiet";
+       << " --batch " << c.batch << " --sp " << sp << " --ranks " << sp << " --threads 1 --steps " << c.reps + 1
+       << " --warmup 1 --eval-every 0 --quiet";
   std::vector<std::string> words;
   std::istringstream in(args.str());
   for (std::string w; in >> w;) words.push_back(w);
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(&w[0]);
   Options o = parse_options(int(argv.size()), argv.data());
-  std::vector<StepResult> last(sp);
+  std::vector<std::vector<StepResult>> steps(size_t(c.reps), std::vector<StepResult>(size_t(sp)));
   run_local(sp, [&](Comm& world) {
     Trainer tr(o, world);
     tr.step();
-    last[world.rank()] = tr.step();
+    for (auto& s : steps) s[size_t(world.rank())] = tr.step();
   });
+  // A step takes as long as its slowest rank; the configuration's time is its best step.
   size_t act = 0;
-  double ms = 0;
-  for (const StepResult& r : last) act = std::max(act, r.act_bytes), ms = std::max(ms, r.ms);
+  double ms = 1e300;
+  for (const auto& s : steps) {
+    double step_ms = 0;
+    for (const StepResult& r : s) act = std::max(act, r.act_bytes), step_ms = std::max(step_ms, r.ms);
+    ms = std::min(ms, step_ms);
+  }
+  const StepResult& last = steps.back()[0];
   std::printf("RESULT %d %.3f %.3f %.3f %llu %llu\n", sp, act / 1048576.0, vm_hwm_kib() / 1024.0, ms,
-              (unsigned long long)last[0].sent.all_to_all, (unsigned long long)last[0].sent.all_reduce);
+              (unsigned long long)last.sent.all_to_all, (unsigned long long)last.sent.all_reduce);
   return 0;
 }
 
@@ -78,7 +85,7 @@ int child(const Config& c, int sp) {
 bool run_child(const Config& c, int sp, const char* self, Result& out) {
   std::ostringstream cmd;
   cmd << self << " --child " << sp << " --seq " << c.seq << " --dim " << c.dim << " --layers " << c.layers
-      << " --heads " << c.heads << " --batch " << c.batch;
+      << " --heads " << c.heads << " --batch " << c.batch << " --reps " << c.reps;
   FILE* p = popen(cmd.str().c_str(), "r");
   if (!p) return false;
   char line[512];
@@ -100,13 +107,15 @@ int main(int argc, char** argv) {
   BenchArgs args(argc, argv,
                  "usage: bench_sp_scaling [--seq " + std::to_string(c.seq) + "] [--dim " + std::to_string(c.dim) +
                      "] [--layers " + std::to_string(c.layers) + "] [--heads " + std::to_string(c.heads) +
-                     "] [--batch " + std::to_string(c.batch) + "] [--sp 1,2,4]");
+                     "] [--batch " + std::to_string(c.batch) + "] [--sp 1,2,4] [--reps " + std::to_string(c.reps) +
+                     "]\n  the step time is the best of --reps steps after a first one");
   c.seq = args.positive("--seq", c.seq);
   c.dim = args.positive("--dim", c.dim);
   c.layers = args.positive("--layers", c.layers);
   c.heads = args.positive("--heads", c.heads);
   c.batch = args.positive("--batch", c.batch);
   c.sps = args.ints("--sp", c.sps, 1);
+  c.reps = args.positive("--reps", c.reps);
   const int child_sp = args.positive("--child", 0);  // internal: one configuration, for the parent
   args.done();
   try {
@@ -116,9 +125,9 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("gpt2 dim %d, %d layers, %d heads; batch %d x seq %d; local communicator, 1 thread per rank, 2 steps "
-              "(the second is reported)\n\n",
-              c.dim, c.layers, c.heads, c.batch, c.seq);
+  std::printf("gpt2 dim %d, %d layers, %d heads; batch %d x seq %d; local communicator, 1 thread per rank, %d steps "
+              "(the best of the last %d is reported)\n\n",
+              c.dim, c.layers, c.heads, c.batch, c.seq, c.reps + 1, c.reps);
   // The ratios are to the first sp listed (1 unless --sp says otherwise), "-" if that one failed.
   const int first = c.sps.front();
   std::printf("| sp | act MiB / rank | vs sp %d | process peak RSS MiB | a2a MiB / rank / step | formula MiB | "
@@ -134,11 +143,13 @@ int main(int argc, char** argv) {
   self[n] = 0;
   Result base;
   bool have_base = false;
+  int failed = 0;
   for (size_t k = 0; k < c.sps.size(); k++) {
     const int sp = c.sps[k];
     Result r;
     if (!run_child(c, sp, self, r)) {
       std::printf("| %d | failed (see stderr) |\n", sp);
+      failed++;
       continue;
     }
     if (k == 0) base = r, have_base = true;
@@ -155,5 +166,5 @@ int main(int argc, char** argv) {
                 r.ar / 1048576.0, r.ms / 1000.0, ratio("%.2f", r.ms, base.ms).c_str());
     std::fflush(stdout);
   }
-  return 0;
+  return failed ? 1 : 0;  // a table with a failed row is not a result a script should take as one
 }

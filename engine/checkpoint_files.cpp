@@ -594,6 +594,14 @@ std::string checkpoint_data(const std::string& model_path) {
   return data == have.end() ? "" : data->second;
 }
 
+int checkpoint_seq(const std::string& model_path) {
+  const auto have = fields_beside(model_path);
+  const auto seq = have.find("seq");
+  if (seq == have.end()) return -1;
+  const std::optional<int64_t> v = parse_decimal(seq->second, 1, 1 << 30);
+  return v ? int(*v) : -1;
+}
+
 RunLayout check_rank_file(const std::string& path, int step, const std::vector<RunField>& fields, const RunLayout& run,
                           const Grid* place, int64_t* next_sequence, ResumeChanges changes) {
   auto have = read_rank_fields(path);

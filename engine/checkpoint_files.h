@@ -161,6 +161,8 @@ std::string checkpoint_doc_mask(const std::string& model_path);
 // The --data of the run that wrote a checkpoint's model.bin, from the rank_0.json beside it ("" when
 // there is none: an llm.c file, a model.bin copied out alone).
 std::string checkpoint_data(const std::string& model_path);
+// ... the --seq its run trained at (the last stage's, after --change-seq), -1 when it says none.
+int checkpoint_seq(const std::string& model_path);
 // What a resume may change that would otherwise be another run.
 struct ResumeChanges {
   bool global_batch = false;  // --change-global-batch (or a pending rollback's G)

@@ -136,9 +136,13 @@ int train_rank(const Options& o, Comm& world) {
   // model never did. Only a note: training on without the masks may be meant.
   if (!o.checkpoint.empty() && !o.doc_mask) {
     const std::string doc = checkpoint_doc_mask(o.checkpoint);
+    // The flags to give, with the run's --data where this run's is another (the default passkey
+    // task has no documents: --doc-mask alone is refused there, even for a run that only samples).
+    const std::string data = checkpoint_data(o.checkpoint);
+    const std::string give = doc + (!data.empty() && data != o.data ? " --data " + data : "");
     if (!doc.empty())
       say("note    | %s's run trained with %s (its rank_0.json): without it this run attends across "
-          "documents, as the model never did\n", o.checkpoint.c_str(), doc.c_str());
+          "documents, as the model never did (give %s)\n", o.checkpoint.c_str(), doc.c_str(), give.c_str());
   }
   // A checkpoint evaluated, sampled or trained on without --data runs on the default passkey task,
   // whose 32 ids are other tokens to a model of text: its evals would mean nothing, unsaid.
@@ -179,11 +183,18 @@ int train_rank(const Options& o, Comm& world) {
         "it already reaches, leave the flag out\n", o.rope_scaling.c_str(), o.checkpoint.c_str(),
         tr.replaced_rope_scaling().c_str());
   // A gpt2's learned positions end at max_seq (a longer sample is refused); a llama's RoPE runs on,
-  // but past the length it was trained or configured for, the text may be noise.
+  // but past the length it was trained at (or configured for), the text may be noise. The length
+  // trained at: this run's --seq when it trains, else its checkpoint's (rank_0.json; a preset's
+  // max_seq, 1M, says nothing of what a model trained at 256 can do).
+  const int trained_seq = o.steps > 0 || o.resume ? o.seq : o.checkpoint.empty() ? -1 : checkpoint_seq(o.checkpoint);
   if (model.cfg.is_llama() && outputs.sample_positions() > model.cfg.max_seq)
     say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the model's max_seq %d (the "
         "length it was trained or configured for): the sample past it tests extrapolation\n", o.sample,
         (long long)outputs.sample_positions(), model.cfg.max_seq);
+  else if (model.cfg.is_llama() && trained_seq > 0 && outputs.sample_positions() > trained_seq)
+    say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the --seq %d it trained "
+        "at%s: the sample past it tests extrapolation\n", o.sample, (long long)outputs.sample_positions(), trained_seq,
+        o.steps > 0 || o.resume ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str());
   // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.
   if (o.zero && o.steps > 0 && world.size() == 1)
     say("note    | --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "

@@ -53,6 +53,11 @@ TEST_CASE("benchmarks refuse bad flags with the flag's name and their usage, bef
       {"bench_gpt2_step --precision bf16", "--precision bf16: the CPU backend runs fp32 only", 2},
       {"bench_attention --dtype bf16", "--dtype bf16: the CPU backend runs f32 only", 2},
       {"bench_sp_scaling --sp 1,0", "--sp must be >= 1, got 0", 2},
+      {"bench_attention --falling-ids", "--falling-ids needs --doc-len", 2},  // exited 1, no usage
+      {"bench_attention --device gpu", "--device: expected cpu or cuda, got 'gpu'", 2},
+      {"bench_gpt2_step --profile", "--profile times GPU ops: it needs --device cuda", 2},  // before the model
+      // every configuration failed (8 heads over sp 3): the table's "failed" row once exited 0
+      {"bench_sp_scaling --sp 3", "sp 3: ", 1},
       {"bench_gemm --help", "usage: bench_gemm [--reps 5] [--threads N", 0},
   };
   for (const Case& c : cases) {

@@ -1471,7 +1471,15 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   CmdResult unmasked = train("--steps 0 --checkpoint " + packed + on_text);
   CHECK(unmasked.code == 0);
   CHECK(unmasked.out.find("note    | " + packed + "'s run trained with --doc-mask --eot 10 (its rank_0.json): without it "
-                          "this run attends across documents") != std::string::npos);
+                          "this run attends across documents, as the model never did (give --doc-mask --eot 10)\n") !=
+        std::string::npos);
+  // A run that only samples, on the default data: the note gives the run's --data too (--doc-mask
+  // alone is refused on the passkey task), and what it gives is accepted, the sample masked.
+  CmdResult sampled = train("--steps 0 --threads 1 --sample 8 --prompt ab --checkpoint " + packed);
+  CHECK(sampled.code == 0);
+  const std::string give = "--doc-mask --eot 10 --data text:" + text;
+  CHECK(sampled.out.find("as the model never did (give " + give + ")\n") != std::string::npos);
+  CHECK(train("--steps 0 --threads 1 --sample 8 --prompt ab --checkpoint " + packed + " " + give).code == 0);
   CmdResult masked = train("--steps 0 --doc-mask --eot 10 --checkpoint " + packed + on_text);
   CHECK(masked.code == 0);
   CHECK(masked.out.find("run trained with --doc-mask") == std::string::npos);

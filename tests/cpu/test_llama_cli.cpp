@@ -237,3 +237,29 @@ TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only
   CHECK(r.code != 0);
   CHECK(r.out.find("--norm-eps: the model's shape comes from --checkpoint") != std::string::npos);
 }
+
+TEST_CASE("a llama sampled past the --seq it trained at, or past its max_seq, is told the sample tests extrapolation",
+          "[sample][cli]") {
+  // The llama preset's max_seq is 1M: compared with it alone, the note never came for a model
+  // trained at 32 and sampled at 63 positions.
+  TempDir d;
+  const std::string base = "--model llama --layers 1 --dim 32 --heads 2 --seq 32 --batch 2 --eval-batches 1 "
+                           "--threads 1 --prompt ids:1,2,3 ";
+  auto r = run_cmd(train_cmd(base + "--steps 2 --sample 60 --save-dir " + (d / "run")));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --sample: the prompt and 60 new tokens run the model at 62 positions, past the --seq 32 it "
+                   "trained at: the sample past it tests extrapolation") != std::string::npos);
+  const std::string model = d / "run/step_00000002/model.bin";
+  const std::string from = "--threads 1 --prompt ids:1,2,3 --steps 0 --checkpoint " + model;  // its shape
+  r = run_cmd(train_cmd(from + " --sample 60"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("past the --seq 32 it trained at (" + model + "'s rank_0.json)") != std::string::npos);
+  r = run_cmd(train_cmd(from + " --sample 20"));  // 22 positions: within
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("tests extrapolation") == std::string::npos);
+  r = run_cmd(train_cmd(base + "--steps 1 --max-seq 40 --sample 60"));  // past max_seq: that is named
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("past the model's max_seq 40") != std::string::npos);
+}
