@@ -585,9 +585,12 @@ int train_rank(const Options& o, Comm& world) {
     test_hold("step " + std::to_string(s + 1));
     // A mask that splits nothing on any rank (the sum counts each sp group's sequences sp times;
     // only zero matters).
+    // Long documents (books, each longer than --seq) do this with the right token; a --eot given
+    // by hand may also be the wrong one (one the data's files name is theirs).
     if (s == start && tr.document_start() >= 0 && global_count(world, r.packed) == 0)
       say("note    | --doc-mask: no sequence of this step holds token %d after its start, so none is split "
-          "into documents (is --eot right?)\n", tr.document_start());
+          "into documents: its documents are longer than --seq %d%s\n", tr.document_start(), o.seq,
+          o.set_by_user("--eot") ? ", or --eot is not the data's end-of-text" : "");
     const bool last = s + 1 == o.steps, pause = s + 1 == o.stop_after;
     // A stop signal (engine/stop_signal.h) is acted on at the step boundary, by every rank at once
     // (the one that caught it may be alone: a signal sent to one process of an MPI job), before the

@@ -477,6 +477,12 @@ StepResult Trainer::step() {
   // Every micro-batch of the step is loaded first, so the number of valid targets of the whole
   // step, over the whole world, and with it the loss gradient's scale 1/count, is known before
   // the first forward: the classifier applies it during the forward (no seed gradient).
+  // The refusals below (a bad token id in the step's data, no valid target) fail the same way on
+  // every resume: the way on is past this step's data.
+  const std::string past = "this step trains on sequences " + std::to_string(next_seq_) + " to " +
+                           std::to_string(next_seq_ + sequences_per_step() - 1) + ": resume from a checkpoint before " +
+                           "it with --resume-step N --skip-batches K, K enough for step N + 1 to start past them (its " +
+                           "resume line says where it starts)";
   int64_t local_valid = 0;
   std::string load_error;  // this rank's sequences could not be read (a bad token id in its part)
   try {
@@ -486,7 +492,7 @@ StepResult Trainer::step() {
       local_valid += micro_[m].valid;
     }
   } catch (const std::exception& e) {
-    load_error = e.what();
+    load_error = std::string(e.what()) + "; " + past;
   }
   // The step's first collective: a rank whose data failed makes the whole world fail here with its
   // message (an MPI rank failing alone would abort the job before rank 0's log could say why).
@@ -495,11 +501,6 @@ StepResult Trainer::step() {
   for (const HostBatch& hb : micro_)
     for (size_t b = 0; b < hb.doc_full.size(); b += size_t(hb.T))
       packed += std::any_of(hb.doc_full.begin() + long(b), hb.doc_full.begin() + long(b) + hb.T, [](int32_t d) { return d > 0; });
-  // Both refusals below fail the same way on every resume: the way on is past this step's data.
-  const std::string past = "this step trains on sequences " + std::to_string(next_seq_) + " to " +
-                           std::to_string(next_seq_ + sequences_per_step() - 1) + ": resume from a checkpoint before " +
-                           "it with --resume-step N --skip-batches K, K enough for step N + 1 to start past them (its " +
-                           "resume line says where it starts)";
   if (count == 0)
     throw JobError("step " + std::to_string(step_ + 1) + ": no valid targets in the whole batch; " + past);
   const float scale = float(1.0 / double(count));
@@ -678,7 +679,9 @@ EvalResult Trainer::evaluate(const Dataset& data) {
     int64_t first = (int64_t(e) * g.dp + g.dp_rank) * o_.batch;
     std::string load_error;
     try {
-      named_load(data, &data == val_.get() && !o_.val_data.empty() ? "--val-data" : "--data", first, hb);
+      // The val split's flag as start-up names it (a probe's data is the val data's, or train's).
+      named_load(data, &data != val_.get() ? "--data" : o_.val_data.empty() ? "--data (its val split)" : "--val-data",
+                 first, hb);
     } catch (const std::exception& ex) {
       load_error = ex.what();
     }

@@ -152,6 +152,18 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK(r.out.find("d_val_0.bin: token id 300 at token offset 50 is >= the model vocab 257") != std::string::npos);
+  CHECK(r.out.find("train: error: --data (its val split): ") != std::string::npos);  // as start-up names it
+  // In the train split: found at the step that reads it, with the way on past that step's data
+  // (every resume fails the same way there).
+  std::vector<uint16_t> bad(4000, 300);
+  shard("e_train_0.bin", bad, 257, 256);
+  shard("e_val_0.bin", train, 257, 256);
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --data 'shards:" + (dir.path / "e_*.bin").string() + "'"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("e_train_0.bin: token id 300 at token offset ") != std::string::npos);
+  CHECK(r.out.find("; this step trains on sequences 0 to 1: resume from a checkpoint before it with --resume-step N "
+                   "--skip-batches K") != std::string::npos);
   // A val split smaller than an eval: the note says the eval counts some sequences twice.
   const std::string text = (dir.path / "t.txt").string();
   write_text(text, "alpha", 100);
