@@ -319,13 +319,14 @@ void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) 
   const bool say = !o_.quiet;
   // A large model's export takes a while (the safetensors file 2 bytes or 4 a weight): said first,
   // each line flushed as it comes (a batch job's log is a file, which buffers).
-  const double gib = double(param_count(cfg_)) * 4 / double(1 << 30);
-  auto starting = [&](const std::string& path) {
-    if (say && gib >= 1) std::printf("export  | writing %s (%.1f GiB of f32 weights) ...\n", path.c_str(), gib);
+  auto starting = [&](const std::string& path, int bytes, const char* kind) {
+    const double gib = double(param_count(cfg_)) * bytes / double(1 << 30);
+    if (say && gib >= 1) std::printf("export  | writing %s (%.1f GiB of %s weights) ...\n", path.c_str(), gib, kind);
     std::fflush(stdout);
   };
   if (!o_.export_llmc.empty()) {
-    starting(o_.export_llmc);
+    const bool bf16 = o_.export_llmc_version == 5;
+    starting(o_.export_llmc, bf16 ? 2 : 4, bf16 ? "bf16" : "f32");
     const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
     write_llmc_checkpoint(o_.export_llmc, lc, host, o_.export_llmc_version);
     if (say) std::printf("export  | %s (llm.c GPT-2 checkpoint version %d, %s)\n", o_.export_llmc.c_str(),
@@ -334,10 +335,21 @@ void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) 
   }
   if (!o_.export_safetensors.empty()) {
     const std::string dtype = o_.export_dtype == "bf16" ? "BF16" : "F32";
-    starting(o_.export_safetensors);
+    starting(o_.export_safetensors, dtype == "BF16" ? 2 : 4, dtype == "BF16" ? "bf16" : "f32");
     export_safetensors(o_.export_safetensors, cfg_, specs, host, dtype);
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
+    // A YaRN model's max_position_embeddings is factor x orig (hf_max_position_embeddings), which
+    // transformers 4.51 to 4.55 read the factor back from: where the product is not whole, the
+    // rounded one gives them another factor.
+    const RopeScaling& rs = cfg_.rope_scaling;
+    const double product = double(rs.factor) * double(rs.original_max_pos);
+    if (say && cfg_.is_llama() && rs.kind == RopeScaling::kYarn && product != std::round(product))
+      std::printf("note    | config.json's max_position_embeddings %d is yarn's factor x orig (%s x %d) rounded: "
+                  "transformers 4.51 to 4.55 take the factor from it, %.6g, not %s (a factor that makes the product "
+                  "whole avoids it)\n", hf_max_position_embeddings(cfg_), float_text(rs.factor).c_str(),
+                  rs.original_max_pos, double(hf_max_position_embeddings(cfg_)) / rs.original_max_pos,
+                  float_text(rs.factor).c_str());
     std::fflush(stdout);
   }
   made_.keep();  // the exports are in place

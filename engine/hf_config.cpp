@@ -506,11 +506,7 @@ ModelConfig hf_read_config(const SafetensorsFile& f) {
       c.full_every = meta_int(f, "full_attention_every"), c.full_first = meta_int(f, "full_attention_first");
     auto sc = f.metadata().find("rope_scaling");  // absent in files written before it existed: none
     if (sc != f.metadata().end()) {
-      try {
-        c.rope_scaling = parse_rope_scaling(sc->second);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(f.path() + ": __metadata__: " + e.what());
-      }
+      c.rope_scaling = parse_rope_scaling(sc->second, f.path() + ": __metadata__ rope_scaling");
     }
     // A config.json beside it must describe the same model: the metadata wins otherwise, and a
     // config.json edited to another model (or one ulysses cannot run) would go unnoticed.

@@ -17,9 +17,10 @@ double yarn_attention_factor(double factor, double mscale) {
   return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
 }
 
-RopeScaling parse_rope_scaling(const std::string& spec) {
+RopeScaling parse_rope_scaling(const std::string& spec, const std::string& where) {
+  const std::string named = where.empty() ? "--rope-scaling '" + spec + "'" : where + " '" + spec + "'";
   auto bad = [&](const std::string& why) {
-    return std::runtime_error("--rope-scaling '" + spec + "': " + why +
+    return std::runtime_error(named + ": " + why +
                               " (none, linear:factor=F, llama3:factor=F,low=1,high=4,orig=8192, or "
                               "yarn:factor=F,orig=N,beta_fast=32,beta_slow=1,attn=X,truncate=1)");
   };
@@ -45,14 +46,22 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
     if (std::find(seen.begin(), seen.end(), key) != seen.end()) throw bad(key + " is given twice");
     seen.push_back(key);
     const std::string v = item.substr(key.size() + 1);
+    // Decimal as written, as the flags' numbers are: no blank, no hex (strtod takes both).
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end || !std::isfinite(x)) throw bad(key + ": '" + v + "' is not a number");
+    if (v.empty() || *end || !std::isfinite(x) || v.find_first_not_of("0123456789.eE+-") != std::string::npos)
+      throw bad(key + ": '" + v + "' is not a decimal number");
+    // A float setting: one the float does not hold (inf, or 0 from a value that is not) is refused
+    // as that, not as the range check's "must be > 0" below.
+    if (key != "orig" && key != "truncate" && (!std::isfinite(float(x)) || (x != 0 && float(x) == 0)))
+      throw bad(key + ": " + v + " is outside a float's range");
     if (key == "factor") s.factor = float(x), has_factor = true;
     else if (key == "low" && s.kind == RopeScaling::kLlama3) s.low_freq_factor = float(x);
     else if (key == "high" && s.kind == RopeScaling::kLlama3) s.high_freq_factor = float(x);
     else if (key == "orig" && (s.kind == RopeScaling::kLlama3 || yarn)) {
-      if (x != std::floor(x) || x < 1 || x > 1e9) throw bad("orig must be a whole number of positions >= 1");
+      // A count of positions: digits only, as config.json's reader takes it ([1, 2^31)).
+      if (v.find_first_not_of("0123456789") != std::string::npos || x < 1 || x > 2147483647.0)
+        throw bad("orig: '" + v + "' is not a whole number of positions in [1, 2^31)");
       s.original_max_pos = int32_t(x), has_orig = true;
     } else if (key == "beta_fast" && yarn) s.beta_fast = float(x);
     else if (key == "beta_slow" && yarn) s.beta_slow = float(x);
@@ -65,7 +74,7 @@ RopeScaling parse_rope_scaling(const std::string& spec) {
   if (!has_factor) throw bad("factor=F is required");
   if (yarn && !has_orig) throw bad("yarn needs orig=N, the context the model was trained at");
   if (yarn && !has_attn) s.attention_factor = yarn_attention_factor(s.factor);
-  check_rope_scaling(s, "--rope-scaling '" + spec + "'");
+  check_rope_scaling(s, named);
   return s;
 }
 

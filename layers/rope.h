@@ -57,9 +57,11 @@ struct Rope {
 // "none", "linear:factor=4", "llama3:factor=32,low=1,high=4,orig=8192",
 // "yarn:factor=4,orig=32768,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1": the
 // --rope-scaling syntax, parsed and printed (printed in full; parse fills what is left out with
-// the defaults above, yarn's attn with 0.1 ln(factor) + 1). parse throws naming the flag and the
-// problem (an unknown kind or key, a factor <= 0, low >= high, orig <= 0, beta_fast <= beta_slow).
-RopeScaling parse_rope_scaling(const std::string& spec);
+// the defaults above, yarn's attn with 0.1 ln(factor) + 1). parse throws naming the flag (or
+// `where`, for a spec read from a file) and the problem (an unknown kind or key, a number not
+// written in decimal or past a float's range, a factor <= 0, low >= high, orig outside [1, 2^31),
+// beta_fast <= beta_slow).
+RopeScaling parse_rope_scaling(const std::string& spec, const std::string& where = "");
 std::string rope_scaling_str(const RopeScaling& s);
 // YaRN's default attention factor for a context stretched by `factor`: 0.1 ln(factor) + 1 (1 for
 // factor <= 1), as the paper and Hugging Face; with mscale, 0.1 mscale ln(factor) + 1 (DeepSeek's

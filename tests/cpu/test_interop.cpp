@@ -786,3 +786,19 @@ TEST_CASE("train exports llm.c and safetensors files that load back to the same 
     CHECK(r.out.find("step ") == std::string::npos);
   }
 }
+
+TEST_CASE("a YaRN export whose factor x orig is not whole says which factor transformers 4.51-4.55 will read",
+          "[interop][cli]") {
+  using namespace ul_test;
+  TempDir d;
+  const std::string base = "--model llama --layers 1 --dim 32 --heads 2 --steps 0 --threads 1 --seq 32 ";
+  CmdResult r = run_cmd(train_cmd(base + "--rope-scaling yarn:factor=2.5,orig=13 --export-safetensors " + d / "a/m.safetensors"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | config.json's max_position_embeddings 33 is yarn's factor x orig (2.5 x 13) rounded: "
+                   "transformers 4.51 to 4.55 take the factor from it, 2.53846, not 2.5") != std::string::npos);
+  CHECK(read_whole_file(d / "a/config.json").find("\"max_position_embeddings\":33") != std::string::npos);
+  r = run_cmd(train_cmd(base + "--rope-scaling yarn:factor=2,orig=16 --export-safetensors " + d / "b/m.safetensors"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("max_position_embeddings") == std::string::npos);  // 32: whole, nothing to say
+}

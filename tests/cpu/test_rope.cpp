@@ -237,13 +237,28 @@ TEST_CASE("rope scaling specs: parsed, printed back, and refused naming the prob
       {"yarn:factor=2", "yarn needs orig=N"},        {"yarn:factor=2,orig=64,beta_fast=1,beta_slow=2", "0 < beta_slow < beta_fast"},
       {"yarn:factor=2,orig=64,attn=0", "attention_factor > 0"}, {"yarn:factor=2,orig=64,truncate=2", "truncate must be 0 or 1"},
       {"llama3:factor=2,beta_fast=8", "unknown key 'beta_fast' for llama3"},
-      {"linear:factor=0", "factor must be > 0"},     {"linear:factor=x", "'x' is not a number"},
+      {"linear:factor=0", "factor must be > 0"},     {"linear:factor=x", "'x' is not a decimal number"},
+      // Decimal as written, as the flags' numbers (strtod took hex and a blank); a float setting
+      // past a float's range is said so (it was "must be > 0" for 1e40); orig a count of positions.
+      {"linear:factor=0x10", "factor: '0x10' is not a decimal number"},
+      {"llama3:factor=8,high= 4", "high: ' 4' is not a decimal number"},
+      {"linear:factor=1e40", "factor: 1e40 is outside a float's range"},
+      {"linear:factor=1e-50", "factor: 1e-50 is outside a float's range"},
+      {"yarn:factor=2,orig=64,attn=1e-50", "attn: 1e-50 is outside a float's range"},
+      {"llama3:factor=8,orig=8.192e3", "orig: '8.192e3' is not a whole number of positions in [1, 2^31)"},
+      {"yarn:factor=2,orig=2147483648", "orig: '2147483648' is not a whole number"},
       {"linear:low=1,factor=2", "unknown key 'low'"}, {"llama3:factor=8,low=4,high=4", "0 < low_freq_factor < high_freq_factor"},
-      {"llama3:factor=8,orig=0.5", "orig must be"},  {"none:factor=2", "none takes no settings"},
+      {"llama3:factor=8,orig=0.5", "orig: '0.5' is not a whole number"},  {"none:factor=2", "none takes no settings"},
       {"llama3:factor", "not key=value"},          {"linear:factor=2,factor=3", "factor is given twice"}};
   for (const auto& b : bad) {
     CAPTURE(b.first);
     CHECK_THROWS_WITH(ul::parse_rope_scaling(b.first), Catch::Contains("--rope-scaling '" + std::string(b.first) + "'") &&
                                                           Catch::Contains(b.second));
   }
+  // As config.json's reader allows it (up to 2^31 - 1; 1e9 once, so a model that loaded from a
+  // config.json and was exported could not load again), and a file's spec named by the file.
+  CHECK(ul::parse_rope_scaling("yarn:factor=2,orig=1500000000").original_max_pos == 1500000000);
+  CHECK_THROWS_WITH(ul::parse_rope_scaling("linear:factor=0", "m.safetensors: __metadata__ rope_scaling"),
+                    Catch::Contains("m.safetensors: __metadata__ rope_scaling 'linear:factor=0': ") &&
+                        !Catch::Contains("--rope-scaling"));
 }
