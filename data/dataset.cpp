@@ -28,9 +28,11 @@ int64_t sequence_at_length(const Dataset& d, int64_t next, int T_from, int T_to)
 namespace {
 
 // "key=value,key=value" after a task's name (e.g. "passkey:depth=0.9,digits=7") into numbers,
-// refusing unknown keys and malformed values with the spec in the message.
+// refusing unknown keys and malformed values with the spec in the message. counts: the keys whose
+// values count something, written as integers (1e1 and 16.0 are refused, as --seq 1e3 is).
 std::map<std::string, double> task_args(const std::string& spec, const std::string& list,
-                                        std::initializer_list<const char*> allowed) {
+                                        std::initializer_list<const char*> allowed,
+                                        std::initializer_list<const char*> counts) {
   std::map<std::string, double> out;
   size_t at = 0;
   while (at < list.size()) {
@@ -51,6 +53,12 @@ std::map<std::string, double> task_args(const std::string& spec, const std::stri
     double x = std::strtod(v, &end);
     // decimal as written, as the flags are: strtod would also read leading blanks and hex ('0x3')
     if (!*v || std::isspace(static_cast<unsigned char>(*v)) || std::strpbrk(v, "xX") || *end) throw std::runtime_error("--data " + spec + ": '" + key + "' needs a number, got '" + v + "'");
+    const std::string text = v;
+    for (const char* c : counts)
+      if (key == c && (text.find_first_not_of("0123456789", text[0] == '-' ? 1 : 0) != std::string::npos ||
+                       text == "-"))
+        throw std::runtime_error("--data " + spec + ": '" + key + "' counts something: a whole number as written, got '" +
+                                 text + "'");
     if (!out.emplace(key, x).second) throw std::runtime_error("--data " + spec + ": '" + key + "' is given twice");
   }
   return out;
@@ -69,7 +77,8 @@ int whole(const std::string& spec, const std::string& key, double v) {
 
 RecallConfig recall_config(const std::string& spec, const std::string& list) {
   RecallConfig c;
-  for (auto& [k, v] : task_args(spec, list, {"pairs", "gap", "queries", "keys", "values"})) {
+  for (auto& [k, v] : task_args(spec, list, {"pairs", "gap", "queries", "keys", "values"},
+                                {"pairs", "gap", "queries", "keys", "values"})) {
     const int n = whole(spec, k, v);
     if (k == "pairs") c.pairs = n;
     if (k == "gap") c.gap = n;
@@ -86,7 +95,7 @@ RecallConfig recall_config(const std::string& spec, const std::string& list) {
 
 PasskeyConfig passkey_config(const std::string& spec, const std::string& list) {
   PasskeyConfig c;
-  for (auto& [k, v] : task_args(spec, list, {"digits", "depth", "filler"})) {
+  for (auto& [k, v] : task_args(spec, list, {"digits", "depth", "filler"}, {"digits", "filler"})) {
     if (k == "depth") c.depth = v;
     if (k == "digits") c.digits = whole(spec, k, v);
     if (k == "filler") c.filler_words = whole(spec, k, v);

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "data/dataset.h"
+#include "engine/file_io.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/cuda_runtime.h"
 #endif
@@ -50,7 +51,8 @@ data and loop
   --data SPEC         passkey | recall | text:FILE | shards:GLOB                          [passkey]
   --doc-mask          packed documents: attention stays within each document, positions
                       restart at each; a document starts at each end-of-text token
-  --eot N             that token's id                  [shards: 50256 (GPT-2) / 128000 (llama-3)]
+  --eot N             that token's id    [shards: their headers' (train prepare's), else the
+                      format's: 50256 (GPT-2) / 128000 (llama-3)]
   --batch N           sequences per rank per micro-batch                                  [8]
   --seq N             sequence length T                                                   [256]
   --steps N           optimizer steps (0: evaluate the model as loaded, once; with --export-*
@@ -241,14 +243,6 @@ int parse_int32(const std::string& flag, const std::string& v) {
 }  // namespace
 
 Options parse_options(int argc, char** argv) {
-  // --help lists the flags whatever else the line holds (a value it would refuse, a flag it does
-  // not know), as `train prepare --help` does.
-  for (int i = 1; i < argc; i++)
-    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      Options o;
-      o.help = true;
-      return o;
-    }
   Options o;
   using Setter = std::function<void(const std::string&, const std::string&)>;
   auto I = [](int& x) -> Setter { return [&x](const std::string& f, const std::string& v) { x = parse_int32(f, v); }; };
@@ -298,6 +292,18 @@ Options parse_options(int argc, char** argv) {
       {"--sample", I(o.sample)}, {"--sample-every", I(o.sample_every)}, {"--prompt", S(o.prompt)}, {"--prompt-file", S(o.prompt_file)}, {"--temperature", F(o.temperature)},
       {"--top-k", I(o.top_k)}, {"--top-p", F(o.top_p)}, {"--tokenizer", S(o.tokenizer)},
   };
+  // --help lists the flags whatever else the line holds (a value it would refuse, a flag it does
+  // not know), as `train prepare --help` does; -h too, but not where a flag's value goes
+  // (`--save-dir -h` printed the help and exited 0, running nothing a batch script asked for: it
+  // is refused below as a value forgotten).
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "--help" || (a == "-h" && !(i > 1 && with_value.count(argv[i - 1])))) {
+      Options help;
+      help.help = true;
+      return help;
+    }
+  }
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i], v;
     size_t eq = a.find('=');
@@ -340,10 +346,10 @@ Options parse_options(int argc, char** argv) {
       v = argv[++i];
       // `--save-dir --resume`: a flag where the value should be is a value forgotten (taken as the
       // value, it would start a fresh run in ./--resume), and so is any other --word (the typo
-      // --resum), but in --prompt's free text. A value that truly starts so: --flag=VALUE. (-h
-      // never gets here: it asks for the help.)
+      // --resum), but in --prompt's free text; so is -h (--help's short form). A value that truly
+      // starts so: --flag=VALUE.
       const std::string next = v.substr(0, v.find('='));
-      const bool is_flag = with_value.count(next) ||
+      const bool is_flag = next == "-h" || with_value.count(next) ||
                            std::any_of(std::begin(kSwitches), std::end(kSwitches),
                                        [&](const auto& k) { return next == k.first; }) ||
                            (a != "--prompt" && next.size() > 2 && next.compare(0, 2, "--") == 0 &&
@@ -408,7 +414,8 @@ Options parse_options(int argc, char** argv) {
     throw std::runtime_error("--grad-clip must be a finite number >= 0 (0: off)");
   for (const auto& [flag, b] : {std::pair<const char*, float>{"--beta1", o.beta1}, {"--beta2", o.beta2}})
     if (!(b >= 0 && b < 1))  // 1 would never move the moments off zero (and bias correction divides by 1 - b^t)
-      throw std::runtime_error(std::string(flag) + " must be in [0, 1), got " + std::to_string(b));
+      throw std::runtime_error(std::string(flag) + " must be in [0, 1), got " + float_text(b) +
+                               (b == 1.0f ? " (as a float: a value within 3e-8 of 1 is 1)" : ""));
   if (!(o.adam_eps > 0) || !std::isfinite(o.adam_eps))
     throw std::runtime_error("--adam-eps must be a finite number > 0");
   // The model overrides default to 0, "the preset's"; written out, 0 would be ignored without a word.

@@ -482,8 +482,13 @@ TEST_CASE("shards: a file cut, grown or removed while a run reads it is an error
 TEST_CASE("task settings in the data spec reach the generator", "[data]") {
   // Counts are whole numbers an int holds (2.5 digits once ran as 2; 1e10 was an undefined cast),
   // and a setting is given once.
-  for (const char* bad : {"passkey:digits=2.5", "passkey:digits=1e10", "passkey:filler=3.5", "recall:pairs=1e12"})
-    CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1), Catch::Contains("must be an integer"));
+  for (const char* bad : {"passkey:digits=2.5", "passkey:digits=1e10", "passkey:filler=3.5", "recall:pairs=1e12",
+                          "passkey:digits=1e1", "recall:pairs=1.6e1", "recall:gap=16.0"})  // (written as integers)
+    CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1),
+                      Catch::Contains("counts something: a whole number as written"));
+  CHECK_THROWS_WITH(ul::open_dataset("recall:pairs=3000000000", ul::Split::train, 1, -1),
+                    Catch::Contains("must be an integer"));  // past an int
+  CHECK_NOTHROW(ul::open_dataset("recall:gap=-1,pairs=4", ul::Split::train, 1, -1));  // -1: all spare room
   CHECK_THROWS_WITH(ul::open_dataset("passkey:digits=3,digits=4", ul::Split::train, 1, -1),
                     Catch::Contains("'digits' is given twice"));
   // depth: a fraction, or -1 for random (-0.5 was taken as random too).

@@ -251,7 +251,14 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   CHECK(options("--help --steps -1").help);
   CHECK(options("--steps abc --help").help);
   CHECK(options("--help --bogus").help);
-  CHECK(options("--save-dir -h").help);
+  CHECK(options("-h").help);
+  CHECK(options("--steps 3 -h").help);
+  // ... but -h where a value goes is a value forgotten, as any flag there (it printed the help and
+  // exited 0, running nothing the script asked for); a value spelled so goes with '='.
+  CHECK_THROWS_WITH(options("--save-dir -h --steps 1"),
+                    Catch::Contains("--save-dir: missing value (the next argument, -h, is a flag"));
+  CHECK_THROWS_WITH(options("--prompt -h"), Catch::Contains("--prompt: missing value"));
+  CHECK(options("--sample 3 --prompt=-h").prompt == "-h");
   // A model file's header may name any dim: the MLP's width is computed in 64 bits and refused
   // past int (a fuzzed model.bin overflowed 8 x dim).
   {
@@ -391,6 +398,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--beta1 1", "--beta1 must be in [0, 1)");
   expect_refused("--beta2 -0.5", "--beta2 must be in [0, 1)");
   expect_refused("--beta2 nan", "--beta2 must be in [0, 1)");
+  // In [0, 1) as typed, 1 as a float: said (the message once read "got 1.000000" for 0.99999999999).
+  expect_refused("--beta2 0.99999999999", "--beta2 must be in [0, 1), got 1 (as a float: a value within 3e-8 of 1 is 1)");
   expect_refused("--adam-eps 0", "--adam-eps must be a finite number > 0");
   expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
   expect_refused("--heartbeat -1", "--heartbeat must be a finite number of seconds >= 0");
