@@ -20,7 +20,7 @@ namespace {
 std::atomic<int> g_signal{0};           // lock-free: safe to store from a handler
 std::atomic<long long> g_first_ms{0};  // when the first came (CLOCK_MONOTONIC)
 std::atomic<int> g_count{0};           // signals received (the test hold "save" waits for a second)
-std::atomic<int> g_training{0};        // 0 during start-up: what the first signal's line says
+std::atomic<int> g_phase{0};  // what the first signal's line says: 0 start-up, 1 training, 2 final, 3 outputs
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
@@ -66,9 +66,13 @@ void on_signal_locked(int sig) {
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
     if (sig == SIGPIPE) say(" (a write to a closed pipe or socket: the reader of train's output is gone?)");
-    say(g_training.load() ? ": stopping after this step, or an eval before its next batch (a checkpoint is"
-                            " saved with --save-dir)"
-                          : ": stopping once start-up is done, before any step");
+    const int phase = g_phase.load();
+    say(phase == 1   ? ": stopping after this step, or an eval before its next batch (a checkpoint is"
+                       " saved with --save-dir)"
+        : phase == 2 ? ": stopping before the final eval's next batch, or after the length probe in flight (the"
+                       " rest, the exports and the sample are skipped)"
+        : phase == 3 ? ": the exports and the sample finish first (they are written whole), then the run stops"
+                     : ": stopping once start-up is done, before any step");
     // (where SIGINT is left ignored, a Ctrl-C cannot end it: then SIGKILL is the way)
     say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now\n" : "; Ctrl-C again to stop now\n");
     return;
@@ -145,7 +149,9 @@ void guard_process() {
 
 int stop_signal() { return g_signal.load(); }
 
-void started_training() { g_training.store(1); }
+void started_training() { g_phase.store(1); }
+void started_final() { g_phase.store(2); }
+void started_outputs() { g_phase.store(3); }
 
 void test_hold(const std::string& point) {
   static const std::string points = [] {

@@ -19,11 +19,15 @@ namespace ul {
 // process before the save. SIGINT, SIGHUP and SIGPIPE that the parent ignores stay ignored (a
 // shell's background job, nohup, Python's os.system and systemd's services).
 //
-// Installs the handlers (again at each call: train does before MPI starts and after). Until
-// started_training(), a first signal says the run stops before its first step; after, after the
-// step in flight.
+// Installs the handlers (again at each call: train does before MPI starts and after). What a
+// first signal's line promises follows the run's phase: before started_training(), a stop before
+// its first step; then after the step in flight; after started_final(), the final eval or length
+// probe in flight finishes and the rest are skipped; after started_outputs(), the exports and
+// the sample finish first.
 void install_stop_handlers();
 void started_training();
+void started_final();
+void started_outputs();
 // First thing in main: descriptors 0-2 that the caller closed are opened on /dev/null (else the
 // first file train opens would take one and receive its printed lines), and SIGXFSZ is ignored (a
 // file-size limit then fails a write with EFBIG, reported with the file's name).

@@ -648,6 +648,7 @@ int train_rank(const Options& o, Comm& world) {
     }
   }
 
+  started_final();  // a signal from here on: what is left of the final evals and probes is skipped
   // --steps 0: no training; the model as loaded (--checkpoint) or initialised is evaluated once,
   // unless the run is there to export or sample (Options::evaluates).
   const bool eval_at_zero = o.steps == 0 && o.evaluates() && !stopped_early;
@@ -835,6 +836,8 @@ int train_rank(const Options& o, Comm& world) {
   // the CPU's are read where they are).
   std::vector<float> copy;
   const float* host = outputs.wants_params() ? tr.host_weights(lead, copy) : nullptr;
+  started_outputs();  // a signal from here on: the exports and the sample finish first
+  if (lead && outputs.wants_params()) test_hold("outputs");
   if (lead) outputs.finish(host, model.params.specs());
   // A signal while they ran: they finished (written whole), and the exit status still says so.
   if (lead && stop_signal()) {

@@ -351,6 +351,9 @@ TEST_CASE("a stop during the probes of a resume with no step left skips only wha
   CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
   CHECK(s.out.find("stopped | SIGTERM during the final evals and probes (step 4); skipped: the rest of --probe-lengths\n") !=
         std::string::npos);
+  // The first line says what this phase does (it once promised "after this step" here).
+  CHECK(s.out.find("train: SIGTERM: stopping before the final eval's next batch, or after the length probe in flight") !=
+        std::string::npos);
   // During the last length, which then finishes (its row printed and logged): nothing skipped.
   const Stopped last = run_and_signal(args + " --resume --probe-lengths 96,64", "test hold | length 64", SIGTERM, 0,
                                       "length 64");
@@ -359,6 +362,21 @@ TEST_CASE("a stop during the probes of a resume with no step left skips only wha
   CHECK(WEXITSTATUS(last.status) == 128 + SIGTERM);
   CHECK(last.out.find("length     64 | all: ") != std::string::npos);
   CHECK(last.out.find("stopped | SIGTERM during the final evals and probes (step 4)\n") != std::string::npos);
+}
+
+TEST_CASE("a stop during the exports and the sample lets them finish, and says so first", "[stop][cli]") {
+  ul_test::TempDir dir;
+  const std::string args = "--steps 2 --eval-every 0 --eval-batches 1 --threads 1 --batch 2 --seq 64 --sample 8 "
+                           "--prompt ids:1,2 --export-safetensors " + dir / "x/m.safetensors";
+  const Stopped s = run_and_signal(args, "test hold | outputs", SIGTERM, 0, "outputs");
+  INFO(s.out);
+  REQUIRE(WIFEXITED(s.status));
+  CHECK(WEXITSTATUS(s.status) == 128 + SIGTERM);
+  CHECK(s.out.find("train: SIGTERM: the exports and the sample finish first (they are written whole), then the run "
+                   "stops") != std::string::npos);
+  CHECK(s.out.find("sample  | 2 prompt + 8 new tokens") != std::string::npos);
+  CHECK(fs::exists(fs::path(dir / "x") / "m.safetensors"));
+  CHECK(s.out.find("stopped | SIGTERM during the exports and the sample, which finished") != std::string::npos);
 }
 
 TEST_CASE("SIGHUP stops a run as SIGTERM does, unless the parent ignored it (nohup), as it may SIGINT", "[stop][cli]") {
