@@ -114,14 +114,24 @@ static int select_gpu(const std::string& flag, const Launcher& l, int* count = n
 // MPI's start-up (MPI_Init, then the world's duplicate) waits for every rank of the job: one that
 // exited before joining with status 0 (--help, --plan, `prepare`: ranks given other command lines),
 // which mpirun does not treat as a failure, would leave the others there for good.
-static std::unique_ptr<Watchdog> mpi_start_deadline(double seconds) {
-  return std::make_unique<Watchdog>(seconds, [seconds] {
-    std::fprintf(stderr, "train: error: mpi: waited %g s (--comm-timeout) in MPI's start-up for the job's other "
-                 "ranks: one never started, or exited before joining (a rank given --help, --plan or another "
-                 "command line); exiting\n", seconds);
-    std::fflush(stderr);
-    std::_Exit(1);
-  });
+// The launcher's rank 0 (its rank from the environment: MPI has not said yet) says that it waits,
+// every `notice_s` (--heartbeat's period): a node slow to start looked like a hang until the deadline.
+static std::unique_ptr<Watchdog> mpi_start_deadline(double seconds, double notice_s) {
+  const bool lead = detect_launcher().rank == 0;
+  return std::make_unique<Watchdog>(
+      seconds,
+      [seconds] {
+        std::fprintf(stderr, "train: error: mpi: waited %g s (--comm-timeout) in MPI's start-up for the job's other "
+                     "ranks: one never started, or exited before joining (a rank given --help, --plan or another "
+                     "command line); exiting\n", seconds);
+        std::fflush(stderr);
+        std::_Exit(1);
+      },
+      lead ? notice_s : 0,
+      lead ? std::function<void(double)>([seconds](double lasted) {
+        print_wait_notice("MPI's start-up", lasted, "the job's other ranks", seconds);
+      })
+           : std::function<void(double)>());
 }
 #endif
 
@@ -132,7 +142,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   const int gpu = select_gpu("--comm nccl", l, &devices);
   if (o.nccl_id_file.empty()) {
 #if ULYSSES_HAVE_MPI
-    auto joining = mpi_start_deadline(o.comm_timeout);
+    auto joining = mpi_start_deadline(o.comm_timeout, o.quiet ? 0 : wait_notice_period(o.heartbeat));
     MpiRuntime mpi(argc, argv);
     return after_mpi_start([&] {
       auto boot = mpi_world(Device::cpu, o.comm_timeout, wait_notice_period(o.heartbeat));
@@ -190,7 +200,7 @@ static int train_main(int argc, char** argv) {
       // device, which must be this rank's, not GPU 0 in every process of the machine.
       if (o.device == "cuda") select_gpu("--comm mpi --device cuda", detect_launcher());
 #endif
-      auto joining = mpi_start_deadline(o.comm_timeout);
+      auto joining = mpi_start_deadline(o.comm_timeout, o.quiet ? 0 : wait_notice_period(o.heartbeat));
       MpiRuntime mpi(&argc, &argv);
       return after_mpi_start([&] {
         // device buffers are staged through the host

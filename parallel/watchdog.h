@@ -110,14 +110,22 @@ class RearmableWatchdog {
   std::thread thread_;
 };
 
-// One guarded scope: armed from construction to destruction (`expire` never runs after it).
+// One guarded scope: armed from construction to destruction (`expire` never runs after it);
+// `notice`, when given, every notice_s seconds of it before then, with the seconds it has lasted.
 class Watchdog {
  public:
-  Watchdog(double seconds, std::function<void()> expire) : w_(seconds, [f = std::move(expire)](const char*) { f(); }) {
+  Watchdog(double seconds, std::function<void()> expire, double notice_s = 0, std::function<void(double)> notice = {})
+      : w_(seconds, [f = std::move(expire)](const char*) { f(); }, notice_s, adapt(std::move(notice))) {
     w_.arm("");
   }
 
  private:
+  // (a function, not an expression beside notice_s in the initializer: arguments are evaluated in
+  // no set order, and a moved-from notice read as none)
+  static std::function<void(const char*, double)> adapt(std::function<void(double)> notice) {
+    if (!notice) return {};
+    return [n = std::move(notice)](const char*, double lasted) { n(lasted); };
+  }
   RearmableWatchdog w_;
 };
 
