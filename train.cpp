@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 
@@ -223,6 +224,14 @@ static int train_main(int argc, char** argv) {
       if (world.rank() == 0) code = c;
     }, local);
     return code;
+  } catch (const std::bad_alloc&) {
+    // What no start-up check saw (they count the machine's memory and a cgroup's limit, not a
+    // process's address-space limit: `ulimit -v`, a scheduler's h_vmem), or an allocation they
+    // do not plan.
+    std::fprintf(stderr, "train: error: out of host memory: an allocation failed (the machine's memory, a cgroup's "
+                 "limit, or a process limit such as `ulimit -v` or a scheduler's h_vmem, which the start-up "
+                 "checks do not count)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;

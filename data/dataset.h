@@ -48,6 +48,9 @@ class Dataset {
     int64_t lo, hi;
   };
   virtual std::vector<FileSpan> file_spans() const { return {}; }
+  // The tokens its files hold out as their val split (text:, shards: without val files), 0 when
+  // none: with --val-data they are read by nothing (a start-up note says so).
+  virtual int64_t held_out_tokens() const { return 0; }
   // For a task that fits itself to the length: what a sequence of length T holds ("" otherwise).
   virtual std::string layout(int) const { return ""; }
   // The same task with one random setting held fixed, named by it, for the breakdown printed after

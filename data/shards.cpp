@@ -312,6 +312,13 @@ std::vector<Dataset::FileSpan> ShardDataset::file_spans() const {
   return out;
 }
 
+int64_t ShardDataset::held_out_tokens() const {
+  if (!holdout_) return 0;
+  int64_t total = 0;
+  for (const Shard& s : shards_) total += s.count;
+  return total - holdout_start(total);
+}
+
 std::string ShardDataset::identity() const {
   uint64_t h = mix64(holdout_ ? 1 : 2);
   int64_t tokens = 0;

@@ -57,6 +57,7 @@ class ShardDataset : public Dataset {
   // another length changes it.
   std::string identity() const override;
   std::vector<FileSpan> file_spans() const override;
+  int64_t held_out_tokens() const override;
   std::string token_kind() const override { return shards_.front().kind(); }
 
   // A permutation of [0, n) keyed by key: exposed for tests.

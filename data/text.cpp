@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 
 #include "engine/file_io.h"
@@ -41,7 +43,15 @@ std::shared_ptr<const std::vector<uint8_t>> shared_bytes(const std::string& path
     ::close(fd);
     return held;
   }
-  auto bytes = std::make_shared<std::vector<uint8_t>>(size_t(st.st_size));
+  std::shared_ptr<std::vector<uint8_t>> bytes;
+  try {
+    bytes = std::make_shared<std::vector<uint8_t>>(size_t(st.st_size));
+  } catch (const std::bad_alloc&) {  // (it once said "--data: std::bad_alloc")
+    ::close(fd);
+    throw std::runtime_error(path + ": " + std::to_string(int64_t(st.st_size)) + " bytes do not fit in memory (text:FILE "
+                             "is read whole): `train prepare --out DIR " + path + "` makes shards of it, which are read "
+                             "as the run needs them");
+  }
   for (size_t at = 0; at < bytes->size();) {
     const ssize_t n = ::read(fd, bytes->data() + at, bytes->size() - at);
     if (n <= 0) {

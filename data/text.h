@@ -25,6 +25,7 @@ class TextDataset : public Dataset {
   void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override;
   std::string describe() const override;
   std::string identity() const override;  // "N bytes, crc32 X"
+  int64_t held_out_tokens() const override { return int64_t(size_) - holdout_start(int64_t(size_)); }
   std::string token_kind() const override { return kTextBytes; }
   std::vector<FileSpan> file_spans() const override;
 

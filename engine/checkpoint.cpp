@@ -361,6 +361,11 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const std::string dir = root + "/" + step_dir_name(step);
   Params& params = tr.model().params;
   const size_t n = params.numel();
+  // A large model's load takes a while (12 bytes a parameter read and checked): said first, as a
+  // save is.
+  const double gib = double(n) * 12 / double(1 << 30);
+  if (rank == 0 && gib >= 1 && !tr.options().quiet)
+    std::printf("resume  | loading %s (about %.1f GiB) ...\n", dir.c_str(), gib), std::fflush(stdout);
 
   // rank_0.json is in every checkpoint, whatever its world: the options and the layout it was saved
   // at. At the same layout each rank also checks its own file, its place in the grid included.

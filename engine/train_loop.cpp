@@ -131,6 +131,13 @@ int train_rank(const Options& o, Comm& world) {
               std::to_string(tr.document_start());
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
+  // --data's own held-out tenth is its val split, which --val-data replaces: those tokens train
+  // nothing (fineweb_train_*.bin beside --val-data fineweb_val_*.bin: a tenth of the corpus).
+  if (!o.val_data.empty() && o.steps > 0)
+    if (const int64_t held = tr.train_data().held_out_tokens(); held > 0)
+      say("note    | --data holds out its last %lld tokens as its val split, which --val-data replaces: they train "
+          "nothing (shards: a glob that also matches *val* files makes those the val split and trains on all of the "
+          "others, without --val-data)\n", (long long)held);
   // A checkpoint of a run that packed documents (--doc-mask, in the rank_0.json beside its
   // model.bin) used without it: every sequence, eval and sample attends across documents, as the
   // model never did. Only a note: training on without the masks may be meant.

@@ -164,6 +164,13 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   CHECK(r.out.find("e_train_0.bin: token id 300 at token offset ") != std::string::npos);
   CHECK(r.out.find("; this step trains on sequences 0 to 1: resume from a checkpoint before it with --resume-step N "
                    "--skip-batches K") != std::string::npos);
+  // --data without val files beside --val-data: its held-out tenth trains nothing, and is said to.
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --data shards:" + (dir.path / "d_train_0.bin").string() +
+                                          " --val-data shards:" + (dir.path / "e_val_0.bin").string()));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("note    | --data holds out its last 400 tokens as its val split, which --val-data replaces: they "
+                   "train nothing") != std::string::npos);
   // A val split smaller than an eval: the note says the eval counts some sequences twice.
   const std::string text = (dir.path / "t.txt").string();
   write_text(text, "alpha", 100);
