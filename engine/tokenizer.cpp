@@ -182,14 +182,38 @@ void Tokenizer::encode_pieces(std::string_view s, size_t at, size_t end, size_t 
   }
 }
 
+void Tokenizer::AddedTokens::index() {
+  by_hash.clear();
+  for (auto& l : lengths) l.clear();
+  for (uint32_t k = 0; k < entries.size(); k++) {
+    const std::string& t = entries[k].text;
+    uint64_t h = kHashStart;
+    for (unsigned char c : t) h = hash_step(h, c);
+    by_hash.emplace(h, k);
+    std::vector<uint32_t>& l = lengths[static_cast<unsigned char>(t[0])];
+    if (std::find(l.begin(), l.end(), uint32_t(t.size())) == l.end()) l.push_back(uint32_t(t.size()));
+  }
+  for (auto& l : lengths) std::sort(l.begin(), l.end(), std::greater<uint32_t>());
+}
+
 bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const {
   if (entries.empty()) return false;
+  std::vector<uint64_t> prefix;  // prefix[L]: the hash of s[i, i + L)
   for (size_t i = at; i < s.size(); i++) {
-    const unsigned char b = static_cast<unsigned char>(s[i]);
-    for (uint32_t k = first[b]; k < first[b + 1]; k++) {
-      const Entry& e = entries[k];
-      if (s.compare(i, e.text.size(), e.text) == 0) {
-        pos = i, len = e.text.size(), id = e.id;
+    const std::vector<uint32_t>& ls = lengths[static_cast<unsigned char>(s[i])];
+    if (ls.empty()) continue;
+    const size_t longest = std::min<size_t>(ls.front(), s.size() - i);
+    prefix.assign(longest + 1, kHashStart);
+    for (size_t k = 0; k < longest; k++) prefix[k + 1] = hash_step(prefix[k], static_cast<unsigned char>(s[i + k]));
+    for (uint32_t L : ls) {
+      if (L > longest) continue;
+      // The entry of that text that comes first (entries' order: two of one text, the first wins).
+      uint32_t best = UINT32_MAX;
+      const auto [from, to] = by_hash.equal_range(prefix[L]);
+      for (auto it = from; it != to; ++it)
+        if (it->second < best && s.compare(i, L, entries[it->second].text) == 0) best = it->second;
+      if (best != UINT32_MAX) {
+        pos = i, len = L, id = entries[best].id;
         return true;
       }
     }

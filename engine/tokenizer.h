@@ -94,9 +94,17 @@ class Tokenizer {
       int id;
     };
     std::vector<Entry> entries;  // by first byte, then longest first
-    uint32_t first[257] = {};    // entries[first[b], first[b + 1]) start with byte b
+    // Looked up by hash, not tried one by one: at each byte of the text, each length an entry
+    // starting with that byte has (longest first), the hash of the text's prefix of that length.
+    // A tokenizer given 200,000 words with add_tokens encoded 60 KB/s, every entry compared at
+    // every byte.
+    std::vector<uint32_t> lengths[256];                   // distinct, longest first
+    std::unordered_multimap<uint64_t, uint32_t> by_hash;  // hash(text) -> entry
+    static uint64_t hash_step(uint64_t h, unsigned char b) { return (h ^ b) * 0x100000001b3ull; }  // FNV-1a
+    static constexpr uint64_t kHashStart = 0xcbf29ce484222325ull;
+    void index();  // lengths and by_hash from entries (sorted)
     bool empty() const { return entries.empty(); }
-    // The first match in s[at, size): true with its place [pos, pos + len) and id.
+    // The first match in s[at, size), the longest there: true with its place [pos, pos + len) and id.
     bool find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const;
   };
   // text[from, to) without the added tokens found before normalization (or all of it).

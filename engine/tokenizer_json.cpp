@@ -251,10 +251,7 @@ void Tokenizer::read_hf_json(const std::string& text) {
         const unsigned char x = static_cast<unsigned char>(a.text[0]), y = static_cast<unsigned char>(b.text[0]);
         return x != y ? x < y : a.text.size() > b.text.size();
       });
-      for (size_t k = 0, b = 0; b <= 256; b++) {
-        while (k < e.size() && static_cast<unsigned char>(e[k].text[0]) < b) k++;
-        set->first[b] = uint32_t(k);
-      }
+      set->index();
     }
   }
   ids_.reserve(size_t(n));

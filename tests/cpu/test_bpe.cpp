@@ -344,6 +344,29 @@ TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignor
                                     "\"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": "
                                     "false, \"special\": true}, "}}));
   CHECK(dup.encode("the cat the") == base.encode("the cat the"));
+  // Added tokens (not special: found in text) that overlap: at each place the longest that starts
+  // there, the leftmost place first ("abcd" over "ab" and "abc"; then "bc"; "ab"), the rest BPE's.
+  std::string added;
+  const char* texts[] = {"ab", "abc", "abcd", "bc", "b!"};
+  for (int k = 0; k < 5; k++)
+    added += "{\"id\": " + std::to_string(577 + k) + ", \"content\": \"" + texts[k] + "\", \"single_word\": false, "
+             "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false}, ";
+  const Tokenizer over(edited(good, {{"\"added_tokens\": [", "\"added_tokens\": [" + added}}));
+  std::vector<int> want = base.encode("x");
+  for (int id : {579, 580, 577, 578}) want.push_back(id);
+  CHECK(over.encode("xabcdbcababc") == want);
+  // The leftmost place wins over a longer match further on: "ab" at 0, not "b!" at 1.
+  want = {577};
+  for (int id : base.encode("!")) want.push_back(id);
+  CHECK(over.encode("ab!") == want);
+  want = base.encode("a");
+  want.push_back(581);  // "b!" at 1, after an "a" no entry starts
+  CHECK(over.encode("ab!") != want);
+  CHECK(over.encode("cb!") == [&] {
+    std::vector<int> w = base.encode("c");
+    w.push_back(581);
+    return w;
+  }());
   CHECK(base.encode("the").size() < 3);  // (merged through "he")
   // ignore_merges: a piece that is a token whole stays whole though no merge reaches it (Llama 3's
   // rule); without it, the merges decide. "zqxj" (id 576) is reached by none.
