@@ -65,6 +65,21 @@ uint32_t decode_utf8(std::string_view s, size_t i, size_t& len) {
   return cp;
 }
 
+bool ends_with_letter(std::string_view s) {
+  if (s.empty()) return false;
+  const unsigned char last = static_cast<unsigned char>(s.back());
+  if (last < 0x80) return unsigned((last | 0x20) - 'a') < 26;
+  size_t i = s.size() - 1;
+  for (int back = 0; i > 0 && back < 3 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80; back++) i--;
+  try {
+    size_t len = 0;
+    const uint32_t cp = decode_utf8(s, i, len);
+    return i + len == s.size() && is_unicode_letter(cp);
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
 size_t gpt2_piece_end(std::string_view s, size_t i) { return gpt2_scan(s, i, false); }
 
 size_t gpt2_digits_piece_end(std::string_view s, size_t i) { return gpt2_scan(s, i, true); }

@@ -19,6 +19,11 @@ namespace ul {
 // truncated sequence, an overlong form, a surrogate, or a value above U+10FFFF).
 uint32_t decode_utf8(std::string_view text, size_t i, size_t& len);
 
+// Whether text's last character is a letter (\p{L}, any script); false for an empty text or one
+// that does not end in a whole, valid UTF-8 character. Where a letter is followed by a space every
+// pre-tokenizer here ends a piece: data/tokenize_files.cpp cuts large texts there.
+bool ends_with_letter(std::string_view text);
+
 // The end (exclusive byte offset) of the piece that starts at byte i < text.size().
 size_t gpt2_piece_end(std::string_view text, size_t i);
 

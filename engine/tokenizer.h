@@ -78,7 +78,7 @@ class Tokenizer {
   // no token for (after NFC, an offset in the normalized text, said so).
   std::vector<int> encode(std::string_view text) const;
   // Appends the encoding of text[from, size) to out, where `from` is a piece boundary (0, or a
-  // letter followed by a space where cuts_at_words(): data/tokenize_files.cpp cuts a large file
+  // letter (any script) followed by a space where cuts_at_words(): data/tokenize_files.cpp cuts a large file
   // there). Error offsets count from text's start.
   void encode_into(std::string_view text, std::vector<int>& out, size_t from = 0) const;
 

@@ -242,7 +242,7 @@ void Tokenizer::read_hf_json(const std::string& text) {
       }
       // A match could span a letter followed by a space, where tokenize_files.cpp would cut.
       for (size_t k = 1; k < text.size(); k++)
-        if (text[k] == ' ' && unsigned((text[k - 1] | 0x20) - 'a') < 26) cuts_at_words_ = false;
+        if (text[k] == ' ' && ends_with_letter(std::string_view(text).substr(0, k))) cuts_at_words_ = false;
       set.entries.push_back({std::move(text), t.special ? -1 : int(t.id)});
     }
     for (AddedTokens* set : {&added_raw_, &added_normalized_}) {

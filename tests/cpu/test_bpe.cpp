@@ -308,9 +308,11 @@ TEST_CASE("tokenizer.json with NFC: a text cut at a letter before a space encode
     text += std::string(i % 3 ? "cafe\u0301 " : "a\u0323\u0301 ") + std::to_string(i) +
             " \u1100\u1161 word<tool_call>x " + (i % 5 ? "e\u0301" : "\u0958") + " \u0301 over the lazy dog ";
   const std::vector<int> whole = qwen.encode(text);
-  int cuts = 0;
+  int cuts = 0, beyond_ascii = 0;
   for (size_t k = 1; k < text.size(); k++) {
-    if (text[k] != ' ' || unsigned((text[k - 1] | 0x20) - 'a') >= 26) continue;
+    // (every letter, any script: the Hangul syllables, after NFC composes the jamo, too)
+    if (text[k] != ' ' || !ul::ends_with_letter(std::string_view(text).substr(0, k))) continue;
+    beyond_ascii += static_cast<unsigned char>(text[k - 1]) >= 0x80;
     std::vector<int> part = qwen.encode(std::string_view(text).substr(0, k));
     qwen.encode_into(text, part, k);
     CAPTURE(k);
@@ -318,6 +320,31 @@ TEST_CASE("tokenizer.json with NFC: a text cut at a letter before a space encode
     cuts++;
   }
   CHECK(cuts > 1000);
+  CHECK(beyond_ascii >= 300);
+  // The other layouts, on text in several scripts: the same at every cut the rule makes.
+  for (const char* fixture : {"tests/data/bpe_tiny_gpt2.json", "tests/data/bpe_tiny_sp.json"}) {
+    CAPTURE(fixture);
+    Tokenizer t(ul_test::source_path(fixture));
+    REQUIRE(t.cuts_at_words());
+    std::string mixed;
+    for (int i = 0; i < 40; i++)
+      mixed += std::string(i % 2 ? "\u043f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440 " : "\u4e2d\u6587 ") +
+               "the cat  \u00e9t\u00e9 " + std::to_string(i) + " ";
+    const std::vector<int> all = t.encode(mixed);
+    int made = 0;
+    for (size_t k = 1; k < mixed.size(); k++) {
+      if (mixed[k] != ' ' || !ul::ends_with_letter(std::string_view(mixed).substr(0, k))) continue;
+      std::vector<int> part = t.encode(std::string_view(mixed).substr(0, k));
+      t.encode_into(mixed, part, k);
+      CAPTURE(k);
+      CHECK(part == all);
+      made++;
+    }
+    CHECK(made > 100);
+  }
+  // The letter test itself: the last character whole and a letter, any script.
+  for (const char* yes : {"abc", "\u041f\u0440\u0438\u0432\u0435\u0442", "x\u4e2d", "\uac01"}) CHECK(ul::ends_with_letter(yes));
+  for (const char* no : {"", "1", "a.", "e\u0301", "\xd0", "a\x80"}) CHECK_FALSE(ul::ends_with_letter(no));
 }
 
 TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignore_merges, a byte-order mark",
