@@ -40,6 +40,11 @@
 
 using namespace ul;
 
+// A failed host allocation that no start-up check foresaw: what they do not count.
+static const char* kOutOfMemory =
+    "out of host memory: an allocation failed (the machine's memory, a cgroup's limit, or a process limit such as "
+    "`ulimit -v` or a scheduler's h_vmem, which the start-up checks do not count)";
+
 static int run(const Options& o, Comm& world) {
   // The lead says what a collective waits for, at --heartbeat's period (parallel/wait_notice.h).
   std::optional<WaitNoticeScope> notice;
@@ -60,7 +65,7 @@ static int after_mpi_start(Body&& body) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: error: %s\n", e.what());
+    std::fprintf(stderr, "train: error: %s\n", dynamic_cast<const std::bad_alloc*>(&e) ? kOutOfMemory : e.what());
     std::fflush(stderr);
     abort_job_if_shared(1);
     return 1;
@@ -228,9 +233,7 @@ static int train_main(int argc, char** argv) {
     // What no start-up check saw (they count the machine's memory and a cgroup's limit, not a
     // process's address-space limit: `ulimit -v`, a scheduler's h_vmem), or an allocation they
     // do not plan.
-    std::fprintf(stderr, "train: error: out of host memory: an allocation failed (the machine's memory, a cgroup's "
-                 "limit, or a process limit such as `ulimit -v` or a scheduler's h_vmem, which the start-up "
-                 "checks do not count)\n");
+    std::fprintf(stderr, "train: error: %s\n", kOutOfMemory);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
@@ -251,7 +254,7 @@ int main(int argc, char** argv) {
   const bool pipe = fstat(STDOUT_FILENO, &out) == 0 && (S_ISFIFO(out.st_mode) || S_ISSOCK(out.st_mode));
   if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && !pipe) {
     std::fprintf(stderr, "train: error: writing the standard output: %s\n",
-                 errno ? std::strerror(errno) : "a write failed");
+                 errno ? std::strerror(errno) : "an earlier write failed (a full disk? a quota?)");
     return code != 0 ? code : 1;
   }
   return code;

@@ -47,31 +47,32 @@ std::map<std::string, double> task_args(const std::string& spec, const std::stri
       known = known || key == a;
       valid += std::string(valid.empty() ? "" : ", ") + a;
     }
-    if (!known) throw std::runtime_error("--data " + spec + ": unknown setting '" + key + "' (valid: " + valid + ")");
+    if (!known) throw std::runtime_error(spec + ": unknown setting '" + key + "' (valid: " + valid + ")");
     char* end = nullptr;
     const char* v = eq == std::string::npos ? "" : item.c_str() + eq + 1;
     double x = std::strtod(v, &end);
     // decimal as written, as the flags are: strtod would also read leading blanks and hex ('0x3')
-    if (!*v || std::isspace(static_cast<unsigned char>(*v)) || std::strpbrk(v, "xX") || *end) throw std::runtime_error("--data " + spec + ": '" + key + "' needs a number, got '" + v + "'");
+    if (!*v || std::isspace(static_cast<unsigned char>(*v)) || std::strpbrk(v, "xX") || *end) throw std::runtime_error(spec + ": '" + key + "' needs a number, got '" + v + "'");
     const std::string text = v;
     for (const char* c : counts)
       if (key == c && (text.find_first_not_of("0123456789", text[0] == '-' ? 1 : 0) != std::string::npos ||
                        text == "-"))
-        throw std::runtime_error("--data " + spec + ": '" + key + "' counts something: a whole number as written, got '" +
+        throw std::runtime_error(spec + ": '" + key + "' counts something: a whole number as written, got '" +
                                  text + "'");
-    if (!out.emplace(key, x).second) throw std::runtime_error("--data " + spec + ": '" + key + "' is given twice");
+    if (!out.emplace(key, x).second) throw std::runtime_error(spec + ": '" + key + "' is given twice");
   }
   return out;
 }
 
 void require(bool ok, const std::string& spec, const std::string& what) {
-  if (!ok) throw std::runtime_error("--data " + spec + ": " + what);
+  if (!ok) throw std::runtime_error(spec + ": " + what);
 }
 
 // A setting that counts something: a whole number an int holds (checked before the cast, which
 // is undefined past int's range).
 int whole(const std::string& spec, const std::string& key, double v) {
-  require(v >= -2147483648.0 && v <= 2147483647.0 && v == std::floor(v), spec, key + " must be an integer");
+  require(v == std::floor(v), spec, key + " must be an integer");
+  require(v >= -2147483648.0 && v <= 2147483647.0, spec, key + " is past an int's range (2147483647)");
   return int(v);
 }
 

@@ -2,6 +2,7 @@
 // is a pure function of (files, seed, i) — so each rank fetches exactly its own sequences without
 // coordination, and resuming a run needs nothing but the sequence counter.
 #pragma once
+#include <stdexcept>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,13 @@ namespace ul {
 inline constexpr const char* kTextBytes = "bytes, no end-of-text";
 
 enum class Split { train, val };
+
+// A token id past the vocabulary, found as a sequence is read (shards check their ids lazily):
+// the data's fault at that place, which the same step meets on every resume (its message says how
+// to train past it); other read errors (a file gone or cut) are std::runtime_error.
+struct BadTokenError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class Dataset {
  public:

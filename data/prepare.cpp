@@ -65,14 +65,16 @@ Train on the result with
 )";
 }
 
+// The flags that take a value (the others are switches).
+static const char* const kWithValue[] = {"--out", "--val-frac", "--shard-tokens", "--tokenizer",
+                                         "--files-from", "--json-key", "--eot"};
+
 PrepareOptions parse_prepare_options(int argc, char** argv) {
   PrepareOptions o;
   // train's own flag parsers: decimal as written (no blanks, no hex), in range, the whole value.
   auto number = [](const std::string& flag, const std::string& v) { return parse_float("prepare: " + flag, v); };
   auto integer = [](const std::string& flag, const std::string& v) { return int64_t(parse_int("prepare: " + flag, v)); };
   bool eot_given = false;
-  static const char* const kWithValue[] = {"--out", "--val-frac", "--shard-tokens", "--tokenizer",
-                                           "--files-from", "--json-key", "--eot"};
   for (int i = 1; i < argc; i++) {
     const std::string arg = argv[i];
     if (arg.rfind("--", 0) != 0) {
@@ -98,7 +100,7 @@ PrepareOptions parse_prepare_options(int argc, char** argv) {
       v = argv[++i];
       // `--out --raw`: a flag where the value should be is a value forgotten, not a directory's
       // name (one that truly starts so goes as --out=--raw).
-      if (v.rfind("--", 0) == 0)
+      if (v.rfind("--", 0) == 0 || v == "-h")
         throw std::runtime_error("prepare: " + a + ": missing value (the next argument, " + v +
                                  ", is a flag; a value spelled like a flag goes as " + a + "=" + v + ")");
     }
@@ -697,11 +699,17 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
 }
 
 int prepare_main(int argc, char** argv) {
-  for (int i = 1; i < argc; i++)
-    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+  // --help anywhere; -h too, but not where a flag's value goes (`--out -h` printed the help and
+  // exited 0, writing nothing a script asked for: it is refused as a value forgotten).
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    const bool value_place = i > 1 && std::find(std::begin(kWithValue), std::end(kWithValue), std::string(argv[i - 1])) !=
+                                          std::end(kWithValue);
+    if (a == "--help" || (a == "-h" && !value_place)) {
       std::fputs(prepare_usage(), stdout);
       return 0;
     }
+  }
   const PrepareOptions o = parse_prepare_options(argc, argv);
   const PrepareResult r = prepare_shards(o, true);
   if (r.cleared)

@@ -48,6 +48,8 @@ ShardDataset::Shard ShardDataset::read_header(const std::string& path) {
   struct stat st{};
   fstat(fd, &st);
   const int64_t size = st.st_size;
+  s.dev = uint64_t(st.st_dev), s.ino = uint64_t(st.st_ino);
+  s.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   int32_t header[256];
   const bool whole = size >= 1024 && ::pread(fd, header, 1024, 0) == 1024;
   ::close(fd);
@@ -175,20 +177,32 @@ void ShardDataset::read_tokens(const Shard& s, int64_t off, int n, uint8_t* out)
   if (fd < 0)
     throw shard_error(s.path, std::string("cannot open it again while the run reads it: ") + std::strerror(errno));
   struct stat st{};
+  if (fstat(fd, &st) != 0 || st.st_size != bytes || uint64_t(st.st_dev) != s.dev || uint64_t(st.st_ino) != s.ino ||
+      int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec != s.mtime_ns) {
+    ::close(fd);
+    // (another file renamed over it, even of the same size: rsync, a shard written again)
+    throw shard_error(s.path, (st.st_size != bytes ? "now " + std::to_string(int64_t(st.st_size)) + " bytes, not the " +
+                                                         std::to_string(bytes) + " its header counted when the run opened it"
+                                                   : std::string("another file than the one the run opened, or "
+                                                                 "written again since")) +
+                                  ": the file was cut or rewritten while the run read it (restore it, or write new "
+                                  "shards to another directory)");
+  }
   size_t got = 0;
-  if (fstat(fd, &st) == 0 && st.st_size == bytes) {
-    while (got < want) {
-      const ssize_t r = ::pread(fd, out + got, want - got, off_t(1024 + off * s.width) + off_t(got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) break;
-      got += size_t(r);
+  int err = 0;
+  while (got < want) {
+    const ssize_t r = ::pread(fd, out + got, want - got, off_t(1024 + off * s.width) + off_t(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      err = r < 0 ? errno : 0;
+      break;
     }
+    got += size_t(r);
   }
   ::close(fd);
   if (got < want)
-    throw shard_error(s.path, "now " + std::to_string(int64_t(st.st_size)) + " bytes, not the " + std::to_string(bytes) +
-                                  " its header counted when the run opened it: the file was cut or rewritten while "
-                                  "the run read it (restore it, or write new shards to another directory)");
+    throw shard_error(s.path, err ? std::string("read error: ") + std::strerror(err)
+                                  : "ends before its header's count (cut while the run read it)");
 }
 
 std::vector<std::pair<int64_t, int64_t>> ShardDataset::compute_spans() const {
@@ -295,7 +309,7 @@ void ShardDataset::sequence(int64_t i, int T, int32_t* inputs, int32_t* targets)
         std::memcpy(&id, bytes.data() + size_t(t) * 4, 4);
       }
       if (id >= limit)
-        throw shard_error(s.path, "token id " + std::to_string(id) + " at token offset " + std::to_string(off + t) + " is >= " +
+        throw BadTokenError(s.path + ": token id " + std::to_string(id) + " at token offset " + std::to_string(off + t) + " is >= " +
                                       (limit == uint32_t(vocab_) ? "the model vocab " : "the vocab its header names, ") +
                                       std::to_string(limit));
       if (t < T) inputs[t] = int32_t(id);

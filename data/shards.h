@@ -72,6 +72,10 @@ class ShardDataset : public Dataset {
     int width = 2;  // bytes per token
     int32_t vocab = 0, eot = -1;  // named by the header (kShardTag), else 0 and -1
     int64_t count = 0;
+    // The file that was opened, as it was: one renamed over it, or written again in place (even at
+    // the same size), is another.
+    uint64_t dev = 0, ino = 0;
+    int64_t mtime_ns = 0;
     int32_t effective_eot() const;  // the header's, else the format's
     std::string kind() const;       // "vocab V, end-of-text E": the header's, else the format's
   };

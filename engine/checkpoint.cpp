@@ -389,9 +389,12 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
       const int64_t want = recorded_crc(rank0, name), have = stored_crc(dir + "/" + name);
       amiss += want >= 0 && have >= 0 && want != have;
     }
+    // Which side is the stranger is not known here: this rank_0.json, or both files (copied in
+    // from another step together; their own checks below would name them had it been them alone).
     if (amiss == 2)
       throw std::runtime_error(rank0 + ": the crc32s it recorded are not those of model.bin and " + opt0 +
-                               " beside it: a rank file of another checkpoint or run");
+                               " beside it: either this rank file or both of those files come from another "
+                               "checkpoint or run");
   }
   const RunLayout saved = check_rank_file(dir + "/" + rank_file_name(0), step, fields, run, rank == 0 ? &g : nullptr,
                                           &data, changes);

@@ -20,7 +20,8 @@
 // rank_R.json — one flat JSON object per rank: step, rank, dp/sp ranks, data_sequence (the first
 //   sequence the next step trains on: Trainer::next_sequence(); files from before it have
 //   data_position, the step, for step x G), the run's
-//   layout (batch, grad_accum, dp, sp, zero, mlp_chunks), save_id (a random number each save draws),
+//   layout (batch, grad_accum, dp, sp, zero, mlp_chunks), save_id (rank 0's: a random number each
+//   save draws; the other ranks' files carry it as save_of),
 //   every option that must be equal on resume
 //   (run_fields), the crc32 of each binary file that rank wrote ("crc model.bin": ...), and last
 //   "crc32": the CRC-32 of the text before that field (files from before it lack it: unchecked).

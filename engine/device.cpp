@@ -15,7 +15,9 @@ void* cpu_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   // 64-byte alignment: one cache line, one AVX-512 register.
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (!p) throw std::runtime_error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+  if (!p)
+    throw std::runtime_error("out of host memory allocating " + std::to_string(bytes) + " bytes (beyond what the "
+                             "start-up checks count: a process limit such as `ulimit -v` or a scheduler's h_vmem?)");
   return p;
 }
 void cpu_free(void* p) { std::free(p); }

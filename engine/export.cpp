@@ -342,14 +342,21 @@ void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) 
     // A YaRN model's max_position_embeddings is factor x orig (hf_max_position_embeddings), which
     // transformers 4.51 to 4.55 read the factor back from: where the product is not whole, the
     // rounded one gives them another factor.
+    // (compared as the float the factor is: 1.1 x 1000 is 1100 whatever 1.1's last bits)
     const RopeScaling& rs = cfg_.rope_scaling;
-    const double product = double(rs.factor) * double(rs.original_max_pos);
-    if (say && cfg_.is_llama() && rs.kind == RopeScaling::kYarn && product != std::round(product))
-      std::printf("note    | config.json's max_position_embeddings %d is yarn's factor x orig (%s x %d) rounded: "
-                  "transformers 4.51 to 4.55 take the factor from it, %.6g, not %s (a factor that makes the product "
-                  "whole avoids it)\n", hf_max_position_embeddings(cfg_), float_text(rs.factor).c_str(),
-                  rs.original_max_pos, double(hf_max_position_embeddings(cfg_)) / rs.original_max_pos,
-                  float_text(rs.factor).c_str());
+    if (say && cfg_.is_llama() && rs.kind == RopeScaling::kYarn) {
+      const int mpe = hf_max_position_embeddings(cfg_);
+      const double product = double(rs.factor) * double(rs.original_max_pos), read = double(mpe) / rs.original_max_pos;
+      if (!(product >= 1 && product < 2147483648.0))
+        std::printf("note    | yarn's factor x orig (%s x %d) is past an int: config.json's max_position_embeddings is "
+                    "the model's max_seq, %d, and transformers 4.51 to 4.55 take the factor from it, %.6g\n",
+                    float_text(rs.factor).c_str(), rs.original_max_pos, mpe, read);
+      else if (float(read) != rs.factor)
+        std::printf("note    | config.json's max_position_embeddings %d is yarn's factor x orig (%s x %d) rounded: "
+                    "transformers 4.51 to 4.55 take the factor from it, %.6g, not %s (a factor that makes the product "
+                    "whole avoids it)\n", mpe, float_text(rs.factor).c_str(), rs.original_max_pos, read,
+                    float_text(rs.factor).c_str());
+    }
     std::fflush(stdout);
   }
   made_.keep();  // the exports are in place

@@ -55,9 +55,10 @@ void check_size(const std::string& path, size_t have, size_t want, const std::st
                              " bytes, but " + layout + " needs exactly " + std::to_string(want));
 }
 
-// The parameter count, false when it exceeds 2^60: a hostile header can otherwise make the size_t
-// arithmetic wrap around 2^64 to a small count that matches the file's size (found by fuzzing,
-// tests/fuzz). 2^60 also keeps count * bytes per parameter exact.
+// The parameter count, false when it exceeds 2^50 (param_count's limit, layers/transformer.cpp): a
+// hostile header can otherwise make the size_t arithmetic wrap around 2^64 to a small count that
+// matches the file's size (found by fuzzing, tests/fuzz). It also keeps count * bytes per
+// parameter exact.
 bool checked_num_params(const LlmcConfig& c, size_t& n) {
   n = 0;
   for (auto& [name, shape] : llmc_gpt2_param_shapes(c)) {
@@ -66,7 +67,7 @@ bool checked_num_params(const LlmcConfig& c, size_t& n) {
       if (__builtin_mul_overflow(k, size_t(d), &k)) return false;
     if (__builtin_add_overflow(n, k, &n)) return false;
   }
-  return n <= (size_t(1) << 60);
+  return n <= (size_t(1) << 50);
 }
 
 }  // namespace
@@ -86,7 +87,7 @@ void validate_llmc_config(const LlmcConfig& c, const std::string& where) {
   if (!checked_num_params(c, n))
     throw std::runtime_error(where + ": the header's sizes (L = " + std::to_string(c.layers) + ", C = " +
                              std::to_string(c.channels) + ", Vp = " + std::to_string(c.padded_vocab) + ", maxT = " +
-                             std::to_string(c.max_seq) + ") give more than 2^60 parameters");
+                             std::to_string(c.max_seq) + ") give more than 2^50 parameters");
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> llmc_gpt2_param_shapes(const LlmcConfig& c) {
@@ -101,7 +102,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llmc_gpt2_param_shapes
 
 size_t llmc_gpt2_num_params(const LlmcConfig& c) {
   size_t n;
-  if (!checked_num_params(c, n)) throw std::runtime_error("llm.c GPT-2 config: more than 2^60 parameters");
+  if (!checked_num_params(c, n)) throw std::runtime_error("llm.c GPT-2 config: more than 2^50 parameters");
   return n;
 }
 

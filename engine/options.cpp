@@ -128,7 +128,8 @@ checkpoints, logs and output
   --quiet             only the final summary
   --heartbeat S       inside a step or eval that runs longer, a progress line every S seconds
                       naming the block reached (long context on a CPU), and one while rank 0
-                      waits in a collective for the other ranks (0: none)                [30]
+                      waits in a collective, or in MPI's start-up, for the other ranks
+                      (0: none)                                                            [30]
 export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --export-llmc FILE  write an llm.c GPT-2 checkpoint (gpt2 only)
   --export-llmc-version 3|5   3 = fp32, 5 = bf16 (round to nearest even)               [3]
@@ -413,9 +414,15 @@ Options parse_options(int argc, char** argv) {
   if (!(o.grad_clip >= 0) || !std::isfinite(o.grad_clip))
     throw std::runtime_error("--grad-clip must be a finite number >= 0 (0: off)");
   for (const auto& [flag, b] : {std::pair<const char*, float>{"--beta1", o.beta1}, {"--beta2", o.beta2}})
-    if (!(b >= 0 && b < 1))  // 1 would never move the moments off zero (and bias correction divides by 1 - b^t)
-      throw std::runtime_error(std::string(flag) + " must be in [0, 1), got " + float_text(b) +
-                               (b == 1.0f ? " (as a float: a value within 3e-8 of 1 is 1)" : ""));
+    if (!(b >= 0 && b < 1)) {  // 1 would never move the moments off zero (and bias correction divides by 1 - b^t)
+      // A value typed below 1 that the float rounds up to it: said (the message once read 1.000000).
+      std::string typed;
+      for (const auto& [f, v] : o.args)
+        if (f == flag) typed = v;
+      const bool rounded = b == 1.0f && !typed.empty() && std::strtod(typed.c_str(), nullptr) < 1.0;
+      throw std::runtime_error(std::string(flag) + " must be in [0, 1), got " + (rounded ? typed : float_text(b)) +
+                               (rounded ? ", which is 1 as a float (a value within 3e-8 of 1 is)" : ""));
+    }
   if (!(o.adam_eps > 0) || !std::isfinite(o.adam_eps))
     throw std::runtime_error("--adam-eps must be a finite number > 0");
   // The model overrides default to 0, "the preset's"; written out, 0 would be ignored without a word.

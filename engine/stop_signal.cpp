@@ -71,7 +71,7 @@ void on_signal_locked(int sig) {
                        " saved with --save-dir)"
         : phase == 2 ? ": stopping before the final eval's next batch, or after the length probe in flight (the"
                        " rest, the exports and the sample are skipped)"
-        : phase == 3 ? ": the exports and the sample finish first (they are written whole), then the run stops"
+        : phase == 3 ? ": the run is ending: what it writes now (plots, exports, the sample) finishes first, then it stops"
                      : ": stopping once start-up is done, before any step");
     // (where SIGINT is left ignored, a Ctrl-C cannot end it: then SIGKILL is the way)
     say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now\n" : "; Ctrl-C again to stop now\n");
@@ -88,7 +88,11 @@ void on_signal_locked(int sig) {
   if (sig != SIGINT || since < g_repeat_ms.load()) {
     say("train: ");
     say(stop_signal_name(sig));
-    say(" again: already stopping after this step (a Ctrl-C two seconds after the first stops now)\n");
+    const int phase = g_phase.load();
+    say(phase == 1   ? " again: already stopping after this step"
+        : phase == 0 ? " again: already stopping once start-up is done"
+                     : " again: already stopping, as said above");
+    say(" (a Ctrl-C two seconds after the first stops now)\n");
     return;
   }
   std::signal(sig, SIG_DFL);  // the default action, now (the process ends by this signal)

@@ -193,7 +193,13 @@ int train_rank(const Options& o, Comm& world) {
   // but past the length it was trained at (or configured for), the text may be noise. The length
   // trained at: this run's --seq when it trains, else its checkpoint's (rank_0.json; a preset's
   // max_seq, 1M, says nothing of what a model trained at 256 can do).
-  const int trained_seq = o.steps > 0 || o.resume ? o.seq : o.checkpoint.empty() ? -1 : checkpoint_seq(o.checkpoint);
+  // (a fine-tune of a --checkpoint at a shorter --seq: the longer of the two; an imported file
+  // records none but its max_seq, the note above's)
+  int trained_seq = o.steps > 0 || o.resume ? o.seq : -1;
+  if (!o.checkpoint.empty() && !o.resume) {
+    const int saved = checkpoint_seq(o.checkpoint);
+    trained_seq = saved > 0 ? std::max(trained_seq, saved) : -1;
+  }
   if (model.cfg.is_llama() && outputs.sample_positions() > model.cfg.max_seq)
     say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the model's max_seq %d (the "
         "length it was trained or configured for): the sample past it tests extrapolation\n", o.sample,
@@ -201,7 +207,7 @@ int train_rank(const Options& o, Comm& world) {
   else if (model.cfg.is_llama() && trained_seq > 0 && outputs.sample_positions() > trained_seq)
     say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the --seq %d it trained "
         "at%s: the sample past it tests extrapolation\n", o.sample, (long long)outputs.sample_positions(), trained_seq,
-        o.steps > 0 || o.resume ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str());
+        trained_seq == o.seq && (o.steps > 0 || o.resume) ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str());
   // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.
   if (o.zero && o.steps > 0 && world.size() == 1)
     say("note    | --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "
@@ -754,6 +760,9 @@ int train_rank(const Options& o, Comm& world) {
     }
   }
   if (!paused) stop_now();  // the exports and the sample are not started after a signal (a pause has none)
+  // The last stop check: a signal from here on can only let what follows finish (the plots, the
+  // exports and the sample), and its line says so.
+  started_outputs();
   if (log) {
     log.reset();  // closed: the plots read it back
     std::string failed;
@@ -843,7 +852,6 @@ int train_rank(const Options& o, Comm& world) {
   // the CPU's are read where they are).
   std::vector<float> copy;
   const float* host = outputs.wants_params() ? tr.host_weights(lead, copy) : nullptr;
-  started_outputs();  // a signal from here on: the exports and the sample finish first
   if (lead && outputs.wants_params()) test_hold("outputs");
   if (lead) outputs.finish(host, model.params.specs());
   // A signal while they ran: they finished (written whole), and the exit status still says so.

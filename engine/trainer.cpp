@@ -113,13 +113,14 @@ void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here
 }
 
 void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, const std::string& gpu,
-                         const std::string& shrink, bool masters) {
+                         const std::string& shrink, bool masters, int processes) {
   const size_t need = plan.total * size_t(std::max(1, ranks_on_gpu));
   if (need <= free) return;
   // The --memory to plan with (a rank's): its share of what the GPU had free, less 0.5 GiB for what
-  // no plan holds (the CUDA libraries' own buffers: cuBLASLt's, NCCL's; once for the GPU), rounded
-  // down to a tenth; none when that leaves under 0.1G (--memory 0.0G would be refused).
-  const double share = (double(free) / double(size_t(1) << 30) - 0.5) / std::max(1, ranks_on_gpu);
+  // no plan holds (the CUDA libraries' own buffers: cuBLASLt's, NCCL's; once a process on the
+  // GPU), rounded down to a tenth; none when that leaves under 0.1G (--memory 0.0G would be refused).
+  const double share =
+      (double(free) / double(size_t(1) << 30) - 0.5 * std::max(1, processes)) / std::max(1, ranks_on_gpu);
   const double budget = std::floor(share * 10) / 10;
   char gib[32];
   std::snprintf(gib, sizeof gib, "%.1fG", budget);
@@ -351,7 +352,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (ctx_.device == Device::cuda) {
     const GpuInfo gpu = cuda_gpu_at_start();
     check_device_memory(plan, hosts_.sharing_gpu(), gpu.free, "GPU " + std::to_string(gpu.device) + " (" + gpu.name + ")",
-                        memory_shrinks(pc), param_dtype(o) == DType::bf16);
+                        memory_shrinks(pc), param_dtype(o) == DType::bf16, o.comm == "local" ? 1 : hosts_.sharing_gpu());
   }
 #endif
   // ZeRO-1 shards a bf16 model's f32 master weights with the AdamW state: each rank keeps those
@@ -491,8 +492,10 @@ StepResult Trainer::step() {
       named_load(*train_, "--data", first, micro_[m]);
       local_valid += micro_[m].valid;
     }
-  } catch (const std::exception& e) {
+  } catch (const BadTokenError& e) {  // the data's own, at this step on every resume: the way past it
     load_error = std::string(e.what()) + "; " + past;
+  } catch (const std::exception& e) {
+    load_error = e.what();
   }
   // The step's first collective: a rank whose data failed makes the whole world fail here with its
   // message (an MPI rank failing alone would abort the job before rank 0's log could say why).
@@ -592,7 +595,9 @@ void Trainer::skip_batches(int64_t k) {
 void Trainer::named_load(const Dataset& data, const char* flag, int64_t first, HostBatch& hb) const {
   try {
     load_batch(data, first, o_.batch, o_.seq, grid_.sp, grid_.sp_rank, hb, eot_);
-  } catch (const std::runtime_error& e) {  // a token id past the vocabulary, found as it is read
+  } catch (const BadTokenError& e) {  // a token id past the vocabulary, found as it is read
+    throw BadTokenError(std::string(flag) + ": " + e.what());
+  } catch (const std::runtime_error& e) {  // (a file gone or cut while the run reads it)
     throw std::runtime_error(std::string(flag) + ": " + e.what());
   }
 }

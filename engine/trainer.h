@@ -204,8 +204,9 @@ size_t decoder_room(size_t resident, int sharing, size_t limit, int here, size_t
 // those bytes is allocated at start-up, so such a run could only fail at its first cudaMalloc
 // too large, with less said.
 // `shrink`: what to try (memory_shrinks, engine/planner.h); `masters`: the AdamW row holds bf16's
-// f32 master weights too.
+// f32 master weights too; `processes`: the processes those ranks are (each has the CUDA libraries'
+// buffers: --comm local's ranks share one).
 void check_device_memory(const MemoryPlan& plan, int ranks_on_gpu, size_t free, const std::string& gpu,
-                         const std::string& shrink, bool masters);
+                         const std::string& shrink, bool masters, int processes = 1);
 
 }  // namespace ul

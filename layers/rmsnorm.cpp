@@ -1,6 +1,7 @@
 #include "layers/rmsnorm.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "layers/op_util.h"
@@ -43,7 +44,11 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
     T gx_mean = 0;  // mean_c(g * x), g = dy * w
     for (int c = 0; c < C; c++) gx_mean += dyr[c] * w[c] * xr[c];
     gx_mean /= C;
-    const T k = r * r * gx_mean;
+    T k = r * r * gx_mean;
+    // A row past ~1e19 (its r under 1.1e-19): r^2 is below the smallest normal float, 0 where
+    // subnormals flush (engine/float_env.h), and dx lost its projection term, even its sign; r
+    // times the mean first then stays in range. Only there: the usual rows keep their bits.
+    if (r != 0 && r * r < std::numeric_limits<T>::min()) k = (r * gx_mean) * r;
     for (int c = 0; c < C; c++) {
       dxr[c] += r * (dyr[c] * w[c] - xr[c] * k);
       part[c] += dyr[c] * xr[c] * r;

@@ -6,6 +6,8 @@
 //              C % V == 0 and the buffers are 16-byte aligned, else V = 1.
 // backward dx  the same layout: per row, mean_c(dy * w * x), then dx += ...
 // backward dw  the column sums of dy * x * rrms, deterministic (layers/column_sums.cuh).
+#include <cfloat>
+
 #include "engine/cuda_launch.h"
 #include "layers/column_sums.cuh"
 #include "layers/elementwise.cuh"
@@ -72,7 +74,10 @@ __global__ void rmsnorm_backward_dx_kernel(T* __restrict__ dx, const T* __restri
     load_floats<V>(w + c, wv);
     for (int k = 0; k < V; k++) gx_sum += dyv[k] * wv[k] * xv[k];
   }
-  const float kk = r * r * (warp_sum(gx_sum) / C);
+  const float g_mean = warp_sum(gx_sum) / C;
+  // r^2 below the smallest normal float (a row past ~1e19): r times the mean first, as the CPU op
+  // does there (the usual rows keep their bits).
+  const float kk = r != 0.f && r * r < FLT_MIN ? (r * g_mean) * r : r * r * g_mean;
   for (int c = lane * V; c < C; c += 32 * V) {
     float dxv[V];
     load_floats<V>(dy + off + c, dyv);

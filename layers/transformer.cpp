@@ -82,7 +82,7 @@ void ModelConfig::validate() const {
   if (full_every && !sliding_window) bad("--full-attention-every: which layers skip the window needs --sliding-window");
   if (full_first < 0 || full_first >= std::max(1, full_every))
     bad("--full-attention-first must be in [0, --full-attention-every), got " + std::to_string(full_first));
-  param_count(*this);  // throws past 2^60 parameters (a shape read from a file, or flags like --layers 2^30)
+  param_count(*this);  // throws past 2^50 parameters (a shape read from a file, or flags like --layers 2^30)
 }
 
 void ModelConfig::validate_for(Device d, const std::string& from) const {

@@ -32,7 +32,7 @@ class Comm;
 // to a multiple of 128 and the embedding's sort keys (row < 2^31) stay within int.
 constexpr int kMaxVocab = 1 << 30;
 // At most this many layers (--layers, a file's header or config.json): a file naming 2^30 of
-// width 2 stays under 2^60 parameters, and took minutes of per-layer work, or gigabytes, to refuse.
+// width 2 stays under 2^50 parameters, and took minutes of per-layer work, or gigabytes, to refuse.
 constexpr int kMaxLayers = 100000;
 
 struct ModelConfig {

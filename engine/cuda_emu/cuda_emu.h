@@ -31,7 +31,9 @@
 //     a barrier is told from another by its source line, so one __syncthreads in a helper called
 //     from both sides of a branch that splits a warp counts as one barrier (undefined on a GPU;
 //     the tree's barriers are all in kernel bodies); atomics are exact, and a non-atomic
-//     read-modify-write that races across blocks shows only by chance (blocks on OpenMP threads).
+//     read-modify-write that races across blocks shows only by chance (blocks on OpenMP threads);
+//     the host threads flush subnormal floats to zero (engine/float_env.h: train and the tests set
+//     it), where a GPU build without -ftz keeps them, so a kernel's results below 1.2e-38 differ.
 // Only what the project's kernels use is here; nvcc compiles the same files for the real GPU.
 #pragma once
 #include <math.h>

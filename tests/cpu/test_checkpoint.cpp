@@ -434,7 +434,8 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
     fs::copy_file(other / "step_00000003" / "rank_0.json", s / "rank_0.json", fs::copy_options::overwrite_existing);
   });
   expect_refused(resume + swapped_rank.string(), "rank_0.json: the crc32s it recorded are not those of model.bin and "
-                                                 "optim.bin beside it: a rank file of another checkpoint or run");
+                                                 "optim.bin beside it: either this rank file or both of those files "
+                                                 "come from another checkpoint or run");
   // A directory named otherwise than a save names it (step_3, not step_00000003) is no checkpoint.
   fs::path odd = damaged("odd", [&](const fs::path& s) { fs::rename(s, s.parent_path() / "step_3"); });
   expect_refused(resume + odd.string(), "no complete checkpoint to resume from");

@@ -485,6 +485,13 @@ TEST_CASE("shards: a file cut, grown or removed while a run reads it is an error
   tok.resize(500, 7);
   write_shard(path, tok);  // grown
   every_read_fails({path, "now 2024 bytes"});
+  // Written again at its size, in place or as another file renamed over it (rsync, a shard made
+  // again): refused too (a path opened per read would take the new bytes without a word).
+  write_shard(path, std::vector<uint32_t>(400, 3));
+  every_read_fails({path, "another file than the one the run opened, or written again since"});
+  write_shard(path + ".new", std::vector<uint32_t>(400, 3));
+  fs::rename(path + ".new", path);
+  every_read_fails({path, "another file than the one the run opened, or written again since"});
   fs::remove(path);
   every_read_fails({path, "cannot open it again while the run reads it"});
 }
@@ -497,7 +504,7 @@ TEST_CASE("task settings in the data spec reach the generator", "[data]") {
     CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1),
                       Catch::Contains("counts something: a whole number as written"));
   CHECK_THROWS_WITH(ul::open_dataset("recall:pairs=3000000000", ul::Split::train, 1, -1),
-                    Catch::Contains("must be an integer"));  // past an int
+                    Catch::Contains("pairs is past an int's range"));
   CHECK_NOTHROW(ul::open_dataset("recall:gap=-1,pairs=4", ul::Split::train, 1, -1));  // -1: all spare room
   CHECK_THROWS_WITH(ul::open_dataset("passkey:digits=3,digits=4", ul::Split::train, 1, -1),
                     Catch::Contains("'digits' is given twice"));

@@ -798,7 +798,13 @@ TEST_CASE("a YaRN export whose factor x orig is not whole says which factor tran
   CHECK(r.out.find("note    | config.json's max_position_embeddings 33 is yarn's factor x orig (2.5 x 13) rounded: "
                    "transformers 4.51 to 4.55 take the factor from it, 2.53846, not 2.5") != std::string::npos);
   CHECK(read_whole_file(d / "a/config.json").find("\"max_position_embeddings\":33") != std::string::npos);
-  r = run_cmd(train_cmd(base + "--rope-scaling yarn:factor=2,orig=16 --export-safetensors " + d / "b/m.safetensors"));
-  REQUIRE(r.code == 0);
-  CHECK(r.out.find("max_position_embeddings") == std::string::npos);  // 32: whole, nothing to say
+  // Whole, nothing to say: 32; and 1.1 x 1000, 1100 though 1.1 is not exact as a float.
+  int k = 0;
+  for (const char* spec : {"yarn:factor=2,orig=16", "yarn:factor=1.1,orig=1000"}) {
+    CAPTURE(spec);
+    r = run_cmd(train_cmd(base + "--rope-scaling " + spec + " --export-safetensors " + d / ("b" + std::to_string(k++)) +
+                          "/m.safetensors"));
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("max_position_embeddings") == std::string::npos);
+  }
 }

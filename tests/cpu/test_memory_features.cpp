@@ -447,7 +447,7 @@ TEST_CASE("the GPU memory check: the plan of every rank on the GPU against what 
   eval.grads = eval.optim = 0;
   CHECK_THROWS_WITH(check_device_memory(eval, 1, 1 << 20, "GPU 0 (X)", shrink, true),
                     Catch::Contains("(weights 1 MiB, activations 4 MiB;"));
-  // The --memory it suggests for --plan, a rank's: what was free less 0.5 GiB (once for the GPU:
+  // The --memory it suggests for --plan, a rank's: what was free less 0.5 GiB (once a process:
   // --comm local's ranks share one process's libraries), shared out, rounded down: 23.96 GiB free
   // -> 23.4G; with 3 ranks on the GPU, 23.46 / 3 -> 7.8G.
   p.total = size_t(30) << 30;
@@ -456,6 +456,9 @@ TEST_CASE("the GPU memory check: the plan of every rank on the GPU against what 
                     Catch::Contains("`train --plan --memory 23.4G` with this run's flags"));
   CHECK_THROWS_WITH(check_device_memory(p, 3, free, "GPU 0 (X)", shrink, true),
                     Catch::Contains("`train --plan --memory 7.8G` with this run's flags"));
+  // Three processes on the GPU (MPI, NCCL): each has the libraries' buffers, (23.96 - 1.5) / 3 -> 7.4G.
+  CHECK_THROWS_WITH(check_device_memory(p, 3, free, "GPU 0 (X)", shrink, true, 3),
+                    Catch::Contains("`train --plan --memory 7.4G` with this run's flags"));
   // Under 0.1G a rank left: no --memory named (it once said --memory 0.0G, which --memory refuses).
   CHECK_THROWS_WITH(check_device_memory(p, 512, free, "GPU 0 (X)", shrink, true),
                     Catch::Contains("the GPU has no room left for a rank's share") && !Catch::Contains("--memory 0.0G"));

@@ -258,6 +258,8 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
       // shards where BPE ones were asked for).
       {"--out " + out + " --tokenizer= " + d.file("ok.txt"), "prepare: --tokenizer: empty path"},
       {"--out= " + d.file("ok.txt"), "prepare: --out: empty path"},
+      // -h where a value goes: a value forgotten, not the help with status 0 and nothing written.
+      {"--out -h " + d.file("ok.txt"), "prepare: --out: missing value (the next argument, -h, is a flag"},
       // More shards than six digits name (their names would sort out of order): a flag's slip.
       {"--out " + out + " --shard-tokens 1 " + d.file("mb.txt"),
        "--shard-tokens 1 cuts the train split's 1080001 tokens into 1080001 shards"},

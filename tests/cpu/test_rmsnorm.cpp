@@ -1,5 +1,6 @@
 #include "layers/rmsnorm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/context.h"
@@ -62,6 +63,20 @@ TEST_CASE("rmsnorm normalises a row whose float sum of squares overflows, its gr
   CHECK(dw[1] == Approx(1.0).epsilon(1e-5));
   // dx = r (dy w - x r^2 mean(dy w x)); mean(dy w x) = 0 for alternating signs: dx = r.
   CHECK(dx[0] == Approx(1.0 / 3e17).epsilon(1e-5));
+  // A row of one sign at 2e19, so mean(dy w x) is not 0: r ~ 4e-20, and r^2 is below the smallest
+  // normal float (0 where subnormals flush): dx lost its projection term, its sign wrong. Against
+  // float64.
+  for (int c = 0; c < C; c++) x[size_t(c)] = 2e19f * (1 + 0.1f * float(c % 7));
+  std::fill(dx.begin(), dx.end(), 0.f), std::fill(dw.begin(), dw.end(), 0.f);
+  ul::cpu::rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, C);
+  ul::cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), r.data(), N, C);
+  double ss = 0, gx = 0;
+  for (int c = 0; c < C; c++) ss += double(x[size_t(c)]) * x[size_t(c)], gx += double(x[size_t(c)]);
+  const double rr = 1 / std::sqrt(ss / C + 1e-5), k = rr * rr * gx / C;
+  for (int c = 0; c < C; c += 511) {
+    CAPTURE(c);
+    CHECK(dx[size_t(c)] == Approx(rr * (1 - x[size_t(c)] * k)).epsilon(1e-4));
+  }
 }
 
 TEST_CASE("rmsnorm op records a backward that accumulates", "[rmsnorm]") {

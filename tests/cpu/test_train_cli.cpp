@@ -365,7 +365,10 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--data recall:gap=x", "'gap' needs a number");
   expect_refused("--data passkey:digits=0x3", "'digits' needs a number, got '0x3'");  // decimal, as the flags
   expect_refused("--data 'passkey:filler= 7'", "'filler' needs a number, got ' 7'");
-  expect_refused("--data recall:foo=1", "unknown setting 'foo'");
+  expect_refused("--data recall:foo=1", "train: error: --data: recall:foo=1: unknown setting 'foo'");
+  // --val-data's named as such (the message once said "--val-data: --data passkey:...").
+  expect_refused("--data recall --val-data passkey:foo=1 --steps 1",
+                 "train: error: --val-data: passkey:foo=1: unknown setting 'foo'");
   expect_refused("--comm carrier-pigeon", "--comm");
   expect_refused("--offload --recompute", "--offload moves block inputs from GPU memory");
   expect_refused("--offload --device cuda --plan", "--offload needs --recompute");
@@ -399,7 +402,8 @@ TEST_CASE("train refuses bad flags before any work", "[cli]") {
   expect_refused("--beta2 -0.5", "--beta2 must be in [0, 1)");
   expect_refused("--beta2 nan", "--beta2 must be in [0, 1)");
   // In [0, 1) as typed, 1 as a float: said (the message once read "got 1.000000" for 0.99999999999).
-  expect_refused("--beta2 0.99999999999", "--beta2 must be in [0, 1), got 1 (as a float: a value within 3e-8 of 1 is 1)");
+  expect_refused("--beta2 0.99999999999", "--beta2 must be in [0, 1), got 0.99999999999, which is 1 as a float");
+  expect_refused("--beta1 1", "--beta1 must be in [0, 1), got 1\n");  // typed as 1: no remark
   expect_refused("--adam-eps 0", "--adam-eps must be a finite number > 0");
   expect_refused("--rope-theta 0", "--rope-theta must be a finite number > 0");
   expect_refused("--heartbeat -1", "--heartbeat must be a finite number of seconds >= 0");

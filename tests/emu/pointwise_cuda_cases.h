@@ -233,6 +233,19 @@ TEST_CASE("rmsnorm CUDA forward normalises a row whose float sum of squares over
   ul::cuda::rmsnorm_forward(d_y.p, d_rrms.p, d_x.p, d_w.p, N, C, nullptr);
   expect_close("y", d_y.get(), y_ref, 1e-5, 0);
   expect_close("rrms", d_rrms.get(), rrms_ref, 1e-5, 0);
+  // The backward of a row of one sign at 2e19: r^2 is below the smallest normal float, and dx
+  // lost its projection term (r times the mean first, as the CPU op, keeps it).
+  for (size_t i = 0; i < size_t(C); i++) x[i] = 2e19f * (1 + 0.1f * float(i % 7));
+  ul::cpu::rmsnorm_forward(y_ref.data(), rrms_ref.data(), x.data(), w.data(), N, C);
+  std::vector<float> dy(x.size(), 1.f), dx_ref(x.size(), 0.f), dw_ref(C, 0.f);
+  ul::cpu::rmsnorm_backward(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(), rrms_ref.data(), N, C);
+  REQUIRE(dx_ref[0] < 0);  // the projection term wins: without it dx would be r > 0
+  DeviceBuffer<float> d_dy(x.size()), d_dx(x.size()), d_dw(C), d_r(N);
+  DeviceBuffer<float> scratch(ul::cuda::rmsnorm_backward_scratch_bytes(N, C) / sizeof(float));
+  d_x.set(x), d_dy.set(dy), d_r.set(rrms_ref);
+  d_dx.set(std::vector<float>(x.size(), 0.f)), d_dw.set(std::vector<float>(C, 0.f));
+  ul::cuda::rmsnorm_backward(d_dx.p, d_dw.p, d_dy.p, d_x.p, d_w.p, d_r.p, scratch.p, N, C, nullptr);
+  expect_close("dx", d_dx.get(), dx_ref, 1e-4, 0);
 }
 
 TEST_CASE("gelu CUDA kernels match the CPU backend", UL_CUDA_TEST_TAG "[gelu]") {
