@@ -629,7 +629,9 @@ int train_rank(const Options& o, Comm& world) {
         log_error(log.get(), s + 1, "saving " + o.save_dir + "/" + step_dir_name(s + 1) + " failed: " + e.what());
         throw;
       }
-      say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), now_ms() - t0);
+      const double took = now_ms() - t0;  // (a large model's in seconds: "1800000 ms" reads badly)
+      if (took < 10000) say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), took);
+      else say("save    | %s/%s (%.1f s)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), took / 1000);
       saved = true;
       redraw_plots();
     };
