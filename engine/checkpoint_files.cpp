@@ -98,9 +98,11 @@ uint32_t checksum(H h, const std::string& tail, const float* payload, uint64_t n
 // (it may throw on a header that cannot be right). The payload goes to sink(first, x, k) in pieces
 // (floats [first, first + k) of it), so a reader that wants a part holds only that part; the
 // checksum is known only at the end, so a caller keeps nothing it was given when this throws.
+// header_only: the header, its tail and the file's size are checked, the payload is not read (nor
+// its checksum): a shape for --plan, not the weights.
 template <class H, class T, class F, class S>
 H read_checked_stream(const std::string& path, const char* kind, const char (&magic)[8], uint32_t max_version,
-                      std::string& tail, T tail_of, F floats_of, S sink) {
+                      std::string& tail, T tail_of, F floats_of, S sink, bool header_only = false) {
   require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw file_error(path, std::string("cannot open ") + kind + ": " + std::strerror(errno));
@@ -131,6 +133,7 @@ H read_checked_stream(const std::string& path, const char* kind, const char (&ma
     throw file_error(path, std::string(n > body / sizeof(float) ? "truncated" : "trailing bytes") + ": " +
                                std::to_string(size) + " bytes, but its header promises " + std::to_string(n) +
                                " floats after the " + std::to_string(sizeof(H) + tail.size()) + "-byte header");
+  if (header_only) return h;
   uint32_t crc = checksum(h, tail, nullptr, 0);  // the header (crc zeroed) and its tail; the payload follows
   std::vector<float> piece(std::min<uint64_t>(n, uint64_t(1) << 22));  // 16 MiB at a time
   for (uint64_t first = 0; first < n;) {
@@ -231,7 +234,7 @@ ModelConfig read_model_file(const std::string& path, std::vector<float>& params,
   auto numel = [](const ModelHeader& x) { return x.numel; };
   params.clear();
   ModelHeader h = numel_only ? read_checked_stream<ModelHeader>(path, "a ulysses model file", kModelMagic, 4, tail, tail_of,
-                                                                numel, [](uint64_t, const float*, size_t) {})
+                                                                numel, [](uint64_t, const float*, size_t) {}, true)
                              : read_checked<ModelHeader>(path, "a ulysses model file", kModelMagic, 4, tail, params,
                                                          tail_of, numel);
   if (numel_only) *numel_only = h.numel;

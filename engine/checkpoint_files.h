@@ -52,8 +52,9 @@ struct RunMismatch : std::runtime_error {
 uint32_t write_model_file(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
 // Test hook (engine/checkpoint.h): writes half of path.tmp, then abort()s.
 void write_model_file_and_crash(const std::string& path, const ModelConfig& cfg, const float* params, uint64_t numel);
-// crc, when given, gets the file's (verified) crc32. With numel_only the weights are read through
-// (every check made) but not kept: their count goes there and params stays empty (--plan's shape).
+// crc, when given, gets the file's (verified) crc32. With numel_only only the header is read (its
+// magic, version, tail and the file's size checked; the weights and their checksum not: a 32 GB
+// file was read through for --plan's shape): their count goes there and params stays empty.
 ModelConfig read_model_file(const std::string& path, std::vector<float>& params, uint32_t* crc = nullptr,
                             uint64_t* numel_only = nullptr);
 // Whether the file at path begins with model.bin's magic (false when it cannot be read).
