@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <new>
+#include <set>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -63,7 +64,7 @@ class Parser {
       v.kind = JsonValue::Kind::object;
       i_++;
       if (peek() == '}') return i_++, v;
-      std::map<std::string, bool> dropped_keys;  // a dropped object's keys, for the duplicate check
+      std::set<std::string> dropped_keys;  // a dropped object's keys, for the duplicate check
       for (;;) {
         if (peek() != '"') fail("expected a string key");
         std::string key = string();
@@ -71,7 +72,7 @@ class Parser {
         // Left out: the top-level fields but `only` (kept by name, as null, for a caller's message).
         const bool leave = drop || (depth == 0 && only_ && key != *only_);
         JsonValue field = value(depth + 1, leave);
-        const bool fresh = drop ? dropped_keys.emplace(key, true).second : v.fields.emplace(key, std::move(field)).second;
+        const bool fresh = drop ? dropped_keys.insert(key).second : v.fields.emplace(key, std::move(field)).second;
         if (!fresh) fail("duplicate key \"" + key + "\"");
         if (peek() == ',') { i_++; continue; }
         expect('}');

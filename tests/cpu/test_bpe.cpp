@@ -386,10 +386,7 @@ TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignor
   want = {577};
   for (int id : base.encode("!")) want.push_back(id);
   CHECK(over.encode("ab!") == want);
-  want = base.encode("a");
-  want.push_back(581);  // "b!" at 1, after an "a" no entry starts
-  CHECK(over.encode("ab!") != want);
-  CHECK(over.encode("cb!") == [&] {
+  CHECK(over.encode("cb!") == [&] {  // "b!" at 1, after a "c" no entry starts
     std::vector<int> w = base.encode("c");
     w.push_back(581);
     return w;
