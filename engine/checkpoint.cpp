@@ -19,6 +19,7 @@
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
+#include "engine/heartbeat.h"
 #include "engine/trainer.h"
 #include "parallel/hosts.h"
 
@@ -366,6 +367,9 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const double gib = double(n) * 12 / double(1 << 30);
   if (rank == 0 && gib >= 1 && !tr.options().quiet)
     std::printf("resume  | loading %s (about %.1f GiB) ...\n", dir.c_str(), gib), std::fflush(stdout);
+  // and then how far it got, every --heartbeat ("  ...   resume step_00001500 | 3.20 GiB read | 30.0 s")
+  Heartbeat beat(rank == 0 && !tr.options().quiet ? tr.options().heartbeat : 0);
+  Heartbeat::Phase reading = beat.begin("resume " + step_dir_name(step), Heartbeat::bytes_read_from_now());
 
   // rank_0.json is in every checkpoint, whatever its world: the options and the layout it was saved
   // at. At the same layout each rank also checks its own file, its place in the grid included.

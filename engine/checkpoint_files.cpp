@@ -140,6 +140,7 @@ H read_checked_stream(const std::string& path, const char* kind, const char (&ma
     const size_t k = size_t(std::min<uint64_t>(piece.size(), n - first));
     f.read(reinterpret_cast<char*>(piece.data()), std::streamsize(k * sizeof(float)));
     if (!f) throw file_error(path, "read failed");
+    count_io_read(k * sizeof(float));
     crc = crc32(crc, piece.data(), k * sizeof(float));
     sink(first, piece.data(), k);
     first += k;

@@ -16,6 +16,7 @@
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
+#include "engine/heartbeat.h"
 #include "engine/hf_format.h"
 #include "engine/llmc_format.h"
 #include "engine/safetensors.h"
@@ -324,11 +325,15 @@ void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) 
     if (say && gib >= 1) std::printf("export  | writing %s (%.1f GiB of %s weights) ...\n", path.c_str(), gib, kind);
     std::fflush(stdout);
   };
+  Heartbeat beat(say ? o_.heartbeat : 0);  // a file of GiBs: "  ...   export PATH | 3.20 GiB written | 30.0 s"
   if (!o_.export_llmc.empty()) {
     const bool bf16 = o_.export_llmc_version == 5;
     starting(o_.export_llmc, bf16 ? 2 : 4, bf16 ? "bf16" : "f32");
     const LlmcConfig lc{cfg_.max_seq, cfg_.vocab, cfg_.padded_vocab, cfg_.layers, cfg_.heads, cfg_.dim};
-    write_llmc_checkpoint(o_.export_llmc, lc, host, o_.export_llmc_version);
+    {
+      Heartbeat::Phase phase = beat.begin("export " + o_.export_llmc, Heartbeat::bytes_written_from_now());
+      write_llmc_checkpoint(o_.export_llmc, lc, host, o_.export_llmc_version);
+    }
     if (say) std::printf("export  | %s (llm.c GPT-2 checkpoint version %d, %s)\n", o_.export_llmc.c_str(),
                          o_.export_llmc_version, o_.export_llmc_version == 5 ? "bf16" : "fp32");
     std::fflush(stdout);
@@ -336,7 +341,10 @@ void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) 
   if (!o_.export_safetensors.empty()) {
     const std::string dtype = o_.export_dtype == "bf16" ? "BF16" : "F32";
     starting(o_.export_safetensors, dtype == "BF16" ? 2 : 4, dtype == "BF16" ? "bf16" : "f32");
-    export_safetensors(o_.export_safetensors, cfg_, specs, host, dtype);
+    {
+      Heartbeat::Phase phase = beat.begin("export " + o_.export_safetensors, Heartbeat::bytes_written_from_now());
+      export_safetensors(o_.export_safetensors, cfg_, specs, host, dtype);
+    }
     if (say) std::printf("export  | %s (safetensors %s, Hugging Face names) + config.json\n", o_.export_safetensors.c_str(),
                          dtype.c_str());
     // A YaRN model's max_position_embeddings is factor x orig (hf_max_position_embeddings), which

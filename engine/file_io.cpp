@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cctype>
 #include <cmath>
@@ -71,9 +73,11 @@ void MadeDirs::undo() {
 void AtomicFile::write(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    ssize_t w = ::write(fd_, p, bytes);
+    // 64 MiB at a time: the count a save's heartbeat shows moves as the file grows.
+    ssize_t w = ::write(fd_, p, std::min<size_t>(bytes, size_t(64) << 20));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) throw sys_error(tmp_, "write failed");
+    count_io_written(uint64_t(w));
     p += w;
     bytes -= size_t(w);
   }
@@ -141,6 +145,15 @@ std::string read_whole_file(const std::string& path, bool allow_pipe) {
   if (f.bad()) throw sys_error(path, "read failed");
   return text;
 }
+
+namespace {
+std::atomic<uint64_t> g_written{0}, g_read{0};
+}  // namespace
+
+uint64_t io_bytes_written() { return g_written.load(std::memory_order_relaxed); }
+uint64_t io_bytes_read() { return g_read.load(std::memory_order_relaxed); }
+void count_io_written(uint64_t bytes) { g_written.fetch_add(bytes, std::memory_order_relaxed); }
+void count_io_read(uint64_t bytes) { g_read.fetch_add(bytes, std::memory_order_relaxed); }
 
 uint32_t crc32(uint32_t crc, const void* data, size_t bytes) {
   // Eight bytes a step through eight tables ("slicing by 8"): t[k][b] is byte b's CRC pushed k

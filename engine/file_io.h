@@ -85,6 +85,14 @@ void require_regular_file(const std::string& path, bool allow_pipe = false);
 // 9.99999997e-07), for settings printed where people read them and parsed back.
 std::string float_text(float v);
 
+// The bytes this process has written through AtomicFile (and the llm.c writer) and read from
+// checkpoint payloads, since it started: the heartbeat's clock names them during a long save,
+// export or resume load ("3.20 GiB written"). Every thread's count, --comm local's ranks' summed.
+uint64_t io_bytes_written();
+uint64_t io_bytes_read();
+void count_io_written(uint64_t bytes);
+void count_io_read(uint64_t bytes);
+
 // Continues a CRC-32 over `bytes` more bytes: crc32(crc32(0, a), b) == crc32 of a followed by b.
 uint32_t crc32(uint32_t crc, const void* data, size_t bytes);
 

@@ -154,9 +154,10 @@ void write_llmc_checkpoint(const std::string& path, const LlmcConfig& c, const f
   auto put = [&](const void* data, size_t len) {
     const char* q = static_cast<const char*>(data);
     while (len > 0) {
-      ssize_t w = ::write(fd, q, len);
+      ssize_t w = ::write(fd, q, std::min<size_t>(len, size_t(64) << 20));  // (AtomicFile's pieces)
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) return false;
+      count_io_written(uint64_t(w));
       q += w, len -= size_t(w);
     }
     return true;

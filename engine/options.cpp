@@ -127,8 +127,9 @@ checkpoints, logs and output
                                                          [DIR/log.jsonl with --save-dir, else none]
   --quiet             only the final summary
   --heartbeat S       inside a step or eval that runs longer, a progress line every S seconds
-                      naming the block reached (long context on a CPU), and one while rank 0
-                      waits in a collective, or in MPI's start-up, for the other ranks
+                      naming the block reached (long context on a CPU); in a save, load or
+                      export the bytes so far; and one while rank 0 waits in a collective, or
+                      in MPI's start-up, for the other ranks
                       (0: none)                                                            [30]
 export and sampling (after the last step, or with --steps 0 from --checkpoint)
   --export-llmc FILE  write an llm.c GPT-2 checkpoint (gpt2 only)

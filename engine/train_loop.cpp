@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
 #include "engine/export.h"
+#include "engine/heartbeat.h"
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
 #include "engine/output_paths.h"
@@ -34,29 +35,6 @@
 namespace ul {
 
 namespace {
-
-// --heartbeat: a step of minutes (gpt2-124M at T = 29K takes 13 minutes on 2 cores) prints a line
-// at most every `every` seconds naming how far it got, so that it neither looks hung nor floods a
-// short run (a step shorter than `every` prints nothing). The model calls at() (Transformer::progress).
-class Heartbeat {
- public:
-  explicit Heartbeat(double every_s) : every_ms_(every_s * 1000) {}
-  void begin(std::string what) {  // "step 3/10", "eval 250": the clock starts
-    what_ = std::move(what);
-    start_ = last_ = now_ms();
-  }
-  void at(const std::string& where) {
-    const double t = now_ms();
-    if (t - last_ < every_ms_) return;
-    last_ = t;
-    std::printf("  ...   %s | %s done | %.1f s\n", what_.c_str(), where.c_str(), (t - start_) / 1000.0);
-    std::fflush(stdout);
-  }
-
- private:
-  double every_ms_, start_ = 0, last_ = 0;
-  std::string what_;
-};
 
 // The error record of a step or save that failed, best effort: a log that cannot be written (the
 // full disk that failed the save) must not replace the error being reported.
@@ -424,7 +402,7 @@ int train_rank(const Options& o, Comm& world) {
   EvalResult ev;
   bool have_eval = false, final_eval = false;  // any eval so far; the one after the last step
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
-  Heartbeat beat(o.heartbeat);
+  Heartbeat beat(lead && !o.quiet ? o.heartbeat : 0);
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
   // The stop signal every rank sees: the highest any caught (it may have reached one process only),
   // but a SIGPIPE (13) lowest: a person's or a scheduler's signal on another rank names the stop.
@@ -468,7 +446,7 @@ int train_rank(const Options& o, Comm& world) {
     write_run_plots(log_path, failed);
   };
   auto run_eval = [&](int step, bool last) -> bool {
-    beat.begin("eval " + std::to_string(step));
+    Heartbeat::Phase phase = beat.begin("eval " + std::to_string(step));
     EvalResult now;
     try {
       now = tr.evaluate();
@@ -476,6 +454,7 @@ int train_rank(const Options& o, Comm& world) {
       log_error(log.get(), step, std::string("eval: ") + e.what());  // as a step's: the log says why
       throw;
     }
+    phase.end();  // (before the eval's own line)
     if (now.cut_short()) {
       say_cut("eval ", step, now, o.eval_batches);
       return false;
@@ -494,8 +473,9 @@ int train_rank(const Options& o, Comm& world) {
     std::string line;
     int64_t answers = 0;
     for (const auto& [name, data] : probes) {
-      beat.begin("probe " + name);
+      Heartbeat::Phase probe_phase = beat.begin("probe " + name);
       const EvalResult e = tr.evaluate(*data);
+      probe_phase.end();
       if (e.cut_short()) {  // the eval is left unlogged with its probes: the resume makes both
         final_eval = false;
         say_cut("probe", step, e, o.eval_batches);
@@ -557,7 +537,7 @@ int train_rank(const Options& o, Comm& world) {
     say("note    | --profile-step %d: this run trains steps %d to %d, so no step is profiled\n", o.profile_step,
         start + 1, until);
   for (int s = start; s < until && !stopped_by; s++) {
-    beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
+    Heartbeat::Phase phase = beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA
     const bool profiled = o.profile_step == s + 1;
     if (profiled) gpu_profile::start();  // this rank's ops only (each rank's thread records its own)
@@ -571,6 +551,7 @@ int train_rank(const Options& o, Comm& world) {
       log_error(log.get(), s + 1, e.what());
       throw;
     }
+    phase.end();  // (before the step's own line)
     std::string profile;  // the step's GPU time per op, printed under its line
 #if ULYSSES_HAVE_CUDA
     if (profiled) {
@@ -620,6 +601,7 @@ int train_rank(const Options& o, Comm& world) {
       if (gib >= 1)
         say("save    | writing %s/%s (about %.1f GiB) ...\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), gib);
       if (log) log->sync();  // first: a durable checkpoint of step s has a log that reaches step s
+      Heartbeat::Phase phase = beat.begin("save " + step_dir_name(s + 1), Heartbeat::bytes_written_from_now());
       try {
         save_checkpoint(tr, o.save_dir, o.keep);
       } catch (const std::exception& e) {
@@ -629,6 +611,7 @@ int train_rank(const Options& o, Comm& world) {
         log_error(log.get(), s + 1, "saving " + o.save_dir + "/" + step_dir_name(s + 1) + " failed: " + e.what());
         throw;
       }
+      phase.end();
       const double took = now_ms() - t0;  // (a large model's in seconds: "1800000 ms" reads badly)
       if (took < 10000) say("save    | %s/%s (%.0f ms)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), took);
       else say("save    | %s/%s (%.1f s)\n", o.save_dir.c_str(), step_dir_name(s + 1).c_str(), took / 1000);
@@ -729,7 +712,7 @@ int train_rank(const Options& o, Comm& world) {
         continue;
       }
       const double t0 = now_ms();
-      beat.begin("length " + std::to_string(T));
+      Heartbeat::Phase phase = beat.begin("length " + std::to_string(T));
       LengthProbe p;
       try {
         p = probe_length(
@@ -742,6 +725,7 @@ int train_rank(const Options& o, Comm& world) {
         log_error(log.get(), probe_step, "length " + std::to_string(T) + ": " + e.what());
         throw;
       }
+      phase.end();  // (before the length's own line)
       std::string line;
       for (const auto& [name, acc] : p.accuracy) {
         char cell[96];

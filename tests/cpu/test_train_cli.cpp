@@ -520,7 +520,8 @@ TEST_CASE("train heartbeat: a long step says which block it reached, a short one
   std::vector<std::string> got;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("  ...   step 1/2 | ", 0) == 0) got.push_back(line.substr(19, line.find(" done") - 19));
+    const bool milestone = line.find(" done | ") != std::string::npos;  // not the clock's (heartbeat_clock below)
+    if (milestone && line.rfind("  ...   step 1/2 | ", 0) == 0) got.push_back(line.substr(19, line.find(" done") - 19));
     if (line.rfind("step     1/2", 0) == 0) got.push_back("step line");
   }
   CHECK(got == std::vector<std::string>{"forward 1/3 blocks", "forward 2/3 blocks", "forward 3/3 blocks", "classifier",
@@ -539,6 +540,35 @@ TEST_CASE("train heartbeat: a long step says which block it reached, a short one
     CHECK(q.code == 0);
     CHECK(q.out.find("  ...   ") == std::string::npos);
   }
+}
+
+TEST_CASE("train heartbeat_clock: a long stretch between milestones still prints, naming the last one", "[cli]") {
+  // One block at T = 8192 on one thread: its attention backward runs for a while after the
+  // classifier's milestone, with none of its own (a 64K block is minutes). The clock prints every
+  // --heartbeat seconds, the last milestone with its age, and never after the step's own line.
+  CmdResult r = run_cmd(train_cmd("--data recall --layers 1 --seq 8192 --batch 1 --steps 1 --eval-every 0 "
+                                  "--eval-batches 1 --threads 1 --heartbeat 0.1"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  int clocked = 0;
+  bool step_line = false, late = false;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("step     1/1", 0) == 0) step_line = true;
+    if (line.rfind("  ...   step 1/1 | ", 0) != 0) continue;
+    late |= step_line;
+    double ago = -1, total = -1;
+    const size_t at = line.find(" done (");
+    if (at != std::string::npos && std::sscanf(line.c_str() + at, " done (%lf s ago) | %lf s", &ago, &total) == 2) {
+      clocked++;
+      CHECK(ago >= 0);
+      CHECK(ago <= total);
+    }
+  }
+  CHECK(step_line);
+  CHECK(clocked >= 1);
+  CHECK_FALSE(late);
+  CHECK(r.out.find("  ...   step 1/1 | classifier done (") != std::string::npos);
 }
 
 TEST_CASE("a passkey run ends with its accuracy at each needle depth", "[cli]") {

@@ -1,0 +1,121 @@
+#include "engine/heartbeat.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "engine/file_io.h"
+
+namespace ul {
+
+namespace {
+
+double clock_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// "3.20 GiB", "812.0 MiB"
+std::string bytes_text(uint64_t b) {
+  char t[48];
+  if (b >= (uint64_t(1) << 30)) std::snprintf(t, sizeof t, "%.2f GiB", double(b) / double(1 << 30));
+  else std::snprintf(t, sizeof t, "%.1f MiB", double(b) / double(1 << 20));
+  return t;
+}
+
+}  // namespace
+
+std::function<std::string()> Heartbeat::bytes_written_from_now() {
+  return [base = io_bytes_written()] { return bytes_text(io_bytes_written() - base) + " written"; };
+}
+
+std::function<std::string()> Heartbeat::bytes_read_from_now() {
+  return [base = io_bytes_read()] { return bytes_text(io_bytes_read() - base) + " read"; };
+}
+
+Heartbeat::Heartbeat(double every_s, std::FILE* out) : every_ms_(every_s > 0 ? every_s * 1000 : 0), out_(out) {
+  if (every_ms_ <= 0) return;
+  // The clock's thread takes no signals: a stop signal goes to the threads that act on it (one
+  // delivered here would wake no blocking call of theirs). It inherits the mask set around its start.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  try {
+    clock_ = std::thread([this] { run(); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+Heartbeat::~Heartbeat() {
+  if (!clock_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  clock_.join();
+}
+
+Heartbeat::Phase Heartbeat::begin(std::string what, std::function<std::string()> status) {
+  if (every_ms_ <= 0) return Phase(nullptr);
+  std::lock_guard<std::mutex> lock(m_);
+  what_ = std::move(what);
+  status_ = std::move(status);
+  where_.clear();
+  start_ = last_line_ = last_milestone_ = clock_ms();
+  open_ = true;
+  cv_.notify_all();
+  return Phase(this);
+}
+
+void Heartbeat::at(const std::string& where) {
+  if (every_ms_ <= 0) return;
+  std::lock_guard<std::mutex> lock(m_);
+  if (!open_) return;
+  const double t = clock_ms();
+  where_ = where;
+  last_milestone_ = t;
+  if (t - last_line_ >= every_ms_) print_locked(t, false);
+}
+
+void Heartbeat::close() {
+  std::lock_guard<std::mutex> lock(m_);
+  open_ = false;
+}
+
+void Heartbeat::print_locked(double now, bool clocked) {
+  last_line_ = now;
+  const double total_s = (now - start_) / 1000.0;
+  if (clocked && status_)
+    std::fprintf(out_, "  ...   %s | %s | %.1f s\n", what_.c_str(), status_().c_str(), total_s);
+  else if (where_.empty())
+    std::fprintf(out_, "  ...   %s | %.1f s\n", what_.c_str(), total_s);
+  else if (clocked)
+    std::fprintf(out_, "  ...   %s | %s done (%.1f s ago) | %.1f s\n", what_.c_str(), where_.c_str(),
+                (now - last_milestone_) / 1000.0, total_s);
+  else
+    std::fprintf(out_, "  ...   %s | %s done | %.1f s\n", what_.c_str(), where_.c_str(), total_s);
+  std::fflush(out_);
+}
+
+void Heartbeat::run() {
+  using ms = std::chrono::duration<double, std::milli>;
+  std::unique_lock<std::mutex> lock(m_);
+  while (!quit_) {
+    if (!open_) {
+      cv_.wait(lock);  // begin() or the end wakes it
+      continue;
+    }
+    // A period after the last line, the milestones' included (their line counts); 0.1 s at least.
+    const double now = clock_ms();
+    cv_.wait_for(lock, ms(std::max(last_line_ + every_ms_, now + 100.0) - now));
+    const double t = clock_ms();
+    if (!quit_ && open_ && t - last_line_ >= every_ms_) print_locked(t, true);
+  }
+}
+
+}  // namespace ul
