@@ -367,7 +367,10 @@ int train_rank(const Options& o, Comm& world) {
     // a cosine run's curve bends, maybe only past its warmup); but a wsd run lengthened: the next
     // step's alone (lengthened before its decay it keeps every rate until the new decay: what
     // lengthening is for).
-    const int last = o.steps > saved.steps && o.schedule == "wsd" ? start + 1 : std::min(o.steps, saved.steps);
+    // A finished run lengthened starts past its old schedule's end (whose rate stays the floor):
+    // the next step is compared all the same (a cosine run's rate climbed back unsaid).
+    const int last = o.steps > saved.steps && o.schedule == "wsd" ? start + 1
+                                                                  : std::max(start + 1, std::min(o.steps, saved.steps));
     for (int s = start; s < last; s++)
       if (lr_at(s, was) != lr_at(s, now)) {
         say("resume  | --steps %d where the checkpoint's run had %d: the %s schedule is one of %d steps from here "

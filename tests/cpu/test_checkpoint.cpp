@@ -1263,6 +1263,15 @@ TEST_CASE("a resume with another --steps says where the next step's rate moves, 
   CHECK(r.out.find("resume  | --steps 80 where the checkpoint's run had 40: the cosine schedule is one of 80 steps "
                    "from here (step 6's rate ") != std::string::npos);  // (step 5: the peak in both)
   CHECK(r.out.find(" (step 3) | val loss") != std::string::npos);  // a one-step stage's done line names its step
+  // A finished cosine run lengthened: its next step is past the old schedule's end (the floor
+  // there), and the new curve's rate there is higher: said.
+  fs::remove_all(d);
+  fs::create_directories(d);
+  REQUIRE(train(cos + " --steps 6").code == 0);
+  r = train(cos + " --steps 12 --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --steps 12 where the checkpoint's run had 6: the cosine schedule is one of 12 steps "
+                   "from here (step 7's rate ") != std::string::npos);
   fs::remove_all(d);
 }
 
