@@ -223,6 +223,16 @@ static int train_main(int argc, char** argv) {
     LocalOptions local;
     local.device = run_device(o);
     local.timeout_s = o.comm_timeout;
+    // A rank stuck outside any collective (reading a slow --prompt-file -) once kept the process
+    // alive, silent, long after its peers had failed: --comm-timeout after the first failure, the
+    // process ends with it, as an MPI job does.
+    local.abandon_after_s = o.comm_timeout;
+    local.abandon = [](const std::string& why) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "train: error: %s\n", why.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    };
     int code = 0;
     run_local(o.ranks, [&](Comm& world) {
       int c = run(o, world);

@@ -226,6 +226,8 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     std::string bytes;
     try {
       bytes = read_once(o.tokenizer, world, /*allow_pipe=*/false);
+    } catch (const CommError& e) {  // (the other ranks' wait for rank 0's read, not a read of theirs)
+      throw CommError("--tokenizer: " + std::string(e.what()) + " (rank 0 reads the file for every rank)");
     } catch (const std::exception& e) {
       throw std::runtime_error("--tokenizer: " + std::string(e.what()));
     }
@@ -246,6 +248,8 @@ RunOutputs::RunOutputs(const Options& o, const ModelConfig& cfg, int32_t eot, Co
     try {
       // "-": standard input, as `train prepare --files-from -` reads it
       text = read_once(o.prompt_file == "-" ? "/dev/stdin" : o.prompt_file, world, /*allow_pipe=*/true);
+    } catch (const CommError& e) {  // another rank's wait for rank 0's read (a slow pipe), not a bad input
+      throw CommError(where + ": " + e.what() + " (rank 0 reads it for every rank)");
     } catch (const std::exception& e) {
       if (o.prompt_file == "-")
         throw std::runtime_error("--prompt-file -: standard input cannot be read as a prompt (" +

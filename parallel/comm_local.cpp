@@ -272,6 +272,11 @@ class LocalComm : public Comm {
                             std::to_string(g.members[rank_]) + ", waiting for rank(s)";
           for (size_t k = 0; k < g.members.size(); k++)
             if (!g.here[k]) msg += " " + std::to_string(g.members[k]);
+          // This rank's arrival withdrawn before the lock goes: a peer coming between the unlock
+          // and fail() would otherwise complete the barrier with it and wait for ever in the
+          // second one, which this rank never reaches.
+          g.arrived--;
+          g.here[rank_] = 0;
           lk.unlock();
           w_->fail("rank " + std::to_string(g.members[rank_]) + " failed: " + msg);  // the group is unusable now
           throw CommError(msg);
@@ -327,11 +332,22 @@ void run_local(int n, const std::function<void(Comm&)>& body, const LocalOptions
   auto group = std::make_shared<Group>(all);
   world->add(group);
 
-  std::mutex first_mu;
+  // The first exception (rethrown after the join), when it came, and which ranks have returned.
+  std::mutex mu;
+  std::condition_variable cv;
   std::exception_ptr first;
+  std::string first_what;
+  std::chrono::steady_clock::time_point first_at;
+  std::vector<char> returned(size_t(n), 0);
+  int left = n;
   auto failed = [&](int r, const std::string& what) {  // record the first exception, then wake everyone
-    std::unique_lock<std::mutex> lk(first_mu);
-    if (!first) first = std::current_exception();
+    std::unique_lock<std::mutex> lk(mu);
+    if (!first) {
+      first = std::current_exception();
+      first_what = "rank " + std::to_string(r) + " failed: " + what;
+      first_at = std::chrono::steady_clock::now();
+      cv.notify_all();
+    }
     lk.unlock();
     world->fail("rank " + std::to_string(r) + " failed: " + what);
   };
@@ -347,7 +363,31 @@ void run_local(int n, const std::function<void(Comm&)>& body, const LocalOptions
       } catch (...) {
         failed(r, "unknown exception");
       }
+      std::lock_guard<std::mutex> lk(mu);
+      returned[size_t(r)] = 1;
+      left--;
+      cv.notify_all();
     });
+  if (opt.abandon) {
+    // A rank that failed wakes every rank waiting in a collective, but not one busy outside any
+    // (blocked reading its standard input, in a loop of its own): past the grace after the first
+    // failure, the ranks still running are given up on, and abandon() says so (train exits).
+    std::unique_lock<std::mutex> lk(mu);
+    const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(std::min(opt.abandon_after_s, 1e7)));
+    cv.wait(lk, [&] { return left == 0 || first; });
+    if (left > 0 && !cv.wait_until(lk, first_at + grace, [&] { return left == 0; })) {
+      std::string running;
+      for (int r = 0; r < n; r++)
+        if (!returned[size_t(r)]) running += (running.empty() ? "" : " ") + std::to_string(r);
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", opt.abandon_after_s);
+      const std::string msg = first_what + "; rank(s) " + running + " still running " + secs +
+                              " s later, outside any collective (given up on)";
+      lk.unlock();
+      opt.abandon(msg);
+    }
+  }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
 }

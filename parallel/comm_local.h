@@ -12,6 +12,11 @@ namespace ul {
 struct LocalOptions {
   Device device = Device::cpu;  // the device the ranks' buffers are on (must be host memory)
   double timeout_s = 60;        // a rank waiting longer than this in one collective throws CommError
+  // Where set: called (on the calling thread) when a rank is still running abandon_after_s after
+  // another failed, with a message naming both; it should end the process (train: the error, then
+  // _Exit), since a thread cannot be stopped. If it returns, run_local joins as without it.
+  std::function<void(const std::string&)> abandon;
+  double abandon_after_s = 60;
 };
 
 // Runs body(comm) on n threads, rank r on thread r, and joins them.

@@ -357,6 +357,38 @@ TEST_CASE("a wait longer than the timeout throws CommError naming the collective
   CHECK_THAT(seen, Contains("all_reduce timed out") && Contains("waiting for rank(s) 1"));
 }
 
+TEST_CASE("a rank busy outside any collective after another failed is given up on past abandon_after_s",
+          "[comm][local][failure]") {
+  // Rank 0 blocks in a loop of its own (train: reading a slow --prompt-file -), which no failure
+  // flag wakes; rank 1 fails. abandon() is called once the grace has passed (train exits there);
+  // this one lets rank 0 go instead, so that run_local can join and rethrow the first failure.
+  LocalOptions opt;
+  opt.abandon_after_s = 0.3;
+  std::atomic<bool> released{false};
+  std::string said;
+  double said_at = -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  opt.abandon = [&](const std::string& why) {
+    said = why;
+    said_at = seconds_since(t0);
+    released = true;
+  };
+  REQUIRE_THROWS_WITH(run_local(2, [&](Comm& c) {
+    if (c.rank() == 1) throw std::runtime_error("boom");
+    while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }, opt), "boom");
+  CHECK_THAT(said, Contains("rank 1 failed: boom") && Contains("rank(s) 0 still running 0.3 s later"));
+  CHECK(said_at >= 0.3);
+  CHECK(said_at < 5);
+  // Ranks that all return (one failing, the other leaving on its own) give abandon() nothing to say.
+  said.clear();
+  released = false;
+  REQUIRE_THROWS_WITH(run_local(2, [&](Comm& c) {
+    if (c.rank() == 1) throw std::runtime_error("boom");
+  }, opt), "boom");
+  CHECK(said.empty());
+}
+
 namespace {
 // What fn printed on stdout (file descriptor 1: print_wait_notice writes there).
 template <class Fn>

@@ -4,6 +4,7 @@
 #include "options_from.h"
 #include "engine/planner.h"
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -569,6 +570,30 @@ TEST_CASE("train heartbeat_clock: a long stretch between milestones still prints
   CHECK(clocked >= 1);
   CHECK_FALSE(late);
   CHECK(r.out.find("  ...   step 1/1 | classifier done (") != std::string::npos);
+}
+
+TEST_CASE("train --comm local: a rank stuck outside any collective ends the run --comm-timeout after another failed",
+          "[cli][comm]") {
+  // Rank 0 reads --prompt-file - from a FIFO whose writer sleeps (a slow pipe); rank 1 times out
+  // in the broadcast that waits for it, after 1 s. Rank 0's read is no collective, which the failure
+  // flag would wake: the process once stayed alive, silent, until the pipe closed (here 30 s).
+  const fs::path dir = fs::temp_directory_path() / ("ulysses_stuck_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "in").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  CmdResult r = run_cmd("mkfifo " + fifo + "; (exec sleep 30 > " + fifo + " 2>/dev/null) & writer=$!; " +
+                        train_cmd("--ranks 2 --threads 1 --steps 1 --eval-every 0 --eval-batches 1 --sample 5 "
+                                  "--prompt-file - --comm-timeout 1 < " + fifo) +
+                        " 2>&1; rc=$?; kill $writer 2>/dev/null; exit $rc");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(took < 20);
+  CHECK(r.out.find("train: error: rank 1 failed: --prompt-file -: local comm: broadcast timed out after 1 s on rank 1, "
+                   "waiting for rank(s) 0 (rank 0 reads it for every rank); rank(s) 0 still running 1 s later, "
+                   "outside any collective (given up on)") != std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a passkey run ends with its accuracy at each needle depth", "[cli]") {
