@@ -126,7 +126,12 @@ std::string TextDataset::identity() const {
 }
 
 std::string TextDataset::describe() const {
-  return "text " + path_ + " (" + split_name(split_) + "): " + std::to_string(size_) + " bytes, vocab " + std::to_string(vocab_);
+  // The split's own bytes, as shards give their split's tokens (the file's size read as the split's).
+  const int64_t size = int64_t(size_), cut = holdout_start(size);
+  const std::string part = split_ == Split::val ? "the last " + std::to_string(size - cut) + " of "
+                                                : std::to_string(cut) + " of ";
+  return "text " + path_ + " (" + split_name(split_) + "): " + part + std::to_string(size_) + " bytes, vocab " +
+         std::to_string(vocab_);
 }
 
 }  // namespace ul

@@ -221,6 +221,9 @@ TEST_CASE("text: bytes are tokens, sequences tile the stream, the last 10% are v
   auto tr = ul::open_dataset("text:" + path, ul::Split::train, 0, 0);
   auto va = ul::open_dataset("text:" + path, ul::Split::val, 0, 0);
   CHECK(tr->vocab() == 256);
+  // The start-up lines give each split's own bytes.
+  CHECK(tr->describe() == "text " + path + " (train): 901 of 1001 bytes, vocab 256");
+  CHECK(va->describe() == "text " + path + " (val): the last 100 of 1001 bytes, vocab 256");
   // The last 100 bytes are val: bytes [0, 901] hold 90 train sequences of T = 10, bytes [901, 1001)
   // 9 val ones.
   const int T = 10;
