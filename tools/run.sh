@@ -8,6 +8,13 @@ set -euo pipefail
 caller=$PWD  # train runs here, so relative paths in its flags are the caller's
 cd "$(dirname "$0")/.."
 
+# The word first: a mistyped one (`tools/run.sh --steps 100`, train forgotten) is said at once, not
+# after installing and building for minutes.
+case "${1:-train}" in
+  train|test|build) ;;
+  *) echo "usage: tools/run.sh train|test|build [args] (got '$1'; train's flags follow the word train)" >&2; exit 2 ;;
+esac
+
 need_pkgs=()
 command -v cmake >/dev/null || need_pkgs+=(cmake)
 command -v g++ >/dev/null || need_pkgs+=(g++)
@@ -60,5 +67,4 @@ case "$what" in
   train) bin=$(cd "$BUILD_DIR" && pwd)/train && cd "$caller" && exec "$bin" "$@" ;;
   test) cd "$BUILD_DIR" && exec ctest --output-on-failure --no-tests=error -j "$JOBS" "$@" ;;
   build) ;;
-  *) echo "usage: tools/run.sh train|test|build [args]" >&2; exit 2 ;;
 esac
