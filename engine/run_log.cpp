@@ -9,6 +9,9 @@
 #include <fstream>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/file_io.h"
@@ -39,21 +42,41 @@ int64_t whole_lines_length(const std::string& path) {
 
 RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, int seq, const std::string& rope)
     : path_(path) {
-  // A torn last line (the run that wrote it died mid-record) is cut off: every line stays JSON, as
-  // the README promises (pandas, jq). Its record lay past the checkpoint, or is made again.
-  if (resume_step >= 0) {
-    const int64_t whole = whole_lines_length(path);
-    std::error_code size_ec;
-    if (whole >= 0 && uint64_t(whole) < std::filesystem::file_size(path, size_ec) && !size_ec &&
-        ::truncate(path.c_str(), off_t(whole)) != 0)
-      throw std::runtime_error(path + ": cannot cut the run log's torn last line: " + std::strerror(errno));
-  }
   // Its directory is made as the exports' are (--log runs/today/log.jsonl before runs/today exists).
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  f_ = std::fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
-  if (!f_) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
+  // Opened without truncating, then locked (flock, held while the run lives): a second run given
+  // the same --log (one into another's checkpoint directory, running) is refused before it empties
+  // the file under the writer, which went on at its offset behind a run of NUL bytes. Every write
+  // appends (O_APPEND).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::close(fd);
+    if (e == EWOULDBLOCK)
+      throw std::runtime_error(path + ": another run is writing this log now (it holds its lock): give this run "
+                               "another --log");
+    throw std::runtime_error(path + ": cannot lock the run log: " + std::strerror(e));
+  }
+  // A fresh run's log starts empty. A resume's keeps its lines, but a torn last one (the run that
+  // wrote it died mid-record) is cut off: every line stays JSON, as the README promises (pandas,
+  // jq). Its record lay past the checkpoint, or is made again.
+  const int64_t keep = resume_step >= 0 ? whole_lines_length(path) : 0;
+  struct stat st {};
+  if (keep >= 0 && ::fstat(fd, &st) == 0 && keep < int64_t(st.st_size) && ::ftruncate(fd, off_t(keep)) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw std::runtime_error(path + (resume_step >= 0 ? ": cannot cut the run log's torn last line: "
+                                                      : ": cannot empty the run log: ") + std::strerror(e));
+  }
+  f_ = ::fdopen(fd, "a");
+  if (!f_) {
+    const int e = errno;
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(e));
+  }
   if (resume_step >= 0) {
     JsonLine j;
     j.add("type", "resume").add("step", resume_step);

@@ -4,6 +4,9 @@
 #include "options_from.h"
 #include "engine/planner.h"
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +43,48 @@ static void expect_refused(const std::string& args, const std::string& needle, b
   CHECK(r.out.rfind("step ", 0) != 0);
   CHECK(r.out.find("\nstep ") == std::string::npos);
   CHECK(r.out.find("done |") == std::string::npos);
+}
+
+TEST_CASE("train --log refuses another run's: in its --save-dir, or locked by a run writing it", "[cli]") {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  const std::string run = "--steps 1 --seq 32 --batch 1 --eval-batches 1 --threads 1 --eval-every 0";
+  // Another run's save directory: its log and plot stay as they were, fresh run or resume.
+  REQUIRE(ul_test::run_cmd(ul_test::train_cmd(run + " --save-dir " + d + "/other")).code == 0);
+  const std::string other_log = d + "/other/log.jsonl";
+  std::string before;
+  {
+    std::ifstream f(other_log);
+    before.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  REQUIRE(!before.empty());
+  expect_refused(run + " --log " + other_log, "--log " + other_log + " is in another run's --save-dir (" + d +
+                                                  "/other holds its checkpoints or lock): this run would replace that "
+                                                  "run's log; write it elsewhere");
+  expect_refused(run + " --steps 2 --save-dir " + d + "/mine --log " + d + "/other/mine.jsonl",
+                 "is in another run's --save-dir");
+  {
+    std::ifstream f(other_log);
+    CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == before);
+  }
+  CHECK(std::filesystem::exists(d + "/other/log.svg"));
+  // Its own --save-dir's log by name is its own.
+  CHECK(ul_test::run_cmd(ul_test::train_cmd(run + " --save-dir " + d + "/own --log " + d + "/own/log.jsonl")).code == 0);
+  // A log another process holds (a run writing it: RunLog's flock) is refused before it is emptied.
+  const std::string held = d + "/held.jsonl";
+  { std::ofstream(held) << "{\"type\": \"step\"}\n"; }
+  const int fd = ::open(held.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  expect_refused(run + " --log " + held, held + ": another run is writing this log now (it holds its lock): give this "
+                                                "run another --log");
+  ::close(fd);
+  {
+    std::ifstream f(held);
+    CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == "{\"type\": \"step\"}\n");
+  }
+  // Unheld, a fresh run replaces it (a rerun of one command with one --log).
+  CHECK(ul_test::run_cmd(ul_test::train_cmd(run + " --log " + held)).code == 0);
 }
 
 TEST_CASE("train checks its outputs and inputs and switches before any work", "[cli]") {
