@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -54,11 +55,15 @@ RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, 
   if (fd < 0) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
-    ::close(fd);
-    if (e == EWOULDBLOCK)
+    if (e == EWOULDBLOCK) {
+      ::close(fd);
       throw std::runtime_error(path + ": another run is writing this log now (it holds its lock): give this run "
                                "another --log");
-    throw std::runtime_error(path + ": cannot lock the run log: " + std::strerror(e));
+    }
+    // A filesystem without flock (some NFS mounts: ENOLCK) writes the log all the same, as the
+    // --save-dir lock does there.
+    std::fprintf(stderr, "warning | %s: cannot lock the run log (%s): make sure no other run writes it\n", path.c_str(),
+                 std::strerror(e));
   }
   // A fresh run's log starts empty. A resume's keeps its lines, but a torn last one (the run that
   // wrote it died mid-record) is cut off: every line stays JSON, as the README promises (pandas,
