@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "data/dataset.h"
+#include "engine/checkpoint.h"
 #include "engine/file_io.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/cuda_runtime.h"
@@ -114,6 +116,8 @@ checkpoints, logs and output
   --keep K            keep only the K newest checkpoints                                  [0: all]
   --resume            continue from the newest complete checkpoint in --save-dir (on other
                       --ranks/--sp/--batch/--grad-accum too, if batch x grad-accum x dp stays)
+  --auto-resume       --resume when --save-dir holds a complete checkpoint, else start fresh
+                      (one command for a job script's first start and its requeues)
   --resume-step N     resume from DIR/step_N instead (roll back: newer checkpoints are moved
                       aside as step_M.rolled-back.TIME, the log's records past N are dropped)
   --skip-batches K    with --resume-step, skip the next K steps' sequences (a spike's data)
@@ -319,6 +323,7 @@ Options parse_options(int argc, char** argv) {
         {"--help", &Options::help},
         {"--quiet", &Options::quiet},
         {"--resume", &Options::resume},
+        {"--auto-resume", &Options::auto_resume},
         {"--recompute", &Options::recompute},
         {"--offload", &Options::offload},
         {"--plan", &Options::plan},
@@ -481,7 +486,8 @@ Options parse_options(int argc, char** argv) {
     const char* reads = "--check-state takes its tokens (batch and length) from its file and evaluates nothing else";
     const char* shaped = "--check-state runs the llm.c GPT-2 checkpoint as its file shapes it";
     const std::pair<const char*, const char*> unread[] = {
-        {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--resume-step", trains},
+        {"--steps", trains}, {"--save-dir", trains}, {"--resume", trains}, {"--auto-resume", trains},
+        {"--resume-step", trains},
         {"--skip-batches", trains}, {"--change-global-batch", trains}, {"--change-seq", trains}, {"--change-rope", trains}, {"--stop-after", trains},
         {"--export-llmc", trains},
         {"--export-safetensors", trains}, {"--sample", trains}, {"--probe-lengths", trains}, {"--log", trains},
@@ -528,8 +534,24 @@ Options parse_options(int argc, char** argv) {
                                std::to_string(o.steps) + ")");
     if (o.stop_after == o.steps) o.stop_after = 0;  // the run's own end (a job script's last stage)
   }
-  for (const char* f : {"--save-every", "--keep", "--resume", "--resume-step"})
+  for (const char* f : {"--save-every", "--keep", "--resume", "--auto-resume", "--resume-step"})
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
+  if (o.auto_resume) {
+    if (o.resume || o.set_by_user("--resume-step"))
+      throw std::runtime_error(std::string("--auto-resume with ") +
+                               (o.set_by_user("--resume-step") ? "--resume-step" : "--resume") +
+                               ": give one (--auto-resume resumes from the newest checkpoint when there is one)");
+    // Every rank reads the same directory (a resume needs one all ranks see), before any flag below
+    // that depends on whether this run resumes.
+    std::error_code ec;
+    o.resume = std::filesystem::exists(o.save_dir, ec) && !complete_steps(o.save_dir).empty();
+    o.auto_fresh = !o.resume;
+    for (const char* f : {"--change-global-batch", "--change-seq", "--change-rope"})
+      if (o.auto_fresh && o.set_by_user(f))
+        throw std::runtime_error(std::string("--auto-resume: ") + o.save_dir + " holds no complete checkpoint, so this "
+                                 "run starts fresh, and " + f + " (a resume's change) has nothing to change: give it "
+                                 "to a later stage's command");
+  }
   if (o.stop_after > 0 && o.save_dir.empty())
     throw std::runtime_error("--stop-after needs --save-dir (the run goes on from its checkpoint)");
   if (o.set_by_user("--resume-step")) {
@@ -568,7 +590,9 @@ Options parse_options(int argc, char** argv) {
     if (o.skip_batches < 0) throw std::runtime_error("--skip-batches must be >= 0, got " + std::to_string(o.skip_batches));
   }
   if (o.resume && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0
-    throw std::runtime_error(std::string(o.set_by_user("--resume-step") ? "--resume-step" : "--resume") +
+    throw std::runtime_error(std::string(o.set_by_user("--resume-step") ? "--resume-step"
+                                         : o.auto_resume                ? "--auto-resume (a checkpoint is there)"
+                                                                        : "--resume") +
                              " with --steps 0 trains nothing; to evaluate, sample or export a checkpoint: "
                              "--steps 0 --checkpoint DIR/step_NNNNNNNN/model.bin");
   if (o.set_by_user("--save-dir") && o.save_dir.empty()) throw std::runtime_error("--save-dir: empty path");

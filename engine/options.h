@@ -63,6 +63,10 @@ struct Options {
   // Save after this step and stop, the schedule still --steps' (a stage of a longer run; 0: none).
   int stop_after = 0;
   bool resume = false;
+  // --auto-resume: resume when --save-dir holds a complete checkpoint, else start fresh (one command
+  // for a job script's first start and its requeues). Parsing sets `resume` from the directory;
+  // auto_fresh says it found none (a start-up line says so).
+  bool auto_resume = false, auto_fresh = false;
   // Rolling back (README "Rolling back past a loss spike"): resume from this step's checkpoint, not
   // the newest (-1: the newest; the newer ones are moved aside), and move the data skip_batches
   // steps' sequences ahead (K x G sequences trained on by no step).

@@ -305,6 +305,8 @@ int train_rank(const Options& o, Comm& world) {
             size(free_bytes).c_str(), size(need).c_str(), first_save.c_str());
     }
   }
+  if (o.auto_fresh)
+    say("resume  | --auto-resume: %s holds no complete checkpoint: starting a fresh run\n", o.save_dir.c_str());
   if (o.resume && !notes.stage_done && start < stage_end)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,
         o.steps);

@@ -1207,6 +1207,41 @@ TEST_CASE("a run paused by --stop-after keeps the whole run's schedule, and --re
   fs::remove_all(d);
 }
 
+TEST_CASE("train --auto-resume: one command starts fresh, then resumes each requeue, bit for bit a plain run's",
+          "[checkpoint]") {
+  fs::path d = fresh_dir("auto_resume");
+  std::string loud = kArgs + " --eval-every 0";
+  loud.erase(loud.find(" --quiet"), 8);
+  const std::string job = loud + " --save-dir " + (d / "a").string() + " --auto-resume";  // (kArgs: --steps 6)
+  // The first start finds no checkpoint (no directory yet): fresh, and said.
+  CmdResult r = train(job + " --stop-after 3");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume  | --auto-resume: " + (d / "a").string() + " holds no complete checkpoint: starting a "
+                   "fresh run") != std::string::npos);
+  // The same command requeued: nothing to do; the next stage's goes on from step 3.
+  r = train(job + " --stop-after 3");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done | nothing to do: the checkpoint is at step 3 and --stop-after is 3") != std::string::npos);
+  r = train(job);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("continuing after step 3 of 6") != std::string::npos);
+  CHECK(r.out.find("--auto-resume:") == std::string::npos);
+  // The same six steps as one plain run: the same weights and AdamW state.
+  REQUIRE(train(kArgs + " --eval-every 0 --save-dir " + (d / "b").string()).code == 0);
+  for (const char* f : {"model.bin", "optim.bin"})
+    CHECK(bytes_of(d / "a" / "step_00000006" / f) == bytes_of(d / "b" / "step_00000006" / f));
+  // Refused: with --resume or --resume-step, without --save-dir, a resume's change on a fresh start.
+  CHECK(train(kArgs + " --save-dir " + (d / "a").string() + " --auto-resume --resume").out.find(
+            "--auto-resume with --resume: give one") != std::string::npos);
+  CHECK(train(kArgs + " --auto-resume").out.find("--auto-resume needs --save-dir") != std::string::npos);
+  r = train(kArgs + " --save-dir " + (d / "c").string() + " --auto-resume --change-seq");
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--auto-resume: " + (d / "c").string() + " holds no complete checkpoint, so this run starts fresh, "
+                   "and --change-seq (a resume's change) has nothing to change") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "c"));
+  fs::remove_all(d);
+}
+
 TEST_CASE("a resume with another --steps says where the next step's rate moves, and a lengthened wsd run before "
           "its decay goes on unsaid", "[checkpoint][optimizer]") {
   fs::path d = fresh_dir("steps_changed");
