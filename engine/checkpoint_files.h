@@ -105,9 +105,11 @@ std::vector<RunField> run_fields(const Options& o, const ModelConfig& cfg, const
 // after a rollback's skip or a change of G), and the loss is normalised
 // over all of them, so a resume may change the layout when G stays: the same sequences and the
 // same sums, added in another order (within float rounding of the run never stopped, not bit-exact).
-// --zero and --mlp-chunks change no sequence either, but the order of some sums (the gradient norm
-// over shards, the MLP's weight gradients over chunks): a resume may change them too, not
-// bit-exactly. -1: a checkpoint written before they were recorded (taken as unchanged).
+// --zero and --mlp-chunks change no sequence either, but may change the order of some sums (the
+// MLP's weight gradients over chunks; ZeRO's reduce-scatter against the all-reduce, which add
+// the ranks in one order on the local communicator and on 2 processes, not always on 3+ MPI or
+// NCCL ones): a resume may change them too. -1: a checkpoint written before they were recorded
+// (taken as unchanged).
 struct RunLayout {
   int batch = 0, grad_accum = 0, dp = 0, sp = 0;
   int zero = -1, mlp_chunks = -1;
@@ -122,10 +124,11 @@ struct RunLayout {
   bool operator==(const RunLayout& o) const {
     return batch == o.batch && grad_accum == o.grad_accum && dp == o.dp && sp == o.sp;
   }
-  // The same spread and the same sums: a resume continues bit-exactly.
-  bool same_sums(const RunLayout& o) const {
+  // The same spread and the same sums: a resume continues bit-exactly. zero_sums_alike: --zero
+  // changes no sum on this world (--comm local, or at most 2 processes; trainer.cpp's norm).
+  bool same_sums(const RunLayout& o, bool zero_sums_alike) const {
     auto same = [](int a, int b) { return a < 0 || b < 0 || a == b; };
-    return *this == o && same(zero, o.zero) && same(mlp_chunks, o.mlp_chunks) &&
+    return *this == o && (zero_sums_alike || same(zero, o.zero)) && same(mlp_chunks, o.mlp_chunks) &&
            (device.empty() || o.device.empty() || device == o.device);
   }
   // "dp 2 x sp 1, batch 8, grad-accum 1" (+ ", --zero 1", ", --mlp-chunks 4", ", --device cuda")

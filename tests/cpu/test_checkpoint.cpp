@@ -256,6 +256,14 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
   REQUIRE(sums.code == 0);
   CHECK(sums.out.find("another layout: saved at dp 2 x sp 1, batch 2, grad-accum 1; now dp 2 x sp 1, batch 2, "
                       "grad-accum 1, --zero 1, --mlp-chunks 2: the same 4 sequences a step") != std::string::npos);
+  // --zero alone changes no sum on the local communicator (the norm is summed shard by shard either
+  // way): a resume that turns it off says nothing and ends on the bits of the run never stopped.
+  const fs::path z = d / "zero";
+  REQUIRE(train(base + " --ranks 2 --batch 2 --zero 1 --steps 3 --save-dir " + z.string()).code == 0);
+  CmdResult off = train(base + " --ranks 2 --batch 2 --resume --save-dir " + z.string());
+  REQUIRE(off.code == 0);
+  CHECK(off.out.find("another layout") == std::string::npos);
+  CHECK(bytes_of(z / "step_00000006" / "model.bin") == bytes_of(d / "full0" / "step_00000006" / "model.bin"));
   fs::remove_all(d);
 }
 
