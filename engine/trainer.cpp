@@ -365,6 +365,12 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!trains && !o.reads_host_weights()) {
     masters = MasterRange::none();  // bf16: the weights are all an eval reads (f32: they are the masters)
   } else if (trains && o.zero && param_dtype(o) == DType::bf16) {
+    // Fewer than 4 parameters a rank leaves every rank but the last an empty shard of masters,
+    // which the step's checks and the saves cannot read from (a toy model on hundreds of ranks).
+    if (world.size() > 1 && zero_shard_size(param_count(cfg), world.size()) == 0)
+      throw std::runtime_error("--zero 1: " + std::to_string(param_count(cfg)) + " parameters over " +
+                               std::to_string(world.size()) + " ranks leave ranks with no shard of the bf16 masters "
+                               "(4 parameters a rank at least): use fewer ranks, or --zero 0");
     const ZeroShard z = zero_shard(param_count(cfg), world.size(), world.rank());
     masters = {z.lo, z.hi};
   }
