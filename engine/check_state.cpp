@@ -10,8 +10,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/checkpoint_files.h"
 #include "engine/context.h"
 #include "engine/device.h"
+#include "engine/export.h"
 #include "engine/llmc_format.h"
 #include "layers/linear.h"
 #include "layers/transformer.h"
@@ -54,6 +56,12 @@ int check_state_rank(const Options& o, Comm& world) {
   Context c(run_device(o));
   ContextGuard guard(c);
 
+  // --checkpoint takes three formats; the debug state is llm.c's, and so is the model it checks.
+  if (is_hf_checkpoint_path(o.checkpoint) || is_model_file(o.checkpoint))
+    throw std::runtime_error("--check-state compares an llm.c GPT-2 checkpoint (.bin) with its debug state, and " +
+                             o.checkpoint + " is " + (is_model_file(o.checkpoint) ? "one of this engine's model.bin files"
+                                                                                   : "a Hugging Face checkpoint") +
+                             ": convert it first with --steps 0 --checkpoint " + o.checkpoint + " --export-llmc FILE.bin");
   std::vector<float> weights;
   LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, weights);
   DebugState st = read_debug_state(o.check_state, lc);

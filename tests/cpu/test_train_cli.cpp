@@ -728,9 +728,26 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
     CHECK(t.code == 1);
     CHECK(t.out.find("--check-state") != std::string::npos);
   }
+  ul_test::TempDir dir;
+  // The same weights in the other formats --checkpoint takes: refused naming the conversion (it
+  // read them as llm.c's and said "bad magic").
+  const std::string st = dir / "m.safetensors", mb = dir / "run/step_00000001/model.bin";
+  REQUIRE(run_cmd(train_cmd("--steps 0 --checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") +
+                            " --export-safetensors " + st)).code == 0);
+  REQUIRE(run_cmd(train_cmd("--steps 1 --seq 16 --eval-batches 1 --threads 1 --checkpoint " +
+                            source_path("tests/data/gpt2_tiny_model.bin") + " --save-dir " + dir / "run")).code == 0);
+  for (const std::string& other : {st, mb}) {
+    const CmdResult t = run_cmd(train_cmd("--checkpoint " + other + " --check-state " +
+                                          source_path("tests/data/gpt2_tiny_state.bin")));
+    INFO(t.out);
+    CHECK(t.code == 1);
+    CHECK(t.out.find("--check-state compares an llm.c GPT-2 checkpoint (.bin) with its debug state, and " + other +
+                     " is " + (other == st ? "a Hugging Face checkpoint" : "one of this engine's model.bin files") +
+                     ": convert it first with --steps 0 --checkpoint " + other +
+                     " --export-llmc FILE.bin") != std::string::npos);
+  }
   // A NaN in the reference fails (std::max dropped it, and a damaged reference passed): one logit,
   // then one gradient (the file's last float, lnfb's).
-  ul_test::TempDir dir;
   std::ifstream in(source_path("tests/data/gpt2_tiny_state.bin"), std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   int32_t header[256];
