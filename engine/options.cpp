@@ -16,6 +16,8 @@
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "engine/file_io.h"
+#include "engine/hf_format.h"
+#include "engine/hf_index.h"
 #if ULYSSES_HAVE_CUDA
 #include "engine/cuda_runtime.h"
 #endif
@@ -625,6 +627,11 @@ Options parse_options(int argc, char** argv) {
   const std::string& st = o.export_safetensors;
   if (!st.empty() && (st.size() <= ext.size() || st.compare(st.size() - ext.size(), ext.size(), ext) != 0))
     throw std::runtime_error("--export-safetensors: the file name must end in .safetensors (e.g. DIR/model.safetensors)");
+  // ... so an llm.c file under a Hugging Face name could not be read back (--checkpoint took it for safetensors).
+  if (is_safetensors_path(o.export_llmc) || is_safetensors_index_path(o.export_llmc))
+    throw std::runtime_error("--export-llmc " + o.export_llmc + ": an llm.c checkpoint under a Hugging Face name would "
+                             "be read back as one (--checkpoint tells the formats apart by the name): name it .bin, or "
+                             "give --export-safetensors for a safetensors file");
   if (o.set_by_user("--export-llmc-version") && o.export_llmc.empty()) throw std::runtime_error("--export-llmc-version needs --export-llmc");
   if (o.set_by_user("--export-dtype") && o.export_safetensors.empty()) throw std::runtime_error("--export-dtype needs --export-safetensors");
   if (o.sample < 0) throw std::runtime_error("--sample must be >= 0");

@@ -186,6 +186,11 @@ int train_rank(const Options& o, Comm& world) {
     say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the --seq %d it trained "
         "at%s: the sample past it tests extrapolation\n", o.sample, (long long)outputs.sample_positions(), trained_seq,
         trained_seq == o.seq && (o.steps > 0 || o.resume) ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str());
+  // transformers' from_pretrained(DIR) looks for DIR/model.safetensors (or an index) only.
+  if (!o.export_safetensors.empty() &&
+      std::filesystem::path(o.export_safetensors).filename() != "model.safetensors")
+    say("note    | --export-safetensors %s: transformers' from_pretrained(DIR) reads DIR/model.safetensors, not this "
+        "name (this engine's --checkpoint reads it by its path)\n", o.export_safetensors.c_str());
   // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.
   if (o.zero && o.steps > 0 && world.size() == 1)
     say("note    | --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "

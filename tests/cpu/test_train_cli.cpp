@@ -96,6 +96,10 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   std::filesystem::create_directories(d + "/adir");
   expect_refused(run + " --log " + d + "/adir", "--log: " + d + "/adir exists and is not a regular file (a directory)");
   expect_refused(run + " --export-llmc " + d + "/adir", "--export-llmc: " + d + "/adir exists and is not a regular file");
+  // An llm.c file under a name --checkpoint reads as safetensors could not be loaded back.
+  for (const char* name : {"/m.safetensors", "/m.safetensors.index.json"})
+    expect_refused(run + " --export-llmc " + d + name, "--export-llmc " + d + name + ": an llm.c checkpoint under a "
+                   "Hugging Face name would be read back as one (--checkpoint tells the formats apart by the name)");
   expect_refused(run + " --log " + text, "--log " + text + " is --data's file: the run would overwrite its own input");
   expect_refused(run + " --log " + d + "/x.bin --export-llmc " + d + "/./x.bin", "is also --log's: one would overwrite the other");
   // A hard link to the text is the text (the log's open would have emptied it); the save
@@ -732,8 +736,16 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   // The same weights in the other formats --checkpoint takes: refused naming the conversion (it
   // read them as llm.c's and said "bad magic").
   const std::string st = dir / "m.safetensors", mb = dir / "run/step_00000001/model.bin";
-  REQUIRE(run_cmd(train_cmd("--steps 0 --checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") +
-                            " --export-safetensors " + st)).code == 0);
+  const CmdResult exported = run_cmd(train_cmd("--steps 0 --checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") +
+                                               " --export-safetensors " + st));
+  REQUIRE(exported.code == 0);
+  // (a name other than model.safetensors, which from_pretrained(DIR) would not find: noted)
+  CHECK(exported.out.find("note    | --export-safetensors " + st + ": transformers' from_pretrained(DIR) reads "
+                          "DIR/model.safetensors, not this name") != std::string::npos);
+  const CmdResult plain = run_cmd(train_cmd("--steps 0 --checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") +
+                                            " --export-safetensors " + dir / "hf/model.safetensors"));
+  REQUIRE(plain.code == 0);
+  CHECK(plain.out.find("from_pretrained") == std::string::npos);
   REQUIRE(run_cmd(train_cmd("--steps 1 --seq 16 --eval-batches 1 --threads 1 --checkpoint " +
                             source_path("tests/data/gpt2_tiny_model.bin") + " --save-dir " + dir / "run")).code == 0);
   for (const std::string& other : {st, mb}) {
