@@ -219,7 +219,9 @@ Tensor Transformer::mlp_ops(const Tensor& h, int l) {
 // Tiled MLP. Forward: each slice of rows goes through fc -> act -> proj unrecorded, inside an arena
 // scope, and only its C-wide output is kept. Backward: each slice is replayed on the tape (its rows
 // view shares h's gradient, so nothing is copied back) and walked at once. The MLP is per row, so
-// the result is the untiled one; the F-wide intermediate exists for one slice at a time.
+// the result is the untiled one up to rounding (a product of fewer rows may block its sums
+// otherwise; the weight gradients add slice by slice); the F-wide intermediate exists for one
+// slice at a time.
 Tensor Transformer::mlp_block(const Tensor& h, int l) {
   const int64_t C = h.size(-1), N = h.numel() / C;
   const int64_t chunks = std::min<int64_t>(mlp_chunks, N);
