@@ -113,9 +113,24 @@ int last_query_tile(int kt, const Layout& L, int window, const Docs& d) {
 
 }  // namespace
 
+// The kernels' own check (the op refuses these first, with its flags' names): for a fork calling
+// them directly, a negative window masked every key into NaN rows, and Hq % Hkv != 0 read past
+// the kv heads.
+static void check_kernel_args(int B, int Tn, int Hq, int Hkv, int D, int window) {
+  if (B < 0 || Tn < 0 || D <= 0 || Hq <= 0 || Hkv <= 0)
+    throw std::invalid_argument("attention (CPU): bad shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
+                                " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D));
+  if (Hq % Hkv != 0)
+    throw std::invalid_argument("attention (CPU): Hq (" + std::to_string(Hq) + ") must be a multiple of Hkv (" +
+                                std::to_string(Hkv) + ")");
+  if (window < 0)
+    throw std::invalid_argument("attention (CPU): the sliding window must be >= 0, got " + std::to_string(window));
+}
+
 template <class T>
 void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc, int window, int B, int Tn, int Hq, int Hkv,
                        int D) {
+  check_kernel_args(B, Tn, Hq, Hkv, D, window);
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D)), ninf = -std::numeric_limits<T>::infinity();
   const int nt = L.ntiles();
@@ -184,6 +199,7 @@ void probs_and_dscores(Tile<T>& S, Tile<T>& dS, const T* qkv, const T* dout, con
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc,
                         int window, int B, int Tn, int Hq, int Hkv, int D) {
+  check_kernel_args(B, Tn, Hq, Hkv, D, window);
   const Layout L{B, Tn, Hq, Hkv, D, Hq / Hkv};
   const T scale = T(1) / std::sqrt(T(D));
   const int nt = L.ntiles();

@@ -329,9 +329,12 @@ __device__ __forceinline__ float group_sum(float v) {
 // ---- host side -----------------------------------------------------------------------------------
 
 inline Geometry geometry(int B, int Tn, int Hq, int Hkv, int D, int window) {
-  if (B < 0 || Tn < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+  if (B < 0 || Tn < 0 || Hq <= 0 || Hkv <= 0)
     throw std::invalid_argument("attention (CUDA): bad shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
                                 " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv));
+  if (Hq % Hkv != 0)
+    throw std::invalid_argument("attention (CUDA): Hq (" + std::to_string(Hq) + ") must be a multiple of Hkv (" +
+                                std::to_string(Hkv) + ")");
   if (!attention_cuda_head_dim(D))
     throw std::invalid_argument("attention (CUDA): head dim D = " + std::to_string(D) +
                                 " is not supported; the CUDA kernels are built for D = 16, 32, 64 or 128");

@@ -153,6 +153,22 @@ TEST_CASE("attention forward matches the naive softmax (MHA, GQA, MQA, ragged ti
     }
 }
 
+TEST_CASE("attention CPU kernels refuse a negative window and Hq not a multiple of Hkv", "[attention]") {
+  // The op refuses these first; the kernels too, for a caller of their own (a window of -1 made
+  // every row NaN with an lse of -inf).
+  const int B = 1, T = 4, D = 8;
+  std::vector<float> qkv(size_t(B) * T * (4 + 2 * 2) * D, 0.1f), out(size_t(B) * T * 4 * D), lse(size_t(B) * 4 * T);
+  std::vector<float> dout(out.size(), 1.0f), dqkv(qkv.size());
+  CHECK_THROWS_WITH(ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, -1, B, T, 4, 2, D),
+                    Catch::Contains("the sliding window must be >= 0, got -1"));
+  CHECK_THROWS_WITH(ul::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), nullptr, -1,
+                                                B, T, 4, 2, D),
+                    Catch::Contains("the sliding window must be >= 0, got -1"));
+  CHECK_THROWS_WITH(ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 0, B, T, 3, 2, D),
+                    Catch::Contains("Hq (3) must be a multiple of Hkv (2)"));
+  CHECK_NOTHROW(ul::cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 0, B, T, 4, 2, D));
+}
+
 TEST_CASE("attention backward matches float64 central differences", "[attention]") {
   for (Cfg c : {Cfg{1, 5, 2, 2, 8}, Cfg{2, 70, 4, 2, 6}, Cfg{1, 67, 2, 1, 5}}) {
     Vec qkv = randn(qkv_size(c), 7 + c.Tn);
