@@ -188,8 +188,10 @@ std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> PasskeyDataset::pr
 }
 
 std::string PasskeyDataset::describe() const {
+  char depth[32] = "random";  // as written: 0.9, not to_string's 0.900000
+  if (cfg_.depth >= 0) std::snprintf(depth, sizeof depth, "%g", double(cfg_.depth));
   return std::string("passkey (") + split_name(split_) + "): " + std::to_string(cfg_.digits) + " digits, depth " +
-         (cfg_.depth < 0 ? std::string("random") : std::to_string(cfg_.depth)) + ", " +
+         depth + ", " +
          std::to_string(cfg_.filler_words) + " filler words, vocab " + std::to_string(vocab());
 }
 

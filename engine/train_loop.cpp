@@ -107,6 +107,9 @@ int train_rank(const Options& o, Comm& world) {
   if (tr.document_start() >= 0)  // which token splits documents (--eot, or the data's own)
     layout += (layout.empty() ? "" : " | ") + std::string("--doc-mask: documents start at token ") +
               std::to_string(tr.document_start());
+  // (an export or a sample alone reads none of it: said, rather than a line that suggests it does)
+  if (o.steps == 0 && !o.evaluates() && o.probe_lengths.empty())
+    layout += (layout.empty() ? "" : " | ") + std::string("not read (--steps 0 with no eval)");
   say("data    | %s%s%s\n", tr.train_data().describe().c_str(), layout.empty() ? "" : " | ", layout.c_str());
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
   // --data's own held-out tenth is its val split, which --val-data replaces: those tokens train

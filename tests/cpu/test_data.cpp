@@ -519,6 +519,9 @@ TEST_CASE("task settings in the data spec reach the generator", "[data]") {
   for (const char* bad : {"passkey:depth=-0.5", "passkey:depth=1.5", "passkey:depth=-2"})
     CHECK_THROWS_WITH(ul::open_dataset(bad, ul::Split::train, 1, -1), Catch::Contains("depth is a fraction in [0, 1]"));
   CHECK_NOTHROW(ul::open_dataset("passkey:depth=-1", ul::Split::train, 1, -1));
+  // The start-up line gives the depth as written (it read "depth 0.900000").
+  CHECK_THAT(ul::open_dataset("passkey:depth=0.9", ul::Split::train, 1, -1)->describe(), Catch::Contains("depth 0.9, "));
+  CHECK_THAT(ul::open_dataset("passkey", ul::Split::train, 1, -1)->describe(), Catch::Contains("depth random, "));
   // Counts near 2^31 once wrapped: 2n + 3 for the digits passed the length check (and the
   // sequence overran its buffer), keys + values + 3 made a negative vocab.
   std::vector<int32_t> in1(257), tg1(257);

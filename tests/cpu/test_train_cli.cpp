@@ -739,6 +739,7 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
   const CmdResult exported = run_cmd(train_cmd("--steps 0 --checkpoint " + source_path("tests/data/gpt2_tiny_model.bin") +
                                                " --export-safetensors " + st));
   REQUIRE(exported.code == 0);
+  CHECK(exported.out.find(" | not read (--steps 0 with no eval)\n") != std::string::npos);  // (an export reads no data)
   // (a name other than model.safetensors, which from_pretrained(DIR) would not find: noted)
   CHECK(exported.out.find("note    | --export-safetensors " + st + ": transformers' from_pretrained(DIR) reads "
                           "DIR/model.safetensors, not this name") != std::string::npos);
