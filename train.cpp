@@ -106,11 +106,11 @@ static void check_local_world(const Options& o) {
 // the device. Before MPI starts: a CUDA-aware MPI would otherwise open a context on GPU 0 in every
 // process of the machine. Returns the device; *count: the devices visible.
 static int select_gpu(const std::string& flag, const Launcher& l, int* count = nullptr) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-    throw std::runtime_error(flag + ": no CUDA device is visible");
+  // (the driver's advice too: these paths come before --device cuda's own check)
+  const int devices = visible_cuda_devices(flag);
   const int gpu = std::max(l.local_rank, 0) % devices;
-  if (cudaSetDevice(gpu) != cudaSuccess) throw std::runtime_error(flag + ": cannot select GPU " + std::to_string(gpu));
+  if (const cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess)  // (exclusive-process mode: "busy or unavailable")
+    throw std::runtime_error(flag + ": cannot select GPU " + std::to_string(gpu) + " (" + cudaGetErrorString(e) + ")");
   if (count) *count = devices;
   return gpu;
 }

@@ -136,20 +136,24 @@ size_t cuda_smem_optin() {
   return size_t(bytes);
 }
 
+int visible_cuda_devices(const std::string& flag) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  // The usual causes: no GPU, no driver, or a driver older than this build's CUDA runtime.
+  if (e == cudaErrorInsufficientDriver)
+    throw std::runtime_error(flag + ": " + cudaGetErrorString(e) + ": update the NVIDIA driver to one that runs CUDA " +
+                             runtime_version() +
+                             " (this build's; CUDA 12.x needs the 525 series or newer, CUDA 13 the 580 series): "
+                             "nvidia-smi shows the driver and the newest CUDA it runs");
+  if (e != cudaSuccess) throw std::runtime_error(flag + ": no usable CUDA device (" + cudaGetErrorString(e) + ")");
+  if (n == 0) throw std::runtime_error(flag + ": no CUDA device is visible");
+  return n;
+}
+
 void init_cuda_backend() {
   static std::once_flag once;
   std::call_once(once, [] {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    // The usual causes: no GPU, no driver, or a driver older than this build's CUDA runtime.
-    if (e == cudaErrorInsufficientDriver)
-      throw std::runtime_error(std::string("--device cuda: ") + cudaGetErrorString(e) +
-                               ": update the NVIDIA driver to one that runs CUDA " + runtime_version() +
-                               " (this build's; CUDA 12.x needs the 525 series or newer, CUDA 13 the 580 series): "
-                               "nvidia-smi shows the driver and the newest CUDA it runs");
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("--device cuda: no usable CUDA device (") + cudaGetErrorString(e) + ")");
-    if (n == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
+    visible_cuda_devices("--device cuda");
     register_device_ops(Device::cuda,
                         {cuda_alloc, cuda_free, cuda_set, cuda_to_host, cuda_from_host, cuda_within, cuda_sync});
   });

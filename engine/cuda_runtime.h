@@ -26,6 +26,9 @@ namespace ul {
 // library, and the linker drops an object file that nothing references, initialiser and all.
 // It also checks the current device for this build (cuda_device_problem) the first time it sees it.
 void init_cuda_backend();
+// The number of devices this process sees, or a refusal naming `flag` and the cause (no device; a
+// driver older than this build's CUDA, with the way on; another CUDA error's text).
+int visible_cuda_devices(const std::string& flag);
 
 // What stops this build from running on the current device, or "" when nothing does: a GPU older
 // than sm_80 (the kernels use bf16 tensor cores and cp.async), or a build with no kernels for it
