@@ -30,7 +30,8 @@
 //     which a GPU refuses, runs here: every launch in the tree passes the bound's own expression);
 //     a barrier is told from another by its source line, so one __syncthreads in a helper called
 //     from both sides of a branch that splits a warp counts as one barrier (undefined on a GPU;
-//     the tree's barriers are all in kernel bodies); atomics are exact, and a non-atomic
+//     the tree's barriers are in kernel bodies, or in a helper every thread of the block calls
+//     at one place: optimizer.cu's block_sum); atomics are exact, and a non-atomic
 //     read-modify-write that races across blocks shows only by chance (blocks on OpenMP threads);
 //     the host threads flush subnormal floats to zero (engine/float_env.h: train and the tests set
 //     it), where a GPU build without -ftz keeps them, so a kernel's results below 1.2e-38 differ.
@@ -239,6 +240,9 @@ inline int atomicCAS(int* a, int expected, int desired) {
 // 2 + floor(|1.16 x|) ulp; PTX ex2.approx.ftz: 2 ulp here, subnormal results flushed to zero), by a
 // pseudo-random amount fixed by the input: a test whose tolerance only the exact values meet then
 // fails here, not first on a GPU. Equal inputs still give equal outputs (the bitwise claims hold).
+// Not perturbed: the standard functions (expf 2 ulp on a GPU, logf 1, and the double pow, log,
+// sin, cos 1-2), which run as glibc's correctly rounded or near results; a tolerance met only by
+// those exact values still passes here (the kernels' tests allow 1e-5 relative or more).
 namespace ul_emu {
 bool approx_math();             // runtime.cpp: the variable, read once
 void set_approx_math(bool on);  // tests

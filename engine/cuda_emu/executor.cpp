@@ -20,6 +20,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/cuda_emu/cuda_emu.h"
@@ -407,8 +408,8 @@ void run_block(Worker& w, uint3 block_idx, unsigned flip) {
   // warp's lanes are not in lockstep either: one lane's shared-memory write is visible to another
   // only after a __syncwarp (or a barrier), and reading it earlier shows as a stale value.
   const int warps = (w.n + 31) / 32;
-  // Alternating by launch too (flip: the launching thread's count): a one-block grid is not always
-  // walked forward.
+  // Alternating by launch too (flip: the kernel's launches so far on this thread): a one-block
+  // grid is not always walked forward.
   const bool reverse = (block_idx.x + block_idx.y + block_idx.z + flip) % 2 == 1;
   w.barriers = 0;
   for (;;) {
@@ -697,8 +698,11 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     note_device_fault(cudaErrorIllegalAddress);
     throw std::runtime_error(std::string("emulated kernel '") + name + "' faulted: injected (ULYSSES_EMU_FAULT)");
   }
-  static thread_local unsigned launches = 0;  // this thread's: the same sequence on every run
-  const unsigned flip = launches++ & 1u;
+  // Counted per kernel (and per launching thread: the same sequence on every run): one count for
+  // all kernels gave a kernel at a fixed place in a fixed pair of launches (a partial sum, then its
+  // one-block final; every step's sequence) the same order every time.
+  static thread_local std::unordered_map<const void*, unsigned> launches;
+  const unsigned flip = launches[kernel]++ & 1u;
   const long long gx = grid.x, gy = grid.y;
   const long long blocks = gx * gy * grid.z;
   bool opted_in = false;

@@ -430,6 +430,20 @@ TEST_CASE("emu: a one-block grid is walked forward and backward on alternate lau
          (ha[1] == 0 && ha[0] == 32 && hb[0] == 0 && hb[1] == 1)));
 }
 
+__global__ void block_ticket_kernel(int* out, int* next);
+
+TEST_CASE("emu: a kernel alternates its own order with another kernel launched between", "[emu]") {
+  // The order once alternated by the thread's launches of any kernel: in a fixed pair (a partial
+  // sum, then its one-block final; every training step's sequence) each kernel kept one order.
+  DeviceBuffer<int> a(2), b(2), between(1);
+  ul::launch("lane_order", lane_order_kernel, dim3(1), dim3(32), 0, nullptr, a.p);
+  ul::launch("block_ticket", block_ticket_kernel, dim3(1), dim3(1), 0, nullptr, between.p, between.p);
+  ul::launch("lane_order", lane_order_kernel, dim3(1), dim3(32), 0, nullptr, b.p);
+  const std::vector<int> ha = a.get(), hb = b.get();
+  CHECK(((ha[0] == 0 && ha[1] == 1 && hb[1] == 0 && hb[0] == 32) ||
+         (ha[1] == 0 && ha[0] == 32 && hb[0] == 0 && hb[1] == 1)));
+}
+
 TEST_CASE("emu: the bytes past a cudaMalloc buffer, up to its 256-byte rounding, and before it read NaN", "[emu]") {
   ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   // On a GPU they are a neighbour's (an off-by-one read gets its data); here they are poisoned, and
