@@ -49,10 +49,15 @@ void check_lt(cublasStatus_t st, const std::string& call, const std::string& wha
     throw std::runtime_error(what + ": " + call + " failed: " + cublasLtGetStatusString(st));
 }
 
-// Largest power of two (<= 256, cuBLASLt's default assumption) that divides the address.
+// The largest power of two that divides the address, capped at 16 bytes (a row of 16-byte
+// vectors, TMA's own need; cuBLASLt assumes 256 when told nothing). The heuristic's answer, and
+// with it the kernel and its order of sums, must not depend on where the arena put an operand
+// past that: arena tensors are 64-byte aligned, and their address mod 256 moves with whatever was
+// allocated before (--recompute, --offload, an eval without masters would ask another question,
+// and could get another kernel, against their bitwise claims). Not yet measured on a GPU.
 uint32_t alignment(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  uint32_t al = 256;
+  uint32_t al = 16;
   while (al > 1 && a % al) al >>= 1;
   return al;
 }
