@@ -195,4 +195,14 @@ GpuInfo cuda_gpu_at_start() {
   return it->second;
 }
 
+void cuda_remeasure_free_memory() {
+  int d = 0;
+  UL_CUDA_CHECK(cudaGetDevice(&d));
+  std::lock_guard<std::mutex> lock(g_checked_mu);
+  const auto it = g_checked.find(d);
+  if (it == g_checked.end()) throw std::logic_error("cuda_remeasure_free_memory: init_cuda_backend has not seen this device");
+  size_t total = 0;
+  UL_CUDA_CHECK(cudaMemGetInfo(&it->second.free, &total));
+}
+
 }  // namespace ul

@@ -48,6 +48,10 @@ struct GpuInfo {
   std::string describe() const;  // "GPU 0 (NAME, compute capability 9.0, 79.1 of 79.6 GiB free)"
 };
 GpuInfo cuda_gpu_at_start();
+// Measures the current device's free memory again as its start-up figure: after NCCL made the
+// buffers it allocates only at a communicator's first collectives (the trainer's warm-up), which
+// no plan holds, before this process allocates its own.
+void cuda_remeasure_free_memory();
 
 // The dynamic shared memory a block may opt in to on the current device, in bytes (99 KiB on
 // sm_86, sm_89 and sm_120; 163 KiB on sm_80; 227 KiB on sm_90 and sm_100).

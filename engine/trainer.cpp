@@ -201,14 +201,29 @@ CommStats total_sent(Grid& g) {
 
 // The host map, with this process's GPU by number and by identity (GpuInfo::id): numbers repeat
 // across processes that each see one GPU (all "GPU 0"), UUIDs do not.
-HostMap hosts_of(Comm& world, const Options& o) {
+HostMap hosts_of(Comm& world, const Options& o, Grid& grid) {
 #if ULYSSES_HAVE_CUDA
   if (run_device(o) == Device::cuda) {
+    // NCCL connects a communicator's peers at its first collectives (NCCL_RUNTIME_CONNECT, 2.22
+    // on), and allocates their buffers then: hundreds of MiB each on an H100, which no plan holds
+    // and which came out of the memory a tightly planned run's first step needed. Made now, each
+    // group its own collective, and the free memory measured again, before this process
+    // allocates its own buffers. (On the CPU and the local or MPI communicator, nothing to make.)
+    if (std::strcmp(world.backend(), "nccl") == 0) {
+      float one = 1;
+      world.all_reduce(&one, 1, DType::f32, ReduceOp::sum);
+      if (grid.dp_group->size() > 1) grid.dp_group->all_reduce(&one, 1, DType::f32, ReduceOp::sum);
+      if (grid.sp_group->size() > 1) {
+        std::vector<float> mine(size_t(grid.sp_group->size()), 1.0f), theirs(mine.size());
+        grid.sp_group->all_to_all(mine.data(), theirs.data(), 1, DType::f32);
+      }
+      cuda_remeasure_free_memory();
+    }
     const GpuInfo g = cuda_gpu_at_start();
     return host_map(world, g.device, g.id);
   }
 #else
-  (void)o;
+  (void)o, (void)grid;
 #endif
   return host_map(world);
 }
@@ -226,7 +241,7 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 }
 
 Trainer::Trainer(const Options& o, Comm& world)
-    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_,
+    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o, grid_)), threads_(threads_for_rank(o.threads, hosts_,
                                 omp_threads_per_rank(std::strcmp(world.backend(), "local") == 0 ? world.size() : 1))),
       ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_);

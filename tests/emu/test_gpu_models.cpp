@@ -140,6 +140,21 @@ TEST_CASE("train --device cuda --precision bf16 at head dim 128 on an emulated L
   CHECK(l40s == h100);
 }
 
+TEST_CASE("the start-up free memory is measured again after NCCL's warm-up, not before", "[emu]") {
+  // The trainer's NCCL warm-up (engine/trainer.cpp: hosts_of) allocates what NCCL connects at its
+  // first collectives, then measures again: the figure the memory check uses moves with it.
+  ul::init_cuda_backend();
+  const size_t before = ul::cuda_gpu_at_start().free;
+  void* held = nullptr;
+  REQUIRE(cudaMalloc(&held, size_t(64) << 20) == cudaSuccess);
+  CHECK(ul::cuda_gpu_at_start().free == before);  // the figure of the start, until measured again
+  ul::cuda_remeasure_free_memory();
+  CHECK(ul::cuda_gpu_at_start().free <= before - (size_t(64) << 20));
+  REQUIRE(cudaFree(held) == cudaSuccess);
+  ul::cuda_remeasure_free_memory();
+  CHECK(ul::cuda_gpu_at_start().free == before);
+}
+
 TEST_CASE("train --device cuda refuses a run larger than the GPU's free memory before allocating it", "[emu]") {
   // Llama 3.2 1B at 64K on a 24 GB card: its plan is past 24 GiB. The refusal names the GPU, what it
   // had free and what to shrink, and comes before the first large cudaMalloc (which failed bare).
