@@ -228,9 +228,14 @@ static int train_main(int argc, char** argv) {
     // process ends with it, as an MPI job does.
     local.abandon_after_s = o.comm_timeout;
     local.abandon = [](const std::string& why) {
-      std::fflush(stdout);
       std::fprintf(stderr, "train: error: %s\n", why.c_str());
       std::fflush(stderr);
+      // Standard output's lines so far, unless the stuck rank holds its lock (blocked writing to a
+      // reader that stalled: a plain fflush would wait there with it).
+      if (ftrylockfile(stdout) == 0) {
+        fflush_unlocked(stdout);
+        funlockfile(stdout);
+      }
       std::_Exit(1);
     };
     int code = 0;

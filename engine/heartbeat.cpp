@@ -34,7 +34,10 @@ std::function<std::string()> Heartbeat::bytes_read_from_now() {
   return [base = io_bytes_read()] { return bytes_text(io_bytes_read() - base) + " read"; };
 }
 
-Heartbeat::Heartbeat(double every_s, std::FILE* out) : every_ms_(every_s > 0 ? every_s * 1000 : 0), out_(out) {
+// (at most 1e7 s, as wait_notice_period: a deadline in nanoseconds past 9e9 s overflows into the
+// past, and the clock's wait returned at once, spinning with the lock held)
+Heartbeat::Heartbeat(double every_s, std::FILE* out)
+    : every_ms_(every_s > 0 ? std::min(every_s, 1e7) * 1000 : 0), out_(out) {
   if (every_ms_ <= 0) return;
   // The clock's thread takes no signals: a stop signal goes to the threads that act on it (one
   // delivered here would wake no blocking call of theirs). It inherits the mask set around its start.

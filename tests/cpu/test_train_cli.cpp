@@ -619,6 +619,13 @@ TEST_CASE("train heartbeat_clock: a long stretch between milestones still prints
   CHECK(clocked >= 1);
   CHECK_FALSE(late);
   CHECK(r.out.find("  ...   step 1/1 | classifier done (") != std::string::npos);
+  // A period past 9.2e9 s (nanoseconds past int64) once put the clock's deadline in the past: it
+  // spun holding its lock, and the run never finished. Now a period that long is silent.
+  r = run_cmd("timeout -s KILL 60 " + train_cmd("--data recall --layers 1 --seq 1024 --batch 1 --steps 1 --eval-every 0 "
+                                                "--eval-batches 1 --threads 1 --heartbeat 1e12"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("  ...   ") == std::string::npos);
 }
 
 TEST_CASE("train --comm local: a rank stuck outside any collective ends the run --comm-timeout after another failed",
