@@ -151,8 +151,10 @@ void check_output_paths(const Options& o) {
       if (same_file(outputs[j].second, path))
         throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");
   }
-  // A --log in another run's --save-dir (a directory holding its checkpoints or its lock) would
-  // replace that run's log, its history, or append this run's records to it (and redraw its plot).
+  // A --log in another run's --save-dir (a directory holding its checkpoints or its lock) named as
+  // that run's log, or as any file already there (the other run's own --log name, whatever it was),
+  // would replace its history or append this run's records to it (and redraw its plot). A new
+  // name there (an eval's log beside the checkpoint it read) touches nothing of it.
   if (!o.log.empty()) {
     const fs::path dir = fs::path(o.log).parent_path().empty() ? fs::path(".") : fs::path(o.log).parent_path();
     std::error_code ec;
@@ -161,10 +163,11 @@ void check_output_paths(const Options& o) {
     if (!own && !run_dir && fs::is_directory(dir, ec))
       for (fs::directory_iterator it(dir, ec), end; !ec && it != end && !run_dir; it.increment(ec))
         run_dir = parse_step_dir(it->path().filename().string()) >= 0 && fs::is_directory(it->path(), ec);
-    if (run_dir)
-      throw std::runtime_error("--log " + o.log + " is in another run's --save-dir (" + dir.string() +
-                               " holds its checkpoints or lock): this run would " +
-                               (o.resume ? "add its records to" : "replace") + " that run's log; write it elsewhere");
+    const bool exists = fs::exists(o.log, ec);
+    if (run_dir && (exists || fs::path(o.log).filename() == "log.jsonl"))
+      throw std::runtime_error("--log " + o.log + " is " + (exists ? "a file" : "the log") + " of another run's --save-dir (" +
+                               dir.string() + " holds its checkpoints or lock): this run would " +
+                               (o.resume ? "add its records to" : "replace") + " it; write it elsewhere, or under a new name");
   }
   // What this run writes must not be what a shards: pattern matches once written: the files above
   // (not there yet, so no input of theirs matched), --save-dir and a checkpoint in it. The run

@@ -58,11 +58,14 @@ TEST_CASE("train --log refuses another run's: in its --save-dir, or locked by a 
     before.assign(std::istreambuf_iterator<char>(f), {});
   }
   REQUIRE(!before.empty());
-  expect_refused(run + " --log " + other_log, "--log " + other_log + " is in another run's --save-dir (" + d +
-                                                  "/other holds its checkpoints or lock): this run would replace that "
-                                                  "run's log; write it elsewhere");
-  expect_refused(run + " --steps 2 --save-dir " + d + "/mine --log " + d + "/other/mine.jsonl",
-                 "is in another run's --save-dir");
+  expect_refused(run + " --log " + other_log, "--log " + other_log + " is a file of another run's --save-dir (" + d +
+                                                  "/other holds its checkpoints or lock): this run would replace it; "
+                                                  "write it elsewhere, or under a new name");
+  { std::ofstream(d + "/other/custom.jsonl") << "{\"type\": \"step\"}\n"; }  // (that run's own --log name)
+  expect_refused(run + " --steps 2 --save-dir " + d + "/mine --resume --log " + d + "/other/custom.jsonl",
+                 "is a file of another run's --save-dir");
+  // A new name there (an eval's log beside the checkpoint it read) touches nothing of that run.
+  CHECK(ul_test::run_cmd(ul_test::train_cmd(run + " --log " + d + "/other/eval_step1.jsonl")).code == 0);
   {
     std::ifstream f(other_log);
     CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == before);
