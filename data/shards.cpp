@@ -163,8 +163,9 @@ ShardDataset::ShardDataset(const std::string& pattern, Split split, uint64_t see
   if (model_vocab > 0 && named > model_vocab)
     throw std::runtime_error("shards:" + glob_ + ": the files' headers name a vocabulary of " + std::to_string(named) +
                              " tokens, larger than the model's " + std::to_string(model_vocab) +
-                             " (token ids up to " + std::to_string(named - 1) + " may occur): a model of --vocab " +
-                             std::to_string(named) + " or more reads them" +
+                             " (token ids up to " + std::to_string(named - 1) + " may occur): a model of vocab " +
+                             std::to_string(named) + " or more reads them (--vocab " + std::to_string(named) +
+                             " on a fresh model; a --checkpoint's model keeps its own)" +
                              (named == 257 ? " (train prepare's byte shards: bytes and the end-of-text id 256)" : ""));
   vocab_ = model_vocab > 0 ? model_vocab : named > 0 ? named : default_vocab;
   spans_ = compute_spans();

@@ -122,8 +122,8 @@ TEST_CASE("a --val-data the model cannot read is refused, naming the flag", "[va
   // (without --vocab 257 the text: model's 256 ids miss their end-of-text: the refusal says what to give)
   refused("--data text:" + a + " --seq 64 --val-data shards:" + bytes_val,
           {"bytes_val.bin", "a vocabulary of 257 tokens, larger than the model's 256 (token ids up to 256 may occur): a "
-                            "model of --vocab 257 or more reads them (train prepare's byte shards: bytes and the "
-                            "end-of-text id 256)"});
+                            "model of vocab 257 or more reads them (--vocab 257 on a fresh model; a --checkpoint's "
+                            "model keeps its own) (train prepare's byte shards: bytes and the end-of-text id 256)"});
   const ul_test::CmdResult own = ul_test::run_cmd(ul_test::train_cmd(
       "--data text:" + a + " --val-data text:" + a + " --steps 1 --threads 1 --seq 64 --batch 1 --eval-batches 1"));
   CHECK(own.code == 0);
