@@ -49,6 +49,19 @@ static int run(const Options& o, Comm& world) {
   // The lead says what a collective waits for, at --heartbeat's period (parallel/wait_notice.h).
   std::optional<WaitNoticeScope> notice;
   if (world.rank() == 0 && !o.quiet) notice.emplace(wait_notice_period(o.heartbeat));
+  // --auto-resume read --save-dir in each process (options.cpp); rank 0's reading decides, as every
+  // resume's choice of checkpoint is rank 0's (a node's stale listing of a shared directory would
+  // otherwise start it fresh while the others resume).
+  if (o.auto_resume && world.size() > 1) {
+    int32_t resume = o.resume ? 1 : 0;
+    world.broadcast(&resume, 1, DType::i32, 0);
+    if ((resume != 0) != o.resume) {
+      Options agreed = o;
+      agreed.resume = resume != 0;
+      agreed.auto_fresh = resume == 0;
+      return train_rank(agreed, world);
+    }
+  }
   return o.check_state.empty() ? train_rank(o, world) : check_state_rank(o, world);
 }
 

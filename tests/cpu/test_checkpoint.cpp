@@ -1247,6 +1247,14 @@ TEST_CASE("train --auto-resume: one command starts fresh, then resumes each requ
   CHECK(r.out.find("--auto-resume: " + (d / "c").string() + " holds no complete checkpoint, so this run starts fresh, "
                    "and --change-seq (a resume's change) has nothing to change") != std::string::npos);
   CHECK_FALSE(fs::exists(d / "c"));
+  // On several ranks (rank 0's reading of the directory decides, broadcast): fresh, then resumed.
+  const std::string two = loud + " --ranks 2 --save-dir " + (d / "two").string() + " --auto-resume";
+  r = train(two + " --stop-after 2");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("--auto-resume: " + (d / "two").string() + " holds no complete checkpoint") != std::string::npos);
+  r = train(two);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("continuing after step 2 of 6") != std::string::npos);
   fs::remove_all(d);
 }
 
