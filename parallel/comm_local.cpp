@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -278,6 +279,9 @@ class LocalComm : public Comm {
           g.arrived--;
           g.here[rank_] = 0;
           lk.unlock();
+          // (tests: ULYSSES_TEST_TIMEOUT_GAP_MS widens that gap, so a peer lands in it for sure)
+          if (const char* gap = std::getenv("ULYSSES_TEST_TIMEOUT_GAP_MS"))
+            std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(gap)));
           w_->fail("rank " + std::to_string(g.members[rank_]) + " failed: " + msg);  // the group is unusable now
           throw CommError(msg);
         }

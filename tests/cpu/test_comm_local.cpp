@@ -357,6 +357,31 @@ TEST_CASE("a wait longer than the timeout throws CommError naming the collective
   CHECK_THAT(seen, Contains("all_reduce timed out") && Contains("waiting for rank(s) 1"));
 }
 
+TEST_CASE("a peer arriving just after a rank timed out fails with it, not hang in the second barrier",
+          "[comm][local][failure]") {
+  // Rank 0 times out at 0.2 s and, with the test's gap, calls fail() 0.3 s later; rank 1 arrives at
+  // 0.3 s, in that gap. The timed-out rank's arrival once stayed counted: rank 1 completed the
+  // first barrier with it and waited in the second for ever.
+  ::setenv("ULYSSES_TEST_TIMEOUT_GAP_MS", "300", 1);
+  LocalOptions opt;
+  opt.timeout_s = 0.2;
+  std::atomic<bool> done{false};
+  std::thread guard([&] {
+    for (int i = 0; i < 1000 && !done; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!done) {
+      std::fprintf(stderr, "run_local hung: the late peer waits in the second barrier\n");
+      std::_Exit(1);
+    }
+  });
+  CHECK_THROWS_AS(run_local(2, [&](Comm& c) {
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    c.barrier();
+  }, opt), CommError);
+  done = true;
+  guard.join();
+  ::unsetenv("ULYSSES_TEST_TIMEOUT_GAP_MS");
+}
+
 TEST_CASE("a rank busy outside any collective after another failed is given up on past abandon_after_s",
           "[comm][local][failure]") {
   // Rank 0 blocks in a loop of its own (train: reading a slow --prompt-file -), which no failure
