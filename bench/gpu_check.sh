@@ -4,14 +4,16 @@
 # machine and carried over, or from the system where it has them). Within GPU_CHECK_DEADLINE
 # seconds (420 by default), in this order:
 #   1. build with real CUDA (sm_90, or GPU_CHECK_ARCH: 80 for an A100, 89 for an L40S or RTX 4090,
-#      native for the GPU here): train and the benchmarks, then the gpu tests;
-#   2. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
-#      a training step against the CPU);
-#   3. SP on one GPU: the local communicator with 2 ranks against 1 rank, and the NCCL
+#      native for the GPU here): train and the benchmarks, then the gpu tests (at most 2 minutes);
+#   2. SP on one GPU: the local communicator with 2 ranks against 1 rank, and the NCCL
 #      communicator on one rank against the local one (cheap, so before the benchmarks);
-#   4. GPT-2 124M (bf16, T = 1024) tokens/s and MFU (and one profiled step: the longest ops);
-#   5. attention forward + backward TFLOP/s against PyTorch's scaled_dot_product_attention
+#   3. GPT-2 124M (bf16, T = 1024) tokens/s and MFU (and one profiled step: the longest ops);
+#   4. attention forward + backward TFLOP/s against PyTorch's scaled_dot_product_attention
 #      (default and by backend) at T = 4K, 16K, 64K, head dims 64 and 128, causal;
+#   5. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
+#      a training step against the CPU), asynchronous as a run is (the failures again with
+#      CUDA_LAUNCH_BLOCKING, which names a faulting kernel): after the headline numbers, so
+#      that a slow test build or run cannot take their time;
 #   6. the memory-bound kernels' GB/s against a device-to-device copy, the classifier's GEMMs by
 #      chunk size; --offload's step time and device activations against --recompute alone at
 #      T = 16K; 128 query rows a block against 64; one stage of the dk/dv pass against two;
@@ -28,12 +30,16 @@ cd "$(dirname "$0")/.."
 # files, and may stop the script at its own time limit).
 LOGS=gpu_check_out
 DEADLINE=${GPU_CHECK_DEADLINE:-420}
+# (the device runner's $OUT when not told: its files are what comes back)
+GPU_CHECK_ARCHIVE=${GPU_CHECK_ARCHIVE:-${OUT:-}}
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 : > "$LOGS/table.txt"
 archive() {
   [ -n "${GPU_CHECK_ARCHIVE:-}" ] || return 0
+  # (the archive under a temporary name, then moved: a kill mid-write keeps the last whole one)
   mkdir -p "$GPU_CHECK_ARCHIVE" && cp "$LOGS/table.txt" "$GPU_CHECK_ARCHIVE/" &&
-    tar czf "$GPU_CHECK_ARCHIVE/gpu_check_logs.tgz" -C "$LOGS" . 2>/dev/null
+    tar czf "$GPU_CHECK_ARCHIVE/gpu_check_logs.tgz.tmp" -C "$LOGS" . 2>/dev/null &&
+    mv -f "$GPU_CHECK_ARCHIVE/gpu_check_logs.tgz.tmp" "$GPU_CHECK_ARCHIVE/gpu_check_logs.tgz"
 }
 # At the end, however the script ends (a failed build's exit included): the archive, and the table
 # printed last.
@@ -89,48 +95,35 @@ configure() {
   run_for 120 "$LOGS/configure.log" cmake -S . -B build-gpu ${gen[@]+"${gen[@]}"} -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$PWD/.carry" "$@"
 }
-build() { run_for 300 "$LOGS/$1.log" cmake --build build-gpu -j "$(nproc)" --target "${@:2}"; }
+build() { run_for "${BUILD_S:-300}" "$LOGS/$1.log" cmake --build build-gpu -j "$(nproc)" --target "${@:2}"; }
 note=""
+# A machine kept warm between calls keeps build-gpu/: the programs of an earlier build are removed
+# first, so that only this build's can pass the checks below (a failed rebuild once reported "ok"
+# and benchmarked the old code).
+rm -f build-gpu/train build-gpu/bench_* build-gpu/tests/test_*
 # What the table needs first; bench_kernels (optional) builds apart, so that an error there cannot
 # stop the build before the others link.
+built=1
 if ! { configure && build build train bench_gpt2_step bench_attention; }; then
+  built=0
   if cat "$LOGS/configure.log" "$LOGS/build.log" 2>/dev/null | grep -q "unsupported GNU version"; then
     rm -rf build-gpu
     note=", with -allow-unsupported-compiler (g++ $(c++ -dumpversion))"
-    configure -DCMAKE_CUDA_FLAGS=-allow-unsupported-compiler && build build train bench_gpt2_step bench_attention
+    configure -DCMAKE_CUDA_FLAGS=-allow-unsupported-compiler && build build train bench_gpt2_step bench_attention &&
+      built=1
   fi
 fi
-if [ -x build-gpu/train ] && [ -x build-gpu/bench_attention ] && [ -x build-gpu/bench_gpt2_step ]; then
+if [ "$built" = 1 ] && [ -x build-gpu/train ] && [ -x build-gpu/bench_attention ] && [ -x build-gpu/bench_gpt2_step ]; then
   row "build (nvcc, sm_$arch): train, benchmarks" "ok${note} (${SECONDS} s)"
 else
   row "build (nvcc, sm_$arch): train, benchmarks" "FAILED (see $LOGS/configure.log, $LOGS/build.log)"
   for f in "$LOGS/configure.log" "$LOGS/build.log"; do [ -f "$f" ] && tail -n 30 "$f"; done
   exit 1
 fi
-build build_tests tests_gpu; rc=$?
-if [ "$rc" -eq 0 ]; then row "build: the gpu tests" "ok (${SECONDS} s)"; else row "build: the gpu tests" "FAILED: $(why $rc "$LOGS/build_tests.log")"; fi
+BUILD_S=120 build build_tests tests_gpu; tests_built=$?
+if [ "$tests_built" -eq 0 ]; then row "build: the gpu tests" "ok (${SECONDS} s)"
+else row "build: the gpu tests" "FAILED: $(why $tests_built "$LOGS/build_tests.log")"; fi
 build build_kernels bench_kernels || row "build: bench_kernels" "FAILED (see $LOGS/build_kernels.log)"
-
-echo "== tests labelled gpu (${SECONDS} s)"
-# A minute at most per test (one that hangs costs that, not the run); four at once on the one GPU,
-# each with 4 OpenMP threads for its CPU reference (16 cores: more would spin against each other).
-if [ -x build-gpu/tests/test_attention_gpu ]; then
-  # CUDA_LAUNCH_BLOCKING: a kernel's fault is reported at its launch, naming it (ul::launch checks
-  # after each), not at some later call; these tests time nothing.
-  (cd build-gpu && CUDA_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=4 run_for 180 "../$LOGS/ctest_gpu.log" ctest -L gpu \
-    --output-on-failure --timeout 60 -j 4); rc=$?
-  summary=$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu.log" | tail -1)
-  if [ -z "$summary" ]; then  # cut off before its summary: count the tests that ended
-    summary="$(grep -c ' Passed ' "$LOGS/ctest_gpu.log") passed, $(grep -cE '\*\*\*(Failed|Timeout|Exception)' \
-      "$LOGS/ctest_gpu.log") failed before it stopped: $(why $rc "$LOGS/ctest_gpu.log")"
-  fi
-  row "ctest -L gpu" "$summary"
-  # The failures: "N/M Test #K: name ...***Failed" as each test ends (the summary's list may be cut off).
-  grep -E '\*\*\*(Failed|Timeout|Exception)' "$LOGS/ctest_gpu.log" | head -8 | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //' |
-    while read -r line; do row "  failed" "$line"; done
-else
-  row "ctest -L gpu" "skipped (the gpu tests did not build)"
-fi
 
 echo "== SP on one GPU (local communicator) (${SECONDS} s)"
 common="--device cuda --precision fp32 --steps 5 --seq 256 --batch 2 --eval-every 0 --eval-batches 1"
@@ -195,6 +188,35 @@ done < "$LOGS/attn_ours.log"
 grep -q '^cuda ' "$LOGS/attn_ours.log" || row "attention vs SDPA" "$(why $rc_ours "$LOGS/attn_ours.log")"
 grep -q ' default$' "$LOGS/attn_sdpa.log" || row "  SDPA" "no rows (see $LOGS/attn_sdpa.log)"
 
+echo "== tests labelled gpu (${SECONDS} s)"
+# A minute at most per test (one that hangs costs that, not the run); four at once on the one GPU,
+# each with 4 OpenMP threads for its CPU reference (16 cores: more would spin against each other).
+# Asynchronous, as a training run is (CUDA_LAUNCH_BLOCKING would finish every kernel before the
+# next call, and hide a copy on --offload's side stream that does not wait for the kernel making
+# its source), with the arena poisoned as CI's emulated runs are; then the failures alone again
+# with it, where a kernel's fault is reported at its launch, naming it.
+if [ "$tests_built" -eq 0 ] && [ -x build-gpu/tests/test_attention_gpu ]; then
+  (cd build-gpu && ULYSSES_POISON_ARENA=1 OMP_NUM_THREADS=4 run_for 150 "../$LOGS/ctest_gpu.log" ctest -L gpu \
+    --output-on-failure --timeout 60 -j 4); rc=$?
+  summary=$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu.log" | tail -1)
+  if [ -z "$summary" ]; then  # cut off before its summary: count the tests that ended
+    summary="$(grep -c ' Passed ' "$LOGS/ctest_gpu.log") passed, $(grep -cE '\*\*\*(Failed|Timeout|Exception)' \
+      "$LOGS/ctest_gpu.log") failed before it stopped: $(why $rc "$LOGS/ctest_gpu.log")"
+  fi
+  row "ctest -L gpu" "$summary"
+  # The failures: "N/M Test #K: name ...***Failed" as each test ends (the summary's list may be cut off).
+  grep -E '\*\*\*(Failed|Timeout|Exception)' "$LOGS/ctest_gpu.log" | head -8 | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //' |
+    while read -r line; do row "  failed" "$line"; done
+  if grep -qE '\*\*\*(Failed|Exception)' "$LOGS/ctest_gpu.log"; then
+    (cd build-gpu && CUDA_LAUNCH_BLOCKING=1 ULYSSES_POISON_ARENA=1 OMP_NUM_THREADS=4 run_for 90 \
+      "../$LOGS/ctest_gpu_blocking.log" ctest --rerun-failed --output-on-failure --timeout 60 -j 4)
+    row "  again with CUDA_LAUNCH_BLOCKING=1" \
+      "$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu_blocking.log" | tail -1) (see $LOGS/ctest_gpu_blocking.log)"
+  fi
+else
+  row "ctest -L gpu" "skipped (the gpu tests did not build)"
+fi
+
 echo "== memory-bound kernels against a device-to-device copy (GPT-2 124M shapes) (${SECONDS} s)"
 run_for 60 "$LOGS/kernels.log" ./build-gpu/bench_kernels; rc=$?
 # Lines "name ... X GB/s R" after the header; the three with the lowest ratio to the copy (not
@@ -228,7 +250,11 @@ run_for 90 "$LOGS/offload.log" ./build-gpu/train $lc --offload; rc_o=$?
 step_ms() { grep -o '| [0-9.]* ms |' "$1" | tail -1 | grep -o '[0-9.]*'; }
 act_mib() { grep -o 'act [0-9.]* MiB' "$1" | tail -1 | grep -o '[0-9.]*'; }
 ms_act() { local ms act; ms=$(step_ms "$1"); act=$(act_mib "$1"); if [ -n "$ms" ]; then echo "$ms ms, $act MiB"; else why "$2" "$1"; fi; }
-row "step ms, act MiB: recompute | + offload" "$(ms_act "$LOGS/recompute.log" $rc_r) | $(ms_act "$LOGS/offload.log" $rc_o)"
+# (and their losses, which must be the same bits: the one run of --offload's side-stream copies on
+# hardware with nothing serialised)
+lr=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/recompute.log"); lo=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/offload.log")
+verdict=""; [ -n "$lr" ] && [ -n "$lo" ] && { [ "$lr" = "$lo" ] && verdict=" | losses the same" || verdict=" | losses DIFFER"; }
+row "step ms, act MiB: recompute | + offload" "$(ms_act "$LOGS/recompute.log" $rc_r) | $(ms_act "$LOGS/offload.log" $rc_o)$verdict"
 
 echo "== attention with 128 query rows a block (forward and dq pass) against 64 (${SECONDS} s)"
 # The same kernels with twice the rows per block: each K/V tile fetched serves twice the rows (see
@@ -255,22 +281,21 @@ echo "== attention with packed 2K-token documents (tiles that share none are ski
 # Rising ids (as packing makes them: the documents' tiles found by bisection), then the same
 # documents numbered down (--falling-ids: every earlier tile's ids tested, the walk they replaced).
 run_for 60 "$LOGS/attn_docs.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 16384,65536 \
-  --dims 64 --reps 5 --doc-len 2048
+  --dims 64 --reps 5 --doc-len 2048; rc_docs=$?
 run_for 60 "$LOGS/attn_docs_walk.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 \
-  --seqs 16384,65536 --dims 64 --reps 5 --doc-len 2048 --falling-ids
-# at LOG T: the fwd+bwd ms of the D = 64 row at T in LOG, or n/a.
-at() { local v; v=$(awk -v T="$2" '$1 == "cuda" && $3 == T && $4 == 64 {print $6}' "$1" 2>/dev/null); echo "${v:-n/a}"; }
+  --seqs 16384,65536 --dims 64 --reps 5 --doc-len 2048 --falling-ids; rc_walk=$?
+# at LOG T RC: the fwd+bwd ms of the D = 64 row at T in LOG, else why there is none.
+at() { local v; v=$(awk -v T="$2" '$1 == "cuda" && $3 == T && $4 == 64 {print $6}' "$1" 2>/dev/null); echo "${v:-$(why "$3" "$1")}"; }
 for T in 16384 65536; do
   row "attention T=$((T / 1024))K D=64 fwd+bwd ms: causal | 2K docs | walked" \
-    "$(at "$LOGS/attn_ours.log" "$T") | $(at "$LOGS/attn_docs.log" "$T") | $(at "$LOGS/attn_docs_walk.log" "$T")"
+    "$(at "$LOGS/attn_ours.log" "$T" "$rc_ours") | $(at "$LOGS/attn_docs.log" "$T" $rc_docs) | $(at "$LOGS/attn_docs_walk.log" "$T" $rc_walk)"
 done
 
 echo "== attention with a 4K-token sliding window at T = 64K (tiles older than the window skipped) (${SECONDS} s)"
 run_for 60 "$LOGS/attn_window.log" ./build-gpu/bench_attention --device cuda --dtype bf16 --heads 16 --seqs 65536 \
-  --dims 64 --reps 5 --window 4096
-causal_ms=$(awk '$1 == "cuda" && $3 == 65536 && $4 == 64 {print $6}' "$LOGS/attn_ours.log")
-window_ms=$(awk '$1 == "cuda" && $3 == 65536 && $4 == 64 {print $6}' "$LOGS/attn_window.log")
-row "attention T=64K D=64 fwd+bwd ms: causal | 4K window" "${causal_ms:-n/a} | ${window_ms:-n/a}"
+  --dims 64 --reps 5 --window 4096; rc_window=$?
+row "attention T=64K D=64 fwd+bwd ms: causal | 4K window" \
+  "$(at "$LOGS/attn_ours.log" 65536 "$rc_ours") | $(at "$LOGS/attn_window.log" 65536 $rc_window)"
 
 # With time to spare: the tensor-core attention kernels under compute-sanitizer's memcheck, for
 # out-of-bounds and misaligned accesses that the tests' comparisons might not show. Some machines'
