@@ -549,6 +549,12 @@ int train_rank(const Options& o, Comm& world) {
   else if (o.profile_step > 0 && (o.profile_step <= start || o.profile_step > until))
     say("note    | --profile-step %d: this run trains steps %d to %d, so no step is profiled\n", o.profile_step,
         start + 1, until);
+  // Threads of one process share a GPU's legacy stream: one rank's two events bracket the other
+  // ranks' kernels launched between them too (the emulator gives each thread its own stream).
+  if (o.profile_step > 0 && o.comm == "local" && world.size() > 1 && tr.context().device == Device::cuda)
+    say("note    | --profile-step with %d local ranks on one GPU: they share its stream, so rank 0's times of "
+        "an op include the other ranks' kernels launched meanwhile (profile one rank for an op's own time)\n",
+        world.size());
   for (int s = start; s < until && !stopped_by; s++) {
     Heartbeat::Phase phase = beat.begin("step " + std::to_string(s + 1) + "/" + std::to_string(o.steps));
 #if ULYSSES_HAVE_CUDA

@@ -260,6 +260,13 @@ TEST_CASE("train --profile-step prints that step's GPU time per op, and no other
   CHECK(r.out.find("step     3/3", at) != std::string::npos);
   CHECK_THAT(r.out, Catch::Contains("attention_forward_mma") && Catch::Contains("adamw_update") &&
                         Catch::Contains("linear forward M=64"));
+  CHECK(r.out.find("share its stream") == std::string::npos);
+  // Local ranks on one GPU share its stream (the emulator gives each thread its own): said.
+  const ul_test::CmdResult two = ul_test::run_cmd(ul_test::train_cmd(
+      "--device cuda --ranks 2 --sp 2 --steps 1 --profile-step 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1"));
+  INFO(two.out);
+  CHECK(two.code == 0);
+  CHECK(two.out.find("note    | --profile-step with 2 local ranks on one GPU: they share its stream") != std::string::npos);
   // A stage that ends before that step profiles nothing, and says so (it said nothing).
   const std::string dir = (std::filesystem::temp_directory_path() / ("ulysses_profile_" + std::to_string(::getpid())))
                               .string();
