@@ -23,9 +23,22 @@
 namespace ul {
 namespace {
 
-void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw CommError(std::string("nccl: ") + what + ": " + ncclGetErrorString(r));
+// NCCL's own last message (ncclGetLastError, 2.13 on): "Duplicate GPU detected : rank 1 and rank 0
+// both on CUDA device ..." where the code alone says "invalid usage (run with NCCL_DEBUG=WARN for
+// details)". comm: the communicator, or nullptr for the process's last error (an init's).
+std::string nccl_error(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  if (const char* last = ncclGetLastError(comm); last && *last) s += std::string(": ") + last;
+  return s;
+}
+
+void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  std::string hint;
+  if (r == ncclInvalidUsage && std::string(what) == "init")  // the usual cause at an init
+    hint = " (the usual causes: two ranks on one GPU, where each needs its own, picked by the launcher's LOCAL_RANK "
+           "or CUDA_VISIBLE_DEVICES; or one RANK given to two processes)";
+  throw CommError(std::string("nccl: ") + what + ": " + nccl_error(r, comm) + hint);
 }
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CommError(std::string("nccl: ") + what + ": " + cuda_error_text(e));
@@ -55,8 +68,8 @@ class NcclComm : public Comm {
   NcclComm(ncclComm_t c, int device, double timeout_s)
       : Comm(Device::cuda), comm_(c), device_(device), timeout_(timeout_s),
         guard_(timeout_s, [this](const char* what) { in_call_expired(what); }) {
-    check_nccl(ncclCommUserRank(c, &rank_), "rank");
-    check_nccl(ncclCommCount(c, &size_), "size");
+    check_nccl(ncclCommUserRank(c, &rank_), "rank", c);
+    check_nccl(ncclCommCount(c, &size_), "size", c);
   }
   ~NcclComm() override {
     // Destroyed while an error unwinds the stack: abort, which does not wait for the peers (a
@@ -162,7 +175,7 @@ class NcclComm : public Comm {
     ncclComm_t sub = nullptr;
     {
       Guarded g(guard_, "split");  // collective over the parent's ranks, as the init is
-      check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "split");
+      check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "split", comm_);
     }
     if (!sub) return nullptr;
     return std::make_unique<NcclComm>(sub, device_, timeout_);
@@ -210,7 +223,7 @@ class NcclComm : public Comm {
     throw CommError("nccl: " + why);
   }
   void call(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess && r != ncclInProgress) fail(std::string(what) + ": " + ncclGetErrorString(r));
+    if (r != ncclSuccess && r != ncclInProgress) fail(std::string(what) + ": " + nccl_error(r, comm_));
   }
 
   // Waits for the enqueued collective with a deadline, watching NCCL's asynchronous errors.
@@ -225,7 +238,7 @@ class NcclComm : public Comm {
       ncclResult_t async = ncclSuccess;
       call(ncclCommGetAsyncError(comm_, &async), what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (async != ncclSuccess) fail(std::string(what) + " failed: " + ncclGetErrorString(async));
+      if (async != ncclSuccess) fail(std::string(what) + " failed: " + nccl_error(async, comm_));
       if (waited > timeout_) {
         char secs[32];
         std::snprintf(secs, sizeof secs, "%g", timeout_);

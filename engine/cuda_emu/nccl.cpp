@@ -311,6 +311,8 @@ ncclResult_t enqueue(ncclComm_t c, cudaStream_t stream, std::function<void()> bo
 
 }  // namespace
 
+const char* ncclGetLastError(ncclComm_t) { return ""; }
+
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
     case ncclSuccess: return "no error";

@@ -74,6 +74,9 @@ typedef struct ncclComm* ncclComm_t;
 typedef struct ncclConfig_v ncclConfig_t;  // only nullptr (the defaults) is taken
 
 const char* ncclGetErrorString(ncclResult_t r);
+// The last error's own message (NCCL 2.13 on): here every failure's message goes to stderr as it
+// happens, so this is "".
+const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 // Blocks until all `nranks` ranks have joined (as NCCL's does).
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
