@@ -3,6 +3,7 @@
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
 //   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 
 #include "data/prepare.h"
 #include "engine/check_state.h"
+#include "engine/checkpoint.h"
 #include "engine/float_env.h"
 #include "engine/options.h"
 #include "engine/planner.h"
@@ -49,18 +51,11 @@ static int run(const Options& o, Comm& world) {
   // The lead says what a collective waits for, at --heartbeat's period (parallel/wait_notice.h).
   std::optional<WaitNoticeScope> notice;
   if (world.rank() == 0 && !o.quiet) notice.emplace(wait_notice_period(o.heartbeat));
-  // --auto-resume read --save-dir in each process (options.cpp); rank 0's reading decides, as every
-  // resume's choice of checkpoint is rank 0's (a node's stale listing of a shared directory would
-  // otherwise start it fresh while the others resume).
-  if (o.auto_resume && world.size() > 1) {
-    int32_t resume = o.resume ? 1 : 0;
-    world.broadcast(&resume, 1, DType::i32, 0);
-    if ((resume != 0) != o.resume) {
-      Options agreed = o;
-      agreed.resume = resume != 0;
-      agreed.auto_fresh = resume == 0;
-      return train_rank(agreed, world);
-    }
+  // --auto-resume: resume or start fresh as rank 0 finds --save-dir (engine/checkpoint.h).
+  if (o.auto_resume) {
+    Options settled = o;
+    settle_auto_resume(settled, world);
+    return train_rank(settled, world);
   }
   return o.check_state.empty() ? train_rank(o, world) : check_state_rank(o, world);
 }
@@ -241,13 +236,18 @@ static int train_main(int argc, char** argv) {
     // process ends with it, as an MPI job does.
     local.abandon_after_s = o.comm_timeout;
     local.abandon = [](const std::string& why) {
-      std::fprintf(stderr, "train: error: %s\n", why.c_str());
-      std::fflush(stderr);
-      // Standard output's lines so far, unless the stuck rank holds its lock (blocked writing to a
-      // reader that stalled: a plain fflush would wait there with it).
+      // Nothing here may block: the stuck rank may be blocked writing to a reader that stalled,
+      // holding standard output's lock, and standard error may be that same pipe (`2>&1 | tee`).
+      // So both descriptors go non-blocking; standard output's lines so far are flushed where its
+      // lock is free, then the error is written; the process ends whether or not they got through.
+      for (int fd : {STDOUT_FILENO, STDERR_FILENO}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
       if (ftrylockfile(stdout) == 0) {
         fflush_unlocked(stdout);
         funlockfile(stdout);
+      }
+      const std::string line = "train: error: " + why + "\n";
+      if (::write(STDERR_FILENO, line.data(), line.size()) < 0) {
+        // (nothing more to do: the exit status still says the run failed)
       }
       std::_Exit(1);
     };

@@ -40,6 +40,7 @@
 
 namespace ul {
 
+class Comm;
 class Trainer;
 
 // One run at a time in a --save-dir: rank 0 holds an exclusive flock on DIR/.lock from start-up
@@ -76,6 +77,10 @@ int save_dir_write_error(const std::string& root);
 void agree_on_writes(Comm& world, const std::string& mine);
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
+// --auto-resume settled (a collective): rank 0 reads whether --save-dir holds a complete
+// checkpoint, every rank takes its answer, and o.resume (and o.auto_fresh) are set from it. A
+// resume's change (--change-seq, ...) on a fresh start is refused, on every rank alike.
+void settle_auto_resume(Options& o, Comm& world);
 // Every step directory under root, with whether it is complete (has COMPLETE), ascending.
 std::vector<std::pair<int, bool>> list_step_dirs(const std::string& root);
 // Removes root/step_N, COMPLETE first (a crashed save's leftover, a checkpoint past --keep); one

@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "data/dataset.h"
-#include "engine/checkpoint.h"
 #include "engine/file_io.h"
 #include "engine/hf_format.h"
 #include "engine/hf_index.h"
@@ -538,22 +537,12 @@ Options parse_options(int argc, char** argv) {
   }
   for (const char* f : {"--save-every", "--keep", "--resume", "--auto-resume", "--resume-step"})
     if (o.set_by_user(f) && o.save_dir.empty()) throw std::runtime_error(std::string(f) + " needs --save-dir");
-  if (o.auto_resume) {
-    if (o.resume || o.set_by_user("--resume-step"))
-      throw std::runtime_error(std::string("--auto-resume with ") +
-                               (o.set_by_user("--resume-step") ? "--resume-step" : "--resume") +
-                               ": give one (--auto-resume resumes from the newest checkpoint when there is one)");
-    // Every rank reads the same directory (a resume needs one all ranks see), before any flag below
-    // that depends on whether this run resumes.
-    std::error_code ec;
-    o.resume = std::filesystem::exists(o.save_dir, ec) && !complete_steps(o.save_dir).empty();
-    o.auto_fresh = !o.resume;
-    for (const char* f : {"--change-global-batch", "--change-seq", "--change-rope"})
-      if (o.auto_fresh && o.set_by_user(f))
-        throw std::runtime_error(std::string("--auto-resume: ") + o.save_dir + " holds no complete checkpoint, so this "
-                                 "run starts fresh, and " + f + " (a resume's change) has nothing to change: give it "
-                                 "to a later stage's command");
-  }
+  // --auto-resume is settled at the run's start, from rank 0's reading of --save-dir (train.cpp,
+  // settle_auto_resume): here it is a run that may resume.
+  if (o.auto_resume && (o.resume || o.set_by_user("--resume-step")))
+    throw std::runtime_error(std::string("--auto-resume with ") +
+                             (o.set_by_user("--resume-step") ? "--resume-step" : "--resume") +
+                             ": give one (--auto-resume resumes from the newest checkpoint when there is one)");
   if (o.stop_after > 0 && o.save_dir.empty())
     throw std::runtime_error("--stop-after needs --save-dir (the run goes on from its checkpoint)");
   if (o.set_by_user("--resume-step")) {
@@ -561,19 +550,19 @@ Options parse_options(int argc, char** argv) {
     positive("--resume-step", o.resume_step);
     o.resume = true;  // --resume from another checkpoint than the newest
   }
-  if (o.change_global_batch && !o.resume)
+  if (o.change_global_batch && !o.resume && !o.auto_resume)
     throw std::runtime_error("--change-global-batch lets a resume change batch x grad-accum x dp: it needs --resume or "
                              "--resume-step");
   if (o.change_seq && !o.set_by_user("--seq"))  // the default 256 would be a change nobody asked for
     throw std::runtime_error("--change-seq needs --seq: the length this resume goes on at");
-  if (o.change_seq && !o.resume)
+  if (o.change_seq && !o.resume && !o.auto_resume)
     throw std::runtime_error("--change-seq lets a resume change --seq: it needs --resume (to start another run from a "
                              "checkpoint's weights at another length: --checkpoint DIR/step_NNNNNNNN/model.bin)");
   // The flag says the RoPE may change; these say to what (a preset's default would be a change
   // nobody asked for).
   if (o.change_rope && !o.set_by_user("--rope-theta") && !o.set_by_user("--rope-scaling"))
     throw std::runtime_error("--change-rope needs --rope-theta or --rope-scaling: the RoPE this resume goes on with");
-  if (o.change_rope && !o.resume)
+  if (o.change_rope && !o.resume && !o.auto_resume)
     throw std::runtime_error("--change-rope lets a resume change --rope-theta and --rope-scaling: it needs --resume or "
                              "--resume-step (to start another run from a checkpoint's weights with another RoPE: "
                              "--checkpoint DIR/step_NNNNNNNN/model.bin with --rope-theta or --rope-scaling)");
@@ -591,9 +580,9 @@ Options parse_options(int argc, char** argv) {
     // 0 is a rollback without a skip (a job script with K as a parameter).
     if (o.skip_batches < 0) throw std::runtime_error("--skip-batches must be >= 0, got " + std::to_string(o.skip_batches));
   }
-  if (o.resume && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0
+  if ((o.resume || o.auto_resume) && o.steps == 0)  // it would evaluate the checkpoint but log it as step 0
     throw std::runtime_error(std::string(o.set_by_user("--resume-step") ? "--resume-step"
-                                         : o.auto_resume                ? "--auto-resume (a checkpoint is there)"
+                                         : o.auto_resume                ? "--auto-resume"
                                                                         : "--resume") +
                              " with --steps 0 trains nothing; to evaluate, sample or export a checkpoint: "
                              "--steps 0 --checkpoint DIR/step_NNNNNNNN/model.bin");
@@ -712,7 +701,8 @@ void apply_window_flag(const Options& o, ModelConfig& c) {
                              " layers, so no layer would attend to every earlier token");
   // And the other way: flags that exempt every layer leave the window on none (a run saved so
   // before this check resumes as it was).
-  if (o.set_by_user("--full-attention-every") && c.full_every == 1 && c.sliding_window > 0 && !o.resume)
+  if (o.set_by_user("--full-attention-every") && c.full_every == 1 && c.sliding_window > 0 && !o.resume &&
+      !o.auto_resume)
     throw std::runtime_error("--full-attention-every 1: every layer attends to every earlier token, so --sliding-window " +
                              std::to_string(c.sliding_window) + " would apply to none (leave both out for full "
                              "attention)");

@@ -64,7 +64,8 @@ struct Options {
   int stop_after = 0;
   bool resume = false;
   // --auto-resume: resume when --save-dir holds a complete checkpoint, else start fresh (one command
-  // for a job script's first start and its requeues). Parsing sets `resume` from the directory;
+  // for a job script's first start and its requeues). Settled at the run's start from rank 0's
+  // reading of the directory (settle_auto_resume, engine/checkpoint.h), which sets `resume`;
   // auto_fresh says it found none (a start-up line says so).
   bool auto_resume = false, auto_fresh = false;
   // Rolling back (README "Rolling back past a loss spike"): resume from this step's checkpoint, not

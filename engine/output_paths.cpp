@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -151,10 +152,11 @@ void check_output_paths(const Options& o) {
       if (same_file(outputs[j].second, path))
         throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");
   }
-  // A --log in another run's --save-dir (a directory holding its checkpoints or its lock) named as
-  // that run's log, or as any file already there (the other run's own --log name, whatever it was),
-  // would replace its history or append this run's records to it (and redraw its plot). A new
-  // name there (an eval's log beside the checkpoint it read) touches nothing of it.
+  // A --log in another run's --save-dir (a directory holding its checkpoints or its lock) whose
+  // log or plots (named after the log: loss_plot.h, probe_plot.h) are that run's (log.jsonl,
+  // log.svg, log_lengths.svg) or any file already there (the other run's own --log name, whatever
+  // it was) would replace its history or append this run's records to it, or redraw or remove its
+  // plots. A new name there (an eval's log beside the checkpoint it read) touches nothing of it.
   if (!o.log.empty()) {
     const fs::path dir = fs::path(o.log).parent_path().empty() ? fs::path(".") : fs::path(o.log).parent_path();
     std::error_code ec;
@@ -163,11 +165,18 @@ void check_output_paths(const Options& o) {
     if (!own && !run_dir && fs::is_directory(dir, ec))
       for (fs::directory_iterator it(dir, ec), end; !ec && it != end && !run_dir; it.increment(ec))
         run_dir = parse_step_dir(it->path().filename().string()) >= 0 && fs::is_directory(it->path(), ec);
-    const bool exists = fs::exists(o.log, ec);
-    if (run_dir && (exists || fs::path(o.log).filename() == "log.jsonl"))
-      throw std::runtime_error("--log " + o.log + " is " + (exists ? "a file" : "the log") + " of another run's --save-dir (" +
-                               dir.string() + " holds its checkpoints or lock): this run would " +
-                               (o.resume ? "add its records to" : "replace") + " it; write it elsewhere, or under a new name");
+    const std::string theirs[] = {"log.jsonl", "log.svg", "log_lengths.svg"};
+    for (const std::string& file : {o.log, plot_path_for_log(o.log), probe_plot_path_for_log(o.log)}) {
+      if (!run_dir) break;
+      const bool exists = fs::exists(file, ec);
+      const std::string name = fs::path(file).filename().string();
+      if (exists || std::find(std::begin(theirs), std::end(theirs), name) != std::end(theirs))
+        throw std::runtime_error("--log " + o.log + ": " + (file == o.log ? "it" : "its plot " + file) + " is " +
+                                 (exists ? "a file" : "a name") + " of another run's --save-dir (" + dir.string() +
+                                 " holds its checkpoints or lock): this run would " +
+                                 (file == o.log && o.resume ? "add its records to" : "replace") +
+                                 " it; write it elsewhere, or under a new name");
+    }
   }
   // What this run writes must not be what a shards: pattern matches once written: the files above
   // (not there yet, so no input of theirs matched), --save-dir and a checkpoint in it. The run

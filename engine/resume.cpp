@@ -266,4 +266,30 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   return chosen;
 }
 
+void settle_auto_resume(Options& o, Comm& world) {
+  if (!o.auto_resume) return;
+  // Rank 0's reading (a node's stale listing of a shared directory must not start it fresh while
+  // the others resume); 2 where it could not list the directory (its reason is on its own error).
+  int32_t found = 0;
+  std::string why;
+  if (world.rank() == 0) {
+    try {
+      std::error_code ec;
+      found = std::filesystem::exists(o.save_dir, ec) && !complete_steps(o.save_dir).empty() ? 1 : 0;
+    } catch (const std::exception& e) {
+      found = 2;
+      why = e.what();
+    }
+  }
+  if (world.size() > 1) world.broadcast(&found, 1, DType::i32, 0);
+  if (found == 2)
+    throw JobError("--auto-resume: " + (why.empty() ? "rank 0 could not read --save-dir " + o.save_dir : why));
+  o.resume = found == 1;
+  o.auto_fresh = !o.resume;
+  for (const char* f : {"--change-global-batch", "--change-seq", "--change-rope"})
+    if (o.auto_fresh && o.set_by_user(f))
+      throw JobError(std::string("--auto-resume: ") + o.save_dir + " holds no complete checkpoint, so this run starts "
+                     "fresh, and " + f + " (a resume's change) has nothing to change: give it to a later stage's command");
+}
+
 }  // namespace ul

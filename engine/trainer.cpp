@@ -204,15 +204,16 @@ CommStats total_sent(Grid& g) {
 HostMap hosts_of(Comm& world, const Options& o, Grid& grid) {
 #if ULYSSES_HAVE_CUDA
   if (run_device(o) == Device::cuda) {
-    // NCCL connects a communicator's peers at its first collectives (NCCL_RUNTIME_CONNECT, 2.22
-    // on), and allocates their buffers then: hundreds of MiB each on an H100, which no plan holds
-    // and which came out of the memory a tightly planned run's first step needed. Made now, each
-    // group its own collective, and the free memory measured again, before this process
-    // allocates its own buffers. (On the CPU and the local or MPI communicator, nothing to make.)
+    // NCCL's buffers (hundreds of MiB a communicator on an H100) are no plan's: the communicators
+    // connect everything at their init (comm_nccl.cpp sets NCCL_RUNTIME_CONNECT=0 unless the
+    // user set it; from 2.22 on NCCL otherwise connects each algorithm at its first use, inside
+    // step 1, out of the memory a tightly planned run needed), one collective each as a check, and
+    // the free memory is measured again before this process allocates its own buffers. (The dp
+    // group carries no collective: the gradients go over the world. On the CPU and the local or
+    // MPI communicator, nothing to make.)
     if (std::strcmp(world.backend(), "nccl") == 0) {
       float one = 1;
       world.all_reduce(&one, 1, DType::f32, ReduceOp::sum);
-      if (grid.dp_group->size() > 1) grid.dp_group->all_reduce(&one, 1, DType::f32, ReduceOp::sum);
       if (grid.sp_group->size() > 1) {
         std::vector<float> mine(size_t(grid.sp_group->size()), 1.0f), theirs(mine.size());
         grid.sp_group->all_to_all(mine.data(), theirs.data(), 1, DType::f32);

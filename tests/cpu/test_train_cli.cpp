@@ -58,9 +58,12 @@ TEST_CASE("train --log refuses another run's: in its --save-dir, or locked by a 
     before.assign(std::istreambuf_iterator<char>(f), {});
   }
   REQUIRE(!before.empty());
-  expect_refused(run + " --log " + other_log, "--log " + other_log + " is a file of another run's --save-dir (" + d +
+  expect_refused(run + " --log " + other_log, "--log " + other_log + ": it is a file of another run's --save-dir (" + d +
                                                   "/other holds its checkpoints or lock): this run would replace it; "
                                                   "write it elsewhere, or under a new name");
+  // A new log name whose plot is that run's (log -> log.svg) is refused as well.
+  expect_refused(run + " --log " + d + "/other/log", "--log " + d + "/other/log: its plot " + d + "/other/log.svg is a "
+                                                     "file of another run's --save-dir");
   { std::ofstream(d + "/other/custom.jsonl") << "{\"type\": \"step\"}\n"; }  // (that run's own --log name)
   expect_refused(run + " --steps 2 --save-dir " + d + "/mine --resume --log " + d + "/other/custom.jsonl",
                  "is a file of another run's --save-dir");
