@@ -91,13 +91,17 @@ void Heartbeat::close() {
 }
 
 void Heartbeat::print_locked(double now, bool clocked) {
+  const double previous_line = last_line_;
   last_line_ = now;
   const double total_s = (now - start_) / 1000.0;
+  // A milestone since the last line is news, said as its own line would say it (the clock wakes
+  // when at() would first print, and often comes first); only a repeated one carries its age.
+  const bool repeated = last_milestone_ <= previous_line;
   if (clocked && status_)
     std::fprintf(out_, "  ...   %s | %s | %.1f s\n", what_.c_str(), status_().c_str(), total_s);
   else if (where_.empty())
     std::fprintf(out_, "  ...   %s | %.1f s\n", what_.c_str(), total_s);
-  else if (clocked)
+  else if (clocked && repeated)
     std::fprintf(out_, "  ...   %s | %s done (%.1f s ago) | %.1f s\n", what_.c_str(), where_.c_str(),
                 (now - last_milestone_) / 1000.0, total_s);
   else

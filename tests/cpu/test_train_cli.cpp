@@ -599,10 +599,11 @@ TEST_CASE("train heartbeat: a long step says which block it reached, a short one
 }
 
 TEST_CASE("train heartbeat_clock: a long stretch between milestones still prints, naming the last one", "[cli]") {
-  // One block at T = 8192 on one thread: its attention backward runs for a while after the
+  // One block at T = 12288 on one thread: its attention backward runs for a while after the
   // classifier's milestone, with none of its own (a 64K block is minutes). The clock prints every
-  // --heartbeat seconds, the last milestone with its age, and never after the step's own line.
-  CmdResult r = run_cmd(train_cmd("--data recall --layers 1 --seq 8192 --batch 1 --steps 1 --eval-every 0 "
+  // --heartbeat seconds, the last milestone with its age once it is not news, and never after the
+  // step's own line.
+  CmdResult r = run_cmd(train_cmd("--data recall --layers 1 --seq 12288 --batch 1 --steps 1 --eval-every 0 "
                                   "--eval-batches 1 --threads 1 --heartbeat 0.1"));
   INFO(r.out);
   REQUIRE(r.code == 0);
