@@ -13,7 +13,7 @@
 #   5. the tests labelled gpu (every kernel against the CPU op on the device, cuBLASLt, mma,
 #      a training step against the CPU), asynchronous as a run is (the failures again with
 #      CUDA_LAUNCH_BLOCKING, which names a faulting kernel): after the headline numbers, so
-#      that a slow test build or run cannot take their time;
+#      that a slow test run cannot take their time (their build, before them, stops at 2 minutes);
 #   6. the memory-bound kernels' GB/s against a device-to-device copy, the classifier's GEMMs by
 #      chunk size; --offload's step time and device activations against --recompute alone at
 #      T = 16K; 128 query rows a block against 64; one stage of the dk/dv pass against two;
@@ -196,6 +196,8 @@ echo "== tests labelled gpu (${SECONDS} s)"
 # its source), with the arena poisoned as CI's emulated runs are; then the failures alone again
 # with it, where a kernel's fault is reported at its launch, naming it.
 if [ "$tests_built" -eq 0 ] && [ -x build-gpu/tests/test_attention_gpu ]; then
+  # (ctest's list of failures is this run's only when it ends: a kept build-gpu/ has the last call's)
+  rm -f build-gpu/Testing/Temporary/LastTestsFailed.log
   (cd build-gpu && ULYSSES_POISON_ARENA=1 OMP_NUM_THREADS=4 run_for 150 "../$LOGS/ctest_gpu.log" ctest -L gpu \
     --output-on-failure --timeout 60 -j 4); rc=$?
   summary=$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu.log" | tail -1)
@@ -207,7 +209,7 @@ if [ "$tests_built" -eq 0 ] && [ -x build-gpu/tests/test_attention_gpu ]; then
   # The failures: "N/M Test #K: name ...***Failed" as each test ends (the summary's list may be cut off).
   grep -E '\*\*\*(Failed|Timeout|Exception)' "$LOGS/ctest_gpu.log" | head -8 | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //' |
     while read -r line; do row "  failed" "$line"; done
-  if grep -qE '\*\*\*(Failed|Exception)' "$LOGS/ctest_gpu.log"; then
+  if grep -qE '\*\*\*(Failed|Exception)' "$LOGS/ctest_gpu.log" && [ -s build-gpu/Testing/Temporary/LastTestsFailed.log ]; then
     (cd build-gpu && CUDA_LAUNCH_BLOCKING=1 ULYSSES_POISON_ARENA=1 OMP_NUM_THREADS=4 run_for 90 \
       "../$LOGS/ctest_gpu_blocking.log" ctest --rerun-failed --output-on-failure --timeout 60 -j 4)
     row "  again with CUDA_LAUNCH_BLOCKING=1" \
@@ -245,15 +247,17 @@ row "classifier GEMMs logits/dx/dw TFLOP/s by rows" "${gemms:-n/a (see $LOGS/ker
 
 echo "== --offload against --recompute alone (gpt2-124M, bf16, T = 16384) (${SECONDS} s)"
 lc="--device cuda --model gpt2-124M --batch 1 --seq 16384 --steps 4 --eval-every 0 --eval-batches 1 --recompute --mlp-chunks 4"
-run_for 90 "$LOGS/recompute.log" ./build-gpu/train $lc; rc_r=$?
-run_for 90 "$LOGS/offload.log" ./build-gpu/train $lc --offload; rc_o=$?
+rm -f "$LOGS/recompute.jsonl" "$LOGS/offload.jsonl"
+run_for 90 "$LOGS/recompute.log" ./build-gpu/train $lc --log "$LOGS/recompute.jsonl"; rc_r=$?
+run_for 90 "$LOGS/offload.log" ./build-gpu/train $lc --offload --log "$LOGS/offload.jsonl"; rc_o=$?
 step_ms() { grep -o '| [0-9.]* ms |' "$1" | tail -1 | grep -o '[0-9.]*'; }
 act_mib() { grep -o 'act [0-9.]* MiB' "$1" | tail -1 | grep -o '[0-9.]*'; }
 ms_act() { local ms act; ms=$(step_ms "$1"); act=$(act_mib "$1"); if [ -n "$ms" ]; then echo "$ms ms, $act MiB"; else why "$2" "$1"; fi; }
-# (and their losses, which must be the same bits: the one run of --offload's side-stream copies on
-# hardware with nothing serialised)
-lr=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/recompute.log"); lo=$(grep -o 'train loss [0-9.]* -> [0-9.]*' "$LOGS/offload.log")
-verdict=""; [ -n "$lr" ] && [ -n "$lo" ] && { [ "$lr" = "$lo" ] && verdict=" | losses the same" || verdict=" | losses DIFFER"; }
+# (and every step's loss, which must be the same bits: the logs' 17 digits; the one run of
+# --offload's side-stream copies on hardware with nothing serialised)
+losses() { grep -o '"loss":[^,]*' "$1" 2>/dev/null | tr '\n' ' '; }
+lr=$(losses "$LOGS/recompute.jsonl"); lo=$(losses "$LOGS/offload.jsonl")
+verdict=""; [ -n "$lr" ] && [ -n "$lo" ] && { [ "$lr" = "$lo" ] && verdict=" | losses the same bits" || verdict=" | losses DIFFER"; }
 row "step ms, act MiB: recompute | + offload" "$(ms_act "$LOGS/recompute.log" $rc_r) | $(ms_act "$LOGS/offload.log" $rc_o)$verdict"
 
 echo "== attention with 128 query rows a block (forward and dq pass) against 64 (${SECONDS} s)"

@@ -61,7 +61,8 @@ int check_state_rank(const Options& o, Comm& world) {
     throw std::runtime_error("--check-state compares an llm.c GPT-2 checkpoint (.bin) with its debug state, and " +
                              o.checkpoint + " is " + (is_model_file(o.checkpoint) ? "one of this engine's model.bin files"
                                                                                    : "a Hugging Face checkpoint") +
-                             ": convert it first with --steps 0 --checkpoint " + o.checkpoint + " --export-llmc FILE.bin");
+                             ": a gpt2 converts with --steps 0 --checkpoint " + o.checkpoint + " --export-llmc FILE.bin (llm.c's "
+                             "format, and this check, hold gpt2 models only)");
   std::vector<float> weights;
   LlmcConfig lc = read_llmc_checkpoint(o.checkpoint, weights);
   DebugState st = read_debug_state(o.check_state, lc);

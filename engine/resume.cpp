@@ -162,12 +162,14 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   if (!resume) {
     if (newest >= 0)
       throw std::runtime_error(root + ": already holds checkpoints (newest " + step_dir_name(newest) +
-                               "); pass --resume to continue that run, or choose another --save-dir");
+                               "); pass --resume to continue that run (--auto-resume in a job script that also starts "
+                               "it), or choose another --save-dir");
     return 0;
   }
   const char* flag = resume_step >= 0 ? "--resume-step" : "--resume";
   if (newest < 0)
-    throw std::runtime_error(root + ": no complete checkpoint to resume from (" + flag + "); run without it to start fresh");
+    throw std::runtime_error(root + ": no complete checkpoint to resume from (" + flag + "); run without it to start fresh "
+                             "(--auto-resume does either, as it finds the directory)");
   // A rollback to this step was done (the record's, or an earlier one it remembers), and the runs
   // since have saved past it (step N itself may be gone since, to --keep), or, for an earlier one,
   // up to it (a later rollback moved that step_N aside: the one there now is a later save): the

@@ -28,7 +28,8 @@ namespace {
 // details)". comm: the communicator, or nullptr for the process's last error (an init's).
 std::string nccl_error(ncclResult_t r, ncclComm_t comm) {
   std::string s = ncclGetErrorString(r);
-  if (const char* last = ncclGetLastError(comm); last && *last) s += std::string(": ") + last;
+  // (one buffer for every warning of the process, never cleared: the last one, maybe not this call's)
+  if (const char* last = ncclGetLastError(comm); last && *last) s += std::string(" (NCCL's last warning: ") + last + ")";
   return s;
 }
 

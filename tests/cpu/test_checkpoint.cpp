@@ -479,7 +479,9 @@ TEST_CASE("damaged or mismatched checkpoints are refused with the file named", "
   expect_refused(resume + good.string() + " --schedule wsd", "schedule is cosine in the checkpoint but wsd in this run (--schedule)");
   expect_refused(resume + good.string() + " --steps 0", "--resume with --steps 0 trains nothing");
   expect_refused(kArgs + " --save-dir " + good.string(), "already holds checkpoints");
+  expect_refused(kArgs + " --save-dir " + good.string(), "(--auto-resume in a job script that also starts it)");
   expect_refused(resume + (d / "empty").string(), "no complete checkpoint to resume from");
+  expect_refused(resume + (d / "empty").string(), "(--auto-resume does either, as it finds the directory)");
   expect_refused(kArgs + " --resume", "--resume needs --save-dir");
 
   // Packing is part of the run: a checkpoint made with --doc-mask resumes only with it (and the

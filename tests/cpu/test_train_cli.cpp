@@ -770,7 +770,7 @@ TEST_CASE("train --check-state passes on the committed reference", "[cli][refere
     CHECK(t.code == 1);
     CHECK(t.out.find("--check-state compares an llm.c GPT-2 checkpoint (.bin) with its debug state, and " + other +
                      " is " + (other == st ? "a Hugging Face checkpoint" : "one of this engine's model.bin files") +
-                     ": convert it first with --steps 0 --checkpoint " + other +
+                     ": a gpt2 converts with --steps 0 --checkpoint " + other +
                      " --export-llmc FILE.bin") != std::string::npos);
   }
   // A NaN in the reference fails (std::max dropped it, and a damaged reference passed): one logit,
