@@ -186,23 +186,25 @@ std::string GpuInfo::describe() const {
          std::to_string(minor) + ", " + mem + ")";
 }
 
-GpuInfo cuda_gpu_at_start() {
+// The current device's record; the caller holds g_checked_mu.
+static GpuInfo& checked_device(const char* who) {
   int d = 0;
   UL_CUDA_CHECK(cudaGetDevice(&d));
-  std::lock_guard<std::mutex> lock(g_checked_mu);
   const auto it = g_checked.find(d);
-  if (it == g_checked.end()) throw std::logic_error("cuda_gpu_at_start: init_cuda_backend has not seen this device");
+  if (it == g_checked.end()) throw std::logic_error(std::string(who) + ": init_cuda_backend has not seen this device");
   return it->second;
 }
 
-void cuda_remeasure_free_memory() {
-  int d = 0;
-  UL_CUDA_CHECK(cudaGetDevice(&d));
+GpuInfo cuda_gpu_at_start() {
   std::lock_guard<std::mutex> lock(g_checked_mu);
-  const auto it = g_checked.find(d);
-  if (it == g_checked.end()) throw std::logic_error("cuda_remeasure_free_memory: init_cuda_backend has not seen this device");
+  return checked_device("cuda_gpu_at_start");
+}
+
+void cuda_remeasure_free_memory() {
+  std::lock_guard<std::mutex> lock(g_checked_mu);
+  GpuInfo& g = checked_device("cuda_remeasure_free_memory");
   size_t total = 0;
-  UL_CUDA_CHECK(cudaMemGetInfo(&it->second.free, &total));
+  UL_CUDA_CHECK(cudaMemGetInfo(&g.free, &total));
 }
 
 }  // namespace ul
