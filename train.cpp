@@ -3,7 +3,8 @@
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
 //   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
-#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -236,17 +237,22 @@ static int train_main(int argc, char** argv) {
     // process ends with it, as an MPI job does.
     local.abandon_after_s = o.comm_timeout;
     local.abandon = [](const std::string& why) {
-      // Nothing here may block: the stuck rank may be blocked writing to a reader that stalled,
-      // holding standard output's lock, and standard error may be that same pipe (`2>&1 | tee`).
-      // So both descriptors go non-blocking; standard output's lines so far are flushed where its
-      // lock is free, then the error is written; the process ends whether or not they got through.
-      for (int fd : {STDOUT_FILENO, STDERR_FILENO}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-      if (ftrylockfile(stdout) == 0) {
+      // Nothing here may block for long: the stuck rank may be blocked writing to a reader that
+      // stalled, holding standard output's lock, and standard error may be that same pipe
+      // (`2>&1 | tee`). So each write waits at most a second for room (poll; the descriptors'
+      // flags, shared with the shell and the other writers of the pipe, stay as they are), and the
+      // process ends whether or not the lines got through.
+      auto room = [](int fd) {
+        pollfd p{fd, POLLOUT, 0};
+        return ::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT);
+      };
+      if (room(STDOUT_FILENO) && ftrylockfile(stdout) == 0) {  // the lines so far (a few KiB at most)
         fflush_unlocked(stdout);
         funlockfile(stdout);
       }
       const std::string line = "train: error: " + why + "\n";
-      if (::write(STDERR_FILENO, line.data(), line.size()) < 0) {
+      // (PIPE_BUF bytes are written whole once there is room: the message, cut there)
+      if (room(STDERR_FILENO) && ::write(STDERR_FILENO, line.data(), std::min<size_t>(line.size(), PIPE_BUF)) < 0) {
         // (nothing more to do: the exit status still says the run failed)
       }
       std::_Exit(1);

@@ -94,9 +94,10 @@ void Heartbeat::print_locked(double now, bool clocked) {
   const double previous_line = last_line_;
   last_line_ = now;
   const double total_s = (now - start_) / 1000.0;
-  // A milestone since the last line is news, said as its own line would say it (the clock wakes
-  // when at() would first print, and often comes first); only a repeated one carries its age.
-  const bool repeated = last_milestone_ <= previous_line;
+  // A milestone that came since the last line, and just now (under 0.05 s: the clock wakes when
+  // at() would first print, and often comes first), is said as its own line would say it; any
+  // other carries its age (one that came mid-period is a period old by the clock's line).
+  const bool repeated = last_milestone_ <= previous_line || now - last_milestone_ >= 50.0;
   if (clocked && status_)
     std::fprintf(out_, "  ...   %s | %s | %.1f s\n", what_.c_str(), status_().c_str(), total_s);
   else if (where_.empty())

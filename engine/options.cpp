@@ -701,8 +701,7 @@ void apply_window_flag(const Options& o, ModelConfig& c) {
                              " layers, so no layer would attend to every earlier token");
   // And the other way: flags that exempt every layer leave the window on none (a run saved so
   // before this check resumes as it was).
-  if (o.set_by_user("--full-attention-every") && c.full_every == 1 && c.sliding_window > 0 && !o.resume &&
-      !o.auto_resume)
+  if (o.set_by_user("--full-attention-every") && c.full_every == 1 && c.sliding_window > 0 && !o.resume)
     throw std::runtime_error("--full-attention-every 1: every layer attends to every earlier token, so --sliding-window " +
                              std::to_string(c.sliding_window) + " would apply to none (leave both out for full "
                              "attention)");

@@ -1,5 +1,6 @@
 // Where a run starts (engine/checkpoint.h, start_from_save_dir): the save directory's scan, the
 // resume's choice of checkpoint, and a rollback's record and moves (engine/rollback_record.h).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -284,8 +285,17 @@ void settle_auto_resume(Options& o, Comm& world) {
     }
   }
   if (world.size() > 1) world.broadcast(&found, 1, DType::i32, 0);
-  if (found == 2)
-    throw JobError("--auto-resume: " + (why.empty() ? "rank 0 could not read --save-dir " + o.save_dir : why));
+  if (found == 2) {
+    // Rank 0's reason on every rank (the local communicator reports whichever rank throws first).
+    int32_t len = int32_t(std::min<size_t>(why.size(), 1024));
+    if (world.size() > 1) world.broadcast(&len, 1, DType::i32, 0);
+    std::vector<int32_t> chars(static_cast<size_t>(len));
+    for (int32_t i = 0; i < len && world.rank() == 0; i++) chars[size_t(i)] = static_cast<unsigned char>(why[size_t(i)]);
+    if (world.size() > 1 && len > 0) world.broadcast(chars.data(), chars.size(), DType::i32, 0);
+    std::string text;
+    for (int32_t c : chars) text += char(c);
+    throw JobError("--auto-resume: " + text);
+  }
   o.resume = found == 1;
   o.auto_fresh = !o.resume;
   for (const char* f : {"--change-global-batch", "--change-seq", "--change-rope"})

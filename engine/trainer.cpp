@@ -19,6 +19,7 @@
 #include "engine/export.h"
 #include "engine/file_io.h"
 #if ULYSSES_HAVE_CUDA
+#include "engine/cuda_launch.h"  // UL_CUDA_CHECK
 #include "engine/cuda_runtime.h"
 #include "engine/gemm.h"
 #endif
@@ -204,20 +205,32 @@ CommStats total_sent(Grid& g) {
 HostMap hosts_of(Comm& world, const Options& o, Grid& grid) {
 #if ULYSSES_HAVE_CUDA
   if (run_device(o) == Device::cuda) {
-    // NCCL's buffers (hundreds of MiB a communicator on an H100) are no plan's: the communicators
-    // connect everything at their init (comm_nccl.cpp sets NCCL_RUNTIME_CONNECT=0 unless the
-    // user set it; from 2.22 on NCCL otherwise connects each algorithm at its first use, inside
-    // step 1, out of the memory a tightly planned run needed), one collective each as a check, and
-    // the free memory is measured again before this process allocates its own buffers. (The dp
-    // group carries no collective: the gradients go over the world. On the CPU and the local or
-    // MPI communicator, nothing to make.)
+    // NCCL (2.22 on) connects a communicator's peers for an algorithm at its first use, and
+    // allocates their buffers then: hundreds of MiB on an H100, which no plan holds, out of the
+    // memory a tightly planned run's first step needed. So the collectives the steps run go once
+    // now, at a step's sizes (the world's all-reduce of the gradients, and ZeRO's reduce-scatter
+    // and all-gather, on a 64 MiB scratch: past where NCCL picks its large-message algorithms;
+    // the sp group's all-to-all and all-reduce), and the free memory is measured again before
+    // this process allocates its own buffers. (The dp group carries no collective: the gradients
+    // go over the world. On the CPU and the local or MPI communicator, nothing to make.)
     if (std::strcmp(world.backend(), "nccl") == 0) {
-      float one = 1;
-      world.all_reduce(&one, 1, DType::f32, ReduceOp::sum);
-      if (grid.sp_group->size() > 1) {
-        std::vector<float> mine(size_t(grid.sp_group->size()), 1.0f), theirs(mine.size());
-        grid.sp_group->all_to_all(mine.data(), theirs.data(), 1, DType::f32);
+      const size_t n = (size_t(64) << 20) / sizeof(float);
+      float* scratch = nullptr;
+      UL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), n * sizeof(float)));
+      UL_CUDA_CHECK(cudaMemset(scratch, 0, n * sizeof(float)));
+      world.all_reduce(scratch, n, DType::f32, ReduceOp::sum);
+      // (the halves apart: NCCL takes in-place only at its own offsets)
+      if (o.zero && world.size() > 1) {
+        const size_t part = n / 2 / size_t(world.size());
+        world.reduce_scatter(scratch, scratch + n / 2, part, DType::f32, ReduceOp::sum);
+        world.all_gather(scratch + n / 2, scratch, part, DType::f32);
       }
+      if (grid.sp_group->size() > 1) {
+        const size_t part = n / size_t(grid.sp_group->size());
+        grid.sp_group->all_to_all(scratch, scratch + n / 2, part / 2, DType::f32);
+        grid.sp_group->all_reduce(scratch, 1, DType::f32, ReduceOp::sum);
+      }
+      UL_CUDA_CHECK(cudaFree(scratch));
       cuda_remeasure_free_memory();
     }
     const GpuInfo g = cuda_gpu_at_start();

@@ -297,10 +297,6 @@ std::unique_ptr<Comm> make(const ncclUniqueId& id, int rank, int size, int devic
     throw CommError(std::string("nccl: NCCL_COMM_BLOCKING=") + b + " in the environment: ulysses' NCCL communicator "
                     "is blocking (its calls queue their work before they return); unset it or set it to 1");
   check_cuda(cudaSetDevice(device), "set device");
-  // Every algorithm's connections and buffers at the init (and a split's), not at each one's first
-  // use inside a step (NCCL 2.22's default): the start-up memory check then measures them
-  // (trainer.cpp). A user's own setting stays.
-  ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   ncclComm_t c = nullptr;
   {
     Watchdog deadline = init_deadline("the communicator's init", rank, size, timeout_s);

@@ -1257,6 +1257,12 @@ TEST_CASE("train --auto-resume: one command starts fresh, then resumes each requ
   r = train(two);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("continuing after step 2 of 6") != std::string::npos);
+  // A --save-dir rank 0 cannot list: its reason on every rank (the local communicator reports the
+  // first rank to throw, which was rank 1's reason-less one).
+  { std::ofstream(d / "afile") << "x"; }
+  r = train(kArgs + " --ranks 2 --save-dir " + (d / "afile").string() + " --auto-resume");
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--auto-resume: " + (d / "afile").string() + ": cannot list the save directory") != std::string::npos);
   fs::remove_all(d);
 }
 

@@ -192,6 +192,12 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
                  "the model has only 2 layers, so no layer would attend to every earlier token");
   expect_refused("--model llama --sliding-window 8 --full-attention-every 1 --steps 1",
                  "--full-attention-every 1: every layer attends to every earlier token, so --sliding-window 8 would apply to none");
+  {  // (also on --auto-resume's fresh start: only a resume of a run saved so is exempt)
+    ul_test::TempDir fresh;
+    expect_refused("--model llama --sliding-window 8 --full-attention-every 1 --steps 1 --auto-resume --save-dir " +
+                       (fresh / "run"),
+                   "--full-attention-every 1: every layer attends to every earlier token");
+  }
   expect_refused("--checkpoint m.bin --check-state s.bin --steps 3", "--steps: --check-state runs one step against its file");
   expect_refused("--checkpoint m.bin --check-state s.bin --seq 8", "--seq: --check-state takes its tokens (batch and length) from its file");
   expect_refused("--checkpoint m.bin --check-state s.bin --data passkey", "--data: --check-state takes its tokens");
