@@ -200,44 +200,50 @@ CommStats total_sent(Grid& g) {
   return s;
 }
 
+#if ULYSSES_HAVE_CUDA
+// Under --comm nccl, before the start-up memory check and after the ranks agreed on their command
+// lines (a --zero on one rank only would have them run different collectives here, which hangs).
+void warm_up_nccl(Comm& world, Grid& grid, bool zero) {
+  if (std::strcmp(world.backend(), "nccl") != 0) return;
+  // NCCL (2.22 on) connects a communicator's peers for an algorithm at its first use, and
+  // allocates their buffers then: hundreds of MiB on an H100, which no plan holds, out of the
+  // memory a tightly planned run's first step needed. So the collectives the steps run go once
+  // now, at a step's sizes (the world's all-reduce of the gradients, and ZeRO's reduce-scatter
+  // and all-gather, on a 64 MiB scratch: past where NCCL picks its large-message algorithms;
+  // the sp group's all-to-all and all-reduce), and the free memory is measured again before
+  // this process allocates its own buffers. (The dp group carries no collective: the gradients
+  // go over the world. On the CPU and the local or MPI communicator, nothing to make.)
+  const size_t n = (size_t(64) << 20) / sizeof(float);
+  float* scratch = nullptr;
+  UL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), n * sizeof(float)));
+  UL_CUDA_CHECK(cudaMemset(scratch, 0, n * sizeof(float)));
+  world.all_reduce(scratch, n, DType::f32, ReduceOp::sum);
+  // (the halves apart: NCCL takes in-place only at its own offsets)
+  if (zero && world.size() > 1) {
+    const size_t part = n / 2 / size_t(world.size());
+    world.reduce_scatter(scratch, scratch + n / 2, part, DType::f32, ReduceOp::sum);
+    world.all_gather(scratch + n / 2, scratch, part, DType::f32);
+  }
+  if (grid.sp_group->size() > 1) {
+    const size_t part = n / size_t(grid.sp_group->size());
+    grid.sp_group->all_to_all(scratch, scratch + n / 2, part / 2, DType::f32);
+    grid.sp_group->all_reduce(scratch, 1, DType::f32, ReduceOp::sum);
+  }
+  UL_CUDA_CHECK(cudaFree(scratch));
+  cuda_remeasure_free_memory();
+}
+#endif
+
 // The host map, with this process's GPU by number and by identity (GpuInfo::id): numbers repeat
 // across processes that each see one GPU (all "GPU 0"), UUIDs do not.
-HostMap hosts_of(Comm& world, const Options& o, Grid& grid) {
+HostMap hosts_of(Comm& world, const Options& o) {
 #if ULYSSES_HAVE_CUDA
   if (run_device(o) == Device::cuda) {
-    // NCCL (2.22 on) connects a communicator's peers for an algorithm at its first use, and
-    // allocates their buffers then: hundreds of MiB on an H100, which no plan holds, out of the
-    // memory a tightly planned run's first step needed. So the collectives the steps run go once
-    // now, at a step's sizes (the world's all-reduce of the gradients, and ZeRO's reduce-scatter
-    // and all-gather, on a 64 MiB scratch: past where NCCL picks its large-message algorithms;
-    // the sp group's all-to-all and all-reduce), and the free memory is measured again before
-    // this process allocates its own buffers. (The dp group carries no collective: the gradients
-    // go over the world. On the CPU and the local or MPI communicator, nothing to make.)
-    if (std::strcmp(world.backend(), "nccl") == 0) {
-      const size_t n = (size_t(64) << 20) / sizeof(float);
-      float* scratch = nullptr;
-      UL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), n * sizeof(float)));
-      UL_CUDA_CHECK(cudaMemset(scratch, 0, n * sizeof(float)));
-      world.all_reduce(scratch, n, DType::f32, ReduceOp::sum);
-      // (the halves apart: NCCL takes in-place only at its own offsets)
-      if (o.zero && world.size() > 1) {
-        const size_t part = n / 2 / size_t(world.size());
-        world.reduce_scatter(scratch, scratch + n / 2, part, DType::f32, ReduceOp::sum);
-        world.all_gather(scratch + n / 2, scratch, part, DType::f32);
-      }
-      if (grid.sp_group->size() > 1) {
-        const size_t part = n / size_t(grid.sp_group->size());
-        grid.sp_group->all_to_all(scratch, scratch + n / 2, part / 2, DType::f32);
-        grid.sp_group->all_reduce(scratch, 1, DType::f32, ReduceOp::sum);
-      }
-      UL_CUDA_CHECK(cudaFree(scratch));
-      cuda_remeasure_free_memory();
-    }
     const GpuInfo g = cuda_gpu_at_start();
     return host_map(world, g.device, g.id);
   }
 #else
-  (void)o, (void)grid;
+  (void)o;
 #endif
   return host_map(world);
 }
@@ -255,7 +261,7 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
 }
 
 Trainer::Trainer(const Options& o, Comm& world)
-    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o, grid_)), threads_(threads_for_rank(o.threads, hosts_,
+    : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_,
                                 omp_threads_per_rank(std::strcmp(world.backend(), "local") == 0 ? world.size() : 1))),
       ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_);
@@ -379,6 +385,7 @@ Trainer::Trainer(const Options& o, Comm& world)
     check_host_memory(plan, on_host, hosts_.ranks_here(), physical_memory_bytes(), load, memory_shrinks(pc));
 #if ULYSSES_HAVE_CUDA
   if (ctx_.device == Device::cuda) {
+    warm_up_nccl(world, grid_, o.zero != 0);
     const GpuInfo gpu = cuda_gpu_at_start();
     check_device_memory(plan, hosts_.sharing_gpu(), gpu.free, "GPU " + std::to_string(gpu.device) + " (" + gpu.name + ")",
                         memory_shrinks(pc), param_dtype(o) == DType::bf16, o.comm == "local" ? 1 : hosts_.sharing_gpu());
