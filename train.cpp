@@ -3,13 +3,13 @@
 //   ./build/train --help                every flag
 //   mpirun -np 4 ./build/train --comm mpi --sp 2 ...
 //   ./build/train prepare --out DIR a.txt b.txt   text files -> shards (data/prepare.h)
-#include <limits.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +18,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "data/prepare.h"
 #include "engine/check_state.h"
@@ -242,6 +243,12 @@ static int train_main(int argc, char** argv) {
       // (`2>&1 | tee`). So each write waits at most a second for room (poll; the descriptors'
       // flags, shared with the shell and the other writers of the pipe, stay as they are), and the
       // process ends whether or not the lines got through.
+      // And a last bound: room seen by poll can be taken by another writer before this one's
+      // write (the stuck rank's heartbeat, another process on the pipe), which would then block.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(4));
+        std::_Exit(1);
+      }).detach();
       auto room = [](int fd) {
         pollfd p{fd, POLLOUT, 0};
         return ::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT);
@@ -251,8 +258,7 @@ static int train_main(int argc, char** argv) {
         funlockfile(stdout);
       }
       const std::string line = "train: error: " + why + "\n";
-      // (PIPE_BUF bytes are written whole once there is room: the message, cut there)
-      if (room(STDERR_FILENO) && ::write(STDERR_FILENO, line.data(), std::min<size_t>(line.size(), PIPE_BUF)) < 0) {
+      if (room(STDERR_FILENO) && ::write(STDERR_FILENO, line.data(), line.size()) < 0) {
         // (nothing more to do: the exit status still says the run failed)
       }
       std::_Exit(1);

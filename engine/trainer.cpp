@@ -208,26 +208,48 @@ void warm_up_nccl(Comm& world, Grid& grid, bool zero) {
   // NCCL (2.22 on) connects a communicator's peers for an algorithm at its first use, and
   // allocates their buffers then: hundreds of MiB on an H100, which no plan holds, out of the
   // memory a tightly planned run's first step needed. So the collectives the steps run go once
-  // now, at a step's sizes (the world's all-reduce of the gradients, and ZeRO's reduce-scatter
+  // now, at a step's sizes (the world's all-reduce of the gradients, or ZeRO's reduce-scatter
   // and all-gather, on a 64 MiB scratch: past where NCCL picks its large-message algorithms;
   // the sp group's all-to-all and all-reduce), and the free memory is measured again before
   // this process allocates its own buffers. (The dp group carries no collective: the gradients
   // go over the world. On the CPU and the local or MPI communicator, nothing to make.)
   const size_t n = (size_t(64) << 20) / sizeof(float);
+  const GpuInfo gpu = cuda_gpu_at_start();
   float* scratch = nullptr;
-  UL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), n * sizeof(float)));
-  UL_CUDA_CHECK(cudaMemset(scratch, 0, n * sizeof(float)));
-  world.all_reduce(scratch, n, DType::f32, ReduceOp::sum);
-  // (the halves apart: NCCL takes in-place only at its own offsets)
-  if (zero && world.size() > 1) {
-    const size_t part = n / 2 / size_t(world.size());
-    world.reduce_scatter(scratch, scratch + n / 2, part, DType::f32, ReduceOp::sum);
-    world.all_gather(scratch + n / 2, scratch, part, DType::f32);
+  if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch), n * sizeof(float)); e != cudaSuccess) {
+    cudaGetLastError();  // (not sticky: cleared)
+    throw std::runtime_error("--comm nccl: the 64 MiB scratch of NCCL's first collectives, run before the memory "
+                             "check, could not be allocated (" + std::string(cudaGetErrorString(e)) + "): GPU " +
+                             std::to_string(gpu.device) + " (" + gpu.name + ") had " + std::to_string(gpu.free >> 20) +
+                             " MiB free when the run started; they need that and NCCL's own buffers (hundreds of "
+                             "MiB): free the GPU, give this rank one of its own, or lift a process limit (ulimit -v)");
   }
-  if (grid.sp_group->size() > 1) {
-    const size_t part = n / size_t(grid.sp_group->size());
-    grid.sp_group->all_to_all(scratch, scratch + n / 2, part / 2, DType::f32);
-    grid.sp_group->all_reduce(scratch, 1, DType::f32, ReduceOp::sum);
+  try {
+    UL_CUDA_CHECK(cudaMemset(scratch, 0, n * sizeof(float)));
+    // The world's large collectives as a step runs them: the gradients' all-reduce, or under
+    // ZeRO their reduce-scatter and the weights' all-gather (the halves apart: NCCL takes
+    // in-place only at its own offsets) beside an all-reduce of a few elements.
+    if (zero && world.size() > 1) {
+      const size_t part = n / 2 / size_t(world.size());
+      world.reduce_scatter(scratch, scratch + n / 2, part, DType::f32, ReduceOp::sum);
+      world.all_gather(scratch + n / 2, scratch, part, DType::f32);
+      world.all_reduce(scratch, 1, DType::f32, ReduceOp::sum);
+    } else {
+      world.all_reduce(scratch, n, DType::f32, ReduceOp::sum);
+    }
+    if (grid.sp_group->size() > 1) {
+      const size_t part = n / size_t(grid.sp_group->size());
+      grid.sp_group->all_to_all(scratch, scratch + n / 2, part / 2, DType::f32);
+      grid.sp_group->all_reduce(scratch, 1, DType::f32, ReduceOp::sum);
+    }
+  } catch (const CommError& e) {
+    cudaFree(scratch);
+    throw CommError(std::string(e.what()) + " (in the NCCL warm-up before the memory check: GPU " +
+                    std::to_string(gpu.device) + " had " + std::to_string(gpu.free >> 20) +
+                    " MiB free at the start; NCCL's buffers may not have fit)");
+  } catch (...) {
+    cudaFree(scratch);
+    throw;
   }
   UL_CUDA_CHECK(cudaFree(scratch));
   cuda_remeasure_free_memory();
