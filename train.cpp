@@ -49,6 +49,35 @@ static const char* kOutOfMemory =
     "out of host memory: an allocation failed (the machine's memory, a cgroup's limit, or a process limit such as "
     "`ulimit -v` or a scheduler's h_vmem, which the start-up checks do not count)";
 
+// --comm local: a rank is still running --comm-timeout after another failed, outside any collective
+// (run_local's abandon): the error, then the end of the process.
+[[noreturn]] static void exit_abandoned(const std::string& why) {
+  // Nothing here may block for long: the stuck rank may be blocked writing to a reader that
+  // stalled, holding standard output's lock, and standard error may be that same pipe
+  // (`2>&1 | tee`). So each write waits at most a second for room (poll; the descriptors'
+  // flags, shared with the shell and the other writers of the pipe, stay as they are), and the
+  // process ends whether or not the lines got through.
+  // And a last bound: room seen by poll can be taken by another writer before this one's
+  // write (the stuck rank's heartbeat, another process on the pipe), which would then block.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    std::_Exit(1);
+  }).detach();
+  auto room = [](int fd) {
+    pollfd p{fd, POLLOUT, 0};
+    return ::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT);
+  };
+  if (room(STDOUT_FILENO) && ftrylockfile(stdout) == 0) {  // the lines so far (a few KiB at most)
+    fflush_unlocked(stdout);
+    funlockfile(stdout);
+  }
+  const std::string line = "train: error: " + why + "\n";
+  if (room(STDERR_FILENO) && ::write(STDERR_FILENO, line.data(), line.size()) < 0) {
+    // (nothing more to do: the exit status still says the run failed)
+  }
+  std::_Exit(1);
+}
+
 static int run(const Options& o, Comm& world) {
   // The lead says what a collective waits for, at --heartbeat's period (parallel/wait_notice.h).
   std::optional<WaitNoticeScope> notice;
@@ -237,32 +266,7 @@ static int train_main(int argc, char** argv) {
     // alive, silent, long after its peers had failed: --comm-timeout after the first failure, the
     // process ends with it, as an MPI job does.
     local.abandon_after_s = o.comm_timeout;
-    local.abandon = [](const std::string& why) {
-      // Nothing here may block for long: the stuck rank may be blocked writing to a reader that
-      // stalled, holding standard output's lock, and standard error may be that same pipe
-      // (`2>&1 | tee`). So each write waits at most a second for room (poll; the descriptors'
-      // flags, shared with the shell and the other writers of the pipe, stay as they are), and the
-      // process ends whether or not the lines got through.
-      // And a last bound: room seen by poll can be taken by another writer before this one's
-      // write (the stuck rank's heartbeat, another process on the pipe), which would then block.
-      std::thread([] {
-        std::this_thread::sleep_for(std::chrono::seconds(4));
-        std::_Exit(1);
-      }).detach();
-      auto room = [](int fd) {
-        pollfd p{fd, POLLOUT, 0};
-        return ::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT);
-      };
-      if (room(STDOUT_FILENO) && ftrylockfile(stdout) == 0) {  // the lines so far (a few KiB at most)
-        fflush_unlocked(stdout);
-        funlockfile(stdout);
-      }
-      const std::string line = "train: error: " + why + "\n";
-      if (room(STDERR_FILENO) && ::write(STDERR_FILENO, line.data(), line.size()) < 0) {
-        // (nothing more to do: the exit status still says the run failed)
-      }
-      std::_Exit(1);
-    };
+    local.abandon = exit_abandoned;
     int code = 0;
     run_local(o.ranks, [&](Comm& world) {
       int c = run(o, world);

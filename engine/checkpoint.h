@@ -78,7 +78,7 @@ void agree_on_writes(Comm& world, const std::string& mine);
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 // --auto-resume settled (a collective): rank 0 reads whether --save-dir holds a complete
-// checkpoint, every rank takes its answer, and o.resume (and o.auto_fresh) are set from it. A
+// checkpoint, every rank takes its answer, and o.resume is set from it. A
 // resume's change (--change-seq, ...) on a fresh start is refused, on every rank alike.
 void settle_auto_resume(Options& o, Comm& world);
 // Every step directory under root, with whether it is complete (has COMPLETE), ascending.

@@ -150,6 +150,13 @@ namespace {
 std::atomic<uint64_t> g_written{0}, g_read{0};
 }  // namespace
 
+std::string bytes_text(double b) {
+  char t[48];
+  const bool gib = b >= double(1 << 30);
+  std::snprintf(t, sizeof t, gib ? "%.2f GiB" : "%.1f MiB", b / double(gib ? 1 << 30 : 1 << 20));
+  return t;
+}
+
 uint64_t io_bytes_written() { return g_written.load(std::memory_order_relaxed); }
 uint64_t io_bytes_read() { return g_read.load(std::memory_order_relaxed); }
 void count_io_written(uint64_t bytes) { g_written.fetch_add(bytes, std::memory_order_relaxed); }

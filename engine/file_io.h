@@ -89,6 +89,8 @@ std::string float_text(float v);
 // checkpoint payloads, since it started: the heartbeat's clock names them during a long save,
 // export or resume load ("3.20 GiB written"). Every thread's count, --comm local's ranks' summed.
 uint64_t io_bytes_written();
+// "3.20 GiB" from 1 GiB on, else "812.0 MiB": a size in a progress line or a note.
+std::string bytes_text(double bytes);
 uint64_t io_bytes_read();
 void count_io_written(uint64_t bytes);
 void count_io_read(uint64_t bytes);

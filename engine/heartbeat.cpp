@@ -16,22 +16,14 @@ double clock_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// "3.20 GiB", "812.0 MiB"
-std::string bytes_text(uint64_t b) {
-  char t[48];
-  if (b >= (uint64_t(1) << 30)) std::snprintf(t, sizeof t, "%.2f GiB", double(b) / double(1 << 30));
-  else std::snprintf(t, sizeof t, "%.1f MiB", double(b) / double(1 << 20));
-  return t;
-}
-
 }  // namespace
 
 std::function<std::string()> Heartbeat::bytes_written_from_now() {
-  return [base = io_bytes_written()] { return bytes_text(io_bytes_written() - base) + " written"; };
+  return [base = io_bytes_written()] { return bytes_text(double(io_bytes_written() - base)) + " written"; };
 }
 
 std::function<std::string()> Heartbeat::bytes_read_from_now() {
-  return [base = io_bytes_read()] { return bytes_text(io_bytes_read() - base) + " read"; };
+  return [base = io_bytes_read()] { return bytes_text(double(io_bytes_read() - base)) + " read"; };
 }
 
 // (at most 1e7 s, as wait_notice_period: a deadline in nanoseconds past 9e9 s overflows into the

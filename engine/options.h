@@ -65,9 +65,8 @@ struct Options {
   bool resume = false;
   // --auto-resume: resume when --save-dir holds a complete checkpoint, else start fresh (one command
   // for a job script's first start and its requeues). Settled at the run's start from rank 0's
-  // reading of the directory (settle_auto_resume, engine/checkpoint.h), which sets `resume`;
-  // auto_fresh says it found none (a start-up line says so).
-  bool auto_resume = false, auto_fresh = false;
+  // reading of the directory (settle_auto_resume, engine/checkpoint.h), which sets `resume`.
+  bool auto_resume = false;
   // Rolling back (README "Rolling back past a loss spike"): resume from this step's checkpoint, not
   // the newest (-1: the newest; the newer ones are moved aside), and move the data skip_batches
   // steps' sequences ahead (K x G sequences trained on by no step).

@@ -15,6 +15,7 @@
 #include "engine/ranks_agree.h"
 #include "engine/rollback_record.h"
 #include "engine/trainer.h"
+#include "parallel/data_parallel.h"
 
 namespace ul {
 
@@ -285,21 +286,11 @@ void settle_auto_resume(Options& o, Comm& world) {
     }
   }
   if (world.size() > 1) world.broadcast(&found, 1, DType::i32, 0);
-  if (found == 2) {
-    // Rank 0's reason on every rank (the local communicator reports whichever rank throws first).
-    int32_t len = int32_t(std::min<size_t>(why.size(), 1024));
-    if (world.size() > 1) world.broadcast(&len, 1, DType::i32, 0);
-    std::vector<int32_t> chars(static_cast<size_t>(len));
-    for (int32_t i = 0; i < len && world.rank() == 0; i++) chars[size_t(i)] = static_cast<unsigned char>(why[size_t(i)]);
-    if (world.size() > 1 && len > 0) world.broadcast(chars.data(), chars.size(), DType::i32, 0);
-    std::string text;
-    for (int32_t c : chars) text += char(c);
-    throw JobError("--auto-resume: " + text);
-  }
+  if (found == 2)  // rank 0's reason on every rank (the local communicator reports whichever throws first)
+    throw JobError("--auto-resume: " + broadcast_text(world, why, 0));
   o.resume = found == 1;
-  o.auto_fresh = !o.resume;
   for (const char* f : {"--change-global-batch", "--change-seq", "--change-rope"})
-    if (o.auto_fresh && o.set_by_user(f))
+    if (!o.resume && o.set_by_user(f))
       throw JobError(std::string("--auto-resume: ") + o.save_dir + " holds no complete checkpoint, so this run starts "
                      "fresh, and " + f + " (a resume's change) has nothing to change: give it to a later stage's command");
 }

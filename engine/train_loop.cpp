@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_files.h"
 #include "engine/export.h"
+#include "engine/file_io.h"
 #include "engine/heartbeat.h"
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
@@ -301,19 +302,13 @@ int train_rank(const Options& o, Comm& world) {
       std::error_code ec;
       double free_bytes = double(std::filesystem::space(o.save_dir, ec).available);
       if (const char* t = std::getenv("ULYSSES_TEST_FREE_BYTES")) free_bytes = std::atof(t), ec.clear();  // TEST HOOK
-      auto size = [](double b) {
-        char t[32];
-        std::snprintf(t, sizeof t, b >= double(1 << 30) ? "%.2f GiB" : "%.1f MiB",
-                      b / double(b >= double(1 << 30) ? 1 << 30 : 1 << 20));
-        return std::string(t);
-      };
       if (!ec && free_bytes < need)
         say("note    | --save-dir %s: its filesystem has %s free, a checkpoint of this model needs about %s (12 "
             "bytes a parameter): the save at step %s fails unless space is freed first\n", o.save_dir.c_str(),
-            size(free_bytes).c_str(), size(need).c_str(), first_save.c_str());
+            bytes_text(free_bytes).c_str(), bytes_text(need).c_str(), first_save.c_str());
     }
   }
-  if (o.auto_fresh)
+  if (o.auto_resume && !o.resume)  // (settled: none found)
     say("resume  | --auto-resume: %s holds no complete checkpoint: starting a fresh run\n", o.save_dir.c_str());
   if (o.resume && !notes.stage_done && start < stage_end)
     say("resume  | %s/%s: continuing after step %d of %d\n", o.save_dir.c_str(), step_dir_name(start).c_str(), start,

@@ -343,7 +343,7 @@ void run_local(int n, const std::function<void(Comm&)>& body, const LocalOptions
   std::string first_what;
   std::chrono::steady_clock::time_point first_at;
   std::vector<char> returned(size_t(n), 0);
-  int left = n;
+  auto all_returned = [&] { return std::count(returned.begin(), returned.end(), 1) == n; };
   auto failed = [&](int r, const std::string& what) {  // record the first exception, then wake everyone
     std::unique_lock<std::mutex> lk(mu);
     if (!first) {
@@ -369,7 +369,6 @@ void run_local(int n, const std::function<void(Comm&)>& body, const LocalOptions
       }
       std::lock_guard<std::mutex> lk(mu);
       returned[size_t(r)] = 1;
-      left--;
       cv.notify_all();
     });
   if (opt.abandon) {
@@ -379,8 +378,8 @@ void run_local(int n, const std::function<void(Comm&)>& body, const LocalOptions
     std::unique_lock<std::mutex> lk(mu);
     const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(std::min(opt.abandon_after_s, 1e7)));
-    cv.wait(lk, [&] { return left == 0 || first; });
-    if (left > 0 && !cv.wait_until(lk, first_at + grace, [&] { return left == 0; })) {
+    cv.wait(lk, [&] { return all_returned() || first; });
+    if (!all_returned() && !cv.wait_until(lk, first_at + grace, all_returned)) {
       std::string running;
       for (int r = 0; r < n; r++)
         if (!returned[size_t(r)]) running += (running.empty() ? "" : " ") + std::to_string(r);

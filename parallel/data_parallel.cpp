@@ -26,20 +26,25 @@ int64_t global_count(Comm& world, int64_t local, const std::string& local_error)
     if (v >= double(kExact)) throw std::runtime_error("global_count: the global count exceeds 2^53");
     return int64_t(v);
   }
-  // Some rank failed: which (the highest), then its message, sent as ints (the dtypes have no bytes).
+  // Some rank failed: which (the highest), then its message.
   int32_t who = local_error.empty() ? -1 : world.rank();
   world.all_reduce(&who, 1, DType::i32, ReduceOp::max);
-  size_t keep = std::min<size_t>(local_error.size(), 4096);
-  while (keep < local_error.size() && keep > 0 && (static_cast<unsigned char>(local_error[keep]) & 0xc0) == 0x80)
-    keep--;  // not inside a UTF-8 character: the message goes into the log's JSON
-  int32_t len = who == world.rank() ? int32_t(keep) : 0;
-  world.broadcast(&len, 1, DType::i32, who);
-  std::vector<int32_t> chars(size_t(len), 0);
-  if (who == world.rank())
-    for (int32_t i = 0; i < len; i++) chars[size_t(i)] = static_cast<unsigned char>(local_error[size_t(i)]);
-  if (len > 0) world.broadcast(chars.data(), size_t(len), DType::i32, who);
-  std::string message(chars.begin(), chars.end());
+  const std::string message = broadcast_text(world, local_error, who);
   throw JobError(world.size() == 1 ? message : "rank " + std::to_string(who) + ": " + message);
+}
+
+std::string broadcast_text(Comm& world, const std::string& text, int root) {
+  const bool mine = world.rank() == root;
+  size_t keep = mine ? std::min<size_t>(text.size(), 4096) : 0;
+  while (mine && keep < text.size() && keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xc0) == 0x80)
+    keep--;  // not inside a UTF-8 character
+  int32_t len = int32_t(keep);
+  if (world.size() > 1) world.broadcast(&len, 1, DType::i32, root);
+  std::vector<int32_t> chars(static_cast<size_t>(len), 0);
+  if (mine)
+    for (int32_t i = 0; i < len; i++) chars[size_t(i)] = static_cast<unsigned char>(text[size_t(i)]);
+  if (world.size() > 1 && len > 0) world.broadcast(chars.data(), chars.size(), DType::i32, root);
+  return std::string(chars.begin(), chars.end());
 }
 
 }  // namespace ul

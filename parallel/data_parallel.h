@@ -23,4 +23,9 @@ int64_t global_count(Comm& world, int64_t local);
 // more when no rank fails: a failure rides the count's all-reduce as a NaN.
 int64_t global_count(Comm& world, int64_t local, const std::string& local_error);
 
+// Rank `root`'s text on every rank (a collective; the others' `text` is not read), cut to 4096
+// bytes at a UTF-8 character's start (a rank's error message, which goes into the log's JSON).
+// Sent as ints: the dtypes have no bytes.
+std::string broadcast_text(Comm& world, const std::string& text, int root);
+
 }  // namespace ul
