@@ -456,11 +456,12 @@ std::string RunLayout::str() const {
   return "dp " + std::to_string(dp) + " x sp " + std::to_string(sp) + ", batch " + std::to_string(batch) +
          ", grad-accum " + std::to_string(grad_accum) + (zero > 0 ? ", --zero " + std::to_string(zero) : "") +
          (mlp_chunks > 1 ? ", --mlp-chunks " + std::to_string(mlp_chunks) : "") +
-         (!device.empty() && device != "cpu" ? ", --device " + device : "");
+         (!device.empty() && device != "cpu" ? ", --device " + device : "") +
+         (!comm.empty() && comm != "local" ? ", --comm " + comm : "");
 }
 
 RunLayout run_layout(const Options& o, const Grid& g) {
-  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq, o.device, o.steps};
+  return {o.batch, o.grad_accum, g.dp, g.sp, o.zero, o.mlp_chunks, o.seq, o.device, o.steps, o.comm};
 }
 
 void write_rank_file(const std::string& path, int step, int64_t next_sequence, int rank, const Grid& g,
@@ -477,7 +478,7 @@ void write_rank_file(const std::string& path, int step, int64_t next_sequence, i
   // Where it is the step's own place, the field an older build reads too (it then resumes it).
   if (next_sequence == int64_t(step) * layout.sequences_per_step()) j.add("data_position", step);
   j.add("batch", layout.batch).add("grad_accum", layout.grad_accum).add("dp", layout.dp).add("sp", layout.sp);
-  j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks).add("device", layout.device);
+  j.add("zero", layout.zero).add("mlp_chunks", layout.mlp_chunks).add("device", layout.device).add("comm", layout.comm);
   j.add("steps", layout.steps);
   // A number this save draws, to tell it from another save of the same step with the same bytes
   // (a rollback without a skip): DIR/rollback.json names checkpoints by it (engine/rollback_record.h).
@@ -709,7 +710,10 @@ RunLayout check_rank_file(const std::string& path, int step, const std::vector<R
   }
   RunLayout saved{count("batch"), count("grad_accum"), count("dp"), count("sp"),
                   count("zero", 0, true), count("mlp_chunks", 1, true), count("seq"),
-                  have.count("device") ? have.at("device") : std::string()};
+                  have.count("device") ? have.at("device") : std::string(), -1,
+                  have.count("comm") ? field("comm") : std::string()};
+  if (!saved.comm.empty() && saved.comm != "local" && saved.comm != "mpi" && saved.comm != "nccl")
+    throw file_error(path, "comm is '" + saved.comm + "'");
   if (have.count("steps")) {  // any --steps (an int), not count()'s 2^30
     const std::optional<int64_t> x = parse_decimal(field("steps"), 0, INT_MAX);
     if (!x) throw file_error(path, "steps is '" + field("steps") + "'");

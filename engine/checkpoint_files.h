@@ -119,19 +119,29 @@ struct RunLayout {
   // --steps of the run that saved: the schedule's length, which a resume may change (-1: a
   // checkpoint from before it). Not part of the spread.
   int steps = -1;
+  // --comm: on 3+ ranks another backend's collectives add the ranks in another order (local: rank
+  // order; MPI and NCCL: their algorithm's) ("": a checkpoint from before it)
+  std::string comm;
   int64_t sequences_per_step() const { return int64_t(batch) * grad_accum * dp; }
   // The same spread of sequences over ranks (each rank's file then describes its place).
   bool operator==(const RunLayout& o) const {
     return batch == o.batch && grad_accum == o.grad_accum && dp == o.dp && sp == o.sp;
   }
-  // The same spread and the same sums: a resume continues bit-exactly. zero_sums_alike: --zero
-  // changes no sum on this world (--comm local, or at most 2 processes; trainer.cpp's norm).
-  bool same_sums(const RunLayout& o, bool zero_sums_alike) const {
+  // The same spread and the same sums: a resume continues bit-exactly. On at most 2 ranks every
+  // backend adds them alike (a + b = b + a); on more, --comm local adds them in rank order whether
+  // it all-reduces or reduce-scatters (--zero changes no sum: trainer.cpp's norm), MPI and NCCL in
+  // their algorithm's order, which may differ between the two.
+  bool same_sums(const RunLayout& o) const {
     auto same = [](int a, int b) { return a < 0 || b < 0 || a == b; };
+    auto same_text = [](const std::string& a, const std::string& b) { return a.empty() || b.empty() || a == b; };
+    const bool few = int64_t(dp) * sp <= 2;
+    auto rank_order = [&](const std::string& c) { return few || c == "local"; };
+    const bool zero_sums_alike = rank_order(comm.empty() ? o.comm : comm) && rank_order(o.comm.empty() ? comm : o.comm);
     return *this == o && (zero_sums_alike || same(zero, o.zero)) && same(mlp_chunks, o.mlp_chunks) &&
-           (device.empty() || o.device.empty() || device == o.device);
+           same_text(device, o.device) && (few || same_text(comm, o.comm));
   }
-  // "dp 2 x sp 1, batch 8, grad-accum 1" (+ ", --zero 1", ", --mlp-chunks 4", ", --device cuda")
+  // "dp 2 x sp 1, batch 8, grad-accum 1" (+ ", --zero 1", ", --mlp-chunks 4", ", --device cuda",
+  // ", --comm mpi")
   std::string str() const;
 };
 RunLayout run_layout(const Options& o, const Grid& g);

@@ -336,7 +336,7 @@ int train_rank(const Options& o, Comm& world) {
     say("resume  | another global batch: saved at %lld sequences a step (%s), now %lld (%s): the data goes on from "
         "sequence %lld (not the run never stopped)\n", (long long)G_saved, saved.str().c_str(), (long long)G,
         spread.str().c_str(), (long long)(tr.next_sequence() - int64_t(skipped) * G));
-  else if (!saved.same_sums(spread, o.comm == "local" || world.size() <= 2))
+  else if (!saved.same_sums(spread))
     say("resume  | another layout: saved at %s; now %s: the same %lld sequences a step, summed in another order "
         "(not bit-exact)\n", saved.str().c_str(), spread.str().c_str(), (long long)G);
   else if (o.change_global_batch && !notes.stage_done)

@@ -267,6 +267,29 @@ TEST_CASE("a resume on another layout follows the run never stopped", "[checkpoi
   fs::remove_all(d);
 }
 
+TEST_CASE("which layout changes keep a resume's sums: --zero and --comm matter on 3+ ranks of MPI or NCCL", "[checkpoint]") {
+  // {batch, grad_accum, dp, sp, zero, mlp_chunks, seq, device, steps, comm}
+  auto at = [](int dp, int zero, const std::string& comm) { return ul::RunLayout{2, 1, dp, 1, zero, 1, 64, "cpu", 8, comm}; };
+  // At most 2 ranks every backend adds alike (a + b = b + a): --zero and --comm change nothing.
+  CHECK(at(2, 1, "mpi").same_sums(at(2, 0, "local")));
+  CHECK(at(2, 0, "nccl").same_sums(at(2, 1, "mpi")));
+  // On 3+ the local communicator adds in rank order either way: --zero changes nothing there.
+  CHECK(at(3, 1, "local").same_sums(at(3, 0, "local")));
+  // MPI's reduce-scatter and all-reduce may add in other orders than each other, and than local's.
+  CHECK_FALSE(at(3, 1, "mpi").same_sums(at(3, 0, "mpi")));
+  CHECK_FALSE(at(3, 1, "mpi").same_sums(at(3, 0, "local")));
+  CHECK_FALSE(at(3, 0, "local").same_sums(at(3, 1, "mpi")));
+  CHECK_FALSE(at(4, 0, "mpi").same_sums(at(4, 0, "local")));
+  CHECK_FALSE(at(4, 0, "nccl").same_sums(at(4, 0, "mpi")));
+  CHECK(at(4, 1, "mpi").same_sums(at(4, 1, "mpi")));
+  // A checkpoint from before --comm was recorded is taken as this run's backend.
+  CHECK(at(3, 0, "").same_sums(at(3, 0, "mpi")));
+  CHECK(at(3, 1, "").same_sums(at(3, 0, "local")));
+  CHECK_FALSE(at(3, 1, "").same_sums(at(3, 0, "mpi")));
+  CHECK(at(3, 0, "mpi").str() == "dp 3 x sp 1, batch 2, grad-accum 1, --comm mpi");
+  CHECK(at(3, 0, "local").str() == "dp 3 x sp 1, batch 2, grad-accum 1");
+}
+
 TEST_CASE("a crash in the middle of a save leaves the previous checkpoint loadable", "[checkpoint]") {
   fs::path d = fresh_dir("crash"), dir = d / "run";
   const std::string args = kArgs + " --save-every 3 --save-dir " + dir.string();
