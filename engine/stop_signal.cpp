@@ -20,9 +20,11 @@ namespace {
 std::atomic<int> g_signal{0};           // lock-free: safe to store from a handler
 std::atomic<long long> g_first_ms{0};  // when the first came (CLOCK_MONOTONIC)
 std::atomic<int> g_count{0};           // signals received (the test hold "save" waits for a second)
+std::atomic<bool> g_multi_process{false};  // in_multi_process_job()
 std::atomic<int> g_phase{0};  // what the first signal's line says: 0 start-up, 1 training, 2 final, 3 outputs
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
+static_assert(std::atomic<bool>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
 // SIGHUP: the terminal closed (an ssh session lost). SIGPIPE: the reader of train's output is gone
 // (`train | tee log` after Ctrl-C reached tee first, `train | head`): by default it ended the run
@@ -74,7 +76,11 @@ void on_signal_locked(int sig) {
         : phase == 3 ? ": the run is ending: what it writes now (plots, exports, the sample) finishes first, then it stops"
                      : ": stopping once start-up is done, before any step");
     // (where SIGINT is left ignored, a Ctrl-C cannot end it: then SIGKILL is the way)
-    say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now\n" : "; Ctrl-C again to stop now\n");
+    say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now" : "; Ctrl-C again to stop now");
+    if (sig == SIGTERM && g_multi_process.load())
+      say(" (a launcher also sends SIGTERM to end the job when another process failed: then that process's "
+          "error says why)");
+    say("\n");
     return;
   }
   // A SIGPIPE again is the next line to the same closed pipe (this handler's own, when stderr is
@@ -153,6 +159,7 @@ void guard_process() {
 
 int stop_signal() { return g_signal.load(); }
 
+void in_multi_process_job() { g_multi_process.store(true); }
 void started_training() { g_phase.store(1); }
 void started_final() { g_phase.store(2); }
 void started_outputs() { g_phase.store(3); }

@@ -25,6 +25,11 @@ namespace ul {
 // probe in flight finishes and the rest are skipped; after started_outputs(), the exports and
 // the sample finish first.
 void install_stop_handlers();
+// One of several processes (--comm mpi or nccl over 2+ ranks): a first SIGTERM's line adds that a
+// launcher also sends it to end the job when another process failed (Open MPI's mpirun after an
+// MPI_Abort, srun after a task exited non-zero), so its "stopping after this step" is not taken
+// for the cause: that process's error is.
+void in_multi_process_job();
 void started_training();
 void started_final();
 void started_outputs();

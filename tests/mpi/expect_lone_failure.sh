@@ -18,4 +18,8 @@ echo "expect_lone_failure: status $rc after ${elapsed} s"
 if [ "$rc" -eq 0 ]; then echo "expect_lone_failure: the resume succeeded, a failure was expected"; exit 1; fi
 if [ "$rc" -eq 124 ]; then echo "expect_lone_failure: the job hung (killed by timeout)"; exit 1; fi
 if ! grep -q "train: error: .*rank_1.json" "$dir/failed.txt"; then echo "expect_lone_failure: no message naming rank_1.json"; exit 1; fi
+# The others' SIGTERM from mpirun (when it comes before its SIGKILL) is not taken for the cause.
+if grep "train: SIGTERM: stopping" "$dir/failed.txt" | grep -vq "when another process failed: then that process's error says why"; then
+  echo "expect_lone_failure: a SIGTERM line without the note that it may be the job ending after another failed"; exit 1
+fi
 exit 0
