@@ -355,6 +355,21 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   }
 }
 
+namespace {
+
+// Whether the checkpoint's optimizer state is one optim.bin (else ZeRO's optim_rank_R.bin): the
+// files rank_0.json recorded a crc32 for, not the files there (a copy that merged another save's
+// step directory into this one leaves an optim.bin of the same step beside ZeRO's shards, which
+// AdamW's t does not tell apart); a checkpoint from before the crcs: the one there.
+bool whole_optimizer(const std::string& dir) {
+  const std::string rank0 = dir + "/" + rank_file_name(0);
+  if (recorded_crc(rank0, optim_file_name(0, 1)) >= 0) return true;
+  if (recorded_crc(rank0, optim_file_name(0, 2)) >= 0) return false;
+  return std::ifstream(dir + "/" + optim_file_name(0, 1)).good();
+}
+
+}  // namespace
+
 RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending,
                           std::string* rope_before) {
   Grid& g = tr.grid();
@@ -386,8 +401,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   // amiss is that file, named where it is read).
   {
     const std::string rank0 = dir + "/" + rank_file_name(0);
-    const std::string opt0 = std::ifstream(dir + "/" + optim_file_name(0, 1)).good() ? optim_file_name(0, 1)
-                                                                                      : optim_file_name(0, 2);
+    const std::string opt0 = whole_optimizer(dir) ? optim_file_name(0, 1) : optim_file_name(0, 2);
     int amiss = 0;
     for (const std::string& name : {std::string("model.bin"), opt0}) {
       const int64_t want = recorded_crc(rank0, name), have = stored_crc(dir + "/" + name);
@@ -463,10 +477,15 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   std::vector<float> m(hi - lo), v(hi - lo);
   size_t covered = 0;
   int64_t t = -1;
-  const bool whole = std::ifstream(dir + "/" + optim_file_name(0, 1)).good();
-  if (!whole && !std::ifstream(dir + "/" + optim_file_name(0, 2)).good())
-    throw std::runtime_error(dir + ": no optimizer state: neither " + optim_file_name(0, 1) + " nor (--zero 1) " +
-                             optim_file_name(0, 2) + " is there");
+  const bool whole = whole_optimizer(dir);
+  if (!std::ifstream(dir + "/" + optim_file_name(0, whole ? 1 : 2)).good()) {
+    if (!std::ifstream(dir + "/" + optim_file_name(0, whole ? 2 : 1)).good())
+      throw std::runtime_error(dir + ": no optimizer state: neither " + optim_file_name(0, 1) + " nor (--zero 1) " +
+                               optim_file_name(0, 2) + " is there");
+    throw std::runtime_error(dir + ": " + rank_file_name(0) + " records the optimizer state in " +
+                             optim_file_name(0, whole ? 1 : 2) + ", which is not there (" +
+                             optim_file_name(0, whole ? 2 : 1) + " is, from another save)");
+  }
   for (int k = 0, shards = 1; k < shards; k++) {
     // optim_file_name(k, any shards > 1) is optim_rank_k.bin; the count comes from shard 0's header
     const std::string path = dir + "/" + optim_file_name(whole ? 0 : k, whole ? 1 : 2);
@@ -480,8 +499,9 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
     if (s.t != step)
       throw std::runtime_error(path + ": AdamW step count t = " + std::to_string(s.t) + " but the checkpoint is step " +
                                std::to_string(step) + ": a file of another checkpoint");
-    check_crc(path, optim_file_name(whole ? 0 : k, whole ? 1 : 2), whole ? 0 : k, s.crc);
+    // Its writer's rank file first: a stranger there is named, not the shard it has another crc for.
     if (!whole && k > 0) check_rank_file_matches_rank0(dir + "/" + rank_file_name(k));
+    check_crc(path, optim_file_name(whole ? 0 : k, whole ? 1 : 2), whole ? 0 : k, s.crc);
     if (t >= 0 && s.t != t) throw std::runtime_error(path + ": AdamW step count differs between the shards");
     t = s.t;
     covered += s.kept_count;

@@ -363,6 +363,39 @@ TEST_CASE("a ZeRO shard and its rank file from another run are refused at any la
   fs::remove_all(d);
 }
 
+TEST_CASE("a ZeRO checkpoint reads the optimizer files its rank_0.json recorded, and names a stranger rank file first",
+          "[checkpoint]") {
+  fs::path d = fresh_dir("stray_optim");
+  const std::string zero = kArgs + " --ranks 3 --zero 1 --save-every 2 --save-dir ";
+  const fs::path at4 = fs::path("step_00000004");
+  REQUIRE(train(zero + (d / "whole").string()).code == 0);  // the run never stopped
+  REQUIRE(train(zero + (d / "a").string() + " --stop-after 4").code == 0);
+  REQUIRE(train(kArgs + " --save-every 2 --stop-after 4 --save-dir " + (d / "plain").string()).code == 0);
+  fs::copy(d / "a", d / "b", fs::copy_options::recursive);
+  fs::copy(d / "a", d / "c", fs::copy_options::recursive);
+  // A copy that merged another run's step directory in: an optim.bin of the same step (the same
+  // AdamW t) beside ZeRO's shards. It was read in their place, and the run went on from the wrong state.
+  fs::copy_file(d / "plain" / at4 / "optim.bin", d / "a" / at4 / "optim.bin");
+  REQUIRE(train(zero + (d / "a").string() + " --resume").code == 0);
+  CHECK(bytes_of(d / "a" / "step_00000006" / "model.bin") == bytes_of(d / "whole" / "step_00000006" / "model.bin"));
+  // The shard gone, the stray file is not taken for it.
+  fs::remove(d / "b" / at4 / "optim_rank_0.bin");
+  fs::copy_file(d / "plain" / at4 / "optim.bin", d / "b" / at4 / "optim.bin");
+  expect_refused(zero + (d / "b").string() + " --resume",
+                 "rank_0.json records the optimizer state in optim_rank_0.bin, which is not there (optim.bin is, from "
+                 "another save)");
+  // Another save's rank_1.json alone, resumed at another layout: the rank file is the stranger, not
+  // the shard beside it (its crc was checked against the stranger's record first).
+  fs::copy_file(d / "c" / "step_00000002" / "rank_1.json", d / "c" / at4 / "rank_1.json",
+                fs::copy_options::overwrite_existing);
+  CmdResult r = train(kArgs + " --batch 6 --save-every 2 --resume --save-dir " + (d / "c").string());
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("rank_1.json: save_of is ") != std::string::npos);
+  CHECK(r.out.find("optim_rank_1.bin: its crc32") == std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST_CASE("keep K: exactly the K newest complete checkpoints remain", "[checkpoint]") {
   fs::path d = fresh_dir("keep");
   REQUIRE(train(kArgs + " --save-every 1 --keep 2 --save-dir " + d.string()).code == 0);
