@@ -426,6 +426,20 @@ std::pair<int64_t, int64_t> json_documents(const std::string& path, const std::s
   return {n, bytes};
 }
 
+// The --data argument that reads the shards under `out`, for a shell: glob's own characters in
+// the directory's name escaped (--out 'run[1]' is no pattern matching run1), then single-quoted.
+std::string shards_argument(const std::string& out) {
+  std::string spec = "shards:";
+  for (char c : out) {
+    if (c == '[' || c == ']' || c == '*' || c == '?' || c == '\\') spec += '\\';
+    spec += c;
+  }
+  spec += "/text_*.bin";
+  std::string quoted = "'";
+  for (char c : spec) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 }  // namespace
 
 PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
@@ -486,7 +500,11 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   for (const std::string& path : o.files) {
     // The type first: opening a pipe would block until a writer comes.
     if (!fs::is_regular_file(path)) {
-      require_regular_file(path);  // names a directory, pipe or device
+      std::error_code ec;
+      if (fs::is_directory(path, ec))  // the README's way to take a tree's files, in a fixed order
+        throw std::runtime_error(path + ": a directory; to prepare the files under it: find " + path +
+                                 " -type f | sort | train prepare --files-from - --out " + o.out + " (and the other flags given)");
+      require_regular_file(path);  // names a pipe or device
       throw std::runtime_error(path + ": cannot open input file");
     }
     if (!std::ifstream(path, std::ios::binary)) throw std::runtime_error(path + ": cannot open input file");
@@ -738,7 +756,7 @@ int prepare_main(int argc, char** argv) {
   // The headers name the vocab and the EOT: the run takes them from there.
   // (--doc-mask for several documents: one alone has no boundary to mask, and the run's note would
   // then ask whether --eot is right)
-  std::printf("train with: train --data 'shards:%s/text_*.bin'%s\n", o.out.c_str(), r.documents > 1 ? " --doc-mask" : "");
+  std::printf("train with: train --data %s%s\n", shards_argument(o.out).c_str(), r.documents > 1 ? " --doc-mask" : "");
   return 0;
 }
 

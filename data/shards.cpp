@@ -183,7 +183,9 @@ void ShardDataset::read_tokens(const Shard& s, int64_t off, int n, uint8_t* out)
   if (fstat(fd, &st) != 0 || st.st_size != bytes || uint64_t(st.st_dev) != s.dev || uint64_t(st.st_ino) != s.ino ||
       int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec != s.mtime_ns) {
     ::close(fd);
-    // (another file renamed over it, even of the same size: rsync, a shard written again)
+    // (another file renamed over it, even of the same size: rsync, a shard written again; one
+    // written in place at its size is told by its mtime alone, which a coarse kernel clock may
+    // leave as it was within a tick of the open, and a tool may set back)
     throw shard_error(s.path, (st.st_size != bytes ? "now " + std::to_string(int64_t(st.st_size)) + " bytes, not the " +
                                                          std::to_string(bytes) + " its header counted when the run opened it"
                                                    : std::string("another file than the one the run opened, or "

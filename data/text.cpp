@@ -95,7 +95,10 @@ int64_t TextDataset::num_sequences(int T) const {
                              (split_ == Split::val ? "the last 10%, " + std::to_string(size - cut) + " of "
                                                    : "the first 90%, " + std::to_string(std::min(cut + 1, size)) + " of ") +
                              std::to_string(size) + " bytes) holds no sequence of " + std::to_string(int64_t(T) + 1) +
-                             " bytes" + (split_ == Split::val ? "; give --val-data, or a smaller --seq" : ""));
+                             " bytes" +
+                             (split_ != Split::val ? ""
+                              : size - cut < 2   ? "; the file is too short to hold out a val split at any --seq: give --val-data"
+                                                 : "; give --val-data, or a smaller --seq"));
   return n;
 }
 

@@ -47,8 +47,10 @@ __device__ __forceinline__ RowStats combine(RowStats a, RowStats b) {
     a = b;
     b = t;
   }
-  // a holds the larger max (or the same max at the smaller index). A -inf max means an empty set.
-  if (b.m == -INFINITY) return a;
+  // a holds the larger max (or the same max at the smaller index). A -inf max means an empty set,
+  // or a set of NaN logits only (a NaN is never the max but makes the sum NaN): that NaN is kept,
+  // or a thread whose every logit is NaN would drop it from the row's loss.
+  if (b.m == -INFINITY) return isnan(b.s) ? RowStats{a.m, b.s, a.arg} : a;
   return {a.m, a.s + b.s * expf(b.m - a.m), a.arg};
 }
 

@@ -45,7 +45,18 @@ __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ 
     load_floats<V>(xr + c, xv);
     for (int k = 0; k < V; k++) sum += xv[k] - x0;
   }
-  const float m = x0 + warp_sum(sum) / C;
+  const float shifted = warp_sum(sum);  // every lane's: the branch below is the warp's
+  float m = x0 + shifted / C;
+  // Spreads past ~3e38 / C overflow that float sum (a row of +-1e36: the mean -inf, the row NaN
+  // where the CPU's double sums normalise it): summed again in double there, as the variance is.
+  if (isinf(shifted)) {
+    double wide = 0;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      load_floats<V>(xr + c, xv);
+      for (int k = 0; k < V; k++) wide += double(xv[k]) - double(x0);
+    }
+    m = float(double(x0) + warp_sum(wide) / C);
+  }
   float var = 0.f;
   for (int c = lane * V; c < C; c += 32 * V) {
     load_floats<V>(xr + c, xv);

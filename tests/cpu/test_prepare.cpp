@@ -77,6 +77,19 @@ TEST_CASE("prepare: text files become shards that shards:GLOB reads back byte fo
   // One document: no boundary for --doc-mask to mask, so it is not suggested.
   const auto one = run_cmd(train_cmd("prepare --out " + d.file("one") + " " + d.file("a.txt")));
   CHECK(one.out.find("train with: train --data 'shards:" + d.file("one") + "/text_*.bin'\n") != std::string::npos);
+  // An --out that glob or the shell would read otherwise: the line given runs as printed (it said
+  // 'shards:DIR/run[1]/text_*.bin', a pattern that matches run1, not run[1]).
+  const std::string odd = d.file("run[1]'s");
+  fs::create_directories(d.file("run1's"));
+  const auto o = run_cmd(train_cmd("prepare --out \"" + odd + "\" " + d.file("a.txt") + " " + d.file("b.bin")));
+  REQUIRE(o.code == 0);
+  const size_t at = o.out.find("train with: train ");
+  REQUIRE(at != std::string::npos);
+  const std::string given = o.out.substr(at + 18, o.out.find('\n', at) - at - 18);
+  CHECK(given == "--data 'shards:" + d.file("run\\[1\\]'\\''s") + "/text_*.bin' --doc-mask");
+  const auto runs = run_cmd(train_cmd(given + " --steps 1 --seq 16 --layers 1 --dim 32 --heads 2 --eval-batches 1"));
+  INFO(runs.out);
+  CHECK(runs.code == 0);
 
   // The stream: EOT, a, EOT, b; its last 20% (rounded) is val.
   std::vector<int32_t> stream{256};
@@ -236,7 +249,8 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
   };
   const Case cases[] = {
       {"--out " + out + " " + d.file("missing.txt") + " " + d.file("ok.txt"), "missing.txt: cannot open input file"},
-      {"--out " + out + " " + d.path.string(), "not a regular file (a directory)"},
+      {"--out " + out + " " + d.path.string(), d.path.string() + ": a directory; to prepare the files under it: find " +
+                                                   d.path.string() + " -type f | sort | train prepare --files-from - --out " + out},
       {"--out " + out + " --eot 0 " + d.file("ok.txt") + " " + d.file("nul.txt"), "nul.txt: byte 0 at offset 2"},
       {"--out " + out + " --val-frac 1 " + d.file("ok.txt"), "--val-frac must be in [0, 1)"},
       // A fraction that leaves the val split under 2 tokens says so (it once printed "a val split of 0.000000").

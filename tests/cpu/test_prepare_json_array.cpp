@@ -121,7 +121,7 @@ TEST_CASE("prepare refuses a broken .json array, naming the file, the element an
   // (not opened, which would wait for a writer), a missing one named.
   fs::create_directory(d / "dir.json");
   for (const auto& [input, message] : {std::pair<std::string, std::string>{"missing.json", "missing.json: cannot open input file"},
-                                       {"dir.json", "dir.json: not a regular file (a directory)"}}) {
+                                       {"dir.json", "dir.json: a directory; to prepare the files under it: find "}}) {
     auto r = run_cmd(train_cmd("prepare --out " + out + " --json-key output " + (d / input)));
     INFO(r.out);
     CHECK(r.code == 1);

@@ -176,6 +176,21 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   CHECK(r.code == 0);
   CHECK(r.out.find("note    | --data holds out its last 400 tokens as its val split, which --val-data replaces: they "
                    "train nothing") != std::string::npos);
+  // The same spec as --val-data reads that very split: nothing to say.
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --data shards:" + (dir.path / "d_train_0.bin").string() +
+                                          " --val-data shards:" + (dir.path / "d_train_0.bin").string()));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("done | train loss") != std::string::npos);
+  CHECK(r.out.find("note    | --data holds out") == std::string::npos);
+  // A text too short to hold out a val split at all: --seq cannot help.
+  const std::string tiny = (dir.path / "tiny.txt").string();
+  std::ofstream(tiny) << "fifteen bytes..";
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--seq 4 --data text:" + tiny));
+  CHECK(r.code == 1);
+  CHECK(r.out.find("tiny.txt: too short for sequence length 4: its val split (the last 10%, 1 of 15 bytes) holds no "
+                   "sequence of 5 bytes; the file is too short to hold out a val split at any --seq: give --val-data") !=
+        std::string::npos);
   // A val split smaller than an eval: the note says the eval counts some sequences twice.
   const std::string text = (dir.path / "t.txt").string();
   write_text(text, "alpha", 100);

@@ -343,6 +343,30 @@ TEST_CASE("classifier argmax on CUDA is the first maximum", UL_CUDA_TEST_TAG "[c
   CHECK(d_hit.get() == std::vector<int32_t>{1, 0});
 }
 
+TEST_CASE("classifier softmax: a NaN logit anywhere makes the row's loss NaN, as on the CPU",
+          UL_CUDA_TEST_TAG "[classifier]") {
+  // A thread whose every logit was NaN kept a -inf max and a NaN sum, which the combine dropped as
+  // an empty set's: below V = 64 (32 threads a row) a NaN in a thread's only logit left the loss
+  // finite (an eval of a model gone bad read finite on CUDA, NaN on the CPU).
+  using namespace cuda_cases;
+  for (int V : {27, 40, 63, 64, 300, 1000}) {
+    for (int at : {1, V / 2, V - 1}) {
+      for (bool grad : {false, true}) {
+        INFO("V " << V << ", NaN at " << at << (grad ? ", grad" : ""));
+        std::vector<float> logits = ul_test::randn_f(size_t(V), 7 + V);
+        logits[size_t(at)] = NAN;
+        DeviceBuffer<float> d_logits(logits.size()), d_loss(1), d_dl(logits.size());
+        DeviceBuffer<int32_t> d_hit(1), d_tg(1);
+        d_logits.set(logits);
+        d_tg.set({0});
+        ul::cuda::softmax_cross_entropy<float>(grad ? d_dl.p : nullptr, d_loss.p, d_hit.p, d_logits.p, d_tg.p, 1, V,
+                                               1.f, nullptr);
+        CHECK(std::isnan(d_loss.get()[0]));
+      }
+    }
+  }
+}
+
 TEST_CASE("classifier CUDA chunks match the CPU backend (f32)", UL_CUDA_TEST_TAG "[classifier]") {
   for (const auto& k : classifier_cases::kCases) classifier_cases::check_chunks<float>(k);
 }
