@@ -500,6 +500,12 @@ Trainer::Trainer(const Options& o, Comm& world)
 
 Trainer::~Trainer() { device_free(ctx_.device, zero_scratch_); }
 
+void Trainer::replace_train_data_for_test(std::unique_ptr<Dataset> data) {
+  if (!data || data->vocab() > model_->cfg.vocab)
+    throw std::invalid_argument("replace_train_data_for_test: no data, or a vocabulary past the model's");
+  train_ = std::move(data);
+}
+
 void Trainer::check_current(const char* what) const {
   // Ops find their arena and tape through the thread's current context: under another trainer's
   // they would write into its buffers (a second Trainer built on this thread after this one).

@@ -147,6 +147,9 @@ class Trainer {
   Transformer& model() { return *model_; }
   const Dataset& train_data() const { return *train_; }
   const Dataset& val_data() const { return *val_; }
+  // Tests: train on another source from the next step (one of this model's vocabulary; the checks
+  // made at construction, the run's data identity and --doc-mask's id, were made on --data's).
+  void replace_train_data_for_test(std::unique_ptr<Dataset> data);
   int32_t document_start() const { return eot_; }  // --doc-mask: the id documents start at; -1: no mask
 
  private:

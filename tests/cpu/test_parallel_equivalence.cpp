@@ -7,7 +7,8 @@
 //     gradient, and every parameter after 20 AdamW steps (with an eps that keeps AdamW well
 //     conditioned, kAdamEps);
 //   - with the passkey task's targets only at the end of the sequence, so that some sp ranks hold no
-//     valid target at all (checked, not assumed);
+//     valid target at all (checked, not assumed); and on a passkey that scores 1 to 5 digits by
+//     sequence, so that dp replicas and micro-batches hold different numbers of them;
 //   - the bytes each rank sends per step, against the formulas derived from parallel/ulysses.cpp and
 //     the communicator's accounting (communicator.h);
 //   - layouts the train binary must refuse, with a message that says what would work.
@@ -15,12 +16,14 @@
 #include "options_from.h"
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "data/dataset.h"
 #include "engine/options.h"
 #include "engine/trainer.h"
 #include "parallel/comm_local.h"
@@ -46,12 +49,38 @@ struct RankRun {
   size_t numel = 0;
 };
 
-// `steps` optimizer steps of `args` on `ranks` local ranks (--ranks is set from `ranks`).
-std::vector<RankRun> train(const std::string& args, int ranks, int steps) {
+// The passkey task with 1 to 5 of its 5 answer digits scored, by sequence (i % 5 + 1): the dp
+// replicas and the micro-batches of a step hold different numbers of valid targets, as padded or
+// masked data would, so a loss averaged per replica or per micro-batch, not over the whole step's
+// targets, would train otherwise (every passkey sequence alone scores the same 5).
+class UnevenPasskey : public Dataset {
+ public:
+  explicit UnevenPasskey(std::unique_ptr<Dataset> inner) : inner_(std::move(inner)) {}
+  int vocab() const override { return inner_->vocab(); }
+  int64_t num_sequences(int T) const override { return inner_->num_sequences(T); }
+  void sequence(int64_t i, int T, int32_t* inputs, int32_t* targets) const override {
+    inner_->sequence(i, T, inputs, targets);
+    int64_t kept = 0;
+    for (int t = 0; t < T; t++)
+      if (targets[t] >= 0 && kept++ >= i % 5 + 1) targets[t] = -1;
+  }
+  bool synthetic() const override { return true; }
+  std::string describe() const override { return "passkey, 1 to 5 digits scored"; }
+
+ private:
+  std::unique_ptr<Dataset> inner_;
+};
+
+// `steps` optimizer steps of `args` on `ranks` local ranks (--ranks is set from `ranks`); `uneven`:
+// on UnevenPasskey.
+std::vector<RankRun> train(const std::string& args, int ranks, int steps, bool uneven = false) {
   Options o = options(std::string(kCommon) + " " + args + " --ranks " + std::to_string(ranks));
   std::vector<RankRun> out(ranks);
   run_local(ranks, [&](Comm& world) {
     Trainer tr(o, world);
+    if (uneven)
+      tr.replace_train_data_for_test(
+          std::make_unique<UnevenPasskey>(open_dataset(o.data, Split::train, o.seed, tr.model().cfg.vocab)));
     RankRun& r = out[world.rank()];
     Grid& g = tr.grid();
     for (int m = 0; m < o.grad_accum; m++) {  // step 0's micro-batches of this rank, as step() loads them
@@ -141,6 +170,14 @@ void check_uneven_targets(const std::vector<RankRun>& runs, int sp) {
   CHECK(hi > 0);
 }
 
+// The dp replicas' first micro-batches hold different numbers of valid targets (UnevenPasskey).
+void check_uneven_replicas(const std::vector<RankRun>& runs, int sp) {
+  std::vector<int64_t> per_replica(runs.size() / size_t(sp), 0);
+  for (size_t r = 0; r < runs.size(); r++) per_replica[r / size_t(sp)] += runs[r].valid[0];
+  INFO("valid targets of replica 0: " << per_replica[0] << ", of replica 1: " << per_replica[1]);
+  CHECK(per_replica[0] != per_replica[1]);
+}
+
 }  // namespace
 
 TEST_CASE("SP 2 and 4 give the loss and gradient of SP 1: gpt2", "[parallel][sp]") {
@@ -228,6 +265,11 @@ TEST_CASE("dp 2 x sp 2 trains like one process on the full batch (20 AdamW steps
   std::vector<RankRun> par = train(model + " --batch 2 --sp 2", 4, 20);
   check_uneven_targets(par, 2);
   check_training(ref, par, 20);
+  // Replicas holding different numbers of targets: the loss is still the mean over all of them.
+  ref = train(model + " --batch 4 --sp 1", 1, 20, true);
+  par = train(model + " --batch 2 --sp 2", 4, 20, true);
+  check_uneven_replicas(par, 2);
+  check_training(ref, par, 20);
 }
 
 TEST_CASE("dp 2 x grad-accum 2 (x sp 2) trains like one process with batch 4B", "[parallel][dp]") {
@@ -241,6 +283,12 @@ TEST_CASE("dp 2 x grad-accum 2 (x sp 2) trains like one process with batch 4B", 
     if (sp == 2) check_uneven_targets(par, 2);
     check_training(ref, par, 10);
   }
+  // Replicas and micro-batches holding different numbers of targets.
+  ref = train(model + " --batch 4 --sp 1", 1, 10, true);
+  std::vector<RankRun> par = train(model + " --batch 1 --grad-accum 2 --sp 2", 4, 10, true);
+  check_uneven_replicas(par, 2);
+  CHECK(par[0].valid[0] + par[1].valid[0] != par[0].valid[1] + par[1].valid[1]);  // replica 0's two micro-batches
+  check_training(ref, par, 10);
 }
 
 TEST_CASE("bytes per step: the Ulysses all-to-alls and the gradient all-reduce", "[parallel][bytes]") {
