@@ -118,6 +118,7 @@ TEST_CASE("SIGTERM and SIGUSR1: the step ends, a checkpoint is saved, --resume g
     // Resumed, it finishes the run with the losses of the run never stopped, to the last digit.
     const ul_test::CmdResult rest = ul_test::run_cmd(ul_test::train_cmd(common + save + " --resume"));
     REQUIRE(rest.code == 0);
+    CHECK(rest.out.find("/step_00000005: continuing after step 5 of 24") != std::string::npos);
     CHECK(losses(dir / "run/log.jsonl") == losses(dir / "whole.jsonl"));
   }
 }
