@@ -187,10 +187,12 @@ int train_rank(const Options& o, Comm& world) {
     say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the model's max_seq %d (the "
         "length it was trained or configured for): the sample past it tests extrapolation\n", o.sample,
         (long long)outputs.sample_positions(), model.cfg.max_seq);
-  else if (model.cfg.is_llama() && trained_seq > 0 && outputs.sample_positions() > trained_seq)
+  else if (trained_seq > 0 && outputs.sample_positions() > trained_seq)  // (a gpt2's position rows past it: untrained)
     say("note    | --sample: the prompt and %d new tokens run the model at %lld positions, past the --seq %d it trained "
-        "at%s: the sample past it tests extrapolation\n", o.sample, (long long)outputs.sample_positions(), trained_seq,
-        trained_seq == o.seq && (o.steps > 0 || o.resume) ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str());
+        "at%s: %s\n", o.sample, (long long)outputs.sample_positions(), trained_seq,
+        trained_seq == o.seq && (o.steps > 0 || o.resume) ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str(),
+        model.cfg.is_llama() ? "the sample past it tests extrapolation"
+                             : "its learned positions past it never had a gradient, so the sample past it is noise");
   // transformers' from_pretrained(DIR) looks for DIR/model.safetensors (or an index) only.
   if (!o.export_safetensors.empty() &&
       std::filesystem::path(o.export_safetensors).filename() != "model.safetensors")

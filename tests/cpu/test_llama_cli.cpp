@@ -238,7 +238,7 @@ TEST_CASE("qwen 2's settings: --qkv-bias and --norm-eps train, save, resume only
   CHECK(r.out.find("--norm-eps: the model's shape comes from --checkpoint") != std::string::npos);
 }
 
-TEST_CASE("a llama sampled past the --seq it trained at, or past its max_seq, is told the sample tests extrapolation",
+TEST_CASE("a model sampled past the --seq it trained at, or a llama past its max_seq, is told what the sample past it is",
           "[sample][cli]") {
   // The llama preset's max_seq is 1M: compared with it alone, the note never came for a model
   // trained at 32 and sampled at 63 positions.
@@ -262,4 +262,13 @@ TEST_CASE("a llama sampled past the --seq it trained at, or past its max_seq, is
   r = run_cmd(train_cmd(base + "--steps 1 --max-seq 40 --sample 60"));  // past max_seq: that is named
   REQUIRE(r.code == 0);
   CHECK(r.out.find("past the model's max_seq 40") != std::string::npos);
+  // A gpt2's max_seq (1024 by default) is not what it trained at: past its --seq, the position
+  // rows it reads never had a gradient (it said nothing).
+  r = run_cmd(train_cmd("--model gpt2 --layers 1 --dim 32 --heads 2 --seq 32 --batch 2 --eval-batches 1 --threads 1 "
+                        "--prompt ids:1,2,3 --steps 1 --sample 60"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --sample: the prompt and 60 new tokens run the model at 62 positions, past the --seq 32 it "
+                   "trained at: its learned positions past it never had a gradient, so the sample past it is noise") !=
+        std::string::npos);
 }
