@@ -426,18 +426,22 @@ std::pair<int64_t, int64_t> json_documents(const std::string& path, const std::s
   return {n, bytes};
 }
 
+// `word` as one word for a shell: single-quoted, a quote in it written '\''.
+std::string shell_quote(const std::string& word) {
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 // The --data argument that reads the shards under `out`, for a shell: glob's own characters in
-// the directory's name escaped (--out 'run[1]' is no pattern matching run1), then single-quoted.
+// the directory's name escaped (--out 'run[1]' is no pattern matching run1), then quoted.
 std::string shards_argument(const std::string& out) {
   std::string spec = "shards:";
   for (char c : out) {
     if (c == '[' || c == ']' || c == '*' || c == '?' || c == '\\') spec += '\\';
     spec += c;
   }
-  spec += "/text_*.bin";
-  std::string quoted = "'";
-  for (char c : spec) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
+  return shell_quote(spec + "/text_*.bin");
 }
 
 }  // namespace
@@ -502,8 +506,9 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     if (!fs::is_regular_file(path)) {
       std::error_code ec;
       if (fs::is_directory(path, ec))  // the README's way to take a tree's files, in a fixed order
-        throw std::runtime_error(path + ": a directory; to prepare the files under it: find " + path +
-                                 " -type f | sort | train prepare --files-from - --out " + o.out + " (and the other flags given)");
+        throw std::runtime_error(path + ": a directory; to prepare the files under it: find " + shell_quote(path) +
+                                 " -type f -name '*.txt' | sort | train prepare --files-from - --out " +
+                                 shell_quote(o.out) + " (with the other flags given, and any other inputs listed too)");
       require_regular_file(path);  // names a pipe or device
       throw std::runtime_error(path + ": cannot open input file");
     }

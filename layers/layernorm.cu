@@ -48,8 +48,9 @@ __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ 
   const float shifted = warp_sum(sum);  // every lane's: the branch below is the warp's
   float m = x0 + shifted / C;
   // Spreads past ~3e38 / C overflow that float sum (a row of +-1e36: the mean -inf, the row NaN
-  // where the CPU's double sums normalise it): summed again in double there, as the variance is.
-  if (isinf(shifted)) {
+  // where the CPU's double sums normalise it; lanes overflowing to both signs add up to NaN):
+  // summed again in double there, as the variance is (a row holding NaN or inf stays so).
+  if (!isfinite(shifted)) {
     double wide = 0;
     for (int c = lane * V; c < C; c += 32 * V) {
       load_floats<V>(xr + c, xv);

@@ -249,8 +249,9 @@ TEST_CASE("prepare: bad input is refused and nothing is written", "[prepare]") {
   };
   const Case cases[] = {
       {"--out " + out + " " + d.file("missing.txt") + " " + d.file("ok.txt"), "missing.txt: cannot open input file"},
-      {"--out " + out + " " + d.path.string(), d.path.string() + ": a directory; to prepare the files under it: find " +
-                                                   d.path.string() + " -type f | sort | train prepare --files-from - --out " + out},
+      {"--out " + out + " " + d.path.string(), d.path.string() + ": a directory; to prepare the files under it: find '" +
+                                                   d.path.string() + "' -type f -name '*.txt' | sort | train prepare "
+                                                   "--files-from - --out '" + out + "' (with the other flags given"},
       {"--out " + out + " --eot 0 " + d.file("ok.txt") + " " + d.file("nul.txt"), "nul.txt: byte 0 at offset 2"},
       {"--out " + out + " --val-frac 1 " + d.file("ok.txt"), "--val-frac must be in [0, 1)"},
       // A fraction that leaves the val split under 2 tokens says so (it once printed "a val split of 0.000000").

@@ -167,14 +167,18 @@ TEST_CASE("layernorm CUDA forward normalises a row whose float variance overflow
   // Alternating +-1e18 at C = 768: the float sum of squares is inf, rsqrt(inf) = 0, and the row
   // came out as its bias with rstd 0 (so zero gradients) where the CPU's double sums normalise it.
   // At +-1e36 the float sum of x - x[0] for the mean overflows too: the mean was -inf, the row NaN.
+  // Row 3: half the lanes' sums overflow to +inf, half to -inf (a lane reads 4 elements at a time,
+  // c / 4 % 32 is its number: lanes 0-15 hold +2e37, 16-31 -2e37), which add up to NaN, not inf.
   using namespace cuda_cases;
-  const int N = 3, C = 768;
-  const float scale[N] = {1.f, 1e-18f, 1e18f};  // +-1e18, +-1, +-1e36
+  const int N = 4, C = 768;
+  const float scale[N] = {1.f, 1e-18f, 1e18f, 1.f};  // +-1e18, +-1, +-1e36
   std::vector<float> x(size_t(N) * C), w(C, 1.f), b(C, 0.25f), y_ref(x.size()), mean_ref(N), rstd_ref(N);
   for (size_t i = 0; i < x.size(); i++) x[i] = (i % 2 ? 1e18f : -1e18f) * scale[i / size_t(C)];
+  for (int c = 0; c < C; c++) x[size_t(3) * C + c] = c == 0 ? 0.f : (c / 4) % 32 < 16 ? 2e37f : -2e37f;
   ul::cpu::layernorm_forward(y_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), w.data(), b.data(), N, C);
   REQUIRE(y_ref[0] == Approx(-0.75).epsilon(1e-5));  // -1 + b: the CPU normalises the row
   REQUIRE(y_ref[2 * size_t(C)] == Approx(-0.75).epsilon(1e-5));
+  REQUIRE(std::isfinite(y_ref[3 * size_t(C) + 1]));
   DeviceBuffer<float> d_x(x.size()), d_w(C), d_b(C), d_y(x.size()), d_mean(N), d_rstd(N);
   d_x.set(x), d_w.set(w), d_b.set(b);
   ul::cuda::layernorm_forward(d_y.p, d_mean.p, d_rstd.p, d_x.p, d_w.p, d_b.p, N, C, nullptr);
