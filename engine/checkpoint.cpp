@@ -164,7 +164,7 @@ SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
     if (p == p.parent_path()) break;
   }
   fs::create_directories(root, ec);
-  if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
+  if (ec) throw std::runtime_error("--save-dir " + root + ": cannot create the save directory: " + ec.message());
   const std::string path = (fs::path(root) / ".lock").string();
   // 0666 less the umask: a teammate resuming a shared run can open it too. A directory this run
   // cannot write (a read-only snapshot it only evaluates or exports from) is locked through a

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -81,7 +82,38 @@ std::string cannot_create(const std::string& path) {
   return std::strerror(err);
 }
 
+// The checkpoint directory (step_N holding a checkpoint's files, of any run) in which `path` names
+// one of those files (model.bin, optim.bin, optim_rank_R.bin, rank_R.json, COMPLETE), "" when
+// none: an export or a log written there would replace it (a new name beside them, an export of
+// the checkpoint's weights, is left alone).
+std::string checkpoint_file_at(const std::string& path) {
+  std::error_code ec;
+  const fs::path p = fs::path(resolved(path));
+  const fs::path step = p.parent_path();
+  if (parse_step_dir(step.filename().string()) < 0 || !fs::is_directory(step, ec)) return "";
+  bool checkpoint = false;
+  for (const char* file : {"COMPLETE", "rank_0.json", "model.bin"}) checkpoint = checkpoint || fs::exists(step / file, ec);
+  const std::string name = p.filename().string();
+  auto numbered = [&](const std::string& head, const std::string& tail) {
+    return name.size() > head.size() + tail.size() && name.rfind(head, 0) == 0 &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0 &&
+           std::all_of(name.begin() + long(head.size()), name.end() - long(tail.size()),
+                       [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; });
+  };
+  const bool theirs = name == "model.bin" || name == "optim.bin" || name == "COMPLETE" || numbered("rank_", ".json") ||
+                      numbered("optim_rank_", ".bin");
+  return checkpoint && theirs ? step.string() : "";
+}
+
 }  // namespace
+
+bool same_data_files(const std::string& a, const std::string& b) {
+  std::vector<std::string> fa = data_files(a), fb = data_files(b);
+  if (fa.empty() || fa.size() != fb.size()) return false;
+  for (const std::string& f : fa)
+    if (std::none_of(fb.begin(), fb.end(), [&](const std::string& g) { return same_file(f, g); })) return false;
+  return true;
+}
 
 void check_output_paths(const Options& o) {
   using Named = std::pair<std::string, std::string>;  // (flag, path)
@@ -91,7 +123,8 @@ void check_output_paths(const Options& o) {
   if (!log.empty()) {
     outputs.push_back({log_flag, log});
     outputs.push_back({log_flag + " (its loss plot)", plot_path_for_log(log)});
-    if (!o.probe_lengths.empty()) outputs.push_back({log_flag + " (its length plot)", probe_plot_path_for_log(log)});
+    // (without --probe-lengths too: a log without length records removes a plot of that name)
+    outputs.push_back({log_flag + " (its length plot)", probe_plot_path_for_log(log)});
   }
   if (!o.export_llmc.empty()) outputs.push_back({"--export-llmc", o.export_llmc});
   if (!o.export_safetensors.empty()) {
@@ -148,6 +181,9 @@ void check_output_paths(const Options& o) {
       if (rel == "rollback.json")  // a rollback's record (engine/rollback_record.h): every resume reads it
         throw std::runtime_error(flag + " " + path + " is --save-dir's rollback record; write it elsewhere");
     }
+    if (const std::string step = checkpoint_file_at(path); !step.empty())
+      throw std::runtime_error(flag + " " + path + " is a file of the checkpoint " + step +
+                               ": this run would replace it; write it elsewhere");
     for (size_t j = 0; j < i; j++)
       if (same_file(outputs[j].second, path))
         throw std::runtime_error(flag + " " + path + " is also " + outputs[j].first + "'s: one would overwrite the other");

@@ -11,4 +11,8 @@ namespace ul {
 // Throws std::runtime_error naming the flag(s) and the path. Reads only; writes nothing.
 void check_output_paths(const Options& o);
 
+// Whether two data specs read the same files (text:./a.txt and text:a.txt, a hard link; shards:
+// patterns matching the same files); false for the synthetic tasks.
+bool same_data_files(const std::string& a, const std::string& b);
+
 }  // namespace ul

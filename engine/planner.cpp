@@ -341,7 +341,7 @@ int64_t longest_seq(PlanConfig c, double budget) {
 
 namespace {
 std::string mib(double b) {  // "   12.5 MiB" or "    1.23 GiB"
-  char buf[32];
+  char buf[400];  // (a --memory of 1e30T prints 31 digits; a double's largest, 309)
   if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%9.2f GiB", b / (1024.0 * 1024 * 1024));
   else std::snprintf(buf, sizeof buf, "%9.1f MiB", b / (1024.0 * 1024));
   return buf;

@@ -39,7 +39,7 @@ SaveDirScan scan_save_dir(const std::string& root, int resume_step, const std::o
   SaveDirScan s;
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw std::runtime_error(root + ": cannot create the save directory: " + ec.message());
+  if (ec) throw std::runtime_error("--save-dir " + root + ": cannot create the save directory: " + ec.message());
   // What an earlier run had to move aside (remove_or_warn): tried again, quietly (what still will
   // not go stays for the next run).
   std::vector<fs::path> stale;

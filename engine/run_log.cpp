@@ -52,6 +52,8 @@ RunLog::RunLog(const std::string& path, int resume_step, int64_t data_sequence, 
   // the file under the writer, which went on at its offset behind a run of NUL bytes. Every write
   // appends (O_APPEND).
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0 && ec)  // the directory could not be made: that is the reason, not the ENOENT after it
+    throw std::runtime_error(path + ": cannot open the run log: cannot create " + dir.string() + ": " + ec.message());
   if (fd < 0) throw std::runtime_error(path + ": cannot open the run log: " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;

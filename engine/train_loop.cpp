@@ -116,7 +116,7 @@ int train_rank(const Options& o, Comm& world) {
   if (!o.val_data.empty()) say("val     | %s\n", tr.val_data().describe().c_str());
   // --data's own held-out tenth is its val split, which --val-data replaces: those tokens train
   // nothing (fineweb_train_*.bin beside --val-data fineweb_val_*.bin: a tenth of the corpus).
-  if (!o.val_data.empty() && o.val_data != o.data && o.steps > 0)  // (the same spec reads that very split)
+  if (!o.val_data.empty() && !same_data_files(o.val_data, o.data) && o.steps > 0)  // (the same files: that very split)
     if (const int64_t held = tr.train_data().held_out_tokens(); held > 0)
       say("note    | --data holds out its last %lld tokens as its val split, which --val-data replaces: they train "
           "nothing (shards: a glob that also matches *val* files makes those the val split and trains on all of the "

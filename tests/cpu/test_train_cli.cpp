@@ -116,6 +116,22 @@ TEST_CASE("train checks its outputs and inputs and switches before any work", "[
   // Nor may an output land in a checkpoint (an export once replaced a step's model.bin).
   expect_refused(run + " --save-dir " + d + "/sd --export-llmc " + d + "/sd/step_00000001/model.bin",
                  "--export-llmc " + d + "/sd/step_00000001/model.bin is inside --save-dir's checkpoint step_00000001");
+  // Nor on a file of another run's checkpoint (only this run's --save-dir was checked: an export
+  // or a log there replaced its model.bin or rank_0.json); a new name beside them is left alone.
+  REQUIRE(run_cmd(train_cmd(run + " --quiet --save-dir " + d + "/other")).code == 0);
+  const std::string theirs = d + "/other/step_00000001/";
+  expect_refused(run + " --export-llmc " + theirs + "model.bin",
+                 "--export-llmc " + theirs + "model.bin is a file of the checkpoint " + d + "/other/step_00000001");
+  expect_refused(run + " --log " + theirs + "rank_0.json", "--log " + theirs + "rank_0.json is a file of the checkpoint");
+  expect_refused(run + " --log " + theirs + "COMPLETE", "is a file of the checkpoint");
+  REQUIRE(run_cmd(train_cmd("--steps 0 --quiet --checkpoint " + theirs + "model.bin --export-llmc " + theirs +
+                            "gpt2.bin")).code == 0);
+  // Nor on a name the log's length plot takes, without --probe-lengths too (a log with no length
+  // record removes a plot of that name: it deleted the training text).
+  std::ofstream(d + "/x_lengths.svg") << std::string(4000, 'a');
+  expect_refused(run + " --data text:" + d + "/x_lengths.svg --log " + d + "/x.jsonl",
+                 "--log (its length plot) " + d + "/x_lengths.svg is --data's file");
+  CHECK(fs::exists(d + "/x_lengths.svg"));
   // Nor on the save directory's rollback record, which every resume reads.
   expect_refused(run + " --save-dir " + d + "/sd --log " + d + "/sd/rollback.json", "is --save-dir's rollback record");
   // Nor where a shards: pattern matches what the run writes (it would train, and then neither

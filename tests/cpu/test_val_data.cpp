@@ -183,6 +183,12 @@ TEST_CASE("the data's own val split is read against the model's vocabulary and a
   CHECK(r.code == 0);
   CHECK(r.out.find("done | train loss") != std::string::npos);
   CHECK(r.out.find("note    | --data holds out") == std::string::npos);
+  // ... and the same files spelled otherwise.
+  r = ul_test::run_cmd(ul_test::train_cmd(base + "--eval-batches 1 --data shards:" + (dir.path / "d_train_0.bin").string() +
+                                          " --val-data shards:" + (dir.path / "." / "d_train_0.bin").string()));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("done | train loss") != std::string::npos);
+  CHECK(r.out.find("note    | --data holds out") == std::string::npos);
   // A text too short to hold out a val split at all: --seq cannot help.
   const std::string tiny = (dir.path / "tiny.txt").string();
   std::ofstream(tiny) << "fifteen bytes..";
