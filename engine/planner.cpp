@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -59,6 +60,16 @@ struct Walk {
     const int64_t kvl = m.kv_heads >= P ? m.kv_heads / P : 1;  // kv heads replicated when fewer than P
     W = P > 1 ? Hql + 2 * kvl : m.heads + 2 * m.kv_heads;      // heads wide after the scatter
     a = int64_t(dtype_size(c.dtype));
+    // A bound on what the walk adds up, in doubles (no wrap): every layer's activations at a
+    // generous width per token, the classifier's logits, each of them with its gradient. Past 2^62
+    // bytes the size_t sums below could wrap; no machine holds a tenth of that.
+    const double width = double(F1) + double(QKV) + double(W) * double(D) + 16.0 * double(C);
+    const double bound = 2 * double(N) * (double(m.layers + 2) * width + double(m.padded_vocab)) * double(std::max<int64_t>(a, 4));
+    if (bound > 0x1p62)
+      throw PlanTooLarge("the activations of --batch " + std::to_string(B) + " x --seq " + std::to_string(T) +
+                         " on this model (" + m.describe() + ") pass 2^62 bytes a rank (about " +
+                         std::to_string(int64_t(bound / 0x1p60)) + " EiB): a shorter --seq, a smaller --batch or a "
+                         "larger --sp");
   }
   void act(int64_t elems) { A.alloc(size_t(elems) * a); }  // an activation (or its gradient)
   void f32(int64_t elems) { A.alloc(size_t(elems) * 4); }
@@ -256,8 +267,11 @@ MemoryPlan plan_memory(const PlanConfig& c) {
     // An all-to-all's buffers hold every rank's W heads of the whole sequence: B T W D each, more
     // than N QKV when kv heads are replicated (fewer than sp).
     // (sp 1 runs no all-to-all.)
-    p.host_comm = std::max(c.trains ? n * 4 + slice : 0,
-                           c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0);
+    // (the local communicator keeps its all-reduce slice between calls: under the all-to-alls too)
+    p.host_comm = c.local_comm && c.trains
+                      ? slice + std::max(n * 4, c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0)
+                      : std::max(c.trains ? n * 4 + slice : 0,
+                                 c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0);
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets,
   // positions and answer numbers of this rank's T / sp, all T positions, and with --doc-mask all T
@@ -317,26 +331,38 @@ int64_t longest_seq(PlanConfig c, double budget) {
     // refuses a longer --seq
     if (!x.model.is_llama() && c.max_seq_fixed && x.model.max_seq < T) return false;
     if (!x.model.is_llama() && !c.max_seq_fixed) x.model.max_seq = int(std::max<int64_t>(T, std::min(c.model.max_seq, 1024)));
-    return double(plan_memory(x).total) <= budget;
+    try {
+      return double(plan_memory(x).total) <= budget;
+    } catch (const PlanTooLarge&) {
+      return false;  // (past any machine: shorter fits first)
+    }
+  };
+  // The longest k x step (k in [1, most]) that fits, 0 when none (what fits is monotone in T).
+  auto longest = [&](int64_t step, int64_t most) -> int64_t {
+    if (most < 1 || !fits(step)) return 0;
+    int64_t lo = 1, hi = 2;  // in steps: lo fits
+    while (hi <= most && fits(hi * step)) lo = hi, hi *= 2;
+    hi = std::min(hi, most + 1);  // hi does not fit, or is past the cap
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      (fits(mid * step) ? lo : hi) = mid;
+    }
+    return lo * step;
   };
   // No longer than train accepts: a step's grad_accum x batch x seq tokens fit an int (options.cpp).
   const int64_t cap = std::min<int64_t>(int64_t(1) << 30, INT32_MAX / (int64_t(c.batch) * c.grad_accum)) / unit;
   // Fixed learned positions: the longest multiple of sp they hold, when it fits (below 64 sp the
   // search in units found nothing, "not even 64 sp", as if memory were short); else the units.
+  // Shorter than one unit, what fits is searched in multiples of sp (a --seq that fits said it did
+  // not: "0 (not even 64)").
   if (const int64_t held = positions_hold(c); held >= 0) {
     const int64_t T = std::min(held, cap * unit);
     if (T > 0 && fits(T)) return T;
-    if (held < unit) return 0;
+    if (held < unit) return longest(c.sp, held / c.sp);
   }
-  if (cap < 1 || !fits(unit)) return 0;
-  int64_t lo = 1, hi = 2;  // in units: lo fits
-  while (hi <= cap && fits(hi * unit)) lo = hi, hi *= 2;
-  hi = std::min(hi, cap + 1);  // hi does not fit, or is past the cap
-  while (hi - lo > 1) {
-    int64_t mid = (lo + hi) / 2;
-    (fits(mid * unit) ? lo : hi) = mid;
-  }
-  return lo * unit;
+  if (cap < 1) return 0;
+  if (!fits(unit)) return longest(c.sp, unit / c.sp - 1);
+  return longest(unit, cap);
 }
 
 namespace {
@@ -394,6 +420,22 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp, c.world);
   check_seq_fits(o, c.model);  // as train refuses it: a plan for a run that cannot start would mislead
+  // A synthetic task's own minimum length (passkey at --seq 8 needs 12): it reads no file to say so.
+  if (c.trains || c.evaluates) {
+    std::unique_ptr<Dataset> task;
+    try {
+      task = open_dataset(o.data, Split::train, o.seed, -1);
+    } catch (const std::exception&) {
+      // a file the plan does not read (the run names what is wrong with it)
+    }
+    if (task && task->synthetic()) {
+      try {
+        task->num_sequences(c.seq);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(std::string("--data: ") + e.what());  // as the run names it
+      }
+    }
+  }
   return c;
 }
 
@@ -405,7 +447,16 @@ std::string memory_shrinks(const PlanConfig& c) {
   if (c.mlp_chunks < 8) s += "--mlp-chunks 8, ";
   // A rank more on the same GPU (or CPU) holds a whole model more: sp and ZeRO pay over more of them.
   const std::string more = c.device == Device::cuda ? " over more GPUs" : " over more machines";
-  s += "a larger --sp" + more + ", a smaller --batch or --seq";
+  // (a larger --sp only where one divides the heads, the kv heads' way and the sequence)
+  bool larger_sp = false;
+  for (int p = c.sp + 1; p <= c.model.heads && !larger_sp; p++) {
+    try {
+      check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, p, 0);
+      larger_sp = true;
+    } catch (const std::exception&) {
+    }
+  }
+  s += (larger_sp ? "a larger --sp" + more + ", " : std::string()) + "a smaller --batch or --seq";
   if (c.trains && !c.zero) s += c.world > 1 ? ", --zero 1" : ", --zero 1" + more;
   return s;
 }
@@ -451,7 +502,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
     const int64_t T = longest_seq(c, budget);
     // gpt2's positions, fixed (--max-seq, a checkpoint's), may bound it before the memory does
     const int64_t held = positions_hold(c);
-    const int64_t first = held >= 0 && held < 64 * c.sp ? held : 64 * c.sp;
+    const int64_t first = held >= 0 && held < c.sp ? held : c.sp;  // the shortest tried (longest_seq)
     s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
     if (T == 0 && first == 0)
       s << " (the model's max_seq " << c.model.max_seq << " holds no multiple of --sp " << c.sp << ")";

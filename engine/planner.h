@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "engine/tensor.h"
@@ -43,6 +44,12 @@ struct PlanConfig {
                                               // (Options::reads_host_weights)
   bool max_seq_fixed = false;                 // gpt2's positions come from --max-seq or a checkpoint:
                                               // longest_seq may not grow them
+};
+
+// plan_memory's refusal of a shape whose activations alone pass 2^62 bytes (no machine holds them,
+// and the byte counts would wrap around 2^64 to a small total the memory check would pass).
+struct PlanTooLarge : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct MemoryPlan {

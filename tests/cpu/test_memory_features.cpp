@@ -296,6 +296,32 @@ TEST_CASE("a --steps 0 run plans and reserves its eval's forward, byte for byte"
   CHECK(plan_memory(offloads).pinned_host == 0);
 }
 
+TEST_CASE("the planner's edges: shorter than 64 sp, past 2^62 bytes, a task's minimum, no larger --sp", "[memory][planner]") {
+  // A --seq that fits, below one unit of 64 sp: named, not "0 (not even 64)".
+  PlanConfig small = plan_config(full_options("--seq 32 --data recall", 1));
+  const double fits_32 = double(plan_memory(small).total);
+  const int64_t T = longest_seq(small, fits_32);
+  CHECK(T >= 32);
+  CHECK(T < 64);
+  CHECK(longest_seq(plan_config(full_options("--seq 32 --data recall --sp 2 --heads 2", 2)), fits_32) % 2 == 0);
+  // Activations past 2^62 bytes (the size_t sums wrapped to a total below the weights' own): refused.
+  CHECK_THROWS_WITH(plan_memory(plan_config(full_options("--model llama --dim 4096 --heads 32 --kv-heads 8 --layers "
+                                                        "60000 --seq 1073741824 --batch 1", 1))),
+                    Catch::Contains("pass 2^62 bytes a rank"));
+  // ... and the longest --seq search steps over them.
+  CHECK(longest_seq(plan_config(full_options("--model llama --dim 64 --heads 2 --layers 1", 1)), 1e30) > 0);
+  // A synthetic task's own minimum: --plan no longer plans a run the data refuses.
+  CHECK_THROWS_WITH(plan_config(full_options("--seq 8", 1)), Catch::Contains("--data: passkey: sequence length 8 is too short"));
+  // The memory hint offers a larger --sp only where one divides the heads (4 heads at sp 4: none).
+  const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(
+      "--plan --sp 4 --ranks 4 --recompute --mlp-chunks 8 --zero 1 --memory 1M"));
+  INFO(r.out);
+  CHECK(r.out.find("(not even 4: try a smaller --batch or --seq)") != std::string::npos);
+  CHECK(r.out.find("larger --sp") == std::string::npos);
+  const ul_test::CmdResult two = ul_test::run_cmd(ul_test::train_cmd("--plan --sp 2 --ranks 2 --memory 1M"));
+  CHECK(two.out.find("a larger --sp") != std::string::npos);
+}
+
 TEST_CASE("the longest --seq the planner names is one train accepts", "[memory][planner]") {
   // A budget nothing fills: the search stops where grad_accum x batch x seq would pass 2^31 - 1
   // tokens (it once named 2^30 - 64 at --batch 8, which train refuses).
