@@ -172,6 +172,21 @@ const JsonValue* non_null(const JsonValue& j, const char* key) {
 // leaves out, as transformers does: original_max_position_embeddings (top level first, as Phi-3
 // keeps it, else max_position_embeddings) and a missing factor (max_position_embeddings / that).
 RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std::string& where) {
+  if (!o.is(JsonValue::Kind::object)) throw std::runtime_error(where + ": not a JSON object");
+  // transformers 5.x also takes one entry per layer type ({"full_attention": {...},
+  // "sliding_attention": {...}}); read as one entry it was plain RoPE at theta 10000, silently.
+  static const char* const kKnown[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                                       "high_freq_factor", "original_max_position_embeddings", "beta_fast",
+                                       "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim",
+                                       "partial_rotary_factor"};
+  for (const auto& [key, value] : o.fields) {
+    if (value.is(JsonValue::Kind::object))
+      throw std::runtime_error(where + ": \"" + key + "\" holds its own RoPE (one entry per layer type): ulysses "
+                               "runs one RoPE in every layer, and cannot run this model exactly");
+    if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }))
+      throw std::runtime_error(where + ": \"" + key + "\" is not a RoPE setting ulysses reads (a misspelt one would "
+                               "be left out and the model run otherwise)");
+  }
   const JsonValue* type = o.find("rope_type");
   if (!type) type = o.find("type");  // older files
   const std::string t = type ? type->as_string(where + ": rope type") : "default";
@@ -217,6 +232,13 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
   } else if (t == "yarn") {
     s.kind = RopeScaling::kYarn;
     const JsonValue* max_pos = top.find("max_position_embeddings");
+    // 4.x's yarn reads the entry's original_max_position_embeddings or max_position_embeddings,
+    // never the top level's, which 5.x reads first: only given in the entry, or equal, is one model.
+    if (orig && !given(orig_key) && max_pos && positions(*orig, orig_key) != positions(*max_pos, "max_position_embeddings"))
+      throw std::runtime_error(where + ": yarn's original_max_position_embeddings is given at the top level only (" +
+                               std::to_string(positions(*orig, orig_key)) + "), where transformers 4 reads "
+                               "max_position_embeddings (" + std::to_string(positions(*max_pos, "max_position_embeddings")) +
+                               ") instead: give it in the rope entry");
     if (!orig) orig = max_pos, orig_key = "max_position_embeddings";
     if (!orig) throw std::runtime_error(where + ": yarn scaling without original_max_position_embeddings");
     s.original_max_pos = positions(*orig, orig_key);

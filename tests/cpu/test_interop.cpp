@@ -354,6 +354,16 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                     Catch::Contains("original_max_position_embeddings is 32 at the top level and 64 in the rope entry"));
   CHECK_THROWS_WITH(with_top_orig("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64}"),
                     Catch::Contains("original_max_position_embeddings is 32 at the top level and 64 in the rope entry"));
+  // yarn's at the top level alone: 4.x reads max_position_embeddings (256) instead, 5.x that 32.
+  CHECK_THROWS_WITH(with_top_orig("{\"rope_type\":\"yarn\",\"factor\":4}"),
+                    Catch::Contains("given at the top level only (32), where transformers 4 reads "
+                                    "max_position_embeddings (256) instead"));
+  // One entry per layer type (5.x takes them), or a key no rule has: refused, not read as plain
+  // RoPE at theta 10000 or with the misspelt setting left out.
+  CHECK_THROWS_WITH(read_with("{\"full_attention\":{\"rope_type\":\"yarn\",\"rope_theta\":1000000,\"factor\":4}}"),
+                    Catch::Contains("\"full_attention\" holds its own RoPE (one entry per layer type)"));
+  CHECK_THROWS_WITH(read_with("{\"rope_type\":\"linear\",\"factor\":2,\"factr\":4}"),
+                    Catch::Contains("\"factr\" is not a RoPE setting ulysses reads"));
   CHECK_THROWS_WITH(read_with(llama3 + "}"), Catch::Contains("llama3 scaling without \"original_max_position_embeddings\""));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
                               "\"beta_fast\":1,\"beta_slow\":2}"),
