@@ -94,7 +94,10 @@ int JsonDocReader::get_past_blanks() {
 void JsonDocReader::take(std::string& text) {
   JsonValue v;
   try {
-    v = parse_json(buf_, where(), SIZE_MAX, &key_);  // the other fields checked, not kept
+    // The other fields checked, not kept; of what is kept (the text, the other fields' names), no
+    // more than a record of a text and its metadata holds: a text field that is an array of a
+    // million values is refused at the 65537th, not after taking 112 bytes each.
+    v = parse_json(buf_, where(), size_t(1) << 16, &key_);
   } catch (const JsonSyntaxError& e) {
     if (form_ == JsonForm::lines) throw;  // a byte of a line is a place in the file already
     // An element may span lines (pretty-printed): the line of the fault, not a byte of the element.

@@ -146,7 +146,8 @@ JsonValue hf_sibling_config(const std::string& path, const std::string& why) {
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": no model config: " + why + " and " + e.what());
   }
-  JsonValue v = parse_json(text, cfg_path);
+  // (a config holds a value in 4 bytes or more: "0": "a", ...; a quarter bounds a hostile file)
+  JsonValue v = parse_json(text, cfg_path, text.size() / 4 + 4096);
   if (!v.is(JsonValue::Kind::object)) throw std::runtime_error(cfg_path + ": not a JSON object");
   return v;
 }

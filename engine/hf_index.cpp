@@ -13,7 +13,11 @@ namespace ul {
 
 SafetensorsIndex read_safetensors_index(const std::string& path) {
   auto bad = [&](const std::string& why) { return std::runtime_error(path + ": " + why); };
-  const JsonValue root = parse_json(read_whole_file(path), path);
+  // An index entry ("model.layers.0.mlp.up_proj.weight": "model-00001-of-00004.safetensors") is
+  // 30 bytes or more a value: a bound at a sixteenth of the size in values keeps a hostile file's
+  // parse within 7 times its size.
+  const std::string text = read_whole_file(path);
+  const JsonValue root = parse_json(text, path, text.size() / 16 + 1024);
   if (!root.is(JsonValue::Kind::object)) throw bad("not a JSON object");
   const JsonValue* map = root.find("weight_map");
   if (!map || !map->is(JsonValue::Kind::object)) throw bad("no \"weight_map\" object (not a safetensors index)");

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace ul {
@@ -61,6 +62,9 @@ class SafetensorsFile {
   bool header_only_ = false;
   std::map<std::string, std::string> metadata_;
   std::vector<SafeTensorInfo> tensors_;
+  // name -> index in tensors_: find() once per name of an index's weight_map (a shard of 200,000
+  // tensors missing one took 89 s to say so, every lookup a scan)
+  std::unordered_map<std::string, size_t> by_name_;
 };
 
 // One tensor to write, fp32 in memory; the file stores it as F32 or BF16.

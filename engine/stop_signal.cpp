@@ -58,7 +58,10 @@ long long monotonic_ms() {  // clock_gettime is async-signal-safe
 std::atomic_flag g_in_handler = ATOMIC_FLAG_INIT;
 
 void on_signal_locked(int sig) {
-  g_count.fetch_add(1);
+  // The phase as the signal came, read before g_signal is set: the main thread, seeing the stop,
+  // may move on to the outputs (started_outputs) while this handler runs on another thread, and
+  // the line would promise what that phase does instead.
+  const int phase = g_phase.load();
   const int had = g_signal.load();
   // The first, or the first from a person or a scheduler after a SIGPIPE: `train | tee` under
   // Ctrl-C gets both in either order, and the stop (its record, the exit status) is the Ctrl-C's.
@@ -68,7 +71,6 @@ void on_signal_locked(int sig) {
     say("\ntrain: ");
     say(stop_signal_name(sig));  // a string literal: no allocation in a handler
     if (sig == SIGPIPE) say(" (a write to a closed pipe or socket: the reader of train's output is gone?)");
-    const int phase = g_phase.load();
     say(phase == 1   ? ": stopping after this step, or an eval before its next batch (a checkpoint is"
                        " saved with --save-dir)"
         : phase == 2 ? ": stopping before the final eval's next batch, or after the length probe in flight (the"
@@ -94,7 +96,6 @@ void on_signal_locked(int sig) {
   if (sig != SIGINT || since < g_repeat_ms.load()) {
     say("train: ");
     say(stop_signal_name(sig));
-    const int phase = g_phase.load();
     say(phase == 1   ? " again: already stopping after this step"
         : phase == 0 ? " again: already stopping once start-up is done"
                      : " again: already stopping, as said above");
@@ -110,6 +111,9 @@ void on_signal(int sig) {
   while (g_in_handler.test_and_set(std::memory_order_acquire)) {
   }
   on_signal_locked(sig);
+  // Counted once its line is written: a test hold (test_hold) waiting for it then finds the line
+  // out before the run moves on.
+  g_count.fetch_add(1);
   g_in_handler.clear(std::memory_order_release);
   errno = saved_errno;
 }

@@ -187,29 +187,37 @@ void Tokenizer::AddedTokens::index() {
   for (auto& l : lengths) l.clear();
   for (uint32_t k = 0; k < entries.size(); k++) {
     const std::string& t = entries[k].text;
-    uint64_t h = kHashStart;
+    uint64_t h = 0;
     for (unsigned char c : t) h = hash_step(h, c);
     by_hash.emplace(h, k);
     std::vector<uint32_t>& l = lengths[static_cast<unsigned char>(t[0])];
     if (std::find(l.begin(), l.end(), uint32_t(t.size())) == l.end()) l.push_back(uint32_t(t.size()));
   }
-  for (auto& l : lengths) std::sort(l.begin(), l.end(), std::greater<uint32_t>());
+  size_t longest = 0;
+  for (auto& l : lengths) {
+    std::sort(l.begin(), l.end(), std::greater<uint32_t>());
+    if (!l.empty()) longest = std::max<size_t>(longest, l.front());
+  }
+  powers.assign(longest + 1, 1);
+  for (size_t L = 1; L <= longest; L++) powers[L] = powers[L - 1] * kBase;
 }
 
 bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const {
   if (entries.empty()) return false;
-  std::vector<uint64_t> prefix;  // prefix[L]: the hash of s[i, i + L)
+  // prefix[k]: the hash of s[at, at + k), made as far as a lookup needs it; the hash of s[i, i + L)
+  // is then prefix[i + L - at] - prefix[i - at] B^L.
+  std::vector<uint64_t> prefix{0};
   for (size_t i = at; i < s.size(); i++) {
     const std::vector<uint32_t>& ls = lengths[static_cast<unsigned char>(s[i])];
     if (ls.empty()) continue;
     const size_t longest = std::min<size_t>(ls.front(), s.size() - i);
-    prefix.assign(longest + 1, kHashStart);
-    for (size_t k = 0; k < longest; k++) prefix[k + 1] = hash_step(prefix[k], static_cast<unsigned char>(s[i + k]));
+    while (prefix.size() <= i + longest - at)
+      prefix.push_back(hash_step(prefix.back(), static_cast<unsigned char>(s[at + prefix.size() - 1])));
     for (uint32_t L : ls) {
       if (L > longest) continue;
       // The entry of that text that comes first (entries' order: two of one text, the first wins).
       uint32_t best = UINT32_MAX;
-      const auto [from, to] = by_hash.equal_range(prefix[L]);
+      const auto [from, to] = by_hash.equal_range(prefix[i + L - at] - prefix[i - at] * powers[L]);
       for (auto it = from; it != to; ++it)
         if (it->second < best && s.compare(i, L, entries[it->second].text) == 0) best = it->second;
       if (best != UINT32_MAX) {

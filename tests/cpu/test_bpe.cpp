@@ -391,6 +391,17 @@ TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignor
     w.push_back(581);
     return w;
   }());
+  // A long added token (the lookup hashes stretches of the text in O(1) a length: it once cost
+  // every byte the longest entry's length), found where it is whole, between shorter ones.
+  const std::string long_token(3000, 'a');
+  const Tokenizer longer(edited(good, {{"\"added_tokens\": [", "\"added_tokens\": [" + added + "{\"id\": 582, "
+                                        "\"content\": \"" + long_token + "\", \"single_word\": false, \"lstrip\": "
+                                        "false, \"rstrip\": false, \"normalized\": false, \"special\": false}, "}}));
+  want = {577};
+  for (int id : {582, 582}) want.push_back(id);
+  for (int id : base.encode(std::string(100, 'a'))) want.push_back(id);
+  want.push_back(578);
+  CHECK(longer.encode("ab" + std::string(6100, 'a') + "abc") == want);
   CHECK(base.encode("the").size() < 3);  // (merged through "he")
   // ignore_merges: a piece that is a token whole stays whole though no merge reaches it (Llama 3's
   // rule); without it, the merges decide. "zqxj" (id 576) is reached by none.
