@@ -288,11 +288,12 @@ Trainer::Trainer(const Options& o, Comm& world)
       ctx_(run_device(o)), guard_(ctx_) {
   omp_set_num_threads(threads_);
   std::vector<float> ckpt;
-  ModelConfig cfg;
+  ModelConfig cfg, file_cfg;  // file_cfg: the --checkpoint's own, as its header gives it
   if (!o.checkpoint.empty()) {
-    // A resume's weights are --save-dir's: the file gives the shape alone (its weights were read in
-    // full, then replaced).
-    cfg = checkpoint_model_config(o.checkpoint, ckpt, !o.resume);
+    // The header alone: the weights are read once the run's checks have passed (a flag's mistake
+    // or a plan larger than the machine was said only after a 32 GB model.bin had been read), and
+    // a resume's are --save-dir's.
+    cfg = file_cfg = checkpoint_model_config(o.checkpoint, ckpt, false);
     const std::string own = rope_scaling_str(cfg.rope_scaling);
     apply_checkpoint_flags(o, cfg);
     if (o.set_by_user("--rope-scaling") && own != "none" && own != rope_scaling_str(cfg.rope_scaling))
@@ -440,6 +441,15 @@ Trainer::Trainer(const Options& o, Comm& world)
   model_->recompute = o.recompute;
   model_->offload = o.offload;
   model_->mlp_chunks = o.mlp_chunks;
+  if (!o.resume && !o.checkpoint.empty() && !is_hf_checkpoint_path(o.checkpoint)) {
+    if (!o.quiet && world.rank() == 0 && model_->params.numel() >= (size_t(200) << 20))
+      std::printf("load    | %s: %.2fB weights ...\n", o.checkpoint.c_str(), double(model_->params.numel()) / 1e9),
+          std::fflush(stdout);
+    // The same file still: one replaced since its header was read is another model.
+    if (checkpoint_model_config(o.checkpoint, ckpt, true).describe() != file_cfg.describe())
+      throw std::runtime_error("--checkpoint " + o.checkpoint + ": the file changed while the run started (its "
+                               "header now describes another model)");
+  }
   if (!ckpt.empty()) check_finite_weights(o.checkpoint, model_->params.specs(), ckpt.data());
   if (o.resume) {
     // Nothing yet: the resume loads --save-dir's weights over the zeroed buffer (engine/resume.cpp,

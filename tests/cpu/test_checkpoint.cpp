@@ -1552,6 +1552,17 @@ TEST_CASE("a saved model.bin starts a new run from its weights (--checkpoint)", 
   CmdResult plan = train(rest + " --plan --checkpoint " + model);
   CHECK(plan.code == 0);
   CHECK(plan.out.find("plan | gpt2 layers=1 dim=32 heads=2 ") != std::string::npos);
+  // Its weights are read once the run's checks pass: a flag's mistake is said first, before a
+  // large file is read (a payload damaged past the header shows which came first).
+  {
+    std::string bytes = bytes_of(model);
+    bytes[bytes.size() - 5] ^= 0x40;
+    const std::string damaged = (d / "damaged.bin").string();
+    std::ofstream(damaged, std::ios::binary) << bytes;
+    expect_refused(rest + " --steps 1 --checkpoint " + damaged + " --seq 2048",
+                   "--seq 2048 exceeds the model's max sequence 1024");
+    expect_refused(rest + " --steps 1 --checkpoint " + damaged, damaged + ": checksum mismatch");
+  }
   // A shape flag beside it would be ignored, so it is refused; a directory is not a checkpoint file.
   expect_refused(rest + " --steps 1 --checkpoint " + model + " --dim 64",
                  "--dim: the model's shape comes from --checkpoint " + model);
