@@ -24,6 +24,7 @@
 #include "engine/gemm.h"
 #endif
 #include "engine/hf_format.h"
+#include "engine/hf_index.h"
 #include "engine/llmc_format.h"
 #include "engine/planner.h"
 #include "engine/ranks_agree.h"
@@ -282,6 +283,29 @@ ModelInputs device_inputs(Context& c, const HostBatch& hb) {
   return in;
 }
 
+namespace {
+
+// The most bytes of a Hugging Face checkpoint held in memory at once as it loads: the file, or a
+// sharded one's largest shard; 0 for other checkpoints (read in pieces) and none.
+size_t hf_checkpoint_read_bytes(const std::string& path) {
+  std::error_code ec;  // (a file that cannot be sized is refused, naming it, as it is read)
+  if (is_safetensors_path(path)) {
+    const auto n = std::filesystem::file_size(path, ec);
+    return ec ? 0 : size_t(n);
+  }
+  if (!is_safetensors_index_path(path)) return 0;
+  size_t most = 0;
+  try {
+    for (const std::string& shard : read_safetensors_index(path).files)
+      if (const auto n = std::filesystem::file_size(shard, ec); !ec) most = std::max(most, size_t(n));
+  } catch (const std::exception&) {
+    // a bad index is refused, naming it, when the model is loaded
+  }
+  return most;
+}
+
+}  // namespace
+
 Trainer::Trainer(const Options& o, Comm& world)
     : o_(o), grid_(world, o.sp), hosts_(hosts_of(world, o)), threads_(threads_for_rank(o.threads, hosts_,
                                 omp_threads_per_rank(std::strcmp(world.backend(), "local") == 0 ? world.size() : 1))),
@@ -395,6 +419,9 @@ Trainer::Trainer(const Options& o, Comm& world)
   size_t load = 0;
   if (o.resume) load = 4 * n_params + 8 * (mine.hi - mine.lo);
   else if (!o.checkpoint.empty() && (ctx_.device != Device::cpu || o.steps == 0)) load = 4 * n_params;
+  // A safetensors file is read whole beside that copy (a sharded one, a shard at a time: the
+  // largest); on the CPU, training, both go before the gradients and AdamW's state, which outweigh them.
+  if (!o.resume && (ctx_.device != Device::cpu || o.steps == 0)) load += hf_checkpoint_read_bytes(o.checkpoint);
   // A device run's save copies the weights and this rank's AdamW shard to the host to write them
   // (counted for every rank, as a load is); the CPU writes them from where they are.
   if (!o.save_dir.empty() && o.steps > 0 && ctx_.device != Device::cpu)
