@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,6 +80,7 @@ static const char* kOutOfMemory =
 }
 
 static int run(const Options& o, Comm& world) {
+  if (o.comm != "local" && world.size() > 1) in_multi_process_job(world.rank() == 0);  // (engine/stop_signal.h)
   // The lead says what a collective waits for, at --heartbeat's period (parallel/wait_notice.h).
   std::optional<WaitNoticeScope> notice;
   if (world.rank() == 0 && !o.quiet) notice.emplace(wait_notice_period(o.heartbeat));
@@ -104,7 +106,22 @@ static int after_mpi_start(Body&& body) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: error: %s\n", dynamic_cast<const std::bad_alloc*>(&e) ? kOutOfMemory : e.what());
+    const char* why = dynamic_cast<const std::bad_alloc*>(&e) ? kOutOfMemory : e.what();
+    const auto [rank, size] = mpi_world_place();
+    if (rank > 0) {
+      // A failure every rank meets (a bad flag, a damaged checkpoint) is rank 0's to say: it ends
+      // the job, and the launcher's SIGTERM reaches this rank within about 2 s (Open MPI 4.1:
+      // SIGCONT, then SIGTERM a second later), which then adds no copy of the same message. One
+      // this rank met alone is said after that wait, with its rank.
+      for (int ms = 0; ms < 2500 && stop_signal() != SIGTERM; ms += 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (stop_signal() == SIGTERM) {  // (ended now: MPI_Finalize would wait for ranks being torn down)
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+      std::fprintf(stderr, "train: error: rank %d of %d: %s\n", rank, size, why);
+    } else {
+      std::fprintf(stderr, "train: error: %s\n", why);
+    }
     std::fflush(stderr);
     abort_job_if_shared(1);
     return 1;

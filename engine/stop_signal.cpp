@@ -21,6 +21,7 @@ std::atomic<int> g_signal{0};           // lock-free: safe to store from a handl
 std::atomic<long long> g_first_ms{0};  // when the first came (CLOCK_MONOTONIC)
 std::atomic<int> g_count{0};           // signals received (the test hold "save" waits for a second)
 std::atomic<bool> g_multi_process{false};  // in_multi_process_job()
+std::atomic<bool> g_silent{false};         // in_multi_process_job(false): a rank other than 0 says nothing
 std::atomic<int> g_phase{0};  // what the first signal's line says: 0 start-up, 1 training, 2 final, 3 outputs
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
@@ -41,6 +42,7 @@ bool g_left_ignored[NSIG] = {};
 std::atomic<long long> g_repeat_ms{2000};
 
 void say(const char* text) {  // write(2) is async-signal-safe; printf is not
+  if (g_silent.load()) return;
   ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
   (void)ignored;
 }
@@ -78,10 +80,17 @@ void on_signal_locked(int sig) {
         : phase == 3 ? ": the run is ending: what it writes now (plots, exports, the sample) finishes first, then it stops"
                      : ": stopping once start-up is done, before any step");
     // (where SIGINT is left ignored, a Ctrl-C cannot end it: then SIGKILL is the way)
-    say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now" : "; Ctrl-C again to stop now");
-    if (sig == SIGTERM && g_multi_process.load())
-      say(" (a launcher also sends SIGTERM to end the job when another process failed: then that process's "
-          "error says why)");
+    if (!g_multi_process.load()) {
+      say(g_left_ignored[SIGINT] ? "; SIGKILL to stop now" : "; Ctrl-C again to stop now");
+    } else {
+      // A launcher turns a Ctrl-C into a SIGTERM to every process and kills them soon after (Open
+      // MPI 4.1's mpirun: SIGKILL 2 s later, before most saves); it forwards SIGUSR1 alone.
+      if (sig == SIGTERM)
+        say(" (a launcher also sends SIGTERM to end the job when another process failed: then that process's "
+            "error says why)");
+      say("; a launcher may kill the job soon after a SIGTERM or a Ctrl-C: to stop under mpirun and save, send it "
+          "SIGUSR1");
+    }
     say("\n");
     return;
   }
@@ -163,7 +172,10 @@ void guard_process() {
 
 int stop_signal() { return g_signal.load(); }
 
-void in_multi_process_job() { g_multi_process.store(true); }
+void in_multi_process_job(bool lead) {
+  g_multi_process.store(true);
+  g_silent.store(!lead);
+}
 void started_training() { g_phase.store(1); }
 void started_final() { g_phase.store(2); }
 void started_outputs() { g_phase.store(3); }

@@ -28,8 +28,11 @@ void install_stop_handlers();
 // One of several processes (--comm mpi or nccl over 2+ ranks): a first SIGTERM's line adds that a
 // launcher also sends it to end the job when another process failed (Open MPI's mpirun after an
 // MPI_Abort, srun after a task exited non-zero), so its "stopping after this step" is not taken
-// for the cause: that process's error is.
-void in_multi_process_job();
+// for the cause: that process's error is; and every first line says to stop with SIGUSR1 (a
+// launcher kills the job soon after a SIGTERM or a Ctrl-C, which it turns into SIGTERMs), not
+// "Ctrl-C again". Only the lead (rank 0) prints them: every process got the signal (rank 0 names
+// one that reached another rank alone when the ranks agree to stop).
+void in_multi_process_job(bool lead);
 void started_training();
 void started_final();
 void started_outputs();

@@ -83,7 +83,6 @@ int train_rank(const Options& o, Comm& world) {
   // From the start: a SIGTERM or SIGUSR1 during a long start-up (a large checkpoint loading) would
   // otherwise end the process by its default action; it stops the run before its first step.
   install_stop_handlers();
-  if (o.comm != "local" && world.size() > 1) in_multi_process_job();
   if (lead) test_hold("start-up");
   check_output_paths(o);  // before anything is opened for writing: the log is, when the Trainer is made
   // Before anything in --save-dir is touched (its crashed saves removed, its log opened).

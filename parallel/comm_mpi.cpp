@@ -42,6 +42,16 @@ void abort_job_if_shared(int code) {
   if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
 }
 
+std::pair<int, int> mpi_world_place() {
+  int init = 0, fin = 0, rank = -1, size = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) return {-1, 0};
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return {rank, size};
+}
+
 namespace {
 size_t g_max_count = INT_MAX;
 

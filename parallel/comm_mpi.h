@@ -6,6 +6,7 @@
 // but never coming is what mpi_world's timeout is for.
 #pragma once
 #include <memory>
+#include <utility>
 
 #include "parallel/communicator.h"
 
@@ -44,5 +45,7 @@ void set_mpi_max_count(size_t elements);
 // damaged rank_R.json read by one rank alone, a full disk under rank 0's save). Returns when MPI is
 // not running or the job has one process, for the caller's own exit.
 void abort_job_if_shared(int code);
+// This process's rank in MPI's world and the world's size ({-1, 0} when MPI is not running).
+std::pair<int, int> mpi_world_place();
 
 }  // namespace ul

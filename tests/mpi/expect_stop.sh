@@ -29,6 +29,9 @@ stopped_rc=$?
 cat "$out"
 [ "$stopped_rc" -ne 0 ] || fail "the stopped run exited 0"
 grep -q "stopped | SIG$sig after step 3 " "$out" || fail "no 'stopped | SIG$sig after step 3' line"
+# Every rank got it; rank 0 alone says so, with the way to stop under mpirun (not "Ctrl-C again").
+[ "$(grep -c "train: SIG$sig: stopping after this step" "$out")" -eq 1 ] || fail "not one 'train: SIG$sig: stopping' line"
+grep -q "to stop under mpirun and save, send it SIGUSR1" "$out" || fail "the signal's line does not say to stop with SIGUSR1"
 [ -f "$dir/run/step_00000003/COMPLETE" ] || fail "no complete checkpoint at step 3"
 ranks=$(grep -o '^world   | [0-9]* rank' "$out" | grep -o '[0-9]*')
 [ -n "$ranks" ] || fail "no 'world' line in the stopped run's output"
