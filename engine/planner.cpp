@@ -19,6 +19,7 @@
 #include "parallel/zero.h"
 
 #include "parallel/comm_util.h"
+#include "parallel/launcher.h"
 
 namespace ul {
 
@@ -521,7 +522,15 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   return s.str();
 }
 
-int plan_main(const Options& o) {
+int plan_main(const Options& given) {
+  // Under a launcher (mpirun -np 4 train --comm mpi --plan), its world is the one to plan for, and
+  // one process prints it (the plan starts no MPI: each process would print its own copy).
+  Options o = given;
+  const Launcher l = detect_launcher();
+  if (o.comm != "local" && l.size > 1 && l.name != "RANK and WORLD_SIZE") {
+    if (!o.set_by_user("--ranks")) o.ranks = l.size;
+    if (l.rank > 0) return 0;
+  }
   PlanConfig c = plan_config(o);
   std::fputs(format_plan(c, plan_memory(c), o.memory).c_str(), stdout);
   return 0;
