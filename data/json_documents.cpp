@@ -99,6 +99,9 @@ void JsonDocReader::take(std::string& text) {
     // million values is refused at the 65537th, not after taking 112 bytes each.
     v = parse_json(buf_, where(), size_t(1) << 16, &key_);
   } catch (const JsonSyntaxError& e) {
+    if (e.problem.rfind("more values than", 0) == 0)  // the bound above, not a syntax error
+      throw std::runtime_error(where() + ": more than 65536 values in its \"" + key_ + "\" field and the other "
+                               "fields' names: not a document (its \"" + key_ + "\" must be a string)");
     if (form_ == JsonForm::lines) throw;  // a byte of a line is a place in the file already
     // An element may span lines (pretty-printed): the line of the fault, not a byte of the element.
     const size_t at = std::min(e.offset, buf_.size());

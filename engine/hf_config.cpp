@@ -174,12 +174,19 @@ const JsonValue* non_null(const JsonValue& j, const char* key) {
 // keeps it, else max_position_embeddings) and a missing factor (max_position_embeddings / that).
 RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std::string& where) {
   if (!o.is(JsonValue::Kind::object)) throw std::runtime_error(where + ": not a JSON object");
+  const JsonValue* type = o.find("rope_type");
+  if (!type) type = o.find("type");  // older files
+  const std::string t = type ? type->as_string(where + ": rope type") : "default";
+  if (t != "default" && t != "linear" && t != "llama3" && t != "yarn")
+    throw std::runtime_error(where + ": rope scaling '" + t +
+                             "' (ulysses runs default, linear, llama3 and yarn; it cannot run this model exactly)");
   // transformers 5.x also takes one entry per layer type ({"full_attention": {...},
   // "sliding_attention": {...}}); read as one entry it was plain RoPE at theta 10000, silently.
   static const char* const kKnown[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
                                        "high_freq_factor", "original_max_position_embeddings", "beta_fast",
                                        "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim",
-                                       "partial_rotary_factor"};
+                                       "partial_rotary_factor",
+                                       "finetuned"};  // (YaRN Llama 2's: transformers ignores it too)
   for (const auto& [key, value] : o.fields) {
     if (value.is(JsonValue::Kind::object))
       throw std::runtime_error(where + ": \"" + key + "\" holds its own RoPE (one entry per layer type): ulysses "
@@ -188,9 +195,6 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
       throw std::runtime_error(where + ": \"" + key + "\" is not a RoPE setting ulysses reads (a misspelt one would "
                                "be left out and the model run otherwise)");
   }
-  const JsonValue* type = o.find("rope_type");
-  if (!type) type = o.find("type");  // older files
-  const std::string t = type ? type->as_string(where + ": rope type") : "default";
   RopeScaling s;
   auto need = [&](const char* key) -> const JsonValue& {
     const JsonValue* v = o.find(key);

@@ -331,6 +331,7 @@ int64_t longest_seq(PlanConfig c, double budget) {
     // state once weighed on every shorter T); given, or a checkpoint's, they bound it: train
     // refuses a longer --seq
     if (!x.model.is_llama() && c.max_seq_fixed && x.model.max_seq < T) return false;
+    if (T < c.min_seq) return false;  // (the task refuses it: passkey below 12)
     if (!x.model.is_llama() && !c.max_seq_fixed) x.model.max_seq = int(std::max<int64_t>(T, std::min(c.model.max_seq, 1024)));
     try {
       return double(plan_memory(x).total) <= budget;
@@ -338,10 +339,12 @@ int64_t longest_seq(PlanConfig c, double budget) {
       return false;  // (past any machine: shorter fits first)
     }
   };
-  // The longest k x step (k in [1, most]) that fits, 0 when none (what fits is monotone in T).
+  // The longest k x step (k in [k0, most], k0 the first the task takes) that fits, 0 when none
+  // (above the task's minimum, what fits is monotone in T).
   auto longest = [&](int64_t step, int64_t most) -> int64_t {
-    if (most < 1 || !fits(step)) return 0;
-    int64_t lo = 1, hi = 2;  // in steps: lo fits
+    const int64_t k0 = std::max<int64_t>(1, (c.min_seq + step - 1) / step);
+    if (most < k0 || !fits(k0 * step)) return 0;
+    int64_t lo = k0, hi = 2 * k0;  // in steps: lo fits
     while (hi <= most && fits(hi * step)) lo = hi, hi *= 2;
     hi = std::min(hi, most + 1);  // hi does not fit, or is past the cap
     while (hi - lo > 1) {
@@ -362,7 +365,7 @@ int64_t longest_seq(PlanConfig c, double budget) {
     if (held < unit) return longest(c.sp, held / c.sp);
   }
   if (cap < 1) return 0;
-  if (!fits(unit)) return longest(c.sp, unit / c.sp - 1);
+  if (unit >= c.min_seq && !fits(unit)) return longest(c.sp, unit / c.sp - 1);
   return longest(unit, cap);
 }
 
@@ -421,20 +424,23 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
   c.model.validate_for(c.device);
   check_ulysses_config(c.model.heads, c.model.kv_heads, c.seq, c.sp, c.world);
   check_seq_fits(o, c.model);  // as train refuses it: a plan for a run that cannot start would mislead
-  // A synthetic task's own minimum length (passkey at --seq 8 needs 12): it reads no file to say so.
-  if (c.trains || c.evaluates) {
-    std::unique_ptr<Dataset> task;
-    try {
-      task = open_dataset(o.data, Split::train, o.seed, -1);
-    } catch (const std::exception&) {
-      // a file the plan does not read (the run names what is wrong with it)
-    }
-    if (task && task->synthetic()) {
+  // A synthetic task's own minimum length (passkey at --seq 8 needs 12), which longest_seq keeps
+  // to as well: it reads no file to say so (a text: or shards: spec is not opened here).
+  if ((c.trains || c.evaluates) && synthetic_spec(o.data)) {
+    const std::unique_ptr<Dataset> task = open_dataset(o.data, Split::train, o.seed, -1);
+    auto takes = [&](int T) {
       try {
-        task->num_sequences(c.seq);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(std::string("--data: ") + e.what());  // as the run names it
+        task->num_sequences(T);
+        return true;
+      } catch (const std::exception&) {
+        return false;
       }
+    };
+    while (c.min_seq < 4096 && !takes(c.min_seq)) c.min_seq++;
+    try {
+      task->num_sequences(c.seq);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("--data: ") + e.what());  // as the run names it
     }
   }
   return c;
@@ -503,7 +509,8 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
     const int64_t T = longest_seq(c, budget);
     // gpt2's positions, fixed (--max-seq, a checkpoint's), may bound it before the memory does
     const int64_t held = positions_hold(c);
-    const int64_t first = held >= 0 && held < c.sp ? held : c.sp;  // the shortest tried (longest_seq)
+    // the shortest tried (longest_seq): sp, or the task's minimum rounded up to a multiple of it
+    const int64_t first = held >= 0 && held < c.sp ? held : std::max<int64_t>(1, (c.min_seq + c.sp - 1) / c.sp) * c.sp;
     s << "plan | longest --seq that fits " << mib(budget) << " per rank: " << T;
     if (T == 0 && first == 0)
       s << " (the model's max_seq " << c.model.max_seq << " holds no multiple of --sp " << c.sp << ")";

@@ -42,6 +42,7 @@ struct PlanConfig {
   bool evaluates = true;                      // --steps 0 without an eval (an export, a sample): no arena
   bool host_weights = true;                   // --steps 0 with bf16: f32 masters kept for a host copy
                                               // (Options::reads_host_weights)
+  int min_seq = 1;                            // the shortest --seq the data takes (passkey's 12 at 5 digits)
   bool max_seq_fixed = false;                 // gpt2's positions come from --max-seq or a checkpoint:
                                               // longest_seq may not grow them
 };

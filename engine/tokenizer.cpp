@@ -132,7 +132,8 @@ void Tokenizer::encode_into(std::string_view text, std::vector<int>& out, size_t
   // over special token's bytes stay in the span around them.
   size_t span = from, pos = 0, len = 0;
   int id = -1;
-  for (size_t at = from; added_raw_.find(text, at, pos, len, id); at = pos + len) {
+  AddedTokens::Scan scan;
+  for (size_t at = from; added_raw_.find(text, at, pos, len, id, scan); at = pos + len) {
     if (id < 0) continue;
     encode_span(text, span, pos, out);
     out.push_back(id);
@@ -155,7 +156,8 @@ void Tokenizer::encode_span(std::string_view text, size_t from, size_t to, std::
   try {
     size_t span = at, pos = 0, len = 0;
     int id = -1;
-    for (size_t k = at; added_normalized_.find(s, k, pos, len, id); k = pos + len) {
+    AddedTokens::Scan scan;
+    for (size_t k = at; added_normalized_.find(s, k, pos, len, id, scan); k = pos + len) {
       if (id < 0) continue;
       encode_pieces(s, span, pos, base, out);
       out.push_back(id);
@@ -202,22 +204,28 @@ void Tokenizer::AddedTokens::index() {
   for (size_t L = 1; L <= longest; L++) powers[L] = powers[L - 1] * kBase;
 }
 
-bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const {
+bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id, Scan& scan) const {
   if (entries.empty()) return false;
-  // prefix[k]: the hash of s[at, at + k), made as far as a lookup needs it; the hash of s[i, i + L)
-  // is then prefix[i + L - at] - prefix[i - at] B^L.
-  std::vector<uint64_t> prefix{0};
+  // The hash of s[i, i + L) is prefix[i + L - base] - prefix[i - base] B^L (the hashes run on from
+  // where the scan began, so dropping the array's front changes no value).
+  std::vector<uint64_t>& prefix = scan.prefix;
+  if (!scan.started) scan.started = true, scan.base = at, prefix.assign(1, 0);
   for (size_t i = at; i < s.size(); i++) {
     const std::vector<uint32_t>& ls = lengths[static_cast<unsigned char>(s[i])];
     if (ls.empty()) continue;
+    if (i - scan.base >= 65536 && i - scan.base >= prefix.size() / 2) {  // nothing reads before i again
+      prefix.erase(prefix.begin(), prefix.begin() + long(i - scan.base));
+      scan.base = i;
+    }
     const size_t longest = std::min<size_t>(ls.front(), s.size() - i);
-    while (prefix.size() <= i + longest - at)
-      prefix.push_back(hash_step(prefix.back(), static_cast<unsigned char>(s[at + prefix.size() - 1])));
+    while (prefix.size() <= i + longest - scan.base)
+      prefix.push_back(hash_step(prefix.back(), static_cast<unsigned char>(s[scan.base + prefix.size() - 1])));
+    const size_t k = i - scan.base;
     for (uint32_t L : ls) {
       if (L > longest) continue;
       // The entry of that text that comes first (entries' order: two of one text, the first wins).
       uint32_t best = UINT32_MAX;
-      const auto [from, to] = by_hash.equal_range(prefix[i + L - at] - prefix[i - at] * powers[L]);
+      const auto [from, to] = by_hash.equal_range(prefix[k + L] - prefix[k] * powers[L]);
       for (auto it = from; it != to; ++it)
         if (it->second < best && s.compare(i, L, entries[it->second].text) == 0) best = it->second;
       if (best != UINT32_MAX) {

@@ -108,8 +108,19 @@ class Tokenizer {
     static uint64_t hash_step(uint64_t h, unsigned char b) { return h * kBase + b + 1; }
     void index();  // lengths and by_hash from entries (sorted)
     bool empty() const { return entries.empty(); }
-    // The first match in s[at, size), the longest there: true with its place [pos, pos + len) and id.
-    bool find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id) const;
+    // Prefix hashes of one text, kept from call to call of find() over it (each call starts at or
+    // after the last match's end): prefix[k] is the hash of the text from where the scan began to
+    // base + k; what lies before the place a scan has reached is dropped as it goes, so the array
+    // holds about the longest entry's length, not the text's (a match rebuilding it each call made
+    // a long entry cost its length a match: "ab" x 100,000 beside a 100 KB token took 10 s).
+    struct Scan {
+      bool started = false;
+      size_t base = 0;
+      std::vector<uint64_t> prefix;
+    };
+    // The first match in s[at, size), the longest there: true with its place [pos, pos + len) and
+    // id. scan: the same for every call over s, with at never moving back.
+    bool find(std::string_view s, size_t at, size_t& pos, size_t& len, int& id, Scan& scan) const;
   };
   // text[from, to) without the added tokens found before normalization (or all of it).
   void encode_span(std::string_view text, size_t from, size_t to, std::vector<int>& out) const;

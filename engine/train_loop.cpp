@@ -191,7 +191,8 @@ int train_rank(const Options& o, Comm& world) {
         "at%s: %s\n", o.sample, (long long)outputs.sample_positions(), trained_seq,
         trained_seq == o.seq && (o.steps > 0 || o.resume) ? "" : (" (" + o.checkpoint + "'s rank_0.json)").c_str(),
         model.cfg.is_llama() ? "the sample past it tests extrapolation"
-                             : "its learned positions past it never had a gradient, so the sample past it is noise");
+                             : "its learned positions past it had no gradient in that run (unless an earlier run "
+                               "trained them), so the sample past it may be noise");
   // transformers' from_pretrained(DIR) looks for DIR/model.safetensors (or an index) only.
   if (!o.export_safetensors.empty() &&
       std::filesystem::path(o.export_safetensors).filename() != "model.safetensors")

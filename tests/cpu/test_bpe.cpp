@@ -402,6 +402,13 @@ TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignor
   for (int id : base.encode(std::string(100, 'a'))) want.push_back(id);
   want.push_back(578);
   CHECK(longer.encode("ab" + std::string(6100, 'a') + "abc") == want);
+  // Matches one after another over 80 KB, past where the scan drops the hashes behind it (64 KiB),
+  // then the long one: every match found, none misplaced.
+  std::string many;
+  for (int k = 0; k < 40000; k++) many += "ab";
+  want.assign(40000, 577);
+  want.push_back(582);
+  CHECK(longer.encode(many + long_token) == want);
   CHECK(base.encode("the").size() < 3);  // (merged through "he")
   // ignore_merges: a piece that is a token whole stays whole though no merge reaches it (Llama 3's
   // rule); without it, the merges decide. "zqxj" (id 576) is reached by none.

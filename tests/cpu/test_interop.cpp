@@ -364,6 +364,12 @@ TEST_CASE("HF rope scaling: yarn written and read, with transformers' defaults a
                     Catch::Contains("\"full_attention\" holds its own RoPE (one entry per layer type)"));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"linear\",\"factor\":2,\"factr\":4}"),
                     Catch::Contains("\"factr\" is not a RoPE setting ulysses reads"));
+  // A rule it cannot run is named as that, whatever keys it has; YaRN Llama 2's "finetuned" is read
+  // past, as transformers does.
+  CHECK_THROWS_WITH(read_with("{\"type\":\"longrope\",\"long_factor\":[1,2],\"short_factor\":[1,2]}"),
+                    Catch::Contains("rope scaling 'longrope' (ulysses runs default, linear, llama3 and yarn"));
+  CHECK(read_with("{\"type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,\"finetuned\":true}") ==
+        "yarn:factor=4,orig=64,beta_fast=32,beta_slow=1,attn=1.1386294,truncate=1");
   CHECK_THROWS_WITH(read_with(llama3 + "}"), Catch::Contains("llama3 scaling without \"original_max_position_embeddings\""));
   CHECK_THROWS_WITH(read_with("{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
                               "\"beta_fast\":1,\"beta_slow\":2}"),

@@ -269,6 +269,7 @@ TEST_CASE("a model sampled past the --seq it trained at, or a llama past its max
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("note    | --sample: the prompt and 60 new tokens run the model at 62 positions, past the --seq 32 it "
-                   "trained at: its learned positions past it never had a gradient, so the sample past it is noise") !=
+                   "trained at: its learned positions past it had no gradient in that run (unless an earlier run "
+                   "trained them), so the sample past it may be noise") !=
         std::string::npos);
 }

@@ -310,13 +310,18 @@ TEST_CASE("the planner's edges: shorter than 64 sp, past 2^62 bytes, a task's mi
                     Catch::Contains("pass 2^62 bytes a rank"));
   // ... and the longest --seq search steps over them.
   CHECK(longest_seq(plan_config(full_options("--model llama --dim 64 --heads 2 --layers 1", 1)), 1e30) > 0);
+  // ... never below the task's own minimum (passkey's 12 at 5 digits: it named 10, which the run refuses).
+  PlanConfig passkey = plan_config(full_options("--seq 12 --data passkey", 1));
+  CHECK(passkey.min_seq == 12);
+  CHECK(longest_seq(passkey, double(plan_memory(passkey).total)) >= 12);
+  CHECK(longest_seq(passkey, double(plan_memory(passkey).total) - 1) == 0);
   // A synthetic task's own minimum: --plan no longer plans a run the data refuses.
   CHECK_THROWS_WITH(plan_config(full_options("--seq 8", 1)), Catch::Contains("--data: passkey: sequence length 8 is too short"));
   // The memory hint offers a larger --sp only where one divides the heads (4 heads at sp 4: none).
   const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(
       "--plan --sp 4 --ranks 4 --recompute --mlp-chunks 8 --zero 1 --memory 1M"));
   INFO(r.out);
-  CHECK(r.out.find("(not even 4: try a smaller --batch or --seq)") != std::string::npos);
+  CHECK(r.out.find("(not even 12: try a smaller --batch or --seq)") != std::string::npos);  // (passkey takes 12 at least)
   CHECK(r.out.find("larger --sp") == std::string::npos);
   const ul_test::CmdResult two = ul_test::run_cmd(ul_test::train_cmd("--plan --sp 2 --ranks 2 --memory 1M"));
   CHECK(two.out.find("a larger --sp") != std::string::npos);

@@ -96,6 +96,11 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
   write_file(d.file("syntax.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \"cut off\n");
   write_file(d.file("array.jsonl"), "{\"text\": \"fine\"}\n\n[\"text\", \"x\"]\n");
   write_file(d.file("number.jsonl"), "{\"text\": 12}\n");
+  {  // a text field of 70,000 numbers: refused at the bound on what a record keeps, not parsed whole
+    std::string big = "{\"text\": [0";
+    for (int k = 1; k < 70000; k++) big += ",0";
+    write_file(d.file("big_array.jsonl"), big + "]}\n");
+  }
   write_file(d.file("newline.jsonl"), "{\"text\": \"one line\"}\n{\"text\": \"two\\nlines\"}\n");
   write_file(d.file("dup.jsonl"), "{\"text\": \"a\", \"text\": \"b\"}\n");
   write_file(d.file("corpus.jsonl.gz"), std::string("\x1f\x8b\x08\x00", 4));
@@ -147,6 +152,8 @@ TEST_CASE("prepare refuses a bad .jsonl line (naming the file and line) and a co
       {"--eot 99999999999999999999 " + d.file("ok.txt"), "prepare: --eot: 99999999999999999999 is out of range"},
       {d.file("array.jsonl"), "array.jsonl line 3: not a JSON object"},
       {d.file("number.jsonl"), "number.jsonl line 1: its \"text\" field is not a string"},
+      {d.file("big_array.jsonl"), "big_array.jsonl line 1: more than 65536 values in its \"text\" field and the other "
+                                  "fields' names: not a document (its \"text\" must be a string)"},
       {d.file("dup.jsonl"), "dup.jsonl line 1: "},
       {"--eot 10 " + d.file("newline.jsonl"), "newline.jsonl line 2 (its text): byte 10 at offset 3 is the end-of-text id"},
       {"--json-key body " + d.file("ok.jsonl"), "ok.jsonl line 1: no \"body\" field (it has \"text\")"},
