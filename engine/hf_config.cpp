@@ -187,8 +187,9 @@ RopeScaling hf_rope_scaling(const JsonValue& o, const JsonValue& top, const std:
                                        "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim",
                                        "partial_rotary_factor",
                                        "finetuned"};  // (YaRN Llama 2's: transformers ignores it too)
-  for (const auto& [key, value] : o.fields) {
-    if (value.is(JsonValue::Kind::object))
+  for (const auto& field : o.fields) {
+    const std::string& key = field.first;  // (a name, not a structured binding: lambdas below take it)
+    if (field.second.is(JsonValue::Kind::object))
       throw std::runtime_error(where + ": \"" + key + "\" holds its own RoPE (one entry per layer type): ulysses "
                                "runs one RoPE in every layer, and cannot run this model exactly");
     if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }))
