@@ -31,7 +31,8 @@ model
   --model NAME        gpt2 | llama (tiny sizes) | tiny | gpt2-124M | gpt2-350M | llama-tiny | llama-1B |
                       llama-3.2-1B | llama-3.1-8B | qwen2.5-0.5B | qwen2.5-7B             [tiny]
   --layers N --dim N --heads N --kv-heads N --vocab N --max-seq N --ffn N --rope-theta X
-                      override the preset (vocab defaults to the data's)
+                      override the preset (vocab: the tiny models take the data's, the
+                      named presets their own)
   --tie-embeddings    llama: the output head is the token embedding (as Llama 3.2, SmolLM)
   --qkv-bias          llama: a bias on the q/k/v projection (as Qwen 2)
   --norm-eps X        llama: RMSNorm's eps (Qwen 2: 1e-6)                                 [1e-5]

@@ -475,7 +475,7 @@ std::string format_plan(const PlanConfig& c, const MemoryPlan& p, double budget)
   s << "plan | per rank: batch " << c.batch << " x seq " << c.seq << " (" << c.seq / c.sp << " tokens here) | world "
     << c.world << " = dp " << c.world / c.sp << " x sp " << c.sp << " | " << device_name(c.device) << " " << dtype_name(c.dtype)
     << (c.recompute ? " | recompute" : "") << (c.offload ? " | offload" : "") << (c.mlp_chunks > 1 ? " | mlp chunks " + std::to_string(c.mlp_chunks) : "")
-    << (c.zero && c.trains ? " | zero 1" : "") << (c.trains ? "" : " | --steps 0: eval only") << "\n";
+    << (c.zero && c.trains ? " | zero 1" : "") << (c.trains ? "" : c.evaluates ? " | --steps 0: eval only" : " | --steps 0: no eval (an export or a sample alone)") << "\n";
   auto row = [&](const char* what, double b, const char* why) { s << "  " << what << mib(b) << "  " << why << "\n"; };
   row("parameters         ", p.params, "");
   row("gradients          ", p.grads, c.trains ? "fp32" : "none: --steps 0 trains nothing");

@@ -95,9 +95,12 @@ void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here
   const size_t need = per_rank * size_t(std::max(1, ranks_here));
   if (need <= ram) return;
   const std::string here = ranks_here > 1 ? " x " + std::to_string(ranks_here) + " ranks on this machine = " + mib(need) : "";
-  std::string parts = plan_on_host ? "weights, gradients and AdamW state " + mib(plan.params + plan.grads + plan.optim) +
-                                         ", activations " + mib(plan.arena_peak) + ", "
-                                   : "";
+  // (--steps 0 holds the weights alone, or with their f32 masters for a bf16 model's host copy)
+  const size_t fixed = plan.params + plan.grads + plan.optim;
+  const std::string fixed_is = plan.grads ? "weights, gradients and AdamW state " : plan.optim ? "weights and their f32 "
+                                                                                                 "masters "
+                                                                                               : "weights ";
+  std::string parts = plan_on_host ? fixed_is + mib(fixed) + ", activations " + mib(plan.arena_peak) + ", " : "";
   // Every part the total holds, so that they add up to it (the attention backward's scratch, a
   // local communicator's slice of the gradient).
   if (plan_on_host && plan.workspace) parts += "workspace " + mib(plan.workspace) + ", ";
@@ -108,7 +111,13 @@ void check_host_memory(const MemoryPlan& plan, bool plan_on_host, int ranks_here
   throw std::runtime_error("this run needs " + mib(per_rank) + " of host memory per rank" + here + " (per rank: " + parts +
                            "the step's micro-batches " + mib(batches) + ", loaded before its first forward; `train --plan` "
                            "shows every part) but this machine has " + mib(ram) + ": try " +
-                           (plan_on_host ? shrinks
+                           // What shrinks the activations cannot help a model whose fixed part alone is too large.
+                           (plan_on_host && fixed * size_t(std::max(1, ranks_here)) > ram
+                                ? "a smaller model (its " + fixed_is + "alone need " + mib(fixed) + " a rank" +
+                                      (plan.grads ? std::string(", of which --zero 1 over ranks on more machines shards "
+                                                                "AdamW's state")
+                                                  : std::string()) + ")"
+                            : plan_on_host ? shrinks
                                          : std::string(plan.pinned_host ? "without --offload, or " : "") +
                                                "a smaller --grad-accum, --batch or --seq") +
                            (ranks_here > 1 ? ", or fewer ranks on this machine" : ""));
