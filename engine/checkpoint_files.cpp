@@ -31,11 +31,12 @@ struct ModelHeader {
 };
 static_assert(sizeof(ModelHeader) == 80, "model.bin header layout");
 // Version 2 (written only for a scaled RoPE or tied llama embeddings, so other files stay version
-// 1): the scaling's numbers and the flags follow the header, covered by the checksum.
+// 1): the scaling's numbers and the flags follow the header, covered by the checksum. Versions 3
+// and 4 write it too, before their own tails.
 struct ModelHeaderTail {
   float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int32_t rope_original_max_pos;
-  uint32_t flags;  // kTiedEmbeddings
+  uint32_t flags;  // kTiedEmbeddings; kQkvBias (version 3 and later)
 };
 static_assert(sizeof(ModelHeaderTail) == 20, "model.bin version 2 tail layout");
 constexpr uint32_t kTiedEmbeddings = 1, kQkvBias = 2;  // kQkvBias: version 3 only

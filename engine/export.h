@@ -1,7 +1,7 @@
-// What `train` does with the model besides training it: load a Hugging Face safetensors checkpoint
-// (--checkpoint FILE.safetensors), and at the end of the run write it out (--export-llmc,
-// --export-safetensors) and sample from it (--sample). README: "Interop: llm.c and Hugging Face",
-// "Sampling".
+// What `train` does with the model besides training it: read a --checkpoint of any format (its
+// shape, then its weights: checkpoint_model_config; a Hugging Face safetensors file's by name:
+// load_hf_checkpoint), and at the end of the run write it out (--export-llmc, --export-safetensors)
+// and sample from it (--sample). README: "Interop: llm.c and Hugging Face", "Sampling".
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -31,15 +31,15 @@ void load_hf_checkpoint(const std::string& path, Transformer& model, bool say = 
 // --checkpoint FILE of any format (llm.c .bin, .safetensors, our model.bin): the model's shape,
 // validated. An llm.c file's or a model.bin's f32 values go to `values`; a safetensors file's are
 // imported by name once the model exists (load_hf_checkpoint), and `values` stays empty. Without
-// `weights` (--plan: the shape alone) no format's values are kept: a model.bin is still read
-// through for its checks, an llm.c file's size checked against its header.
+// `weights` (--plan, and the Trainer before its checks: the shape alone) only the header is read,
+// and checked against the file's size; the payload's checksum is checked when the weights are read.
 ModelConfig checkpoint_model_config(const std::string& path, std::vector<float>& values, bool weights = true);
 
-// Built on every rank before training, so that a bad flag combination, tokenizer file or prompt
-// fails before any work; finish() runs on rank 0 after the last step.
 // Throws naming `path`, the tensor and the element when a loaded weight is NaN or infinite.
 void check_finite_weights(const std::string& path, const std::vector<ParamSpec>& specs, const float* host);
 
+// Built on every rank before training, so that a bad flag combination, tokenizer file or prompt
+// fails before any work; finish() runs on rank 0 after the last step.
 class RunOutputs {
  public:
   // eot >= 0 (--doc-mask): the sample's prompt and continuation are split into documents at that

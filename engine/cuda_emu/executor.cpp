@@ -1,5 +1,6 @@
-// The SIMT executor: runs a grid's blocks on OpenMP threads, and each block's threads as fibers
-// (ucontext) on one OS thread. A fiber runs until it parks at a barrier or a warp collective, or
+// The SIMT executor: runs a grid's blocks on OpenMP threads, and each block's threads as fibers on
+// one OS thread (switched by ul_emu_switch below on x86-64; by ucontext under the sanitizers, with
+// CET, or with -DUL_EMU_UCONTEXT). A fiber runs until it parks at a barrier or a warp collective, or
 // exits; the scheduler then resumes the next runnable lane of the same warp, so that one warp runs
 // as far as it can before the next (see run_block for the order). When a pass
 // over the block finds nothing runnable and some fiber has not exited, the block is deadlocked and

@@ -16,7 +16,9 @@
 namespace fs = std::filesystem;
 
 TEST_CASE("test case names hold no semicolon nor backslash and do not start with a dash or a tilde", "[tests]") {
-  const std::regex test_case(R"re(TEST_CASE\(\s*"((?:[^"\\]|\\.)*)")re");
+  // The whole name: a long one is written as adjacent literals ("a ... " "b"), joined by the compiler.
+  const std::regex test_case(R"re(TEST_CASE\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+))re");
+  const std::regex literal(R"re("((?:[^"\\]|\\.)*)")re");
   int names = 0;
   std::vector<std::string> bad;
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(ul_test::source_path("tests"))) {
@@ -27,7 +29,9 @@ TEST_CASE("test case names hold no semicolon nor backslash and do not start with
     text << in.rdbuf();
     const std::string s = text.str();
     for (std::sregex_iterator it(s.begin(), s.end(), test_case), end; it != end; ++it) {
-      const std::string name = (*it)[1];
+      const std::string literals = (*it)[1];
+      std::string name;
+      for (std::sregex_iterator l(literals.begin(), literals.end(), literal), none; l != none; ++l) name += (*l)[1];
       names++;
       // (a backslash: Catch reads it as an escape in the name ctest passes, which then matches nothing)
       if (name.find(';') != std::string::npos || name.find('\\') != std::string::npos ||
@@ -38,4 +42,12 @@ TEST_CASE("test case names hold no semicolon nor backslash and do not start with
   INFO(bad.size() << " bad names, the first: " << (bad.empty() ? "" : bad[0]));
   CHECK(bad.empty());
   CHECK(names > 200);  // the scan found the suite
+  // A name in two literals is read whole (only its first was checked).
+  std::string joined;
+  const std::string two = "TEST_CASE(\"a name in two, \"\n          \"with a semicolon; here\", \"[x]\")";
+  std::smatch m;
+  REQUIRE(std::regex_search(two, m, test_case));
+  const std::string literals = m[1];
+  for (std::sregex_iterator l(literals.begin(), literals.end(), literal), none; l != none; ++l) joined += (*l)[1];
+  CHECK(joined == "a name in two, with a semicolon; here");
 }

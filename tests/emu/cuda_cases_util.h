@@ -1,5 +1,6 @@
-// Helpers shared by the CUDA case headers of the GEMM, linear, classifier, AdamW and Ulysses tests
-// (each *_cases.h runs emulated from tests/emu and on a GPU from tests/gpu). Written against the
+// Helpers shared by the CUDA case headers (tests/emu/*_cases.h: the GEMM, linear, classifier,
+// AdamW, Ulysses, pointwise, embedding, RoPE, norm, attention and large cases; each runs emulated
+// from tests/emu and on a GPU from tests/gpu). Written against the
 // CUDA runtime API (and the engine's device_copy, for buffers on either device), so they work on both.
 #pragma once
 #include <catch2/catch.hpp>
