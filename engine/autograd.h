@@ -39,7 +39,8 @@ class Tape {
   // first writer (overwrite = true: the buffer was just allocated, NOT zeroed, and the op must
   // store its values) or must add to what is there (overwrite = false).
   void* grad_to_overwrite(const Tensor& t, bool& overwrite);
-  // nullptr when nothing has written a gradient for t yet (its consumers never ran backward).
+  // nullptr while nothing has asked for t's gradient (grad(), which makes it zeroed, or a first
+  // writer): its consumers never ran backward. A gradient asked for and never written is zeros.
   void* grad_if_any(const Tensor& t) const;
   // Allocate t's gradient now, where the arena stands (a block's backward puts its input's below
   // its own activations' gradients, to outlive them), but leave it unwritten: the first grad()

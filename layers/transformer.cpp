@@ -270,8 +270,10 @@ Tensor Transformer::block(const Tensor& x, int l, const ModelInputs& in, Comm* s
   // Nothing records (eval): the same run in an arena scope, so an eval holds one block's
   // activations at a time instead of every layer's. Else (recorded, no recompute) the block as
   // usual, its backward bracketed.
-  const bool replayed = !c.tape.recording || (recompute && x.requires_grad());
-  if (!replayed) return bracketed_backward(x, [&] { return block_ops(x, l, in, sp); });
+  // scoped: the block runs in an arena scope, unrecorded (an eval; or recompute, whose backward
+  // replays it)
+  const bool scoped = !c.tape.recording || (recompute && x.requires_grad());
+  if (!scoped) return bracketed_backward(x, [&] { return block_ops(x, l, in, sp); });
   BlockOffload* off = c.tape.recording ? offloading_ : nullptr;
   Tensor y = off ? off->output(l) : !c.tape.recording ? eval_out_[l % 2] : c.empty(x.shape, x.dtype);
   {
