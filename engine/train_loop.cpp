@@ -586,8 +586,10 @@ int train_rank(const Options& o, Comm& world) {
     if (o.zero)
       std::snprintf(zero_sent, sizeof zero_sent, " rs %.2f MiB ag %.2f MiB", r.sent.reduce_scatter / 1048576.0,
                     r.sent.all_gather / 1048576.0);
+    // (to the --stop-after pause when there is one: the step counter beside it is the whole run's)
     const std::string eta = s + 1 < until ? " | eta " + eta_text((now_ms() - loop_t0) / 1000.0 / (s + 1 - start) *
-                                                                 (until - s - 1))
+                                                                 (until - s - 1)) +
+                                                (until < o.steps ? " (to --stop-after " + std::to_string(until) + ")" : "")
                                           : "";
     say("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1f ms | %.0f tok/s | act %.1f MiB | a2a %.2f MiB ar %.2f MiB%s%s\n",
         s + 1, o.steps, r.loss, r.grad_norm, r.lr, r.ms, tokens / (r.ms / 1000.0), r.act_bytes / 1048576.0,
