@@ -141,7 +141,10 @@ std::string read_whole_file(const std::string& path, bool allow_pipe) {
   const auto size = std::filesystem::file_size(path, ec);
   if (!ec) text.reserve(size_t(size));
   char block[1 << 16];
-  while (f.read(block, sizeof block) || f.gcount() > 0) text.append(block, size_t(f.gcount()));
+  while (f.read(block, sizeof block) || f.gcount() > 0) {
+    text.append(block, size_t(f.gcount()));
+    count_io_read(uint64_t(f.gcount()));  // (a heartbeat's bytes read: a safetensors checkpoint is read so)
+  }
   if (f.bad()) throw sys_error(path, "read failed");
   return text;
 }

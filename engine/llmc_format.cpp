@@ -43,9 +43,15 @@ struct LlmcFile {
     read(path, h, kHeaderBytes);
   }
   // The next `bytes` bytes (the size was checked: a failure here is the file changing under us).
+  // In pieces of 64 MiB, each counted (file_io.h): a heartbeat says how far a large load got.
   void read(const std::string& path, void* dst, size_t bytes) {
-    if (!f.read(static_cast<char*>(dst), std::streamsize(bytes)))
-      throw file_error(path, "read failed (the file shrank while it was read?)");
+    for (size_t at = 0; at < bytes;) {
+      const size_t k = std::min(bytes - at, size_t(64) << 20);
+      if (!f.read(static_cast<char*>(dst) + at, std::streamsize(k)))
+        throw file_error(path, "read failed (the file shrank while it was read?)");
+      count_io_read(k);
+      at += k;
+    }
   }
 };
 

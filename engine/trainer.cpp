@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <stdexcept>
 
@@ -23,6 +24,7 @@
 #include "engine/cuda_runtime.h"
 #include "engine/gemm.h"
 #endif
+#include "engine/heartbeat.h"
 #include "engine/hf_format.h"
 #include "engine/hf_index.h"
 #include "engine/llmc_format.h"
@@ -477,10 +479,22 @@ Trainer::Trainer(const Options& o, Comm& world)
   model_->recompute = o.recompute;
   model_->offload = o.offload;
   model_->mlp_chunks = o.mlp_chunks;
+  // A --checkpoint's weights, any format: said first where the file is large, then how far the read
+  // got every --heartbeat ("  ...   load model.bin | 3.20 GiB read | 30.0 s"; an 8B safetensors
+  // file was a minute of silence).
+  const bool says = !o.quiet && world.rank() == 0;
+  std::optional<Heartbeat> beat;
+  std::optional<Heartbeat::Phase> reading;
+  if (!o.resume && !o.checkpoint.empty()) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(o.checkpoint, ec);  // (an index: each shard is said as it loads)
+    if (says && !ec && bytes >= (uint64_t(1) << 30))
+      std::printf("load    | %s (%s) ...\n", o.checkpoint.c_str(), bytes_text(double(bytes)).c_str()), std::fflush(stdout);
+    beat.emplace(says ? o.heartbeat : 0);
+    reading.emplace(beat->begin("load " + std::filesystem::path(o.checkpoint).filename().string(),
+                                Heartbeat::bytes_read_from_now()));
+  }
   if (!o.resume && !o.checkpoint.empty() && !is_hf_checkpoint_path(o.checkpoint)) {
-    if (!o.quiet && world.rank() == 0 && model_->params.numel() >= (size_t(200) << 20))
-      std::printf("load    | %s: %.2fB weights ...\n", o.checkpoint.c_str(), double(model_->params.numel()) / 1e9),
-          std::fflush(stdout);
     // The same file still: one replaced since its header was read is another model.
     if (checkpoint_model_config(o.checkpoint, ckpt, true).describe() != file_cfg.describe())
       throw std::runtime_error("--checkpoint " + o.checkpoint + ": the file changed while the run started (its "
@@ -494,7 +508,7 @@ Trainer::Trainer(const Options& o, Comm& world)
   } else if (!ckpt.empty()) {
     model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
   } else if (is_hf_checkpoint_path(o.checkpoint)) {
-    load_hf_checkpoint(o.checkpoint, *model_, !o.quiet && world.rank() == 0);
+    load_hf_checkpoint(o.checkpoint, *model_, says);
   } else {
     // One thread draws them (about 25 ns a weight: 3 minutes at 8B) before the run's first line:
     // said, where that is more than a few seconds, rather than a silent start.
@@ -504,6 +518,8 @@ Trainer::Trainer(const Options& o, Comm& world)
                   double(model_->params.numel()) * 25e-9), std::fflush(stdout);
     model_->init_weights(o.seed);
   }
+  reading.reset();
+  beat.reset();
   std::vector<float>().swap(ckpt);  // loaded: its host memory goes before the optimizer's and the arena's
   // Every replica from the same weights: the same path may hold other bytes on another node.
   if (!o.resume && o.checkpoint.empty())

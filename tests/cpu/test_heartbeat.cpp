@@ -83,6 +83,30 @@ TEST_CASE("heartbeat clock: a save's phase names the bytes written since it bega
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("heartbeat clock: a load's phase names the bytes read since it began, a whole-file read's too", "[heartbeat]") {
+  // (a --checkpoint's safetensors file is read whole, an llm.c file in pieces: both counted, so an
+  // 8B model's load is not a minute of silence)
+  const auto dir = std::filesystem::temp_directory_path() / ("ul_heartbeat_read_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "model.safetensors").string();
+  {
+    ul::AtomicFile out(path);
+    std::vector<char> mib(size_t(3) << 20, 'x');
+    out.write(mib.data(), mib.size());
+    out.commit();
+  }
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  {
+    ul::Heartbeat beat(0.1, f);
+    ul::Heartbeat::Phase phase = beat.begin("load model.safetensors", ul::Heartbeat::bytes_read_from_now());
+    CHECK(ul::read_whole_file(path).size() == size_t(3) << 20);
+    CHECK(appears(f, "  ...   load model.safetensors | 3.0 MiB read | "));
+  }
+  std::fclose(f);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("heartbeat clock: a period of 0 starts no clock and prints nothing", "[heartbeat]") {
   std::FILE* f = std::tmpfile();
   REQUIRE(f);
