@@ -95,10 +95,10 @@ void Heartbeat::print_locked(double now, bool clocked) {
   else if (where_.empty())
     std::fprintf(out_, "  ...   %s | %.1f s\n", what_.c_str(), total_s);
   else if (clocked && repeated)
-    std::fprintf(out_, "  ...   %s | %s done (%.1f s ago) | %.1f s\n", what_.c_str(), where_.c_str(),
+    std::fprintf(out_, "  ...   %s | %s %s (%.1f s ago) | %.1f s\n", what_.c_str(), where_.c_str(), word_,
                 (now - last_milestone_) / 1000.0, total_s);
   else
-    std::fprintf(out_, "  ...   %s | %s done | %.1f s\n", what_.c_str(), where_.c_str(), total_s);
+    std::fprintf(out_, "  ...   %s | %s %s | %.1f s\n", what_.c_str(), where_.c_str(), word_, total_s);
   std::fflush(out_);
 }
 

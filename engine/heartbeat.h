@@ -61,6 +61,10 @@ class Heartbeat {
   static std::function<std::string()> bytes_read_from_now();
   // A milestone of the open phase, "forward 3/12 blocks".
   void at(const std::string& where);
+  // What a milestone is said to be: "done" (the CPU runs an op as it is called), or "queued" on a
+  // GPU, whose kernels run after their launch returns: a block launched is not a block run (the
+  // first wait for the device may be the step's classifier, long after).
+  void milestones_are(const char* word) { word_ = word; }
 
  private:
   void close();
@@ -73,6 +77,7 @@ class Heartbeat {
   std::condition_variable cv_;
   bool open_ = false, quit_ = false;
   std::string what_, where_;
+  const char* word_ = "done";
   std::function<std::string()> status_;
   double start_ = 0, last_line_ = 0, last_milestone_ = 0;
   std::thread clock_;

@@ -414,6 +414,7 @@ int train_rank(const Options& o, Comm& world) {
   bool have_eval = false, final_eval = false;  // any eval so far; the one after the last step
   const double tokens = double(g.dp) * o.batch * o.seq * o.grad_accum;
   Heartbeat beat(lead && !o.quiet ? o.heartbeat : 0);
+  if (o.device == "cuda") beat.milestones_are("queued");  // (launched: the GPU runs them in order after)
   if (lead && !o.quiet && o.heartbeat > 0) model.progress = [&beat](const std::string& where) { beat.at(where); };
   // The stop signal every rank sees: the highest any caught (it may have reached one process only),
   // but a SIGPIPE (13) lowest: a person's or a scheduler's signal on another rank names the stop.

@@ -287,6 +287,17 @@ TEST_CASE("train --profile-step prints that step's GPU time per op, and no other
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("train --device cuda: the heartbeat's milestones are blocks queued, not done", UL_CUDA_TEST_TAG) {
+  // The host launches a block's kernels and goes on; the GPU runs them after (the CPU's ops run as
+  // they are called). "done" on a device read as progress the GPU had not made.
+  const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(
+      "--device cuda --steps 1 --seq 32 --batch 2 --eval-every 0 --eval-batches 1 --heartbeat 1e-9"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("  ...   step 1/1 | forward 1/2 blocks queued") != std::string::npos);
+  CHECK(r.out.find("blocks done") == std::string::npos);
+}
+
 TEST_CASE("train --device cuda --offload says when it has nothing to move", UL_CUDA_TEST_TAG) {
   // The last two blocks' outputs never leave the device: with two layers (the default model's) the
   // flag moves nothing, and a note says so; with three, the first input goes out and no note.
