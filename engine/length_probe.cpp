@@ -269,9 +269,13 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   constexpr size_t kCell = 5;  // accuracy_counts' numbers
   std::vector<double> counts;  // kCell per cell
   Share cell_share = share;
-  for (const auto& [name, data] : cells) {
+  for (size_t k = 0; k < cells.size(); k++) {
+    const auto& [name, data] = cells[k];
+    // (named with its place among the cells: "depth 0.25 (3/6) 5/16 sequences"; each cell counts its
+    // sequences from 0, and "all 15/16" read as nearly done with five cells to go)
+    const std::string at = cells.size() > 1 ? " (" + std::to_string(k + 1) + "/" + std::to_string(cells.size()) + ")" : "";
     const std::vector<double> c =
-        accuracy_counts(cfg, specs, host, *data, T, n, eot, cell_share, each(name, n, cell_share));
+        accuracy_counts(cfg, specs, host, *data, T, n, eot, cell_share, each(name + at, n, cell_share));
     counts.insert(counts.end(), c.begin(), c.end());
     cell_share = cell_share.after(n);
   }

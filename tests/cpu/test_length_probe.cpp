@@ -319,9 +319,11 @@ TEST_CASE("a long --probe-lengths window says how far into it the decoder got (-
                                   "--probe-lengths 600 --heartbeat 0.000001"));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("all 0/2 sequences, position 256/600 of the next done") != std::string::npos);
-  CHECK(r.out.find("all 1/2 sequences, position 512/600 of the next done") != std::string::npos);
-  CHECK(r.out.find("all 2/2 sequences done") != std::string::npos);
+  // (passkey: six cells, the whole val set and one per needle depth, each named with its place)
+  CHECK(r.out.find("all (1/6) 0/2 sequences, position 256/600 of the next done") != std::string::npos);
+  CHECK(r.out.find("all (1/6) 1/2 sequences, position 512/600 of the next done") != std::string::npos);
+  CHECK(r.out.find("all (1/6) 2/2 sequences done") != std::string::npos);
+  CHECK(r.out.find("depth 1 (6/6) 2/2 sequences done") != std::string::npos);
 }
 
 TEST_CASE("a passkey probe's cells are shared out in turn: fewer windows than ranks leave no rank with all six",
@@ -335,7 +337,7 @@ TEST_CASE("a passkey probe's cells are shared out in turn: fewer windows than ra
                                   "--threads 1 --eval-every 0 --probe-lengths 128 --heartbeat 0.000001"));
   INFO(r.out);
   REQUIRE(r.code == 0);
-  for (const char* cell : {"all", "depth 0.25", "depth 0.75"})
+  for (const char* cell : {"all (1/6)", "depth 0.25 (3/6)", "depth 0.75 (5/6)"})
     CHECK(r.out.find(std::string("length 128 | ") + cell + " 1/1 sequences (this rank's share) done") != std::string::npos);
   for (const char* cell : {"depth 0 ", "depth 0.5", "depth 1 "})
     CHECK(r.out.find(std::string("length 128 | ") + cell) == std::string::npos);
