@@ -468,10 +468,12 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
   // A line at most every 5 s through the passes that read every input (10 GB of text: minutes),
   // as the tokenizer's and the shard cutter's own.
   auto last_note = std::chrono::steady_clock::now();
-  auto every_5s = [&](const char* what, int64_t bytes) {
+  // of: the whole, when known ("inputs written to shards: 812 of 10240 MB").
+  auto every_5s = [&](const char* what, int64_t bytes, int64_t of = -1) {
     const auto now = std::chrono::steady_clock::now();
     if (!progress || now - last_note < std::chrono::seconds(5)) return;
-    std::printf("prepare | %s: %.0f MB\n", what, double(bytes) / 1e6);
+    if (of >= 0) std::printf("prepare | %s: %.0f of %.0f MB\n", what, double(bytes) / 1e6, double(of) / 1e6);
+    else std::printf("prepare | %s: %.0f MB\n", what, double(bytes) / 1e6);
     std::fflush(stdout);
     last_note = now;
   };
@@ -500,8 +502,14 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     }
     return 0;
   };
-  // What each input is, from its type, name and first bytes, before any is read through.
+  // What each input is, from its type, name and first bytes, before any is read through (a
+  // million-file list on a network file system: minutes, said every 5 s).
   for (const std::string& path : o.files) {
+    if (progress && std::chrono::steady_clock::now() - last_note >= std::chrono::seconds(5)) {
+      std::printf("prepare | inputs looked at: %zu of %zu files\n", forms.size(), o.files.size());
+      std::fflush(stdout);
+      last_note = std::chrono::steady_clock::now();
+    }
     // The type first: opening a pipe would block until a writer comes.
     if (!fs::is_regular_file(path)) {
       std::error_code ec;
@@ -630,11 +638,13 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     spill.reset();  // empty now: the shards hold the tokens
   }
   int64_t copied = 0;  // input bytes written as byte tokens so far
+  int64_t all_bytes = 0;
+  for (int64_t b : sizes) all_bytes += b;
   for (size_t i = 0; i < o.files.size() && !tok; i++) {
     if (forms[i] != JsonForm::none) {
       int64_t none = 0;
       auto write = [&](const std::string& text, const JsonDocReader&) {
-        every_5s("inputs written to shards", copied += int64_t(text.size()));
+        every_5s("inputs written to shards", copied += int64_t(text.size()), all_bytes);
         push(uint32_t(eot));
         for (char c : text) push(uint8_t(c));
         none += text.empty();
@@ -653,7 +663,7 @@ PrepareResult prepare_shards(const PrepareOptions& given, bool progress) {
     while (f.read(chunk.data(), std::streamsize(chunk.size())) || f.gcount() > 0) {
       for (std::streamsize j = 0; j < f.gcount(); j++) push(uint8_t(chunk[size_t(j)]));
       size += f.gcount();
-      every_5s("inputs written to shards", copied += f.gcount());
+      every_5s("inputs written to shards", copied += f.gcount(), all_bytes);
     }
     if (!f.eof() || size != sizes[i])
       throw changed_while_read(o.files[i], std::to_string(sizes[i]) + " bytes", std::to_string(size));
