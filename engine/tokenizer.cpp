@@ -213,7 +213,13 @@ bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, si
   for (size_t i = at; i < s.size(); i++) {
     const std::vector<uint32_t>& ls = lengths[static_cast<unsigned char>(s[i])];
     if (ls.empty()) continue;
-    if (i - scan.base >= 65536 && i - scan.base >= prefix.size() / 2) {  // nothing reads before i again
+    // Nothing reads before i again: the hashes that far back go. (The array grows only where a
+    // byte starts an entry: a stretch of text with none leaves it short of i, and then it starts
+    // anew at i: differences of hashes need no common origin.)
+    if (prefix.size() <= i - scan.base) {
+      prefix.assign(1, 0);
+      scan.base = i;
+    } else if (i - scan.base >= 65536 && i - scan.base >= prefix.size() / 2) {
       prefix.erase(prefix.begin(), prefix.begin() + long(i - scan.base));
       scan.base = i;
     }

@@ -409,6 +409,15 @@ TEST_CASE("tokenizer.json: an added token that is also a vocabulary entry, ignor
   want.assign(40000, 577);
   want.push_back(582);
   CHECK(longer.encode(many + long_token) == want);
+  // ... and a stretch of 70 KB where no entry starts, then a match: the scan's hashes had not
+  // reached the place it dropped them to (it erased past the array's end: a crash).
+  const std::string gap(70000, 'z');
+  want = base.encode(gap);
+  want.push_back(577);
+  CHECK(longer.encode(gap + "ab") == want);
+  std::vector<int> twice = want;
+  twice.insert(twice.end(), want.begin(), want.end());
+  CHECK(longer.encode(gap + "ab" + gap + "ab") == twice);
   CHECK(base.encode("the").size() < 3);  // (merged through "he")
   // ignore_merges: a piece that is a token whole stays whole though no merge reaches it (Llama 3's
   // rule); without it, the merges decide. "zqxj" (id 576) is reached by none.
