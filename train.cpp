@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -102,10 +101,11 @@ template <class Body>
 static int after_mpi_start(Body&& body) {
   try {
     return body();
-  } catch (const JobError& e) {  // every rank has it: each ends, no abort (communicator.h)
-    std::fprintf(stderr, "train: error: %s\n", e.what());
+  } catch (const JobError& e) {  // every rank has it: each ends, no abort (communicator.h); rank 0 says it
+    if (mpi_world_place().first <= 0) std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
+    const int sigterms = sigterms_so_far();  // (one that came before the failure is not the launcher's answer to it)
     const char* why = dynamic_cast<const std::bad_alloc*>(&e) ? kOutOfMemory : e.what();
     const auto [rank, size] = mpi_world_place();
     if (rank > 0) {
@@ -113,8 +113,9 @@ static int after_mpi_start(Body&& body) {
       // the job, and the launcher's SIGTERM reaches this rank within about 2 s (Open MPI 4.1:
       // SIGCONT, then SIGTERM a second later), which then adds no copy of the same message. One
       // this rank met alone is said after that wait, with its rank.
-      for (int ms = 0; ms < 2500 && stop_signal() != SIGTERM; ms += 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      if (stop_signal() == SIGTERM) {  // (ended now: MPI_Finalize would wait for ranks being torn down)
+      for (int ms = 0; ms < 2500 && sigterms_so_far() == sigterms; ms += 10)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (sigterms_so_far() != sigterms) {  // (ended now: MPI_Finalize would wait for ranks being torn down)
         std::fflush(stdout);
         std::_Exit(1);
       }

@@ -436,11 +436,20 @@ PlanConfig plan_config(const Options& o, const ModelConfig& model) {
         return false;
       }
     };
-    while (c.min_seq < 4096 && !takes(c.min_seq)) c.min_seq++;
     try {
       task->num_sequences(c.seq);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--data: ") + e.what());  // as the run names it
+    }
+    // The shortest it takes, in [1, --seq] (what a task takes is monotone in T: passkey:digits=3000
+    // needs 6002, past a search that stopped at 4096)
+    if (!takes(1)) {
+      int lo = 1, hi = c.seq;  // lo refused, hi taken
+      while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        (takes(mid) ? hi : lo) = mid;
+      }
+      c.min_seq = hi;
     }
   }
   return c;

@@ -20,6 +20,7 @@ namespace {
 std::atomic<int> g_signal{0};           // lock-free: safe to store from a handler
 std::atomic<long long> g_first_ms{0};  // when the first came (CLOCK_MONOTONIC)
 std::atomic<int> g_count{0};           // signals received (the test hold "save" waits for a second)
+std::atomic<int> g_sigterms{0};        // SIGTERMs received (sigterms_so_far)
 std::atomic<bool> g_multi_process{false};  // in_multi_process_job()
 std::atomic<bool> g_silent{false};         // in_multi_process_job(false): a rank other than 0 says nothing
 std::atomic<int> g_phase{0};  // what the first signal's line says: 0 start-up, 1 training, 2 final, 3 outputs
@@ -108,7 +109,8 @@ void on_signal_locked(int sig) {
     say(phase == 1   ? " again: already stopping after this step"
         : phase == 0 ? " again: already stopping once start-up is done"
                      : " again: already stopping, as said above");
-    say(" (a Ctrl-C two seconds after the first stops now)\n");
+    // (under a launcher a Ctrl-C reaches the ranks as SIGTERM, which is noted here too)
+    say(g_multi_process.load() ? "\n" : " (a Ctrl-C two seconds after the first stops now)\n");
     return;
   }
   std::signal(sig, SIG_DFL);  // the default action, now (the process ends by this signal)
@@ -120,6 +122,7 @@ void on_signal(int sig) {
   while (g_in_handler.test_and_set(std::memory_order_acquire)) {
   }
   on_signal_locked(sig);
+  if (sig == SIGTERM) g_sigterms.fetch_add(1);
   // Counted once its line is written: a test hold (test_hold) waiting for it then finds the line
   // out before the run moves on.
   g_count.fetch_add(1);
@@ -171,6 +174,7 @@ void guard_process() {
 }
 
 int stop_signal() { return g_signal.load(); }
+int sigterms_so_far() { return g_sigterms.load(); }
 
 void in_multi_process_job(bool lead) {
   g_multi_process.store(true);

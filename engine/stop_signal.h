@@ -42,6 +42,9 @@ void started_outputs();
 void guard_process();
 // The first of those signals received so far, 0 when none.
 int stop_signal();
+// How many SIGTERMs came so far (a launcher's, ending the job after another process failed, is one
+// that comes after the failure: train.cpp's after_mpi_start compares the counts).
+int sigterms_so_far();
 // "SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGPIPE" (else "a signal").
 const char* stop_signal_name(int sig);
 
