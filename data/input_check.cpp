@@ -11,12 +11,6 @@ namespace ul {
 
 namespace {
 
-// A path as the shell reads it back, whatever it holds (spaces, quotes).
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 struct Packed {
   const char* magic;
@@ -45,7 +39,7 @@ std::string unpack_hint(const std::string& path, const Packed& p) {
   const size_t slash = out.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
   if (out.size() == base || out == path) out.insert(base, "unpacked_");  // no suffix, or nothing but it
   if (ends_with(ascii_lower(out), ".json")) out += "l";
-  return std::string(p.unpack) + " " + quoted(as_operand(path)) + " > " + quoted(as_operand(out));
+  return std::string(p.unpack) + " " + shell_quote(as_operand(path)) + " > " + shell_quote(as_operand(out));
 }
 
 // Whether the file looks like JSON Lines: its first two lines that are not blank each one object
@@ -81,6 +75,12 @@ bool looks_like_json_lines(const std::string& path) {
 
 }  // namespace
 
+std::string shell_quote(const std::string& word) {
+  std::string q = "'";
+  for (char c : word) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string unreadable_input(const std::string& path) {
   const std::string name = ascii_lower(path);
   unsigned char head[512] = {};
@@ -100,10 +100,10 @@ std::string unreadable_input(const std::string& path) {
   for (const Packed& p : kArchives)
     if (starts(p))
       return path + ": " + p.what + " (prepare reads plain text and JSON Lines): extract its files (" + p.unpack + " " +
-             quoted(as_operand(path)) + ") and give them" + kRaw;
+             shell_quote(as_operand(path)) + ") and give them" + kRaw;
   if (n >= 262 && std::memcmp(head + 257, "ustar", 5) == 0)
     return path + ": a tar archive (prepare reads plain text and JSON Lines): extract its files (tar xf " +
-           quoted(as_operand(path)) + ") and give them" + kRaw;
+           shell_quote(as_operand(path)) + ") and give them" + kRaw;
   for (const char* z : {".gz", ".zst", ".bz2", ".xz", ".lz4", ".zip", ".tar", ".7z"})
     if (ends_with(name, z))
       return path + ": named as a compressed file or an archive (prepare reads plain text and JSON Lines): unpack it "

@@ -17,4 +17,8 @@ namespace ul {
 // "" when the input may be read as text, else the message, naming the file and what to do.
 std::string unreadable_input(const std::string& path);
 
+// `word` as one word for a shell, whatever it holds (spaces, quotes): single-quoted, a quote in it
+// written '\''. For the commands the messages suggest.
+std::string shell_quote(const std::string& word);
+
 }  // namespace ul

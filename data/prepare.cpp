@@ -426,13 +426,6 @@ std::pair<int64_t, int64_t> json_documents(const std::string& path, const std::s
   return {n, bytes};
 }
 
-// `word` as one word for a shell: single-quoted, a quote in it written '\''.
-std::string shell_quote(const std::string& word) {
-  std::string quoted = "'";
-  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 // The --data argument that reads the shards under `out`, for a shell: glob's own characters in
 // the directory's name escaped (--out 'run[1]' is no pattern matching run1), then quoted.
 std::string shards_argument(const std::string& out) {
