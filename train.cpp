@@ -240,7 +240,20 @@ static int train_main(int argc, char** argv) {
   try {
     // `train prepare ...`: text files -> byte-level llm.c shards (data/prepare.h), no training.
     if (argc > 1 && std::string(argv[1]) == "prepare") return prepare_main(argc - 1, argv + 1);
-    Options o = parse_options(argc, argv);
+    Options o;
+    try {
+      o = parse_options(argc, argv);
+    } catch (const std::exception&) {
+      // Every process of a launched job parses the same command line and meets the same refusal:
+      // the launcher's rank 0 says it (each printed its copy, before MPI starts). The others go
+      // a second later, so that their exit does not make the launcher end rank 0 before it prints.
+      const Launcher l = detect_launcher();
+      if (started_as_several(l) && l.rank > 0) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        return 1;
+      }
+      throw;
+    }
     if (o.help) {
       std::fputs(usage(), stdout);
       return 0;

@@ -365,7 +365,10 @@ int64_t longest_seq(PlanConfig c, double budget) {
     if (held < unit) return longest(c.sp, held / c.sp);
   }
   if (cap < 1) return 0;
-  if (unit >= c.min_seq && !fits(unit)) return longest(c.sp, unit / c.sp - 1);
+  // The first unit tried (one, or the first at the task's minimum): where it does not fit, the
+  // multiples of sp below it (a minimum of 6002 fitted while 6016 did not: "not even 6002" was said)
+  const int64_t first_unit = std::max<int64_t>(1, (c.min_seq + unit - 1) / unit) * unit;
+  if (!fits(first_unit)) return longest(c.sp, first_unit / c.sp - 1);
   return longest(unit, cap);
 }
 

@@ -315,6 +315,11 @@ TEST_CASE("the planner's edges: shorter than 64 sp, past 2^62 bytes, a task's mi
   CHECK(passkey.min_seq == 12);
   CHECK(longest_seq(passkey, double(plan_memory(passkey).total)) >= 12);
   CHECK(longest_seq(passkey, double(plan_memory(passkey).total) - 1) == 0);
+  // ... and a minimum above 64 sp is tried itself, not only the multiple of 64 sp past it (6002
+  // fitted where 6016 did not: "0 (not even 6002)").
+  PlanConfig long_key = plan_config(full_options("--seq 6002 --data passkey:digits=3000 --layers 1 --batch 1", 1));
+  CHECK(long_key.min_seq == 6002);
+  CHECK(longest_seq(long_key, double(plan_memory(long_key).total)) == 6002);
   // A synthetic task's own minimum: --plan no longer plans a run the data refuses.
   CHECK_THROWS_WITH(plan_config(full_options("--seq 8", 1)), Catch::Contains("--data: passkey: sequence length 8 is too short"));
   // The memory hint offers a larger --sp only where one divides the heads (4 heads at sp 4: none).
