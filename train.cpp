@@ -130,9 +130,6 @@ static int after_mpi_start(Body&& body) {
 }
 #endif
 
-// Whether a launcher started this process as one of several (RANK and WORLD_SIZE alone may be a
-// pod's leftovers, not a launcher's).
-static bool started_as_several(const Launcher& l) { return l.size > 1 && l.name != "RANK and WORLD_SIZE"; }
 
 #if ULYSSES_HAVE_MPI
 // An MPI the launcher did not wire up (srun with an MPI built without its PMI support) starts each

@@ -264,15 +264,14 @@ MemoryPlan plan_memory(const PlanConfig& c) {
   // receive buffers, whichever is larger; not device memory.
   const size_t slice = ((n + world - 1) / world) * 4;
   if (c.world > 1) p.comm = zero ? zero_scratch_elems(n, c.world) * 4 : c.local_comm && !cuda && c.trains ? slice : 0;
-  if (c.world > 1 && (c.local_comm || c.mpi_comm) && cuda)
+  if (c.world > 1 && (c.local_comm || c.mpi_comm) && cuda) {
     // An all-to-all's buffers hold every rank's W heads of the whole sequence: B T W D each, more
     // than N QKV when kv heads are replicated (fewer than sp).
     // (sp 1 runs no all-to-all.)
     // (the local communicator keeps its all-reduce slice between calls: under the all-to-alls too)
-    p.host_comm = c.local_comm && c.trains
-                      ? slice + std::max(n * 4, c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0)
-                      : std::max(c.trains ? n * 4 + slice : 0,
-                                 c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0);
+    const size_t a2a = c.sp > 1 ? size_t(2) * size_t(w.B * w.T * w.W * w.D) * size_t(w.a) : 0;
+    p.host_comm = c.local_comm && c.trains ? slice + std::max(n * 4, a2a) : std::max(c.trains ? n * 4 + slice : 0, a2a);
+  }
   if (c.trains && c.recompute && c.offload) p.pinned_host = offload_host_bytes(m.layers, size_t(w.N) * w.C * w.a);
   // A step's micro-batches are loaded before its first forward (HostBatch: tokens, targets,
   // positions and answer numbers of this rank's T / sp, all T positions, and with --doc-mask all T
@@ -546,7 +545,7 @@ int plan_main(const Options& given) {
   // one process prints it (the plan starts no MPI: each process would print its own copy).
   Options o = given;
   const Launcher l = detect_launcher();
-  if (o.comm != "local" && l.size > 1 && l.name != "RANK and WORLD_SIZE") {
+  if (o.comm != "local" && started_as_several(l)) {
     if (!o.set_by_user("--ranks")) o.ranks = l.size;
     if (l.rank > 0) return 0;
   }

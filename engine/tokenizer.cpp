@@ -208,8 +208,7 @@ bool Tokenizer::AddedTokens::find(std::string_view s, size_t at, size_t& pos, si
   if (entries.empty()) return false;
   // The hash of s[i, i + L) is prefix[i + L - base] - prefix[i - base] B^L (the hashes run on from
   // where the scan began, so dropping the array's front changes no value).
-  std::vector<uint64_t>& prefix = scan.prefix;
-  if (!scan.started) scan.started = true, scan.base = at, prefix.assign(1, 0);
+  std::vector<uint64_t>& prefix = scan.prefix;  // (empty at the first call: started at the first i below)
   for (size_t i = at; i < s.size(); i++) {
     const std::vector<uint32_t>& ls = lengths[static_cast<unsigned char>(s[i])];
     if (ls.empty()) continue;

@@ -114,7 +114,6 @@ class Tokenizer {
     // holds about the longest entry's length, not the text's (a match rebuilding it each call made
     // a long entry cost its length a match: "ab" x 100,000 beside a 100 KB token took 10 s).
     struct Scan {
-      bool started = false;
       size_t base = 0;
       std::vector<uint64_t> prefix;
     };

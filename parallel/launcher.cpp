@@ -50,4 +50,6 @@ Launcher detect_launcher() {
   return l;
 }
 
+bool started_as_several(const Launcher& l) { return l.size > 1 && l.name != "RANK and WORLD_SIZE"; }
+
 }  // namespace ul

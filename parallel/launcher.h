@@ -22,6 +22,10 @@ struct Launcher {
 // From this process's environment, read each time.
 Launcher detect_launcher();
 
+// Whether a launcher started this process as one of several (RANK and WORLD_SIZE alone may be a
+// pod's leftovers, not a launcher's).
+bool started_as_several(const Launcher& l);
+
 // An environment variable's value, or nullptr when it is unset or empty.
 const char* env_value(const char* name);
 
