@@ -471,7 +471,13 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
                              std::to_string(n));
 
   // The optimizer state: optim.bin (one shard) or optim_rank_R.bin (ZeRO-1, any world size); this
-  // rank takes the part of each file that falls in its own range [lo, hi).
+  // rank takes the part of each file that falls in its own range [lo, hi). Every file's header is
+  // checked on every rank (its shard, t, and the crc32 its rank file recorded: a stranger is refused
+  // everywhere), but a file's payload is read, and its checksum checked, only by the ranks whose
+  // range it meets: on N ranks of ZeRO each shard is read once in all at the layout it was saved at
+  // (at another, by the two or so ranks it straddles), not N times (64 ranks of an 8B model: 64 GB
+  // of AdamW state, not 4 TB). A shard damaged inside is then one rank's
+  // failure, said by that rank (and the job stopped), not every rank's.
   AdamW& opt = tr.optimizer();
   const size_t lo = opt.lo(), hi = opt.hi();
   std::vector<float> m(hi - lo), v(hi - lo);
@@ -489,7 +495,7 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   for (int k = 0, shards = 1; k < shards; k++) {
     // optim_file_name(k, any shards > 1) is optim_rank_k.bin; the count comes from shard 0's header
     const std::string path = dir + "/" + optim_file_name(whole ? 0 : k, whole ? 1 : 2);
-    OptimShard s = read_optim_file(path, lo, hi, m.data(), v.data());  // straight into this rank's range
+    OptimShard s = read_optim_file(path, lo, hi, m.data(), v.data(), true);  // into this rank's range
     if (!whole && k == 0) shards = s.shards;
     if (s.numel != n || s.shard != k || s.shards != (whole ? 1 : shards))
       throw std::runtime_error(path + ": holds shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards) +

@@ -348,45 +348,58 @@ uint32_t write_optim_file(const std::string& path, const OptimShard& s, const fl
   return h.crc;
 }
 
-OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi, float* m_out, float* v_out) {
+OptimShard read_optim_file(const std::string& path, uint64_t lo, uint64_t hi, float* m_out, float* v_out,
+                           bool skip_disjoint) {
   if (!m_out != !v_out) throw std::logic_error("read_optim_file: give both m_out and v_out, or neither");
   std::string tail;
   OptimShard s;
   uint64_t kept_end = 0;
-  read_checked_stream<OptimHeader>(
-      path, "a ulysses optimizer file", kOptimMagic, 1, tail, [](const OptimHeader&) { return size_t(0); },
-      [&](const OptimHeader& x) {
-        if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
-        // offset > numel first: offset + count could wrap around past 2^64 and look small.
-        if (x.shards < 1 || x.shard < 0 || x.shard >= x.shards || x.offset > x.numel || x.count > x.numel - x.offset ||
-            x.t < 0)
-          throw file_error(path, "inconsistent header: shard " + std::to_string(x.shard) + " of " +
-                                     std::to_string(x.shards) + ", elements [" + std::to_string(x.offset) + ", " +
-                                     std::to_string(x.offset + x.count) + ") of " + std::to_string(x.numel) + ", t " +
-                                     std::to_string(x.t));
-        s.t = x.t, s.numel = x.numel, s.offset = x.offset, s.count = x.count, s.shard = x.shard, s.shards = x.shards;
-        s.crc = x.crc;  // the stream's check compares it with the bytes before returning
-        // The buffer elements kept: this shard's within [lo, hi).
-        s.kept = std::min(std::max(lo, x.offset), x.offset + x.count);
-        kept_end = std::max(s.kept, std::min(hi, x.offset + x.count));
-        s.kept_count = kept_end - s.kept;
-        return 2 * x.count;
-      },
-      [&](uint64_t first, const float* x, size_t k) {
-        // Sized at the first piece: only after the header's promise met the file's size.
-        if (first == 0 && !m_out) s.m.resize(s.kept_count), s.v.resize(s.kept_count);
-        if (s.kept_count == 0) return;  // (then s.kept may lie below lo)
-        float* m = m_out ? m_out + (s.kept - lo) : s.m.data();  // element s.kept's place
-        float* v = v_out ? v_out + (s.kept - lo) : s.v.data();
-        // Payload floats [0, count) are m, [count, 2 count) are v, each of elements [offset, offset + count).
-        auto keep = [&](float* dst, uint64_t part) {  // part: where this half starts in the payload
-          const uint64_t from = std::max(first, part + (s.kept - s.offset));
-          const uint64_t to = std::min<uint64_t>(first + k, part + (s.kept - s.offset) + s.kept_count);
-          if (from < to) std::memcpy(dst + (from - part - (s.kept - s.offset)), x + (from - first), (to - from) * 4);
-        };
-        keep(m, 0);
-        keep(v, s.count);
-      });
+  auto read = [&](bool header_only) {
+    return read_checked_stream<OptimHeader>(
+        path, "a ulysses optimizer file", kOptimMagic, 1, tail, [](const OptimHeader&) { return size_t(0); },
+        [&](const OptimHeader& x) {
+          if (x.count > (uint64_t(1) << 61)) throw file_error(path, "count " + std::to_string(x.count) + " is absurd");
+          // offset > numel first: offset + count could wrap around past 2^64 and look small.
+          if (x.shards < 1 || x.shard < 0 || x.shard >= x.shards || x.offset > x.numel || x.count > x.numel - x.offset ||
+              x.t < 0)
+            throw file_error(path, "inconsistent header: shard " + std::to_string(x.shard) + " of " +
+                                       std::to_string(x.shards) + ", elements [" + std::to_string(x.offset) + ", " +
+                                       std::to_string(x.offset + x.count) + ") of " + std::to_string(x.numel) + ", t " +
+                                       std::to_string(x.t));
+          s.t = x.t, s.numel = x.numel, s.offset = x.offset, s.count = x.count, s.shard = x.shard, s.shards = x.shards;
+          s.crc = x.crc;  // the stream's check compares it with the bytes before returning
+          // The buffer elements kept: this shard's within [lo, hi).
+          s.kept = std::min(std::max(lo, x.offset), x.offset + x.count);
+          kept_end = std::max(s.kept, std::min(hi, x.offset + x.count));
+          s.kept_count = kept_end - s.kept;
+          return 2 * x.count;
+        },
+        [&](uint64_t first, const float* x, size_t k) {
+          // Sized at the first piece: only after the header's promise met the file's size.
+          if (first == 0 && !m_out) s.m.resize(s.kept_count), s.v.resize(s.kept_count);
+          if (s.kept_count == 0) return;  // (then s.kept may lie below lo)
+          float* m = m_out ? m_out + (s.kept - lo) : s.m.data();  // element s.kept's place
+          float* v = v_out ? v_out + (s.kept - lo) : s.v.data();
+          // Payload floats [0, count) are m, [count, 2 count) are v, each of elements [offset, offset + count).
+          auto keep = [&](float* dst, uint64_t part) {  // part: where this half starts in the payload
+            const uint64_t from = std::max(first, part + (s.kept - s.offset));
+            const uint64_t to = std::min<uint64_t>(first + k, part + (s.kept - s.offset) + s.kept_count);
+            if (from < to) std::memcpy(dst + (from - part - (s.kept - s.offset)), x + (from - first), (to - from) * 4);
+          };
+          keep(m, 0);
+          keep(v, s.count);
+        }, header_only);
+  };
+  if (skip_disjoint) {
+    read(true);  // the header and the file's size: where the shard lies
+    // An empty shard is read whole (no payload to skip): no rank's range meets it, yet its header's
+    // checksum is checked somewhere.
+    if (s.kept_count == 0 && s.count > 0) {
+      s.payload_checked = false;
+      return s;
+    }
+  }
+  read(false);
   return s;
 }
 

@@ -71,7 +71,8 @@ struct OptimShard {
   int shard = 0, shards = 1;
   std::vector<float> m, v;  // written: count each; read: elements [kept, kept + kept_count) of the buffer
   uint64_t kept = 0, kept_count = 0;
-  uint32_t crc = 0;         // read: the file's verified crc32
+  uint32_t crc = 0;         // read: the file's verified crc32 (its header's, where payload_checked is false)
+  bool payload_checked = true;  // read: false where only the header was (see read_optim_file's disjoint)
 };
 std::string optim_file_name(int shard, int shards);  // "optim.bin" when shards == 1
 uint32_t write_optim_file(const std::string& path, const OptimShard& s);  // returns the file's crc32
@@ -81,9 +82,11 @@ uint32_t write_optim_file(const std::string& path, const OptimShard& s, const fl
 // (all of them by default), reading it in pieces: a resuming rank holds its own range of each file,
 // not the file. Kept in the result's m and v, or, given m_out and v_out (each covering [lo, hi)),
 // element e at m_out[e - lo]: a resume then holds its range once, not twice. They may be written
-// before the checksum fails.
+// before the checksum fails. skip_disjoint: a file whose elements all lie outside [lo, hi) has only
+// its header and size checked, its payload not read (a ZeRO resume on N ranks reads each shard
+// once in all, not N times; the ranks whose range it meets check its checksum).
 OptimShard read_optim_file(const std::string& path, uint64_t lo = 0, uint64_t hi = UINT64_MAX, float* m_out = nullptr,
-                           float* v_out = nullptr);
+                           float* v_out = nullptr, bool skip_disjoint = false);
 
 // What must match between a checkpoint and the run resuming it.
 // A RunField whose absence from an older checkpoint leaves it unchecked.

@@ -1802,6 +1802,68 @@ TEST_CASE("an optimizer file read through a window keeps just that range", "[che
     f.put('x');
   }
   CHECK_THROWS_WITH(ul::read_optim_file(path, 0, 500), Catch::Contains("checksum mismatch"));
+  // skip_disjoint (a resume's rank): a window the shard lies outside reads the header alone; one
+  // it meets by a single element reads the payload and finds the flipped byte.
+  const uint64_t before = ul::io_bytes_read();
+  const ul::OptimShard outside = ul::read_optim_file(path, 0, 1000, nullptr, nullptr, true);
+  CHECK(ul::io_bytes_read() - before < 4096);  // not the file's 20 MB
+  CHECK((outside.t == w.t && outside.shard == 1 && outside.shards == 3 && outside.offset == w.offset));
+  CHECK((outside.kept_count == 0 && !outside.payload_checked));
+  CHECK_THROWS_WITH(ul::read_optim_file(path, 0, 1001, nullptr, nullptr, true), Catch::Contains("checksum mismatch"));
+  // Its size is still checked: a truncated shard is refused by every rank.
+  fs::resize_file(path, fs::file_size(path) - 4);
+  CHECK_THROWS_WITH(ul::read_optim_file(path, 0, 1000, nullptr, nullptr, true), Catch::Contains("truncated"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("a ZeRO shard damaged inside is found at every layout, by the ranks that read it", "[checkpoint]") {
+  // Each rank reads the payload of only the shards its range meets: the union must still be all of
+  // them, at the layout the checkpoint was saved at and at others.
+  fs::path d = fresh_dir("damaged_shard");
+  REQUIRE(train(kArgs + " --ranks 3 --zero 1 --steps 2 --save-dir " + (d / "run").string()).code == 0);
+  const fs::path shard = d / "run" / "step_00000002" / "optim_rank_2.bin";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-7, std::ios::end);  // in v's last elements: rank 2's range alone at 3 ranks
+    const char c = char(f.peek());
+    f.put(char(c ^ 0x10));
+  }
+  for (const std::string layout : {" --ranks 3 --zero 1", " --ranks 2 --batch 3 --zero 1", " --ranks 6 --zero 1 --batch 1",
+                                   " --batch 6"}) {
+    CAPTURE(layout);
+    expect_refused(kArgs + layout + " --steps 4 --resume --save-dir " + (d / "run").string(),
+                   "optim_rank_2.bin: checksum mismatch");
+  }
+  fs::remove_all(d);
+}
+
+TEST_CASE("a ZeRO resume reads a shard's payload once at its layout, under twice at another, not once a rank", "[checkpoint]") {
+  fs::path d = fresh_dir("shard_reads");
+  const std::string args = kArgs + " --ranks 4 --zero 1 --batch 1 --steps 2 --save-dir " + (d / "run").string();
+  REQUIRE(train(args).code == 0);
+  const fs::path dir = d / "run" / "step_00000002";
+  uint64_t optim = 0;
+  for (int r = 0; r < 4; r++) optim += fs::file_size(dir / ("optim_rank_" + std::to_string(r) + ".bin"));
+  const uint64_t model = fs::file_size(dir / "model.bin");
+  // At 4 ranks and at 3 (ranges that cut across the shards): every rank reads model.bin whole, and
+  // the shards its range meets.
+  for (int ranks : {4, 3}) {
+    CAPTURE(ranks);
+    const ul::Options o = ul_test::options(args + " --resume --ranks " + std::to_string(ranks) +
+                                           (ranks == 3 ? " --change-global-batch" : ""));
+    const uint64_t before = ul::io_bytes_read();
+    ul::run_local(ranks, [&](ul::Comm& world) {
+      ul::Trainer tr(o, world);
+      ul::load_checkpoint(tr, (d / "run").string(), 2);
+      CHECK(tr.steps_done() == 2);
+    });
+    const uint64_t read = ul::io_bytes_read() - before;
+    // At the saved layout a rank reads its own shard; at 3, rank 1's range [n/3, 2n/3) meets shards
+    // 1 and 2, which ranks 0 and 2 read too: 1.5x. Every rank read every shard before: 4x, 3x.
+    CHECK(read >= uint64_t(ranks) * model + optim);
+    // (and the rank files, under 1 KB each here, read a few dozen times: 64 KiB a rank)
+    CHECK(read <= uint64_t(ranks) * model + (ranks == 4 ? optim : optim * 3 / 2) + uint64_t(ranks) * 65536);
+  }
   fs::remove_all(d);
 }
 
