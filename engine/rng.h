@@ -8,9 +8,10 @@ namespace ul {
 
 class Rng {
  public:
+  static constexpr uint64_t kIncrement = 0x9E3779B97F4A7C15ull;  // the state's step: k numbers on is s + k x this
   explicit Rng(uint64_t seed) : s_(seed) {}
   uint64_t next_u64() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (s_ += kIncrement);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);

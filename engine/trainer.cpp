@@ -503,19 +503,19 @@ Trainer::Trainer(const Options& o, Comm& world)
   if (!ckpt.empty()) check_finite_weights(o.checkpoint, model_->params.specs(), ckpt.data());
   if (o.resume) {
     // Nothing yet: the resume loads --save-dir's weights over the zeroed buffer (engine/resume.cpp,
-    // which compares them across ranks); drawing the seed's first (one thread: minutes at 8B) was
-    // work thrown away.
+    // which compares them across ranks); drawing the seed's first (minutes at 8B on a few threads)
+    // was work thrown away.
   } else if (!ckpt.empty()) {
     model_->params.load_host(ckpt.data());  // f32 values: a bf16 model's master
   } else if (is_hf_checkpoint_path(o.checkpoint)) {
     load_hf_checkpoint(o.checkpoint, *model_, says);
   } else {
-    // One thread draws them (about 25 ns a weight: 3 minutes at 8B) before the run's first line:
-    // said, where that is more than a few seconds, rather than a silent start.
+    // About 25 ns a weight a thread (3 minutes at 8B on one) before the run's first line: said,
+    // where that is more than a few seconds, rather than a silent start.
     if (!o.quiet && world.rank() == 0 && model_->params.numel() >= (size_t(200) << 20))
-      std::printf("init    | drawing %.2fB weights from --seed %llu (one thread: about %.0f s) ...\n",
-                  double(model_->params.numel()) / 1e9, (unsigned long long)o.seed,
-                  double(model_->params.numel()) * 25e-9), std::fflush(stdout);
+      std::printf("init    | drawing %.2fB weights from --seed %llu (%d thread%s: about %.0f s) ...\n",
+                  double(model_->params.numel()) / 1e9, (unsigned long long)o.seed, threads_, threads_ == 1 ? "" : "s",
+                  double(model_->params.numel()) * 25e-9 / threads_), std::fflush(stdout);
     model_->init_weights(o.seed);
   }
   reading.reset();

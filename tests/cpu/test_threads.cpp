@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "engine/context.h"
 #include "engine/device.h"
 #include "engine/float_env.h"
+#include "engine/rng.h"
 #include "layers/transformer.h"
 
 using namespace ul;
@@ -89,6 +91,41 @@ TEST_CASE("a CPU step is the same bits at 1 to 7 threads", "[model][threads]") {
       INFO(mc.arch << " at " << threads << " threads: gradients that differ: " << differing_params(mc, one, s));
       CHECK(s.loss == one.loss);
       CHECK(s.grad == one.grad);
+    }
+  }
+  omp_set_num_threads(1);
+}
+
+TEST_CASE("the initial weights are one seeded stream in order, the same bits at 1 to 7 threads", "[model][threads]") {
+  ModelConfig gpt2;
+  gpt2.arch = "gpt2", gpt2.layers = 2, gpt2.dim = 128, gpt2.heads = 4, gpt2.vocab = 300, gpt2.padded_vocab = 320;
+  gpt2.max_seq = 160;
+  ModelConfig llama = gpt2;
+  llama.arch = "llama", llama.kv_heads = 2, llama.ffn = 352;
+  for (const ModelConfig& mc : {gpt2, llama}) {
+    Context c;
+    ContextGuard g(c);
+    Transformer m(mc);
+    // The reference: one Rng drawing every weight matrix's values in the buffer's order (the
+    // stacked ones hold 2 x 384 x 128 and more: several of init_weights' 65536-element blocks).
+    std::vector<float> want(m.params.numel(), 0.0f);
+    Rng rng(11);
+    const double std0 = 0.02, std_res = 0.02 / std::sqrt(2.0 * mc.layers);
+    for (const ParamSpec& s : m.params.specs()) {
+      const bool norm_weight = s.name == "ln1w" || s.name == "ln2w" || s.name == "lnfw";
+      for (int64_t i = 0; i < s.shape.numel(); i++) {
+        float& w = want[s.offset + size_t(i)];
+        if (norm_weight) w = 1.0f;
+        else if (s.decay) w = float((s.name == "attprojw" || s.name == "fcprojw" ? std_res : std0) * rng.normal());
+      }
+      if (s.name == "wte" || s.name == "lm_head")
+        for (int64_t i = int64_t(mc.vocab) * mc.dim; i < s.shape.numel(); i++) want[s.offset + size_t(i)] = 0.0f;
+    }
+    for (int threads : {1, 3, 7}) {
+      omp_set_num_threads(threads);
+      m.init_weights(11);
+      INFO(mc.arch << " at " << threads << " threads");
+      CHECK(m.params.to_host() == want);
     }
   }
   omp_set_num_threads(1);
