@@ -2,7 +2,8 @@
 # The GPU check: one command for a machine with one NVIDIA GPU (CUDA 13, cuBLAS, PyTorch; no MPI,
 # no apt — Eigen and Catch2 come from .carry/, made by bench/carry_deps.sh on the development
 # machine and carried over, or from the system where it has them). Within GPU_CHECK_DEADLINE
-# seconds (420 by default), in this order:
+# seconds (500 by default: run it with a limit of about 560 s; a build that fails ends it in a
+# minute or two, leaving time to mend and run again), in this order:
 #   1. build with real CUDA (sm_90, or GPU_CHECK_ARCH: 80 for an A100, 89 for an L40S or RTX 4090,
 #      native for the GPU here): train and the benchmarks, then the gpu tests (at most 2 minutes);
 #   2. SP on one GPU: the local communicator with 2 ranks against 1 rank, and the NCCL
@@ -29,7 +30,7 @@ cd "$(dirname "$0")/.."
 # row, two files: the table and all logs as one archive (for a runner that brings back only a few
 # files, and may stop the script at its own time limit).
 LOGS=gpu_check_out
-DEADLINE=${GPU_CHECK_DEADLINE:-420}
+DEADLINE=${GPU_CHECK_DEADLINE:-500}
 # (the device runner's $OUT when not told: its files are what comes back)
 GPU_CHECK_ARCHIVE=${GPU_CHECK_ARCHIVE:-${OUT:-}}
 rm -rf "$LOGS" && mkdir -p "$LOGS"
@@ -93,7 +94,7 @@ gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
 arch=${GPU_CHECK_ARCH:-90}
 configure() {
   run_for 120 "$LOGS/configure.log" cmake -S . -B build-gpu ${gen[@]+"${gen[@]}"} -DULYSSES_CUDA=ON -DULYSSES_WITH_MPI=OFF \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$PWD/.carry" "$@"
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$PWD/.carry" -DULYSSES_TEST_TIMEOUT=60 "$@"
 }
 build() { run_for "${BUILD_S:-300}" "$LOGS/$1.log" cmake --build build-gpu -j "$(nproc)" --target "${@:2}"; }
 note=""
@@ -106,7 +107,9 @@ rm -f build-gpu/train build-gpu/bench_* build-gpu/tests/test_*
 built=1
 if ! { configure && build build train bench_gpt2_step bench_attention; }; then
   built=0
-  if cat "$LOGS/configure.log" "$LOGS/build.log" 2>/dev/null | grep -q "unsupported GNU version"; then
+  # (grep -s over both: a configure that failed wrote no build.log, and a cat of it failed the
+  # pipeline under pipefail, so the retry never ran)
+  if grep -qs "unsupported GNU version" "$LOGS/configure.log" "$LOGS/build.log"; then
     rm -rf build-gpu
     note=", with -allow-unsupported-compiler (g++ $(c++ -dumpversion))"
     configure -DCMAKE_CUDA_FLAGS=-allow-unsupported-compiler && build build train bench_gpt2_step bench_attention &&
@@ -189,7 +192,8 @@ grep -q '^cuda ' "$LOGS/attn_ours.log" || row "attention vs SDPA" "$(why $rc_our
 grep -q ' default$' "$LOGS/attn_sdpa.log" || row "  SDPA" "no rows (see $LOGS/attn_sdpa.log)"
 
 echo "== tests labelled gpu (${SECONDS} s)"
-# A minute at most per test (one that hangs costs that, not the run); four at once on the one GPU,
+# A minute at most per test (ULYSSES_TEST_TIMEOUT at the configure: one that hangs costs that, not
+# the run; ctest's --timeout does not override a test's own); four at once on the one GPU,
 # each with 4 OpenMP threads for its CPU reference (16 cores: more would spin against each other).
 # Asynchronous, as a training run is (CUDA_LAUNCH_BLOCKING would finish every kernel before the
 # next call, and hide a copy on --offload's side stream that does not wait for the kernel making
@@ -199,7 +203,7 @@ if [ "$tests_built" -eq 0 ] && [ -x build-gpu/tests/test_attention_gpu ]; then
   # (ctest's list of failures is this run's only when it ends: a kept build-gpu/ has the last call's)
   rm -f build-gpu/Testing/Temporary/LastTestsFailed.log
   (cd build-gpu && ULYSSES_POISON_ARENA=1 OMP_NUM_THREADS=4 run_for 150 "../$LOGS/ctest_gpu.log" ctest -L gpu \
-    --output-on-failure --timeout 60 -j 4); rc=$?
+    --output-on-failure -j 4); rc=$?
   summary=$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu.log" | tail -1)
   if [ -z "$summary" ]; then  # cut off before its summary: count the tests that ended
     summary="$(grep -c ' Passed ' "$LOGS/ctest_gpu.log") passed, $(grep -cE '\*\*\*(Failed|Timeout|Exception)' \
@@ -211,7 +215,7 @@ if [ "$tests_built" -eq 0 ] && [ -x build-gpu/tests/test_attention_gpu ]; then
     while read -r line; do row "  failed" "$line"; done
   if grep -qE '\*\*\*(Failed|Exception)' "$LOGS/ctest_gpu.log" && [ -s build-gpu/Testing/Temporary/LastTestsFailed.log ]; then
     (cd build-gpu && CUDA_LAUNCH_BLOCKING=1 ULYSSES_POISON_ARENA=1 OMP_NUM_THREADS=4 run_for 90 \
-      "../$LOGS/ctest_gpu_blocking.log" ctest --rerun-failed --output-on-failure --timeout 60 -j 4)
+      "../$LOGS/ctest_gpu_blocking.log" ctest --rerun-failed --output-on-failure -j 4)
     row "  again with CUDA_LAUNCH_BLOCKING=1" \
       "$(grep -E 'tests passed|tests failed' "$LOGS/ctest_gpu_blocking.log" | tail -1) (see $LOGS/ctest_gpu_blocking.log)"
   fi

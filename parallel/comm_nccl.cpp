@@ -236,6 +236,10 @@ class NcclComm : public Comm {
       cudaError_t q = cudaStreamQuery(nullptr);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) fail(std::string(what) + ": " + cuda_error_text(q));
+      // "Not ready" is no error, but a runtime may leave it for cudaGetLastError, where the next
+      // kernel's launch check would take it for that kernel's failure: taken back, only if it is
+      // what is pending (an error of its own stays for its owner).
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
       ncclResult_t async = ncclSuccess;
       call(ncclCommGetAsyncError(comm_, &async), what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -555,11 +555,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 
 // Runs what is queued, up to work that waits on other processes (an emulated NCCL collective
-// whose peers have not all come): cudaErrorNotReady, which is no error (cudaGetLastError keeps it).
+// whose peers have not all come): cudaErrorNotReady. CUDA does not document whether that answer
+// is also left for cudaGetLastError (other stacks clear it after a poll, as if it were): it is
+// here, the stricter reading, so that a poller that leaves it behind fails its next launch in CI,
+// not only on some GPU.
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   UL_EMU_STICKY();
-  const cudaError_t e = resolve(s)->run_until(resolve(s)->issued, true);
-  return e == cudaErrorNotReady ? e : report(e);
+  return report(resolve(s)->run_until(resolve(s)->issued, true));
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {

@@ -141,7 +141,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 // Runs what the stream has queued (work here is done once it has run), up to work that would wait
-// on other processes (ul_emu::on_stream_polled): cudaErrorNotReady.
+// on other processes (ul_emu::on_stream_polled): cudaErrorNotReady, left for cudaGetLastError too.
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags);

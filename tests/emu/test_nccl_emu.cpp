@@ -219,6 +219,26 @@ TEST_CASE("emu nccl: every collective on 3 ranks, host and device buffers, past 
   }
 }
 
+TEST_CASE("emu nccl: a collective polled while its peer is late leaves no 'not ready' for the next launch", "[emu]") {
+  // Main streams run late: the collective runs when finish() polls it, answering cudaErrorNotReady
+  // until rank 1 comes. The emulator leaves that answer for cudaGetLastError (a GPU may): had
+  // finish() not taken it back, the launch check of the next kernel (ul::launch) would have thrown
+  // "device not ready" naming that kernel.
+  ul_test::StreamOrderScope scope(ul_emu::StreamOrder::late_main);
+  const std::vector<std::string> problems = on_ranks(2, [&](int r, ul::Comm& c, std::ostringstream& bad) {
+    Dev<float> x(std::vector<float>(1000, float(r + 1)));
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    c.all_reduce(x.p, 1000, DType::f32, ReduceOp::sum);
+    const cudaError_t pending = cudaPeekAtLastError();
+    if (pending != cudaSuccess) bad << "after the all_reduce, pending: " << cudaGetErrorString(pending) << "\n";
+    expect<float>(bad, "all_reduce", x.get(), [](size_t) { return 3.f; });
+  });
+  for (int r = 0; r < 2; r++) {
+    INFO("rank " << r << ": " << problems[size_t(r)]);
+    CHECK(problems[size_t(r)].empty());
+  }
+}
+
 TEST_CASE("emu nccl: built against NCCL before 2.28, all_to_all is grouped send/recv with the same blocks", "[emu]") {
   const int P = 3;
   for (ul_emu::StreamOrder order : {ul_emu::StreamOrder::late_side, ul_emu::StreamOrder::late_main}) {
