@@ -68,14 +68,22 @@ std::string differing_params(const ModelConfig& mc, const Step& a, const Step& b
   return out.empty() ? "none" : out;
 }
 
+// Two layers of 128: every op's threaded path, and stacked weights of several 65536-element blocks.
+ModelConfig small_gpt2() {
+  ModelConfig c;
+  c.arch = "gpt2", c.layers = 2, c.dim = 128, c.heads = 4, c.vocab = 300, c.padded_vocab = 320, c.max_seq = 160;
+  return c;
+}
+ModelConfig small_llama() {
+  ModelConfig c = small_gpt2();
+  c.arch = "llama", c.kv_heads = 2, c.ffn = 352;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("a CPU step is the same bits at 1 to 7 threads", "[model][threads]") {
-  ModelConfig gpt2;
-  gpt2.arch = "gpt2", gpt2.layers = 2, gpt2.dim = 128, gpt2.heads = 4, gpt2.vocab = 300, gpt2.padded_vocab = 320;
-  gpt2.max_seq = 160;
-  ModelConfig llama = gpt2;
-  llama.arch = "llama", llama.kv_heads = 2, llama.ffn = 352;
+  const ModelConfig gpt2 = small_gpt2(), llama = small_llama();
   // The default job's shape too: vocab 32, most targets ignored (passkey scores its digits only).
   ModelConfig tiny = gpt2;
   tiny.dim = 64, tiny.vocab = 32, tiny.padded_vocab = 128, tiny.max_seq = 256;
@@ -97,12 +105,7 @@ TEST_CASE("a CPU step is the same bits at 1 to 7 threads", "[model][threads]") {
 }
 
 TEST_CASE("the initial weights are one seeded stream in order, the same bits at 1 to 7 threads", "[model][threads]") {
-  ModelConfig gpt2;
-  gpt2.arch = "gpt2", gpt2.layers = 2, gpt2.dim = 128, gpt2.heads = 4, gpt2.vocab = 300, gpt2.padded_vocab = 320;
-  gpt2.max_seq = 160;
-  ModelConfig llama = gpt2;
-  llama.arch = "llama", llama.kv_heads = 2, llama.ffn = 352;
-  for (const ModelConfig& mc : {gpt2, llama}) {
+  for (const ModelConfig& mc : {small_gpt2(), small_llama()}) {
     Context c;
     ContextGuard g(c);
     Transformer m(mc);
