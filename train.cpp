@@ -109,7 +109,7 @@ static int after_mpi_start(Body&& body) {
     const char* why = dynamic_cast<const std::bad_alloc*>(&e) ? kOutOfMemory : e.what();
     const auto [rank, size] = mpi_world_place();
     if (rank > 0) {
-      // A failure every rank meets (a bad flag, a damaged checkpoint) is rank 0's to say: it ends
+      // A failure every rank meets (one no agreement made a JobError of) is rank 0's to say: it ends
       // the job, and the launcher's SIGTERM reaches this rank within about 2 s (Open MPI 4.1:
       // SIGCONT, then SIGTERM a second later), which then adds no copy of the same message. One
       // this rank met alone is said after that wait, with its rank.

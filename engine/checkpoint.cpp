@@ -133,25 +133,28 @@ fs::path absolute_dir(const std::string& root, std::error_code& ec) {
 
 }  // namespace
 
-// After every rank tried to write its files (mine: its error, "" when it wrote them). Collective:
-// if any failed, every rank learns who and why and throws the same error (the first failing
-// rank's), so that a rank that cannot write (a full disk, a quota) neither leaves the others
-// waiting at a barrier nor ends an MPI job alone: rank 0's log records the cause. It is also the
-// barrier after which the files count as written.
-void agree_on_writes(Comm& world, const std::string& mine) {
+// After every rank tried its part (mine: its error, "" when it succeeded: its files written, its
+// checkpoint loaded). Collective: if any failed, every rank learns who and why and throws the same
+// error (the first failing rank's), so that a rank that cannot write (a full disk, a quota) or met
+// a damaged file only it reads neither leaves the others waiting in a collective (under NCCL
+// without MPI, until --comm-timeout) nor ends an MPI job alone: rank 0's log records the cause. It
+// is also the barrier after which a save's files count as written.
+void agree_on_errors(Comm& world, const std::string& mine) {
   const int P = world.size();
   if (P == 1) {
     if (!mine.empty()) throw JobError(mine);
     return;
   }
-  constexpr size_t kWords = 256;  // each rank's message, up to 1 KiB
+  constexpr size_t kWords = 1024;  // each rank's message, up to 4 KiB (a resume's, with its paths and hint)
   std::vector<int32_t> buf(kWords, 0), all(kWords * size_t(P));
-  std::memcpy(buf.data(), mine.data(), std::min(mine.size(), kWords * 4 - 1));
+  size_t cut = std::min(mine.size(), kWords * 4 - 1);
+  while (cut < mine.size() && cut > 0 && (static_cast<unsigned char>(mine[cut]) & 0xC0) == 0x80) cut--;  // a character's start
+  std::memcpy(buf.data(), mine.data(), cut);
   world.all_gather(buf.data(), all.data(), kWords, DType::i32);
   for (int r = 0; r < P; r++) {
     const char* text = reinterpret_cast<const char*>(all.data() + size_t(r) * kWords);
     const std::string what(text, strnlen(text, kWords * 4));
-    if (!what.empty()) throw JobError(r == world.rank() ? what : "rank " + std::to_string(r) + ": " + what);
+    if (!what.empty()) throw JobError(r == world.rank() ? mine : "rank " + std::to_string(r) + ": " + what);
   }
 }
 
@@ -274,7 +277,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
       made = e.what();
     }
   }
-  agree_on_writes(g.world, made);  // also the barrier before any rank writes into the directory
+  agree_on_errors(g.world, made);  // also the barrier before any rank writes into the directory
 
   Params& params = tr.model().params;
   const size_t n = params.numel();
@@ -287,7 +290,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   char save_id[17] = {};
   if (rank == 0) std::snprintf(save_id, sizeof save_id, "%s", new_save_id().c_str());
   if (g.world.size() > 1) g.world.broadcast(save_id, 4, DType::i32, 0);
-  // This rank's files: a failure is caught, for every rank to learn of it (agree_on_writes).
+  // This rank's files: a failure is caught, for every rank to learn of it (agree_on_errors).
   auto write_files = [&] {
     if (failing_rank_hook() == rank) throw std::runtime_error(dir + ": cannot write (ULYSSES_TEST_FAIL_SAVE_RANK)");
     if (rank == 0) {
@@ -325,7 +328,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
     failed = e.what();
   }
   try {
-    agree_on_writes(g.world, failed);  // every rank's files are durable: only now may the directory count
+    agree_on_errors(g.world, failed);  // every rank's files are durable: only now may the directory count
   } catch (const CommError& e) {
     // A rank that timed out here waited for another's writes (rank 0 writes model.bin alone), not
     // necessarily for a dead peer: say which wait it was, and the flag that lengthens it.
@@ -346,7 +349,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
       marked = e.what();
     }
   }
-  agree_on_writes(g.world, marked);
+  agree_on_errors(g.world, marked);
   if (rank == 0) {
     if (keep > 0) {
       std::vector<int> steps = complete_steps(root);
@@ -377,8 +380,8 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   const std::string dir = root + "/" + step_dir_name(step);
   Params& params = tr.model().params;
   const size_t n = params.numel();
-  // A large model's load takes a while (12 bytes a parameter read and checked): said first, as a
-  // save is.
+  // A large model's load takes a while (the checkpoint is 12 bytes a parameter; a ZeRO rank reads
+  // the model and its part of the rest): said first, as a save is.
   const double gib = double(n) * 12 / double(1 << 30);
   if (rank == 0 && gib >= 1 && !tr.options().quiet)
     std::printf("resume  | loading %s (about %.1f GiB) ...\n", dir.c_str(), gib), std::fflush(stdout);
@@ -474,10 +477,10 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
   // rank takes the part of each file that falls in its own range [lo, hi). Every file's header is
   // checked on every rank (its shard, t, and the crc32 its rank file recorded: a stranger is refused
   // everywhere), but a file's payload is read, and its checksum checked, only by the ranks whose
-  // range it meets: on N ranks of ZeRO each shard is read once in all at the layout it was saved at
-  // (at another, by the two or so ranks it straddles), not N times (64 ranks of an 8B model: 64 GB
-  // of AdamW state, not 4 TB). A shard damaged inside is then one rank's
-  // failure, said by that rank (and the job stopped), not every rank's.
+  // range it meets: on N ranks of ZeRO each shard is read once in all at the world it was saved at
+  // (on fewer ranks, by the two or so it straddles; on M from N, by about M/N + 1), not N times (64
+  // ranks of an 8B model: 64 GB of AdamW state, not 4 TB). A shard damaged inside is then found
+  // by those ranks alone: resume.cpp has the ranks agree on the load's outcome.
   AdamW& opt = tr.optimizer();
   const size_t lo = opt.lo(), hi = opt.hi();
   std::vector<float> m(hi - lo), v(hi - lo);

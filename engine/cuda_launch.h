@@ -124,6 +124,10 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   if (const cudaError_t e = ul_emu::device_fault())
     throw std::runtime_error(launch_error(name, grid, block, smem_bytes, e, false));
   ul_emu::launch(name, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+  // As <<<>>>'s check below: an error some earlier call left pending (a poll's "not ready" left
+  // behind) fails this launch, here as on a GPU.
+  if (const cudaError_t e = cudaGetLastError())
+    throw std::runtime_error(launch_error(name, grid, block, smem_bytes, e, false));
 #else
   kernel<<<grid, block, smem_bytes, stream>>>(std::forward<A>(args)...);
   cudaError_t e = cudaGetLastError();

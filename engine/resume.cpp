@@ -214,22 +214,27 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   // A rollback whose run has not saved yet: step_N's files hold the data's place of the history
   // it replaced, the record the one the rollback chose.
   const bool pending = !rollback && here && chosen == record->step;
+  // Some failures only some ranks meet (a ZeRO shard damaged inside is read by the ranks whose
+  // range it meets; a rank_R.json by its rank): agreed on, so every rank stops with the reader's
+  // message at once.
+  std::string failed;
   try {
     saved = load_checkpoint(tr, root, chosen, pending ? &*record : nullptr, notes ? &notes->rope_before : nullptr);
-  } catch (const RunMismatch&) {
-    throw;  // this run's flags, not the checkpoint: an older one would be refused the same way
+  } catch (const RunMismatch& e) {
+    failed = e.what();  // this run's flags, not the checkpoint: an older one would be refused the same way
   } catch (const std::runtime_error& e) {
     // A damaged checkpoint would stop every resume: say how to continue from the one before (not
     // done unasked: the checkpoint may be sound and the fault elsewhere). Not for a pending
     // rollback's step: the one before has no record of its skip.
-    if (older < 0 || pending) throw;
+    failed = e.what();
     const std::string dir = root + "/" + step_dir_name(chosen);
-    throw std::runtime_error(std::string(e.what()) + " (if " + dir + " is damaged, " +
-                             (rollback ? "--resume-step " + std::to_string(older) + " continues from " +
-                                             step_dir_name(older)
-                                       : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
-                                             step_dir_name(older)) + ")");
+    if (older >= 0 && !pending)
+      failed += " (if " + dir + " is damaged, " +
+                (rollback ? "--resume-step " + std::to_string(older) + " continues from " + step_dir_name(older)
+                          : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
+                                step_dir_name(older)) + ")";
   }
+  agree_on_errors(world, failed);
   check_same_weights(world, tr.model().params.fingerprint(), "loading " + root + "/" + step_dir_name(chosen) + "/model.bin",
                      kSameFile);
   if (pending && notes) notes->applied = record;

@@ -293,7 +293,7 @@ int train_rank(const Options& o, Comm& world) {
     // directory) or that it cannot write would fail the first save, after the training.
     if (world.size() > 1) {
       const int mine = lead ? 0 : save_dir_write_error(o.save_dir);
-      agree_on_writes(world, mine == 0 ? "" : "--save-dir " + o.save_dir + ": cannot create a checkpoint there (" +
+      agree_on_errors(world, mine == 0 ? "" : "--save-dir " + o.save_dir + ": cannot create a checkpoint there (" +
                                                   std::strerror(mine) + ") where rank 0 could: every rank writes its "
                                                   "files there, so it must be one directory on a filesystem every "
                                                   "rank's machine shares; this run would save at step " + first_save);

@@ -557,8 +557,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 // Runs what is queued, up to work that waits on other processes (an emulated NCCL collective
 // whose peers have not all come): cudaErrorNotReady. CUDA does not document whether that answer
 // is also left for cudaGetLastError (other stacks clear it after a poll, as if it were): it is
-// here, the stricter reading, so that a poller that leaves it behind fails its next launch in CI,
-// not only on some GPU.
+// here, the stricter reading, so that a poller that leaves it behind fails its next launch in CI
+// (ul::launch checks cudaGetLastError here as after <<<>>>), not only on some GPU.
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   UL_EMU_STICKY();
   return report(resolve(s)->run_until(resolve(s)->issued, true));

@@ -358,11 +358,16 @@ TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes 
   CHECK(b.dev[0] == 1.f);  // the work before it ran, the work after it waits
   CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
   CHECK(runs == 0);
-  // Polls until the work has ended, for at most 30 s (a broken poll fails here, not at ctest's timeout).
+  // Polls until the work has ended, for at most 30 s (a broken poll fails here, not at ctest's
+  // timeout), taking back each "not ready" as comm_nccl's finish() does (else the next launch, the
+  // fill below, fails with it).
   auto polled = [] {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     cudaError_t q = cudaErrorNotReady;
-    while (q == cudaErrorNotReady && std::chrono::steady_clock::now() < until) q = cudaStreamQuery(nullptr);
+    while (q == cudaErrorNotReady && std::chrono::steady_clock::now() < until) {
+      q = cudaStreamQuery(nullptr);
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    }
     return q;
   };
   peers.set_value();
@@ -376,6 +381,7 @@ TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes 
     runs++;
   });
   CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
+  CHECK(cudaGetLastError() == cudaErrorNotReady);  // taken back (the fill below would fail with it)
   std::thread release([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     later.set_value();
