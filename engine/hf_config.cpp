@@ -380,7 +380,9 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     c.dim = num("n_embd"), c.layers = layer_count(num("n_layer"), where), c.heads = c.kv_heads = num("n_head");
     c.max_seq = num("n_positions"), c.vocab = num("vocab_size");
     const JsonValue* act = j.find("activation_function");
-    refuse_unless(!act || act->text == "gelu_new" || act->text == "gelu_pytorch_tanh", "activation_function is not tanh GELU");
+    // (transformers' names for the one tanh formula: gelu_fast writes it as x (c + c 0.044715 x^2))
+    refuse_unless(!act || act->text == "gelu_new" || act->text == "gelu_pytorch_tanh" || act->text == "gelu_fast",
+                  "activation_function is not tanh GELU");
     const JsonValue* inner = j.find("n_inner");
     refuse_unless(!inner || inner->is(JsonValue::Kind::null) || inner->as_int(where) == 4 * c.dim, "n_inner is not 4 * n_embd");
     eps_ok("layer_norm_epsilon");
@@ -452,7 +454,7 @@ ModelConfig config_from_hf_json(const JsonValue& j, const std::string& where) {
     if (const JsonValue* p = non_null(j, "partial_rotary_factor"))
       refuse_unless(p->as_double(where + ": partial_rotary_factor") == 1,
                     "partial_rotary_factor is not 1");
-    refuse_unless(!act || act->text == "silu", "hidden_act is not silu");
+    refuse_unless(!act || act->text == "silu" || act->text == "swish", "hidden_act is not silu");  // (one function)
     if (const JsonValue* tie = j.find("tie_word_embeddings"))  // LlamaConfig's default: false
       c.tie_embeddings = tie->as_bool(where + ": tie_word_embeddings");
     refuse_unless(!hd || hd->is(JsonValue::Kind::null) || (c.heads > 0 && hd->as_int(where) == c.dim / c.heads),

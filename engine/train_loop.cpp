@@ -198,6 +198,20 @@ int train_rank(const Options& o, Comm& world) {
       std::filesystem::path(o.export_safetensors).filename() != "model.safetensors")
     say("note    | --export-safetensors %s: transformers' from_pretrained(DIR) reads DIR/model.safetensors, not this "
         "name (this engine's --checkpoint reads it by its path)\n", o.export_safetensors.c_str());
+  // A sharded checkpoint beside the export (a run that imported DIR's index, fine-tuned, and exports
+  // to DIR/model.safetensors): the export replaces config.json, which the old shards' index is then
+  // read with (by this engine's --checkpoint INDEX, shapes alike, the old weights under the new
+  // RoPE or window).
+  if (!o.export_safetensors.empty()) {
+    const std::filesystem::path index =
+        std::filesystem::path(o.export_safetensors).parent_path() / "model.safetensors.index.json";
+    std::error_code ec;
+    if (std::filesystem::exists(index, ec))
+      say("note    | --export-safetensors %s: %s beside it lists a sharded checkpoint's files, which the "
+          "config.json written here does not describe: move the export or the shards (transformers reads "
+          "model.safetensors first; --checkpoint %s would read their weights with this config)\n",
+          o.export_safetensors.c_str(), index.string().c_str(), index.string().c_str());
+  }
   // ZeRO-1 shards AdamW's state over the world: one rank's shard is all of it.
   if (o.zero && o.steps > 0 && world.size() == 1)
     say("note    | --zero 1 with one rank shards nothing (its shard is the whole AdamW state): it saves memory only "

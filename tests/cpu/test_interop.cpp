@@ -504,6 +504,8 @@ TEST_CASE("HF configs: a llama with a window is written as mistral, and mistral 
   CHECK_THROWS_WITH(read_with("\"head_dim\":8,", "\"head_dim\":16,"),
                     Catch::Contains("head_dim is not hidden_size / num_attention_heads"));
   CHECK_THROWS_WITH(read_with("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\""), Catch::Contains("hidden_act"));
+  // transformers' other name for SiLU is the same model.
+  CHECK(read_with("\"hidden_act\":\"silu\"", "\"hidden_act\":\"swish\"").describe() == x.cfg.describe());
 }
 
 TEST_CASE("HF configs without num_key_value_heads (or with null): each config class's default, as transformers reads them", "[interop]") {
@@ -727,6 +729,13 @@ TEST_CASE("import accepts HF's gpt2 variants and refuses mismatched files", "[in
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains(p) && Catch::Contains("config.json"));
   write_bytes(d / "config.json", R"({"model_type":"gpt2","n_embd":32,"n_layer":2,"n_head":4,"n_positions":16,"vocab_size":50,"activation_function":"relu"})");
   CHECK_THROWS_WITH(hf_read_config(SafetensorsFile(p)), Catch::Contains("activation_function"));
+  // gelu_fast: transformers' FastGELU, the tanh formula written another way, is the model's GELU.
+  for (const char* act : {"gelu_new", "gelu_fast", "gelu_pytorch_tanh"}) {
+    CAPTURE(act);
+    write_bytes(d / "config.json", R"({"model_type":"gpt2","n_embd":32,"n_layer":2,"n_head":4,"n_positions":16,"vocab_size":50,"activation_function":")" +
+                                       std::string(act) + "\"}");
+    CHECK(hf_read_config(SafetensorsFile(p)).dim == 32);
+  }
   // Attention scaled otherwise (Stanford CRFM's GPT-2s also divide by the layer's index): refused.
   const std::string gpt2 = R"({"model_type":"gpt2","n_embd":32,"n_layer":2,"n_head":4,"n_positions":16,"vocab_size":50)";
   write_bytes(d / "config.json", gpt2 + R"(,"scale_attn_by_inverse_layer_idx":true})");
@@ -823,4 +832,24 @@ TEST_CASE("a YaRN export whose factor x orig is not whole says which factor tran
     REQUIRE(r.code == 0);
     CHECK(r.out.find("max_position_embeddings") == std::string::npos);
   }
+}
+
+TEST_CASE("an export beside a sharded checkpoint's index says the config.json it writes does not describe those shards",
+          "[interop][cli]") {
+  // A run that imported DIR's shards and exports to DIR/model.safetensors replaces DIR/config.json:
+  // --checkpoint DIR/model.safetensors.index.json would then read the old shards with the new config.
+  using namespace ul_test;
+  TempDir d;
+  const std::string base = "--model llama --layers 1 --dim 32 --heads 2 --steps 0 --threads 1 --seq 32 ";
+  fs::create_directories(d / "a");
+  write_bytes(d / "a/model.safetensors.index.json", "{\"weight_map\":{\"x\":\"model-00001-of-00002.safetensors\"}}");
+  CmdResult r = run_cmd(train_cmd(base + "--export-safetensors " + d / "a/model.safetensors"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | --export-safetensors " + d / "a/model.safetensors" + ": " + d / "a/model.safetensors.index.json" +
+                   " beside it lists a sharded checkpoint's files") != std::string::npos);
+  // Alone in its directory: nothing to say.
+  r = run_cmd(train_cmd(base + "--export-safetensors " + d / "b/model.safetensors"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("sharded checkpoint") == std::string::npos);
 }
