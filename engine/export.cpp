@@ -368,6 +368,11 @@ void RunOutputs::finish(const float* host, const std::vector<ParamSpec>& specs) 
                     "transformers 4.51 to 4.55 take the factor from it, %.6g, not %s (a factor that makes the product "
                     "whole avoids it)\n", mpe, float_text(rs.factor).c_str(), rs.original_max_pos, read,
                     float_text(rs.factor).c_str());
+      // truncate false (gpt-oss's) keeps the ramp's ends unrounded; the transformers before its key
+      // existed warn of an unknown key and round them: another model there.
+      if (!rs.truncate)
+        std::printf("note    | yarn truncate=0 is written as \"truncate\": false; transformers versions that predate "
+                    "the key (it came with gpt-oss) ignore it and round the ramp's ends: they run another model\n");
     }
     std::fflush(stdout);
   }

@@ -831,7 +831,13 @@ TEST_CASE("a YaRN export whose factor x orig is not whole says which factor tran
                           "/m.safetensors"));
     REQUIRE(r.code == 0);
     CHECK(r.out.find("max_position_embeddings") == std::string::npos);
+    CHECK(r.out.find("yarn truncate=0") == std::string::npos);
   }
+  // truncate=0 (gpt-oss's ramp): transformers that predate the key would round the ramp anyway.
+  r = run_cmd(train_cmd(base + "--rope-scaling yarn:factor=2,orig=16,truncate=0 --export-safetensors " + d / "c/m.safetensors"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("note    | yarn truncate=0 is written as \"truncate\": false; transformers versions that predate the "
+                   "key") != std::string::npos);
 }
 
 TEST_CASE("an export beside a sharded checkpoint's index says the config.json it writes does not describe those shards",
