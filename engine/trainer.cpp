@@ -696,7 +696,11 @@ StepResult Trainer::step() {
     // same result), so they fail together; sharded masters (bf16 under --zero 1) add up their sums.
     double ws = sum_squares_on(P.device(), P.master_at(P.master_lo()), P.master_hi() - P.master_lo());
     if (P.masters_sharded() && g.world.size() > 1) g.world.all_reduce(&ws, 1, DType::f64, ReduceOp::sum);
-    if (!std::isfinite(ws))
+    // bf16: a master past bf16's largest finite value (3.39e38, a finite f32) rounds to infinity in
+    // the weights the forward reads; its square alone passes this bound (which only weights near
+    // 1e34 and more could reach otherwise: no run that trains).
+    const double bf16_max = 3.3895313892515355e38;
+    if (!std::isfinite(ws) || (P.dtype() == DType::bf16 && ws >= bf16_max * bf16_max))
       throw JobError("step " + std::to_string(step_ + 1) + ": the update made weights that are not finite (lr " +
                      float_text(r.lr) + ", gradient norm " + std::to_string(r.grad_norm) +
                      "): lower --lr; nothing from this step was saved");
