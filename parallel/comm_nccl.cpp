@@ -179,7 +179,12 @@ class NcclComm : public Comm {
       check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "split", comm_);
     }
     if (!sub) return nullptr;
-    return std::make_unique<NcclComm>(sub, device_, timeout_);
+    try {
+      return std::make_unique<NcclComm>(sub, device_, timeout_);
+    } catch (...) {  // as the world's in make(): no one else would free it
+      ncclCommAbort(sub);
+      throw;
+    }
   }
 
  private:
