@@ -147,14 +147,16 @@ void agree_on_errors(Comm& world, const std::string& mine) {
   }
   constexpr size_t kWords = 1024;  // each rank's message, up to 4 KiB (a resume's, with its paths and hint)
   std::vector<int32_t> buf(kWords, 0), all(kWords * size_t(P));
-  size_t cut = std::min(mine.size(), kWords * 4 - 1);
-  while (cut < mine.size() && cut > 0 && (static_cast<unsigned char>(mine[cut]) & 0xC0) == 0x80) cut--;  // a character's start
-  std::memcpy(buf.data(), mine.data(), cut);
+  // (a failure that arrived with no text is still one: said so, not taken for success)
+  const std::string sent = !mine.empty() && mine[0] == '\0' ? "(an error with no message)" : mine;
+  size_t cut = std::min(sent.size(), kWords * 4 - 1);
+  while (cut < sent.size() && cut > 0 && (static_cast<unsigned char>(sent[cut]) & 0xC0) == 0x80) cut--;  // a character's start
+  std::memcpy(buf.data(), sent.data(), cut);
   world.all_gather(buf.data(), all.data(), kWords, DType::i32);
   for (int r = 0; r < P; r++) {
     const char* text = reinterpret_cast<const char*>(all.data() + size_t(r) * kWords);
     const std::string what(text, strnlen(text, kWords * 4));
-    if (!what.empty()) throw JobError(r == world.rank() ? mine : "rank " + std::to_string(r) + ": " + what);
+    if (!what.empty()) throw JobError(r == world.rank() ? sent : "rank " + std::to_string(r) + ": " + what);
   }
 }
 
@@ -373,8 +375,8 @@ bool whole_optimizer(const std::string& dir) {
 
 }  // namespace
 
-RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending,
-                          std::string* rope_before) {
+LoadedCheckpoint read_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending,
+                                 std::string* rope_before) {
   Grid& g = tr.grid();
   const int rank = g.world.rank();
   const std::string dir = root + "/" + step_dir_name(step);
@@ -519,15 +521,33 @@ RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const 
     throw std::runtime_error(dir + ": the optimizer files cover " + std::to_string(covered) + " of this rank's " +
                              std::to_string(hi - lo) + " elements");
 
+  LoadedCheckpoint c;
+  c.saved = saved, c.step = step, c.data = data, c.t = t;
+  c.params = std::move(p), c.m = std::move(m), c.v = std::move(v);
+  return c;
+}
+
+void apply_checkpoint(Trainer& tr, LoadedCheckpoint&& c) {
   // Every check passed: only now does the trainer change.
+  Params& params = tr.model().params;
+  AdamW& opt = tr.optimizer();
   const Device d = params.device();
-  params.load_host(p.data());  // f32 -> master (bf16: and the rounded bf16 parameters)
-  device_copy(opt.m(), d, m.data(), Device::cpu, m.size() * sizeof(float));
-  device_copy(opt.v(), d, v.data(), Device::cpu, v.size() * sizeof(float));
-  opt.set_t(int(t));
-  // bf16: the weights as the run rounded them at step t (the file holds only the masters).
+  params.load_host(c.params.data());  // f32 -> master (bf16: and the rounded bf16 parameters)
+  std::vector<float>().swap(c.params);
+  device_copy(opt.m(), d, c.m.data(), Device::cpu, c.m.size() * sizeof(float));
+  device_copy(opt.v(), d, c.v.data(), Device::cpu, c.v.size() * sizeof(float));
+  opt.set_t(int(c.t));
+  // bf16: the weights as the run rounded them at step t (the file holds only the masters; with
+  // sharded masters a collective, which is why a resume agrees on the reads before this).
   tr.round_bf16_from_masters();
-  tr.set_steps_done(step, data);
+  tr.set_steps_done(c.step, c.data);
+}
+
+RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending,
+                          std::string* rope_before) {
+  LoadedCheckpoint c = read_checkpoint(tr, root, step, pending, rope_before);
+  const RunLayout saved = c.saved;
+  apply_checkpoint(tr, std::move(c));
   return saved;
 }
 

@@ -114,12 +114,27 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
 // then leaves only the `keep` newest complete checkpoints.
 void save_checkpoint(Trainer& tr, const std::string& root, int keep);
 
-// This rank only: checks root/step_NNNNNNNN against the run (options, model shape, file integrity)
-// and loads it into tr. Throws std::runtime_error naming the file and the problem (RunMismatch for
-// this run's flags); tr is changed only once every file has passed its checks. Returns the layout
-// the checkpoint was saved at. `pending`: a rollback to this step whose run has not saved yet: its
-// data place and G stand instead of the files'. `rope_before`: set to the checkpoint's RoPE (rope_text)
-// when --change-rope changed it.
+// What a checkpoint holds for this rank, read and checked: the f32 parameters, this rank's range
+// of AdamW's m and v, its t, the step and the data's place, and the layout it was saved at.
+struct LoadedCheckpoint {
+  RunLayout saved;
+  std::vector<float> params, m, v;
+  int64_t t = 0, data = 0;
+  int step = 0;
+};
+// This rank only, no collective: checks root/step_NNNNNNNN against the run (options, model shape,
+// file integrity) and reads it; tr is not changed. Throws std::runtime_error naming the file and
+// the problem (RunMismatch for this run's flags). `pending`: a rollback to this step whose run has
+// not saved yet: its data place and G stand instead of the files'. `rope_before`: set to the
+// checkpoint's RoPE (rope_text) when --change-rope changed it.
+LoadedCheckpoint read_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr,
+                                 std::string* rope_before = nullptr);
+// Loads what read_checkpoint read into tr. A collective where the masters are sharded (bf16 under
+// --zero 1: each shard's owner rounds its weights and the others take its bits): every rank must
+// have read its part first (a resume agrees on the reads: engine/resume.cpp).
+void apply_checkpoint(Trainer& tr, LoadedCheckpoint&& c);
+// Both, for one process or where every rank is known to read alike (tests). Returns the layout the
+// checkpoint was saved at.
 RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr,
                           std::string* rope_before = nullptr);
 

@@ -335,6 +335,16 @@ TEST_CASE("emu streams: a device buffer freed while an error unwinds leaves that
   ul_emu::clear_device_fault();
 }
 
+TEST_CASE("emu: a launch fails with the error an earlier call left pending, as <<<>>>'s check does on a GPU", "[emu]") {
+  Buffers b;
+  float x = 0;
+  CHECK(cudaMemcpy(nullptr, &x, sizeof x, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);  // left for cudaGetLastError
+  CHECK_THROWS_WITH(b.fill(1.f), Catch::Contains("launching kernel 'fill'") && Catch::Contains("invalid argument"));
+  CHECK(cudaGetLastError() == cudaSuccess);  // the launch took it
+  b.fill(2.f);  // and the next one runs
+  UL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 TEST_CASE("emu streams: cudaStreamQuery runs work that waits on other processes beside the host", "[emu]") {
   ul_test::HostGuardScope open(false);  // it looks into device memory from the host
   // ul_emu::on_stream_polled: how an emulated NCCL collective lets comm_nccl's deadline fire.
