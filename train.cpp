@@ -307,6 +307,12 @@ static int train_main(int argc, char** argv) {
     // do not plan.
     std::fprintf(stderr, "train: error: %s\n", kOutOfMemory);
     return 1;
+  } catch (const JobError& e) {
+    // Every rank has it: under --comm nccl over --nccl-id-file (torchrun, srun; no MPI) each rank
+    // is a process of the launcher's, and its rank 0 says it (every process printed its copy).
+    const Launcher l = detect_launcher();
+    if (!started_as_several(l) || l.rank <= 0) std::fprintf(stderr, "train: error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -433,6 +434,42 @@ TEST_CASE("emu nccl: train --comm nccl over --nccl-id-file gives --comm local's 
   CHECK(killed.out.find("has exited") != std::string::npos);  // seen at once, not at --comm-timeout
   CHECK(killed.out.find("train: error: nccl: ") != std::string::npos);
   CHECK(killed.out.find("CUDA_LAUNCH_BLOCKING") == std::string::npos);  // NCCL's error, not a kernel's fault
+}
+
+TEST_CASE("emu nccl: a ZeRO shard damaged inside stops both processes at once, said once by rank 0", "[emu]") {
+  // Over --nccl-id-file there is no MPI_Abort: before the ranks agreed on a resume's reads, rank 0
+  // (which does not read rank 1's shard) waited in a collective until --comm-timeout. And without
+  // MPI, a JobError was printed by every process: now by the launcher's rank 0 alone.
+  ul_test::TempDir dir;
+  const std::string run = kSmallRun + " --model gpt2 --zero 1 --steps 3 --quiet --save-dir " + (dir / "run");
+  auto as_rank = [&](int r, const std::string& args) {
+    return "env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+           " ULYSSES_JOB_ID=emu-nccl-shard " + train_cmd(args + " --comm nccl --nccl-id-file " + (dir / "id"));
+  };
+  auto both = [&](const std::string& args) {
+    return run_cmd("cd " + dir.path.string() + " && rm -f id && { " + as_rank(1, args) + " > rank1.log 2>&1 & p1=$!; " +
+                   as_rank(0, args) + " > rank0.log 2>&1; s0=$?; wait $p1; s1=$?; echo \"status $s0 $s1\"; "
+                   "echo '-- rank 0'; cat rank0.log; echo '-- rank 1'; cat rank1.log; }");
+  };
+  const CmdResult saved = both(run + " --stop-after 2");
+  INFO(saved.out);
+  REQUIRE(saved.out.find("status 0 0") != std::string::npos);
+  {
+    std::fstream f((dir / "run/step_00000002/optim_rank_1.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-7, std::ios::end);  // in rank 1's range alone
+    const char c = char(f.peek());
+    f.put(char(c ^ 0x10));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const CmdResult r = both(run + " --resume --comm-timeout 60");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  CHECK(r.out.find("status 1 1") != std::string::npos);
+  CHECK(took < 30);  // not --comm-timeout's 60 s
+  const std::string zero = r.out.substr(0, r.out.find("-- rank 1")), one = r.out.substr(r.out.find("-- rank 1"));
+  CHECK(zero.find("train: error: rank 1: ") != std::string::npos);
+  CHECK(zero.find("optim_rank_1.bin: checksum mismatch") != std::string::npos);
+  CHECK(one.find("train: error") == std::string::npos);
 }
 
 TEST_CASE("emu nccl: a rank whose device faults ends its run with the fault, and the other's at once", "[emu]") {
