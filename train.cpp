@@ -195,6 +195,10 @@ static std::unique_ptr<Watchdog> mpi_start_deadline(double seconds, double notic
 }
 #endif
 
+// This process's rank in a --comm nccl world bootstrapped over --nccl-id-file (checked against its
+// world size), -1 otherwise: a failure the ranks agreed on is its rank 0's to print.
+static int g_id_file_rank = -1;
+
 #if ULYSSES_HAVE_NCCL
 static int run_nccl(const Options& o, int* argc, char*** argv) {
   const Launcher l = detect_launcher();
@@ -228,6 +232,7 @@ static int run_nccl(const Options& o, int* argc, char*** argv) {
   if (l.local_rank < 0 && l.size > 1 && devices > 1)
     throw std::runtime_error("--nccl-id-file: " + l.name + " gives no rank on this machine (read " + l.vars +
                              "), which picks the GPU: set LOCAL_RANK");
+  g_id_file_rank = l.rank;
   auto world = nccl_world_from_file(o.nccl_id_file, l.rank, l.size, gpu, o.comm_timeout);
   return run(o, *world);
 }
@@ -308,10 +313,10 @@ static int train_main(int argc, char** argv) {
     std::fprintf(stderr, "train: error: %s\n", kOutOfMemory);
     return 1;
   } catch (const JobError& e) {
-    // Every rank has it: under --comm nccl over --nccl-id-file (torchrun, srun; no MPI) each rank
-    // is a process of the launcher's, and its rank 0 says it (every process printed its copy).
-    const Launcher l = detect_launcher();
-    if (!started_as_several(l) || l.rank <= 0) std::fprintf(stderr, "train: error: %s\n", e.what());
+    // Every rank has it: under --comm nccl over --nccl-id-file (torchrun, srun, or RANK and
+    // WORLD_SIZE set by hand; no MPI) each rank is a process, and rank 0 says it (every process
+    // printed its copy).
+    if (g_id_file_rank <= 0) std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());

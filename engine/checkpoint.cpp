@@ -147,8 +147,7 @@ void agree_on_errors(Comm& world, const std::string& mine) {
   }
   constexpr size_t kWords = 1024;  // each rank's message, up to 4 KiB (a resume's, with its paths and hint)
   std::vector<int32_t> buf(kWords, 0), all(kWords * size_t(P));
-  // (a failure that arrived with no text is still one: said so, not taken for success)
-  const std::string sent = !mine.empty() && mine[0] == '\0' ? "(an error with no message)" : mine;
+  const std::string& sent = mine;  // (failure_text: never "" for a failure)
   size_t cut = std::min(sent.size(), kWords * 4 - 1);
   while (cut < sent.size() && cut > 0 && (static_cast<unsigned char>(sent[cut]) & 0xC0) == 0x80) cut--;  // a character's start
   std::memcpy(buf.data(), sent.data(), cut);
@@ -158,6 +157,10 @@ void agree_on_errors(Comm& world, const std::string& mine) {
     const std::string what(text, strnlen(text, kWords * 4));
     if (!what.empty()) throw JobError(r == world.rank() ? sent : "rank " + std::to_string(r) + ": " + what);
   }
+}
+
+std::string failure_text(const std::exception& e) {
+  return *e.what() ? std::string(e.what()) : std::string("(an error with no message)");
 }
 
 SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
@@ -276,7 +279,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
       if (ec) throw std::runtime_error(dir + ": cannot create the checkpoint directory: " + ec.message());
       fsync_dir(root);
     } catch (const std::exception& e) {
-      made = e.what();
+      made = failure_text(e);
     }
   }
   agree_on_errors(g.world, made);  // also the barrier before any rank writes into the directory
@@ -327,7 +330,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
   try {
     write_files();
   } catch (const std::exception& e) {
-    failed = e.what();
+    failed = failure_text(e);
   }
   try {
     agree_on_errors(g.world, failed);  // every rank's files are durable: only now may the directory count
@@ -348,7 +351,7 @@ void save_checkpoint(Trainer& tr, const std::string& root, int keep) {
       write_file_atomic(dir + "/" + kComplete, "step " + std::to_string(step) + "\n");
       fsync_dir(root);
     } catch (const std::exception& e) {
-      marked = e.what();
+      marked = failure_text(e);
     }
   }
   agree_on_errors(g.world, marked);
@@ -527,7 +530,7 @@ LoadedCheckpoint read_checkpoint(Trainer& tr, const std::string& root, int step,
   return c;
 }
 
-void apply_checkpoint(Trainer& tr, LoadedCheckpoint&& c) {
+void place_checkpoint(Trainer& tr, LoadedCheckpoint& c) {
   // Every check passed: only now does the trainer change.
   Params& params = tr.model().params;
   AdamW& opt = tr.optimizer();
@@ -536,9 +539,14 @@ void apply_checkpoint(Trainer& tr, LoadedCheckpoint&& c) {
   std::vector<float>().swap(c.params);
   device_copy(opt.m(), d, c.m.data(), Device::cpu, c.m.size() * sizeof(float));
   device_copy(opt.v(), d, c.v.data(), Device::cpu, c.v.size() * sizeof(float));
+  std::vector<float>().swap(c.m);
+  std::vector<float>().swap(c.v);
   opt.set_t(int(c.t));
+}
+
+void finish_checkpoint(Trainer& tr, const LoadedCheckpoint& c) {
   // bf16: the weights as the run rounded them at step t (the file holds only the masters; with
-  // sharded masters a collective, which is why a resume agrees on the reads before this).
+  // sharded masters a collective, which is why a resume agrees on the load before this).
   tr.round_bf16_from_masters();
   tr.set_steps_done(c.step, c.data);
 }
@@ -546,9 +554,9 @@ void apply_checkpoint(Trainer& tr, LoadedCheckpoint&& c) {
 RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending,
                           std::string* rope_before) {
   LoadedCheckpoint c = read_checkpoint(tr, root, step, pending, rope_before);
-  const RunLayout saved = c.saved;
-  apply_checkpoint(tr, std::move(c));
-  return saved;
+  place_checkpoint(tr, c);
+  finish_checkpoint(tr, c);
+  return c.saved;
 }
 
 }  // namespace ul

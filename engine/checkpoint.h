@@ -75,6 +75,8 @@ int save_dir_write_error(const std::string& root);
 // JobError (the first failing rank's, "rank R: " before another's), so that a rank that failed
 // alone neither leaves the others waiting nor ends an MPI job by MPI_Abort.
 void agree_on_errors(Comm& world, const std::string& mine);
+// A caught exception's text for agree_on_errors: never "" (which would say the rank succeeded).
+std::string failure_text(const std::exception& e);
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 // --auto-resume settled (a collective): rank 0 reads whether --save-dir holds a complete
@@ -129,12 +131,16 @@ struct LoadedCheckpoint {
 // checkpoint's RoPE (rope_text) when --change-rope changed it.
 LoadedCheckpoint read_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr,
                                  std::string* rope_before = nullptr);
-// Loads what read_checkpoint read into tr. A collective where the masters are sharded (bf16 under
-// --zero 1: each shard's owner rounds its weights and the others take its bits): every rank must
-// have read its part first (a resume agrees on the reads: engine/resume.cpp).
-void apply_checkpoint(Trainer& tr, LoadedCheckpoint&& c);
-// Both, for one process or where every rank is known to read alike (tests). Returns the layout the
-// checkpoint was saved at.
+// Loads what read_checkpoint read into tr, this rank only, no collective: the weights (the
+// masters; bf16: rounded to nearest), AdamW's m, v and t. c's arrays are freed. It allocates (a
+// bf16 model's host copy), so a resume agrees on it too before finish_checkpoint.
+void place_checkpoint(Trainer& tr, LoadedCheckpoint& c);
+// Then the step and the data's place, and, bf16, the weights as the run rounded them at step t: a
+// collective where the masters are sharded (bf16 under --zero 1: each shard's owner rounds its
+// weights and the others take its bits), so every rank must have placed its part first.
+void finish_checkpoint(Trainer& tr, const LoadedCheckpoint& c);
+// All three, for one process or where every rank is known to read alike (tests). Returns the layout
+// the checkpoint was saved at.
 RunLayout load_checkpoint(Trainer& tr, const std::string& root, int step, const RollbackRecord* pending = nullptr,
                           std::string* rope_before = nullptr);
 

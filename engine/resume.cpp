@@ -219,20 +219,17 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   // range it meets; a rank_R.json by its rank): agreed on, so every rank stops with the reader's
   // message at once.
   std::string failed;
-  // (an exception with no text is still a failure: never sent as "" = none)
-  auto text = [](const std::exception& e) {
-    return *e.what() ? std::string(e.what()) : std::string("(an error with no message)");
-  };
   LoadedCheckpoint loaded;
   try {
     loaded = read_checkpoint(tr, root, chosen, pending ? &*record : nullptr, notes ? &notes->rope_before : nullptr);
+    place_checkpoint(tr, loaded);  // (a rank short of host memory here is agreed on too)
   } catch (const RunMismatch& e) {
-    failed = text(e);  // this run's flags, not the checkpoint: an older one would be refused the same way
+    failed = failure_text(e);  // this run's flags, not the checkpoint: an older one would be refused the same way
   } catch (const std::runtime_error& e) {
     // A damaged checkpoint would stop every resume: say how to continue from the one before (not
     // done unasked: the checkpoint may be sound and the fault elsewhere). Not for a pending
     // rollback's step: the one before has no record of its skip.
-    failed = text(e);
+    failed = failure_text(e);
     const std::string dir = root + "/" + step_dir_name(chosen);
     if (older >= 0 && !pending)
       failed += " (if " + dir + " is damaged, " +
@@ -240,13 +237,13 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                           : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
                                 step_dir_name(older)) + ")";
   } catch (const std::bad_alloc&) {  // (a rank short of host memory: the others must not wait for it)
-    failed = "out of host memory reading " + root + "/" + step_dir_name(chosen);
+    failed = "out of host memory loading " + root + "/" + step_dir_name(chosen);
   }
   // Before any collective of the load's own (bf16 masters under --zero 1 are gathered as it
-  // applies): a rank that failed must not meet the others' gather with this agreement's.
+  // finishes): a rank that failed must not meet the others' gather with this agreement's.
   agree_on_errors(world, failed);
   saved = loaded.saved;
-  apply_checkpoint(tr, std::move(loaded));
+  finish_checkpoint(tr, loaded);
   check_same_weights(world, tr.model().params.fingerprint(), "loading " + root + "/" + step_dir_name(chosen) + "/model.bin",
                      kSameFile);
   if (pending && notes) notes->applied = record;
