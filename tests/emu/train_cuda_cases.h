@@ -349,9 +349,8 @@ TEST_CASE("a bf16 --zero 1 resume with a shard damaged inside says which file, o
   // The shard is read only by the ranks whose range meets it; the ranks agree on the reads before
   // the load's own collective (the bf16 masters' gather): the others once met that gather with the
   // agreement's all_gather ("ranks disagree on the collective", the file unnamed).
-  const std::string dir = (std::filesystem::temp_directory_path() / ("ulysses_bf16_shard_" + std::to_string(::getpid())))
-                              .string();
-  std::filesystem::remove_all(dir);
+  ul_test::TempDir d;
+  const std::string dir = d / "run";
   const std::string run = "--device cuda --precision bf16 --ranks 2 --zero 1 --steps 3 --seq 32 --batch 2 --eval-every 0 "
                           "--eval-batches 1 --threads 1 --quiet --save-dir " + dir;
   REQUIRE(ul_test::run_cmd(ul_test::train_cmd(run + " --stop-after 2")).code == 0);
@@ -366,7 +365,6 @@ TEST_CASE("a bf16 --zero 1 resume with a shard damaged inside says which file, o
   CHECK(r.code == 1);
   CHECK(r.out.find("optim_rank_1.bin: checksum mismatch") != std::string::npos);
   CHECK(r.out.find("disagree") == std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("train --device cuda refuses a head dim the attention kernels are not built for", UL_CUDA_TEST_TAG) {
