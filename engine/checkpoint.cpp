@@ -19,6 +19,7 @@
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
+#include "engine/ranks_agree.h"
 #include "engine/heartbeat.h"
 #include "engine/trainer.h"
 #include "parallel/hosts.h"
@@ -132,36 +133,6 @@ fs::path absolute_dir(const std::string& root, std::error_code& ec) {
 }
 
 }  // namespace
-
-// After every rank tried its part (mine: its error, "" when it succeeded: its files written, its
-// checkpoint loaded). Collective: if any failed, every rank learns who and why and throws the same
-// error (the first failing rank's), so that a rank that cannot write (a full disk, a quota) or met
-// a damaged file only it reads neither leaves the others waiting in a collective (under NCCL
-// without MPI, until --comm-timeout) nor ends an MPI job alone: rank 0's log records the cause. It
-// is also the barrier after which a save's files count as written.
-void agree_on_errors(Comm& world, const std::string& mine) {
-  const int P = world.size();
-  if (P == 1) {
-    if (!mine.empty()) throw JobError(mine);
-    return;
-  }
-  constexpr size_t kWords = 1024;  // each rank's message, up to 4 KiB (a resume's, with its paths and hint)
-  std::vector<int32_t> buf(kWords, 0), all(kWords * size_t(P));
-  const std::string& sent = mine;  // (failure_text: never "" for a failure)
-  size_t cut = std::min(sent.size(), kWords * 4 - 1);
-  while (cut < sent.size() && cut > 0 && (static_cast<unsigned char>(sent[cut]) & 0xC0) == 0x80) cut--;  // a character's start
-  std::memcpy(buf.data(), sent.data(), cut);
-  world.all_gather(buf.data(), all.data(), kWords, DType::i32);
-  for (int r = 0; r < P; r++) {
-    const char* text = reinterpret_cast<const char*>(all.data() + size_t(r) * kWords);
-    const std::string what(text, strnlen(text, kWords * 4));
-    if (!what.empty()) throw JobError(r == world.rank() ? sent : "rank " + std::to_string(r) + ": " + what);
-  }
-}
-
-std::string failure_text(const std::exception& e) {
-  return *e.what() ? std::string(e.what()) : std::string("(an error with no message)");
-}
 
 SaveDirLock::SaveDirLock(const std::string& root) : root_(root) {
   std::error_code ec;

@@ -71,12 +71,6 @@ std::string step_dir_name(int step);                       // "step_00000100"
 // errno. The lock takes a directory it cannot write (a run that only evaluates or exports from a
 // read-only snapshot); a run that will save asks this at start-up, not at its first save.
 int save_dir_write_error(const std::string& root);
-// Collective: every rank's error ("" for none) gathered; if any has one, every rank throws the same
-// JobError (the first failing rank's, "rank R: " before another's), so that a rank that failed
-// alone neither leaves the others waiting nor ends an MPI job by MPI_Abort.
-void agree_on_errors(Comm& world, const std::string& mine);
-// A caught exception's text for agree_on_errors: never "" (which would say the rank succeeded).
-std::string failure_text(const std::exception& e);
 int parse_step_dir(const std::string& name);               // "step_00000100" -> 100; any other name -1
 std::vector<int> complete_steps(const std::string& root);  // steps with COMPLETE, ascending
 // --auto-resume settled (a collective): rank 0 reads whether --save-dir holds a complete

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <stdexcept>
 
 #include "data/packing.h"
+#include "engine/ranks_agree.h"
 #include "engine/rng.h"
 #include "engine/sample.h"
 #include "parallel/communicator.h"
@@ -250,13 +252,19 @@ LengthProbe probe_length(const ModelConfig& cfg, const std::vector<ParamSpec>& s
   };
   if (!val.synthetic()) {
     std::vector<std::vector<int32_t>> runs;
+    // Every rank reads these same runs: a bad token id fails them all, but a file cut or gone on one
+    // node, or its memory short, fails that rank alone; agreed on, so no rank is left in the
+    // all-reduce below and the failing rank's reason is said.
+    std::string failed;
     try {
       runs = val_runs(val, seq, T, n);
-    } catch (const JobError&) {
-      throw;
-    } catch (const std::exception& e) {  // a bad token id: every rank reads these same runs, and fails
-      throw JobError(e.what());          // together (no rank is left in the all-reduce below)
+    } catch (const std::bad_alloc&) {
+      failed = "out of host memory reading the val windows of length " + std::to_string(T);
+    } catch (const std::exception& e) {
+      failed = failure_text(e);
     }
+    if (world) agree_on_errors(*world, failed);
+    else if (!failed.empty()) throw JobError(failed);
     const std::vector<const int32_t*> windows = windows_in(runs, T, n);
     std::vector<double> sums =
         loss_sums(cfg, specs, host, windows, T, widest, eot, share, each("all", int(windows.size()), share));

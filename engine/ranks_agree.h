@@ -31,4 +31,12 @@ inline constexpr const char* kSameFile =
 // gradients keep them apart.
 void check_same_weights(Comm& world, uint32_t fingerprint, const std::string& source, const std::string& cause);
 
+// Collective: every rank's error ("" for none) gathered; if any has one, every rank throws the same
+// JobError (the first failing rank's, "rank R: " before another's), so that a rank that failed
+// alone neither leaves the others waiting nor ends an MPI job by MPI_Abort. For a step every rank
+// takes at the same place: a save's writes, a resume's load, a length probe's reads.
+void agree_on_errors(Comm& world, const std::string& mine);
+// A caught exception's text for agree_on_errors: never "" (which would say the rank succeeded).
+std::string failure_text(const std::exception& e);
+
 }  // namespace ul

@@ -222,7 +222,6 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   LoadedCheckpoint loaded;
   try {
     loaded = read_checkpoint(tr, root, chosen, pending ? &*record : nullptr, notes ? &notes->rope_before : nullptr);
-    place_checkpoint(tr, loaded);  // (a rank short of host memory here is agreed on too)
   } catch (const RunMismatch& e) {
     failed = failure_text(e);  // this run's flags, not the checkpoint: an older one would be refused the same way
   } catch (const std::runtime_error& e) {
@@ -238,6 +237,17 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
                                 step_dir_name(older)) + ")";
   } catch (const std::bad_alloc&) {  // (a rank short of host memory: the others must not wait for it)
     failed = "out of host memory loading " + root + "/" + step_dir_name(chosen);
+  }
+  // The files are sound: a failure placing them (host memory for a bf16 model's copy, the device)
+  // is agreed on too, with no hint that the checkpoint is damaged.
+  if (failed.empty()) {
+    try {
+      place_checkpoint(tr, loaded);
+    } catch (const std::bad_alloc&) {
+      failed = "out of host memory loading " + root + "/" + step_dir_name(chosen);
+    } catch (const std::exception& e) {
+      failed = failure_text(e);
+    }
   }
   // Before any collective of the load's own (bf16 masters under --zero 1 are gathered as it
   // finishes): a rank that failed must not meet the others' gather with this agreement's.

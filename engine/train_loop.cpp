@@ -23,6 +23,7 @@
 #include "engine/length_probe.h"
 #include "engine/loss_plot.h"
 #include "engine/output_paths.h"
+#include "engine/ranks_agree.h"
 #include "engine/probe_plot.h"
 #include "engine/run_log.h"
 #include "engine/stop_signal.h"

@@ -452,16 +452,21 @@ TEST_CASE("train --probe-lengths on text: the row at --seq is the eval's loss an
       f.write(reinterpret_cast<const char*>(&t), 2);
     }
   }
-  r = run_cmd(train_cmd("--data 'shards:" + bad + "/*.bin' --vocab 128 --model llama --steps 1 --seq 64 --batch 2 "
-                        "--threads 1 --eval-batches 1 --probe-lengths 500 --log " + log));
-  INFO(r.out);
-  CHECK(r.code == 1);
-  CHECK(r.out.find("eval      1 | val loss") != std::string::npos);  // the eval read only good tokens
-  const std::vector<LogRecord> records = read_run_log(log);
-  REQUIRE(!records.empty());
-  CHECK(records.back().at("type") == "error");
-  CHECK(records.back().at("message").find("length 500: " + bad + "/d_val_0.bin: token id 200") !=
-        std::string::npos);
+  // On 2 ranks too: their failures are agreed on (engine/ranks_agree.h) before the probe's all-reduce.
+  for (const std::string ranks : {"", " --ranks 2"}) {
+    CAPTURE(ranks);
+    std::filesystem::remove(log);
+    r = run_cmd(train_cmd("--data 'shards:" + bad + "/*.bin' --vocab 128 --model llama --steps 1 --seq 64 --batch 2 "
+                          "--threads 1 --eval-batches 1 --probe-lengths 500 --log " + log + ranks));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK(r.out.find("eval      1 | val loss") != std::string::npos);  // the eval read only good tokens
+    const std::vector<LogRecord> records = read_run_log(log);
+    REQUIRE(!records.empty());
+    CHECK(records.back().at("type") == "error");
+    CHECK(records.back().at("message").find(bad + "/d_val_0.bin: token id 200") != std::string::npos);
+    CHECK(records.back().at("message").find("length 500: ") == 0);
+  }
 }
 
 TEST_CASE("the --probe-lengths table: one cell per row and length, coloured by value", "[length_probe][plot]") {
