@@ -19,8 +19,8 @@
 #include "engine/checkpoint_files.h"
 #include "engine/device.h"
 #include "engine/file_io.h"
-#include "engine/ranks_agree.h"
 #include "engine/heartbeat.h"
+#include "engine/ranks_agree.h"
 #include "engine/trainer.h"
 #include "parallel/hosts.h"
 

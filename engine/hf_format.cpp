@@ -132,7 +132,7 @@ bool skippable(const std::string& name) {  // HF buffers that some checkpoints c
 }
 
 // b (cols, rows) = a (rows, cols) transposed, in 64 x 64 tiles: element by element, every read (or
-// write) of a column strode a whole row, and a gpt2-350M's Conv1D weights took 45% of its load.
+// write) of a column strode a whole row (a gpt2-350M import 4.64 s, now 4.40 s).
 void transpose(const float* a, int64_t rows, int64_t cols, float* b) {
   constexpr int64_t kTile = 64;
   for (int64_t i0 = 0; i0 < rows; i0 += kTile)

@@ -220,42 +220,33 @@ int start_from_save_dir(Trainer& tr, const std::string& root, bool resume, RunLa
   // message at once.
   std::string failed;
   LoadedCheckpoint loaded;
+  bool read = false;  // the files passed their checks: a failure after is not theirs
+  const std::string dir = root + "/" + step_dir_name(chosen);
   try {
     loaded = read_checkpoint(tr, root, chosen, pending ? &*record : nullptr, notes ? &notes->rope_before : nullptr);
+    read = true;
+    place_checkpoint(tr, loaded);  // (host memory for a bf16 model's copy, the device: agreed on too)
   } catch (const RunMismatch& e) {
     failed = failure_text(e);  // this run's flags, not the checkpoint: an older one would be refused the same way
-  } catch (const std::runtime_error& e) {
+  } catch (const std::bad_alloc&) {  // (a rank short of host memory: the others must not wait for it)
+    failed = "out of host memory loading " + dir;
+  } catch (const std::exception& e) {
     // A damaged checkpoint would stop every resume: say how to continue from the one before (not
     // done unasked: the checkpoint may be sound and the fault elsewhere). Not for a pending
     // rollback's step: the one before has no record of its skip.
     failed = failure_text(e);
-    const std::string dir = root + "/" + step_dir_name(chosen);
-    if (older >= 0 && !pending)
+    if (!read && older >= 0 && !pending)
       failed += " (if " + dir + " is damaged, " +
                 (rollback ? "--resume-step " + std::to_string(older) + " continues from " + step_dir_name(older)
                           : "move it aside: mv " + dir + " " + dir + ".bad, and --resume continues from " +
                                 step_dir_name(older)) + ")";
-  } catch (const std::bad_alloc&) {  // (a rank short of host memory: the others must not wait for it)
-    failed = "out of host memory loading " + root + "/" + step_dir_name(chosen);
-  }
-  // The files are sound: a failure placing them (host memory for a bf16 model's copy, the device)
-  // is agreed on too, with no hint that the checkpoint is damaged.
-  if (failed.empty()) {
-    try {
-      place_checkpoint(tr, loaded);
-    } catch (const std::bad_alloc&) {
-      failed = "out of host memory loading " + root + "/" + step_dir_name(chosen);
-    } catch (const std::exception& e) {
-      failed = failure_text(e);
-    }
   }
   // Before any collective of the load's own (bf16 masters under --zero 1 are gathered as it
   // finishes): a rank that failed must not meet the others' gather with this agreement's.
   agree_on_errors(world, failed);
   saved = loaded.saved;
   finish_checkpoint(tr, loaded);
-  check_same_weights(world, tr.model().params.fingerprint(), "loading " + root + "/" + step_dir_name(chosen) + "/model.bin",
-                     kSameFile);
+  check_same_weights(world, tr.model().params.fingerprint(), "loading " + dir + "/model.bin", kSameFile);
   if (pending && notes) notes->applied = record;
   if (!rollback) {
     world.barrier();

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 
 namespace ul_test {
@@ -26,5 +28,15 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
   std::string operator/(const std::string& name) const { return file(name); }
 };
+
+// Damages a file in place: the byte `back` bytes before its end, one bit flipped (a checksum's test).
+inline void flip_byte_from_end(const std::string& path, int back) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-back, std::ios::end);
+  const int c = f.get();
+  f.seekp(-back, std::ios::end);
+  f.put(char(c ^ 0x10));
+  if (c < 0 || !f) throw std::runtime_error("flip_byte_from_end: cannot change " + path);
+}
 
 }  // namespace ul_test

@@ -28,6 +28,7 @@
 #include "options_from.h"
 #include "parallel/comm_local.h"
 #include "run_cmd.h"
+#include "temp_dir.h"
 
 using namespace ul_test;
 namespace fs = std::filesystem;
@@ -1822,12 +1823,7 @@ TEST_CASE("a ZeRO shard damaged inside is found at every layout, by the ranks th
   fs::path d = fresh_dir("damaged_shard");
   REQUIRE(train(kArgs + " --ranks 3 --zero 1 --steps 2 --save-dir " + (d / "run").string()).code == 0);
   const fs::path shard = d / "run" / "step_00000002" / "optim_rank_2.bin";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-7, std::ios::end);  // in v's last elements: rank 2's range alone at 3 ranks
-    const char c = char(f.peek());
-    f.put(char(c ^ 0x10));
-  }
+  ul_test::flip_byte_from_end(shard.string(), 7);  // in v's last elements: rank 2's range alone at 3 ranks
   for (const std::string layout : {" --ranks 3 --zero 1", " --ranks 2 --batch 3 --zero 1", " --ranks 6 --zero 1 --batch 1",
                                    " --batch 6"}) {
     CAPTURE(layout);

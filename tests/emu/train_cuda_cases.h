@@ -354,12 +354,7 @@ TEST_CASE("a bf16 --zero 1 resume with a shard damaged inside says which file, o
   const std::string run = "--device cuda --precision bf16 --ranks 2 --zero 1 --steps 3 --seq 32 --batch 2 --eval-every 0 "
                           "--eval-batches 1 --threads 1 --quiet --save-dir " + dir;
   REQUIRE(ul_test::run_cmd(ul_test::train_cmd(run + " --stop-after 2")).code == 0);
-  {
-    std::fstream f(dir + "/step_00000002/optim_rank_1.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-7, std::ios::end);  // in rank 1's range alone
-    const char c = char(f.peek());
-    f.put(char(c ^ 0x10));
-  }
+  ul_test::flip_byte_from_end(dir + "/step_00000002/optim_rank_1.bin", 7);  // in rank 1's range alone
   const ul_test::CmdResult r = ul_test::run_cmd(ul_test::train_cmd(run + " --resume"));
   INFO(r.out);
   CHECK(r.code == 1);
